@@ -1,0 +1,125 @@
+//! Checkpoints, rollback and fork.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{ApiError, SandboxInfo};
+
+/// What a checkpoint holds of the sandbox's processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    /// Only the filesystem is captured; a rollback or fork restarts processes.
+    NotCaptured,
+}
+
+/// `POST /v1/sandboxes/{id}/checkpoints`
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A checkpoint as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointInfo {
+    pub id: String,
+    /// The sandbox it was taken of (may be deleted since).
+    pub sandbox_id: String,
+    /// The checkpoint the sandbox derived from when this one was taken.
+    pub parent: Option<String>,
+    pub label: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub image: String,
+    pub created_at: String,
+    /// Bytes written between the parent checkpoint and this one (what this
+    /// checkpoint adds); `null` while still being computed.
+    pub size_bytes: Option<u64>,
+    pub process_state: ProcessState,
+    /// How long the sandbox's processes were frozen.
+    pub frozen_ms: f64,
+    pub duration_ms: f64,
+}
+
+/// `POST /v1/sandboxes/{id}/checkpoints` response.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointResponse {
+    pub checkpoint: CheckpointInfo,
+    /// Explains `process_state` in words.
+    pub note: String,
+}
+
+/// `GET /v1/checkpoints` and `GET /v1/sandboxes/{id}/checkpoints`: a forest
+/// ordered parent-first; `parent` links make the tree.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<CheckpointInfo>,
+}
+
+/// `POST /v1/sandboxes/{id}/rollback`
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    pub checkpoint: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct RollbackResponse {
+    pub sandbox: SandboxInfo,
+    pub checkpoint: String,
+    /// True when the sandbox's processes were restarted instead of restored.
+    pub processes_restarted: bool,
+    pub note: String,
+    pub duration_ms: f64,
+}
+
+/// `POST /v1/checkpoints/{id}/fork`
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes to create (1..=256).
+    pub count: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Limits of the new sandboxes (default: those of the checkpointed sandbox).
+    #[serde(default)]
+    pub limits: Option<crate::Limits>,
+}
+
+/// One fork's outcome: a sandbox, or why it failed.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkResult {
+    pub sandbox: Option<SandboxInfo>,
+    pub error: Option<ApiError>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkResponse {
+    pub checkpoint: String,
+    pub results: Vec<ForkResult>,
+    pub processes_restarted: bool,
+    pub note: String,
+    pub duration_ms: f64,
+}
+
+/// `DELETE /v1/checkpoints/{id}` response.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeleteCheckpointResponse {
+    /// Every checkpoint removed (more than one with `?force=true`).
+    pub deleted: Vec<String>,
+}
+
+/// `POST /v1/gc` response.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct GcReport {
+    /// Subvolumes on disk that no metadata referenced, now deleted.
+    pub orphans_removed: Vec<String>,
+    /// Run directories and cgroups of sandboxes that no longer exist.
+    pub stale_runtime_removed: Vec<String>,
+    pub duration_ms: f64,
+}

@@ -1,0 +1,123 @@
+//! Errors on the wire: `{"error": {"code": "...", "message": "..."}}`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Stable machine-readable error codes. Never renamed once released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request body or a parameter is malformed.
+    InvalidArgument,
+    /// No sandbox has that id.
+    SandboxNotFound,
+    /// No checkpoint has that id.
+    CheckpointNotFound,
+    /// No image has that name.
+    ImageNotFound,
+    /// No session has that id.
+    SessionNotFound,
+    /// No process with that pid was started through the API.
+    ProcessNotFound,
+    /// A resource with that name exists already.
+    AlreadyExists,
+    /// The checkpoint belongs to another sandbox's tree.
+    CheckpointNotInTree,
+    /// The checkpoint still has children or sandboxes that depend on it.
+    CheckpointInUse,
+    /// The image is still used by sandboxes or checkpoints.
+    ImageInUse,
+    /// The sandbox is not running (it was stopped or its init exited).
+    SandboxNotRunning,
+    /// The state store has no space left; nothing was changed.
+    NoSpace,
+    /// The sandbox's processes did not freeze in time (tasks stuck in the kernel).
+    FreezeTimeout,
+    /// A bounded wait expired.
+    Timeout,
+    /// The request needs a bearer token (TCP listener).
+    Unauthorized,
+    /// The host cannot do this (missing kernel feature, wrong filesystem).
+    Unsupported,
+    /// An unexpected internal failure; the message has the details.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is served with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidArgument | ErrorCode::CheckpointNotInTree => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::SandboxNotFound
+            | ErrorCode::CheckpointNotFound
+            | ErrorCode::ImageNotFound
+            | ErrorCode::SessionNotFound
+            | ErrorCode::ProcessNotFound => 404,
+            ErrorCode::AlreadyExists
+            | ErrorCode::CheckpointInUse
+            | ErrorCode::ImageInUse
+            | ErrorCode::SandboxNotRunning => 409,
+            ErrorCode::NoSpace => 507,
+            ErrorCode::FreezeTimeout | ErrorCode::Timeout => 504,
+            ErrorCode::Unsupported => 501,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::SandboxNotFound => "sandbox_not_found",
+            ErrorCode::CheckpointNotFound => "checkpoint_not_found",
+            ErrorCode::ImageNotFound => "image_not_found",
+            ErrorCode::SessionNotFound => "session_not_found",
+            ErrorCode::ProcessNotFound => "process_not_found",
+            ErrorCode::AlreadyExists => "already_exists",
+            ErrorCode::CheckpointNotInTree => "checkpoint_not_in_tree",
+            ErrorCode::CheckpointInUse => "checkpoint_in_use",
+            ErrorCode::ImageInUse => "image_in_use",
+            ErrorCode::SandboxNotRunning => "sandbox_not_running",
+            ErrorCode::NoSpace => "no_space",
+            ErrorCode::FreezeTimeout => "freeze_timeout",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error as served: a stable code and a message that says what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// The JSON body of every error response.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ApiError,
+}

@@ -1,0 +1,32 @@
+//! Daemon-wide information.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct VolumeInfo {
+    /// Mount point of the btrfs state store.
+    pub path: String,
+    /// `image` (loop-mounted sparse file) or `mount` (an existing btrfs).
+    pub backing: String,
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+}
+
+/// `GET /v1/info`
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct DaemonInfo {
+    pub version: String,
+    pub data_dir: String,
+    pub volume: VolumeInfo,
+    /// `v1` or `v2`.
+    pub cgroup: String,
+    pub uid_base: u32,
+    pub sandboxes: u64,
+    pub running: u64,
+    pub checkpoints: u64,
+    pub images: u64,
+    /// Metadata database size in bytes.
+    pub metadata_bytes: u64,
+}

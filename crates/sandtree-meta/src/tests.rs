@@ -1,0 +1,130 @@
+use super::*;
+
+fn sandbox(id: &str, subvol: &str) -> SandboxRecord {
+    SandboxRecord {
+        id: id.into(),
+        image: "default".into(),
+        tree_id: id.into(),
+        created_at: "2026-11-30T00:00:00Z".into(),
+        labels: BTreeMap::from([("k".into(), "v".into())]),
+        limits: serde_json::json!({"pids": 64}),
+        subvol: subvol.into(),
+        base_checkpoint: None,
+        base_transid: 0,
+        state: DesiredState::Running,
+        status_reason: None,
+    }
+}
+
+fn checkpoint(id: &str, parent: Option<&str>) -> CheckpointRecord {
+    CheckpointRecord {
+        id: id.into(),
+        sandbox_id: "sb-a".into(),
+        tree_id: "sb-a".into(),
+        parent: parent.map(Into::into),
+        image: "default".into(),
+        label: Some("l".into()),
+        labels: BTreeMap::new(),
+        created_at: "2026-11-30T00:00:00Z".into(),
+        transid: 7,
+        size_bytes: None,
+        frozen_ms: 1.5,
+        duration_ms: 3.0,
+    }
+}
+
+fn open() -> (tempfile::TempDir, Meta) {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Meta::open(&dir.path().join("meta.db")).unwrap();
+    (dir, meta)
+}
+
+#[test]
+fn sandbox_round_trips_with_labels_and_limits() {
+    let (_d, meta) = open();
+    let s = sandbox("sb-a", "sb-a.1");
+    meta.insert_sandbox(&s).unwrap();
+    assert_eq!(meta.sandbox("sb-a").unwrap(), Some(s));
+    assert_eq!(meta.sandbox("sb-missing").unwrap(), None);
+}
+
+#[test]
+fn duplicate_subvolume_is_rejected() {
+    let (_d, meta) = open();
+    meta.insert_sandbox(&sandbox("sb-a", "x")).unwrap();
+    assert!(meta.insert_sandbox(&sandbox("sb-b", "x")).is_err());
+}
+
+#[test]
+fn insert_sandboxes_is_all_or_nothing() {
+    let (_d, meta) = open();
+    let list = vec![sandbox("sb-a", "a"), sandbox("sb-b", "b"), sandbox("sb-a", "c")];
+    assert!(meta.insert_sandboxes(&list).is_err());
+    assert!(meta.sandboxes().unwrap().is_empty());
+}
+
+#[test]
+fn deleting_a_checkpoint_relinks_children_and_sandboxes_to_its_parent() {
+    let (_d, meta) = open();
+    meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-2", Some("ck-1"))).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-3", Some("ck-2"))).unwrap();
+    let mut s = sandbox("sb-a", "a");
+    s.base_checkpoint = Some("ck-2".into());
+    meta.insert_sandbox(&s).unwrap();
+
+    assert_eq!(meta.checkpoint_dependents("ck-2").unwrap(), (vec!["ck-3".into()], vec!["sb-a".into()]));
+    assert!(meta.delete_checkpoint("ck-2").unwrap());
+
+    assert_eq!(meta.checkpoint("ck-3").unwrap().unwrap().parent.as_deref(), Some("ck-1"));
+    assert_eq!(meta.sandbox("sb-a").unwrap().unwrap().base_checkpoint.as_deref(), Some("ck-1"));
+    assert!(!meta.delete_checkpoint("ck-2").unwrap());
+}
+
+#[test]
+fn checkpoints_list_parents_before_children_and_filter_by_tree() {
+    let (_d, meta) = open();
+    meta.insert_checkpoint(&checkpoint("ck-z", None)).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-a", Some("ck-z"))).unwrap();
+    let mut other = checkpoint("ck-o", None);
+    other.tree_id = "sb-other".into();
+    meta.insert_checkpoint(&other).unwrap();
+    let ids: Vec<_> = meta.checkpoints(Some("sb-a")).unwrap().into_iter().map(|c| c.id).collect();
+    assert_eq!(ids, vec!["ck-z", "ck-a"]);
+    assert_eq!(meta.checkpoints(None).unwrap().len(), 3);
+}
+
+#[test]
+fn committed_rows_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.db");
+    {
+        let meta = Meta::open(&path).unwrap();
+        meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
+        meta.set_checkpoint_size("ck-1", 4096).unwrap();
+        // Dropped without a clean shutdown of anything else.
+    }
+    let meta = Meta::open(&path).unwrap();
+    assert_eq!(meta.checkpoint("ck-1").unwrap().unwrap().size_bytes, Some(4096));
+}
+
+#[test]
+fn newer_schema_is_refused_with_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    }
+    let err = Meta::open(&path).err().unwrap();
+    assert!(err.to_string().contains("upgrade sandtree"), "{err}");
+}
+
+#[test]
+fn image_users_count_sandboxes_and_checkpoints() {
+    let (_d, meta) = open();
+    meta.insert_sandbox(&sandbox("sb-a", "a")).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
+    assert_eq!(meta.image_users("default").unwrap(), (1, 1));
+    assert_eq!(meta.image_users("other").unwrap(), (0, 0));
+}

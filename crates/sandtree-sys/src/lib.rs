@@ -1,0 +1,23 @@
+//! `sandtree-sys`: every `unsafe` line of Sandtree lives in this crate.
+//!
+//! Each module wraps one kernel interface behind a safe API. Every `unsafe`
+//! block carries a `// SAFETY:` comment naming the invariants it relies on;
+//! `clippy::undocumented_unsafe_blocks` is denied workspace-wide.
+//!
+//! | module    | kernel interface |
+//! |-----------|------------------|
+//! | `btrfs`   | btrfs ioctls: subvolume create / snapshot / destroy, subvolume info, tree search |
+//! | `loopdev` | loop devices: `LOOP_CTL_GET_FREE`, `LOOP_CONFIGURE`, `LOOP_CLR_FD` |
+//! | `mount`   | the new mount API (`fsopen`, `fsconfig`, `fsmount`, `open_tree`, `move_mount`, `mount_setattr`), `pivot_root` |
+//! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names and death signals |
+//! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
+//! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
+//! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
+
+pub mod btrfs;
+pub mod fdpass;
+pub mod loopdev;
+pub mod mount;
+pub mod netdev;
+pub mod process;
+pub mod pty;

@@ -1,0 +1,209 @@
+//! Process creation and process-wide state that needs raw syscalls.
+//!
+//! * [`fork_single_threaded`] / [`clone_namespaces`]: `fork(2)` and a
+//!   fork-like raw `clone(2)` with namespace flags. Both refuse to run in a
+//!   multi-threaded process (forking a threaded process leaves locks held by
+//!   other threads locked forever in the child), which is why Sandtree forks
+//!   everything from a dedicated single-threaded zygote.
+//! * signal dispositions (`sigaction` is `unsafe` in nix because handlers run
+//!   asynchronously; we only ever install `SIG_IGN` / `SIG_DFL`).
+//! * [`close_fds_except`]: `close_range(2)` around a keep list.
+//! * [`install_seccomp_filter`]: `seccomp(SECCOMP_SET_MODE_FILTER)` *without*
+//!   `PR_SET_NO_NEW_PRIVS`: a task that is root in its own user namespace
+//!   holds `CAP_SYS_ADMIN` there, which the kernel accepts instead of NNP.
+//!   Not setting NNP keeps setuid binaries (sudo, ping) working inside.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The calling process has more than one thread.
+    #[error("refusing to fork: process has {threads} threads")]
+    MultiThreaded {
+        /// Number of entries in `/proc/self/task`.
+        threads: usize,
+    },
+    /// A syscall failed.
+    #[error("{call} failed: {source}")]
+    Sys {
+        /// The failing call.
+        call: &'static str,
+        /// The errno.
+        source: io::Error,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn sys(call: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Sys { call, source }
+}
+
+/// Outcome of a fork: which side of it we are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    /// We are the new process.
+    Child,
+    /// We are the parent; the child has this pid (in the parent's pid namespace).
+    Parent(i32),
+}
+
+/// Number of threads of the calling process (entries of `/proc/self/task`).
+pub fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+fn check_single_threaded() -> Result<()> {
+    let threads = thread_count().map_err(sys("read /proc/self/task"))?;
+    if threads != 1 {
+        return Err(Error::MultiThreaded { threads });
+    }
+    Ok(())
+}
+
+/// `fork(2)`, refused unless the caller is single-threaded.
+pub fn fork_single_threaded() -> Result<Forked> {
+    check_single_threaded()?;
+    // SAFETY: the process has exactly one thread (checked above), so no lock
+    // of libc or of Rust's runtime can be held by another thread at the time
+    // of the fork; the child continues with a consistent copy of memory.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(sys("fork")(io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// Fork-like `clone(2)` (no new stack: the child continues on a copy of the
+/// caller's stack, exactly like `fork`) with extra `CLONE_NEW*` flags. The
+/// child's exit signal is `SIGCHLD`. Refused unless the caller is
+/// single-threaded.
+pub fn clone_namespaces(flags: i32) -> Result<Forked> {
+    check_single_threaded()?;
+    let flags = (flags as libc::c_ulong) | libc::SIGCHLD as libc::c_ulong;
+    // SAFETY: raw clone without CLONE_VM and with a null stack pointer behaves
+    // like fork(2): the child gets a private copy of the address space and
+    // resumes here. The process is single-threaded (checked above), so no
+    // other thread holds locks. glibc's pid cache no longer exists (>= 2.25).
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match pid {
+        -1 => Err(sys("clone")(io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as i32)),
+    }
+}
+
+fn set_disposition(signal: i32, handler: libc::sighandler_t) -> Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags);
+    // we set only the handler to SIG_IGN or SIG_DFL, never a function pointer,
+    // so no code runs asynchronously as a result of this call.
+    let rc = unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = handler;
+        libc::sigaction(signal, &act, std::ptr::null_mut())
+    };
+    if rc == -1 {
+        return Err(sys("sigaction")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Set `signal` to `SIG_IGN`.
+pub fn ignore_signal(signal: i32) -> Result<()> {
+    set_disposition(signal, libc::SIG_IGN)
+}
+
+/// Set `signal` back to `SIG_DFL`.
+pub fn default_signal(signal: i32) -> Result<()> {
+    set_disposition(signal, libc::SIG_DFL)
+}
+
+/// Reset every catchable signal to `SIG_DFL` (before `execve` in a child:
+/// ignored dispositions survive exec, handled ones do not need resetting).
+pub fn reset_all_signals() {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // Errors (invalid signal numbers reserved by libc) are irrelevant.
+        let _ = set_disposition(sig, libc::SIG_DFL);
+    }
+}
+
+/// Close every file descriptor `>= 3` except those in `keep`.
+pub fn close_fds_except(keep: &[RawFd]) -> Result<()> {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|fd| *fd >= 3).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut start: u32 = 3;
+    for fd in keep {
+        let fd = fd as u32;
+        if fd > start {
+            close_range(start, fd - 1)?;
+        }
+        start = fd + 1;
+    }
+    close_range(start, u32::MAX)
+}
+
+fn close_range(first: u32, last: u32) -> Result<()> {
+    // SAFETY: close_range only closes descriptors; callers own every
+    // descriptor in the range (this runs in freshly forked children where
+    // nothing else refers to them).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) };
+    if rc == -1 {
+        return Err(sys("close_range")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// One classic BPF instruction `(code, jt, jf, k)`.
+pub type BpfInsn = (u16, u8, u8, u32);
+
+/// Install a seccomp filter on the calling thread without setting
+/// `PR_SET_NO_NEW_PRIVS` (requires `CAP_SYS_ADMIN` in the current user
+/// namespace).
+pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
+    let filter: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `filter`, which lives until after the call;
+    // the kernel copies the program and validates it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_uint,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if rc == -1 {
+        return Err(sys("seccomp")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Terminate the calling process immediately (no atexit handlers, no stdio
+/// flush): the only correct way to leave a forked child that did not exec.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no user-space state.
+    unsafe { libc::_exit(code) }
+}
