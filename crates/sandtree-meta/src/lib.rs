@@ -419,8 +419,12 @@ impl Meta {
 
     // ---- checkpoints ----
 
-    pub fn insert_checkpoint(&self, c: &CheckpointRecord) -> Result<()> {
-        self.conn().execute(
+    /// Commits a checkpoint; with `rebase`, that sandbox now derives from it
+    /// (same transaction: its next checkpoint will name this one as parent).
+    pub fn insert_checkpoint(&self, c: &CheckpointRecord, rebase: Option<&str>) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
             &format!("INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
             params![
                 c.id,
@@ -437,6 +441,13 @@ impl Meta {
                 c.duration_ms,
             ],
         )?;
+        if let Some(sandbox) = rebase {
+            tx.execute(
+                "UPDATE sandboxes SET base_checkpoint = ?2, base_transid = ?3 WHERE id = ?1",
+                params![sandbox, c.id, c.transid as i64],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 

@@ -66,9 +66,9 @@ fn insert_sandboxes_is_all_or_nothing() {
 #[test]
 fn deleting_a_checkpoint_relinks_children_and_sandboxes_to_its_parent() {
     let (_d, meta) = open();
-    meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-2", Some("ck-1"))).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-3", Some("ck-2"))).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-2", Some("ck-1")), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-3", Some("ck-2")), None).unwrap();
     let mut s = sandbox("sb-a", "a");
     s.base_checkpoint = Some("ck-2".into());
     meta.insert_sandbox(&s).unwrap();
@@ -84,11 +84,11 @@ fn deleting_a_checkpoint_relinks_children_and_sandboxes_to_its_parent() {
 #[test]
 fn checkpoints_list_parents_before_children_and_filter_by_tree() {
     let (_d, meta) = open();
-    meta.insert_checkpoint(&checkpoint("ck-z", None)).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-a", Some("ck-z"))).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-z", None), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-a", Some("ck-z")), None).unwrap();
     let mut other = checkpoint("ck-o", None);
     other.tree_id = "sb-other".into();
-    meta.insert_checkpoint(&other).unwrap();
+    meta.insert_checkpoint(&other, None).unwrap();
     let ids: Vec<_> = meta.checkpoints(Some("sb-a")).unwrap().into_iter().map(|c| c.id).collect();
     assert_eq!(ids, vec!["ck-z", "ck-a"]);
     assert_eq!(meta.checkpoints(None).unwrap().len(), 3);
@@ -100,7 +100,7 @@ fn committed_rows_survive_reopen() {
     let path = dir.path().join("meta.db");
     {
         let meta = Meta::open(&path).unwrap();
-        meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
+        meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
         meta.set_checkpoint_size("ck-1", 4096).unwrap();
         // Dropped without a clean shutdown of anything else.
     }
@@ -124,7 +124,17 @@ fn newer_schema_is_refused_with_clear_error() {
 fn image_users_count_sandboxes_and_checkpoints() {
     let (_d, meta) = open();
     meta.insert_sandbox(&sandbox("sb-a", "a")).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-1", None)).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
     assert_eq!(meta.image_users("default").unwrap(), (1, 1));
     assert_eq!(meta.image_users("other").unwrap(), (0, 0));
+}
+
+#[test]
+fn checkpoint_with_rebase_moves_the_sandbox_base_in_the_same_commit() {
+    let (_d, meta) = open();
+    meta.insert_sandbox(&sandbox("sb-a", "a")).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), Some("sb-a")).unwrap();
+    let s = meta.sandbox("sb-a").unwrap().unwrap();
+    assert_eq!(s.base_checkpoint.as_deref(), Some("ck-1"));
+    assert_eq!(s.base_transid, 7);
 }

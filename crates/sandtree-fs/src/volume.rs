@@ -1,0 +1,456 @@
+//! The btrfs volume: find or create it, mount it, report usage.
+//!
+//! Two backings:
+//! - [`Backing::Image`]: `<data_dir>/btrfs.img`, a sparse file formatted with
+//!   `mkfs.btrfs` on first open, attached to a loop device with autoclear and
+//!   mounted on `<data_dir>/btrfs`.
+//! - [`Backing::Existing`]: an already mounted btrfs filesystem
+//!   (`VolumeConfig::btrfs_mount`), used as is.
+//!
+//! Re-opening (daemon restart) only reads `/proc/self/mountinfo`: if
+//! `<data_dir>/btrfs` is already a btrfs mount it is reused, nothing else
+//! happens. If the image is still bound to a loop device (e.g. mounted
+//! elsewhere) that device is reused instead of binding the file twice.
+//!
+//! Kernel quirks: an autoclear loop device unbinds on last close, so the
+//! device fd is held until `mount(2)` returns; afterwards the mount owns it
+//! and `umount` frees the device. A half-created image (crash between
+//! `ftruncate` and `mkfs`) is detected by the missing btrfs superblock magic
+//! and formatted again.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::mount::{MountFlags, UnmountFlags};
+use sandtree_sys::{btrfs, loopdev};
+
+use crate::error::{Error, Result};
+
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/sandtree";
+/// Default size of the sparse image (64 GiB).
+pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
+const MOUNT_OPTIONS: &std::ffi::CStr = c"user_subvol_rm_allowed";
+/// btrfs primary superblock offset and magic.
+const SUPER_OFFSET: u64 = 0x1_0000 + 0x40;
+const SUPER_MAGIC: &[u8; 8] = b"_BHRfS_M";
+
+/// Where the volume lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeConfig {
+    /// Host directory for the image and its mount point.
+    pub data_dir: PathBuf,
+    /// Use this existing btrfs mount instead of an image.
+    pub btrfs_mount: Option<PathBuf>,
+    /// Size of the sparse image when it is created.
+    pub image_size: u64,
+}
+
+impl Default for VolumeConfig {
+    fn default() -> Self {
+        VolumeConfig {
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            btrfs_mount: None,
+            image_size: DEFAULT_IMAGE_SIZE,
+        }
+    }
+}
+
+/// How the volume is backed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// A loop-mounted image file (we own the mount).
+    Image(PathBuf),
+    /// A btrfs mount provided by the administrator.
+    Existing,
+}
+
+/// Space on the volume, from `statvfs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+}
+
+/// An open (mounted) btrfs volume.
+#[derive(Debug)]
+pub struct Volume {
+    root: PathBuf,
+    backing: Backing,
+}
+
+impl Volume {
+    /// Opens the volume described by `cfg`, creating and mounting it if needed.
+    pub fn open(cfg: &VolumeConfig) -> Result<Volume> {
+        if !btrfs_in_kernel() {
+            return Err(Error::BtrfsUnavailable);
+        }
+        let vol = match &cfg.btrfs_mount {
+            Some(mount) => {
+                check_btrfs(mount)?;
+                Volume {
+                    root: mount.clone(),
+                    backing: Backing::Existing,
+                }
+            }
+            None => open_image(cfg)?,
+        };
+        for dir in [vol.images_dir(), vol.sandboxes_dir(), vol.checkpoints_dir()] {
+            mkdir(&dir, 0o700)?;
+        }
+        Ok(vol)
+    }
+
+    /// Mount point of the volume.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// How the volume is backed.
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// `images/`: one read-only subvolume per image.
+    pub fn images_dir(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    /// `sandboxes/`: one writable subvolume per sandbox.
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+
+    /// `checkpoints/`: read-only snapshots of sandbox subvolumes.
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// Space on the volume (statvfs; btrfs reports an estimate).
+    pub fn usage(&self) -> Result<VolumeUsage> {
+        let st = rustix::fs::statvfs(&self.root)
+            .map_err(|e| Error::io("statvfs", &self.root, e.into()))?;
+        let frsize = st.f_frsize;
+        let total = st.f_blocks * frsize;
+        let free = st.f_bavail * frsize;
+        let used = (st.f_blocks - st.f_bfree) * frsize;
+        Ok(VolumeUsage {
+            total_bytes: total,
+            used_bytes: used,
+            free_bytes: free,
+        })
+    }
+
+    /// Unmounts an image-backed volume (the loop device then frees itself).
+    /// A volume on an existing mount is left mounted.
+    pub fn unmount(self) -> Result<()> {
+        let Backing::Image(image) = &self.backing else {
+            return Ok(());
+        };
+        let _ = btrfs::syncfs(&self.root);
+        rustix::mount::unmount(&self.root, UnmountFlags::empty()).map_err(|e| {
+            Error::Unmount {
+                target: self.root.clone(),
+                source: e.into(),
+            }
+        })?;
+        // Autoclear normally frees the device; clear it explicitly in case it
+        // was bound without autoclear (ENXIO = already free).
+        if let Some(dev) = loopdev::find_attached(image) {
+            let _ = loopdev::detach(&dev);
+        }
+        Ok(())
+    }
+}
+
+fn btrfs_in_kernel() -> bool {
+    fs::read_to_string("/proc/filesystems")
+        .map(|s| s.lines().any(|l| l.split_whitespace().last() == Some("btrfs")))
+        .unwrap_or(false)
+}
+
+fn check_btrfs(path: &Path) -> Result<()> {
+    let magic = btrfs::fs_magic(path).map_err(|e| Error::io("statfs", path, e))?;
+    if magic == btrfs::BTRFS_SUPER_MAGIC {
+        Ok(())
+    } else {
+        Err(Error::NotBtrfs {
+            path: path.to_path_buf(),
+            found_fs: fs_name(path, magic),
+        })
+    }
+}
+
+/// Filesystem type name of `path` from mountinfo, else the magic in hex.
+fn fs_name(path: &Path, magic: i64) -> String {
+    let canon = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut best: Option<(usize, String)> = None;
+    for m in mountinfo() {
+        if canon.starts_with(&m.target) {
+            let len = m.target.as_os_str().len();
+            if best.as_ref().is_none_or(|(l, _)| len >= *l) {
+                best = Some((len, m.fstype));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+        .unwrap_or_else(|| format!("0x{magic:x}"))
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| Error::io("mkdir", path, e))
+}
+
+struct MountEntry {
+    target: PathBuf,
+    fstype: String,
+}
+
+/// Unescapes the octal escapes (`\040`) of a mountinfo field.
+fn unescape(field: &str) -> PathBuf {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    use std::os::unix::ffi::OsStringExt;
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+fn mountinfo() -> Vec<MountEntry> {
+    let Ok(s) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    s.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let target = pre.split(' ').nth(4)?;
+            let fstype = post.split(' ').next()?;
+            Some(MountEntry {
+                target: unescape(target),
+                fstype: fstype.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn is_btrfs_mounted_at(target: &Path) -> bool {
+    // The last mount on a path is the visible one.
+    mountinfo()
+        .into_iter()
+        .rev()
+        .find(|m| m.target == target)
+        .is_some_and(|m| m.fstype == "btrfs")
+}
+
+fn has_btrfs_superblock(image: &Path) -> io::Result<bool> {
+    let mut f = File::open(image)?;
+    let mut buf = [0u8; 8];
+    f.seek(SeekFrom::Start(SUPER_OFFSET))?;
+    match f.read_exact(&mut buf) {
+        Ok(()) => Ok(&buf == SUPER_MAGIC),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn find_mkfs() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join("mkfs.btrfs"))
+        .find(|p| p.is_file())
+}
+
+fn mkfs(image: &Path) -> Result<()> {
+    let mkfs = find_mkfs().ok_or(Error::MkfsMissing)?;
+    let out = Command::new(mkfs)
+        .args(["-q", "-f"])
+        .arg(image)
+        .output()
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                Error::MkfsMissing
+            } else {
+                Error::io("run mkfs.btrfs on", image, e)
+            }
+        })?;
+    if !out.status.success() {
+        return Err(Error::Mkfs {
+            image: image.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
+    mkdir(&cfg.data_dir, 0o700)?;
+    let data_dir = fs::canonicalize(&cfg.data_dir)
+        .map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
+    let root = data_dir.join("btrfs");
+    let image = data_dir.join("btrfs.img");
+    let vol = Volume {
+        root: root.clone(),
+        backing: Backing::Image(image.clone()),
+    };
+    if is_btrfs_mounted_at(&root) {
+        tracing::debug!(root = %root.display(), "btrfs volume already mounted");
+        return Ok(vol);
+    }
+    mkdir(&root, 0o700)?;
+    prepare_image(&image, cfg.image_size)?;
+
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let dev = match loopdev::find_attached(&image) {
+            Some(dev) => loopdev::open(&dev),
+            None => loopdev::attach(&image),
+        }
+        .map_err(|source| Error::LoopAttach {
+            image: image.clone(),
+            source,
+        })?;
+        let res = rustix::mount::mount(
+            dev.path(),
+            &root,
+            "btrfs",
+            MountFlags::NOATIME,
+            MOUNT_OPTIONS,
+        );
+        match res {
+            Ok(()) => {
+                tracing::info!(dev = %dev.path().display(), root = %root.display(), "mounted btrfs volume");
+                // Dropping `dev` now is fine: the mount keeps the device busy.
+                return Ok(vol);
+            }
+            // A reused device may have been auto-cleared under us: retry once
+            // with a fresh attachment.
+            Err(_) if attempt == 1 => continue,
+            Err(e) => {
+                return Err(Error::Mount {
+                    dev: dev.path().to_path_buf(),
+                    target: root,
+                    source: e.into(),
+                });
+            }
+        }
+    }
+}
+
+fn prepare_image(image: &Path, size: u64) -> Result<()> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(image)
+    {
+        Ok(f) => {
+            f.set_len(size)
+                .map_err(|e| Error::io("size image", image, e))?;
+            drop(f);
+            tracing::info!(image = %image.display(), size, "formatting new btrfs image");
+            if let Err(e) = mkfs(image) {
+                let _ = fs::remove_file(image);
+                return Err(e);
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let ok = has_btrfs_superblock(image).map_err(|e| Error::io("read image", image, e))?;
+            if !ok {
+                tracing::warn!(image = %image.display(), "image has no btrfs superblock, formatting");
+                mkfs(image)?;
+            }
+        }
+        Err(e) => return Err(Error::io("create image", image, e)),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TestVolume;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(r"/a\040b"), PathBuf::from("/a b"));
+        assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
+    }
+
+    #[test]
+    fn open_twice_reuses_the_mount_and_reattaches_after_unmount() {
+        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let cfg = tv.config.clone();
+        let t = std::time::Instant::now();
+        let again = Volume::open(&cfg).expect("reopen while mounted");
+        eprintln!("reopen while mounted: {:?}", t.elapsed());
+        assert_eq!(again.root(), tv.vol().root());
+        fs::write(again.root().join("marker"), b"x").unwrap();
+        again.unmount().expect("unmount");
+        assert!(!is_btrfs_mounted_at(tv.vol().root()));
+        let t = std::time::Instant::now();
+        let third = Volume::open(&cfg).expect("reopen after unmount");
+        eprintln!("reopen after unmount (attach + mount): {:?}", t.elapsed());
+        assert_eq!(fs::read(third.root().join("marker")).unwrap(), b"x");
+        assert!(third.sandboxes_dir().is_dir());
+        let u = third.usage().unwrap();
+        assert!(u.total_bytes > 0 && u.free_bytes <= u.total_bytes);
+    }
+
+    #[test]
+    fn open_on_non_btrfs_mount_is_not_btrfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = VolumeConfig {
+            data_dir: dir.path().join("data"),
+            btrfs_mount: Some(dir.path().to_path_buf()),
+            image_size: 1 << 30,
+        };
+        match Volume::open(&cfg) {
+            Err(Error::NotBtrfs { path, found_fs }) => {
+                assert_eq!(path, dir.path());
+                assert_ne!(found_fs, "btrfs");
+                eprintln!("found_fs = {found_fs}");
+            }
+            other => panic!("expected NotBtrfs, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn open_on_existing_btrfs_mount_creates_layout() {
+        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let sub = tv.vol().root().join("external");
+        fs::create_dir(&sub).unwrap();
+        let cfg = VolumeConfig {
+            data_dir: PathBuf::from("/nonexistent-unused"),
+            btrfs_mount: Some(sub.clone()),
+            image_size: 0,
+        };
+        let v = Volume::open(&cfg).unwrap();
+        assert_eq!(v.backing(), &Backing::Existing);
+        assert!(sub.join("images").is_dir());
+        assert!(sub.join("checkpoints").is_dir());
+        v.unmount().unwrap(); // no-op for an existing mount
+        assert!(sub.join("images").is_dir());
+    }
+}

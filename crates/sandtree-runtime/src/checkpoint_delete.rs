@@ -1,0 +1,43 @@
+//! `delete checkpoint`.
+//!
+//! A checkpoint that has child checkpoints or sandboxes based on it is kept
+//! unless `force` is given. btrfs snapshots do not depend on each other, so a
+//! forced delete loses no data of the dependents: they are re-linked to the
+//! deleted checkpoint's parent (same transaction as the delete), and the
+//! snapshot is destroyed after the commit.
+
+use sandtree_api::DeleteCheckpointResponse;
+
+use crate::{Engine, Error, Result};
+
+impl Engine {
+    pub async fn delete_checkpoint(&self, id: &str, force: bool) -> Result<DeleteCheckpointResponse> {
+        self.checkpoint_record(id)?;
+        let _store = self.store_lock.read().await;
+        if !force {
+            let (children, sandboxes) = self.meta.checkpoint_dependents(id)?;
+            if !children.is_empty() || !sandboxes.is_empty() {
+                let mut parts = Vec::new();
+                if !children.is_empty() {
+                    parts.push(format!("child checkpoint(s) {}", children.join(", ")));
+                }
+                if !sandboxes.is_empty() {
+                    parts.push(format!("sandbox(es) {}", sandboxes.join(", ")));
+                }
+                return Err(Error::CheckpointInUse { checkpoint: id.to_string(), dependents: parts.join(" and ") });
+            }
+        }
+        tokio::task::block_in_place(|| self.delete_checkpoint_locked(id))?;
+        Ok(DeleteCheckpointResponse { deleted: vec![id.to_string()] })
+    }
+
+    /// Deletes row then snapshot; the caller holds the store lock (read side).
+    pub(crate) fn delete_checkpoint_locked(&self, id: &str) -> Result<()> {
+        self.meta.delete_checkpoint(id)?;
+        let path = self.checkpoint_path(id);
+        if let Err(e) = sandtree_fs::delete_subvolume(&path) {
+            tracing::warn!(checkpoint = id, "cannot delete {}: {e} (gc will retry)", path.display());
+        }
+        Ok(())
+    }
+}

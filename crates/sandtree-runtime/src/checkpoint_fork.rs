@@ -1,0 +1,101 @@
+//! `fork`: N independent sandboxes from one checkpoint, in one call.
+//!
+//! Order of operations:
+//! 1. writable snapshots `checkpoints/<ck>` → `sandboxes/<new-id>.1` for all N,
+//!    issued concurrently so btrfs can fold them into few transaction commits;
+//! 2. spawn each sandbox's init (the zygote serialises the namespace work;
+//!    connecting to the inits overlaps);
+//! 3. commit every sandbox that came up in one transaction; the ones that
+//!    failed are reported per item and their subvolumes deleted.
+//!
+//! Forks share the checkpoint's tree (`tree_id`): each may later roll back to
+//! any checkpoint of that tree. Each fork gets fresh processes, so random
+//! state (`/dev/urandom`, Python's hash seed, uuid4) diverges naturally.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use sandtree_api::{ForkRequest, ForkResponse, ForkResult, Limits};
+use sandtree_meta::{DesiredState, SandboxRecord};
+
+use crate::sandbox_rollback::RESTART_NOTE;
+use crate::{Engine, Error, Result, util};
+
+/// Upper bound on `count` per call.
+pub const MAX_FORK: u32 = 256;
+
+impl Engine {
+    pub async fn fork(&self, checkpoint: &str, req: ForkRequest) -> Result<ForkResponse> {
+        let t0 = Instant::now();
+        if req.count == 0 || req.count > MAX_FORK {
+            return Err(Error::InvalidArgument(format!("count must be between 1 and {MAX_FORK}, got {}", req.count)));
+        }
+        let ck = self.checkpoint_record(checkpoint)?;
+        let limits = match &req.limits {
+            Some(l) => self.effective_limits(l),
+            None => match self.meta.sandbox(&ck.sandbox_id)? {
+                Some(src) => serde_json::from_value(src.limits).unwrap_or_default(),
+                None => self.effective_limits(&Limits::default()),
+            },
+        };
+        let limits = serde_json::to_value(limits).map_err(|e| Error::Internal(e.to_string()))?;
+        let _store = self.store_lock.read().await;
+
+        let records: Vec<SandboxRecord> = (0..req.count)
+            .map(|_| {
+                let id = util::new_id("sb");
+                SandboxRecord {
+                    subvol: format!("{id}.1"),
+                    tree_id: ck.tree_id.clone(),
+                    image: ck.image.clone(),
+                    created_at: util::now_rfc3339(),
+                    labels: req.labels.clone(),
+                    limits: limits.clone(),
+                    base_checkpoint: Some(ck.id.clone()),
+                    base_transid: ck.transid,
+                    state: DesiredState::Running,
+                    status_reason: None,
+                    id,
+                }
+            })
+            .collect();
+        let src = self.checkpoint_path(&ck.id);
+        let pairs: Vec<(PathBuf, PathBuf)> =
+            records.iter().map(|r| (src.clone(), self.subvol_path(&r.subvol))).collect();
+        let snaps = tokio::task::spawn_blocking(move || sandtree_fs::snapshot_many(&pairs, false)).await?;
+
+        let mut outcomes: Vec<Result<()>> = Vec::with_capacity(records.len());
+        for (rec, snap) in records.iter().zip(snaps) {
+            let outcome = match snap {
+                Err(e) => Err(Error::fs("fork", e)),
+                Ok(()) => self.boot(rec).await.map(|_| ()),
+            };
+            outcomes.push(outcome);
+        }
+        let ok: Vec<SandboxRecord> =
+            records.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()).map(|(r, _)| r.clone()).collect();
+        if let Err(e) = self.meta.insert_sandboxes(&ok) {
+            for rec in &records {
+                self.discard(&rec.id, &rec.subvol).await;
+            }
+            return Err(e.into());
+        }
+        let mut results = Vec::with_capacity(records.len());
+        for (rec, outcome) in records.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => results.push(ForkResult { sandbox: Some(self.sandbox_info(rec, false)?), error: None }),
+                Err(e) => {
+                    self.discard(&rec.id, &rec.subvol).await;
+                    results.push(ForkResult { sandbox: None, error: Some(e.to_api()) });
+                }
+            }
+        }
+        Ok(ForkResponse {
+            checkpoint: ck.id,
+            results,
+            processes_restarted: true,
+            note: RESTART_NOTE.into(),
+            duration_ms: util::ms_since(t0),
+        })
+    }
+}

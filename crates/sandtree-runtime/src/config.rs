@@ -1,0 +1,64 @@
+//! Engine configuration.
+
+use std::path::PathBuf;
+
+use sandtree_api::Limits;
+
+/// Everything the engine needs to know about its host.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Root of Sandtree's state (`/var/lib/sandtree`).
+    pub data_dir: PathBuf,
+    /// Use this existing btrfs mount instead of a loop-mounted image file.
+    pub btrfs_mount: Option<PathBuf>,
+    /// Size of the sparse image file created on first start.
+    pub image_size: u64,
+    /// First host uid/gid of the range that sandboxes' ids 0..65536 map to.
+    pub uid_base: u32,
+    /// Name of the cgroup (under each hierarchy) that holds sandboxes' cgroups.
+    pub cgroup_name: String,
+    /// Limits applied when a request leaves one unset.
+    pub default_limits: Limits,
+    /// How long a checkpoint waits for the sandbox's tasks to freeze.
+    pub freeze_timeout_ms: u64,
+    /// Flush the writable layer (syncfs) before freezing, so the frozen
+    /// window holds only the snapshot of what was dirtied meanwhile.
+    pub pre_sync: bool,
+}
+
+impl Config {
+    pub fn with_data_dir(data_dir: impl Into<PathBuf>) -> Config {
+        Config { data_dir: data_dir.into(), ..Config::default() }
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.data_dir.join("run")
+    }
+
+    pub fn meta_path(&self) -> PathBuf {
+        self.data_dir.join("meta.db")
+    }
+
+    pub fn host_config(&self) -> sandtree_sandbox::HostConfig {
+        sandtree_sandbox::HostConfig {
+            run_dir: self.run_dir(),
+            uid_base: self.uid_base,
+            cgroup_name: self.cgroup_name.clone(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            data_dir: PathBuf::from("/var/lib/sandtree"),
+            btrfs_mount: None,
+            image_size: 64 << 30,
+            uid_base: 1_000_000_000,
+            cgroup_name: "sandtree".into(),
+            default_limits: Limits { memory_bytes: Some(4 << 30), pids: Some(4096), cpu_millicores: None },
+            freeze_timeout_ms: 2000,
+            pre_sync: true,
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The [`Engine`]: shared state and the helpers every verb uses.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sandtree_api::{Limits, SandboxInfo, SandboxStatus, Usage};
+use sandtree_fs::Volume;
+use sandtree_meta::{DesiredState, Meta, SandboxRecord};
+use sandtree_sandbox::{Sandbox, SandboxSpec, Zygote};
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, RwLock};
+
+use crate::layers::{StoredLayer, overlay_layers};
+use crate::{Config, Error, Result, util};
+
+/// The Sandtree engine. Cheap to share (`Arc<Engine>`); every verb is `&self`.
+pub struct Engine {
+    pub(crate) cfg: Config,
+    pub(crate) volume: Volume,
+    pub(crate) meta: Arc<Meta>,
+    pub(crate) zygote: Zygote,
+    /// Running sandboxes by id.
+    pub(crate) live: Mutex<HashMap<String, Arc<Sandbox>>>,
+    /// Per-sandbox lifecycle locks (checkpoint, rollback, start, delete).
+    locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Read side: any verb that creates or deletes subvolumes. Write side: GC.
+    pub(crate) store_lock: RwLock<()>,
+}
+
+impl Engine {
+    /// Opens the state store and metadata, makes sure the default image
+    /// exists, re-adopts (or restarts) the sandboxes that were running and
+    /// collects orphans left by a crash.
+    ///
+    /// `zygote` must have been started by [`Zygote::start`] before the process
+    /// created any thread (before the tokio runtime).
+    pub async fn open(cfg: Config, zygote: Zygote) -> Result<Arc<Engine>> {
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|e| Error::Internal(format!("cannot create data dir {}: {e}", cfg.data_dir.display())))?;
+        let vcfg = sandtree_fs::VolumeConfig {
+            data_dir: cfg.data_dir.clone(),
+            btrfs_mount: cfg.btrfs_mount.clone(),
+            image_size: cfg.image_size,
+        };
+        let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
+        let meta = Meta::open(&cfg.meta_path())?;
+        let engine = Arc::new(Engine {
+            cfg,
+            volume,
+            meta: Arc::new(meta),
+            zygote,
+            live: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            store_lock: RwLock::new(()),
+        });
+        engine.ensure_default_image().await?;
+        engine.recover().await?;
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.volume
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Takes the lifecycle lock of one sandbox.
+    pub(crate) async fn lock_sandbox(&self, id: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(id.to_string()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
+    pub(crate) fn forget_lock(&self, id: &str) {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    pub(crate) fn live_get(&self, id: &str) -> Option<Arc<Sandbox>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+    }
+
+    pub(crate) fn live_set(&self, id: &str, sb: Option<Arc<Sandbox>>) -> Option<Arc<Sandbox>> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        match sb {
+            Some(sb) => live.insert(id.to_string(), sb),
+            None => live.remove(id),
+        }
+    }
+
+    /// Looks a sandbox up, checking the id's shape first (ids become paths).
+    pub(crate) fn record(&self, id: &str) -> Result<SandboxRecord> {
+        if !util::is_valid_id("sb", id) {
+            return Err(Error::SandboxNotFound(id.to_string()));
+        }
+        self.meta.sandbox(id)?.ok_or_else(|| Error::SandboxNotFound(id.to_string()))
+    }
+
+    pub(crate) fn checkpoint_record(&self, id: &str) -> Result<sandtree_meta::CheckpointRecord> {
+        if !util::is_valid_id("ck", id) {
+            return Err(Error::CheckpointNotFound(id.to_string()));
+        }
+        self.meta.checkpoint(id)?.ok_or_else(|| Error::CheckpointNotFound(id.to_string()))
+    }
+
+    pub(crate) fn subvol_path(&self, subvol: &str) -> PathBuf {
+        self.volume.sandboxes_dir().join(subvol)
+    }
+
+    pub(crate) fn checkpoint_path(&self, id: &str) -> PathBuf {
+        self.volume.checkpoints_dir().join(id)
+    }
+
+    /// Limits of a request, completed with the daemon defaults.
+    pub(crate) fn effective_limits(&self, req: &Limits) -> Limits {
+        let d = &self.cfg.default_limits;
+        Limits {
+            memory_bytes: req.memory_bytes.or(d.memory_bytes),
+            pids: req.pids.or(d.pids),
+            cpu_millicores: req.cpu_millicores.or(d.cpu_millicores),
+        }
+    }
+
+    pub(crate) fn image_layers(&self, image: &str) -> Result<Vec<StoredLayer>> {
+        let rec = self.meta.image(image)?.ok_or_else(|| Error::ImageNotFound(image.to_string()))?;
+        serde_json::from_value(rec.layers)
+            .map_err(|e| Error::Internal(format!("image {image} has unreadable layers: {e}")))
+    }
+
+    /// Starts the processes of a sandbox on its current writable subvolume
+    /// and registers it as live. Blocking parts run off the async threads.
+    pub(crate) async fn boot(&self, rec: &SandboxRecord) -> Result<Arc<Sandbox>> {
+        let layers = self.image_layers(&rec.image)?;
+        let limits: Limits = serde_json::from_value(rec.limits.clone()).unwrap_or_default();
+        let spec = SandboxSpec {
+            id: rec.id.clone(),
+            hostname: rec.id.clone(),
+            layers: overlay_layers(&layers, &self.volume.images_dir(), &self.subvol_path(&rec.subvol)),
+            limits: sandtree_sandbox::Limits {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids,
+                cpu_millicores: limits.cpu_millicores,
+            },
+        };
+        let init = tokio::task::block_in_place(|| self.zygote.spawn(&spec))?;
+        let sandbox = Sandbox::connect(&self.cfg.host_config(), &rec.id, init).await?;
+        let sandbox = Arc::new(sandbox);
+        self.live_set(&rec.id, Some(sandbox.clone()));
+        Ok(sandbox)
+    }
+
+    /// Kills a sandbox's processes (if any) and forgets its live handle.
+    pub(crate) async fn halt(&self, id: &str) -> Result<()> {
+        if let Some(sb) = self.live_set(id, None) {
+            sb.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// The live handle of a sandbox, starting it when it is stopped.
+    pub(crate) async fn running(&self, id: &str) -> Result<Arc<Sandbox>> {
+        if let Some(sb) = self.live_get(id).filter(|s| s.is_alive()) {
+            return Ok(sb);
+        }
+        self.start_sandbox(id).await?;
+        self.live_get(id).ok_or_else(|| Error::NotRunning(id.to_string()))
+    }
+
+    /// Starts a stopped sandbox again from its filesystem state.
+    pub async fn start_sandbox(&self, id: &str) -> Result<SandboxInfo> {
+        let _lock = self.lock_sandbox(id).await;
+        let rec = self.record(id)?;
+        if self.live_get(id).is_some_and(|s| s.is_alive()) {
+            return self.sandbox_info(&rec, false);
+        }
+        let _store = self.store_lock.read().await;
+        self.halt(id).await?;
+        self.boot(&rec).await?;
+        self.meta.set_sandbox_state(id, DesiredState::Running, None)?;
+        self.sandbox_info(&self.record(id)?, false)
+    }
+
+    /// Stops a sandbox's processes; its filesystem stays.
+    pub async fn stop_sandbox(&self, id: &str) -> Result<SandboxInfo> {
+        let _lock = self.lock_sandbox(id).await;
+        self.record(id)?;
+        self.halt(id).await?;
+        self.meta.set_sandbox_state(id, DesiredState::Stopped, Some("stopped by request"))?;
+        self.sandbox_info(&self.record(id)?, false)
+    }
+
+    /// The API view of a sandbox; `with_usage` reads its cgroup and disk usage.
+    pub(crate) fn sandbox_info(&self, rec: &SandboxRecord, with_usage: bool) -> Result<SandboxInfo> {
+        let live = self.live_get(&rec.id).filter(|s| s.is_alive());
+        let status = if live.is_some() { SandboxStatus::Running } else { SandboxStatus::Stopped };
+        let status_reason = match (&live, rec.state) {
+            (Some(_), _) => rec.status_reason.clone(),
+            (None, DesiredState::Stopped) => rec.status_reason.clone(),
+            (None, DesiredState::Running) => Some(
+                "its init exited (killed or out of memory); the filesystem is intact: start it again with `sandtree start`"
+                    .into(),
+            ),
+        };
+        let usage = if with_usage {
+            let mut usage = Usage::default();
+            if let Some(sb) = &live {
+                if let Ok(u) = sb.usage() {
+                    usage.memory_bytes = u.memory_bytes;
+                    usage.memory_limit_bytes = u.memory_limit;
+                    usage.pids = u.pids;
+                    usage.pids_limit = u.pids_limit;
+                    usage.cpu_usec = u.cpu_usec;
+                }
+            }
+            usage.disk_bytes =
+                sandtree_fs::bytes_written_since(&self.subvol_path(&rec.subvol), rec.base_transid).unwrap_or(0);
+            Some(usage)
+        } else {
+            None
+        };
+        Ok(SandboxInfo {
+            id: rec.id.clone(),
+            image: rec.image.clone(),
+            status,
+            status_reason,
+            created_at: rec.created_at.clone(),
+            labels: rec.labels.clone(),
+            limits: serde_json::from_value(rec.limits.clone()).unwrap_or_default(),
+            base_checkpoint: rec.base_checkpoint.clone(),
+            init_pid: live.map(|s| s.init_pid()),
+            usage,
+        })
+    }
+
+    pub(crate) fn freeze_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.freeze_timeout_ms)
+    }
+}

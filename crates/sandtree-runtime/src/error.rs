@@ -1,0 +1,99 @@
+//! Engine errors, and how each maps to a stable API error code.
+
+use sandtree_api::{ApiError, ErrorCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("sandbox {0} not found: list sandboxes with `sandtree ls`")]
+    SandboxNotFound(String),
+    #[error("checkpoint {0} not found: list checkpoints with `sandtree tree`")]
+    CheckpointNotFound(String),
+    #[error("image {0} not found: list images with `sandtree images`")]
+    ImageNotFound(String),
+    #[error("session {0} not found in sandbox {1}")]
+    SessionNotFound(String, String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    #[error(
+        "checkpoint {checkpoint} belongs to the tree of {checkpoint_tree}, not to that of sandbox {sandbox}: fork it instead (`sandtree fork {checkpoint}`)"
+    )]
+    CheckpointNotInTree { checkpoint: String, checkpoint_tree: String, sandbox: String },
+    #[error(
+        "checkpoint {checkpoint} is still needed by {dependents}: delete those first, or pass force to delete it anyway (its children are then linked to its parent)"
+    )]
+    CheckpointInUse { checkpoint: String, dependents: String },
+    #[error("image {image} is used by {sandboxes} sandbox(es) and {checkpoints} checkpoint(s): delete those first")]
+    ImageInUse { image: String, sandboxes: u64, checkpoints: u64 },
+    #[error("{op} failed: the state store is full ({detail}); nothing was changed — delete checkpoints or sandboxes, run `sandtree gc`, or grow the volume")]
+    NoSpace { op: &'static str, detail: String },
+    #[error("the processes of sandbox {sandbox} did not freeze within {timeout_ms} ms ({stuck}); they were thawed and nothing was changed")]
+    FreezeTimeout { sandbox: String, timeout_ms: u64, stuck: String },
+    #[error("sandbox {0} is not running: start it with `sandtree start {0}`")]
+    NotRunning(String),
+    #[error("state store: {0}")]
+    Fs(#[from] sandtree_fs::Error),
+    #[error("metadata: {0}")]
+    Meta(#[from] sandtree_meta::Error),
+    #[error("sandbox processes: {0}")]
+    Sandbox(sandtree_sandbox::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<sandtree_sandbox::Error> for Error {
+    fn from(e: sandtree_sandbox::Error) -> Error {
+        Error::Sandbox(e)
+    }
+}
+
+impl From<tokio::task::JoinError> for Error {
+    fn from(e: tokio::task::JoinError) -> Error {
+        Error::Internal(format!("background task failed: {e}"))
+    }
+}
+
+impl Error {
+    /// Wraps a state-store error of operation `op`, lifting ENOSPC to [`Error::NoSpace`].
+    pub fn fs(op: &'static str, e: sandtree_fs::Error) -> Error {
+        if e.is_no_space() { Error::NoSpace { op, detail: e.to_string() } } else { Error::Fs(e) }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::SandboxNotFound(_) => ErrorCode::SandboxNotFound,
+            Error::CheckpointNotFound(_) => ErrorCode::CheckpointNotFound,
+            Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
+            Error::SessionNotFound(..) => ErrorCode::SessionNotFound,
+            Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Error::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            Error::CheckpointNotInTree { .. } => ErrorCode::CheckpointNotInTree,
+            Error::CheckpointInUse { .. } => ErrorCode::CheckpointInUse,
+            Error::ImageInUse { .. } => ErrorCode::ImageInUse,
+            Error::NoSpace { .. } => ErrorCode::NoSpace,
+            Error::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
+            Error::NotRunning(_) => ErrorCode::SandboxNotRunning,
+            Error::Fs(e) if e.is_no_space() => ErrorCode::NoSpace,
+            Error::Fs(_) | Error::Meta(_) | Error::Internal(_) => ErrorCode::Internal,
+            Error::Sandbox(_) => ErrorCode::Internal,
+        }
+    }
+
+    pub fn to_api(&self) -> ApiError {
+        // Include the source chain so an operator sees the errno.
+        let mut message = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(s) = src {
+            let text = s.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            src = s.source();
+        }
+        ApiError::new(self.code(), message)
+    }
+}

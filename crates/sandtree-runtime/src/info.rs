@@ -1,0 +1,32 @@
+//! `info`: daemon-wide facts for operators.
+
+use sandtree_api::{DaemonInfo, VolumeInfo};
+
+use crate::{Engine, Error, Result};
+
+impl Engine {
+    pub async fn info(&self) -> Result<DaemonInfo> {
+        let usage = self.volume.usage().map_err(|e| Error::fs("info", e))?;
+        let (sandboxes, checkpoints, images) = self.meta.counts()?;
+        let running = self.live.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|s| s.is_alive()).count();
+        Ok(DaemonInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            data_dir: self.cfg.data_dir.display().to_string(),
+            volume: VolumeInfo {
+                path: self.volume.root().display().to_string(),
+                backing: if self.cfg.btrfs_mount.is_some() { "mount".into() } else { "image".into() },
+                total_bytes: usage.total_bytes,
+                used_bytes: usage.used_bytes,
+                free_bytes: usage.free_bytes,
+            },
+            cgroup: if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2" } else { "v1" }
+                .into(),
+            uid_base: self.cfg.uid_base,
+            sandboxes,
+            running: running as u64,
+            checkpoints,
+            images,
+            metadata_bytes: self.meta.size_bytes(),
+        })
+    }
+}

@@ -1,0 +1,41 @@
+#![forbid(unsafe_code)]
+//! `sandtree-runtime`: the engine that owns sandboxes and their state tree.
+//!
+//! It composes the three lower crates:
+//! - `sandtree-fs`: the btrfs volume (images, writable layers, checkpoints);
+//! - `sandtree-meta`: the durable record, the commit point of every operation;
+//! - `sandtree-sandbox`: the processes (zygote, namespaces, cgroups, init).
+//!
+//! One verb per file: [`Engine::create_sandbox`] in `sandbox_create.rs`,
+//! [`Engine::checkpoint`] in `sandbox_checkpoint.rs`, and so on. The order of
+//! operations of each verb is documented on the verb and in ARCHITECTURE.md.
+//!
+//! # Locking
+//! - a per-sandbox lifecycle lock serialises checkpoint, rollback, start and
+//!   delete of one sandbox (two rollbacks of one sandbox run one after the other);
+//! - a store-wide read/write lock lets every mutating verb run concurrently
+//!   (read side) while GC, which deletes unreferenced subvolumes, runs alone
+//!   (write side) so it never mistakes a half-made operation for an orphan.
+
+mod checkpoint_delete;
+mod checkpoint_fork;
+mod config;
+mod engine;
+mod error;
+mod gc;
+mod images;
+mod info;
+mod layers;
+mod recover;
+mod sandbox_checkpoint;
+mod sandbox_create;
+mod sandbox_delete;
+mod sandbox_exec;
+mod sandbox_rollback;
+mod sandbox_session;
+mod util;
+
+pub use config::Config;
+pub use engine::Engine;
+pub use error::{Error, Result};
+pub use sandtree_sandbox::{HostConfig, SessionIo, Zygote};

@@ -1,0 +1,38 @@
+//! `delete`: remove a sandbox.
+//!
+//! Order: kill its processes, delete the row (commit), delete the writable
+//! subvolume. Its checkpoints stay (they can still seed forks) unless asked.
+
+use std::time::Instant;
+
+use sandtree_api::DeleteSandboxResponse;
+
+use crate::{Engine, Result, util};
+
+impl Engine {
+    pub async fn delete_sandbox(&self, id: &str, with_checkpoints: bool) -> Result<DeleteSandboxResponse> {
+        let t0 = Instant::now();
+        let lock = self.lock_sandbox(id).await;
+        let rec = self.record(id)?;
+        let _store = self.store_lock.read().await;
+        self.halt(id).await?;
+        self.meta.delete_sandbox(id)?;
+        let path = self.subvol_path(&rec.subvol);
+        if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {
+            tracing::warn!(sandbox = id, "delete {}: {e} (gc will retry)", path.display());
+        }
+        drop(lock);
+        self.forget_lock(id);
+        let mut checkpoints_deleted = Vec::new();
+        if with_checkpoints {
+            let own: Vec<_> =
+                self.meta.checkpoints(Some(&rec.tree_id))?.into_iter().filter(|c| c.sandbox_id == id).collect();
+            // Children first, so each deletion only re-links what remains.
+            for ck in own.iter().rev() {
+                self.delete_checkpoint_locked(&ck.id)?;
+                checkpoints_deleted.push(ck.id.clone());
+            }
+        }
+        Ok(DeleteSandboxResponse { id: id.to_string(), checkpoints_deleted, duration_ms: util::ms_since(t0) })
+    }
+}

@@ -1,0 +1,80 @@
+//! Persistent shell sessions (pty-backed bash that keeps cwd, env and
+//! variables between calls).
+
+use std::time::Duration;
+
+use sandtree_api::{CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse};
+use sandtree_sandbox::{SessionId, SessionOptions};
+
+use crate::{Engine, Error, Result, util};
+
+fn session_info(sandbox: &str, s: &sandtree_sandbox::SessionInfo) -> SessionInfo {
+    SessionInfo {
+        id: s.id.to_string(),
+        sandbox_id: sandbox.to_string(),
+        pid: s.pid,
+        shell: s.shell.clone(),
+        created_at: util::rfc3339(s.created_at),
+        running: s.running,
+    }
+}
+
+impl Engine {
+    pub async fn create_session(&self, id: &str, req: CreateSessionRequest) -> Result<SessionInfo> {
+        self.record(id)?;
+        let sb = self.running(id).await?;
+        let opts = SessionOptions {
+            shell: req.shell.unwrap_or_else(|| "/bin/bash".into()),
+            cwd: req.cwd,
+            env: req.env.into_iter().collect(),
+            cols: req.cols.unwrap_or(120),
+            rows: req.rows.unwrap_or(40),
+        };
+        let sid = sb.open_session(opts).await?;
+        sb.sessions()
+            .iter()
+            .find(|s| s.id == sid)
+            .map(|s| session_info(id, s))
+            .ok_or_else(|| Error::Internal("session vanished right after it was opened".into()))
+    }
+
+    pub async fn list_sessions(&self, id: &str) -> Result<SessionList> {
+        self.record(id)?;
+        let sessions = match self.live_get(id) {
+            Some(sb) => sb.sessions().iter().map(|s| session_info(id, s)).collect(),
+            None => Vec::new(),
+        };
+        Ok(SessionList { sessions })
+    }
+
+    fn session_of(&self, id: &str, sid: &str) -> Result<(std::sync::Arc<sandtree_sandbox::Sandbox>, SessionId)> {
+        self.record(id)?;
+        let missing = || Error::SessionNotFound(sid.to_string(), id.to_string());
+        let sb = self.live_get(id).ok_or_else(missing)?;
+        let s = sb.sessions().into_iter().find(|s| s.id.to_string() == sid).ok_or_else(missing)?;
+        Ok((sb, s.id))
+    }
+
+    pub async fn session_run(&self, id: &str, sid: &str, req: SessionRunRequest) -> Result<SessionRunResponse> {
+        let (sb, sid) = self.session_of(id, sid)?;
+        let out = sb.session_run(&sid, &req.command, req.timeout_ms.map(Duration::from_millis)).await?;
+        Ok(SessionRunResponse {
+            output: out.output,
+            exit_code: out.exit_code,
+            timed_out: out.timed_out,
+            duration_ms: util::ms(out.duration),
+        })
+    }
+
+    /// The pty of a session, for interactive attach (websocket).
+    pub async fn session_io(&self, id: &str, sid: &str) -> Result<sandtree_sandbox::SessionIo> {
+        let (sb, sid) = self.session_of(id, sid)?;
+        Ok(sb.session_io(&sid)?)
+    }
+
+    pub async fn close_session(&self, id: &str, sid: &str) -> Result<()> {
+        let (sb, sid) = self.session_of(id, sid)?;
+        sb.close_session(&sid).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,445 @@
+//! Sandbox cgroups on cgroup v1 (one directory per controller) or pure
+//! cgroup v2 (one directory).
+//!
+//! Layout: v1 `/sys/fs/cgroup/<ctrl>/<cgroup_name>/<id>` for `freezer`,
+//! `memory`, `pids`, `cpu`, `cpuacct`; v2 `<root>/<cgroup_name>/<id>` with
+//! `memory pids cpu` enabled in the parents' `cgroup.subtree_control`.
+//!
+//! Kernel quirks worked around:
+//! * `cgroup.events` `POLLPRI` notifications are rate limited (~10 ms), so
+//!   freezing polls the state file (`freezer.state` / `cgroup.events`) in a
+//!   tight loop with short sleeps instead; freezing usually completes in
+//!   0.04-0.2 ms.
+//! * v1 has no `cgroup.kill`: freeze, `SIGKILL` every member, thaw (frozen
+//!   tasks die as soon as they are thawed), repeat until empty.
+//! * Controllers missing from a hierarchy (hybrid hosts expose only
+//!   freeze/kill/procs on the unified mount) are skipped with a note.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Limits;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A cgroup file operation failed.
+    #[error("cgroup {op} {path}: {source}")]
+    Io {
+        /// What we did.
+        op: &'static str,
+        /// File or directory.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Tasks did not freeze in time; the cgroup was thawed again.
+    #[error("freeze timed out after {timeout:?}; stuck tasks: {stuck:?}")]
+    FreezeTimeout {
+        /// The timeout.
+        timeout: Duration,
+        /// Tasks that were not frozen.
+        stuck: Vec<StuckTask>,
+    },
+    /// Processes survived killing.
+    #[error("cgroup {path} still has processes after kill")]
+    NotEmpty {
+        /// The cgroup.
+        path: PathBuf,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A task that did not freeze.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StuckTask {
+    /// Host pid.
+    pub pid: i32,
+    /// `comm`.
+    pub comm: String,
+    /// State letter from `/proc/<pid>/stat` (`D` = uninterruptible).
+    pub state: String,
+}
+
+/// Resource usage of a sandbox.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Current memory usage.
+    pub memory_bytes: u64,
+    /// Memory limit (None = unlimited).
+    pub memory_limit: Option<u64>,
+    /// Current number of tasks.
+    pub pids: u64,
+    /// Task limit.
+    pub pids_limit: Option<u64>,
+    /// CPU time used, microseconds.
+    pub cpu_usec: u64,
+}
+
+/// Which cgroup hierarchy layout the host uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// One hierarchy per controller under `root` (`/sys/fs/cgroup`).
+    V1 {
+        /// Directory containing `freezer/`, `memory/`, ...
+        root: PathBuf,
+    },
+    /// Unified hierarchy mounted at `root`.
+    V2 {
+        /// The cgroup2 mount.
+        root: PathBuf,
+    },
+}
+
+const V1_CONTROLLERS: [&str; 5] = ["freezer", "memory", "pids", "cpu", "cpuacct"];
+
+impl Backend {
+    /// Pure v2 if `/sys/fs/cgroup/cgroup.controllers` exists, else v1.
+    pub fn detect() -> Backend {
+        let root = PathBuf::from("/sys/fs/cgroup");
+        if root.join("cgroup.controllers").exists() {
+            Backend::V2 { root }
+        } else {
+            Backend::V1 { root }
+        }
+    }
+}
+
+/// The cgroup(s) of one sandbox. Cheap to construct; does not touch the
+/// filesystem until a method is called.
+#[derive(Clone, Debug)]
+pub struct Cgroup {
+    backend: Backend,
+    /// v1: one directory per available controller (freezer first); v2: one.
+    dirs: Vec<(String, PathBuf)>,
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { op, path, source }
+}
+
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).map_err(io_err("read", path))
+}
+
+fn write(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).map_err(io_err("write", path))
+}
+
+fn read_u64(path: &Path) -> Result<u64> {
+    Ok(read(path)?.trim().parse().unwrap_or(0))
+}
+
+fn read_limit(path: &Path) -> Result<Option<u64>> {
+    let s = read(path)?;
+    let s = s.trim();
+    if s == "max" {
+        return Ok(None);
+    }
+    match s.parse::<u64>() {
+        // v1 reports "unlimited" as a huge page-aligned number.
+        Ok(v) if v >= (1u64 << 62) => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(_) => Ok(None),
+    }
+}
+
+impl Cgroup {
+    /// The cgroup of sandbox `id` under parent `name` on `backend`.
+    pub fn new(backend: Backend, name: &str, id: &str) -> Cgroup {
+        let dirs = match &backend {
+            Backend::V1 { root } => {
+                let mut dirs: Vec<(String, PathBuf)> = Vec::new();
+                let mut seen: Vec<PathBuf> = Vec::new();
+                for ctrl in V1_CONTROLLERS {
+                    let hier = root.join(ctrl);
+                    let Ok(real) = fs::canonicalize(&hier) else { continue };
+                    if seen.contains(&real) {
+                        continue; // cpu and cpuacct co-mounted
+                    }
+                    seen.push(real);
+                    dirs.push((ctrl.to_string(), hier.join(name).join(id)));
+                }
+                dirs
+            }
+            Backend::V2 { root } => vec![("unified".to_string(), root.join(name).join(id))],
+        };
+        Cgroup { backend, dirs }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn dir(&self, ctrl: &str) -> Option<&Path> {
+        match self.backend {
+            Backend::V2 { .. } => Some(&self.dirs[0].1),
+            Backend::V1 { .. } => self.dirs.iter().find(|(c, _)| c == ctrl).map(|(_, p)| p.as_path()),
+        }
+    }
+
+    /// Directory whose `cgroup.procs` lists every member.
+    pub fn procs_dir(&self) -> &Path {
+        self.dir("freezer").or_else(|| self.dir("pids")).unwrap_or(&self.dirs[0].1)
+    }
+
+    /// Whether the cgroup directory exists.
+    pub fn exists(&self) -> bool {
+        self.procs_dir().exists()
+    }
+
+    /// Create the directories and apply `limits`.
+    pub fn create(&self, limits: &Limits) -> Result<()> {
+        match &self.backend {
+            Backend::V1 { .. } => {
+                for (_, dir) in &self.dirs {
+                    fs::create_dir_all(dir).map_err(io_err("mkdir", dir))?;
+                }
+                if let Some(mem) = self.dir("memory") {
+                    if let Some(bytes) = limits.memory_bytes {
+                        write(&mem.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                        let memsw = mem.join("memory.memsw.limit_in_bytes");
+                        if memsw.exists() {
+                            write(&memsw, &bytes.to_string())?;
+                        }
+                    }
+                }
+                if let (Some(pids), Some(max)) = (self.dir("pids"), limits.pids) {
+                    write(&pids.join("pids.max"), &max.to_string())?;
+                }
+                if let (Some(cpu), Some(mc)) = (self.dir("cpu"), limits.cpu_millicores) {
+                    write(&cpu.join("cpu.cfs_period_us"), "100000")?;
+                    write(&cpu.join("cpu.cfs_quota_us"), &(mc * 100).max(1000).to_string())?;
+                }
+            }
+            Backend::V2 { root } => {
+                let dir = &self.dirs[0].1;
+                let parent = dir.parent().unwrap_or(root);
+                fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+                // Enable the controllers we need down the path (root, parent).
+                for level in [root.as_path(), parent] {
+                    let avail = read(&level.join("cgroup.controllers")).unwrap_or_default();
+                    let want: Vec<String> = ["memory", "pids", "cpu"]
+                        .iter()
+                        .filter(|c| avail.split_whitespace().any(|a| a == **c))
+                        .map(|c| format!("+{c}"))
+                        .collect();
+                    if !want.is_empty() {
+                        write(&level.join("cgroup.subtree_control"), &want.join(" "))?;
+                    }
+                }
+                fs::create_dir_all(dir).map_err(io_err("mkdir", dir))?;
+                let set = |file: &str, value: String| -> Result<()> {
+                    let path = dir.join(file);
+                    if path.exists() {
+                        write(&path, &value)
+                    } else {
+                        tracing::warn!(path = %path.display(), "cgroup controller file missing, limit not applied");
+                        Ok(())
+                    }
+                };
+                if let Some(bytes) = limits.memory_bytes {
+                    set("memory.max", bytes.to_string())?;
+                    if dir.join("memory.swap.max").exists() {
+                        set("memory.swap.max", "0".into())?;
+                    }
+                }
+                if let Some(max) = limits.pids {
+                    set("pids.max", max.to_string())?;
+                }
+                if let Some(mc) = limits.cpu_millicores {
+                    set("cpu.max", format!("{} 100000", (mc * 100).max(1000)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Move `pid` into the cgroup(s).
+    pub fn add(&self, pid: i32) -> Result<()> {
+        for (_, dir) in &self.dirs {
+            write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Host pids of every member.
+    pub fn procs(&self) -> Result<Vec<i32>> {
+        let path = self.procs_dir().join("cgroup.procs");
+        Ok(read(&path)?.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    fn is_frozen(&self) -> Result<bool> {
+        match &self.backend {
+            Backend::V1 { .. } => {
+                let dir = self.dir("freezer").unwrap_or(self.procs_dir());
+                Ok(read(&dir.join("freezer.state"))?.trim() == "FROZEN")
+            }
+            Backend::V2 { .. } => {
+                Ok(read(&self.dirs[0].1.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1"))
+            }
+        }
+    }
+
+    /// Freeze every task; on timeout thaw again and report the stuck tasks.
+    pub fn freeze(&self, timeout: Duration) -> Result<()> {
+        self.request_freeze(true)?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if self.is_frozen()? {
+                return Ok(());
+            }
+            if start.elapsed() >= timeout {
+                let stuck = self.stuck_tasks();
+                self.request_freeze(false)?;
+                return Err(Error::FreezeTimeout { timeout, stuck });
+            }
+            spins += 1;
+            if spins > 50 {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Thaw the cgroup.
+    pub fn thaw(&self) -> Result<()> {
+        self.request_freeze(false)
+    }
+
+    fn request_freeze(&self, frozen: bool) -> Result<()> {
+        match &self.backend {
+            Backend::V1 { .. } => {
+                let dir = self.dir("freezer").unwrap_or(self.procs_dir());
+                write(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
+            }
+            Backend::V2 { .. } => write(&self.dirs[0].1.join("cgroup.freeze"), if frozen { "1" } else { "0" }),
+        }
+    }
+
+    fn stuck_tasks(&self) -> Vec<StuckTask> {
+        // Per-thread view: v1 freezer.state FREEZING means some task has not
+        // entered the refrigerator yet; report every task not sleeping in it.
+        let mut out = Vec::new();
+        for pid in self.procs().unwrap_or_default() {
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let (comm, state) = parse_stat(&stat);
+            out.push(StuckTask { pid, comm, state });
+        }
+        out
+    }
+
+    /// Kill every member and wait until the cgroup is empty (up to `timeout`).
+    pub fn kill_all(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        match &self.backend {
+            Backend::V2 { .. } => {
+                let kill_file = self.dirs[0].1.join("cgroup.kill");
+                write(&kill_file, "1")?;
+            }
+            Backend::V1 { .. } => {}
+        }
+        loop {
+            let procs = self.procs()?;
+            if procs.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::NotEmpty { path: self.procs_dir().to_path_buf() });
+            }
+            if matches!(self.backend, Backend::V1 { .. }) {
+                let _ = self.freeze(Duration::from_millis(100));
+                for pid in self.procs()? {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                self.thaw()?;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Resource usage.
+    pub fn usage(&self) -> Result<Usage> {
+        let mut u = Usage::default();
+        match &self.backend {
+            Backend::V1 { .. } => {
+                if let Some(d) = self.dir("memory") {
+                    u.memory_bytes = read_u64(&d.join("memory.usage_in_bytes"))?;
+                    u.memory_limit = read_limit(&d.join("memory.limit_in_bytes"))?;
+                }
+                if let Some(d) = self.dir("pids") {
+                    u.pids = read_u64(&d.join("pids.current"))?;
+                    u.pids_limit = read_limit(&d.join("pids.max"))?;
+                }
+                if let Some(d) = self.dir("cpuacct").or_else(|| self.dir("cpu")) {
+                    let p = d.join("cpuacct.usage");
+                    if p.exists() {
+                        u.cpu_usec = read_u64(&p)? / 1000;
+                    }
+                }
+            }
+            Backend::V2 { .. } => {
+                let d = &self.dirs[0].1;
+                if d.join("memory.current").exists() {
+                    u.memory_bytes = read_u64(&d.join("memory.current"))?;
+                    u.memory_limit = read_limit(&d.join("memory.max"))?;
+                }
+                if d.join("pids.current").exists() {
+                    u.pids = read_u64(&d.join("pids.current"))?;
+                    u.pids_limit = read_limit(&d.join("pids.max"))?;
+                } else {
+                    u.pids = self.procs()?.len() as u64;
+                }
+                let stat = read(&d.join("cpu.stat"))?;
+                for line in stat.lines() {
+                    if let Some(v) = line.strip_prefix("usage_usec ") {
+                        u.cpu_usec = v.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+        }
+        Ok(u)
+    }
+
+    /// Remove the cgroup directories (they must be empty); missing ones are fine.
+    pub fn remove(&self) -> Result<()> {
+        for (_, dir) in &self.dirs {
+            let mut tries = 0;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    // EBUSY right after the last task exited: retry briefly.
+                    Err(e) if tries < 100 => {
+                        let _ = e;
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(io_err("rmdir", dir)(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(comm, state)` from the text of `/proc/<pid>/stat`.
+pub fn parse_stat(stat: &str) -> (String, String) {
+    let open = stat.find('(').unwrap_or(0);
+    let close = stat.rfind(')').unwrap_or(stat.len());
+    let comm = stat.get(open + 1..close).unwrap_or("").to_string();
+    let state = stat.get(close + 2..close + 3).unwrap_or("?").to_string();
+    (comm, state)
+}

@@ -1,0 +1,180 @@
+//! Building the overlay mounts of a sandbox (runs in the zygote: real root,
+//! initial user namespace).
+//!
+//! Kernel quirks worked around:
+//! * An overlay mounted *inside* the sandbox user namespace cannot use `/`
+//!   as lower and uses `user.*` xattrs; mounting it as real root with the
+//!   new mount API gives a detached mount fd whose copy-ups run with root's
+//!   credentials (`trusted.*` xattrs) and which init later attaches with
+//!   `move_mount` inside its own mount namespace.
+//! * Overlay layers do not cross mount points, so every host directory is
+//!   its own layer set (`/`, `/usr`, ...).
+//! * Host directories owned by real root (host `/usr`) would show up as
+//!   `nobody` inside; they are used through an idmapped clone
+//!   (`open_tree(OPEN_TREE_CLONE)` + `mount_setattr(MOUNT_ATTR_IDMAP)` with a
+//!   user namespace mapping `0 uid_base 65536`) attached under
+//!   `<run_dir>/lower/<escaped path>`. Overlay accepts idmapped lowers, and
+//!   the attached clone survives daemon restarts (reused via mountinfo).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, chown};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{CWD, Mode, OFlags};
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags, fsconfig_create, fsconfig_set_string,
+    fsmount, fsopen, move_mount, open_tree,
+};
+use sandtree_sys::process::{Forked, clone_namespaces, exit_now};
+
+use crate::config::{HostConfig, ID_RANGE, OverlayLayer};
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A step failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The step.
+        op: &'static str,
+        /// Path involved.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Creating the mapping user namespace failed.
+    #[error("create idmap user namespace: {0}")]
+    Userns(String),
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn io_err<E: Into<io::Error>>(op: &'static str, path: &Path) -> impl FnOnce(E) -> Error {
+    let path = path.to_path_buf();
+    move |e| Error::Io { op, path, source: e.into() }
+}
+
+/// Zygote-side cache of idmapped host directories.
+pub struct Idmapper {
+    cfg: HostConfig,
+    userns: Option<OwnedFd>,
+    attached: HashMap<PathBuf, PathBuf>,
+}
+
+impl Idmapper {
+    /// New, empty cache.
+    pub fn new(cfg: HostConfig) -> Self {
+        Idmapper { cfg, userns: None, attached: HashMap::new() }
+    }
+
+    /// Path of the idmapped clone of `host`, creating and attaching it if
+    /// needed.
+    pub fn get(&mut self, host: &Path) -> Result<PathBuf> {
+        if let Some(p) = self.attached.get(host) {
+            return Ok(p.clone());
+        }
+        let target = self.cfg.idmapped_path(host);
+        if !is_mount_point(&target) {
+            let userns = self.userns()?;
+            let tree = open_tree(CWD, host, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
+                .map_err(io_err("open_tree", host))?;
+            sandtree_sys::mount::set_idmap(tree.as_fd(), userns.as_fd(), true).map_err(io_err("idmap", host))?;
+            fs::DirBuilder::new().recursive(true).mode(0o755).create(&target).map_err(io_err("mkdir", &target))?;
+            move_mount(tree.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+                .map_err(io_err("move_mount", &target))?;
+        }
+        self.attached.insert(host.to_path_buf(), target.clone());
+        Ok(target)
+    }
+
+    fn userns(&mut self) -> Result<&OwnedFd> {
+        if self.userns.is_none() {
+            self.userns = Some(make_userns(self.cfg.uid_base)?);
+        }
+        Ok(self.userns.as_ref().expect("set above"))
+    }
+}
+
+/// A user namespace with map `0 uid_base 65536`: fork a child into a new
+/// user namespace, write its maps, open `/proc/<pid>/ns/user`, kill it.
+fn make_userns(uid_base: u32) -> Result<OwnedFd> {
+    let (rx, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Error::Userns(e.to_string()))?;
+    match clone_namespaces(nix::libc::CLONE_NEWUSER).map_err(|e| Error::Userns(e.to_string()))? {
+        Forked::Child => {
+            drop(tx);
+            let mut f = fs::File::from(rx);
+            let mut b = [0u8; 1];
+            let _ = f.read(&mut b);
+            exit_now(0);
+        }
+        Forked::Parent(pid) => {
+            drop(rx);
+            let map = format!("0 {uid_base} {ID_RANGE}\n");
+            let res = (|| -> io::Result<OwnedFd> {
+                fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+                fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+                let fd = rustix::fs::open(format!("/proc/{pid}/ns/user"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+                Ok(fd)
+            })();
+            let mut tx = fs::File::from(tx);
+            let _ = tx.write_all(b"x");
+            drop(tx); // child exits; SIGCHLD is ignored so it is auto-reaped
+            res.map_err(|e| Error::Userns(e.to_string()))
+        }
+    }
+}
+
+/// Whether `path` is a mount point in the current mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(path.as_os_str().to_str().unwrap_or("")))
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push(((b[i + 1] - b'0') << 6) | ((b[i + 2] - b'0') << 3) | (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Create `dir` (and parents) if missing, owned by `uid_base:uid_base`.
+pub fn ensure_shifted_dir(dir: &Path, uid_base: u32, mode: u32) -> Result<()> {
+    if !dir.exists() {
+        fs::DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(io_err("mkdir", dir))?;
+        chown(dir, Some(uid_base), Some(uid_base)).map_err(io_err("chown", dir))?;
+    }
+    Ok(())
+}
+
+/// Build one overlay as a detached mount.
+pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper) -> Result<OwnedFd> {
+    ensure_shifted_dir(&layer.upper, cfg.uid_base, 0o755)?;
+    ensure_shifted_dir(&layer.work, cfg.uid_base, 0o700)?;
+    let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(io_err("fsopen overlay", &layer.upper))?;
+    for lower in &layer.lower {
+        let path = if lower.idmap { idmap.get(&lower.path)? } else { lower.path.clone() };
+        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &path).map_err(io_err("fsconfig lowerdir+", &path))?;
+    }
+    fsconfig_set_string(fs_fd.as_fd(), "upperdir", &layer.upper).map_err(io_err("fsconfig upperdir", &layer.upper))?;
+    fsconfig_set_string(fs_fd.as_fd(), "workdir", &layer.work).map_err(io_err("fsconfig workdir", &layer.work))?;
+    for (k, v) in [("index", "off"), ("xino", "off")] {
+        fsconfig_set_string(fs_fd.as_fd(), k, v).map_err(io_err("fsconfig option", Path::new(k)))?;
+    }
+    fsconfig_create(fs_fd.as_fd()).map_err(io_err("fsconfig create overlay", &layer.upper))?;
+    let mnt = fsmount(fs_fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+        .map_err(io_err("fsmount overlay", &layer.upper))?;
+    Ok(mnt)
+}

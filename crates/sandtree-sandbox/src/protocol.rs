@@ -1,0 +1,191 @@
+//! Wire messages between daemon, zygote and init.
+//!
+//! Transport: `SOCK_SEQPACKET` unix sockets, one JSON document per packet,
+//! file descriptors attached with `SCM_RIGHTS` (see `sandtree_sys::fdpass`).
+//!
+//! Daemon <-> zygote (socketpair created before the daemon has threads):
+//! 1. daemon sends [`ZygoteRequest::Spawn`].
+//! 2. zygote replies [`ZygoteReply::Spawned`] with a pidfd of the new init
+//!    attached, or [`ZygoteReply::Error`].
+//!
+//! Daemon <-> init (`<run_dir>/sandboxes/<id>/init.sock`, one connection at a
+//! time; a new connection replaces the old one):
+//! 1. daemon sends `Hello { version }` ([`ToInit`] with a request id); init
+//!    answers `Hello { version }` and then flushes `Exited` events that it
+//!    queued while no daemon was connected.
+//! 2. daemon sends `Spawn` with stdin/stdout/stderr attached (or asks for a
+//!    pty); init answers `Spawned { pid }` (pty: master fd attached) or
+//!    `Error`.
+//! 3. whenever a spawned process is reaped, init sends an unsolicited
+//!    [`FromInit::Exited`]. Init guarantees `Spawned` for a pid is sent
+//!    before its `Exited`.
+//! 4. `Kill` / `Ping` answer `Ok` / `Pong`.
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::config::SandboxSpec;
+
+/// Protocol version exchanged in `Hello`.
+pub const VERSION: u32 = 1;
+
+/// Largest packet we accept.
+pub const MAX_PACKET: usize = 256 * 1024;
+
+/// Daemon -> zygote.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ZygoteRequest {
+    /// Create a sandbox and its init.
+    Spawn {
+        /// What to create.
+        spec: SandboxSpec,
+    },
+}
+
+/// Zygote -> daemon.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ZygoteReply {
+    /// Init runs; a pidfd for it is attached.
+    Spawned {
+        /// Host pid of init.
+        pid: i32,
+    },
+    /// Spawning failed.
+    Error {
+        /// Lowercase description.
+        message: String,
+    },
+}
+
+/// How a spawned process gets stdin/stdout/stderr.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StdioSpec {
+    /// Three fds (stdin, stdout, stderr) are attached to the request.
+    Fds,
+    /// Init allocates a pty; the slave becomes the controlling terminal and
+    /// the master is attached to the `Spawned` reply.
+    Pty {
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+}
+
+/// Requests to init.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    /// Version handshake; must be the first request on a connection.
+    Hello {
+        /// Daemon protocol version.
+        version: u32,
+    },
+    /// Fork and exec a process.
+    Spawn {
+        /// Argument vector; `argv[0]` is looked up in `PATH` from `env`.
+        argv: Vec<String>,
+        /// Complete environment.
+        env: Vec<(String, String)>,
+        /// Working directory.
+        cwd: String,
+        /// Stdio wiring.
+        stdio: StdioSpec,
+        /// Start a new session (background and pty processes).
+        setsid: bool,
+        /// Otherwise start a new process group (so timeouts kill the group).
+        pgid: bool,
+    },
+    /// Send a signal.
+    Kill {
+        /// In-sandbox pid.
+        pid: i32,
+        /// Signal number.
+        signal: i32,
+        /// Signal the process group `pid` instead.
+        group: bool,
+    },
+    /// Liveness check.
+    Ping,
+}
+
+/// A request with its correlation id.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ToInit {
+    /// Echoed in the reply.
+    pub id: u64,
+    /// The request.
+    pub req: Request,
+}
+
+/// Replies from init.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// Handshake answer.
+    Hello {
+        /// Init protocol version.
+        version: u32,
+    },
+    /// Process started.
+    Spawned {
+        /// In-sandbox pid.
+        pid: i32,
+    },
+    /// Generic success.
+    Ok,
+    /// Ping answer.
+    Pong,
+    /// Failure.
+    Error {
+        /// Lowercase description ("command not found: X").
+        message: String,
+        /// Shell-style exit code the failure corresponds to (127, 126).
+        code: Option<i32>,
+    },
+}
+
+/// Messages from init.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FromInit {
+    /// Answer to request `id`.
+    Reply {
+        /// Request id.
+        id: u64,
+        /// The answer.
+        reply: Reply,
+    },
+    /// A spawned process was reaped.
+    Exited {
+        /// In-sandbox pid.
+        pid: i32,
+        /// Exit status if it exited.
+        code: Option<i32>,
+        /// Signal if it was killed.
+        signal: Option<i32>,
+    },
+}
+
+/// Serialise and send one message with fds.
+pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let data = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    sandtree_sys::fdpass::send_with_fds(sock, &data, fds)?;
+    Ok(())
+}
+
+/// Receive and parse one message; `Ok(None)` when the peer closed.
+pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_PACKET];
+    let (n, fds) = sandtree_sys::fdpass::recv_with_fds(sock, &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some((msg, fds)))
+}

@@ -1,0 +1,311 @@
+//! Creating a sandbox: the zygote side and the setup of its first process.
+//!
+//! Sequence (daemon D, zygote Z, first sandbox process C = init):
+//! 1. D calls `Zygote::spawn(spec)` -> `ZygoteRequest::Spawn` to Z.
+//! 2. Z (real root, initial namespaces) creates the cgroup(s) with the
+//!    limits, `<run_dir>/sandboxes/<id>` (owned `uid_base`, 0700) with an
+//!    empty `root/` mount point, and builds one detached overlay mount per
+//!    layer (see [`crate::overlay`]).
+//! 3. Z clones C with `CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS`
+//!    (C is pid 1 of the new pid namespace). C blocks on a release pipe.
+//! 4. Z writes C's `uid_map`/`gid_map` (`0 uid_base 65536`), moves C into
+//!    the cgroup(s), opens a pidfd for C and releases it.
+//! 5. C: `unshare(CLONE_NEWCGROUP)` (its cgroup becomes its cgroup root),
+//!    `setgroups([])`, `setresgid/setresuid(0)`; makes `/` rprivate;
+//!    `move_mount`s the root overlay onto `root/`, then each further layer
+//!    onto `root/<target>`; mounts `proc` (nosuid,nodev,noexec), a `/dev`
+//!    tmpfs with bind-mounted host null/zero/full/random/urandom/tty, a
+//!    private devpts instance + `ptmx` symlink, `/dev/shm`, the fd
+//!    symlinks; binds the listening `init.sock` while the host path is
+//!    still visible; `pivot_root(root, root)` + detach the old root;
+//!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
+//!    closes every other inherited fd, names itself `sandtree:[init]`,
+//!    installs the seccomp filter and reports "ok" on a result pipe.
+//! 6. Z waits for that result (or the error text C wrote), closes its
+//!    overlay fds and replies `Spawned { pid }` + pidfd to D.
+//! 7. C runs the init loop ([`crate::init`]). D connects to `init.sock`
+//!    (`Sandbox::connect`).
+//!
+//! Kernel quirks worked around:
+//! * `/proc` must be mounted inside the new root *before* `pivot_root`
+//!   (after it the host `/proc` that makes the mount permissible is gone).
+//! * Mounts created in a user namespace are implicitly `nodev`; device
+//!   nodes therefore are bind mounts of host nodes, not `mknod`s.
+//! * No host `/sys`: `root/sys` stays empty.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, chown, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::libc;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use rustix::fs::CWD;
+use rustix::mount::{MoveMountFlags, move_mount};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use sandtree_sys::process::{BpfInsn, Forked, clone_namespaces, exit_now};
+
+use crate::cgroup::{Backend, Cgroup};
+use crate::config::{HostConfig, ID_RANGE, SandboxSpec};
+use crate::overlay::Idmapper;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Invalid spec.
+    #[error("invalid sandbox spec: {0}")]
+    Invalid(String),
+    /// A host-side step failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// Step.
+        op: String,
+        /// Error.
+        source: io::Error,
+    },
+    /// Cgroup setup failed.
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::Error),
+    /// Overlay setup failed.
+    #[error(transparent)]
+    Overlay(#[from] crate::overlay::Error),
+    /// The sandbox's first process failed during setup.
+    #[error("sandbox setup failed: {0}")]
+    Child(String),
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn io<E: Into<io::Error>>(op: impl Into<String>) -> impl FnOnce(E) -> Error {
+    let op = op.into();
+    move |e| Error::Io { op, source: e.into() }
+}
+
+/// Long-lived state of the zygote.
+pub struct ZygoteState {
+    /// Host configuration.
+    pub cfg: HostConfig,
+    /// Cgroup layout.
+    pub backend: Backend,
+    /// Idmapped host directories.
+    pub idmap: Idmapper,
+    /// Compiled seccomp filter.
+    pub seccomp: Vec<BpfInsn>,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Steps 2-6 (runs in the zygote). Returns init's host pid and a pidfd.
+pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)> {
+    if !valid_id(&spec.id) {
+        return Err(Error::Invalid(format!("bad id {:?}", spec.id)));
+    }
+    if spec.layers.first().map(|l| l.target != Path::new("/")).unwrap_or(true) {
+        return Err(Error::Invalid("first layer must target /".into()));
+    }
+    let cfg = st.cfg.clone();
+    let cgroup = Cgroup::new(st.backend.clone(), &cfg.cgroup_name, &spec.id);
+    cgroup.create(&spec.limits)?;
+
+    for dir in [cfg.run_dir.clone(), cfg.run_dir.join("sandboxes")] {
+        fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir).map_err(io(format!("mkdir {}", dir.display())))?;
+    }
+    let sb_dir = cfg.sandbox_dir(&spec.id);
+    crate::overlay::ensure_shifted_dir(&sb_dir, cfg.uid_base, 0o700)?;
+    let root = cfg.root_dir(&spec.id);
+    crate::overlay::ensure_shifted_dir(&root, cfg.uid_base, 0o755)?;
+    let _ = fs::remove_file(cfg.init_socket(&spec.id));
+
+    let mut overlays = Vec::new();
+    for layer in &spec.layers {
+        overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
+    }
+
+    let (release_rx, release_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
+    let (result_rx, result_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    match clone_namespaces(flags).map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
+        Forked::Child => {
+            drop(release_tx);
+            drop(result_rx);
+            let mut b = [0u8; 1];
+            if !matches!(fs::File::from(release_rx).read(&mut b), Ok(1)) {
+                exit_now(1);
+            }
+            let mut result = fs::File::from(result_tx);
+            match setup_init(&cfg, spec, overlays, &st.seccomp, result.as_raw_fd()) {
+                Ok((listener, sigfd)) => {
+                    let _ = result.write_all(b"ok");
+                    drop(result);
+                    crate::init::run(listener, sigfd)
+                }
+                Err(e) => {
+                    let _ = result.write_all(e.to_string().as_bytes());
+                    exit_now(1)
+                }
+            }
+        }
+        Forked::Parent(pid) => {
+            drop(release_rx);
+            drop(result_tx);
+            let res = (|| -> Result<OwnedFd> {
+                let map = format!("0 {} {ID_RANGE}\n", cfg.uid_base);
+                fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io("write uid_map"))?;
+                fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io("write gid_map"))?;
+                cgroup.add(pid)?;
+                let pidfd = rustix::process::pidfd_open(
+                    rustix::process::Pid::from_raw(pid).ok_or_else(|| Error::Child("bad pid".into()))?,
+                    rustix::process::PidfdFlags::empty(),
+                )
+                .map_err(io("pidfd_open"))?;
+                fs::File::from(release_tx.try_clone().map_err(io("dup"))?).write_all(b"x").map_err(io("release"))?;
+                Ok(pidfd)
+            })();
+            drop(release_tx);
+            drop(overlays);
+            let pidfd = match res {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                    return Err(e);
+                }
+            };
+            let mut out = String::new();
+            let _ = fs::File::from(result_rx).read_to_string(&mut out);
+            if out != "ok" {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                return Err(Error::Child(if out.is_empty() { "init died during setup".into() } else { out }));
+            }
+            Ok((pid, pidfd))
+        }
+    }
+}
+
+fn mkdir_p(path: &Path, mode: u32) -> Result<()> {
+    if !path.exists() {
+        fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(io(format!("mkdir {}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn do_mount(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> Result<()> {
+    mount(Some(src), target, fstype, flags, data).map_err(io(format!("mount {src} on {}", target.display())))
+}
+
+/// Step 5 (runs in C). Returns the listening socket and the SIGCHLD signalfd.
+fn setup_init(
+    cfg: &HostConfig,
+    spec: &SandboxSpec,
+    overlays: Vec<OwnedFd>,
+    seccomp: &[BpfInsn],
+    result_fd: i32,
+) -> Result<(OwnedFd, SignalFd)> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(io("unshare cgroup"))?;
+    nix::unistd::setgroups(&[]).map_err(io("setgroups"))?;
+    let root_id = nix::unistd::Gid::from_raw(0);
+    nix::unistd::setresgid(root_id, root_id, root_id).map_err(io("setresgid"))?;
+    let root_uid = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setresuid(root_uid, root_uid, root_uid).map_err(io("setresuid"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(io("make / rprivate"))?;
+
+    let root = cfg.root_dir(&spec.id);
+    for (layer, fd) in spec.layers.iter().zip(&overlays) {
+        let rel = layer.target.strip_prefix("/").unwrap_or(&layer.target);
+        let target = root.join(rel);
+        if !rel.as_os_str().is_empty() {
+            mkdir_p(&target, 0o755)?;
+        }
+        move_mount(fd.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(io(format!("move_mount {}", target.display())))?;
+    }
+    drop(overlays);
+
+    let proc_dir = root.join("proc");
+    mkdir_p(&proc_dir, 0o555)?;
+    do_mount("proc", &proc_dir, Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None)?;
+    mkdir_p(&root.join("sys"), 0o555)?;
+    mkdir_p(&root.join("tmp"), 0o1777)?;
+    mkdir_p(&root.join("root"), 0o700)?;
+
+    let dev = root.join("dev");
+    mkdir_p(&dev, 0o755)?;
+    do_mount("tmpfs", &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
+    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = dev.join(name);
+        fs::File::create(&target).map_err(io(format!("create {}", target.display())))?;
+        do_mount(&format!("/dev/{name}"), &target, None, MsFlags::MS_BIND, None)?;
+    }
+    let pts = dev.join("pts");
+    mkdir_p(&pts, 0o755)?;
+    do_mount(
+        "devpts",
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )?;
+    let links: [(&str, &str); 5] = [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ];
+    for (name, target) in links {
+        symlink(target, dev.join(name)).map_err(io(format!("symlink dev/{name}")))?;
+    }
+    let shm = dev.join("shm");
+    mkdir_p(&shm, 0o1777)?;
+    do_mount("tmpfs", &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+
+    // The control socket, bound while the host path is still reachable.
+    let sock_path = cfg.init_socket(&spec.id);
+    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(io("socket"))?;
+    let addr = SocketAddrUnix::new(&sock_path).map_err(io("socket path"))?;
+    rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", sock_path.display())))?;
+    rustix::net::listen(&listener, 16).map_err(io("listen"))?;
+    let _ = chown(&sock_path, Some(0), Some(0));
+
+    nix::unistd::chdir(&root).map_err(io("chdir root"))?;
+    nix::unistd::pivot_root(".", ".").map_err(io("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(io("detach old root"))?;
+    nix::unistd::chdir("/").map_err(io("chdir /"))?;
+
+    nix::unistd::sethostname(&spec.hostname).map_err(io("sethostname"))?;
+    sandtree_sys::netdev::set_up("lo").map_err(io("bring lo up"))?;
+
+    sandtree_sys::process::default_signal(libc::SIGCHLD).map_err(|e| Error::Child(e.to_string()))?;
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(io("sigprocmask"))?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).map_err(io("signalfd"))?;
+
+    let null = fs::OpenOptions::new().read(true).write(true).open("/dev/null").map_err(io("open /dev/null"))?;
+    rustix::stdio::dup2_stdin(&null).map_err(io("dup2"))?;
+    rustix::stdio::dup2_stdout(&null).map_err(io("dup2"))?;
+    rustix::stdio::dup2_stderr(&null).map_err(io("dup2"))?;
+    drop(null);
+    sandtree_sys::process::close_fds_except(&[listener.as_raw_fd(), sigfd.as_fd().as_raw_fd(), result_fd])
+        .map_err(|e| Error::Child(e.to_string()))?;
+    let _ = rustix::thread::set_name(c"sandtree:[init]");
+    crate::seccomp::install(seccomp).map_err(|e| Error::Child(e.to_string()))?;
+    Ok((listener, sigfd))
+}
+
+/// Path helper for tests: where a sandbox's root is mounted on the host.
+pub fn root_mount_point(cfg: &HostConfig, id: &str) -> PathBuf {
+    cfg.root_dir(id)
+}

@@ -1,0 +1,175 @@
+//! The zygote: a single-threaded child of the daemon that forks sandboxes.
+//!
+//! Why: `setns(CLONE_NEWUSER)` fails in multi-threaded processes and
+//! `fork()` in a multi-threaded (tokio) process is unsafe, so the daemon
+//! forks the zygote from `main()` before any thread exists and sends it
+//! requests instead of forking itself.
+//!
+//! Protocol (daemon side [`Zygote`], zygote side `serve`):
+//! 1. `Zygote::start` checks `/proc/self/task` has one entry, creates a
+//!    `SOCK_SEQPACKET` socketpair and forks. The child names itself
+//!    `sandtree:[zygote]`, sets `PR_SET_PDEATHSIG(SIGKILL)` and
+//!    `SIGCHLD = SIG_IGN` (its children are reaped automatically), and
+//!    compiles the seccomp filter once.
+//! 2. The daemon sends `ZygoteRequest::Spawn` (serialised by a mutex: one
+//!    request in flight).
+//! 3. The zygote runs the spawn sequence of [`crate::spawn`] and replies
+//!    `Spawned { pid }` with a pidfd of init attached (race-free handle: the
+//!    pid cannot be recycled before the daemon holds it), or `Error`.
+//! 4. EOF on the socket (daemon gone) ends the zygote.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+
+use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+use sandtree_sys::process::{Forked, exit_now, fork_single_threaded, ignore_signal, thread_count};
+
+use crate::cgroup::Backend;
+use crate::config::{HostConfig, SandboxSpec};
+use crate::overlay::Idmapper;
+use crate::protocol::{self, ZygoteReply, ZygoteRequest};
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `Zygote::start` was called after threads were started.
+    #[error("zygote must start before any thread exists (process has {threads} threads)")]
+    NotSingleThreaded {
+        /// Threads found.
+        threads: usize,
+    },
+    /// Socket or fork failure.
+    #[error("zygote {op}: {source}")]
+    Io {
+        /// Step.
+        op: &'static str,
+        /// Error.
+        source: io::Error,
+    },
+    /// The zygote is gone.
+    #[error("zygote exited")]
+    Gone,
+    /// The zygote reported a spawn failure.
+    #[error("spawn failed: {0}")]
+    Spawn(String),
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A freshly spawned init.
+#[derive(Debug)]
+pub struct SpawnedInit {
+    /// Host pid of init.
+    pub pid: i32,
+    /// pidfd of init (readable once it exited).
+    pub pidfd: OwnedFd,
+}
+
+/// Daemon-side handle of the zygote process.
+pub struct Zygote {
+    sock: Mutex<OwnedFd>,
+    pid: i32,
+    cfg: HostConfig,
+}
+
+impl std::fmt::Debug for Zygote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Zygote").field("pid", &self.pid).finish()
+    }
+}
+
+impl Zygote {
+    /// Fork the zygote. Must be called while the process is single-threaded.
+    pub fn start(cfg: HostConfig) -> Result<Zygote> {
+        let threads = thread_count().map_err(|source| Error::Io { op: "count threads", source })?;
+        if threads != 1 {
+            return Err(Error::NotSingleThreaded { threads });
+        }
+        let (daemon_end, zygote_end) =
+            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+                .map_err(|e| Error::Io { op: "socketpair", source: e.into() })?;
+        let parent_pid = std::process::id() as i32;
+        match fork_single_threaded().map_err(|e| Error::Io { op: "fork", source: io::Error::other(e) })? {
+            Forked::Child => {
+                drop(daemon_end);
+                let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+                if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(parent_pid) {
+                    exit_now(0);
+                }
+                let _ = rustix::thread::set_name(c"sandtree:[zygote]");
+                let _ = ignore_signal(nix::libc::SIGCHLD);
+                serve(cfg, zygote_end);
+                exit_now(0);
+            }
+            Forked::Parent(pid) => {
+                drop(zygote_end);
+                Ok(Zygote { sock: Mutex::new(daemon_end), pid, cfg })
+            }
+        }
+    }
+
+    /// Host pid of the zygote.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The host configuration the zygote was started with.
+    pub fn config(&self) -> &HostConfig {
+        &self.cfg
+    }
+
+    /// Create a sandbox and start its init (blocking; call from
+    /// `spawn_blocking` in async code).
+    pub fn spawn(&self, spec: &SandboxSpec) -> Result<SpawnedInit> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        protocol::send(sock.as_fd(), &ZygoteRequest::Spawn { spec: spec.clone() }, &[])
+            .map_err(|source| Error::Io { op: "send", source })?;
+        let (reply, mut fds) = protocol::recv::<ZygoteReply>(sock.as_fd())
+            .map_err(|source| Error::Io { op: "recv", source })?
+            .ok_or(Error::Gone)?;
+        match reply {
+            ZygoteReply::Spawned { pid } => {
+                let pidfd = fds.pop().ok_or_else(|| Error::Spawn("zygote sent no pidfd".into()))?;
+                Ok(SpawnedInit { pid, pidfd })
+            }
+            ZygoteReply::Error { message } => Err(Error::Spawn(message)),
+        }
+    }
+}
+
+/// Zygote main loop (runs in the forked child).
+fn serve(cfg: HostConfig, sock: OwnedFd) {
+    let seccomp = match crate::seccomp::compile() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandtree zygote: {e}");
+            return;
+        }
+    };
+    let mut state = crate::spawn::ZygoteState {
+        backend: Backend::detect(),
+        idmap: Idmapper::new(cfg.clone()),
+        cfg,
+        seccomp,
+    };
+    loop {
+        let msg = match protocol::recv::<ZygoteRequest>(sock.as_fd()) {
+            Ok(Some((msg, _fds))) => msg,
+            Ok(None) => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        match msg {
+            ZygoteRequest::Spawn { spec } => match crate::spawn::spawn(&mut state, &spec) {
+                Ok((pid, pidfd)) => {
+                    let _ = protocol::send(sock.as_fd(), &ZygoteReply::Spawned { pid }, &[pidfd.as_fd()]);
+                }
+                Err(e) => {
+                    let _ = protocol::send(sock.as_fd(), &ZygoteReply::Error { message: e.to_string() }, &[]);
+                }
+            },
+        }
+    }
+}
