@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# README command two: every check and every test. Run as root on Linux with
+# btrfs, overlayfs, user namespaces and cgroups (see README "Requirements").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v mkfs.btrfs >/dev/null; then
+    echo "installing btrfs-progs (mkfs.btrfs)"; apt-get update -qq && apt-get install -y -qq btrfs-progs >/dev/null
+fi
+echo "== rustfmt"; cargo fmt --all -- --check
+echo "== clippy"; cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== tests"; cargo test --workspace --locked -- --test-threads=2
