@@ -303,16 +303,17 @@ fn copy_tree(
         if ft.is_dir() {
             let fd = mkdir_open_at(dst_fd, &name).map_err(|e| Error::io("mkdir", &dpath, e))?;
             copy_tree(ctx, &spath, &fd, &dpath, &srel, root_dev, filter, lenient)?;
-            set_attrs(&fd, uid, gid, md.mode(), mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_attrs(&fd, uid, gid, md.mode(), mtime)
+                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
         } else if ft.is_file() {
-            if md.nlink() > 1 {
-                if let Some(first) = ctx.links.get(&(md.dev(), md.ino())) {
-                    let _ = rustix::fs::unlinkat(dst_fd, &name, AtFlags::empty());
-                    rustix::fs::linkat(rustix::fs::CWD, first, dst_fd, &name, AtFlags::empty())
-                        .map_err(|e| Error::io("hard link", &dpath, e.into()))?;
-                    ctx.files += 1;
-                    continue;
-                }
+            if md.nlink() > 1
+                && let Some(first) = ctx.links.get(&(md.dev(), md.ino()))
+            {
+                let _ = rustix::fs::unlinkat(dst_fd, &name, AtFlags::empty());
+                rustix::fs::linkat(rustix::fs::CWD, first, dst_fd, &name, AtFlags::empty())
+                    .map_err(|e| Error::io("hard link", &dpath, e.into()))?;
+                ctx.files += 1;
+                continue;
             }
             let mut input = match File::open(&spath) {
                 Ok(f) => f,
@@ -322,10 +323,12 @@ fn copy_tree(
                 }
                 Err(e) => return Err(Error::io("open", &spath, e)),
             };
-            let mut out = create_file_at(dst_fd, &name).map_err(|e| Error::io("create", &dpath, e))?;
+            let mut out =
+                create_file_at(dst_fd, &name).map_err(|e| Error::io("create", &dpath, e))?;
             let n = io::copy(&mut input, &mut out).map_err(|e| Error::io("copy", &dpath, e))?;
             let fd = OwnedFd::from(out);
-            set_attrs(&fd, uid, gid, md.mode(), mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_attrs(&fd, uid, gid, md.mode(), mtime)
+                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
             if md.nlink() > 1 {
                 ctx.links.insert((md.dev(), md.ino()), dpath);
             }
@@ -335,19 +338,28 @@ fn copy_tree(
         } else if ft.is_symlink() {
             let target = fs::read_link(&spath).map_err(|e| Error::io("read link", &spath, e))?;
             symlink_at(&target, dst_fd, &name).map_err(|e| Error::io("symlink", &dpath, e))?;
-            set_link_attrs(dst_fd, &name, uid, gid, mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_link_attrs(dst_fd, &name, uid, gid, mtime)
+                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
             ctx.files += 1;
         } else if ft.is_fifo() {
             rustix::fs::mknodat(dst_fd, &name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
                 .map_err(|e| Error::io("mkfifo", &dpath, e.into()))?;
-            let fd = rustix::fs::openat(dst_fd, &name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .map_err(|e| Error::io("open", &dpath, e.into()))?;
-            // O_PATH fds cannot fchmod/fchown: go through /proc-free *at calls.
-            drop(fd);
-            rustix::fs::chownat(dst_fd, &name, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| Error::io("chown", &dpath, e.into()))?;
-            rustix::fs::chmodat(dst_fd, &name, Mode::from_raw_mode(md.mode() & 0o7777), AtFlags::empty())
-                .map_err(|e| Error::io("chmod", &dpath, e.into()))?;
+            // chmod/chown by name: a fifo cannot be opened without blocking.
+            rustix::fs::chownat(
+                dst_fd,
+                &name,
+                Some(Uid::from_raw(uid)),
+                Some(Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| Error::io("chown", &dpath, e.into()))?;
+            rustix::fs::chmodat(
+                dst_fd,
+                &name,
+                Mode::from_raw_mode(md.mode() & 0o7777),
+                AtFlags::empty(),
+            )
+            .map_err(|e| Error::io("chmod", &dpath, e.into()))?;
             ctx.files += 1;
         } else {
             // Device nodes and sockets.
@@ -400,12 +412,30 @@ pub fn import_dir(
     ctx.total = dir_size(src)?;
     ctx.phase("copy");
     with_new_subvolume(dst, |root| {
-        copy_tree(&mut ctx, src, root, dst, Path::new(""), md.dev(), &|_, _| true, false)?;
-        set_attrs(root, ctx.id(md.uid()), ctx.id(md.gid()), md.mode(), (md.mtime(), md.mtime_nsec()))
-            .map_err(|e| Error::io("set attributes of", dst, e))
+        copy_tree(
+            &mut ctx,
+            src,
+            root,
+            dst,
+            Path::new(""),
+            md.dev(),
+            &|_, _| true,
+            false,
+        )?;
+        set_attrs(
+            root,
+            ctx.id(md.uid()),
+            ctx.id(md.gid()),
+            md.mode(),
+            (md.mtime(), md.mtime_nsec()),
+        )
+        .map_err(|e| Error::io("set attributes of", dst, e))
     })?;
     if ctx.skipped > 0 {
-        tracing::info!(skipped = ctx.skipped, "skipped device nodes / sockets during import");
+        tracing::info!(
+            skipped = ctx.skipped,
+            "skipped device nodes / sockets during import"
+        );
     }
     ctx.phase("done");
     Ok(single_layer(dst))
@@ -509,7 +539,10 @@ pub fn import_tar(
         source,
     };
     let mut file = File::open(src).map_err(|e| Error::io("open", src, e))?;
-    let total = file.metadata().map_err(|e| Error::io("stat", src, e))?.len();
+    let total = file
+        .metadata()
+        .map_err(|e| Error::io("stat", src, e))?
+        .len();
     let mut magic = [0u8; 2];
     let gz = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
     let file = File::open(src).map_err(|e| Error::io("open", src, e))?;
@@ -567,7 +600,8 @@ pub fn import_tar(
                     });
                 }
                 T::Regular | T::Continuous => {
-                    let mut out = create_file_at(&dir, &name).map_err(|e| Error::io("create", &dpath, e))?;
+                    let mut out =
+                        create_file_at(&dir, &name).map_err(|e| Error::io("create", &dpath, e))?;
                     io::copy(&mut entry, &mut out).map_err(|e| Error::io("write", &dpath, e))?;
                     out.flush().map_err(|e| Error::io("write", &dpath, e))?;
                     let fd = OwnedFd::from(out);
@@ -581,7 +615,8 @@ pub fn import_tar(
                         .map_err(tar_err)?
                         .ok_or_else(|| tar_err(io::Error::other("symlink without target")))?
                         .into_owned();
-                    symlink_at(&target, &dir, &name).map_err(|e| Error::io("symlink", &dpath, e))?;
+                    symlink_at(&target, &dir, &name)
+                        .map_err(|e| Error::io("symlink", &dpath, e))?;
                     set_link_attrs(&dir, &name, uid, gid, (mtime, 0))
                         .map_err(|e| Error::io("set attributes of", &dpath, e))?;
                     ctx.files += 1;
@@ -606,10 +641,22 @@ pub fn import_tar(
                 }
                 T::Fifo => {
                     let _ = rustix::fs::unlinkat(&dir, &name, AtFlags::empty());
-                    rustix::fs::mknodat(&dir, &name, FileType::Fifo, Mode::from_raw_mode(mode & 0o777), 0)
-                        .map_err(|e| Error::io("mkfifo", &dpath, e.into()))?;
-                    rustix::fs::chownat(&dir, &name, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::SYMLINK_NOFOLLOW)
-                        .map_err(|e| Error::io("chown", &dpath, e.into()))?;
+                    rustix::fs::mknodat(
+                        &dir,
+                        &name,
+                        FileType::Fifo,
+                        Mode::from_raw_mode(mode & 0o777),
+                        0,
+                    )
+                    .map_err(|e| Error::io("mkfifo", &dpath, e.into()))?;
+                    rustix::fs::chownat(
+                        &dir,
+                        &name,
+                        Some(Uid::from_raw(uid)),
+                        Some(Gid::from_raw(gid)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| Error::io("chown", &dpath, e.into()))?;
                     ctx.files += 1;
                 }
                 T::Char | T::Block => ctx.skipped += 1,
@@ -624,9 +671,12 @@ pub fn import_tar(
         // Directory attributes last (writing children changes mtimes), deepest first.
         dirs.sort_by_key(|d| std::cmp::Reverse(d.path.components().count()));
         for d in dirs {
-            let Some((parents, name)) = safe_components(&d.path)? else { continue };
+            let Some((parents, name)) = safe_components(&d.path)? else {
+                continue;
+            };
             let parent = walk_parents(root, &parents, false, uid_base, &d.path)?;
-            let fd = open_dir_at(&parent, &name).map_err(|e| Error::io("open", dst.join(&d.path), e))?;
+            let fd =
+                open_dir_at(&parent, &name).map_err(|e| Error::io("open", dst.join(&d.path), e))?;
             set_attrs(&fd, d.uid, d.gid, d.mode, (d.mtime, 0))
                 .map_err(|e| Error::io("set attributes of", dst.join(&d.path), e))?;
         }
@@ -761,7 +811,8 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let mkdir = |parent: &OwnedFd, rel: &str, mode: u32| -> Result<OwnedFd> {
         let name = Path::new(rel).file_name().unwrap_or(OsStr::new(rel));
         let fd = mkdir_open_at(parent, name).map_err(|e| Error::io("mkdir", dst.join(rel), e))?;
-        set_attrs(&fd, r, r, mode, now).map_err(|e| Error::io("set attributes of", dst.join(rel), e))?;
+        set_attrs(&fd, r, r, mode, now)
+            .map_err(|e| Error::io("set attributes of", dst.join(rel), e))?;
         Ok(fd)
     };
     for (d, mode) in [
@@ -787,12 +838,16 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     // Host top-level symlinks into usr (merged /usr: bin -> usr/bin, ...).
     if let Ok(rd) = fs::read_dir("/") {
         for entry in rd.flatten() {
-            let Ok(target) = fs::read_link(entry.path()) else { continue };
+            let Ok(target) = fs::read_link(entry.path()) else {
+                continue;
+            };
             let t = target.as_os_str().as_bytes();
             if t.starts_with(b"usr/") || t.starts_with(b"/usr/") {
                 let name = entry.file_name();
-                symlink_at(&target, root, &name).map_err(|e| Error::io("symlink", dst.join(&name), e))?;
-                set_link_attrs(root, &name, r, r, now).map_err(|e| Error::io("set attributes of", dst.join(&name), e))?;
+                symlink_at(&target, root, &name)
+                    .map_err(|e| Error::io("symlink", dst.join(&name), e))?;
+                set_link_attrs(root, &name, r, r, now)
+                    .map_err(|e| Error::io("set attributes of", dst.join(&name), e))?;
             }
         }
     }
@@ -802,7 +857,16 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let etc_md = fs::metadata(host_etc).map_err(|e| Error::io("stat", host_etc, e))?;
     let etc = mkdir(root, "etc", 0o755)?;
     let etc_path = dst.join("etc");
-    copy_tree(ctx, host_etc, &etc, &etc_path, Path::new(""), etc_md.dev(), &etc_filter, true)?;
+    copy_tree(
+        ctx,
+        host_etc,
+        &etc,
+        &etc_path,
+        Path::new(""),
+        etc_md.dev(),
+        &etc_filter,
+        true,
+    )?;
 
     // Fresh identity files.
     let passwd_src = fs::read_to_string("/etc/passwd").unwrap_or_default();
@@ -834,7 +898,12 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let machine_id = random_hex(16).map_err(|e| Error::io("read", "/dev/urandom", e))? + "\n";
     let files: [(&str, String, u32, u32); 7] = [
         ("hostname", "sandbox\n".into(), 0o644, 0),
-        ("hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tsandbox\n".into(), 0o644, 0),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tsandbox\n".into(),
+            0o644,
+            0,
+        ),
         ("resolv.conf", String::new(), 0o644, 0),
         ("passwd", passwd, 0o644, 0),
         ("group", group, 0o644, 0),
@@ -843,16 +912,28 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     ];
     for (name, content, mode, gid) in files {
         let p = etc_path.join(name);
-        let mut f = create_file_at(&etc, OsStr::new(name)).map_err(|e| Error::io("create", &p, e))?;
-        f.write_all(content.as_bytes()).map_err(|e| Error::io("write", &p, e))?;
-        set_attrs(&OwnedFd::from(f), r, ctx.id(gid), mode, now).map_err(|e| Error::io("set attributes of", &p, e))?;
+        let mut f =
+            create_file_at(&etc, OsStr::new(name)).map_err(|e| Error::io("create", &p, e))?;
+        f.write_all(content.as_bytes())
+            .map_err(|e| Error::io("write", &p, e))?;
+        set_attrs(&OwnedFd::from(f), r, ctx.id(gid), mode, now)
+            .map_err(|e| Error::io("set attributes of", &p, e))?;
     }
 
     // /root with /etc/skel.
     let root_home = mkdir(root, "root", 0o700)?;
     let skel = Path::new("/etc/skel");
     if let Ok(md) = fs::metadata(skel) {
-        copy_tree(ctx, skel, &root_home, &dst.join("root"), Path::new(""), md.dev(), &|_, _| true, true)?;
+        copy_tree(
+            ctx,
+            skel,
+            &root_home,
+            &dst.join("root"),
+            Path::new(""),
+            md.dev(),
+            &|_, _| true,
+            true,
+        )?;
         // skel files are root-owned on the host: keep them root (shifted).
     }
 
@@ -860,7 +941,16 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let dpkg = Path::new("/var/lib/dpkg");
     if let Ok(md) = fs::metadata(dpkg) {
         let dpkg_fd = mkdir(&var_lib, "dpkg", md.mode())?;
-        copy_tree(ctx, dpkg, &dpkg_fd, &dst.join("var/lib/dpkg"), Path::new(""), md.dev(), &|_, _| true, true)?;
+        copy_tree(
+            ctx,
+            dpkg,
+            &dpkg_fd,
+            &dst.join("var/lib/dpkg"),
+            Path::new(""),
+            md.dev(),
+            &|_, _| true,
+            true,
+        )?;
     }
     Ok(())
 }
@@ -912,7 +1002,9 @@ mod tests {
 
     #[test]
     fn import_dir_shifts_ownership_and_keeps_links_modes_mtimes() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let src = tempfile::tempdir().unwrap();
         let s = src.path();
         fs::create_dir(s.join("sub")).unwrap();
@@ -926,7 +1018,12 @@ mod tests {
         symlink("sub/file", s.join("link")).unwrap();
         symlink("/etc/shadow", s.join("abs-link")).unwrap();
         let old = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
-        File::options().write(true).open(s.join("sub/file")).unwrap().set_modified(old).unwrap();
+        File::options()
+            .write(true)
+            .open(s.join("sub/file"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         std::os::unix::net::UnixListener::bind(s.join("sock")).unwrap();
 
         let dst = tv.vol().images_dir().join("imp");
@@ -945,15 +1042,21 @@ mod tests {
             fs::metadata(dst.join("hard")).unwrap().ino(),
             fs::metadata(dst.join("sub/file")).unwrap().ino()
         );
-        assert_eq!(fs::read_link(dst.join("link")).unwrap(), Path::new("sub/file"));
+        assert_eq!(
+            fs::read_link(dst.join("link")).unwrap(),
+            Path::new("sub/file")
+        );
         assert_eq!(fs::symlink_metadata(dst.join("link")).unwrap().uid(), BASE);
-        assert_eq!(fs::read_link(dst.join("abs-link")).unwrap(), Path::new("/etc/shadow"));
+        assert_eq!(
+            fs::read_link(dst.join("abs-link")).unwrap(),
+            Path::new("/etc/shadow")
+        );
         assert!(!dst.join("sock").exists(), "sockets are skipped");
         assert_eq!(fs::metadata(&dst).unwrap().uid(), BASE);
         assert!(subvolume_ro(&dst));
         let r = reports.borrow();
         assert_eq!(r.last().unwrap().phase, "done");
-        assert!(r.last().unwrap().done_bytes >= 4 + 2 + 10);
+        assert!(r.last().unwrap().done_bytes >= 4 + 1 + 10);
         // dst exists now: a second import fails and leaves it intact.
         assert!(import_dir(s, &dst, BASE, &no_progress).is_err());
         assert!(dst.join("sub/file").exists());
@@ -977,7 +1080,10 @@ mod tests {
     fn build_tar(path: &Path, gzip: bool, evil: Option<&str>) {
         let f = File::create(path).unwrap();
         let w: Box<dyn Write> = if gzip {
-            Box::new(flate2::write::GzEncoder::new(f, flate2::Compression::fast()))
+            Box::new(flate2::write::GzEncoder::new(
+                f,
+                flate2::Compression::fast(),
+            ))
         } else {
             Box::new(f)
         };
@@ -1006,7 +1112,9 @@ mod tests {
 
     #[test]
     fn import_tar_plain_and_gzip_shift_ids_and_keep_links() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let tmp = tempfile::tempdir().unwrap();
         for gz in [false, true] {
             let tarp = tmp.path().join(if gz { "a.tgz" } else { "a.tar" });
@@ -1017,7 +1125,11 @@ mod tests {
             let md = fs::metadata(dst.join("usr/bin/tool")).unwrap();
             assert_eq!(md.mode() & 0o7777, 0o4711);
             assert_eq!(md.uid(), BASE + 1000);
-            assert_eq!(fs::metadata(dst.join("usr")).unwrap().uid(), BASE, "implicit parent");
+            assert_eq!(
+                fs::metadata(dst.join("usr")).unwrap().uid(),
+                BASE,
+                "implicit parent"
+            );
             assert_eq!(
                 fs::metadata(dst.join("etc/hello2")).unwrap().ino(),
                 fs::metadata(dst.join("etc/hello")).unwrap().ino()
@@ -1031,14 +1143,21 @@ mod tests {
 
     #[test]
     fn import_tar_refuses_escapes_and_cleans_up() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let tmp = tempfile::tempdir().unwrap();
-        for (i, evil) in ["../evil", "/abs-evil", "escape/tmp/evil"].iter().enumerate() {
+        for (i, evil) in ["../evil", "/abs-evil", "escape/tmp/evil"]
+            .iter()
+            .enumerate()
+        {
             let tarp = tmp.path().join(format!("evil{i}.tar"));
             build_tar(&tarp, false, Some(evil));
             let dst = tv.vol().images_dir().join(format!("evil{i}"));
             match import_tar(&tarp, &dst, BASE, &no_progress) {
-                Err(Error::UnsafePath { path, reason }) => eprintln!("{evil}: refused {path:?}: {reason}"),
+                Err(Error::UnsafePath { path, reason }) => {
+                    eprintln!("{evil}: refused {path:?}: {reason}")
+                }
                 other => panic!("{evil}: expected UnsafePath, got {other:?}"),
             }
             assert!(!dst.exists(), "failed import is deleted");
@@ -1049,23 +1168,39 @@ mod tests {
 
     #[test]
     fn default_image_is_fast_idempotent_and_has_no_host_secrets() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let dst = tv.vol().images_dir().join(DEFAULT_IMAGE);
         let t = Instant::now();
         let layers = build_default_image(&dst, BASE, &no_progress).unwrap();
         eprintln!("default image build: {:?}", t.elapsed());
         let t = Instant::now();
-        assert_eq!(build_default_image(&dst, BASE, &no_progress).unwrap(), layers);
+        assert_eq!(
+            build_default_image(&dst, BASE, &no_progress).unwrap(),
+            layers
+        );
         eprintln!("default image rebuild (idempotent): {:?}", t.elapsed());
         assert_eq!(layers, default_image_layers(&dst));
         let usr = layers
             .iter()
             .find(|l| l.target == Path::new("/usr"))
             .expect("/usr layer");
-        let LowerSource::HostDir(host_usr) = &usr.source else { panic!("usr not HostDir") };
-        assert!(host_usr.join("bin/python3").exists(), "python3 reachable via /usr layer");
-        assert!(fs::read_dir(dst.join("usr")).unwrap().next().is_none(), "usr is empty");
-        assert_eq!(fs::read_link(dst.join("bin")).unwrap(), Path::new("usr/bin"));
+        let LowerSource::HostDir(host_usr) = &usr.source else {
+            panic!("usr not HostDir")
+        };
+        assert!(
+            host_usr.join("bin/python3").exists(),
+            "python3 reachable via /usr layer"
+        );
+        assert!(
+            fs::read_dir(dst.join("usr")).unwrap().next().is_none(),
+            "usr is empty"
+        );
+        assert_eq!(
+            fs::read_link(dst.join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
 
         let shadow = fs::read_to_string(dst.join("etc/shadow")).unwrap();
         assert!(shadow.starts_with("root:*:"), "{shadow}");
@@ -1075,10 +1210,17 @@ mod tests {
         assert!(!dst.join("etc/gshadow").exists());
         assert!(!dst.join("etc/sudoers").exists());
         let ssh_keys = fs::read_dir(dst.join("etc/ssh"))
-            .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ssh_host_")).count())
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("ssh_host_"))
+                    .count()
+            })
             .unwrap_or(0);
         assert_eq!(ssh_keys, 0);
-        assert_eq!(fs::read_to_string(dst.join("etc/hostname")).unwrap(), "sandbox\n");
+        assert_eq!(
+            fs::read_to_string(dst.join("etc/hostname")).unwrap(),
+            "sandbox\n"
+        );
         assert_eq!(fs::read_to_string(dst.join("etc/resolv.conf")).unwrap(), "");
         let mid = fs::read_to_string(dst.join("etc/machine-id")).unwrap();
         assert_eq!(mid.trim().len(), 32);
@@ -1097,12 +1239,21 @@ mod tests {
             for e in rd.flatten() {
                 let n = e.file_name();
                 if !Path::new("/etc/skel").join(&n).exists() {
-                    assert!(!dst.join("root").join(&n).exists(), "host /root/{n:?} leaked");
+                    assert!(
+                        !dst.join("root").join(&n).exists(),
+                        "host /root/{n:?} leaked"
+                    );
                 }
             }
         }
-        assert_eq!(fs::metadata(dst.join("tmp")).unwrap().mode() & 0o7777, 0o1777);
-        assert_eq!(fs::metadata(dst.join("var/tmp")).unwrap().mode() & 0o7777, 0o1777);
+        assert_eq!(
+            fs::metadata(dst.join("tmp")).unwrap().mode() & 0o7777,
+            0o1777
+        );
+        assert_eq!(
+            fs::metadata(dst.join("var/tmp")).unwrap().mode() & 0o7777,
+            0o1777
+        );
         assert!(dst.join("var/lib/dpkg/status").exists());
         assert!(!dst.join("var/lib/sandtree").exists());
         assert!(fs::read_dir(dst.join("proc")).unwrap().next().is_none());

@@ -100,7 +100,8 @@ impl Volume {
             None => open_image(cfg)?,
         };
         for dir in [vol.images_dir(), vol.sandboxes_dir(), vol.checkpoints_dir()] {
-            mkdir(&dir, 0o700)?;
+            // 0711: traversable by the shifted ids (overlay mounted from a userns).
+            mkdir(&dir, 0o711)?;
         }
         Ok(vol)
     }
@@ -152,11 +153,9 @@ impl Volume {
             return Ok(());
         };
         let _ = btrfs::syncfs(&self.root);
-        rustix::mount::unmount(&self.root, UnmountFlags::empty()).map_err(|e| {
-            Error::Unmount {
-                target: self.root.clone(),
-                source: e.into(),
-            }
+        rustix::mount::unmount(&self.root, UnmountFlags::empty()).map_err(|e| Error::Unmount {
+            target: self.root.clone(),
+            source: e.into(),
         })?;
         // Autoclear normally frees the device; clear it explicitly in case it
         // was bound without autoclear (ENXIO = already free).
@@ -169,7 +168,10 @@ impl Volume {
 
 fn btrfs_in_kernel() -> bool {
     fs::read_to_string("/proc/filesystems")
-        .map(|s| s.lines().any(|l| l.split_whitespace().last() == Some("btrfs")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().last() == Some("btrfs"))
+        })
         .unwrap_or(false)
 }
 
@@ -305,8 +307,8 @@ fn mkfs(image: &Path) -> Result<()> {
 
 fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
     mkdir(&cfg.data_dir, 0o700)?;
-    let data_dir = fs::canonicalize(&cfg.data_dir)
-        .map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
+    let data_dir =
+        fs::canonicalize(&cfg.data_dir).map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
     let root = data_dir.join("btrfs");
     let image = data_dir.join("btrfs.img");
     let vol = Volume {
@@ -400,7 +402,9 @@ mod tests {
 
     #[test]
     fn open_twice_reuses_the_mount_and_reattaches_after_unmount() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let cfg = tv.config.clone();
         let t = std::time::Instant::now();
         let again = Volume::open(&cfg).expect("reopen while mounted");
@@ -438,7 +442,9 @@ mod tests {
 
     #[test]
     fn open_on_existing_btrfs_mount_creates_layout() {
-        let Some(tv) = TestVolume::new(1 << 30) else { return };
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
         let sub = tv.vol().root().join("external");
         fs::create_dir(&sub).unwrap();
         let cfg = VolumeConfig {

@@ -1,7 +1,7 @@
 //! `fork`: N independent sandboxes from one checkpoint, in one call.
 //!
 //! Order of operations:
-//! 1. writable snapshots `checkpoints/<ck>` → `sandboxes/<new-id>.1` for all N,
+//! 1. writable snapshots `checkpoints/<ck>` → `sandboxes/<new-id>/1` (one directory per sandbox, so the kernel does not serialise them on a directory lock) for all N,
 //!    issued concurrently so btrfs can fold them into few transaction commits;
 //! 2. spawn each sandbox's init (the zygote serialises the namespace work;
 //!    connecting to the inits overlaps);
@@ -45,7 +45,7 @@ impl Engine {
             .map(|_| {
                 let id = util::new_id("sb");
                 SandboxRecord {
-                    subvol: format!("{id}.1"),
+                    subvol: format!("{id}/1"),
                     tree_id: ck.tree_id.clone(),
                     image: ck.image.clone(),
                     created_at: util::now_rfc3339(),
@@ -59,6 +59,9 @@ impl Engine {
                 }
             })
             .collect();
+        for r in &records {
+            self.subvol_parent(&r.id)?;
+        }
         let src = self.checkpoint_path(&ck.id);
         let pairs: Vec<(PathBuf, PathBuf)> =
             records.iter().map(|r| (src.clone(), self.subvol_path(&r.subvol))).collect();

@@ -111,8 +111,19 @@ impl Engine {
         self.meta.checkpoint(id)?.ok_or_else(|| Error::CheckpointNotFound(id.to_string()))
     }
 
+    /// Path of a writable subvolume `<sandbox-id>/<gen>`. Each sandbox has
+    /// its own directory so that concurrent snapshots (fork) do not queue on
+    /// one directory's lock in the kernel.
     pub(crate) fn subvol_path(&self, subvol: &str) -> PathBuf {
         self.volume.sandboxes_dir().join(subvol)
+    }
+
+    /// Creates the per-sandbox directory that holds its subvolumes.
+    pub(crate) fn subvol_parent(&self, id: &str) -> Result<PathBuf> {
+        let dir = self.volume.sandboxes_dir().join(id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::Internal(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(dir)
     }
 
     pub(crate) fn checkpoint_path(&self, id: &str) -> PathBuf {

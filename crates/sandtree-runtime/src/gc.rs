@@ -35,7 +35,7 @@ impl Engine {
         }
 
         tokio::task::block_in_place(|| -> Result<()> {
-            sweep(&self.volume.sandboxes_dir(), &subvols, "sandboxes", &mut report.orphans_removed)?;
+            sweep_sandboxes(&self.volume.sandboxes_dir(), &subvols, &known_ids, &mut report.orphans_removed)?;
             sweep(&self.volume.checkpoints_dir(), &checkpoints, "checkpoints", &mut report.orphans_removed)?;
             sweep(&self.volume.images_dir(), &images, "images", &mut report.orphans_removed)?;
             Ok(())
@@ -66,6 +66,28 @@ impl Engine {
         report.duration_ms = util::ms_since(t0);
         Ok(report)
     }
+}
+
+/// `sandboxes/<id>/<gen>`: deletes unreferenced generations, and the
+/// directories of sandboxes that no longer exist.
+fn sweep_sandboxes(dir: &Path, keep: &HashSet<String>, ids: &HashSet<String>, removed: &mut Vec<String>) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let keep_here: HashSet<String> = keep
+            .iter()
+            .filter_map(|s| s.strip_prefix(&format!("{id}/")).map(str::to_string))
+            .collect();
+        sweep(&path, &keep_here, &format!("sandboxes/{id}"), removed)?;
+        if !ids.contains(&id) && std::fs::remove_dir(&path).is_ok() {
+            removed.push(format!("sandboxes/{id}"));
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every subvolume directly under `dir` whose name is not in `keep`.

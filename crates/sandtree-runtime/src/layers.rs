@@ -4,7 +4,7 @@
 //! A sandbox's writable subvolume holds one upper/work pair per layer:
 //!
 //! ```text
-//! sandboxes/<sandbox-id>.<gen>/          btrfs subvolume (snapshotted as a whole)
+//! sandboxes/<sandbox-id>/<gen>/         btrfs subvolume (snapshotted as a whole)
 //!   layers/0/upper   layers/0/work       overlay for "/"    over the image rootfs
 //!   layers/1/upper   layers/1/work       overlay for "/usr" over host /usr (idmapped)
 //! ```

@@ -2,7 +2,7 @@
 //!
 //! Order of operations (the metadata commit is last, so a crash at any step
 //! leaves at most an orphan subvolume / process that GC removes):
-//! 1. create the writable subvolume `sandboxes/<id>.1` (empty: the image is
+//! 1. create the writable subvolume `sandboxes/<id>/1` (empty: the image is
 //!    the overlay's lower layer, nothing is copied);
 //! 2. spawn the sandbox's init through the zygote (namespaces, cgroup,
 //!    overlay root, seccomp) and connect to it;
@@ -30,12 +30,13 @@ impl Engine {
             labels: req.labels,
             limits: serde_json::to_value(self.effective_limits(&req.limits))
                 .map_err(|e| Error::Internal(e.to_string()))?,
-            subvol: format!("{id}.1"),
+            subvol: format!("{id}/1"),
             base_checkpoint: None,
             base_transid: 0,
             state: DesiredState::Running,
             status_reason: None,
         };
+        self.subvol_parent(&id)?;
         let path = self.subvol_path(&rec.subvol);
         tokio::task::block_in_place(|| sandtree_fs::create_subvolume(&path))
             .map_err(|e| Error::fs("create sandbox", e))?;
@@ -62,6 +63,7 @@ impl Engine {
         if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {
             tracing::warn!(sandbox = id, "cleanup: cannot delete {}: {e} (gc will retry)", path.display());
         }
+        let _ = std::fs::remove_dir(self.volume.sandboxes_dir().join(id));
     }
 
     pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo> {

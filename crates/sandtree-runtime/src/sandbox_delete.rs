@@ -21,6 +21,7 @@ impl Engine {
         if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {
             tracing::warn!(sandbox = id, "delete {}: {e} (gc will retry)", path.display());
         }
+        let _ = std::fs::remove_dir(self.volume.sandboxes_dir().join(id));
         drop(lock);
         self.forget_lock(id);
         let mut checkpoints_deleted = Vec::new();

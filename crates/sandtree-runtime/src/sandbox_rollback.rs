@@ -2,7 +2,7 @@
 //!
 //! Order of operations:
 //! 1. in parallel: kill the sandbox's processes (they cannot be restored yet)
-//!    and take a writable snapshot `checkpoints/<ck>` → `sandboxes/<id>.<new>`;
+//!    and take a writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<new>`;
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the new);
 //! 3. start the sandbox's init on the new subvolume;
@@ -34,7 +34,7 @@ impl Engine {
             });
         }
         let _store = self.store_lock.read().await;
-        let new_subvol = format!("{id}.{}", &util::new_id("g")[2..]);
+        let new_subvol = format!("{id}/{}", &util::new_id("g")[2..]);
         let src = self.checkpoint_path(&ck.id);
         let dst = self.subvol_path(&new_subvol);
 

@@ -135,8 +135,7 @@ const IOC_SUBVOL_CREATE_V2: libc::c_ulong =
 const IOC_SNAP_DESTROY_V2: libc::c_ulong =
     nix::request_code_write!(BTRFS_IOCTL_MAGIC, 63, size_of::<VolArgsV2>()) as libc::c_ulong;
 const IOC_GET_SUBVOL_INFO: libc::c_ulong =
-    nix::request_code_read!(BTRFS_IOCTL_MAGIC, 60, size_of::<GetSubvolInfoArgs>())
-        as libc::c_ulong;
+    nix::request_code_read!(BTRFS_IOCTL_MAGIC, 60, size_of::<GetSubvolInfoArgs>()) as libc::c_ulong;
 const IOC_TREE_SEARCH_V2: libc::c_ulong =
     nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 17, size_of::<SearchArgsV2Header>())
         as libc::c_ulong;
@@ -265,7 +264,13 @@ pub fn subvolume_info(path: &Path) -> io::Result<SubvolInfo> {
     let mut args: Box<GetSubvolInfoArgs> = Box::new(unsafe { std::mem::zeroed() });
     // SAFETY: `args` is a boxed `btrfs_ioctl_get_subvol_info_args` (504
     // bytes, layout asserted above) that the kernel fills in.
-    unsafe { ioctl_ptr(&fd, IOC_GET_SUBVOL_INFO, &mut *args as *mut GetSubvolInfoArgs) }?;
+    unsafe {
+        ioctl_ptr(
+            &fd,
+            IOC_GET_SUBVOL_INFO,
+            &mut *args as *mut GetSubvolInfoArgs,
+        )
+    }?;
     // Root item flag BTRFS_ROOT_SUBVOL_RDONLY is bit 0.
     let readonly = args.flags & 1 != 0;
     let otime = UNIX_EPOCH + Duration::new(args.otime.sec, args.otime.nsec.min(999_999_999));
@@ -425,8 +430,7 @@ pub fn tree_search_extent_bytes(path: &Path, min_transid: u64) -> io::Result<u64
         }
         // SAFETY: `buf` is a live Vec<u64>; viewing its bytes as u8 is valid
         // for any bit pattern and the length is its exact byte size.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len() * 8) };
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len() * 8) };
         let data = &bytes[size_of::<SearchArgsV2Header>()..];
         let mut pos = 0usize;
         let (mut last_obj, mut last_type, mut last_off) = (0u64, 0u32, 0u64);
@@ -441,10 +445,8 @@ pub fn tree_search_extent_bytes(path: &Path, min_transid: u64) -> io::Result<u64
             let item_start = pos + SEARCH_HEADER_LEN;
             let item_end = (item_start + len).min(data.len());
             if typ == u32::from(BTRFS_EXTENT_DATA_KEY) {
-                total = total.saturating_add(extent_item_bytes(
-                    &data[item_start..item_end],
-                    min_transid,
-                ));
+                total = total
+                    .saturating_add(extent_item_bytes(&data[item_start..item_end], min_transid));
             }
             (last_obj, last_type, last_off) = (objectid, typ, offset);
             pos = item_start + len;
