@@ -50,6 +50,12 @@ impl From<sandtree_sandbox::Error> for Error {
     }
 }
 
+impl From<sandtree_sandbox::zygote::Error> for Error {
+    fn from(e: sandtree_sandbox::zygote::Error) -> Error {
+        Error::Internal(format!("starting the sandbox's processes: {e}"))
+    }
+}
+
 impl From<tokio::task::JoinError> for Error {
     fn from(e: tokio::task::JoinError) -> Error {
         Error::Internal(format!("background task failed: {e}"))

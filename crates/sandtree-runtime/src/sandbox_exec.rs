@@ -46,10 +46,28 @@ fn process_info(p: &sandtree_sandbox::ProcessInfo) -> ProcessInfo {
     ProcessInfo {
         pid: p.pid,
         cmd: p.argv.clone(),
-        started_at: util::rfc3339(p.started_at),
-        running: p.running,
-        exit_code: p.exit_code,
-        signal: p.signal,
+        started_at: util::rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(p.started_at)),
+        running: p.running(),
+        exit_code: p.exit.as_ref().and_then(|e| e.code),
+        signal: p.exit.as_ref().and_then(|e| e.signal),
+    }
+}
+
+/// A command that could not start answers like a shell would (127 for a
+/// missing program), so callers handle it as an ordinary failed command.
+fn spawn_failure(e: sandtree_sandbox::Error) -> Result<ExecResponse> {
+    match e {
+        sandtree_sandbox::Error::CommandNotFound { command } => Ok(ExecResponse {
+            exit_code: Some(127),
+            stderr: format!("sandtree: command not found: {command}\n"),
+            ..Default::default()
+        }),
+        sandtree_sandbox::Error::SpawnFailed { message, code: Some(code) } => Ok(ExecResponse {
+            exit_code: Some(code),
+            stderr: format!("sandtree: {message}\n"),
+            ..Default::default()
+        }),
+        other => Err(other.into()),
     }
 }
 
@@ -63,7 +81,10 @@ impl Engine {
             let p = sb.spawn_background(sreq).await?;
             return Ok(ExecResponse { pid: p.pid, ..Default::default() });
         }
-        Ok(exec_response(sb.exec(sreq).await?))
+        match sb.exec(sreq).await {
+            Ok(out) => Ok(exec_response(out)),
+            Err(e) => spawn_failure(e),
+        }
     }
 
     /// Runs a command and streams its output as events; the last is `Exit`.
@@ -74,7 +95,7 @@ impl Engine {
         let mut stream = sb.exec_stream(sreq).await?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            let _ = tx.send(ExecEvent::Started { pid: stream.pid() }).await;
+            let _ = tx.send(ExecEvent::Started { pid: stream.pid }).await;
             while let Some(ev) = stream.next().await {
                 let ev = match ev {
                     sandtree_sandbox::ExecEvent::Stdout(b) => {
@@ -83,7 +104,12 @@ impl Engine {
                     sandtree_sandbox::ExecEvent::Stderr(b) => {
                         ExecEvent::Stderr { data: String::from_utf8_lossy(&b).into_owned() }
                     }
-                    sandtree_sandbox::ExecEvent::Exit(out) => ExecEvent::Exit(exec_response(out)),
+                    sandtree_sandbox::ExecEvent::Exit(exit) => ExecEvent::Exit(ExecResponse {
+                        pid: stream.pid,
+                        exit_code: exit.code,
+                        signal: exit.signal,
+                        ..Default::default()
+                    }),
                 };
                 if tx.send(ev).await.is_err() {
                     break; // client went away; the process keeps its own timeout

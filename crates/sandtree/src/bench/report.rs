@@ -1,0 +1,116 @@
+//! Benchmark results: percentiles, target checks, table and JSON output.
+
+use serde::Serialize;
+
+/// One measured operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub group: String,
+    pub name: String,
+    pub n: usize,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Row {
+    pub fn new(group: &str, name: &str, samples: &[f64]) -> Row {
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        Row {
+            group: group.into(),
+            name: name.into(),
+            n: v.len(),
+            p50_ms: percentile(&v, 50.0),
+            p95_ms: percentile(&v, 95.0),
+            max_ms: v.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A target from the issue, checked against the measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub target: String,
+    pub measured: String,
+    pub pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Report {
+    pub kernel: String,
+    pub workload_files: u64,
+    pub workload_bytes: u64,
+    pub rows: Vec<Row>,
+    pub checks: Vec<Check>,
+    pub metadata_bytes_per_checkpoint: f64,
+    pub total_seconds: f64,
+}
+
+impl Report {
+    pub fn row(&self, name: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.name == name)
+    }
+
+    pub fn p50(&self, name: &str) -> f64 {
+        self.row(name).map(|r| r.p50_ms).unwrap_or(f64::NAN)
+    }
+
+    pub fn check(&mut self, name: &str, target: &str, measured: String, pass: bool) {
+        self.checks.push(Check { name: name.into(), target: target.into(), measured, pass });
+    }
+
+    pub fn print(&self) {
+        println!(
+            "sandtree bench — kernel {}, workload {} files / {:.1} MB, {:.0} s",
+            self.kernel,
+            self.workload_files,
+            self.workload_bytes as f64 / 1e6,
+            self.total_seconds
+        );
+        let mut group = "";
+        println!("\n{:<11} {:<44} {:>5} {:>10} {:>10} {:>10}", "group", "operation", "n", "p50 ms", "p95 ms", "max ms");
+        println!("{}", "-".repeat(95));
+        for r in &self.rows {
+            let g = if r.group == group { "" } else { &r.group };
+            group = &r.group;
+            println!("{:<11} {:<44} {:>5} {:>10.2} {:>10.2} {:>10.2}", g, r.name, r.n, r.p50_ms, r.p95_ms, r.max_ms);
+        }
+        println!("\n{:<58} {:<16} {:<16} result", "target", "goal", "measured");
+        println!("{}", "-".repeat(100));
+        for c in &self.checks {
+            println!("{:<58} {:<16} {:<16} {}", c.name, c.target, c.measured, if c.pass { "PASS" } else { "MISS" });
+        }
+        println!("\nmetadata per checkpoint: {:.0} bytes", self.metadata_bytes_per_checkpoint);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 95.0), 95.0);
+        assert_eq!(percentile(&[3.0], 95.0), 3.0);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn row_sorts_samples() {
+        let r = Row::new("g", "op", &[5.0, 1.0, 3.0]);
+        assert_eq!((r.n, r.p50_ms, r.max_ms), (3, 3.0, 5.0));
+    }
+}

@@ -1,0 +1,203 @@
+//! `sandtree demo`: the quickstart walk-through against a running daemon.
+//!
+//! Create a sandbox on the embedded default image, install a package and
+//! write a project, checkpoint it, fork 8 branches that diverge, roll one
+//! back to the root checkpoint, print the checkpoint tree and the measured
+//! latencies. Talks plain HTTP/1.1 over the daemon's unix socket.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// The daemon's socket.
+    #[arg(long, env = "SANDTREE_SOCKET", default_value = "/var/lib/sandtree/sandtree.sock")]
+    pub socket: PathBuf,
+    /// Keep the demo's sandboxes and checkpoints afterwards.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+struct Client {
+    socket: PathBuf,
+    timings: Vec<(String, f64)>,
+}
+
+impl Client {
+    fn call(&mut self, what: &str, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let t = Instant::now();
+        let (status, v) = request(&self.socket, method, path, body.as_ref())
+            .with_context(|| format!("cannot reach the daemon at {} (start it with `sandtree daemon`)", self.socket.display()))?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if !(200..300).contains(&status) {
+            bail!("{what}: {} ({status})", v["error"]["message"].as_str().unwrap_or(&v.to_string()));
+        }
+        self.timings.push((what.to_string(), ms));
+        Ok(v)
+    }
+
+    fn sh(&mut self, what: &str, sb: &str, script: &str) -> Result<String> {
+        let v = self.call(
+            what,
+            "POST",
+            &format!("/v1/sandboxes/{sb}/exec"),
+            Some(json!({"cmd": ["sh", "-c", script], "timeout_ms": 120000})),
+        )?;
+        if v["exit_code"] != json!(0) {
+            bail!("{what}: `{script}` failed: {}{}", v["stdout"].as_str().unwrap_or(""), v["stderr"].as_str().unwrap_or(""));
+        }
+        Ok(v["stdout"].as_str().unwrap_or("").to_string())
+    }
+
+    fn last_ms(&self) -> f64 {
+        self.timings.last().map(|t| t.1).unwrap_or(0.0)
+    }
+}
+
+const PROJECT: &str = r#"set -e
+mkdir -p /root/proj/greet && cd /root/proj
+cat > greet/__init__.py <<'PY'
+import random, uuid
+def hello(name):
+    return f"hello {name} from {uuid.uuid4()}"
+PY
+cat > pyproject.toml <<'PY'
+[project]
+name = "greet"
+version = "0.1.0"
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+PY
+pip install --quiet --no-index --no-build-isolation --break-system-packages . 2>&1 | tail -n 3
+git init -q && git add -A && git -c user.email=demo@sandtree -c user.name=demo commit -qm init
+python3 -c 'import greet; print(greet.hello("sandbox"))'
+"#;
+
+pub fn run(args: DemoArgs) -> Result<()> {
+    let mut c = Client { socket: args.socket.clone(), timings: Vec::new() };
+    println!("== 1. create a sandbox on the embedded default image");
+    let v = c.call("create sandbox", "POST", "/v1/sandboxes", Some(json!({"labels": {"demo": "quickstart"}})))?;
+    let sb = v["sandbox"]["id"].as_str().context("no id")?.to_string();
+    println!("   {sb}  ({:.1} ms)", c.last_ms());
+    let out = c.sh("exec uname", &sb, "echo \"$(id -un)@$(hostname): $(python3 --version), $(gcc --version | head -1)\"")?;
+    print!("   {out}");
+
+    println!("== 2. install a package (pip, offline) and write a project (git)");
+    let out = c.sh("install + write files", &sb, PROJECT)?;
+    print!("   {}", out.replace('\n', "\n   ").trim_end_matches("   "));
+    println!();
+
+    println!("== 3. checkpoint");
+    let v = c.call("checkpoint", "POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({"label": "root"})))?;
+    let root = v["checkpoint"]["id"].as_str().context("no checkpoint id")?.to_string();
+    println!("   {root}  ({:.1} ms, frozen {:.2} ms)", c.last_ms(), v["checkpoint"]["frozen_ms"].as_f64().unwrap_or(0.0));
+
+    println!("== 4. fork 8 branches from it; each diverges");
+    let v = c.call("fork 8", "POST", &format!("/v1/checkpoints/{root}/fork"), Some(json!({"count": 8, "labels": {"demo": "branch"}})))?;
+    println!("   8 sandboxes in {:.1} ms", c.last_ms());
+    let mut branches = Vec::new();
+    for (i, r) in v["results"].as_array().context("no results")?.iter().enumerate() {
+        let id = r["sandbox"]["id"].as_str().with_context(|| format!("fork {i} failed: {}", r["error"]))?.to_string();
+        let out = c.sh(
+            "exec in branch",
+            &id,
+            &format!("cd /root/proj && echo 'attempt {i}' > attempt.txt && python3 -c 'import greet; print(greet.hello(\"branch {i}\"))'"),
+        )?;
+        let v = c.call("checkpoint", "POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"label": format!("attempt-{i}")})))?;
+        println!("   {id}: {}  -> {}", out.trim(), v["checkpoint"]["id"].as_str().unwrap_or("?"));
+        branches.push(id);
+    }
+
+    println!("== 5. roll branch 0 back to the root checkpoint");
+    let v = c.call("rollback", "POST", &format!("/v1/sandboxes/{}/rollback", branches[0]), Some(json!({"checkpoint": root})))?;
+    println!("   {:.1} ms; {}", c.last_ms(), v["note"].as_str().unwrap_or(""));
+    let out = c.sh("exec after rollback", &branches[0], "ls /root/proj; test ! -e /root/proj/attempt.txt && echo 'attempt.txt is gone, the package is still installed:' && python3 -c 'import greet; print(greet.__file__)'")?;
+    print!("   {}", out.replace('\n', "\n   ").trim_end_matches("   "));
+    println!();
+
+    println!("== 6. the checkpoint tree");
+    let v = c.call("list checkpoints", "GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None)?;
+    print_tree(v["checkpoints"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+
+    println!("== 7. latencies (client side, over the unix socket)");
+    let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
+    for (what, ms) in &c.timings {
+        match groups.iter_mut().find(|g| &g.0 == what) {
+            Some(g) => g.1.push(*ms),
+            None => groups.push((what.clone(), vec![*ms])),
+        }
+    }
+    println!("   {:<24} {:>4} {:>10} {:>10}", "operation", "n", "median ms", "max ms");
+    for (what, mut v) in groups {
+        v.sort_by(f64::total_cmp);
+        println!("   {:<24} {:>4} {:>10.1} {:>10.1}", what, v.len(), v[v.len() / 2], v[v.len() - 1]);
+    }
+
+    if !args.keep {
+        for id in branches.iter().chain(std::iter::once(&sb)) {
+            let _ = request(&args.socket, "DELETE", &format!("/v1/sandboxes/{id}?checkpoints=true"), None);
+        }
+        println!("\n(demo sandboxes deleted; run `sandtree demo --keep` to keep them and explore with `sandtree tree`)");
+    }
+    Ok(())
+}
+
+/// Prints checkpoints (parents first) as an indented tree.
+fn print_tree(cks: &[Value]) {
+    fn walk(cks: &[Value], parent: Option<&str>, prefix: &str) {
+        let kids: Vec<&Value> = cks.iter().filter(|c| c["parent"].as_str() == parent).collect();
+        for (i, c) in kids.iter().enumerate() {
+            let last = i + 1 == kids.len();
+            println!(
+                "   {prefix}{} {} {:<10} sandbox {} frozen {:.2} ms",
+                if last { "└──" } else { "├──" },
+                c["id"].as_str().unwrap_or("?"),
+                c["label"].as_str().unwrap_or(""),
+                c["sandbox_id"].as_str().unwrap_or("?"),
+                c["frozen_ms"].as_f64().unwrap_or(0.0)
+            );
+            let next = format!("{prefix}{}", if last { "    " } else { "│   " });
+            walk(cks, c["id"].as_str(), &next);
+        }
+    }
+    walk(cks, None, "");
+}
+
+/// One HTTP/1.1 request over a unix socket (`Connection: close`).
+fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<(u16, Value)> {
+    let mut s = UnixStream::connect(socket)?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut s = rest;
+        while let Some((size, r)) = s.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || r.len() < n {
+                break;
+            }
+            out.push_str(&r[..n]);
+            s = r[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    Ok((status, serde_json::from_str(body.trim()).unwrap_or(Value::String(body))))
+}

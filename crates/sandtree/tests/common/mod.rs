@@ -1,0 +1,261 @@
+//! Test harness for end-to-end tests: runs the real `sandtree daemon` binary
+//! on a scratch data directory and talks HTTP/1.1 to it over its unix socket.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandtree");
+
+/// Skips (returns true) when the host cannot run sandboxes at all.
+pub fn must_skip() -> bool {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP: end-to-end tests need root");
+        return true;
+    }
+    if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("btrfs") {
+        eprintln!("SKIP: the kernel has no btrfs");
+        return true;
+    }
+    false
+}
+
+pub struct Daemon {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl Daemon {
+    /// A daemon on a fresh data directory with a small sparse image.
+    pub fn start(name: &str) -> Daemon {
+        Daemon::start_with(name, &["--image-size", "4G"])
+    }
+
+    pub fn start_with(name: &str, extra: &[&str]) -> Daemon {
+        let dir = PathBuf::from(format!("/var/tmp/sandtree-test-{name}-{}", std::process::id()));
+        cleanup_dir(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut d = Daemon {
+            socket: dir.join("sandtree.sock"),
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("daemon").arg("--data-dir").arg(&self.dir).arg("--socket").arg(&self.socket).args(&self.extra);
+        c
+    }
+
+    /// Starts the daemon process and waits until it answers.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("daemon.log")).unwrap();
+        let child = self
+            .command()
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn daemon");
+        self.child = Some(child);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("daemon exited early ({status}): {}", self.log());
+                }
+            }
+            if UnixStream::connect(&self.socket).is_ok() && self.try_get("/v1/info").is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("daemon did not come up: {}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL: no chance to clean up anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn try_request(&self, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<(u16, Value)> {
+        request(&self.socket, method, path, body)
+    }
+
+    fn try_get(&self, path: &str) -> std::io::Result<(u16, Value)> {
+        self.try_request("GET", path, None)
+    }
+
+    pub fn req(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.try_request(method, path, body.as_ref())
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
+    }
+
+    /// A request that must succeed (2xx); returns the JSON body.
+    pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, v) = self.req(method, path, body);
+        assert!((200..300).contains(&status), "{method} {path} -> {status}: {v}");
+        v
+    }
+
+    pub fn create(&self) -> String {
+        self.ok("POST", "/v1/sandboxes", Some(json!({})))["sandbox"]["id"].as_str().unwrap().to_string()
+    }
+
+    /// Runs `sh -c script` and returns (exit code, stdout).
+    pub fn sh(&self, sb: &str, script: &str) -> (i64, String) {
+        let v = self.ok(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/exec"),
+            Some(json!({"cmd": ["sh", "-c", script], "timeout_ms": 60000})),
+        );
+        (v["exit_code"].as_i64().unwrap_or(-1), v["stdout"].as_str().unwrap_or("").to_string())
+    }
+
+    /// `sh -c script` that must exit 0; returns stdout.
+    pub fn sh_ok(&self, sb: &str, script: &str) -> String {
+        let (code, out) = self.sh(sb, script);
+        assert_eq!(code, 0, "`{script}` in {sb} exited {code}: {out}");
+        out
+    }
+
+    pub fn checkpoint(&self, sb: &str, label: &str) -> String {
+        let v = self.ok("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({"label": label})));
+        v["checkpoint"]["id"].as_str().unwrap().to_string()
+    }
+
+    pub fn rollback(&self, sb: &str, ck: &str) -> Value {
+        self.ok("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck})))
+    }
+
+    pub fn sandbox_ids(&self) -> Vec<String> {
+        let v = self.ok("GET", "/v1/sandboxes", None);
+        v["sandboxes"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
+    }
+
+    pub fn checkpoint_ids(&self) -> Vec<String> {
+        let v = self.ok("GET", "/v1/checkpoints", None);
+        v["checkpoints"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
+    }
+
+    /// Names of subvolumes on disk under `btrfs/<kind>`.
+    pub fn on_disk(&self, kind: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.dir.join("btrfs").join(kind))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            if let Ok((_, v)) = self.try_request("GET", "/v1/sandboxes", None) {
+                for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
+                    let id = s["id"].as_str().unwrap_or_default();
+                    let _ = self.try_request("DELETE", &format!("/v1/sandboxes/{id}"), None);
+                }
+            }
+        }
+        self.kill9();
+        kill_leftover_sandboxes(&self.dir);
+        cleanup_dir(&self.dir);
+    }
+}
+
+/// Kills every process of sandboxes whose run dirs are under `dir` (after a
+/// failed test the daemon may not have been able to).
+fn kill_leftover_sandboxes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join("run").join("sandboxes")) else { return };
+    for e in entries.flatten() {
+        let id = e.file_name().to_string_lossy().into_owned();
+        for base in ["/sys/fs/cgroup/pids/sandtree", "/sys/fs/cgroup/freezer/sandtree", "/sys/fs/cgroup/sandtree"] {
+            let procs = Path::new(base).join(&id).join("cgroup.procs");
+            if let Ok(list) = std::fs::read_to_string(&procs) {
+                let _ = std::fs::write(Path::new(base).join(&id).join("freezer.state"), "THAWED");
+                for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+pub fn cleanup_dir(dir: &Path) {
+    if !dir.exists() {
+        return;
+    }
+    kill_leftover_sandboxes(dir);
+    let _ = Command::new("umount").arg("-l").arg(dir.join("btrfs")).status();
+    if let Ok(rd) = std::fs::read_dir(dir.join("run").join("lower")) {
+        for e in rd.flatten() {
+            let _ = Command::new("umount").arg("-l").arg(e.path()).status();
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One HTTP/1.1 request over a unix socket (`Connection: close`).
+pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<(u16, Value)> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (headers, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("no response: {text:?}")))?;
+    let status: u16 = headers.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let chunked = headers.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    let value = serde_json::from_str(body.trim()).unwrap_or(Value::String(body));
+    Ok((status, value))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

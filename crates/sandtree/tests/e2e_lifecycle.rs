@@ -1,0 +1,193 @@
+//! End-to-end: the real daemon binary, driven over its unix socket.
+
+mod common;
+
+use common::Daemon;
+use serde_json::json;
+
+/// Hash of every regular file, symlink and directory the agent can change.
+const TREE_HASH: &str = "cd / && find root etc usr/local opt var/tmp tmp -xdev \\( -type f -o -type l -o -type d \\) -printf '%p %m %s %l\\n' 2>/dev/null | sort | sha256sum && find root etc usr/local opt -xdev -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum | sha256sum";
+
+#[test]
+fn checkpoint_rollback_fork_round_trip() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("life");
+    let sb = d.create();
+
+    // The default image: host userland, root inside, hostname, no host secrets.
+    assert_eq!(d.sh_ok(&sb, "id -u").trim(), "0");
+    assert!(d.sh_ok(&sb, "python3 -c 'print(6*7)'").contains("42"));
+    assert!(d.sh_ok(&sb, "cat /proc/1/comm").contains("sandtree:[init]"));
+    let (code, _) = d.sh(&sb, "test -e /var/lib/sandtree || test -e /etc/ssh/ssh_host_rsa_key || ls /home/* 2>/dev/null | grep -q .");
+    assert_ne!(code, 0, "host state is visible inside the sandbox");
+
+    // State 1: a project and a "pip install" into /usr/local.
+    d.sh_ok(&sb, "mkdir -p /root/proj && cd /root/proj && seq 1 1000 > data.txt && echo v1 > version && mkdir -p /usr/local/lib/python3.11/dist-packages/demo && echo 'X=1' > /usr/local/lib/python3.11/dist-packages/demo/__init__.py && ln -s version /root/proj/link");
+    let h1 = d.sh_ok(&sb, TREE_HASH);
+    let ck1 = d.checkpoint(&sb, "one");
+
+    // State 2.
+    d.sh_ok(&sb, "cd /root/proj && echo v2 > version && rm data.txt && echo new > new.txt && chmod 600 version");
+    let h2 = d.sh_ok(&sb, TREE_HASH);
+    assert_ne!(h1, h2);
+    let ck2 = d.checkpoint(&sb, "two");
+
+    // Mess everything up, then go back to the OLDER checkpoint: byte-identical.
+    d.sh_ok(&sb, "rm -rf /root/proj /usr/local/lib/python3.11/dist-packages/demo && echo junk > /etc/motd");
+    let r = d.rollback(&sb, &ck1);
+    assert_eq!(r["processes_restarted"], json!(true));
+    assert!(r["note"].as_str().unwrap().contains("restarted"));
+    assert_eq!(d.sh_ok(&sb, TREE_HASH), h1);
+    assert!(d.sh_ok(&sb, "python3 -c 'import demo; print(demo.X)'").contains('1'));
+
+    // And forward again to the newer one.
+    d.rollback(&sb, &ck2);
+    assert_eq!(d.sh_ok(&sb, TREE_HASH), h2);
+
+    // The tree: ck2's parent is ck1; a checkpoint after rolling back to ck1 is ck1's child.
+    d.rollback(&sb, &ck1);
+    let ck3 = d.checkpoint(&sb, "three");
+    let list = d.ok("GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None);
+    let parent_of = |id: &str| {
+        list["checkpoints"].as_array().unwrap().iter().find(|c| c["id"] == id).unwrap()["parent"].clone()
+    };
+    assert_eq!(parent_of(&ck2), json!(ck1));
+    assert_eq!(parent_of(&ck3), json!(ck1));
+    assert_eq!(parent_of(&ck1), json!(null));
+
+    // Fork 4 from ck2: each has ck2's files, each diverges.
+    let f = d.ok("POST", &format!("/v1/checkpoints/{ck2}/fork"), Some(json!({"count": 4})));
+    let forks: Vec<String> =
+        f["results"].as_array().unwrap().iter().map(|r| r["sandbox"]["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(forks.len(), 4);
+    let mut uuids = std::collections::HashSet::new();
+    for fk in &forks {
+        assert_eq!(d.sh_ok(fk, TREE_HASH), h2);
+        uuids.insert(d.sh_ok(fk, "python3 -c 'import uuid; print(uuid.uuid4())'"));
+        d.sh_ok(fk, &format!("echo {fk} > /root/proj/who"));
+    }
+    assert_eq!(uuids.len(), 4, "forks share random state");
+    for fk in &forks {
+        assert_eq!(d.sh_ok(fk, "cat /root/proj/who").trim(), fk);
+    }
+    // A fork may roll back to any checkpoint of the shared tree.
+    d.rollback(&forks[0], &ck1);
+    assert_eq!(d.sh_ok(&forks[0], TREE_HASH), h1);
+
+    // Deleting a checkpoint that others depend on is refused unless forced.
+    let (status, v) = d.req("DELETE", &format!("/v1/checkpoints/{ck1}"), None);
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "checkpoint_in_use");
+    let v = d.ok("DELETE", &format!("/v1/checkpoints/{ck1}?force=true"), None);
+    assert_eq!(v["deleted"], json!([ck1]));
+    let list = d.ok("GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None);
+    assert!(list["checkpoints"].as_array().unwrap().iter().all(|c| c["id"] != ck1.as_str()));
+    assert_eq!(
+        list["checkpoints"].as_array().unwrap().iter().find(|c| c["id"] == ck2.as_str()).unwrap()["parent"],
+        json!(null)
+    );
+    // ck2 still works after its parent is gone.
+    d.rollback(&sb, &ck2);
+    assert_eq!(d.sh_ok(&sb, TREE_HASH), h2);
+
+    // Deleting sandboxes removes their subvolumes.
+    for fk in &forks {
+        d.ok("DELETE", &format!("/v1/sandboxes/{fk}"), None);
+    }
+    assert_eq!(d.on_disk("sandboxes"), vec![sb.clone()]);
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("errors");
+    let sb = d.create();
+    let cases = [
+        ("GET", "/v1/sandboxes/sb-0000000000".to_string(), None, 404, "sandbox_not_found"),
+        ("GET", "/v1/sandboxes/..%2F..%2Fetc".to_string(), None, 404, "sandbox_not_found"),
+        ("POST", format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": "ck-0000000000"})), 404, "checkpoint_not_found"),
+        ("POST", "/v1/checkpoints/ck-0000000000/fork".to_string(), Some(json!({"count": 2})), 404, "checkpoint_not_found"),
+        ("POST", format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": []})), 400, "invalid_argument"),
+        ("POST", format!("/v1/sandboxes/{sb}/exec"), Some(json!({"command": "ls"})), 400, "invalid_argument"),
+        ("POST", "/v1/sandboxes".to_string(), Some(json!({"image": "nope"})), 404, "image_not_found"),
+        ("GET", "/v1/nothing-here".to_string(), None, 404, "not_found"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let (s, v) = d.req(method, &path, body);
+        assert_eq!(s, status, "{method} {path}: {v}");
+        let got = v["error"]["code"].as_str().unwrap_or_default().to_string();
+        assert!(got.contains(code) || (code == "not_found" && !got.is_empty()), "{method} {path}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap_or_default().is_empty());
+    }
+    // Fork count bounds.
+    let ck = d.checkpoint(&sb, "x");
+    let (s, v) = d.req("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 0})));
+    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("invalid_argument")));
+    // A rollback to another tree's checkpoint is refused.
+    let other = d.create();
+    let ck_other = d.checkpoint(&other, "o");
+    let (s, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck_other})));
+    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("checkpoint_not_in_tree")), "{v}");
+}
+
+#[test]
+fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("bounds");
+    let sb = d.create();
+    // A flood of output is truncated, not buffered without bound, and does not block.
+    let t = std::time::Instant::now();
+    let v = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(json!({"cmd": ["sh", "-c", "head -c 200000000 /dev/zero | tr '\\0' x; echo done >&2"], "max_output_bytes": 65536})),
+    );
+    assert_eq!(v["stdout_truncated"], json!(true));
+    assert_eq!(v["stdout"].as_str().unwrap().len(), 65536);
+    assert!(v["stderr"].as_str().unwrap().contains("done"));
+    assert!(t.elapsed().as_secs() < 60);
+    // A timeout kills.
+    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "100"], "timeout_ms": 300})));
+    assert_eq!(v["timed_out"], json!(true));
+    // Stdin, env, cwd.
+    let v = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(json!({"cmd": ["sh", "-c", "cat; echo $FOO; pwd"], "stdin": "in\n", "env": {"FOO": "bar"}, "cwd": "/tmp"})),
+    );
+    assert_eq!(v["stdout"], json!("in\nbar\n/tmp\n"));
+
+    // Two rollbacks and a checkpoint at once on one sandbox: serialized, all succeed.
+    d.sh_ok(&sb, "echo a > /root/f");
+    let ck_a = d.checkpoint(&sb, "a");
+    d.sh_ok(&sb, "echo b > /root/f");
+    let ck_b = d.checkpoint(&sb, "b");
+    let sock = d.socket.clone();
+    let threads: Vec<_> = [ck_a.clone(), ck_b.clone(), ck_a.clone()]
+        .into_iter()
+        .map(|ck| {
+            let (sock, sb) = (sock.clone(), sb.clone());
+            std::thread::spawn(move || {
+                common::request(&sock, "POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(&json!({"checkpoint": ck})))
+                    .unwrap()
+            })
+        })
+        .collect();
+    for t in threads {
+        let (status, v) = t.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    let content = d.sh_ok(&sb, "cat /root/f");
+    assert!(content == "a\n" || content == "b\n");
+    assert_eq!(d.on_disk("sandboxes"), vec![sb.clone()]);
+    // Exactly one writable generation remains for the sandbox (old ones deleted).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let gens = std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb)).unwrap().count();
+    assert_eq!(gens, 1);
+}

@@ -1,0 +1,82 @@
+//! Daemon restarts and host faults: re-adoption, a full volume, a data dir
+//! on the wrong filesystem.
+
+mod common;
+
+use common::Daemon;
+use serde_json::json;
+
+#[test]
+fn restarted_daemon_readopts_running_sandboxes_with_their_processes() {
+    if common::must_skip() {
+        return;
+    }
+    let mut d = Daemon::start("restart");
+    let sb = d.create();
+    d.sh_ok(&sb, "echo kept > /root/f");
+    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
+    let pid = v["pid"].as_i64().unwrap();
+    let init_before = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].clone();
+
+    d.restart(); // SIGKILL + start
+
+    let info = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None);
+    assert_eq!(info["status"], "running");
+    assert_eq!(info["init_pid"], init_before, "the same init was re-adopted");
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "kept\n");
+    // The background process survived the daemon's death.
+    d.sh_ok(&sb, &format!("kill -0 {pid}"));
+}
+
+#[test]
+fn full_volume_fails_cleanly_and_keeps_checkpoints() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start_with("full", &["--image-size", "400M"]);
+    let sb = d.create();
+    d.sh_ok(&sb, "echo precious > /root/keep");
+    let ck = d.checkpoint(&sb, "before-full");
+    // Fill the volume from inside the sandbox.
+    let (code, _) = d.sh(&sb, "dd if=/dev/urandom of=/root/fill bs=1M count=2000 2>/dev/null; sync");
+    assert_ne!(code, 0, "dd should hit ENOSPC on a 400M volume");
+    // Checkpoints either succeed or fail with no_space; nothing stored is lost.
+    let mut saw = Vec::new();
+    for _ in 0..5 {
+        let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({})));
+        if status == 507 {
+            assert_eq!(v["error"]["code"], "no_space", "{v}");
+        } else {
+            assert!(status == 201 || status == 200, "{status} {v}");
+        }
+        saw.push(status);
+    }
+    eprintln!("checkpoint statuses on a full volume: {saw:?}");
+    // Free the space, roll back: the old checkpoint is intact.
+    d.rollback(&sb, &ck);
+    assert_eq!(d.sh_ok(&sb, "cat /root/keep"), "precious\n");
+    d.sh_ok(&sb, "test ! -e /root/fill");
+}
+
+#[test]
+fn data_dir_on_a_non_btrfs_mount_is_refused_with_a_clear_message() {
+    if common::must_skip() {
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-test-wrongfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .arg("daemon")
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--btrfs-mount")
+        .arg("/var/tmp")
+        .arg("--socket")
+        .arg(dir.join("s.sock"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("btrfs"), "{err}");
+}
