@@ -41,6 +41,10 @@ pub enum ErrorCode {
     Unsupported,
     /// An unexpected internal failure; the message has the details.
     Internal,
+    /// No API route has that path (check the `/v1` prefix and the id's place).
+    RouteNotFound,
+    /// The route exists but not with this HTTP method.
+    MethodNotAllowed,
 }
 
 impl ErrorCode {
@@ -62,6 +66,8 @@ impl ErrorCode {
             ErrorCode::FreezeTimeout | ErrorCode::Timeout => 504,
             ErrorCode::Unsupported => 501,
             ErrorCode::Internal => 500,
+            ErrorCode::RouteNotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
         }
     }
 
@@ -85,6 +91,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Internal => "internal",
+            ErrorCode::RouteNotFound => "route_not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
         }
     }
 }

@@ -9,9 +9,6 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
-    /// Shell program (default `/bin/bash`).
-    #[serde(default)]
-    pub shell: Option<String>,
     #[serde(default)]
     pub cwd: Option<String>,
     #[serde(default)]
@@ -26,6 +23,7 @@ pub struct CreateSessionRequest {
 pub struct SessionInfo {
     pub id: String,
     pub sandbox_id: String,
+    /// The shell (sessions run `/bin/bash`).
     /// Pid of the shell inside the sandbox.
     pub pid: i32,
     pub shell: String,

@@ -36,8 +36,7 @@ impl Engine {
     /// `zygote` must have been started by [`Zygote::start`] before the process
     /// created any thread (before the tokio runtime).
     pub async fn open(cfg: Config, zygote: Zygote) -> Result<Arc<Engine>> {
-        std::fs::create_dir_all(&cfg.data_dir)
-            .map_err(|e| Error::Internal(format!("cannot create data dir {}: {e}", cfg.data_dir.display())))?;
+        prepare_data_dir(&cfg.data_dir)?;
         let vcfg = sandtree_fs::VolumeConfig {
             data_dir: cfg.data_dir.clone(),
             btrfs_mount: cfg.btrfs_mount.clone(),
@@ -45,6 +44,7 @@ impl Engine {
         };
         let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
         let meta = Meta::open(&cfg.meta_path())?;
+        set_mode(&cfg.meta_path(), 0o600)?;
         let engine = Arc::new(Engine {
             cfg,
             volume,
@@ -254,4 +254,19 @@ impl Engine {
     pub(crate) fn freeze_timeout(&self) -> Duration {
         Duration::from_millis(self.cfg.freeze_timeout_ms)
     }
+}
+
+/// Creates the data directory. Mode 0711: sandboxes' inits run as
+/// unprivileged host ids and must traverse it to reach their run directory;
+/// nothing inside can be listed, and secrets in it are 0600.
+fn prepare_data_dir(dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Internal(format!("cannot create data dir {}: {e}", dir.display())))?;
+    set_mode(dir, 0o711)
+}
+
+fn set_mode(path: &std::path::Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::Internal(format!("cannot set mode {mode:o} on {}: {e}", path.display())))
 }

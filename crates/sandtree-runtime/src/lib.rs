@@ -38,4 +38,5 @@ mod util;
 pub use config::Config;
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use sandtree_sandbox::{HostConfig, SessionIo, Zygote};
+pub use sandtree_sandbox::session::SessionIo;
+pub use sandtree_sandbox::{HostConfig, Zygote};

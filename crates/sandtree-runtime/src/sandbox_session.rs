@@ -1,21 +1,21 @@
 //! Persistent shell sessions (pty-backed bash that keeps cwd, env and
 //! variables between calls).
 
-use std::time::Duration;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use sandtree_api::{CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse};
-use sandtree_sandbox::{SessionId, SessionOptions};
+use sandtree_sandbox::session::{SessionId, SessionOptions};
 
 use crate::{Engine, Error, Result, util};
 
-fn session_info(sandbox: &str, s: &sandtree_sandbox::SessionInfo) -> SessionInfo {
+fn session_info(sandbox: &str, s: &sandtree_sandbox::session::SessionInfo) -> SessionInfo {
     SessionInfo {
-        id: s.id.to_string(),
+        id: s.id.0.clone(),
         sandbox_id: sandbox.to_string(),
         pid: s.pid,
-        shell: s.shell.clone(),
-        created_at: util::rfc3339(s.created_at),
-        running: s.running,
+        shell: "/bin/bash".into(),
+        created_at: util::rfc3339(UNIX_EPOCH + Duration::from_secs(s.started_at)),
+        running: true,
     }
 }
 
@@ -24,7 +24,6 @@ impl Engine {
         self.record(id)?;
         let sb = self.running(id).await?;
         let opts = SessionOptions {
-            shell: req.shell.unwrap_or_else(|| "/bin/bash".into()),
             cwd: req.cwd,
             env: req.env.into_iter().collect(),
             cols: req.cols.unwrap_or(120),
@@ -51,23 +50,24 @@ impl Engine {
         self.record(id)?;
         let missing = || Error::SessionNotFound(sid.to_string(), id.to_string());
         let sb = self.live_get(id).ok_or_else(missing)?;
-        let s = sb.sessions().into_iter().find(|s| s.id.to_string() == sid).ok_or_else(missing)?;
+        let s = sb.sessions().into_iter().find(|s| s.id.0 == sid).ok_or_else(missing)?;
         Ok((sb, s.id))
     }
 
     pub async fn session_run(&self, id: &str, sid: &str, req: SessionRunRequest) -> Result<SessionRunResponse> {
         let (sb, sid) = self.session_of(id, sid)?;
+        let t0 = Instant::now();
         let out = sb.session_run(&sid, &req.command, req.timeout_ms.map(Duration::from_millis)).await?;
         Ok(SessionRunResponse {
             output: out.output,
             exit_code: out.exit_code,
             timed_out: out.timed_out,
-            duration_ms: util::ms(out.duration),
+            duration_ms: util::ms_since(t0),
         })
     }
 
     /// The pty of a session, for interactive attach (websocket).
-    pub async fn session_io(&self, id: &str, sid: &str) -> Result<sandtree_sandbox::SessionIo> {
+    pub async fn session_io(&self, id: &str, sid: &str) -> Result<sandtree_sandbox::session::SessionIo> {
         let (sb, sid) = self.session_of(id, sid)?;
         Ok(sb.session_io(&sid)?)
     }

@@ -162,7 +162,9 @@ impl Cgroup {
                 let mut seen: Vec<PathBuf> = Vec::new();
                 for ctrl in V1_CONTROLLERS {
                     let hier = root.join(ctrl);
-                    let Ok(real) = fs::canonicalize(&hier) else { continue };
+                    let Ok(real) = fs::canonicalize(&hier) else {
+                        continue;
+                    };
                     if seen.contains(&real) {
                         continue; // cpu and cpuacct co-mounted
                     }
@@ -184,13 +186,19 @@ impl Cgroup {
     fn dir(&self, ctrl: &str) -> Option<&Path> {
         match self.backend {
             Backend::V2 { .. } => Some(&self.dirs[0].1),
-            Backend::V1 { .. } => self.dirs.iter().find(|(c, _)| c == ctrl).map(|(_, p)| p.as_path()),
+            Backend::V1 { .. } => self
+                .dirs
+                .iter()
+                .find(|(c, _)| c == ctrl)
+                .map(|(_, p)| p.as_path()),
         }
     }
 
     /// Directory whose `cgroup.procs` lists every member.
     pub fn procs_dir(&self) -> &Path {
-        self.dir("freezer").or_else(|| self.dir("pids")).unwrap_or(&self.dirs[0].1)
+        self.dir("freezer")
+            .or_else(|| self.dir("pids"))
+            .unwrap_or(&self.dirs[0].1)
     }
 
     /// Whether the cgroup directory exists.
@@ -205,13 +213,11 @@ impl Cgroup {
                 for (_, dir) in &self.dirs {
                     fs::create_dir_all(dir).map_err(io_err("mkdir", dir))?;
                 }
-                if let Some(mem) = self.dir("memory") {
-                    if let Some(bytes) = limits.memory_bytes {
-                        write(&mem.join("memory.limit_in_bytes"), &bytes.to_string())?;
-                        let memsw = mem.join("memory.memsw.limit_in_bytes");
-                        if memsw.exists() {
-                            write(&memsw, &bytes.to_string())?;
-                        }
+                if let (Some(mem), Some(bytes)) = (self.dir("memory"), limits.memory_bytes) {
+                    write(&mem.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                    let memsw = mem.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write(&memsw, &bytes.to_string())?;
                     }
                 }
                 if let (Some(pids), Some(max)) = (self.dir("pids"), limits.pids) {
@@ -219,7 +225,10 @@ impl Cgroup {
                 }
                 if let (Some(cpu), Some(mc)) = (self.dir("cpu"), limits.cpu_millicores) {
                     write(&cpu.join("cpu.cfs_period_us"), "100000")?;
-                    write(&cpu.join("cpu.cfs_quota_us"), &(mc * 100).max(1000).to_string())?;
+                    write(
+                        &cpu.join("cpu.cfs_quota_us"),
+                        &(mc * 100).max(1000).to_string(),
+                    )?;
                 }
             }
             Backend::V2 { root } => {
@@ -276,7 +285,10 @@ impl Cgroup {
     /// Host pids of every member.
     pub fn procs(&self) -> Result<Vec<i32>> {
         let path = self.procs_dir().join("cgroup.procs");
-        Ok(read(&path)?.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        Ok(read(&path)?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
     }
 
     fn is_frozen(&self) -> Result<bool> {
@@ -285,9 +297,9 @@ impl Cgroup {
                 let dir = self.dir("freezer").unwrap_or(self.procs_dir());
                 Ok(read(&dir.join("freezer.state"))?.trim() == "FROZEN")
             }
-            Backend::V2 { .. } => {
-                Ok(read(&self.dirs[0].1.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1"))
-            }
+            Backend::V2 { .. } => Ok(read(&self.dirs[0].1.join("cgroup.events"))?
+                .lines()
+                .any(|l| l.trim() == "frozen 1")),
         }
     }
 
@@ -323,9 +335,15 @@ impl Cgroup {
         match &self.backend {
             Backend::V1 { .. } => {
                 let dir = self.dir("freezer").unwrap_or(self.procs_dir());
-                write(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
+                write(
+                    &dir.join("freezer.state"),
+                    if frozen { "FROZEN" } else { "THAWED" },
+                )
             }
-            Backend::V2 { .. } => write(&self.dirs[0].1.join("cgroup.freeze"), if frozen { "1" } else { "0" }),
+            Backend::V2 { .. } => write(
+                &self.dirs[0].1.join("cgroup.freeze"),
+                if frozen { "1" } else { "0" },
+            ),
         }
     }
 
@@ -334,7 +352,9 @@ impl Cgroup {
         // entered the refrigerator yet; report every task not sleeping in it.
         let mut out = Vec::new();
         for pid in self.procs().unwrap_or_default() {
-            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
             let (comm, state) = parse_stat(&stat);
             out.push(StuckTask { pid, comm, state });
         }
@@ -357,7 +377,9 @@ impl Cgroup {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                return Err(Error::NotEmpty { path: self.procs_dir().to_path_buf() });
+                return Err(Error::NotEmpty {
+                    path: self.procs_dir().to_path_buf(),
+                });
             }
             if matches!(self.backend, Backend::V1 { .. }) {
                 let _ = self.freeze(Duration::from_millis(100));

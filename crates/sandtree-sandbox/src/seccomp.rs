@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use nix::libc;
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 use sandtree_sys::process::BpfInsn;
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,10 @@ pub const DENIED: &[(&str, i64)] = &[
 
 /// Compile the filter to classic BPF.
 pub fn compile() -> Result<Vec<BpfInsn>> {
-    let rules = DENIED.iter().map(|&(_, nr)| (nr, Vec::new())).collect::<BTreeMap<_, _>>();
+    let rules = DENIED
+        .iter()
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect::<BTreeMap<_, _>>();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -64,7 +67,9 @@ pub fn compile() -> Result<Vec<BpfInsn>> {
         TargetArch::x86_64,
     )
     .map_err(|e| Error::Compile(e.to_string()))?;
-    let prog: BpfProgram = filter.try_into().map_err(|e: seccompiler::BackendError| Error::Compile(e.to_string()))?;
+    let prog: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Compile(e.to_string()))?;
     Ok(prog.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect())
 }
 

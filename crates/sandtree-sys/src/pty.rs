@@ -47,7 +47,12 @@ pub fn make_controlling(fd: impl AsFd) -> io::Result<()> {
 pub fn set_size(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
     tcsetwinsize(
         fd,
-        Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
+        Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
     )?;
     Ok(())
 }

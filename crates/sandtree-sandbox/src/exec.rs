@@ -1,0 +1,514 @@
+//! Running commands in a sandbox: one-shot `exec`, streaming `exec_stream`
+//! and background processes.
+//!
+//! Flow of one command:
+//! 1. the daemon creates three pipes and sends `Spawn` to init with the
+//!    child ends attached (`SCM_RIGHTS`), then closes its copies of them;
+//! 2. init forks/execs (see [`crate::init`]) and replies `Spawned { pid }`;
+//! 3. the daemon writes stdin (then closes it) and drains stdout/stderr
+//!    until EOF, keeping at most `max_output_bytes` per stream but always
+//!    reading on, so a flooding process is never blocked on a full pipe;
+//! 4. init reports `Exited`; on timeout the daemon sends `Kill` for the
+//!    process group (`SIGKILL`) first. After the exit, output is drained for
+//!    a short grace period (a daemonised grandchild may hold the pipes).
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::protocol::{Reply, Request, StdioSpec};
+use crate::sandbox::{Conn, Error, Result, Sandbox, io_err};
+
+/// Default `PATH` inside sandboxes.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Output kept per background process stream.
+pub const BACKGROUND_RING: usize = 1024 * 1024;
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// How a process ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    /// Exit status.
+    pub code: Option<i32>,
+    /// Killing signal.
+    pub signal: Option<i32>,
+}
+
+/// A command to run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Argument vector.
+    pub argv: Vec<String>,
+    /// Environment overrides on top of the defaults.
+    pub env: Vec<(String, String)>,
+    /// Working directory (default `/root`).
+    pub cwd: Option<String>,
+    /// Data for stdin (None = empty stdin).
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the process group after this long.
+    pub timeout: Option<Duration>,
+    /// Bytes kept per stream.
+    pub max_output_bytes: usize,
+}
+
+impl ExecRequest {
+    /// A request with defaults (1 MiB output, no timeout).
+    pub fn new<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+            cwd: None,
+            stdin: None,
+            timeout: None,
+            max_output_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Result of `exec`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// In-sandbox pid.
+    pub pid: i32,
+    /// Exit status.
+    pub exit_code: Option<i32>,
+    /// Killing signal.
+    pub signal: Option<i32>,
+    /// Captured stdout.
+    pub stdout: Vec<u8>,
+    /// Captured stderr.
+    pub stderr: Vec<u8>,
+    /// Stdout exceeded the limit.
+    pub stdout_truncated: bool,
+    /// Stderr exceeded the limit.
+    pub stderr_truncated: bool,
+    /// Killed by the timeout.
+    pub timed_out: bool,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// One event of `exec_stream`.
+#[derive(Clone, Debug)]
+pub enum ExecEvent {
+    /// Stdout bytes.
+    Stdout(Vec<u8>),
+    /// Stderr bytes.
+    Stderr(Vec<u8>),
+    /// The process ended (last event).
+    Exit(ExitInfo),
+}
+
+/// Streaming output of a command.
+#[derive(Debug)]
+pub struct ExecStream {
+    /// In-sandbox pid.
+    pub pid: i32,
+    rx: mpsc::UnboundedReceiver<ExecEvent>,
+}
+
+impl ExecStream {
+    /// Next event; `None` after `Exit`.
+    pub async fn next(&mut self) -> Option<ExecEvent> {
+        self.rx.recv().await
+    }
+}
+
+/// A background process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// In-sandbox pid.
+    pub pid: i32,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Start time, seconds since the epoch.
+    pub started_at: u64,
+    /// Exit, once it ended.
+    pub exit: Option<ExitInfo>,
+}
+
+impl ProcessInfo {
+    /// Whether it still runs.
+    pub fn running(&self) -> bool {
+        self.exit.is_none()
+    }
+}
+
+#[derive(Default)]
+struct Ring {
+    data: VecDeque<u8>,
+}
+
+impl Ring {
+    fn push(&mut self, bytes: &[u8]) {
+        self.data.extend(bytes);
+        let excess = self.data.len().saturating_sub(BACKGROUND_RING);
+        self.data.drain(..excess);
+    }
+}
+
+struct Background {
+    info: ProcessInfo,
+    stdout: Ring,
+    stderr: Ring,
+}
+
+/// Background processes of one sandbox handle.
+#[derive(Default)]
+pub(crate) struct BackgroundTable {
+    procs: Arc<Mutex<HashMap<i32, Background>>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl BackgroundTable {
+    pub(crate) fn abort_all(&self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Capture {
+    data: Vec<u8>,
+    truncated: bool,
+}
+
+fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("PATH", DEFAULT_PATH),
+        ("HOME", "/root"),
+        ("LANG", "C.UTF-8"),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (k, v) in &req.env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    env
+}
+
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io_err("pipe")(e.into()))
+}
+
+async fn pump(rx: pipe::Receiver, mut sink: impl FnMut(&[u8])) {
+    let mut rx = rx;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => sink(&buf[..n]),
+        }
+    }
+}
+
+pub(crate) fn map_spawn_error(argv: &[String], message: String, code: Option<i32>) -> Error {
+    if code == Some(127) && message.starts_with("command not found") {
+        Error::CommandNotFound {
+            command: argv.first().cloned().unwrap_or_default(),
+        }
+    } else {
+        Error::SpawnFailed { message, code }
+    }
+}
+
+struct Started {
+    pid: i32,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    stdin_task: JoinHandle<()>,
+}
+
+async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> {
+    let (in_r, in_w) = pipe_pair()?;
+    let (out_r, out_w) = pipe_pair()?;
+    let (err_r, err_w) = pipe_pair()?;
+    let spawn = Request::Spawn {
+        argv: req.argv.clone(),
+        env: build_env(req, &[]),
+        cwd: req.cwd.clone().unwrap_or_else(|| "/root".into()),
+        stdio: StdioSpec::Fds,
+        setsid,
+        pgid: !setsid,
+    };
+    let reply = conn
+        .request(spawn, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
+        .await;
+    drop((in_r, out_w, err_w));
+    let pid = match reply?.0 {
+        Reply::Spawned { pid } => pid,
+        Reply::Error { message, code } => return Err(map_spawn_error(&req.argv, message, code)),
+        other => return Err(Error::Protocol(format!("unexpected spawn reply {other:?}"))),
+    };
+    let stdin = pipe::Sender::from_owned_fd(in_w).map_err(io_err("stdin pipe"))?;
+    let data = req.stdin.clone();
+    let stdin_task = tokio::spawn(async move {
+        let mut stdin = stdin;
+        if let Some(data) = data {
+            let _ = stdin.write_all(&data).await;
+        }
+    });
+    Ok(Started {
+        pid,
+        stdout: pipe::Receiver::from_owned_fd(out_r).map_err(io_err("stdout pipe"))?,
+        stderr: pipe::Receiver::from_owned_fd(err_r).map_err(io_err("stderr pipe"))?,
+        stdin_task,
+    })
+}
+
+/// Wait for `pid`, killing its process group at `timeout`. Returns the exit
+/// and whether the timeout fired.
+async fn wait_with_timeout(
+    conn: &Conn,
+    pid: i32,
+    timeout: Option<Duration>,
+) -> Result<(ExitInfo, bool)> {
+    let Some(t) = timeout else {
+        return Ok((conn.wait_pid(pid).await?, false));
+    };
+    match tokio::time::timeout(t, conn.wait_pid(pid)).await {
+        Ok(r) => Ok((r?, false)),
+        Err(_) => {
+            let _ = conn
+                .request(
+                    Request::Kill {
+                        pid,
+                        signal: 9,
+                        group: true,
+                    },
+                    &[],
+                )
+                .await;
+            let _ = conn
+                .request(
+                    Request::Kill {
+                        pid,
+                        signal: 9,
+                        group: false,
+                    },
+                    &[],
+                )
+                .await;
+            Ok((conn.wait_pid(pid).await?, true))
+        }
+    }
+}
+
+impl Sandbox {
+    /// Run a command to completion and capture its output.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
+        let t0 = Instant::now();
+        let conn = self.conn().clone();
+        let st = start(&conn, &req, false).await?;
+        let max = req.max_output_bytes;
+        let cap_out = Arc::new(Mutex::new(Capture::default()));
+        let cap_err = Arc::new(Mutex::new(Capture::default()));
+        let sink = |cap: Arc<Mutex<Capture>>| {
+            move |b: &[u8]| {
+                let mut c = cap.lock().unwrap_or_else(|e| e.into_inner());
+                let room = max.saturating_sub(c.data.len());
+                if b.len() > room {
+                    c.truncated = true;
+                }
+                c.data.extend_from_slice(&b[..room.min(b.len())]);
+            }
+        };
+        let mut out_task = tokio::spawn(pump(st.stdout, sink(cap_out.clone())));
+        let mut err_task = tokio::spawn(pump(st.stderr, sink(cap_err.clone())));
+        let res = wait_with_timeout(&conn, st.pid, req.timeout).await;
+        let drained = tokio::time::timeout(DRAIN_GRACE, async {
+            let _ = (&mut out_task).await;
+            let _ = (&mut err_task).await;
+        })
+        .await;
+        if drained.is_err() {
+            out_task.abort();
+            err_task.abort();
+        }
+        st.stdin_task.abort();
+        let (exit, timed_out) = res?;
+        let take = |c: &Arc<Mutex<Capture>>| {
+            std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner()))
+        };
+        let (o, e) = (take(&cap_out), take(&cap_err));
+        Ok(ExecOutput {
+            pid: st.pid,
+            exit_code: exit.code,
+            signal: exit.signal,
+            stdout: o.data,
+            stderr: e.data,
+            stdout_truncated: o.truncated,
+            stderr_truncated: e.truncated,
+            timed_out,
+            duration: t0.elapsed(),
+        })
+    }
+
+    /// Run a command and stream its output.
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
+        let conn = self.conn().clone();
+        let st = start(&conn, &req, false).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pid = st.pid;
+        let (tx_o, tx_e) = (tx.clone(), tx.clone());
+        let mut out_task = tokio::spawn(pump(st.stdout, move |b| {
+            let _ = tx_o.send(ExecEvent::Stdout(b.to_vec()));
+        }));
+        let mut err_task = tokio::spawn(pump(st.stderr, move |b| {
+            let _ = tx_e.send(ExecEvent::Stderr(b.to_vec()));
+        }));
+        let timeout = req.timeout;
+        tokio::spawn(async move {
+            let res = wait_with_timeout(&conn, pid, timeout).await;
+            let drained = tokio::time::timeout(DRAIN_GRACE, async {
+                let _ = (&mut out_task).await;
+                let _ = (&mut err_task).await;
+            })
+            .await;
+            if drained.is_err() {
+                out_task.abort();
+                err_task.abort();
+            }
+            st.stdin_task.abort();
+            let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo {
+                code: None,
+                signal: Some(9),
+            });
+            let _ = tx.send(ExecEvent::Exit(exit));
+        });
+        Ok(ExecStream { pid, rx })
+    }
+
+    /// Start a background process (own session); its output is kept in a
+    /// ring buffer of [`BACKGROUND_RING`] bytes per stream.
+    pub async fn spawn_background(&self, req: ExecRequest) -> Result<ProcessInfo> {
+        let conn = self.conn().clone();
+        let st = start(&conn, &req, true).await?;
+        let info = ProcessInfo {
+            pid: st.pid,
+            argv: req.argv.clone(),
+            started_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            exit: None,
+        };
+        let table = &self.inner.background;
+        table
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                st.pid,
+                Background {
+                    info: info.clone(),
+                    stdout: Ring::default(),
+                    stderr: Ring::default(),
+                },
+            );
+        let pid = st.pid;
+        let ring_sink = |procs: Arc<Mutex<HashMap<i32, Background>>>, is_out: bool| {
+            move |b: &[u8]| {
+                if let Some(bg) = procs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&pid)
+                {
+                    if is_out {
+                        bg.stdout.push(b)
+                    } else {
+                        bg.stderr.push(b)
+                    }
+                }
+            }
+        };
+        let out = tokio::spawn(pump(st.stdout, ring_sink(table.procs.clone(), true)));
+        let err = tokio::spawn(pump(st.stderr, ring_sink(table.procs.clone(), false)));
+        let procs = table.procs.clone();
+        let waiter = tokio::spawn(async move {
+            let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo {
+                code: None,
+                signal: None,
+            });
+            if let Some(bg) = procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&pid)
+            {
+                bg.info.exit = Some(exit);
+            }
+        });
+        let mut tasks = table.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.extend([out, err, waiter, st.stdin_task]);
+        Ok(info)
+    }
+
+    /// Background processes started through this handle.
+    pub fn processes(&self) -> Vec<ProcessInfo> {
+        let mut v: Vec<ProcessInfo> = self
+            .inner
+            .background
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|b| b.info.clone())
+            .collect();
+        v.sort_by_key(|p| p.pid);
+        v
+    }
+
+    /// Buffered (stdout, stderr) of a background process.
+    pub fn process_output(&self, pid: i32) -> Option<(Vec<u8>, Vec<u8>)> {
+        let procs = self
+            .inner
+            .background
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        procs.get(&pid).map(|b| {
+            (
+                b.stdout.data.iter().copied().collect(),
+                b.stderr.data.iter().copied().collect(),
+            )
+        })
+    }
+
+    /// Send `signal` to in-sandbox pid `pid`.
+    pub async fn kill_process(&self, pid: i32, signal: i32) -> Result<()> {
+        match self
+            .conn()
+            .request(
+                Request::Kill {
+                    pid,
+                    signal,
+                    group: false,
+                },
+                &[],
+            )
+            .await?
+            .0
+        {
+            Reply::Ok => Ok(()),
+            Reply::Error { message, code } => Err(Error::SpawnFailed { message, code }),
+            other => Err(Error::Protocol(format!("unexpected kill reply {other:?}"))),
+        }
+    }
+}

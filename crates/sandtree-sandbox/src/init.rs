@@ -1,0 +1,355 @@
+//! The sandbox init (pid 1 of the sandbox pid namespace).
+//!
+//! Init is the forked zygote code (no binary inside the sandbox), single
+//! threaded, and runs a `poll` loop over:
+//! * the listening `init.sock`: a new connection replaces the current one
+//!   (this is how a restarted daemon re-adopts a running sandbox);
+//! * the current daemon connection: requests of [`crate::protocol`];
+//! * a signalfd for `SIGCHLD` (blocked): every child is reaped with
+//!   `waitpid(-1, WNOHANG)`, orphans re-parented to pid 1 included;
+//!   exits of processes init spawned are reported as `Exited`, and queued
+//!   while no daemon is connected (flushed after the next `Hello`).
+//!
+//! Spawning a process:
+//! 1. resolve `argv[0]` in `PATH` taken from the request env (glibc's
+//!    `execvpe` would use init's own environment), missing -> error
+//!    `command not found: X` (code 127) without forking;
+//! 2. create a close-on-exec error pipe and fork;
+//! 3. child: `setsid` (or `setpgid(0, 0)`), pty slave as controlling
+//!    terminal, `dup2` stdio, `chdir` (failure is written to the error pipe,
+//!    not a crash), reset signal dispositions and mask, `execve`;
+//! 4. init reads the error pipe until EOF: EOF without data means `execve`
+//!    succeeded (close-on-exec), so `Spawned` is sent before the child can
+//!    be reaped and reported as `Exited`.
+
+use std::collections::{HashSet, VecDeque};
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use rustix::net::SocketFlags;
+use sandtree_sys::process::{Forked, exit_now, fork_single_threaded};
+
+use crate::protocol::{self, FromInit, Reply, Request, StdioSpec, ToInit};
+
+const MAX_QUEUED: usize = 16 * 1024;
+
+struct Init {
+    conn: Option<OwnedFd>,
+    tracked: HashSet<i32>,
+    queued: VecDeque<FromInit>,
+}
+
+/// Run the init loop forever.
+pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
+    let mut st = Init {
+        conn: None,
+        tracked: HashSet::new(),
+        queued: VecDeque::new(),
+    };
+    loop {
+        let (listen_ready, sig_ready, conn_ready, conn_err) = {
+            let mut fds = vec![
+                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            ];
+            if let Some(c) = &st.conn {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => continue,
+                Err(_) => exit_now(1),
+            }
+            let r = |i: usize| {
+                fds.get(i)
+                    .and_then(|f| f.revents())
+                    .unwrap_or(PollFlags::empty())
+            };
+            (
+                r(0).contains(PollFlags::POLLIN),
+                r(1).contains(PollFlags::POLLIN),
+                r(2).contains(PollFlags::POLLIN),
+                r(2).intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL),
+            )
+        };
+        if sig_ready {
+            while let Ok(Some(_)) = sigfd.read_signal() {}
+            st.reap();
+        }
+        if conn_ready || conn_err {
+            st.serve_one();
+        }
+        if listen_ready && let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC)
+        {
+            st.conn = Some(conn); // replaces (and closes) the old connection
+        }
+    }
+}
+
+impl Init {
+    fn send(&mut self, msg: FromInit, fds: &[std::os::fd::BorrowedFd<'_>]) {
+        if let Some(c) = &self.conn {
+            if protocol::send(c.as_fd(), &msg, fds).is_ok() {
+                return;
+            }
+            self.conn = None;
+        }
+        if matches!(msg, FromInit::Exited { .. }) && self.queued.len() < MAX_QUEUED {
+            self.queued.push_back(msg);
+        }
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let (pid, code, signal) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid.as_raw(), Some(code), None),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => (pid.as_raw(), None, Some(sig as i32)),
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            };
+            if self.tracked.remove(&pid) {
+                self.send(FromInit::Exited { pid, code, signal }, &[]);
+            }
+        }
+    }
+
+    fn serve_one(&mut self) {
+        let Some(conn) = &self.conn else { return };
+        let (msg, fds) = match protocol::recv::<ToInit>(conn.as_fd()) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                self.conn = None;
+                return;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::Interrupted =>
+            {
+                return;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                self.send(
+                    FromInit::Reply {
+                        id: 0,
+                        reply: Reply::Error {
+                            message: format!("bad request: {e}"),
+                            code: None,
+                        },
+                    },
+                    &[],
+                );
+                return;
+            }
+            Err(_) => {
+                self.conn = None;
+                return;
+            }
+        };
+        let id = msg.id;
+        match msg.req {
+            Request::Hello { .. } => {
+                self.send(
+                    FromInit::Reply {
+                        id,
+                        reply: Reply::Hello {
+                            version: protocol::VERSION,
+                        },
+                    },
+                    &[],
+                );
+                while let Some(ev) = self.queued.pop_front() {
+                    self.send(ev, &[]);
+                    if self.conn.is_none() {
+                        break;
+                    }
+                }
+            }
+            Request::Ping => self.send(
+                FromInit::Reply {
+                    id,
+                    reply: Reply::Pong,
+                },
+                &[],
+            ),
+            Request::Kill { pid, signal, group } => {
+                let target = Pid::from_raw(if group { -pid } else { pid });
+                let reply = match Signal::try_from(signal)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| kill(target, s).map_err(|e| e.to_string()))
+                {
+                    Ok(()) => Reply::Ok,
+                    Err(message) => Reply::Error {
+                        message: format!("kill {pid}: {message}"),
+                        code: None,
+                    },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+            }
+            Request::Spawn {
+                argv,
+                env,
+                cwd,
+                stdio,
+                setsid,
+                pgid,
+            } => match spawn(&argv, &env, &cwd, &stdio, setsid, pgid, fds) {
+                Ok((pid, master)) => {
+                    self.tracked.insert(pid);
+                    let fds: Vec<_> = master.iter().map(|m| m.as_fd()).collect();
+                    self.send(
+                        FromInit::Reply {
+                            id,
+                            reply: Reply::Spawned { pid },
+                        },
+                        &fds,
+                    );
+                }
+                Err((message, code)) => self.send(
+                    FromInit::Reply {
+                        id,
+                        reply: Reply::Error { message, code },
+                    },
+                    &[],
+                ),
+            },
+        }
+    }
+}
+
+/// Look `name` up in the colon-separated `path`.
+fn resolve(name: &str, path: &str) -> Option<PathBuf> {
+    let is_exec = |p: &Path| {
+        fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        return is_exec(&p).then_some(p);
+    }
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(name))
+        .find(|p| is_exec(p))
+}
+
+type SpawnResult = Result<(i32, Option<OwnedFd>), (String, Option<i32>)>;
+
+fn cstr(s: &str) -> Result<CString, (String, Option<i32>)> {
+    CString::new(s).map_err(|_| (format!("argument contains nul byte: {s:?}"), Some(126)))
+}
+
+fn spawn(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &str,
+    stdio: &StdioSpec,
+    setsid: bool,
+    pgid: bool,
+    mut fds: Vec<OwnedFd>,
+) -> SpawnResult {
+    let name = argv
+        .first()
+        .ok_or_else(|| ("empty argv".to_string(), Some(127)))?;
+    let path_var = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/bin:/bin");
+    let prog =
+        resolve(name, path_var).ok_or_else(|| (format!("command not found: {name}"), Some(127)))?;
+    let prog_c = cstr(prog.to_str().unwrap_or(name))?;
+    let argv_c = argv
+        .iter()
+        .map(|a| cstr(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env_c = env
+        .iter()
+        .map(|(k, v)| cstr(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd_c = cstr(cwd)?;
+
+    let (master, child_stdio): (Option<OwnedFd>, [OwnedFd; 3]) = match stdio {
+        StdioSpec::Fds => {
+            if fds.len() != 3 {
+                return Err((format!("expected 3 stdio fds, got {}", fds.len()), None));
+            }
+            let err = fds.pop().expect("len 3");
+            let out = fds.pop().expect("len 3");
+            let inp = fds.pop().expect("len 3");
+            (None, [inp, out, err])
+        }
+        StdioSpec::Pty { cols, rows } => {
+            let pair =
+                sandtree_sys::pty::open_pair().map_err(|e| (format!("open pty: {e}"), None))?;
+            let _ = sandtree_sys::pty::set_size(&pair.master, *cols, *rows);
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| (format!("dup pty: {e}"), None));
+            let (a, b) = (dup(&pair.slave)?, dup(&pair.slave)?);
+            (Some(pair.master), [pair.slave, a, b])
+        }
+    };
+    let is_pty = master.is_some();
+    let (err_rx, err_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| (format!("pipe: {e}"), None))?;
+
+    match fork_single_threaded().map_err(|e| (format!("fork: {e}"), None))? {
+        Forked::Child => {
+            drop(err_rx);
+            let mut err = fs::File::from(err_tx);
+            let fail = |err: &mut fs::File, msg: String| -> ! {
+                let _ = err.write_all(msg.as_bytes());
+                exit_now(126)
+            };
+            if setsid {
+                let _ = nix::unistd::setsid();
+            } else if pgid {
+                let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
+            }
+            if is_pty && let Err(e) = sandtree_sys::pty::make_controlling(&child_stdio[0]) {
+                fail(&mut err, format!("set controlling tty: {e}"));
+            }
+            let [i, o, e] = &child_stdio;
+            if rustix::stdio::dup2_stdin(i)
+                .and(rustix::stdio::dup2_stdout(o))
+                .and(rustix::stdio::dup2_stderr(e))
+                .is_err()
+            {
+                fail(&mut err, "dup2 stdio failed".into());
+            }
+            if let Err(e) = nix::unistd::chdir(cwd_c.as_c_str()) {
+                fail(
+                    &mut err,
+                    format!("chdir {cwd}: {}", e.desc().to_lowercase()),
+                );
+            }
+            sandtree_sys::process::reset_all_signals();
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            let e = nix::unistd::execve(&prog_c, &argv_c, &env_c).unwrap_err();
+            fail(
+                &mut err,
+                format!("exec {}: {}", prog.display(), e.desc().to_lowercase()),
+            )
+        }
+        Forked::Parent(pid) => {
+            drop(err_tx);
+            drop(child_stdio);
+            let mut msg = String::new();
+            let _ = fs::File::from(err_rx).read_to_string(&mut msg);
+            if !msg.is_empty() {
+                return Err((msg, Some(126)));
+            }
+            Ok((pid, master))
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! Daemon-side live handle of a running sandbox.
+//!
+//! Live objects only (connection, pidfd, tasks); everything needed to find
+//! the sandbox again after a daemon restart is derived from
+//! [`HostConfig`] + id (`init.sock` path, cgroup path).
+//!
+//! Connection flow:
+//! 1. `connect` (after spawn) / `adopt` (after a restart) connects to
+//!    `init.sock`, sends `Hello` and waits for `Hello`.
+//! 2. A reader task receives every packet: `Reply { id }` completes the
+//!    waiting request; `Spawned { pid }` additionally registers an exit slot
+//!    for `pid` (so an `Exited` arriving before anybody waits is kept);
+//!    `Exited` completes that slot.
+//! 3. A watcher task awaits the init pidfd; when init is gone, pending
+//!    requests and exit waiters fail.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::cgroup::{Backend, Cgroup, StuckTask, Usage};
+use crate::config::HostConfig;
+use crate::exec::{BackgroundTable, ExitInfo};
+use crate::protocol::{self, FromInit, Reply, Request, ToInit};
+use crate::session::SessionTable;
+use crate::zygote::SpawnedInit;
+
+/// Errors of the sandbox API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// I/O on the init connection or pipes.
+    #[error("{op}: {source}")]
+    Io {
+        /// Step.
+        op: String,
+        /// Error.
+        source: io::Error,
+    },
+    /// Init closed the connection or died.
+    #[error("sandbox {id} is gone")]
+    Gone {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Init refused the protocol version.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The command does not exist (exit code 127 semantics).
+    #[error("command not found: {command}")]
+    CommandNotFound {
+        /// argv[0].
+        command: String,
+    },
+    /// Init could not start the process.
+    #[error("spawn failed: {message}")]
+    SpawnFailed {
+        /// Reason.
+        message: String,
+        /// Shell-style code.
+        code: Option<i32>,
+    },
+    /// Freezing did not complete; the sandbox was thawed again.
+    #[error("freeze timed out; stuck tasks: {stuck:?}")]
+    FreezeTimeout {
+        /// Tasks that did not freeze.
+        stuck: Vec<StuckTask>,
+    },
+    /// Cgroup failure.
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::Error),
+    /// Unknown session.
+    #[error("no such session: {0}")]
+    NoSession(String),
+    /// Session command timed out.
+    #[error("session command timed out")]
+    SessionTimeout,
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let op = op.into();
+    move |source| Error::Io { op, source }
+}
+
+type ReplySender = oneshot::Sender<(Reply, Vec<OwnedFd>)>;
+
+enum ExitSlot {
+    Waiting(Vec<oneshot::Sender<ExitInfo>>),
+    Done(ExitInfo),
+}
+
+pub(crate) struct Conn {
+    pub(crate) id: String,
+    fd: AsyncFd<OwnedFd>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, ReplySender>>,
+    exits: Mutex<HashMap<i32, ExitSlot>>,
+    closed: watch::Sender<bool>,
+}
+
+impl Conn {
+    /// Send a request and wait for its reply.
+    pub(crate) async fn request(
+        &self,
+        req: Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        if *self.closed.borrow() {
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            return Err(Error::Gone {
+                id: self.id.clone(),
+            });
+        }
+        let msg = ToInit { id, req };
+        loop {
+            let mut guard = self.fd.writable().await.map_err(io_err("init socket"))?;
+            match guard.try_io(|fd| protocol::send(fd.get_ref().as_fd(), &msg, fds)) {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => {
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id);
+                    return Err(Error::Io {
+                        op: "send to init".into(),
+                        source: e,
+                    });
+                }
+                Err(_would_block) => continue,
+            }
+        }
+        rx.await.map_err(|_| Error::Gone {
+            id: self.id.clone(),
+        })
+    }
+
+    /// Wait for the exit of in-sandbox pid `pid` (spawned on this connection
+    /// or reported to it).
+    pub(crate) async fn wait_pid(&self, pid: i32) -> Result<ExitInfo> {
+        let rx = {
+            let mut exits = self.exits.lock().unwrap_or_else(|e| e.into_inner());
+            match exits.remove(&pid) {
+                Some(ExitSlot::Done(info)) => return Ok(info),
+                Some(ExitSlot::Waiting(mut v)) => {
+                    let (tx, rx) = oneshot::channel();
+                    v.push(tx);
+                    exits.insert(pid, ExitSlot::Waiting(v));
+                    rx
+                }
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    exits.insert(pid, ExitSlot::Waiting(vec![tx]));
+                    rx
+                }
+            }
+        };
+        rx.await.map_err(|_| Error::Gone {
+            id: self.id.clone(),
+        })
+    }
+
+    fn dispatch(&self, msg: FromInit, fds: Vec<OwnedFd>) {
+        match msg {
+            FromInit::Reply { id, reply } => {
+                if let Reply::Spawned { pid } = &reply {
+                    self.exits
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(*pid)
+                        .or_insert(ExitSlot::Waiting(Vec::new()));
+                }
+                if let Some(tx) = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id)
+                {
+                    let _ = tx.send((reply, fds));
+                }
+            }
+            FromInit::Exited { pid, code, signal } => {
+                let info = ExitInfo { code, signal };
+                let mut exits = self.exits.lock().unwrap_or_else(|e| e.into_inner());
+                let mut delivered = false;
+                if let Some(ExitSlot::Waiting(waiters)) = exits.remove(&pid) {
+                    for w in waiters {
+                        // A waiter whose future was dropped (e.g. by a
+                        // timeout) does not count as delivery.
+                        delivered |= w.send(info.clone()).is_ok();
+                    }
+                }
+                if !delivered {
+                    exits.insert(pid, ExitSlot::Done(info));
+                }
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.closed.send_replace(true);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.exits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, s| matches!(s, ExitSlot::Done(_)));
+    }
+
+    async fn read_loop(self: Arc<Self>) {
+        loop {
+            let Ok(mut guard) = self.fd.readable().await else {
+                break;
+            };
+            match guard.try_io(|fd| protocol::recv::<FromInit>(fd.get_ref().as_fd())) {
+                Ok(Ok(Some((msg, fds)))) => self.dispatch(msg, fds),
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                    tracing::warn!(sandbox = %self.id, error = %e, "bad message from init");
+                }
+                Ok(Err(_)) => break,
+                Err(_would_block) => continue,
+            }
+        }
+        self.close();
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: HostConfig,
+    pub(crate) id: String,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) cgroup: Cgroup,
+    pub(crate) init_pid: i32,
+    pub(crate) alive: watch::Receiver<bool>,
+    pub(crate) background: BackgroundTable,
+    pub(crate) sessions: SessionTable,
+}
+
+/// A running sandbox (daemon side).
+pub struct Sandbox {
+    pub(crate) inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.inner.sessions.abort_all();
+        self.inner.background.abort_all();
+    }
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("id", &self.inner.id)
+            .field("init_pid", &self.inner.init_pid)
+            .finish()
+    }
+}
+
+fn cgroup_of(cfg: &HostConfig, id: &str) -> Cgroup {
+    Cgroup::new(Backend::detect(), &cfg.cgroup_name, id)
+}
+
+async fn open_conn(cfg: &HostConfig, id: &str) -> io::Result<OwnedFd> {
+    let path = cfg.init_socket(id);
+    let sock = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        None,
+    )?;
+    let addr = rustix::net::SocketAddrUnix::new(&path)?;
+    match rustix::net::connect(&sock, &addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::INPROGRESS) | Err(rustix::io::Errno::AGAIN) => {
+            let afd = async_fd(sock.try_clone()?)?;
+            let _ = afd.writable().await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(sock)
+}
+
+impl Sandbox {
+    /// Connect to the init of a just spawned sandbox.
+    pub async fn connect(cfg: &HostConfig, id: &str, init: SpawnedInit) -> Result<Sandbox> {
+        let fd = open_conn(cfg, id)
+            .await
+            .map_err(io_err(format!("connect {}", cfg.init_socket(id).display())))?;
+        Self::finish(cfg, id, fd, init.pid, init.pidfd).await
+    }
+
+    /// Re-adopt a sandbox after a daemon restart: `Some` if its init answers,
+    /// `None` if it is gone (its cgroup and run directory are then removed).
+    pub async fn adopt(cfg: &HostConfig, id: &str) -> Result<Option<Sandbox>> {
+        let fd = match open_conn(cfg, id).await {
+            Ok(fd) => fd,
+            Err(_) => {
+                let cg = cgroup_of(cfg, id);
+                let _ = cg.kill_all(Duration::from_secs(5));
+                cg.remove()?;
+                let _ = std::fs::remove_dir_all(cfg.sandbox_dir(id));
+                return Ok(None);
+            }
+        };
+        let cred = rustix::net::sockopt::socket_peercred(&fd)
+            .map_err(|e| io_err("SO_PEERCRED")(e.into()))?;
+        let pid = cred.pid.as_raw_nonzero().get();
+        let pidfd = rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty())
+            .map_err(|e| io_err("pidfd_open")(e.into()))?;
+        Self::finish(cfg, id, fd, pid, pidfd).await.map(Some)
+    }
+
+    async fn finish(
+        cfg: &HostConfig,
+        id: &str,
+        fd: OwnedFd,
+        init_pid: i32,
+        pidfd: OwnedFd,
+    ) -> Result<Sandbox> {
+        let (closed, _) = watch::channel(false);
+        let conn = Arc::new(Conn {
+            id: id.to_string(),
+            fd: async_fd(fd).map_err(io_err("register init socket"))?,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            closed,
+        });
+        let reader = tokio::spawn(conn.clone().read_loop());
+        let (alive_tx, alive_rx) = watch::channel(true);
+        let pidfd = async_fd(pidfd).map_err(io_err("register pidfd"))?;
+        let conn2 = conn.clone();
+        let watcher = tokio::spawn(async move {
+            let _ = pidfd.readable().await;
+            alive_tx.send_replace(false);
+            conn2.close();
+        });
+        let sb = Sandbox {
+            inner: Arc::new(Inner {
+                cfg: cfg.clone(),
+                id: id.to_string(),
+                conn,
+                cgroup: cgroup_of(cfg, id),
+                init_pid,
+                alive: alive_rx,
+                background: BackgroundTable::default(),
+                sessions: SessionTable::default(),
+            }),
+            tasks: vec![reader, watcher],
+        };
+        match sb
+            .inner
+            .conn
+            .request(
+                Request::Hello {
+                    version: protocol::VERSION,
+                },
+                &[],
+            )
+            .await?
+        {
+            (Reply::Hello { version }, _) if version == protocol::VERSION => {}
+            (other, _) => {
+                sb.tasks.iter().for_each(|t| t.abort());
+                return Err(Error::Protocol(format!("unexpected hello reply {other:?}")));
+            }
+        }
+        Ok(sb)
+    }
+
+    /// Sandbox id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// Host pid of init.
+    pub fn init_pid(&self) -> i32 {
+        self.inner.init_pid
+    }
+
+    /// Whether init is still running.
+    pub fn is_alive(&self) -> bool {
+        *self.inner.alive.borrow()
+    }
+
+    /// Wait until init exited.
+    pub async fn wait_exit(&self) {
+        let mut rx = self.inner.alive.clone();
+        let _ = rx.wait_for(|alive| !*alive).await;
+    }
+
+    /// Round-trip to init.
+    pub async fn ping(&self) -> Result<()> {
+        match self.inner.conn.request(Request::Ping, &[]).await? {
+            (Reply::Pong, _) => Ok(()),
+            (other, _) => Err(Error::Protocol(format!("unexpected ping reply {other:?}"))),
+        }
+    }
+
+    /// Freeze every process of the sandbox.
+    pub fn freeze(&self, timeout: Duration) -> Result<()> {
+        match self.inner.cgroup.freeze(timeout) {
+            Ok(()) => Ok(()),
+            Err(crate::cgroup::Error::FreezeTimeout { stuck, .. }) => {
+                Err(Error::FreezeTimeout { stuck })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Thaw the sandbox.
+    pub fn thaw(&self) -> Result<()> {
+        Ok(self.inner.cgroup.thaw()?)
+    }
+
+    /// Resource usage.
+    pub fn usage(&self) -> Result<Usage> {
+        Ok(self.inner.cgroup.usage()?)
+    }
+
+    /// The sandbox cgroup.
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.inner.cgroup
+    }
+
+    /// Host pid of in-sandbox pid `pid` (via `NSpid` of the cgroup members).
+    pub fn host_pid(&self, pid: i32) -> Option<i32> {
+        for hp in self.inner.cgroup.procs().ok()? {
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{hp}/status")) else {
+                continue;
+            };
+            let ns = status.lines().find_map(|l| l.strip_prefix("NSpid:"));
+            if ns
+                .and_then(|v| v.split_whitespace().last())
+                .and_then(|v| v.parse::<i32>().ok())
+                == Some(pid)
+            {
+                return Some(hp);
+            }
+        }
+        None
+    }
+
+    /// Kill every process, wait for init and an empty cgroup, remove the
+    /// cgroup and the run directory. Afterwards the overlay mounts are gone
+    /// (they lived only in the sandbox mount namespace).
+    pub async fn kill(&self) -> Result<()> {
+        let cg = self.inner.cgroup.clone();
+        tokio::task::spawn_blocking(move || cg.kill_all(Duration::from_secs(10)))
+            .await
+            .map_err(|e| io_err("join")(io::Error::other(e)))??;
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.wait_exit()).await;
+        let cg = self.inner.cgroup.clone();
+        tokio::task::spawn_blocking(move || cg.remove())
+            .await
+            .map_err(|e| io_err("join")(io::Error::other(e)))??;
+        let dir = self.inner.cfg.sandbox_dir(&self.inner.id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("remove {}", dir.display()))(e)),
+        }
+        Ok(())
+    }
+
+    pub(crate) fn conn(&self) -> &Arc<Conn> {
+        &self.inner.conn
+    }
+}
+
+/// Raw fd number helper for logging.
+pub fn fd_number(fd: &impl AsRawFd) -> i32 {
+    fd.as_raw_fd()
+}
+
+/// Register an owned fd with tokio. `AsyncFd::new` is deprecated because a
+/// borrowed raw fd could be closed behind tokio's back; we only ever pass
+/// owned descriptors that the `AsyncFd` keeps alive, which is the sound case.
+#[allow(deprecated)]
+pub(crate) fn async_fd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    AsyncFd::new(fd)
+}

@@ -1,0 +1,448 @@
+//! Pty-backed interactive shells.
+//!
+//! Flow:
+//! 1. `open_session` sends `Spawn { stdio: Pty }` for
+//!    `bash --noprofile --norc --noediting -i`; init opens `/dev/ptmx` of the
+//!    sandbox devpts, forks bash with the slave as controlling terminal
+//!    (`setsid` + `TIOCSCTTY`) and returns the master fd via `SCM_RIGHTS`.
+//! 2. bash runs with `PS1=''` and a `PROMPT_COMMAND` that prints the marker
+//!    `\x1f__ST__<n>;<status>\x1e` before every prompt (`n` counts prompts).
+//!    A reader task drains the master, broadcasts raw output to attached
+//!    clients and cuts the stream at markers.
+//! 3. `session_run` turns terminal echo off, writes the command as one line
+//!    `eval $'<escaped>'` (so multi-line commands, heredocs and syntax
+//!    errors still yield exactly one prompt) and waits for the next marker;
+//!    the text before it is the command's output, the marker carries `$?`.
+//!    `--noediting` keeps readline (which does its own echo) out of the way.
+//! 4. On timeout `^C` is written and `timed_out` is reported; the late
+//!    marker is skipped by the prompt counter.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+use crate::exec::DEFAULT_PATH;
+use crate::protocol::{Reply, Request, StdioSpec};
+use crate::sandbox::{Error, Result, Sandbox, async_fd, io_err};
+
+const MARK_START: &[u8] = b"\x1f__ST__";
+const MARK_END: u8 = 0x1e;
+const PROMPT_COMMAND: &str =
+    r#"__st_rc=$?; __st_n=$((__st_n+1)); printf '\037__ST__%d;%d\036' "$__st_n" "$__st_rc""#;
+const MAX_PENDING: usize = 16 * 1024 * 1024;
+
+/// Session identifier.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub String);
+
+/// Options of a new session.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionOptions {
+    /// Terminal columns.
+    pub cols: u16,
+    /// Terminal rows.
+    pub rows: u16,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: Option<String>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            cols: 120,
+            rows: 40,
+            env: Vec::new(),
+            cwd: None,
+        }
+    }
+}
+
+/// A session as listed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Id.
+    pub id: SessionId,
+    /// In-sandbox pid of the shell.
+    pub pid: i32,
+    /// Start time, seconds since the epoch.
+    pub started_at: u64,
+}
+
+/// Result of `session_run`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionRunOutput {
+    /// Output (stdout and stderr interleaved, `\r\n` normalised to `\n`).
+    pub output: String,
+    /// `$?` of the command (None on timeout).
+    pub exit_code: Option<i32>,
+    /// The timeout fired (the command got `^C`).
+    pub timed_out: bool,
+}
+
+#[derive(Default)]
+struct Cut {
+    pending: Vec<u8>,
+    last_output: Vec<u8>,
+    last_rc: i32,
+}
+
+struct Shared {
+    master: AsyncFd<OwnedFd>,
+    cut: Mutex<Cut>,
+    prompts: watch::Sender<u64>,
+    out: broadcast::Sender<Vec<u8>>,
+    run_lock: tokio::sync::Mutex<()>,
+}
+
+struct Session {
+    info: SessionInfo,
+    shared: Arc<Shared>,
+    reader: JoinHandle<()>,
+}
+
+/// Sessions of one sandbox handle.
+#[derive(Default)]
+pub(crate) struct SessionTable {
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+impl SessionTable {
+    pub(crate) fn abort_all(&self) {
+        for (_, s) in self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+        {
+            s.reader.abort();
+        }
+    }
+}
+
+/// Interactive access to a session.
+pub struct SessionIo {
+    /// Raw pty output from now on.
+    pub output: broadcast::Receiver<Vec<u8>>,
+    shared: Arc<Shared>,
+}
+
+impl SessionIo {
+    /// Write bytes into the pty.
+    pub async fn write(&self, data: &[u8]) -> Result<()> {
+        write_all(&self.shared, data).await
+    }
+
+    /// Resize the terminal.
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<()> {
+        sandtree_sys::pty::set_size(self.shared.master.get_ref(), cols, rows)
+            .map_err(io_err("resize pty"))
+    }
+}
+
+async fn write_all(shared: &Shared, mut data: &[u8]) -> Result<()> {
+    while !data.is_empty() {
+        let mut guard = shared.master.writable().await.map_err(io_err("pty"))?;
+        match guard.try_io(|fd| rustix::io::write(fd.get_ref(), data).map_err(Into::into)) {
+            Ok(Ok(n)) => data = &data[n..],
+            Ok(Err(e)) => return Err(io_err("write pty")(e)),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+async fn read_loop(shared: Arc<Shared>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(mut guard) = shared.master.readable().await else {
+            break;
+        };
+        let n =
+            match guard.try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(Into::into)) {
+                Ok(Ok(0)) | Ok(Err(_)) => break, // EIO: the shell is gone
+                Ok(Ok(n)) => n,
+                Err(_would_block) => continue,
+            };
+        let _ = shared.out.send(buf[..n].to_vec());
+        let mut cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+        cut.pending.extend_from_slice(&buf[..n]);
+        while let Some(start) = find(&cut.pending, MARK_START) {
+            let Some(len) = cut.pending[start..].iter().position(|&b| b == MARK_END) else {
+                break;
+            };
+            let body = String::from_utf8_lossy(&cut.pending[start + MARK_START.len()..start + len])
+                .into_owned();
+            let mut parts = body.split(';');
+            let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let rc: i32 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
+            let output = cut.pending[..start].to_vec();
+            cut.pending.drain(..start + len + 1);
+            cut.last_output = output;
+            cut.last_rc = rc;
+            shared.prompts.send_replace(n);
+        }
+        if cut.pending.len() > MAX_PENDING {
+            let excess = cut.pending.len() - MAX_PENDING;
+            cut.pending.drain(..excess);
+        }
+    }
+}
+
+/// Quote `s` as a bash ANSI-C string `$'...'`.
+fn ansi_c_quote(s: &str) -> String {
+    let mut out = String::from("$'");
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || b" _-./,:=+@%".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out.push('\'');
+    out
+}
+
+fn set_echo(fd: impl AsFd, on: bool) -> std::io::Result<bool> {
+    use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+    let mut t = tcgetattr(&fd)?;
+    let was = t.local_modes.contains(LocalModes::ECHO);
+    t.local_modes.set(LocalModes::ECHO, on);
+    tcsetattr(&fd, OptionalActions::Now, &t)?;
+    Ok(was)
+}
+
+impl Sandbox {
+    /// Start an interactive bash on a pty.
+    pub async fn open_session(&self, opts: SessionOptions) -> Result<SessionId> {
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), DEFAULT_PATH.into()),
+            ("HOME".into(), "/root".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("TERM".into(), "xterm-256color".into()),
+            ("PS1".into(), String::new()),
+            ("PS2".into(), String::new()),
+            ("PROMPT_COMMAND".into(), PROMPT_COMMAND.into()),
+        ];
+        for (k, v) in &opts.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let argv: Vec<String> = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let req = Request::Spawn {
+            argv: argv.clone(),
+            env,
+            cwd: opts.cwd.clone().unwrap_or_else(|| "/root".into()),
+            stdio: StdioSpec::Pty {
+                cols: opts.cols,
+                rows: opts.rows,
+            },
+            setsid: true,
+            pgid: false,
+        };
+        let (reply, mut fds) = self.conn().request(req, &[]).await?;
+        let pid = match reply {
+            Reply::Spawned { pid } => pid,
+            Reply::Error { message, code } => {
+                return Err(crate::exec::map_spawn_error(&argv, message, code));
+            }
+            other => return Err(Error::Protocol(format!("unexpected spawn reply {other:?}"))),
+        };
+        let master = fds
+            .pop()
+            .ok_or_else(|| Error::Protocol("no pty master received".into()))?;
+        rustix::io::ioctl_fionbio(&master, true)
+            .map_err(|e| io_err("set pty nonblocking")(e.into()))?;
+        let (prompts, _) = watch::channel(0u64);
+        let (out, _) = broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            master: async_fd(master).map_err(io_err("register pty"))?,
+            cut: Mutex::new(Cut::default()),
+            prompts,
+            out,
+            run_lock: tokio::sync::Mutex::new(()),
+        });
+        let mut first = shared.prompts.subscribe();
+        let reader = tokio::spawn(read_loop(shared.clone()));
+        let ready =
+            tokio::time::timeout(Duration::from_secs(10), first.wait_for(|n| *n >= 1)).await;
+        if !matches!(ready, Ok(Ok(_))) {
+            reader.abort();
+            let _ = self.kill_process(pid, 9).await;
+            return Err(Error::SessionTimeout);
+        }
+        let id = SessionId(format!("s{pid}"));
+        let info = SessionInfo {
+            id: id.clone(),
+            pid,
+            started_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        self.inner
+            .sessions
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                id.0.clone(),
+                Session {
+                    info,
+                    shared,
+                    reader,
+                },
+            );
+        Ok(id)
+    }
+
+    fn session_shared(&self, sid: &SessionId) -> Result<Arc<Shared>> {
+        let sessions = self
+            .inner
+            .sessions
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sessions
+            .get(&sid.0)
+            .map(|s| s.shared.clone())
+            .ok_or_else(|| Error::NoSession(sid.0.clone()))
+    }
+
+    /// Run one command in the session's shell; shell state persists.
+    pub async fn session_run(
+        &self,
+        sid: &SessionId,
+        command: &str,
+        timeout: Option<Duration>,
+    ) -> Result<SessionRunOutput> {
+        let shared = self.session_shared(sid)?;
+        let _run = shared.run_lock.lock().await;
+        let mut prompts = shared.prompts.subscribe();
+        let start = *prompts.borrow_and_update();
+        shared
+            .cut
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pending
+            .clear();
+        let echo_was = set_echo(shared.master.get_ref(), false).map_err(io_err("disable echo"))?;
+        let line = format!("eval {}\n", ansi_c_quote(command));
+        write_all(&shared, line.as_bytes()).await?;
+        let wait = prompts.wait_for(|n| *n > start);
+        let done = match timeout {
+            Some(t) => tokio::time::timeout(t, wait).await.ok(),
+            None => Some(wait.await),
+        };
+        let result = match done {
+            Some(Ok(_)) => {
+                let cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+                let output = String::from_utf8_lossy(&cut.last_output).replace("\r\n", "\n");
+                Ok(SessionRunOutput {
+                    output,
+                    exit_code: Some(cut.last_rc),
+                    timed_out: false,
+                })
+            }
+            Some(Err(_)) => Err(Error::Gone {
+                id: self.id().to_string(),
+            }),
+            None => {
+                write_all(&shared, b"\x03").await?;
+                // Consume the interrupted command's prompt so the next run
+                // does not mistake it for its own.
+                let mut prompts = shared.prompts.subscribe();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), prompts.wait_for(|n| *n > start))
+                        .await;
+                let mut cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+                let raw = if *prompts.borrow() > start {
+                    std::mem::take(&mut cut.last_output)
+                } else {
+                    std::mem::take(&mut cut.pending)
+                };
+                let output = String::from_utf8_lossy(&raw).replace("\r\n", "\n");
+                Ok(SessionRunOutput {
+                    output,
+                    exit_code: None,
+                    timed_out: true,
+                })
+            }
+        };
+        if echo_was {
+            let _ = set_echo(shared.master.get_ref(), true);
+        }
+        result
+    }
+
+    /// Attach to a session: output subscription, writer, resize.
+    pub fn session_io(&self, sid: &SessionId) -> Result<SessionIo> {
+        let shared = self.session_shared(sid)?;
+        Ok(SessionIo {
+            output: shared.out.subscribe(),
+            shared,
+        })
+    }
+
+    /// Terminate a session's shell (SIGHUP to its process group, then SIGKILL).
+    pub async fn close_session(&self, sid: &SessionId) -> Result<()> {
+        let session = self
+            .inner
+            .sessions
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&sid.0)
+            .ok_or_else(|| Error::NoSession(sid.0.clone()))?;
+        let pid = session.info.pid;
+        let _ = self
+            .conn()
+            .request(
+                Request::Kill {
+                    pid,
+                    signal: 1,
+                    group: true,
+                },
+                &[],
+            )
+            .await;
+        let _ = self
+            .conn()
+            .request(
+                Request::Kill {
+                    pid,
+                    signal: 9,
+                    group: true,
+                },
+                &[],
+            )
+            .await;
+        session.reader.abort();
+        Ok(())
+    }
+
+    /// Open sessions.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let sessions = self
+            .inner
+            .sessions
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sessions.values().map(|s| s.info.clone()).collect()
+    }
+}
