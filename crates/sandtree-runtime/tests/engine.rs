@@ -1,0 +1,173 @@
+//! Engine-level tests against the real kernel (btrfs, namespaces, cgroups).
+//!
+//! `harness = false`: the zygote must be forked while the process is still
+//! single-threaded, which libtest's runner does not allow. Cases run in
+//! sequence on one engine; the last line is `N passed, M failed`.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, Limits, RollbackRequest};
+use sandtree_runtime::{Config, Engine, Zygote};
+
+type Case = for<'a> fn(&'a Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
+
+async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
+    let out = e
+        .exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() })
+        .await?;
+    ensure!(out.exit_code == Some(0), "`{script}` exited {:?}: {}", out.exit_code, out.stderr);
+    Ok(out.stdout)
+}
+
+async fn create(e: &Engine) -> Result<String> {
+    Ok(e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id)
+}
+
+async fn checkpoint(e: &Engine, sb: &str) -> Result<String> {
+    Ok(e.checkpoint(sb, CheckpointRequest::default()).await?.checkpoint.id)
+}
+
+fn rollback_and_fork_restore_files(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        sh(e, &sb, "echo one > /root/a && mkdir -p /opt/x && echo hi > /opt/x/y").await?;
+        let ck1 = checkpoint(e, &sb).await?;
+        sh(e, &sb, "echo two > /root/a && rm -r /opt/x && echo extra > /root/b").await?;
+        let ck2 = checkpoint(e, &sb).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
+        ensure!(r.processes_restarted);
+        ensure!(sh(e, &sb, "cat /root/a /opt/x/y; test ! -e /root/b && echo nob").await? == "one\nhi\nnob\n");
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        ensure!(sh(e, &sb, "cat /root/a /root/b; test ! -e /opt/x && echo nox").await? == "two\nextra\nnox\n");
+        let f = e.fork(&ck1, ForkRequest { count: 3, labels: Default::default(), limits: None }).await?;
+        ensure!(f.results.len() == 3);
+        for r in &f.results {
+            let id = &r.sandbox.as_ref().context("fork failed")?.id;
+            ensure!(sh(e, id, "cat /root/a").await? == "one\n");
+            e.delete_sandbox(id, false).await?;
+        }
+        // Sizes are measured in the background; the checkpoint of a 4-byte change is small.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let ck = e.get_checkpoint(&ck2).await?;
+        ensure!(ck.size_bytes.is_some_and(|s| s < 1 << 20), "size {:?}", ck.size_bytes);
+        ensure!(ck.parent.as_deref() == Some(ck1.as_str()));
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
+fn limits_are_applied(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = e
+            .create_sandbox(CreateSandboxRequest {
+                limits: Limits { memory_bytes: Some(64 << 20), pids: Some(32), cpu_millicores: Some(500) },
+                ..Default::default()
+            })
+            .await?
+            .sandbox
+            .id;
+        let out = e
+            .exec(&sb, ExecRequest {
+                cmd: vec!["python3".into(), "-c".into(), "b = bytearray(300 << 20); print('survived')".into()],
+                ..Default::default()
+            })
+            .await?;
+        ensure!(out.exit_code != Some(0) && !out.stdout.contains("survived"), "memory limit not enforced: {out:?}");
+        let info = e.get_sandbox(&sb).await?;
+        let usage = info.usage.context("usage")?;
+        ensure!(usage.pids_limit == Some(32), "{usage:?}");
+        e.delete_sandbox(&sb, false).await?;
+        Ok(())
+    })
+}
+
+fn unknown_ids_are_not_found(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let err = e.get_sandbox("sb-../../x").await.err().context("expected an error")?;
+        ensure!(err.code() == sandtree_api::ErrorCode::SandboxNotFound);
+        let sb = create(e).await?;
+        let err = e.rollback(&sb, RollbackRequest { checkpoint: "ck-zzzzzzzzzz".into() }).await.err().context("err")?;
+        ensure!(err.code() == sandtree_api::ErrorCode::CheckpointNotFound);
+        let out = e.exec(&sb, ExecRequest { cmd: vec!["no-such-program".into()], ..Default::default() }).await?;
+        ensure!(out.exit_code == Some(127), "{out:?}");
+        e.delete_sandbox(&sb, false).await?;
+        Ok(())
+    })
+}
+
+fn gc_removes_orphans(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let orphan = e.volume().checkpoints_dir().join("ck-orphan0000");
+        sandtree_fs::create_subvolume(&orphan)?;
+        let report = e.gc().await?;
+        ensure!(report.orphans_removed.iter().any(|o| o.contains("ck-orphan0000")), "{report:?}");
+        ensure!(!orphan.exists());
+        Ok(())
+    })
+}
+
+fn main() {
+    if !nix_is_root() {
+        println!("SKIP: engine tests need root\n0 passed, 0 failed");
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-engine-test-{}", std::process::id()));
+    let mut cfg = Config::with_data_dir(&dir);
+    cfg.image_size = 4 << 30;
+    let zygote = Zygote::start(cfg.host_config()).expect("zygote");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let cases: Vec<(&str, Case)> = vec![
+        ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
+        ("limits_are_applied", limits_are_applied),
+        ("unknown_ids_are_not_found", unknown_ids_are_not_found),
+        ("gc_removes_orphans", gc_removes_orphans),
+    ];
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let (mut passed, mut failed) = (0, 0);
+    rt.block_on(async {
+        let engine = match Engine::open(cfg, zygote).await {
+            Ok(e) => e,
+            Err(e) => {
+                println!("engine open failed: {e}");
+                failed += 1;
+                return;
+            }
+        };
+        for (name, case) in cases {
+            if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            let t = Instant::now();
+            match case(&engine).await {
+                Ok(()) => {
+                    passed += 1;
+                    println!("test {name} ... ok ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("test {name} ... FAILED: {e:#}");
+                }
+            }
+        }
+        if let Ok(list) = engine.list_sandboxes().await {
+            for s in list.sandboxes {
+                let _ = engine.delete_sandbox(&s.id, true).await;
+            }
+        }
+    });
+    rt.shutdown_background();
+    let _ = std::process::Command::new("umount").arg("-l").arg(dir.join("btrfs")).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
