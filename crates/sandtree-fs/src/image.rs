@@ -85,22 +85,13 @@ pub fn shift_id(uid_base: u32, id: u32) -> u32 {
 /// host's `/usr` at `/usr`.
 pub fn default_image_layers(dst: &Path) -> Vec<LowerLayer> {
     vec![
-        LowerLayer {
-            target: PathBuf::from("/"),
-            source: LowerSource::Subvolume(dst.to_path_buf()),
-        },
-        LowerLayer {
-            target: PathBuf::from("/usr"),
-            source: LowerSource::HostDir(PathBuf::from("/usr")),
-        },
+        LowerLayer { target: PathBuf::from("/"), source: LowerSource::Subvolume(dst.to_path_buf()) },
+        LowerLayer { target: PathBuf::from("/usr"), source: LowerSource::HostDir(PathBuf::from("/usr")) },
     ]
 }
 
 fn single_layer(dst: &Path) -> Vec<LowerLayer> {
-    vec![LowerLayer {
-        target: PathBuf::from("/"),
-        source: LowerSource::Subvolume(dst.to_path_buf()),
-    }]
+    vec![LowerLayer { target: PathBuf::from("/"), source: LowerSource::Subvolume(dst.to_path_buf()) }]
 }
 
 /// Deletes an image subvolume (missing is fine).
@@ -112,14 +103,8 @@ pub fn remove_image(path: &Path) -> Result<()> {
 // Low-level writing helpers (fd relative, never following symlinks).
 
 fn ts(sec: i64, nsec: i64) -> Timestamps {
-    let t = Timespec {
-        tv_sec: sec,
-        tv_nsec: nsec as _,
-    };
-    Timestamps {
-        last_access: t,
-        last_modification: t,
-    }
+    let t = Timespec { tv_sec: sec, tv_nsec: nsec as _ };
+    Timestamps { last_access: t, last_modification: t }
 }
 
 fn open_dir_at(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
@@ -132,12 +117,8 @@ fn open_dir_at(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| Error::io("open", path, e.into()))
+    rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| Error::io("open", path, e.into()))
 }
 
 /// Sets owner, mode and mtime on an open fd (mode after chown: see module docs).
@@ -148,20 +129,8 @@ fn set_attrs(fd: &OwnedFd, uid: u32, gid: u32, mode: u32, mtime: (i64, i64)) -> 
     Ok(())
 }
 
-fn set_link_attrs(
-    dir: &OwnedFd,
-    name: &OsStr,
-    uid: u32,
-    gid: u32,
-    mtime: (i64, i64),
-) -> io::Result<()> {
-    rustix::fs::chownat(
-        dir,
-        name,
-        Some(Uid::from_raw(uid)),
-        Some(Gid::from_raw(gid)),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )?;
+fn set_link_attrs(dir: &OwnedFd, name: &OsStr, uid: u32, gid: u32, mtime: (i64, i64)) -> io::Result<()> {
+    rustix::fs::chownat(dir, name, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::SYMLINK_NOFOLLOW)?;
     rustix::fs::utimensat(dir, name, &ts(mtime.0, mtime.1), AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
@@ -173,12 +142,7 @@ fn create_file_at(dir: &OwnedFd, name: &OsStr) -> io::Result<File> {
         Ok(fd) => Ok(File::from(fd)),
         Err(rustix::io::Errno::EXIST) => {
             rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
-            Ok(File::from(rustix::fs::openat(
-                dir,
-                name,
-                flags,
-                Mode::from_raw_mode(0o600),
-            )?))
+            Ok(File::from(rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?))
         }
         Err(e) => Err(e.into()),
     }
@@ -303,8 +267,7 @@ fn copy_tree(
         if ft.is_dir() {
             let fd = mkdir_open_at(dst_fd, &name).map_err(|e| Error::io("mkdir", &dpath, e))?;
             copy_tree(ctx, &spath, &fd, &dpath, &srel, root_dev, filter, lenient)?;
-            set_attrs(&fd, uid, gid, md.mode(), mtime)
-                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_attrs(&fd, uid, gid, md.mode(), mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
         } else if ft.is_file() {
             if md.nlink() > 1
                 && let Some(first) = ctx.links.get(&(md.dev(), md.ino()))
@@ -323,12 +286,10 @@ fn copy_tree(
                 }
                 Err(e) => return Err(Error::io("open", &spath, e)),
             };
-            let mut out =
-                create_file_at(dst_fd, &name).map_err(|e| Error::io("create", &dpath, e))?;
+            let mut out = create_file_at(dst_fd, &name).map_err(|e| Error::io("create", &dpath, e))?;
             let n = io::copy(&mut input, &mut out).map_err(|e| Error::io("copy", &dpath, e))?;
             let fd = OwnedFd::from(out);
-            set_attrs(&fd, uid, gid, md.mode(), mtime)
-                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_attrs(&fd, uid, gid, md.mode(), mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
             if md.nlink() > 1 {
                 ctx.links.insert((md.dev(), md.ino()), dpath);
             }
@@ -338,8 +299,7 @@ fn copy_tree(
         } else if ft.is_symlink() {
             let target = fs::read_link(&spath).map_err(|e| Error::io("read link", &spath, e))?;
             symlink_at(&target, dst_fd, &name).map_err(|e| Error::io("symlink", &dpath, e))?;
-            set_link_attrs(dst_fd, &name, uid, gid, mtime)
-                .map_err(|e| Error::io("set attributes of", &dpath, e))?;
+            set_link_attrs(dst_fd, &name, uid, gid, mtime).map_err(|e| Error::io("set attributes of", &dpath, e))?;
             ctx.files += 1;
         } else if ft.is_fifo() {
             rustix::fs::mknodat(dst_fd, &name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
@@ -353,13 +313,8 @@ fn copy_tree(
                 AtFlags::SYMLINK_NOFOLLOW,
             )
             .map_err(|e| Error::io("chown", &dpath, e.into()))?;
-            rustix::fs::chmodat(
-                dst_fd,
-                &name,
-                Mode::from_raw_mode(md.mode() & 0o7777),
-                AtFlags::empty(),
-            )
-            .map_err(|e| Error::io("chmod", &dpath, e.into()))?;
+            rustix::fs::chmodat(dst_fd, &name, Mode::from_raw_mode(md.mode() & 0o7777), AtFlags::empty())
+                .map_err(|e| Error::io("chmod", &dpath, e.into()))?;
             ctx.files += 1;
         } else {
             // Device nodes and sockets.
@@ -393,49 +348,22 @@ fn with_new_subvolume(dst: &Path, build: impl FnOnce(&OwnedFd) -> Result<()>) ->
 
 /// Imports host directory `src` as a new read-only image subvolume `dst`,
 /// shifting ownership by `uid_base`.
-pub fn import_dir(
-    src: &Path,
-    dst: &Path,
-    uid_base: u32,
-    progress: &dyn Fn(Progress),
-) -> Result<Vec<LowerLayer>> {
+pub fn import_dir(src: &Path, dst: &Path, uid_base: u32, progress: &dyn Fn(Progress)) -> Result<Vec<LowerLayer>> {
     let md = fs::metadata(src).map_err(|e| Error::io("stat", src, e))?;
     if !md.is_dir() {
-        return Err(Error::io(
-            "import",
-            src,
-            io::Error::from_raw_os_error(libc::ENOTDIR),
-        ));
+        return Err(Error::io("import", src, io::Error::from_raw_os_error(libc::ENOTDIR)));
     }
     let mut ctx = Ctx::new(uid_base, progress, "scan");
     ctx.report(true);
     ctx.total = dir_size(src)?;
     ctx.phase("copy");
     with_new_subvolume(dst, |root| {
-        copy_tree(
-            &mut ctx,
-            src,
-            root,
-            dst,
-            Path::new(""),
-            md.dev(),
-            &|_, _| true,
-            false,
-        )?;
-        set_attrs(
-            root,
-            ctx.id(md.uid()),
-            ctx.id(md.gid()),
-            md.mode(),
-            (md.mtime(), md.mtime_nsec()),
-        )
-        .map_err(|e| Error::io("set attributes of", dst, e))
+        copy_tree(&mut ctx, src, root, dst, Path::new(""), md.dev(), &|_, _| true, false)?;
+        set_attrs(root, ctx.id(md.uid()), ctx.id(md.gid()), md.mode(), (md.mtime(), md.mtime_nsec()))
+            .map_err(|e| Error::io("set attributes of", dst, e))
     })?;
     if ctx.skipped > 0 {
-        tracing::info!(
-            skipped = ctx.skipped,
-            "skipped device nodes / sockets during import"
-        );
+        tracing::info!(skipped = ctx.skipped, "skipped device nodes / sockets during import");
     }
     ctx.phase("done");
     Ok(single_layer(dst))
@@ -466,16 +394,10 @@ fn safe_components(path: &Path) -> Result<Option<(Vec<OsString>, OsString)>> {
             Component::Normal(s) => comps.push(s.to_os_string()),
             Component::CurDir => {}
             Component::ParentDir => {
-                return Err(Error::UnsafePath {
-                    path: path.to_path_buf(),
-                    reason: "contains `..`",
-                });
+                return Err(Error::UnsafePath { path: path.to_path_buf(), reason: "contains `..`" });
             }
             Component::RootDir | Component::Prefix(_) => {
-                return Err(Error::UnsafePath {
-                    path: path.to_path_buf(),
-                    reason: "is absolute",
-                });
+                return Err(Error::UnsafePath { path: path.to_path_buf(), reason: "is absolute" });
             }
         }
     }
@@ -484,23 +406,14 @@ fn safe_components(path: &Path) -> Result<Option<(Vec<OsString>, OsString)>> {
 
 /// Opens (creating with shifted-root ownership if `create`) the parent
 /// directory chain `comps` under `root`, never following symlinks.
-fn walk_parents(
-    root: &OwnedFd,
-    comps: &[OsString],
-    create: bool,
-    uid_base: u32,
-    entry: &Path,
-) -> Result<OwnedFd> {
+fn walk_parents(root: &OwnedFd, comps: &[OsString], create: bool, uid_base: u32, entry: &Path) -> Result<OwnedFd> {
     let mut cur = rustix::io::dup(root).map_err(|e| Error::io("dup", entry, e.into()))?;
     for c in comps {
         let next = match open_dir_at(&cur, c) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {
                 let fd = mkdir_open_at(&cur, c).map_err(|e| Error::io("mkdir", entry, e))?;
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs() as i64;
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
                 set_attrs(&fd, uid_base, uid_base, 0o755, (now, 0))
                     .map_err(|e| Error::io("set attributes of", entry, e))?;
                 fd
@@ -528,42 +441,23 @@ struct DirAttrs {
 
 /// Imports a tarball (`.tar`, or gzip-compressed: detected by magic) as a new
 /// read-only image subvolume `dst`, shifting ownership by `uid_base`.
-pub fn import_tar(
-    src: &Path,
-    dst: &Path,
-    uid_base: u32,
-    progress: &dyn Fn(Progress),
-) -> Result<Vec<LowerLayer>> {
-    let tar_err = |source| Error::Tar {
-        path: src.to_path_buf(),
-        source,
-    };
+pub fn import_tar(src: &Path, dst: &Path, uid_base: u32, progress: &dyn Fn(Progress)) -> Result<Vec<LowerLayer>> {
+    let tar_err = |source| Error::Tar { path: src.to_path_buf(), source };
     let mut file = File::open(src).map_err(|e| Error::io("open", src, e))?;
-    let total = file
-        .metadata()
-        .map_err(|e| Error::io("stat", src, e))?
-        .len();
+    let total = file.metadata().map_err(|e| Error::io("stat", src, e))?.len();
     let mut magic = [0u8; 2];
     let gz = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
     let file = File::open(src).map_err(|e| Error::io("open", src, e))?;
     let count = std::rc::Rc::new(std::cell::Cell::new(0u64));
-    let counted = CountingReader {
-        inner: io::BufReader::with_capacity(256 << 10, file),
-        count: count.clone(),
-    };
-    let reader: Box<dyn Read> = if gz {
-        Box::new(flate2::read::GzDecoder::new(counted))
-    } else {
-        Box::new(counted)
-    };
+    let counted = CountingReader { inner: io::BufReader::with_capacity(256 << 10, file), count: count.clone() };
+    let reader: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(counted)) } else { Box::new(counted) };
     let mut archive = tar::Archive::new(reader);
     let mut ctx = Ctx::new(uid_base, progress, "extract");
     ctx.total = total;
     ctx.report(true);
 
     with_new_subvolume(dst, |root| {
-        set_attrs(root, uid_base, uid_base, 0o755, (0, 0))
-            .map_err(|e| Error::io("set attributes of", dst, e))?;
+        set_attrs(root, uid_base, uid_base, 0o755, (0, 0)).map_err(|e| Error::io("set attributes of", dst, e))?;
         let mut dirs: Vec<DirAttrs> = Vec::new();
         for entry in archive.entries().map_err(tar_err)? {
             let mut entry = entry.map_err(tar_err)?;
@@ -591,17 +485,10 @@ pub fn import_tar(
                         path: path.clone(),
                         reason: "directory entry is an existing symlink or file",
                     })?;
-                    dirs.push(DirAttrs {
-                        path: path.clone(),
-                        uid,
-                        gid,
-                        mode,
-                        mtime,
-                    });
+                    dirs.push(DirAttrs { path: path.clone(), uid, gid, mode, mtime });
                 }
                 T::Regular | T::Continuous => {
-                    let mut out =
-                        create_file_at(&dir, &name).map_err(|e| Error::io("create", &dpath, e))?;
+                    let mut out = create_file_at(&dir, &name).map_err(|e| Error::io("create", &dpath, e))?;
                     io::copy(&mut entry, &mut out).map_err(|e| Error::io("write", &dpath, e))?;
                     out.flush().map_err(|e| Error::io("write", &dpath, e))?;
                     let fd = OwnedFd::from(out);
@@ -615,8 +502,7 @@ pub fn import_tar(
                         .map_err(tar_err)?
                         .ok_or_else(|| tar_err(io::Error::other("symlink without target")))?
                         .into_owned();
-                    symlink_at(&target, &dir, &name)
-                        .map_err(|e| Error::io("symlink", &dpath, e))?;
+                    symlink_at(&target, &dir, &name).map_err(|e| Error::io("symlink", &dpath, e))?;
                     set_link_attrs(&dir, &name, uid, gid, (mtime, 0))
                         .map_err(|e| Error::io("set attributes of", &dpath, e))?;
                     ctx.files += 1;
@@ -628,10 +514,7 @@ pub fn import_tar(
                         .ok_or_else(|| tar_err(io::Error::other("hard link without target")))?
                         .into_owned();
                     let Some((tparents, tname)) = safe_components(&target)? else {
-                        return Err(Error::UnsafePath {
-                            path: target,
-                            reason: "hard link to the archive root",
-                        });
+                        return Err(Error::UnsafePath { path: target, reason: "hard link to the archive root" });
                     };
                     let tdir = walk_parents(root, &tparents, false, uid_base, &target)?;
                     let _ = rustix::fs::unlinkat(&dir, &name, AtFlags::empty());
@@ -641,14 +524,8 @@ pub fn import_tar(
                 }
                 T::Fifo => {
                     let _ = rustix::fs::unlinkat(&dir, &name, AtFlags::empty());
-                    rustix::fs::mknodat(
-                        &dir,
-                        &name,
-                        FileType::Fifo,
-                        Mode::from_raw_mode(mode & 0o777),
-                        0,
-                    )
-                    .map_err(|e| Error::io("mkfifo", &dpath, e.into()))?;
+                    rustix::fs::mknodat(&dir, &name, FileType::Fifo, Mode::from_raw_mode(mode & 0o777), 0)
+                        .map_err(|e| Error::io("mkfifo", &dpath, e.into()))?;
                     rustix::fs::chownat(
                         &dir,
                         &name,
@@ -675,8 +552,7 @@ pub fn import_tar(
                 continue;
             };
             let parent = walk_parents(root, &parents, false, uid_base, &d.path)?;
-            let fd =
-                open_dir_at(&parent, &name).map_err(|e| Error::io("open", dst.join(&d.path), e))?;
+            let fd = open_dir_at(&parent, &name).map_err(|e| Error::io("open", dst.join(&d.path), e))?;
             set_attrs(&fd, d.uid, d.gid, d.mode, (d.mtime, 0))
                 .map_err(|e| Error::io("set attributes of", dst.join(&d.path), e))?;
         }
@@ -723,10 +599,7 @@ fn etc_filter(rel: &Path, md: &fs::Metadata) -> bool {
     if ETC_EXCLUDE.iter().any(|x| rel == Path::new(x)) {
         return false;
     }
-    if rel.parent() == Some(Path::new("ssh"))
-        && rel
-            .file_name()
-            .is_some_and(|n| n.as_bytes().starts_with(b"ssh_host_"))
+    if rel.parent() == Some(Path::new("ssh")) && rel.file_name().is_some_and(|n| n.as_bytes().starts_with(b"ssh_host_"))
     {
         return false;
     }
@@ -768,18 +641,9 @@ fn is_complete_image(dst: &Path, uid_base: u32) -> bool {
 /// identity files, and host `/var/lib/dpkg`. Idempotent: an existing complete
 /// image built for the same `uid_base` is returned as is; an interrupted or
 /// differently shifted one is rebuilt.
-pub fn build_default_image(
-    dst: &Path,
-    uid_base: u32,
-    progress: &dyn Fn(Progress),
-) -> Result<Vec<LowerLayer>> {
+pub fn build_default_image(dst: &Path, uid_base: u32, progress: &dyn Fn(Progress)) -> Result<Vec<LowerLayer>> {
     if is_complete_image(dst, uid_base) {
-        (progress)(Progress {
-            phase: "done",
-            done_bytes: 0,
-            total_bytes: 0,
-            files: 0,
-        });
+        (progress)(Progress { phase: "done", done_bytes: 0, total_bytes: 0, files: 0 });
         return Ok(default_image_layers(dst));
     }
     if fs::symlink_metadata(dst).is_ok() {
@@ -791,17 +655,14 @@ pub fn build_default_image(
     let root_id = ctx.id(0);
     with_new_subvolume(dst, |root| {
         build_default_into(&mut ctx, dst, root)?;
-        set_attrs(root, root_id, root_id, 0o755, now_ts())
-            .map_err(|e| Error::io("set attributes of", dst, e))
+        set_attrs(root, root_id, root_id, 0o755, now_ts()).map_err(|e| Error::io("set attributes of", dst, e))
     })?;
     ctx.phase("done");
     Ok(default_image_layers(dst))
 }
 
 fn now_ts() -> (i64, i64) {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     (d.as_secs() as i64, i64::from(d.subsec_nanos()))
 }
 
@@ -811,8 +672,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let mkdir = |parent: &OwnedFd, rel: &str, mode: u32| -> Result<OwnedFd> {
         let name = Path::new(rel).file_name().unwrap_or(OsStr::new(rel));
         let fd = mkdir_open_at(parent, name).map_err(|e| Error::io("mkdir", dst.join(rel), e))?;
-        set_attrs(&fd, r, r, mode, now)
-            .map_err(|e| Error::io("set attributes of", dst.join(rel), e))?;
+        set_attrs(&fd, r, r, mode, now).map_err(|e| Error::io("set attributes of", dst.join(rel), e))?;
         Ok(fd)
     };
     for (d, mode) in [
@@ -844,8 +704,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
             let t = target.as_os_str().as_bytes();
             if t.starts_with(b"usr/") || t.starts_with(b"/usr/") {
                 let name = entry.file_name();
-                symlink_at(&target, root, &name)
-                    .map_err(|e| Error::io("symlink", dst.join(&name), e))?;
+                symlink_at(&target, root, &name).map_err(|e| Error::io("symlink", dst.join(&name), e))?;
                 set_link_attrs(root, &name, r, r, now)
                     .map_err(|e| Error::io("set attributes of", dst.join(&name), e))?;
             }
@@ -857,16 +716,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let etc_md = fs::metadata(host_etc).map_err(|e| Error::io("stat", host_etc, e))?;
     let etc = mkdir(root, "etc", 0o755)?;
     let etc_path = dst.join("etc");
-    copy_tree(
-        ctx,
-        host_etc,
-        &etc,
-        &etc_path,
-        Path::new(""),
-        etc_md.dev(),
-        &etc_filter,
-        true,
-    )?;
+    copy_tree(ctx, host_etc, &etc, &etc_path, Path::new(""), etc_md.dev(), &etc_filter, true)?;
 
     // Fresh identity files.
     let passwd_src = fs::read_to_string("/etc/passwd").unwrap_or_default();
@@ -879,11 +729,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     if !group.starts_with("root:") && !group.contains("\nroot:") {
         group.insert_str(0, "root:x:0:\n");
     }
-    let days = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-        / 86400;
+    let days = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() / 86400;
     let shadow: String = passwd
         .lines()
         .filter_map(|l| l.split(':').next())
@@ -898,12 +744,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let machine_id = random_hex(16).map_err(|e| Error::io("read", "/dev/urandom", e))? + "\n";
     let files: [(&str, String, u32, u32); 7] = [
         ("hostname", "sandbox\n".into(), 0o644, 0),
-        (
-            "hosts",
-            "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tsandbox\n".into(),
-            0o644,
-            0,
-        ),
+        ("hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tsandbox\n".into(), 0o644, 0),
         ("resolv.conf", String::new(), 0o644, 0),
         ("passwd", passwd, 0o644, 0),
         ("group", group, 0o644, 0),
@@ -912,28 +753,16 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     ];
     for (name, content, mode, gid) in files {
         let p = etc_path.join(name);
-        let mut f =
-            create_file_at(&etc, OsStr::new(name)).map_err(|e| Error::io("create", &p, e))?;
-        f.write_all(content.as_bytes())
-            .map_err(|e| Error::io("write", &p, e))?;
-        set_attrs(&OwnedFd::from(f), r, ctx.id(gid), mode, now)
-            .map_err(|e| Error::io("set attributes of", &p, e))?;
+        let mut f = create_file_at(&etc, OsStr::new(name)).map_err(|e| Error::io("create", &p, e))?;
+        f.write_all(content.as_bytes()).map_err(|e| Error::io("write", &p, e))?;
+        set_attrs(&OwnedFd::from(f), r, ctx.id(gid), mode, now).map_err(|e| Error::io("set attributes of", &p, e))?;
     }
 
     // /root with /etc/skel.
     let root_home = mkdir(root, "root", 0o700)?;
     let skel = Path::new("/etc/skel");
     if let Ok(md) = fs::metadata(skel) {
-        copy_tree(
-            ctx,
-            skel,
-            &root_home,
-            &dst.join("root"),
-            Path::new(""),
-            md.dev(),
-            &|_, _| true,
-            true,
-        )?;
+        copy_tree(ctx, skel, &root_home, &dst.join("root"), Path::new(""), md.dev(), &|_, _| true, true)?;
         // skel files are root-owned on the host: keep them root (shifted).
     }
 
@@ -941,16 +770,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let dpkg = Path::new("/var/lib/dpkg");
     if let Ok(md) = fs::metadata(dpkg) {
         let dpkg_fd = mkdir(&var_lib, "dpkg", md.mode())?;
-        copy_tree(
-            ctx,
-            dpkg,
-            &dpkg_fd,
-            &dst.join("var/lib/dpkg"),
-            Path::new(""),
-            md.dev(),
-            &|_, _| true,
-            true,
-        )?;
+        copy_tree(ctx, dpkg, &dpkg_fd, &dst.join("var/lib/dpkg"), Path::new(""), md.dev(), &|_, _| true, true)?;
     }
     Ok(())
 }
@@ -986,14 +806,8 @@ mod tests {
 
     #[test]
     fn tar_paths_with_dotdot_or_absolute_are_unsafe() {
-        assert!(matches!(
-            safe_components(Path::new("../evil")),
-            Err(Error::UnsafePath { .. })
-        ));
-        assert!(matches!(
-            safe_components(Path::new("/etc/passwd")),
-            Err(Error::UnsafePath { .. })
-        ));
+        assert!(matches!(safe_components(Path::new("../evil")), Err(Error::UnsafePath { .. })));
+        assert!(matches!(safe_components(Path::new("/etc/passwd")), Err(Error::UnsafePath { .. })));
         assert!(safe_components(Path::new("./")).unwrap().is_none());
         let (p, n) = safe_components(Path::new("./a/b/c")).unwrap().unwrap();
         assert_eq!(p, [OsString::from("a"), OsString::from("b")]);
@@ -1018,12 +832,7 @@ mod tests {
         symlink("sub/file", s.join("link")).unwrap();
         symlink("/etc/shadow", s.join("abs-link")).unwrap();
         let old = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
-        File::options()
-            .write(true)
-            .open(s.join("sub/file"))
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        File::options().write(true).open(s.join("sub/file")).unwrap().set_modified(old).unwrap();
         std::os::unix::net::UnixListener::bind(s.join("sock")).unwrap();
 
         let dst = tv.vol().images_dir().join("imp");
@@ -1038,19 +847,10 @@ mod tests {
         let md = fs::metadata(dst.join("suid")).unwrap();
         assert_eq!(md.mode() & 0o7777, 0o4755);
         assert_eq!(md.uid(), BASE);
-        assert_eq!(
-            fs::metadata(dst.join("hard")).unwrap().ino(),
-            fs::metadata(dst.join("sub/file")).unwrap().ino()
-        );
-        assert_eq!(
-            fs::read_link(dst.join("link")).unwrap(),
-            Path::new("sub/file")
-        );
+        assert_eq!(fs::metadata(dst.join("hard")).unwrap().ino(), fs::metadata(dst.join("sub/file")).unwrap().ino());
+        assert_eq!(fs::read_link(dst.join("link")).unwrap(), Path::new("sub/file"));
         assert_eq!(fs::symlink_metadata(dst.join("link")).unwrap().uid(), BASE);
-        assert_eq!(
-            fs::read_link(dst.join("abs-link")).unwrap(),
-            Path::new("/etc/shadow")
-        );
+        assert_eq!(fs::read_link(dst.join("abs-link")).unwrap(), Path::new("/etc/shadow"));
         assert!(!dst.join("sock").exists(), "sockets are skipped");
         assert_eq!(fs::metadata(&dst).unwrap().uid(), BASE);
         assert!(subvolume_ro(&dst));
@@ -1079,14 +879,8 @@ mod tests {
 
     fn build_tar(path: &Path, gzip: bool, evil: Option<&str>) {
         let f = File::create(path).unwrap();
-        let w: Box<dyn Write> = if gzip {
-            Box::new(flate2::write::GzEncoder::new(
-                f,
-                flate2::Compression::fast(),
-            ))
-        } else {
-            Box::new(f)
-        };
+        let w: Box<dyn Write> =
+            if gzip { Box::new(flate2::write::GzEncoder::new(f, flate2::Compression::fast())) } else { Box::new(f) };
         let mut b = tar::Builder::new(w);
         let mut h = tar_header(tar::EntryType::Directory, 0, 0o755, 0);
         b.append_data(&mut h, "etc/", io::empty()).unwrap();
@@ -1125,11 +919,7 @@ mod tests {
             let md = fs::metadata(dst.join("usr/bin/tool")).unwrap();
             assert_eq!(md.mode() & 0o7777, 0o4711);
             assert_eq!(md.uid(), BASE + 1000);
-            assert_eq!(
-                fs::metadata(dst.join("usr")).unwrap().uid(),
-                BASE,
-                "implicit parent"
-            );
+            assert_eq!(fs::metadata(dst.join("usr")).unwrap().uid(), BASE, "implicit parent");
             assert_eq!(
                 fs::metadata(dst.join("etc/hello2")).unwrap().ino(),
                 fs::metadata(dst.join("etc/hello")).unwrap().ino()
@@ -1147,10 +937,7 @@ mod tests {
             return;
         };
         let tmp = tempfile::tempdir().unwrap();
-        for (i, evil) in ["../evil", "/abs-evil", "escape/tmp/evil"]
-            .iter()
-            .enumerate()
-        {
+        for (i, evil) in ["../evil", "/abs-evil", "escape/tmp/evil"].iter().enumerate() {
             let tarp = tmp.path().join(format!("evil{i}.tar"));
             build_tar(&tarp, false, Some(evil));
             let dst = tv.vol().images_dir().join(format!("evil{i}"));
@@ -1176,31 +963,14 @@ mod tests {
         let layers = build_default_image(&dst, BASE, &no_progress).unwrap();
         eprintln!("default image build: {:?}", t.elapsed());
         let t = Instant::now();
-        assert_eq!(
-            build_default_image(&dst, BASE, &no_progress).unwrap(),
-            layers
-        );
+        assert_eq!(build_default_image(&dst, BASE, &no_progress).unwrap(), layers);
         eprintln!("default image rebuild (idempotent): {:?}", t.elapsed());
         assert_eq!(layers, default_image_layers(&dst));
-        let usr = layers
-            .iter()
-            .find(|l| l.target == Path::new("/usr"))
-            .expect("/usr layer");
-        let LowerSource::HostDir(host_usr) = &usr.source else {
-            panic!("usr not HostDir")
-        };
-        assert!(
-            host_usr.join("bin/python3").exists(),
-            "python3 reachable via /usr layer"
-        );
-        assert!(
-            fs::read_dir(dst.join("usr")).unwrap().next().is_none(),
-            "usr is empty"
-        );
-        assert_eq!(
-            fs::read_link(dst.join("bin")).unwrap(),
-            Path::new("usr/bin")
-        );
+        let usr = layers.iter().find(|l| l.target == Path::new("/usr")).expect("/usr layer");
+        let LowerSource::HostDir(host_usr) = &usr.source else { panic!("usr not HostDir") };
+        assert!(host_usr.join("bin/python3").exists(), "python3 reachable via /usr layer");
+        assert!(fs::read_dir(dst.join("usr")).unwrap().next().is_none(), "usr is empty");
+        assert_eq!(fs::read_link(dst.join("bin")).unwrap(), Path::new("usr/bin"));
 
         let shadow = fs::read_to_string(dst.join("etc/shadow")).unwrap();
         assert!(shadow.starts_with("root:*:"), "{shadow}");
@@ -1210,17 +980,10 @@ mod tests {
         assert!(!dst.join("etc/gshadow").exists());
         assert!(!dst.join("etc/sudoers").exists());
         let ssh_keys = fs::read_dir(dst.join("etc/ssh"))
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("ssh_host_"))
-                    .count()
-            })
+            .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ssh_host_")).count())
             .unwrap_or(0);
         assert_eq!(ssh_keys, 0);
-        assert_eq!(
-            fs::read_to_string(dst.join("etc/hostname")).unwrap(),
-            "sandbox\n"
-        );
+        assert_eq!(fs::read_to_string(dst.join("etc/hostname")).unwrap(), "sandbox\n");
         assert_eq!(fs::read_to_string(dst.join("etc/resolv.conf")).unwrap(), "");
         let mid = fs::read_to_string(dst.join("etc/machine-id")).unwrap();
         assert_eq!(mid.trim().len(), 32);
@@ -1239,21 +1002,12 @@ mod tests {
             for e in rd.flatten() {
                 let n = e.file_name();
                 if !Path::new("/etc/skel").join(&n).exists() {
-                    assert!(
-                        !dst.join("root").join(&n).exists(),
-                        "host /root/{n:?} leaked"
-                    );
+                    assert!(!dst.join("root").join(&n).exists(), "host /root/{n:?} leaked");
                 }
             }
         }
-        assert_eq!(
-            fs::metadata(dst.join("tmp")).unwrap().mode() & 0o7777,
-            0o1777
-        );
-        assert_eq!(
-            fs::metadata(dst.join("var/tmp")).unwrap().mode() & 0o7777,
-            0o1777
-        );
+        assert_eq!(fs::metadata(dst.join("tmp")).unwrap().mode() & 0o7777, 0o1777);
+        assert_eq!(fs::metadata(dst.join("var/tmp")).unwrap().mode() & 0o7777, 0o1777);
         assert!(dst.join("var/lib/dpkg/status").exists());
         assert!(!dst.join("var/lib/sandtree").exists());
         assert!(fs::read_dir(dst.join("proc")).unwrap().next().is_none());

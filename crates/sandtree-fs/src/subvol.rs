@@ -46,9 +46,7 @@ fn split(path: &Path) -> Result<(&Path, &str)> {
     match (parent, name) {
         (Some(p), Some(n)) => Ok((p, n)),
         (None, Some(n)) => Ok((Path::new("."), n)),
-        _ => Err(Error::BadPath {
-            path: path.to_path_buf(),
-        }),
+        _ => Err(Error::BadPath { path: path.to_path_buf() }),
     }
 }
 
@@ -57,15 +55,9 @@ pub fn create_subvolume(path: &Path) -> Result<()> {
     let (parent, name) = split(path)?;
     btrfs::create_subvolume(parent, name).map_err(|source| {
         if is_enospc(&source) {
-            Error::NoSpace {
-                op: "create subvolume",
-                path: path.to_path_buf(),
-            }
+            Error::NoSpace { op: "create subvolume", path: path.to_path_buf() }
         } else {
-            Error::CreateSubvolume {
-                path: path.to_path_buf(),
-                source,
-            }
+            Error::CreateSubvolume { path: path.to_path_buf(), source }
         }
     })
 }
@@ -75,16 +67,9 @@ pub fn snapshot(src: &Path, dst: &Path, readonly: bool) -> Result<()> {
     let (parent, name) = split(dst)?;
     btrfs::snapshot(src, parent, name, readonly).map_err(|source| {
         if is_enospc(&source) {
-            Error::NoSpace {
-                op: "snapshot",
-                path: dst.to_path_buf(),
-            }
+            Error::NoSpace { op: "snapshot", path: dst.to_path_buf() }
         } else {
-            Error::Snapshot {
-                src: src.to_path_buf(),
-                dst: dst.to_path_buf(),
-                source,
-            }
+            Error::Snapshot { src: src.to_path_buf(), dst: dst.to_path_buf(), source }
         }
     })
 }
@@ -119,10 +104,8 @@ pub fn snapshot_many(pairs: &[(PathBuf, PathBuf)], readonly: bool) -> Vec<Result
             continue;
         }
         std::thread::scope(|s| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|(src, dst)| s.spawn(move || snapshot(src, dst, readonly)))
-                .collect();
+            let handles: Vec<_> =
+                chunk.iter().map(|(src, dst)| s.spawn(move || snapshot(src, dst, readonly))).collect();
             for (h, (src, dst)) in handles.into_iter().zip(chunk) {
                 out.push(h.join().unwrap_or_else(|_| {
                     Err(Error::Snapshot {
@@ -147,15 +130,10 @@ pub fn delete_subvolume(path: &Path) -> Result<()> {
         Ok(_) => {}
     }
     if !btrfs::is_subvolume(path).map_err(|e| Error::io("stat", path, e))? {
-        return Err(Error::NotSubvolume {
-            path: path.to_path_buf(),
-        });
+        return Err(Error::NotSubvolume { path: path.to_path_buf() });
     }
     let (parent, name) = split(path)?;
-    let err = |source| Error::DeleteSubvolume {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| Error::DeleteSubvolume { path: path.to_path_buf(), source };
     match btrfs::destroy_subvolume(parent, name) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
@@ -244,8 +222,7 @@ pub fn list_subvolumes(dir: &Path) -> Result<Vec<String>> {
 /// of it). Cost is proportional to what changed. Data still in the page cache
 /// is not counted: call [`sync_fs`] first for an exact figure.
 pub fn bytes_written_since(path: &Path, min_transid: u64) -> Result<u64> {
-    btrfs::tree_search_extent_bytes(path, min_transid)
-        .map_err(|e| Error::io("search extents of", path, e))
+    btrfs::tree_search_extent_bytes(path, min_transid).map_err(|e| Error::io("search extents of", path, e))
 }
 
 /// Flushes and commits the filesystem holding `path`.
@@ -340,10 +317,7 @@ mod tests {
         delete_subvolume(&sb).unwrap();
         let plain = tv.root().join("plain");
         fs::create_dir(&plain).unwrap();
-        assert!(matches!(
-            delete_subvolume(&plain),
-            Err(Error::NotSubvolume { .. })
-        ));
+        assert!(matches!(delete_subvolume(&plain), Err(Error::NotSubvolume { .. })));
     }
 
     #[test]
@@ -430,11 +404,7 @@ mod tests {
             fs::write(p.join("f"), format!("{i}")).unwrap();
             srcs.push(p);
         }
-        eprintln!(
-            "create_subvolume x16: {:?} ({:?}/each)",
-            t.elapsed(),
-            t.elapsed() / 16
-        );
+        eprintln!("create_subvolume x16: {:?} ({:?}/each)", t.elapsed(), t.elapsed() / 16);
         sync_fs(&sb).unwrap();
 
         let t = Instant::now();
@@ -442,25 +412,15 @@ mod tests {
             snapshot(s, &cp.join(format!("seq{i}")), true).unwrap();
         }
         let seq = t.elapsed();
-        let pairs: Vec<_> = srcs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.clone(), cp.join(format!("par{i}"))))
-            .collect();
+        let pairs: Vec<_> = srcs.iter().enumerate().map(|(i, s)| (s.clone(), cp.join(format!("par{i}")))).collect();
         let t = Instant::now();
         let res = snapshot_many(&pairs, true);
         let par = t.elapsed();
-        eprintln!(
-            "snapshot x16: sequential {seq:?} ({:?}/each), snapshot_many {par:?}",
-            seq / 16
-        );
+        eprintln!("snapshot x16: sequential {seq:?} ({:?}/each), snapshot_many {par:?}", seq / 16);
         assert_eq!(res.len(), 16);
         for (i, r) in res.iter().enumerate() {
             r.as_ref().unwrap();
-            assert_eq!(
-                fs::read_to_string(cp.join(format!("par{i}/f"))).unwrap(),
-                i.to_string()
-            );
+            assert_eq!(fs::read_to_string(cp.join(format!("par{i}/f"))).unwrap(), i.to_string());
         }
         // Failures are reported per pair.
         let res = snapshot_many(&pairs[..2], true);
@@ -580,11 +540,8 @@ mod bench {
             for s in &srcs {
                 fs::write(s.join("dirty"), format!("{round}b")).unwrap();
             }
-            let pairs: Vec<_> = srcs
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (s.clone(), cp.join(format!("par{round}-{i}"))))
-                .collect();
+            let pairs: Vec<_> =
+                srcs.iter().enumerate().map(|(i, s)| (s.clone(), cp.join(format!("par{round}-{i}")))).collect();
             let t = Instant::now();
             for r in snapshot_many(&pairs, true) {
                 r.unwrap();

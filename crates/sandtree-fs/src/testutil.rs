@@ -17,9 +17,7 @@ impl TestVolume {
     /// Creates and mounts a volume of `size` bytes, or returns `None` (with a
     /// message) when this machine cannot run btrfs tests.
     pub fn new(size: u64) -> Option<TestVolume> {
-        let has_btrfs = std::fs::read_to_string("/proc/filesystems")
-            .map(|s| s.contains("btrfs"))
-            .unwrap_or(false);
+        let has_btrfs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
         if !has_btrfs {
             eprintln!("SKIPPING btrfs test: kernel has no btrfs (not in /proc/filesystems)");
             return None;
@@ -28,21 +26,10 @@ impl TestVolume {
             eprintln!("SKIPPING btrfs test: needs root (loop devices, mount)");
             return None;
         }
-        let dir = tempfile::Builder::new()
-            .prefix("sandtree-fs-test")
-            .tempdir()
-            .expect("tempdir");
-        let config = VolumeConfig {
-            data_dir: dir.path().join("data"),
-            btrfs_mount: None,
-            image_size: size,
-        };
+        let dir = tempfile::Builder::new().prefix("sandtree-fs-test").tempdir().expect("tempdir");
+        let config = VolumeConfig { data_dir: dir.path().join("data"), btrfs_mount: None, image_size: size };
         let vol = Volume::open(&config).expect("open test volume");
-        Some(TestVolume {
-            config,
-            vol: Some(vol),
-            _dir: dir,
-        })
+        Some(TestVolume { config, vol: Some(vol), _dir: dir })
     }
 
     pub fn vol(&self) -> &Volume {

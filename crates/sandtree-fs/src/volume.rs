@@ -51,11 +51,7 @@ pub struct VolumeConfig {
 
 impl Default for VolumeConfig {
     fn default() -> Self {
-        VolumeConfig {
-            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
-            btrfs_mount: None,
-            image_size: DEFAULT_IMAGE_SIZE,
-        }
+        VolumeConfig { data_dir: PathBuf::from(DEFAULT_DATA_DIR), btrfs_mount: None, image_size: DEFAULT_IMAGE_SIZE }
     }
 }
 
@@ -92,10 +88,7 @@ impl Volume {
         let vol = match &cfg.btrfs_mount {
             Some(mount) => {
                 check_btrfs(mount)?;
-                Volume {
-                    root: mount.clone(),
-                    backing: Backing::Existing,
-                }
+                Volume { root: mount.clone(), backing: Backing::Existing }
             }
             None => open_image(cfg)?,
         };
@@ -133,17 +126,12 @@ impl Volume {
 
     /// Space on the volume (statvfs; btrfs reports an estimate).
     pub fn usage(&self) -> Result<VolumeUsage> {
-        let st = rustix::fs::statvfs(&self.root)
-            .map_err(|e| Error::io("statvfs", &self.root, e.into()))?;
+        let st = rustix::fs::statvfs(&self.root).map_err(|e| Error::io("statvfs", &self.root, e.into()))?;
         let frsize = st.f_frsize;
         let total = st.f_blocks * frsize;
         let free = st.f_bavail * frsize;
         let used = (st.f_blocks - st.f_bfree) * frsize;
-        Ok(VolumeUsage {
-            total_bytes: total,
-            used_bytes: used,
-            free_bytes: free,
-        })
+        Ok(VolumeUsage { total_bytes: total, used_bytes: used, free_bytes: free })
     }
 
     /// Unmounts an image-backed volume (the loop device then frees itself).
@@ -153,10 +141,8 @@ impl Volume {
             return Ok(());
         };
         let _ = btrfs::syncfs(&self.root);
-        rustix::mount::unmount(&self.root, UnmountFlags::empty()).map_err(|e| Error::Unmount {
-            target: self.root.clone(),
-            source: e.into(),
-        })?;
+        rustix::mount::unmount(&self.root, UnmountFlags::empty())
+            .map_err(|e| Error::Unmount { target: self.root.clone(), source: e.into() })?;
         // Autoclear normally frees the device; clear it explicitly in case it
         // was bound without autoclear (ENXIO = already free).
         if let Some(dev) = loopdev::find_attached(image) {
@@ -168,10 +154,7 @@ impl Volume {
 
 fn btrfs_in_kernel() -> bool {
     fs::read_to_string("/proc/filesystems")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.split_whitespace().last() == Some("btrfs"))
-        })
+        .map(|s| s.lines().any(|l| l.split_whitespace().last() == Some("btrfs")))
         .unwrap_or(false)
 }
 
@@ -180,10 +163,7 @@ fn check_btrfs(path: &Path) -> Result<()> {
     if magic == btrfs::BTRFS_SUPER_MAGIC {
         Ok(())
     } else {
-        Err(Error::NotBtrfs {
-            path: path.to_path_buf(),
-            found_fs: fs_name(path, magic),
-        })
+        Err(Error::NotBtrfs { path: path.to_path_buf(), found_fs: fs_name(path, magic) })
     }
 }
 
@@ -199,16 +179,11 @@ fn fs_name(path: &Path, magic: i64) -> String {
             }
         }
     }
-    best.map(|(_, t)| t)
-        .unwrap_or_else(|| format!("0x{magic:x}"))
+    best.map(|(_, t)| t).unwrap_or_else(|| format!("0x{magic:x}"))
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| Error::io("mkdir", path, e))
+    DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| Error::io("mkdir", path, e))
 }
 
 struct MountEntry {
@@ -222,10 +197,7 @@ fn unescape(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -247,21 +219,14 @@ fn mountinfo() -> Vec<MountEntry> {
             let (pre, post) = line.split_once(" - ")?;
             let target = pre.split(' ').nth(4)?;
             let fstype = post.split(' ').next()?;
-            Some(MountEntry {
-                target: unescape(target),
-                fstype: fstype.to_string(),
-            })
+            Some(MountEntry { target: unescape(target), fstype: fstype.to_string() })
         })
         .collect()
 }
 
 fn is_btrfs_mounted_at(target: &Path) -> bool {
     // The last mount on a path is the visible one.
-    mountinfo()
-        .into_iter()
-        .rev()
-        .find(|m| m.target == target)
-        .is_some_and(|m| m.fstype == "btrfs")
+    mountinfo().into_iter().rev().find(|m| m.target == target).is_some_and(|m| m.fstype == "btrfs")
 }
 
 fn has_btrfs_superblock(image: &Path) -> io::Result<bool> {
@@ -285,17 +250,9 @@ fn find_mkfs() -> Option<PathBuf> {
 
 fn mkfs(image: &Path) -> Result<()> {
     let mkfs = find_mkfs().ok_or(Error::MkfsMissing)?;
-    let out = Command::new(mkfs)
-        .args(["-q", "-f"])
-        .arg(image)
-        .output()
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                Error::MkfsMissing
-            } else {
-                Error::io("run mkfs.btrfs on", image, e)
-            }
-        })?;
+    let out = Command::new(mkfs).args(["-q", "-f"]).arg(image).output().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound { Error::MkfsMissing } else { Error::io("run mkfs.btrfs on", image, e) }
+    })?;
     if !out.status.success() {
         return Err(Error::Mkfs {
             image: image.to_path_buf(),
@@ -307,14 +264,10 @@ fn mkfs(image: &Path) -> Result<()> {
 
 fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
     mkdir(&cfg.data_dir, 0o700)?;
-    let data_dir =
-        fs::canonicalize(&cfg.data_dir).map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
+    let data_dir = fs::canonicalize(&cfg.data_dir).map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
     let root = data_dir.join("btrfs");
     let image = data_dir.join("btrfs.img");
-    let vol = Volume {
-        root: root.clone(),
-        backing: Backing::Image(image.clone()),
-    };
+    let vol = Volume { root: root.clone(), backing: Backing::Image(image.clone()) };
     if is_btrfs_mounted_at(&root) {
         tracing::debug!(root = %root.display(), "btrfs volume already mounted");
         return Ok(vol);
@@ -329,17 +282,8 @@ fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
             Some(dev) => loopdev::open(&dev),
             None => loopdev::attach(&image),
         }
-        .map_err(|source| Error::LoopAttach {
-            image: image.clone(),
-            source,
-        })?;
-        let res = rustix::mount::mount(
-            dev.path(),
-            &root,
-            "btrfs",
-            MountFlags::NOATIME,
-            MOUNT_OPTIONS,
-        );
+        .map_err(|source| Error::LoopAttach { image: image.clone(), source })?;
+        let res = rustix::mount::mount(dev.path(), &root, "btrfs", MountFlags::NOATIME, MOUNT_OPTIONS);
         match res {
             Ok(()) => {
                 tracing::info!(dev = %dev.path().display(), root = %root.display(), "mounted btrfs volume");
@@ -350,26 +294,16 @@ fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
             // with a fresh attachment.
             Err(_) if attempt == 1 => continue,
             Err(e) => {
-                return Err(Error::Mount {
-                    dev: dev.path().to_path_buf(),
-                    target: root,
-                    source: e.into(),
-                });
+                return Err(Error::Mount { dev: dev.path().to_path_buf(), target: root, source: e.into() });
             }
         }
     }
 }
 
 fn prepare_image(image: &Path, size: u64) -> Result<()> {
-    match OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(image)
-    {
+    match OpenOptions::new().write(true).create_new(true).mode(0o600).open(image) {
         Ok(f) => {
-            f.set_len(size)
-                .map_err(|e| Error::io("size image", image, e))?;
+            f.set_len(size).map_err(|e| Error::io("size image", image, e))?;
             drop(f);
             tracing::info!(image = %image.display(), size, "formatting new btrfs image");
             if let Err(e) = mkfs(image) {

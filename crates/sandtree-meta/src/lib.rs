@@ -81,11 +81,7 @@ impl DesiredState {
         }
     }
     fn parse(s: &str) -> Self {
-        if s == "stopped" {
-            DesiredState::Stopped
-        } else {
-            DesiredState::Running
-        }
+        if s == "stopped" { DesiredState::Stopped } else { DesiredState::Running }
     }
 }
 
@@ -181,8 +177,10 @@ CREATE INDEX IF NOT EXISTS checkpoints_tree ON checkpoints(tree_id);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 ";
 
-const SANDBOX_COLS: &str = "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason";
-const CHECKPOINT_COLS: &str = "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms";
+const SANDBOX_COLS: &str =
+    "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason";
+const CHECKPOINT_COLS: &str =
+    "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms";
 
 fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).unwrap_or_else(|_| "{}".into())
@@ -316,6 +314,15 @@ impl Meta {
         total
     }
 
+    /// Bytes of database pages in use (WAL included, free pages excluded):
+    /// the logical size of the metadata, independent of WAL checkpointing.
+    pub fn used_bytes(&self) -> Result<u64> {
+        let conn = self.conn();
+        let pragma = |name: &str| -> rusqlite::Result<i64> { conn.pragma_query_value(None, name, |r| r.get(0)) };
+        let used = pragma("page_count")? - pragma("freelist_count")?;
+        Ok((used * pragma("page_size")?) as u64)
+    }
+
     // ---- images ----
 
     pub fn put_image(&self, img: &ImageRecord) -> Result<()> {
@@ -340,7 +347,8 @@ impl Meta {
 
     pub fn images(&self) -> Result<Vec<ImageRecord>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT name, kind, source, created_at, layers, size_bytes FROM images ORDER BY name")?;
+        let mut stmt =
+            conn.prepare("SELECT name, kind, source, created_at, layers, size_bytes FROM images ORDER BY name")?;
         let rows = stmt.query_map([], image_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         rows.into_iter().map(RawImage::finish).collect()
     }
@@ -425,7 +433,9 @@ impl Meta {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            &format!("INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+            &format!(
+                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+            ),
             params![
                 c.id,
                 c.sandbox_id,
@@ -464,9 +474,8 @@ impl Meta {
         let conn = self.conn();
         let rows = match tree_id {
             Some(t) => {
-                let mut stmt = conn.prepare(&format!(
-                    "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE tree_id = ?1 ORDER BY rowid"
-                ))?;
+                let mut stmt = conn
+                    .prepare(&format!("SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE tree_id = ?1 ORDER BY rowid"))?;
                 stmt.query_map([t], checkpoint_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?
             }
             None => {
@@ -497,9 +506,8 @@ impl Meta {
     pub fn delete_checkpoint(&self, id: &str) -> Result<bool> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let parent: Option<Option<String>> = tx
-            .query_row("SELECT parent FROM checkpoints WHERE id = ?1", [id], |r| r.get(0))
-            .optional()?;
+        let parent: Option<Option<String>> =
+            tx.query_row("SELECT parent FROM checkpoints WHERE id = ?1", [id], |r| r.get(0)).optional()?;
         let Some(parent) = parent else {
             return Ok(false);
         };

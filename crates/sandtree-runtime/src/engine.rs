@@ -121,8 +121,7 @@ impl Engine {
     /// Creates the per-sandbox directory that holds its subvolumes.
     pub(crate) fn subvol_parent(&self, id: &str) -> Result<PathBuf> {
         let dir = self.volume.sandboxes_dir().join(id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::Internal(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("cannot create {}: {e}", dir.display())))?;
         Ok(dir)
     }
 
@@ -222,14 +221,12 @@ impl Engine {
         };
         let usage = if with_usage {
             let mut usage = Usage::default();
-            if let Some(sb) = &live {
-                if let Ok(u) = sb.usage() {
-                    usage.memory_bytes = u.memory_bytes;
-                    usage.memory_limit_bytes = u.memory_limit;
-                    usage.pids = u.pids;
-                    usage.pids_limit = u.pids_limit;
-                    usage.cpu_usec = u.cpu_usec;
-                }
+            if let Some(u) = live.as_ref().and_then(|sb| sb.usage().ok()) {
+                usage.memory_bytes = u.memory_bytes;
+                usage.memory_limit_bytes = u.memory_limit;
+                usage.pids = u.pids;
+                usage.pids_limit = u.pids_limit;
+                usage.cpu_usec = u.cpu_usec;
             }
             usage.disk_bytes =
                 sandtree_fs::bytes_written_since(&self.subvol_path(&rec.subvol), rec.base_transid).unwrap_or(0);

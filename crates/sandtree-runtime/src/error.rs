@@ -26,9 +26,13 @@ pub enum Error {
     CheckpointInUse { checkpoint: String, dependents: String },
     #[error("image {image} is used by {sandboxes} sandbox(es) and {checkpoints} checkpoint(s): delete those first")]
     ImageInUse { image: String, sandboxes: u64, checkpoints: u64 },
-    #[error("{op} failed: the state store is full ({detail}); nothing was changed — delete checkpoints or sandboxes, run `sandtree gc`, or grow the volume")]
+    #[error(
+        "{op} failed: the state store is full ({detail}); nothing was changed — delete checkpoints or sandboxes, run `sandtree gc`, or grow the volume"
+    )]
     NoSpace { op: &'static str, detail: String },
-    #[error("the processes of sandbox {sandbox} did not freeze within {timeout_ms} ms ({stuck}); they were thawed and nothing was changed")]
+    #[error(
+        "the processes of sandbox {sandbox} did not freeze within {timeout_ms} ms ({stuck}); they were thawed and nothing was changed"
+    )]
     FreezeTimeout { sandbox: String, timeout_ms: u64, stuck: String },
     #[error("sandbox {0} is not running: start it with `sandtree start {0}`")]
     NotRunning(String),

@@ -78,10 +78,8 @@ fn sweep_sandboxes(dir: &Path, keep: &HashSet<String>, ids: &HashSet<String>, re
         if !path.is_dir() {
             continue;
         }
-        let keep_here: HashSet<String> = keep
-            .iter()
-            .filter_map(|s| s.strip_prefix(&format!("{id}/")).map(str::to_string))
-            .collect();
+        let keep_here: HashSet<String> =
+            keep.iter().filter_map(|s| s.strip_prefix(&format!("{id}/")).map(str::to_string)).collect();
         sweep(&path, &keep_here, &format!("sandboxes/{id}"), removed)?;
         if !ids.contains(&id) && std::fs::remove_dir(&path).is_ok() {
             removed.push(format!("sandboxes/{id}"));

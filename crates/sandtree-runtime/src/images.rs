@@ -72,7 +72,10 @@ impl Engine {
         }
         let source = PathBuf::from(&req.source);
         if !source.is_absolute() {
-            return Err(Error::InvalidArgument(format!("source {:?} must be an absolute path on the daemon's host", req.source)));
+            return Err(Error::InvalidArgument(format!(
+                "source {:?} must be an absolute path on the daemon's host",
+                req.source
+            )));
         }
         let meta = std::fs::metadata(&source)
             .map_err(|e| Error::InvalidArgument(format!("source {}: {e}", source.display())))?;

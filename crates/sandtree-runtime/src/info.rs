@@ -19,8 +19,7 @@ impl Engine {
                 used_bytes: usage.used_bytes,
                 free_bytes: usage.free_bytes,
             },
-            cgroup: if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2" } else { "v1" }
-                .into(),
+            cgroup: if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2" } else { "v1" }.into(),
             uid_base: self.cfg.uid_base,
             sandboxes,
             running: running as u64,

@@ -32,10 +32,9 @@ pub fn store_layers(layers: &[LowerLayer], images_dir: &Path) -> Vec<StoredLayer
         .iter()
         .map(|l| {
             let (kind, path) = match &l.source {
-                LowerSource::Subvolume(p) => (
-                    "image",
-                    p.strip_prefix(images_dir).unwrap_or(p).to_string_lossy().into_owned(),
-                ),
+                LowerSource::Subvolume(p) => {
+                    ("image", p.strip_prefix(images_dir).unwrap_or(p).to_string_lossy().into_owned())
+                }
                 LowerSource::HostDir(p) => ("host", p.to_string_lossy().into_owned()),
             };
             StoredLayer { target: l.target.to_string_lossy().into_owned(), kind: kind.into(), path }
@@ -49,11 +48,8 @@ pub fn overlay_layers(stored: &[StoredLayer], images_dir: &Path, subvol: &Path) 
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let (path, idmap) = if l.kind == "host" {
-                (PathBuf::from(&l.path), true)
-            } else {
-                (images_dir.join(&l.path), false)
-            };
+            let (path, idmap) =
+                if l.kind == "host" { (PathBuf::from(&l.path), true) } else { (images_dir.join(&l.path), false) };
             let dir = subvol.join("layers").join(i.to_string());
             OverlayLayer {
                 target: PathBuf::from(&l.target),

@@ -84,15 +84,13 @@ impl Engine {
         let meta = self.meta.clone();
         let base_transid = rec.base_transid;
         let (ck_id2, dst2) = (ck_id.clone(), dst.clone());
-        tokio::task::spawn_blocking(move || {
-            match sandtree_fs::bytes_written_since(&dst2, base_transid) {
-                Ok(size) => {
-                    if let Err(e) = meta.set_checkpoint_size(&ck_id2, size) {
-                        tracing::warn!(checkpoint = ck_id2, "cannot store size: {e}");
-                    }
+        tokio::task::spawn_blocking(move || match sandtree_fs::bytes_written_since(&dst2, base_transid) {
+            Ok(size) => {
+                if let Err(e) = meta.set_checkpoint_size(&ck_id2, size) {
+                    tracing::warn!(checkpoint = ck_id2, "cannot store size: {e}");
                 }
-                Err(e) => tracing::warn!(checkpoint = ck_id2, "cannot measure size: {e}"),
             }
+            Err(e) => tracing::warn!(checkpoint = ck_id2, "cannot measure size: {e}"),
         });
 
         Ok(CheckpointResponse { checkpoint: checkpoint_info(&ck), note: FS_ONLY_NOTE.into() })

@@ -15,7 +15,9 @@ fn to_request(req: &ExecRequest) -> Result<sandtree_sandbox::ExecRequest> {
     if req.cmd.is_empty() || req.cmd[0].is_empty() {
         return Err(Error::InvalidArgument("cmd must name a program, e.g. [\"ls\", \"-l\"]".into()));
     }
-    if req.cmd.iter().any(|a| a.contains('\0')) || req.env.iter().any(|(k, v)| k.contains(['\0', '=']) || v.contains('\0')) {
+    if req.cmd.iter().any(|a| a.contains('\0'))
+        || req.env.iter().any(|(k, v)| k.contains(['\0', '=']) || v.contains('\0'))
+    {
         return Err(Error::InvalidArgument("cmd and env must not contain NUL bytes (or '=' in names)".into()));
     }
     Ok(sandtree_sandbox::ExecRequest {
@@ -62,11 +64,9 @@ fn spawn_failure(e: sandtree_sandbox::Error) -> Result<ExecResponse> {
             stderr: format!("sandtree: command not found: {command}\n"),
             ..Default::default()
         }),
-        sandtree_sandbox::Error::SpawnFailed { message, code: Some(code) } => Ok(ExecResponse {
-            exit_code: Some(code),
-            stderr: format!("sandtree: {message}\n"),
-            ..Default::default()
-        }),
+        sandtree_sandbox::Error::SpawnFailed { message, code: Some(code) } => {
+            Ok(ExecResponse { exit_code: Some(code), stderr: format!("sandtree: {message}\n"), ..Default::default() })
+        }
         other => Err(other.into()),
     }
 }

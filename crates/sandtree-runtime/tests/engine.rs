@@ -13,9 +13,8 @@ use sandtree_runtime::{Config, Engine, Zygote};
 type Case = for<'a> fn(&'a Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
 
 async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
-    let out = e
-        .exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() })
-        .await?;
+    let out =
+        e.exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }).await?;
     ensure!(out.exit_code == Some(0), "`{script}` exited {:?}: {}", out.exit_code, out.stderr);
     Ok(out.stdout)
 }
@@ -28,7 +27,9 @@ async fn checkpoint(e: &Engine, sb: &str) -> Result<String> {
     Ok(e.checkpoint(sb, CheckpointRequest::default()).await?.checkpoint.id)
 }
 
-fn rollback_and_fork_restore_files(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn rollback_and_fork_restore_files(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
     Box::pin(async move {
         let sb = create(e).await?;
         sh(e, &sb, "echo one > /root/a && mkdir -p /opt/x && echo hi > /opt/x/y").await?;
@@ -68,10 +69,13 @@ fn limits_are_applied(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<O
             .sandbox
             .id;
         let out = e
-            .exec(&sb, ExecRequest {
-                cmd: vec!["python3".into(), "-c".into(), "b = bytearray(300 << 20); print('survived')".into()],
-                ..Default::default()
-            })
+            .exec(
+                &sb,
+                ExecRequest {
+                    cmd: vec!["python3".into(), "-c".into(), "b = bytearray(300 << 20); print('survived')".into()],
+                    ..Default::default()
+                },
+            )
             .await?;
         ensure!(out.exit_code != Some(0) && !out.stdout.contains("survived"), "memory limit not enforced: {out:?}");
         let info = e.get_sandbox(&sb).await?;
@@ -107,6 +111,48 @@ fn gc_removes_orphans(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<O
     })
 }
 
+/// A task that the freezer cannot freeze (a host helper blocked in a
+/// kernel-mode userfaultfd fault, moved into the sandbox's cgroup) makes the
+/// freeze time out: the checkpoint fails naming the task, the sandbox is
+/// thawed and keeps working, and nothing was stored.
+fn stuck_task_makes_checkpoint_fail_cleanly(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        use std::io::BufRead;
+        let sb = create(e).await?;
+        let before = e.list_checkpoints(Some(&sb)).await?.checkpoints.len();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stuck_task.py");
+        let mut helper =
+            std::process::Command::new("/usr/bin/python3").arg(script).stdout(std::process::Stdio::piped()).spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(helper.stdout.take().context("stdout")?).read_line(&mut line)?;
+        ensure!(line.trim() == "ready", "helper said {line:?}");
+        let pid = helper.id();
+        let cgroup = ["/sys/fs/cgroup/freezer/sandtree", "/sys/fs/cgroup/sandtree"]
+            .iter()
+            .map(|base| std::path::Path::new(base).join(&sb).join("cgroup.procs"))
+            .find(|p| p.exists())
+            .context("sandbox cgroup not found")?;
+        std::fs::write(&cgroup, pid.to_string())?;
+        let t = Instant::now();
+        let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err();
+        let took = t.elapsed();
+        helper.kill()?;
+        helper.wait()?;
+        let err = err.context("checkpoint succeeded although a task could not be frozen")?;
+        ensure!(err.code() == sandtree_api::ErrorCode::FreezeTimeout, "{err}");
+        ensure!(err.to_string().contains(&format!("pid {pid}")), "{err}");
+        ensure!(took.as_secs() < 10, "took {took:?}");
+        ensure!(e.list_checkpoints(Some(&sb)).await?.checkpoints.len() == before);
+        // Thawed: it works and a checkpoint now succeeds.
+        ensure!(sh(e, &sb, "echo alive").await? == "alive\n");
+        checkpoint(e, &sb).await?;
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     if !nix_is_root() {
         println!("SKIP: engine tests need root\n0 passed, 0 failed");
@@ -115,6 +161,7 @@ fn main() {
     let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-engine-test-{}", std::process::id()));
     let mut cfg = Config::with_data_dir(&dir);
     cfg.image_size = 4 << 30;
+    cfg.freeze_timeout_ms = 500;
     let zygote = Zygote::start(cfg.host_config()).expect("zygote");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let cases: Vec<(&str, Case)> = vec![
@@ -122,6 +169,7 @@ fn main() {
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
         ("gc_removes_orphans", gc_removes_orphans),
+        ("stuck_task_makes_checkpoint_fail_cleanly", stuck_task_makes_checkpoint_fail_cleanly),
     ];
     let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
     let (mut passed, mut failed) = (0, 0);
@@ -170,4 +218,3 @@ fn nix_is_root() -> bool {
         .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
 }
-

@@ -105,11 +105,7 @@ impl Backend {
     /// Pure v2 if `/sys/fs/cgroup/cgroup.controllers` exists, else v1.
     pub fn detect() -> Backend {
         let root = PathBuf::from("/sys/fs/cgroup");
-        if root.join("cgroup.controllers").exists() {
-            Backend::V2 { root }
-        } else {
-            Backend::V1 { root }
-        }
+        if root.join("cgroup.controllers").exists() { Backend::V2 { root } } else { Backend::V1 { root } }
     }
 }
 
@@ -186,19 +182,13 @@ impl Cgroup {
     fn dir(&self, ctrl: &str) -> Option<&Path> {
         match self.backend {
             Backend::V2 { .. } => Some(&self.dirs[0].1),
-            Backend::V1 { .. } => self
-                .dirs
-                .iter()
-                .find(|(c, _)| c == ctrl)
-                .map(|(_, p)| p.as_path()),
+            Backend::V1 { .. } => self.dirs.iter().find(|(c, _)| c == ctrl).map(|(_, p)| p.as_path()),
         }
     }
 
     /// Directory whose `cgroup.procs` lists every member.
     pub fn procs_dir(&self) -> &Path {
-        self.dir("freezer")
-            .or_else(|| self.dir("pids"))
-            .unwrap_or(&self.dirs[0].1)
+        self.dir("freezer").or_else(|| self.dir("pids")).unwrap_or(&self.dirs[0].1)
     }
 
     /// Whether the cgroup directory exists.
@@ -225,10 +215,7 @@ impl Cgroup {
                 }
                 if let (Some(cpu), Some(mc)) = (self.dir("cpu"), limits.cpu_millicores) {
                     write(&cpu.join("cpu.cfs_period_us"), "100000")?;
-                    write(
-                        &cpu.join("cpu.cfs_quota_us"),
-                        &(mc * 100).max(1000).to_string(),
-                    )?;
+                    write(&cpu.join("cpu.cfs_quota_us"), &(mc * 100).max(1000).to_string())?;
                 }
             }
             Backend::V2 { root } => {
@@ -285,10 +272,7 @@ impl Cgroup {
     /// Host pids of every member.
     pub fn procs(&self) -> Result<Vec<i32>> {
         let path = self.procs_dir().join("cgroup.procs");
-        Ok(read(&path)?
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect())
+        Ok(read(&path)?.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
     fn is_frozen(&self) -> Result<bool> {
@@ -297,9 +281,9 @@ impl Cgroup {
                 let dir = self.dir("freezer").unwrap_or(self.procs_dir());
                 Ok(read(&dir.join("freezer.state"))?.trim() == "FROZEN")
             }
-            Backend::V2 { .. } => Ok(read(&self.dirs[0].1.join("cgroup.events"))?
-                .lines()
-                .any(|l| l.trim() == "frozen 1")),
+            Backend::V2 { .. } => {
+                Ok(read(&self.dirs[0].1.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1"))
+            }
         }
     }
 
@@ -335,15 +319,9 @@ impl Cgroup {
         match &self.backend {
             Backend::V1 { .. } => {
                 let dir = self.dir("freezer").unwrap_or(self.procs_dir());
-                write(
-                    &dir.join("freezer.state"),
-                    if frozen { "FROZEN" } else { "THAWED" },
-                )
+                write(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
             }
-            Backend::V2 { .. } => write(
-                &self.dirs[0].1.join("cgroup.freeze"),
-                if frozen { "1" } else { "0" },
-            ),
+            Backend::V2 { .. } => write(&self.dirs[0].1.join("cgroup.freeze"), if frozen { "1" } else { "0" }),
         }
     }
 
@@ -377,9 +355,7 @@ impl Cgroup {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                return Err(Error::NotEmpty {
-                    path: self.procs_dir().to_path_buf(),
-                });
+                return Err(Error::NotEmpty { path: self.procs_dir().to_path_buf() });
             }
             if matches!(self.backend, Backend::V1 { .. }) {
                 let _ = self.freeze(Duration::from_millis(100));

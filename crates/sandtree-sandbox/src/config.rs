@@ -22,11 +22,7 @@ pub const ID_RANGE: u32 = 65536;
 impl HostConfig {
     /// Defaults: uid_base 1_000_000_000, cgroup `sandtree`.
     pub fn new(run_dir: impl Into<PathBuf>) -> Self {
-        Self {
-            run_dir: run_dir.into(),
-            uid_base: 1_000_000_000,
-            cgroup_name: "sandtree".into(),
-        }
+        Self { run_dir: run_dir.into(), uid_base: 1_000_000_000, cgroup_name: "sandtree".into() }
     }
 
     /// `<run_dir>/sandboxes/<id>`.

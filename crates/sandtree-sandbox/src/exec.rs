@@ -169,12 +169,7 @@ pub(crate) struct BackgroundTable {
 
 impl BackgroundTable {
     pub(crate) fn abort_all(&self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        for t in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             t.abort();
         }
     }
@@ -187,15 +182,11 @@ struct Capture {
 }
 
 fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [
-        ("PATH", DEFAULT_PATH),
-        ("HOME", "/root"),
-        ("LANG", "C.UTF-8"),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let mut env: Vec<(String, String)> = [("PATH", DEFAULT_PATH), ("HOME", "/root"), ("LANG", "C.UTF-8")]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     for (k, v) in &req.env {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
@@ -220,9 +211,7 @@ async fn pump(rx: pipe::Receiver, mut sink: impl FnMut(&[u8])) {
 
 pub(crate) fn map_spawn_error(argv: &[String], message: String, code: Option<i32>) -> Error {
     if code == Some(127) && message.starts_with("command not found") {
-        Error::CommandNotFound {
-            command: argv.first().cloned().unwrap_or_default(),
-        }
+        Error::CommandNotFound { command: argv.first().cloned().unwrap_or_default() }
     } else {
         Error::SpawnFailed { message, code }
     }
@@ -247,9 +236,7 @@ async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> 
         setsid,
         pgid: !setsid,
     };
-    let reply = conn
-        .request(spawn, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
-        .await;
+    let reply = conn.request(spawn, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()]).await;
     drop((in_r, out_w, err_w));
     let pid = match reply?.0 {
         Reply::Spawned { pid } => pid,
@@ -274,37 +261,15 @@ async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> 
 
 /// Wait for `pid`, killing its process group at `timeout`. Returns the exit
 /// and whether the timeout fired.
-async fn wait_with_timeout(
-    conn: &Conn,
-    pid: i32,
-    timeout: Option<Duration>,
-) -> Result<(ExitInfo, bool)> {
+async fn wait_with_timeout(conn: &Conn, pid: i32, timeout: Option<Duration>) -> Result<(ExitInfo, bool)> {
     let Some(t) = timeout else {
         return Ok((conn.wait_pid(pid).await?, false));
     };
     match tokio::time::timeout(t, conn.wait_pid(pid)).await {
         Ok(r) => Ok((r?, false)),
         Err(_) => {
-            let _ = conn
-                .request(
-                    Request::Kill {
-                        pid,
-                        signal: 9,
-                        group: true,
-                    },
-                    &[],
-                )
-                .await;
-            let _ = conn
-                .request(
-                    Request::Kill {
-                        pid,
-                        signal: 9,
-                        group: false,
-                    },
-                    &[],
-                )
-                .await;
+            let _ = conn.request(Request::Kill { pid, signal: 9, group: true }, &[]).await;
+            let _ = conn.request(Request::Kill { pid, signal: 9, group: false }, &[]).await;
             Ok((conn.wait_pid(pid).await?, true))
         }
     }
@@ -343,9 +308,7 @@ impl Sandbox {
         }
         st.stdin_task.abort();
         let (exit, timed_out) = res?;
-        let take = |c: &Arc<Mutex<Capture>>| {
-            std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner()))
-        };
+        let take = |c: &Arc<Mutex<Capture>>| std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner()));
         let (o, e) = (take(&cap_out), take(&cap_err));
         Ok(ExecOutput {
             pid: st.pid,
@@ -386,10 +349,7 @@ impl Sandbox {
                 err_task.abort();
             }
             st.stdin_task.abort();
-            let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo {
-                code: None,
-                signal: Some(9),
-            });
+            let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo { code: None, signal: Some(9) });
             let _ = tx.send(ExecEvent::Exit(exit));
         });
         Ok(ExecStream { pid, rx })
@@ -403,10 +363,7 @@ impl Sandbox {
         let info = ProcessInfo {
             pid: st.pid,
             argv: req.argv.clone(),
-            started_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            started_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             exit: None,
         };
         let table = &self.inner.background;
@@ -414,27 +371,12 @@ impl Sandbox {
             .procs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                st.pid,
-                Background {
-                    info: info.clone(),
-                    stdout: Ring::default(),
-                    stderr: Ring::default(),
-                },
-            );
+            .insert(st.pid, Background { info: info.clone(), stdout: Ring::default(), stderr: Ring::default() });
         let pid = st.pid;
         let ring_sink = |procs: Arc<Mutex<HashMap<i32, Background>>>, is_out: bool| {
             move |b: &[u8]| {
-                if let Some(bg) = procs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(&pid)
-                {
-                    if is_out {
-                        bg.stdout.push(b)
-                    } else {
-                        bg.stderr.push(b)
-                    }
+                if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
+                    if is_out { bg.stdout.push(b) } else { bg.stderr.push(b) }
                 }
             }
         };
@@ -442,15 +384,8 @@ impl Sandbox {
         let err = tokio::spawn(pump(st.stderr, ring_sink(table.procs.clone(), false)));
         let procs = table.procs.clone();
         let waiter = tokio::spawn(async move {
-            let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo {
-                code: None,
-                signal: None,
-            });
-            if let Some(bg) = procs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&pid)
-            {
+            let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo { code: None, signal: None });
+            if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
                 bg.info.exit = Some(exit);
             }
         });
@@ -477,35 +412,13 @@ impl Sandbox {
 
     /// Buffered (stdout, stderr) of a background process.
     pub fn process_output(&self, pid: i32) -> Option<(Vec<u8>, Vec<u8>)> {
-        let procs = self
-            .inner
-            .background
-            .procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        procs.get(&pid).map(|b| {
-            (
-                b.stdout.data.iter().copied().collect(),
-                b.stderr.data.iter().copied().collect(),
-            )
-        })
+        let procs = self.inner.background.procs.lock().unwrap_or_else(|e| e.into_inner());
+        procs.get(&pid).map(|b| (b.stdout.data.iter().copied().collect(), b.stderr.data.iter().copied().collect()))
     }
 
     /// Send `signal` to in-sandbox pid `pid`.
     pub async fn kill_process(&self, pid: i32, signal: i32) -> Result<()> {
-        match self
-            .conn()
-            .request(
-                Request::Kill {
-                    pid,
-                    signal,
-                    group: false,
-                },
-                &[],
-            )
-            .await?
-            .0
-        {
+        match self.conn().request(Request::Kill { pid, signal, group: false }, &[]).await?.0 {
             Reply::Ok => Ok(()),
             Reply::Error { message, code } => Err(Error::SpawnFailed { message, code }),
             other => Err(Error::Protocol(format!("unexpected kill reply {other:?}"))),

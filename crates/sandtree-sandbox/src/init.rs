@@ -51,17 +51,11 @@ struct Init {
 
 /// Run the init loop forever.
 pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
-    let mut st = Init {
-        conn: None,
-        tracked: HashSet::new(),
-        queued: VecDeque::new(),
-    };
+    let mut st = Init { conn: None, tracked: HashSet::new(), queued: VecDeque::new() };
     loop {
         let (listen_ready, sig_ready, conn_ready, conn_err) = {
-            let mut fds = vec![
-                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds =
+                vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
             if let Some(c) = &st.conn {
                 fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
             }
@@ -70,11 +64,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
                 Err(Errno::EINTR) => continue,
                 Err(_) => exit_now(1),
             }
-            let r = |i: usize| {
-                fds.get(i)
-                    .and_then(|f| f.revents())
-                    .unwrap_or(PollFlags::empty())
-            };
+            let r = |i: usize| fds.get(i).and_then(|f| f.revents()).unwrap_or(PollFlags::empty());
             (
                 r(0).contains(PollFlags::POLLIN),
                 r(1).contains(PollFlags::POLLIN),
@@ -89,8 +79,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
         if conn_ready || conn_err {
             st.serve_one();
         }
-        if listen_ready && let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC)
-        {
+        if listen_ready && let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
             st.conn = Some(conn); // replaces (and closes) the old connection
         }
     }
@@ -131,21 +120,12 @@ impl Init {
                 self.conn = None;
                 return;
             }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::Interrupted =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
                 return;
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 self.send(
-                    FromInit::Reply {
-                        id: 0,
-                        reply: Reply::Error {
-                            message: format!("bad request: {e}"),
-                            code: None,
-                        },
-                    },
+                    FromInit::Reply { id: 0, reply: Reply::Error { message: format!("bad request: {e}"), code: None } },
                     &[],
                 );
                 return;
@@ -158,15 +138,7 @@ impl Init {
         let id = msg.id;
         match msg.req {
             Request::Hello { .. } => {
-                self.send(
-                    FromInit::Reply {
-                        id,
-                        reply: Reply::Hello {
-                            version: protocol::VERSION,
-                        },
-                    },
-                    &[],
-                );
+                self.send(FromInit::Reply { id, reply: Reply::Hello { version: protocol::VERSION } }, &[]);
                 while let Some(ev) = self.queued.pop_front() {
                     self.send(ev, &[]);
                     if self.conn.is_none() {
@@ -174,13 +146,7 @@ impl Init {
                     }
                 }
             }
-            Request::Ping => self.send(
-                FromInit::Reply {
-                    id,
-                    reply: Reply::Pong,
-                },
-                &[],
-            ),
+            Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
             Request::Kill { pid, signal, group } => {
                 let target = Pid::from_raw(if group { -pid } else { pid });
                 let reply = match Signal::try_from(signal)
@@ -188,59 +154,35 @@ impl Init {
                     .and_then(|s| kill(target, s).map_err(|e| e.to_string()))
                 {
                     Ok(()) => Reply::Ok,
-                    Err(message) => Reply::Error {
-                        message: format!("kill {pid}: {message}"),
-                        code: None,
-                    },
+                    Err(message) => Reply::Error { message: format!("kill {pid}: {message}"), code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
             }
-            Request::Spawn {
-                argv,
-                env,
-                cwd,
-                stdio,
-                setsid,
-                pgid,
-            } => match spawn(&argv, &env, &cwd, &stdio, setsid, pgid, fds) {
-                Ok((pid, master)) => {
-                    self.tracked.insert(pid);
-                    let fds: Vec<_> = master.iter().map(|m| m.as_fd()).collect();
-                    self.send(
-                        FromInit::Reply {
-                            id,
-                            reply: Reply::Spawned { pid },
-                        },
-                        &fds,
-                    );
+            Request::Spawn { argv, env, cwd, stdio, setsid, pgid } => {
+                match spawn(&argv, &env, &cwd, &stdio, setsid, pgid, fds) {
+                    Ok((pid, master)) => {
+                        self.tracked.insert(pid);
+                        let fds: Vec<_> = master.iter().map(|m| m.as_fd()).collect();
+                        self.send(FromInit::Reply { id, reply: Reply::Spawned { pid } }, &fds);
+                    }
+                    Err((message, code)) => {
+                        self.send(FromInit::Reply { id, reply: Reply::Error { message, code } }, &[])
+                    }
                 }
-                Err((message, code)) => self.send(
-                    FromInit::Reply {
-                        id,
-                        reply: Reply::Error { message, code },
-                    },
-                    &[],
-                ),
-            },
+            }
         }
     }
 }
 
 /// Look `name` up in the colon-separated `path`.
 fn resolve(name: &str, path: &str) -> Option<PathBuf> {
-    let is_exec = |p: &Path| {
-        fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
+    let is_exec =
+        |p: &Path| fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     if name.contains('/') {
         let p = PathBuf::from(name);
         return is_exec(&p).then_some(p);
     }
-    path.split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(name))
-        .find(|p| is_exec(p))
+    path.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(name)).find(|p| is_exec(p))
 }
 
 type SpawnResult = Result<(i32, Option<OwnedFd>), (String, Option<i32>)>;
@@ -258,26 +200,12 @@ fn spawn(
     pgid: bool,
     mut fds: Vec<OwnedFd>,
 ) -> SpawnResult {
-    let name = argv
-        .first()
-        .ok_or_else(|| ("empty argv".to_string(), Some(127)))?;
-    let path_var = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("/usr/bin:/bin");
-    let prog =
-        resolve(name, path_var).ok_or_else(|| (format!("command not found: {name}"), Some(127)))?;
+    let name = argv.first().ok_or_else(|| ("empty argv".to_string(), Some(127)))?;
+    let path_var = env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
+    let prog = resolve(name, path_var).ok_or_else(|| (format!("command not found: {name}"), Some(127)))?;
     let prog_c = cstr(prog.to_str().unwrap_or(name))?;
-    let argv_c = argv
-        .iter()
-        .map(|a| cstr(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let env_c = env
-        .iter()
-        .map(|(k, v)| cstr(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let argv_c = argv.iter().map(|a| cstr(a)).collect::<Result<Vec<_>, _>>()?;
+    let env_c = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
     let cwd_c = cstr(cwd)?;
 
     let (master, child_stdio): (Option<OwnedFd>, [OwnedFd; 3]) = match stdio {
@@ -291,8 +219,7 @@ fn spawn(
             (None, [inp, out, err])
         }
         StdioSpec::Pty { cols, rows } => {
-            let pair =
-                sandtree_sys::pty::open_pair().map_err(|e| (format!("open pty: {e}"), None))?;
+            let pair = sandtree_sys::pty::open_pair().map_err(|e| (format!("open pty: {e}"), None))?;
             let _ = sandtree_sys::pty::set_size(&pair.master, *cols, *rows);
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| (format!("dup pty: {e}"), None));
             let (a, b) = (dup(&pair.slave)?, dup(&pair.slave)?);
@@ -300,8 +227,8 @@ fn spawn(
         }
     };
     let is_pty = master.is_some();
-    let (err_rx, err_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| (format!("pipe: {e}"), None))?;
+    let (err_rx, err_tx) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| (format!("pipe: {e}"), None))?;
 
     match fork_single_threaded().map_err(|e| (format!("fork: {e}"), None))? {
         Forked::Child => {
@@ -328,18 +255,12 @@ fn spawn(
                 fail(&mut err, "dup2 stdio failed".into());
             }
             if let Err(e) = nix::unistd::chdir(cwd_c.as_c_str()) {
-                fail(
-                    &mut err,
-                    format!("chdir {cwd}: {}", e.desc().to_lowercase()),
-                );
+                fail(&mut err, format!("chdir {cwd}: {}", e.desc().to_lowercase()));
             }
             sandtree_sys::process::reset_all_signals();
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
             let e = nix::unistd::execve(&prog_c, &argv_c, &env_c).unwrap_err();
-            fail(
-                &mut err,
-                format!("exec {}: {}", prog.display(), e.desc().to_lowercase()),
-            )
+            fail(&mut err, format!("exec {}: {}", prog.display(), e.desc().to_lowercase()))
         }
         Forked::Parent(pid) => {
             drop(err_tx);

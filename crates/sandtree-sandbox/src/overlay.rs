@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{CWD, Mode, OFlags};
 use rustix::mount::{
-    FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags, fsconfig_create,
-    fsconfig_set_string, fsmount, fsopen, move_mount, open_tree,
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags, fsconfig_create, fsconfig_set_string,
+    fsmount, fsopen, move_mount, open_tree,
 };
 use sandtree_sys::process::{Forked, clone_namespaces, exit_now};
 
@@ -55,11 +55,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 fn io_err<E: Into<io::Error>>(op: &'static str, path: &Path) -> impl FnOnce(E) -> Error {
     let path = path.to_path_buf();
-    move |e| Error::Io {
-        op,
-        path,
-        source: e.into(),
-    }
+    move |e| Error::Io { op, path, source: e.into() }
 }
 
 /// Zygote-side cache of idmapped host directories.
@@ -72,11 +68,7 @@ pub struct Idmapper {
 impl Idmapper {
     /// New, empty cache.
     pub fn new(cfg: HostConfig) -> Self {
-        Idmapper {
-            cfg,
-            userns: None,
-            attached: HashMap::new(),
-        }
+        Idmapper { cfg, userns: None, attached: HashMap::new() }
     }
 
     /// Path of the idmapped clone of `host`, creating and attaching it if
@@ -88,27 +80,12 @@ impl Idmapper {
         let target = self.cfg.idmapped_path(host);
         if !is_mount_point(&target) {
             let userns = self.userns()?;
-            let tree = open_tree(
-                CWD,
-                host,
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(io_err("open_tree", host))?;
-            sandtree_sys::mount::set_idmap(tree.as_fd(), userns.as_fd(), true)
-                .map_err(io_err("idmap", host))?;
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&target)
-                .map_err(io_err("mkdir", &target))?;
-            move_mount(
-                tree.as_fd(),
-                "",
-                CWD,
-                &target,
-                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-            )
-            .map_err(io_err("move_mount", &target))?;
+            let tree = open_tree(CWD, host, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
+                .map_err(io_err("open_tree", host))?;
+            sandtree_sys::mount::set_idmap(tree.as_fd(), userns.as_fd(), true).map_err(io_err("idmap", host))?;
+            fs::DirBuilder::new().recursive(true).mode(0o755).create(&target).map_err(io_err("mkdir", &target))?;
+            move_mount(tree.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+                .map_err(io_err("move_mount", &target))?;
         }
         self.attached.insert(host.to_path_buf(), target.clone());
         Ok(target)
@@ -125,8 +102,8 @@ impl Idmapper {
 /// A user namespace with map `0 uid_base 65536`: fork a child into a new
 /// user namespace, write its maps, open `/proc/<pid>/ns/user`, kill it.
 fn make_userns(uid_base: u32) -> Result<OwnedFd> {
-    let (rx, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| Error::Userns(e.to_string()))?;
+    let (rx, tx) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Error::Userns(e.to_string()))?;
     match clone_namespaces(nix::libc::CLONE_NEWUSER).map_err(|e| Error::Userns(e.to_string()))? {
         Forked::Child => {
             drop(tx);
@@ -141,11 +118,8 @@ fn make_userns(uid_base: u32) -> Result<OwnedFd> {
             let res = (|| -> io::Result<OwnedFd> {
                 fs::write(format!("/proc/{pid}/uid_map"), &map)?;
                 fs::write(format!("/proc/{pid}/gid_map"), &map)?;
-                let fd = rustix::fs::open(
-                    format!("/proc/{pid}/ns/user"),
-                    OFlags::RDONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
+                let fd =
+                    rustix::fs::open(format!("/proc/{pid}/ns/user"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
                 Ok(fd)
             })();
             let mut tx = fs::File::from(tx);
@@ -162,8 +136,7 @@ pub fn is_mount_point(path: &Path) -> bool {
         return false;
     };
     info.lines().any(|l| {
-        l.split(' ').nth(4).map(unescape_mountinfo).as_deref()
-            == Some(path.as_os_str().to_str().unwrap_or(""))
+        l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(path.as_os_str().to_str().unwrap_or(""))
     })
 }
 
@@ -172,10 +145,7 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             out.push(((b[i + 1] - b'0') << 6) | ((b[i + 2] - b'0') << 3) | (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -189,11 +159,7 @@ fn unescape_mountinfo(s: &str) -> String {
 /// Create `dir` (and parents) if missing, owned by `uid_base:uid_base`.
 pub fn ensure_shifted_dir(dir: &Path, uid_base: u32, mode: u32) -> Result<()> {
     if !dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(dir)
-            .map_err(io_err("mkdir", dir))?;
+        fs::DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(io_err("mkdir", dir))?;
         chown(dir, Some(uid_base), Some(uid_base)).map_err(io_err("chown", dir))?;
     }
     Ok(())
@@ -203,31 +169,18 @@ pub fn ensure_shifted_dir(dir: &Path, uid_base: u32, mode: u32) -> Result<()> {
 pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper) -> Result<OwnedFd> {
     ensure_shifted_dir(&layer.upper, cfg.uid_base, 0o755)?;
     ensure_shifted_dir(&layer.work, cfg.uid_base, 0o700)?;
-    let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
-        .map_err(io_err("fsopen overlay", &layer.upper))?;
+    let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(io_err("fsopen overlay", &layer.upper))?;
     for lower in &layer.lower {
-        let path = if lower.idmap {
-            idmap.get(&lower.path)?
-        } else {
-            lower.path.clone()
-        };
-        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &path)
-            .map_err(io_err("fsconfig lowerdir+", &path))?;
+        let path = if lower.idmap { idmap.get(&lower.path)? } else { lower.path.clone() };
+        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &path).map_err(io_err("fsconfig lowerdir+", &path))?;
     }
-    fsconfig_set_string(fs_fd.as_fd(), "upperdir", &layer.upper)
-        .map_err(io_err("fsconfig upperdir", &layer.upper))?;
-    fsconfig_set_string(fs_fd.as_fd(), "workdir", &layer.work)
-        .map_err(io_err("fsconfig workdir", &layer.work))?;
+    fsconfig_set_string(fs_fd.as_fd(), "upperdir", &layer.upper).map_err(io_err("fsconfig upperdir", &layer.upper))?;
+    fsconfig_set_string(fs_fd.as_fd(), "workdir", &layer.work).map_err(io_err("fsconfig workdir", &layer.work))?;
     for (k, v) in [("index", "off"), ("xino", "off")] {
-        fsconfig_set_string(fs_fd.as_fd(), k, v)
-            .map_err(io_err("fsconfig option", Path::new(k)))?;
+        fsconfig_set_string(fs_fd.as_fd(), k, v).map_err(io_err("fsconfig option", Path::new(k)))?;
     }
     fsconfig_create(fs_fd.as_fd()).map_err(io_err("fsconfig create overlay", &layer.upper))?;
-    let mnt = fsmount(
-        fs_fd.as_fd(),
-        FsMountFlags::FSMOUNT_CLOEXEC,
-        MountAttrFlags::empty(),
-    )
-    .map_err(io_err("fsmount overlay", &layer.upper))?;
+    let mnt = fsmount(fs_fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+        .map_err(io_err("fsmount overlay", &layer.upper))?;
     Ok(mnt)
 }

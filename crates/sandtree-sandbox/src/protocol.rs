@@ -186,7 +186,6 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> io::Result<Option<(T, 
     if n == 0 {
         return Ok(None);
     }
-    let msg = serde_json::from_slice(&buf[..n])
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let msg = serde_json::from_slice(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Some((msg, fds)))
 }

@@ -116,18 +116,10 @@ impl Conn {
     ) -> Result<(Reply, Vec<OwnedFd>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
         if *self.closed.borrow() {
-            self.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            return Err(Error::Gone {
-                id: self.id.clone(),
-            });
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            return Err(Error::Gone { id: self.id.clone() });
         }
         let msg = ToInit { id, req };
         loop {
@@ -135,21 +127,13 @@ impl Conn {
             match guard.try_io(|fd| protocol::send(fd.get_ref().as_fd(), &msg, fds)) {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => {
-                    self.pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id);
-                    return Err(Error::Io {
-                        op: "send to init".into(),
-                        source: e,
-                    });
+                    self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    return Err(Error::Io { op: "send to init".into(), source: e });
                 }
                 Err(_would_block) => continue,
             }
         }
-        rx.await.map_err(|_| Error::Gone {
-            id: self.id.clone(),
-        })
+        rx.await.map_err(|_| Error::Gone { id: self.id.clone() })
     }
 
     /// Wait for the exit of in-sandbox pid `pid` (spawned on this connection
@@ -172,9 +156,7 @@ impl Conn {
                 }
             }
         };
-        rx.await.map_err(|_| Error::Gone {
-            id: self.id.clone(),
-        })
+        rx.await.map_err(|_| Error::Gone { id: self.id.clone() })
     }
 
     fn dispatch(&self, msg: FromInit, fds: Vec<OwnedFd>) {
@@ -187,12 +169,7 @@ impl Conn {
                         .entry(*pid)
                         .or_insert(ExitSlot::Waiting(Vec::new()));
                 }
-                if let Some(tx) = self
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id)
-                {
+                if let Some(tx) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
                     let _ = tx.send((reply, fds));
                 }
             }
@@ -216,14 +193,8 @@ impl Conn {
 
     fn close(&self) {
         self.closed.send_replace(true);
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        self.exits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, s| matches!(s, ExitSlot::Done(_)));
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.exits.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, s| matches!(s, ExitSlot::Done(_)));
     }
 
     async fn read_loop(self: Arc<Self>) {
@@ -274,10 +245,7 @@ impl Drop for Sandbox {
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox")
-            .field("id", &self.inner.id)
-            .field("init_pid", &self.inner.init_pid)
-            .finish()
+        f.debug_struct("Sandbox").field("id", &self.inner.id).field("init_pid", &self.inner.init_pid).finish()
     }
 }
 
@@ -308,9 +276,7 @@ async fn open_conn(cfg: &HostConfig, id: &str) -> io::Result<OwnedFd> {
 impl Sandbox {
     /// Connect to the init of a just spawned sandbox.
     pub async fn connect(cfg: &HostConfig, id: &str, init: SpawnedInit) -> Result<Sandbox> {
-        let fd = open_conn(cfg, id)
-            .await
-            .map_err(io_err(format!("connect {}", cfg.init_socket(id).display())))?;
+        let fd = open_conn(cfg, id).await.map_err(io_err(format!("connect {}", cfg.init_socket(id).display())))?;
         Self::finish(cfg, id, fd, init.pid, init.pidfd).await
     }
 
@@ -327,21 +293,14 @@ impl Sandbox {
                 return Ok(None);
             }
         };
-        let cred = rustix::net::sockopt::socket_peercred(&fd)
-            .map_err(|e| io_err("SO_PEERCRED")(e.into()))?;
+        let cred = rustix::net::sockopt::socket_peercred(&fd).map_err(|e| io_err("SO_PEERCRED")(e.into()))?;
         let pid = cred.pid.as_raw_nonzero().get();
         let pidfd = rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty())
             .map_err(|e| io_err("pidfd_open")(e.into()))?;
         Self::finish(cfg, id, fd, pid, pidfd).await.map(Some)
     }
 
-    async fn finish(
-        cfg: &HostConfig,
-        id: &str,
-        fd: OwnedFd,
-        init_pid: i32,
-        pidfd: OwnedFd,
-    ) -> Result<Sandbox> {
+    async fn finish(cfg: &HostConfig, id: &str, fd: OwnedFd, init_pid: i32, pidfd: OwnedFd) -> Result<Sandbox> {
         let (closed, _) = watch::channel(false);
         let conn = Arc::new(Conn {
             id: id.to_string(),
@@ -373,17 +332,7 @@ impl Sandbox {
             }),
             tasks: vec![reader, watcher],
         };
-        match sb
-            .inner
-            .conn
-            .request(
-                Request::Hello {
-                    version: protocol::VERSION,
-                },
-                &[],
-            )
-            .await?
-        {
+        match sb.inner.conn.request(Request::Hello { version: protocol::VERSION }, &[]).await? {
             (Reply::Hello { version }, _) if version == protocol::VERSION => {}
             (other, _) => {
                 sb.tasks.iter().for_each(|t| t.abort());
@@ -426,9 +375,7 @@ impl Sandbox {
     pub fn freeze(&self, timeout: Duration) -> Result<()> {
         match self.inner.cgroup.freeze(timeout) {
             Ok(()) => Ok(()),
-            Err(crate::cgroup::Error::FreezeTimeout { stuck, .. }) => {
-                Err(Error::FreezeTimeout { stuck })
-            }
+            Err(crate::cgroup::Error::FreezeTimeout { stuck, .. }) => Err(Error::FreezeTimeout { stuck }),
             Err(e) => Err(e.into()),
         }
     }
@@ -455,11 +402,7 @@ impl Sandbox {
                 continue;
             };
             let ns = status.lines().find_map(|l| l.strip_prefix("NSpid:"));
-            if ns
-                .and_then(|v| v.split_whitespace().last())
-                .and_then(|v| v.parse::<i32>().ok())
-                == Some(pid)
-            {
+            if ns.and_then(|v| v.split_whitespace().last()).and_then(|v| v.parse::<i32>().ok()) == Some(pid) {
                 return Some(hp);
             }
         }
@@ -476,9 +419,7 @@ impl Sandbox {
             .map_err(|e| io_err("join")(io::Error::other(e)))??;
         let _ = tokio::time::timeout(Duration::from_secs(10), self.wait_exit()).await;
         let cg = self.inner.cgroup.clone();
-        tokio::task::spawn_blocking(move || cg.remove())
-            .await
-            .map_err(|e| io_err("join")(io::Error::other(e)))??;
+        tokio::task::spawn_blocking(move || cg.remove()).await.map_err(|e| io_err("join")(io::Error::other(e)))??;
         let dir = self.inner.cfg.sandbox_dir(&self.inner.id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}

@@ -56,20 +56,11 @@ pub const DENIED: &[(&str, i64)] = &[
 
 /// Compile the filter to classic BPF.
 pub fn compile() -> Result<Vec<BpfInsn>> {
-    let rules = DENIED
-        .iter()
-        .map(|&(_, nr)| (nr, Vec::new()))
-        .collect::<BTreeMap<_, _>>();
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        TargetArch::x86_64,
-    )
-    .map_err(|e| Error::Compile(e.to_string()))?;
-    let prog: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Compile(e.to_string()))?;
+    let rules = DENIED.iter().map(|&(_, nr)| (nr, Vec::new())).collect::<BTreeMap<_, _>>();
+    let filter =
+        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), TargetArch::x86_64)
+            .map_err(|e| Error::Compile(e.to_string()))?;
+    let prog: BpfProgram = filter.try_into().map_err(|e: seccompiler::BackendError| Error::Compile(e.to_string()))?;
     Ok(prog.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect())
 }
 

@@ -33,8 +33,7 @@ use crate::sandbox::{Error, Result, Sandbox, async_fd, io_err};
 
 const MARK_START: &[u8] = b"\x1f__ST__";
 const MARK_END: u8 = 0x1e;
-const PROMPT_COMMAND: &str =
-    r#"__st_rc=$?; __st_n=$((__st_n+1)); printf '\037__ST__%d;%d\036' "$__st_n" "$__st_rc""#;
+const PROMPT_COMMAND: &str = r#"__st_rc=$?; __st_n=$((__st_n+1)); printf '\037__ST__%d;%d\036' "$__st_n" "$__st_rc""#;
 const MAX_PENDING: usize = 16 * 1024 * 1024;
 
 /// Session identifier.
@@ -56,12 +55,7 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions {
-            cols: 120,
-            rows: 40,
-            env: Vec::new(),
-            cwd: None,
-        }
+        SessionOptions { cols: 120, rows: 40, env: Vec::new(), cwd: None }
     }
 }
 
@@ -116,12 +110,7 @@ pub(crate) struct SessionTable {
 
 impl SessionTable {
     pub(crate) fn abort_all(&self) {
-        for (_, s) in self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-        {
+        for (_, s) in self.sessions.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             s.reader.abort();
         }
     }
@@ -142,8 +131,7 @@ impl SessionIo {
 
     /// Resize the terminal.
     pub fn resize(&self, cols: u16, rows: u16) -> Result<()> {
-        sandtree_sys::pty::set_size(self.shared.master.get_ref(), cols, rows)
-            .map_err(io_err("resize pty"))
+        sandtree_sys::pty::set_size(self.shared.master.get_ref(), cols, rows).map_err(io_err("resize pty"))
     }
 }
 
@@ -169,12 +157,11 @@ async fn read_loop(shared: Arc<Shared>) {
         let Ok(mut guard) = shared.master.readable().await else {
             break;
         };
-        let n =
-            match guard.try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(Into::into)) {
-                Ok(Ok(0)) | Ok(Err(_)) => break, // EIO: the shell is gone
-                Ok(Ok(n)) => n,
-                Err(_would_block) => continue,
-            };
+        let n = match guard.try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(Into::into)) {
+            Ok(Ok(0)) | Ok(Err(_)) => break, // EIO: the shell is gone
+            Ok(Ok(n)) => n,
+            Err(_would_block) => continue,
+        };
         let _ = shared.out.send(buf[..n].to_vec());
         let mut cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
         cut.pending.extend_from_slice(&buf[..n]);
@@ -182,8 +169,7 @@ async fn read_loop(shared: Arc<Shared>) {
             let Some(len) = cut.pending[start..].iter().position(|&b| b == MARK_END) else {
                 break;
             };
-            let body = String::from_utf8_lossy(&cut.pending[start + MARK_START.len()..start + len])
-                .into_owned();
+            let body = String::from_utf8_lossy(&cut.pending[start + MARK_START.len()..start + len]).into_owned();
             let mut parts = body.split(';');
             let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
             let rc: i32 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
@@ -239,18 +225,13 @@ impl Sandbox {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
-        let argv: Vec<String> = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let argv: Vec<String> =
+            ["bash", "--noprofile", "--norc", "--noediting", "-i"].iter().map(|s| s.to_string()).collect();
         let req = Request::Spawn {
             argv: argv.clone(),
             env,
             cwd: opts.cwd.clone().unwrap_or_else(|| "/root".into()),
-            stdio: StdioSpec::Pty {
-                cols: opts.cols,
-                rows: opts.rows,
-            },
+            stdio: StdioSpec::Pty { cols: opts.cols, rows: opts.rows },
             setsid: true,
             pgid: false,
         };
@@ -262,11 +243,8 @@ impl Sandbox {
             }
             other => return Err(Error::Protocol(format!("unexpected spawn reply {other:?}"))),
         };
-        let master = fds
-            .pop()
-            .ok_or_else(|| Error::Protocol("no pty master received".into()))?;
-        rustix::io::ioctl_fionbio(&master, true)
-            .map_err(|e| io_err("set pty nonblocking")(e.into()))?;
+        let master = fds.pop().ok_or_else(|| Error::Protocol("no pty master received".into()))?;
+        rustix::io::ioctl_fionbio(&master, true).map_err(|e| io_err("set pty nonblocking")(e.into()))?;
         let (prompts, _) = watch::channel(0u64);
         let (out, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
@@ -278,8 +256,7 @@ impl Sandbox {
         });
         let mut first = shared.prompts.subscribe();
         let reader = tokio::spawn(read_loop(shared.clone()));
-        let ready =
-            tokio::time::timeout(Duration::from_secs(10), first.wait_for(|n| *n >= 1)).await;
+        let ready = tokio::time::timeout(Duration::from_secs(10), first.wait_for(|n| *n >= 1)).await;
         if !matches!(ready, Ok(Ok(_))) {
             reader.abort();
             let _ = self.kill_process(pid, 9).await;
@@ -289,38 +266,20 @@ impl Sandbox {
         let info = SessionInfo {
             id: id.clone(),
             pid,
-            started_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            started_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
         self.inner
             .sessions
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                id.0.clone(),
-                Session {
-                    info,
-                    shared,
-                    reader,
-                },
-            );
+            .insert(id.0.clone(), Session { info, shared, reader });
         Ok(id)
     }
 
     fn session_shared(&self, sid: &SessionId) -> Result<Arc<Shared>> {
-        let sessions = self
-            .inner
-            .sessions
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        sessions
-            .get(&sid.0)
-            .map(|s| s.shared.clone())
-            .ok_or_else(|| Error::NoSession(sid.0.clone()))
+        let sessions = self.inner.sessions.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.get(&sid.0).map(|s| s.shared.clone()).ok_or_else(|| Error::NoSession(sid.0.clone()))
     }
 
     /// Run one command in the session's shell; shell state persists.
@@ -334,12 +293,7 @@ impl Sandbox {
         let _run = shared.run_lock.lock().await;
         let mut prompts = shared.prompts.subscribe();
         let start = *prompts.borrow_and_update();
-        shared
-            .cut
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pending
-            .clear();
+        shared.cut.lock().unwrap_or_else(|e| e.into_inner()).pending.clear();
         let echo_was = set_echo(shared.master.get_ref(), false).map_err(io_err("disable echo"))?;
         let line = format!("eval {}\n", ansi_c_quote(command));
         write_all(&shared, line.as_bytes()).await?;
@@ -352,23 +306,15 @@ impl Sandbox {
             Some(Ok(_)) => {
                 let cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
                 let output = String::from_utf8_lossy(&cut.last_output).replace("\r\n", "\n");
-                Ok(SessionRunOutput {
-                    output,
-                    exit_code: Some(cut.last_rc),
-                    timed_out: false,
-                })
+                Ok(SessionRunOutput { output, exit_code: Some(cut.last_rc), timed_out: false })
             }
-            Some(Err(_)) => Err(Error::Gone {
-                id: self.id().to_string(),
-            }),
+            Some(Err(_)) => Err(Error::Gone { id: self.id().to_string() }),
             None => {
                 write_all(&shared, b"\x03").await?;
                 // Consume the interrupted command's prompt so the next run
                 // does not mistake it for its own.
                 let mut prompts = shared.prompts.subscribe();
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(2), prompts.wait_for(|n| *n > start))
-                        .await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), prompts.wait_for(|n| *n > start)).await;
                 let mut cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
                 let raw = if *prompts.borrow() > start {
                     std::mem::take(&mut cut.last_output)
@@ -376,11 +322,7 @@ impl Sandbox {
                     std::mem::take(&mut cut.pending)
                 };
                 let output = String::from_utf8_lossy(&raw).replace("\r\n", "\n");
-                Ok(SessionRunOutput {
-                    output,
-                    exit_code: None,
-                    timed_out: true,
-                })
+                Ok(SessionRunOutput { output, exit_code: None, timed_out: true })
             }
         };
         if echo_was {
@@ -392,10 +334,7 @@ impl Sandbox {
     /// Attach to a session: output subscription, writer, resize.
     pub fn session_io(&self, sid: &SessionId) -> Result<SessionIo> {
         let shared = self.session_shared(sid)?;
-        Ok(SessionIo {
-            output: shared.out.subscribe(),
-            shared,
-        })
+        Ok(SessionIo { output: shared.out.subscribe(), shared })
     }
 
     /// Terminate a session's shell (SIGHUP to its process group, then SIGKILL).
@@ -409,40 +348,15 @@ impl Sandbox {
             .remove(&sid.0)
             .ok_or_else(|| Error::NoSession(sid.0.clone()))?;
         let pid = session.info.pid;
-        let _ = self
-            .conn()
-            .request(
-                Request::Kill {
-                    pid,
-                    signal: 1,
-                    group: true,
-                },
-                &[],
-            )
-            .await;
-        let _ = self
-            .conn()
-            .request(
-                Request::Kill {
-                    pid,
-                    signal: 9,
-                    group: true,
-                },
-                &[],
-            )
-            .await;
+        let _ = self.conn().request(Request::Kill { pid, signal: 1, group: true }, &[]).await;
+        let _ = self.conn().request(Request::Kill { pid, signal: 9, group: true }, &[]).await;
         session.reader.abort();
         Ok(())
     }
 
     /// Open sessions.
     pub fn sessions(&self) -> Vec<SessionInfo> {
-        let sessions = self
-            .inner
-            .sessions
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let sessions = self.inner.sessions.sessions.lock().unwrap_or_else(|e| e.into_inner());
         sessions.values().map(|s| s.info.clone()).collect()
     }
 }

@@ -82,10 +82,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 fn io<E: Into<io::Error>>(op: impl Into<String>) -> impl FnOnce(E) -> Error {
     let op = op.into();
-    move |e| Error::Io {
-        op,
-        source: e.into(),
-    }
+    move |e| Error::Io { op, source: e.into() }
 }
 
 /// Long-lived state of the zygote.
@@ -101,11 +98,7 @@ pub struct ZygoteState {
 }
 
 fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Steps 2-6 (runs in the zygote). Returns init's host pid and a pidfd.
@@ -113,12 +106,7 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
     if !valid_id(&spec.id) {
         return Err(Error::Invalid(format!("bad id {:?}", spec.id)));
     }
-    if spec
-        .layers
-        .first()
-        .map(|l| l.target != Path::new("/"))
-        .unwrap_or(true)
-    {
+    if spec.layers.first().map(|l| l.target != Path::new("/")).unwrap_or(true) {
         return Err(Error::Invalid("first layer must target /".into()));
     }
     let cfg = st.cfg.clone();
@@ -143,20 +131,15 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
         overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
     }
 
-    let (release_rx, release_tx) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
-    let (result_rx, result_tx) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
+    let (release_rx, release_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
+    let (result_rx, result_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    match clone_namespaces(flags).map_err(|e| Error::Io {
-        op: "clone".into(),
-        source: io::Error::other(e),
-    })? {
+    match clone_namespaces(flags).map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
         Forked::Child => {
             drop(release_tx);
             drop(result_rx);
@@ -186,14 +169,11 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
                 fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io("write gid_map"))?;
                 cgroup.add(pid)?;
                 let pidfd = rustix::process::pidfd_open(
-                    rustix::process::Pid::from_raw(pid)
-                        .ok_or_else(|| Error::Child("bad pid".into()))?,
+                    rustix::process::Pid::from_raw(pid).ok_or_else(|| Error::Child("bad pid".into()))?,
                     rustix::process::PidfdFlags::empty(),
                 )
                 .map_err(io("pidfd_open"))?;
-                fs::File::from(release_tx.try_clone().map_err(io("dup"))?)
-                    .write_all(b"x")
-                    .map_err(io("release"))?;
+                fs::File::from(release_tx.try_clone().map_err(io("dup"))?).write_all(b"x").map_err(io("release"))?;
                 Ok(pidfd)
             })();
             drop(release_tx);
@@ -201,8 +181,7 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
             let pidfd = match res {
                 Ok(fd) => fd,
                 Err(e) => {
-                    let _ =
-                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
                     return Err(e);
                 }
             };
@@ -210,11 +189,7 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
             let _ = fs::File::from(result_rx).read_to_string(&mut out);
             if out != "ok" {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-                return Err(Error::Child(if out.is_empty() {
-                    "init died during setup".into()
-                } else {
-                    out
-                }));
+                return Err(Error::Child(if out.is_empty() { "init died during setup".into() } else { out }));
             }
             Ok((pid, pidfd))
         }
@@ -232,15 +207,8 @@ fn mkdir_p(path: &Path, mode: u32) -> Result<()> {
     Ok(())
 }
 
-fn do_mount(
-    src: &str,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: MsFlags,
-    data: Option<&str>,
-) -> Result<()> {
-    mount(Some(src), target, fstype, flags, data)
-        .map_err(io(format!("mount {src} on {}", target.display())))
+fn do_mount(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> Result<()> {
+    mount(Some(src), target, fstype, flags, data).map_err(io(format!("mount {src} on {}", target.display())))
 }
 
 /// Step 5 (runs in C). Returns the listening socket and the SIGCHLD signalfd.
@@ -257,14 +225,8 @@ fn setup_init(
     nix::unistd::setresgid(root_id, root_id, root_id).map_err(io("setresgid"))?;
     let root_uid = nix::unistd::Uid::from_raw(0);
     nix::unistd::setresuid(root_uid, root_uid, root_uid).map_err(io("setresuid"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(io("make / rprivate"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(io("make / rprivate"))?;
 
     let root = cfg.root_dir(&spec.id);
     for (layer, fd) in spec.layers.iter().zip(&overlays) {
@@ -273,49 +235,25 @@ fn setup_init(
         if !rel.as_os_str().is_empty() {
             mkdir_p(&target, 0o755)?;
         }
-        move_mount(
-            fd.as_fd(),
-            "",
-            CWD,
-            &target,
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-        .map_err(io(format!("move_mount {}", target.display())))?;
+        move_mount(fd.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(io(format!("move_mount {}", target.display())))?;
     }
     drop(overlays);
 
     let proc_dir = root.join("proc");
     mkdir_p(&proc_dir, 0o555)?;
-    do_mount(
-        "proc",
-        &proc_dir,
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None,
-    )?;
+    do_mount("proc", &proc_dir, Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None)?;
     mkdir_p(&root.join("sys"), 0o555)?;
     mkdir_p(&root.join("tmp"), 0o1777)?;
     mkdir_p(&root.join("root"), 0o700)?;
 
     let dev = root.join("dev");
     mkdir_p(&dev, 0o755)?;
-    do_mount(
-        "tmpfs",
-        &dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=755,size=65536k"),
-    )?;
+    do_mount("tmpfs", &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
     for name in ["null", "zero", "full", "random", "urandom", "tty"] {
         let target = dev.join(name);
         fs::File::create(&target).map_err(io(format!("create {}", target.display())))?;
-        do_mount(
-            &format!("/dev/{name}"),
-            &target,
-            None,
-            MsFlags::MS_BIND,
-            None,
-        )?;
+        do_mount(&format!("/dev/{name}"), &target, None, MsFlags::MS_BIND, None)?;
     }
     let pts = dev.join("pts");
     mkdir_p(&pts, 0o755)?;
@@ -338,23 +276,12 @@ fn setup_init(
     }
     let shm = dev.join("shm");
     mkdir_p(&shm, 0o1777)?;
-    do_mount(
-        "tmpfs",
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )?;
+    do_mount("tmpfs", &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
 
     // The control socket, bound while the host path is still reachable.
     let sock_path = cfg.init_socket(&spec.id);
-    let listener = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(io("socket"))?;
+    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(io("socket"))?;
     let addr = SocketAddrUnix::new(&sock_path).map_err(io("socket path"))?;
     rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", sock_path.display())))?;
     rustix::net::listen(&listener, 16).map_err(io("listen"))?;
@@ -367,29 +294,19 @@ fn setup_init(
     nix::unistd::sethostname(&spec.hostname).map_err(io("sethostname"))?;
     sandtree_sys::netdev::set_up("lo").map_err(io("bring lo up"))?;
 
-    sandtree_sys::process::default_signal(libc::SIGCHLD)
-        .map_err(|e| Error::Child(e.to_string()))?;
+    sandtree_sys::process::default_signal(libc::SIGCHLD).map_err(|e| Error::Child(e.to_string()))?;
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(io("sigprocmask"))?;
-    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(io("signalfd"))?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).map_err(io("signalfd"))?;
 
-    let null = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map_err(io("open /dev/null"))?;
+    let null = fs::OpenOptions::new().read(true).write(true).open("/dev/null").map_err(io("open /dev/null"))?;
     rustix::stdio::dup2_stdin(&null).map_err(io("dup2"))?;
     rustix::stdio::dup2_stdout(&null).map_err(io("dup2"))?;
     rustix::stdio::dup2_stderr(&null).map_err(io("dup2"))?;
     drop(null);
-    sandtree_sys::process::close_fds_except(&[
-        listener.as_raw_fd(),
-        sigfd.as_fd().as_raw_fd(),
-        result_fd,
-    ])
-    .map_err(|e| Error::Child(e.to_string()))?;
+    sandtree_sys::process::close_fds_except(&[listener.as_raw_fd(), sigfd.as_fd().as_raw_fd(), result_fd])
+        .map_err(|e| Error::Child(e.to_string()))?;
     let _ = rustix::thread::set_name(c"sandtree:[init]");
     crate::seccomp::install(seccomp).map_err(|e| Error::Child(e.to_string()))?;
     Ok((listener, sigfd))

@@ -83,35 +83,19 @@ impl std::fmt::Debug for Zygote {
 impl Zygote {
     /// Fork the zygote. Must be called while the process is single-threaded.
     pub fn start(cfg: HostConfig) -> Result<Zygote> {
-        let threads = thread_count().map_err(|source| Error::Io {
-            op: "count threads",
-            source,
-        })?;
+        let threads = thread_count().map_err(|source| Error::Io { op: "count threads", source })?;
         if threads != 1 {
             return Err(Error::NotSingleThreaded { threads });
         }
-        let (daemon_end, zygote_end) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| Error::Io {
-            op: "socketpair",
-            source: e.into(),
-        })?;
+        let (daemon_end, zygote_end) =
+            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+                .map_err(|e| Error::Io { op: "socketpair", source: e.into() })?;
         let parent_pid = std::process::id() as i32;
-        match fork_single_threaded().map_err(|e| Error::Io {
-            op: "fork",
-            source: io::Error::other(e),
-        })? {
+        match fork_single_threaded().map_err(|e| Error::Io { op: "fork", source: io::Error::other(e) })? {
             Forked::Child => {
                 drop(daemon_end);
-                let _ = rustix::process::set_parent_process_death_signal(Some(
-                    rustix::process::Signal::KILL,
-                ));
-                if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(parent_pid)
-                {
+                let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+                if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(parent_pid) {
                     exit_now(0);
                 }
                 let _ = rustix::thread::set_name(c"sandtree:[zygote]");
@@ -121,11 +105,7 @@ impl Zygote {
             }
             Forked::Parent(pid) => {
                 drop(zygote_end);
-                Ok(Zygote {
-                    sock: Mutex::new(daemon_end),
-                    pid,
-                    cfg,
-                })
+                Ok(Zygote { sock: Mutex::new(daemon_end), pid, cfg })
             }
         }
     }
@@ -144,20 +124,14 @@ impl Zygote {
     /// `spawn_blocking` in async code).
     pub fn spawn(&self, spec: &SandboxSpec) -> Result<SpawnedInit> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-        protocol::send(
-            sock.as_fd(),
-            &ZygoteRequest::Spawn { spec: spec.clone() },
-            &[],
-        )
-        .map_err(|source| Error::Io { op: "send", source })?;
+        protocol::send(sock.as_fd(), &ZygoteRequest::Spawn { spec: spec.clone() }, &[])
+            .map_err(|source| Error::Io { op: "send", source })?;
         let (reply, mut fds) = protocol::recv::<ZygoteReply>(sock.as_fd())
             .map_err(|source| Error::Io { op: "recv", source })?
             .ok_or(Error::Gone)?;
         match reply {
             ZygoteReply::Spawned { pid } => {
-                let pidfd = fds
-                    .pop()
-                    .ok_or_else(|| Error::Spawn("zygote sent no pidfd".into()))?;
+                let pidfd = fds.pop().ok_or_else(|| Error::Spawn("zygote sent no pidfd".into()))?;
                 Ok(SpawnedInit { pid, pidfd })
             }
             ZygoteReply::Error { message } => Err(Error::Spawn(message)),
@@ -174,12 +148,8 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
             return;
         }
     };
-    let mut state = crate::spawn::ZygoteState {
-        backend: Backend::detect(),
-        idmap: Idmapper::new(cfg.clone()),
-        cfg,
-        seccomp,
-    };
+    let mut state =
+        crate::spawn::ZygoteState { backend: Backend::detect(), idmap: Idmapper::new(cfg.clone()), cfg, seccomp };
     loop {
         let msg = match protocol::recv::<ZygoteRequest>(sock.as_fd()) {
             Ok(Some((msg, _fds))) => msg,
@@ -190,20 +160,10 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
         match msg {
             ZygoteRequest::Spawn { spec } => match crate::spawn::spawn(&mut state, &spec) {
                 Ok((pid, pidfd)) => {
-                    let _ = protocol::send(
-                        sock.as_fd(),
-                        &ZygoteReply::Spawned { pid },
-                        &[pidfd.as_fd()],
-                    );
+                    let _ = protocol::send(sock.as_fd(), &ZygoteReply::Spawned { pid }, &[pidfd.as_fd()]);
                 }
                 Err(e) => {
-                    let _ = protocol::send(
-                        sock.as_fd(),
-                        &ZygoteReply::Error {
-                            message: e.to_string(),
-                        },
-                        &[],
-                    );
+                    let _ = protocol::send(sock.as_fd(), &ZygoteReply::Error { message: e.to_string() }, &[]);
                 }
             },
         }

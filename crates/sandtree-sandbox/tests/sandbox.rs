@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use sandtree_sandbox::{
-    ExecRequest, HostConfig, Limits, LowerDir, OverlayLayer, Sandbox, SandboxSpec, Zygote,
-};
+use sandtree_sandbox::{ExecRequest, HostConfig, Limits, LowerDir, OverlayLayer, Sandbox, SandboxSpec, Zygote};
 
 const UID_BASE: u32 = 1_000_000_000;
 
@@ -38,19 +36,12 @@ fn make_env() -> Result<Env> {
     let base = tmp.path().to_path_buf();
     fs::set_permissions(&base, fs::Permissions::from_mode(0o755))?;
     let skeleton = base.join("skeleton");
-    for d in [
-        "etc", "root", "tmp", "proc", "sys", "dev", "usr", "home", "var/tmp", "run",
-    ] {
+    for d in ["etc", "root", "tmp", "proc", "sys", "dev", "usr", "home", "var/tmp", "run"] {
         fs::create_dir_all(skeleton.join(d))?;
     }
     fs::set_permissions(skeleton.join("tmp"), fs::Permissions::from_mode(0o1777))?;
     fs::set_permissions(skeleton.join("root"), fs::Permissions::from_mode(0o700))?;
-    for (l, t) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
+    for (l, t) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")] {
         symlink(t, skeleton.join(l))?;
     }
     for f in ["passwd", "group", "nsswitch.conf", "ld.so.cache"] {
@@ -72,17 +63,8 @@ fn make_env() -> Result<Env> {
     let run = base.join("run");
     fs::create_dir_all(&run)?;
     fs::set_permissions(&run, fs::Permissions::from_mode(0o711))?;
-    let cfg = HostConfig {
-        run_dir: run,
-        uid_base: UID_BASE,
-        cgroup_name: "sandtree-test".into(),
-    };
-    Ok(Env {
-        _tmp: tmp,
-        base,
-        cfg,
-        skeleton,
-    })
+    let cfg = HostConfig { run_dir: run, uid_base: UID_BASE, cgroup_name: "sandtree-test".into() };
+    Ok(Env { _tmp: tmp, base, cfg, skeleton })
 }
 
 fn spec(env: &Env, id: &str, limits: Limits) -> SandboxSpec {
@@ -93,19 +75,13 @@ fn spec(env: &Env, id: &str, limits: Limits) -> SandboxSpec {
         layers: vec![
             OverlayLayer {
                 target: "/".into(),
-                lower: vec![LowerDir {
-                    path: env.skeleton.clone(),
-                    idmap: false,
-                }],
+                lower: vec![LowerDir { path: env.skeleton.clone(), idmap: false }],
                 upper: l("root-upper"),
                 work: l("root-work"),
             },
             OverlayLayer {
                 target: "/usr".into(),
-                lower: vec![LowerDir {
-                    path: "/usr".into(),
-                    idmap: true,
-                }],
+                lower: vec![LowerDir { path: "/usr".into(), idmap: true }],
                 upper: l("usr-upper"),
                 work: l("usr-work"),
             },
@@ -122,10 +98,7 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     async fn start(&self, id: &str, limits: Limits) -> Result<Sandbox> {
         let spec = spec(self.env, id, limits);
-        let init = self
-            .zygote
-            .spawn(&spec)
-            .with_context(|| format!("spawn {id}"))?;
+        let init = self.zygote.spawn(&spec).with_context(|| format!("spawn {id}"))?;
         Ok(Sandbox::connect(&self.env.cfg, id, init).await?)
     }
 }
@@ -145,10 +118,7 @@ async fn basics(cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let o = sh(sb, "exit 7").await?;
     ensure!(o.exit_code == Some(7), "exit 7: {o:?}");
     let o = sh(sb, "echo out; echo err >&2").await?;
-    ensure!(
-        out(&o) == "out" && String::from_utf8_lossy(&o.stderr).trim() == "err",
-        "{o:?}"
-    );
+    ensure!(out(&o) == "out" && String::from_utf8_lossy(&o.stderr).trim() == "err", "{o:?}");
     let mut r = ExecRequest::new(["cat"]);
     r.stdin = Some(b"hello stdin".to_vec());
     let o = sb.exec(r).await?;
@@ -173,61 +143,41 @@ async fn basics(cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
 async fn identity(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let o = sh(sb, "id -u; id -g").await?;
     ensure!(out(&o) == "0\n0", "id: {o:?}");
-    let bg = sb
-        .spawn_background(ExecRequest::new(["sleep", "100"]))
-        .await?;
+    let bg = sb.spawn_background(ExecRequest::new(["sleep", "100"])).await?;
     let hp = sb.host_pid(bg.pid).context("host pid")?;
     let status = fs::read_to_string(format!("/proc/{hp}/status"))?;
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("");
-    ensure!(
-        uid_line.split_whitespace().nth(1) == Some(&UID_BASE.to_string()),
-        "host uid: {uid_line}"
-    );
+    ensure!(uid_line.split_whitespace().nth(1) == Some(&UID_BASE.to_string()), "host uid: {uid_line}");
     sb.kill_process(bg.pid, 9).await?;
     let o = sb.exec(ExecRequest::new(["hostname"])).await?;
     ensure!(out(&o) == format!("sb-{}", sb.id()), "hostname {o:?}");
     let o = sb.exec(ExecRequest::new(["cat", "/proc/1/comm"])).await?;
     ensure!(out(&o) == "sandtree:[init]", "comm {o:?}");
     let o = sh(sb, "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '").await?;
-    let pids: Vec<i32> = out(&o)
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    ensure!(
-        pids.first() == Some(&1) && pids.len() < 10 && pids.iter().all(|p| *p < 1000),
-        "proc pids {pids:?}"
-    );
+    let pids: Vec<i32> = out(&o).split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    ensure!(pids.first() == Some(&1) && pids.len() < 10 && pids.iter().all(|p| *p < 1000), "proc pids {pids:?}");
     Ok(())
 }
 
 async fn isolation(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let marker = Path::new("/root/.sandtree-test-marker");
     fs::write(marker, "x")?;
-    let o = sh(
-        sb,
-        "test -e /root/.sandtree-test-marker && echo visible || echo absent",
-    )
-    .await;
+    let o = sh(sb, "test -e /root/.sandtree-test-marker && echo visible || echo absent").await;
     fs::remove_file(marker)?;
     ensure!(out(&o?) == "absent");
-    let o = sh(
-        sb,
-        "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '",
-    )
-    .await?;
+    let o = sh(sb, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '").await?;
     ensure!(out(&o) == "lo", "interfaces {o:?}");
     let o = sh(sb, "cat /sys/class/net/lo/operstate 2>/dev/null; python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); s.listen(); c=socket.create_connection(s.getsockname()); print(\"lo-up\")'").await?;
     ensure!(out(&o).ends_with("lo-up"), "loopback {o:?}");
-    let o = sb
-        .exec(ExecRequest::new(["python3", "-c", "print(1+1)"]))
-        .await?;
+    let o = sb.exec(ExecRequest::new(["python3", "-c", "print(1+1)"])).await?;
     ensure!(out(&o) == "2", "python {o:?}");
-    let o = sh(sb, "mkdir -p /usr/local/lib && touch /usr/local/lib/x && echo hi > /usr/bin/newfile && cat /usr/bin/newfile").await?;
+    let o = sh(
+        sb,
+        "mkdir -p /usr/local/lib && touch /usr/local/lib/x && echo hi > /usr/bin/newfile && cat /usr/bin/newfile",
+    )
+    .await?;
     ensure!(o.exit_code == Some(0) && out(&o) == "hi", "usr write {o:?}");
-    ensure!(
-        !Path::new("/usr/bin/newfile").exists() && !Path::new("/usr/local/lib/x").exists(),
-        "host /usr touched"
-    );
+    ensure!(!Path::new("/usr/bin/newfile").exists() && !Path::new("/usr/local/lib/x").exists(), "host /usr touched");
     let o = sb
         .exec(ExecRequest::new([
             "python3",
@@ -244,47 +194,24 @@ async fn timeouts(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     r.timeout = Some(Duration::from_millis(300));
     let t = Instant::now();
     let o = sb.exec(r).await?;
-    ensure!(
-        o.timed_out && o.signal == Some(9) && t.elapsed() < Duration::from_secs(2),
-        "timeout {o:?}"
-    );
+    ensure!(o.timed_out && o.signal == Some(9) && t.elapsed() < Duration::from_secs(2), "timeout {o:?}");
     let mut r = ExecRequest::new(["sh", "-c", "yes | head -c 50000000"]);
     r.max_output_bytes = 1024 * 1024;
     let t = Instant::now();
     let o = sb.exec(r).await?;
-    ensure!(
-        o.stdout.len() == 1024 * 1024 && o.stdout_truncated && o.exit_code == Some(0),
-        "flood {:?}",
-        o.exit_code
-    );
+    ensure!(o.stdout.len() == 1024 * 1024 && o.stdout_truncated && o.exit_code == Some(0), "flood {:?}", o.exit_code);
     println!("  info: 50 MB flood took {:?}", t.elapsed());
     Ok(())
 }
 
 async fn background(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
-    let p = sb
-        .spawn_background(ExecRequest::new([
-            "sh",
-            "-c",
-            "echo started; exec sleep 1000",
-        ]))
-        .await?;
+    let p = sb.spawn_background(ExecRequest::new(["sh", "-c", "echo started; exec sleep 1000"])).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    ensure!(
-        sb.processes().iter().any(|x| x.pid == p.pid && x.running()),
-        "listed"
-    );
-    ensure!(
-        sb.process_output(p.pid).map(|(o, _)| o) == Some(b"started\n".to_vec()),
-        "bg output"
-    );
+    ensure!(sb.processes().iter().any(|x| x.pid == p.pid && x.running()), "listed");
+    ensure!(sb.process_output(p.pid).map(|(o, _)| o) == Some(b"started\n".to_vec()), "bg output");
     sb.kill_process(p.pid, 15).await?;
     for _ in 0..100 {
-        if sb
-            .processes()
-            .iter()
-            .any(|x| x.pid == p.pid && !x.running())
-        {
+        if sb.processes().iter().any(|x| x.pid == p.pid && !x.running()) {
             let u = sb.usage()?;
             println!("  info: usage {u:?}");
             return Ok(());
@@ -295,22 +222,13 @@ async fn background(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
 }
 
 async fn freeze(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
-    sb.spawn_background(ExecRequest::new([
-        "sh",
-        "-c",
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; done",
-    ]))
-    .await?;
+    sb.spawn_background(ExecRequest::new(["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; done"]))
+        .await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t = Instant::now();
     sb.freeze(Duration::from_secs(2))?;
     println!("  info: freeze took {:?}", t.elapsed());
-    let upper = _cx
-        .env
-        .base
-        .join("layers")
-        .join(sb.id())
-        .join("root-upper/tmp/counter");
+    let upper = _cx.env.base.join("layers").join(sb.id()).join("root-upper/tmp/counter");
     let a = fs::read_to_string(&upper)?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let b = fs::read_to_string(&upper)?;
@@ -324,17 +242,11 @@ async fn freeze(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
             break;
         }
     }
-    ensure!(
-        c != b,
-        "counter did not advance after thaw: {a:?} {b:?} {c:?}"
-    );
+    ensure!(c != b, "counter did not advance after thaw: {a:?} {b:?} {c:?}");
     match sb.freeze(Duration::ZERO) {
         Ok(()) => println!("  note: zero-timeout freeze completed immediately"),
         Err(sandtree_sandbox::Error::FreezeTimeout { stuck }) => {
-            println!(
-                "  info: zero-timeout freeze reported {} stuck tasks",
-                stuck.len()
-            )
+            println!("  info: zero-timeout freeze reported {} stuck tasks", stuck.len())
         }
         Err(e) => return Err(e.into()),
     }
@@ -345,34 +257,19 @@ async fn freeze(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
 
 async fn sessions(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let t = Instant::now();
-    let sid = sb
-        .open_session(sandtree_sandbox::SessionOptions::default())
-        .await?;
+    let sid = sb.open_session(sandtree_sandbox::SessionOptions::default()).await?;
     println!("  info: open_session took {:?}", t.elapsed());
-    let r = sb
-        .session_run(&sid, "cd /tmp; export FOO=bar; x=5", None)
-        .await?;
+    let r = sb.session_run(&sid, "cd /tmp; export FOO=bar; x=5", None).await?;
     ensure!(r.exit_code == Some(0), "setup {r:?}");
-    let r = sb
-        .session_run(&sid, "pwd; echo $FOO $x", Some(Duration::from_secs(10)))
-        .await?;
-    ensure!(
-        r.output == "/tmp\nbar 5\n" && r.exit_code == Some(0),
-        "state {r:?}"
-    );
+    let r = sb.session_run(&sid, "pwd; echo $FOO $x", Some(Duration::from_secs(10))).await?;
+    ensure!(r.output == "/tmp\nbar 5\n" && r.exit_code == Some(0), "state {r:?}");
     let r = sb.session_run(&sid, "false", None).await?;
     ensure!(r.exit_code == Some(1) && r.output.is_empty(), "false {r:?}");
-    let r = sb
-        .session_run(&sid, "for i in 1 2; do\n echo \"l$i\"\ndone; tty", None)
-        .await?;
+    let r = sb.session_run(&sid, "for i in 1 2; do\n echo \"l$i\"\ndone; tty", None).await?;
     ensure!(r.output.starts_with("l1\nl2\n/dev/pts/"), "multiline {r:?}");
-    let r = sb
-        .session_run(&sid, "sleep 100", Some(Duration::from_millis(300)))
-        .await?;
+    let r = sb.session_run(&sid, "sleep 100", Some(Duration::from_millis(300))).await?;
     ensure!(r.timed_out, "timeout {r:?}");
-    let r = sb
-        .session_run(&sid, "echo after", Some(Duration::from_secs(10)))
-        .await?;
+    let r = sb.session_run(&sid, "echo after", Some(Duration::from_secs(10))).await?;
     ensure!(r.output == "after\n", "after timeout {r:?}");
     let mut io = sb.session_io(&sid)?;
     io.resize(100, 30)?;
@@ -380,16 +277,11 @@ async fn sessions(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !String::from_utf8_lossy(&seen).contains("attached-42") && Instant::now() < deadline {
-        if let Ok(Ok(chunk)) =
-            tokio::time::timeout(Duration::from_millis(500), io.output.recv()).await
-        {
+        if let Ok(Ok(chunk)) = tokio::time::timeout(Duration::from_millis(500), io.output.recv()).await {
             seen.extend(chunk);
         }
     }
-    ensure!(
-        String::from_utf8_lossy(&seen).contains("attached-42"),
-        "attach output {seen:?}"
-    );
+    ensure!(String::from_utf8_lossy(&seen).contains("attached-42"), "attach output {seen:?}");
     ensure!(sb.sessions().len() == 1);
     sb.close_session(&sid).await?;
     ensure!(sb.sessions().is_empty());
@@ -397,32 +289,11 @@ async fn sessions(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
 }
 
 async fn limits(cx: &Ctx<'_>) -> Result<()> {
-    let sb = cx
-        .start(
-            "limits",
-            Limits {
-                memory_bytes: Some(64 << 20),
-                pids: Some(20),
-                cpu_millicores: Some(500),
-            },
-        )
-        .await?;
-    let o = sb
-        .exec(ExecRequest::new([
-            "python3",
-            "-c",
-            "x = bytearray(200 * 1024 * 1024); print('survived')",
-        ]))
-        .await?;
-    ensure!(
-        o.signal == Some(9) || o.exit_code != Some(0),
-        "memory limit not enforced: {o:?}"
-    );
-    let o = sh(
-        &sb,
-        "for i in $(seq 1 40); do sleep 5 & done 2>/dev/null; echo done",
-    )
-    .await?;
+    let sb =
+        cx.start("limits", Limits { memory_bytes: Some(64 << 20), pids: Some(20), cpu_millicores: Some(500) }).await?;
+    let o = sb.exec(ExecRequest::new(["python3", "-c", "x = bytearray(200 * 1024 * 1024); print('survived')"])).await?;
+    ensure!(o.signal == Some(9) || o.exit_code != Some(0), "memory limit not enforced: {o:?}");
+    let o = sh(&sb, "for i in $(seq 1 40); do sleep 5 & done 2>/dev/null; echo done").await?;
     let u = sb.usage()?;
     ensure!(u.pids_limit == Some(20) && u.pids <= 20, "pids {u:?} {o:?}");
     sb.kill().await?;
@@ -433,34 +304,21 @@ async fn adopt(cx: &Ctx<'_>) -> Result<()> {
     let sb = cx.start("adopt", Limits::default()).await?;
     let pid = sb.init_pid();
     drop(sb);
-    let sb = Sandbox::adopt(&cx.env.cfg, "adopt")
-        .await?
-        .context("adopt returned None")?;
-    ensure!(
-        sb.init_pid() == pid,
-        "adopted init pid {} != {pid}",
-        sb.init_pid()
-    );
+    let sb = Sandbox::adopt(&cx.env.cfg, "adopt").await?.context("adopt returned None")?;
+    ensure!(sb.init_pid() == pid, "adopted init pid {} != {pid}", sb.init_pid());
     let o = sh(&sb, "echo again").await?;
     ensure!(out(&o) == "again");
     sb.kill().await?;
-    ensure!(
-        Sandbox::adopt(&cx.env.cfg, "adopt").await?.is_none(),
-        "dead sandbox adopted"
-    );
+    ensure!(Sandbox::adopt(&cx.env.cfg, "adopt").await?.is_none(), "dead sandbox adopted");
     Ok(())
 }
 
 async fn kill_and_cleanup(cx: &Ctx<'_>, sb: Sandbox) -> Result<()> {
-    sb.spawn_background(ExecRequest::new(["sleep", "1000"]))
-        .await?;
+    sb.spawn_background(ExecRequest::new(["sleep", "1000"])).await?;
     let init = sb.init_pid();
     sb.kill().await?;
     ensure!(!sb.is_alive(), "init alive");
-    ensure!(
-        !Path::new(&format!("/proc/{init}")).exists(),
-        "init still in /proc"
-    );
+    ensure!(!Path::new(&format!("/proc/{init}")).exists(), "init still in /proc");
     ensure!(!sb.cgroup().exists(), "cgroup left");
     let layers = cx.env.base.join("layers").join(sb.id());
     // The upper dirs are not busy: renaming and removing them works.
@@ -489,10 +347,7 @@ async fn latencies(cx: &Ctx<'_>) -> Result<()> {
         sb.kill().await?;
     }
     spawn.sort();
-    println!(
-        "  info: spawn+connect p50 {:?} min {:?}",
-        spawn[2], spawn[0]
-    );
+    println!("  info: spawn+connect p50 {:?} min {:?}", spawn[2], spawn[0]);
     Ok(())
 }
 
@@ -502,25 +357,15 @@ fn v2_cgroup_paths() -> Result<()> {
         println!("  note: no cgroup2 at {}, skipped", root.display());
         return Ok(());
     }
-    let cg = sandtree_sandbox::Cgroup::new(
-        sandtree_sandbox::Backend::V2 { root: root.into() },
-        "sandtree-test",
-        "v2",
-    );
-    cg.create(&Limits {
-        memory_bytes: Some(1 << 30),
-        pids: Some(100),
-        cpu_millicores: None,
-    })?;
+    let cg = sandtree_sandbox::Cgroup::new(sandtree_sandbox::Backend::V2 { root: root.into() }, "sandtree-test", "v2");
+    cg.create(&Limits { memory_bytes: Some(1 << 30), pids: Some(100), cpu_millicores: None })?;
     let mut child = std::process::Command::new("sleep").arg("100").spawn()?;
     cg.add(child.id() as i32)?;
     ensure!(cg.procs()? == vec![child.id() as i32]);
     cg.freeze(Duration::from_secs(1))?;
     cg.thaw()?;
     let u = cg.usage()?;
-    println!(
-        "  info: v2 usage on hybrid unified mount: {u:?} (memory/pids controllers absent here)"
-    );
+    println!("  info: v2 usage on hybrid unified mount: {u:?} (memory/pids controllers absent here)");
     cg.kill_all(Duration::from_secs(2))?;
     let _ = child.wait();
     cg.remove()?;
@@ -531,11 +376,7 @@ fn v2_cgroup_paths() -> Result<()> {
 fn main() {
     let env = make_env().expect("test env");
     let zygote = Zygote::start(env.cfg.clone()).expect("zygote start");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut passed = 0;
     let mut failed = 0;
     let filter = std::env::var("SANDTREE_TEST").ok();
@@ -552,10 +393,7 @@ fn main() {
     };
     report("cgroup_v2_paths", v2_cgroup_paths());
     rt.block_on(async {
-        let cx = Ctx {
-            zygote: &zygote,
-            env: &env,
-        };
+        let cx = Ctx { zygote: &zygote, env: &env };
         let t = Instant::now();
         let sb = match cx.start("main", Limits::default()).await {
             Ok(sb) => sb,

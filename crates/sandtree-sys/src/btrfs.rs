@@ -137,8 +137,7 @@ const IOC_SNAP_DESTROY_V2: libc::c_ulong =
 const IOC_GET_SUBVOL_INFO: libc::c_ulong =
     nix::request_code_read!(BTRFS_IOCTL_MAGIC, 60, size_of::<GetSubvolInfoArgs>()) as libc::c_ulong;
 const IOC_TREE_SEARCH_V2: libc::c_ulong =
-    nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 17, size_of::<SearchArgsV2Header>())
-        as libc::c_ulong;
+    nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 17, size_of::<SearchArgsV2Header>()) as libc::c_ulong;
 const IOC_SUBVOL_GETFLAGS: libc::c_ulong =
     nix::request_code_read!(BTRFS_IOCTL_MAGIC, 25, size_of::<u64>()) as libc::c_ulong;
 const IOC_SUBVOL_SETFLAGS: libc::c_ulong =
@@ -166,12 +165,7 @@ pub struct SubvolInfo {
 }
 
 fn open_dir(path: &Path) -> io::Result<OwnedFd> {
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(io::Error::from)
+    rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(io::Error::from)
 }
 
 fn check_name(name: &str) -> io::Result<()> {
@@ -182,23 +176,15 @@ fn check_name(name: &str) -> io::Result<()> {
         || name.contains('\0')
         || name.len() > BTRFS_VOL_NAME_MAX
     {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("invalid subvolume name {name:?}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid subvolume name {name:?}")));
     }
     Ok(())
 }
 
 fn vol_args(name: &str) -> io::Result<Box<VolArgsV2>> {
     check_name(name)?;
-    let mut args = Box::new(VolArgsV2 {
-        fd: 0,
-        transid: 0,
-        flags: 0,
-        unused: [0; 4],
-        name: [0; BTRFS_SUBVOL_NAME_MAX + 1],
-    });
+    let mut args =
+        Box::new(VolArgsV2 { fd: 0, transid: 0, flags: 0, unused: [0; 4], name: [0; BTRFS_SUBVOL_NAME_MAX + 1] });
     args.name[..name.len()].copy_from_slice(name.as_bytes());
     Ok(args)
 }
@@ -212,11 +198,7 @@ unsafe fn ioctl_ptr<T>(fd: &OwnedFd, req: libc::c_ulong, arg: *mut T) -> io::Res
     // SAFETY: the caller guarantees `arg` matches `req`; `fd` is an open
     // descriptor borrowed for the duration of the call.
     let ret = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
 
 /// Creates an empty subvolume `<parent>/<name>` (`BTRFS_IOC_SUBVOL_CREATE_V2`).
@@ -264,13 +246,7 @@ pub fn subvolume_info(path: &Path) -> io::Result<SubvolInfo> {
     let mut args: Box<GetSubvolInfoArgs> = Box::new(unsafe { std::mem::zeroed() });
     // SAFETY: `args` is a boxed `btrfs_ioctl_get_subvol_info_args` (504
     // bytes, layout asserted above) that the kernel fills in.
-    unsafe {
-        ioctl_ptr(
-            &fd,
-            IOC_GET_SUBVOL_INFO,
-            &mut *args as *mut GetSubvolInfoArgs,
-        )
-    }?;
+    unsafe { ioctl_ptr(&fd, IOC_GET_SUBVOL_INFO, &mut *args as *mut GetSubvolInfoArgs) }?;
     // Root item flag BTRFS_ROOT_SUBVOL_RDONLY is bit 0.
     let readonly = args.flags & 1 != 0;
     let otime = UNIX_EPOCH + Duration::new(args.otime.sec, args.otime.nsec.min(999_999_999));
@@ -304,11 +280,7 @@ pub fn is_readonly(path: &Path) -> io::Result<bool> {
 pub fn set_readonly(path: &Path, readonly: bool) -> io::Result<()> {
     let fd = open_dir(path)?;
     let old = get_flags(&fd)?;
-    let mut new = if readonly {
-        old | BTRFS_SUBVOL_RDONLY
-    } else {
-        old & !BTRFS_SUBVOL_RDONLY
-    };
+    let mut new = if readonly { old | BTRFS_SUBVOL_RDONLY } else { old & !BTRFS_SUBVOL_RDONLY };
     if new == old {
         return Ok(());
     }
@@ -413,12 +385,7 @@ pub fn tree_search_extent_bytes(path: &Path, min_transid: u64) -> io::Result<u64
         let hdr_ptr = buf.as_mut_ptr().cast::<SearchArgsV2Header>();
         // SAFETY: `buf` is 8-aligned and at least `size_of::<SearchArgsV2Header>()`
         // bytes long, so writing the header in place is in bounds and aligned.
-        unsafe {
-            hdr_ptr.write(SearchArgsV2Header {
-                key,
-                buf_size: SEARCH_BUF_SIZE as u64,
-            })
-        };
+        unsafe { hdr_ptr.write(SearchArgsV2Header { key, buf_size: SEARCH_BUF_SIZE as u64 }) };
         // SAFETY: the kernel reads the header and writes at most `buf_size`
         // bytes after it; `buf` holds header + SEARCH_BUF_SIZE bytes.
         unsafe { ioctl_ptr(&fd, IOC_TREE_SEARCH_V2, hdr_ptr) }?;
@@ -445,8 +412,7 @@ pub fn tree_search_extent_bytes(path: &Path, min_transid: u64) -> io::Result<u64
             let item_start = pos + SEARCH_HEADER_LEN;
             let item_end = (item_start + len).min(data.len());
             if typ == u32::from(BTRFS_EXTENT_DATA_KEY) {
-                total = total
-                    .saturating_add(extent_item_bytes(&data[item_start..item_end], min_transid));
+                total = total.saturating_add(extent_item_bytes(&data[item_start..item_end], min_transid));
             }
             (last_obj, last_type, last_off) = (objectid, typ, offset);
             pos = item_start + len;

@@ -13,17 +13,12 @@ use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, s
 pub const MAX_FDS: usize = 8;
 
 /// Send `data` plus `fds` as one message.
-pub fn send_with_fds(
-    sock: BorrowedFd<'_>,
-    data: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<usize> {
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
     let iov = [IoSlice::new(data)];
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-        .map_err(io::Error::from)
+    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
 }
 
 /// Receive one message into `buf`; returns its length (0 = peer closed) and
@@ -31,13 +26,8 @@ pub fn send_with_fds(
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut cmsg_buf = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg_buf),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(io::Error::from)?;
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg_buf), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
@@ -49,10 +39,7 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
         }
     }
     if msg.flags.contains(MsgFlags::MSG_TRUNC) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "message truncated",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message truncated"));
     }
     Ok((msg.bytes, fds))
 }

@@ -93,11 +93,7 @@ fn ioctl_int(fd: &OwnedFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result
     // SAFETY: the loop requests used with this helper (LOOP_CTL_GET_FREE,
     // LOOP_SET_FD, LOOP_CLR_FD) take an integer argument, not a pointer.
     let ret = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
 
 fn info_for(backing: &Path) -> LoopInfo64 {
@@ -141,12 +137,7 @@ fn open_loop_node(n: u32) -> io::Result<(PathBuf, OwnedFd)> {
 }
 
 fn configure(dev: &OwnedFd, file: &OwnedFd, backing: &Path) -> io::Result<()> {
-    let mut cfg = LoopConfig {
-        fd: file.as_raw_fd() as u32,
-        block_size: 0,
-        info: info_for(backing),
-        reserved: [0; 8],
-    };
+    let mut cfg = LoopConfig { fd: file.as_raw_fd() as u32, block_size: 0, info: info_for(backing), reserved: [0; 8] };
     // SAFETY: LOOP_CONFIGURE reads a `struct loop_config` (layout asserted
     // above); `cfg` lives on the stack for the whole call and `file` is open.
     let ret = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &mut cfg) };
@@ -175,11 +166,7 @@ fn configure(dev: &OwnedFd, file: &OwnedFd, backing: &Path) -> io::Result<()> {
 /// returns it, held open (see the module docs for why).
 pub fn attach(backing: &Path) -> io::Result<AttachedLoop> {
     let file = rustix::fs::open(backing, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
-    let ctl = rustix::fs::open(
-        "/dev/loop-control",
-        OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let ctl = rustix::fs::open("/dev/loop-control", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
     let mut last_err = None;
     for _ in 0..16 {
         let n = ioctl_int(&ctl, LOOP_CTL_GET_FREE, 0)? as u32;
@@ -196,10 +183,7 @@ pub fn attach(backing: &Path) -> io::Result<AttachedLoop> {
 /// Opens an already bound loop device (e.g. one found by [`find_attached`]).
 pub fn open(dev: &Path) -> io::Result<AttachedLoop> {
     let fd = rustix::fs::open(dev, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
-    Ok(AttachedLoop {
-        path: dev.to_path_buf(),
-        fd,
-    })
+    Ok(AttachedLoop { path: dev.to_path_buf(), fd })
 }
 
 /// Finds a loop device whose backing file is `backing`, by scanning

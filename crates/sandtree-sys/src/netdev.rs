@@ -10,10 +10,7 @@ use rustix::net::{AddressFamily, SocketType, socket};
 /// Set `IFF_UP` on interface `name` in the caller's network namespace.
 pub fn set_up(name: &str) -> io::Result<()> {
     if name.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "interface name too long",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
     }
     let sock = socket(AddressFamily::INET, SocketType::DGRAM, None)?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.

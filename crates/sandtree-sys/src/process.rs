@@ -177,14 +177,9 @@ pub type BpfInsn = (u16, u8, u8, u32);
 /// `PR_SET_NO_NEW_PRIVS` (requires `CAP_SYS_ADMIN` in the current user
 /// namespace).
 pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
-    let filter: Vec<libc::sock_filter> = prog
-        .iter()
-        .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
-        .collect();
-    let fprog = libc::sock_fprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr() as *mut libc::sock_filter,
-    };
+    let filter: Vec<libc::sock_filter> =
+        prog.iter().map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k }).collect();
+    let fprog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `filter`, which lives until after the call;
     // the kernel copies the program and validates it.
     let rc = unsafe {

@@ -28,11 +28,7 @@ pub fn open_pair() -> io::Result<PtyPair> {
     grantpt(&master)?;
     unlockpt(&master)?;
     let name = ptsname(&master, Vec::new())?;
-    let slave = open(
-        name.as_c_str(),
-        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let slave = open(name.as_c_str(), OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC, Mode::empty())?;
     Ok(PtyPair { master, slave })
 }
 
@@ -45,14 +41,6 @@ pub fn make_controlling(fd: impl AsFd) -> io::Result<()> {
 
 /// Set the window size of a pty (master or slave).
 pub fn set_size(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
-    tcsetwinsize(
-        fd,
-        Winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        },
-    )?;
+    tcsetwinsize(fd, Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 })?;
     Ok(())
 }

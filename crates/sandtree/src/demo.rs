@@ -16,9 +16,6 @@ use serde_json::{Value, json};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// The daemon's socket.
-    #[arg(long, env = "SANDTREE_SOCKET", default_value = "/var/lib/sandtree/sandtree.sock")]
-    pub socket: PathBuf,
     /// Keep the demo's sandboxes and checkpoints afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -32,8 +29,9 @@ struct Client {
 impl Client {
     fn call(&mut self, what: &str, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let t = Instant::now();
-        let (status, v) = request(&self.socket, method, path, body.as_ref())
-            .with_context(|| format!("cannot reach the daemon at {} (start it with `sandtree daemon`)", self.socket.display()))?;
+        let (status, v) = request(&self.socket, method, path, body.as_ref()).with_context(|| {
+            format!("cannot reach the daemon at {} (start it with `sandtree daemon`)", self.socket.display())
+        })?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         if !(200..300).contains(&status) {
             bail!("{what}: {} ({status})", v["error"]["message"].as_str().unwrap_or(&v.to_string()));
@@ -50,7 +48,11 @@ impl Client {
             Some(json!({"cmd": ["sh", "-c", script], "timeout_ms": 120000})),
         )?;
         if v["exit_code"] != json!(0) {
-            bail!("{what}: `{script}` failed: {}{}", v["stdout"].as_str().unwrap_or(""), v["stderr"].as_str().unwrap_or(""));
+            bail!(
+                "{what}: `{script}` failed: {}{}",
+                v["stdout"].as_str().unwrap_or(""),
+                v["stderr"].as_str().unwrap_or("")
+            );
         }
         Ok(v["stdout"].as_str().unwrap_or("").to_string())
     }
@@ -80,13 +82,14 @@ git init -q && git add -A && git -c user.email=demo@sandtree -c user.name=demo c
 python3 -c 'import greet; print(greet.hello("sandbox"))'
 "#;
 
-pub fn run(args: DemoArgs) -> Result<()> {
-    let mut c = Client { socket: args.socket.clone(), timings: Vec::new() };
+pub fn run(args: DemoArgs, socket: PathBuf) -> Result<()> {
+    let mut c = Client { socket: socket.clone(), timings: Vec::new() };
     println!("== 1. create a sandbox on the embedded default image");
     let v = c.call("create sandbox", "POST", "/v1/sandboxes", Some(json!({"labels": {"demo": "quickstart"}})))?;
     let sb = v["sandbox"]["id"].as_str().context("no id")?.to_string();
     println!("   {sb}  ({:.1} ms)", c.last_ms());
-    let out = c.sh("exec uname", &sb, "echo \"$(id -un)@$(hostname): $(python3 --version), $(gcc --version | head -1)\"")?;
+    let out =
+        c.sh("exec uname", &sb, "echo \"$(id -un)@$(hostname): $(python3 --version), $(gcc --version | head -1)\"")?;
     print!("   {out}");
 
     println!("== 2. install a package (pip, offline) and write a project (git)");
@@ -97,10 +100,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!("== 3. checkpoint");
     let v = c.call("checkpoint", "POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({"label": "root"})))?;
     let root = v["checkpoint"]["id"].as_str().context("no checkpoint id")?.to_string();
-    println!("   {root}  ({:.1} ms, frozen {:.2} ms)", c.last_ms(), v["checkpoint"]["frozen_ms"].as_f64().unwrap_or(0.0));
+    println!(
+        "   {root}  ({:.1} ms, frozen {:.2} ms)",
+        c.last_ms(),
+        v["checkpoint"]["frozen_ms"].as_f64().unwrap_or(0.0)
+    );
 
     println!("== 4. fork 8 branches from it; each diverges");
-    let v = c.call("fork 8", "POST", &format!("/v1/checkpoints/{root}/fork"), Some(json!({"count": 8, "labels": {"demo": "branch"}})))?;
+    let v = c.call(
+        "fork 8",
+        "POST",
+        &format!("/v1/checkpoints/{root}/fork"),
+        Some(json!({"count": 8, "labels": {"demo": "branch"}})),
+    )?;
     println!("   8 sandboxes in {:.1} ms", c.last_ms());
     let mut branches = Vec::new();
     for (i, r) in v["results"].as_array().context("no results")?.iter().enumerate() {
@@ -110,13 +122,23 @@ pub fn run(args: DemoArgs) -> Result<()> {
             &id,
             &format!("cd /root/proj && echo 'attempt {i}' > attempt.txt && python3 -c 'import greet; print(greet.hello(\"branch {i}\"))'"),
         )?;
-        let v = c.call("checkpoint", "POST", &format!("/v1/sandboxes/{id}/checkpoints"), Some(json!({"label": format!("attempt-{i}")})))?;
+        let v = c.call(
+            "checkpoint",
+            "POST",
+            &format!("/v1/sandboxes/{id}/checkpoints"),
+            Some(json!({"label": format!("attempt-{i}")})),
+        )?;
         println!("   {id}: {}  -> {}", out.trim(), v["checkpoint"]["id"].as_str().unwrap_or("?"));
         branches.push(id);
     }
 
     println!("== 5. roll branch 0 back to the root checkpoint");
-    let v = c.call("rollback", "POST", &format!("/v1/sandboxes/{}/rollback", branches[0]), Some(json!({"checkpoint": root})))?;
+    let v = c.call(
+        "rollback",
+        "POST",
+        &format!("/v1/sandboxes/{}/rollback", branches[0]),
+        Some(json!({"checkpoint": root})),
+    )?;
     println!("   {:.1} ms; {}", c.last_ms(), v["note"].as_str().unwrap_or(""));
     let out = c.sh("exec after rollback", &branches[0], "ls /root/proj; test ! -e /root/proj/attempt.txt && echo 'attempt.txt is gone, the package is still installed:' && python3 -c 'import greet; print(greet.__file__)'")?;
     print!("   {}", out.replace('\n', "\n   ").trim_end_matches("   "));
@@ -142,9 +164,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
 
     if !args.keep {
         for id in branches.iter().chain(std::iter::once(&sb)) {
-            let _ = request(&args.socket, "DELETE", &format!("/v1/sandboxes/{id}?checkpoints=true"), None);
+            let _ = request(&socket, "DELETE", &format!("/v1/sandboxes/{id}?checkpoints=true"), None);
         }
-        println!("\n(demo sandboxes deleted; run `sandtree demo --keep` to keep them and explore with `sandtree tree`)");
+        println!(
+            "\n(demo sandboxes deleted; run `sandtree demo --keep` to keep them and explore with `sandtree tree`)"
+        );
     }
     Ok(())
 }

@@ -24,17 +24,12 @@ fn clap_definition_is_consistent() {
 #[test]
 fn create_with_limits_and_labels() {
     let cli = parse(&[
-        "create", "--image", "alpine", "--label", "a=b", "--label", "c=d=e", "--memory", "2G",
-        "--pids", "100", "--cpus", "1.5",
+        "create", "--image", "alpine", "--label", "a=b", "--label", "c=d=e", "--memory", "2G", "--pids", "100",
+        "--cpus", "1.5",
     ]);
-    let Command::Create(a) = cli.command else {
-        panic!()
-    };
+    let Command::Create(a) = cli.command else { panic!() };
     assert_eq!(a.image.as_deref(), Some("alpine"));
-    assert_eq!(
-        a.labels,
-        vec![("a".into(), "b".into()), ("c".into(), "d=e".into())]
-    );
+    assert_eq!(a.labels, vec![("a".into(), "b".into()), ("c".into(), "d=e".into())]);
     assert_eq!(a.memory, Some(2 << 30));
     assert_eq!(a.pids, Some(100));
     assert_eq!(a.cpus, Some(1500));
@@ -44,23 +39,8 @@ fn create_with_limits_and_labels() {
 
 #[test]
 fn exec_takes_the_command_after_dashes() {
-    let cli = parse(&[
-        "exec",
-        "sb-1",
-        "--env",
-        "A=1",
-        "--cwd",
-        "/tmp",
-        "--timeout",
-        "10s",
-        "--",
-        "ls",
-        "-la",
-        "/",
-    ]);
-    let Command::Exec(a) = cli.command else {
-        panic!()
-    };
+    let cli = parse(&["exec", "sb-1", "--env", "A=1", "--cwd", "/tmp", "--timeout", "10s", "--", "ls", "-la", "/"]);
+    let Command::Exec(a) = cli.command else { panic!() };
     assert_eq!(a.sandbox, "sb-1");
     assert_eq!(a.cmd, vec!["ls", "-la", "/"]);
     assert_eq!(a.env, vec![("A".into(), "1".into())]);
@@ -68,22 +48,16 @@ fn exec_takes_the_command_after_dashes() {
     assert_eq!(a.timeout, Some(std::time::Duration::from_secs(10)));
     assert!(!a.background);
     let cli = parse(&["exec", "sb-1", "--background", "--", "sleep", "100"]);
-    let Command::Exec(a) = cli.command else {
-        panic!()
-    };
+    let Command::Exec(a) = cli.command else { panic!() };
     assert!(a.background);
     fails(&["exec", "sb-1"]);
 }
 
 #[test]
 fn shell_variants() {
-    let Command::Shell(a) = parse(&["shell", "sb-1"]).command else {
-        panic!()
-    };
+    let Command::Shell(a) = parse(&["shell", "sb-1"]).command else { panic!() };
     assert!(a.session.is_none() && a.command.is_none());
-    let Command::Shell(a) =
-        parse(&["shell", "sb-1", "--session", "se-2", "-c", "cd /tmp && pwd"]).command
-    else {
+    let Command::Shell(a) = parse(&["shell", "sb-1", "--session", "se-2", "-c", "cd /tmp && pwd"]).command else {
         panic!()
     };
     assert_eq!(a.session.as_deref(), Some("se-2"));
@@ -92,113 +66,55 @@ fn shell_variants() {
 
 #[test]
 fn checkpoint_rollback_fork_tree() {
-    let Command::Checkpoint { sandbox, label } =
-        parse(&["checkpoint", "sb-1", "--label", "before"]).command
-    else {
+    let Command::Checkpoint { sandbox, label } = parse(&["checkpoint", "sb-1", "--label", "before"]).command else {
         panic!()
     };
-    assert_eq!(
-        (sandbox.as_str(), label.as_deref()),
-        ("sb-1", Some("before"))
-    );
-    let Command::Rollback {
-        sandbox,
-        checkpoint,
-    } = parse(&["rollback", "sb-1", "ck-2"]).command
-    else {
-        panic!()
-    };
+    assert_eq!((sandbox.as_str(), label.as_deref()), ("sb-1", Some("before")));
+    let Command::Rollback { sandbox, checkpoint } = parse(&["rollback", "sb-1", "ck-2"]).command else { panic!() };
     assert_eq!((sandbox.as_str(), checkpoint.as_str()), ("sb-1", "ck-2"));
-    let Command::Fork {
-        checkpoint,
-        count,
-        labels,
-    } = parse(&["fork", "ck-2", "-n", "8", "--label", "k=v"]).command
+    let Command::Fork { checkpoint, count, labels } = parse(&["fork", "ck-2", "-n", "8", "--label", "k=v"]).command
     else {
         panic!()
     };
     assert_eq!((checkpoint.as_str(), count), ("ck-2", 8));
     assert_eq!(labels.len(), 1);
-    let Command::Fork { count, .. } = parse(&["fork", "ck-2"]).command else {
-        panic!()
-    };
+    let Command::Fork { count, .. } = parse(&["fork", "ck-2"]).command else { panic!() };
     assert_eq!(count, 1);
-    assert!(matches!(
-        parse(&["tree"]).command,
-        Command::Tree { sandbox: None }
-    ));
-    assert!(matches!(
-        parse(&["tree", "sb-1"]).command,
-        Command::Tree { sandbox: Some(_) }
-    ));
+    assert!(matches!(parse(&["tree"]).command, Command::Tree { sandbox: None }));
+    assert!(matches!(parse(&["tree", "sb-1"]).command, Command::Tree { sandbox: Some(_) }));
 }
 
 #[test]
 fn management_verbs() {
     assert!(matches!(parse(&["ls"]).command, Command::Ls));
-    assert!(matches!(
-        parse(&["info"]).command,
-        Command::Info { sandbox: None }
-    ));
-    assert!(matches!(
-        parse(&["info", "sb-1"]).command,
-        Command::Info { sandbox: Some(_) }
-    ));
-    let Command::Rm {
-        ids, checkpoints, ..
-    } = parse(&["rm", "sb-1", "sb-2", "--checkpoints"]).command
-    else {
+    assert!(matches!(parse(&["info"]).command, Command::Info { sandbox: None }));
+    assert!(matches!(parse(&["info", "sb-1"]).command, Command::Info { sandbox: Some(_) }));
+    let Command::Rm { ids, checkpoints, .. } = parse(&["rm", "sb-1", "sb-2", "--checkpoints"]).command else {
         panic!()
     };
     assert_eq!(ids.len(), 2);
     assert!(checkpoints);
     fails(&["rm"]);
-    assert!(matches!(
-        parse(&["rm-checkpoint", "ck-1", "--force"]).command,
-        Command::RmCheckpoint { force: true, .. }
-    ));
-    assert!(matches!(
-        parse(&["start", "sb-1"]).command,
-        Command::Start { .. }
-    ));
-    assert!(matches!(
-        parse(&["stop", "sb-1"]).command,
-        Command::Stop { .. }
-    ));
+    assert!(matches!(parse(&["rm-checkpoint", "ck-1", "--force"]).command, Command::RmCheckpoint { force: true, .. }));
+    assert!(matches!(parse(&["start", "sb-1"]).command, Command::Start { .. }));
+    assert!(matches!(parse(&["stop", "sb-1"]).command, Command::Stop { .. }));
     assert!(matches!(parse(&["gc"]).command, Command::Gc));
     assert!(matches!(parse(&["ps", "sb-1"]).command, Command::Ps { .. }));
-    assert!(matches!(
-        parse(&["logs", "sb-1", "12"]).command,
-        Command::Logs { pid: 12, .. }
-    ));
+    assert!(matches!(parse(&["logs", "sb-1", "12"]).command, Command::Logs { pid: 12, .. }));
     assert!(matches!(
         parse(&["kill", "sb-1", "12", "--signal", "15"]).command,
-        Command::Kill {
-            pid: 12,
-            signal: 15,
-            ..
-        }
+        Command::Kill { pid: 12, signal: 15, .. }
     ));
-    assert!(matches!(
-        parse(&["kill", "sb-1", "12"]).command,
-        Command::Kill { signal: 9, .. }
-    ));
+    assert!(matches!(parse(&["kill", "sb-1", "12"]).command, Command::Kill { signal: 9, .. }));
     fails(&["logs", "sb-1", "notapid"]);
-    assert!(matches!(
-        parse(&["images"]).command,
-        Command::Images { action: None }
-    ));
+    assert!(matches!(parse(&["images"]).command, Command::Images { action: None }));
     assert!(matches!(
         parse(&["images", "import", "alpine", "/tmp/a.tar"]).command,
-        Command::Images {
-            action: Some(ImagesCommand::Import { .. })
-        }
+        Command::Images { action: Some(ImagesCommand::Import { .. }) }
     ));
     assert!(matches!(
         parse(&["images", "rm", "alpine"]).command,
-        Command::Images {
-            action: Some(ImagesCommand::Rm { .. })
-        }
+        Command::Images { action: Some(ImagesCommand::Rm { .. }) }
     ));
     assert!(matches!(parse(&["openapi"]).command, Command::Openapi));
 }
@@ -207,10 +123,7 @@ fn management_verbs() {
 fn global_flags_and_daemon_flags() {
     let cli = parse(&["--json", "ls", "--socket", "/tmp/s.sock"]);
     assert!(cli.global.json);
-    assert_eq!(
-        cli.global.socket,
-        Some(std::path::PathBuf::from("/tmp/s.sock"))
-    );
+    assert_eq!(cli.global.socket, Some(std::path::PathBuf::from("/tmp/s.sock")));
     let cli = parse(&["ls", "--url", "http://127.0.0.1:7000", "--token", "t"]);
     assert_eq!(cli.global.url.as_deref(), Some("http://127.0.0.1:7000"));
     let cli = parse(&[
@@ -228,14 +141,9 @@ fn global_flags_and_daemon_flags() {
         "--cpus",
         "2",
     ]);
-    let Command::Daemon(mut d) = cli.command else {
-        panic!()
-    };
+    let Command::Daemon(mut d) = cli.command else { panic!() };
     assert_eq!(cli.global.socket, None);
-    assert_eq!(
-        d.socket_path(),
-        std::path::PathBuf::from("/tmp/d/sandtree.sock")
-    );
+    assert_eq!(d.socket_path(), std::path::PathBuf::from("/tmp/d/sandtree.sock"));
     d.socket = Some("/tmp/other.sock".into());
     assert_eq!(d.socket_path(), std::path::PathBuf::from("/tmp/other.sock"));
     assert_eq!(d.token_path(), std::path::PathBuf::from("/tmp/d/token"));
@@ -246,8 +154,5 @@ fn global_flags_and_daemon_flags() {
     assert_eq!(cfg.default_limits.cpu_millicores, Some(2000));
     fails(&["daemon", "--tcp", "not-an-addr"]);
     let cli = parse(&["daemon", "--data-dir", "/tmp/d", "--socket", "/tmp/d.sock"]);
-    assert_eq!(
-        cli.global.socket,
-        Some(std::path::PathBuf::from("/tmp/d.sock"))
-    );
+    assert_eq!(cli.global.socket, Some(std::path::PathBuf::from("/tmp/d.sock")));
 }

@@ -49,7 +49,8 @@ fn worker(sock: std::path::PathBuf, ledger: Arc<Mutex<Ledger>>, root_ck: String,
             })
         } else if op < 55 {
             let sb = sbs.choose(&mut rng).unwrap();
-            let _ = post(&sock, &format!("/v1/sandboxes/{sb}/exec"), json!({"cmd": ["sh", "-c", "date +%N >> /root/log"]}));
+            let _ =
+                post(&sock, &format!("/v1/sandboxes/{sb}/exec"), json!({"cmd": ["sh", "-c", "date +%N >> /root/log"]}));
             post(&sock, &format!("/v1/sandboxes/{sb}/checkpoints"), json!({})).map(|(s, v)| {
                 if s == 201 || s == 200 {
                     let mut l = ledger.lock().unwrap();

@@ -20,7 +20,10 @@ fn checkpoint_rollback_fork_round_trip() {
     assert_eq!(d.sh_ok(&sb, "id -u").trim(), "0");
     assert!(d.sh_ok(&sb, "python3 -c 'print(6*7)'").contains("42"));
     assert!(d.sh_ok(&sb, "cat /proc/1/comm").contains("sandtree:[init]"));
-    let (code, _) = d.sh(&sb, "test -e /var/lib/sandtree || test -e /etc/ssh/ssh_host_rsa_key || ls /home/* 2>/dev/null | grep -q .");
+    let (code, _) = d.sh(
+        &sb,
+        "test -e /var/lib/sandtree || test -e /etc/ssh/ssh_host_rsa_key || ls /home/* 2>/dev/null | grep -q .",
+    );
     assert_ne!(code, 0, "host state is visible inside the sandbox");
 
     // State 1: a project and a "pip install" into /usr/local.
@@ -50,9 +53,8 @@ fn checkpoint_rollback_fork_round_trip() {
     d.rollback(&sb, &ck1);
     let ck3 = d.checkpoint(&sb, "three");
     let list = d.ok("GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None);
-    let parent_of = |id: &str| {
-        list["checkpoints"].as_array().unwrap().iter().find(|c| c["id"] == id).unwrap()["parent"].clone()
-    };
+    let parent_of =
+        |id: &str| list["checkpoints"].as_array().unwrap().iter().find(|c| c["id"] == id).unwrap()["parent"].clone();
     assert_eq!(parent_of(&ck2), json!(ck1));
     assert_eq!(parent_of(&ck3), json!(ck1));
     assert_eq!(parent_of(&ck1), json!(null));
@@ -109,8 +111,20 @@ fn bad_input_gets_clear_errors() {
     let cases = [
         ("GET", "/v1/sandboxes/sb-0000000000".to_string(), None, 404, "sandbox_not_found"),
         ("GET", "/v1/sandboxes/..%2F..%2Fetc".to_string(), None, 404, "sandbox_not_found"),
-        ("POST", format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": "ck-0000000000"})), 404, "checkpoint_not_found"),
-        ("POST", "/v1/checkpoints/ck-0000000000/fork".to_string(), Some(json!({"count": 2})), 404, "checkpoint_not_found"),
+        (
+            "POST",
+            format!("/v1/sandboxes/{sb}/rollback"),
+            Some(json!({"checkpoint": "ck-0000000000"})),
+            404,
+            "checkpoint_not_found",
+        ),
+        (
+            "POST",
+            "/v1/checkpoints/ck-0000000000/fork".to_string(),
+            Some(json!({"count": 2})),
+            404,
+            "checkpoint_not_found",
+        ),
         ("POST", format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": []})), 400, "invalid_argument"),
         ("POST", format!("/v1/sandboxes/{sb}/exec"), Some(json!({"command": "ls"})), 400, "invalid_argument"),
         ("POST", "/v1/sandboxes".to_string(), Some(json!({"image": "nope"})), 404, "image_not_found"),
@@ -153,13 +167,16 @@ fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
     assert!(v["stderr"].as_str().unwrap().contains("done"));
     assert!(t.elapsed().as_secs() < 60);
     // A timeout kills.
-    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "100"], "timeout_ms": 300})));
+    let v =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "100"], "timeout_ms": 300})));
     assert_eq!(v["timed_out"], json!(true));
     // Stdin, env, cwd.
     let v = d.ok(
         "POST",
         &format!("/v1/sandboxes/{sb}/exec"),
-        Some(json!({"cmd": ["sh", "-c", "cat; echo $FOO; pwd"], "stdin": "in\n", "env": {"FOO": "bar"}, "cwd": "/tmp"})),
+        Some(
+            json!({"cmd": ["sh", "-c", "cat; echo $FOO; pwd"], "stdin": "in\n", "env": {"FOO": "bar"}, "cwd": "/tmp"}),
+        ),
     );
     assert_eq!(v["stdout"], json!("in\nbar\n/tmp\n"));
 
@@ -174,8 +191,13 @@ fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
         .map(|ck| {
             let (sock, sb) = (sock.clone(), sb.clone());
             std::thread::spawn(move || {
-                common::request(&sock, "POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(&json!({"checkpoint": ck})))
-                    .unwrap()
+                common::request(
+                    &sock,
+                    "POST",
+                    &format!("/v1/sandboxes/{sb}/rollback"),
+                    Some(&json!({"checkpoint": ck})),
+                )
+                .unwrap()
             })
         })
         .collect();

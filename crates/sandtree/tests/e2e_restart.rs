@@ -14,7 +14,8 @@ fn restarted_daemon_readopts_running_sandboxes_with_their_processes() {
     let mut d = Daemon::start("restart");
     let sb = d.create();
     d.sh_ok(&sb, "echo kept > /root/f");
-    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
+    let v =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
     let pid = v["pid"].as_i64().unwrap();
     let init_before = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].clone();
 
@@ -38,7 +39,7 @@ fn full_volume_fails_cleanly_and_keeps_checkpoints() {
     d.sh_ok(&sb, "echo precious > /root/keep");
     let ck = d.checkpoint(&sb, "before-full");
     // Fill the volume from inside the sandbox.
-    let (code, _) = d.sh(&sb, "dd if=/dev/urandom of=/root/fill bs=1M count=2000 2>/dev/null; sync");
+    let (code, _) = d.sh(&sb, "dd if=/dev/urandom of=/root/fill bs=1M count=2000 2>/dev/null");
     assert_ne!(code, 0, "dd should hit ENOSPC on a 400M volume");
     // Checkpoints either succeed or fail with no_space; nothing stored is lost.
     let mut saw = Vec::new();

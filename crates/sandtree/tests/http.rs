@@ -19,8 +19,7 @@ async fn serve(router: Router) -> String {
 }
 
 fn remote(e: anyhow::Error) -> RemoteError {
-    e.downcast::<RemoteError>()
-        .expect("an error answered by the server")
+    e.downcast::<RemoteError>().expect("an error answered by the server")
 }
 
 #[test]
@@ -39,47 +38,27 @@ async fn tcp_listener_requires_the_bearer_token() {
     let addr = serve(app(None, Some(Token::new("s3cret")))).await;
     // No token.
     let anon = Client::new(Endpoint::Tcp(addr.clone()), None);
-    let e = remote(
-        anon.call(Method::GET, "/v1/openapi.json", None::<&()>)
-            .await
-            .unwrap_err(),
-    );
+    let e = remote(anon.call(Method::GET, "/v1/openapi.json", None::<&()>).await.unwrap_err());
     assert_eq!(e.0.code, ErrorCode::Unauthorized);
-    let resp = anon
-        .send(Method::GET, "/v1/info", None::<&()>)
-        .await
-        .unwrap();
+    let resp = anon.send(Method::GET, "/v1/info", None::<&()>).await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     // Unknown routes are not revealed either.
-    let resp = anon
-        .send(Method::GET, "/v1/nope", None::<&()>)
-        .await
-        .unwrap();
+    let resp = anon.send(Method::GET, "/v1/nope", None::<&()>).await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     // Wrong token.
     let wrong = Client::new(Endpoint::Tcp(addr.clone()), Some("s3cres".into()));
-    let e = remote(
-        wrong
-            .call(Method::GET, "/v1/openapi.json", None::<&()>)
-            .await
-            .unwrap_err(),
-    );
+    let e = remote(wrong.call(Method::GET, "/v1/openapi.json", None::<&()>).await.unwrap_err());
     assert_eq!(e.0.code, ErrorCode::Unauthorized);
     // Right token.
     let ok = Client::new(Endpoint::Tcp(addr), Some("s3cret".into()));
-    let doc = ok
-        .call(Method::GET, "/v1/openapi.json", None::<&()>)
-        .await
-        .unwrap();
+    let doc = ok.call(Method::GET, "/v1/openapi.json", None::<&()>).await.unwrap();
     assert_eq!(doc["info"]["title"], "Sandtree API");
 }
 
 #[tokio::test]
 async fn bad_json_bodies_are_invalid_argument_with_the_serde_message() {
-    let router = Router::new().route(
-        "/x",
-        post(|ApiJson(r): ApiJson<CreateSandboxRequest>| async move { Json(r.image) }),
-    );
+    let router =
+        Router::new().route("/x", post(|ApiJson(r): ApiJson<CreateSandboxRequest>| async move { Json(r.image) }));
     let client = Client::new(Endpoint::Tcp(serve(router).await), None);
     let cases: [(&str, serde_json::Value); 3] = [
         ("unknown field", serde_json::json!({"imag": "x"})),
@@ -95,14 +74,7 @@ async fn bad_json_bodies_are_invalid_argument_with_the_serde_message() {
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains(needle), "{msg}");
     }
-    let ok = client
-        .call(
-            Method::POST,
-            "/x",
-            Some(&serde_json::json!({"image": "alpine"})),
-        )
-        .await
-        .unwrap();
+    let ok = client.call(Method::POST, "/x", Some(&serde_json::json!({"image": "alpine"}))).await.unwrap();
     assert_eq!(ok, "alpine");
 }
 
@@ -126,7 +98,8 @@ async fn ndjson_streams_are_read_line_by_line() {
     let mut events = Vec::new();
     client
         .stream(Method::POST, "/s", None::<&()>, |e: ExecEvent| {
-            Ok(events.push(e))
+            events.push(e);
+            Ok(())
         })
         .await
         .unwrap();
@@ -139,11 +112,7 @@ async fn ndjson_streams_are_read_line_by_line() {
 #[tokio::test]
 async fn cannot_connect_names_the_socket_and_the_daemon() {
     let client = Client::new(Endpoint::Unix("/nonexistent/sandtree.sock".into()), None);
-    let e = client
-        .call(Method::GET, "/v1/info", None::<&()>)
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = client.call(Method::GET, "/v1/info", None::<&()>).await.unwrap_err().to_string();
     assert!(e.contains("/nonexistent/sandtree.sock"), "{e}");
     assert!(e.contains("sandtree daemon"), "{e}");
 }

@@ -16,9 +16,7 @@ fn doc_operations() -> BTreeSet<(String, String)> {
     let mut ops = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().expect("paths") {
         for method in item.as_object().unwrap().keys() {
-            if ["get", "post", "put", "delete", "patch", "head", "options"]
-                .contains(&method.as_str())
-            {
+            if ["get", "post", "put", "delete", "patch", "head", "options"].contains(&method.as_str()) {
                 ops.insert((method.to_uppercase(), path.clone()));
             }
         }
@@ -39,15 +37,9 @@ fn checked_in_document_is_current() {
 
 #[test]
 fn route_table_and_document_agree() {
-    let table: BTreeSet<(String, String)> = routes::table()
-        .iter()
-        .map(|r| (r.method.to_string(), r.path.to_string()))
-        .collect();
-    assert_eq!(
-        table.len(),
-        routes::table().len(),
-        "the route table has duplicates"
-    );
+    let table: BTreeSet<(String, String)> =
+        routes::table().iter().map(|r| (r.method.to_string(), r.path.to_string())).collect();
+    assert_eq!(table.len(), routes::table().len(), "the route table has duplicates");
     let doc = doc_operations();
     let undocumented: Vec<_> = table.difference(&doc).collect();
     let unrouted: Vec<_> = doc.difference(&table).collect();
@@ -55,25 +47,14 @@ fn route_table_and_document_agree() {
         undocumented.is_empty(),
         "routes missing from the OpenAPI document (add #[utoipa::path] and list them in ApiDoc): {undocumented:?}"
     );
-    assert!(
-        unrouted.is_empty(),
-        "documented operations the router does not serve: {unrouted:?}"
-    );
+    assert!(unrouted.is_empty(), "documented operations the router does not serve: {unrouted:?}");
 }
 
 /// A middleware that only matched routes reach: answers with the matched
 /// pattern instead of running the handler (which would need an engine).
 async fn echo_match(req: Request, _next: Next) -> Response {
-    let matched = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_default();
-    (
-        StatusCode::IM_A_TEAPOT,
-        format!("{} {matched}", req.method()),
-    )
-        .into_response()
+    let matched = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_default();
+    (StatusCode::IM_A_TEAPOT, format!("{} {matched}", req.method())).into_response()
 }
 
 /// Serves `router` on a loopback port; returns a client for it.
@@ -100,7 +81,7 @@ fn concrete(path: &str) -> String {
             '{' => in_param = true,
             '}' => {
                 in_param = false;
-                out.push_str("1");
+                out.push('1');
             }
             _ if in_param => {}
             _ => out.push(c),
@@ -115,16 +96,8 @@ async fn every_documented_operation_reaches_its_route() {
     for (method, path) in doc_operations() {
         let m = Method::from_bytes(method.as_bytes()).unwrap();
         let (status, body) = send(&router, m, &concrete(&path)).await;
-        assert_eq!(
-            status,
-            StatusCode::IM_A_TEAPOT,
-            "{method} {path} did not reach a route: {status} {body}"
-        );
-        assert_eq!(
-            body,
-            format!("{method} {path}"),
-            "{method} {path} reached another route"
-        );
+        assert_eq!(status, StatusCode::IM_A_TEAPOT, "{method} {path} did not reach a route: {status} {body}");
+        assert_eq!(body, format!("{method} {path}"), "{method} {path} reached another route");
     }
 }
 

@@ -25,8 +25,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use sandtree_runtime::{Config, Engine, Zygote};
 
-pub use report::{Report, Row};
-
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Scratch data directory (a fresh btrfs image is created inside and removed after).

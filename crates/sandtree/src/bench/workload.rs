@@ -31,7 +31,14 @@ fn eprint_phase(args: &BenchArgs, what: &str) {
 
 async fn sh(engine: &Engine, sb: &str, script: &str) -> Result<String> {
     let out = engine
-        .exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], max_output_bytes: Some(64 << 20), ..Default::default() })
+        .exec(
+            sb,
+            ExecRequest {
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                max_output_bytes: Some(64 << 20),
+                ..Default::default()
+            },
+        )
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     if out.exit_code != Some(0) {
@@ -61,11 +68,7 @@ async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64)> {
 }
 
 async fn rollback(engine: &Engine, sb: &str, ck: &str) -> Result<()> {
-    engine
-        .rollback(sb, RollbackRequest { checkpoint: ck.into() })
-        .await
-        .map(|_| ())
-        .map_err(|e| anyhow::anyhow!("{e}"))
+    engine.rollback(sb, RollbackRequest { checkpoint: ck.into() }).await.map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Checkpoint + rollback measurements on a sandbox holding a tree.
@@ -121,7 +124,8 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
     }
     let mut exec_ms = Vec::new();
     for _ in 0..n.max(50) {
-        let (r, ms) = timed(engine.exec(&ids[0], ExecRequest { cmd: vec!["/bin/true".into()], ..Default::default() })).await;
+        let (r, ms) =
+            timed(engine.exec(&ids[0], ExecRequest { cmd: vec!["/bin/true".into()], ..Default::default() })).await;
         let out = r.map_err(|e| anyhow::anyhow!("{e}"))?;
         if out.exit_code != Some(0) {
             bail!("/bin/true exited {:?}", out.exit_code);
@@ -154,7 +158,8 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
     let mut fork_ms = Vec::new();
     for _ in 0..n.min(8) {
         let ck = ck_ids.choose(&mut rand::rng()).expect("checkpoints").clone();
-        let (r, ms) = timed(engine.fork(&ck, ForkRequest { count: 16, labels: Default::default(), limits: None })).await;
+        let (r, ms) =
+            timed(engine.fork(&ck, ForkRequest { count: 16, labels: Default::default(), limits: None })).await;
         let resp = r.map_err(|e| anyhow::anyhow!("{e}"))?;
         fork_ms.push(ms);
         for res in resp.results {

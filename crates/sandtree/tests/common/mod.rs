@@ -70,10 +70,8 @@ impl Daemon {
         self.child = Some(child);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(60) {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    panic!("daemon exited early ({status}): {}", self.log());
-                }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("daemon exited early ({status}): {}", self.log());
             }
             if UnixStream::connect(&self.socket).is_ok() && self.try_get("/v1/info").is_ok() {
                 return;
@@ -113,8 +111,7 @@ impl Daemon {
     }
 
     pub fn req(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        self.try_request(method, path, body.as_ref())
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
+        self.try_request(method, path, body.as_ref()).unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
     }
 
     /// A request that must succeed (2xx); returns the JSON body.
@@ -176,12 +173,11 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if self.child.is_some() {
-            if let Ok((_, v)) = self.try_request("GET", "/v1/sandboxes", None) {
-                for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
-                    let id = s["id"].as_str().unwrap_or_default();
-                    let _ = self.try_request("DELETE", &format!("/v1/sandboxes/{id}"), None);
-                }
+        let listed = self.child.as_ref().and_then(|_| self.try_request("GET", "/v1/sandboxes", None).ok());
+        if let Some((_, v)) = listed {
+            for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
+                let id = s["id"].as_str().unwrap_or_default();
+                let _ = self.try_request("DELETE", &format!("/v1/sandboxes/{id}"), None);
             }
         }
         self.kill9();

@@ -1,0 +1,108 @@
+//! `checkpoint`, `rollback`, `fork`, `tree`, `rm-checkpoint`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Result;
+use hyper::Method;
+use sandtree_api::*;
+
+use super::Ctx;
+use crate::cli::client::enc;
+use crate::cli::output::{checkpoint_tree, ms};
+
+pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>) -> Result<i32> {
+    let req = CheckpointRequest { label, labels: BTreeMap::new() };
+    let r: CheckpointResponse =
+        ctx.call(Method::POST, &format!("/v1/sandboxes/{}/checkpoints", enc(sandbox)), Some(&req)).await?;
+    if !ctx.json {
+        let c = &r.checkpoint;
+        println!("{}", c.id);
+        eprintln!("frozen {}, total {}", ms(c.frozen_ms), ms(c.duration_ms));
+        eprintln!("note: {}", r.note);
+    }
+    Ok(0)
+}
+
+pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str) -> Result<i32> {
+    let req = RollbackRequest { checkpoint: checkpoint.to_string() };
+    let r: RollbackResponse =
+        ctx.call(Method::POST, &format!("/v1/sandboxes/{}/rollback", enc(sandbox)), Some(&req)).await?;
+    if !ctx.json {
+        println!("rolled {} back to {} in {}", r.sandbox.id, r.checkpoint, ms(r.duration_ms));
+        if r.processes_restarted {
+            println!("processes were restarted (the filesystem was restored; running programs were not)");
+        }
+        println!("note: {}", r.note);
+    }
+    Ok(0)
+}
+
+pub async fn fork(ctx: &Ctx, checkpoint: &str, count: u32, labels: Vec<(String, String)>) -> Result<i32> {
+    let req = ForkRequest { count, labels: labels.into_iter().collect(), limits: None };
+    let r: ForkResponse =
+        ctx.call(Method::POST, &format!("/v1/checkpoints/{}/fork", enc(checkpoint)), Some(&req)).await?;
+    let mut failed = 0;
+    if !ctx.json {
+        for (i, res) in r.results.iter().enumerate() {
+            match (&res.sandbox, &res.error) {
+                (Some(s), _) => println!("{}", s.id),
+                (None, Some(e)) => {
+                    failed += 1;
+                    eprintln!("error: fork {}: {}", i + 1, e.message);
+                }
+                (None, None) => {
+                    failed += 1;
+                    eprintln!("error: fork {}: no result", i + 1);
+                }
+            }
+        }
+        eprintln!(
+            "forked {} of {} from {} in {}",
+            r.results.len() - failed,
+            r.results.len(),
+            r.checkpoint,
+            ms(r.duration_ms)
+        );
+        if r.processes_restarted {
+            eprintln!("note: {}", r.note);
+        }
+    } else {
+        failed = r.results.iter().filter(|x| x.sandbox.is_none()).count();
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+pub async fn tree(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
+    let path = match &sandbox {
+        Some(s) => format!("/v1/sandboxes/{}/checkpoints", enc(s)),
+        None => "/v1/checkpoints".to_string(),
+    };
+    let l: CheckpointList = ctx.get(Method::GET, &path).await?;
+    if ctx.json {
+        return Ok(0);
+    }
+    if l.checkpoints.is_empty() {
+        eprintln!("no checkpoints");
+        return Ok(0);
+    }
+    let sbs: SandboxList = ctx.client.call_as(Method::GET, "/v1/sandboxes", None::<&()>).await?;
+    let mut based: HashMap<String, Vec<String>> = HashMap::new();
+    for s in sbs.sandboxes {
+        if let Some(b) = s.base_checkpoint {
+            based.entry(b).or_default().push(s.id);
+        }
+    }
+    print!("{}", checkpoint_tree(&l.checkpoints, &based));
+    Ok(0)
+}
+
+pub async fn rm(ctx: &Ctx, checkpoint: &str, force: bool) -> Result<i32> {
+    let r: DeleteCheckpointResponse =
+        ctx.get(Method::DELETE, &format!("/v1/checkpoints/{}?force={force}", enc(checkpoint))).await?;
+    if !ctx.json {
+        for d in r.deleted {
+            println!("{d}");
+        }
+    }
+    Ok(0)
+}

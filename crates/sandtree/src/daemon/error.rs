@@ -1,0 +1,122 @@
+//! Error responses and the request extractors whose rejections are JSON.
+//!
+//! Every error the daemon serves is `{"error": {"code": "...", "message": "..."}}`
+//! ([`sandtree_api::ErrorBody`]) with the status of
+//! [`sandtree_api::ErrorCode::http_status`]. Axum's own rejections (bad JSON,
+//! a pid that is not a number, a bad query string) are turned into
+//! `invalid_argument` errors carrying serde's message.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sandtree_api::{ApiError, ErrorBody, ErrorCode};
+use serde::de::DeserializeOwned;
+
+/// An error as a response.
+#[derive(Debug)]
+pub struct ApiFailure(pub ApiError);
+
+impl ApiFailure {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiFailure {
+        ApiFailure(ApiError::new(code, message))
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ApiFailure {
+        ApiFailure::new(ErrorCode::InvalidArgument, message)
+    }
+}
+
+/// The response of an [`ApiError`]: its status and the JSON error body.
+pub fn error_response(err: ApiError) -> Response {
+    let status = StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(ErrorBody { error: err })).into_response()
+}
+
+impl IntoResponse for ApiFailure {
+    fn into_response(self) -> Response {
+        if self.0.code == ErrorCode::Internal {
+            tracing::error!(message = %self.0.message, "internal error");
+        }
+        error_response(self.0)
+    }
+}
+
+impl From<sandtree_runtime::Error> for ApiFailure {
+    fn from(e: sandtree_runtime::Error) -> ApiFailure {
+        ApiFailure(e.to_api())
+    }
+}
+
+impl From<ApiError> for ApiFailure {
+    fn from(e: ApiError) -> ApiFailure {
+        ApiFailure(e)
+    }
+}
+
+impl From<PathRejection> for ApiFailure {
+    fn from(r: PathRejection) -> ApiFailure {
+        ApiFailure::invalid(format!("invalid path parameter: {}", r.body_text()))
+    }
+}
+
+impl From<QueryRejection> for ApiFailure {
+    fn from(r: QueryRejection) -> ApiFailure {
+        ApiFailure::invalid(format!("invalid query string: {}", r.body_text()))
+    }
+}
+
+/// Result of a handler.
+pub type ApiResult<T> = Result<T, ApiFailure>;
+
+/// Path parameters; a rejection is a 400 `invalid_argument`.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiFailure))]
+pub struct ApiPath<T>(pub T);
+
+/// Query parameters; a rejection is a 400 `invalid_argument`.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiFailure))]
+pub struct ApiQuery<T>(pub T);
+
+/// A JSON request body. The `Content-Type` is not checked (curl-friendly);
+/// a body that does not parse is a 400 `invalid_argument` with serde's message.
+pub struct ApiJson<T>(pub T);
+
+/// Like [`ApiJson`], but an empty body means `T::default()`.
+pub struct ApiJsonOrDefault<T>(pub T);
+
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiFailure> {
+    Bytes::from_request(req, state)
+        .await
+        .map_err(|r| ApiFailure::invalid(format!("cannot read the request body: {}", r.body_text())))
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
+    serde_json::from_slice(bytes).map_err(|e| ApiFailure::invalid(format!("invalid JSON body: {e}")))
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiFailure;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiFailure::invalid("invalid JSON body: the request body is empty"));
+        }
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ApiJsonOrDefault<T> {
+    type Rejection = ApiFailure;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(ApiJsonOrDefault(T::default()));
+        }
+        parse_json(&bytes).map(ApiJsonOrDefault)
+    }
+}

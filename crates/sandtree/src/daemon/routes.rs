@@ -1,0 +1,524 @@
+//! The API routes: one table, used to build the router and checked against
+//! the OpenAPI document by the tests (`tests/openapi.rs`).
+//!
+//! | method | path | body → response |
+//! |--------|------|-----------------|
+//! | GET    | `/v1/info` | → `DaemonInfo` |
+//! | GET    | `/v1/openapi.json` | → the OpenAPI 3 document |
+//! | POST   | `/v1/sandboxes` | `CreateSandboxRequest` → 201 `CreateSandboxResponse` |
+//! | GET    | `/v1/sandboxes` | → `SandboxList` |
+//! | GET    | `/v1/sandboxes/{id}` | → `SandboxInfo` (with usage) |
+//! | DELETE | `/v1/sandboxes/{id}?checkpoints=true` | → `DeleteSandboxResponse` |
+//! | POST   | `/v1/sandboxes/{id}/start`, `/stop` | → `SandboxInfo` |
+//! | POST   | `/v1/sandboxes/{id}/exec[?stream=true]` | `ExecRequest` → `ExecResponse`, or NDJSON `ExecEvent`s |
+//! | GET    | `/v1/sandboxes/{id}/processes` | → `ProcessList` |
+//! | GET    | `/v1/sandboxes/{id}/processes/{pid}` | → `ProcessOutput` |
+//! | DELETE | `/v1/sandboxes/{id}/processes/{pid}?signal=9` | → 204 |
+//! | POST   | `/v1/sandboxes/{id}/sessions` | `CreateSessionRequest` (optional) → 201 `SessionInfo` |
+//! | GET    | `/v1/sandboxes/{id}/sessions` | → `SessionList` |
+//! | POST   | `/v1/sandboxes/{id}/sessions/{sid}/run` | `SessionRunRequest` → `SessionRunResponse` |
+//! | DELETE | `/v1/sandboxes/{id}/sessions/{sid}` | → 204 |
+//! | GET    | `/v1/sandboxes/{id}/sessions/{sid}/attach` | websocket (see [`super::attach`]) |
+//! | POST   | `/v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` (optional) → 201 `CheckpointResponse` |
+//! | GET    | `/v1/sandboxes/{id}/checkpoints` | → `CheckpointList` (the sandbox's tree) |
+//! | POST   | `/v1/sandboxes/{id}/rollback` | `RollbackRequest` → `RollbackResponse` |
+//! | GET    | `/v1/checkpoints` | → `CheckpointList` (every tree) |
+//! | GET    | `/v1/checkpoints/{id}` | → `CheckpointInfo` |
+//! | DELETE | `/v1/checkpoints/{id}?force=true` | → `DeleteCheckpointResponse` |
+//! | POST   | `/v1/checkpoints/{id}/fork` | `ForkRequest` → `ForkResponse` |
+//! | POST   | `/v1/gc` | → `GcReport` |
+//! | GET    | `/v1/images` | → `ImageList` |
+//! | POST   | `/v1/images` | `ImportImageRequest` → NDJSON `ImportEvent`s |
+//! | DELETE | `/v1/images/{name}` | → 204 |
+//!
+//! # NDJSON streams
+//! `POST /exec?stream=true` and `POST /v1/images` answer `200` with
+//! `Content-Type: application/x-ndjson`, a chunked body of one JSON object per
+//! line, each tagged by `"type"`:
+//! - exec: `started {pid}`, then any number of `stdout {data}` / `stderr {data}`,
+//!   then `exit {…ExecResponse}` (or `error {code, message}`);
+//! - import: `progress {phase, done_bytes, total_bytes, files}`…, then
+//!   `done {…ImageInfo}` or `error {code, message}`.
+//!
+//! Errors found before the stream starts (unknown sandbox, invalid request,
+//! an import that fails at once) are ordinary JSON error responses.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::ExtensionRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::handler::Handler;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::{Extension, Json, Router};
+use sandtree_api::*;
+use sandtree_runtime::Engine;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use utoipa::IntoParams;
+
+use super::error::{ApiFailure, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, error_response};
+
+/// The engine, as a request extension (so the router itself needs no state
+/// and the route table can be probed without a running engine).
+pub struct Eng(pub Arc<Engine>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Eng {
+    type Rejection = ApiFailure;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiFailure> {
+        let Extension(engine) = Extension::<Arc<Engine>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e: ExtensionRejection| ApiFailure::new(ErrorCode::Internal, format!("no engine: {e}")))?;
+        Ok(Eng(engine))
+    }
+}
+
+/// One route: its method, its path (axum and OpenAPI share the `{param}` syntax) and its handler.
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub handler: MethodRouter,
+}
+
+fn route<H, T>(method: Method, path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, ()>,
+    T: 'static,
+{
+    let filter = MethodFilter::try_from(method.clone()).expect("standard method");
+    Route { method, path, handler: on(filter, handler) }
+}
+
+/// Every API route. The single source of truth for the router.
+pub fn table() -> Vec<Route> {
+    vec![
+        route(Method::GET, "/v1/info", info),
+        route(Method::GET, "/v1/openapi.json", openapi_json),
+        route(Method::POST, "/v1/sandboxes", create_sandbox),
+        route(Method::GET, "/v1/sandboxes", list_sandboxes),
+        route(Method::GET, "/v1/sandboxes/{id}", get_sandbox),
+        route(Method::DELETE, "/v1/sandboxes/{id}", delete_sandbox),
+        route(Method::POST, "/v1/sandboxes/{id}/start", start_sandbox),
+        route(Method::POST, "/v1/sandboxes/{id}/stop", stop_sandbox),
+        route(Method::POST, "/v1/sandboxes/{id}/exec", exec),
+        route(Method::GET, "/v1/sandboxes/{id}/processes", list_processes),
+        route(Method::GET, "/v1/sandboxes/{id}/processes/{pid}", process_output),
+        route(Method::DELETE, "/v1/sandboxes/{id}/processes/{pid}", kill_process),
+        route(Method::POST, "/v1/sandboxes/{id}/sessions", create_session),
+        route(Method::GET, "/v1/sandboxes/{id}/sessions", list_sessions),
+        route(Method::POST, "/v1/sandboxes/{id}/sessions/{sid}/run", session_run),
+        route(Method::DELETE, "/v1/sandboxes/{id}/sessions/{sid}", close_session),
+        route(Method::GET, "/v1/sandboxes/{id}/sessions/{sid}/attach", attach_session),
+        route(Method::POST, "/v1/sandboxes/{id}/checkpoints", create_checkpoint),
+        route(Method::GET, "/v1/sandboxes/{id}/checkpoints", sandbox_checkpoints),
+        route(Method::POST, "/v1/sandboxes/{id}/rollback", rollback),
+        route(Method::GET, "/v1/checkpoints", list_checkpoints),
+        route(Method::GET, "/v1/checkpoints/{id}", get_checkpoint),
+        route(Method::DELETE, "/v1/checkpoints/{id}", delete_checkpoint),
+        route(Method::POST, "/v1/checkpoints/{id}/fork", fork),
+        route(Method::POST, "/v1/gc", gc),
+        route(Method::GET, "/v1/images", list_images),
+        route(Method::POST, "/v1/images", import_image),
+        route(Method::DELETE, "/v1/images/{name}", delete_image),
+    ]
+}
+
+/// The API router (no engine attached: add it with `Extension(Arc<Engine>)`).
+/// Unknown paths answer 404 `route_not_found`, known paths with another
+/// method 405 `method_not_allowed`.
+pub fn api_router() -> Router {
+    let mut router = Router::new();
+    for r in table() {
+        router = router.route(r.path, r.handler);
+    }
+    router.fallback(route_not_found).method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn route_not_found(method: Method, uri: axum::http::Uri) -> Response {
+    error_response(ApiError::new(
+        ErrorCode::RouteNotFound,
+        format!("no route {method} {}: see GET /v1/openapi.json for the API", uri.path()),
+    ))
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+    error_response(ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{} does not accept {method}: see GET /v1/openapi.json for the API", uri.path()),
+    ))
+}
+
+/// Runs an engine future whose type is not `Send` (the session verbs hold a
+/// `tokio::sync::watch::Ref` across an await in sandtree-sandbox) on a
+/// blocking-pool thread, driven by the runtime's handle.
+async fn off_thread<F, Fut, T>(make: F) -> Result<T, ApiFailure>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = sandtree_runtime::Result<T>>,
+    T: Send + 'static,
+{
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || handle.block_on(make()))
+        .await
+        .map_err(|e| ApiFailure::new(ErrorCode::Internal, format!("session task failed: {e}")))?
+        .map_err(ApiFailure::from)
+}
+
+const NDJSON: &str = "application/x-ndjson";
+
+/// A `200 application/x-ndjson` response streaming `rx` one JSON per line.
+fn ndjson_response<T: Serialize + Send + 'static>(first: Option<T>, rx: mpsc::Receiver<T>) -> Response {
+    let first = futures_util::stream::iter(first);
+    let rest = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) });
+    use futures_util::StreamExt;
+    let lines = first.chain(rest).map(|ev| {
+        let mut line = serde_json::to_vec(&ev).unwrap_or_else(|e| {
+            format!(r#"{{"type":"error","code":"internal","message":"cannot encode event: {e}"}}"#).into_bytes()
+        });
+        line.push(b'\n');
+        Ok::<_, Infallible>(Bytes::from(line))
+    });
+    let mut resp = Body::from_stream(lines).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
+    resp
+}
+
+// ---------------------------------------------------------------- daemon
+
+/// Daemon version, state store and counts.
+#[utoipa::path(get, path = "/v1/info", tag = "daemon",
+    responses((status = 200, body = DaemonInfo), (status = 500, body = ErrorBody)))]
+pub async fn info(Eng(e): Eng) -> ApiResult<Json<DaemonInfo>> {
+    Ok(Json(e.info().await?))
+}
+
+/// This OpenAPI document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "daemon",
+    responses((status = 200, description = "The OpenAPI 3 document", content_type = "application/json")))]
+pub async fn openapi_json() -> Response {
+    let mut resp = super::openapi::document_json().into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// Deletes orphaned subvolumes and stale runtime state.
+#[utoipa::path(post, path = "/v1/gc", tag = "daemon",
+    responses((status = 200, body = GcReport), (status = 500, body = ErrorBody)))]
+pub async fn gc(Eng(e): Eng) -> ApiResult<Json<GcReport>> {
+    Ok(Json(e.gc().await?))
+}
+
+// ---------------------------------------------------------------- sandboxes
+
+/// Creates and starts a sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
+    responses((status = 201, body = CreateSandboxResponse), (status = 400, body = ErrorBody),
+              (status = 404, description = "image_not_found", body = ErrorBody), (status = 507, body = ErrorBody)))]
+pub async fn create_sandbox(
+    Eng(e): Eng,
+    ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<CreateSandboxResponse>)> {
+    Ok((StatusCode::CREATED, Json(e.create_sandbox(req).await?)))
+}
+
+/// Lists sandboxes.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = SandboxList)))]
+pub async fn list_sandboxes(Eng(e): Eng) -> ApiResult<Json<SandboxList>> {
+    Ok(Json(e.list_sandboxes().await?))
+}
+
+/// Describes a sandbox, with its resource usage.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub async fn get_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(e.get_sandbox(&id).await?))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteSandboxQuery {
+    /// Also delete the sandbox's checkpoints (default: keep them, they can seed forks).
+    #[serde(default)]
+    pub checkpoints: bool,
+}
+
+/// Deletes a sandbox (kills its processes, removes its writable layer).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), DeleteSandboxQuery),
+    responses((status = 200, body = DeleteSandboxResponse), (status = 404, body = ErrorBody)))]
+pub async fn delete_sandbox(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<DeleteSandboxQuery>,
+) -> ApiResult<Json<DeleteSandboxResponse>> {
+    Ok(Json(e.delete_sandbox(&id, q.checkpoints).await?))
+}
+
+/// Starts a stopped sandbox from its filesystem state.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub async fn start_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(e.start_sandbox(&id).await?))
+}
+
+/// Stops a sandbox's processes; its filesystem stays.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub async fn stop_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(e.stop_sandbox(&id).await?))
+}
+
+// ---------------------------------------------------------------- exec
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExecQuery {
+    /// Stream `ExecEvent`s as NDJSON instead of one `ExecResponse` at the end.
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// Runs a command (to completion, streamed, or in the background).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec", request_body = ExecRequest,
+    params(("id" = String, Path, description = "Sandbox id"), ExecQuery),
+    responses(
+        (status = 200, description = "`ExecResponse`, or with `?stream=true` one `ExecEvent` per line",
+            content((ExecResponse = "application/json"), (ExecEvent = "application/x-ndjson"))),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn exec(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ExecQuery>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> ApiResult<Response> {
+    if q.stream && !req.background {
+        let rx = e.exec_stream(&id, req).await?;
+        return Ok(ndjson_response(None, rx));
+    }
+    Ok(Json(e.exec(&id, req).await?).into_response())
+}
+
+/// Lists the processes started through the API (`background: true`).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "exec", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
+pub async fn list_processes(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ProcessList>> {
+    Ok(Json(e.processes(&id).await?))
+}
+
+/// State and buffered output of a background process.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Pid inside the sandbox")),
+    responses((status = 200, body = ProcessOutput), (status = 404, body = ErrorBody)))]
+pub async fn process_output(Eng(e): Eng, ApiPath((id, pid)): ApiPath<(String, i32)>) -> ApiResult<Json<ProcessOutput>> {
+    Ok(Json(e.process_output(&id, pid).await?))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct KillQuery {
+    /// Signal number (default 9, SIGKILL).
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+/// Sends a signal to a background process.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Pid inside the sandbox"), KillQuery),
+    responses((status = 204, description = "Signal sent"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn kill_process(
+    Eng(e): Eng,
+    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiQuery(q): ApiQuery<KillQuery>,
+) -> ApiResult<StatusCode> {
+    e.kill_process(&id, pid, q.signal.unwrap_or(9)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---------------------------------------------------------------- sessions
+
+/// Opens a persistent pty-backed shell session.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", tag = "sessions", request_body = CreateSessionRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, body = SessionInfo), (status = 404, body = ErrorBody)))]
+pub async fn create_session(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSessionRequest>,
+) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
+    let info = off_thread(move || async move { e.create_session(&id, req).await }).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Lists a sandbox's sessions.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/sessions", tag = "sessions", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SessionList), (status = 404, body = ErrorBody)))]
+pub async fn list_sessions(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SessionList>> {
+    Ok(Json(e.list_sessions(&id).await?))
+}
+
+/// Runs one command line in a session's shell and returns what it printed.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions/{sid}/run", tag = "sessions", request_body = SessionRunRequest,
+    params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id")),
+    responses((status = 200, body = SessionRunResponse), (status = 404, body = ErrorBody)))]
+pub async fn session_run(
+    Eng(e): Eng,
+    ApiPath((id, sid)): ApiPath<(String, String)>,
+    ApiJson(req): ApiJson<SessionRunRequest>,
+) -> ApiResult<Json<SessionRunResponse>> {
+    Ok(Json(off_thread(move || async move { e.session_run(&id, &sid, req).await }).await?))
+}
+
+/// Closes a session (kills its shell).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/sessions/{sid}", tag = "sessions",
+    params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id")),
+    responses((status = 204, description = "Closed"), (status = 404, body = ErrorBody)))]
+pub async fn close_session(Eng(e): Eng, ApiPath((id, sid)): ApiPath<(String, String)>) -> ApiResult<StatusCode> {
+    e.close_session(&id, &sid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Attaches to a session's terminal over a websocket.
+///
+/// Binary frames carry pty bytes both ways; a text frame
+/// `{"resize":[cols,rows]}` resizes the terminal. The server closes the
+/// socket when the shell exits.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/sessions/{sid}/attach", tag = "sessions",
+    params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id")),
+    responses((status = 101, description = "Switching to the websocket protocol"),
+              (status = 400, description = "Not a websocket request", body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn attach_session(
+    Eng(e): Eng,
+    ApiPath((id, sid)): ApiPath<(String, String)>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> ApiResult<Response> {
+    let ws = ws.map_err(|r| ApiFailure::invalid(format!("attach needs a websocket upgrade: {}", r.body_text())))?;
+    let io = e.session_io(&id, &sid).await?;
+    let shell_pid = e.list_sessions(&id).await?.sessions.iter().find(|s| s.id == sid).map(|s| s.pid);
+    let shell_pid = shell_pid.ok_or_else(|| {
+        ApiFailure::new(ErrorCode::SessionNotFound, format!("session {sid} not found in sandbox {id}"))
+    })?;
+    let target = super::attach::Target { engine: e, sandbox: id, shell_pid };
+    Ok(ws.on_upgrade(move |socket| super::attach::bridge(socket, io, target)))
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+/// Checkpoints a sandbox (freezes it for the snapshot only).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", request_body = CheckpointRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, body = CheckpointResponse), (status = 404, body = ErrorBody),
+              (status = 504, description = "freeze_timeout", body = ErrorBody), (status = 507, body = ErrorBody)))]
+pub async fn create_checkpoint(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiJsonOrDefault(req): ApiJsonOrDefault<CheckpointRequest>,
+) -> ApiResult<(StatusCode, Json<CheckpointResponse>)> {
+    Ok((StatusCode::CREATED, Json(e.checkpoint(&id, req).await?)))
+}
+
+/// The checkpoint tree of one sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = CheckpointList), (status = 404, body = ErrorBody)))]
+pub async fn sandbox_checkpoints(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<CheckpointList>> {
+    Ok(Json(e.list_checkpoints(Some(&id)).await?))
+}
+
+/// Rolls a sandbox back to one of its checkpoints.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/rollback", tag = "checkpoints", request_body = RollbackRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = RollbackResponse), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn rollback(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<RollbackRequest>,
+) -> ApiResult<Json<RollbackResponse>> {
+    Ok(Json(e.rollback(&id, req).await?))
+}
+
+/// Every checkpoint, as a forest (parents first).
+#[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = CheckpointList)))]
+pub async fn list_checkpoints(Eng(e): Eng) -> ApiResult<Json<CheckpointList>> {
+    Ok(Json(e.list_checkpoints(None).await?))
+}
+
+/// Describes a checkpoint.
+#[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id")),
+    responses((status = 200, body = CheckpointInfo), (status = 404, body = ErrorBody)))]
+pub async fn get_checkpoint(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<CheckpointInfo>> {
+    Ok(Json(e.get_checkpoint(&id).await?))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteCheckpointQuery {
+    /// Delete even if children or sandboxes depend on it (children are relinked to its parent).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Deletes a checkpoint.
+#[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints",
+    params(("id" = String, Path, description = "Checkpoint id"), DeleteCheckpointQuery),
+    responses((status = 200, body = DeleteCheckpointResponse), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn delete_checkpoint(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<DeleteCheckpointQuery>,
+) -> ApiResult<Json<DeleteCheckpointResponse>> {
+    Ok(Json(e.delete_checkpoint(&id, q.force).await?))
+}
+
+/// Creates `count` new sandboxes from a checkpoint.
+#[utoipa::path(post, path = "/v1/checkpoints/{id}/fork", tag = "checkpoints", request_body = ForkRequest,
+    params(("id" = String, Path, description = "Checkpoint id")),
+    responses((status = 200, body = ForkResponse), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn fork(
+    Eng(e): Eng,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<ForkRequest>,
+) -> ApiResult<Json<ForkResponse>> {
+    Ok(Json(e.fork(&id, req).await?))
+}
+
+// ---------------------------------------------------------------- images
+
+/// Lists images.
+#[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = ImageList)))]
+pub async fn list_images(Eng(e): Eng) -> ApiResult<Json<ImageList>> {
+    Ok(Json(e.images().await?))
+}
+
+/// Imports a rootfs (directory or tarball on the daemon's host); streams progress.
+#[utoipa::path(post, path = "/v1/images", tag = "images", request_body = ImportImageRequest,
+    responses((status = 200, description = "One `ImportEvent` per line: `progress`…, then `done` or `error`",
+                  body = ImportEvent, content_type = "application/x-ndjson"),
+              (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn import_image(Eng(e): Eng, ApiJson(req): ApiJson<ImportImageRequest>) -> ApiResult<Response> {
+    let (tx, mut rx) = mpsc::channel(256);
+    let done = tx.clone();
+    tokio::spawn(async move {
+        let last = match e.import_image(req, tx).await {
+            Ok(image) => ImportEvent::Done(image),
+            Err(err) => ImportEvent::Error(err.to_api()),
+        };
+        let _ = done.send(last).await;
+    });
+    // An import that fails before any progress is an ordinary error response.
+    match rx.recv().await {
+        Some(ImportEvent::Error(err)) => Err(ApiFailure(err)),
+        Some(first) => Ok(ndjson_response(Some(first), rx)),
+        None => Err(ApiFailure::new(ErrorCode::Internal, "the import task ended without a result")),
+    }
+}
+
+/// Deletes an image no sandbox or checkpoint uses.
+#[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name")),
+    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn delete_image(Eng(e): Eng, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
+    e.delete_image(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
