@@ -5,10 +5,14 @@
 //!    `bash --noprofile --norc --noediting -i`; init opens `/dev/ptmx` of the
 //!    sandbox devpts, forks bash with the slave as controlling terminal
 //!    (`setsid` + `TIOCSCTTY`) and returns the master fd via `SCM_RIGHTS`.
-//! 2. bash runs with `PS1=''` and a `PROMPT_COMMAND` that prints the marker
-//!    `\x1f__ST__<n>;<status>\x1e` before every prompt (`n` counts prompts).
-//!    A reader task drains the master, broadcasts raw output to attached
-//!    clients and cuts the stream at markers.
+//! 2. bash's `PROMPT_COMMAND` prints the marker `ESC ] 6973;ST;<n>;<status> BEL`
+//!    before every prompt (`n` counts prompts), and its `PS1` is an ordinary
+//!    prompt (`root@sb-…:/tmp# `) followed by `ESC ] 6973;SE BEL`. Both are
+//!    OSC sequences, which terminals ignore, so an attached human sees a
+//!    normal shell. A reader task drains the master, broadcasts raw output to
+//!    attached clients, and cuts the stream: the text before a start marker is
+//!    the output of the last command; the prompt up to the end marker is dropped.
+//!    When the shell exits, an empty chunk is broadcast as end of stream.
 //! 3. `session_run` turns terminal echo off, writes the command as one line
 //!    `eval $'<escaped>'` (so multi-line commands, heredocs and syntax
 //!    errors still yield exactly one prompt) and waits for the next marker;
@@ -31,9 +35,13 @@ use crate::exec::DEFAULT_PATH;
 use crate::protocol::{Reply, Request, StdioSpec};
 use crate::sandbox::{Error, Result, Sandbox, async_fd, io_err};
 
-const MARK_START: &[u8] = b"\x1f__ST__";
-const MARK_END: u8 = 0x1e;
-const PROMPT_COMMAND: &str = r#"__st_rc=$?; __st_n=$((__st_n+1)); printf '\037__ST__%d;%d\036' "$__st_n" "$__st_rc""#;
+const MARK_START: &[u8] = b"\x1b]6973;ST;";
+const MARK_PROMPT_END: &[u8] = b"\x1b]6973;SE\x07";
+const MARK_END: u8 = 0x07;
+const PROMPT_COMMAND: &str =
+    r#"__st_rc=$?; __st_n=$((__st_n+1)); printf '\033]6973;ST;%d;%d\007' "$__st_n" "$__st_rc""#;
+/// An ordinary prompt, then the end marker (inside `\[ \]`: zero width).
+const PS1: &str = r"\u@\h:\w\$ \[\e]6973;SE\a\]";
 const MAX_PENDING: usize = 16 * 1024 * 1024;
 
 /// Session identifier.
@@ -158,7 +166,11 @@ async fn read_loop(shared: Arc<Shared>) {
             break;
         };
         let n = match guard.try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(Into::into)) {
-            Ok(Ok(0)) | Ok(Err(_)) => break, // EIO: the shell is gone
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                // EIO: the shell is gone; tell attached clients.
+                let _ = shared.out.send(Vec::new());
+                break;
+            }
             Ok(Ok(n)) => n,
             Err(_would_block) => continue,
         };
@@ -169,12 +181,17 @@ async fn read_loop(shared: Arc<Shared>) {
             let Some(len) = cut.pending[start..].iter().position(|&b| b == MARK_END) else {
                 break;
             };
+            // Wait until the prompt that follows the marker is complete.
+            let after = start + len + 1;
+            let Some(prompt_len) = find(&cut.pending[after..], MARK_PROMPT_END) else {
+                break;
+            };
             let body = String::from_utf8_lossy(&cut.pending[start + MARK_START.len()..start + len]).into_owned();
             let mut parts = body.split(';');
             let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
             let rc: i32 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
             let output = cut.pending[..start].to_vec();
-            cut.pending.drain(..start + len + 1);
+            cut.pending.drain(..after + prompt_len + MARK_PROMPT_END.len());
             cut.last_output = output;
             cut.last_rc = rc;
             shared.prompts.send_replace(n);
@@ -217,7 +234,7 @@ impl Sandbox {
             ("HOME".into(), "/root".into()),
             ("LANG".into(), "C.UTF-8".into()),
             ("TERM".into(), "xterm-256color".into()),
-            ("PS1".into(), String::new()),
+            ("PS1".into(), PS1.into()),
             ("PS2".into(), String::new()),
             ("PROMPT_COMMAND".into(), PROMPT_COMMAND.into()),
         ];
@@ -256,8 +273,11 @@ impl Sandbox {
         });
         let mut first = shared.prompts.subscribe();
         let reader = tokio::spawn(read_loop(shared.clone()));
-        let ready = tokio::time::timeout(Duration::from_secs(10), first.wait_for(|n| *n >= 1)).await;
-        if !matches!(ready, Ok(Ok(_))) {
+        // (The watch guard is dropped at once: it must not live across an await.)
+        let ready = tokio::time::timeout(Duration::from_secs(10), async { first.wait_for(|n| *n >= 1).await.is_ok() })
+            .await
+            .unwrap_or(false);
+        if !ready {
             reader.abort();
             let _ = self.kill_process(pid, 9).await;
             return Err(Error::SessionTimeout);
@@ -297,7 +317,7 @@ impl Sandbox {
         let echo_was = set_echo(shared.master.get_ref(), false).map_err(io_err("disable echo"))?;
         let line = format!("eval {}\n", ansi_c_quote(command));
         write_all(&shared, line.as_bytes()).await?;
-        let wait = prompts.wait_for(|n| *n > start);
+        let wait = async { prompts.wait_for(|n| *n > start).await.map(|_| ()) };
         let done = match timeout {
             Some(t) => tokio::time::timeout(t, wait).await.ok(),
             None => Some(wait.await),

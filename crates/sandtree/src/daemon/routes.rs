@@ -152,22 +152,6 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
     ))
 }
 
-/// Runs an engine future whose type is not `Send` (the session verbs hold a
-/// `tokio::sync::watch::Ref` across an await in sandtree-sandbox) on a
-/// blocking-pool thread, driven by the runtime's handle.
-async fn off_thread<F, Fut, T>(make: F) -> Result<T, ApiFailure>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = sandtree_runtime::Result<T>>,
-    T: Send + 'static,
-{
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || handle.block_on(make()))
-        .await
-        .map_err(|e| ApiFailure::new(ErrorCode::Internal, format!("session task failed: {e}")))?
-        .map_err(ApiFailure::from)
-}
-
 const NDJSON: &str = "application/x-ndjson";
 
 /// A `200 application/x-ndjson` response streaming `rx` one JSON per line.
@@ -349,7 +333,7 @@ pub async fn create_session(
     ApiPath(id): ApiPath<String>,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSessionRequest>,
 ) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
-    let info = off_thread(move || async move { e.create_session(&id, req).await }).await?;
+    let info = e.create_session(&id, req).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -369,7 +353,7 @@ pub async fn session_run(
     ApiPath((id, sid)): ApiPath<(String, String)>,
     ApiJson(req): ApiJson<SessionRunRequest>,
 ) -> ApiResult<Json<SessionRunResponse>> {
-    Ok(Json(off_thread(move || async move { e.session_run(&id, &sid, req).await }).await?))
+    Ok(Json(e.session_run(&id, &sid, req).await?))
 }
 
 /// Closes a session (kills its shell).
@@ -397,12 +381,7 @@ pub async fn attach_session(
 ) -> ApiResult<Response> {
     let ws = ws.map_err(|r| ApiFailure::invalid(format!("attach needs a websocket upgrade: {}", r.body_text())))?;
     let io = e.session_io(&id, &sid).await?;
-    let shell_pid = e.list_sessions(&id).await?.sessions.iter().find(|s| s.id == sid).map(|s| s.pid);
-    let shell_pid = shell_pid.ok_or_else(|| {
-        ApiFailure::new(ErrorCode::SessionNotFound, format!("session {sid} not found in sandbox {id}"))
-    })?;
-    let target = super::attach::Target { engine: e, sandbox: id, shell_pid };
-    Ok(ws.on_upgrade(move |socket| super::attach::bridge(socket, io, target)))
+    Ok(ws.on_upgrade(move |socket| super::attach::bridge(socket, io)))
 }
 
 // ---------------------------------------------------------------- checkpoints
