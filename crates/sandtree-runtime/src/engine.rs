@@ -167,10 +167,25 @@ impl Engine {
         Ok(sandbox)
     }
 
-    /// Kills a sandbox's processes (if any) and forgets its live handle.
+    /// Kills a sandbox's processes (if any) and forgets its live handle. Its
+    /// cgroup and run directory stay for the next boot of the same sandbox.
     pub(crate) async fn halt(&self, id: &str) -> Result<()> {
         if let Some(sb) = self.live_set(id, None) {
-            sb.kill().await?;
+            sb.stop().await?;
+        }
+        Ok(())
+    }
+
+    /// Like [`Engine::halt`]; the cgroup and run directory are then removed
+    /// in the background (nothing waits for the kernel to let go of them).
+    pub(crate) async fn halt_and_release(&self, id: &str) -> Result<()> {
+        if let Some(sb) = self.live_set(id, None) {
+            sb.stop().await?;
+            tokio::spawn(async move {
+                if let Err(e) = sb.release().await {
+                    tracing::warn!(sandbox = sb.id(), "cannot remove cgroup or run dir: {e} (gc will retry)");
+                }
+            });
         }
         Ok(())
     }
@@ -202,7 +217,10 @@ impl Engine {
     pub async fn stop_sandbox(&self, id: &str) -> Result<SandboxInfo> {
         let _lock = self.lock_sandbox(id).await;
         self.record(id)?;
-        self.halt(id).await?;
+        // Released synchronously: a `start` right after must not race the cleanup.
+        if let Some(sb) = self.live_set(id, None) {
+            sb.kill().await?;
+        }
         self.meta.set_sandbox_state(id, DesiredState::Stopped, Some("stopped by request"))?;
         self.sandbox_info(&self.record(id)?, false)
     }

@@ -57,7 +57,13 @@ impl Engine {
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(sandbox = id, "gc: cannot inspect stale sandbox: {e}"),
+                    Err(e) => {
+                        tracing::warn!(sandbox = id, "gc: stale sandbox does not answer ({e}): killing it");
+                        if let Err(e) = sandtree_sandbox::Sandbox::destroy_stale(&self.cfg.host_config(), &id) {
+                            tracing::warn!(sandbox = id, "gc: cannot clean up: {e}");
+                            continue;
+                        }
+                    }
                 }
                 let _ = std::fs::remove_dir_all(entry.path());
                 report.stale_runtime_removed.push(id);

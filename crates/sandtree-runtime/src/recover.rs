@@ -24,7 +24,10 @@ impl Engine {
             let adopted = match sandtree_sandbox::Sandbox::adopt(&host, &rec.id).await {
                 Ok(sb) => sb,
                 Err(e) => {
-                    tracing::warn!(sandbox = rec.id, "cannot re-adopt: {e}");
+                    tracing::warn!(sandbox = rec.id, "cannot re-adopt, killing what is left of it: {e}");
+                    if let Err(e) = sandtree_sandbox::Sandbox::destroy_stale(&host, &rec.id) {
+                        tracing::warn!(sandbox = rec.id, "cannot clean up: {e}");
+                    }
                     None
                 }
             };

@@ -56,7 +56,7 @@ impl Engine {
 
     /// Undoes a half-made sandbox: kills its processes, deletes its subvolume.
     pub(crate) async fn discard(&self, id: &str, subvol: &str) {
-        if let Err(e) = self.halt(id).await {
+        if let Err(e) = self.halt_and_release(id).await {
             tracing::warn!(sandbox = id, "cleanup: cannot kill processes: {e}");
         }
         let path = self.subvol_path(subvol);

@@ -15,7 +15,7 @@ impl Engine {
         let lock = self.lock_sandbox(id).await;
         let rec = self.record(id)?;
         let _store = self.store_lock.read().await;
-        self.halt(id).await?;
+        self.halt_and_release(id).await?;
         self.meta.delete_sandbox(id)?;
         let path = self.subvol_path(&rec.subvol);
         if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {

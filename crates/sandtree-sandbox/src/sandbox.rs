@@ -222,10 +222,15 @@ pub(crate) struct Inner {
     pub(crate) conn: Arc<Conn>,
     pub(crate) cgroup: Cgroup,
     pub(crate) init_pid: i32,
+    /// pidfd of init: signals reach exactly this process, never a reused pid.
+    pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
     pub(crate) alive: watch::Receiver<bool>,
     pub(crate) background: BackgroundTable,
     pub(crate) sessions: SessionTable,
 }
+
+/// How long init may take to answer the first message of a connection.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A running sandbox (daemon side).
 pub struct Sandbox {
@@ -280,16 +285,28 @@ impl Sandbox {
         Self::finish(cfg, id, fd, init.pid, init.pidfd).await
     }
 
+    /// Kills whatever still runs in a sandbox's cgroup and removes the cgroup
+    /// and run directory: for a sandbox that cannot be re-adopted.
+    pub fn destroy_stale(cfg: &HostConfig, id: &str) -> Result<()> {
+        let cg = cgroup_of(cfg, id);
+        let _ = cg.thaw();
+        let _ = cg.kill_all(Duration::from_secs(5));
+        cg.remove()?;
+        let _ = std::fs::remove_dir_all(cfg.sandbox_dir(id));
+        Ok(())
+    }
+
     /// Re-adopt a sandbox after a daemon restart: `Some` if its init answers,
     /// `None` if it is gone (its cgroup and run directory are then removed).
+    ///
+    /// A daemon killed between freeze and thaw of a checkpoint leaves the
+    /// cgroup frozen, and a frozen init never answers: thaw first.
     pub async fn adopt(cfg: &HostConfig, id: &str) -> Result<Option<Sandbox>> {
+        let _ = cgroup_of(cfg, id).thaw();
         let fd = match open_conn(cfg, id).await {
             Ok(fd) => fd,
             Err(_) => {
-                let cg = cgroup_of(cfg, id);
-                let _ = cg.kill_all(Duration::from_secs(5));
-                cg.remove()?;
-                let _ = std::fs::remove_dir_all(cfg.sandbox_dir(id));
+                Self::destroy_stale(cfg, id)?;
                 return Ok(None);
             }
         };
@@ -312,10 +329,11 @@ impl Sandbox {
         });
         let reader = tokio::spawn(conn.clone().read_loop());
         let (alive_tx, alive_rx) = watch::channel(true);
-        let pidfd = async_fd(pidfd).map_err(io_err("register pidfd"))?;
+        let pidfd = Arc::new(async_fd(pidfd).map_err(io_err("register pidfd"))?);
         let conn2 = conn.clone();
+        let watched = pidfd.clone();
         let watcher = tokio::spawn(async move {
-            let _ = pidfd.readable().await;
+            let _ = watched.readable().await;
             alive_tx.send_replace(false);
             conn2.close();
         });
@@ -326,13 +344,19 @@ impl Sandbox {
                 conn,
                 cgroup: cgroup_of(cfg, id),
                 init_pid,
+                pidfd,
                 alive: alive_rx,
                 background: BackgroundTable::default(),
                 sessions: SessionTable::default(),
             }),
             tasks: vec![reader, watcher],
         };
-        match sb.inner.conn.request(Request::Hello { version: protocol::VERSION }, &[]).await? {
+        let hello = sb.inner.conn.request(Request::Hello { version: protocol::VERSION }, &[]);
+        let answer = tokio::time::timeout(HELLO_TIMEOUT, hello).await.map_err(|_| {
+            sb.tasks.iter().for_each(|t| t.abort());
+            Error::Protocol(format!("init of {id} did not answer within {HELLO_TIMEOUT:?}"))
+        })?;
+        match answer? {
             (Reply::Hello { version }, _) if version == protocol::VERSION => {}
             (other, _) => {
                 sb.tasks.iter().for_each(|t| t.abort());
@@ -409,15 +433,27 @@ impl Sandbox {
         None
     }
 
-    /// Kill every process, wait for init and an empty cgroup, remove the
-    /// cgroup and the run directory. Afterwards the overlay mounts are gone
-    /// (they lived only in the sandbox mount namespace).
-    pub async fn kill(&self) -> Result<()> {
+    /// Kills every process of the sandbox and returns once its init is gone
+    /// and its cgroup is empty (so its mount namespace, and with it the
+    /// overlay over its writable layer, is released). The cgroup and run
+    /// directory stay for a restart of the same sandbox; [`Sandbox::release`]
+    /// removes them.
+    ///
+    /// SIGKILL to init kills the whole pid namespace (the kernel reaps every
+    /// task of it before init's exit is reported); the cgroup sweep after it
+    /// only catches tasks that joined the cgroup from outside the namespace.
+    pub async fn stop(&self) -> Result<()> {
+        let _ = rustix::process::pidfd_send_signal(self.inner.pidfd.get_ref(), rustix::process::Signal::KILL);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.wait_exit()).await;
         let cg = self.inner.cgroup.clone();
         tokio::task::spawn_blocking(move || cg.kill_all(Duration::from_secs(10)))
             .await
             .map_err(|e| io_err("join")(io::Error::other(e)))??;
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.wait_exit()).await;
+        Ok(())
+    }
+
+    /// Removes the cgroup and run directory of a stopped sandbox.
+    pub async fn release(&self) -> Result<()> {
         let cg = self.inner.cgroup.clone();
         tokio::task::spawn_blocking(move || cg.remove()).await.map_err(|e| io_err("join")(io::Error::other(e)))??;
         let dir = self.inner.cfg.sandbox_dir(&self.inner.id);
@@ -427,6 +463,12 @@ impl Sandbox {
             Err(e) => return Err(io_err(format!("remove {}", dir.display()))(e)),
         }
         Ok(())
+    }
+
+    /// [`Sandbox::stop`], then [`Sandbox::release`]: nothing of it remains.
+    pub async fn kill(&self) -> Result<()> {
+        self.stop().await?;
+        self.release().await
     }
 
     pub(crate) fn conn(&self) -> &Arc<Conn> {

@@ -127,7 +127,7 @@ fn sigkill_during_operations_keeps_completed_ones_and_leaves_no_partial_state() 
         l.checkpoints.insert(root_ck.clone());
     }
     let mut rng = rand::rng();
-    let rounds = 14;
+    let rounds = 30;
     for round in 0..rounds {
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {

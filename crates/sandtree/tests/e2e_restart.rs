@@ -29,6 +29,34 @@ fn restarted_daemon_readopts_running_sandboxes_with_their_processes() {
     d.sh_ok(&sb, &format!("kill -0 {pid}"));
 }
 
+/// A daemon killed between the freeze and the thaw of a checkpoint leaves
+/// the sandbox frozen; the restarted daemon must thaw and re-adopt it.
+#[test]
+fn daemon_killed_while_a_sandbox_is_frozen_recovers_it() {
+    if common::must_skip() {
+        return;
+    }
+    let mut d = Daemon::start("frozen");
+    let sb = d.create();
+    d.sh_ok(&sb, "echo before > /root/f");
+    let init_before = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].clone();
+    d.kill9();
+    let v1 = std::path::Path::new("/sys/fs/cgroup/freezer/sandtree").join(&sb).join("freezer.state");
+    let v2 = std::path::Path::new("/sys/fs/cgroup/sandtree").join(&sb).join("cgroup.freeze");
+    if v1.exists() {
+        std::fs::write(&v1, "FROZEN").unwrap();
+    } else {
+        std::fs::write(&v2, "1").unwrap();
+    }
+    let t = std::time::Instant::now();
+    d.spawn();
+    assert!(t.elapsed().as_secs() < 4, "startup waited for the frozen sandbox");
+    let info = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None);
+    assert_eq!(info["status"], "running");
+    assert_eq!(info["init_pid"], init_before, "re-adopted, not restarted: {info}");
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "before\n");
+}
+
 #[test]
 fn full_volume_fails_cleanly_and_keeps_checkpoints() {
     if common::must_skip() {

@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// Source tree of the workload.
     #[arg(long, default_value = "/usr/lib/python3.11")]
     pub tree: PathBuf,
+    /// Do not flush dirty data before freezing (the snapshot then flushes it
+    /// inside the frozen window).
+    #[arg(long)]
+    pub no_pre_sync: bool,
     /// Keep the scratch data directory afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -58,6 +62,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut cfg = Config::with_data_dir(&args.data_dir);
     cfg.image_size = 32 << 30;
     cfg.cgroup_name = "sandtree-bench".into();
+    cfg.pre_sync = !args.no_pre_sync;
     let zygote = Zygote::start(cfg.host_config()).context("starting the zygote")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = rt.block_on(async {

@@ -23,6 +23,15 @@ async fn timed<T, F: Future<Output = T>>(f: F) -> (T, f64) {
     (out, t.elapsed().as_secs_f64() * 1000.0)
 }
 
+/// Lets the volume settle between phases: commit what the previous phase
+/// left dirty and give btrfs's cleaner time to drop deleted subvolumes, so
+/// one phase's garbage is not billed to the next phase's measurements.
+async fn settle(engine: &Engine) {
+    let root = engine.volume().root().to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || sandtree_fs::sync_fs(&root)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+}
+
 fn eprint_phase(args: &BenchArgs, what: &str) {
     if !args.json {
         eprintln!("bench: {what}");
@@ -151,9 +160,11 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
     report.workload_files = files.len() as u64;
     report.workload_bytes = bytes;
 
+    settle(engine).await;
     eprint_phase(args, "checkpoint / rollback");
     let ck_ids = ckpt_rollback_rows(engine, &sb, &files, n, "", &mut report).await?;
 
+    settle(engine).await;
     eprint_phase(args, "fork 16");
     let mut fork_ms = Vec::new();
     for _ in 0..n.min(8) {
@@ -178,6 +189,7 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
 
     // --- scale: 10x files ---
     if !args.quick {
+        settle(engine).await;
         eprint_phase(args, "10x files");
         let sb10 = create(engine).await?;
         sh(engine, &sb10, &format!("mkdir -p {SRC} && for i in 0 1 2 3 4 5 6 7 8 9; do cp -a '{tree}' {SRC}/$i; done"))
@@ -372,5 +384,11 @@ pub async fn cleanup(engine: &Engine) -> Result<()> {
 pub fn teardown(data_dir: &Path) {
     let mnt = data_dir.join("btrfs");
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    // The idmapped host directories (kept by the daemon across restarts).
+    if let Ok(entries) = std::fs::read_dir(data_dir.join("run").join("lower")) {
+        for e in entries.flatten() {
+            let _ = Command::new("umount").arg("-l").arg(e.path()).status();
+        }
+    }
     let _ = std::fs::remove_dir_all(data_dir);
 }
