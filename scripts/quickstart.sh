@@ -26,5 +26,8 @@ if ! $ST info >/dev/null 2>&1; then
     if [ "${STOP:-0}" = 1 ]; then trap 'kill $DAEMON_PID 2>/dev/null || true' EXIT; fi
 fi
 "$ST" demo
-echo
-echo "daemon: $SANDTREE_SOCKET (stop it with: kill \$(pgrep -f 'sandtree daemon'))"
+if [ "${STOP:-0}" != 1 ]; then
+    echo
+    echo "The daemon keeps running: try \`$ST create\`, \`$ST ls\`, \`$ST shell SANDBOX\` (socket $SANDTREE_SOCKET)."
+    echo "Stop it with: kill \$(pgrep -f 'sandtree daemon')"
+fi

@@ -77,7 +77,7 @@ version = "0.1.0"
 requires = ["setuptools"]
 build-backend = "setuptools.build_meta"
 PY
-pip install --quiet --no-index --no-build-isolation --break-system-packages . 2>&1 | tail -n 3
+pip install --quiet --root-user-action=ignore --no-index --no-build-isolation --break-system-packages . 2>&1 | tail -n 3
 git init -q && git add -A && git -c user.email=demo@sandtree -c user.name=demo commit -qm init
 python3 -c 'import greet; print(greet.hello("sandbox"))'
 "#;

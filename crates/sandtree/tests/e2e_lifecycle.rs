@@ -213,3 +213,105 @@ fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
     let gens = std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb)).unwrap().count();
     assert_eq!(gens, 1);
 }
+
+/// A minimal rootfs (dash and the two libraries it needs) imported from a
+/// directory and from a tarball; sandboxes run on it; images in use cannot
+/// be removed.
+#[test]
+fn imported_images_run_sandboxes() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("images");
+    let src = d.dir.join("rootfs-src");
+    for dir in ["usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64", "root", "tmp", "etc"] {
+        std::fs::create_dir_all(src.join(dir)).unwrap();
+    }
+    for (from, to) in [
+        ("/usr/bin/dash", "usr/bin/dash"),
+        ("/lib/x86_64-linux-gnu/libc.so.6", "usr/lib/x86_64-linux-gnu/libc.so.6"),
+        ("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "usr/lib64/ld-linux-x86-64.so.2"),
+    ] {
+        std::fs::copy(from, src.join(to)).unwrap();
+    }
+    for (link, target) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("usr/bin/sh", "dash")] {
+        std::os::unix::fs::symlink(target, src.join(link)).unwrap();
+    }
+    std::fs::write(src.join("etc/marker"), "imported\n").unwrap();
+    let tarball = d.dir.join("rootfs.tar");
+    let ok = std::process::Command::new("tar").arg("-cf").arg(&tarball).arg("-C").arg(&src).arg(".").status().unwrap();
+    assert!(ok.success());
+
+    for (name, source) in [("mini-dir", &src), ("mini-tar", &tarball)] {
+        let (status, body) =
+            d.req("POST", "/v1/images", Some(json!({"name": name, "source": source.to_str().unwrap()})));
+        assert_eq!(status, 200, "{body}");
+        let text = body.as_str().map(str::to_string).unwrap_or_else(|| body.to_string());
+        assert!(text.contains("\"done\""), "import of {name} did not finish: {text}");
+        let sb =
+            d.ok("POST", "/v1/sandboxes", Some(json!({"image": name})))["sandbox"]["id"].as_str().unwrap().to_string();
+        assert_eq!(
+            d.sh_ok(&sb, "read m < /etc/marker; echo $m; echo $((6*7)) > /root/x; read x < /root/x; echo $x"),
+            "imported\n42\n"
+        );
+        // Files are owned by root inside (ids shifted at import).
+        let (code, _) = d.sh(&sb, "test -O /etc/marker");
+        assert_eq!(code, 0, "imported files are not owned by root inside");
+        let (status, v) = d.req("DELETE", &format!("/v1/images/{name}"), None);
+        assert_eq!((status, v["error"]["code"].as_str()), (409, Some("image_in_use")), "{v}");
+        d.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+        d.ok("DELETE", &format!("/v1/images/{name}"), None);
+    }
+    let names: Vec<String> = d.ok("GET", "/v1/images", None)["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, vec!["default"]);
+    // A path outside the import is refused before anything is created.
+    let (status, _) = d.req("POST", "/v1/images", Some(json!({"name": "x", "source": "relative/path"})));
+    assert_eq!(status, 400);
+}
+
+/// A session keeps cwd, env and shell variables between `run` calls, reports
+/// exit codes, and streamed exec delivers output as NDJSON events.
+#[test]
+fn sessions_keep_shell_state_and_exec_streams() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("session");
+    let sb = d.create();
+    let s = d.ok("POST", &format!("/v1/sandboxes/{sb}/sessions"), Some(json!({})));
+    let sid = s["id"].as_str().unwrap().to_string();
+    let run =
+        |cmd: &str| d.ok("POST", &format!("/v1/sandboxes/{sb}/sessions/{sid}/run"), Some(json!({"command": cmd})));
+    run("cd /tmp && export GREETING=hi && count=41");
+    let v = run("pwd; echo $GREETING $((count+1))");
+    assert_eq!(v["output"], "/tmp\nhi 42\n", "{v}");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(run("false")["exit_code"], 1);
+    let v = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/sessions/{sid}/run"),
+        Some(json!({"command": "sleep 30", "timeout_ms": 300})),
+    );
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(run("echo still here")["output"], "still here\n");
+    d.ok("DELETE", &format!("/v1/sandboxes/{sb}/sessions/{sid}"), None);
+
+    let (status, body) = d.req(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec?stream=true"),
+        Some(json!({"cmd": ["sh", "-c", "echo out; echo err >&2; exit 3"]})),
+    );
+    assert_eq!(status, 200);
+    let text = body.as_str().unwrap_or_default().to_string();
+    let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.first().unwrap()["type"], "started", "{text}");
+    assert!(events.iter().any(|e| e["type"] == "stdout" && e["data"] == "out\n"), "{text}");
+    assert!(events.iter().any(|e| e["type"] == "stderr" && e["data"] == "err\n"), "{text}");
+    let last = events.last().unwrap();
+    assert_eq!((last["type"].as_str(), last["exit_code"].as_i64()), (Some("exit"), Some(3)), "{text}");
+}
