@@ -261,6 +261,31 @@ async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> 
 
 /// Wait for `pid`, killing its process group at `timeout`. Returns the exit
 /// and whether the timeout fired.
+/// Waits for the process (killed at the timeout), then gives its output
+/// pumps [`DRAIN_GRACE`] to read what is left in the pipes (a background
+/// child holding them open must not keep the call alive).
+async fn wait_and_drain(
+    conn: &Conn,
+    pid: i32,
+    timeout: Option<Duration>,
+    mut out_task: JoinHandle<()>,
+    mut err_task: JoinHandle<()>,
+    stdin_task: JoinHandle<()>,
+) -> Result<(ExitInfo, bool)> {
+    let res = wait_with_timeout(conn, pid, timeout).await;
+    let drained = tokio::time::timeout(DRAIN_GRACE, async {
+        let _ = (&mut out_task).await;
+        let _ = (&mut err_task).await;
+    })
+    .await;
+    if drained.is_err() {
+        out_task.abort();
+        err_task.abort();
+    }
+    stdin_task.abort();
+    res
+}
+
 async fn wait_with_timeout(conn: &Conn, pid: i32, timeout: Option<Duration>) -> Result<(ExitInfo, bool)> {
     let Some(t) = timeout else {
         return Ok((conn.wait_pid(pid).await?, false));
@@ -294,20 +319,9 @@ impl Sandbox {
                 c.data.extend_from_slice(&b[..room.min(b.len())]);
             }
         };
-        let mut out_task = tokio::spawn(pump(st.stdout, sink(cap_out.clone())));
-        let mut err_task = tokio::spawn(pump(st.stderr, sink(cap_err.clone())));
-        let res = wait_with_timeout(&conn, st.pid, req.timeout).await;
-        let drained = tokio::time::timeout(DRAIN_GRACE, async {
-            let _ = (&mut out_task).await;
-            let _ = (&mut err_task).await;
-        })
-        .await;
-        if drained.is_err() {
-            out_task.abort();
-            err_task.abort();
-        }
-        st.stdin_task.abort();
-        let (exit, timed_out) = res?;
+        let out_task = tokio::spawn(pump(st.stdout, sink(cap_out.clone())));
+        let err_task = tokio::spawn(pump(st.stderr, sink(cap_err.clone())));
+        let (exit, timed_out) = wait_and_drain(&conn, st.pid, req.timeout, out_task, err_task, st.stdin_task).await?;
         let take = |c: &Arc<Mutex<Capture>>| std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner()));
         let (o, e) = (take(&cap_out), take(&cap_err));
         Ok(ExecOutput {
@@ -330,25 +344,15 @@ impl Sandbox {
         let (tx, rx) = mpsc::unbounded_channel();
         let pid = st.pid;
         let (tx_o, tx_e) = (tx.clone(), tx.clone());
-        let mut out_task = tokio::spawn(pump(st.stdout, move |b| {
+        let out_task = tokio::spawn(pump(st.stdout, move |b| {
             let _ = tx_o.send(ExecEvent::Stdout(b.to_vec()));
         }));
-        let mut err_task = tokio::spawn(pump(st.stderr, move |b| {
+        let err_task = tokio::spawn(pump(st.stderr, move |b| {
             let _ = tx_e.send(ExecEvent::Stderr(b.to_vec()));
         }));
         let timeout = req.timeout;
         tokio::spawn(async move {
-            let res = wait_with_timeout(&conn, pid, timeout).await;
-            let drained = tokio::time::timeout(DRAIN_GRACE, async {
-                let _ = (&mut out_task).await;
-                let _ = (&mut err_task).await;
-            })
-            .await;
-            if drained.is_err() {
-                out_task.abort();
-                err_task.abort();
-            }
-            st.stdin_task.abort();
+            let res = wait_and_drain(&conn, pid, timeout, out_task, err_task, st.stdin_task).await;
             let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo { code: None, signal: Some(9) });
             let _ = tx.send(ExecEvent::Exit(exit));
         });
