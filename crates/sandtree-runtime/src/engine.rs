@@ -26,6 +26,8 @@ pub struct Engine {
     locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
     /// Read side: any verb that creates or deletes subvolumes. Write side: GC.
     pub(crate) store_lock: RwLock<()>,
+    /// Flushes dirty data in the background after commands ran.
+    pub(crate) flusher: crate::flusher::Flusher,
 }
 
 impl Engine {
@@ -44,6 +46,7 @@ impl Engine {
         };
         let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
         let meta = Meta::open(&cfg.meta_path())?;
+        let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
         let engine = Arc::new(Engine {
             cfg,
@@ -53,6 +56,7 @@ impl Engine {
             live: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             store_lock: RwLock::new(()),
+            flusher,
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;

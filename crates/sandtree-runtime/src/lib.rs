@@ -22,6 +22,7 @@ mod checkpoint_fork;
 mod config;
 mod engine;
 mod error;
+mod flusher;
 mod gc;
 mod images;
 mod info;

@@ -81,7 +81,9 @@ impl Engine {
             let p = sb.spawn_background(sreq).await?;
             return Ok(ExecResponse { pid: p.pid, ..Default::default() });
         }
-        match sb.exec(sreq).await {
+        let out = sb.exec(sreq).await;
+        self.flusher.poke();
+        match out {
             Ok(out) => Ok(exec_response(out)),
             Err(e) => spawn_failure(e),
         }
@@ -94,6 +96,7 @@ impl Engine {
         let sb = self.running(id).await?;
         let mut stream = sb.exec_stream(sreq).await?;
         let (tx, rx) = mpsc::channel(64);
+        let flusher = self.flusher.clone();
         tokio::spawn(async move {
             let _ = tx.send(ExecEvent::Started { pid: stream.pid }).await;
             while let Some(ev) = stream.next().await {
@@ -115,6 +118,7 @@ impl Engine {
                     break; // client went away; the process keeps its own timeout
                 }
             }
+            flusher.poke();
         });
         Ok(rx)
     }

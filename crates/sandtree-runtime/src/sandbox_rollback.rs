@@ -5,8 +5,9 @@
 //!    and take a writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<new>`;
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the new);
-//! 3. start the sandbox's init on the new subvolume;
-//! 4. delete the old writable subvolume in the background.
+//! 3. delete the old writable subvolume in the background (its unsaved
+//!    dirty data is dropped, never written) and start the sandbox's init on
+//!    the new subvolume.
 //!
 //! The filesystem is byte-identical to the checkpoint: the new writable layer
 //! *is* the checkpoint's snapshot and the lower layers are read-only.
@@ -50,6 +51,9 @@ impl Engine {
             return Err(e);
         }
         self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;
+        // Unreferenced from here on; deleting it at once also drops its dirty
+        // page cache before the background flusher would write it out.
+        self.discard_subvol_later(&rec.subvol);
         let mut rec2 = self.record(id)?;
         let booted = self.boot(&rec2).await;
         let reason = match &booted {
@@ -58,7 +62,6 @@ impl Engine {
         };
         self.meta.set_sandbox_state(id, DesiredState::Running, reason.as_deref())?;
         rec2.status_reason = reason;
-        self.discard_subvol_later(&rec.subvol);
         booted?;
         Ok(RollbackResponse {
             sandbox: self.sandbox_info(&rec2, false)?,

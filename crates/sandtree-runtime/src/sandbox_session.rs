@@ -57,7 +57,9 @@ impl Engine {
     pub async fn session_run(&self, id: &str, sid: &str, req: SessionRunRequest) -> Result<SessionRunResponse> {
         let (sb, sid) = self.session_of(id, sid)?;
         let t0 = Instant::now();
-        let out = sb.session_run(&sid, &req.command, req.timeout_ms.map(Duration::from_millis)).await?;
+        let out = sb.session_run(&sid, &req.command, req.timeout_ms.map(Duration::from_millis)).await;
+        self.flusher.poke();
+        let out = out?;
         Ok(SessionRunResponse {
             output: out.output,
             exit_code: out.exit_code,
