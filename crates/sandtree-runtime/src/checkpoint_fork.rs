@@ -31,6 +31,7 @@ impl Engine {
             return Err(Error::InvalidArgument(format!("count must be between 1 and {MAX_FORK}, got {}", req.count)));
         }
         let ck = self.checkpoint_record(checkpoint)?;
+        let _busy = self.flusher.busy();
         let limits = match &req.limits {
             Some(l) => self.effective_limits(l),
             None => match self.meta.sandbox(&ck.sandbox_id)? {

@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -23,17 +24,34 @@ pub const DEBOUNCE: Duration = Duration::from_millis(10);
 #[derive(Clone)]
 pub struct Flusher {
     notify: Arc<Notify>,
+    /// Lifecycle operations (checkpoint, rollback, fork, ...) under way: the
+    /// flush waits for them, so its commit never competes with theirs (and a
+    /// rollback can drop the dirty data it discards before it is written).
+    busy: Arc<AtomicUsize>,
+}
+
+/// Marks a lifecycle operation as under way while it lives.
+pub struct Busy(Arc<AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Flusher {
     /// Starts the flusher for the volume mounted at `root`.
     pub fn start(root: PathBuf) -> Flusher {
         let notify = Arc::new(Notify::new());
-        let wake = notify.clone();
+        let busy = Arc::new(AtomicUsize::new(0));
+        let (wake, ops) = (notify.clone(), busy.clone());
         tokio::spawn(async move {
             loop {
                 wake.notified().await;
                 tokio::time::sleep(DEBOUNCE).await;
+                while ops.load(Ordering::SeqCst) > 0 {
+                    tokio::time::sleep(DEBOUNCE).await;
+                }
                 let root = root.clone();
                 let flushed = tokio::task::spawn_blocking(move || sandtree_fs::sync_fs(&root)).await;
                 if let Ok(Err(e)) = flushed {
@@ -41,7 +59,13 @@ impl Flusher {
                 }
             }
         });
-        Flusher { notify }
+        Flusher { notify, busy }
+    }
+
+    /// Holds the flush back until the returned guard is dropped.
+    pub fn busy(&self) -> Busy {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(self.busy.clone())
     }
 
     /// Notes that a sandbox may have dirtied data; coalesces with pending pokes.

@@ -29,6 +29,7 @@ pub(crate) const FS_ONLY_NOTE: &str = "filesystem captured; live process state i
 impl Engine {
     pub async fn checkpoint(&self, id: &str, req: CheckpointRequest) -> Result<CheckpointResponse> {
         let t0 = Instant::now();
+        let _busy = self.flusher.busy();
         let _lock = self.lock_sandbox(id).await;
         let rec = self.record(id)?;
         let _store = self.store_lock.read().await;

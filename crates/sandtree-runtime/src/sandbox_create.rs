@@ -21,6 +21,7 @@ impl Engine {
         let image = req.image.clone().unwrap_or_else(|| sandtree_fs::DEFAULT_IMAGE.to_string());
         self.image_layers(&image)?;
         let _store = self.store_lock.read().await;
+        let _busy = self.flusher.busy();
         let id = util::new_id("sb");
         let rec = SandboxRecord {
             id: id.clone(),
