@@ -24,6 +24,7 @@ pub(crate) const RESTART_NOTE: &str = "filesystem restored exactly; processes we
 impl Engine {
     pub async fn rollback(&self, id: &str, req: RollbackRequest) -> Result<RollbackResponse> {
         let t0 = Instant::now();
+        let _busy = self.flusher.busy();
         let _lock = self.lock_sandbox(id).await;
         let rec = self.record(id)?;
         let ck = self.checkpoint_record(&req.checkpoint)?;
