@@ -5,13 +5,12 @@
 //! back to the root checkpoint, print the checkpoint tree and the measured
 //! latencies. Talks plain HTTP/1.1 over the daemon's unix socket.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use sandtree::unix_http::request;
 use serde_json::{Value, json};
 
 #[derive(Args, Debug, Clone)]
@@ -192,36 +191,4 @@ fn print_tree(cks: &[Value]) {
         }
     }
     walk(cks, None, "");
-}
-
-/// One HTTP/1.1 request over a unix socket (`Connection: close`).
-fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<(u16, Value)> {
-    let mut s = UnixStream::connect(socket)?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        let mut out = String::new();
-        let mut s = rest;
-        while let Some((size, r)) = s.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 || r.len() < n {
-                break;
-            }
-            out.push_str(&r[..n]);
-            s = r[n..].trim_start_matches("\r\n");
-        }
-        out
-    } else {
-        rest.to_string()
-    };
-    Ok((status, serde_json::from_str(body.trim()).unwrap_or(Value::String(body))))
 }

@@ -14,3 +14,4 @@
 pub mod cli;
 pub mod daemon;
 pub mod units;
+pub mod unix_http;

@@ -2,7 +2,6 @@
 //! on a scratch data directory and talks HTTP/1.1 to it over its unix socket.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -219,39 +218,4 @@ pub fn cleanup_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// One HTTP/1.1 request over a unix socket (`Connection: close`).
-pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> std::io::Result<(u16, Value)> {
-    let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (headers, rest) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("no response: {text:?}")))?;
-    let status: u16 = headers.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let chunked = headers.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
-    let value = serde_json::from_str(body.trim()).unwrap_or(Value::String(body));
-    Ok((status, value))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
+pub use sandtree::unix_http::request;
