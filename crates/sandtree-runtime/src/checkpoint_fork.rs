@@ -3,8 +3,8 @@
 //! Order of operations:
 //! 1. writable snapshots `checkpoints/<ck>` → `sandboxes/<new-id>/1` (one directory per sandbox, so the kernel does not serialise them on a directory lock) for all N,
 //!    issued concurrently so btrfs can fold them into few transaction commits;
-//! 2. spawn each sandbox's init (the zygote serialises the namespace work;
-//!    connecting to the inits overlaps);
+//! 2. spawn every sandbox's init at once (the zygote has a worker process
+//!    per CPU, so the namespace work runs in parallel);
 //! 3. commit every sandbox that came up in one transaction; the ones that
 //!    failed are reported per item and their subvolumes deleted.
 //!
@@ -68,14 +68,13 @@ impl Engine {
             records.iter().map(|r| (src.clone(), self.subvol_path(&r.subvol))).collect();
         let snaps = tokio::task::spawn_blocking(move || sandtree_fs::snapshot_many(&pairs, false)).await?;
 
-        let mut outcomes: Vec<Result<()>> = Vec::with_capacity(records.len());
-        for (rec, snap) in records.iter().zip(snaps) {
-            let outcome = match snap {
+        let boots = records.iter().zip(snaps).map(|(rec, snap)| async move {
+            match snap {
                 Err(e) => Err(Error::fs("fork", e)),
                 Ok(()) => self.boot(rec).await.map(|_| ()),
-            };
-            outcomes.push(outcome);
-        }
+            }
+        });
+        let outcomes: Vec<Result<()>> = futures_util::future::join_all(boots).await;
         let ok: Vec<SandboxRecord> =
             records.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()).map(|(r, _)| r.clone()).collect();
         if let Err(e) = self.meta.insert_sandboxes(&ok) {

@@ -19,7 +19,7 @@ pub struct Engine {
     pub(crate) cfg: Config,
     pub(crate) volume: Volume,
     pub(crate) meta: Arc<Meta>,
-    pub(crate) zygote: Zygote,
+    pub(crate) zygote: Arc<Zygote>,
     /// Running sandboxes by id.
     pub(crate) live: Mutex<HashMap<String, Arc<Sandbox>>>,
     /// Per-sandbox lifecycle locks (checkpoint, rollback, start, delete).
@@ -52,7 +52,7 @@ impl Engine {
             cfg,
             volume,
             meta: Arc::new(meta),
-            zygote,
+            zygote: Arc::new(zygote),
             live: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             store_lock: RwLock::new(()),
@@ -164,7 +164,10 @@ impl Engine {
                 cpu_millicores: limits.cpu_millicores,
             },
         };
-        let init = tokio::task::block_in_place(|| self.zygote.spawn(&spec))?;
+        // On the blocking pool, so that several boots (a fork) run on
+        // several zygote workers at once.
+        let zygote = self.zygote.clone();
+        let init = tokio::task::spawn_blocking(move || zygote.spawn(&spec)).await??;
         let sandbox = Sandbox::connect(&self.cfg.host_config(), &rec.id, init).await?;
         let sandbox = Arc::new(sandbox);
         self.live_set(&rec.id, Some(sandbox.clone()));

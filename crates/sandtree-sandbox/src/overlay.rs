@@ -78,6 +78,17 @@ impl Idmapper {
             return Ok(p.clone());
         }
         let target = self.cfg.idmapped_path(host);
+        // Several zygote workers may reach here at once: one creates the
+        // mount, the others find it (the check and the mount under a lock).
+        let lock_path = self.cfg.run_dir.join("lower.lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err("open", &lock_path))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io_err("flock", &lock_path)(std::io::Error::from(e)))?;
         if !is_mount_point(&target) {
             let userns = self.userns()?;
             let tree = open_tree(CWD, host, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)

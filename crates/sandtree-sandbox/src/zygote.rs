@@ -67,26 +67,47 @@ pub struct SpawnedInit {
     pub pidfd: OwnedFd,
 }
 
-/// Daemon-side handle of the zygote process.
+/// Daemon-side handle of the zygote: one single-threaded worker process
+/// per CPU (at most [`MAX_WORKERS`]), so spawns of a fork run in parallel.
 pub struct Zygote {
+    workers: Vec<Worker>,
+    next: std::sync::atomic::AtomicUsize,
+    cfg: HostConfig,
+}
+
+/// Upper bound on zygote worker processes.
+pub const MAX_WORKERS: usize = 4;
+
+struct Worker {
     sock: Mutex<OwnedFd>,
     pid: i32,
-    cfg: HostConfig,
 }
 
 impl std::fmt::Debug for Zygote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Zygote").field("pid", &self.pid).finish()
+        f.debug_struct("Zygote").field("pids", &self.workers.iter().map(|w| w.pid).collect::<Vec<_>>()).finish()
     }
 }
 
 impl Zygote {
-    /// Fork the zygote. Must be called while the process is single-threaded.
+    /// Fork the zygote workers. Must be called while the process is
+    /// single-threaded (forking a child process does not add a thread, so
+    /// every worker is forked from a single-threaded parent).
     pub fn start(cfg: HostConfig) -> Result<Zygote> {
+        let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, MAX_WORKERS);
+        let mut workers = Vec::with_capacity(n);
+        for _ in 0..n {
+            workers.push(Self::start_worker(&cfg)?);
+        }
+        Ok(Zygote { workers, next: std::sync::atomic::AtomicUsize::new(0), cfg })
+    }
+
+    fn start_worker(cfg: &HostConfig) -> Result<Worker> {
         let threads = thread_count().map_err(|source| Error::Io { op: "count threads", source })?;
         if threads != 1 {
             return Err(Error::NotSingleThreaded { threads });
         }
+        let cfg = cfg.clone();
         let (daemon_end, zygote_end) =
             socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
                 .map_err(|e| Error::Io { op: "socketpair", source: e.into() })?;
@@ -105,14 +126,14 @@ impl Zygote {
             }
             Forked::Parent(pid) => {
                 drop(zygote_end);
-                Ok(Zygote { sock: Mutex::new(daemon_end), pid, cfg })
+                Ok(Worker { sock: Mutex::new(daemon_end), pid })
             }
         }
     }
 
-    /// Host pid of the zygote.
+    /// Host pid of the first zygote worker.
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.workers[0].pid
     }
 
     /// The host configuration the zygote was started with.
@@ -122,8 +143,16 @@ impl Zygote {
 
     /// Create a sandbox and start its init (blocking; call from
     /// `spawn_blocking` in async code).
+    /// Takes an idle worker if there is one, else waits for the next in turn.
     pub fn spawn(&self, spec: &SandboxSpec) -> Result<SpawnedInit> {
-        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = self.workers.iter().find_map(|w| w.sock.try_lock().ok());
+        let sock = match idle {
+            Some(sock) => sock,
+            None => {
+                let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.workers.len();
+                self.workers[i].sock.lock().unwrap_or_else(|e| e.into_inner())
+            }
+        };
         protocol::send(sock.as_fd(), &ZygoteRequest::Spawn { spec: spec.clone() }, &[])
             .map_err(|source| Error::Io { op: "send", source })?;
         let (reply, mut fds) = protocol::recv::<ZygoteReply>(sock.as_fd())
