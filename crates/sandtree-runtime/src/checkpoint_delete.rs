@@ -27,17 +27,15 @@ impl Engine {
                 return Err(Error::CheckpointInUse { checkpoint: id.to_string(), dependents: parts.join(" and ") });
             }
         }
-        tokio::task::block_in_place(|| self.delete_checkpoint_locked(id))?;
+        self.delete_checkpoint_locked(id)?;
         Ok(DeleteCheckpointResponse { deleted: vec![id.to_string()] })
     }
 
-    /// Deletes row then snapshot; the caller holds the store lock (read side).
+    /// Deletes the row; the snapshot is queued for deletion. The caller holds
+    /// the store lock (read side).
     pub(crate) fn delete_checkpoint_locked(&self, id: &str) -> Result<()> {
         self.meta.delete_checkpoint(id)?;
-        let path = self.checkpoint_path(id);
-        if let Err(e) = sandtree_fs::delete_subvolume(&path) {
-            tracing::warn!(checkpoint = id, "cannot delete {}: {e} (gc will retry)", path.display());
-        }
+        self.reaper.discard(self.checkpoint_path(id), false);
         Ok(())
     }
 }

@@ -28,6 +28,8 @@ pub struct Engine {
     pub(crate) store_lock: RwLock<()>,
     /// Flushes dirty data in the background after commands ran.
     pub(crate) flusher: crate::flusher::Flusher,
+    /// Deletes unreferenced subvolumes when the engine is idle.
+    pub(crate) reaper: crate::reaper::Reaper,
 }
 
 impl Engine {
@@ -45,8 +47,14 @@ impl Engine {
             image_size: cfg.image_size,
         };
         let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
+        match sandtree_sandbox::cgroup::favor_dynamic_modifications() {
+            Ok(true) => tracing::debug!("cgroup favordynmods is on"),
+            Ok(false) => tracing::info!("no cgroup2 mount: sandbox starts may wait for RCU grace periods"),
+            Err(e) => tracing::warn!("cannot turn on cgroup favordynmods ({e}): sandbox starts may be slower"),
+        }
         let meta = Meta::open(&cfg.meta_path())?;
         let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
+        let reaper = crate::reaper::Reaper::start(flusher.clone(), volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
         let engine = Arc::new(Engine {
             cfg,
@@ -57,6 +65,7 @@ impl Engine {
             locks: Mutex::new(HashMap::new()),
             store_lock: RwLock::new(()),
             flusher,
+            reaper,
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;

@@ -28,13 +28,16 @@ pub struct Flusher {
     /// flush waits for them, so its commit never competes with theirs (and a
     /// rollback can drop the dirty data it discards before it is written).
     busy: Arc<AtomicUsize>,
+    /// When the last lifecycle operation ended.
+    last_done: Arc<std::sync::Mutex<std::time::Instant>>,
 }
 
 /// Marks a lifecycle operation as under way while it lives.
-pub struct Busy(Arc<AtomicUsize>);
+pub struct Busy(Arc<AtomicUsize>, Arc<std::sync::Mutex<std::time::Instant>>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -59,13 +62,21 @@ impl Flusher {
                 }
             }
         });
-        Flusher { notify, busy }
+        Flusher { notify, busy, last_done: Arc::new(std::sync::Mutex::new(std::time::Instant::now())) }
     }
 
     /// Holds the flush back until the returned guard is dropped.
     pub fn busy(&self) -> Busy {
         self.busy.fetch_add(1, Ordering::SeqCst);
-        Busy(self.busy.clone())
+        Busy(self.busy.clone(), self.last_done.clone())
+    }
+
+    /// How long no lifecycle operation has been under way (zero while one is).
+    pub fn idle_for(&self) -> Duration {
+        if self.busy.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.last_done.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
     }
 
     /// Notes that a sandbox may have dirtied data; coalesces with pending pokes.

@@ -27,6 +27,7 @@ mod gc;
 mod images;
 mod info;
 mod layers;
+mod reaper;
 mod recover;
 mod sandbox_checkpoint;
 mod sandbox_create;

@@ -17,11 +17,9 @@ impl Engine {
         let _store = self.store_lock.read().await;
         self.halt_and_release(id).await?;
         self.meta.delete_sandbox(id)?;
-        let path = self.subvol_path(&rec.subvol);
-        if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {
-            tracing::warn!(sandbox = id, "delete {}: {e} (gc will retry)", path.display());
-        }
-        let _ = std::fs::remove_dir(self.volume.sandboxes_dir().join(id));
+        // The layer goes when the engine is idle (see `reaper.rs`), and with
+        // it the sandbox's directory.
+        self.reaper.discard(self.subvol_path(&rec.subvol), true);
         drop(lock);
         self.forget_lock(id);
         let mut checkpoints_deleted = Vec::new();

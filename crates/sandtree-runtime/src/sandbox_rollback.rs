@@ -80,13 +80,9 @@ impl Engine {
         }
     }
 
-    /// Deletes an unreferenced writable subvolume off the caller's path.
+    /// Deletes an unreferenced writable subvolume later, when the engine is
+    /// idle (see `reaper.rs`).
     pub(crate) fn discard_subvol_later(&self, subvol: &str) {
-        let path = self.subvol_path(subvol);
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = sandtree_fs::delete_subvolume(&path) {
-                tracing::warn!("cannot delete {}: {e} (gc will retry)", path.display());
-            }
-        });
+        self.reaper.discard(self.subvol_path(subvol), false);
     }
 }

@@ -433,6 +433,49 @@ impl Cgroup {
     }
 }
 
+/// Turns on cgroup2's `favordynmods` for the whole host, if a cgroup2
+/// hierarchy is mounted (pure v2 at `/sys/fs/cgroup`, or hybrid at
+/// `/sys/fs/cgroup/unified`). Returns whether it is on.
+///
+/// Why: moving a task into a cgroup takes `cgroup_threadgroup_rwsem` for
+/// writing, a per-CPU rwsem whose writer waits for an RCU grace period
+/// unless one was waited for very recently. On a v1 host every sandbox start
+/// moves its init into five hierarchies: measured here, 10-15 ms when the
+/// previous start was more than ~100 ms ago (an agent that thinks between
+/// rollbacks), 1 ms back to back. `favordynmods` keeps that rwsem in its
+/// slow-reader/fast-writer mode (the flag is global, whichever hierarchy
+/// sets it), at a small cost to every fork and exit on the host. The other
+/// mount options are kept: a cgroup2 remount resets the ones it is not given.
+pub fn favor_dynamic_modifications() -> io::Result<bool> {
+    let mounts = fs::read_to_string("/proc/self/mounts")?;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 || f[2] != "cgroup2" {
+            continue;
+        }
+        let (target, opts) = (f[1], f[3]);
+        if opts.split(',').any(|o| o == "favordynmods") {
+            return Ok(true);
+        }
+        let mut keep: Vec<&str> = opts.split(',').filter(|o| CGROUP2_OPTIONS.contains(o)).collect();
+        keep.push("favordynmods");
+        nix::mount::mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_REMOUNT,
+            Some(keep.join(",").as_str()),
+        )
+        .map_err(io::Error::from)?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// cgroup2 mount options that a remount must repeat to keep.
+const CGROUP2_OPTIONS: [&str; 5] =
+    ["nsdelegate", "memory_localevents", "memory_recursiveprot", "memory_hugetlb_accounting", "pids_localevents"];
+
 /// `(comm, state)` from the text of `/proc/<pid>/stat`.
 pub fn parse_stat(stat: &str) -> (String, String) {
     let open = stat.find('(').unwrap_or(0);
