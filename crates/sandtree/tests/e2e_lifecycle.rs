@@ -98,7 +98,7 @@ fn checkpoint_rollback_fork_round_trip() {
     for fk in &forks {
         d.ok("DELETE", &format!("/v1/sandboxes/{fk}"), None);
     }
-    assert_eq!(d.on_disk("sandboxes"), vec![sb.clone()]);
+    d.wait_on_disk("sandboxes", std::slice::from_ref(&sb));
 }
 
 #[test]
@@ -207,11 +207,15 @@ fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
     }
     let content = d.sh_ok(&sb, "cat /root/f");
     assert!(content == "a\n" || content == "b\n");
-    assert_eq!(d.on_disk("sandboxes"), vec![sb.clone()]);
-    // Exactly one writable generation remains for the sandbox (old ones deleted).
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let gens = std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb)).unwrap().count();
-    assert_eq!(gens, 1);
+    d.wait_on_disk("sandboxes", std::slice::from_ref(&sb));
+    // Exactly one writable generation remains for the sandbox (old ones are
+    // deleted once the daemon is idle).
+    let gens = || std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb)).unwrap().count();
+    let t = std::time::Instant::now();
+    while gens() != 1 && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(gens(), 1);
 }
 
 /// A minimal rootfs (dash and the two libraries it needs) imported from a

@@ -160,6 +160,16 @@ impl Daemon {
         v["checkpoints"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
     }
 
+    /// Waits (up to 10 s) until `on_disk(kind)` is `expected`: unreferenced
+    /// subvolumes are deleted when the daemon is idle, not at once.
+    pub fn wait_on_disk(&self, kind: &str, expected: &[String]) {
+        let t = Instant::now();
+        while self.on_disk(kind) != expected && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(self.on_disk(kind), expected, "subvolumes under {kind}");
+    }
+
     /// Names of subvolumes on disk under `btrfs/<kind>`.
     pub fn on_disk(&self, kind: &str) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.dir.join("btrfs").join(kind))
