@@ -6,10 +6,12 @@
 //!    limits, `<run_dir>/sandboxes/<id>` (owned `uid_base`, 0700) with an
 //!    empty `root/` mount point, and builds one detached overlay mount per
 //!    layer (see [`crate::overlay`]).
-//! 3. Z clones C with `CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS`
-//!    (C is pid 1 of the new pid namespace). C blocks on a release pipe.
-//! 4. Z writes C's `uid_map`/`gid_map` (`0 uid_base 65536`), moves C into
-//!    the cgroup(s), opens a pidfd for C and releases it.
+//! 3. Z takes a pre-cloned C from its pool (see [`preclone`]: cloned with
+//!    `CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS` right after the
+//!    previous request, `uid_map`/`gid_map` = `0 uid_base 65536` already
+//!    written; C is pid 1 of its pid namespace and waits on a socket).
+//! 4. Z moves C into the cgroup(s), opens a pidfd for C and sends it the
+//!    spec with the overlay mount fds (`SCM_RIGHTS`).
 //! 5. C: `unshare(CLONE_NEWCGROUP)` (its cgroup becomes its cgroup root),
 //!    `setgroups([])`, `setresgid/setresuid(0)`; makes `/` rprivate;
 //!    `move_mount`s the root overlay onto `root/`, then each further layer
@@ -21,8 +23,9 @@
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
 //!    installs the seccomp filter and reports "ok" on a result pipe.
-//! 6. Z waits for that result (or the error text C wrote), closes its
-//!    overlay fds and replies `Spawned { pid }` + pidfd to D.
+//! 6. Z waits for that result (or the error text C sent), closes its
+//!    overlay fds, replies `Spawned { pid }` + pidfd to D, and only then
+//!    pre-clones the next C.
 //! 7. C runs the init loop ([`crate::init`]). D connects to `init.sock`
 //!    (`Sandbox::connect`).
 //!
@@ -34,7 +37,7 @@
 //! * No host `/sys`: `root/sys` stays empty.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, symlink};
 use std::path::{Path, PathBuf};
@@ -95,6 +98,72 @@ pub struct ZygoteState {
     pub idmap: Idmapper,
     /// Compiled seccomp filter.
     pub seccomp: Vec<BpfInsn>,
+    /// Inits cloned ahead of time (see [`preclone`]).
+    pub pool: Vec<Pending>,
+}
+
+/// A sandbox's first process cloned ahead of time: its namespaces exist and
+/// its uid/gid maps are written; it waits on `ctl` for its spec and overlay
+/// mounts. Cloning (~0.7 ms, more while other namespaces are torn down) so
+/// leaves the critical path of a create or rollback.
+pub struct Pending {
+    pid: i32,
+    ctl: OwnedFd,
+}
+
+/// What a pending init receives (with the overlay mount fds, `SCM_RIGHTS`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Go {
+    spec: SandboxSpec,
+}
+
+/// The clone flags of a sandbox's first process.
+const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// Clones a [`Pending`] init (runs in the zygote, between requests).
+///
+/// The child dies with the zygote until it is given a spec
+/// (`PR_SET_PDEATHSIG`), and clears that as it becomes a sandbox's init,
+/// which must outlive any daemon.
+pub fn preclone(st: &ZygoteState) -> Result<Pending> {
+    let (z_end, c_end) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .map_err(io("socketpair"))?;
+    match clone_namespaces(CLONE_FLAGS).map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
+        Forked::Child => {
+            drop(z_end);
+            let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+            let Ok(Some((go, overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
+            let _ = rustix::process::set_parent_process_death_signal(None);
+            match setup_init(&st.cfg, &go.spec, overlays, &st.seccomp, c_end.as_raw_fd()) {
+                Ok((listener, sigfd)) => {
+                    let _ = crate::protocol::send(c_end.as_fd(), &"ok".to_string(), &[]);
+                    drop(c_end);
+                    crate::init::run(listener, sigfd)
+                }
+                Err(e) => {
+                    let _ = crate::protocol::send(c_end.as_fd(), &e.to_string(), &[]);
+                    exit_now(1)
+                }
+            }
+        }
+        Forked::Parent(pid) => {
+            drop(c_end);
+            let map = format!("0 {} {ID_RANGE}\n", st.cfg.uid_base);
+            let written = fs::write(format!("/proc/{pid}/uid_map"), &map)
+                .and_then(|()| fs::write(format!("/proc/{pid}/gid_map"), &map));
+            if let Err(e) = written {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                return Err(io("write uid/gid map")(e));
+            }
+            Ok(Pending { pid, ctl: z_end })
+        }
+    }
 }
 
 fn valid_id(id: &str) -> bool {
@@ -131,69 +200,40 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
         overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
     }
 
-    let (release_rx, release_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
-    let (result_rx, result_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io("pipe"))?;
-    let flags = libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS;
-    match clone_namespaces(flags).map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
-        Forked::Child => {
-            drop(release_tx);
-            drop(result_rx);
-            let mut b = [0u8; 1];
-            if !matches!(fs::File::from(release_rx).read(&mut b), Ok(1)) {
-                exit_now(1);
-            }
-            let mut result = fs::File::from(result_tx);
-            match setup_init(&cfg, spec, overlays, &st.seccomp, result.as_raw_fd()) {
-                Ok((listener, sigfd)) => {
-                    let _ = result.write_all(b"ok");
-                    drop(result);
-                    crate::init::run(listener, sigfd)
-                }
-                Err(e) => {
-                    let _ = result.write_all(e.to_string().as_bytes());
-                    exit_now(1)
-                }
-            }
+    let pending = match st.pool.pop() {
+        Some(p) => p,
+        None => preclone(st)?,
+    };
+    let pid = pending.pid;
+    let res = (|| -> Result<OwnedFd> {
+        cgroup.add(pid)?;
+        let pidfd = rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(pid).ok_or_else(|| Error::Child("bad pid".into()))?,
+            rustix::process::PidfdFlags::empty(),
+        )
+        .map_err(io("pidfd_open"))?;
+        let fds: Vec<_> = overlays.iter().map(|fd| fd.as_fd()).collect();
+        crate::protocol::send(pending.ctl.as_fd(), &Go { spec: spec.clone() }, &fds)
+            .map_err(io("send spec to init"))?;
+        Ok(pidfd)
+    })();
+    drop(overlays);
+    let pidfd = match res {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            return Err(e);
         }
-        Forked::Parent(pid) => {
-            drop(release_rx);
-            drop(result_tx);
-            let res = (|| -> Result<OwnedFd> {
-                let map = format!("0 {} {ID_RANGE}\n", cfg.uid_base);
-                fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io("write uid_map"))?;
-                fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io("write gid_map"))?;
-                cgroup.add(pid)?;
-                let pidfd = rustix::process::pidfd_open(
-                    rustix::process::Pid::from_raw(pid).ok_or_else(|| Error::Child("bad pid".into()))?,
-                    rustix::process::PidfdFlags::empty(),
-                )
-                .map_err(io("pidfd_open"))?;
-                fs::File::from(release_tx.try_clone().map_err(io("dup"))?).write_all(b"x").map_err(io("release"))?;
-                Ok(pidfd)
-            })();
-            drop(release_tx);
-            drop(overlays);
-            let pidfd = match res {
-                Ok(fd) => fd,
-                Err(e) => {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-                    return Err(e);
-                }
-            };
-            let mut out = String::new();
-            let _ = fs::File::from(result_rx).read_to_string(&mut out);
-            if out != "ok" {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-                return Err(Error::Child(if out.is_empty() { "init died during setup".into() } else { out }));
-            }
-            Ok((pid, pidfd))
-        }
+    };
+    let out = match crate::protocol::recv::<String>(pending.ctl.as_fd()) {
+        Ok(Some((out, _))) => out,
+        _ => String::new(),
+    };
+    if out != "ok" {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        return Err(Error::Child(if out.is_empty() { "init died during setup".into() } else { out }));
     }
+    Ok((pid, pidfd))
 }
 
 fn mkdir_p(path: &Path, mode: u32) -> Result<()> {

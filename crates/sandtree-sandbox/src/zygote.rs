@@ -168,6 +168,16 @@ impl Zygote {
     }
 }
 
+/// Keeps one pre-cloned init ready (see [`crate::spawn::preclone`]).
+fn refill(state: &mut crate::spawn::ZygoteState) {
+    if state.pool.is_empty() {
+        match crate::spawn::preclone(state) {
+            Ok(p) => state.pool.push(p),
+            Err(e) => eprintln!("sandtree zygote: cannot pre-clone an init: {e}"),
+        }
+    }
+}
+
 /// Zygote main loop (runs in the forked child).
 fn serve(cfg: HostConfig, sock: OwnedFd) {
     let seccomp = match crate::seccomp::compile() {
@@ -177,8 +187,14 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
             return;
         }
     };
-    let mut state =
-        crate::spawn::ZygoteState { backend: Backend::detect(), idmap: Idmapper::new(cfg.clone()), cfg, seccomp };
+    let mut state = crate::spawn::ZygoteState {
+        backend: Backend::detect(),
+        idmap: Idmapper::new(cfg.clone()),
+        cfg,
+        seccomp,
+        pool: Vec::new(),
+    };
+    refill(&mut state);
     loop {
         let msg = match protocol::recv::<ZygoteRequest>(sock.as_fd()) {
             Ok(Some((msg, _fds))) => msg,
@@ -196,5 +212,7 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
                 }
             },
         }
+        // After the reply: the next spawn finds its init already cloned.
+        refill(&mut state);
     }
 }
