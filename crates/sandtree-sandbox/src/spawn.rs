@@ -22,7 +22,7 @@
 //!    still visible; `pivot_root(root, root)` + detach the old root;
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
-//!    installs the seccomp filter and reports "ok" on a result pipe.
+//!    installs the seccomp filter and reports "ok" on its socket.
 //! 6. Z waits for that result (or the error text C sent), closes its
 //!    overlay fds, replies `Spawned { pid }` + pidfd to D, and only then
 //!    pre-clones the next C.
