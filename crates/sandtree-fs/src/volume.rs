@@ -186,42 +186,8 @@ fn mkdir(path: &Path, mode: u32) -> Result<()> {
     DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| Error::io("mkdir", path, e))
 }
 
-struct MountEntry {
-    target: PathBuf,
-    fstype: String,
-}
-
-/// Unescapes the octal escapes (`\040`) of a mountinfo field.
-fn unescape(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    use std::os::unix::ffi::OsStringExt;
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
-fn mountinfo() -> Vec<MountEntry> {
-    let Ok(s) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    s.lines()
-        .filter_map(|line| {
-            let (pre, post) = line.split_once(" - ")?;
-            let target = pre.split(' ').nth(4)?;
-            let fstype = post.split(' ').next()?;
-            Some(MountEntry { target: unescape(target), fstype: fstype.to_string() })
-        })
-        .collect()
+fn mountinfo() -> Vec<sandtree_sys::mountinfo::MountEntry> {
+    sandtree_sys::mountinfo::mounts().unwrap_or_default()
 }
 
 fn is_btrfs_mounted_at(target: &Path) -> bool {
@@ -334,12 +300,6 @@ fn prepare_image(image: &Path, size: u64) -> Result<()> {
 mod tests {
     use super::*;
     use crate::testutil::TestVolume;
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape(r"/a\040b"), PathBuf::from("/a b"));
-        assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
-    }
 
     #[test]
     fn open_twice_reuses_the_mount_and_reattaches_after_unmount() {

@@ -143,28 +143,7 @@ fn make_userns(uid_base: u32) -> Result<OwnedFd> {
 
 /// Whether `path` is a mount point in the current mount namespace.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|l| {
-        l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(path.as_os_str().to_str().unwrap_or(""))
-    })
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push(((b[i + 1] - b'0') << 6) | ((b[i + 2] - b'0') << 3) | (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    sandtree_sys::mountinfo::is_mount_point(path)
 }
 
 /// Create `dir` (and parents) if missing, owned by `uid_base:uid_base`.

@@ -8,6 +8,7 @@
 //! |-----------|------------------|
 //! | `btrfs`   | btrfs ioctls: subvolume create / snapshot / destroy, subvolume info, tree search |
 //! | `loopdev` | loop devices: `LOOP_CTL_GET_FREE`, `LOOP_CONFIGURE`, `LOOP_CLR_FD` |
+//! | `mountinfo` | `/proc/self/mountinfo` parsing (safe code) |
 //! | `mount`   | the new mount API (`fsopen`, `fsconfig`, `fsmount`, `open_tree`, `move_mount`, `mount_setattr`), `pivot_root` |
 //! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names and death signals |
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
@@ -18,6 +19,7 @@ pub mod btrfs;
 pub mod fdpass;
 pub mod loopdev;
 pub mod mount;
+pub mod mountinfo;
 pub mod netdev;
 pub mod process;
 pub mod pty;
