@@ -15,30 +15,14 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use sandtree_sys::btrfs;
 
 use crate::error::{Error, Result, is_enospc};
 
-/// Facts about one subvolume.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubvolInfo {
-    /// Subvolume (tree) id.
-    pub id: u64,
-    /// Id of the subvolume it lives in.
-    pub parent_id: u64,
-    /// Current generation (transaction id of the last change to its root).
-    pub generation: u64,
-    /// Transaction id at creation: pass this to [`bytes_written_since`] on the
-    /// *source* of a snapshot to measure what changed after the snapshot.
-    pub otransid: u64,
-    /// Transaction id of the last change to its contents.
-    pub ctransid: u64,
-    pub readonly: bool,
-    /// Creation time.
-    pub created: SystemTime,
-}
+/// Facts about one subvolume (`otransid`: pass it to [`bytes_written_since`]
+/// on the *source* of a snapshot to measure what changed after the snapshot).
+pub use sandtree_sys::btrfs::SubvolInfo;
 
 fn split(path: &Path) -> Result<(&Path, &str)> {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
@@ -171,16 +155,7 @@ fn find_nested(dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
 
 /// Facts about the subvolume at `path`.
 pub fn subvolume_info(path: &Path) -> Result<SubvolInfo> {
-    let i = btrfs::subvolume_info(path).map_err(|e| Error::io("subvolume info of", path, e))?;
-    Ok(SubvolInfo {
-        id: i.id,
-        parent_id: i.parent_id,
-        generation: i.generation,
-        otransid: i.otransid,
-        ctransid: i.ctransid,
-        readonly: i.readonly,
-        created: i.otime,
-    })
+    btrfs::subvolume_info(path).map_err(|e| Error::io("subvolume info of", path, e))
 }
 
 /// Sets or clears the read-only flag of the subvolume at `path`.
@@ -258,7 +233,7 @@ pub fn dir_size(path: &Path) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::testutil::TestVolume;
-    use std::time::Instant;
+    use std::time::{Instant, SystemTime};
 
     fn write_mib(path: &Path, mib: usize) -> io::Result<()> {
         let chunk: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + mib) as u8).collect();
@@ -354,7 +329,7 @@ mod tests {
         assert_eq!(ia.parent_id, 5, "created in the top-level subvolume");
         assert!(is.otransid >= ia.otransid);
         assert!(is.readonly && !ia.readonly);
-        assert!(ia.created >= before && ia.created <= SystemTime::now());
+        assert!(ia.otime >= before && ia.otime <= SystemTime::now());
         assert!(ia.generation >= ia.otransid);
         set_readonly(&snap, false).unwrap();
         assert!(!subvolume_info(&snap).unwrap().readonly);
