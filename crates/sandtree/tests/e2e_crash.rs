@@ -22,6 +22,9 @@ struct Ledger {
     deleted_sandboxes: BTreeSet<String>,
     checkpoints: BTreeSet<String>,
     deleted_checkpoints: BTreeSet<String>,
+    /// A delete whose response had not arrived when the daemon died: it may
+    /// or may not have happened.
+    in_flight_delete: Option<String>,
     completed: usize,
 }
 
@@ -82,9 +85,11 @@ fn worker(sock: std::path::PathBuf, ledger: Arc<Mutex<Ledger>>, root_ck: String,
             })
         } else if op < 92 && sbs.len() > 2 {
             let sb = sbs.choose(&mut rng).unwrap().clone();
+            ledger.lock().unwrap().in_flight_delete = Some(sb.clone());
             request(&sock, "DELETE", &format!("/v1/sandboxes/{sb}"), None).ok().map(|(s, _)| {
                 if s == 200 {
                     let mut l = ledger.lock().unwrap();
+                    l.in_flight_delete = None;
                     l.sandboxes.remove(&sb);
                     l.deleted_sandboxes.insert(sb);
                     l.completed += 1;
@@ -93,9 +98,11 @@ fn worker(sock: std::path::PathBuf, ledger: Arc<Mutex<Ledger>>, root_ck: String,
             })
         } else if let Some(ck) = cks.iter().filter(|c| **c != root_ck).collect::<Vec<_>>().choose(&mut rng) {
             let ck = (*ck).clone();
+            ledger.lock().unwrap().in_flight_delete = Some(ck.clone());
             request(&sock, "DELETE", &format!("/v1/checkpoints/{ck}?force=true"), None).ok().map(|(s, _)| {
                 if s == 200 {
                     let mut l = ledger.lock().unwrap();
+                    l.in_flight_delete = None;
                     l.checkpoints.remove(&ck);
                     l.deleted_checkpoints.insert(ck);
                     l.completed += 1;
@@ -146,7 +153,12 @@ fn sigkill_during_operations_keeps_completed_ones_and_leaves_no_partial_state() 
         // Completed operations are intact; deleted things stay deleted.
         let listed: BTreeSet<String> = d.sandbox_ids().into_iter().collect();
         let cks: BTreeSet<String> = d.checkpoint_ids().into_iter().collect();
-        let l = ledger.lock().unwrap();
+        let mut l = ledger.lock().unwrap();
+        if let Some(gone) = l.in_flight_delete.take() {
+            // Either outcome is complete; drop it from what must exist.
+            l.sandboxes.remove(&gone);
+            l.checkpoints.remove(&gone);
+        }
         for sb in &l.sandboxes {
             assert!(listed.contains(sb), "round {round}: completed sandbox {sb} lost; log:\n{}", d.log());
         }
