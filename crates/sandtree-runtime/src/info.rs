@@ -19,7 +19,11 @@ impl Engine {
                 used_bytes: usage.used_bytes,
                 free_bytes: usage.free_bytes,
             },
-            cgroup: if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2" } else { "v1" }.into(),
+            cgroup: match sandtree_sandbox::cgroup::Backend::detect() {
+                sandtree_sandbox::cgroup::Backend::V1 { .. } => "v1",
+                sandtree_sandbox::cgroup::Backend::V2 { .. } => "v2",
+            }
+            .into(),
             uid_base: self.cfg.uid_base,
             sandboxes,
             running: running as u64,

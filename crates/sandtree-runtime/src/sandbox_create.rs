@@ -55,16 +55,13 @@ impl Engine {
         Ok(CreateSandboxResponse { sandbox, duration_ms: util::ms_since(t0) })
     }
 
-    /// Undoes a half-made sandbox: kills its processes, deletes its subvolume.
+    /// Undoes a half-made sandbox: kills its processes and queues its
+    /// subvolume (and directory) for deletion.
     pub(crate) async fn discard(&self, id: &str, subvol: &str) {
         if let Err(e) = self.halt_and_release(id).await {
             tracing::warn!(sandbox = id, "cleanup: cannot kill processes: {e}");
         }
-        let path = self.subvol_path(subvol);
-        if let Err(e) = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&path)) {
-            tracing::warn!(sandbox = id, "cleanup: cannot delete {}: {e} (gc will retry)", path.display());
-        }
-        let _ = std::fs::remove_dir(self.volume.sandboxes_dir().join(id));
+        self.reaper.discard(self.subvol_path(subvol), true);
     }
 
     pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo> {

@@ -45,7 +45,7 @@ impl Engine {
         let snapped = snapshot.await?.map_err(|e| Error::fs("rollback", e));
         if let Err(e) = snapped.and(halted) {
             // Nothing was committed: bring the old state back up.
-            self.discard_subvol(&new_subvol).await;
+            self.discard_subvol_later(&new_subvol);
             if rec.state == DesiredState::Running {
                 let _ = self.boot(&rec).await;
             }
@@ -71,13 +71,6 @@ impl Engine {
             note: RESTART_NOTE.into(),
             duration_ms: util::ms_since(t0),
         })
-    }
-
-    pub(crate) async fn discard_subvol(&self, subvol: &str) {
-        let path = self.subvol_path(subvol);
-        if let Err(e) = tokio::task::spawn_blocking(move || sandtree_fs::delete_subvolume(&path)).await {
-            tracing::warn!("cannot delete subvolume {subvol}: {e} (gc will retry)");
-        }
     }
 
     /// Deletes an unreferenced writable subvolume later, when the engine is
