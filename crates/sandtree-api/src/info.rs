@@ -29,4 +29,7 @@ pub struct DaemonInfo {
     pub images: u64,
     /// Metadata database size in bytes.
     pub metadata_bytes: u64,
+    /// Prepared rollback targets ready (writable copies of recent checkpoints
+    /// with their overlays mounted: a rollback to one needs no btrfs commit).
+    pub spare_layers: u64,
 }

@@ -35,6 +35,9 @@ impl Engine {
     /// the store lock (read side).
     pub(crate) fn delete_checkpoint_locked(&self, id: &str) -> Result<()> {
         self.meta.delete_checkpoint(id)?;
+        for spare in self.spares.drop_checkpoint(id) {
+            self.discard_subvol_later(&spare);
+        }
         self.reaper.discard(self.checkpoint_path(id), false);
         Ok(())
     }

@@ -18,11 +18,13 @@ use std::time::Instant;
 use sandtree_api::{ForkRequest, ForkResponse, ForkResult, Limits};
 use sandtree_meta::{DesiredState, SandboxRecord};
 
-use crate::sandbox_rollback::RESTART_NOTE;
 use crate::{Engine, Error, Result, util};
 
 /// Upper bound on `count` per call.
 pub const MAX_FORK: u32 = 256;
+
+/// What a fork response says about processes until they are captured.
+const FORK_NOTE: &str = "filesystem copied exactly; processes are not copied (live process state is not captured yet): each fork starts with only its init running";
 
 impl Engine {
     pub async fn fork(&self, checkpoint: &str, req: ForkRequest) -> Result<ForkResponse> {
@@ -97,7 +99,7 @@ impl Engine {
             checkpoint: ck.id,
             results,
             processes_restarted: true,
-            note: RESTART_NOTE.into(),
+            note: FORK_NOTE.into(),
             duration_ms: util::ms_since(t0),
         })
     }

@@ -24,6 +24,9 @@ pub struct Config {
     /// Flush the writable layer (syncfs) before freezing, so the frozen
     /// window holds only the snapshot of what was dirtied meanwhile.
     pub pre_sync: bool,
+    /// How many prepared rollback targets (writable copies of recent
+    /// checkpoints with their overlays mounted) to keep; 0 turns them off.
+    pub spare_layers: usize,
 }
 
 impl Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             default_limits: Limits { memory_bytes: Some(4 << 30), pids: Some(4096), cpu_millicores: None },
             freeze_timeout_ms: 2000,
             pre_sync: true,
+            spare_layers: 64,
         }
     }
 }

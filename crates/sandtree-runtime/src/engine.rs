@@ -30,6 +30,8 @@ pub struct Engine {
     pub(crate) flusher: crate::flusher::Flusher,
     /// Deletes unreferenced subvolumes when the engine is idle.
     pub(crate) reaper: crate::reaper::Reaper,
+    /// Prepared rollback targets.
+    pub(crate) spares: Arc<crate::spares::Spares>,
 }
 
 impl Engine {
@@ -53,6 +55,7 @@ impl Engine {
             Err(e) => tracing::warn!("cannot turn on cgroup favordynmods ({e}): sandbox starts may be slower"),
         }
         let meta = Meta::open(&cfg.meta_path())?;
+        let cfg_spares = cfg.spare_layers;
         let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
         let reaper = crate::reaper::Reaper::start(flusher.clone(), volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
@@ -66,9 +69,16 @@ impl Engine {
             store_lock: RwLock::new(()),
             flusher,
             reaper,
+            spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;
+        crate::spares::Spares::start(&engine);
+        for rec in engine.meta.sandboxes()? {
+            if let (DesiredState::Running, Some(ck)) = (rec.state, &rec.base_checkpoint) {
+                engine.spares.want(&rec.id, ck);
+            }
+        }
         Ok(engine)
     }
 
@@ -161,18 +171,7 @@ impl Engine {
     /// Starts the processes of a sandbox on its current writable subvolume
     /// and registers it as live. Blocking parts run off the async threads.
     pub(crate) async fn boot(&self, rec: &SandboxRecord) -> Result<Arc<Sandbox>> {
-        let layers = self.image_layers(&rec.image)?;
-        let limits: Limits = serde_json::from_value(rec.limits.clone()).unwrap_or_default();
-        let spec = SandboxSpec {
-            id: rec.id.clone(),
-            hostname: rec.id.clone(),
-            layers: overlay_layers(&layers, &self.volume.images_dir(), &self.subvol_path(&rec.subvol)),
-            limits: sandtree_sandbox::Limits {
-                memory_bytes: limits.memory_bytes,
-                pids: limits.pids,
-                cpu_millicores: limits.cpu_millicores,
-            },
-        };
+        let spec = self.spec(rec)?;
         // On the blocking pool, so that several boots (a fork) run on
         // several zygote workers at once.
         let zygote = self.zygote.clone();
@@ -181,6 +180,22 @@ impl Engine {
         let sandbox = Arc::new(sandbox);
         self.live_set(&rec.id, Some(sandbox.clone()));
         Ok(sandbox)
+    }
+
+    /// What the zygote needs to start `rec`.
+    pub(crate) fn spec(&self, rec: &SandboxRecord) -> Result<SandboxSpec> {
+        let layers = self.image_layers(&rec.image)?;
+        let limits: Limits = serde_json::from_value(rec.limits.clone()).unwrap_or_default();
+        Ok(SandboxSpec {
+            id: rec.id.clone(),
+            hostname: rec.id.clone(),
+            layers: overlay_layers(&layers, &self.volume.images_dir(), &self.subvol_path(&rec.subvol)),
+            limits: sandtree_sandbox::Limits {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids,
+                cpu_millicores: limits.cpu_millicores,
+            },
+        })
     }
 
     /// Kills a sandbox's processes (if any) and forgets its live handle. Its

@@ -23,7 +23,8 @@ impl Engine {
 
         let sandboxes = self.meta.sandboxes()?;
         let known_ids: HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
-        let subvols: HashSet<String> = sandboxes.iter().map(|s| s.subvol.clone()).collect();
+        let mut subvols: HashSet<String> = sandboxes.iter().map(|s| s.subvol.clone()).collect();
+        subvols.extend(self.spares.subvols());
         let checkpoints: HashSet<String> = self.meta.checkpoints(None)?.into_iter().map(|c| c.id).collect();
         let mut images = HashSet::new();
         for img in self.meta.images()? {

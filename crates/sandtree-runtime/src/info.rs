@@ -30,6 +30,7 @@ impl Engine {
             checkpoints,
             images,
             metadata_bytes: self.meta.size_bytes(),
+            spare_layers: self.spares.ready_count() as u64,
         })
     }
 }

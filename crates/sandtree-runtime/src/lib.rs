@@ -35,6 +35,7 @@ mod sandbox_delete;
 mod sandbox_exec;
 mod sandbox_rollback;
 mod sandbox_session;
+mod spares;
 mod util;
 
 pub use config::Config;

@@ -31,6 +31,18 @@ impl Engine {
                     None
                 }
             };
+            // A daemon killed inside a rollback may have committed the new
+            // layer while init still runs on the old one (or the reverse):
+            // such an init is killed and the sandbox booted on the layer
+            // metadata names.
+            let adopted = match adopted {
+                Some(sb) if !self.runs_on_its_layer(&sb, &rec) => {
+                    tracing::warn!(sandbox = rec.id, "init runs on another layer than recorded: restarting it");
+                    let _ = sb.kill().await;
+                    None
+                }
+                other => other,
+            };
             match (adopted, rec.state) {
                 (Some(sb), DesiredState::Running) => {
                     self.live_set(&rec.id, Some(std::sync::Arc::new(sb)));
@@ -58,5 +70,10 @@ impl Engine {
             );
         }
         Ok(())
+    }
+
+    fn runs_on_its_layer(&self, sb: &sandtree_sandbox::Sandbox, rec: &sandtree_meta::SandboxRecord) -> bool {
+        let expected = self.subvol_path(&rec.subvol).join("layers").join("0").join("upper");
+        sb.root_upper().is_some_and(|upper| upper == expected)
     }
 }

@@ -43,12 +43,14 @@ impl Engine {
                 sandtree_fs::sync_fs(&src).map_err(|e| Error::fs("checkpoint", e))?;
             }
             let frozen_at = Instant::now();
+            let t_sync = t0.elapsed();
             if let Some(sb) = &live {
                 sb.freeze(self.freeze_timeout()).map_err(|e| self.freeze_error(id, e))?;
             }
             let snap = sandtree_fs::snapshot(&src, &dst, true);
             let thawed = live.as_ref().map(|sb| sb.thaw()).unwrap_or(Ok(()));
             let frozen_ms = util::ms_since(frozen_at);
+            tracing::debug!(sandbox = id, pre_sync = ?t_sync, frozen_ms, "checkpoint snapshot taken");
             snap.map_err(|e| Error::fs("checkpoint", e))?;
             thawed?;
             Ok(frozen_ms)
@@ -80,6 +82,9 @@ impl Engine {
                 return Err(e);
             }
         };
+
+        // The likeliest rollback target: prepare it while the agent thinks.
+        self.spares.want(id, &ck_id);
 
         // What this checkpoint adds over its base, measured off the hot path.
         let meta = self.meta.clone();

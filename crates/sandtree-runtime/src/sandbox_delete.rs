@@ -17,6 +17,9 @@ impl Engine {
         let _store = self.store_lock.read().await;
         self.halt_and_release(id).await?;
         self.meta.delete_sandbox(id)?;
+        for spare in self.spares.drop_sandbox(id) {
+            self.discard_subvol_later(&spare);
+        }
         // The layer goes when the engine is idle (see `reaper.rs`), and with
         // it the sandbox's directory.
         self.reaper.discard(self.subvol_path(&rec.subvol), true);

@@ -1,25 +1,32 @@
 //! `rollback`: bring a sandbox back to any checkpoint of its tree.
 //!
 //! Order of operations:
-//! 1. in parallel: kill the sandbox's processes (they cannot be restored yet)
-//!    and take a writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<new>`;
+//! 1. writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<new>` (the
+//!    sandbox keeps running; a failure here changes nothing);
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
-//!    as its base (a crash before this leaves the old state, after it the new);
-//! 3. delete the old writable subvolume in the background (its unsaved
-//!    dirty data is dropped, never written) and start the sandbox's init on
-//!    the new subvolume.
+//!    as its base (a crash before this leaves the old state, after it the
+//!    new one; re-adoption checks which layer a surviving init runs on);
+//! 3. in place (`sandtree_sandbox::reroot`): the zygote builds the overlays
+//!    of the new subvolume, init kills every other process and swaps its
+//!    root for them, keeping its namespaces, cgroup, `/proc` and `/dev`.
+//!    When the sandbox is not running, or the swap fails, it is stopped and
+//!    booted on the new subvolume instead;
+//! 4. delete the old writable subvolume in the background (its unsaved
+//!    dirty data is dropped, never written).
 //!
 //! The filesystem is byte-identical to the checkpoint: the new writable layer
 //! *is* the checkpoint's snapshot and the lower layers are read-only.
 
+use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use sandtree_api::{RollbackRequest, RollbackResponse};
-use sandtree_meta::DesiredState;
+use sandtree_meta::{DesiredState, SandboxRecord};
+use sandtree_sandbox::Sandbox;
 
 use crate::{Engine, Error, Result, util};
 
-pub(crate) const RESTART_NOTE: &str = "filesystem restored exactly; processes were restarted (live process state is not captured yet): re-run background services and sessions";
+pub(crate) const RESTART_NOTE: &str = "filesystem restored exactly; every process but the sandbox init was killed (live process state is not captured yet): re-run background services and sessions";
 
 impl Engine {
     pub async fn rollback(&self, id: &str, req: RollbackRequest) -> Result<RollbackResponse> {
@@ -36,34 +43,48 @@ impl Engine {
             });
         }
         let _store = self.store_lock.read().await;
-        let new_subvol = format!("{id}/{}", &util::new_id("g")[2..]);
-        let src = self.checkpoint_path(&ck.id);
-        let dst = self.subvol_path(&new_subvol);
-
-        let snapshot = tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false));
-        let halted = self.halt(id).await;
-        let snapped = snapshot.await?.map_err(|e| Error::fs("rollback", e));
-        if let Err(e) = snapped.and(halted) {
-            // Nothing was committed: bring the old state back up.
-            self.discard_subvol_later(&new_subvol);
-            if rec.state == DesiredState::Running {
-                let _ = self.boot(&rec).await;
+        let spare_taken = self.spares.take(id, &ck.id);
+        let spare = spare_taken.is_some();
+        let (new_subvol, prepared) = match spare_taken {
+            Some(spare) => (spare.subvol, Some(spare.layers)),
+            None => {
+                let new_subvol = format!("{id}/{}", &util::new_id("g")[2..]);
+                let src = self.checkpoint_path(&ck.id);
+                let dst = self.subvol_path(&new_subvol);
+                tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await?.map_err(|e| {
+                    self.discard_subvol_later(&new_subvol);
+                    Error::fs("rollback", e)
+                })?;
+                (new_subvol, None)
             }
-            return Err(e);
-        }
+        };
+        let t_snap = t0.elapsed();
         self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;
-        // Unreferenced from here on; deleting it at once also drops its dirty
+        let t_meta = t0.elapsed();
+        let mut rec2 = self.record(id)?;
+        let booted = match self.live_get(id).filter(|s| s.is_alive()) {
+            Some(sb) => match self.reroot(&sb, &rec2, prepared).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    tracing::warn!(sandbox = id, "rollback in place failed, restarting the sandbox: {e}");
+                    self.restart(&rec2).await
+                }
+            },
+            None => self.restart(&rec2).await,
+        };
+        tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, done = ?t0.elapsed(), spare, "rolled back");
+        // Unreferenced from here on; deleting it soon also drops its dirty
         // page cache before the background flusher would write it out.
         self.discard_subvol_later(&rec.subvol);
-        let mut rec2 = self.record(id)?;
-        let booted = self.boot(&rec2).await;
         let reason = match &booted {
-            Ok(_) => None,
+            Ok(()) => None,
             Err(e) => Some(format!("rolled back, but its processes failed to start: {e}")),
         };
         self.meta.set_sandbox_state(id, DesiredState::Running, reason.as_deref())?;
         rec2.status_reason = reason;
         booted?;
+        // Rolled back once, likely again (tree search): prepare the next one.
+        self.spares.want(id, &ck.id);
         Ok(RollbackResponse {
             sandbox: self.sandbox_info(&rec2, false)?,
             checkpoint: ck.id,
@@ -71,6 +92,28 @@ impl Engine {
             note: RESTART_NOTE.into(),
             duration_ms: util::ms_since(t0),
         })
+    }
+
+    /// Steps 3 of the rollback, in place: overlays from the zygote, then init
+    /// swaps its root.
+    async fn reroot(&self, sb: &Sandbox, rec: &SandboxRecord, prepared: Option<Vec<OwnedFd>>) -> Result<()> {
+        let spec = self.spec(rec)?;
+        let fds = match prepared {
+            Some(fds) => fds,
+            None => {
+                let zygote = self.zygote.clone();
+                let layers = spec.layers.clone();
+                tokio::task::spawn_blocking(move || zygote.build_layers(&layers)).await??
+            }
+        };
+        sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds).await?;
+        Ok(())
+    }
+
+    /// Stop (if running) and boot again on the sandbox's current subvolume.
+    async fn restart(&self, rec: &SandboxRecord) -> Result<()> {
+        self.halt(&rec.id).await?;
+        self.boot(rec).await.map(|_| ())
     }
 
     /// Deletes an unreferenced writable subvolume later, when the engine is

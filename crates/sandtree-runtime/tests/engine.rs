@@ -7,7 +7,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, Limits, RollbackRequest};
+use sandtree_api::{
+    CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, Limits, RollbackRequest, SessionRunRequest,
+};
 use sandtree_runtime::{Config, Engine, Zygote};
 
 type Case = for<'a> fn(&'a Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
@@ -54,6 +56,76 @@ fn rollback_and_fork_restore_files(
         ensure!(ck.size_bytes.is_some_and(|s| s < 1 << 20), "size {:?}", ck.size_bytes);
         ensure!(ck.parent.as_deref() == Some(ck1.as_str()));
         e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
+/// Rollback in place: init (and its pid namespace, cgroup, /dev) survive,
+/// every other process is killed, the old tree is gone from view and its
+/// subvolume is reclaimed; repeated rollbacks leak no mounts.
+fn rollback_in_place_keeps_init_and_kills_the_rest(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        sh(e, &sb, "echo base > /root/f").await?;
+        let ck = checkpoint(e, &sb).await?;
+        let init_pid = e.get_sandbox(&sb).await?.init_pid.context("init pid")?;
+        let init_start = sh(e, &sb, "cut -d' ' -f22 /proc/1/stat").await?;
+        let mounts = sh(e, &sb, "wc -l < /proc/self/mountinfo").await?;
+        for i in 0..12 {
+            let bg = e
+                .exec(
+                    &sb,
+                    ExecRequest { cmd: vec!["sleep".into(), "1000".into()], background: true, ..Default::default() },
+                )
+                .await?;
+            ensure!(bg.pid > 1);
+            let s = e.create_session(&sb, Default::default()).await?;
+            e.session_run(&sb, &s.id, SessionRunRequest { command: "cd /tmp".into(), timeout_ms: None }).await?;
+            sh(e, &sb, &format!("echo {i} > /root/f; echo junk > /tmp/junk")).await?;
+            e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(e.get_sandbox(&sb).await?.init_pid == Some(init_pid), "init was replaced");
+            ensure!(sh(e, &sb, "cut -d' ' -f22 /proc/1/stat").await? == init_start, "init restarted");
+            ensure!(sh(e, &sb, "cat /root/f; test ! -e /tmp/junk && echo clean").await? == "base\nclean\n");
+            let comms = sh(e, &sb, "cat /proc/[0-9]*/comm").await?;
+            ensure!(!comms.contains("sleep") && !comms.contains("bash"), "survivors after rollback: {comms}");
+            ensure!(e.list_sessions(&sb).await?.sessions.is_empty(), "sessions survived");
+        }
+        ensure!(sh(e, &sb, "wc -l < /proc/self/mountinfo").await? == mounts, "mounts leaked");
+        ensure!(sh(e, &sb, "awk '$5 == \"/\"' /proc/self/mountinfo | wc -l").await? == "1\n", "two roots visible");
+        // /dev and a fresh session (a pty on the kept devpts) still work.
+        sh(e, &sb, "echo x > /dev/null && test -c /dev/pts/ptmx").await?;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let out =
+            e.session_run(&sb, &s.id, SessionRunRequest { command: "cat /root/f".into(), timeout_ms: None }).await?;
+        ensure!(out.output.trim() == "base", "session output {:?}", out.output);
+        // The replaced layers are reclaimed once the engine is idle; what
+        // stays is the current layer and one prepared copy of `ck` (a spare).
+        let dir = e.volume().root().join("sandboxes").join(&sb);
+        let layers_settle_at = |want: usize| {
+            let dir = dir.clone();
+            async move {
+                let deadline = Instant::now() + std::time::Duration::from_secs(10);
+                loop {
+                    let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+                    if n == want {
+                        return Ok(());
+                    }
+                    ensure!(Instant::now() < deadline, "{n} layers in {}, want {want}", dir.display());
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        };
+        layers_settle_at(2).await?;
+        ensure!(e.info().await?.spare_layers >= 1, "no spare layer prepared");
+        // Rolling back a stopped sandbox starts it.
+        e.stop_sandbox(&sb).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        ensure!(sh(e, &sb, "cat /root/f").await? == "base\n");
+        e.delete_sandbox(&sb, true).await?;
+        // Its spares go with it.
+        layers_settle_at(0).await?;
         Ok(())
     })
 }
@@ -166,6 +238,7 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
+        ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
         ("gc_removes_orphans", gc_removes_orphans),

@@ -173,6 +173,12 @@ impl BackgroundTable {
             t.abort();
         }
     }
+
+    /// Forgets every process (they were killed).
+    pub(crate) fn clear(&self) {
+        self.abort_all();
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 }
 
 #[derive(Default)]

@@ -77,7 +77,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
             st.reap();
         }
         if conn_ready || conn_err {
-            st.serve_one();
+            st.serve_one(&sigfd);
         }
         if listen_ready && let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
             st.conn = Some(conn); // replaces (and closes) the old connection
@@ -112,7 +112,7 @@ impl Init {
         }
     }
 
-    fn serve_one(&mut self) {
+    fn serve_one(&mut self, sigfd: &SignalFd) {
         let Some(conn) = &self.conn else { return };
         let (msg, fds) = match protocol::recv::<ToInit>(conn.as_fd()) {
             Ok(Some(m)) => m,
@@ -147,6 +147,13 @@ impl Init {
                 }
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
+            Request::Reroot { targets } => {
+                let reply = match self.reroot(sigfd, &targets, fds) {
+                    Ok(()) => Reply::Ok,
+                    Err(message) => Reply::Error { message, code: None },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+            }
             Request::Kill { pid, signal, group } => {
                 let target = Pid::from_raw(if group { -pid } else { pid });
                 let reply = match Signal::try_from(signal)
@@ -171,6 +178,20 @@ impl Init {
                 }
             }
         }
+    }
+}
+
+impl Init {
+    /// See [`crate::reroot`]: exits of tracked processes are reported before
+    /// the reply.
+    fn reroot(&mut self, sigfd: &SignalFd, targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+        let reaped = crate::reroot::kill_all(sigfd)?;
+        for r in reaped {
+            if self.tracked.remove(&r.pid) {
+                self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
+            }
+        }
+        crate::reroot::swap_root(targets, layers)
     }
 }
 

@@ -9,6 +9,7 @@
 //! | `spawn`    | creating a sandbox (namespaces, overlays, pivot_root) |
 //! | `overlay`  | overlay and idmapped lower mounts |
 //! | `init`     | the in-sandbox pid 1 |
+//! | `reroot`   | rollback in place: init swaps its filesystem tree |
 //! | `seccomp`  | the syscall filter |
 //! | `cgroup`   | cgroup v1/v2 limits, freeze, kill, usage |
 //! | `sandbox`  | daemon-side live handle |
@@ -20,6 +21,7 @@ pub mod config;
 pub mod init;
 pub mod overlay;
 pub mod protocol;
+pub mod reroot;
 pub mod seccomp;
 pub mod spawn;
 pub mod zygote;

@@ -20,16 +20,22 @@
 //!    [`FromInit::Exited`]. Init guarantees `Spawned` for a pid is sent
 //!    before its `Exited`.
 //! 4. `Kill` / `Ping` answer `Ok` / `Pong`.
+//! 5. `Reroot` (rollback in place, see [`crate::reroot`]) carries one
+//!    detached overlay mount fd per layer; init kills every other process,
+//!    swaps its root for the new layers and answers `Ok` or `Error`.
+//!
+//! Daemon -> zygote `BuildLayers` asks for those overlay mounts; the reply
+//! [`ZygoteReply::Layers`] carries them.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::config::SandboxSpec;
+use crate::config::{OverlayLayer, SandboxSpec};
 
 /// Protocol version exchanged in `Hello`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Largest packet we accept.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -43,6 +49,11 @@ pub enum ZygoteRequest {
         /// What to create.
         spec: SandboxSpec,
     },
+    /// Build the overlay mounts of these layers (detached, one fd each).
+    BuildLayers {
+        /// The layers, root first.
+        layers: Vec<OverlayLayer>,
+    },
 }
 
 /// Zygote -> daemon.
@@ -53,6 +64,11 @@ pub enum ZygoteReply {
     Spawned {
         /// Host pid of init.
         pid: i32,
+    },
+    /// The overlay mounts of `BuildLayers`, attached in order.
+    Layers {
+        /// Number of fds attached.
+        count: usize,
     },
     /// Spawning failed.
     Error {
@@ -112,6 +128,12 @@ pub enum Request {
     },
     /// Liveness check.
     Ping,
+    /// Kill every process but init, then make the attached overlay mounts
+    /// (one per target, root first) the sandbox's filesystem tree.
+    Reroot {
+        /// Mount point of each attached layer inside the sandbox (`/` first).
+        targets: Vec<std::path::PathBuf>,
+    },
 }
 
 /// A request with its correlation id.

@@ -376,6 +376,14 @@ impl Sandbox {
         self.inner.init_pid
     }
 
+    /// The upper directory of the overlay that is init's `/`: which
+    /// writable layer the sandbox really runs on (checked on re-adoption:
+    /// a daemon killed inside a rollback may leave it on either side).
+    pub fn root_upper(&self) -> Option<std::path::PathBuf> {
+        let mounts = sandtree_sys::mountinfo::mounts_of(self.inner.init_pid).ok()?;
+        mounts.iter().rev().find(|m| m.target == std::path::Path::new("/"))?.option("upperdir")
+    }
+
     /// Whether init is still running.
     pub fn is_alive(&self) -> bool {
         *self.inner.alive.borrow()
@@ -431,6 +439,25 @@ impl Sandbox {
             }
         }
         None
+    }
+
+    /// Rollback in place (see [`crate::reroot`]): init kills every other
+    /// process and makes `layers` (detached overlay mounts from
+    /// [`crate::Zygote::build_layers`], one per target, `/` first) the
+    /// sandbox's tree. Sessions and background processes of this handle are
+    /// forgotten. On error the tree is unknown: stop the sandbox and boot it.
+    pub async fn reroot(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>) -> Result<()> {
+        let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
+        let res = self.inner.conn.request(Request::Reroot { targets }, &fds).await;
+        drop(fds);
+        drop(layers);
+        self.inner.sessions.abort_all();
+        self.inner.background.clear();
+        match res? {
+            (Reply::Ok, _) => Ok(()),
+            (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("rollback in place failed: {message}"))),
+            (other, _) => Err(Error::Protocol(format!("unexpected reroot reply {other:?}"))),
+        }
     }
 
     /// Kills every process of the sandbox and returns once its init is gone

@@ -26,7 +26,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use sandtree_sys::process::{Forked, exit_now, fork_single_threaded, ignore_signal, thread_count};
 
 use crate::cgroup::Backend;
-use crate::config::{HostConfig, SandboxSpec};
+use crate::config::{HostConfig, OverlayLayer, SandboxSpec};
 use crate::overlay::Idmapper;
 use crate::protocol::{self, ZygoteReply, ZygoteRequest};
 
@@ -145,6 +145,30 @@ impl Zygote {
     /// `spawn_blocking` in async code).
     /// Takes an idle worker if there is one, else waits for the next in turn.
     pub fn spawn(&self, spec: &SandboxSpec) -> Result<SpawnedInit> {
+        let (reply, mut fds) = self.call(&ZygoteRequest::Spawn { spec: spec.clone() })?;
+        match reply {
+            ZygoteReply::Spawned { pid } => {
+                let pidfd = fds.pop().ok_or_else(|| Error::Spawn("zygote sent no pidfd".into()))?;
+                Ok(SpawnedInit { pid, pidfd })
+            }
+            ZygoteReply::Error { message } => Err(Error::Spawn(message)),
+            other => Err(Error::Spawn(format!("unexpected zygote reply {other:?}"))),
+        }
+    }
+
+    /// Build detached overlay mounts of `layers` (root first) for an
+    /// in-place rollback ([`crate::reroot`]); blocking like [`Zygote::spawn`].
+    pub fn build_layers(&self, layers: &[OverlayLayer]) -> Result<Vec<OwnedFd>> {
+        let (reply, fds) = self.call(&ZygoteRequest::BuildLayers { layers: layers.to_vec() })?;
+        match reply {
+            ZygoteReply::Layers { count } if count == fds.len() && count == layers.len() => Ok(fds),
+            ZygoteReply::Error { message } => Err(Error::Spawn(message)),
+            other => Err(Error::Spawn(format!("unexpected zygote reply {other:?} with {} fds", fds.len()))),
+        }
+    }
+
+    /// One request/reply on an idle worker, else on the next in turn.
+    fn call(&self, req: &ZygoteRequest) -> Result<(ZygoteReply, Vec<OwnedFd>)> {
         let idle = self.workers.iter().find_map(|w| w.sock.try_lock().ok());
         let sock = match idle {
             Some(sock) => sock,
@@ -153,18 +177,10 @@ impl Zygote {
                 self.workers[i].sock.lock().unwrap_or_else(|e| e.into_inner())
             }
         };
-        protocol::send(sock.as_fd(), &ZygoteRequest::Spawn { spec: spec.clone() }, &[])
-            .map_err(|source| Error::Io { op: "send", source })?;
-        let (reply, mut fds) = protocol::recv::<ZygoteReply>(sock.as_fd())
+        protocol::send(sock.as_fd(), req, &[]).map_err(|source| Error::Io { op: "send", source })?;
+        protocol::recv::<ZygoteReply>(sock.as_fd())
             .map_err(|source| Error::Io { op: "recv", source })?
-            .ok_or(Error::Gone)?;
-        match reply {
-            ZygoteReply::Spawned { pid } => {
-                let pidfd = fds.pop().ok_or_else(|| Error::Spawn("zygote sent no pidfd".into()))?;
-                Ok(SpawnedInit { pid, pidfd })
-            }
-            ZygoteReply::Error { message } => Err(Error::Spawn(message)),
-        }
+            .ok_or(Error::Gone)
     }
 }
 
@@ -211,6 +227,18 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
                     let _ = protocol::send(sock.as_fd(), &ZygoteReply::Error { message: e.to_string() }, &[]);
                 }
             },
+            ZygoteRequest::BuildLayers { layers } => {
+                let built: std::result::Result<Vec<OwnedFd>, _> =
+                    layers.iter().map(|l| crate::overlay::build(l, &state.cfg, &mut state.idmap)).collect();
+                let _ = match built {
+                    Ok(fds) => {
+                        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                        protocol::send(sock.as_fd(), &ZygoteReply::Layers { count: fds.len() }, &borrowed)
+                    }
+                    Err(e) => protocol::send(sock.as_fd(), &ZygoteReply::Error { message: e.to_string() }, &[]),
+                };
+                continue; // the pool of pre-cloned inits did not change
+            }
         }
         // After the reply: the next spawn finds its init already cloned.
         refill(&mut state);

@@ -16,6 +16,15 @@ use std::path::{Path, PathBuf};
 pub struct MountEntry {
     pub target: PathBuf,
     pub fstype: String,
+    /// Filesystem options (`rw,upperdir=...`), still escaped.
+    pub super_options: String,
+}
+
+impl MountEntry {
+    /// Value of `key=value` among the filesystem options.
+    pub fn option(&self, key: &str) -> Option<PathBuf> {
+        self.super_options.split(',').find_map(|o| o.strip_prefix(key)?.strip_prefix('=')).map(unescape)
+    }
 }
 
 /// Every mount, in mount order (the last one on a path is the visible one).
@@ -24,13 +33,25 @@ pub fn mounts() -> io::Result<Vec<MountEntry>> {
     Ok(parse(&text))
 }
 
+/// The mounts seen by process `pid` (its mount namespace and root).
+pub fn mounts_of(pid: i32) -> io::Result<Vec<MountEntry>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    Ok(parse(&text))
+}
+
 fn parse(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;
             let target = pre.split(' ').nth(4)?;
-            let fstype = post.split(' ').next()?;
-            Some(MountEntry { target: unescape(target), fstype: fstype.to_string() })
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let super_options = post.nth(1).unwrap_or_default();
+            Some(MountEntry {
+                target: unescape(target),
+                fstype: fstype.to_string(),
+                super_options: super_options.to_string(),
+            })
         })
         .collect()
 }
@@ -72,8 +93,18 @@ mod tests {
         let text = "36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - btrfs /dev/loop0 rw\n\
                     37 35 98:0 / /proc rw - proc proc rw\n";
         let m = parse(text);
-        assert_eq!(m[0], MountEntry { target: "/mnt/a b".into(), fstype: "btrfs".into() });
+        assert_eq!(m[0], MountEntry { target: "/mnt/a b".into(), fstype: "btrfs".into(), super_options: "rw".into() });
         assert_eq!(m[1].fstype, "proc");
+    }
+
+    #[test]
+    fn overlay_options_are_found() {
+        let text = r"40 1 0:50 / / rw - overlay overlay rw,lowerdir=/l,upperdir=/v/s\0541/upper,workdir=/w,volatile";
+        let m = parse(text);
+        assert_eq!(m[0].option("upperdir"), Some(PathBuf::from("/v/s,1/upper")));
+        assert_eq!(m[0].option("workdir"), Some(PathBuf::from("/w")));
+        assert_eq!(m[0].option("volatile"), None);
+        assert_eq!(m[0].option("upper"), None);
     }
 
     #[test]

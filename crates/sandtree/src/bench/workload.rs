@@ -19,6 +19,10 @@ use super::report::{Report, Row};
 const THINK_MS: u64 = 100;
 const THINK_ROW: &str = "checkpoint, 10 dirty files, 100 ms later";
 const THINK_RB_ROW: &str = "rollback, 100 ms after 10 files dirtied";
+const COLD_RB_ROW: &str = "rollback, no prepared layer (old chain checkpoint)";
+/// Checkpoints this far back in the chain have no prepared layer (the
+/// engine keeps `Config::spare_layers`, 64 by default, for recent ones).
+const SPARE_HORIZON: usize = 100;
 
 /// Where the workload tree lives inside the sandbox.
 const SRC: &str = "/root/src";
@@ -226,6 +230,8 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
             .await?;
         let files10: Vec<String> =
             sh(engine, &sb10, &format!("find {SRC} -type f")).await?.lines().map(str::to_string).collect();
+        // Measured in steady state, not while 140 MB of copy drain to disk.
+        settle(engine).await;
         ckpt_rollback_rows(engine, &sb10, &files10, n, &format!(" ({}k files)", files10.len() / 1000), &mut report)
             .await?;
         engine.delete_sandbox(&sb10, true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -241,7 +247,20 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
         }
         let after = engine.meta().used_bytes()?;
         report.metadata_bytes_per_checkpoint = (after.saturating_sub(before)) as f64 / args.chain as f64;
+        settle(engine).await;
         ckpt_rollback_rows(engine, &sb, &files, n, &format!(" (chain {})", args.chain), &mut report).await?;
+        // Old checkpoints have no prepared layer (only the most recent ones
+        // do, see `spares.rs`): the rollback snapshots and mounts on its path.
+        let old = &chain[..chain.len().saturating_sub(SPARE_HORIZON).max(1)];
+        let mut cold = Vec::new();
+        for _ in 0..n {
+            dirty(engine, &sb, &files).await?;
+            let target = old.choose(&mut rand::rng()).expect("chain").clone();
+            let (r, ms) = timed(rollback(engine, &sb, &target)).await;
+            r?;
+            cold.push(ms);
+        }
+        report.rows.push(Row::new("sandtree", COLD_RB_ROW, &cold));
     }
     engine.delete_sandbox(&sb, true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     evaluate(&mut report, args);
@@ -401,6 +420,8 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
             let ratio = v / base;
             r.check(&format!("{name} vs base"), "<= 1.5x", format!("{ratio:.2}x"), ratio <= 1.5);
         }
+        let cold = r.p50(COLD_RB_ROW);
+        r.check("rollback without a prepared layer p50", "<= 5 ms", format!("{cold:.2} ms"), cold <= 5.0);
         let meta = r.metadata_bytes_per_checkpoint;
         r.check("metadata per checkpoint", "<= 4096 B", format!("{meta:.0} B"), meta <= 4096.0);
     }

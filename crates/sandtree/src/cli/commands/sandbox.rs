@@ -77,6 +77,7 @@ pub async fn info(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
             println!("checkpoints: {}", d.checkpoints);
             println!("images:      {}", d.images);
             println!("metadata:    {}", human_bytes(d.metadata_bytes));
+            println!("spares:      {} prepared rollback targets", d.spare_layers);
         }
         return Ok(0);
     };

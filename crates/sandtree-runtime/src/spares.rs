@@ -1,0 +1,236 @@
+//! Prepared rollback targets ("spares"): a rollback without a btrfs commit.
+//!
+//! A rollback needs a writable copy of the checkpoint (a btrfs snapshot: one
+//! transaction commit, 2-6 ms here, more while the sandbox has dirty data)
+//! and the overlay mounts over it (~1.2 ms for the two layers of the default
+//! image). Neither depends on anything that happens after the checkpoint, so
+//! both are made ahead of time: a checkpoint (and a rollback, which used one
+//! up) asks for a spare, and the maker task prepares it once no lifecycle
+//! operation has run for [`IDLE`] — while the agent reads the result and
+//! waits for its LLM (Crab's idea). It never runs in a burst of operations,
+//! whose commits it would slow down:
+//!
+//! 1. under the store lock (so GC does not look), check that the sandbox
+//!    and checkpoint still exist. The sandbox's lifecycle lock is not taken:
+//!    a checkpoint or rollback of it must not wait for a spare. A sandbox or
+//!    checkpoint deleted meanwhile drops the key, and the finished spare is
+//!    then discarded instead of kept;
+//! 2. writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<gen>`;
+//! 3. the zygote builds the detached overlay mounts of that layer;
+//! 4. keep `(sandbox, checkpoint) → (subvolume, mount fds)`;
+//! 5. poke the flusher: mounting an overlay writes to its work directory
+//!    (probes, `work/work`), and a checkpoint's pre-sync would otherwise
+//!    commit that (6-8 ms measured instead of ~1).
+//!
+//! A rollback of that sandbox to that checkpoint then takes the spare: it
+//! commits the spare's subvolume as the sandbox's layer and hands the mounts
+//! to init (see `sandbox_rollback.rs`): no commit and no mount on its path.
+//!
+//! At most `Config::spare_layers` spares exist (least recently wanted ones go
+//! first). Spares are not in the metadata: a daemon that dies leaves their
+//! subvolumes as orphans that GC removes at the next start, and a running GC
+//! is told which subvolumes are spares. Dropping a spare closes its mounts
+//! before its subvolume is queued for deletion (see `reaper.rs`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+
+use crate::{Engine, Result, util};
+
+/// Quiet time before the maker starts on a spare.
+pub const IDLE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Spares waiting to be made beyond this many are given up (oldest first):
+/// after a burst of checkpoints only the newest are prepared, so the
+/// background work per burst stays bounded.
+pub const MAX_WANTED: usize = 8;
+
+/// A sandbox and one of its checkpoints.
+type Key = (String, String);
+
+/// A prepared writable copy of a checkpoint with its overlay mounts.
+pub(crate) struct Spare {
+    /// `<sandbox-id>/<gen>` under `sandboxes/`.
+    pub subvol: String,
+    /// Detached overlay mounts, one per layer of the sandbox's image.
+    pub layers: Vec<OwnedFd>,
+}
+
+#[derive(Default)]
+struct State {
+    ready: HashMap<Key, Spare>,
+    /// Keys by recency of `want`, oldest first (ready and wanted ones).
+    recent: VecDeque<Key>,
+    /// Keys to prepare, oldest first (the newest is prepared first).
+    wanted: VecDeque<Key>,
+}
+
+/// The spare pool and its maker task.
+pub(crate) struct Spares {
+    state: Mutex<State>,
+    wake: Notify,
+    budget: usize,
+}
+
+impl Spares {
+    pub(crate) fn new(budget: usize) -> Spares {
+        Spares { state: Mutex::new(State::default()), wake: Notify::new(), budget }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks for a spare of `checkpoint` for `sandbox` (made in the background).
+    pub(crate) fn want(&self, sandbox: &str, checkpoint: &str) {
+        if self.budget == 0 {
+            return;
+        }
+        let key = (sandbox.to_string(), checkpoint.to_string());
+        let mut st = self.lock();
+        st.recent.retain(|k| k != &key);
+        st.recent.push_back(key.clone());
+        if !st.ready.contains_key(&key) && !st.wanted.contains(&key) {
+            st.wanted.push_back(key);
+            let over = st.wanted.len().saturating_sub(MAX_WANTED);
+            st.wanted.drain(..over);
+        }
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Takes the spare of `checkpoint` for `sandbox`, if one is ready.
+    pub(crate) fn take(&self, sandbox: &str, checkpoint: &str) -> Option<Spare> {
+        self.lock().ready.remove(&(sandbox.to_string(), checkpoint.to_string()))
+    }
+
+    /// Removes every spare of `sandbox` (deleted); returns their subvolumes,
+    /// whose mounts are closed, for deletion.
+    pub(crate) fn drop_sandbox(&self, sandbox: &str) -> Vec<String> {
+        self.drop_where(|k| k.0 == sandbox)
+    }
+
+    /// Removes every spare of `checkpoint` (deleted).
+    pub(crate) fn drop_checkpoint(&self, checkpoint: &str) -> Vec<String> {
+        self.drop_where(|k| k.1 == checkpoint)
+    }
+
+    fn drop_where(&self, f: impl Fn(&Key) -> bool) -> Vec<String> {
+        let mut st = self.lock();
+        st.wanted.retain(|k| !f(k));
+        st.recent.retain(|k| !f(k));
+        let keys: Vec<Key> = st.ready.keys().filter(|k| f(k)).cloned().collect();
+        keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.subvol).collect()
+    }
+
+    /// Subvolumes held as spares (GC must keep them).
+    pub(crate) fn subvols(&self) -> HashSet<String> {
+        self.lock().ready.values().map(|s| s.subvol.clone()).collect()
+    }
+
+    /// Number of spares ready.
+    pub(crate) fn ready_count(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    /// Next key to prepare, and the spares evicted to stay within budget.
+    fn next(&self) -> (Option<Key>, Vec<String>) {
+        let mut st = self.lock();
+        let mut evicted = Vec::new();
+        let over = st.recent.len().saturating_sub(self.budget);
+        for key in st.recent.drain(..over).collect::<Vec<_>>() {
+            st.wanted.retain(|k| k != &key);
+            if let Some(s) = st.ready.remove(&key) {
+                evicted.push(s.subvol);
+            }
+        }
+        (st.wanted.pop_back(), evicted)
+    }
+
+    fn insert(&self, key: Key, spare: Spare) -> Option<String> {
+        let mut st = self.lock();
+        if !st.recent.contains(&key) {
+            // Dropped (sandbox or checkpoint deleted, or evicted) meanwhile.
+            return Some(spare.subvol);
+        }
+        st.ready.insert(key, spare).map(|old| old.subvol)
+    }
+
+    /// Starts the maker task (holds the engine weakly: it ends with it).
+    pub(crate) fn start(engine: &Arc<Engine>) {
+        let weak: Weak<Engine> = Arc::downgrade(engine);
+        let spares = engine.spares.clone();
+        tokio::spawn(async move {
+            loop {
+                let Some(engine) = weak.upgrade() else { return };
+                let (key, evicted) = engine.spares.next();
+                for subvol in evicted {
+                    engine.discard_subvol_later(&subvol);
+                }
+                match key {
+                    Some(key) => {
+                        loop {
+                            let idle = engine.flusher.idle_for();
+                            if idle >= IDLE {
+                                break;
+                            }
+                            tokio::time::sleep(IDLE - idle).await;
+                        }
+                        if let Err(e) = engine.make_spare(&key).await {
+                            tracing::debug!(sandbox = key.0, checkpoint = key.1, "no spare layer: {e}");
+                        }
+                    }
+                    None => {
+                        drop(engine);
+                        spares.wake.notified().await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl Engine {
+    /// Steps 1-4 for one key.
+    async fn make_spare(&self, key: &Key) -> Result<()> {
+        let (id, ck_id) = key;
+        let _store = self.store_lock.read().await;
+        let Some(mut rec) = self.meta.sandbox(id)? else { return Ok(()) };
+        let Some(ck) = self.meta.checkpoint(ck_id)? else { return Ok(()) };
+        if ck.tree_id != rec.tree_id {
+            return Ok(());
+        }
+        self.subvol_parent(id)?;
+        rec.subvol = format!("{id}/{}", &util::new_id("g")[2..]);
+        let src = self.checkpoint_path(ck_id);
+        let dst = self.subvol_path(&rec.subvol);
+        tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false))
+            .await?
+            .map_err(|e| crate::Error::fs("prepare rollback target", e))?;
+        let spec = match self.spec(&rec) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.discard_subvol_later(&rec.subvol);
+                return Err(e);
+            }
+        };
+        let zygote = self.zygote.clone();
+        let built = tokio::task::spawn_blocking(move || zygote.build_layers(&spec.layers)).await?;
+        match built {
+            Ok(layers) => {
+                if let Some(stale) = self.spares.insert(key.clone(), Spare { subvol: rec.subvol, layers }) {
+                    self.discard_subvol_later(&stale);
+                }
+                self.flusher.poke();
+                Ok(())
+            }
+            Err(e) => {
+                self.discard_subvol_later(&rec.subvol);
+                Err(e.into())
+            }
+        }
+    }
+}
