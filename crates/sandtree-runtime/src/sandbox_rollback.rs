@@ -61,7 +61,13 @@ impl Engine {
         let t_snap = t0.elapsed();
         self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;
         let t_meta = t0.elapsed();
-        let mut rec2 = self.record(id)?;
+        // From here on nothing may fail before the sandbox runs on the new
+        // layer (the daemon runs lifecycle verbs detached from the request,
+        // so a client that goes away does not stop it half-way either).
+        let mut rec2 = rec.clone();
+        rec2.subvol = new_subvol;
+        rec2.base_checkpoint = Some(ck.id.clone());
+        rec2.base_transid = ck.transid;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => match self.reroot(&sb, &rec2, prepared).await {
                 Ok(()) => Ok(()),
@@ -70,12 +76,19 @@ impl Engine {
                     self.restart(&rec2).await
                 }
             },
-            None => self.restart(&rec2).await,
+            None => {
+                drop(prepared); // its mounts must be gone before boot mounts the same directories
+                self.restart(&rec2).await
+            }
         };
         tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, done = ?t0.elapsed(), spare, "rolled back");
-        // Unreferenced from here on; deleting it soon also drops its dirty
-        // page cache before the background flusher would write it out.
-        self.discard_subvol_later(&rec.subvol);
+        match &booted {
+            // Unreferenced from here on; deleting it soon also drops its
+            // dirty page cache before the background flusher would write it.
+            Ok(()) => self.discard_subvol_later(&rec.subvol),
+            // Tasks that would not die may still use it: GC removes it later.
+            Err(e) => tracing::warn!(sandbox = id, layer = rec.subvol, "old layer left for gc: {e}"),
+        }
         let reason = match &booted {
             Ok(()) => None,
             Err(e) => Some(format!("rolled back, but its processes failed to start: {e}")),

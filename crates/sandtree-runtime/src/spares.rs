@@ -150,9 +150,12 @@ impl Spares {
         (st.wanted.pop_back(), evicted)
     }
 
-    fn insert(&self, key: Key, spare: Spare) -> Option<String> {
+    /// Keeps `spare` if `key` is still wanted and `valid()` (checked under
+    /// the pool's lock, so a concurrent `drop_*` either sees the spare or
+    /// makes `valid` fail); otherwise returns its subvolume for deletion.
+    fn insert(&self, key: Key, spare: Spare, valid: impl FnOnce() -> bool) -> Option<String> {
         let mut st = self.lock();
-        if !st.recent.contains(&key) {
+        if !st.recent.contains(&key) || !valid() {
             // Dropped (sandbox or checkpoint deleted, or evicted) meanwhile.
             return Some(spare.subvol);
         }
@@ -221,7 +224,10 @@ impl Engine {
         let built = tokio::task::spawn_blocking(move || zygote.build_layers(&spec.layers)).await?;
         match built {
             Ok(layers) => {
-                if let Some(stale) = self.spares.insert(key.clone(), Spare { subvol: rec.subvol, layers }) {
+                let valid = || {
+                    matches!(self.meta.sandbox(id), Ok(Some(_))) && matches!(self.meta.checkpoint(ck_id), Ok(Some(_)))
+                };
+                if let Some(stale) = self.spares.insert(key.clone(), Spare { subvol: rec.subvol, layers }, valid) {
                     self.discard_subvol_later(&stale);
                 }
                 self.flusher.poke();

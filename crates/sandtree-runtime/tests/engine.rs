@@ -93,6 +93,13 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(
             ensure!(e.list_sessions(&sb).await?.sessions.is_empty(), "sessions survived");
         }
         ensure!(sh(e, &sb, "wc -l < /proc/self/mountinfo").await? == mounts, "mounts leaked");
+        // What the sandbox mounted under the kept /dev does not survive (it
+        // would pin the old layer), and /dev/shm starts empty again.
+        sh(e, &sb, "mkdir /dev/shm/old /tmp/m && mount --bind /tmp /dev/shm/old && echo x > /dev/shm/f").await?;
+        ensure!(sh(e, &sb, "grep -c ' /dev/shm/old ' /proc/self/mountinfo").await? == "1\n");
+        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        ensure!(sh(e, &sb, "ls -A /dev/shm | wc -l").await? == "0\n", "/dev/shm kept old files");
+        ensure!(sh(e, &sb, "wc -l < /proc/self/mountinfo").await? == mounts, "sandbox-made mounts survived");
         ensure!(sh(e, &sb, "awk '$5 == \"/\"' /proc/self/mountinfo | wc -l").await? == "1\n", "two roots visible");
         // /dev and a fresh session (a pty on the kept devpts) still work.
         sh(e, &sb, "echo x > /dev/null && test -c /dev/pts/ptmx").await?;

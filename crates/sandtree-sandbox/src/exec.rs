@@ -174,10 +174,17 @@ impl BackgroundTable {
         }
     }
 
-    /// Forgets every process (they were killed).
-    pub(crate) fn clear(&self) {
-        self.abort_all();
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    pub(crate) fn pids(&self) -> Vec<i32> {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    /// Forgets these processes (they were killed). Their output pumps end
+    /// by themselves when the pipes close.
+    pub(crate) fn forget(&self, pids: &[i32]) {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        for pid in pids {
+            procs.remove(pid);
+        }
     }
 }
 

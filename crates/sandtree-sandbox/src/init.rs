@@ -185,6 +185,7 @@ impl Init {
     /// See [`crate::reroot`]: exits of tracked processes are reported before
     /// the reply.
     fn reroot(&mut self, sigfd: &SignalFd, targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+        crate::reroot::validate(targets, &layers)?;
         let reaped = crate::reroot::kill_all(sigfd)?;
         for r in reaped {
             if self.tracked.remove(&r.pid) {

@@ -20,7 +20,9 @@
 //!    and `/dev/shm`) into the new root: they are not part of the state.
 //! 4. `fchdir` into the new root, `pivot_root(".", ".")` (the kernel moves
 //!    the root and cwd of every task that used the old root: here only
-//!    init), and detach the old root, which sits on top of `.` now.
+//!    init), and detach the old root, which sits on top of `.` now;
+//! 5. detach whatever the sandbox itself mounted under the kept `/proc` and
+//!    `/dev`, and mount a fresh `/dev/shm` (its files belong to the old state).
 //!
 //! The old overlays are released when the detach returns (volatile overlays:
 //! no sync). A failure part-way leaves init in an unknown tree: the caller
@@ -109,11 +111,20 @@ fn mkdir_in(dir: &OwnedFd, rel: &Path) -> Result<(), String> {
     }
 }
 
-/// Steps 2-4: make `layers` (root first, with their targets) the tree.
-pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+/// Checks a request before anything is killed.
+pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), String> {
     if targets.len() != layers.len() || targets.first().map(|t| t != Path::new("/")).unwrap_or(true) {
         return Err(format!("reroot: {} targets for {} layers, first must be /", targets.len(), layers.len()));
     }
+    if targets.iter().skip(1).any(|t| !t.is_absolute() || t.components().any(|c| c.as_os_str() == "..")) {
+        return Err(format!("reroot: bad layer targets {targets:?}"));
+    }
+    Ok(())
+}
+
+/// Steps 2-5: make `layers` (root first, with their targets) the tree.
+pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+    validate(targets, &layers)?;
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "attach the new root".into()))?;
@@ -134,5 +145,29 @@ pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(),
     nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(step(|| "detach the old root".into()))?;
     nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))?;
-    Ok(())
+    sweep_kept()
+}
+
+/// Step 5: the kept `/proc` and `/dev` came with whatever the sandbox
+/// mounted under them (a bind of an old-tree directory would keep the old
+/// layer mounted and visible): detach everything there that setup did not
+/// make, and give `/dev/shm` (files of the old state) a fresh tmpfs.
+fn sweep_kept() -> Result<(), String> {
+    let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| format!("read mountinfo: {e}"))?;
+    let ours = |t: &Path| {
+        t == Path::new("/proc")
+            || t == Path::new("/dev")
+            || t == Path::new("/dev/pts")
+            || crate::spawn::DEV_NODES.iter().any(|n| t == Path::new("/dev").join(n))
+    };
+    for m in mounts.iter().rev() {
+        let under_kept = m.target.starts_with("/proc") || m.target.starts_with("/dev");
+        if under_kept && !ours(&m.target) {
+            match umount2(&m.target, MntFlags::MNT_DETACH) {
+                Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(format!("detach {}: {e}", m.target.display())),
+            }
+        }
+    }
+    crate::spawn::mount_dev_shm(Path::new("/dev/shm")).map_err(|e| format!("mount /dev/shm: {e}"))
 }

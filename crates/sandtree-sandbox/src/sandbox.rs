@@ -229,6 +229,9 @@ pub(crate) struct Inner {
     pub(crate) sessions: SessionTable,
 }
 
+/// How long init may take to kill the other processes and swap its root.
+const REROOT_TIMEOUT: Duration = Duration::from_secs(crate::reroot::KILL_TIMEOUT.as_secs() + 5);
+
 /// How long init may take to answer the first message of a connection.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -445,14 +448,21 @@ impl Sandbox {
     /// process and makes `layers` (detached overlay mounts from
     /// [`crate::Zygote::build_layers`], one per target, `/` first) the
     /// sandbox's tree. Sessions and background processes of this handle are
-    /// forgotten. On error the tree is unknown: stop the sandbox and boot it.
+    /// forgotten (those started while the request is under way survive it,
+    /// in the new tree). On error the tree is unknown: stop the sandbox and
+    /// boot it.
     pub async fn reroot(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>) -> Result<()> {
+        // A frozen init (a checkpoint whose thaw failed) would never answer.
+        self.thaw()?;
+        let (sessions, pids) = (self.inner.sessions.ids(), self.inner.background.pids());
         let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
-        let res = self.inner.conn.request(Request::Reroot { targets }, &fds).await;
+        let request = self.inner.conn.request(Request::Reroot { targets }, &fds);
+        let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
         drop(fds);
         drop(layers);
-        self.inner.sessions.abort_all();
-        self.inner.background.clear();
+        self.inner.sessions.forget(&sessions);
+        self.inner.background.forget(&pids);
+        let res = res.map_err(|_| Error::Protocol(format!("init did not swap its root within {REROOT_TIMEOUT:?}")))?;
         match res? {
             (Reply::Ok, _) => Ok(()),
             (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("rollback in place failed: {message}"))),

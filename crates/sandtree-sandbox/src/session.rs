@@ -117,6 +117,20 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
+    /// Forgets these sessions (their shells were killed).
+    pub(crate) fn forget(&self, ids: &[String]) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Some(s) = sessions.remove(id) {
+                s.reader.abort();
+            }
+        }
+    }
+
     pub(crate) fn abort_all(&self) {
         for (_, s) in self.sessions.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             s.reader.abort();

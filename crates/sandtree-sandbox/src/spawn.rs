@@ -251,6 +251,15 @@ fn do_mount(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data
     mount(Some(src), target, fstype, flags, data).map_err(io(format!("mount {src} on {}", target.display())))
 }
 
+/// Host device nodes bind-mounted into a sandbox's `/dev`.
+pub(crate) const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// A fresh `/dev/shm` (at sandbox setup, and at every rollback in place).
+pub(crate) fn mount_dev_shm(shm: &Path) -> Result<()> {
+    mkdir_p(shm, 0o1777)?;
+    do_mount("tmpfs", shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
+}
+
 /// Step 5 (runs in C). Returns the listening socket and the SIGCHLD signalfd.
 fn setup_init(
     cfg: &HostConfig,
@@ -290,7 +299,7 @@ fn setup_init(
     let dev = root.join("dev");
     mkdir_p(&dev, 0o755)?;
     do_mount("tmpfs", &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
-    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+    for name in DEV_NODES {
         let target = dev.join(name);
         fs::File::create(&target).map_err(io(format!("create {}", target.display())))?;
         do_mount(&format!("/dev/{name}"), &target, None, MsFlags::MS_BIND, None)?;
@@ -314,9 +323,7 @@ fn setup_init(
     for (name, target) in links {
         symlink(target, dev.join(name)).map_err(io(format!("symlink dev/{name}")))?;
     }
-    let shm = dev.join("shm");
-    mkdir_p(&shm, 0o1777)?;
-    do_mount("tmpfs", &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    mount_dev_shm(&dev.join("shm"))?;
 
     // The control socket, bound while the host path is still reachable.
     let sock_path = cfg.init_socket(&spec.id);

@@ -77,6 +77,18 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Eng {
     }
 }
 
+/// Runs a lifecycle verb as its own task, so that a client that disconnects
+/// (axum then drops the handler) cannot stop it half-way: between its
+/// metadata commit and the sandbox's switch to the new state, say.
+async fn detached<T: Send + 'static>(
+    op: impl std::future::Future<Output = sandtree_runtime::Result<T>> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::spawn(op).await {
+        Ok(res) => Ok(res?),
+        Err(e) => Err(ApiFailure::new(ErrorCode::Internal, format!("operation task failed: {e}"))),
+    }
+}
+
 /// One route: its method, its path (axum and OpenAPI share the `{param}` syntax) and its handler.
 pub struct Route {
     pub method: Method,
@@ -193,7 +205,7 @@ pub async fn openapi_json() -> Response {
 #[utoipa::path(post, path = "/v1/gc", tag = "daemon",
     responses((status = 200, body = GcReport), (status = 500, body = ErrorBody)))]
 pub async fn gc(Eng(e): Eng) -> ApiResult<Json<GcReport>> {
-    Ok(Json(e.gc().await?))
+    Ok(Json(detached(async move { e.gc().await }).await?))
 }
 
 // ---------------------------------------------------------------- sandboxes
@@ -206,7 +218,7 @@ pub async fn create_sandbox(
     Eng(e): Eng,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<CreateSandboxResponse>)> {
-    Ok((StatusCode::CREATED, Json(e.create_sandbox(req).await?)))
+    Ok((StatusCode::CREATED, Json(detached(async move { e.create_sandbox(req).await }).await?)))
 }
 
 /// Lists sandboxes.
@@ -239,21 +251,21 @@ pub async fn delete_sandbox(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteSandboxQuery>,
 ) -> ApiResult<Json<DeleteSandboxResponse>> {
-    Ok(Json(e.delete_sandbox(&id, q.checkpoints).await?))
+    Ok(Json(detached(async move { e.delete_sandbox(&id, q.checkpoints).await }).await?))
 }
 
 /// Starts a stopped sandbox from its filesystem state.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 pub async fn start_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(e.start_sandbox(&id).await?))
+    Ok(Json(detached(async move { e.start_sandbox(&id).await }).await?))
 }
 
 /// Stops a sandbox's processes; its filesystem stays.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 pub async fn stop_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(e.stop_sandbox(&id).await?))
+    Ok(Json(detached(async move { e.stop_sandbox(&id).await }).await?))
 }
 
 // ---------------------------------------------------------------- exec
@@ -396,7 +408,7 @@ pub async fn create_checkpoint(
     ApiPath(id): ApiPath<String>,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CheckpointRequest>,
 ) -> ApiResult<(StatusCode, Json<CheckpointResponse>)> {
-    Ok((StatusCode::CREATED, Json(e.checkpoint(&id, req).await?)))
+    Ok((StatusCode::CREATED, Json(detached(async move { e.checkpoint(&id, req).await }).await?)))
 }
 
 /// The checkpoint tree of one sandbox.
@@ -415,7 +427,7 @@ pub async fn rollback(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RollbackRequest>,
 ) -> ApiResult<Json<RollbackResponse>> {
-    Ok(Json(e.rollback(&id, req).await?))
+    Ok(Json(detached(async move { e.rollback(&id, req).await }).await?))
 }
 
 /// Every checkpoint, as a forest (parents first).
@@ -448,7 +460,7 @@ pub async fn delete_checkpoint(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteCheckpointQuery>,
 ) -> ApiResult<Json<DeleteCheckpointResponse>> {
-    Ok(Json(e.delete_checkpoint(&id, q.force).await?))
+    Ok(Json(detached(async move { e.delete_checkpoint(&id, q.force).await }).await?))
 }
 
 /// Creates `count` new sandboxes from a checkpoint.
@@ -460,7 +472,7 @@ pub async fn fork(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> ApiResult<Json<ForkResponse>> {
-    Ok(Json(e.fork(&id, req).await?))
+    Ok(Json(detached(async move { e.fork(&id, req).await }).await?))
 }
 
 // ---------------------------------------------------------------- images
