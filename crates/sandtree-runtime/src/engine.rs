@@ -1,6 +1,7 @@
 //! The [`Engine`]: shared state and the helpers every verb uses.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -180,6 +181,29 @@ impl Engine {
         let sandbox = Arc::new(sandbox);
         self.live_set(&rec.id, Some(sandbox.clone()));
         Ok(sandbox)
+    }
+
+    /// A new writable generation `<id>/<gen>` of sandbox `id`: a writable
+    /// snapshot of checkpoint `ck` (a rollback's layer, or a spare). A
+    /// half-made one is queued for deletion on failure.
+    pub(crate) async fn layer_from_checkpoint(&self, id: &str, ck: &str) -> Result<String> {
+        self.subvol_parent(id)?;
+        let subvol = format!("{id}/{}", &util::new_id("g")[2..]);
+        let (src, dst) = (self.checkpoint_path(ck), self.subvol_path(&subvol));
+        match tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await? {
+            Ok(()) => Ok(subvol),
+            Err(e) => {
+                self.discard_subvol_later(&subvol);
+                Err(Error::fs("writable copy of a checkpoint", e))
+            }
+        }
+    }
+
+    /// Detached overlay mounts of `layers`, built by the zygote (blocking
+    /// part off the async threads).
+    pub(crate) async fn build_layers(&self, layers: Vec<sandtree_sandbox::OverlayLayer>) -> Result<Vec<OwnedFd>> {
+        let zygote = self.zygote.clone();
+        Ok(tokio::task::spawn_blocking(move || zygote.build_layers(&layers)).await??)
     }
 
     /// What the zygote needs to start `rec`.

@@ -47,16 +47,7 @@ impl Engine {
         let spare = spare_taken.is_some();
         let (new_subvol, prepared) = match spare_taken {
             Some(spare) => (spare.subvol, Some(spare.layers)),
-            None => {
-                let new_subvol = format!("{id}/{}", &util::new_id("g")[2..]);
-                let src = self.checkpoint_path(&ck.id);
-                let dst = self.subvol_path(&new_subvol);
-                tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await?.map_err(|e| {
-                    self.discard_subvol_later(&new_subvol);
-                    Error::fs("rollback", e)
-                })?;
-                (new_subvol, None)
-            }
+            None => (self.layer_from_checkpoint(id, &ck.id).await?, None),
         };
         let t_snap = t0.elapsed();
         self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;
@@ -113,11 +104,7 @@ impl Engine {
         let spec = self.spec(rec)?;
         let fds = match prepared {
             Some(fds) => fds,
-            None => {
-                let zygote = self.zygote.clone();
-                let layers = spec.layers.clone();
-                tokio::task::spawn_blocking(move || zygote.build_layers(&layers)).await??
-            }
+            None => self.build_layers(spec.layers.clone()).await?,
         };
         sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds).await?;
         Ok(())

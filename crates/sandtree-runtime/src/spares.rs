@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 
-use crate::{Engine, Result, util};
+use crate::{Engine, Result};
 
 /// Quiet time before the maker starts on a spare.
 pub const IDLE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -206,22 +206,11 @@ impl Engine {
         if ck.tree_id != rec.tree_id {
             return Ok(());
         }
-        self.subvol_parent(id)?;
-        rec.subvol = format!("{id}/{}", &util::new_id("g")[2..]);
-        let src = self.checkpoint_path(ck_id);
-        let dst = self.subvol_path(&rec.subvol);
-        tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false))
-            .await?
-            .map_err(|e| crate::Error::fs("prepare rollback target", e))?;
-        let spec = match self.spec(&rec) {
-            Ok(spec) => spec,
-            Err(e) => {
-                self.discard_subvol_later(&rec.subvol);
-                return Err(e);
-            }
+        rec.subvol = self.layer_from_checkpoint(id, ck_id).await?;
+        let built = match self.spec(&rec) {
+            Ok(spec) => self.build_layers(spec.layers).await,
+            Err(e) => Err(e),
         };
-        let zygote = self.zygote.clone();
-        let built = tokio::task::spawn_blocking(move || zygote.build_layers(&spec.layers)).await?;
         match built {
             Ok(layers) => {
                 let valid = || {
@@ -235,7 +224,7 @@ impl Engine {
             }
             Err(e) => {
                 self.discard_subvol_later(&rec.subvol);
-                Err(e.into())
+                Err(e)
             }
         }
     }

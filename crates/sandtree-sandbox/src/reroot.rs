@@ -123,8 +123,8 @@ pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), St
 }
 
 /// Steps 2-5: make `layers` (root first, with their targets) the tree.
+/// The caller has run [`validate`] (before killing anything).
 pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
-    validate(targets, &layers)?;
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "attach the new root".into()))?;
