@@ -13,6 +13,27 @@ use crate::{ApiError, SandboxInfo};
 pub enum ProcessState {
     /// Only the filesystem is captured; a rollback or fork restarts processes.
     NotCaptured,
+    /// Every process was captured: a rollback in place restores them all.
+    Captured,
+    /// Captured with best effort: the processes in `unrestorable` are not
+    /// restored by a rollback (the others are).
+    Partial,
+    /// The processes were captured, but their templates were evicted from
+    /// the pool (memory budget, daemon restart): a rollback restarts them.
+    Evicted,
+}
+
+/// A process a checkpoint could not capture, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UnrestorableProcess {
+    /// Pid inside the sandbox.
+    pub pid: i32,
+    /// Its command name.
+    pub comm: String,
+    /// The resource in question (`threads`, `parent`, `fd 5`, ...).
+    pub resource: String,
+    /// Why the engine cannot restore it yet.
+    pub reason: String,
 }
 
 /// `POST /v1/sandboxes/{id}/checkpoints`
@@ -23,6 +44,10 @@ pub struct CheckpointRequest {
     pub label: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Checkpoint even if some process cannot be captured: those are marked
+    /// not restorable (`unrestorable`) instead of failing the checkpoint.
+    #[serde(default)]
+    pub best_effort: bool,
 }
 
 /// A checkpoint as the API shows it.
@@ -41,7 +66,13 @@ pub struct CheckpointInfo {
     /// checkpoint adds); `null` while still being computed.
     pub size_bytes: Option<u64>,
     pub process_state: ProcessState,
-    /// How long the sandbox's processes were frozen.
+    /// Pids (inside the sandbox) whose live state was captured.
+    #[serde(default)]
+    pub processes: Vec<i32>,
+    /// Processes that were running but could not be captured (best effort).
+    #[serde(default)]
+    pub unrestorable: Vec<UnrestorableProcess>,
+    /// How long the sandbox's processes were stopped.
     pub frozen_ms: f64,
     pub duration_ms: f64,
 }
@@ -74,6 +105,9 @@ pub struct RollbackResponse {
     pub checkpoint: String,
     /// True when the sandbox's processes were restarted instead of restored.
     pub processes_restarted: bool,
+    /// Pids brought back with their live state (empty when restarted).
+    #[serde(default)]
+    pub restored_pids: Vec<i32>,
     pub note: String,
     pub duration_ms: f64,
 }

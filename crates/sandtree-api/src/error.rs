@@ -33,6 +33,9 @@ pub enum ErrorCode {
     NoSpace,
     /// The sandbox's processes did not freeze in time (tasks stuck in the kernel).
     FreezeTimeout,
+    /// A process holds state the engine cannot capture yet; nothing was
+    /// changed (retry with `best_effort` to checkpoint without it).
+    ProcessNotRestorable,
     /// A bounded wait expired.
     Timeout,
     /// The request needs a bearer token (TCP listener).
@@ -61,7 +64,8 @@ impl ErrorCode {
             ErrorCode::AlreadyExists
             | ErrorCode::CheckpointInUse
             | ErrorCode::ImageInUse
-            | ErrorCode::SandboxNotRunning => 409,
+            | ErrorCode::SandboxNotRunning
+            | ErrorCode::ProcessNotRestorable => 409,
             ErrorCode::NoSpace => 507,
             ErrorCode::FreezeTimeout | ErrorCode::Timeout => 504,
             ErrorCode::Unsupported => 501,
@@ -87,6 +91,7 @@ impl ErrorCode {
             ErrorCode::SandboxNotRunning => "sandbox_not_running",
             ErrorCode::NoSpace => "no_space",
             ErrorCode::FreezeTimeout => "freeze_timeout",
+            ErrorCode::ProcessNotRestorable => "process_not_restorable",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unsupported => "unsupported",

@@ -39,7 +39,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 
 /// Schema version stored in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -118,6 +118,9 @@ pub struct CheckpointRecord {
     pub size_bytes: Option<u64>,
     pub frozen_ms: f64,
     pub duration_ms: f64,
+    /// What was captured of the processes (JSON; `Null`: nothing), written
+    /// by the engine and read back as it is.
+    pub processes: serde_json::Value,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -171,7 +174,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     transid INTEGER NOT NULL,
     size_bytes INTEGER,
     frozen_ms REAL NOT NULL,
-    duration_ms REAL NOT NULL
+    duration_ms REAL NOT NULL,
+    processes TEXT
 );
 CREATE INDEX IF NOT EXISTS checkpoints_tree ON checkpoints(tree_id);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
@@ -179,8 +183,7 @@ CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 
 const SANDBOX_COLS: &str =
     "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason";
-const CHECKPOINT_COLS: &str =
-    "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms";
+const CHECKPOINT_COLS: &str = "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms, processes";
 
 fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).unwrap_or_else(|_| "{}".into())
@@ -224,7 +227,7 @@ impl RawSandbox {
     }
 }
 
-struct RawCheckpoint(CheckpointRecord, String);
+struct RawCheckpoint(CheckpointRecord, String, Option<String>);
 
 fn checkpoint_from_row(row: &Row<'_>) -> rusqlite::Result<RawCheckpoint> {
     let labels: String = row.get(6)?;
@@ -242,15 +245,20 @@ fn checkpoint_from_row(row: &Row<'_>) -> rusqlite::Result<RawCheckpoint> {
             size_bytes: row.get::<_, Option<i64>>(9)?.map(|v| v as u64),
             frozen_ms: row.get(10)?,
             duration_ms: row.get(11)?,
+            processes: serde_json::Value::Null,
         },
         labels,
+        row.get(12)?,
     ))
 }
 
 impl RawCheckpoint {
     fn finish(self) -> Result<CheckpointRecord> {
-        let RawCheckpoint(mut rec, labels) = self;
+        let RawCheckpoint(mut rec, labels, processes) = self;
         rec.labels = parse_json("checkpoints.labels", &labels)?;
+        if let Some(p) = processes {
+            rec.processes = parse_json("checkpoints.processes", &p)?;
+        }
         Ok(rec)
     }
 }
@@ -289,6 +297,10 @@ impl Meta {
             return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: version });
         }
         conn.execute_batch(SCHEMA).map_err(open_err)?;
+        if version == 1 {
+            // v2 added what a checkpoint captured of the processes.
+            conn.execute_batch("ALTER TABLE checkpoints ADD COLUMN processes TEXT").map_err(open_err)?;
+        }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(open_err)?;
         Ok(Meta { path: path.to_path_buf(), conn: Mutex::new(conn) })
     }
@@ -434,7 +446,7 @@ impl Meta {
         let tx = conn.transaction()?;
         tx.execute(
             &format!(
-                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
             ),
             params![
                 c.id,
@@ -449,6 +461,7 @@ impl Meta {
                 c.size_bytes.map(|v| v as i64),
                 c.frozen_ms,
                 c.duration_ms,
+                (!c.processes.is_null()).then(|| c.processes.to_string()),
             ],
         )?;
         if let Some(sandbox) = rebase {

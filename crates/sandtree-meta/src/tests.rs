@@ -30,6 +30,7 @@ fn checkpoint(id: &str, parent: Option<&str>) -> CheckpointRecord {
         size_bytes: None,
         frozen_ms: 1.5,
         duration_ms: 3.0,
+        processes: serde_json::json!({ "captured": [12], "unrestorable": [] }),
     }
 }
 
@@ -137,4 +138,26 @@ fn checkpoint_with_rebase_moves_the_sandbox_base_in_the_same_commit() {
     let s = meta.sandbox("sb-a").unwrap().unwrap();
     assert_eq!(s.base_checkpoint.as_deref(), Some("ck-1"));
     assert_eq!(s.base_transid, 7);
+}
+
+#[test]
+fn schema_v1_database_gains_the_processes_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE checkpoints (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, tree_id TEXT NOT NULL,
+             parent TEXT, image TEXT NOT NULL, label TEXT, labels TEXT NOT NULL, created_at TEXT NOT NULL,
+             transid INTEGER NOT NULL, size_bytes INTEGER, frozen_ms REAL NOT NULL, duration_ms REAL NOT NULL);
+             INSERT INTO checkpoints VALUES ('ck-old', 'sb-a', 'sb-a', NULL, 'default', NULL, '{}', 't', 1, NULL, 1.0, 2.0);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let meta = Meta::open(&path).unwrap();
+    let old = meta.checkpoint("ck-old").unwrap().unwrap();
+    assert_eq!(old.processes, serde_json::Value::Null);
+    meta.insert_checkpoint(&checkpoint("ck-new", None), None).unwrap();
+    assert_eq!(meta.checkpoint("ck-new").unwrap().unwrap(), checkpoint("ck-new", None));
 }

@@ -34,7 +34,11 @@ impl Engine {
     /// Deletes the row; the snapshot is queued for deletion. The caller holds
     /// the store lock (read side).
     pub(crate) fn delete_checkpoint_locked(&self, id: &str) -> Result<()> {
+        let sandbox = self.meta.checkpoint(id)?.map(|c| c.sandbox_id);
         self.meta.delete_checkpoint(id)?;
+        if let Some(t) = sandbox.and_then(|s| self.tracer_get(&s)) {
+            let _ = tokio::task::block_in_place(|| t.drop_checkpoint(id));
+        }
         for spare in self.spares.drop_checkpoint(id) {
             self.discard_subvol_later(&spare);
         }

@@ -27,6 +27,12 @@ pub struct Config {
     /// How many prepared rollback targets (writable copies of recent
     /// checkpoints with their overlays mounted) to keep; 0 turns them off.
     pub spare_layers: usize,
+    /// Memory the process templates of one sandbox may hold (pages their
+    /// originals changed since their checkpoint) before the least recently
+    /// used checkpoints' templates are evicted.
+    pub template_memory_bytes: u64,
+    /// Checkpoints per sandbox that keep process templates.
+    pub template_checkpoints: usize,
 }
 
 impl Config {
@@ -63,6 +69,8 @@ impl Default for Config {
             freeze_timeout_ms: 2000,
             pre_sync: true,
             spare_layers: 64,
+            template_memory_bytes: 2 << 30,
+            template_checkpoints: 64,
         }
     }
 }

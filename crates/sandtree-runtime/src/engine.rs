@@ -33,6 +33,9 @@ pub struct Engine {
     pub(crate) reaper: crate::reaper::Reaper,
     /// Prepared rollback targets.
     pub(crate) spares: Arc<crate::spares::Spares>,
+    /// Process tracers (and their templates) by sandbox id; one belongs to
+    /// one init: a new init (boot) or none (halt) drops it.
+    pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
 }
 
 impl Engine {
@@ -71,6 +74,7 @@ impl Engine {
             flusher,
             reaper,
             spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
+            tracers: Mutex::new(HashMap::new()),
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;
@@ -113,11 +117,32 @@ impl Engine {
     }
 
     pub(crate) fn live_set(&self, id: &str, sb: Option<Arc<Sandbox>>) -> Option<Arc<Sandbox>> {
+        // Templates live in the old init's pid namespace: they go with it.
+        let tracer = self.tracers.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        drop(tracer);
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         match sb {
             Some(sb) => live.insert(id.to_string(), sb),
             None => live.remove(id),
         }
+    }
+
+    /// The tracer of a running sandbox (started on first use).
+    pub(crate) fn tracer(&self, id: &str) -> Result<Arc<sandtree_proc::Tracer>> {
+        let mut tracers = self.tracers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tracers.get(id) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(
+            sandtree_proc::Tracer::start().map_err(|e| Error::Internal(format!("start the tracer thread: {e}")))?,
+        );
+        tracers.insert(id.to_string(), t.clone());
+        Ok(t)
+    }
+
+    /// The tracer of a sandbox, if it has one.
+    pub(crate) fn tracer_get(&self, id: &str) -> Option<Arc<sandtree_proc::Tracer>> {
+        self.tracers.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
     }
 
     /// Looks a sandbox up, checking the id's shape first (ids become paths).

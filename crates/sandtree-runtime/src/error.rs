@@ -34,6 +34,12 @@ pub enum Error {
         "the processes of sandbox {sandbox} did not freeze within {timeout_ms} ms ({stuck}); they were thawed and nothing was changed"
     )]
     FreezeTimeout { sandbox: String, timeout_ms: u64, stuck: String },
+    #[error(
+        "checkpoint of sandbox {sandbox} refused: {detail}; nothing was changed — stop that process, or pass best_effort to checkpoint anyway with it marked not restorable"
+    )]
+    ProcessNotRestorable { sandbox: String, detail: String },
+    #[error("process state: {0}")]
+    Process(sandtree_proc::Error),
     #[error("sandbox {0} is not running: start it with `sandtree start {0}`")]
     NotRunning(String),
     #[error("state store: {0}")]
@@ -57,6 +63,12 @@ impl From<sandtree_sandbox::Error> for Error {
 impl From<sandtree_sandbox::zygote::Error> for Error {
     fn from(e: sandtree_sandbox::zygote::Error) -> Error {
         Error::Internal(format!("starting the sandbox's processes: {e}"))
+    }
+}
+
+impl From<sandtree_proc::Error> for Error {
+    fn from(e: sandtree_proc::Error) -> Error {
+        Error::Process(e)
     }
 }
 
@@ -86,6 +98,8 @@ impl Error {
             Error::NoSpace { .. } => ErrorCode::NoSpace,
             Error::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
             Error::NotRunning(_) => ErrorCode::SandboxNotRunning,
+            Error::ProcessNotRestorable { .. } => ErrorCode::ProcessNotRestorable,
+            Error::Process(_) => ErrorCode::Internal,
             Error::Fs(e) if e.is_no_space() => ErrorCode::NoSpace,
             Error::Fs(_) | Error::Meta(_) | Error::Internal(_) => ErrorCode::Internal,
             Error::Sandbox(_) => ErrorCode::Internal,

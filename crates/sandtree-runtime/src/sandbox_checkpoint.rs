@@ -1,30 +1,40 @@
-//! `checkpoint`: remember a sandbox's state.
+//! `checkpoint`: remember a sandbox's state — its filesystem and its live
+//! processes, taken at one instant.
 //!
 //! Order of operations:
 //! 1. `syncfs` the writable layer while the sandbox still runs, so dirty data
 //!    is on disk before anything is frozen (a btrfs snapshot must otherwise
 //!    write it inside its transaction commit, i.e. inside the frozen window);
-//! 2. freeze the sandbox's cgroup (bounded wait; on timeout thaw and fail,
-//!    naming the stuck tasks);
-//! 3. read-only snapshot `sandboxes/<subvol>` → `checkpoints/<ck-id>`
+//! 2. stop every process but init with ptrace (`sandtree_proc::Tracer::stop`):
+//!    the consistency point. A process the engine cannot restore fails the
+//!    checkpoint here (nothing changed), or, with `best_effort`, is left
+//!    running and marked not restorable;
+//! 3. freeze the sandbox's cgroup (init; ptrace-stopped tasks count as
+//!    frozen; bounded wait, on timeout thaw and fail naming the stuck tasks);
+//! 4. read-only snapshot `sandboxes/<subvol>` → `checkpoints/<ck-id>`
 //!    (BTRFS_IOC_SNAP_CREATE_V2): the filesystem state at this instant;
-//! 4. thaw — the frozen window is steps 2–4;
-//! 5. commit the checkpoint row and re-base the sandbox on it (one transaction);
-//! 6. in the background, measure what the checkpoint adds over its parent
-//!    (btrfs tree search bounded by the parent's transid) and store it.
-//!
-//! Process state joins step 3 in a later version: the capture must happen in
-//! the same frozen window as the snapshot.
+//! 5. thaw (syscalls cannot be injected into frozen tasks);
+//! 6. capture each stopped process and make its template
+//!    (`sandtree_proc::Tracer::capture`), then let it run: the processes'
+//!    pause is steps 2-6 (`frozen_ms`);
+//! 7. commit the checkpoint row (with what was captured) and re-base the
+//!    sandbox on it (one transaction);
+//! 8. in the background: evict templates over the pool's budget, and
+//!    measure what the checkpoint adds over its parent (btrfs tree search
+//!    bounded by the parent's transid).
 
 use std::time::Instant;
 
-use sandtree_api::{CheckpointInfo, CheckpointList, CheckpointRequest, CheckpointResponse, ProcessState};
+use sandtree_api::{
+    CheckpointInfo, CheckpointList, CheckpointRequest, CheckpointResponse, ProcessState, UnrestorableProcess,
+};
 use sandtree_meta::CheckpointRecord;
+use sandtree_proc::{CaptureReport, Unrestorable};
 
 use crate::{Engine, Error, Result, util};
 
-/// What a checkpoint holds of the processes, in words, for API responses.
-pub(crate) const FS_ONLY_NOTE: &str = "filesystem captured; live process state is not captured yet, so a rollback or fork to this checkpoint restarts the sandbox's processes";
+/// What a checkpoint of a stopped sandbox holds of the processes, in words.
+pub(crate) const FS_ONLY_NOTE: &str = "filesystem captured; the sandbox was not running, so no process state was captured: a rollback to this checkpoint starts it with only its init";
 
 impl Engine {
     pub async fn checkpoint(&self, id: &str, req: CheckpointRequest) -> Result<CheckpointResponse> {
@@ -37,23 +47,64 @@ impl Engine {
         let src = self.subvol_path(&rec.subvol);
         let dst = self.checkpoint_path(&ck_id);
         let live = self.live_get(id).filter(|s| s.is_alive());
+        let tracer = live.as_ref().map(|_| self.tracer(id)).transpose()?;
+        let best_effort = req.best_effort;
 
-        let frozen_ms = tokio::task::block_in_place(|| -> Result<f64> {
+        let (frozen_ms, captured) = tokio::task::block_in_place(|| -> Result<(f64, Option<CaptureReport>)> {
             if self.cfg.pre_sync {
                 sandtree_fs::sync_fs(&src).map_err(|e| Error::fs("checkpoint", e))?;
             }
-            let frozen_at = Instant::now();
+            let paused_at = Instant::now();
             let t_sync = t0.elapsed();
-            if let Some(sb) = &live {
-                sb.freeze(self.freeze_timeout()).map_err(|e| self.freeze_error(id, e))?;
+            let mut skipped = Vec::new();
+            if let (Some(sb), Some(t)) = (&live, &tracer) {
+                let cg = sb.cgroup().clone();
+                let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+                skipped = t
+                    .stop(list, sb.init_pid(), best_effort, self.freeze_timeout())
+                    .map_err(|e| self.process_error(id, e))?
+                    .skipped;
+            }
+            let resume = || {
+                if let Some(t) = &tracer {
+                    let _ = t.resume_stopped();
+                }
+            };
+            let frozen_at = Instant::now();
+            if let Some(sb) = &live
+                && let Err(e) = sb.freeze(self.freeze_timeout())
+            {
+                resume();
+                return Err(self.freeze_error(id, e));
             }
             let snap = sandtree_fs::snapshot(&src, &dst, true);
             let thawed = live.as_ref().map(|sb| sb.thaw()).unwrap_or(Ok(()));
-            let frozen_ms = util::ms_since(frozen_at);
-            tracing::debug!(sandbox = id, pre_sync = ?t_sync, frozen_ms, "checkpoint snapshot taken");
-            snap.map_err(|e| Error::fs("checkpoint", e))?;
-            thawed?;
-            Ok(frozen_ms)
+            let cgroup_ms = util::ms_since(frozen_at);
+            if let Err(e) = snap {
+                resume();
+                return Err(Error::fs("checkpoint", e));
+            }
+            if let Err(e) = thawed {
+                resume();
+                let _ = sandtree_fs::delete_subvolume(&dst);
+                return Err(e.into());
+            }
+            let captured = match &tracer {
+                Some(t) => match t.capture(&ck_id, best_effort) {
+                    Ok(mut c) => {
+                        c.unrestorable.extend(skipped);
+                        Some(c)
+                    }
+                    Err(e) => {
+                        let _ = sandtree_fs::delete_subvolume(&dst);
+                        return Err(self.process_error(id, e));
+                    }
+                },
+                None => None,
+            };
+            let frozen_ms = util::ms_since(paused_at);
+            tracing::debug!(sandbox = id, pre_sync = ?t_sync, cgroup_ms, frozen_ms, "checkpoint taken");
+            Ok((frozen_ms, captured))
         })?;
 
         let committed = (|| -> Result<CheckpointRecord> {
@@ -71,6 +122,10 @@ impl Engine {
                 size_bytes: None,
                 frozen_ms,
                 duration_ms: util::ms_since(t0),
+                processes: match &captured {
+                    Some(c) => serde_json::to_value(c).map_err(|e| Error::Internal(e.to_string()))?,
+                    None => serde_json::Value::Null,
+                },
             };
             self.meta.insert_checkpoint(&ck, Some(id))?;
             Ok(ck)
@@ -78,6 +133,9 @@ impl Engine {
         let ck = match committed {
             Ok(ck) => ck,
             Err(e) => {
+                if let Some(t) = &tracer {
+                    let _ = t.drop_checkpoint(&ck_id);
+                }
                 let _ = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&dst));
                 return Err(e);
             }
@@ -85,6 +143,16 @@ impl Engine {
 
         // The likeliest rollback target: prepare it while the agent thinks.
         self.spares.want(id, &ck_id);
+
+        // Keep the template pool within its budget, off the hot path.
+        if let Some(t) = tracer.clone() {
+            let (budget, max, keep) = (self.cfg.template_memory_bytes, self.cfg.template_checkpoints, ck_id.clone());
+            tokio::task::spawn_blocking(move || match t.evict_to(budget, max, &keep) {
+                Ok(evicted) if !evicted.is_empty() => tracing::info!(?evicted, "process templates evicted"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("template eviction: {e}"),
+            });
+        }
 
         // What this checkpoint adds over its base, measured off the hot path.
         let meta = self.meta.clone();
@@ -99,7 +167,23 @@ impl Engine {
             Err(e) => tracing::warn!(checkpoint = ck_id2, "cannot measure size: {e}"),
         });
 
-        Ok(CheckpointResponse { checkpoint: checkpoint_info(&ck), note: FS_ONLY_NOTE.into() })
+        let info = self.checkpoint_info(&ck);
+        let note = process_note(&info);
+        Ok(CheckpointResponse { checkpoint: info, note })
+    }
+
+    /// A process-engine failure of a checkpoint: an unsupported process is
+    /// the caller's to fix (409), anything else is internal.
+    fn process_error(&self, id: &str, e: sandtree_proc::Error) -> Error {
+        match e {
+            sandtree_proc::Error::Unsupported(u) => {
+                Error::ProcessNotRestorable { sandbox: id.to_string(), detail: u.to_string() }
+            }
+            sandtree_proc::Error::StopTimeout { timeout_ms, stuck } => {
+                Error::FreezeTimeout { sandbox: id.to_string(), timeout_ms, stuck }
+            }
+            other => Error::Process(other),
+        }
     }
 
     pub(crate) fn freeze_error(&self, id: &str, e: sandtree_sandbox::Error) -> Error {
@@ -118,7 +202,7 @@ impl Engine {
     }
 
     pub async fn get_checkpoint(&self, id: &str) -> Result<CheckpointInfo> {
-        Ok(checkpoint_info(&self.checkpoint_record(id)?))
+        Ok(self.checkpoint_info(&self.checkpoint_record(id)?))
     }
 
     /// All checkpoints, or those of one sandbox's tree, parents first.
@@ -127,23 +211,73 @@ impl Engine {
             Some(id) => Some(self.record(id)?.tree_id),
             None => None,
         };
-        let checkpoints = self.meta.checkpoints(tree.as_deref())?.iter().map(checkpoint_info).collect();
+        let checkpoints = self.meta.checkpoints(tree.as_deref())?.iter().map(|c| self.checkpoint_info(c)).collect();
         Ok(CheckpointList { checkpoints })
     }
 }
 
-pub(crate) fn checkpoint_info(c: &CheckpointRecord) -> CheckpointInfo {
-    CheckpointInfo {
-        id: c.id.clone(),
-        sandbox_id: c.sandbox_id.clone(),
-        parent: c.parent.clone(),
-        label: c.label.clone(),
-        labels: c.labels.clone(),
-        image: c.image.clone(),
-        created_at: c.created_at.clone(),
-        size_bytes: c.size_bytes,
-        process_state: ProcessState::NotCaptured,
-        frozen_ms: c.frozen_ms,
-        duration_ms: c.duration_ms,
+/// What a checkpoint record says it captured of the processes.
+pub(crate) fn captured_of(c: &CheckpointRecord) -> Option<CaptureReport> {
+    serde_json::from_value(c.processes.clone()).ok()
+}
+
+fn unrestorable_api(u: &Unrestorable) -> UnrestorableProcess {
+    UnrestorableProcess { pid: u.pid, comm: u.comm.clone(), resource: u.resource.clone(), reason: u.reason.clone() }
+}
+
+/// `process_state` explained in words, for responses.
+pub(crate) fn process_note(info: &CheckpointInfo) -> String {
+    let list = |v: &[UnrestorableProcess]| {
+        v.iter()
+            .map(|u| format!("pid {} ({}): {}: {}", u.pid, u.comm, u.resource, u.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match info.process_state {
+        ProcessState::NotCaptured => FS_ONLY_NOTE.to_string(),
+        ProcessState::Captured => format!(
+            "filesystem and {} live process(es) captured: a rollback in place restores them exactly",
+            info.processes.len()
+        ),
+        ProcessState::Partial => format!(
+            "filesystem and {} live process(es) captured; not restorable, so a rollback will not bring them back: {}",
+            info.processes.len(),
+            list(&info.unrestorable)
+        ),
+        ProcessState::Evicted => "filesystem captured; the process templates were evicted (pool budget or daemon restart): a rollback restores the files and restarts the processes".to_string(),
+    }
+}
+
+impl Engine {
+    /// A checkpoint as the API shows it; `process_state` says whether the
+    /// templates are still in the pool.
+    pub(crate) fn checkpoint_info(&self, c: &CheckpointRecord) -> CheckpointInfo {
+        let captured = captured_of(c);
+        let in_pool = self.tracer_get(&c.sandbox_id).and_then(|t| t.status(&c.id).ok().flatten()).is_some();
+        let process_state = match &captured {
+            None => ProcessState::NotCaptured,
+            Some(cap) if !in_pool && !cap.captured.is_empty() => ProcessState::Evicted,
+            Some(cap) if !cap.unrestorable.is_empty() => ProcessState::Partial,
+            Some(_) => ProcessState::Captured,
+        };
+        let (processes, unrestorable) = match captured {
+            Some(cap) => (cap.captured, cap.unrestorable.iter().map(unrestorable_api).collect()),
+            None => (Vec::new(), Vec::new()),
+        };
+        CheckpointInfo {
+            id: c.id.clone(),
+            sandbox_id: c.sandbox_id.clone(),
+            parent: c.parent.clone(),
+            label: c.label.clone(),
+            labels: c.labels.clone(),
+            image: c.image.clone(),
+            created_at: c.created_at.clone(),
+            size_bytes: c.size_bytes,
+            process_state,
+            processes,
+            unrestorable,
+            frozen_ms: c.frozen_ms,
+            duration_ms: c.duration_ms,
+        }
     }
 }

@@ -7,11 +7,16 @@
 //!    as its base (a crash before this leaves the old state, after it the
 //!    new one; re-adoption checks which layer a surviving init runs on);
 //! 3. in place (`sandtree_sandbox::reroot`): the zygote builds the overlays
-//!    of the new subvolume, init kills every other process and swaps its
-//!    root for them, keeping its namespaces, cgroup, `/proc` and `/dev`.
-//!    When the sandbox is not running, or the swap fails, it is stopped and
-//!    booted on the new subvolume instead;
-//! 4. delete the old writable subvolume in the background (its unsaved
+//!    of the new subvolume, init kills every other process but the process
+//!    templates and swaps its root for them, keeping its namespaces, cgroup,
+//!    `/proc` and `/dev`;
+//! 4. when the checkpoint has templates, bring its processes back from them
+//!    (`sandtree_proc::Tracer::restore`: same pids, memory, registers, open
+//!    files reopened in the new tree, cwd, session);
+//!    when the sandbox is not running, or the swap or the restore fails, it
+//!    is stopped and booted on the new subvolume instead (processes
+//!    restarted, and the response says so);
+//! 5. delete the old writable subvolume in the background (its unsaved
 //!    dirty data is dropped, never written).
 //!
 //! The filesystem is byte-identical to the checkpoint: the new writable layer
@@ -26,7 +31,7 @@ use sandtree_sandbox::Sandbox;
 
 use crate::{Engine, Error, Result, util};
 
-pub(crate) const RESTART_NOTE: &str = "filesystem restored exactly; every process but the sandbox init was killed (live process state is not captured yet): re-run background services and sessions";
+pub(crate) const RESTART_NOTE: &str = "filesystem restored exactly; every process but the sandbox init was killed";
 
 impl Engine {
     pub async fn rollback(&self, id: &str, req: RollbackRequest) -> Result<RollbackResponse> {
@@ -59,14 +64,38 @@ impl Engine {
         rec2.subvol = new_subvol;
         rec2.base_checkpoint = Some(ck.id.clone());
         rec2.base_transid = ck.transid;
+        let captured = crate::sandbox_checkpoint::captured_of(&ck);
+        let tracer = self.tracer_get(id);
+        let templates = tracer.as_ref().and_then(|t| t.status(&ck.id).ok().flatten());
+        let mut restored: Option<sandtree_proc::RestoreReport> = None;
+        let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
-            Some(sb) => match self.reroot(&sb, &rec2, prepared).await {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    tracing::warn!(sandbox = id, "rollback in place failed, restarting the sandbox: {e}");
-                    self.restart(&rec2).await
+            Some(sb) => {
+                let keep = match &tracer {
+                    Some(t) => t.template_pids()?,
+                    None => Vec::new(),
+                };
+                let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
+                let in_place = async {
+                    self.reroot(&sb, &rec2, prepared, keep, restore).await?;
+                    if let (Some(t), Some(_)) = (&tracer, &templates) {
+                        let t = t.clone();
+                        let ck_id = ck.id.clone();
+                        restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
+                    }
+                    Ok::<(), Error>(())
+                };
+                match in_place.await {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        tracing::warn!(sandbox = id, "rollback in place failed, restarting the sandbox: {e}");
+                        restored = None;
+                        restart_reason =
+                            Some(format!("the rollback in place failed ({e}), so the sandbox was restarted"));
+                        self.restart(&rec2).await
+                    }
                 }
-            },
+            }
             None => {
                 drop(prepared); // its mounts must be gone before boot mounts the same directories
                 self.restart(&rec2).await
@@ -89,24 +118,63 @@ impl Engine {
         booted?;
         // Rolled back once, likely again (tree search): prepare the next one.
         self.spares.want(id, &ck.id);
+        let note = match (&restored, &restart_reason) {
+            (Some(r), _) => {
+                let mut note = format!(
+                    "filesystem and {} process(es) restored exactly in place (pids {:?})",
+                    r.restored.len(),
+                    r.restored
+                );
+                if let Some(s) = &templates
+                    && !s.unrestorable.is_empty()
+                {
+                    let names: Vec<String> = s.unrestorable.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
+                    note.push_str(&format!("; not restorable, so not running: {}", names.join(", ")));
+                }
+                if !r.evicted.is_empty() {
+                    note.push_str(&format!(
+                        "; the templates of checkpoint(s) {} held needed pids and were evicted",
+                        r.evicted.join(", ")
+                    ));
+                }
+                note
+            }
+            (None, Some(reason)) => format!("{RESTART_NOTE}: {reason}"),
+            (None, None) if captured.is_none() => {
+                format!(
+                    "{RESTART_NOTE}: this checkpoint holds no process state (the sandbox was not running when it was taken)"
+                )
+            }
+            (None, None) => format!(
+                "{RESTART_NOTE}: the process templates of this checkpoint were evicted (pool budget or daemon restart)"
+            ),
+        };
         Ok(RollbackResponse {
             sandbox: self.sandbox_info(&rec2, false)?,
             checkpoint: ck.id,
-            processes_restarted: true,
-            note: RESTART_NOTE.into(),
+            processes_restarted: restored.is_none(),
+            restored_pids: restored.map(|r| r.restored).unwrap_or_default(),
+            note,
             duration_ms: util::ms_since(t0),
         })
     }
 
     /// Steps 3 of the rollback, in place: overlays from the zygote, then init
     /// swaps its root.
-    async fn reroot(&self, sb: &Sandbox, rec: &SandboxRecord, prepared: Option<Vec<OwnedFd>>) -> Result<()> {
+    async fn reroot(
+        &self,
+        sb: &Sandbox,
+        rec: &SandboxRecord,
+        prepared: Option<Vec<OwnedFd>>,
+        keep: Vec<i32>,
+        restore: Vec<i32>,
+    ) -> Result<()> {
         let spec = self.spec(rec)?;
         let fds = match prepared {
             Some(fds) => fds,
             None => self.build_layers(spec.layers.clone()).await?,
         };
-        sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds).await?;
+        sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds, keep, restore).await?;
         Ok(())
     }
 

@@ -39,7 +39,8 @@ fn rollback_and_fork_restore_files(
         sh(e, &sb, "echo two > /root/a && rm -r /opt/x && echo extra > /root/b").await?;
         let ck2 = checkpoint(e, &sb).await?;
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
-        ensure!(r.processes_restarted);
+        // Only init ran at the checkpoint: that is exactly what comes back.
+        ensure!(!r.processes_restarted && r.restored_pids.is_empty(), "{r:?}");
         ensure!(sh(e, &sb, "cat /root/a /opt/x/y; test ! -e /root/b && echo nob").await? == "one\nhi\nnob\n");
         e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
         ensure!(sh(e, &sb, "cat /root/a /root/b; test ! -e /opt/x && echo nox").await? == "two\nextra\nnox\n");
@@ -133,6 +134,120 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(
         e.delete_sandbox(&sb, true).await?;
         // Its spares go with it.
         layers_settle_at(0).await?;
+        Ok(())
+    })
+}
+
+/// A program that keeps state in memory, in an open file (its offset) and
+/// in its cwd, and reports it from inside: restored exactly by rollback.
+const COUNTER: &str = r#"
+import os, time
+os.makedirs('/root/work', exist_ok=True)
+os.chdir('/root/work')
+log = open('/root/work/log', 'w')
+secret = os.urandom(8).hex()
+n = 0
+while True:
+    n += 1
+    log.write(f'{n}\n'); log.flush()
+    with open('/root/state.tmp', 'w') as f:
+        f.write(f'{os.getpid()} {os.getppid()} {n} {os.getcwd()} {secret}')
+    os.replace('/root/state.tmp', '/root/state')
+    time.sleep(0.01)
+"#;
+
+async fn counter_state(e: &Engine, sb: &str) -> Result<Vec<String>> {
+    Ok(sh(e, sb, "cat /root/state").await?.split_whitespace().map(String::from).collect())
+}
+
+/// Rollback in place brings the checkpoint's processes back: same pids and
+/// parent, memory, registers, open file offsets, cwd, a shell's variables.
+fn processes_come_back_after_rollback(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let bg = e
+            .exec(
+                &sb,
+                ExecRequest {
+                    cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
+                    background: true,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let run = |cmd: &str| SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
+        e.session_run(&sb, &s.id, run("mkdir -p /root/work && cd /root/work && export FOO=bar && X=42")).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+        ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
+        ensure!(r.checkpoint.processes.len() == 2, "captured {:?}", r.checkpoint.processes);
+        let ck = r.checkpoint.id;
+        let at_ck = counter_state(e, &sb).await?;
+        for round in 0..3 {
+            e.session_run(&sb, &s.id, run("cd / && export FOO=baz && X=0")).await?;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let before = counter_state(e, &sb).await?;
+            let n_before: u64 = before[2].parse()?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(!r.processes_restarted, "round {round}: {}", r.note);
+            ensure!(r.restored_pids.contains(&bg.pid), "round {round}: restored {:?}", r.restored_pids);
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            let after = counter_state(e, &sb).await?;
+            let n_after: u64 = after[2].parse()?;
+            let n_ck: u64 = at_ck[2].parse()?;
+            ensure!(after[0] == bg.pid.to_string() && after[1] == "1", "round {round}: pid/ppid {after:?}");
+            ensure!(
+                after[3] == "/root/work" && after[4] == at_ck[4],
+                "round {round}: cwd/secret {after:?} vs {at_ck:?}"
+            );
+            ensure!(n_after < n_before && n_after > n_ck, "round {round}: n {n_ck} -> {n_before} -> {n_after}");
+            // The log continues right after the checkpoint's offset: 1..n with no gap or hole.
+            let log = sh(e, &sb, "cat /root/work/log").await?;
+            let nums: Vec<u64> = log.lines().map(|l| l.parse()).collect::<Result<_, _>>().context("log has holes")?;
+            ensure!(nums.iter().enumerate().all(|(i, v)| *v == i as u64 + 1), "round {round}: log not consecutive");
+            let out = e.session_run(&sb, &s.id, run("echo $(pwd) $FOO $X")).await?;
+            ensure!(out.output.trim() == "/root/work bar 42", "round {round}: session {:?}", out.output);
+        }
+        let procs = e.processes(&sb).await?;
+        ensure!(procs.processes.iter().any(|p| p.pid == bg.pid && p.running), "background entry lost");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
+/// What the template path cannot restore fails the checkpoint with the
+/// process and the reason; best effort marks it instead.
+fn unrestorable_processes_are_named(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        sh(e, &sb, "echo one > /root/f").await?;
+        e.exec(
+            &sb,
+            ExecRequest {
+                cmd: vec!["sh".into(), "-c".into(), "sleep 1000 & wait".into()],
+                background: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("checkpoint should fail")?;
+        let msg = err.to_string();
+        ensure!(err.code() == sandtree_api::ErrorCode::ProcessNotRestorable, "{msg}");
+        ensure!(msg.contains("(sleep)") && msg.contains("parent"), "{msg}");
+        ensure!(e.list_checkpoints(Some(&sb)).await?.checkpoints.is_empty(), "a failed checkpoint was kept");
+        // Nothing stays stopped: the sandbox still works.
+        sh(e, &sb, "echo two > /root/f").await?;
+        let r = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
+        ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Partial, "{r:?}");
+        ensure!(r.checkpoint.unrestorable.iter().any(|u| u.comm == "sleep"), "{r:?}");
+        ensure!(r.note.contains("sleep"), "{}", r.note);
+        e.delete_sandbox(&sb, true).await?;
         Ok(())
     })
 }
@@ -246,6 +361,8 @@ fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
+        ("processes_come_back_after_rollback", processes_come_back_after_rollback),
+        ("unrestorable_processes_are_named", unrestorable_processes_are_named),
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
         ("gc_removes_orphans", gc_removes_orphans),

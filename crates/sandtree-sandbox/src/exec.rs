@@ -156,6 +156,9 @@ impl Ring {
 
 struct Background {
     info: ProcessInfo,
+    /// Bumped when the process is restored from a template (same pid, new
+    /// process): an exit waiter of an older incarnation must not mark it.
+    incarnation: u64,
     stdout: Ring,
     stderr: Ring,
 }
@@ -165,6 +168,23 @@ struct Background {
 pub(crate) struct BackgroundTable {
     procs: Arc<Mutex<HashMap<i32, Background>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Record the exit of background `pid` (of this incarnation).
+fn watch_exit(
+    conn: Arc<Conn>,
+    procs: Arc<Mutex<HashMap<i32, Background>>>,
+    pid: i32,
+    incarnation: u64,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo { code: None, signal: None });
+        if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid)
+            && bg.incarnation == incarnation
+        {
+            bg.info.exit = Some(exit);
+        }
+    })
 }
 
 impl BackgroundTable {
@@ -384,11 +404,10 @@ impl Sandbox {
             exit: None,
         };
         let table = &self.inner.background;
-        table
-            .procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(st.pid, Background { info: info.clone(), stdout: Ring::default(), stderr: Ring::default() });
+        table.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            st.pid,
+            Background { info: info.clone(), incarnation: 0, stdout: Ring::default(), stderr: Ring::default() },
+        );
         let pid = st.pid;
         let ring_sink = |procs: Arc<Mutex<HashMap<i32, Background>>>, is_out: bool| {
             move |b: &[u8]| {
@@ -399,17 +418,26 @@ impl Sandbox {
         };
         let out = tokio::spawn(pump(st.stdout, ring_sink(table.procs.clone(), true)));
         let err = tokio::spawn(pump(st.stderr, ring_sink(table.procs.clone(), false)));
-        let procs = table.procs.clone();
-        let waiter = tokio::spawn(async move {
-            let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo { code: None, signal: None });
-            if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
-                bg.info.exit = Some(exit);
-            }
-        });
+        let waiter = watch_exit(conn, table.procs.clone(), pid, 0);
         let mut tasks = table.tasks.lock().unwrap_or_else(|e| e.into_inner());
         tasks.retain(|t| !t.is_finished());
         tasks.extend([out, err, waiter, st.stdin_task]);
         Ok(info)
+    }
+
+    /// A background process was restored from a template with its pid: it
+    /// runs again (its output pipes are the ones the template kept open).
+    pub(crate) fn revive_background(&self, pid: i32) {
+        let table = &self.inner.background;
+        let incarnation = {
+            let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(bg) = procs.get_mut(&pid) else { return };
+            bg.incarnation += 1;
+            bg.info.exit = None;
+            bg.incarnation
+        };
+        let waiter = watch_exit(self.conn().clone(), table.procs.clone(), pid, incarnation);
+        table.tasks.lock().unwrap_or_else(|e| e.into_inner()).push(waiter);
     }
 
     /// Background processes started through this handle.

@@ -100,7 +100,9 @@ impl Init {
 
     fn reap(&mut self) {
         loop {
-            let (pid, code, signal) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            // __WALL: restored processes are clone children without an exit signal.
+            let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+            let (pid, code, signal) = match waitpid(Pid::from_raw(-1), Some(flags)) {
                 Ok(WaitStatus::Exited(pid, code)) => (pid.as_raw(), Some(code), None),
                 Ok(WaitStatus::Signaled(pid, sig, _)) => (pid.as_raw(), None, Some(sig as i32)),
                 Ok(WaitStatus::StillAlive) | Err(_) => return,
@@ -147,8 +149,8 @@ impl Init {
                 }
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
-            Request::Reroot { targets } => {
-                let reply = match self.reroot(sigfd, &targets, fds) {
+            Request::Reroot { targets, keep, restore } => {
+                let reply = match self.reroot(sigfd, &targets, &keep, &restore, fds) {
                     Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message, code: None },
                 };
@@ -184,14 +186,24 @@ impl Init {
 impl Init {
     /// See [`crate::reroot`]: exits of tracked processes are reported before
     /// the reply.
-    fn reroot(&mut self, sigfd: &SignalFd, targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+    fn reroot(
+        &mut self,
+        sigfd: &SignalFd,
+        targets: &[PathBuf],
+        keep: &[i32],
+        restore: &[i32],
+        layers: Vec<OwnedFd>,
+    ) -> Result<(), String> {
         crate::reroot::validate(targets, &layers)?;
-        let reaped = crate::reroot::kill_all(sigfd)?;
+        let reaped = crate::reroot::kill_all(sigfd, keep)?;
         for r in reaped {
             if self.tracked.remove(&r.pid) {
                 self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
             }
         }
+        // The daemon brings these pids back from templates right after the
+        // reply: their exits are reported like those of spawned processes.
+        self.tracked.extend(restore.iter().copied());
         crate::reroot::swap_root(targets, layers)
     }
 }

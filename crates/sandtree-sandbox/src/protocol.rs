@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::config::{OverlayLayer, SandboxSpec};
 
 /// Protocol version exchanged in `Hello`.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Largest packet we accept.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -133,6 +133,11 @@ pub enum Request {
     Reroot {
         /// Mount point of each attached layer inside the sandbox (`/` first).
         targets: Vec<std::path::PathBuf>,
+        /// Pids not to kill: process templates.
+        keep: Vec<i32>,
+        /// Pids the daemon restores right after the reply: init reports
+        /// their exits.
+        restore: Vec<i32>,
     },
 }
 

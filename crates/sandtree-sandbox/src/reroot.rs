@@ -10,10 +10,12 @@
 //! overlay mount fds built by the zygote as real root attached):
 //! 1. `kill(-1, SIGKILL)`: in a pid namespace this reaches every process but
 //!    init, atomically with respect to `fork` (a child either is listed or
-//!    its parent's fork fails). Init then reaps until it has no children,
-//!    waking on its `SIGCHLD` signalfd, for at most [`KILL_TIMEOUT`]
+//!    its parent's fork fails). Process templates (`sandtree-proc`) are
+//!    spared: then every pid but theirs is killed, scan after scan. Init
+//!    reaps, waking on its `SIGCHLD` signalfd, for at most [`KILL_TIMEOUT`]
 //!    (a task in uninterruptible sleep cannot die before its syscall ends).
-//!    Nothing then holds a file of the old tree but init itself.
+//!    Nothing then holds a file of the old tree but init and the templates
+//!    (whose root moves with `pivot_root`, see below).
 //! 2. `move_mount` the new root overlay on top of `/`; every further layer
 //!    onto its target inside the new root (resolved through the mount fd).
 //! 3. `move_mount` the old tree's `/proc` and `/dev` (with its binds, devpts
@@ -56,15 +58,49 @@ pub(crate) struct Reaped {
     pub signal: Option<i32>,
 }
 
-/// Step 1: kill every other process of the pid namespace and reap them.
-/// Returns the exits; on timeout the error names the pids still alive.
-pub(crate) fn kill_all(sigfd: &SignalFd) -> Result<Vec<Reaped>, String> {
-    match kill(Pid::from_raw(-1), Signal::SIGKILL) {
-        Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => return Err(format!("kill(-1): {e}")),
+/// Step 1: kill every other process of the pid namespace except `keep`
+/// (process templates, which are ptrace-stopped and never run) and reap
+/// them. Returns the exits; on timeout the error names the pids still alive.
+///
+/// Without templates this is one `kill(-1, SIGKILL)`, atomic with respect to
+/// `fork`. With templates, every pid in `/proc` that is neither init nor
+/// kept is killed, and the scan repeats until none is left: a child forked
+/// after a scan by a process not yet killed is found by the next one.
+pub(crate) fn kill_all(sigfd: &SignalFd, keep: &[i32]) -> Result<Vec<Reaped>, String> {
+    if keep.is_empty() {
+        match kill(Pid::from_raw(-1), Signal::SIGKILL) {
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(e) => return Err(format!("kill(-1): {e}")),
+        }
     }
     let deadline = Instant::now() + KILL_TIMEOUT;
     let mut reaped = Vec::new();
+    loop {
+        let left: Vec<i32> = others().into_iter().filter(|p| !keep.contains(p)).collect();
+        if left.is_empty() {
+            return Ok(reaped);
+        }
+        for &pid in &left {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        reap_all(&mut reaped)?;
+        if others().iter().any(|p| !keep.contains(p)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("processes did not die within {KILL_TIMEOUT:?}: {:?}", others()));
+            }
+            let ms = left.as_millis().clamp(1, 5) as u16;
+            let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            while let Ok(Some(_)) = sigfd.read_signal() {}
+            reap_all(&mut reaped)?;
+        }
+    }
+}
+
+/// Reap every child that has exited (`__WALL`: restored processes are
+/// clone children with no exit signal).
+fn reap_all(reaped: &mut Vec<Reaped>) -> Result<(), String> {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) => {
@@ -73,26 +109,15 @@ pub(crate) fn kill_all(sigfd: &SignalFd) -> Result<Vec<Reaped>, String> {
             Ok(WaitStatus::Signaled(pid, sig, _)) => {
                 reaped.push(Reaped { pid: pid.as_raw(), code: None, signal: Some(sig as i32) })
             }
-            Ok(WaitStatus::StillAlive) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(format!("processes did not die within {KILL_TIMEOUT:?}: {:?}", children()));
-                }
-                let ms = left.as_millis().clamp(1, 100) as u16;
-                let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
-                let _ = poll(&mut fds, PollTimeout::from(ms));
-                while let Ok(Some(_)) = sigfd.read_signal() {}
-            }
-            Ok(_) => {}
-            Err(Errno::ECHILD) => return Ok(reaped),
-            Err(Errno::EINTR) => {}
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return Ok(()),
+            Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(format!("waitpid: {e}")),
         }
     }
 }
 
-/// Pids other than init still present (for the timeout message).
-fn children() -> Vec<i32> {
+/// Pids other than init still present (zombies included until reaped).
+fn others() -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut pids: Vec<i32> =
         dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|p| *p != 1).collect();

@@ -159,6 +159,11 @@ impl Conn {
         rx.await.map_err(|_| Error::Gone { id: self.id.clone() })
     }
 
+    /// Forget the exit of `pid` (a restored process has its pid again).
+    pub(crate) fn reset_exit(&self, pid: i32) {
+        self.exits.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, ExitSlot::Waiting(Vec::new()));
+    }
+
     fn dispatch(&self, msg: FromInit, fds: Vec<OwnedFd>) {
         match msg {
             FromInit::Reply { id, reply } => {
@@ -445,23 +450,40 @@ impl Sandbox {
     }
 
     /// Rollback in place (see [`crate::reroot`]): init kills every other
-    /// process and makes `layers` (detached overlay mounts from
-    /// [`crate::Zygote::build_layers`], one per target, `/` first) the
-    /// sandbox's tree. Sessions and background processes of this handle are
-    /// forgotten (those started while the request is under way survive it,
-    /// in the new tree). On error the tree is unknown: stop the sandbox and
-    /// boot it.
-    pub async fn reroot(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>) -> Result<()> {
+    /// process but the templates in `keep` and makes `layers` (detached
+    /// overlay mounts from [`crate::Zygote::build_layers`], one per target,
+    /// `/` first) the sandbox's tree. Sessions and background processes of
+    /// this handle are forgotten, except those whose pid is in `restore`
+    /// (the caller brings them back from templates right after); those
+    /// started while the request is under way survive it, in the new tree.
+    /// On error the tree is unknown: stop the sandbox and boot it.
+    pub async fn reroot(
+        &self,
+        targets: Vec<std::path::PathBuf>,
+        layers: Vec<OwnedFd>,
+        keep: Vec<i32>,
+        restore: Vec<i32>,
+    ) -> Result<()> {
         // A frozen init (a checkpoint whose thaw failed) would never answer.
         self.thaw()?;
-        let (sessions, pids) = (self.inner.sessions.ids(), self.inner.background.pids());
+        let mut sessions = self.inner.sessions.pids();
+        sessions.retain(|(_, pid)| !restore.contains(pid));
+        let sessions: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
+        let mut pids = self.inner.background.pids();
+        pids.retain(|p| !restore.contains(p));
         let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
-        let request = self.inner.conn.request(Request::Reroot { targets }, &fds);
+        let request = self.inner.conn.request(Request::Reroot { targets, keep, restore: restore.clone() }, &fds);
         let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
         drop(fds);
         drop(layers);
         self.inner.sessions.forget(&sessions);
         self.inner.background.forget(&pids);
+        // The originals of restored pids were killed (and reported): their
+        // successors start with a clean exit slot.
+        for pid in &restore {
+            self.inner.conn.reset_exit(*pid);
+            self.revive_background(*pid);
+        }
         let res = res.map_err(|_| Error::Protocol(format!("init did not swap its root within {REROOT_TIMEOUT:?}")))?;
         match res? {
             (Reply::Ok, _) => Ok(()),

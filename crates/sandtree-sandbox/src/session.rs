@@ -117,8 +117,9 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
-    pub(crate) fn ids(&self) -> Vec<String> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    /// (session id, shell pid) of every session.
+    pub(crate) fn pids(&self) -> Vec<(String, i32)> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, s)| (k.clone(), s.info.pid)).collect()
     }
 
     /// Forgets these sessions (their shells were killed).
@@ -202,13 +203,15 @@ async fn read_loop(shared: Arc<Shared>) {
             };
             let body = String::from_utf8_lossy(&cut.pending[start + MARK_START.len()..start + len]).into_owned();
             let mut parts = body.split(';');
-            let n: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let _shell_count = parts.next();
             let rc: i32 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
             let output = cut.pending[..start].to_vec();
             cut.pending.drain(..after + prompt_len + MARK_PROMPT_END.len());
             cut.last_output = output;
             cut.last_rc = rc;
-            shared.prompts.send_replace(n);
+            // Count prompts here rather than trusting the shell's count: a
+            // shell restored from a checkpoint counts from its old value.
+            shared.prompts.send_modify(|c| *c += 1);
         }
         if cut.pending.len() > MAX_PENDING {
             let excess = cut.pending.len() - MAX_PENDING;

@@ -13,6 +13,7 @@
 //! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names and death signals |
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
 //! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
+//! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
 
 pub mod btrfs;
@@ -22,4 +23,5 @@ pub mod mount;
 pub mod mountinfo;
 pub mod netdev;
 pub mod process;
+pub mod ptrace;
 pub mod pty;

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 /// One mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    /// Mount id (what `fdinfo`'s `mnt_id` refers to).
+    pub id: i32,
     pub target: PathBuf,
     pub fstype: String,
     /// Filesystem options (`rw,upperdir=...`), still escaped.
@@ -43,11 +45,13 @@ fn parse(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;
+            let id = pre.split(' ').next()?.parse().ok()?;
             let target = pre.split(' ').nth(4)?;
             let mut post = post.split(' ');
             let fstype = post.next()?;
             let super_options = post.nth(1).unwrap_or_default();
             Some(MountEntry {
+                id,
                 target: unescape(target),
                 fstype: fstype.to_string(),
                 super_options: super_options.to_string(),
@@ -93,8 +97,11 @@ mod tests {
         let text = "36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - btrfs /dev/loop0 rw\n\
                     37 35 98:0 / /proc rw - proc proc rw\n";
         let m = parse(text);
-        assert_eq!(m[0], MountEntry { target: "/mnt/a b".into(), fstype: "btrfs".into(), super_options: "rw".into() });
-        assert_eq!(m[1].fstype, "proc");
+        assert_eq!(
+            m[0],
+            MountEntry { id: 36, target: "/mnt/a b".into(), fstype: "btrfs".into(), super_options: "rw".into() }
+        );
+        assert_eq!((m[1].id, m[1].fstype.as_str()), (37, "proc"));
     }
 
     #[test]

@@ -66,10 +66,12 @@ fn shell_variants() {
 
 #[test]
 fn checkpoint_rollback_fork_tree() {
-    let Command::Checkpoint { sandbox, label } = parse(&["checkpoint", "sb-1", "--label", "before"]).command else {
+    let Command::Checkpoint { sandbox, label, best_effort } =
+        parse(&["checkpoint", "sb-1", "--label", "before", "--best-effort"]).command
+    else {
         panic!()
     };
-    assert_eq!((sandbox.as_str(), label.as_deref()), ("sb-1", Some("before")));
+    assert_eq!((sandbox.as_str(), label.as_deref(), best_effort), ("sb-1", Some("before"), true));
     let Command::Rollback { sandbox, checkpoint } = parse(&["rollback", "sb-1", "ck-2"]).command else { panic!() };
     assert_eq!((sandbox.as_str(), checkpoint.as_str()), ("sb-1", "ck-2"));
     let Command::Fork { checkpoint, count, labels } = parse(&["fork", "ck-2", "-n", "8", "--label", "k=v"]).command

@@ -81,6 +81,10 @@ pub enum Command {
         /// A label for the checkpoint.
         #[arg(long, short)]
         label: Option<String>,
+        /// Checkpoint even if a process cannot be captured (it is then marked
+        /// not restorable instead of failing the checkpoint).
+        #[arg(long)]
+        best_effort: bool,
     },
     /// Roll a sandbox back to one of its checkpoints.
     Rollback { sandbox: String, checkpoint: String },

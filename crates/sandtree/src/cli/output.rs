@@ -171,6 +171,8 @@ mod tests {
             created_at: "2024-01-01T00:00:00Z".into(),
             size_bytes: Some(2048),
             process_state: sandtree_api::ProcessState::NotCaptured,
+            processes: Vec::new(),
+            unrestorable: Vec::new(),
             frozen_ms: 1.5,
             duration_ms: 3.0,
         }

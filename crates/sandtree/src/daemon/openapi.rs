@@ -40,7 +40,7 @@ use super::routes;
         Limits, Usage, SandboxStatus, SandboxInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse,
         ExecRequest, ExecResponse, ExecEvent, ProcessInfo, ProcessList, ProcessOutput,
         CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,
-        ProcessState, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,
+        ProcessState, UnrestorableProcess, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,
         RollbackRequest, RollbackResponse, ForkRequest, ForkResult, ForkResponse, DeleteCheckpointResponse,
         ImageInfo, ImageList, ImportImageRequest, ImportEvent,
     )),

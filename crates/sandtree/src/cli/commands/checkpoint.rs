@@ -10,14 +10,19 @@ use super::Ctx;
 use crate::cli::client::enc;
 use crate::cli::output::{checkpoint_tree, ms};
 
-pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>) -> Result<i32> {
-    let req = CheckpointRequest { label, labels: BTreeMap::new() };
+pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>, best_effort: bool) -> Result<i32> {
+    let req = CheckpointRequest { label, labels: BTreeMap::new(), best_effort };
     let r: CheckpointResponse =
         ctx.call(Method::POST, &format!("/v1/sandboxes/{}/checkpoints", enc(sandbox)), Some(&req)).await?;
     if !ctx.json {
         let c = &r.checkpoint;
         println!("{}", c.id);
-        eprintln!("frozen {}, total {}", ms(c.frozen_ms), ms(c.duration_ms));
+        eprintln!(
+            "processes paused {}, total {}; {} process(es) captured",
+            ms(c.frozen_ms),
+            ms(c.duration_ms),
+            c.processes.len()
+        );
         eprintln!("note: {}", r.note);
     }
     Ok(0)
@@ -31,6 +36,8 @@ pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str) -> Result<i32>
         println!("rolled {} back to {} in {}", r.sandbox.id, r.checkpoint, ms(r.duration_ms));
         if r.processes_restarted {
             println!("processes were restarted (the filesystem was restored; running programs were not)");
+        } else {
+            println!("processes restored: {:?}", r.restored_pids);
         }
         println!("note: {}", r.note);
     }

@@ -58,7 +58,9 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
         Command::Logs { sandbox, pid } => exec::logs(&ctx, &sandbox, pid).await,
         Command::Kill { sandbox, pid, signal } => exec::kill(&ctx, &sandbox, pid, signal).await,
         Command::Shell(a) => shell::shell(&ctx, a).await,
-        Command::Checkpoint { sandbox, label } => checkpoint::checkpoint(&ctx, &sandbox, label).await,
+        Command::Checkpoint { sandbox, label, best_effort } => {
+            checkpoint::checkpoint(&ctx, &sandbox, label, best_effort).await
+        }
         Command::Rollback { sandbox, checkpoint } => checkpoint::rollback(&ctx, &sandbox, &checkpoint).await,
         Command::Fork { checkpoint, count, labels } => checkpoint::fork(&ctx, &checkpoint, count, labels).await,
         Command::Tree { sandbox } => checkpoint::tree(&ctx, sandbox).await,

@@ -1,0 +1,122 @@
+//! What the template path can restore exactly, and what it must refuse.
+//!
+//! A checkpoint never pretends: a process holding state that a template
+//! would not bring back exactly is named here with the resource and the
+//! reason. The checkpoint then fails, or, when the caller asked for best
+//! effort, succeeds with the process marked not restorable.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{FdKind, ProcessImage};
+
+/// `CAP_SYS_ADMIN`: `clone3` with `set_tid` needs it in the sandbox's user
+/// namespace to give a restored process its old pid.
+const CAP_SYS_ADMIN: u64 = 1 << 21;
+
+/// TCP states a template keeps intact: a listening socket (its accept
+/// queue is live state, but a server keeps serving) and a closed one.
+const TCP_LISTEN: u8 = 10;
+const TCP_CLOSE: u8 = 7;
+
+/// A process the engine cannot restore, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unrestorable {
+    /// Pid in the sandbox.
+    pub pid: i32,
+    /// Its `comm`.
+    pub comm: String,
+    /// The resource in question (`threads`, `fd 5`, `parent`, ...).
+    pub resource: String,
+    /// Why it cannot be restored.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unrestorable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} ({}) cannot be restored: {}: {}", self.pid, self.comm, self.resource, self.reason)
+    }
+}
+
+/// Checks that need only the process's own status (before it is stopped).
+pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32) -> Result<(), Unrestorable> {
+    let no = |resource: &str, reason: String| Unrestorable {
+        pid,
+        comm: comm.to_string(),
+        resource: resource.to_string(),
+        reason,
+    };
+    if threads > 1 {
+        return Err(no(
+            "threads",
+            format!("{threads} threads; a template is made by fork(), which copies only one thread"),
+        ));
+    }
+    if ppid != 1 {
+        return Err(no(
+            "parent",
+            format!(
+                "its parent is pid {ppid}; templates restore children of the sandbox init only (run it from a session or as a background process)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every check of the template path on a captured image.
+pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
+    check_status(p.pid, &p.comm, p.threads, p.ppid)?;
+    let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
+    if p.cap_eff & CAP_SYS_ADMIN == 0 {
+        return Err(no(
+            "capabilities".into(),
+            "no CAP_SYS_ADMIN in the sandbox, which clone3 needs to give the restored process its pid".into(),
+        ));
+    }
+    if p.pgid != p.pid {
+        return Err(no(
+            "process group".into(),
+            format!("member of process group {} led by another process (templates restore group leaders)", p.pgid),
+        ));
+    }
+    if p.root != "/" {
+        return Err(no("root".into(), format!("chroot to {}", p.root)));
+    }
+    if p.cwd.ends_with(" (deleted)") {
+        return Err(no("cwd".into(), format!("working directory {} was deleted", p.cwd)));
+    }
+    for f in &p.fds {
+        let fd = || format!("fd {}", f.fd);
+        match &f.kind {
+            FdKind::Deleted { path } => {
+                return Err(no(
+                    fd(),
+                    format!("open file {path} was deleted (deleted-but-open files are not captured yet)"),
+                ));
+            }
+            FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
+            FdKind::OtherMount { path } => {
+                return Err(no(
+                    fd(),
+                    format!(
+                        "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
+                    ),
+                ));
+            }
+            FdKind::Socket { family, tcp_state: Some(state), .. } if *state != TCP_LISTEN && *state != TCP_CLOSE => {
+                return Err(no(
+                    fd(),
+                    format!("{family} connection in TCP state {state} (only listening sockets are kept)"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw")) {
+        let what = m.path.clone().unwrap_or_else(|| "anonymous memory".into());
+        return Err(no(
+            format!("mapping {:x}-{:x}", m.start, m.end),
+            format!("writable shared mapping of {what}: a template would share it with the running process"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! Checkpoint of a sandbox's processes: stop them all, capture, make
+//! templates, let them go. See the crate docs for the order.
+
+use std::collections::HashSet;
+
+use sandtree_sys::ptrace;
+
+use crate::check::{self, Unrestorable};
+use crate::inject::{self, Tracee};
+use crate::model::{FdKind, Registers};
+use crate::tracer::{CaptureReport, CheckpointTemplates, State, StopReport, Stopped, Template, kill_tracee};
+use crate::{Error, Result, procfs};
+
+/// Size of the scratch page mapped into each template (syscall arguments
+/// that are pointers: paths, `clone_args`).
+pub(crate) const SCRATCH: u64 = 4096;
+
+/// `-ERESTARTNOINTR`: `fork` found a signal pending and asks to be retried.
+const ERESTARTNOINTR: i64 = -513;
+
+fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Ptrace { pid, op, source }
+}
+
+fn is_gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT))
+}
+
+pub(crate) fn stop(
+    st: &mut State,
+    list: &dyn Fn() -> std::io::Result<Vec<i32>>,
+    init_host: i32,
+    best_effort: bool,
+    timeout: std::time::Duration,
+) -> Result<StopReport> {
+    st.init_host = init_host;
+    settle_lingering(st);
+    let res = stop_inner(st, list, init_host, best_effort, timeout);
+    if res.is_err() {
+        resume_all(st);
+    }
+    res
+}
+
+fn ns_ppid(init_host: i32, host_ppid: i32) -> i32 {
+    if host_ppid == init_host {
+        return 1;
+    }
+    procfs::status(host_ppid).map(|s| s.ns_pid).unwrap_or(0)
+}
+
+/// Seized tasks that never reached their stop (they were in an
+/// uninterruptible wait): detach each once it finally stops.
+pub(crate) fn settle_lingering(st: &mut State) {
+    st.lingering.retain(|&host| match ptrace::try_wait(host) {
+        Ok(None) => true,
+        Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
+        Ok(Some(_)) => {
+            let _ = ptrace::detach(host, 0);
+            false
+        }
+    });
+}
+
+fn stop_inner(
+    st: &mut State,
+    list: &dyn Fn() -> std::io::Result<Vec<i32>>,
+    init_host: i32,
+    best_effort: bool,
+    timeout: std::time::Duration,
+) -> Result<StopReport> {
+    let deadline = std::time::Instant::now() + timeout;
+    let depth = procfs::status(init_host).map(|s| s.ns_depth).unwrap_or(0);
+    let templates: HashSet<i32> = st.template_hosts().into_iter().collect();
+    let mut seen: HashSet<i32> = HashSet::new();
+    let mut report = StopReport::default();
+    loop {
+        let procs = list().map_err(|e| Error::Proc { pid: init_host, what: "cgroup.procs", source: e })?;
+        let new: Vec<i32> =
+            procs.into_iter().filter(|p| *p != init_host && !templates.contains(p) && !seen.contains(p)).collect();
+        if new.is_empty() {
+            break;
+        }
+        let mut seized = Vec::new();
+        for host in new {
+            seen.insert(host);
+            let status = match procfs::status(host) {
+                Ok(s) => s,
+                Err(e) if is_gone(&e) || e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::Proc { pid: host, what: "status", source: e }),
+            };
+            // Zombies, and tasks that joined the cgroup from outside the
+            // sandbox's pid namespace (not the sandbox's processes; the
+            // cgroup freeze still holds them).
+            if status.state == 'Z' || status.state == 'X' || status.ns_depth != depth {
+                continue;
+            }
+            let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+            let ppid = ns_ppid(init_host, status.host_ppid);
+            if let Err(u) = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid) {
+                if best_effort {
+                    report.skipped.push(u);
+                    continue;
+                }
+                return Err(Error::Unsupported(u));
+            }
+            match ptrace::seize(host) {
+                Ok(()) => {}
+                Err(e) if is_gone(&e) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    let u = Unrestorable {
+                        pid: status.ns_pid,
+                        comm: comm.trim_end().to_string(),
+                        resource: "ptrace".into(),
+                        reason: "it is traced by another process (a debugger or strace)".into(),
+                    };
+                    if best_effort {
+                        report.skipped.push(u);
+                        continue;
+                    }
+                    return Err(Error::Unsupported(u));
+                }
+                Err(e) => return Err(Error::Ptrace { pid: host, op: "seize", source: e }),
+            }
+            if let Err(e) = ptrace::interrupt(host) {
+                let _ = ptrace::detach(host, 0);
+                if is_gone(&e) {
+                    continue;
+                }
+                return Err(Error::Ptrace { pid: host, op: "interrupt", source: e });
+            }
+            seized.push((host, ppid));
+        }
+        let mut stuck = Vec::new();
+        for (host, ppid) in seized {
+            match inject::wait_event_stop_until(host, deadline) {
+                Ok(None) => {
+                    let state = procfs::status(host).map(|s| s.state).unwrap_or('?');
+                    let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+                    stuck.push(format!("pid {host} ({}) in state {state}", comm.trim_end()));
+                    st.lingering.push(host);
+                    continue;
+                }
+                Ok(Some(children)) => {
+                    // Forked while we stopped it: the children are attached
+                    // and stop on their own; the next list pass sees them as
+                    // known (they are children of a non-init process, so they
+                    // are refused or skipped there).
+                    for c in children {
+                        let _ = inject::wait_event_stop(c);
+                        let _ = ptrace::detach(c, 0);
+                    }
+                }
+                Err(Error::Died { .. }) => continue,
+                Err(e) => {
+                    let _ = ptrace::detach(host, 0);
+                    return Err(e);
+                }
+            }
+            let regs = ptrace::regs(host).map_err(ptrace_err(host, "GETREGS"))?;
+            st.stopped.push(Stopped { host, ns_ppid: ppid, regs });
+            report.stopped += 1;
+        }
+        if !stuck.is_empty() {
+            return Err(Error::StopTimeout { timeout_ms: timeout.as_millis() as u64, stuck: stuck.join(", ") });
+        }
+    }
+    Ok(report)
+}
+
+/// Let every stopped original go with its registers untouched.
+pub(crate) fn resume_all(st: &mut State) {
+    for s in st.stopped.drain(..) {
+        let _ = ptrace::set_regs(s.host, &s.regs);
+        let _ = ptrace::detach(s.host, 0);
+    }
+}
+
+pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+    let stopped = std::mem::take(&mut st.stopped);
+    let mut report = CaptureReport::default();
+    let mut made: Vec<Template> = Vec::new();
+    let mut left = stopped.into_iter();
+    let mut failure = None;
+    for s in left.by_ref() {
+        match template_of(&s) {
+            Ok(t) => {
+                report.captured.push(t.image.pid);
+                made.push(t);
+            }
+            Err(Error::Unsupported(u)) if best_effort => {
+                let_go(&s);
+                report.unrestorable.push(u);
+            }
+            Err(Error::Died { .. }) => {}
+            Err(e) => {
+                let_go(&s);
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        for s in left {
+            let_go(&s);
+        }
+        for t in made {
+            kill_tracee(t.host);
+        }
+        return Err(e);
+    }
+    let last_used = st.tick();
+    st.pools.insert(
+        ck.to_string(),
+        CheckpointTemplates { templates: made, unrestorable: report.unrestorable.clone(), last_used },
+    );
+    Ok(report)
+}
+
+/// Let a stopped original go with its checkpoint registers, from whatever
+/// stop it is in (in signal context, so an interrupted syscall restarts).
+fn let_go(s: &Stopped) {
+    if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
+        let _ = ptrace::set_regs(s.host, &s.regs);
+        let _ = ptrace::detach(s.host, 0);
+    }
+}
+
+/// Capture one stopped process and make its template; the original runs
+/// again when this returns `Ok` (on error it is still stopped).
+fn template_of(s: &Stopped) -> Result<Template> {
+    let host = s.host;
+    let image = procfs::capture(host, s.ns_ppid, Registers::from(&s.regs)).map_err(|e| Error::Proc {
+        pid: host,
+        what: "state",
+        source: e,
+    })?;
+    check::check(&image).map_err(Error::Unsupported)?;
+    let insn = inject::find_syscall_insn(host)?;
+    let mut orig = Tracee::new(host, s.regs, insn);
+    let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as u64;
+    let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+    for _ in 0..5 {
+        if out.ret != ERESTARTNOINTR {
+            break;
+        }
+        out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+    }
+    let (Some(child), true) = (out.child, out.ret > 0) else {
+        return Err(Error::Remote {
+            pid: host,
+            call: "clone (template)",
+            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
+        });
+    };
+    let ns_pid = out.ret as i32;
+    let made = (|| -> Result<(Tracee, u64)> {
+        inject::wait_event_stop(child)?;
+        let mut tpl = Tracee::new(child, s.regs, insn);
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
+        // Pin nothing of the tree this checkpoint's layer will be replaced
+        // by: cwd to "/" (pivot_root moves it with the root), layer files
+        // closed (reopened by path at restore).
+        ptrace::write_mem(child, scratch, b"/\0").map_err(ptrace_err(child, "write scratch"))?;
+        tpl.call("chdir", libc::SYS_chdir, &[scratch])?;
+        for f in &image.fds {
+            if matches!(f.kind, FdKind::LayerFile { .. }) {
+                tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
+            }
+        }
+        // Leave the original's session / process group: while any task is
+        // in them, their id (the original's pid) stays allocated, and the
+        // restore could not have it back. The copy joins them again.
+        if image.sid == image.pid {
+            tpl.call("setsid", libc::SYS_setsid, &[])?;
+        } else {
+            tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+        }
+        tpl.take_held(); // e.g. SIGCHLD meant for the original
+        Ok((tpl, scratch))
+    })();
+    let (tpl, scratch) = match made {
+        Ok(v) => v,
+        Err(e) => {
+            kill_tracee(child);
+            return Err(e);
+        }
+    };
+    if let Err(e) = orig.release(&s.regs) {
+        kill_tracee(child);
+        return Err(e);
+    }
+    Ok(Template { image, host: child, ns_pid, tracee: tpl, scratch })
+}

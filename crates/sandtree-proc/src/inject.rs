@@ -1,0 +1,210 @@
+//! Running syscalls inside a stopped tracee.
+//!
+//! Protocol for one injected syscall (the tracee sits in a ptrace stop):
+//! 1. registers := the call (`rax` = number, `rdi rsi rdx r10 r8 r9` =
+//!    arguments), `rip` := a `syscall` instruction of the tracee's own vDSO
+//!    (found per process: the vDSO moves with ASLR), `orig_rax` := -1 so
+//!    that the kernel's restart logic leaves an interrupted syscall of the
+//!    tracee alone;
+//! 2. `PTRACE_SYSCALL` to the entry stop, `PTRACE_SYSCALL` to the exit
+//!    stop, read `rax`. A fork/clone event in between names the new child
+//!    (auto-attached, it starts in a `PTRACE_EVENT_STOP`). A signal that
+//!    arrives meanwhile is held back and delivered when the tracee is let go.
+//!
+//! Letting go ([`Tracee::release`]): the saved registers must be set while
+//! the tracee is in *signal context*, so that the kernel applies its own
+//! restart logic to an interrupted syscall (`-ERESTARTSYS` becomes a restart
+//! or `EINTR` exactly as without us). The exit stop of an injected call is
+//! not such a stop, so the tracee is first interrupted again (`PTRACE_INTERRUPT`,
+//! then `PTRACE_CONT`), which puts it in a `PTRACE_EVENT_STOP` before it
+//! returns to user space; there the registers are restored and it is detached.
+
+use std::io;
+
+use sandtree_sys::ptrace::{self, EVENT_CLONE, EVENT_FORK, EVENT_STOP, EVENT_VFORK, Regs, Stop};
+
+use crate::{Error, Result};
+
+/// A tracee in a ptrace stop, with the registers to give back.
+#[derive(Debug)]
+pub struct Tracee {
+    /// Host tid.
+    pub tid: i32,
+    /// Registers at the checkpoint (restored on release).
+    pub saved: Regs,
+    /// Address of a `syscall` instruction in its vDSO.
+    pub insn: u64,
+    /// Signals held back while we ran syscalls in it.
+    held: Vec<i32>,
+}
+
+fn died(tid: i32, how: &str) -> Error {
+    Error::Died { pid: tid, how: how.to_string() }
+}
+
+fn ptrace_err(tid: i32, op: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Ptrace { pid: tid, op, source }
+}
+
+/// Wait for `tid`'s `PTRACE_EVENT_STOP` (after `PTRACE_INTERRUPT`, or the
+/// first stop of an auto-attached child). Signals that stop it first are
+/// delivered (they would have been delivered before the stop anyway);
+/// fork events of a task that was forking name children that must be
+/// stopped too (returned).
+pub fn wait_event_stop(tid: i32) -> Result<Vec<i32>> {
+    let mut children = Vec::new();
+    loop {
+        match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+            Stop::Event { event: EVENT_STOP, .. } => return Ok(children),
+            Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
+                children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+                ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+            }
+            Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
+            Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
+            Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+            Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+        }
+    }
+}
+
+/// [`wait_event_stop`] bounded by `deadline`: `Ok(None)` when the task did
+/// not stop in time (it sits in an uninterruptible wait; the interrupt
+/// stays pending and takes effect when the wait ends).
+pub fn wait_event_stop_until(tid: i32, deadline: std::time::Instant) -> Result<Option<Vec<i32>>> {
+    let mut children = Vec::new();
+    let mut nap = std::time::Duration::from_micros(5);
+    loop {
+        let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? else {
+            if std::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
+            continue;
+        };
+        match stop {
+            Stop::Event { event: EVENT_STOP, .. } => return Ok(Some(children)),
+            Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
+                children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+                ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+            }
+            Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
+            Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
+            Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+            Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+        }
+    }
+}
+
+/// Address of a `syscall` instruction (`0f 05`) in the vDSO of `pid`.
+pub fn find_syscall_insn(pid: i32) -> Result<u64> {
+    let maps = crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e })?;
+    let vdso = maps.iter().find(|m| m.path.as_deref() == Some("[vdso]")).ok_or_else(|| {
+        Error::unsupported(pid, "", "vdso", "the process has no vDSO to borrow a syscall instruction from")
+    })?;
+    let mut buf = vec![0u8; (vdso.end - vdso.start) as usize];
+    ptrace::read_mem(pid, vdso.start, &mut buf).map_err(ptrace_err(pid, "read vdso"))?;
+    let off = buf
+        .windows(2)
+        .position(|w| w == [0x0f, 0x05])
+        .ok_or_else(|| Error::unsupported(pid, "", "vdso", "no syscall instruction in the vDSO"))?;
+    Ok(vdso.start + off as u64)
+}
+
+/// The result of an injected syscall.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Raw return value (`-errno` on failure).
+    pub ret: i64,
+    /// Child created by it (fork / clone), auto-attached.
+    pub child: Option<i32>,
+}
+
+impl Tracee {
+    /// A tracee in a stop whose registers are `saved`.
+    pub fn new(tid: i32, saved: Regs, insn: u64) -> Tracee {
+        Tracee { tid, saved, insn, held: Vec::new() }
+    }
+
+    /// Run syscall `nr` with `args`; returns the raw result.
+    pub fn syscall(&mut self, nr: i64, args: &[u64]) -> Result<Outcome> {
+        let tid = self.tid;
+        let mut r = self.saved;
+        r.rax = nr as u64;
+        r.orig_rax = u64::MAX;
+        r.rip = self.insn;
+        let regs = [&mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9];
+        for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
+            *slot = v;
+        }
+        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        let mut entered = false;
+        let mut child = None;
+        loop {
+            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+                Stop::Syscall if !entered => entered = true,
+                Stop::Syscall => {
+                    let out = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+                    return Ok(Outcome { ret: out.rax as i64, child });
+                }
+                Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
+                    child = Some(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+                }
+                Stop::Event { .. } => {}
+                Stop::Signal(sig) => self.held.push(sig),
+                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+            }
+            ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        }
+    }
+
+    /// [`Tracee::syscall`] that turns `-errno` into an error naming `what`.
+    pub fn call(&mut self, what: &'static str, nr: i64, args: &[u64]) -> Result<u64> {
+        let out = self.syscall(nr, args)?;
+        if (-4095..0).contains(&out.ret) {
+            return Err(Error::Remote {
+                pid: self.tid,
+                call: what,
+                errno: io::Error::from_raw_os_error(-out.ret as i32),
+            });
+        }
+        Ok(out.ret as u64)
+    }
+
+    /// Put the tracee into a `PTRACE_EVENT_STOP` (signal context) from
+    /// whatever stop it is in.
+    pub fn park(&mut self) -> Result<()> {
+        let tid = self.tid;
+        ptrace::interrupt(tid).map_err(ptrace_err(tid, "interrupt"))?;
+        ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        loop {
+            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+                Stop::Event { event: EVENT_STOP, .. } => return Ok(()),
+                Stop::Signal(sig) => self.held.push(sig),
+                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+                Stop::Event { .. } | Stop::Syscall => {}
+            }
+            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        }
+    }
+
+    /// Signals held back so far (and forget them).
+    pub fn take_held(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Give the tracee back its registers `regs` in signal context and
+    /// detach; the first held signal is delivered with the detach, the
+    /// others are queued with `kill` by the caller if it wants them.
+    pub fn release(mut self, regs: &Regs) -> Result<()> {
+        self.park()?;
+        let tid = self.tid;
+        ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
+        let sig = self.held.first().copied().unwrap_or(0);
+        ptrace::detach(tid, sig).map_err(ptrace_err(tid, "detach"))
+    }
+}

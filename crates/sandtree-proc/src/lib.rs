@@ -1,0 +1,134 @@
+//! `sandtree-proc`: live process state of a sandbox — capture at a
+//! checkpoint, templates, and restore in place at a rollback.
+//!
+//! # The template path (DeltaBox's DeltaCR, on ptrace)
+//!
+//! A *template* of process P is a frozen copy-on-write copy of P made at the
+//! checkpoint by a `clone(CLONE_PARENT | SIGCHLD)` injected into P: same
+//! memory (shared copy-on-write, so it costs only the pages P changes
+//! afterwards), same registers and FPU state, same signal handlers, mask,
+//! credentials, rlimits, umask, and the same open file descriptions (pipes,
+//! ptys, sockets, eventfds... are the very same kernel objects). Templates
+//! stay ptrace-stopped by this crate's tracer thread (they never run; with
+//! `PTRACE_O_EXITKILL` they die with the tracer), as children of the
+//! sandbox init.
+//!
+//! Order at a checkpoint (`checkpoint.rs`), inside the sandbox's frozen window:
+//! 1. [`Tracer::stop`]: `PTRACE_SEIZE` + `PTRACE_INTERRUPT` every process of
+//!    the sandbox but init and the templates, again until no new one appears
+//!    (a stopped process cannot fork): the consistency point;
+//! 2. the caller freezes the cgroup (init), snapshots the filesystem, thaws
+//!    (a ptrace-stopped task counts as frozen, and a syscall injected into a
+//!    frozen task would never complete, so injection comes after the thaw);
+//! 3. [`Tracer::capture`]: read each process's state from `/proc` into a
+//!    [`model::ProcessImage`], check it ([`check`]), inject the `clone` that
+//!    makes its template, make the template drop what pins the old tree
+//!    (`chdir("/")`, close files on the sandbox's layers; the image has their
+//!    paths, flags and offsets) and map it one scratch page, then give the
+//!    original back its registers (in signal context, see `inject.rs`) and
+//!    detach.
+//!
+//! Order at a rollback in place (`restore.rs`), after init swapped the root
+//! and killed everything but the templates:
+//! 1. into each template, inject `clone3(CLONE_PARENT, set_tid = [old pid],
+//!    exit_signal = 0)`: the copy has P's pid and is a child of init again;
+//! 2. into the copy: `chdir(cwd)`, reopen the layer files by path in the new
+//!    tree at their flags and offsets (`dup3` onto their numbers), `setsid` +
+//!    `TIOCSCTTY` for a session leader with a terminal (or `setpgid` for a
+//!    group leader), unmap the scratch page;
+//! 3. set the checkpoint's registers in signal context and detach: an
+//!    interrupted syscall restarts as the kernel decides
+//!    (`-ERESTART_RESTARTBLOCK`, whose restart block belonged to the dead
+//!    original, becomes `EINTR`).
+//!
+//! What the template path cannot do yet is refused at capture with the
+//! process, the resource and the reason ([`Error::Unsupported`]).
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+mod checkpoint;
+pub mod inject;
+pub mod model;
+pub mod procfs;
+mod restore;
+mod tracer;
+
+use std::io;
+
+pub use check::Unrestorable;
+pub use tracer::{CaptureReport, RestoreReport, StopReport, TemplateStatus, Tracer};
+
+/// Errors of the process engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A ptrace request failed.
+    #[error("ptrace {op} of pid {pid}: {source}")]
+    Ptrace {
+        /// Host pid.
+        pid: i32,
+        /// Request.
+        op: &'static str,
+        /// Error.
+        source: io::Error,
+    },
+    /// A syscall run inside a process failed.
+    #[error("{call} inside pid {pid} failed: {errno}")]
+    Remote {
+        /// Host pid.
+        pid: i32,
+        /// Syscall.
+        call: &'static str,
+        /// Its error.
+        errno: io::Error,
+    },
+    /// Reading `/proc` failed.
+    #[error("read {what} of pid {pid}: {source}")]
+    Proc {
+        /// Host pid.
+        pid: i32,
+        /// File.
+        what: &'static str,
+        /// Error.
+        source: io::Error,
+    },
+    /// The process died under us.
+    #[error("pid {pid} {how}")]
+    Died {
+        /// Host pid.
+        pid: i32,
+        /// Exit description.
+        how: String,
+    },
+    /// The process holds state the engine cannot capture yet.
+    #[error("{0}")]
+    Unsupported(Unrestorable),
+    /// Tasks that did not stop in time (uninterruptible waits).
+    #[error("processes did not stop within {timeout_ms} ms: {stuck}")]
+    StopTimeout {
+        /// The bound.
+        timeout_ms: u64,
+        /// `pid N (comm) in state S`, comma separated.
+        stuck: String,
+    },
+    /// The checkpoint has no templates (never captured, or evicted).
+    #[error("checkpoint {0} has no process templates")]
+    NoTemplates(String),
+    /// The tracer thread is gone.
+    #[error("the tracer thread of this sandbox is gone")]
+    TracerGone,
+}
+
+impl Error {
+    fn unsupported(pid: i32, comm: &str, resource: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::Unsupported(Unrestorable {
+            pid,
+            comm: comm.to_string(),
+            resource: resource.into(),
+            reason: reason.into(),
+        })
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;

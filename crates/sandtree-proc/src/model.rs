@@ -1,0 +1,278 @@
+//! The saved state of a sandbox's processes: plain data, separate from the
+//! live tracees, serializable and versioned.
+//!
+//! ```text
+//! ProcessTreeImage { version, processes: [ProcessImage, parents first] }
+//!   ProcessImage   ids (pid, ppid, pgid, sid, in the sandbox's pid ns), comm, exe,
+//!                  credentials, capabilities, umask, signal masks, registers,
+//!                  cwd, root, fds: [FdImage], maps: [MapImage]
+//!   FdImage        fd number, open flags, position, mount id, kind
+//! ```
+//!
+//! Version 1 is what the template path needs: everything a template does
+//! not carry by itself (registers, cwd, files on the sandbox's layers) plus
+//! what the checks of [`crate::check`] look at. Memory contents live in the
+//! template, not in the image.
+
+use serde::{Deserialize, Serialize};
+
+/// Format version of [`ProcessTreeImage`]; a reader refuses other versions.
+pub const IMAGE_VERSION: u32 = 1;
+
+/// Every captured process of a sandbox at one checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessTreeImage {
+    /// [`IMAGE_VERSION`].
+    pub version: u32,
+    /// Parents before children.
+    pub processes: Vec<ProcessImage>,
+}
+
+/// One process (single-threaded in version 1).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessImage {
+    /// Pid in the sandbox's pid namespace.
+    pub pid: i32,
+    /// Parent pid (1 = the sandbox init).
+    pub ppid: i32,
+    /// Process group id.
+    pub pgid: i32,
+    /// Session id.
+    pub sid: i32,
+    /// Whether it has a controlling terminal.
+    pub has_tty: bool,
+    /// `comm`.
+    pub comm: String,
+    /// `/proc/pid/exe` target.
+    pub exe: String,
+    /// Number of threads.
+    pub threads: u32,
+    /// Real, effective, saved and filesystem uid (as seen inside).
+    pub uids: [u32; 4],
+    /// Real, effective, saved and filesystem gid.
+    pub gids: [u32; 4],
+    /// Effective capabilities.
+    pub cap_eff: u64,
+    /// File mode creation mask.
+    pub umask: u32,
+    /// Signal masks.
+    pub signals: SignalMasks,
+    /// General purpose registers at the checkpoint.
+    pub regs: Registers,
+    /// Working directory (path inside the sandbox).
+    pub cwd: String,
+    /// Root directory (path inside the sandbox).
+    pub root: String,
+    /// Open file descriptors.
+    pub fds: Vec<FdImage>,
+    /// Memory mappings.
+    pub maps: Vec<MapImage>,
+}
+
+/// Signal masks from `/proc/pid/status`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct SignalMasks {
+    /// `SigBlk`.
+    pub blocked: u64,
+    /// `SigIgn`.
+    pub ignored: u64,
+    /// `SigCgt`.
+    pub caught: u64,
+    /// `SigPnd` | `ShdPnd`.
+    pub pending: u64,
+}
+
+/// `user_regs_struct` as plain fields.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registers {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub rbp: u64,
+    pub rbx: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub rax: u64,
+    pub rcx: u64,
+    pub rdx: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub orig_rax: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub eflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    pub ds: u64,
+    pub es: u64,
+    pub fs: u64,
+    pub gs: u64,
+}
+
+impl From<&sandtree_sys::ptrace::Regs> for Registers {
+    fn from(r: &sandtree_sys::ptrace::Regs) -> Self {
+        Registers {
+            r15: r.r15,
+            r14: r.r14,
+            r13: r.r13,
+            r12: r.r12,
+            rbp: r.rbp,
+            rbx: r.rbx,
+            r11: r.r11,
+            r10: r.r10,
+            r9: r.r9,
+            r8: r.r8,
+            rax: r.rax,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            orig_rax: r.orig_rax,
+            rip: r.rip,
+            cs: r.cs,
+            eflags: r.eflags,
+            rsp: r.rsp,
+            ss: r.ss,
+            fs_base: r.fs_base,
+            gs_base: r.gs_base,
+            ds: r.ds,
+            es: r.es,
+            fs: r.fs,
+            gs: r.gs,
+        }
+    }
+}
+
+impl Registers {
+    /// Back to the kernel's layout.
+    pub fn to_sys(&self) -> sandtree_sys::ptrace::Regs {
+        sandtree_sys::ptrace::Regs {
+            r15: self.r15,
+            r14: self.r14,
+            r13: self.r13,
+            r12: self.r12,
+            rbp: self.rbp,
+            rbx: self.rbx,
+            r11: self.r11,
+            r10: self.r10,
+            r9: self.r9,
+            r8: self.r8,
+            rax: self.rax,
+            rcx: self.rcx,
+            rdx: self.rdx,
+            rsi: self.rsi,
+            rdi: self.rdi,
+            orig_rax: self.orig_rax,
+            rip: self.rip,
+            cs: self.cs,
+            eflags: self.eflags,
+            rsp: self.rsp,
+            ss: self.ss,
+            fs_base: self.fs_base,
+            gs_base: self.gs_base,
+            ds: self.ds,
+            es: self.es,
+            fs: self.fs,
+            gs: self.gs,
+        }
+    }
+}
+
+/// One open file descriptor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FdImage {
+    /// Descriptor number.
+    pub fd: i32,
+    /// Open flags (`fdinfo` `flags`, `O_CLOEXEC` included).
+    pub flags: u32,
+    /// File position.
+    pub pos: u64,
+    /// Mount id (`fdinfo` `mnt_id`).
+    pub mnt_id: i32,
+    /// What it refers to.
+    pub kind: FdKind,
+}
+
+/// What a descriptor refers to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FdKind {
+    /// A regular file or directory on one of the sandbox's writable layers
+    /// (an overlay): reopened by path in the rolled-back tree.
+    LayerFile {
+        /// Path inside the sandbox.
+        path: String,
+        /// Opened directory.
+        directory: bool,
+    },
+    /// A file on a mount that survives rollback (`/dev`, `/proc`, devpts):
+    /// the template's descriptor is used as it is.
+    KeptFile {
+        /// Path inside the sandbox.
+        path: String,
+    },
+    /// A file whose last name was removed.
+    Deleted {
+        /// Path it had.
+        path: String,
+    },
+    /// A file on a mount that rollback replaces but that is not a layer
+    /// (`/dev/shm`, a mount the sandbox made).
+    OtherMount {
+        /// Path inside the sandbox.
+        path: String,
+    },
+    /// A pipe or FIFO.
+    Pipe {
+        /// Inode number.
+        ino: u64,
+    },
+    /// A socket.
+    Socket {
+        /// Inode number.
+        ino: u64,
+        /// `unix`, `tcp`, `tcp6`, `udp`, `udp6` or `other`.
+        family: String,
+        /// For TCP: the kernel state number (10 = listen).
+        tcp_state: Option<u8>,
+    },
+    /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
+    /// `inotify`, ...).
+    AnonInode {
+        /// The name after `anon_inode:`.
+        what: String,
+    },
+    /// A memfd.
+    Memfd {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// One memory mapping (`/proc/pid/maps`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MapImage {
+    /// Start address.
+    pub start: u64,
+    /// End address.
+    pub end: u64,
+    /// `rwxp` / `rwxs`.
+    pub perms: String,
+    /// File offset.
+    pub offset: u64,
+    /// Backing path or pseudo name (`[heap]`, `[stack]`, `[vdso]`).
+    pub path: Option<String>,
+}
+
+impl MapImage {
+    /// A `MAP_SHARED` mapping.
+    pub fn shared(&self) -> bool {
+        self.perms.ends_with('s')
+    }
+}

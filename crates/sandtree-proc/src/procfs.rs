@@ -1,0 +1,267 @@
+//! Reading a stopped process's state from the host's `/proc/<host-pid>/`.
+//!
+//! Paths (`fd/N`, `cwd`, `root`) read from the host resolve inside the
+//! process's own mount namespace, so they are paths as the sandbox sees
+//! them. Ids come from `status` (`NSpid`, `NSpgid`, `NSsid`: the last field
+//! is the sandbox's namespace). Which mount a descriptor is on comes from
+//! `fdinfo`'s `mnt_id` and the process's `mountinfo`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use sandtree_sys::mountinfo::{self, MountEntry};
+
+use crate::model::{FdImage, FdKind, MapImage, ProcessImage, Registers, SignalMasks};
+
+/// The fields of `/proc/pid/status` this engine uses.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    /// Host pid of the parent.
+    pub host_ppid: i32,
+    /// Pid, process group and session in the innermost pid namespace.
+    pub ns_pid: i32,
+    pub ns_pgid: i32,
+    pub ns_sid: i32,
+    /// Pid namespace depth (number of `NSpid` fields): a task that joined
+    /// the sandbox's cgroup from outside its pid namespace has another.
+    pub ns_depth: usize,
+    /// Thread count.
+    pub threads: u32,
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
+    pub cap_eff: u64,
+    pub umask: u32,
+    pub signals: SignalMasks,
+    /// `State:` letter.
+    pub state: char,
+}
+
+fn last_num<T: std::str::FromStr>(v: &str) -> Option<T> {
+    v.split_whitespace().last()?.parse().ok()
+}
+
+fn four(v: &str) -> [u32; 4] {
+    let mut out = [0; 4];
+    for (i, x) in v.split_whitespace().take(4).enumerate() {
+        out[i] = x.parse().unwrap_or(0);
+    }
+    out
+}
+
+fn hex(v: &str) -> u64 {
+    u64::from_str_radix(v.trim(), 16).unwrap_or(0)
+}
+
+/// Parse `/proc/<pid>/status`.
+pub fn status(pid: i32) -> io::Result<Status> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let mut st = Status::default();
+    let mut pending = 0;
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        match k {
+            "State" => st.state = v.trim().chars().next().unwrap_or('?'),
+            "PPid" => st.host_ppid = v.trim().parse().unwrap_or(0),
+            "NSpid" => {
+                st.ns_pid = last_num(v).unwrap_or(0);
+                st.ns_depth = v.split_whitespace().count();
+            }
+            "NSpgid" => st.ns_pgid = last_num(v).unwrap_or(0),
+            "NSsid" => st.ns_sid = last_num(v).unwrap_or(0),
+            "Threads" => st.threads = v.trim().parse().unwrap_or(0),
+            "Uid" => st.uids = four(v),
+            "Gid" => st.gids = four(v),
+            "CapEff" => st.cap_eff = hex(v),
+            "Umask" => st.umask = u32::from_str_radix(v.trim(), 8).unwrap_or(0o022),
+            "SigBlk" => st.signals.blocked = hex(v),
+            "SigIgn" => st.signals.ignored = hex(v),
+            "SigCgt" => st.signals.caught = hex(v),
+            "SigPnd" | "ShdPnd" => pending |= hex(v),
+            _ => {}
+        }
+    }
+    st.signals.pending = pending;
+    Ok(st)
+}
+
+/// `tty_nr` from `/proc/<pid>/stat` (0: no controlling terminal).
+pub fn tty_nr(pid: i32) -> io::Result<i64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // comm may contain spaces and parentheses: fields start after the last ')'.
+    let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    // rest: " state ppid pgrp session tty_nr ..."
+    Ok(rest.split_whitespace().nth(4).and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+fn readlink(path: impl AsRef<Path>) -> io::Result<String> {
+    Ok(fs::read_link(path)?.to_string_lossy().into_owned())
+}
+
+/// `fdinfo` fields.
+struct FdInfo {
+    pos: u64,
+    flags: u32,
+    mnt_id: i32,
+}
+
+fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
+    let text = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
+    let mut info = FdInfo { pos: 0, flags: 0, mnt_id: -1 };
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        match k {
+            "pos" => info.pos = v.trim().parse().unwrap_or(0),
+            "flags" => info.flags = u32::from_str_radix(v.trim(), 8).unwrap_or(0),
+            "mnt_id" => info.mnt_id = v.trim().parse().unwrap_or(-1),
+            _ => {}
+        }
+    }
+    Ok(info)
+}
+
+/// TCP socket states of a network namespace, by inode (`/proc/<pid>/net/tcp{,6}`).
+fn tcp_states(pid: i32) -> HashMap<u64, (String, u8)> {
+    let mut out = HashMap::new();
+    for (file, family) in [("tcp", "tcp"), ("tcp6", "tcp6"), ("udp", "udp"), ("udp6", "udp6")] {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{file}")) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 {
+                continue;
+            }
+            let state = u8::from_str_radix(f[3], 16).unwrap_or(0);
+            if let Ok(ino) = f[9].parse::<u64>() {
+                out.insert(ino, (family.to_string(), state));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a mount keeps its identity across a rollback in place (`/proc`
+/// and `/dev` with its binds and devpts are moved into the new tree;
+/// `/dev/shm` is mounted fresh).
+fn kept_mount(m: &MountEntry) -> bool {
+    let t = m.target.to_string_lossy();
+    let under = |p: &str| t == p || t.starts_with(&format!("{p}/"));
+    under("/proc") || (under("/dev") && !under("/dev/shm"))
+}
+
+fn inode_of(link: &str, prefix: &str) -> Option<u64> {
+    link.strip_prefix(prefix)?.strip_suffix(']')?.parse().ok()
+}
+
+/// The open descriptors of `pid`.
+pub fn fds(pid: i32) -> io::Result<Vec<FdImage>> {
+    let mounts: HashMap<i32, MountEntry> = mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect();
+    let mut sockets: Option<HashMap<u64, (String, u8)>> = None;
+    let mut out = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let entry = entry?;
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(link) = readlink(entry.path()) else { continue }; // closed meanwhile
+        let Ok(info) = fdinfo(pid, fd) else { continue };
+        let kind = if let Some(ino) = inode_of(&link, "pipe:[") {
+            FdKind::Pipe { ino }
+        } else if let Some(ino) = inode_of(&link, "socket:[") {
+            let states = sockets.get_or_insert_with(|| tcp_states(pid));
+            let (family, tcp_state) = match states.get(&ino) {
+                Some((f, s)) => (f.clone(), f.starts_with("tcp").then_some(*s)),
+                None => ("unix".to_string(), None), // or another family; unix is by far the likeliest
+            };
+            FdKind::Socket { ino, family, tcp_state }
+        } else if let Some(what) = link.strip_prefix("anon_inode:") {
+            FdKind::AnonInode { what: what.trim_matches(|c| c == '[' || c == ']').to_string() }
+        } else if let Some(name) = link.strip_prefix("/memfd:") {
+            FdKind::Memfd { name: name.trim_end_matches(" (deleted)").to_string() }
+        } else if let Some(path) = link.strip_suffix(" (deleted)") {
+            FdKind::Deleted { path: path.to_string() }
+        } else {
+            match mounts.get(&info.mnt_id) {
+                Some(m) if m.fstype == "overlay" => {
+                    let directory = fs::metadata(entry.path()).map(|m| m.is_dir()).unwrap_or(false);
+                    FdKind::LayerFile { path: link, directory }
+                }
+                Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
+                _ => FdKind::OtherMount { path: link },
+            }
+        };
+        out.push(FdImage { fd, flags: info.flags, pos: info.pos, mnt_id: info.mnt_id, kind });
+    }
+    out.sort_by_key(|f| f.fd);
+    Ok(out)
+}
+
+/// The memory map of `pid`.
+pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms), Some(offset)) = (f.next(), f.next(), f.next()) else { continue };
+        let _dev = f.next();
+        let _ino = f.next();
+        let path = f.next().map(|p| p.trim_start().to_string()).filter(|p| !p.is_empty());
+        let Some((a, b)) = range.split_once('-') else { continue };
+        out.push(MapImage {
+            start: u64::from_str_radix(a, 16).unwrap_or(0),
+            end: u64::from_str_radix(b, 16).unwrap_or(0),
+            perms: perms.to_string(),
+            offset: u64::from_str_radix(offset, 16).unwrap_or(0),
+            path,
+        });
+    }
+    Ok(out)
+}
+
+/// Everything of `host_pid` but its registers, which the caller read at
+/// the stop (`ns_ppid` is the parent's pid in the sandbox).
+pub fn capture(host_pid: i32, ns_ppid: i32, regs: Registers) -> io::Result<ProcessImage> {
+    let st = status(host_pid)?;
+    let base = format!("/proc/{host_pid}");
+    Ok(ProcessImage {
+        pid: st.ns_pid,
+        ppid: ns_ppid,
+        pgid: st.ns_pgid,
+        sid: st.ns_sid,
+        has_tty: tty_nr(host_pid)? != 0,
+        comm: fs::read_to_string(format!("{base}/comm"))?.trim_end().to_string(),
+        exe: readlink(format!("{base}/exe")).unwrap_or_default(),
+        threads: st.threads,
+        uids: st.uids,
+        gids: st.gids,
+        cap_eff: st.cap_eff,
+        umask: st.umask,
+        signals: st.signals,
+        regs,
+        cwd: readlink(format!("{base}/cwd"))?,
+        root: readlink(format!("{base}/root"))?,
+        fds: fds(host_pid)?,
+        maps: maps(host_pid)?,
+    })
+}
+
+/// Thread ids of `pid`.
+pub fn threads(pid: i32) -> io::Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(format!("/proc/{pid}/task"))? {
+        if let Ok(t) = e?.file_name().to_string_lossy().parse() {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// Resident memory that only this process holds (`Private_Clean` +
+/// `Private_Dirty` of `smaps_rollup`): for a template, the pages its
+/// original changed since the checkpoint.
+pub fn private_bytes(pid: i32) -> u64 {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else { return 0 };
+    text.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}

@@ -1,0 +1,165 @@
+//! Rollback in place of a sandbox's processes from their templates. See the
+//! crate docs for the order; init has already killed every other process
+//! and swapped the root when this runs.
+
+use std::collections::HashSet;
+
+use sandtree_sys::ptrace;
+
+use crate::checkpoint::SCRATCH;
+use crate::inject::{self, Tracee};
+use crate::model::{FdKind, ProcessImage};
+use crate::tracer::{RestoreReport, State, Template};
+use crate::{Error, Result};
+
+/// `-ERESTART_RESTARTBLOCK`: its restart block belonged to the original.
+const ERESTART_RESTARTBLOCK: u64 = -516i64 as u64;
+const ERESTARTNOINTR: i64 = -513;
+/// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
+const CLONE_ARGS_SIZE: u64 = 88;
+/// Where in the scratch page the `set_tid` array goes.
+const SET_TID_OFFSET: u64 = 128;
+/// Where in the scratch page paths go.
+const PATH_OFFSET: u64 = 256;
+
+fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Ptrace { pid, op, source }
+}
+
+pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
+    let mut report = RestoreReport::default();
+    let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
+    // A template of another checkpoint may hold a pid this one needs (its
+    // process had exited by then and the pid was reused): drop that
+    // checkpoint's templates first.
+    let needed: HashSet<i32> = set.templates.iter().map(|t| t.image.pid).collect();
+    let conflicting: Vec<String> = st
+        .pools
+        .iter()
+        .filter(|(k, c)| k.as_str() != ck && c.templates.iter().any(|t| needed.contains(&t.ns_pid)))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in conflicting {
+        st.drop_checkpoint(&k);
+        report.evicted.push(k);
+    }
+    let now = st.tick();
+    let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
+    set.last_used = now;
+    for t in &mut set.templates {
+        match restore_one(t) {
+            Ok(()) => report.restored.push(t.image.pid),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(report)
+}
+
+fn clone_args(set_tid: u64) -> Vec<u8> {
+    let fields: [u64; 11] = [
+        libc::CLONE_PARENT as u64, // flags
+        0,                         // pidfd
+        0,                         // child_tid
+        0,                         // parent_tid
+        0,                         // exit_signal: CLONE_PARENT requires 0
+        0,                         // stack
+        0,                         // stack_size
+        0,                         // tls
+        set_tid,                   // set_tid (pid_t array)
+        1,                         // set_tid_size: the sandbox's namespace only
+        0,                         // cgroup
+    ];
+    fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
+    let mut bytes = path.as_bytes().to_vec();
+    bytes.push(0);
+    if bytes.len() as u64 > SCRATCH - PATH_OFFSET {
+        return Err(Error::unsupported(pid, "", "path", format!("path too long to reopen: {path}")));
+    }
+    ptrace::write_mem(pid, scratch + PATH_OFFSET, &bytes).map_err(ptrace_err(pid, "write path"))?;
+    Ok(scratch + PATH_OFFSET)
+}
+
+/// Bring back one process from its template.
+fn restore_one(t: &mut Template) -> Result<()> {
+    let image = &t.image;
+    let args = clone_args(t.scratch + SET_TID_OFFSET);
+    ptrace::write_mem(t.host, t.scratch, &args).map_err(ptrace_err(t.host, "write clone_args"))?;
+    ptrace::write_mem(t.host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes())
+        .map_err(ptrace_err(t.host, "write set_tid"))?;
+    let mut out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
+    for _ in 0..5 {
+        if out.ret != ERESTARTNOINTR {
+            break;
+        }
+        out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
+    }
+    // Signals sent to the template (SIGHUP when the old session leader
+    // died, SIGCHLD) are not the process's: drop them.
+    t.tracee.take_held();
+    let (Some(child), true) = (out.child, out.ret > 0) else {
+        return Err(Error::Remote {
+            pid: t.host,
+            call: "clone3 (restore)",
+            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
+        });
+    };
+    let mut regs = image.regs.to_sys();
+    if regs.rax == ERESTART_RESTARTBLOCK {
+        regs.rax = (-libc::EINTR) as i64 as u64;
+    }
+    let fixed = (|| -> Result<Tracee> {
+        inject::wait_event_stop(child)?;
+        let mut p = Tracee::new(child, regs, t.tracee.insn);
+        fix_up(&mut p, image, t.scratch)?;
+        Ok(p)
+    })();
+    match fixed {
+        Ok(p) => p.release(&regs),
+        Err(e) => {
+            crate::tracer::kill_tracee(child);
+            Err(e)
+        }
+    }
+}
+
+/// In the new process: cwd, layer files, session, scratch page.
+fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
+    let pid = p.tid;
+    let path = write_path(pid, scratch, &image.cwd)?;
+    p.call("chdir", libc::SYS_chdir, &[path])?;
+    for f in &image.fds {
+        let FdKind::LayerFile { path, .. } = &f.kind else { continue };
+        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
+        let flags = f.flags & !strip;
+        let addr = write_path(pid, scratch, path)?;
+        let fd = p.call("open", libc::SYS_open, &[addr, flags as u64, 0])?;
+        if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
+            p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
+        }
+        if fd != f.fd as u64 {
+            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
+            p.call("dup3", libc::SYS_dup3, &[fd, f.fd as u64, cloexec])?;
+            p.call("close", libc::SYS_close, &[fd])?;
+        }
+    }
+    if image.sid == image.pid {
+        // The session of the template is the dead original's: start a new
+        // one under the same number, and take the terminal back.
+        p.call("setsid", libc::SYS_setsid, &[])?;
+        if image.has_tty
+            && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
+                FdKind::KeptFile { path } => path.starts_with("/dev/pts/") || path == "/dev/console",
+                _ => false,
+            })
+        {
+            p.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[tty.fd as u64, libc::TIOCSCTTY, 0])?;
+        }
+    } else if image.pgid == image.pid {
+        p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+    }
+    p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
+    Ok(())
+}

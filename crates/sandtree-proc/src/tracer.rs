@@ -1,0 +1,275 @@
+//! The tracer thread of one sandbox and its template pool.
+//!
+//! ptrace is per thread: every request for a tracee must come from the
+//! thread that attached it, and templates stay attached for as long as they
+//! live. So each sandbox gets one OS thread (`sandtree:tracer`) that owns
+//! all of its tracees; callers send it closures over a channel and block on
+//! the answer (from `block_in_place` in async code). When the [`Tracer`] is
+//! dropped the thread ends and `PTRACE_O_EXITKILL` kills the templates.
+//!
+//! Pool: templates are grouped by checkpoint. Eviction drops a whole
+//! checkpoint's templates, least recently used first
+//! ([`Tracer::evict_to`]); its info then says its processes were evicted.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+
+use crate::check::Unrestorable;
+use crate::inject::Tracee;
+use crate::model::ProcessImage;
+use crate::{Error, Result, procfs};
+
+/// A stopped original, between [`Tracer::stop`] and [`Tracer::capture`].
+pub(crate) struct Stopped {
+    pub host: i32,
+    pub ns_ppid: i32,
+    pub regs: sandtree_sys::ptrace::Regs,
+}
+
+/// One template: a stopped copy of a process at a checkpoint.
+pub(crate) struct Template {
+    pub image: ProcessImage,
+    /// Host pid of the template.
+    pub host: i32,
+    /// Its pid in the sandbox.
+    pub ns_pid: i32,
+    /// The template itself, in a ptrace stop.
+    pub tracee: Tracee,
+    /// Address of its scratch page.
+    pub scratch: u64,
+}
+
+/// The templates of one checkpoint.
+pub(crate) struct CheckpointTemplates {
+    pub templates: Vec<Template>,
+    pub unrestorable: Vec<Unrestorable>,
+    pub last_used: u64,
+}
+
+/// Everything the tracer thread owns.
+#[derive(Default)]
+pub(crate) struct State {
+    pub init_host: i32,
+    pub stopped: Vec<Stopped>,
+    /// Seized tasks whose interrupt has not taken effect yet.
+    pub lingering: Vec<i32>,
+    pub pools: BTreeMap<String, CheckpointTemplates>,
+    pub clock: u64,
+}
+
+impl State {
+    pub(crate) fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Host pids of every template.
+    pub(crate) fn template_hosts(&self) -> Vec<i32> {
+        self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
+    }
+
+    /// Kill the templates of `ck`.
+    pub(crate) fn drop_checkpoint(&mut self, ck: &str) {
+        if let Some(set) = self.pools.remove(ck) {
+            for t in set.templates {
+                kill_tracee(t.host);
+            }
+        }
+    }
+}
+
+/// SIGKILL a tracee and collect its exit notification (the tracer's part;
+/// init, its real parent, reaps it).
+pub(crate) fn kill_tracee(host: i32) {
+    let _ = sandtree_sys::ptrace::kill(host);
+    loop {
+        match sandtree_sys::ptrace::wait(host) {
+            Ok(sandtree_sys::ptrace::Stop::Exited(_) | sandtree_sys::ptrace::Stop::Killed(_)) | Err(_) => return,
+            Ok(_) => {
+                let _ = sandtree_sys::ptrace::resume(host, 0);
+            }
+        }
+    }
+}
+
+/// What [`Tracer::stop`] did.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StopReport {
+    /// Processes stopped.
+    pub stopped: usize,
+    /// Processes left running because they cannot be restored (best effort).
+    pub skipped: Vec<Unrestorable>,
+}
+
+/// What [`Tracer::capture`] made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CaptureReport {
+    /// In-sandbox pids with a template.
+    pub captured: Vec<i32>,
+    /// Processes marked not restorable (best effort only).
+    pub unrestorable: Vec<Unrestorable>,
+}
+
+/// What [`Tracer::restore`] brought back.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// In-sandbox pids running again.
+    pub restored: Vec<i32>,
+    /// Checkpoints whose templates were dropped because one of them held
+    /// a pid this restore needed.
+    pub evicted: Vec<String>,
+}
+
+/// The templates a checkpoint has in the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateStatus {
+    /// In-sandbox pids that a rollback brings back.
+    pub pids: Vec<i32>,
+    /// Processes that were running but are not restorable.
+    pub unrestorable: Vec<Unrestorable>,
+}
+
+type Job = Box<dyn FnOnce(&mut State) + Send>;
+
+/// Handle of a sandbox's tracer thread.
+pub struct Tracer {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tracer")
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Tracer {
+    /// Start the thread.
+    pub fn start() -> std::io::Result<Tracer> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
+            let mut st = State::default();
+            while let Ok(job) = rx.recv() {
+                job(&mut st);
+                crate::checkpoint::settle_lingering(&mut st);
+            }
+            // Dropping the state ends the thread; EXITKILL kills the
+            // templates, and we collect their notifications first.
+            for host in st.template_hosts() {
+                kill_tracee(host);
+            }
+        })?;
+        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
+    }
+
+    fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut State) -> R + Send + 'static) -> Result<R> {
+        let (rtx, rrx) = mpsc::channel();
+        let job: Job = Box::new(move |st| {
+            let _ = rtx.send(f(st));
+        });
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(Error::TracerGone)?;
+        tx.send(job).map_err(|_| Error::TracerGone)?;
+        rrx.recv().map_err(|_| Error::TracerGone)
+    }
+
+    /// Step 1 of a checkpoint: stop every process the sandbox runs but
+    /// `init_host` and the templates (`list` gives the host pids of the
+    /// sandbox's cgroup). In best effort, processes that cannot be restored
+    /// are left running and reported; otherwise the first one is an error
+    /// and nothing stays stopped.
+    pub fn stop(
+        &self,
+        list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
+        init_host: i32,
+        best_effort: bool,
+        timeout: std::time::Duration,
+    ) -> Result<StopReport> {
+        self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout))?
+    }
+
+    /// Step 3 of a checkpoint (after the thaw): capture every stopped
+    /// process, make its template, let it run again.
+    pub fn capture(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+        let ck = ck.to_string();
+        self.call(move |st| crate::checkpoint::capture(st, &ck, best_effort))?
+    }
+
+    /// Let every stopped process run again (a checkpoint that failed
+    /// between [`Tracer::stop`] and [`Tracer::capture`]).
+    pub fn resume_stopped(&self) -> Result<()> {
+        self.call(crate::checkpoint::resume_all)
+    }
+
+    /// In-sandbox pids of every template (init must not kill them).
+    pub fn template_pids(&self) -> Result<Vec<i32>> {
+        self.call(|st| st.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect())
+    }
+
+    /// What the pool holds for `ck` (`None`: no templates).
+    pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
+        let ck = ck.to_string();
+        self.call(move |st| {
+            st.pools.get(&ck).map(|c| TemplateStatus {
+                pids: c.templates.iter().map(|t| t.image.pid).collect(),
+                unrestorable: c.unrestorable.clone(),
+            })
+        })
+    }
+
+    /// Rollback step: bring back the processes of `ck` (init has already
+    /// killed the others and swapped the root).
+    pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
+        let ck = ck.to_string();
+        self.call(move |st| crate::restore::restore(st, &ck))?
+    }
+
+    /// Kill the templates of `ck`.
+    pub fn drop_checkpoint(&self, ck: &str) -> Result<()> {
+        let ck = ck.to_string();
+        self.call(move |st| st.drop_checkpoint(&ck))
+    }
+
+    /// Memory only the templates hold: the pages their originals changed
+    /// since (copy-on-write broken), summed over templates.
+    pub fn memory(&self) -> Result<u64> {
+        self.call(|st| st.template_hosts().into_iter().map(procfs::private_bytes).sum())
+    }
+
+    /// Evict least recently used checkpoints' templates until the pool
+    /// holds at most `budget` bytes and `max_checkpoints` checkpoints
+    /// (`keep` is never evicted). Returns the evicted checkpoint ids.
+    pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
+        let keep = keep.to_string();
+        self.call(move |st| {
+            let mut evicted = Vec::new();
+            loop {
+                let used: u64 = st.template_hosts().into_iter().map(procfs::private_bytes).sum();
+                if used <= budget && st.pools.len() <= max_checkpoints {
+                    return evicted;
+                }
+                let victim = st
+                    .pools
+                    .iter()
+                    .filter(|(k, _)| **k != keep)
+                    .min_by_key(|(_, c)| c.last_used)
+                    .map(|(k, _)| k.clone());
+                let Some(victim) = victim else { return evicted };
+                st.drop_checkpoint(&victim);
+                evicted.push(victim);
+            }
+        })
+    }
+}

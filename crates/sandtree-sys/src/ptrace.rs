@@ -1,0 +1,179 @@
+//! ptrace for the process engine: seize, interrupt, wait for stops,
+//! registers, tracee memory.
+//!
+//! Every call for one tracee must come from the OS thread that seized it
+//! (ptrace is per thread): callers run them on a dedicated tracer thread.
+//!
+//! Stops are reported as [`Stop`]; a tracee that died is `Exited`/`Killed`
+//! (never an `ESRCH` surprise later). Seized tracees get
+//! `PTRACE_O_TRACESYSGOOD` (syscall stops are told apart from `SIGTRAP`),
+//! `TRACECLONE`/`TRACEFORK`/`TRACEVFORK` (a child made by an injected
+//! `clone` is attached at once and starts in a `PTRACE_EVENT_STOP`) and
+//! `EXITKILL` (if the tracer dies, templates die instead of running).
+
+use std::io;
+
+use nix::sys::ptrace::{self, Options};
+use nix::sys::signal::Signal;
+use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+/// The x86_64 general purpose registers as ptrace sees them.
+pub type Regs = libc::user_regs_struct;
+
+/// `PTRACE_EVENT_STOP`: group-stop-like stop after `PTRACE_INTERRUPT`, and
+/// the first stop of an auto-attached child.
+pub const EVENT_STOP: i32 = 128;
+/// `PTRACE_EVENT_FORK`.
+pub const EVENT_FORK: i32 = 1;
+/// `PTRACE_EVENT_VFORK`.
+pub const EVENT_VFORK: i32 = 2;
+/// `PTRACE_EVENT_CLONE`.
+pub const EVENT_CLONE: i32 = 3;
+
+/// Why a tracee stopped (or that it is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A `PTRACE_EVENT_*` stop (`event`), with the stop signal.
+    Event {
+        /// `PTRACE_EVENT_*`.
+        event: i32,
+        /// Stop signal.
+        signal: i32,
+    },
+    /// Syscall entry or exit stop.
+    Syscall,
+    /// Signal-delivery stop: `signal` will be delivered unless suppressed.
+    Signal(i32),
+    /// The tracee exited with this code.
+    Exited(i32),
+    /// The tracee was killed by this signal.
+    Killed(i32),
+}
+
+fn pid(tid: i32) -> Pid {
+    Pid::from_raw(tid)
+}
+
+fn err(e: nix::errno::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+fn signal(sig: i32) -> Option<Signal> {
+    if sig == 0 { None } else { Signal::try_from(sig).ok() }
+}
+
+/// `PTRACE_SEIZE` with the options above (the tracee keeps running).
+pub fn seize(tid: i32) -> io::Result<()> {
+    let opts = Options::PTRACE_O_TRACESYSGOOD
+        | Options::PTRACE_O_TRACECLONE
+        | Options::PTRACE_O_TRACEFORK
+        | Options::PTRACE_O_TRACEVFORK
+        | Options::PTRACE_O_EXITKILL;
+    ptrace::seize(pid(tid), opts).map_err(err)
+}
+
+/// `PTRACE_INTERRUPT`: the tracee enters a `PTRACE_EVENT_STOP` (in signal
+/// context, so registers set there see the kernel's syscall-restart logic).
+pub fn interrupt(tid: i32) -> io::Result<()> {
+    ptrace::interrupt(pid(tid)).map_err(err)
+}
+
+/// Wait for the next stop of `tid` (`__WALL`: clone children too).
+pub fn wait(tid: i32) -> io::Result<Stop> {
+    loop {
+        let st = match waitpid(pid(tid), Some(WaitPidFlag::__WALL)) {
+            Ok(st) => st,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(err(e)),
+        };
+        return Ok(match st {
+            WaitStatus::PtraceEvent(_, sig, event) => Stop::Event { event, signal: sig as i32 },
+            WaitStatus::PtraceSyscall(_) => Stop::Syscall,
+            WaitStatus::Stopped(_, sig) => Stop::Signal(sig as i32),
+            WaitStatus::Exited(_, code) => Stop::Exited(code),
+            WaitStatus::Signaled(_, sig, _) => Stop::Killed(sig as i32),
+            WaitStatus::Continued(_) | WaitStatus::StillAlive => continue,
+        });
+    }
+}
+
+/// [`wait`] without blocking: `None` while `tid` has nothing to report.
+pub fn try_wait(tid: i32) -> io::Result<Option<Stop>> {
+    loop {
+        let st = match waitpid(pid(tid), Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(st) => st,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(err(e)),
+        };
+        return Ok(Some(match st {
+            WaitStatus::StillAlive => return Ok(None),
+            WaitStatus::PtraceEvent(_, sig, event) => Stop::Event { event, signal: sig as i32 },
+            WaitStatus::PtraceSyscall(_) => Stop::Syscall,
+            WaitStatus::Stopped(_, sig) => Stop::Signal(sig as i32),
+            WaitStatus::Exited(_, code) => Stop::Exited(code),
+            WaitStatus::Signaled(_, sig, _) => Stop::Killed(sig as i32),
+            WaitStatus::Continued(_) => continue,
+        }));
+    }
+}
+
+/// Read the registers of a stopped tracee.
+pub fn regs(tid: i32) -> io::Result<Regs> {
+    ptrace::getregs(pid(tid)).map_err(err)
+}
+
+/// Set the registers of a stopped tracee.
+pub fn set_regs(tid: i32, regs: &Regs) -> io::Result<()> {
+    ptrace::setregs(pid(tid), *regs).map_err(err)
+}
+
+/// Resume until the next syscall entry or exit (`PTRACE_SYSCALL`).
+pub fn resume_syscall(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace::syscall(pid(tid), signal(sig)).map_err(err)
+}
+
+/// Resume (`PTRACE_CONT`), delivering `sig` if not 0.
+pub fn resume(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace::cont(pid(tid), signal(sig)).map_err(err)
+}
+
+/// Detach, delivering `sig` if not 0.
+pub fn detach(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace::detach(pid(tid), signal(sig)).map_err(err)
+}
+
+/// `PTRACE_GETEVENTMSG`: after a fork/clone event, the new child's pid.
+pub fn event_msg(tid: i32) -> io::Result<u64> {
+    ptrace::getevent(pid(tid)).map(|v| v as u64).map_err(err)
+}
+
+/// Read `buf.len()` bytes at `addr` of process `tid`.
+pub fn read_mem(tid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    let len = buf.len();
+    let remote = [RemoteIoVec { base: addr as usize, len }];
+    let n = process_vm_readv(pid(tid), &mut [io::IoSliceMut::new(buf)], &remote).map_err(err)?;
+    if n != len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read of tracee memory: {n} of {len}")));
+    }
+    Ok(())
+}
+
+/// Write `data` at `addr` of process `tid`.
+pub fn write_mem(tid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
+    let remote = [RemoteIoVec { base: addr as usize, len: data.len() }];
+    let n = process_vm_writev(pid(tid), &[io::IoSlice::new(data)], &remote).map_err(err)?;
+    if n != data.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("short write of tracee memory: {n} of {}", data.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// `SIGKILL` to process `tid` (a template being dropped).
+pub fn kill(tid: i32) -> io::Result<()> {
+    nix::sys::signal::kill(pid(tid), Signal::SIGKILL).map_err(err)
+}
