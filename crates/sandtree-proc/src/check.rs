@@ -13,11 +13,6 @@ use crate::model::{FdKind, ProcessImage};
 /// namespace to give a restored process its old pid.
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 
-/// TCP states a template keeps intact: a listening socket (its accept
-/// queue is live state, but a server keeps serving) and a closed one.
-const TCP_LISTEN: u8 = 10;
-const TCP_CLOSE: u8 = 7;
-
 /// A process the engine cannot restore, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unrestorable {
@@ -102,10 +97,12 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
                     ),
                 ));
             }
-            FdKind::Socket { family, tcp_state: Some(state), .. } if *state != TCP_LISTEN && *state != TCP_CLOSE => {
+            FdKind::Socket { family, stream: true, connected: true, .. } if family.starts_with("inet") => {
                 return Err(no(
                     fd(),
-                    format!("{family} connection in TCP state {state} (only listening sockets are kept)"),
+                    format!(
+                        "an open {family} connection (listening and unconnected sockets are kept; connections are not captured yet)"
+                    ),
                 ));
             }
             _ => {}

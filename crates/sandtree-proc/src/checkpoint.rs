@@ -35,7 +35,9 @@ pub(crate) fn stop(
 ) -> Result<StopReport> {
     st.init_host = init_host;
     settle_lingering(st);
+    let t0 = std::time::Instant::now();
     let res = stop_inner(st, list, init_host, best_effort, timeout);
+    tracing::debug!(took = ?t0.elapsed(), stopped = st.stopped.len(), "processes stopped");
     if res.is_err() {
         resume_all(st);
     }
@@ -129,10 +131,10 @@ fn stop_inner(
                 }
                 return Err(Error::Ptrace { pid: host, op: "interrupt", source: e });
             }
-            seized.push((host, ppid));
+            seized.push((host, status.ns_pid, ppid));
         }
         let mut stuck = Vec::new();
-        for (host, ppid) in seized {
+        for (host, ns_pid, ppid) in seized {
             match inject::wait_event_stop_until(host, deadline) {
                 Ok(None) => {
                     let state = procfs::status(host).map(|s| s.state).unwrap_or('?');
@@ -158,7 +160,7 @@ fn stop_inner(
                 }
             }
             let regs = ptrace::regs(host).map_err(ptrace_err(host, "GETREGS"))?;
-            st.stopped.push(Stopped { host, ns_ppid: ppid, regs });
+            st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs });
             report.stopped += 1;
         }
         if !stuck.is_empty() {
@@ -176,27 +178,46 @@ pub(crate) fn resume_all(st: &mut State) {
     }
 }
 
+/// A template cloned, its original already running again.
+struct Cloned {
+    stopped: Stopped,
+    fds: Vec<crate::model::FdImage>,
+    host: i32,
+    ns_pid: i32,
+    insn: u64,
+}
+
+/// Capture and make templates in two passes, so that the originals are
+/// stopped only for what must be read while they are:
+/// 1. per original (stopped): its descriptors and file positions (shared
+///    with the template, so they must be read before the original moves
+///    them), inject the `clone`, let the original go;
+/// 2. per template (originals running): the rest of the image from the
+///    template's `/proc` (a fork has the same map, credentials, masks, cwd),
+///    the checks, and the template's own set-up.
 pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
     let stopped = std::mem::take(&mut st.stopped);
     let mut report = CaptureReport::default();
-    let mut made: Vec<Template> = Vec::new();
-    let mut left = stopped.into_iter();
+    let mounts = match stopped.first() {
+        Some(s) => procfs::mounts(s.host).map_err(|e| Error::Proc { pid: s.host, what: "mountinfo", source: e }),
+        None => Ok(Default::default()),
+    };
+    let mut cloned: Vec<Cloned> = Vec::new();
     let mut failure = None;
-    for s in left.by_ref() {
-        match template_of(&s) {
-            Ok(t) => {
-                report.captured.push(t.image.pid);
-                made.push(t);
-            }
-            Err(Error::Unsupported(u)) if best_effort => {
-                let_go(&s);
-                report.unrestorable.push(u);
-            }
-            Err(Error::Died { .. }) => {}
-            Err(e) => {
-                let_go(&s);
-                failure = Some(e);
-                break;
+    let mut left = stopped.into_iter();
+    match mounts {
+        Err(e) => failure = Some(e),
+        Ok(mounts) => {
+            for s in left.by_ref() {
+                match clone_of(&s, &mounts) {
+                    Ok(c) => cloned.push(c),
+                    Err(Error::Died { .. }) => {}
+                    Err(e) => {
+                        let_go(&s);
+                        failure = Some(e);
+                        break;
+                    }
+                }
             }
         }
     }
@@ -204,11 +225,42 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
         for s in left {
             let_go(&s);
         }
+        for c in cloned {
+            kill_tracee(c.host);
+        }
+        return Err(e);
+    }
+    let t_pass2 = std::time::Instant::now();
+    let mut made: Vec<Template> = Vec::new();
+    let mut cloned = cloned.into_iter();
+    for c in cloned.by_ref() {
+        let host = c.host;
+        match set_up(c) {
+            Ok(t) => {
+                report.captured.push(t.image.pid);
+                made.push(t);
+            }
+            Err(Error::Unsupported(u)) if best_effort => {
+                kill_tracee(host);
+                report.unrestorable.push(u);
+            }
+            Err(e) => {
+                kill_tracee(host);
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        for c in cloned {
+            kill_tracee(c.host);
+        }
         for t in made {
             kill_tracee(t.host);
         }
         return Err(e);
     }
+    tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
     st.pools.insert(
         ck.to_string(),
@@ -226,17 +278,16 @@ fn let_go(s: &Stopped) {
     }
 }
 
-/// Capture one stopped process and make its template; the original runs
-/// again when this returns `Ok` (on error it is still stopped).
-fn template_of(s: &Stopped) -> Result<Template> {
+/// Pass 1 for one stopped original: descriptors, `clone`, release.
+fn clone_of(
+    s: &Stopped,
+    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+) -> Result<Cloned> {
     let host = s.host;
-    let image = procfs::capture(host, s.ns_ppid, Registers::from(&s.regs)).map_err(|e| Error::Proc {
-        pid: host,
-        what: "state",
-        source: e,
-    })?;
-    check::check(&image).map_err(Error::Unsupported)?;
+    let t0 = std::time::Instant::now();
+    let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
     let insn = inject::find_syscall_insn(host)?;
+    let t_fds = t0.elapsed();
     let mut orig = Tracee::new(host, s.regs, insn);
     let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as u64;
     let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
@@ -253,44 +304,52 @@ fn template_of(s: &Stopped) -> Result<Template> {
             errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
         });
     };
-    let ns_pid = out.ret as i32;
-    let made = (|| -> Result<(Tracee, u64)> {
-        inject::wait_event_stop(child)?;
-        let mut tpl = Tracee::new(child, s.regs, insn);
-        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-        let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
-        // Pin nothing of the tree this checkpoint's layer will be replaced
-        // by: cwd to "/" (pivot_root moves it with the root), layer files
-        // closed (reopened by path at restore).
-        ptrace::write_mem(child, scratch, b"/\0").map_err(ptrace_err(child, "write scratch"))?;
-        tpl.call("chdir", libc::SYS_chdir, &[scratch])?;
-        for f in &image.fds {
-            if matches!(f.kind, FdKind::LayerFile { .. }) {
-                tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
-            }
-        }
-        // Leave the original's session / process group: while any task is
-        // in them, their id (the original's pid) stays allocated, and the
-        // restore could not have it back. The copy joins them again.
-        if image.sid == image.pid {
-            tpl.call("setsid", libc::SYS_setsid, &[])?;
-        } else {
-            tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
-        }
-        tpl.take_held(); // e.g. SIGCHLD meant for the original
-        Ok((tpl, scratch))
-    })();
-    let (tpl, scratch) = match made {
-        Ok(v) => v,
-        Err(e) => {
-            kill_tracee(child);
-            return Err(e);
-        }
-    };
-    if let Err(e) = orig.release(&s.regs) {
+    let t_clone = t0.elapsed();
+    if let Err(e) = inject::wait_event_stop(child).and_then(|_| orig.release(&s.regs)) {
         kill_tracee(child);
         return Err(e);
     }
-    Ok(Template { image, host: child, ns_pid, tracee: tpl, scratch })
+    tracing::debug!(pid = s.ns_pid, ?t_fds, ?t_clone, released = ?t0.elapsed(), "template cloned");
+    Ok(Cloned {
+        stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
+        fds,
+        host: child,
+        ns_pid: out.ret as i32,
+        insn,
+    })
+}
+
+/// Pass 2 for one template: image, checks, set-up.
+fn set_up(c: Cloned) -> Result<Template> {
+    let child = c.host;
+    let s = &c.stopped;
+    let t0 = std::time::Instant::now();
+    let image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
+        .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
+    check::check(&image).map_err(Error::Unsupported)?;
+    tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
+    let mut tpl = Tracee::new(child, s.regs, c.insn);
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
+    // Pin nothing of the tree this checkpoint's layer will be replaced by:
+    // cwd to "/" (pivot_root moves it with the root), layer files closed
+    // (reopened by path at restore).
+    ptrace::write_mem(child, scratch, b"/\0").map_err(ptrace_err(child, "write scratch"))?;
+    tpl.call("chdir", libc::SYS_chdir, &[scratch])?;
+    for f in &image.fds {
+        if matches!(f.kind, FdKind::LayerFile { .. }) {
+            tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
+        }
+    }
+    // Leave the original's session / process group: while any task is in
+    // them, their id (the original's pid) stays allocated, and the restore
+    // could not have it back. The copy joins them again.
+    if image.sid == image.pid {
+        tpl.call("setsid", libc::SYS_setsid, &[])?;
+    } else {
+        tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+    }
+    tpl.take_held(); // e.g. SIGCHLD meant for the original
+    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch })
 }

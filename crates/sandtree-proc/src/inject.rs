@@ -97,10 +97,18 @@ pub fn wait_event_stop_until(tid: i32, deadline: std::time::Instant) -> Result<O
     }
 }
 
+/// Offset of a `syscall` instruction in the vDSO: one kernel, one vDSO
+/// image, mapped at a different address in every process.
+static SYSCALL_OFFSET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
 /// Address of a `syscall` instruction (`0f 05`) in the vDSO of `pid`.
 pub fn find_syscall_insn(pid: i32) -> Result<u64> {
+    let base = crate::procfs::vdso_base(pid).map_err(|e| Error::Proc { pid, what: "auxv", source: e })?;
+    if let Some(off) = SYSCALL_OFFSET.get() {
+        return Ok(base + off);
+    }
     let maps = crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e })?;
-    let vdso = maps.iter().find(|m| m.path.as_deref() == Some("[vdso]")).ok_or_else(|| {
+    let vdso = maps.iter().find(|m| m.start == base).ok_or_else(|| {
         Error::unsupported(pid, "", "vdso", "the process has no vDSO to borrow a syscall instruction from")
     })?;
     let mut buf = vec![0u8; (vdso.end - vdso.start) as usize];
@@ -109,7 +117,7 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
         .windows(2)
         .position(|w| w == [0x0f, 0x05])
         .ok_or_else(|| Error::unsupported(pid, "", "vdso", "no syscall instruction in the vDSO"))?;
-    Ok(vdso.start + off as u64)
+    Ok(base + *SYSCALL_OFFSET.get_or_init(|| off as u64))
 }
 
 /// The result of an injected syscall.

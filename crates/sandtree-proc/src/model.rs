@@ -233,14 +233,23 @@ pub enum FdKind {
         /// Inode number.
         ino: u64,
     },
+    /// A named pipe (FIFO): the pipe is kept by the template.
+    Fifo {
+        /// Path inside the sandbox.
+        path: String,
+    },
     /// A socket.
     Socket {
         /// Inode number.
         ino: u64,
-        /// `unix`, `tcp`, `tcp6`, `udp`, `udp6` or `other`.
+        /// `unix`, `inet`, `inet6`, `netlink`, `other` (or `unknown`).
         family: String,
-        /// For TCP: the kernel state number (10 = listen).
-        tcp_state: Option<u8>,
+        /// Stream or seqpacket (connection-oriented).
+        stream: bool,
+        /// Listening.
+        listening: bool,
+        /// Has a peer.
+        connected: bool,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use sandtree_sys::mountinfo::{self, MountEntry};
@@ -121,23 +122,27 @@ fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
     Ok(info)
 }
 
-/// TCP socket states of a network namespace, by inode (`/proc/<pid>/net/tcp{,6}`).
-fn tcp_states(pid: i32) -> HashMap<u64, (String, u8)> {
-    let mut out = HashMap::new();
-    for (file, family) in [("tcp", "tcp"), ("tcp6", "tcp6"), ("udp", "udp"), ("udp6", "udp6")] {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{file}")) else { continue };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 10 {
-                continue;
-            }
-            let state = u8::from_str_radix(f[3], 16).unwrap_or(0);
-            if let Ok(ino) = f[9].parse::<u64>() {
-                out.insert(ino, (family.to_string(), state));
-            }
-        }
-    }
-    out
+/// What a socket is, asked of the socket itself (a duplicate taken with
+/// `pidfd_getfd`): far cheaper than `/proc/net/tcp`, which walks the
+/// whole connection hash table.
+fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let unknown = FdKind::Socket { ino, family: "unknown".into(), stream: false, listening: false, connected: false };
+    let Some(pidfd) = pidfd else { return unknown };
+    let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
+        return unknown;
+    };
+    let family = match sockopt::socket_domain(&dup) {
+        Ok(AddressFamily::UNIX) => "unix",
+        Ok(AddressFamily::INET) => "inet",
+        Ok(AddressFamily::INET6) => "inet6",
+        Ok(AddressFamily::NETLINK) => "netlink",
+        _ => "other",
+    };
+    let stream = matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM) | Ok(SocketType::SEQPACKET));
+    let listening = sockopt::socket_acceptconn(&dup).unwrap_or(false);
+    let connected = !listening && matches!(rustix::net::getpeername(&dup), Ok(Some(_)));
+    FdKind::Socket { ino, family: family.into(), stream, listening, connected }
 }
 
 /// Whether a mount keeps its identity across a rollback in place (`/proc`
@@ -153,10 +158,16 @@ fn inode_of(link: &str, prefix: &str) -> Option<u64> {
     link.strip_prefix(prefix)?.strip_suffix(']')?.parse().ok()
 }
 
-/// The open descriptors of `pid`.
-pub fn fds(pid: i32) -> io::Result<Vec<FdImage>> {
-    let mounts: HashMap<i32, MountEntry> = mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect();
-    let mut sockets: Option<HashMap<u64, (String, u8)>> = None;
+/// The mounts a process sees, by id.
+pub fn mounts(pid: i32) -> io::Result<HashMap<i32, MountEntry>> {
+    Ok(mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect())
+}
+
+/// The open descriptors of `pid` (`mounts`: [`mounts`] of a process of the
+/// same mount namespace).
+pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImage>> {
+    let pidfd = rustix::process::Pid::from_raw(pid)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let mut out = Vec::new();
     for entry in fs::read_dir(format!("/proc/{pid}/fd"))? {
         let entry = entry?;
@@ -166,12 +177,7 @@ pub fn fds(pid: i32) -> io::Result<Vec<FdImage>> {
         let kind = if let Some(ino) = inode_of(&link, "pipe:[") {
             FdKind::Pipe { ino }
         } else if let Some(ino) = inode_of(&link, "socket:[") {
-            let states = sockets.get_or_insert_with(|| tcp_states(pid));
-            let (family, tcp_state) = match states.get(&ino) {
-                Some((f, s)) => (f.clone(), f.starts_with("tcp").then_some(*s)),
-                None => ("unix".to_string(), None), // or another family; unix is by far the likeliest
-            };
-            FdKind::Socket { ino, family, tcp_state }
+            socket_kind(pidfd.as_ref(), fd, ino)
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
             FdKind::AnonInode { what: what.trim_matches(|c| c == '[' || c == ']').to_string() }
         } else if let Some(name) = link.strip_prefix("/memfd:") {
@@ -179,9 +185,14 @@ pub fn fds(pid: i32) -> io::Result<Vec<FdImage>> {
         } else if let Some(path) = link.strip_suffix(" (deleted)") {
             FdKind::Deleted { path: path.to_string() }
         } else {
+            let meta = fs::metadata(entry.path()).ok();
+            let fifo = meta.as_ref().is_some_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
             match mounts.get(&info.mnt_id) {
+                // A named pipe: the pipe is the state (kept by the template);
+                // reopening it by path could block.
+                _ if fifo => FdKind::Fifo { path: link },
                 Some(m) if m.fstype == "overlay" => {
-                    let directory = fs::metadata(entry.path()).map(|m| m.is_dir()).unwrap_or(false);
+                    let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
                     FdKind::LayerFile { path: link, directory }
                 }
                 Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
@@ -216,20 +227,23 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
     Ok(out)
 }
 
-/// Everything of `host_pid` but its registers, which the caller read at
-/// the stop (`ns_ppid` is the parent's pid in the sandbox).
-pub fn capture(host_pid: i32, ns_ppid: i32, regs: Registers) -> io::Result<ProcessImage> {
-    let st = status(host_pid)?;
-    let base = format!("/proc/{host_pid}");
+/// The image of a process from its template (a fork made at the
+/// checkpoint, so its memory map, credentials, masks, cwd and session are
+/// the original's), with what only the original had: its pid, parent,
+/// registers and descriptors (read while it was stopped; the template's
+/// file positions are shared with the running original).
+pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdImage>) -> io::Result<ProcessImage> {
+    let st = status(template)?;
+    let base = format!("/proc/{template}");
     Ok(ProcessImage {
-        pid: st.ns_pid,
-        ppid: ns_ppid,
-        pgid: st.ns_pgid,
-        sid: st.ns_sid,
-        has_tty: tty_nr(host_pid)? != 0,
+        pid,
+        ppid,
+        pgid: if st.ns_pgid == st.ns_pid { pid } else { st.ns_pgid },
+        sid: if st.ns_sid == st.ns_pid { pid } else { st.ns_sid },
+        has_tty: tty_nr(template)? != 0,
         comm: fs::read_to_string(format!("{base}/comm"))?.trim_end().to_string(),
         exe: readlink(format!("{base}/exe")).unwrap_or_default(),
-        threads: st.threads,
+        threads: 1,
         uids: st.uids,
         gids: st.gids,
         cap_eff: st.cap_eff,
@@ -238,9 +252,25 @@ pub fn capture(host_pid: i32, ns_ppid: i32, regs: Registers) -> io::Result<Proce
         regs,
         cwd: readlink(format!("{base}/cwd"))?,
         root: readlink(format!("{base}/root"))?,
-        fds: fds(host_pid)?,
-        maps: maps(host_pid)?,
+        fds,
+        maps: maps(template)?,
     })
+}
+
+/// Base address of the vDSO of `pid` (`AT_SYSINFO_EHDR` in its auxv).
+pub fn vdso_base(pid: i32) -> io::Result<u64> {
+    const AT_SYSINFO_EHDR: u64 = 33;
+    let auxv = fs::read(format!("/proc/{pid}/auxv"))?;
+    auxv.chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_ne_bytes(c[..8].try_into().unwrap_or_default()),
+                u64::from_ne_bytes(c[8..].try_into().unwrap_or_default()),
+            )
+        })
+        .find(|(k, _)| *k == AT_SYSINFO_EHDR)
+        .map(|(_, v)| v)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
 }
 
 /// Thread ids of `pid`.

@@ -47,7 +47,10 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
     for t in &mut set.templates {
-        match restore_one(t) {
+        let t0 = std::time::Instant::now();
+        let res = restore_one(t);
+        tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
+        match res {
             Ok(()) => report.restored.push(t.image.pid),
             Err(e) => return Err(e),
         }

@@ -26,6 +26,7 @@ use crate::{Error, Result, procfs};
 /// A stopped original, between [`Tracer::stop`] and [`Tracer::capture`].
 pub(crate) struct Stopped {
     pub host: i32,
+    pub ns_pid: i32,
     pub ns_ppid: i32,
     pub regs: sandtree_sys::ptrace::Regs,
 }
@@ -243,33 +244,44 @@ impl Tracer {
     }
 
     /// Memory only the templates hold: the pages their originals changed
-    /// since (copy-on-write broken), summed over templates.
+    /// since (copy-on-write broken), summed over templates. Read outside
+    /// the tracer thread (walking page tables takes a while).
     pub fn memory(&self) -> Result<u64> {
-        self.call(|st| st.template_hosts().into_iter().map(procfs::private_bytes).sum())
+        let hosts = self.call(|st| st.template_hosts())?;
+        Ok(hosts.into_iter().map(procfs::private_bytes).sum())
     }
 
     /// Evict least recently used checkpoints' templates until the pool
     /// holds at most `budget` bytes and `max_checkpoints` checkpoints
-    /// (`keep` is never evicted). Returns the evicted checkpoint ids.
+    /// (`keep` is never evicted). Returns the evicted checkpoint ids. The
+    /// memory is measured outside the tracer thread.
     pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
-        let keep = keep.to_string();
-        self.call(move |st| {
-            let mut evicted = Vec::new();
-            loop {
-                let used: u64 = st.template_hosts().into_iter().map(procfs::private_bytes).sum();
-                if used <= budget && st.pools.len() <= max_checkpoints {
-                    return evicted;
-                }
-                let victim = st
-                    .pools
-                    .iter()
-                    .filter(|(k, _)| **k != keep)
-                    .min_by_key(|(_, c)| c.last_used)
-                    .map(|(k, _)| k.clone());
-                let Some(victim) = victim else { return evicted };
-                st.drop_checkpoint(&victim);
-                evicted.push(victim);
+        let pools: Vec<(String, u64, Vec<i32>)> = self.call(|st| {
+            st.pools
+                .iter()
+                .map(|(k, c)| (k.clone(), c.last_used, c.templates.iter().map(|t| t.host).collect()))
+                .collect()
+        })?;
+        let mut sized: Vec<(String, u64, u64)> = pools
+            .into_iter()
+            .map(|(k, used, hosts)| (k, used, hosts.into_iter().map(procfs::private_bytes).sum()))
+            .collect();
+        sized.sort_by_key(|(_, used, _)| *used);
+        let mut total: u64 = sized.iter().map(|(_, _, b)| b).sum();
+        let mut count = sized.len();
+        let mut evicted = Vec::new();
+        for (k, _, bytes) in sized {
+            if total <= budget && count <= max_checkpoints {
+                break;
             }
-        })
+            if k == keep {
+                continue;
+            }
+            self.drop_checkpoint(&k)?;
+            total = total.saturating_sub(bytes);
+            count -= 1;
+            evicted.push(k);
+        }
+        Ok(evicted)
     }
 }

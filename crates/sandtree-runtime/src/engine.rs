@@ -36,6 +36,10 @@ pub struct Engine {
     /// Process tracers (and their templates) by sandbox id; one belongs to
     /// one init: a new init (boot) or none (halt) drops it.
     pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
+    /// Sandboxes with a template eviction pending.
+    pub(crate) evicting: Mutex<std::collections::HashSet<String>>,
+    /// The engine itself, for background tasks.
+    pub(crate) this: std::sync::Weak<Engine>,
 }
 
 impl Engine {
@@ -63,7 +67,7 @@ impl Engine {
         let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
         let reaper = crate::reaper::Reaper::start(flusher.clone(), volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
-        let engine = Arc::new(Engine {
+        let engine = Arc::new_cyclic(|this| Engine {
             cfg,
             volume,
             meta: Arc::new(meta),
@@ -75,6 +79,8 @@ impl Engine {
             reaper,
             spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
             tracers: Mutex::new(HashMap::new()),
+            evicting: Mutex::new(Default::default()),
+            this: this.clone(),
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;

@@ -5,6 +5,16 @@ use sandtree_api::{DaemonInfo, VolumeInfo};
 use crate::{Engine, Error, Result};
 
 impl Engine {
+    /// Memory the process templates of sandbox `id` hold (pages their
+    /// originals changed since their checkpoints).
+    pub fn template_memory(&self, id: &str) -> Result<u64> {
+        self.record(id)?;
+        match self.tracer_get(id) {
+            Some(t) => Ok(tokio::task::block_in_place(|| t.memory())?),
+            None => Ok(0),
+        }
+    }
+
     pub async fn info(&self) -> Result<DaemonInfo> {
         let usage = self.volume.usage().map_err(|e| Error::fs("info", e))?;
         let (sandboxes, checkpoints, images) = self.meta.counts()?;

@@ -107,6 +107,7 @@ impl Engine {
             Ok((frozen_ms, captured))
         })?;
 
+        tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint captured");
         let committed = (|| -> Result<CheckpointRecord> {
             let info = sandtree_fs::subvolume_info(&dst).map_err(|e| Error::fs("checkpoint", e))?;
             let ck = CheckpointRecord {
@@ -145,13 +146,8 @@ impl Engine {
         self.spares.want(id, &ck_id);
 
         // Keep the template pool within its budget, off the hot path.
-        if let Some(t) = tracer.clone() {
-            let (budget, max, keep) = (self.cfg.template_memory_bytes, self.cfg.template_checkpoints, ck_id.clone());
-            tokio::task::spawn_blocking(move || match t.evict_to(budget, max, &keep) {
-                Ok(evicted) if !evicted.is_empty() => tracing::info!(?evicted, "process templates evicted"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!("template eviction: {e}"),
-            });
+        if tracer.is_some() {
+            self.evict_templates_later(id);
         }
 
         // What this checkpoint adds over its base, measured off the hot path.
@@ -169,7 +165,37 @@ impl Engine {
 
         let info = self.checkpoint_info(&ck);
         let note = process_note(&info);
+        tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint done");
         Ok(CheckpointResponse { checkpoint: info, note })
+    }
+
+    /// Evicts process templates over the pool's budget once the engine has
+    /// been idle for a moment (measuring their memory walks page tables:
+    /// not in a burst of checkpoints). One pending run per sandbox.
+    fn evict_templates_later(&self, id: &str) {
+        if !self.evicting.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string()) {
+            return;
+        }
+        let Some(engine) = self.this.upgrade() else { return };
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            while engine.flusher.idle_for() < std::time::Duration::from_millis(50) && Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            engine.evicting.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            let Some(t) = engine.tracer_get(&id) else { return };
+            let (budget, max) = (engine.cfg.template_memory_bytes, engine.cfg.template_checkpoints);
+            let keep = engine.record(&id).ok().and_then(|r| r.base_checkpoint).unwrap_or_default();
+            match tokio::task::spawn_blocking(move || t.evict_to(budget, max, &keep)).await {
+                Ok(Ok(evicted)) if !evicted.is_empty() => {
+                    tracing::info!(sandbox = id, ?evicted, "process templates evicted")
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(sandbox = id, "template eviction: {e}"),
+                Err(e) => tracing::warn!(sandbox = id, "template eviction: {e}"),
+            }
+        });
     }
 
     /// A process-engine failure of a checkpoint: an unsupported process is

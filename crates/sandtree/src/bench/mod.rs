@@ -9,12 +9,14 @@
 //! | sandtree   | create (default image), exec `/bin/true`, checkpoint (+ frozen window) after dirtying 10 files, rollback to a random earlier checkpoint, fork of 16, delete |
 //! | baselines  | `cp -a` of the tree, `tar` archive + extract, `git add -A && git commit`, `git checkout`, `btrfs subvolume snapshot` (the CLI) |
 //! | scale      | checkpoint / rollback with 10x the files, and at the end of a chain of 1,000 checkpoints; metadata bytes per checkpoint |
+//! | processes  | a session shell, a Python REPL holding 100 MB (and 1 GB) and `http.server`: checkpoint, processes' pause, rollback in place, rollback until the first HTTP answer, template pool memory (see `processes.rs`) |
 //!
 //! Workload: the host's Python standard library (`/usr/lib/python3.11`,
 //! about 1,400 files / 54 MB) copied into the sandbox; every step rewrites 10
 //! of its files. Results print as a table (p50 / p95 / max in ms, and the
 //! ratio of each baseline to Sandtree's checkpoint) and as JSON (`--json`).
 
+mod processes;
 mod report;
 mod workload;
 
@@ -56,6 +58,10 @@ pub struct BenchArgs {
 
 /// Runs the suite. Must be called before any thread exists (it starts the zygote).
 pub fn run(args: BenchArgs) -> Result<()> {
+    // RUST_LOG=sandtree_proc=debug,sandtree_runtime=debug shows where time goes.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
     if args.data_dir.join("btrfs").exists() {
         workload::teardown(&args.data_dir);
     }

@@ -54,6 +54,9 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub checks: Vec<Check>,
     pub metadata_bytes_per_checkpoint: f64,
+    /// Process workload: (REPL size, checkpoints held, bytes the template
+    /// pool holds after them).
+    pub template_pool: Vec<(String, usize, u64)>,
     pub total_seconds: f64,
 }
 
@@ -92,6 +95,13 @@ impl Report {
             println!("{:<58} {:<16} {:<16} {}", c.name, c.target, c.measured, if c.pass { "PASS" } else { "MISS" });
         }
         println!("\nmetadata per checkpoint: {:.0} bytes", self.metadata_bytes_per_checkpoint);
+        for (repl, n, bytes) in &self.template_pool {
+            println!(
+                "template pool, REPL {repl}: {:.1} MB for {n} checkpoints ({:.2} MB each; 1,000 pages dirtied per step = 4.1 MB)",
+                *bytes as f64 / 1e6,
+                *bytes as f64 / 1e6 / (*n).max(1) as f64
+            );
+        }
     }
 }
 

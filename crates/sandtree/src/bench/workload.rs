@@ -48,7 +48,7 @@ fn eprint_phase(args: &BenchArgs, what: &str) {
     }
 }
 
-async fn sh(engine: &Engine, sb: &str, script: &str) -> Result<String> {
+pub(super) async fn sh(engine: &Engine, sb: &str, script: &str) -> Result<String> {
     let out = engine
         .exec(
             sb,
@@ -77,7 +77,7 @@ async fn dirty(engine: &Engine, sb: &str, files: &[String]) -> Result<()> {
     sh(engine, sb, &script).await.map(|_| ())
 }
 
-async fn create(engine: &Engine) -> Result<String> {
+pub(super) async fn create(engine: &Engine) -> Result<String> {
     Ok(engine.create_sandbox(CreateSandboxRequest::default()).await.map_err(|e| anyhow::anyhow!("{e}"))?.sandbox.id)
 }
 
@@ -263,6 +263,16 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
         report.rows.push(Row::new("sandtree", COLD_RB_ROW, &cold));
     }
     engine.delete_sandbox(&sb, true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    // --- live processes: REPL + http.server + shell ---
+    settle(engine).await;
+    eprint_phase(args, "processes (REPL 100 MB, http.server, session shell)");
+    super::processes::run(engine, n, 100, &mut report).await?;
+    if !args.quick {
+        settle(engine).await;
+        eprint_phase(args, "processes (REPL 1 GB)");
+        super::processes::run(engine, n, 1024, &mut report).await?;
+    }
     evaluate(&mut report, args);
     Ok(report)
 }
@@ -405,6 +415,16 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
             let ratio = r.p50(base) / ours;
             r.check(&format!("{what} faster than {base}"), ">= 20x", format!("{ratio:.1}x"), ratio >= 20.0);
         }
+    }
+    let p = |r: &Report, name: &str| r.row(name).map(|row| (row.p50_ms, row.p95_ms)).unwrap_or((f64::NAN, f64::NAN));
+    let (ck100, _) = p(r, "checkpoint, REPL 100 MB + http + shell");
+    r.check("checkpoint with processes (REPL 100 MB) p50", "<= 5 ms", format!("{ck100:.2} ms"), ck100 <= 5.0);
+    let (rb50, rb95) = p(r, "rollback in place (REPL 100 MB)");
+    r.check("rollback in place with processes p50", "<= 3 ms", format!("{rb50:.2} ms"), rb50 <= 3.0);
+    r.check("rollback in place with processes p95", "<= 6 ms", format!("{rb95:.2} ms"), rb95 <= 6.0);
+    if !args.quick {
+        let (ck1g, _) = p(r, "checkpoint, REPL 1 GB + http + shell");
+        r.check("checkpoint with processes (REPL 1 GB) p50", "<= 15 ms", format!("{ck1g:.2} ms"), ck1g <= 15.0);
     }
     if !args.quick {
         let rb = r.p50("rollback to a random checkpoint");

@@ -1,0 +1,173 @@
+//! The process workload: checkpoint and rollback of a sandbox whose live
+//! processes matter.
+//!
+//! The sandbox runs a session shell (bash on a pty, with a variable and a
+//! cwd), a Python "REPL" (a background python3 holding `--repl-mb` of data
+//! in a buffer allocated as numpy does, with `MADV_HUGEPAGE`, plus 100,000
+//! small live objects; it takes commands on 127.0.0.1:9000) and
+//! `python3 -m http.server` on 127.0.0.1:8000. Each step dirties 10 files
+//! and 1,000 random pages of the REPL's buffer, then checkpoints; then
+//! rollbacks go to random checkpoints of the run. Rows: checkpoint, the
+//! processes' pause, in-place rollback, rollback until the HTTP server's
+//! first answer (seen by a client started inside the sandbox right after
+//! the rollback returned), and the memory the template pool holds.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rand::seq::IndexedRandom;
+use sandtree_api::{CheckpointRequest, ExecRequest, RollbackRequest, SessionRunRequest};
+use sandtree_runtime::Engine;
+
+use super::report::{Report, Row};
+use super::workload::{create, sh};
+
+const REPL: &str = r#"
+import mmap, os, random, socket
+size = int(os.environ['REPL_MB']) << 20
+buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+buf.madvise(mmap.MADV_HUGEPAGE)   # as numpy does for large arrays
+for off in range(0, size, 4096):
+    buf[off] = 1
+objs = {i: str(i) * 8 for i in range(100_000)}
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(('127.0.0.1', 9000))
+srv.listen(16)
+steps = 0
+while True:
+    c, _ = srv.accept()
+    cmd = c.makefile().readline().split()
+    if cmd and cmd[0] == 'dirty':
+        pages = size // 4096
+        for _ in range(int(cmd[1])):
+            buf[random.randrange(pages) * 4096] = random.randrange(256)
+        steps += 1
+    c.sendall(f'{steps} {len(objs)}\n'.encode())
+    c.close()
+"#;
+
+/// A request over bash's `/dev/tcp` (no client binary to start).
+fn tcp_request(port: u16, line: &str) -> String {
+    format!("exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{line}\\n' >&3 && head -c 64 <&3")
+}
+
+/// `bash -c` (the `/dev/tcp` redirections are bash's).
+async fn bash(engine: &Engine, sb: &str, script: &str) -> Result<String> {
+    let out = engine
+        .exec(sb, ExecRequest { cmd: vec!["bash".into(), "-c".into(), script.into()], ..Default::default() })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if out.exit_code != Some(0) {
+        bail!("`{script}` failed in {sb}: exit {:?}: {}", out.exit_code, out.stderr);
+    }
+    Ok(out.stdout)
+}
+
+async fn wait_for_port(engine: &Engine, sb: &str, port: u16, line: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bash(engine, sb, &tcp_request(port, line)).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("nothing answers on port {port}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Retries a checkpoint that found a process mid-request with a helper
+/// thread (`http.server` answers each request on a thread that exits right
+/// after): such a process is refused, never captured half-way.
+async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64, f64)> {
+    for _ in 0..20 {
+        let t = Instant::now();
+        match engine.checkpoint(sb, CheckpointRequest::default()).await {
+            Ok(r) => {
+                if r.checkpoint.process_state != sandtree_api::ProcessState::Captured {
+                    bail!("processes not captured: {}", r.note);
+                }
+                return Ok((r.checkpoint.id, t.elapsed().as_secs_f64() * 1e3, r.checkpoint.frozen_ms));
+            }
+            Err(e)
+                if e.code() == sandtree_api::ErrorCode::ProcessNotRestorable && e.to_string().contains("threads") =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => bail!("{e}"),
+        }
+    }
+    bail!("a process stayed multi-threaded")
+}
+
+/// One run of the process workload with a REPL holding `repl_mb`.
+pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
+    let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
+    let sb = create(engine).await?;
+    sh(engine, &sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
+    let bg = |cmd: Vec<&str>, env: Vec<(String, String)>| ExecRequest {
+        cmd: cmd.into_iter().map(String::from).collect(),
+        env: env.into_iter().collect(),
+        cwd: Some("/root/www".into()),
+        background: true,
+        ..Default::default()
+    };
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    engine
+        .exec(&sb, bg(vec!["python3", "-c", REPL], vec![("REPL_MB".into(), repl_mb.to_string())]))
+        .await
+        .map_err(err)?;
+    engine
+        .exec(&sb, bg(vec!["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"], vec![]))
+        .await
+        .map_err(err)?;
+    let session = engine.create_session(&sb, Default::default()).await.map_err(err)?;
+    let run = |c: &str| SessionRunRequest { command: c.into(), timeout_ms: Some(10_000) };
+    engine.session_run(&sb, &session.id, run("cd /root/files && X=1")).await.map_err(err)?;
+    wait_for_port(engine, &sb, 9000, "ping").await?;
+    wait_for_port(engine, &sb, 8000, "GET / HTTP/1.0\\r\\n").await?;
+
+    let step = |i: usize| {
+        format!(
+            "for f in 0 1 2 3 4 5 6 7 8 9; do echo {i} >> /root/files/$f; done && {}",
+            tcp_request(9000, "dirty 1000")
+        )
+    };
+    let (mut ck_ms, mut paused, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        bash(engine, &sb, &step(i)).await?;
+        let (id, ms, frozen) = checkpoint(engine, &sb).await?;
+        ck_ms.push(ms);
+        paused.push(frozen);
+        ids.push(id);
+    }
+    let pool = engine.template_memory(&sb).map_err(err)?;
+    let (mut rb_ms, mut first_ms) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        bash(engine, &sb, &step(n + i)).await?;
+        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
+        let t = Instant::now();
+        let r = engine.rollback(&sb, RollbackRequest { checkpoint: target }).await.map_err(err)?;
+        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if r.processes_restarted {
+            bail!("rollback restarted the processes: {}", r.note);
+        }
+        let answer = bash(engine, &sb, &tcp_request(8000, "GET / HTTP/1.0\\r\\n")).await?;
+        first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if !answer.starts_with("HTTP/1.0 200") {
+            bail!("http.server answered {answer:?} after a rollback");
+        }
+    }
+    // The session shell kept its state through all of it.
+    let out = engine.session_run(&sb, &session.id, run("echo $(pwd) $X")).await.map_err(err)?;
+    if out.output.trim() != "/root/files 1" {
+        bail!("session state after rollbacks: {:?}", out.output);
+    }
+    let g = "processes";
+    report.rows.push(Row::new(g, &format!("checkpoint, REPL {label} + http + shell"), &ck_ms));
+    report.rows.push(Row::new(g, &format!("  processes paused (REPL {label})"), &paused));
+    report.rows.push(Row::new(g, &format!("rollback in place (REPL {label})"), &rb_ms));
+    report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
+    report.template_pool.push((label, n, pool));
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
