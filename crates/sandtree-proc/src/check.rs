@@ -13,6 +13,11 @@ use crate::model::{FdKind, ProcessImage};
 /// namespace to give a restored process its old pid.
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 
+/// Anonymous-inode objects the template path restores exactly: eventfd
+/// and timerfd state is put back (`fdstate.rs`); an epoll's watch list, a
+/// signalfd's mask and a pidfd are configuration the template keeps.
+const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
+
 /// A process the engine cannot restore, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unrestorable {
@@ -89,6 +94,12 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
                 ));
             }
             FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
+            FdKind::AnonInode { what, .. } if !KEPT_ANON.contains(&what.as_str()) => {
+                return Err(no(
+                    fd(),
+                    format!("{what} (not captured yet: its state points into the replaced tree or the kernel)"),
+                ));
+            }
             FdKind::OtherMount { path } => {
                 return Err(no(
                     fd(),

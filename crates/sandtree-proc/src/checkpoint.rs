@@ -182,6 +182,12 @@ pub(crate) fn resume_all(st: &mut State) {
 struct Cloned {
     stopped: Stopped,
     fds: Vec<crate::model::FdImage>,
+    /// Pending signals of the original (a fork does not inherit them).
+    pending: u64,
+    /// CPU affinity of the original (the template is pinned to the tracer's CPU).
+    affinity: Vec<u32>,
+    /// Pipes first seen in this process: (inode, fd, bytes).
+    pipes: Vec<(u64, i32, Vec<u8>)>,
     host: i32,
     ns_pid: i32,
     insn: u64,
@@ -205,11 +211,12 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
     let mut cloned: Vec<Cloned> = Vec::new();
     let mut failure = None;
     let mut left = stopped.into_iter();
+    let mut pipes_seen = HashSet::new();
     match mounts {
         Err(e) => failure = Some(e),
         Ok(mounts) => {
             for s in left.by_ref() {
-                match clone_of(&s, &mounts) {
+                match clone_of(&s, &mounts, &mut pipes_seen) {
                     Ok(c) => cloned.push(c),
                     Err(Error::Died { .. }) => {}
                     Err(e) => {
@@ -232,9 +239,13 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
     }
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
+    let mut pipes = Vec::new();
     let mut cloned = cloned.into_iter();
-    for c in cloned.by_ref() {
+    for mut c in cloned.by_ref() {
         let host = c.host;
+        for (ino, fd, bytes) in std::mem::take(&mut c.pipes) {
+            pipes.push((crate::model::PipeBuffer { ino, bytes }, host, fd));
+        }
         match set_up(c) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
@@ -264,13 +275,15 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
     let last_used = st.tick();
     st.pools.insert(
         ck.to_string(),
-        CheckpointTemplates { templates: made, unrestorable: report.unrestorable.clone(), last_used },
+        CheckpointTemplates { templates: made, pipes, unrestorable: report.unrestorable.clone(), last_used },
     );
     Ok(report)
 }
 
 /// Let a stopped original go with its checkpoint registers, from whatever
 /// stop it is in (in signal context, so an interrupted syscall restarts).
+/// Its affinity may still be the tracer's pin: callers that pinned it put
+/// it back first.
 fn let_go(s: &Stopped) {
     if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
         let _ = ptrace::set_regs(s.host, &s.regs);
@@ -282,22 +295,49 @@ fn let_go(s: &Stopped) {
 fn clone_of(
     s: &Stopped,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+    pipes_seen: &mut HashSet<u64>,
 ) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
     let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+    let pending =
+        procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?.signals.pending;
+    let mut pipes = Vec::new();
+    for f in &fds {
+        let ino = match &f.kind {
+            FdKind::Pipe { ino } => *ino,
+            FdKind::Fifo { .. } => std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd))
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap_or(0),
+            _ => continue,
+        };
+        if pipes_seen.insert(ino) {
+            let bytes = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
+                pid: host,
+                what: "pipe contents",
+                source: e,
+            })?;
+            pipes.push((ino, f.fd, bytes));
+        }
+    }
     let insn = inject::find_syscall_insn(host)?;
+    let affinity = inject::affinity(host);
     let t_fds = t0.elapsed();
+    // The template inherits the pin (it never runs but to serve us); the
+    // original gets its own affinity back before it runs.
+    inject::pin_to_tracer(host);
     let mut orig = Tracee::new(host, s.regs, insn);
     let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as u64;
-    let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+    let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]);
     for _ in 0..5 {
-        if out.ret != ERESTARTNOINTR {
-            break;
+        match &out {
+            Ok(o) if o.ret == ERESTARTNOINTR => out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]),
+            _ => break,
         }
-        out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
     }
+    let out = out.inspect_err(|_| inject::set_affinity(host, &affinity))?;
     let (Some(child), true) = (out.child, out.ret > 0) else {
+        inject::set_affinity(host, &affinity);
         return Err(Error::Remote {
             pid: host,
             call: "clone (template)",
@@ -305,7 +345,11 @@ fn clone_of(
         });
     };
     let t_clone = t0.elapsed();
-    if let Err(e) = inject::wait_event_stop(child).and_then(|_| orig.release(&s.regs)) {
+    let released = inject::wait_event_stop(child).and_then(|_| {
+        inject::set_affinity(host, &affinity);
+        orig.release(&s.regs)
+    });
+    if let Err(e) = released {
         kill_tracee(child);
         return Err(e);
     }
@@ -313,6 +357,9 @@ fn clone_of(
     Ok(Cloned {
         stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
         fds,
+        pending,
+        affinity,
+        pipes,
         host: child,
         ns_pid: out.ret as i32,
         insn,
@@ -324,8 +371,10 @@ fn set_up(c: Cloned) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
-    let image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
+    let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
+    image.signals.pending = c.pending;
+    image.affinity = c.affinity;
     check::check(&image).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let mut tpl = Tracee::new(child, s.regs, c.insn);

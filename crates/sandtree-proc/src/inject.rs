@@ -216,3 +216,50 @@ impl Tracee {
         ptrace::detach(tid, sig).map_err(ptrace_err(tid, "detach"))
     }
 }
+
+/// CPU affinity, as a list of CPUs.
+pub fn affinity(tid: i32) -> Vec<u32> {
+    let Some(pid) = rustix::process::Pid::from_raw(tid) else { return Vec::new() };
+    match rustix::thread::sched_getaffinity(Some(pid)) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).filter(|c| set.is_set(*c)).map(|c| c as u32).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Set the CPU affinity of `tid` to `cpus` (no-op for an empty list).
+pub fn set_affinity(tid: i32, cpus: &[u32]) {
+    let Some(pid) = rustix::process::Pid::from_raw(tid) else { return };
+    if cpus.is_empty() {
+        return;
+    }
+    let mut set = rustix::thread::CpuSet::new();
+    for c in cpus {
+        set.set(*c as usize);
+    }
+    let _ = rustix::thread::sched_setaffinity(Some(pid), &set);
+}
+
+thread_local! {
+    /// The CPU this tracer thread is pinned to.
+    static TRACER_CPU: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Pin the calling (tracer) thread to the CPU it runs on. A tracee woken
+/// on the tracer's CPU hands control back and forth without cross-CPU
+/// wake-ups: an injected syscall costs ~10 µs instead of ~50 µs.
+pub fn pin_tracer_thread() {
+    let cpu = rustix::thread::sched_getcpu() as u32;
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu as usize);
+    if rustix::thread::sched_setaffinity(None, &set).is_ok() {
+        TRACER_CPU.with(|c| c.set(Some(cpu)));
+    }
+}
+
+/// Run `tid` on the tracer's CPU while we inject into it (the caller puts
+/// its own affinity back before letting it go).
+pub fn pin_to_tracer(tid: i32) {
+    if let Some(cpu) = TRACER_CPU.with(|c| c.get()) {
+        set_affinity(tid, &[cpu]);
+    }
+}

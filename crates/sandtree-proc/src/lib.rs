@@ -48,6 +48,7 @@
 
 pub mod check;
 mod checkpoint;
+pub mod fdstate;
 pub mod inject;
 pub mod model;
 pub mod procfs;

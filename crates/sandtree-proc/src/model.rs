@@ -55,6 +55,9 @@ pub struct ProcessImage {
     pub cap_eff: u64,
     /// File mode creation mask.
     pub umask: u32,
+    /// CPUs it may run on.
+    #[serde(default)]
+    pub affinity: Vec<u32>,
     /// Signal masks.
     pub signals: SignalMasks,
     /// General purpose registers at the checkpoint.
@@ -256,12 +259,45 @@ pub enum FdKind {
     AnonInode {
         /// The name after `anon_inode:`.
         what: String,
+        /// State that lives in the object (and must be put back at restore,
+        /// since the template shares the object with the running original).
+        #[serde(default)]
+        state: Option<AnonState>,
     },
     /// A memfd.
     Memfd {
         /// Its name.
         name: String,
     },
+}
+
+/// State held by an anonymous-inode object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AnonState {
+    /// An eventfd's counter.
+    Eventfd {
+        /// `eventfd-count`.
+        count: u64,
+    },
+    /// A timerfd's setting.
+    Timerfd {
+        /// Clock id.
+        clockid: i32,
+        /// Time to the next expiry, ns (0: disarmed).
+        value_ns: u64,
+        /// Interval, ns.
+        interval_ns: u64,
+    },
+}
+
+/// The bytes a pipe (or FIFO) held at the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipeBuffer {
+    /// Pipe inode.
+    pub ino: u64,
+    /// Its buffered bytes, oldest first.
+    pub bytes: Vec<u8>,
 }
 
 /// One memory mapping (`/proc/pid/maps`).

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use sandtree_sys::mountinfo::{self, MountEntry};
 
-use crate::model::{FdImage, FdKind, MapImage, ProcessImage, Registers, SignalMasks};
+use crate::model::{AnonState, FdImage, FdKind, MapImage, ProcessImage, Registers, SignalMasks};
 
 /// The fields of `/proc/pid/status` this engine uses.
 #[derive(Debug, Clone, Default)]
@@ -105,11 +105,13 @@ struct FdInfo {
     pos: u64,
     flags: u32,
     mnt_id: i32,
+    /// The whole text, for per-kind fields.
+    text: String,
 }
 
 fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
     let text = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
-    let mut info = FdInfo { pos: 0, flags: 0, mnt_id: -1 };
+    let mut info = FdInfo { pos: 0, flags: 0, mnt_id: -1, text: String::new() };
     for line in text.lines() {
         let Some((k, v)) = line.split_once(':') else { continue };
         match k {
@@ -119,7 +121,35 @@ fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
             _ => {}
         }
     }
+    info.text = text;
     Ok(info)
+}
+
+fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(str::trim)
+}
+
+/// `(sec, nsec)` of timerfd's fdinfo, in ns.
+fn timespec_ns(v: &str) -> u64 {
+    let v = v.trim_matches(|c| c == '(' || c == ')');
+    let mut it = v.split(',').map(|x| x.trim().parse::<u64>().unwrap_or(0));
+    let (s, ns) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    s.saturating_mul(1_000_000_000).saturating_add(ns)
+}
+
+/// The state an anonymous-inode object holds, from its fdinfo.
+fn anon_state(what: &str, text: &str) -> Option<AnonState> {
+    match what {
+        "eventfd" => Some(AnonState::Eventfd {
+            count: field(text, "eventfd-count").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
+        }),
+        "timerfd" => Some(AnonState::Timerfd {
+            clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),
+            value_ns: field(text, "it_value").map(timespec_ns).unwrap_or(0),
+            interval_ns: field(text, "it_interval").map(timespec_ns).unwrap_or(0),
+        }),
+        _ => None,
+    }
 }
 
 /// What a socket is, asked of the socket itself (a duplicate taken with
@@ -179,7 +209,9 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
         } else if let Some(ino) = inode_of(&link, "socket:[") {
             socket_kind(pidfd.as_ref(), fd, ino)
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
-            FdKind::AnonInode { what: what.trim_matches(|c| c == '[' || c == ']').to_string() }
+            let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
+            let state = anon_state(&what, &info.text);
+            FdKind::AnonInode { what, state }
         } else if let Some(name) = link.strip_prefix("/memfd:") {
             FdKind::Memfd { name: name.trim_end_matches(" (deleted)").to_string() }
         } else if let Some(path) = link.strip_suffix(" (deleted)") {
@@ -248,6 +280,7 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         gids: st.gids,
         cap_eff: st.cap_eff,
         umask: st.umask,
+        affinity: Vec::new(),
         signals: st.signals,
         regs,
         cwd: readlink(format!("{base}/cwd"))?,

@@ -46,6 +46,26 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let now = st.tick();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
+    // Objects the templates share with the killed originals: put their
+    // checkpoint state back before anything runs.
+    for (pipe, host, fd) in &set.pipes {
+        crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes).map_err(|e| Error::Proc {
+            pid: *host,
+            what: "pipe contents",
+            source: e,
+        })?;
+    }
+    for t in &set.templates {
+        for f in &t.image.fds {
+            if let FdKind::AnonInode { state: Some(state), what } = &f.kind {
+                crate::fdstate::restore_anon(t.host, f.fd, state).map_err(|e| Error::Proc {
+                    pid: t.host,
+                    what: if what == "eventfd" { "eventfd counter" } else { "timerfd setting" },
+                    source: e,
+                })?;
+            }
+        }
+    }
     for t in &mut set.templates {
         let t0 = std::time::Instant::now();
         let res = restore_one(t);
@@ -120,7 +140,10 @@ fn restore_one(t: &mut Template) -> Result<()> {
         Ok(p)
     })();
     match fixed {
-        Ok(p) => p.release(&regs),
+        Ok(p) => {
+            crate::inject::set_affinity(child, &image.affinity);
+            p.release(&regs)
+        }
         Err(e) => {
             crate::tracer::kill_tracee(child);
             Err(e)
@@ -162,6 +185,12 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
         }
     } else if image.pgid == image.pid {
         p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+    }
+    // Signals pending at the checkpoint (a fork does not inherit them).
+    for sig in 1..=64u64 {
+        if image.signals.pending & (1 << (sig - 1)) != 0 {
+            p.call("kill (pending signal)", libc::SYS_kill, &[image.pid as u64, sig])?;
+        }
     }
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
     Ok(())

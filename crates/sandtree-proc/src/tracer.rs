@@ -47,6 +47,9 @@ pub(crate) struct Template {
 /// The templates of one checkpoint.
 pub(crate) struct CheckpointTemplates {
     pub templates: Vec<Template>,
+    /// Buffered bytes of each pipe, with a template (host pid) and fd
+    /// through which the pipe is reached at restore.
+    pub pipes: Vec<(crate::model::PipeBuffer, i32, i32)>,
     pub unrestorable: Vec<Unrestorable>,
     pub last_used: u64,
 }
@@ -163,6 +166,7 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let mut st = State::default();
+            crate::inject::pin_tracer_thread();
             while let Ok(job) = rx.recv() {
                 job(&mut st);
                 crate::checkpoint::settle_lingering(&mut st);

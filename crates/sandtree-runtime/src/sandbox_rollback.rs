@@ -77,12 +77,20 @@ impl Engine {
                 };
                 let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
                 let in_place = async {
+                    let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, keep, restore).await?;
+                    let t_restore = Instant::now();
                     if let (Some(t), Some(_)) = (&tracer, &templates) {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
                     }
+                    tracing::debug!(
+                        sandbox = id,
+                        reroot = ?t_restore.duration_since(t_reroot),
+                        restore = ?t_restore.elapsed(),
+                        "in place"
+                    );
                     Ok::<(), Error>(())
                 };
                 match in_place.await {
@@ -170,11 +178,25 @@ impl Engine {
         restore: Vec<i32>,
     ) -> Result<()> {
         let spec = self.spec(rec)?;
-        let fds = match prepared {
-            Some(fds) => fds,
-            None => self.build_layers(spec.layers.clone()).await?,
+        // The old processes die (a 100 MB one takes milliseconds to tear
+        // down) while the zygote builds the new layers.
+        let t0 = Instant::now();
+        let kill = async {
+            let r = sb.kill_all(keep.clone()).await;
+            (r, t0.elapsed())
         };
+        let layers = async {
+            let r = match prepared {
+                Some(fds) => Ok(fds),
+                None => self.build_layers(spec.layers.clone()).await,
+            };
+            (r, t0.elapsed())
+        };
+        let ((killed, t_kill), (fds, t_layers)) = tokio::join!(kill, layers);
+        let fds = fds?;
+        killed?;
         sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds, keep, restore).await?;
+        tracing::debug!(sandbox = rec.id, ?t_kill, ?t_layers, swapped = ?t0.elapsed(), "reroot");
         Ok(())
     }
 

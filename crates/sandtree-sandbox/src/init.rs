@@ -156,6 +156,16 @@ impl Init {
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
             }
+            Request::KillAll { keep } => {
+                let reply = match crate::reroot::kill_all(sigfd, &keep) {
+                    Ok(reaped) => {
+                        self.report_reaped(reaped);
+                        Reply::Ok
+                    }
+                    Err(message) => Reply::Error { message, code: None },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+            }
             Request::Kill { pid, signal, group } => {
                 let target = Pid::from_raw(if group { -pid } else { pid });
                 let reply = match Signal::try_from(signal)
@@ -186,6 +196,14 @@ impl Init {
 impl Init {
     /// See [`crate::reroot`]: exits of tracked processes are reported before
     /// the reply.
+    fn report_reaped(&mut self, reaped: Vec<crate::reroot::Reaped>) {
+        for r in reaped {
+            if self.tracked.remove(&r.pid) {
+                self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
+            }
+        }
+    }
+
     fn reroot(
         &mut self,
         sigfd: &SignalFd,
@@ -196,11 +214,7 @@ impl Init {
     ) -> Result<(), String> {
         crate::reroot::validate(targets, &layers)?;
         let reaped = crate::reroot::kill_all(sigfd, keep)?;
-        for r in reaped {
-            if self.tracked.remove(&r.pid) {
-                self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
-            }
-        }
+        self.report_reaped(reaped);
         // The daemon brings these pids back from templates right after the
         // reply: their exits are reported like those of spawned processes.
         self.tracked.extend(restore.iter().copied());

@@ -128,6 +128,13 @@ pub enum Request {
     },
     /// Liveness check.
     Ping,
+    /// Kill every process but init and `keep` and reap them (the first half
+    /// of a rollback in place, started while the daemon builds the new
+    /// layers); answers `Ok` once they are gone.
+    KillAll {
+        /// Pids not to kill: process templates.
+        keep: Vec<i32>,
+    },
     /// Kill every process but init, then make the attached overlay mounts
     /// (one per target, root first) the sandbox's filesystem tree.
     Reroot {

@@ -449,6 +449,23 @@ impl Sandbox {
         None
     }
 
+    /// First half of a rollback in place: init kills every process but
+    /// itself and the templates in `keep`, and answers once they are gone.
+    /// (The daemon runs it while the zygote builds the new layers; the
+    /// [`Sandbox::reroot`] that follows then finds nothing left to kill.)
+    pub async fn kill_all(&self, keep: Vec<i32>) -> Result<()> {
+        self.thaw()?;
+        let request = self.inner.conn.request(Request::KillAll { keep }, &[]);
+        match tokio::time::timeout(REROOT_TIMEOUT, request).await {
+            Err(_) => Err(Error::Protocol(format!("init did not kill within {REROOT_TIMEOUT:?}"))),
+            Ok(res) => match res? {
+                (Reply::Ok, _) => Ok(()),
+                (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("kill before rollback: {message}"))),
+                (other, _) => Err(Error::Protocol(format!("unexpected kill reply {other:?}"))),
+            },
+        }
+    }
+
     /// Rollback in place (see [`crate::reroot`]): init kills every other
     /// process but the templates in `keep` and makes `layers` (detached
     /// overlay mounts from [`crate::Zygote::build_layers`], one per target,

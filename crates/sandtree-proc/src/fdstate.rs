@@ -1,0 +1,124 @@
+//! State that lives inside kernel objects a template shares with its
+//! running original, and so must be saved at the checkpoint and put back at
+//! the restore: a pipe's buffered bytes, an eventfd's counter, a timerfd's
+//! setting. (Files, cwd and the like are reopened instead; sockets,
+//! signalfds and epolls are kept as they are.)
+//!
+//! Pipes and FIFOs: at the checkpoint (originals stopped) the daemon opens
+//! the pipe through `/proc/<pid>/fd/<n>` for reading and `tee`s its bytes
+//! into a pipe of its own (a copy that consumes nothing), once per pipe
+//! inode. At the restore it opens the pipe through a template, drains it
+//! and writes the saved bytes back.
+//!
+//! eventfd and timerfd: their fdinfo holds the state (`eventfd-count`,
+//! `it_value`/`it_interval`); at the restore a duplicate taken with
+//! `pidfd_getfd` from the template is drained and refilled, or re-armed.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::model::AnonState;
+
+fn open_proc_fd(host: i32, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(format!("/proc/{host}/fd/{fd}"), flags | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// The bytes buffered in the pipe that `fd` of process `host` refers to,
+/// without consuming them.
+pub fn capture_pipe(host: i32, fd: i32) -> io::Result<Vec<u8>> {
+    let src = open_proc_fd(host, fd, OFlags::RDONLY)?;
+    let size = rustix::pipe::fcntl_getpipe_size(&src)?;
+    let (copy_r, copy_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+    rustix::pipe::fcntl_setpipe_size(&copy_w, size)?;
+    let n = match rustix::pipe::tee(&src, &copy_w, size, rustix::pipe::SpliceFlags::NONBLOCK) {
+        Ok(n) => n,
+        Err(Errno::AGAIN) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        match rustix::io::read(&copy_r, &mut out[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    out.truncate(got);
+    Ok(out)
+}
+
+/// Make the pipe behind `fd` of `host` hold exactly `bytes`.
+pub fn restore_pipe(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+    let rd = open_proc_fd(host, fd, OFlags::RDONLY)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rustix::io::read(&rd, &mut buf) {
+            Ok(0) | Err(Errno::AGAIN) => break,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // `rd` stays open: a FIFO refuses a non-blocking writer without a reader.
+    let wr = open_proc_fd(host, fd, OFlags::WRONLY)?;
+    let mut done = 0;
+    while done < bytes.len() {
+        match rustix::io::write(&wr, &bytes[done..]) {
+            Ok(k) => done += k,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Put `state` back into the object behind `fd` of `host` (a template).
+pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    let obj = rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?;
+    match *state {
+        AnonState::Eventfd { count } => {
+            // The status flags belong to the shared open file: set
+            // O_NONBLOCK only while draining, then put them back.
+            let flags = rustix::fs::fcntl_getfl(&obj)?;
+            rustix::fs::fcntl_setfl(&obj, flags | OFlags::NONBLOCK)?;
+            let mut buf = [0u8; 8];
+            // A semaphore-mode eventfd gives 1 per read.
+            let mut reads = 0u32;
+            let drained = loop {
+                match rustix::io::read(&obj, &mut buf) {
+                    Ok(_) if reads < 1 << 20 => reads += 1,
+                    Ok(_) => break Err(io::Error::other("eventfd does not drain")),
+                    Err(Errno::AGAIN) => break Ok(()),
+                    Err(Errno::INTR) => {}
+                    Err(e) => break Err(e.into()),
+                }
+            };
+            let written = match (drained.is_ok(), count) {
+                (true, c) if c > 0 => rustix::io::write(&obj, &c.to_ne_bytes()).map(|_| ()).map_err(io::Error::from),
+                _ => Ok(()),
+            };
+            rustix::fs::fcntl_setfl(&obj, flags)?;
+            drained?;
+            written
+        }
+        AnonState::Timerfd { value_ns, interval_ns, .. } => {
+            let ts = |ns: u64| rustix::time::Timespec {
+                tv_sec: (ns / 1_000_000_000) as i64,
+                tv_nsec: (ns % 1_000_000_000) as i64,
+            };
+            let spec = rustix::time::Itimerspec { it_interval: ts(interval_ns), it_value: ts(value_ns) };
+            rustix::time::timerfd_settime(&obj, rustix::time::TimerfdTimerFlags::empty(), &spec)?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,1396 @@
+//! Workload suite in the spirit of CRIU's zdtm: each case starts one small
+//! program in a sandbox that sets up one kind of process state and then
+//! answers queries about it, as seen from inside the process. The case
+//! checkpoints, mutates the state through the program, rolls back in place
+//! and checks that the program sees exactly the checkpoint's state again
+//! (twice where cheap).
+//!
+//! Protocol: the program listens on 127.0.0.1:7000 (listening sockets are
+//! kept by the engine); each connection carries one command line and gets
+//! one report line back, then the program closes it (open inet connections
+//! are refused at checkpoint). Queries are `bash` `/dev/tcp` one-liners run
+//! with `Engine::exec`, each bounded by a timeout.
+//!
+//! `harness = false` for the same reason as `engine.rs`: the zygote must be
+//! forked while the process is still single-threaded. Cases run in sequence
+//! on one engine with its own data dir and cgroup; the last line is
+//! `N passed, M failed`. An optional first argument filters cases by name.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use sandtree_api::{
+    CheckpointRequest, CreateSandboxRequest, ExecRequest, ExecResponse, ProcessState, RollbackRequest,
+    SessionRunRequest,
+};
+use sandtree_runtime::{Config, Engine, Zygote};
+
+type CaseFuture<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
+type Case = for<'a> fn(&'a Engine) -> CaseFuture<'a>;
+
+/// Port every workload listens on (each sandbox has its own network namespace).
+const PORT: u16 = 7000;
+/// Bound of every exec (a compile included): a hang fails the case, not CI.
+const EXEC_TIMEOUT_MS: u64 = 20_000;
+/// Rollback rounds per case.
+const ROUNDS: usize = 2;
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+async fn exec(e: &Engine, sb: &str, req: ExecRequest) -> Result<ExecResponse> {
+    let req = ExecRequest { timeout_ms: Some(req.timeout_ms.unwrap_or(EXEC_TIMEOUT_MS)), ..req };
+    let what = req.cmd.join(" ");
+    let out = e.exec(sb, req).await.with_context(|| format!("exec `{what}`"))?;
+    ensure!(!out.timed_out, "`{what}` timed out: {}{}", out.stdout, out.stderr);
+    Ok(out)
+}
+
+/// `sh -c script` (with `stdin`), which must exit 0; its stdout.
+async fn sh_in(e: &Engine, sb: &str, script: &str, stdin: Option<&str>) -> Result<String> {
+    let out = exec(
+        e,
+        sb,
+        ExecRequest { cmd: argv(&["sh", "-c", script]), stdin: stdin.map(String::from), ..Default::default() },
+    )
+    .await?;
+    ensure!(out.exit_code == Some(0), "`{script}` exited {:?}: {}{}", out.exit_code, out.stdout, out.stderr);
+    Ok(out.stdout)
+}
+
+async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
+    sh_in(e, sb, script, None).await
+}
+
+/// The value of `key` in a `k=v k=v` report.
+fn field(report: &str, key: &str) -> Result<String> {
+    report
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .map(String::from)
+        .with_context(|| format!("no {key}= in {report:?}"))
+}
+
+fn num(report: &str, key: &str) -> Result<u64> {
+    field(report, key)?.parse().with_context(|| format!("{key} in {report:?}"))
+}
+
+/// The report without the listed keys (values that move with time).
+fn without(report: &str, keys: &[&str]) -> String {
+    report
+        .split_whitespace()
+        .filter(|kv| !keys.iter().any(|k| kv.split('=').next() == Some(*k)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Python prelude of every Python workload: `serve(handle, extra, idle)`
+/// answers one command per connection on 127.0.0.1:7000 (`ping` -> `pong`)
+/// and closes the connection before taking the next one; `extra` maps more
+/// listening sockets to their accept callbacks; `idle`, when given, runs
+/// between non-blocking polls (otherwise the loop blocks in `select`).
+/// `status(key)` is a field of `/proc/self/status`.
+const PRELUDE: &str = r#"
+import errno, fcntl, os, select, signal, socket, struct, sys, termios, time
+
+def _readline(c):
+    buf = b''
+    while not buf.endswith(b'\n'):
+        d = c.recv(4096)
+        if not d:
+            break
+        buf += d
+    return buf.decode().strip()
+
+def _answer(c, handle):
+    try:
+        c.settimeout(5)
+        cmd = _readline(c)
+        if cmd == 'ping':
+            out = 'pong'
+        else:
+            try:
+                out = str(handle(cmd))
+            except Exception as ex:
+                out = 'error %s: %r' % (cmd, ex)
+        c.sendall(out.encode() + b'\n')
+    except OSError:
+        pass
+    finally:
+        c.close()
+
+def serve(handle, extra=(), idle=None):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(('127.0.0.1', 7000))
+    srv.listen(16)
+    others = dict(extra)
+    while True:
+        if idle is not None:
+            idle()
+        ready = select.select([srv] + list(others), [], [], 0 if idle is not None else None)[0]
+        for s in ready:
+            if s is srv:
+                c, _ = srv.accept()
+                _answer(c, handle)
+            else:
+                others[s](s)
+
+def status(key):
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return line.split()[1]
+"#;
+
+fn python(code: &str) -> Vec<String> {
+    vec!["python3".into(), "-c".into(), format!("{PRELUDE}\n{code}")]
+}
+
+/// One workload: a sandbox and its one background program.
+struct Workload {
+    sb: String,
+    pid: i32,
+}
+
+impl Workload {
+    /// Creates a sandbox, starts `cmd` in the background and waits until it
+    /// answers `ping`.
+    async fn start(e: &Engine, cmd: Vec<String>) -> Result<Workload> {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        Workload::start_in(e, sb, cmd).await
+    }
+
+    async fn start_in(e: &Engine, sb: String, cmd: Vec<String>) -> Result<Workload> {
+        let bg = exec(e, &sb, ExecRequest { cmd, background: true, ..Default::default() }).await?;
+        let w = Workload { sb, pid: bg.pid };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match w.ask_raw(e, "ping").await {
+                Ok(r) if r == "pong" => return Ok(w),
+                r => {
+                    let running = e.processes(&w.sb).await?.processes.iter().any(|p| p.pid == w.pid && p.running);
+                    if !running || Instant::now() > deadline {
+                        bail!("workload never answered ({r:?}); {}", w.diagnose(e).await);
+                    }
+                }
+            }
+            sleep_ms(50).await;
+        }
+    }
+
+    async fn start_python(e: &Engine, code: &str) -> Result<Workload> {
+        Workload::start(e, python(code)).await
+    }
+
+    /// The program's state and output, for failure messages.
+    async fn diagnose(&self, e: &Engine) -> String {
+        match e.process_output(&self.sb, self.pid).await {
+            Ok(o) => {
+                let p = &o.process;
+                let tail =
+                    |s: &str| s.chars().rev().take(1500).collect::<Vec<_>>().into_iter().rev().collect::<String>();
+                format!(
+                    "pid {} running={} exit={:?} signal={:?} stdout={:?} stderr={:?}",
+                    p.pid,
+                    p.running,
+                    p.exit_code,
+                    p.signal,
+                    tail(&o.stdout),
+                    tail(&o.stderr)
+                )
+            }
+            Err(err) => format!("pid {}: no process output: {err}", self.pid),
+        }
+    }
+
+    async fn ask_raw(&self, e: &Engine, cmd: &str) -> Result<String> {
+        let script = format!("exec 3<>/dev/tcp/127.0.0.1/{PORT} && printf '%s\\n' \"$CMD\" >&3 && head -c 4096 <&3");
+        let out = exec(
+            e,
+            &self.sb,
+            ExecRequest {
+                cmd: argv(&["bash", "-c", &script]),
+                env: BTreeMap::from([("CMD".to_string(), cmd.to_string())]),
+                timeout_ms: Some(10_000),
+                ..Default::default()
+            },
+        )
+        .await?;
+        ensure!(out.exit_code == Some(0), "query `{cmd}` exited {:?}: {}", out.exit_code, out.stderr.trim());
+        let reply = out.stdout.trim_end().to_string();
+        ensure!(!reply.is_empty(), "query `{cmd}`: empty reply");
+        ensure!(!reply.starts_with("error"), "query `{cmd}`: {reply}");
+        Ok(reply)
+    }
+
+    /// Sends one command, returns the one-line report.
+    async fn ask(&self, e: &Engine, cmd: &str) -> Result<String> {
+        match self.ask_raw(e, cmd).await {
+            Ok(r) => Ok(r),
+            Err(err) => bail!("{err:#}; {}", self.diagnose(e).await),
+        }
+    }
+
+    /// A checkpoint that captured the program.
+    async fn checkpoint(&self, e: &Engine) -> Result<String> {
+        // The query connection is closed by the program before it answers
+        // the next accept; give it a moment to be gone from the fd table.
+        sleep_ms(50).await;
+        let r = e.checkpoint(&self.sb, CheckpointRequest::default()).await.context("checkpoint")?;
+        ensure!(
+            r.checkpoint.process_state == ProcessState::Captured,
+            "processes not captured: {} {:?}",
+            r.note,
+            r.checkpoint.unrestorable
+        );
+        ensure!(
+            r.checkpoint.processes.contains(&self.pid),
+            "pid {} not captured: {:?}",
+            self.pid,
+            r.checkpoint.processes
+        );
+        Ok(r.checkpoint.id)
+    }
+
+    /// A rollback in place that restored the program.
+    async fn rollback(&self, e: &Engine, ck: &str) -> Result<()> {
+        self.rollback_restoring(e, ck, &[self.pid]).await
+    }
+
+    async fn rollback_restoring(&self, e: &Engine, ck: &str, pids: &[i32]) -> Result<()> {
+        let r = e.rollback(&self.sb, RollbackRequest { checkpoint: ck.to_string() }).await.context("rollback")?;
+        ensure!(!r.processes_restarted, "processes restarted instead of restored: {}", r.note);
+        for pid in pids {
+            ensure!(r.restored_pids.contains(pid), "pid {pid} not restored: {:?} ({})", r.restored_pids, r.note);
+        }
+        Ok(())
+    }
+
+    async fn delete(self, e: &Engine) -> Result<()> {
+        e.delete_sandbox(&self.sb, true).await?;
+        Ok(())
+    }
+}
+
+/// Checks that keep going after a failure, so that one run reports every
+/// difference of a round.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn eq(&mut self, what: &str, got: &str, want: &str) {
+        if got != want {
+            self.0.push(format!("{what}: got {got:?}, want {want:?}"));
+        }
+    }
+
+    fn that(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(msg());
+        }
+    }
+
+    fn result(self, round: usize) -> Result<()> {
+        ensure!(self.0.is_empty(), "round {round}: {}", self.0.join("; "));
+        Ok(())
+    }
+
+    fn done(self) -> Result<()> {
+        ensure!(self.0.is_empty(), "{}", self.0.join("; "));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. Memory and registers (C, SSE).
+
+/// A C program whose state is a double accumulator, an SSE vector and a
+/// counter in memory, advanced only on command. Between requests it runs
+/// bursts that keep a double and an `__m128` live in xmm registers for
+/// ~10 ms without a call or a store, so a checkpoint almost always stops it
+/// in the middle of one: each burst's result is compared bit for bit with a
+/// reference, and a difference (registers not brought back) counts in `bad`.
+const FPU_C: &str = r#"
+#include <immintrin.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+static double acc = 1.0;
+static __m128 vec;
+static long counter, bursts, bad;
+static double ref_a;
+static __m128 ref_v;
+
+__attribute__((noinline, noipa)) static void burst(double a, __m128 v, double *ra, __m128 *rv) {
+    const __m128 k = _mm_set1_ps(1.0000001f);
+    const __m128 c = _mm_set_ps(0.5f, 0.25f, 0.125f, 0.0625f);
+    for (long i = 0; i < 3000000; i++) {
+        a = a * 1.0000001 + 0.5;
+        v = _mm_add_ps(_mm_mul_ps(v, k), c);
+    }
+    *ra = a;
+    *rv = v;
+}
+
+static void report(char *out, size_t n) {
+    float f[4];
+    _mm_storeu_ps(f, vec);
+    snprintf(out, n, "counter=%ld acc=%a vec=%a,%a,%a,%a bad=%ld", counter, acc, f[0], f[1], f[2], f[3], bad);
+}
+
+int main(void) {
+    vec = _mm_set_ps(4.0f, 3.0f, 2.0f, 1.0f);
+    burst(acc, vec, &ref_a, &ref_v);
+    int srv = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(srv, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(7000);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(srv, (struct sockaddr *)&sa, sizeof sa) || listen(srv, 16)) {
+        perror("listen");
+        return 1;
+    }
+    for (;;) {
+        double a;
+        __m128 v;
+        burst(acc, vec, &a, &v);
+        bursts++;
+        if (memcmp(&a, &ref_a, sizeof a) || memcmp(&v, &ref_v, sizeof v))
+            bad++;
+        int c = accept(srv, NULL, NULL);
+        if (c < 0)
+            continue;
+        struct timeval tv = {5, 0};
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char cmd[256], out[512];
+        size_t len = 0;
+        while (len < sizeof cmd - 1 && read(c, cmd + len, 1) == 1 && cmd[len] != '\n')
+            len++;
+        cmd[len] = 0;
+        if (!strcmp(cmd, "ping")) {
+            strcpy(out, "pong");
+        } else if (!strcmp(cmd, "state")) {
+            report(out, sizeof out);
+        } else if (!strcmp(cmd, "bursts")) {
+            snprintf(out, sizeof out, "bursts=%ld bad=%ld", bursts, bad);
+        } else if (!strcmp(cmd, "advance")) {
+            counter++;
+            acc = acc * 1.5 + 0.25;
+            vec = _mm_add_ps(_mm_mul_ps(vec, _mm_set1_ps(2.0f)), _mm_set1_ps(1.0f));
+            burst(acc, vec, &ref_a, &ref_v);
+            report(out, sizeof out);
+        } else {
+            snprintf(out, sizeof out, "error unknown command %s", cmd);
+        }
+        len = strlen(out);
+        out[len++] = '\n';
+        if (write(c, out, len) < 0)
+            perror("write");
+        close(c);
+    }
+}
+"#;
+
+fn memory_and_registers(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        sh_in(e, &sb, "cat > /root/fpu.c && gcc -O2 -msse2 -o /root/fpu /root/fpu.c", Some(FPU_C)).await?;
+        let w = Workload::start_in(e, sb, argv(&["/root/fpu"])).await?;
+        w.ask(e, "advance").await?;
+        let at_ck = w.ask(e, "advance").await?;
+        ensure!(field(&at_ck, "counter")? == "2" && field(&at_ck, "bad")? == "0", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        let bursts_ck = num(&w.ask(e, "bursts").await?, "bursts")?;
+        let mut mutated: Option<String> = None;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            w.ask(e, "advance").await?;
+            let m = w.ask(e, "advance").await?;
+            c.eq("counter after advancing", &field(&m, "counter")?, "4");
+            if let Some(prev) = &mutated {
+                c.eq("state after the same advances from the restored state", &m, prev);
+            }
+            mutated = Some(m);
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            // Let bursts that were cut by the checkpoint finish, and more run.
+            sleep_ms(150).await;
+            let b = w.ask(e, "bursts").await?;
+            c.eq("bursts with a wrong result (xmm registers lost)", &field(&b, "bad")?, "0");
+            c.that(num(&b, "bursts")? > bursts_ck, || format!("no burst ran after the rollback: {b}"));
+            c.eq("state after rollback and bursts", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 2. Signal mask and handlers.
+
+const SIGNALS_PY: &str = r#"
+counts = {'h1': 0, 'h2': 0}
+def h1(sig, frame):
+    counts['h1'] += 1
+def h2(sig, frame):
+    counts['h2'] += 1
+signal.signal(signal.SIGUSR1, h1)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+
+def state():
+    blocked = ','.join(str(int(s)) for s in sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))) or '-'
+    h = signal.getsignal(signal.SIGUSR1)
+    hup = signal.getsignal(signal.SIGHUP)
+    return 'handler=%s blocked=%s hup=%s h1=%d h2=%d SigBlk=%s SigIgn=%s SigCgt=%s' % (
+        getattr(h, '__name__', h), blocked, getattr(hup, 'name', hup), counts['h1'], counts['h2'],
+        status('SigBlk'), status('SigIgn'), status('SigCgt'))
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'raise':
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return state()
+    if cmd == 'mutate':
+        signal.signal(signal.SIGUSR1, h2)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGUSR1})
+        return state()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn signal_mask_and_handlers(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, SIGNALS_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(field(&at_ck, "handler")? == "h1" && field(&at_ck, "blocked")? == "12", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let m = w.ask(e, "mutate").await?;
+            c.that(field(&m, "blocked")? == "10" && field(&m, "hup")? == "SIG_IGN", || format!("mutated: {m}"));
+            let r = w.ask(e, "raise").await?;
+            c.eq("mutated, SIGUSR1 raised: blocked, no handler runs", &r, &m);
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            let r = w.ask(e, "raise").await?;
+            c.that(field(&r, "h1")? == "1" && field(&r, "h2")? == "0", || {
+                format!("SIGUSR1 raised inside after rollback should run h1 once: {r}")
+            });
+            sh(e, &w.sb, &format!("kill -USR1 {}", w.pid)).await?;
+            let r = w.ask(e, "state").await?;
+            c.that(field(&r, "h1")? == "2" && field(&r, "h2")? == "0", || {
+                format!("SIGUSR1 sent from outside after rollback should run h1: {r}")
+            });
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 3. Pending signals.
+
+const PENDING_PY: &str = r#"
+import threading
+got = []
+def h(sig, frame):
+    got.append(int(sig))
+signal.signal(signal.SIGUSR1, h)
+signal.signal(signal.SIGUSR2, h)
+both = {signal.SIGUSR1, signal.SIGUSR2}
+signal.pthread_sigmask(signal.SIG_BLOCK, both)
+os.kill(os.getpid(), signal.SIGUSR2)                                # process-wide pending
+signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)  # thread-directed pending
+
+def state():
+    pending = ','.join(str(int(s)) for s in sorted(signal.sigpending())) or '-'
+    return 'pending=%s got=%s' % (pending, ','.join(map(str, sorted(got))) or '-')
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'consume':
+        del got[:]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        return state()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn pending_signal(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, PENDING_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(field(&at_ck, "pending")? == "10,12" && field(&at_ck, "got")? == "-", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let m = w.ask(e, "consume").await?;
+            c.that(field(&m, "pending")? == "-" && field(&m, "got")? == "10,12", || {
+                format!("unblocking after {round} rollbacks should deliver SIGUSR1 and SIGUSR2: {m}")
+            });
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        let m = w.ask(e, "consume").await?;
+        ensure!(field(&m, "got")? == "10,12", "pending signals not delivered after the last rollback: {m}");
+        w.delete(e).await
+    })
+}
+
+/// Pending signals in detail: a thread-directed one (`tgkill`, in
+/// `SigPnd`), a process-wide one (`kill`, in `ShdPnd`) and a real-time
+/// signal queued twice with values (`sigqueue`): after rollback each comes
+/// back where it was (`/proc/self/status`), as often as it was queued,
+/// with its `siginfo` (`si_code`, `si_pid`, `si_value`, read with
+/// `sigtimedwait`).
+const SIGINFO_PY: &str = r#"
+import ctypes, threading
+libc = ctypes.CDLL(None, use_errno=True)
+RT = int(signal.SIGRTMIN)
+sigs = [signal.SIGUSR1, signal.SIGUSR2, RT]
+signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+mask = (ctypes.c_ulong * 16)()
+for s in sigs:
+    mask[0] |= 1 << (int(s) - 1)
+
+def queue(sig, value):
+    if libc.sigqueue(os.getpid(), sig, ctypes.c_long(value)) < 0:
+        raise OSError(ctypes.get_errno(), 'sigqueue')
+
+os.kill(os.getpid(), signal.SIGUSR2)
+signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+queue(RT, 7)
+queue(RT, 8)
+CODES = {0: 'user', -6: 'tkill', -1: 'queue'}
+
+def state():
+    pending = ','.join(str(int(s)) for s in sorted(signal.sigpending())) or '-'
+    return 'pending=%s SigPnd=%s ShdPnd=%s' % (pending, status('SigPnd'), status('ShdPnd'))
+
+def consume():
+    zero = (ctypes.c_long * 2)(0, 0)
+    out = []
+    while True:
+        info = ctypes.create_string_buffer(128)
+        if libc.sigtimedwait(ctypes.byref(mask), info, ctypes.byref(zero)) < 0:
+            break
+        signo, _, code = struct.unpack_from('iii', info.raw, 0)
+        pid, value = struct.unpack_from('i', info.raw, 16)[0], struct.unpack_from('i', info.raw, 24)[0]
+        item = '%d/%s/%s' % (signo, CODES.get(code, code), 'self' if pid == os.getpid() else 'pid%d' % pid)
+        if code == -1:
+            item += '/%d' % value
+        out.append(item)
+    return 'got=%s' % (','.join(out) or '-')
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'consume':
+        return consume()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn pending_signal_siginfo(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, SIGINFO_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "pending=10,12,34 SigPnd=0000000000000200 ShdPnd=0000000200000800", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        // (`tgkill` gives `si_code` SI_USER on this kernel, like `kill`.)
+        let want = "got=10/user/self,12/user/self,34/queue/self/7,34/queue/self/8";
+        ensure!(w.ask(e, "consume").await? == want, "signals as queued");
+        // Every difference of every round in one report.
+        let mut c = Checks::default();
+        for round in 0..ROUNDS {
+            w.rollback(e, &ck).await?;
+            c.eq(&format!("round {round}: pending after rollback"), &w.ask(e, "state").await?, &at_ck);
+            c.eq(&format!("round {round}: signals after rollback"), &w.ask(e, "consume").await?, want);
+        }
+        c.done()?;
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 4. umask and cwd.
+
+const UMASK_CWD_PY: &str = r#"
+os.umask(0o027)
+os.makedirs('/root/ck-dir')
+open('/root/ck-dir/marker', 'w').close()
+os.chdir('/root/ck-dir')
+
+def state():
+    u = os.umask(0)
+    os.umask(u)
+    fd = os.open('probe', os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o777)
+    mode = os.fstat(fd).st_mode & 0o777
+    os.close(fd)
+    os.unlink('probe')
+    return 'umask=%03o Umask=%s cwd=%s probe=%03o marker=%s' % (
+        u, status('Umask'), os.getcwd(), mode, os.path.exists('marker'))
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'mutate-rename':
+        os.umask(0o002)
+        os.rename('/root/ck-dir', '/root/moved')
+        return state()
+    if cmd == 'mutate-chdir':
+        os.umask(0o077)
+        os.makedirs('/tmp/elsewhere', exist_ok=True)
+        os.chdir('/tmp/elsewhere')
+        return state()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn umask_and_cwd(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, UMASK_CWD_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "umask=027 Umask=0027 cwd=/root/ck-dir probe=750 marker=True", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        let mutations = [
+            ("mutate-rename", "umask=002 Umask=0002 cwd=/root/moved probe=775 marker=True"),
+            ("mutate-chdir", "umask=077 Umask=0077 cwd=/tmp/elsewhere probe=700 marker=False"),
+        ];
+        for (round, (cmd, want)) in mutations.iter().enumerate() {
+            let mut c = Checks::default();
+            c.eq(cmd, &w.ask(e, cmd).await?, want);
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 5. File offsets.
+
+const FILES_PY: &str = r#"
+rw = os.open('/root/data', os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(rw, b'line1\nline2\n')
+ro = os.open('/root/data', os.O_RDONLY)
+os.read(ro, 6)
+ap = os.open('/root/log', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+os.write(ap, b'a1\n')
+
+def state():
+    with open('/root/data', 'rb') as f:
+        fresh = f.read()
+    with open('/root/log', 'rb') as f:
+        log = f.read()
+    same = all(os.fstat(fd).st_ino == os.stat(p).st_ino for fd, p in ((rw, '/root/data'), (ro, '/root/data'), (ap, '/root/log')))
+    return 'rw=%d ro=%d ap=%d append=%d data=%r fresh=%r log=%r same=%s' % (
+        os.lseek(rw, 0, os.SEEK_CUR), os.lseek(ro, 0, os.SEEK_CUR), os.lseek(ap, 0, os.SEEK_CUR),
+        bool(fcntl.fcntl(ap, fcntl.F_GETFL) & os.O_APPEND), os.pread(rw, 4096, 0), fresh, log, same)
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'mutate':
+        os.write(rw, b'line3\n')
+        os.read(ro, 6)
+        os.write(ap, b'a2\n')
+        return state()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn file_offset(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, FILES_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        let want = r"rw=12 ro=6 ap=3 append=1 data=b'line1\nline2\n' fresh=b'line1\nline2\n' log=b'a1\n' same=True";
+        ensure!(at_ck == want, "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        let mutated = r"rw=18 ro=12 ap=6 append=1 data=b'line1\nline2\nline3\n' fresh=b'line1\nline2\nline3\n' log=b'a1\na2\n' same=True";
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            // From the restored state the same writes land at the same offsets (no hole, no overlap).
+            c.eq("mutated", &w.ask(e, "mutate").await?, mutated);
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 6. A pipe with buffered bytes.
+
+const PIPE_PY: &str = r#"
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.write(w, b'hello')
+
+def avail(fd):
+    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
+
+def drain():
+    got = b''
+    while True:
+        try:
+            d = os.read(r, 4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        got += d
+    return got
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'avail=%d' % avail(r)
+    if cmd == 'drain':
+        return 'got=%r avail=%d' % (drain(), avail(r))
+    if cmd == 'mutate':
+        got = drain()
+        os.write(w, b'mutated!')
+        return 'got=%r avail=%d' % (got, avail(r))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn pipe_keeps_buffered_bytes(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, PIPE_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "avail=5", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let m = w.ask(e, "mutate").await?;
+            c.that(m.ends_with("avail=8"), || format!("mutated: {m}"));
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("pipe read after rollback", &w.ask(e, "drain").await?, "got=b'hello' avail=0");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 7. A unix socketpair with bytes in flight, and a listening unix socket.
+
+const UNIX_PY: &str = r#"
+a, b = socket.socketpair()
+a.setblocking(False)
+b.setblocking(False)
+a.sendall(b'inflight')
+b.sendall(b'back')
+lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+lst.bind('/root/sock')
+lst.listen(4)
+
+def avail(s):
+    return struct.unpack('i', fcntl.ioctl(s.fileno(), termios.FIONREAD, b'\0\0\0\0'))[0]
+
+def drain(s):
+    got = b''
+    while True:
+        try:
+            d = s.recv(4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        got += d
+    return got
+
+def on_unix(l):
+    c, _ = l.accept()
+    try:
+        c.sendall(b'unix-ok\n')
+    finally:
+        c.close()
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'a2b=%d b2a=%d' % (avail(b), avail(a))
+    if cmd == 'drain':
+        return 'b_got=%r a_got=%r' % (drain(b), drain(a))
+    if cmd == 'mutate':
+        drain(b)
+        drain(a)
+        a.sendall(b'mutated!!')
+        return 'a2b=%d b2a=%d' % (avail(b), avail(a))
+    raise ValueError(cmd)
+
+serve(handle, extra=[(lst, on_unix)])
+"#;
+
+const UNIX_CLIENT: &str = "import socket\n\
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
+s.settimeout(5)\n\
+try:\n    s.connect('/root/sock')\n    print(s.recv(64).decode().strip())\n\
+except OSError as e:\n    print('connect failed: %r' % (e,))\n";
+
+async fn unix_client(e: &Engine, sb: &str) -> Result<String> {
+    let out = exec(e, sb, ExecRequest { cmd: argv(&["python3", "-c", UNIX_CLIENT]), ..Default::default() }).await?;
+    ensure!(out.exit_code == Some(0), "unix client: {}", out.stderr);
+    Ok(out.stdout.trim().to_string())
+}
+
+fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, UNIX_PY).await?;
+        ensure!(unix_client(e, &w.sb).await? == "unix-ok", "listener before the checkpoint");
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "a2b=8 b2a=4", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "a2b=9 b2a=0");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("bytes in flight after rollback", &w.ask(e, "drain").await?, "b_got=b'inflight' a_got=b'back'");
+            c.eq("connect to /root/sock after rollback", &unix_client(e, &w.sb).await?, "unix-ok");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 8. An eventfd counter.
+
+const EVENTFD_PY: &str = r#"
+efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+os.eventfd_write(efd, 5)
+
+def count():
+    with open('/proc/self/fdinfo/%d' % efd) as f:
+        for line in f:
+            if line.startswith('eventfd-count:'):
+                return int(line.split()[1], 16)
+
+def read():
+    try:
+        return os.eventfd_read(efd)
+    except BlockingIOError:
+        return 0
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'count=%d' % count()
+    if cmd == 'read':
+        return 'read=%d count=%d' % (read(), count())
+    if cmd == 'mutate':
+        read()
+        os.eventfd_write(efd, 2)
+        return 'count=%d' % count()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn eventfd_counter(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, EVENTFD_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "count=5", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "count=2");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("read after rollback", &w.ask(e, "read").await?, "read=5 count=0");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 9. A sleeping loop, and a timerfd.
+
+const SLEEP_PY: &str = r#"
+ticks = 0
+def idle():
+    global ticks
+    time.sleep(0.02)
+    ticks += 1
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'ticks=%d' % ticks
+    raise ValueError(cmd)
+
+serve(handle, idle=idle)
+"#;
+
+fn sleep_loop_keeps_ticking(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, SLEEP_PY).await?;
+        sleep_ms(200).await;
+        let before_ck = num(&w.ask(e, "state").await?, "ticks")?;
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            sleep_ms(400).await;
+            let before_rb = num(&w.ask(e, "state").await?, "ticks")?;
+            w.rollback(e, &ck).await?;
+            let after = num(&w.ask(e, "state").await?, "ticks")?;
+            // From the checkpoint's count, not from 0 and not from where the
+            // rolled-back process was.
+            c.that(after >= before_ck && after < before_rb, || {
+                format!("ticks {after} after rollback: checkpoint at >= {before_ck}, before the rollback {before_rb}")
+            });
+            sleep_ms(200).await;
+            let later = num(&w.ask(e, "state").await?, "ticks")?;
+            c.that(later > after, || format!("not ticking after rollback: {after} then {later}"));
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+const TIMERFD_PY: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+class Ts(ctypes.Structure):
+    _fields_ = [('sec', ctypes.c_long), ('nsec', ctypes.c_long)]
+class Its(ctypes.Structure):
+    _fields_ = [('interval', Ts), ('value', Ts)]
+tfd = libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+if tfd < 0:
+    raise OSError(ctypes.get_errno(), 'timerfd_create')
+
+def arm(ns):
+    if libc.timerfd_settime(tfd, 0, ctypes.byref(Its(Ts(0, ns), Ts(0, ns))), None) < 0:
+        raise OSError(ctypes.get_errno(), 'timerfd_settime')
+
+arm(20000000)
+# A one-shot timer that expires long before the checkpoint and is never
+# read: one unread tick.
+oneshot = libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+if libc.timerfd_settime(oneshot, 0, ctypes.byref(Its(Ts(0, 0), Ts(0, 10000000))), None) < 0:
+    raise OSError(ctypes.get_errno(), 'timerfd_settime')
+# A periodic timer that is never read: it has always expired (unread)
+# when the checkpoint looks at it.
+unread = libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+if libc.timerfd_settime(unread, 0, ctypes.byref(Its(Ts(0, 10000000), Ts(0, 10000000))), None) < 0:
+    raise OSError(ctypes.get_errno(), 'timerfd_settime')
+total = 0
+def idle():
+    global total
+    select.select([tfd], [], [], 0.05)
+    try:
+        total += int.from_bytes(os.read(tfd, 8), 'little')
+    except BlockingIOError:
+        pass
+
+def setting(fd):
+    cur = Its()
+    if libc.timerfd_gettime(fd, ctypes.byref(cur)) < 0:
+        raise OSError(ctypes.get_errno(), 'timerfd_gettime')
+    armed = int(cur.value.sec != 0 or cur.value.nsec != 0)
+    return cur.interval.sec * 10**9 + cur.interval.nsec, armed
+
+def state():
+    interval, armed = setting(tfd)
+    unread_interval, unread_armed = setting(unread)
+    with open('/proc/self/fdinfo/%d' % oneshot) as f:
+        ticks = [l.split()[1] for l in f if l.startswith('ticks:')][0]
+    return 'interval_ns=%d armed=%d oneshot_ticks=%s unread_interval_ns=%d unread_armed=%d total=%d' % (
+        interval, armed, ticks, unread_interval, unread_armed, total)
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'mutate':
+        arm(0)
+        try:
+            os.read(oneshot, 8)
+        except BlockingIOError:
+            pass
+        return state()
+    raise ValueError(cmd)
+
+serve(handle, idle=idle)
+"#;
+
+/// Three timerfds: a periodic one read all the time (disarmed by the
+/// mutation: armed again after rollback, and firing), a one-shot one that
+/// expired and was never read (its tick is read by the mutation: there
+/// again after rollback), and a periodic one never read (expired and not
+/// forwarded whenever the checkpoint looks at it: still periodic and armed
+/// after rollback).
+fn timerfd_stays_armed(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, TIMERFD_PY).await?;
+        sleep_ms(200).await;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(
+            without(&at_ck, &["total"])
+                == "interval_ns=20000000 armed=1 oneshot_ticks=1 unread_interval_ns=10000000 unread_armed=1",
+            "{at_ck}"
+        );
+        ensure!(num(&at_ck, "total")? >= 3, "timer not firing: {at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let m = w.ask(e, "mutate").await?;
+            c.eq(
+                "disarmed, one-shot read",
+                &without(&m, &["total"]),
+                "interval_ns=0 armed=0 oneshot_ticks=0 unread_interval_ns=10000000 unread_armed=1",
+            );
+            sleep_ms(100).await;
+            w.rollback(e, &ck).await?;
+            let after = w.ask(e, "state").await?;
+            c.eq("timers after rollback", &without(&after, &["total"]), &without(&at_ck, &["total"]));
+            sleep_ms(300).await;
+            let later = w.ask(e, "state").await?;
+            c.that(num(&later, "total")? >= num(&after, "total")? + 5, || {
+                format!("timer not firing after rollback: {after} then, 300 ms later, {later}")
+            });
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 10. epoll and signalfd.
+
+const EPOLL_PY: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+os.set_blocking(r, False)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+
+def sigset(*sigs):
+    m = (ctypes.c_ulong * 16)()
+    for s in sigs:
+        m[0] |= 1 << (int(s) - 1)
+    return m
+
+sfd = libc.signalfd(-1, ctypes.byref(sigset(signal.SIGUSR1)), os.O_NONBLOCK | os.O_CLOEXEC)
+if sfd < 0:
+    raise OSError(ctypes.get_errno(), 'signalfd')
+ep = select.epoll()
+ep.register(r, select.EPOLLIN)
+ep.register(sfd, select.EPOLLIN)
+names = {r: 'pipe', sfd: 'sigfd'}
+
+def ready():
+    return ','.join(sorted(names.get(fd, str(fd)) for fd, ev in ep.poll(0))) or '-'
+
+def drain():
+    got = b''
+    while True:
+        try:
+            d = os.read(r, 4096)
+        except BlockingIOError:
+            break
+        got += d
+    signos = []
+    while True:
+        try:
+            info = os.read(sfd, 128)
+        except BlockingIOError:
+            break
+        signos.append(struct.unpack_from('I', info)[0])
+    return 'got=%s signos=%s' % (got.decode() or '-', ','.join(map(str, signos)) or '-')
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'ready=%s' % ready()
+    if cmd == 'probe':
+        os.write(w, b'x')
+        os.kill(os.getpid(), signal.SIGUSR1)
+        rd = ready()
+        return 'ready=%s %s' % (rd, drain())
+    if cmd == 'mutate':
+        ep.unregister(r)
+        if libc.signalfd(sfd, ctypes.byref(sigset(signal.SIGUSR2)), 0) < 0:
+            raise OSError(ctypes.get_errno(), 'signalfd')
+        return 'ready=%s' % ready()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn epoll_and_signalfd(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, EPOLL_PY).await?;
+        let probe = "ready=pipe,sigfd got=x signos=10";
+        ensure!(w.ask(e, "probe").await? == probe, "probe before the checkpoint");
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "ready=-", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "ready=-");
+            c.eq("probe when mutated", &w.ask(e, "probe").await?, "ready=- got=x signos=-");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("probe after rollback (pipe in the epoll set, signalfd on SIGUSR1)", &w.ask(e, "probe").await?, probe);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 11. Sessions: a bash shell's state, and a Python REPL.
+
+fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb, pid: s.pid };
+        let run = |cmd: &str| {
+            let cmd = cmd.to_string();
+            let (sb, sid) = (w.sb.clone(), s.id.clone());
+            async move {
+                let out = e
+                    .session_run(&sb, &sid, SessionRunRequest { command: cmd.clone(), timeout_ms: Some(10_000) })
+                    .await?;
+                ensure!(!out.timed_out, "`{cmd}` timed out: {}", out.output);
+                Ok::<_, anyhow::Error>(out.output.trim().to_string())
+            }
+        };
+        run("mkdir -p /root/sess && cd /root/sess && export SV=ck && LV=local-ck && set -o noclobber").await?;
+        run("alias hi='echo alias-ck'").await?;
+        run("echo ck-marker").await?;
+        let report = "echo \"$PWD|$SV|$LV|$([[ -o noclobber ]] && echo noclobber || echo clobber)|$(type -t hi || echo none)|$(history | grep -c 'ck-mark[e]r')|$(history | grep -c 'mut-mark[e]r')\"";
+        let at_ck = run(report).await?;
+        ensure!(at_ck == "/root/sess|ck|local-ck|noclobber|alias|1|0", "{at_ck}");
+        ensure!(run("hi").await? == "alias-ck", "alias");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            run("cd / && export SV=mut && LV=mut && set +o noclobber && unalias hi && echo mut-marker").await?;
+            c.eq("mutated", &run(report).await?, "/|mut|mut|clobber|none|1|1");
+            w.rollback(e, &ck).await?;
+            // The report line itself went into the history at the checkpoint.
+            c.eq("shell state after rollback", &run(report).await?, &at_ck);
+            c.eq("alias after rollback", &run("hi").await?, "alias-ck");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+/// Types `line` into a session and returns what follows `want` in its
+/// output, up to the end of that line.
+async fn type_line(e: &Engine, sb: &str, sid: &str, line: &str, want: &str) -> Result<String> {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut io = e.session_io(sb, sid).await?;
+    io.write(format!("{line}\r").as_bytes()).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut buf = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, io.output.recv()).await {
+            Ok(Ok(chunk)) => buf.extend_from_slice(&chunk),
+            Ok(Err(RecvError::Lagged(_))) => continue,
+            Ok(Err(RecvError::Closed)) => bail!("session closed; output {:?}", String::from_utf8_lossy(&buf)),
+            Err(_) => bail!("`{line}`: no {want:?} within 10 s; output {:?}", String::from_utf8_lossy(&buf)),
+        }
+        let text = String::from_utf8_lossy(&buf);
+        if let Some(i) = text.find(want) {
+            let rest = &text[i + want.len()..];
+            // A prompt (`>>> `): nothing follows it.
+            if want.ends_with(' ') {
+                return Ok(String::new());
+            }
+            if let Some(end) = rest.find(['\r', '\n']) {
+                return Ok(rest[..end].to_string());
+            }
+        }
+    }
+}
+
+fn session_python_repl(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb, pid: s.pid };
+        let (sb, sid) = (w.sb.as_str(), s.id.as_str());
+        // The shell becomes the REPL: same pid, session leader on the pty.
+        type_line(e, sb, sid, "exec python3 -q -i", ">>> ").await?;
+        type_line(e, sb, sid, "import os; x = [41]; x.append(42); os.chdir('/tmp')", ">>> ").await?;
+        // The echo of this line has no `X=`; its output does.
+        let query = "print('X' + '=' + repr(x), os.getcwd())";
+        let at_ck = type_line(e, sb, sid, query, "X=").await?;
+        ensure!(at_ck == "[41, 42] /tmp", "{at_ck}");
+        type_line(e, sb, sid, "", ">>> ").await?;
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            type_line(e, sb, sid, "x = None; os.chdir('/')", ">>> ").await?;
+            c.eq("mutated", &type_line(e, sb, sid, query, "X=").await?, "None /");
+            type_line(e, sb, sid, "", ">>> ").await?;
+            w.rollback(e, &ck).await?;
+            c.eq("REPL state after rollback", &type_line(e, sb, sid, query, "X=").await?, &at_ck);
+            type_line(e, sb, sid, "", ">>> ").await?;
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 12. The exit of a restored process is seen.
+
+/// A restored process is a child of init like any other: when it dies
+/// (here killed through the engine, with no other process exiting to wake
+/// init up), the engine reports it as exited.
+fn restored_process_exit_is_reported(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, "serve(lambda cmd: 'ok')").await?;
+        let ck = w.checkpoint(e).await?;
+        w.rollback(e, &ck).await?;
+        ensure!(w.ask(e, "x").await? == "ok", "restored process does not answer");
+        e.kill_process(&w.sb, w.pid, 15).await?;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let procs = e.processes(&w.sb).await?;
+            let p = procs.processes.iter().find(|p| p.pid == w.pid).context("background entry lost")?;
+            if !p.running {
+                ensure!(p.signal == Some(15), "exit reported as {p:?}");
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "pid {} was killed but is still reported running after 3 s (not reaped by init?)",
+                w.pid
+            );
+            sleep_ms(50).await;
+        }
+        w.delete(e).await
+    })
+}
+
+fn main() {
+    if !is_root() {
+        println!("SKIP: workload tests need root (namespaces, btrfs, cgroups, ptrace)\n0 passed, 0 failed");
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-workloads-test-{}", std::process::id()));
+    let mut cfg = Config::with_data_dir(&dir);
+    cfg.image_size = 4 << 30;
+    cfg.cgroup_name = "sandtree-workloads".into();
+    let zygote = Zygote::start(cfg.host_config()).expect("zygote");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let cases: Vec<(&str, Case)> = vec![
+        ("memory_and_registers", memory_and_registers),
+        ("signal_mask_and_handlers", signal_mask_and_handlers),
+        ("pending_signal", pending_signal),
+        ("pending_signal_siginfo", pending_signal_siginfo),
+        ("umask_and_cwd", umask_and_cwd),
+        ("file_offset", file_offset),
+        ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
+        ("unix_socketpair_and_listener", unix_socketpair_and_listener),
+        ("eventfd_counter", eventfd_counter),
+        ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
+        ("timerfd_stays_armed", timerfd_stays_armed),
+        ("epoll_and_signalfd", epoll_and_signalfd),
+        ("session_shell_state", session_shell_state),
+        ("session_python_repl", session_python_repl),
+        ("restored_process_exit_is_reported", restored_process_exit_is_reported),
+    ];
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed) = (0, 0);
+    rt.block_on(async {
+        let engine = match Engine::open(cfg, zygote).await {
+            Ok(e) => e,
+            Err(e) => {
+                println!("engine open failed: {e}");
+                failed += 1;
+                return;
+            }
+        };
+        for (name, case) in cases {
+            if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            let t = Instant::now();
+            match case(&engine).await {
+                Ok(()) => {
+                    passed += 1;
+                    println!("test {name} ... ok ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("test {name} ... FAILED: {e:#}");
+                }
+            }
+            // A failed case leaves its sandbox (and its busy program) behind.
+            if let Ok(list) = engine.list_sandboxes().await {
+                for s in list.sandboxes {
+                    let _ = engine.delete_sandbox(&s.id, true).await;
+                }
+            }
+        }
+    });
+    rt.shutdown_background();
+    unmount_all_under(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// Lazily unmounts every mount under `dir`, deepest first: the btrfs volume
+/// and the idmapped lower layers under `run/lower/` (left mounted, they keep
+/// the directory and its 4 GiB sparse image from being removed).
+fn unmount_all_under(dir: &std::path::Path) {
+    let prefix = format!("{}/", dir.display());
+    let mut points: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|p| p.replace("\\040", " "))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&p).status();
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
