@@ -108,6 +108,15 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
                     ),
                 ));
             }
+            FdKind::Socket { family, queued: true, .. } if family == "unix" => {
+                return Err(no(
+                    fd(),
+                    "a unix socket with bytes in flight (not captured yet; checkpoint once they are read)".into(),
+                ));
+            }
+            FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {
+                return Err(no(fd(), format!("a unix socket listening on relative path {path}")));
+            }
             FdKind::Socket { family, stream: true, connected: true, .. } if family.starts_with("inet") => {
                 return Err(no(
                     fd(),

@@ -184,6 +184,8 @@ struct Cloned {
     fds: Vec<crate::model::FdImage>,
     /// Pending signals of the original (a fork does not inherit them).
     pending: u64,
+    /// Their `siginfo_t`s.
+    queued: Vec<crate::model::QueuedSignal>,
     /// CPU affinity of the original (the template is pinned to the tracer's CPU).
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
@@ -302,6 +304,14 @@ fn clone_of(
     let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
     let pending =
         procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?.signals.pending;
+    let mut queued = Vec::new();
+    if pending != 0 {
+        for shared in [false, true] {
+            for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+                queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
+            }
+        }
+    }
     let mut pipes = Vec::new();
     for f in &fds {
         let ino = match &f.kind {
@@ -358,6 +368,7 @@ fn clone_of(
         stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
         fds,
         pending,
+        queued,
         affinity,
         pipes,
         host: child,
@@ -374,6 +385,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
+    image.queued_signals = c.queued;
     image.affinity = c.affinity;
     check::check(&image).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");

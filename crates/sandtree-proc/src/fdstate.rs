@@ -80,6 +80,22 @@ pub fn restore_pipe(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Drop whatever is queued for reading on the socket behind `fd` of `host`.
+pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    let sock = rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?;
+    let mut buf = vec![0u8; 64 * 1024];
+    for _ in 0..4096 {
+        match rustix::net::recv(&sock, &mut buf[..], rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) | Err(Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::other("socket does not drain"))
+}
+
 /// Put `state` back into the object behind `fd` of `host` (a template).
 pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
     let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
@@ -111,14 +127,20 @@ pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
             drained?;
             written
         }
-        AnonState::Timerfd { value_ns, interval_ns, .. } => {
+        AnonState::Timerfd { value_ns, interval_ns, ticks, .. } => {
             let ts = |ns: u64| rustix::time::Timespec {
                 tv_sec: (ns / 1_000_000_000) as i64,
                 tv_nsec: (ns % 1_000_000_000) as i64,
             };
             let spec = rustix::time::Itimerspec { it_interval: ts(interval_ns), it_value: ts(value_ns) };
             rustix::time::timerfd_settime(&obj, rustix::time::TimerfdTimerFlags::empty(), &spec)?;
+            if ticks > 0 {
+                sandtree_sys::timerfd::set_ticks(&obj, ticks)?;
+            }
             Ok(())
         }
+        // Configuration held by the descriptor's owner: restored by
+        // syscalls injected into the restored process (`restore.rs`).
+        AnonState::Epoll { .. } | AnonState::Signalfd { .. } => Ok(()),
     }
 }

@@ -207,13 +207,21 @@ impl Tracee {
 
     /// Give the tracee back its registers `regs` in signal context and
     /// detach; the first held signal is delivered with the detach, the
-    /// others are queued with `kill` by the caller if it wants them.
+    /// others are sent again with `kill` (their siginfo is lost).
     pub fn release(mut self, regs: &Regs) -> Result<()> {
         self.park()?;
         let tid = self.tid;
         ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
         let sig = self.held.first().copied().unwrap_or(0);
-        ptrace::detach(tid, sig).map_err(ptrace_err(tid, "detach"))
+        ptrace::detach(tid, sig).map_err(ptrace_err(tid, "detach"))?;
+        for &again in self.held.iter().skip(1) {
+            if let Some(pid) = rustix::process::Pid::from_raw(tid)
+                && let Some(s) = rustix::process::Signal::from_named_raw(again)
+            {
+                let _ = rustix::process::kill_process(pid, s);
+            }
+        }
+        Ok(())
     }
 }
 

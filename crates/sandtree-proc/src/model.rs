@@ -60,6 +60,10 @@ pub struct ProcessImage {
     pub affinity: Vec<u32>,
     /// Signal masks.
     pub signals: SignalMasks,
+    /// Queued signals with their `siginfo_t` (thread queue first, then the
+    /// process-wide one), oldest first.
+    #[serde(default)]
+    pub queued_signals: Vec<QueuedSignal>,
     /// General purpose registers at the checkpoint.
     pub regs: Registers,
     /// Working directory (path inside the sandbox).
@@ -83,6 +87,15 @@ pub struct SignalMasks {
     pub caught: u64,
     /// `SigPnd` | `ShdPnd`.
     pub pending: u64,
+}
+
+/// A pending signal and its `siginfo_t`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedSignal {
+    /// Sent to the whole process (else to the thread).
+    pub shared: bool,
+    /// The raw 128-byte `siginfo_t`.
+    pub siginfo: Vec<u8>,
 }
 
 /// `user_regs_struct` as plain fields.
@@ -253,6 +266,12 @@ pub enum FdKind {
         listening: bool,
         /// Has a peer.
         connected: bool,
+        /// A unix socket's filesystem address (bound path), if any.
+        #[serde(default)]
+        bound: Option<String>,
+        /// Data was queued for reading.
+        #[serde(default)]
+        queued: bool,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -288,6 +307,19 @@ pub enum AnonState {
         value_ns: u64,
         /// Interval, ns.
         interval_ns: u64,
+        /// Expirations not read yet.
+        #[serde(default)]
+        ticks: u64,
+    },
+    /// An epoll instance's watch list.
+    Epoll {
+        /// (watched fd, events, data).
+        watches: Vec<(i32, u32, u64)>,
+    },
+    /// A signalfd's signal mask.
+    Signalfd {
+        /// Bit `n - 1` for signal `n`.
+        mask: u64,
     },
 }
 

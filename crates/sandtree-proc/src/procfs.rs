@@ -137,19 +137,56 @@ fn timespec_ns(v: &str) -> u64 {
     s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
-/// The state an anonymous-inode object holds, from its fdinfo.
-fn anon_state(what: &str, text: &str) -> Option<AnonState> {
+/// The state an anonymous-inode object holds, from its fdinfo (and, for a
+/// timerfd, `timerfd_gettime` on a duplicate: fdinfo shows an expired
+/// periodic timer that nobody read as disarmed).
+fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Option<AnonState> {
+    let ns = |t: rustix::time::Timespec| (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64;
     match what {
         "eventfd" => Some(AnonState::Eventfd {
             count: field(text, "eventfd-count").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
         }),
-        "timerfd" => Some(AnonState::Timerfd {
-            clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),
-            value_ns: field(text, "it_value").map(timespec_ns).unwrap_or(0),
-            interval_ns: field(text, "it_interval").map(timespec_ns).unwrap_or(0),
+        "timerfd" => {
+            let current = pidfd
+                .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
+                .and_then(|dup| rustix::time::timerfd_gettime(&dup).ok());
+            Some(AnonState::Timerfd {
+                clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),
+                value_ns: match &current {
+                    Some(c) => ns(c.it_value),
+                    None => field(text, "it_value").map(timespec_ns).unwrap_or(0),
+                },
+                interval_ns: match &current {
+                    Some(c) => ns(c.it_interval),
+                    None => field(text, "it_interval").map(timespec_ns).unwrap_or(0),
+                },
+                ticks: field(text, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+            })
+        }
+        "eventpoll" => Some(AnonState::Epoll { watches: epoll_watches(text) }),
+        "signalfd" => Some(AnonState::Signalfd {
+            mask: field(text, "sigmask").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
         }),
         _ => None,
     }
+}
+
+/// The watch list in an epoll's fdinfo: `tfd: N events: X data: Y ...`.
+pub fn epoll_watches(text: &str) -> Vec<(i32, u32, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 6 || f[0] != "tfd:" || f[2] != "events:" || f[4] != "data:" {
+                return None;
+            }
+            Some((f[1].parse().ok()?, u32::from_str_radix(f[3], 16).ok()?, u64::from_str_radix(f[5], 16).ok()?))
+        })
+        .collect()
+}
+
+/// The current watch list of epoll `fd` of `pid`.
+pub fn epoll_watches_of(pid: i32, fd: i32) -> io::Result<Vec<(i32, u32, u64)>> {
+    Ok(epoll_watches(&fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?))
 }
 
 /// What a socket is, asked of the socket itself (a duplicate taken with
@@ -157,7 +194,15 @@ fn anon_state(what: &str, text: &str) -> Option<AnonState> {
 /// whole connection hash table.
 fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     use rustix::net::{AddressFamily, SocketType, sockopt};
-    let unknown = FdKind::Socket { ino, family: "unknown".into(), stream: false, listening: false, connected: false };
+    let unknown = FdKind::Socket {
+        ino,
+        family: "unknown".into(),
+        stream: false,
+        listening: false,
+        connected: false,
+        bound: None,
+        queued: false,
+    };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
         return unknown;
@@ -172,7 +217,18 @@ fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     let stream = matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM) | Ok(SocketType::SEQPACKET));
     let listening = sockopt::socket_acceptconn(&dup).unwrap_or(false);
     let connected = !listening && matches!(rustix::net::getpeername(&dup), Ok(Some(_)));
-    FdKind::Socket { ino, family: family.into(), stream, listening, connected }
+    let bound = (family == "unix")
+        .then(|| rustix::net::getsockname(&dup).ok())
+        .flatten()
+        .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
+        .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
+        .filter(|p| !p.is_empty());
+    let queued = !listening && {
+        let mut b = [0u8; 1];
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0)
+    };
+    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued }
 }
 
 /// Whether a mount keeps its identity across a rollback in place (`/proc`
@@ -210,7 +266,7 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
             socket_kind(pidfd.as_ref(), fd, ino)
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
             let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
-            let state = anon_state(&what, &info.text);
+            let state = anon_state(&what, &info.text, pidfd.as_ref(), fd);
             FdKind::AnonInode { what, state }
         } else if let Some(name) = link.strip_prefix("/memfd:") {
             FdKind::Memfd { name: name.trim_end_matches(" (deleted)").to_string() }
@@ -282,6 +338,7 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         umask: st.umask,
         affinity: Vec::new(),
         signals: st.signals,
+        queued_signals: Vec::new(),
         regs,
         cwd: readlink(format!("{base}/cwd"))?,
         root: readlink(format!("{base}/root"))?,

@@ -8,7 +8,7 @@ use sandtree_sys::ptrace;
 
 use crate::checkpoint::SCRATCH;
 use crate::inject::{self, Tracee};
-use crate::model::{FdKind, ProcessImage};
+use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::tracer::{RestoreReport, State, Template};
 use crate::{Error, Result};
 
@@ -57,6 +57,16 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     }
     for t in &set.templates {
         for f in &t.image.fds {
+            if let FdKind::Socket { family, connected: true, .. } = &f.kind
+                && family == "unix"
+            {
+                // Empty at the checkpoint (checked then): drop what came since.
+                crate::fdstate::drain_socket(t.host, f.fd).map_err(|e| Error::Proc {
+                    pid: t.host,
+                    what: "unix socket queue",
+                    source: e,
+                })?;
+            }
             if let FdKind::AnonInode { state: Some(state), what } = &f.kind {
                 crate::fdstate::restore_anon(t.host, f.fd, state).map_err(|e| Error::Proc {
                     pid: t.host,
@@ -136,7 +146,7 @@ fn restore_one(t: &mut Template) -> Result<()> {
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn);
-        fix_up(&mut p, image, t.scratch)?;
+        fix_up(&mut p, image, t.scratch, t.host)?;
         Ok(p)
     })();
     match fixed {
@@ -151,8 +161,92 @@ fn restore_one(t: &mut Template) -> Result<()> {
     }
 }
 
+/// A unix listener is bound to a socket inode of the replaced tree: the
+/// rolled-back tree has only a dead copy of that file, and `connect` to it
+/// would be refused. Bind a new listener at the same path (same type and
+/// flags, the file's mode kept) and put it on the old descriptor number.
+/// Connections queued on the old one are dropped (their clients were
+/// killed by the rollback, or came after the checkpoint).
+fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bool, path: &str) -> Result<()> {
+    let pid = p.tid;
+    let addr = write_path(pid, scratch, path)?;
+    let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
+    let mut stat = [0u8; 144];
+    let keep_mode = if mode.ret == 0 {
+        ptrace::read_mem(pid, scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
+        Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
+    } else {
+        None
+    };
+    let _ = p.syscall(libc::SYS_unlink, &[addr])?;
+    let kind = if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET };
+    let mut ty = kind as u64;
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        ty |= libc::SOCK_NONBLOCK as u64;
+    }
+    let new = p.call("socket (unix listener)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
+    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    sun.extend_from_slice(path.as_bytes());
+    sun.push(0);
+    ptrace::write_mem(pid, scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
+    p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
+    p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
+    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, cloexec])?;
+    p.call("close", libc::SYS_close, &[new])?;
+    if let Some(m) = keep_mode {
+        p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
+    }
+    Ok(())
+}
+
+/// Make the epoll instance behind `epfd` (shared with the template, so
+/// changed by the original after the checkpoint) watch exactly `watches`
+/// again, by `epoll_ctl` in the restored process. A watched signalfd is
+/// always added again: epoll waits for it on the signal queue of the task
+/// that added it, the dead original's.
+fn restore_epoll(
+    p: &mut Tracee,
+    scratch: u64,
+    template: i32,
+    epfd: i32,
+    watches: &[(i32, u32, u64)],
+    signalfds: &[i32],
+) -> Result<()> {
+    let pid = p.tid;
+    let now = crate::procfs::epoll_watches_of(template, epfd).map_err(|e| Error::Proc {
+        pid: template,
+        what: "epoll fdinfo",
+        source: e,
+    })?;
+    let event = |p: &mut Tracee, events: u32, data: u64| -> Result<u64> {
+        let mut ev = events.to_ne_bytes().to_vec();
+        ev.extend_from_slice(&data.to_ne_bytes());
+        ptrace::write_mem(p.tid, scratch + 1024, &ev).map_err(ptrace_err(pid, "write epoll_event"))?;
+        Ok(scratch + 1024)
+    };
+    for &(tfd, events, data) in &now {
+        if !watches.iter().any(|w| w.0 == tfd) || signalfds.contains(&tfd) {
+            let ev = event(p, events, data)?;
+            // Not ours to fail on: the watched file may be gone already.
+            let _ = p.syscall(libc::SYS_epoll_ctl, &[epfd as u64, libc::EPOLL_CTL_DEL as u64, tfd as u64, ev])?;
+        }
+    }
+    for &(tfd, events, data) in watches {
+        let op = match now.iter().find(|w| w.0 == tfd) {
+            _ if signalfds.contains(&tfd) => libc::EPOLL_CTL_ADD,
+            Some(&(_, e, d)) if e == events && d == data => continue,
+            Some(_) => libc::EPOLL_CTL_MOD,
+            None => libc::EPOLL_CTL_ADD,
+        };
+        let ev = event(p, events, data)?;
+        p.call("epoll_ctl", libc::SYS_epoll_ctl, &[epfd as u64, op as u64, tfd as u64, ev])?;
+    }
+    Ok(())
+}
+
 /// In the new process: cwd, layer files, session, scratch page.
-fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
+fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> Result<()> {
     let pid = p.tid;
     let path = write_path(pid, scratch, &image.cwd)?;
     p.call("chdir", libc::SYS_chdir, &[path])?;
@@ -171,6 +265,30 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
             p.call("close", libc::SYS_close, &[fd])?;
         }
     }
+    let signalfds: Vec<i32> = image
+        .fds
+        .iter()
+        .filter(|f| matches!(f.kind, FdKind::AnonInode { state: Some(AnonState::Signalfd { .. }), .. }))
+        .map(|f| f.fd)
+        .collect();
+    for f in &image.fds {
+        if let FdKind::AnonInode { state: Some(AnonState::Signalfd { mask }), .. } = &f.kind {
+            ptrace::write_mem(pid, scratch + 1024, &mask.to_ne_bytes()).map_err(ptrace_err(pid, "write mask"))?;
+            p.call("signalfd4 (mask)", libc::SYS_signalfd4, &[f.fd as u64, scratch + 1024, 8, 0])?;
+        }
+    }
+    for f in &image.fds {
+        if let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind {
+            restore_epoll(p, scratch, template, f.fd, watches, &signalfds)?;
+        }
+    }
+    for f in &image.fds {
+        if let FdKind::Socket { listening: true, bound: Some(path), stream, .. } = &f.kind
+            && !path.starts_with("/proc/")
+        {
+            rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
+        }
+    }
     if image.sid == image.pid {
         // The session of the template is the dead original's: start a new
         // one under the same number, and take the terminal back.
@@ -186,10 +304,17 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
     } else if image.pgid == image.pid {
         p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
     }
-    // Signals pending at the checkpoint (a fork does not inherit them).
-    for sig in 1..=64u64 {
-        if image.signals.pending & (1 << (sig - 1)) != 0 {
-            p.call("kill (pending signal)", libc::SYS_kill, &[image.pid as u64, sig])?;
+    // Signals pending at the checkpoint (a fork does not inherit them),
+    // queued again with their siginfo, to the thread or the process as
+    // they were (a process may queue any siginfo to itself).
+    for q in &image.queued_signals {
+        let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
+        ptrace::write_mem(pid, scratch + 1024, &q.siginfo).map_err(ptrace_err(pid, "write siginfo"))?;
+        let me = image.pid as u64;
+        if q.shared {
+            p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
+        } else {
+            p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, scratch + 1024])?;
         }
     }
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;

@@ -848,6 +848,10 @@ def handle(cmd):
         drain(a)
         a.sendall(b'mutated!!')
         return 'a2b=%d b2a=%d' % (avail(b), avail(a))
+    if cmd == 'ping-pair':
+        a.sendall(b'ping')
+        time.sleep(0.01)
+        return 'b_got=%r' % drain(b)
     raise ValueError(cmd)
 
 serve(handle, extra=[(lst, on_unix)])
@@ -865,19 +869,31 @@ async fn unix_client(e: &Engine, sb: &str) -> Result<String> {
     Ok(out.stdout.trim().to_string())
 }
 
+/// Bytes in flight on a unix socket are not captured yet: the checkpoint is
+/// refused, naming them. Once read, the checkpoint succeeds; bytes sent
+/// after it are gone after the rollback, and the listener (bound to a file
+/// of the replaced tree) accepts again at its path.
 fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, UNIX_PY).await?;
         ensure!(unix_client(e, &w.sb).await? == "unix-ok", "listener before the checkpoint");
+        ensure!(w.ask(e, "state").await? == "a2b=8 b2a=4");
+        sleep_ms(50).await;
+        let err = e.checkpoint(&w.sb, CheckpointRequest::default()).await.err().context("bytes in flight accepted")?;
+        ensure!(
+            err.code() == sandtree_api::ErrorCode::ProcessNotRestorable && err.to_string().contains("in flight"),
+            "{err}"
+        );
+        ensure!(w.ask(e, "drain").await? == "b_got=b'inflight' a_got=b'back'");
         let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "a2b=8 b2a=4", "{at_ck}");
+        ensure!(at_ck == "a2b=0 b2a=0", "{at_ck}");
         let ck = w.checkpoint(e).await?;
         for round in 0..ROUNDS {
             let mut c = Checks::default();
             c.eq("mutated", &w.ask(e, "mutate").await?, "a2b=9 b2a=0");
             w.rollback(e, &ck).await?;
             c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq("bytes in flight after rollback", &w.ask(e, "drain").await?, "b_got=b'inflight' a_got=b'back'");
+            c.eq("socketpair still connected", &w.ask(e, "ping-pair").await?, "b_got=b'ping'");
             c.eq("connect to /root/sock after rollback", &unix_client(e, &w.sb).await?, "unix-ok");
             c.result(round)?;
         }

@@ -14,6 +14,7 @@
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
 //! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
 //! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
+//! | `timerfd` | `TFD_IOC_SET_TICKS` (unread expirations of a restored timer) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
 
 pub mod btrfs;
@@ -25,3 +26,4 @@ pub mod netdev;
 pub mod process;
 pub mod ptrace;
 pub mod pty;
+pub mod timerfd;

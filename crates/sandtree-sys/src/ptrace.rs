@@ -177,3 +177,49 @@ pub fn write_mem(tid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
 pub fn kill(tid: i32) -> io::Result<()> {
     nix::sys::signal::kill(pid(tid), Signal::SIGKILL).map_err(err)
 }
+
+/// `PTRACE_PEEKSIGINFO`.
+const PTRACE_PEEKSIGINFO: libc::c_uint = 0x4209;
+/// `PTRACE_PEEKSIGINFO_SHARED`: the process-wide queue instead of the thread's.
+const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+
+/// `struct ptrace_peeksiginfo_args`.
+#[repr(C)]
+struct PeekSiginfoArgs {
+    off: u64,
+    flags: u32,
+    nr: i32,
+}
+
+/// The queued (pending) signals of a stopped tracee, as raw 128-byte
+/// `siginfo_t`s: the thread's own queue, or the process-wide one.
+pub fn pending_siginfo(tid: i32, shared: bool) -> io::Result<Vec<[u8; 128]>> {
+    const BATCH: usize = 32;
+    let mut out = Vec::new();
+    loop {
+        let mut buf = [[0u8; 128]; BATCH];
+        let args = PeekSiginfoArgs {
+            off: out.len() as u64,
+            flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 },
+            nr: BATCH as i32,
+        };
+        // SAFETY: PTRACE_PEEKSIGINFO reads `args` (a live, correctly laid out
+        // ptrace_peeksiginfo_args) and writes at most `nr` siginfo_t records
+        // (128 bytes each) into `buf`, which has room for exactly `nr`.
+        let n = unsafe {
+            libc::ptrace(
+                PTRACE_PEEKSIGINFO,
+                tid,
+                &args as *const PeekSiginfoArgs,
+                buf.as_mut_ptr() as *mut libc::c_void,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+        if (n as usize) < BATCH {
+            return Ok(out);
+        }
+    }
+}
