@@ -94,6 +94,9 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
                 ));
             }
             FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
+            FdKind::LayerFile { path, locked: true, .. } => {
+                return Err(no(fd(), format!("a lock is held on {path} (file locks are not captured yet)")));
+            }
             FdKind::AnonInode { what, .. } if !KEPT_ANON.contains(&what.as_str()) => {
                 return Err(no(
                     fd(),

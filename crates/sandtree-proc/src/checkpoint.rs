@@ -83,13 +83,19 @@ fn stop_inner(
         if new.is_empty() {
             break;
         }
+        // A refusal stops the scan, but what was seized must still reach its
+        // stop and be recorded, so that the caller lets it go.
+        let mut failure: Option<Error> = None;
         let mut seized = Vec::new();
         for host in new {
             seen.insert(host);
             let status = match procfs::status(host) {
                 Ok(s) => s,
                 Err(e) if is_gone(&e) || e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(Error::Proc { pid: host, what: "status", source: e }),
+                Err(e) => {
+                    failure = Some(Error::Proc { pid: host, what: "status", source: e });
+                    break;
+                }
             };
             // Zombies, and tasks that joined the cgroup from outside the
             // sandbox's pid namespace (not the sandbox's processes; the
@@ -104,7 +110,8 @@ fn stop_inner(
                     report.skipped.push(u);
                     continue;
                 }
-                return Err(Error::Unsupported(u));
+                failure = Some(Error::Unsupported(u));
+                break;
             }
             match ptrace::seize(host) {
                 Ok(()) => {}
@@ -120,16 +127,21 @@ fn stop_inner(
                         report.skipped.push(u);
                         continue;
                     }
-                    return Err(Error::Unsupported(u));
+                    failure = Some(Error::Unsupported(u));
+                    break;
                 }
-                Err(e) => return Err(Error::Ptrace { pid: host, op: "seize", source: e }),
+                Err(e) => {
+                    failure = Some(Error::Ptrace { pid: host, op: "seize", source: e });
+                    break;
+                }
             }
             if let Err(e) = ptrace::interrupt(host) {
                 let _ = ptrace::detach(host, 0);
                 if is_gone(&e) {
                     continue;
                 }
-                return Err(Error::Ptrace { pid: host, op: "interrupt", source: e });
+                failure = Some(Error::Ptrace { pid: host, op: "interrupt", source: e });
+                break;
             }
             seized.push((host, status.ns_pid, ppid));
         }
@@ -156,12 +168,23 @@ fn stop_inner(
                 Err(Error::Died { .. }) => continue,
                 Err(e) => {
                     let _ = ptrace::detach(host, 0);
-                    return Err(e);
+                    failure.get_or_insert(e);
+                    continue;
                 }
             }
-            let regs = ptrace::regs(host).map_err(ptrace_err(host, "GETREGS"))?;
-            st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs });
-            report.stopped += 1;
+            match ptrace::regs(host) {
+                Ok(regs) => {
+                    st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs });
+                    report.stopped += 1;
+                }
+                Err(e) => {
+                    let _ = ptrace::detach(host, 0);
+                    failure.get_or_insert(Error::Ptrace { pid: host, op: "GETREGS", source: e });
+                }
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
         }
         if !stuck.is_empty() {
             return Err(Error::StopTimeout { timeout_ms: timeout.as_millis() as u64, stuck: stuck.join(", ") });

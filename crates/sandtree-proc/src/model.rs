@@ -226,6 +226,10 @@ pub enum FdKind {
         path: String,
         /// Opened directory.
         directory: bool,
+        /// It holds a lock (`flock` / POSIX / OFD): locks belong to the open
+        /// file of the replaced tree and would be lost.
+        #[serde(default)]
+        locked: bool,
     },
     /// A file on a mount that survives rollback (`/dev`, `/proc`, devpts):
     /// the template's descriptor is used as it is.

@@ -281,7 +281,8 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
                 _ if fifo => FdKind::Fifo { path: link },
                 Some(m) if m.fstype == "overlay" => {
                     let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
-                    FdKind::LayerFile { path: link, directory }
+                    let locked = info.text.lines().any(|l| l.starts_with("lock:"));
+                    FdKind::LayerFile { path: link, directory, locked }
                 }
                 Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
                 _ => FdKind::OtherMount { path: link },

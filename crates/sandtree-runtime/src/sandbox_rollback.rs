@@ -133,10 +133,11 @@ impl Engine {
                     r.restored.len(),
                     r.restored
                 );
-                if let Some(s) = &templates
-                    && !s.unrestorable.is_empty()
+                if let Some(cap) = &captured
+                    && !cap.unrestorable.is_empty()
                 {
-                    let names: Vec<String> = s.unrestorable.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
+                    let names: Vec<String> =
+                        cap.unrestorable.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
                     note.push_str(&format!("; not restorable, so not running: {}", names.join(", ")));
                 }
                 if !r.evicted.is_empty() {

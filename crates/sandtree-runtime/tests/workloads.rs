@@ -1226,6 +1226,163 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+// ---------------------------------------------------------------------------
+// Real programs.
+
+const SQLITE_PY: &str = r#"
+import sqlite3
+db = sqlite3.connect('/root/app.db', isolation_level=None)
+db.execute('create table if not exists t(x)')
+
+def rows():
+    return 'rows=%d' % db.execute('select count(*) from t').fetchone()[0]
+
+def handle(cmd):
+    if cmd == 'count':
+        return rows()
+    if cmd == 'add':
+        db.execute('insert into t values (1)')
+        return rows()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// sqlite3 with an open database (autocommit: no lock held between
+/// statements): after rollback the connection sees the checkpoint's rows,
+/// and keeps working.
+fn sqlite_open_database(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, SQLITE_PY).await?;
+        for _ in 0..3 {
+            w.ask(e, "add").await?;
+        }
+        ensure!(w.ask(e, "count").await? == "rows=3");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let before = num(&w.ask(e, "count").await?, "rows")?;
+            w.ask(e, "add").await?;
+            c.eq("mutated", &w.ask(e, "add").await?, &format!("rows={}", before + 2));
+            w.rollback(e, &ck).await?;
+            c.eq("rows after rollback", &w.ask(e, "count").await?, "rows=3");
+            c.eq("insert after rollback", &w.ask(e, "add").await?, "rows=4");
+            c.eq("integrity", &sh(e, &w.sb, "python3 -c \"import sqlite3; print(sqlite3.connect('/root/app.db').execute('pragma integrity_check').fetchone()[0])\"").await?, "ok\n");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+/// `python3 -m http.server` serves the rolled-back files right after the
+/// rollback, from the same process.
+fn http_server_serves_rolled_back_files(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        sh(e, &sb, "mkdir -p /root/www && echo version-one > /root/www/v.txt").await?;
+        let bg = exec(
+            e,
+            &sb,
+            ExecRequest {
+                cmd: argv(&["python3", "-m", "http.server", "7000", "--bind", "127.0.0.1", "--directory", "/root/www"]),
+                background: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let get = "exec 3<>/dev/tcp/127.0.0.1/7000 && printf 'GET /v.txt HTTP/1.0\\r\\n\\r\\n' >&3 && tail -n 1 <&3";
+        let fetch = || async {
+            let out = exec(e, &sb, ExecRequest { cmd: argv(&["bash", "-c", get]), ..Default::default() }).await?;
+            Ok::<_, anyhow::Error>(out.stdout.trim().to_string())
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fetch().await.unwrap_or_default() != "version-one" {
+            ensure!(Instant::now() < deadline, "http.server does not answer");
+            sleep_ms(50).await;
+        }
+        let w = Workload { sb: sb.clone(), pid: bg.pid };
+        // Its request threads are gone before the checkpoint.
+        sleep_ms(100).await;
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            sh(e, &sb, "echo version-two > /root/www/v.txt").await?;
+            c.eq("served before rollback", &fetch().await?, "version-two");
+            sleep_ms(50).await;
+            w.rollback(e, &ck).await?;
+            c.eq("served after rollback", &fetch().await?, "version-one");
+            sleep_ms(50).await;
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+/// bash with a background job: the job is a child of bash, which the
+/// template path cannot restore yet. The checkpoint names it; with best
+/// effort the shell is captured and the job marked not restorable.
+fn bash_job_is_named_not_restorable(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let run = |cmd: &str| SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
+        e.session_run(&sb, &s.id, run("X=kept; sleep 1000 &")).await?;
+        sleep_ms(50).await;
+        let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("job accepted")?;
+        let msg = err.to_string();
+        ensure!(err.code() == sandtree_api::ErrorCode::ProcessNotRestorable, "{msg}");
+        ensure!(msg.contains("(sleep)") && msg.contains(&format!("parent is pid {}", s.pid)), "{msg}");
+        let r = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
+        ensure!(r.checkpoint.process_state == ProcessState::Partial, "{r:?}");
+        ensure!(r.checkpoint.processes == vec![s.pid], "{r:?}");
+        let rb = e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone() }).await?;
+        ensure!(rb.restored_pids == vec![s.pid] && rb.note.contains("sleep"), "{rb:?}");
+        let out = e.session_run(&sb, &s.id, run("echo $X")).await?;
+        ensure!(out.output.trim() == "kept", "{out:?}");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
+/// git in a repository, driven from a session: history and the shell's
+/// cwd come back together.
+fn git_repo_in_session(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb: sb.clone(), pid: s.pid };
+        let run = |cmd: &str| {
+            let (cmd, sb, sid) = (cmd.to_string(), sb.clone(), s.id.clone());
+            async move {
+                let out = e
+                    .session_run(&sb, &sid, SessionRunRequest { command: cmd.clone(), timeout_ms: Some(10_000) })
+                    .await?;
+                ensure!(out.exit_code == Some(0), "`{cmd}`: {}", out.output);
+                Ok::<_, anyhow::Error>(out.output.trim().to_string())
+            }
+        };
+        let git = "git -c user.name=t -c user.email=t@localhost";
+        run(&format!(
+            "mkdir -p /root/r && cd /root/r && git init -q && echo a > f && {git} add f && {git} commit -qm one"
+        ))
+        .await?;
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            run(&format!("echo b >> f && {git} commit -qam two && cd /")).await?;
+            w.rollback(e, &ck).await?;
+            c.eq("history after rollback", &run("git log --format=%s | tr '\\n' ' '").await?, "one");
+            c.eq(
+                "cwd and worktree",
+                &run("echo $PWD $(cat f) $(git status --porcelain | wc -l)").await?,
+                "/root/r a 0",
+            );
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
 /// Types `line` into a session and returns what follows `want` in its
 /// output, up to the end of that line.
 async fn type_line(e: &Engine, sb: &str, sid: &str, line: &str, want: &str) -> Result<String> {
@@ -1343,6 +1500,10 @@ fn main() {
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
+        ("sqlite_open_database", sqlite_open_database),
+        ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
+        ("bash_job_is_named_not_restorable", bash_job_is_named_not_restorable),
+        ("git_repo_in_session", git_repo_in_session),
     ];
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let (mut passed, mut failed) = (0, 0);
