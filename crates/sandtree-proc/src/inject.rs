@@ -54,16 +54,9 @@ fn ptrace_err(tid: i32, op: &'static str) -> impl FnOnce(io::Error) -> Error {
 pub fn wait_event_stop(tid: i32) -> Result<Vec<i32>> {
     let mut children = Vec::new();
     loop {
-        match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
-            Stop::Event { event: EVENT_STOP, .. } => return Ok(children),
-            Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
-                children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
-                ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
-            }
-            Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
-            Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
-            Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
-            Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+        let stop = ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))?;
+        if step_to_event_stop(tid, stop, &mut children)? {
+            return Ok(children);
         }
     }
 }
@@ -83,18 +76,27 @@ pub fn wait_event_stop_until(tid: i32, deadline: std::time::Instant) -> Result<O
             nap = (nap * 2).min(std::time::Duration::from_millis(1));
             continue;
         };
-        match stop {
-            Stop::Event { event: EVENT_STOP, .. } => return Ok(Some(children)),
-            Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
-                children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
-                ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
-            }
-            Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
-            Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
-            Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
-            Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+        if step_to_event_stop(tid, stop, &mut children)? {
+            return Ok(Some(children));
         }
     }
+}
+
+/// One stop on the way to `PTRACE_EVENT_STOP`: `true` once there; other
+/// stops are let go (signals delivered, fork events' children recorded).
+fn step_to_event_stop(tid: i32, stop: Stop, children: &mut Vec<i32>) -> Result<bool> {
+    match stop {
+        Stop::Event { event: EVENT_STOP, .. } => return Ok(true),
+        Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
+            children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        }
+        Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
+        Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
+        Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+        Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+    }
+    Ok(false)
 }
 
 /// Offset of a `syscall` instruction in the vDSO: one kernel, one vDSO

@@ -10,9 +10,10 @@ use anyhow::{Context, Result, ensure};
 use sandtree_api::{
     CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, Limits, RollbackRequest, SessionRunRequest,
 };
-use sandtree_runtime::{Config, Engine, Zygote};
+use sandtree_runtime::Engine;
 
-type Case = for<'a> fn(&'a Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
+mod common;
+use common::Case;
 
 async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
     let out =
@@ -323,7 +324,7 @@ fn stuck_task_makes_checkpoint_fail_cleanly(
         std::io::BufReader::new(helper.stdout.take().context("stdout")?).read_line(&mut line)?;
         ensure!(line.trim() == "ready", "helper said {line:?}");
         let pid = helper.id();
-        let cgroup = ["/sys/fs/cgroup/freezer/sandtree", "/sys/fs/cgroup/sandtree"]
+        let cgroup = ["/sys/fs/cgroup/freezer/sandtree-engine-test", "/sys/fs/cgroup/sandtree-engine-test"]
             .iter()
             .map(|base| std::path::Path::new(base).join(&sb).join("cgroup.procs"))
             .find(|p| p.exists())
@@ -348,16 +349,6 @@ fn stuck_task_makes_checkpoint_fail_cleanly(
 }
 
 fn main() {
-    if !nix_is_root() {
-        println!("SKIP: engine tests need root\n0 passed, 0 failed");
-        return;
-    }
-    let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-engine-test-{}", std::process::id()));
-    let mut cfg = Config::with_data_dir(&dir);
-    cfg.image_size = 4 << 30;
-    cfg.freeze_timeout_ms = 500;
-    let zygote = Zygote::start(cfg.host_config()).expect("zygote");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
@@ -368,50 +359,5 @@ fn main() {
         ("gc_removes_orphans", gc_removes_orphans),
         ("stuck_task_makes_checkpoint_fail_cleanly", stuck_task_makes_checkpoint_fail_cleanly),
     ];
-    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let (mut passed, mut failed) = (0, 0);
-    rt.block_on(async {
-        let engine = match Engine::open(cfg, zygote).await {
-            Ok(e) => e,
-            Err(e) => {
-                println!("engine open failed: {e}");
-                failed += 1;
-                return;
-            }
-        };
-        for (name, case) in cases {
-            if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-                continue;
-            }
-            let t = Instant::now();
-            match case(&engine).await {
-                Ok(()) => {
-                    passed += 1;
-                    println!("test {name} ... ok ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
-                }
-                Err(e) => {
-                    failed += 1;
-                    println!("test {name} ... FAILED: {e:#}");
-                }
-            }
-        }
-        if let Ok(list) = engine.list_sandboxes().await {
-            for s in list.sandboxes {
-                let _ = engine.delete_sandbox(&s.id, true).await;
-            }
-        }
-    });
-    rt.shutdown_background();
-    let _ = std::process::Command::new("umount").arg("-l").arg(dir.join("btrfs")).status();
-    let _ = std::fs::remove_dir_all(&dir);
-    println!("{passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
+    common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }

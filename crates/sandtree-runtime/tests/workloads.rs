@@ -17,8 +17,6 @@
 //! `N passed, M failed`. An optional first argument filters cases by name.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -26,10 +24,10 @@ use sandtree_api::{
     CheckpointRequest, CreateSandboxRequest, ExecRequest, ExecResponse, ProcessState, RollbackRequest,
     SessionRunRequest,
 };
-use sandtree_runtime::{Config, Engine, Zygote};
+use sandtree_runtime::Engine;
 
-type CaseFuture<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
-type Case = for<'a> fn(&'a Engine) -> CaseFuture<'a>;
+mod common;
+use common::{Case, CaseFuture};
 
 /// Port every workload listens on (each sandbox has its own network namespace).
 const PORT: u16 = 7000;
@@ -1474,16 +1472,6 @@ fn restored_process_exit_is_reported(e: &Engine) -> CaseFuture<'_> {
 }
 
 fn main() {
-    if !is_root() {
-        println!("SKIP: workload tests need root (namespaces, btrfs, cgroups, ptrace)\n0 passed, 0 failed");
-        return;
-    }
-    let dir = std::path::PathBuf::from(format!("/var/tmp/sandtree-workloads-test-{}", std::process::id()));
-    let mut cfg = Config::with_data_dir(&dir);
-    cfg.image_size = 4 << 30;
-    cfg.cgroup_name = "sandtree-workloads".into();
-    let zygote = Zygote::start(cfg.host_config()).expect("zygote");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let cases: Vec<(&str, Case)> = vec![
         ("memory_and_registers", memory_and_registers),
         ("signal_mask_and_handlers", signal_mask_and_handlers),
@@ -1505,69 +1493,5 @@ fn main() {
         ("bash_job_is_named_not_restorable", bash_job_is_named_not_restorable),
         ("git_repo_in_session", git_repo_in_session),
     ];
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed) = (0, 0);
-    rt.block_on(async {
-        let engine = match Engine::open(cfg, zygote).await {
-            Ok(e) => e,
-            Err(e) => {
-                println!("engine open failed: {e}");
-                failed += 1;
-                return;
-            }
-        };
-        for (name, case) in cases {
-            if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-                continue;
-            }
-            let t = Instant::now();
-            match case(&engine).await {
-                Ok(()) => {
-                    passed += 1;
-                    println!("test {name} ... ok ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
-                }
-                Err(e) => {
-                    failed += 1;
-                    println!("test {name} ... FAILED: {e:#}");
-                }
-            }
-            // A failed case leaves its sandbox (and its busy program) behind.
-            if let Ok(list) = engine.list_sandboxes().await {
-                for s in list.sandboxes {
-                    let _ = engine.delete_sandbox(&s.id, true).await;
-                }
-            }
-        }
-    });
-    rt.shutdown_background();
-    unmount_all_under(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    println!("{passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
-}
-
-/// Lazily unmounts every mount under `dir`, deepest first: the btrfs volume
-/// and the idmapped lower layers under `run/lower/` (left mounted, they keep
-/// the directory and its 4 GiB sparse image from being removed).
-fn unmount_all_under(dir: &std::path::Path) {
-    let prefix = format!("{}/", dir.display());
-    let mut points: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .map(|p| p.replace("\\040", " "))
-        .filter(|p| p.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&p).status();
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
+    common::run("sandtree-workloads-test", "sandtree-workloads", |_| {}, cases);
 }

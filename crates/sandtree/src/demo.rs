@@ -81,6 +81,10 @@ git init -q && git add -A && git -c user.email=demo@sandtree -c user.name=demo c
 python3 -c 'import greet; print(greet.hello("sandbox"))'
 "#;
 
+/// Step 6: a process whose state lives in memory (a counter and a random
+/// token) and shows it in a file.
+const COUNTER: &str = "import os, time\ntoken = os.urandom(4).hex()\nn = 0\nwhile True:\n    n += 1\n    open('/root/.counter', 'w').write(f'pid {os.getpid()} token {token} count {n}')\n    os.replace('/root/.counter', '/root/counter')\n    time.sleep(0.05)\n";
+
 pub fn run(args: DemoArgs, socket: PathBuf) -> Result<()> {
     let mut c = Client { socket: socket.clone(), timings: Vec::new() };
     println!("== 1. create a sandbox on the embedded default image");
@@ -143,11 +147,37 @@ pub fn run(args: DemoArgs, socket: PathBuf) -> Result<()> {
     print!("   {}", out.replace('\n', "\n   ").trim_end_matches("   "));
     println!();
 
-    println!("== 6. the checkpoint tree");
+    println!("== 6. live processes: a Python process keeps counting in memory; roll it back");
+    let v = c.call(
+        "start a background process",
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(json!({"cmd": ["python3", "-c", COUNTER], "background": true})),
+    )?;
+    let pid = v["pid"].as_i64().unwrap_or(0);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let v = c.call("checkpoint", "POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({"label": "live"})))?;
+    let live = v["checkpoint"]["id"].as_str().context("no checkpoint id")?.to_string();
+    let at_ck = c.sh("read state", &sb, "cat /root/counter")?;
+    println!(
+        "   checkpoint {live} ({:.1} ms, processes paused {:.2} ms): pid {pid} at {}",
+        c.last_ms(),
+        v["checkpoint"]["frozen_ms"].as_f64().unwrap_or(0.0),
+        at_ck.trim()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let later = c.sh("read state", &sb, "cat /root/counter")?;
+    println!("   0.7 s later: {}", later.trim());
+    let v = c.call("rollback", "POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": live})))?;
+    let ms = c.last_ms();
+    let after = c.sh("read state", &sb, "cat /root/counter")?;
+    println!("   rolled back in {ms:.1} ms ({}): {}", v["note"].as_str().unwrap_or(""), after.trim());
+
+    println!("== 7. the checkpoint tree");
     let v = c.call("list checkpoints", "GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None)?;
     print_tree(v["checkpoints"].as_array().map(Vec::as_slice).unwrap_or(&[]));
 
-    println!("== 7. latencies (client side, over the unix socket)");
+    println!("== 8. latencies (client side, over the unix socket)");
     let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
     for (what, ms) in &c.timings {
         match groups.iter_mut().find(|g| &g.0 == what) {
