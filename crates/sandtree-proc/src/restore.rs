@@ -15,6 +15,9 @@ use crate::{Error, Result};
 /// `-ERESTART_RESTARTBLOCK`: its restart block belonged to the original.
 const ERESTART_RESTARTBLOCK: u64 = -516i64 as u64;
 const ERESTARTNOINTR: i64 = -513;
+const EEXIST: i64 = -(libc::EEXIST as i64);
+/// How long a restore waits for the killed original to release its pid.
+const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
 const CLONE_ARGS_SIZE: u64 = 88;
 /// Where in the scratch page the `set_tid` array goes.
@@ -76,7 +79,11 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
-    for t in &mut set.templates {
+    // Small processes first: the big ones take longest to tear down.
+    let mut order: Vec<usize> = (0..set.templates.len()).collect();
+    order.sort_by_key(|&i| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
+    for i in order {
+        let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
         let res = restore_one(t);
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
@@ -122,10 +129,19 @@ fn restore_one(t: &mut Template) -> Result<()> {
     ptrace::write_mem(t.host, t.scratch, &args).map_err(ptrace_err(t.host, "write clone_args"))?;
     ptrace::write_mem(t.host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes())
         .map_err(ptrace_err(t.host, "write set_tid"))?;
+    // The killed original may still be tearing down (init reaps it in the
+    // background): its pid is busy until then.
+    let deadline = std::time::Instant::now() + PID_WAIT;
+    let mut nap = std::time::Duration::from_micros(20);
     let mut out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
-    for _ in 0..5 {
-        if out.ret != ERESTARTNOINTR {
-            break;
+    for _ in 0..100_000 {
+        match out.ret {
+            ERESTARTNOINTR => {}
+            EEXIST if std::time::Instant::now() < deadline => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(std::time::Duration::from_millis(1));
+            }
+            _ => break,
         }
         out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
     }

@@ -76,6 +76,7 @@ impl Engine {
                     None => Vec::new(),
                 };
                 let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
+                let keep_after = keep.clone();
                 let in_place = async {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, keep, restore).await?;
@@ -85,6 +86,11 @@ impl Engine {
                         let ck_id = ck.id.clone();
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
                     }
+                    // The killed processes die in the background of the swap
+                    // and restore; none may show once the rollback returns.
+                    let mut except = keep_after.clone();
+                    except.extend(restored.iter().flat_map(|r| r.restored.iter().copied()));
+                    sb.wait_gone(except).await?;
                     tracing::debug!(
                         sandbox = id,
                         reroot = ?t_restore.duration_since(t_reroot),
@@ -183,7 +189,7 @@ impl Engine {
         // down) while the zygote builds the new layers.
         let t0 = Instant::now();
         let kill = async {
-            let r = sb.kill_all(keep.clone()).await;
+            let r = sb.kill_all(keep.clone(), restore.clone()).await;
             (r, t0.elapsed())
         };
         let layers = async {

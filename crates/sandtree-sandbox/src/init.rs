@@ -46,12 +46,16 @@ const MAX_QUEUED: usize = 16 * 1024;
 struct Init {
     conn: Option<OwnedFd>,
     tracked: HashSet<i32>,
+    /// Pids killed for a rollback that the daemon restores: the exit of the
+    /// old process is not reported; once it is reaped, the pid is tracked
+    /// again (for the restored process).
+    restoring: HashSet<i32>,
     queued: VecDeque<FromInit>,
 }
 
 /// Run the init loop forever.
 pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
-    let mut st = Init { conn: None, tracked: HashSet::new(), queued: VecDeque::new() };
+    let mut st = Init { conn: None, tracked: HashSet::new(), restoring: HashSet::new(), queued: VecDeque::new() };
     loop {
         let (listen_ready, sig_ready, conn_ready, conn_err) = {
             let mut fds =
@@ -108,8 +112,34 @@ impl Init {
                 Ok(WaitStatus::StillAlive) | Err(_) => return,
                 Ok(_) => continue,
             };
-            if self.tracked.remove(&pid) {
-                self.send(FromInit::Exited { pid, code, signal }, &[]);
+            self.exited(crate::reroot::Reaped { pid, code, signal });
+        }
+    }
+
+    /// Report an exit (or, for a pid being restored, start tracking its
+    /// successor).
+    fn exited(&mut self, r: crate::reroot::Reaped) {
+        if self.restoring.remove(&r.pid) {
+            self.tracked.insert(r.pid);
+        } else if self.tracked.remove(&r.pid) {
+            self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
+        }
+    }
+
+    /// Kill for a rollback: `restore` pids still present become
+    /// `restoring` (their old exit is swallowed), absent ones are tracked
+    /// at once.
+    fn kill_for_rollback(&mut self, keep: &[i32], restore: &[i32]) {
+        let present = crate::reroot::signal_all(keep);
+        for &pid in restore {
+            if self.restoring.contains(&pid) {
+                continue;
+            }
+            self.tracked.remove(&pid);
+            if present.contains(&pid) {
+                self.restoring.insert(pid);
+            } else {
+                self.tracked.insert(pid);
             }
         }
     }
@@ -150,18 +180,24 @@ impl Init {
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
             Request::Reroot { targets, keep, restore } => {
-                let reply = match self.reroot(sigfd, &targets, &keep, &restore, fds) {
+                let reply = match self.reroot(&targets, &keep, &restore, fds) {
                     Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message, code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
             }
-            Request::KillAll { keep } => {
-                let reply = match crate::reroot::kill_all(sigfd, &keep) {
-                    Ok(reaped) => {
-                        self.report_reaped(reaped);
-                        Reply::Ok
-                    }
+            Request::KillAll { keep, restore } => {
+                self.kill_for_rollback(&keep, &restore);
+                self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);
+            }
+            Request::WaitGone { except } => {
+                let mut reaped = Vec::new();
+                let res = crate::reroot::wait_gone(sigfd, &except, &mut reaped);
+                for r in reaped {
+                    self.exited(r);
+                }
+                let reply = match res {
+                    Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message, code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
@@ -196,28 +232,17 @@ impl Init {
 impl Init {
     /// See [`crate::reroot`]: exits of tracked processes are reported before
     /// the reply.
-    fn report_reaped(&mut self, reaped: Vec<crate::reroot::Reaped>) {
-        for r in reaped {
-            if self.tracked.remove(&r.pid) {
-                self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
-            }
-        }
-    }
-
     fn reroot(
         &mut self,
-        sigfd: &SignalFd,
         targets: &[PathBuf],
         keep: &[i32],
         restore: &[i32],
         layers: Vec<OwnedFd>,
     ) -> Result<(), String> {
         crate::reroot::validate(targets, &layers)?;
-        let reaped = crate::reroot::kill_all(sigfd, keep)?;
-        self.report_reaped(reaped);
-        // The daemon brings these pids back from templates right after the
-        // reply: their exits are reported like those of spawned processes.
-        self.tracked.extend(restore.iter().copied());
+        // Stragglers since `KillAll` (or all of them, without one); the
+        // daemon brings `restore` back from templates after the reply.
+        self.kill_for_rollback(keep, restore);
         crate::reroot::swap_root(targets, layers)
     }
 }

@@ -128,15 +128,26 @@ pub enum Request {
     },
     /// Liveness check.
     Ping,
-    /// Kill every process but init and `keep` and reap them (the first half
-    /// of a rollback in place, started while the daemon builds the new
-    /// layers); answers `Ok` once they are gone.
+    /// Send SIGKILL to every process but init and `keep` (the first half
+    /// of a rollback in place, while the daemon builds the new layers);
+    /// answers `Ok` at once: the victims die and are reaped meanwhile.
+    /// The exits of victims whose pid is in `restore` are not reported
+    /// (the daemon brings that pid back), the next exit of that pid is.
     KillAll {
         /// Pids not to kill: process templates.
         keep: Vec<i32>,
+        /// Pids the daemon will restore.
+        restore: Vec<i32>,
     },
-    /// Kill every process but init, then make the attached overlay mounts
-    /// (one per target, root first) the sandbox's filesystem tree.
+    /// Wait until no process but init and `except` is left (killed
+    /// processes reaped), bounded; answers `Ok` or `Error` naming them.
+    WaitGone {
+        /// Pids that may stay: templates and restored processes.
+        except: Vec<i32>,
+    },
+    /// Kill every process but init and `keep` (no wait), then make the
+    /// attached overlay mounts (one per target, root first) the sandbox's
+    /// filesystem tree.
     Reroot {
         /// Mount point of each attached layer inside the sandbox (`/` first).
         targets: Vec<std::path::PathBuf>,

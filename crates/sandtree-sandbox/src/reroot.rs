@@ -8,14 +8,14 @@
 //!
 //! Sequence (runs in init, request [`crate::protocol::Request::Reroot`], the
 //! overlay mount fds built by the zygote as real root attached):
-//! 1. `kill(-1, SIGKILL)`: in a pid namespace this reaches every process but
-//!    init, atomically with respect to `fork` (a child either is listed or
-//!    its parent's fork fails). Process templates (`sandtree-proc`) are
-//!    spared: then every pid but theirs is killed, scan after scan. Init
-//!    reaps, waking on its `SIGCHLD` signalfd, for at most [`KILL_TIMEOUT`]
-//!    (a task in uninterruptible sleep cannot die before its syscall ends).
-//!    Nothing then holds a file of the old tree but init and the templates
-//!    (whose root moves with `pivot_root`, see below).
+//! 1. SIGKILL every process but init and the process templates
+//!    (`sandtree-proc`), scan after scan until no new pid shows
+//!    ([`signal_all`]; the daemon sends `KillAll` first, while the zygote
+//!    builds the layers). Init does not wait for them: a killed process
+//!    never runs user code again, and tearing down a large one takes
+//!    milliseconds that overlap with the swap and the restore. Init reaps
+//!    them in its main loop; the daemon's `WaitGone` at the end of the
+//!    rollback waits (bounded) until they are all gone.
 //! 2. `move_mount` the new root overlay on top of `/`; every further layer
 //!    onto its target inside the new root (resolved through the mount fd).
 //! 3. `move_mount` the old tree's `/proc` and `/dev` (with its binds, devpts
@@ -58,43 +58,51 @@ pub(crate) struct Reaped {
     pub signal: Option<i32>,
 }
 
-/// Step 1: kill every other process of the pid namespace except `keep`
-/// (process templates, which are ptrace-stopped and never run) and reap
-/// them. Returns the exits; on timeout the error names the pids still alive.
+/// Step 1: SIGKILL every other process of the pid namespace except `keep`
+/// (process templates, which are ptrace-stopped and never run), without
+/// waiting for them to die.
 ///
-/// Without templates this is one `kill(-1, SIGKILL)`, atomic with respect to
-/// `fork`. With templates, every pid in `/proc` that is neither init nor
-/// kept is killed, and the scan repeats until none is left: a child forked
-/// after a scan by a process not yet killed is found by the next one.
-pub(crate) fn kill_all(sigfd: &SignalFd, keep: &[i32]) -> Result<Vec<Reaped>, String> {
-    if keep.is_empty() {
-        match kill(Pid::from_raw(-1), Signal::SIGKILL) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => return Err(format!("kill(-1): {e}")),
+/// Every pid in `/proc` that is neither init nor kept is killed, and the
+/// scan repeats until it finds no new one: a child forked after a scan by a
+/// process not yet killed is found by the next one, and a process with
+/// SIGKILL pending can no longer fork (`copy_process` fails), so the scans
+/// end. A killed process never runs user code again; it may still finish a
+/// syscall in the kernel (on the old tree, which is discarded) and is
+/// reaped by init's main loop. Returns the pids killed.
+pub(crate) fn signal_all(keep: &[i32]) -> Vec<i32> {
+    let mut killed: Vec<i32> = Vec::new();
+    for _ in 0..10_000 {
+        let new: Vec<i32> = others().into_iter().filter(|p| !keep.contains(p) && !killed.contains(p)).collect();
+        if new.is_empty() {
+            break;
         }
-    }
-    let deadline = Instant::now() + KILL_TIMEOUT;
-    let mut reaped = Vec::new();
-    loop {
-        let left: Vec<i32> = others().into_iter().filter(|p| !keep.contains(p)).collect();
-        if left.is_empty() {
-            return Ok(reaped);
-        }
-        for &pid in &left {
+        for &pid in &new {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        reap_all(&mut reaped)?;
-        if others().iter().any(|p| !keep.contains(p)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("processes did not die within {KILL_TIMEOUT:?}: {:?}", others()));
-            }
-            let ms = left.as_millis().clamp(1, 5) as u16;
-            let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut fds, PollTimeout::from(ms));
-            while let Ok(Some(_)) = sigfd.read_signal() {}
-            reap_all(&mut reaped)?;
+        killed.extend(new);
+    }
+    killed
+}
+
+/// Reap and wait until no process but init and `except` is left, for at
+/// most [`KILL_TIMEOUT`] (a task in uninterruptible sleep cannot die before
+/// its syscall ends); on timeout the error names the pids still there.
+pub(crate) fn wait_gone(sigfd: &SignalFd, except: &[i32], reaped: &mut Vec<Reaped>) -> Result<(), String> {
+    let deadline = Instant::now() + KILL_TIMEOUT;
+    loop {
+        reap_all(reaped)?;
+        let left: Vec<i32> = others().into_iter().filter(|p| !except.contains(p)).collect();
+        if left.is_empty() {
+            return Ok(());
         }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return Err(format!("processes did not die within {KILL_TIMEOUT:?}: {left:?}"));
+        }
+        let ms = wait.as_millis().clamp(1, 5) as u16;
+        let mut fds = [PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+        while let Ok(Some(_)) = sigfd.read_signal() {}
     }
 }
 

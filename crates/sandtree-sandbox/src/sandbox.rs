@@ -449,19 +449,29 @@ impl Sandbox {
         None
     }
 
-    /// First half of a rollback in place: init kills every process but
-    /// itself and the templates in `keep`, and answers once they are gone.
-    /// (The daemon runs it while the zygote builds the new layers; the
-    /// [`Sandbox::reroot`] that follows then finds nothing left to kill.)
-    pub async fn kill_all(&self, keep: Vec<i32>) -> Result<()> {
+    /// First half of a rollback in place: init sends SIGKILL to every
+    /// process but itself and the templates in `keep`, and answers at once
+    /// (they die while the daemon builds the new layers; pids in `restore`
+    /// are brought back by the daemon, their old exits are not reported).
+    pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
         self.thaw()?;
-        let request = self.inner.conn.request(Request::KillAll { keep }, &[]);
+        self.simple_request(Request::KillAll { keep, restore }, "kill before rollback").await
+    }
+
+    /// Last step of a rollback in place: wait until every killed process
+    /// is gone (reaped), so that none shows after the rollback returns.
+    pub async fn wait_gone(&self, except: Vec<i32>) -> Result<()> {
+        self.simple_request(Request::WaitGone { except }, "wait for the killed processes").await
+    }
+
+    async fn simple_request(&self, req: Request, what: &str) -> Result<()> {
+        let request = self.inner.conn.request(req, &[]);
         match tokio::time::timeout(REROOT_TIMEOUT, request).await {
-            Err(_) => Err(Error::Protocol(format!("init did not kill within {REROOT_TIMEOUT:?}"))),
+            Err(_) => Err(Error::Protocol(format!("{what}: init did not answer within {REROOT_TIMEOUT:?}"))),
             Ok(res) => match res? {
                 (Reply::Ok, _) => Ok(()),
-                (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("kill before rollback: {message}"))),
-                (other, _) => Err(Error::Protocol(format!("unexpected kill reply {other:?}"))),
+                (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("{what}: {message}"))),
+                (other, _) => Err(Error::Protocol(format!("{what}: unexpected reply {other:?}"))),
             },
         }
     }

@@ -141,18 +141,31 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         ids.push(id);
     }
     let pool = engine.template_memory(&sb).map_err(err)?;
-    let (mut rb_ms, mut first_ms) = (Vec::new(), Vec::new());
-    for i in 0..n {
+    let (mut rb_ms, mut first_ms, mut think_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2 * n {
         bash(engine, &sb, &step(n + i)).await?;
+        // The second half: the agent thinks 100 ms before it rolls back
+        // (the engine prepares the likeliest target meanwhile).
+        let think = i >= n;
+        if think {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
         let t = Instant::now();
         let r = engine.rollback(&sb, RollbackRequest { checkpoint: target }).await.map_err(err)?;
-        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if think {
+            think_ms.push(ms);
+        } else {
+            rb_ms.push(ms);
+        }
         if r.processes_restarted {
             bail!("rollback restarted the processes: {}", r.note);
         }
         let answer = bash(engine, &sb, &tcp_request(8000, "GET / HTTP/1.0\\r\\n")).await?;
-        first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if !think {
+            first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
         if !answer.starts_with("HTTP/1.0 200") {
             bail!("http.server answered {answer:?} after a rollback");
         }
@@ -167,6 +180,7 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.rows.push(Row::new(g, &format!("  processes paused (REPL {label})"), &paused));
     report.rows.push(Row::new(g, &format!("rollback in place (REPL {label})"), &rb_ms));
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
+    report.rows.push(Row::new(g, &format!("rollback in place, 100 ms later (REPL {label})"), &think_ms));
     report.template_pool.push((label, n, pool));
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())
