@@ -94,6 +94,12 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
                 ));
             }
             FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
+            FdKind::Fifo { path } => {
+                return Err(no(
+                    fd(),
+                    format!("named pipe {path} (FIFOs on the sandbox's layers are not captured yet)"),
+                ));
+            }
             FdKind::LayerFile { path, locked: true, .. } => {
                 return Err(no(fd(), format!("a lock is held on {path} (file locks are not captured yet)")));
             }

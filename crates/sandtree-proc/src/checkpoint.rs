@@ -105,7 +105,18 @@ fn stop_inner(
             }
             let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
             let ppid = ns_ppid(init_host, status.host_ppid);
-            if let Err(u) = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid) {
+            let checked = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid).and_then(|()| {
+                if status.state == 'T' {
+                    return Err(Unrestorable {
+                        pid: status.ns_pid,
+                        comm: comm.trim_end().to_string(),
+                        resource: "job control".into(),
+                        reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet".into(),
+                    });
+                }
+                Ok(())
+            });
+            if let Err(u) = checked {
                 if best_effort {
                     report.skipped.push(u);
                     continue;
@@ -207,6 +218,8 @@ struct Cloned {
     fds: Vec<crate::model::FdImage>,
     /// Pending signals of the original (a fork does not inherit them).
     pending: u64,
+    /// Its signal mask (the template's is all-blocked).
+    blocked: u64,
     /// Their `siginfo_t`s.
     queued: Vec<crate::model::QueuedSignal>,
     /// CPU affinity of the original (the template is pinned to the tracer's CPU).
@@ -243,7 +256,13 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
             for s in left.by_ref() {
                 match clone_of(&s, &mounts, &mut pipes_seen) {
                     Ok(c) => cloned.push(c),
-                    Err(Error::Died { .. }) => {}
+                    Err(Error::Unsupported(u)) if best_effort => {
+                        let_go(&s);
+                        report.unrestorable.push(u);
+                    }
+                    // The original, or its template, died: either way the
+                    // original must not stay stopped.
+                    Err(Error::Died { .. }) => let_go(&s),
                     Err(e) => {
                         let_go(&s);
                         failure = Some(e);
@@ -264,13 +283,11 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
     }
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
-    let mut pipes = Vec::new();
+    let mut captured_pipes: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut cloned = cloned.into_iter();
     for mut c in cloned.by_ref() {
         let host = c.host;
-        for (ino, fd, bytes) in std::mem::take(&mut c.pipes) {
-            pipes.push((crate::model::PipeBuffer { ino, bytes }, host, fd));
-        }
+        captured_pipes.extend(std::mem::take(&mut c.pipes).into_iter().map(|(ino, _, bytes)| (ino, bytes)));
         match set_up(c) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
@@ -295,6 +312,18 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
             kill_tracee(t.host);
         }
         return Err(e);
+    }
+    // Each pipe's bytes go back through a template that holds the pipe
+    // (not necessarily the process it was first seen in, which may have
+    // been refused).
+    let mut pipes = Vec::new();
+    for (ino, bytes) in captured_pipes {
+        let holder = made
+            .iter()
+            .find_map(|t| t.image.fds.iter().find(|f| f.kind == FdKind::Pipe { ino }).map(|f| (t.host, f.fd)));
+        if let Some((host, fd)) = holder {
+            pipes.push((crate::model::PipeBuffer { ino, bytes }, host, fd));
+        }
     }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
@@ -325,8 +354,12 @@ fn clone_of(
     let host = s.host;
     let t0 = std::time::Instant::now();
     let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-    let pending =
-        procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?.signals.pending;
+    let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+    // Threads made after the first check (it is stopped now: final).
+    let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+    check::check_status(s.ns_pid, comm.trim_end(), status.threads, s.ns_ppid).map_err(Error::Unsupported)?;
+    let pending = status.signals.pending;
+    let blocked = ptrace::sigmask(host).map_err(ptrace_err(host, "GETSIGMASK"))?;
     let mut queued = Vec::new();
     if pending != 0 {
         for shared in [false, true] {
@@ -359,6 +392,9 @@ fn clone_of(
     // The template inherits the pin (it never runs but to serve us); the
     // original gets its own affinity back before it runs.
     inject::pin_to_tracer(host);
+    // Killed rather than left running with injected registers if the
+    // daemon dies while we work in it.
+    ptrace::set_exit_kill(host, true).map_err(ptrace_err(host, "SETOPTIONS"))?;
     let mut orig = Tracee::new(host, s.regs, insn);
     let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as u64;
     let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]);
@@ -378,10 +414,13 @@ fn clone_of(
         });
     };
     let t_clone = t0.elapsed();
-    let released = inject::wait_event_stop(child).and_then(|_| {
-        inject::set_affinity(host, &affinity);
-        orig.release(&s.regs)
-    });
+    let released = inject::wait_event_stop(child)
+        .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")))
+        .and_then(|_| {
+            inject::set_affinity(host, &affinity);
+            ptrace::set_exit_kill(host, false).map_err(ptrace_err(host, "SETOPTIONS"))?;
+            orig.release(&s.regs)
+        });
     if let Err(e) = released {
         kill_tracee(child);
         return Err(e);
@@ -391,6 +430,7 @@ fn clone_of(
         stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
         fds,
         pending,
+        blocked,
         queued,
         affinity,
         pipes,
@@ -408,6 +448,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
+    image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;
     check::check(&image).map_err(Error::Unsupported)?;
@@ -421,8 +462,17 @@ fn set_up(c: Cloned) -> Result<Template> {
     // (reopened by path at restore).
     ptrace::write_mem(child, scratch, b"/\0").map_err(ptrace_err(child, "write scratch"))?;
     tpl.call("chdir", libc::SYS_chdir, &[scratch])?;
+    // Bound inet sockets and unix listeners too: the restore makes them
+    // anew, and a template holding them would keep a port (or a socket
+    // file of the old tree) taken after the original closed them.
     for f in &image.fds {
-        if matches!(f.kind, FdKind::LayerFile { .. }) {
+        let recreated = match &f.kind {
+            FdKind::LayerFile { .. } => true,
+            FdKind::Socket { inet: Some(_), .. } => true,
+            FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
+            _ => false,
+        };
+        if recreated {
             tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
         }
     }

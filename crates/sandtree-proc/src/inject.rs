@@ -8,8 +8,10 @@
 //!    tracee alone;
 //! 2. `PTRACE_SYSCALL` to the entry stop, `PTRACE_SYSCALL` to the exit
 //!    stop, read `rax`. A fork/clone event in between names the new child
-//!    (auto-attached, it starts in a `PTRACE_EVENT_STOP`). A signal that
-//!    arrives meanwhile is held back and delivered when the tracee is let go.
+//!    (auto-attached, it starts in a `PTRACE_EVENT_STOP`). Every signal is
+//!    blocked (`PTRACE_SETSIGMASK`) from the first injected call until the
+//!    release, so none is dequeued by our calls: what arrives stays pending
+//!    and is delivered after the release, in the restored context.
 //!
 //! Letting go ([`Tracee::release`]): the saved registers must be set while
 //! the tracee is in *signal context*, so that the kernel applies its own
@@ -36,6 +38,9 @@ pub struct Tracee {
     pub insn: u64,
     /// Signals held back while we ran syscalls in it.
     held: Vec<i32>,
+    /// The signal mask to give back on release (set when the first
+    /// injection blocks every signal).
+    mask: Option<u64>,
 }
 
 fn died(tid: i32, how: &str) -> Error {
@@ -134,12 +139,32 @@ pub struct Outcome {
 impl Tracee {
     /// A tracee in a stop whose registers are `saved`.
     pub fn new(tid: i32, saved: Regs, insn: u64) -> Tracee {
-        Tracee { tid, saved, insn, held: Vec::new() }
+        Tracee { tid, saved, insn, held: Vec::new(), mask: None }
+    }
+
+    /// Release with this signal mask (a restored process: its own mask is
+    /// the template's, all blocked).
+    pub fn with_mask(mut self, mask: u64) -> Tracee {
+        self.mask = Some(mask);
+        self
+    }
+
+    /// Block every signal while we work in the tracee (remembering the
+    /// mask for [`Tracee::release`]): a signal that arrives meanwhile, or
+    /// was pending, stays pending and is delivered after the release, in
+    /// the right context, instead of being dequeued by an injected call.
+    fn block_signals(&mut self) -> Result<()> {
+        if self.mask.is_none() {
+            let tid = self.tid;
+            self.mask = Some(ptrace::sigmask(tid).map_err(ptrace_err(tid, "GETSIGMASK"))?);
+        }
+        ptrace::set_sigmask(self.tid, u64::MAX).map_err(ptrace_err(self.tid, "SETSIGMASK"))
     }
 
     /// Run syscall `nr` with `args`; returns the raw result.
     pub fn syscall(&mut self, nr: i64, args: &[u64]) -> Result<Outcome> {
         let tid = self.tid;
+        self.block_signals()?;
         let mut r = self.saved;
         r.rax = nr as u64;
         r.orig_rax = u64::MAX;
@@ -207,16 +232,21 @@ impl Tracee {
         std::mem::take(&mut self.held)
     }
 
-    /// Give the tracee back its registers `regs` in signal context and
-    /// detach; the first held signal is delivered with the detach, the
-    /// others are sent again with `kill` (their siginfo is lost).
+    /// Give the tracee back its registers `regs` and its signal mask in
+    /// signal context and detach. Signals that became pending meanwhile are
+    /// delivered then, by the kernel, in the restored context. (Held ones,
+    /// only possible for signals that cannot be blocked, are sent again with
+    /// `kill`: a signal passed to `PTRACE_DETACH` from this kind of stop is
+    /// ignored.)
     pub fn release(mut self, regs: &Regs) -> Result<()> {
         self.park()?;
         let tid = self.tid;
         ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
-        let sig = self.held.first().copied().unwrap_or(0);
-        ptrace::detach(tid, sig).map_err(ptrace_err(tid, "detach"))?;
-        for &again in self.held.iter().skip(1) {
+        if let Some(mask) = self.mask {
+            ptrace::set_sigmask(tid, mask).map_err(ptrace_err(tid, "SETSIGMASK"))?;
+        }
+        ptrace::detach(tid, 0).map_err(ptrace_err(tid, "detach"))?;
+        for &again in &self.held {
             if let Some(pid) = rustix::process::Pid::from_raw(tid)
                 && let Some(s) = rustix::process::Signal::from_named_raw(again)
             {

@@ -36,10 +36,10 @@
 //!    tree at their flags and offsets (`dup3` onto their numbers), `setsid` +
 //!    `TIOCSCTTY` for a session leader with a terminal (or `setpgid` for a
 //!    group leader), unmap the scratch page;
-//! 3. set the checkpoint's registers in signal context and detach: an
-//!    interrupted syscall restarts as the kernel decides
-//!    (`-ERESTART_RESTARTBLOCK`, whose restart block belonged to the dead
-//!    original, becomes `EINTR`).
+//! 3. set the checkpoint's registers and signal mask in signal context and
+//!    detach: an interrupted syscall restarts as the kernel decides (the
+//!    restart block of `-ERESTART_RESTARTBLOCK` is copied by fork), and
+//!    signals pending since are delivered then.
 //!
 //! What the template path cannot do yet is refused at capture with the
 //! process, the resource and the reason ([`Error::Unsupported`]).

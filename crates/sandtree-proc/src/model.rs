@@ -276,6 +276,12 @@ pub enum FdKind {
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,
+        /// An inet socket's bound address (raw `sockaddr_in`/`sockaddr_in6`)
+        /// and options, for listeners and bound datagram sockets: those are
+        /// re-created at restore (a template holding them would keep their
+        /// port taken after the original closed it).
+        #[serde(default)]
+        inet: Option<InetBinding>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -292,6 +298,19 @@ pub enum FdKind {
         /// Its name.
         name: String,
     },
+}
+
+/// How to re-create a bound inet socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InetBinding {
+    /// Raw `sockaddr_in` / `sockaddr_in6`.
+    pub sockaddr: Vec<u8>,
+    /// `SO_REUSEADDR`.
+    pub reuse_addr: bool,
+    /// `SO_REUSEPORT`.
+    pub reuse_port: bool,
+    /// `IPV6_V6ONLY` (inet6).
+    pub v6only: bool,
 }
 
 /// State held by an anonymous-inode object.

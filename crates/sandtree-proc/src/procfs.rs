@@ -14,7 +14,7 @@ use std::path::Path;
 
 use sandtree_sys::mountinfo::{self, MountEntry};
 
-use crate::model::{AnonState, FdImage, FdKind, MapImage, ProcessImage, Registers, SignalMasks};
+use crate::model::{AnonState, FdImage, FdKind, InetBinding, MapImage, ProcessImage, Registers, SignalMasks};
 
 /// The fields of `/proc/pid/status` this engine uses.
 #[derive(Debug, Clone, Default)]
@@ -202,6 +202,7 @@ fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
         connected: false,
         bound: None,
         queued: false,
+        inet: None,
     };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
@@ -228,7 +229,42 @@ fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
         let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
         matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0)
     };
-    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued }
+    let inet =
+        (family.starts_with("inet") && (listening || (!stream && !connected))).then(|| inet_binding(&dup)).flatten();
+    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued, inet }
+}
+
+/// The bound address and options of an inet socket (`None`: not bound).
+fn inet_binding(sock: &OwnedFd) -> Option<InetBinding> {
+    use rustix::net::{SocketAddrV4, SocketAddrV6, sockopt};
+    let addr = rustix::net::getsockname(sock).ok()?;
+    let sockaddr = if let Ok(v4) = SocketAddrV4::try_from(addr.clone()) {
+        if v4.port() == 0 {
+            return None;
+        }
+        let mut b = (libc::AF_INET as u16).to_ne_bytes().to_vec();
+        b.extend_from_slice(&v4.port().to_be_bytes());
+        b.extend_from_slice(&v4.ip().octets());
+        b.extend_from_slice(&[0u8; 8]);
+        b
+    } else {
+        let v6 = SocketAddrV6::try_from(addr).ok()?;
+        if v6.port() == 0 {
+            return None;
+        }
+        let mut b = (libc::AF_INET6 as u16).to_ne_bytes().to_vec();
+        b.extend_from_slice(&v6.port().to_be_bytes());
+        b.extend_from_slice(&v6.flowinfo().to_be_bytes());
+        b.extend_from_slice(&v6.ip().octets());
+        b.extend_from_slice(&v6.scope_id().to_ne_bytes());
+        b
+    };
+    Some(InetBinding {
+        sockaddr,
+        reuse_addr: sockopt::socket_reuseaddr(sock).unwrap_or(false),
+        reuse_port: sockopt::socket_reuseport(sock).unwrap_or(false),
+        v6only: sockopt::ipv6_v6only(sock).unwrap_or(false),
+    })
 }
 
 /// Whether a mount keeps its identity across a rollback in place (`/proc`

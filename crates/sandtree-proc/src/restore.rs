@@ -12,8 +12,6 @@ use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::tracer::{RestoreReport, State, Template};
 use crate::{Error, Result};
 
-/// `-ERESTART_RESTARTBLOCK`: its restart block belonged to the original.
-const ERESTART_RESTARTBLOCK: u64 = -516i64 as u64;
 const ERESTARTNOINTR: i64 = -513;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
@@ -155,13 +153,13 @@ fn restore_one(t: &mut Template) -> Result<()> {
             errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
         });
     };
-    let mut regs = image.regs.to_sys();
-    if regs.rax == ERESTART_RESTARTBLOCK {
-        regs.rax = (-libc::EINTR) as i64 as u64;
-    }
+    // An interrupted syscall restarts as the kernel decides; the restart
+    // block of `-ERESTART_RESTARTBLOCK` (nanosleep's deadline) is copied
+    // by fork, from the original through the template.
+    let regs = image.regs.to_sys();
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
-        let mut p = Tracee::new(child, regs, t.tracee.insn);
+        let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
         fix_up(&mut p, image, t.scratch, t.host)?;
         Ok(p)
     })();
@@ -207,9 +205,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
     ptrace::write_mem(pid, scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
     p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
     p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
-    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
-    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, cloexec])?;
-    p.call("close", libc::SYS_close, &[new])?;
+    move_fd(p, new, fd, flags)?;
     if let Some(m) = keep_mode {
         p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
     }
@@ -261,6 +257,63 @@ fn restore_epoll(
     Ok(())
 }
 
+/// Put descriptor `new` on number `fd` (with `fd`'s close-on-exec flag).
+fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
+    let cloexec = flags & libc::O_CLOEXEC as u32 != 0;
+    if new == fd as u64 {
+        // Made by socket() without SOCK_CLOEXEC.
+        if cloexec {
+            p.call("fcntl (F_SETFD)", libc::SYS_fcntl, &[new, libc::F_SETFD as u64, libc::FD_CLOEXEC as u64])?;
+        }
+        return Ok(());
+    }
+    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, if cloexec { libc::O_CLOEXEC as u64 } else { 0 }])?;
+    p.call("close", libc::SYS_close, &[new])?;
+    Ok(())
+}
+
+/// A bound inet socket (a listener, or a bound datagram socket) made anew
+/// with its address and options, on its old descriptor number.
+fn rebind_inet(
+    p: &mut Tracee,
+    scratch: u64,
+    fd: i32,
+    flags: u32,
+    stream: bool,
+    listening: bool,
+    b: &crate::model::InetBinding,
+) -> Result<()> {
+    let pid = p.tid;
+    let family = u16::from_ne_bytes([b.sockaddr[0], b.sockaddr[1]]) as u64;
+    let mut ty = if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM } as u64;
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        ty |= libc::SOCK_NONBLOCK as u64;
+    }
+    let new = p.call("socket (inet)", libc::SYS_socket, &[family, ty, 0])?;
+    let one = scratch + 2040;
+    ptrace::write_mem(pid, one, &1i32.to_ne_bytes()).map_err(ptrace_err(pid, "write option"))?;
+    let mut opts = Vec::new();
+    if b.reuse_addr {
+        opts.push((libc::SOL_SOCKET, libc::SO_REUSEADDR));
+    }
+    if b.reuse_port {
+        opts.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
+    }
+    if b.v6only && family == libc::AF_INET6 as u64 {
+        opts.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
+    }
+    for (level, name) in opts {
+        p.call("setsockopt", libc::SYS_setsockopt, &[new, level as u64, name as u64, one, 4])?;
+    }
+    ptrace::write_mem(pid, scratch + 1024, &b.sockaddr).map_err(ptrace_err(pid, "write sockaddr"))?;
+    p.call("bind (inet)", libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;
+    if listening {
+        p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+    }
+    move_fd(p, new, fd, flags)?;
+    Ok(())
+}
+
 /// In the new process: cwd, layer files, session, scratch page.
 fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> Result<()> {
     let pid = p.tid;
@@ -281,6 +334,18 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
             p.call("close", libc::SYS_close, &[fd])?;
         }
     }
+    for f in &image.fds {
+        match &f.kind {
+            FdKind::Socket { inet: Some(b), stream, listening, .. } => {
+                rebind_inet(p, scratch, f.fd, f.flags, *stream, *listening, b)?;
+            }
+            FdKind::Socket { listening: true, bound: Some(path), stream, .. } if !path.starts_with("/proc/") => {
+                rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
+            }
+            _ => {}
+        }
+    }
+    // Watch lists after the descriptors they name exist again.
     let signalfds: Vec<i32> = image
         .fds
         .iter()
@@ -296,13 +361,6 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
     for f in &image.fds {
         if let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind {
             restore_epoll(p, scratch, template, f.fd, watches, &signalfds)?;
-        }
-    }
-    for f in &image.fds {
-        if let FdKind::Socket { listening: true, bound: Some(path), stream, .. } = &f.kind
-            && !path.starts_with("/proc/")
-        {
-            rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
         }
     }
     if image.sid == image.pid {

@@ -167,8 +167,14 @@ impl Tracer {
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let mut st = State::default();
             crate::inject::pin_tracer_thread();
-            while let Ok(job) = rx.recv() {
-                job(&mut st);
+            loop {
+                match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                    Ok(job) => job(&mut st),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                // A task that was stuck when a checkpoint stopped it reaches
+                // its stop later: let it go as soon as it does.
                 crate::checkpoint::settle_lingering(&mut st);
             }
             // Dropping the state ends the thread; EXITKILL kills the
@@ -239,6 +245,20 @@ impl Tracer {
     pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
         let ck = ck.to_string();
         self.call(move |st| crate::restore::restore(st, &ck))?
+    }
+
+    /// Kill every template now and refuse further work: for a sandbox whose
+    /// init is about to go (a dying init waits for its traced children, so
+    /// this must not wait for the last handle to drop).
+    pub fn shutdown(&self) {
+        let _ = self.call(|st| {
+            for host in st.template_hosts() {
+                kill_tracee(host);
+            }
+            st.pools.clear();
+            crate::checkpoint::resume_all(st);
+        });
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     /// Kill the templates of `ck`.

@@ -15,6 +15,14 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, RwLock};
 use crate::layers::{StoredLayer, overlay_layers};
 use crate::{Config, Error, Result, util};
 
+/// Run blocking work from async code without stalling a runtime worker.
+pub(crate) fn block<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The Sandtree engine. Cheap to share (`Arc<Engine>`); every verb is `&self`.
 pub struct Engine {
     pub(crate) cfg: Config,
@@ -123,9 +131,12 @@ impl Engine {
     }
 
     pub(crate) fn live_set(&self, id: &str, sb: Option<Arc<Sandbox>>) -> Option<Arc<Sandbox>> {
-        // Templates live in the old init's pid namespace: they go with it.
+        // Templates live in the old init's pid namespace: they go with it,
+        // now (whoever else still holds the handle).
         let tracer = self.tracers.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
-        drop(tracer);
+        if let Some(t) = tracer {
+            block(|| t.shutdown());
+        }
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         match sb {
             Some(sb) => live.insert(id.to_string(), sb),
@@ -149,6 +160,14 @@ impl Engine {
     /// The tracer of a sandbox, if it has one.
     pub(crate) fn tracer_get(&self, id: &str) -> Option<Arc<sandtree_proc::Tracer>> {
         self.tracers.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+    }
+
+    /// What the pool holds for checkpoint `ck` of sandbox `id` (the tracer
+    /// thread may be busy with a capture for a few ms: not on an async
+    /// worker's time).
+    pub(crate) fn templates_of(&self, id: &str, ck: &str) -> Option<sandtree_proc::TemplateStatus> {
+        let t = self.tracer_get(id)?;
+        block(|| t.status(ck).ok().flatten())
     }
 
     /// Looks a sandbox up, checking the id's shape first (ids become paths).

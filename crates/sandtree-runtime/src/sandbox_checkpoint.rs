@@ -279,7 +279,7 @@ impl Engine {
     /// templates are still in the pool.
     pub(crate) fn checkpoint_info(&self, c: &CheckpointRecord) -> CheckpointInfo {
         let captured = captured_of(c);
-        let in_pool = self.tracer_get(&c.sandbox_id).and_then(|t| t.status(&c.id).ok().flatten()).is_some();
+        let in_pool = self.templates_of(&c.sandbox_id, &c.id).is_some();
         let process_state = match &captured {
             None => ProcessState::NotCaptured,
             Some(cap) if !in_pool && !cap.captured.is_empty() => ProcessState::Evicted,

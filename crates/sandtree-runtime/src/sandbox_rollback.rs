@@ -66,13 +66,13 @@ impl Engine {
         rec2.base_transid = ck.transid;
         let captured = crate::sandbox_checkpoint::captured_of(&ck);
         let tracer = self.tracer_get(id);
-        let templates = tracer.as_ref().and_then(|t| t.status(&ck.id).ok().flatten());
+        let templates = self.templates_of(id, &ck.id);
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => {
                 let keep = match &tracer {
-                    Some(t) => t.template_pids()?,
+                    Some(t) => crate::engine::block(|| t.template_pids())?,
                     None => Vec::new(),
                 };
                 let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();

@@ -1225,6 +1225,62 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// Resources a template must not keep, and states it must refuse.
+
+const WHO_PY: &str = r#"
+import sys
+def handle(cmd):
+    if cmd == 'who':
+        return 'who=%s pid=%d' % (sys.argv[1], os.getpid())
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A server's port is free again once the server exits after a checkpoint
+/// (its template does not hold the listener), another server can take it,
+/// and a rollback brings the original back on it.
+fn port_is_free_after_the_server_exits(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let mut cmd = python(WHO_PY);
+        cmd.push("first".into());
+        let w = Workload::start(e, cmd).await?;
+        ensure!(field(&w.ask(e, "who").await?, "who")? == "first");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            e.kill_process(&w.sb, w.pid, 9).await?;
+            sleep_ms(50).await;
+            let mut cmd = python(WHO_PY);
+            cmd.push("second".into());
+            let second = Workload::start_in(e, w.sb.clone(), cmd).await?;
+            c.eq("a new server on the port", &field(&second.ask(e, "who").await?, "who")?, "second");
+            w.rollback(e, &ck).await?;
+            c.eq("the original after rollback", &w.ask(e, "who").await?, &format!("who=first pid={}", w.pid));
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+/// A process stopped by SIGSTOP is refused (it would come back running).
+fn stopped_process_is_refused(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let mut cmd = python(WHO_PY);
+        cmd.push("x".into());
+        let w = Workload::start(e, cmd).await?;
+        e.kill_process(&w.sb, w.pid, 19).await?;
+        sleep_ms(50).await;
+        let err = e.checkpoint(&w.sb, CheckpointRequest::default()).await.err().context("stopped process accepted")?;
+        ensure!(err.to_string().contains("stopped by a signal"), "{err}");
+        e.kill_process(&w.sb, w.pid, 18).await?;
+        ensure!(field(&w.ask(e, "who").await?, "who")? == "x", "not running again");
+        w.checkpoint(e).await?;
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Real programs.
 
 const SQLITE_PY: &str = r#"
@@ -1488,6 +1544,8 @@ fn main() {
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
+        ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
+        ("stopped_process_is_refused", stopped_process_is_refused),
         ("sqlite_open_database", sqlite_open_database),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_not_restorable", bash_job_is_named_not_restorable),

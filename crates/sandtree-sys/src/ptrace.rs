@@ -8,8 +8,10 @@
 //! (never an `ESRCH` surprise later). Seized tracees get
 //! `PTRACE_O_TRACESYSGOOD` (syscall stops are told apart from `SIGTRAP`),
 //! `TRACECLONE`/`TRACEFORK`/`TRACEVFORK` (a child made by an injected
-//! `clone` is attached at once and starts in a `PTRACE_EVENT_STOP`) and
-//! `EXITKILL` (if the tracer dies, templates die instead of running).
+//! `clone` is attached at once and starts in a `PTRACE_EVENT_STOP`).
+//! `EXITKILL` (if the tracer dies, the tracee dies instead of running) is
+//! set with [`set_exit_kill`] only where running on would be wrong:
+//! templates, and processes while syscalls are injected into them.
 
 use std::io;
 
@@ -69,8 +71,7 @@ pub fn seize(tid: i32) -> io::Result<()> {
     let opts = Options::PTRACE_O_TRACESYSGOOD
         | Options::PTRACE_O_TRACECLONE
         | Options::PTRACE_O_TRACEFORK
-        | Options::PTRACE_O_TRACEVFORK
-        | Options::PTRACE_O_EXITKILL;
+        | Options::PTRACE_O_TRACEVFORK;
     ptrace::seize(pid(tid), opts).map_err(err)
 }
 
@@ -222,4 +223,40 @@ pub fn pending_siginfo(tid: i32, shared: bool) -> io::Result<Vec<[u8; 128]>> {
             return Ok(out);
         }
     }
+}
+
+/// `PTRACE_GETSIGMASK` / `PTRACE_SETSIGMASK`.
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+
+/// The blocked-signal mask of a stopped tracee (bit `n - 1` for signal `n`).
+pub fn sigmask(tid: i32) -> io::Result<u64> {
+    let mut mask: u64 = 0;
+    // SAFETY: PTRACE_GETSIGMASK writes `data` = 8 bytes (the size passed in
+    // `addr`) into `mask`, a live u64.
+    let r = unsafe { libc::ptrace(PTRACE_GETSIGMASK, tid, 8usize as *mut libc::c_void, &mut mask as *mut u64) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(mask) }
+}
+
+/// Set the blocked-signal mask of a stopped tracee (SIGKILL and SIGSTOP
+/// are never blocked, whatever `mask` says).
+pub fn set_sigmask(tid: i32, mask: u64) -> io::Result<()> {
+    // SAFETY: PTRACE_SETSIGMASK reads 8 bytes (the size passed in `addr`)
+    // from `mask`, a live u64.
+    let r = unsafe { libc::ptrace(PTRACE_SETSIGMASK, tid, 8usize as *mut libc::c_void, &mask as *const u64) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// `PTRACE_SETOPTIONS` with [`seize`]'s options plus `PTRACE_O_EXITKILL`:
+/// for tracees that must not outlive the tracer (templates, and processes
+/// while syscalls are injected into them).
+pub fn set_exit_kill(tid: i32, on: bool) -> io::Result<()> {
+    let mut opts = Options::PTRACE_O_TRACESYSGOOD
+        | Options::PTRACE_O_TRACECLONE
+        | Options::PTRACE_O_TRACEFORK
+        | Options::PTRACE_O_TRACEVFORK;
+    if on {
+        opts |= Options::PTRACE_O_EXITKILL;
+    }
+    ptrace::setoptions(pid(tid), opts).map_err(err)
 }
