@@ -32,11 +32,17 @@ pub(crate) fn stop(
     init_host: i32,
     best_effort: bool,
     timeout: std::time::Duration,
+    with_init: bool,
 ) -> Result<StopReport> {
     st.init_host = init_host;
     settle_lingering(st);
     let t0 = std::time::Instant::now();
-    let res = stop_inner(st, list, init_host, best_effort, timeout);
+    let res = stop_inner(st, list, init_host, best_effort, timeout).and_then(|report| {
+        if with_init && !report.foreign {
+            stop_init(st, init_host, std::time::Instant::now() + timeout)?;
+        }
+        Ok(report)
+    });
     tracing::debug!(took = ?t0.elapsed(), stopped = st.stopped.len(), "processes stopped");
     if res.is_err() {
         resume_all(st);
@@ -100,7 +106,11 @@ fn stop_inner(
             // Zombies, and tasks that joined the cgroup from outside the
             // sandbox's pid namespace (not the sandbox's processes; the
             // cgroup freeze still holds them).
-            if status.state == 'Z' || status.state == 'X' || status.ns_depth != depth {
+            if status.state == 'Z' || status.state == 'X' {
+                continue;
+            }
+            if status.ns_depth != depth {
+                report.foreign = true;
                 continue;
             }
             let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
@@ -210,10 +220,47 @@ pub(crate) fn resume_all(st: &mut State) {
         let _ = ptrace::set_regs(s.host, &s.regs);
         let _ = ptrace::detach(s.host, 0);
     }
+    resume_init(st);
 }
 
-/// A template cloned, its original already running again.
-struct Cloned {
+/// Let init go (it was stopped with the others, untouched).
+fn resume_init(st: &mut State) {
+    if let Some((host, regs)) = st.init_stopped.take() {
+        let _ = ptrace::set_regs(host, &regs);
+        let _ = ptrace::detach(host, 0);
+    }
+}
+
+/// Stop init too (it is not captured): nothing in the sandbox then runs,
+/// so the filesystem snapshot needs no cgroup freeze and can be taken while
+/// the templates are made.
+fn stop_init(st: &mut State, init_host: i32, deadline: std::time::Instant) -> Result<()> {
+    ptrace::seize(init_host).map_err(ptrace_err(init_host, "seize init"))?;
+    if let Err(e) = ptrace::interrupt(init_host) {
+        let _ = ptrace::detach(init_host, 0);
+        return Err(Error::Ptrace { pid: init_host, op: "interrupt init", source: e });
+    }
+    match inject::wait_event_stop_until(init_host, deadline)? {
+        Some(children) => {
+            for c in children {
+                let _ = inject::wait_event_stop(c);
+                let _ = ptrace::detach(c, 0);
+            }
+        }
+        None => {
+            st.lingering.push(init_host);
+            return Err(Error::StopTimeout { timeout_ms: 0, stuck: format!("init (pid {init_host})") });
+        }
+    }
+    let regs = ptrace::regs(init_host).map_err(ptrace_err(init_host, "GETREGS"))?;
+    st.init_stopped = Some((init_host, regs));
+    Ok(())
+}
+
+/// A template cloned (its original still stopped until [`release_all`]).
+pub(crate) struct Cloned {
+    /// The original, still stopped until [`release_all`].
+    orig: Option<Tracee>,
     stopped: Stopped,
     fds: Vec<crate::model::FdImage>,
     /// Pending signals of the original (a fork does not inherit them).
@@ -233,20 +280,30 @@ struct Cloned {
 
 /// Capture and make templates in two passes, so that the originals are
 /// stopped only for what must be read while they are:
-/// 1. per original (stopped): its descriptors and file positions (shared
-///    with the template, so they must be read before the original moves
-///    them), inject the `clone`, let the original go;
-/// 2. per template (originals running): the rest of the image from the
-///    template's `/proc` (a fork has the same map, credentials, masks, cwd),
-///    the checks, and the template's own set-up.
+/// 1. [`clone_all`], per original (stopped): its descriptors and file
+///    positions (shared with the template, so they must be read before the
+///    original moves them), pipe bytes, queued signals, inject the `clone`;
+///    then [`release_all`] lets every original (and init) go;
+/// 2. [`set_up_all`], per template (originals running): the rest of the
+///    image from the template's `/proc` (a fork has the same map,
+///    credentials, masks, cwd), the checks, and the template's own set-up.
+///
+/// The caller takes the filesystem snapshot while pass 1 runs (everything
+/// in the sandbox is stopped then, init included), or before it.
 pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+    clone_all(st, best_effort)?;
+    release_all(st);
+    set_up_all(st, ck, best_effort)
+}
+
+/// Pass 1 (see [`capture`]); on error every process is let go and the
+/// templates made so far are killed.
+pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let stopped = std::mem::take(&mut st.stopped);
-    let mut report = CaptureReport::default();
     let mounts = match stopped.first() {
         Some(s) => procfs::mounts(s.host).map_err(|e| Error::Proc { pid: s.host, what: "mountinfo", source: e }),
         None => Ok(Default::default()),
     };
-    let mut cloned: Vec<Cloned> = Vec::new();
     let mut failure = None;
     let mut left = stopped.into_iter();
     let mut pipes_seen = HashSet::new();
@@ -255,10 +312,10 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
         Ok(mounts) => {
             for s in left.by_ref() {
                 match clone_of(&s, &mounts, &mut pipes_seen) {
-                    Ok(c) => cloned.push(c),
+                    Ok(c) => st.cloned.push(c),
                     Err(Error::Unsupported(u)) if best_effort => {
                         let_go(&s);
-                        report.unrestorable.push(u);
+                        st.refused.push(u);
                     }
                     // The original, or its template, died: either way the
                     // original must not stay stopped.
@@ -276,15 +333,45 @@ pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<Cap
         for s in left {
             let_go(&s);
         }
-        for c in cloned {
-            kill_tracee(c.host);
-        }
+        abort(st);
         return Err(e);
     }
+    Ok(())
+}
+
+/// Let every cloned original go (its affinity and registers back), and init.
+pub(crate) fn release_all(st: &mut State) {
+    for c in &mut st.cloned {
+        if let Some(orig) = c.orig.take() {
+            let host = c.stopped.host;
+            inject::set_affinity(host, &c.affinity);
+            let _ = ptrace::set_exit_kill(host, false);
+            if orig.release(&c.stopped.regs).is_err() {
+                let_go(&c.stopped);
+            }
+        }
+    }
+    resume_init(st);
+}
+
+/// Undo a checkpoint under way: originals and init go, templates die.
+pub(crate) fn abort(st: &mut State) {
+    release_all(st);
+    for c in st.cloned.drain(..) {
+        kill_tracee(c.host);
+    }
+    st.refused.clear();
+    resume_all(st);
+}
+
+/// Pass 2 (see [`capture`]): after [`release_all`].
+pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+    let mut report = CaptureReport { unrestorable: std::mem::take(&mut st.refused), ..Default::default() };
+    let mut failure = None;
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut cloned = cloned.into_iter();
+    let mut cloned = std::mem::take(&mut st.cloned).into_iter();
     for mut c in cloned.by_ref() {
         let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes).into_iter().map(|(ino, _, bytes)| (ino, bytes)));
@@ -414,19 +501,16 @@ fn clone_of(
         });
     };
     let t_clone = t0.elapsed();
-    let released = inject::wait_event_stop(child)
-        .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")))
-        .and_then(|_| {
-            inject::set_affinity(host, &affinity);
-            ptrace::set_exit_kill(host, false).map_err(ptrace_err(host, "SETOPTIONS"))?;
-            orig.release(&s.regs)
-        });
-    if let Err(e) = released {
+    let child_ok = inject::wait_event_stop(child)
+        .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")));
+    if let Err(e) = child_ok {
         kill_tracee(child);
+        inject::set_affinity(host, &affinity);
         return Err(e);
     }
-    tracing::debug!(pid = s.ns_pid, ?t_fds, ?t_clone, released = ?t0.elapsed(), "template cloned");
+    tracing::debug!(pid = s.ns_pid, ?t_fds, ?t_clone, "template cloned");
     Ok(Cloned {
+        orig: Some(orig),
         stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
         fds,
         pending,

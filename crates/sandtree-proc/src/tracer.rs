@@ -59,6 +59,12 @@ pub(crate) struct CheckpointTemplates {
 pub(crate) struct State {
     pub init_host: i32,
     pub stopped: Vec<Stopped>,
+    /// Init, when stopped with the others (host pid, registers).
+    pub init_stopped: Option<(i32, sandtree_sys::ptrace::Regs)>,
+    /// Templates cloned by [`Tracer::clone_all`], not set up yet.
+    pub cloned: Vec<crate::checkpoint::Cloned>,
+    /// Processes refused in the first pass (best effort).
+    pub refused: Vec<Unrestorable>,
     /// Seized tasks whose interrupt has not taken effect yet.
     pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
@@ -107,6 +113,9 @@ pub struct StopReport {
     pub stopped: usize,
     /// Processes left running because they cannot be restored (best effort).
     pub skipped: Vec<Unrestorable>,
+    /// The cgroup holds tasks from outside the sandbox's pid namespace:
+    /// only a cgroup freeze holds them (init is then not stopped).
+    pub foreign: bool,
 }
 
 /// What [`Tracer::capture`] made.
@@ -207,8 +216,28 @@ impl Tracer {
         init_host: i32,
         best_effort: bool,
         timeout: std::time::Duration,
+        with_init: bool,
     ) -> Result<StopReport> {
-        self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout))?
+        self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, with_init))?
+    }
+
+    /// Pass 1 of the capture, while every process stays stopped (the
+    /// caller snapshots the filesystem meanwhile); then [`Tracer::release`]
+    /// and [`Tracer::set_up`]. On error everything runs again.
+    pub fn clone_all(&self, best_effort: bool) -> Result<()> {
+        self.call(move |st| crate::checkpoint::clone_all(st, best_effort))?
+    }
+
+    /// Let every stopped process (and init) run again, templates kept.
+    pub fn release(&self) -> Result<()> {
+        self.call(crate::checkpoint::release_all)
+    }
+
+    /// Pass 2 of the capture: checks and template set-up; the templates
+    /// join the pool as checkpoint `ck`.
+    pub fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+        let ck = ck.to_string();
+        self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
     }
 
     /// Step 3 of a checkpoint (after the thaw): capture every stopped
@@ -218,10 +247,10 @@ impl Tracer {
         self.call(move |st| crate::checkpoint::capture(st, &ck, best_effort))?
     }
 
-    /// Let every stopped process run again (a checkpoint that failed
-    /// between [`Tracer::stop`] and [`Tracer::capture`]).
+    /// Let every stopped process run again and drop templates not yet in
+    /// the pool (a checkpoint that failed part-way).
     pub fn resume_stopped(&self) -> Result<()> {
-        self.call(crate::checkpoint::resume_all)
+        self.call(crate::checkpoint::abort)
     }
 
     /// In-sandbox pids of every template (init must not kill them).
@@ -256,7 +285,7 @@ impl Tracer {
                 kill_tracee(host);
             }
             st.pools.clear();
-            crate::checkpoint::resume_all(st);
+            crate::checkpoint::abort(st);
         });
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }

@@ -56,55 +56,79 @@ impl Engine {
             }
             let paused_at = Instant::now();
             let t_sync = t0.elapsed();
-            let mut skipped = Vec::new();
-            if let (Some(sb), Some(t)) = (&live, &tracer) {
-                let cg = sb.cgroup().clone();
-                let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
-                skipped = t
-                    .stop(list, sb.init_pid(), best_effort, self.freeze_timeout())
-                    .map_err(|e| self.process_error(id, e))?
-                    .skipped;
-            }
-            let resume = || {
-                if let Some(t) = &tracer {
+            let (Some(sb), Some(t)) = (&live, &tracer) else {
+                // Not running: nothing to stop or capture.
+                sandtree_fs::snapshot(&src, &dst, true).map_err(|e| Error::fs("checkpoint", e))?;
+                return Ok((0.0, None));
+            };
+            let cg = sb.cgroup().clone();
+            let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+            let stop = t
+                .stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), true)
+                .map_err(|e| self.process_error(id, e))?;
+            // When the processes run again: the templates' set-up comes after.
+            let mut resumed_at = None;
+            let captured = if stop.foreign {
+                // Tasks from outside the sandbox's pid namespace joined its
+                // cgroup: only a freeze holds them (and init is running).
+                let frozen_at = Instant::now();
+                if let Err(e) = sb.freeze(self.freeze_timeout()) {
                     let _ = t.resume_stopped();
+                    return Err(self.freeze_error(id, e));
+                }
+                let snap = sandtree_fs::snapshot(&src, &dst, true);
+                let thawed = sb.thaw();
+                tracing::debug!(sandbox = id, cgroup_ms = util::ms_since(frozen_at), "frozen for foreign tasks");
+                if let Err(e) = snap.map_err(|e| Error::fs("checkpoint", e)).and(thawed.map_err(Error::from)) {
+                    let _ = t.resume_stopped();
+                    let _ = sandtree_fs::delete_subvolume(&dst);
+                    return Err(e);
+                }
+                t.clone_all(best_effort).and_then(|()| {
+                    t.release()?;
+                    resumed_at = Some(Instant::now());
+                    t.set_up(&ck_id, best_effort)
+                })
+            } else {
+                // Everything in the sandbox, init included, is stopped: the
+                // snapshot runs on another thread while the templates are
+                // cloned, and the processes go once both are done.
+                let (src2, dst2) = (src.clone(), dst.clone());
+                let snap = std::thread::spawn(move || sandtree_fs::snapshot(&src2, &dst2, true));
+                let cloned = t.clone_all(best_effort);
+                let snap = snap
+                    .join()
+                    .map_err(|_| Error::Internal("the snapshot thread panicked".into()))
+                    .and_then(|r| r.map_err(|e| Error::fs("checkpoint", e)));
+                match (cloned, snap) {
+                    (Ok(()), Ok(())) => {
+                        t.release()?;
+                        resumed_at = Some(Instant::now());
+                        t.set_up(&ck_id, best_effort)
+                    }
+                    (cloned, snap) => {
+                        let _ = t.resume_stopped();
+                        if snap.is_ok() {
+                            let _ = sandtree_fs::delete_subvolume(&dst);
+                        }
+                        cloned.map_err(|e| self.process_error(id, e))?;
+                        return Err(snap.err().unwrap_or_else(|| Error::Internal("checkpoint failed".into())));
+                    }
                 }
             };
-            let frozen_at = Instant::now();
-            if let Some(sb) = &live
-                && let Err(e) = sb.freeze(self.freeze_timeout())
-            {
-                resume();
-                return Err(self.freeze_error(id, e));
-            }
-            let snap = sandtree_fs::snapshot(&src, &dst, true);
-            let thawed = live.as_ref().map(|sb| sb.thaw()).unwrap_or(Ok(()));
-            let cgroup_ms = util::ms_since(frozen_at);
-            if let Err(e) = snap {
-                resume();
-                return Err(Error::fs("checkpoint", e));
-            }
-            if let Err(e) = thawed {
-                resume();
-                let _ = sandtree_fs::delete_subvolume(&dst);
-                return Err(e.into());
-            }
-            let captured = match &tracer {
-                Some(t) => match t.capture(&ck_id, best_effort) {
-                    Ok(mut c) => {
-                        c.unrestorable.extend(skipped);
-                        Some(c)
-                    }
-                    Err(e) => {
-                        let _ = sandtree_fs::delete_subvolume(&dst);
-                        return Err(self.process_error(id, e));
-                    }
-                },
-                None => None,
+            let captured = match captured {
+                Ok(mut c) => {
+                    c.unrestorable.extend(stop.skipped);
+                    c
+                }
+                Err(e) => {
+                    let _ = sandtree_fs::delete_subvolume(&dst);
+                    return Err(self.process_error(id, e));
+                }
             };
-            let frozen_ms = util::ms_since(paused_at);
-            tracing::debug!(sandbox = id, pre_sync = ?t_sync, cgroup_ms, frozen_ms, "checkpoint taken");
-            Ok((frozen_ms, captured))
+            let frozen_ms = resumed_at.unwrap_or_else(Instant::now).duration_since(paused_at).as_secs_f64() * 1e3;
+            tracing::debug!(sandbox = id, pre_sync = ?t_sync, frozen_ms, "checkpoint taken");
+            Ok((frozen_ms, Some(captured)))
         })?;
 
         tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint captured");
