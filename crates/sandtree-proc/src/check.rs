@@ -18,6 +18,10 @@ const CAP_SYS_ADMIN: u64 = 1 << 21;
 /// signalfd's mask and a pidfd are configuration the template keeps.
 const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
 
+/// Largest deleted-but-open file whose contents a checkpoint copies (it is
+/// read while the processes are stopped).
+pub const GHOST_MAX: u64 = 16 << 20;
+
 /// A process the engine cannot restore, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unrestorable {
@@ -87,10 +91,18 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
     for f in &p.fds {
         let fd = || format!("fd {}", f.fd);
         match &f.kind {
-            FdKind::Deleted { path } => {
+            FdKind::Deleted { path, on_layer: false, .. } => {
                 return Err(no(
                     fd(),
-                    format!("open file {path} was deleted (deleted-but-open files are not captured yet)"),
+                    format!("open file {path} was deleted and is not a regular file on the sandbox's layers"),
+                ));
+            }
+            FdKind::Deleted { path, size, .. } if *size > GHOST_MAX => {
+                return Err(no(
+                    fd(),
+                    format!(
+                        "open file {path} was deleted and holds {size} bytes (deleted-but-open files are copied at a checkpoint, up to {GHOST_MAX} bytes)"
+                    ),
                 ));
             }
             FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),

@@ -273,6 +273,8 @@ pub(crate) struct Cloned {
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
     pipes: Vec<(u64, i32, Vec<u8>)>,
+    /// Contents of its deleted-but-open files, by descriptor.
+    ghosts: Vec<(i32, Vec<u8>)>,
     host: i32,
     ns_pid: i32,
     insn: u64,
@@ -455,6 +457,19 @@ fn clone_of(
             }
         }
     }
+    let mut ghosts = Vec::new();
+    for f in &fds {
+        if let FdKind::Deleted { on_layer: true, size, .. } = &f.kind
+            && *size <= check::GHOST_MAX
+        {
+            let bytes = crate::fdstate::capture_ghost(host, f.fd, *size).map_err(|e| Error::Proc {
+                pid: host,
+                what: "deleted file contents",
+                source: e,
+            })?;
+            ghosts.push((f.fd, bytes));
+        }
+    }
     let mut pipes = Vec::new();
     for f in &fds {
         let ino = match &f.kind {
@@ -518,6 +533,7 @@ fn clone_of(
         queued,
         affinity,
         pipes,
+        ghosts,
         host: child,
         ns_pid: out.ret as i32,
         insn,
@@ -532,6 +548,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
+    image.ghosts = c.ghosts;
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;
@@ -551,7 +568,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     // file of the old tree) taken after the original closed them.
     for f in &image.fds {
         let recreated = match &f.kind {
-            FdKind::LayerFile { .. } => true,
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } => true,
             FdKind::Socket { inet: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             _ => false,

@@ -80,6 +80,39 @@ pub fn restore_pipe(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The contents of a deleted-but-open file (fd `fd` of `host`), read
+/// without moving its offset.
+pub fn capture_ghost(host: i32, fd: i32, size: u64) -> io::Result<Vec<u8>> {
+    let f = rustix::fs::open(format!("/proc/{host}/fd/{fd}"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut out = vec![0u8; size as usize];
+    let mut got = 0;
+    while got < out.len() {
+        match rustix::io::pread(&f, &mut out[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    out.truncate(got);
+    Ok(out)
+}
+
+/// Write `bytes` into the file behind fd `fd` of `host` (a fresh
+/// `O_TMPFILE` of a restored process).
+pub fn fill_file(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+    let f = rustix::fs::open(format!("/proc/{host}/fd/{fd}"), OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut done = 0;
+    while done < bytes.len() {
+        match rustix::io::pwrite(&f, &bytes[done..], done as u64) {
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Drop whatever is queued for reading on the socket behind `fd` of `host`.
 pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
     let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;

@@ -74,6 +74,9 @@ pub struct ProcessImage {
     pub fds: Vec<FdImage>,
     /// Memory mappings.
     pub maps: Vec<MapImage>,
+    /// Contents of deleted-but-open files, by descriptor.
+    #[serde(default)]
+    pub ghosts: Vec<(i32, Vec<u8>)>,
 }
 
 /// Signal masks from `/proc/pid/status`.
@@ -241,6 +244,12 @@ pub enum FdKind {
     Deleted {
         /// Path it had.
         path: String,
+        /// A regular file on one of the sandbox's layers (else refused).
+        #[serde(default)]
+        on_layer: bool,
+        /// Its size.
+        #[serde(default)]
+        size: u64,
     },
     /// A file on a mount that rollback replaces but that is not a layer
     /// (`/dev/shm`, a mount the sandbox made).

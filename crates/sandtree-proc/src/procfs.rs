@@ -307,7 +307,10 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
         } else if let Some(name) = link.strip_prefix("/memfd:") {
             FdKind::Memfd { name: name.trim_end_matches(" (deleted)").to_string() }
         } else if let Some(path) = link.strip_suffix(" (deleted)") {
-            FdKind::Deleted { path: path.to_string() }
+            let meta = fs::metadata(entry.path()).ok();
+            let regular = meta.as_ref().is_some_and(|m| m.is_file());
+            let on_layer = regular && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
+            FdKind::Deleted { path: path.to_string(), on_layer, size: meta.map(|m| m.len()).unwrap_or(0) }
         } else {
             let meta = fs::metadata(entry.path()).ok();
             let fifo = meta.as_ref().is_some_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
@@ -381,6 +384,7 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         root: readlink(format!("{base}/root"))?,
         fds,
         maps: maps(template)?,
+        ghosts: Vec::new(),
     })
 }
 

@@ -257,6 +257,50 @@ fn restore_epoll(
     Ok(())
 }
 
+/// A deleted-but-open file: an unnamed file (`O_TMPFILE`) in its old
+/// directory (or `/tmp`) of the rolled-back tree, filled with the
+/// checkpoint's copy, opened again with the old flags at the old offset.
+fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path: &str, bytes: &[u8]) -> Result<()> {
+    let pid = p.tid;
+    let dir = std::path::Path::new(path).parent().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut tmp = None;
+    for d in [dir.as_str(), "/tmp", "/"] {
+        if d.is_empty() {
+            continue;
+        }
+        let addr = write_path(pid, scratch, d)?;
+        let out = p.syscall(libc::SYS_open, &[addr, (libc::O_TMPFILE | libc::O_RDWR) as u64, 0o600])?;
+        if out.ret >= 0 {
+            tmp = Some(out.ret as u64);
+            break;
+        }
+    }
+    let tmp = tmp.ok_or_else(|| {
+        Error::unsupported(pid, "", format!("fd {}", f.fd), format!("cannot make an unnamed file for deleted {path}"))
+    })?;
+    crate::fdstate::fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc {
+        pid,
+        what: "deleted file contents",
+        source: e,
+    })?;
+    // An O_TMPFILE keeps O_TMPFILE (which includes O_DIRECTORY) in its
+    // flags; O_NOFOLLOW would refuse the /proc/self/fd magic link.
+    let strip =
+        (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_TMPFILE | libc::O_NOFOLLOW) as u32;
+    let again = write_path(pid, scratch, &format!("/proc/self/fd/{tmp}"))?;
+    let fd = p.call("open (deleted file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
+    p.call("close", libc::SYS_close, &[tmp])?;
+    if f.pos > 0 {
+        p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
+    }
+    if fd != f.fd as u64 {
+        let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
+        p.call("dup3", libc::SYS_dup3, &[fd, f.fd as u64, cloexec])?;
+        p.call("close", libc::SYS_close, &[fd])?;
+    }
+    Ok(())
+}
+
 /// Put descriptor `new` on number `fd` (with `fd`'s close-on-exec flag).
 fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
     let cloexec = flags & libc::O_CLOEXEC as u32 != 0;
@@ -332,6 +376,12 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
             let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
             p.call("dup3", libc::SYS_dup3, &[fd, f.fd as u64, cloexec])?;
             p.call("close", libc::SYS_close, &[fd])?;
+        }
+    }
+    for f in &image.fds {
+        if let FdKind::Deleted { path, .. } = &f.kind {
+            let bytes = image.ghosts.iter().find(|(fd, _)| *fd == f.fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
+            recreate_ghost(p, scratch, f, path, bytes)?;
         }
     }
     for f in &image.fds {

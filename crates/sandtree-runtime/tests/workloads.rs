@@ -1225,6 +1225,60 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// Deleted-but-open files.
+
+const GHOST_PY: &str = r#"
+import tempfile
+tmp = tempfile.TemporaryFile()          # O_TMPFILE: never had a name
+tmp.write(b'tmpfile-ck'); tmp.flush()
+named = open('/root/gone.txt', 'w+b')
+named.write(b'named-ck'); named.flush()
+os.unlink('/root/gone.txt')
+
+def show(f):
+    pos = f.tell()
+    f.seek(0)
+    data = f.read()
+    f.seek(pos)
+    return '%s@%d' % (data.decode(), pos)
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'tmp=%s named=%s' % (show(tmp), show(named))
+    if cmd == 'mutate':
+        tmp.write(b'+more'); tmp.flush()
+        named.seek(0); named.write(b'NAMED'); named.flush()
+        return 'tmp=%s named=%s' % (show(tmp), show(named))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// Deleted-but-open files (an `O_TMPFILE`, and a named file unlinked while
+/// open) come back with the checkpoint's contents and offsets.
+fn deleted_open_files(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, GHOST_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "tmp=tmpfile-ck@10 named=named-ck@8", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "tmp=tmpfile-ck+more@15 named=NAMED-ck@5");
+            w.rollback(e, &ck).await?;
+            c.eq("after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq(
+                "no name in the tree",
+                &sh(e, &w.sb, "test -e /root/gone.txt && echo there || echo gone").await?,
+                "gone\n",
+            );
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Resources a template must not keep, and states it must refuse.
 
 const WHO_PY: &str = r#"
@@ -1544,6 +1598,7 @@ fn main() {
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
+        ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
         ("sqlite_open_database", sqlite_open_database),
