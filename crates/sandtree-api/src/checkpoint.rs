@@ -16,7 +16,8 @@ pub enum ProcessState {
     /// Every process was captured: a rollback in place restores them all.
     Captured,
     /// Captured with best effort: the processes in `unrestorable` are not
-    /// restored by a rollback (the others are).
+    /// restored by a rollback, those in `reparented` come back as children
+    /// of init (the others exactly).
     Partial,
     /// The processes were captured, but their templates were evicted from
     /// the pool (memory budget, daemon restart): a rollback restarts them.
@@ -72,6 +73,10 @@ pub struct CheckpointInfo {
     /// Processes that were running but could not be captured (best effort).
     #[serde(default)]
     pub unrestorable: Vec<UnrestorableProcess>,
+    /// Processes captured with a change (best effort): a child of another
+    /// process comes back as a child of the sandbox init.
+    #[serde(default)]
+    pub reparented: Vec<UnrestorableProcess>,
     /// How long the sandbox's processes were stopped.
     pub frozen_ms: f64,
     pub duration_ms: f64,

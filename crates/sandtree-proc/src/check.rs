@@ -22,6 +22,20 @@ const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pid
 /// read while the processes are stopped).
 pub const GHOST_MAX: u64 = 16 << 20;
 
+/// What changes for a process whose parent is not init when best effort
+/// restores it anyway.
+pub fn reparent_note(p: &ProcessImage) -> Unrestorable {
+    Unrestorable {
+        pid: p.pid,
+        comm: p.comm.clone(),
+        resource: "parent".into(),
+        reason: format!(
+            "restored as a child of the sandbox init in a session of its own (its parent was pid {}, which will not see it as a child)",
+            p.ppid
+        ),
+    }
+}
+
 /// A process the engine cannot restore, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unrestorable {
@@ -42,7 +56,9 @@ impl std::fmt::Display for Unrestorable {
 }
 
 /// Checks that need only the process's own status (before it is stopped).
-pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32) -> Result<(), Unrestorable> {
+/// `reparent`: best effort may restore a child of another process as a
+/// child of init, in its own session (see [`reparent_note`]).
+pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32, reparent: bool) -> Result<(), Unrestorable> {
     let no = |resource: &str, reason: String| Unrestorable {
         pid,
         comm: comm.to_string(),
@@ -55,7 +71,7 @@ pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32) -> Result<(),
             format!("{threads} threads; a template is made by fork(), which copies only one thread"),
         ));
     }
-    if ppid != 1 {
+    if ppid != 1 && !reparent {
         return Err(no(
             "parent",
             format!(
@@ -67,8 +83,8 @@ pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32) -> Result<(),
 }
 
 /// Every check of the template path on a captured image.
-pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
-    check_status(p.pid, &p.comm, p.threads, p.ppid)?;
+pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
+    check_status(p.pid, &p.comm, p.threads, p.ppid, reparent)?;
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
     if p.cap_eff & CAP_SYS_ADMIN == 0 {
         return Err(no(
@@ -76,7 +92,7 @@ pub fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
             "no CAP_SYS_ADMIN in the sandbox, which clone3 needs to give the restored process its pid".into(),
         ));
     }
-    if p.pgid != p.pid {
+    if p.pgid != p.pid && p.ppid == 1 {
         return Err(no(
             "process group".into(),
             format!("member of process group {} led by another process (templates restore group leaders)", p.pgid),

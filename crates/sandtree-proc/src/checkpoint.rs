@@ -115,17 +115,19 @@ fn stop_inner(
             }
             let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
             let ppid = ns_ppid(init_host, status.host_ppid);
-            let checked = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid).and_then(|()| {
-                if status.state == 'T' {
-                    return Err(Unrestorable {
-                        pid: status.ns_pid,
-                        comm: comm.trim_end().to_string(),
-                        resource: "job control".into(),
-                        reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet".into(),
-                    });
-                }
-                Ok(())
-            });
+            let checked = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid, best_effort)
+                .and_then(|()| {
+                    if status.state == 'T' {
+                        return Err(Unrestorable {
+                            pid: status.ns_pid,
+                            comm: comm.trim_end().to_string(),
+                            resource: "job control".into(),
+                            reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet"
+                                .into(),
+                        });
+                    }
+                    Ok(())
+                });
             if let Err(u) = checked {
                 if best_effort {
                     report.skipped.push(u);
@@ -377,9 +379,12 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     for mut c in cloned.by_ref() {
         let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes).into_iter().map(|(ino, _, bytes)| (ino, bytes)));
-        match set_up(c) {
+        match set_up(c, best_effort) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
+                if t.image.ppid != 1 {
+                    report.reparented.push(check::reparent_note(&t.image));
+                }
                 made.push(t);
             }
             Err(Error::Unsupported(u)) if best_effort => {
@@ -446,7 +451,7 @@ fn clone_of(
     let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
     // Threads made after the first check (it is stopped now: final).
     let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
-    check::check_status(s.ns_pid, comm.trim_end(), status.threads, s.ns_ppid).map_err(Error::Unsupported)?;
+    check::check_status(s.ns_pid, comm.trim_end(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
     let pending = status.signals.pending;
     let blocked = ptrace::sigmask(host).map_err(ptrace_err(host, "GETSIGMASK"))?;
     let mut queued = Vec::new();
@@ -498,7 +503,9 @@ fn clone_of(
     // daemon dies while we work in it.
     ptrace::set_exit_kill(host, true).map_err(ptrace_err(host, "SETOPTIONS"))?;
     let mut orig = Tracee::new(host, s.regs, insn);
-    let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as u64;
+    // No exit signal: the parent's plain `wait` never sees the template
+    // (init reaps with __WALL).
+    let flags = libc::CLONE_PARENT as u64;
     let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]);
     for _ in 0..5 {
         match &out {
@@ -541,7 +548,7 @@ fn clone_of(
 }
 
 /// Pass 2 for one template: image, checks, set-up.
-fn set_up(c: Cloned) -> Result<Template> {
+fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
@@ -552,7 +559,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;
-    check::check(&image).map_err(Error::Unsupported)?;
+    check::check(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let mut tpl = Tracee::new(child, s.regs, c.insn);
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
@@ -580,7 +587,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     // Leave the original's session / process group: while any task is in
     // them, their id (the original's pid) stays allocated, and the restore
     // could not have it back. The copy joins them again.
-    if image.sid == image.pid {
+    if image.sid == image.pid || image.ppid != 1 {
         tpl.call("setsid", libc::SYS_setsid, &[])?;
     } else {
         tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;

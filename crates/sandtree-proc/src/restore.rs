@@ -413,7 +413,11 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
             restore_epoll(p, scratch, template, f.fd, watches, &signalfds)?;
         }
     }
-    if image.sid == image.pid {
+    if image.ppid != 1 {
+        // Best effort for a child of another process: a child of init now,
+        // in a session of its own (the template left the parent's).
+        p.call("setsid", libc::SYS_setsid, &[])?;
+    } else if image.sid == image.pid {
         // The session of the template is the dead original's: start a new
         // one under the same number, and take the terminal back.
         p.call("setsid", libc::SYS_setsid, &[])?;

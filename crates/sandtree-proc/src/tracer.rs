@@ -125,6 +125,10 @@ pub struct CaptureReport {
     pub captured: Vec<i32>,
     /// Processes marked not restorable (best effort only).
     pub unrestorable: Vec<Unrestorable>,
+    /// Processes restored with a change (best effort only): children of
+    /// another process come back as children of init.
+    #[serde(default)]
+    pub reparented: Vec<Unrestorable>,
 }
 
 /// What [`Tracer::restore`] brought back.

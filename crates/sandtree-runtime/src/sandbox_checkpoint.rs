@@ -289,11 +289,19 @@ pub(crate) fn process_note(info: &CheckpointInfo) -> String {
             "filesystem and {} live process(es) captured: a rollback in place restores them exactly",
             info.processes.len()
         ),
-        ProcessState::Partial => format!(
-            "filesystem and {} live process(es) captured; not restorable, so a rollback will not bring them back: {}",
-            info.processes.len(),
-            list(&info.unrestorable)
-        ),
+        ProcessState::Partial => {
+            let mut note = format!("filesystem and {} live process(es) captured", info.processes.len());
+            if !info.unrestorable.is_empty() {
+                note.push_str(&format!(
+                    "; not restorable, so a rollback will not bring them back: {}",
+                    list(&info.unrestorable)
+                ));
+            }
+            if !info.reparented.is_empty() {
+                note.push_str(&format!("; restored with a change: {}", list(&info.reparented)));
+            }
+            note
+        }
         ProcessState::Evicted => "filesystem captured; the process templates were evicted (pool budget or daemon restart): a rollback restores the files and restarts the processes".to_string(),
     }
 }
@@ -307,12 +315,16 @@ impl Engine {
         let process_state = match &captured {
             None => ProcessState::NotCaptured,
             Some(cap) if !in_pool && !cap.captured.is_empty() => ProcessState::Evicted,
-            Some(cap) if !cap.unrestorable.is_empty() => ProcessState::Partial,
+            Some(cap) if !cap.unrestorable.is_empty() || !cap.reparented.is_empty() => ProcessState::Partial,
             Some(_) => ProcessState::Captured,
         };
-        let (processes, unrestorable) = match captured {
-            Some(cap) => (cap.captured, cap.unrestorable.iter().map(unrestorable_api).collect()),
-            None => (Vec::new(), Vec::new()),
+        let (processes, unrestorable, reparented) = match captured {
+            Some(cap) => (
+                cap.captured,
+                cap.unrestorable.iter().map(unrestorable_api).collect(),
+                cap.reparented.iter().map(unrestorable_api).collect(),
+            ),
+            None => (Vec::new(), Vec::new(), Vec::new()),
         };
         CheckpointInfo {
             id: c.id.clone(),
@@ -326,6 +338,7 @@ impl Engine {
             process_state,
             processes,
             unrestorable,
+            reparented,
             frozen_ms: c.frozen_ms,
             duration_ms: c.duration_ms,
         }

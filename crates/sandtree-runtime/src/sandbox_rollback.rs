@@ -146,6 +146,15 @@ impl Engine {
                         cap.unrestorable.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
                     note.push_str(&format!("; not restorable, so not running: {}", names.join(", ")));
                 }
+                if let Some(cap) = &captured
+                    && !cap.reparented.is_empty()
+                {
+                    let names: Vec<String> = cap.reparented.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
+                    note.push_str(&format!(
+                        "; restored as children of init in sessions of their own: {}",
+                        names.join(", ")
+                    ));
+                }
                 if !r.evicted.is_empty() {
                     note.push_str(&format!(
                         "; the templates of checkpoint(s) {} held needed pids and were evicted",

@@ -246,7 +246,8 @@ fn unrestorable_processes_are_named(
         sh(e, &sb, "echo two > /root/f").await?;
         let r = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
         ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Partial, "{r:?}");
-        ensure!(r.checkpoint.unrestorable.iter().any(|u| u.comm == "sleep"), "{r:?}");
+        // Best effort: the child of sh comes back as a child of init.
+        ensure!(r.checkpoint.reparented.iter().any(|u| u.comm == "sleep"), "{r:?}");
         ensure!(r.note.contains("sleep"), "{}", r.note);
         e.delete_sandbox(&sb, true).await?;
         Ok(())

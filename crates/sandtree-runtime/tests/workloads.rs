@@ -1427,14 +1427,16 @@ fn http_server_serves_rolled_back_files(e: &Engine) -> CaseFuture<'_> {
 }
 
 /// bash with a background job: the job is a child of bash, which the
-/// template path cannot restore yet. The checkpoint names it; with best
-/// effort the shell is captured and the job marked not restorable.
-fn bash_job_is_named_not_restorable(e: &Engine) -> CaseFuture<'_> {
+/// template path cannot restore exactly. The checkpoint names it; with best
+/// effort the job is restored as a child of init (and says so), the shell
+/// exactly.
+fn bash_job_is_named_then_reparented(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
         let s = e.create_session(&sb, Default::default()).await?;
         let run = |cmd: &str| SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
-        e.session_run(&sb, &s.id, run("X=kept; sleep 1000 &")).await?;
+        e.session_run(&sb, &s.id, run("X=kept; sleep 1000 & echo $! > /root/job")).await?;
+        let job: i32 = sh(e, &sb, "cat /root/job").await?.trim().parse()?;
         sleep_ms(50).await;
         let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("job accepted")?;
         let msg = err.to_string();
@@ -1442,11 +1444,23 @@ fn bash_job_is_named_not_restorable(e: &Engine) -> CaseFuture<'_> {
         ensure!(msg.contains("(sleep)") && msg.contains(&format!("parent is pid {}", s.pid)), "{msg}");
         let r = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
         ensure!(r.checkpoint.process_state == ProcessState::Partial, "{r:?}");
-        ensure!(r.checkpoint.processes == vec![s.pid], "{r:?}");
-        let rb = e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone() }).await?;
-        ensure!(rb.restored_pids == vec![s.pid] && rb.note.contains("sleep"), "{rb:?}");
-        let out = e.session_run(&sb, &s.id, run("echo $X")).await?;
-        ensure!(out.output.trim() == "kept", "{out:?}");
+        ensure!(r.checkpoint.reparented.iter().map(|u| u.pid).collect::<Vec<_>>() == vec![job], "{r:?}");
+        ensure!(r.note.contains("restored with a change"), "{}", r.note);
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            e.session_run(&sb, &s.id, run("kill %1; X=changed")).await?;
+            let rb = e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone() }).await?;
+            c.that(rb.restored_pids.contains(&s.pid) && rb.restored_pids.contains(&job), || format!("{rb:?}"));
+            c.that(rb.note.contains("children of init"), || rb.note.clone());
+            let out = e.session_run(&sb, &s.id, run("echo $X")).await?;
+            c.eq("shell variable", out.output.trim(), "kept");
+            c.eq(
+                "job runs, now a child of init",
+                sh(e, &sb, &format!("cat /proc/{job}/comm; awk '{{print $4}}' /proc/{job}/stat")).await?.trim(),
+                "sleep\n1",
+            );
+            c.result(round)?;
+        }
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })
@@ -1603,7 +1617,7 @@ fn main() {
         ("stopped_process_is_refused", stopped_process_is_refused),
         ("sqlite_open_database", sqlite_open_database),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
-        ("bash_job_is_named_not_restorable", bash_job_is_named_not_restorable),
+        ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),
         ("git_repo_in_session", git_repo_in_session),
     ];
     common::run("sandtree-workloads-test", "sandtree-workloads", |_| {}, cases);

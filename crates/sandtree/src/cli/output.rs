@@ -173,6 +173,7 @@ mod tests {
             process_state: sandtree_api::ProcessState::NotCaptured,
             processes: Vec::new(),
             unrestorable: Vec::new(),
+            reparented: Vec::new(),
             frozen_ms: 1.5,
             duration_ms: 3.0,
         }
