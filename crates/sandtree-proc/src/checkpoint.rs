@@ -277,6 +277,8 @@ pub(crate) struct Cloned {
     pipes: Vec<(u64, i32, Vec<u8>)>,
     /// Contents of its deleted-but-open files, by descriptor.
     ghosts: Vec<(i32, Vec<u8>)>,
+    /// Its armed interval timers.
+    itimers: Vec<(i32, Vec<u8>)>,
     host: i32,
     ns_pid: i32,
     insn: u64,
@@ -496,6 +498,15 @@ fn clone_of(
     let insn = inject::find_syscall_insn(host)?;
     let affinity = inject::affinity(host);
     let t_fds = t0.elapsed();
+    if procfs::has_posix_timers(host) {
+        let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+        return Err(Error::unsupported(
+            s.ns_pid,
+            comm.trim_end(),
+            "timers",
+            "POSIX timers (timer_create) are not captured yet",
+        ));
+    }
     // The template inherits the pin (it never runs but to serve us); the
     // original gets its own affinity back before it runs.
     inject::pin_to_tracer(host);
@@ -503,6 +514,26 @@ fn clone_of(
     // daemon dies while we work in it.
     ptrace::set_exit_kill(host, true).map_err(ptrace_err(host, "SETOPTIONS"))?;
     let mut orig = Tracee::new(host, s.regs, insn);
+    // Interval timers are not inherited by fork: read them here, into the
+    // dead space below the stack's red zone (nothing lives there while the
+    // process is stopped at a syscall or signal boundary).
+    let buf = (s.regs.rsp - 128 - 64) & !15;
+    let itimers = (|| -> Result<Vec<(i32, Vec<u8>)>> {
+        let mut itimers = Vec::new();
+        for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
+            let mut saved = [0u8; 32];
+            ptrace::read_mem(host, buf, &mut saved).map_err(ptrace_err(host, "read stack"))?;
+            orig.call("getitimer", libc::SYS_getitimer, &[which as u64, buf])?;
+            let mut val = [0u8; 32];
+            ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read itimerval"))?;
+            ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+            if val.iter().any(|b| *b != 0) {
+                itimers.push((which, val.to_vec()));
+            }
+        }
+        Ok(itimers)
+    })()
+    .inspect_err(|_| inject::set_affinity(host, &affinity))?;
     // No exit signal: the parent's plain `wait` never sees the template
     // (init reaps with __WALL).
     let flags = libc::CLONE_PARENT as u64;
@@ -541,6 +572,7 @@ fn clone_of(
         affinity,
         pipes,
         ghosts,
+        itimers,
         host: child,
         ns_pid: out.ret as i32,
         insn,
@@ -556,6 +588,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
+    image.itimers = c.itimers;
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;

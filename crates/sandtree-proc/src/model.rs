@@ -77,6 +77,10 @@ pub struct ProcessImage {
     /// Contents of deleted-but-open files, by descriptor.
     #[serde(default)]
     pub ghosts: Vec<(i32, Vec<u8>)>,
+    /// Interval timers (`ITIMER_REAL`, `_VIRTUAL`, `_PROF`) as raw
+    /// `struct itimerval`s (a fork does not inherit them).
+    #[serde(default)]
+    pub itimers: Vec<(i32, Vec<u8>)>,
 }
 
 /// Signal masks from `/proc/pid/status`.

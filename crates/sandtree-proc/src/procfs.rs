@@ -385,7 +385,13 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         fds,
         maps: maps(template)?,
         ghosts: Vec::new(),
+        itimers: Vec::new(),
     })
+}
+
+/// Whether `pid` has POSIX timers (`timer_create`; `/proc/pid/timers`).
+pub fn has_posix_timers(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/timers")).map(|t| t.lines().any(|l| l.starts_with("ID:"))).unwrap_or(false)
 }
 
 /// Base address of the vDSO of `pid` (`AT_SYSINFO_EHDR` in its auxv).

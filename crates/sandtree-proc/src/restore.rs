@@ -432,6 +432,11 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
     } else if image.pgid == image.pid {
         p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
     }
+    // Interval timers (a fork does not inherit them either).
+    for (which, val) in &image.itimers {
+        ptrace::write_mem(pid, scratch + 1024, val).map_err(ptrace_err(pid, "write itimerval"))?;
+        p.call("setitimer", libc::SYS_setitimer, &[*which as u64, scratch + 1024, 0])?;
+    }
     // Signals pending at the checkpoint (a fork does not inherit them),
     // queued again with their siginfo, to the thread or the process as
     // they were (a process may queue any siginfo to itself).

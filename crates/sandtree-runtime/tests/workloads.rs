@@ -1225,6 +1225,52 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// Interval timers (not inherited by fork: put back by the restore).
+
+const ITIMER_PY: &str = r#"
+ticks = 0
+def on_alarm(sig, frame):
+    global ticks
+    ticks += 1
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+
+def handle(cmd):
+    if cmd == 'state':
+        value, interval = signal.getitimer(signal.ITIMER_REAL)
+        return 'interval=%.3f armed=%d ticks=%d' % (interval, int(value > 0), ticks)
+    if cmd == 'mutate':
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return 'stopped'
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// `setitimer` keeps firing after a rollback (the timer was disarmed
+/// after the checkpoint).
+fn interval_timer_keeps_firing(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, ITIMER_PY).await?;
+        sleep_ms(100).await;
+        ensure!(without(&w.ask(e, "state").await?, &["ticks"]) == "interval=0.020 armed=1");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("disarmed", &w.ask(e, "mutate").await?, "stopped");
+            w.rollback(e, &ck).await?;
+            let after = w.ask(e, "state").await?;
+            c.eq("timer after rollback", &without(&after, &["ticks"]), "interval=0.020 armed=1");
+            sleep_ms(200).await;
+            let later = w.ask(e, "state").await?;
+            c.that(num(&later, "ticks")? >= num(&after, "ticks")? + 4, || format!("not firing: {after} then {later}"));
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Deleted-but-open files.
 
 const GHOST_PY: &str = r#"
@@ -1612,6 +1658,7 @@ fn main() {
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
+        ("interval_timer_keeps_firing", interval_timer_keeps_firing),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
