@@ -85,6 +85,10 @@ impl Engine {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
+                    } else if captured.as_ref().is_some_and(|c| c.captured.is_empty() && c.reparented.is_empty()) {
+                        // Only init ran at the checkpoint (of any sandbox of
+                        // the tree): with the others killed, that is exact.
+                        restored = Some(sandtree_proc::RestoreReport::default());
                     }
                     // The killed processes die in the background of the swap
                     // and restore; none may show once the rollback returns.
@@ -169,6 +173,10 @@ impl Engine {
                     "{RESTART_NOTE}: this checkpoint holds no process state (the sandbox was not running when it was taken)"
                 )
             }
+            (None, None) if ck.sandbox_id != id => format!(
+                "{RESTART_NOTE}: this checkpoint was taken of sandbox {}, whose processes cannot move into another sandbox yet",
+                ck.sandbox_id
+            ),
             (None, None) => format!(
                 "{RESTART_NOTE}: the process templates of this checkpoint were evicted (pool budget or daemon restart)"
             ),

@@ -51,6 +51,29 @@ fn checkpoint_rollback_fork_round_trip() {
     d.rollback(&sb, &ck2);
     assert_eq!(d.sh_ok(&sb, TREE_HASH), h2);
 
+    // A live process over the API: captured, killed, brought back by a rollback.
+    let bg = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(
+            json!({"cmd": ["python3", "-c", "import time\nx = 41\nwhile True: time.sleep(0.05)"], "background": true}),
+        ),
+    );
+    let pid = bg["pid"].as_i64().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({"label": "live"})));
+    assert_eq!(v["checkpoint"]["process_state"], json!("captured"), "{v}");
+    assert_eq!(v["checkpoint"]["processes"], json!([pid]), "{v}");
+    let live = v["checkpoint"]["id"].as_str().unwrap().to_string();
+    d.ok("DELETE", &format!("/v1/sandboxes/{sb}/processes/{pid}"), None);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let r = d.rollback(&sb, &live);
+    assert_eq!(r["restored_pids"], json!([pid]), "{r}");
+    let procs = d.ok("GET", &format!("/v1/sandboxes/{sb}/processes"), None);
+    let me = procs["processes"].as_array().unwrap().iter().find(|p| p["pid"] == json!(pid)).cloned();
+    assert_eq!(me.map(|p| p["running"].clone()), Some(json!(true)), "{procs}");
+    d.rollback(&sb, &ck2);
+
     // The tree: ck2's parent is ck1; a checkpoint after rolling back to ck1 is ck1's child.
     d.rollback(&sb, &ck1);
     let ck3 = d.checkpoint(&sb, "three");
