@@ -32,4 +32,12 @@ pub struct DaemonInfo {
     /// Prepared rollback targets ready (writable copies of recent checkpoints
     /// with their overlays mounted: a rollback to one needs no btrfs commit).
     pub spare_layers: u64,
+    /// Checkpoints whose live processes can be restored in place (their
+    /// templates are in the pool), over all sandboxes.
+    #[serde(default)]
+    pub process_checkpoints: u64,
+    /// Memory the process templates hold (pages their originals changed
+    /// since their checkpoints).
+    #[serde(default)]
+    pub template_bytes: u64,
 }

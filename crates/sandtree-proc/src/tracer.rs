@@ -300,6 +300,11 @@ impl Tracer {
         self.call(move |st| st.drop_checkpoint(&ck))
     }
 
+    /// How many checkpoints have templates in the pool.
+    pub fn checkpoints(&self) -> Result<usize> {
+        self.call(|st| st.pools.len())
+    }
+
     /// Memory only the templates hold: the pages their originals changed
     /// since (copy-on-write broken), summed over templates. Read outside
     /// the tracer thread (walking page tables takes a while).

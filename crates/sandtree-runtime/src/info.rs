@@ -19,6 +19,7 @@ impl Engine {
         let usage = self.volume.usage().map_err(|e| Error::fs("info", e))?;
         let (sandboxes, checkpoints, images) = self.meta.counts()?;
         let running = self.live.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|s| s.is_alive()).count();
+        let tracers: Vec<_> = self.tracers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         Ok(DaemonInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             data_dir: self.cfg.data_dir.display().to_string(),
@@ -41,6 +42,8 @@ impl Engine {
             images,
             metadata_bytes: self.meta.size_bytes(),
             spare_layers: self.spares.ready_count() as u64,
+            process_checkpoints: tracers.iter().map(|t| t.checkpoints().unwrap_or(0) as u64).sum(),
+            template_bytes: crate::engine::block(|| tracers.iter().map(|t| t.memory().unwrap_or(0)).sum()),
         })
     }
 }

@@ -78,6 +78,11 @@ pub async fn info(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
             println!("images:      {}", d.images);
             println!("metadata:    {}", human_bytes(d.metadata_bytes));
             println!("spares:      {} prepared rollback targets", d.spare_layers);
+            println!(
+                "processes:   {} checkpoints restorable in place, templates hold {:.1} MB",
+                d.process_checkpoints,
+                d.template_bytes as f64 / 1e6
+            );
         }
         return Ok(0);
     };
