@@ -79,7 +79,7 @@ fn stop_inner(
 ) -> Result<StopReport> {
     let deadline = std::time::Instant::now() + timeout;
     let depth = procfs::status(init_host).map(|s| s.ns_depth).unwrap_or(0);
-    let templates: HashSet<i32> = st.template_hosts().into_iter().collect();
+    let templates: HashSet<i32> = st.kept_hosts().into_iter().collect();
     let mut seen: HashSet<i32> = HashSet::new();
     let mut report = StopReport::default();
     loop {
@@ -261,6 +261,8 @@ fn stop_init(st: &mut State, init_host: i32, deadline: std::time::Instant) -> Re
 
 /// A template cloned (its original still stopped until [`release_all`]).
 pub(crate) struct Cloned {
+    /// A new holder of the original's memory.
+    holder: Option<crate::holder::Holder>,
     /// The original, still stopped until [`release_all`].
     orig: Option<Tracee>,
     stopped: Stopped,
@@ -317,8 +319,14 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
         Err(e) => failure = Some(e),
         Ok(mounts) => {
             for s in left.by_ref() {
-                match clone_of(&s, &mounts, &mut pipes_seen) {
-                    Ok(c) => st.cloned.push(c),
+                let need_holder = !st.has_holder(s.host);
+                match clone_of(&s, &mounts, &mut pipes_seen, need_holder) {
+                    Ok(mut c) => {
+                        if let Some(h) = c.holder.take() {
+                            st.holders.push(h);
+                        }
+                        st.cloned.push(c);
+                    }
                     Err(Error::Unsupported(u)) if best_effort => {
                         let_go(&s);
                         st.refused.push(u);
@@ -446,6 +454,7 @@ fn clone_of(
     s: &Stopped,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     pipes_seen: &mut HashSet<u64>,
+    need_holder: bool,
 ) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
@@ -561,8 +570,22 @@ fn clone_of(
         inject::set_affinity(host, &affinity);
         return Err(e);
     }
+    // Its first checkpoint: a holder of its memory, so that a rollback's
+    // kill of it does not wait for the teardown (`holder.rs`).
+    let holder = if need_holder {
+        match crate::holder::make(&mut orig) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(pid = s.ns_pid, "no mm holder: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     tracing::debug!(pid = s.ns_pid, ?t_fds, ?t_clone, "template cloned");
     Ok(Cloned {
+        holder,
         orig: Some(orig),
         stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
         fds,
@@ -626,5 +649,5 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
     }
     tpl.take_held(); // e.g. SIGCHLD meant for the original
-    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch })
+    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch, standby: None })
 }

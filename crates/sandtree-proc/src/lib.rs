@@ -49,6 +49,7 @@
 pub mod check;
 mod checkpoint;
 pub mod fdstate;
+mod holder;
 pub mod inject;
 pub mod model;
 pub mod procfs;

@@ -44,6 +44,15 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         st.drop_checkpoint(&k);
         report.evicted.push(k);
     }
+    // Likewise a holder (its owner was just killed): it goes now.
+    st.holders.retain(|h| {
+        if needed.contains(&h.ns_pid) {
+            crate::tracer::kill_tracee(h.host);
+            false
+        } else {
+            true
+        }
+    });
     let now = st.tick();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
@@ -77,6 +86,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
+    let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down.
     let mut order: Vec<usize> = (0..set.templates.len()).collect();
     order.sort_by_key(|&i| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
@@ -86,26 +96,30 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         let res = restore_one(t);
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         match res {
-            Ok(()) => report.restored.push(t.image.pid),
+            Ok(holder) => {
+                report.restored.push(t.image.pid);
+                holders.extend(holder);
+            }
             Err(e) => return Err(e),
         }
     }
+    st.holders.extend(holders);
     Ok(report)
 }
 
-fn clone_args(set_tid: u64) -> Vec<u8> {
+fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
     let fields: [u64; 11] = [
-        libc::CLONE_PARENT as u64, // flags
-        0,                         // pidfd
-        0,                         // child_tid
-        0,                         // parent_tid
-        0,                         // exit_signal: CLONE_PARENT requires 0
-        0,                         // stack
-        0,                         // stack_size
-        0,                         // tls
-        set_tid,                   // set_tid (pid_t array)
-        1,                         // set_tid_size: the sandbox's namespace only
-        0,                         // cgroup
+        flags,   // CLONE_PARENT (| CLONE_VM from a standby)
+        0,       // pidfd
+        0,       // child_tid
+        0,       // parent_tid
+        0,       // exit_signal: CLONE_PARENT requires 0
+        0,       // stack
+        0,       // stack_size
+        0,       // tls
+        set_tid, // set_tid (pid_t array)
+        1,       // set_tid_size: the sandbox's namespace only
+        0,       // cgroup
     ];
     fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
@@ -120,18 +134,28 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
     Ok(scratch + PATH_OFFSET)
 }
 
-/// Bring back one process from its template.
-fn restore_one(t: &mut Template) -> Result<()> {
+/// Bring back one process from its template (and give it a holder of its
+/// memory, for the next rollback).
+fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
+    // With a standby, the process takes the standby's address space
+    // (CLONE_VM: no page tables to copy) and the standby stays as its
+    // holder; without, it is a copy-on-write fork of the template.
+    let mut standby = t.standby.take();
     let image = &t.image;
-    let args = clone_args(t.scratch + SET_TID_OFFSET);
-    ptrace::write_mem(t.host, t.scratch, &args).map_err(ptrace_err(t.host, "write clone_args"))?;
-    ptrace::write_mem(t.host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes())
-        .map_err(ptrace_err(t.host, "write set_tid"))?;
+    let (src, flags) = match &mut standby {
+        Some(s) => (&mut s.tracee, (libc::CLONE_PARENT | libc::CLONE_VM) as u64),
+        None => (&mut t.tracee, libc::CLONE_PARENT as u64),
+    };
+    let src_host = src.tid;
+    let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
+    ptrace::write_mem(src_host, t.scratch, &args).map_err(ptrace_err(src_host, "write clone_args"))?;
+    ptrace::write_mem(src_host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes())
+        .map_err(ptrace_err(src_host, "write set_tid"))?;
     // The killed original may still be tearing down (init reaps it in the
     // background): its pid is busy until then.
     let deadline = std::time::Instant::now() + PID_WAIT;
     let mut nap = std::time::Duration::from_micros(20);
-    let mut out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
+    let mut out = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
     for _ in 0..100_000 {
         match out.ret {
             ERESTARTNOINTR => {}
@@ -141,14 +165,17 @@ fn restore_one(t: &mut Template) -> Result<()> {
             }
             _ => break,
         }
-        out = t.tracee.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
+        out = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
     }
     // Signals sent to the template (SIGHUP when the old session leader
     // died, SIGCHLD) are not the process's: drop them.
-    t.tracee.take_held();
+    src.take_held();
     let (Some(child), true) = (out.child, out.ret > 0) else {
+        if let Some(s) = standby {
+            crate::tracer::kill_tracee(s.host);
+        }
         return Err(Error::Remote {
-            pid: t.host,
+            pid: src_host,
             call: "clone3 (restore)",
             errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
         });
@@ -164,12 +191,27 @@ fn restore_one(t: &mut Template) -> Result<()> {
         Ok(p)
     })();
     match fixed {
-        Ok(p) => {
+        Ok(mut p) => {
+            let holder = match standby {
+                Some(s) => crate::holder::adopt(s, child),
+                None => crate::holder::make(&mut p),
+            };
+            let holder = match holder {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(pid = image.pid, "no mm holder: {e}");
+                    None
+                }
+            };
             crate::inject::set_affinity(child, &image.affinity);
-            p.release(&regs)
+            p.release(&regs)?;
+            Ok(holder)
         }
         Err(e) => {
             crate::tracer::kill_tracee(child);
+            if let Some(s) = standby {
+                crate::tracer::kill_tracee(s.host);
+            }
             Err(e)
         }
     }

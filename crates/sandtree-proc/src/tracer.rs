@@ -42,6 +42,10 @@ pub(crate) struct Template {
     pub tracee: Tracee,
     /// Address of its scratch page.
     pub scratch: u64,
+    /// A fork of the template made in idle time (`holder.rs`): a restore
+    /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
+    /// the restored process's holder.
+    pub standby: Option<crate::holder::Standby>,
 }
 
 /// The templates of one checkpoint.
@@ -65,6 +69,12 @@ pub(crate) struct State {
     pub cloned: Vec<crate::checkpoint::Cloned>,
     /// Processes refused in the first pass (best effort).
     pub refused: Vec<Unrestorable>,
+    /// Holders of live processes' address spaces (`holder.rs`).
+    pub holders: Vec<crate::holder::Holder>,
+    /// When the last job ended (standbys are made only in idle time).
+    pub last_job: Option<std::time::Instant>,
+    /// Killed holders not reaped yet (host pid, pid in the sandbox).
+    pub dying: Vec<(i32, i32)>,
     /// Seized tasks whose interrupt has not taken effect yet.
     pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
@@ -82,11 +92,32 @@ impl State {
         self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
     }
 
+    /// Host pids of every process this tracer keeps (templates, holders):
+    /// none of them is a sandbox process to capture.
+    pub(crate) fn kept_hosts(&self) -> Vec<i32> {
+        let mut v = self.template_hosts();
+        v.extend(self.standbys().map(|s| s.host));
+        v.extend(self.holders.iter().map(|h| h.host));
+        v
+    }
+
+    fn standbys(&self) -> impl Iterator<Item = &crate::holder::Standby> {
+        self.pools.values().flat_map(|c| c.templates.iter().filter_map(|t| t.standby.as_ref()))
+    }
+
+    /// Whether live process `host` has a holder.
+    pub(crate) fn has_holder(&self, host: i32) -> bool {
+        self.holders.iter().any(|h| h.owner == host && !h.orphaned())
+    }
+
     /// Kill the templates of `ck`.
     pub(crate) fn drop_checkpoint(&mut self, ck: &str) {
         if let Some(set) = self.pools.remove(ck) {
             for t in set.templates {
                 kill_tracee(t.host);
+                if let Some(s) = t.standby {
+                    kill_tracee(s.host);
+                }
             }
         }
     }
@@ -182,17 +213,23 @@ impl Tracer {
             crate::inject::pin_tracer_thread();
             loop {
                 match rx.recv_timeout(std::time::Duration::from_millis(100)) {
-                    Ok(job) => job(&mut st),
+                    Ok(job) => {
+                        job(&mut st);
+                        st.last_job = Some(std::time::Instant::now());
+                    }
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.
                 crate::checkpoint::settle_lingering(&mut st);
+                crate::holder::retire(&mut st.holders, &mut st.dying);
+                crate::holder::reap_dying(&mut st.dying);
+                crate::holder::make_standbys(&mut st);
             }
             // Dropping the state ends the thread; EXITKILL kills the
             // templates, and we collect their notifications first.
-            for host in st.template_hosts() {
+            for host in st.kept_hosts() {
                 kill_tracee(host);
             }
         })?;
@@ -259,7 +296,20 @@ impl Tracer {
 
     /// In-sandbox pids of every template (init must not kill them).
     pub fn template_pids(&self) -> Result<Vec<i32>> {
-        self.call(|st| st.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect())
+        self.call(|st| {
+            let mut v: Vec<i32> = st.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect();
+            v.extend(st.standbys().map(|s| s.ns_pid));
+            v.extend(st.holders.iter().map(|h| h.ns_pid));
+            // Killed holders still tearing down (reaped on the next tick).
+            v.extend(st.dying.iter().map(|d| d.1));
+            v
+        })
+    }
+
+    /// Kill the holders of processes that are gone (after a rollback:
+    /// their memory is torn down in the background).
+    pub fn retire_holders(&self) -> Result<()> {
+        self.call(|st| crate::holder::retire(&mut st.holders, &mut st.dying))
     }
 
     /// What the pool holds for `ck` (`None`: no templates).
@@ -285,9 +335,10 @@ impl Tracer {
     /// this must not wait for the last handle to drop).
     pub fn shutdown(&self) {
         let _ = self.call(|st| {
-            for host in st.template_hosts() {
+            for host in st.kept_hosts() {
                 kill_tracee(host);
             }
+            st.holders.clear();
             st.pools.clear();
             crate::checkpoint::abort(st);
         });

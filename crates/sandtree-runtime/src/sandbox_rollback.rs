@@ -92,9 +92,21 @@ impl Engine {
                     }
                     // The killed processes die in the background of the swap
                     // and restore; none may show once the rollback returns.
-                    let mut except = keep_after.clone();
+                    // (Templates and holders as they are now: the restore made
+                    // holders for the restored processes.)
+                    let mut except = match &tracer {
+                        Some(t) => crate::engine::block(|| t.template_pids())?,
+                        None => keep_after.clone(),
+                    };
                     except.extend(restored.iter().flat_map(|r| r.restored.iter().copied()));
+                    let t_wait = Instant::now();
                     sb.wait_gone(except).await?;
+                    tracing::debug!(sandbox = id, waited = ?t_wait.elapsed(), "killed processes gone");
+                    // The killed processes' memory, kept by their holders so
+                    // that they died at once, is torn down from now on.
+                    if let Some(t) = &tracer {
+                        let _ = crate::engine::block(|| t.retire_holders());
+                    }
                     tracing::debug!(
                         sandbox = id,
                         reroot = ?t_restore.duration_since(t_reroot),

@@ -1,0 +1,180 @@
+//! mm holders: keeping a killed process's memory teardown out of a
+//! rollback's way.
+//!
+//! A rollback must kill the running copy of a process before it can give
+//! its pid to the restored one, and the pid is free only once the dying
+//! process has torn its address space down: for a 100 MB Python whose huge
+//! pages were split by copy-on-write writes, 2-4 ms, on the rollback's
+//! path. A *holder* is a second process sharing the address space
+//! (`clone(CLONE_VM | CLONE_PARENT)` injected into the process, no exit
+//! signal), stopped by the tracer forever and never run. With it, the
+//! killed process only drops its reference to the memory and is gone at
+//! once; the holder is killed after the rollback (its teardown then runs
+//! in the background of whatever comes next).
+//!
+//! Every captured process gets a holder at its first checkpoint, every
+//! restored process at its restore. A holder whose owner exited is killed
+//! on the tracer's next tick. Holders are spared by init's kills (they are
+//! in [`crate::Tracer::template_pids`]).
+
+use std::os::fd::OwnedFd;
+
+use sandtree_sys::ptrace;
+
+use crate::inject::{self, Tracee};
+use crate::{Error, Result};
+
+/// A process sharing its owner's address space.
+pub(crate) struct Holder {
+    /// Host pid.
+    pub host: i32,
+    /// Pid in the sandbox.
+    pub ns_pid: i32,
+    /// Host pid of the owner.
+    pub owner: i32,
+    /// pidfd of the owner: readable once it exited.
+    owner_fd: OwnedFd,
+}
+
+impl Holder {
+    /// Whether the owner has exited.
+    pub(crate) fn orphaned(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(&self.owner_fd, rustix::event::PollFlags::IN)];
+        let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+    }
+}
+
+/// A stopped fork of a template, waiting to become a restored process's
+/// address space.
+pub(crate) struct Standby {
+    /// It, in a ptrace stop.
+    pub tracee: Tracee,
+    /// Host pid.
+    pub host: i32,
+    /// Pid in the sandbox.
+    pub ns_pid: i32,
+}
+
+/// How long the tracer must have been idle before it forks standbys (a
+/// fork of a large template takes milliseconds).
+const STANDBY_IDLE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// In idle time, give templates without one a standby (a few per tick).
+pub(crate) fn make_standbys(st: &mut crate::tracer::State) {
+    if st.last_job.is_some_and(|t| t.elapsed() < STANDBY_IDLE) {
+        return;
+    }
+    let mut budget = 4;
+    for set in st.pools.values_mut() {
+        for t in set.templates.iter_mut().filter(|t| t.standby.is_none()) {
+            if budget == 0 {
+                return;
+            }
+            budget -= 1;
+            match standby_of(&mut t.tracee) {
+                Ok(s) => t.standby = Some(s),
+                Err(e) => tracing::debug!(pid = t.image.pid, "no standby: {e}"),
+            }
+        }
+    }
+}
+
+fn standby_of(t: &mut Tracee) -> Result<Standby> {
+    // No exit signal, parent = the template's parent (init).
+    let out = t.syscall(libc::SYS_clone, &[libc::CLONE_PARENT as u64, 0, 0, 0, 0])?;
+    let (Some(child), true) = (out.child, out.ret > 0) else {
+        return Err(Error::Remote {
+            pid: t.tid,
+            call: "clone (standby)",
+            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
+        });
+    };
+    let ready = inject::wait_event_stop(child)
+        .and_then(|_| {
+            ptrace::set_exit_kill(child, true).map_err(|e| Error::Ptrace { pid: child, op: "SETOPTIONS", source: e })
+        })
+        .and_then(|_| ptrace::regs(child).map_err(|e| Error::Ptrace { pid: child, op: "GETREGS", source: e }));
+    match ready {
+        Ok(regs) => Ok(Standby { tracee: Tracee::new(child, regs, t.insn), host: child, ns_pid: out.ret as i32 }),
+        Err(e) => {
+            let _ = ptrace::kill(child);
+            Err(e)
+        }
+    }
+}
+
+/// A standby whose address space a restored process (`owner`) now shares
+/// becomes that process's holder.
+pub(crate) fn adopt(mut s: Standby, owner: i32) -> Result<Holder> {
+    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
+    let owner_fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| Error::Ptrace { pid: owner, op: "pidfd_open", source: e.into() })?;
+    s.tracee.call("setsid (holder)", libc::SYS_setsid, &[])?;
+    s.tracee.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0])?;
+    Ok(Holder { host: s.host, ns_pid: s.ns_pid, owner, owner_fd })
+}
+
+/// Make a holder of `t`'s address space (`t` stopped, ours).
+pub(crate) fn make(t: &mut Tracee) -> Result<Holder> {
+    let owner = t.tid;
+    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
+    let owner_fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| Error::Ptrace { pid: owner, op: "pidfd_open", source: e.into() })?;
+    let flags = (libc::CLONE_VM | libc::CLONE_PARENT) as u64;
+    let out = t.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+    let (Some(child), true) = (out.child, out.ret > 0) else {
+        return Err(Error::Remote {
+            pid: owner,
+            call: "clone (mm holder)",
+            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
+        });
+    };
+    // Out of the owner's session and group, or their id (the owner's pid)
+    // would stay taken after the owner died. (A syscall instruction writes
+    // no memory: running one in the shared address space is harmless.)
+    let ready = inject::wait_event_stop(child)
+        .and_then(|_| {
+            ptrace::set_exit_kill(child, true).map_err(|e| Error::Ptrace { pid: child, op: "SETOPTIONS", source: e })
+        })
+        .and_then(|_| ptrace::regs(child).map_err(|e| Error::Ptrace { pid: child, op: "GETREGS", source: e }))
+        .and_then(|regs| {
+            let mut h = Tracee::new(child, regs, t.insn);
+            h.call("setsid (holder)", libc::SYS_setsid, &[])?;
+            // It got a copy of the descriptor table: a listener kept there
+            // would keep its port taken.
+            h.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]).map(|_| ())
+        });
+    if let Err(e) = ready {
+        let _ = ptrace::kill(child);
+        return Err(e);
+    }
+    Ok(Holder { host: child, ns_pid: out.ret as i32, owner, owner_fd })
+}
+
+/// SIGKILL the holders whose owner exited; they are reaped by
+/// [`reap_dying`] (their teardown must not hold the tracer).
+pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
+    holders.retain(|h| {
+        if h.orphaned() {
+            let _ = ptrace::kill(h.host);
+            dying.push((h.host, h.ns_pid));
+            false
+        } else {
+            true
+        }
+    });
+}
+
+/// Collect the exit of killed tracees that are done dying (host pid, pid
+/// in the sandbox). Until then init cannot reap them either.
+pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>) {
+    dying.retain(|&(host, _)| match ptrace::try_wait(host) {
+        Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
+        Ok(Some(_)) => {
+            let _ = ptrace::resume(host, 0);
+            true
+        }
+        Ok(None) => true,
+    });
+}
