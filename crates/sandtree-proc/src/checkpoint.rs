@@ -536,6 +536,14 @@ fn clone_of(
             let mut val = [0u8; 32];
             ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read itimerval"))?;
             ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+            // struct itimerval { it_interval, it_value }. A periodic timer
+            // that expired while its SIGALRM waits to be dequeued reads as
+            // value 0 (the kernel re-arms it at the dequeue): setting that
+            // would disarm it, so arm it for one interval instead.
+            if val[16..].iter().all(|b| *b == 0) && val[..16].iter().any(|b| *b != 0) {
+                let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
+                val[16..].copy_from_slice(&interval);
+            }
             if val.iter().any(|b| *b != 0) {
                 itimers.push((which, val.to_vec()));
             }
