@@ -11,6 +11,9 @@ use crate::model::{FdKind, Registers};
 use crate::tracer::{CaptureReport, CheckpointTemplates, State, StopReport, Stopped, Template, kill_tracee};
 use crate::{Error, Result, procfs};
 
+/// Armed interval timers: (which, raw `struct itimerval`).
+type Itimers = Vec<(i32, Vec<u8>)>;
+
 /// Size of the scratch page mapped into each template (syscall arguments
 /// that are pointers: paths, `clone_args`).
 pub(crate) const SCRATCH: u64 = 4096;
@@ -281,6 +284,10 @@ pub(crate) struct Cloned {
     ghosts: Vec<(i32, Vec<u8>)>,
     /// Its armed interval timers.
     itimers: Vec<(i32, Vec<u8>)>,
+    /// Its alternate signal stack (`stack_t`), if enabled.
+    altstack: Option<Vec<u8>>,
+    /// Its rseq registration.
+    rseq: Option<(u64, u32, u32, u32)>,
     host: i32,
     ns_pid: i32,
     insn: u64,
@@ -527,30 +534,53 @@ fn clone_of(
     // dead space below the stack's red zone (nothing lives there while the
     // process is stopped at a syscall or signal boundary).
     let buf = (s.regs.rsp - 128 - 64) & !15;
-    let itimers = (|| -> Result<Vec<(i32, Vec<u8>)>> {
+    let comm_now = || std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default().trim_end().to_string();
+    let (itimers, altstack) = (|| -> Result<(Itimers, Option<Vec<u8>>)> {
+        let mut saved = [0u8; 32];
+        ptrace::read_mem(host, buf, &mut saved).map_err(|e| {
+            Error::unsupported(
+                s.ns_pid,
+                &comm_now(),
+                "stack",
+                format!("no room below its stack pointer to read timers into ({e})"),
+            )
+        })?;
+        let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
+            orig.call("timers / sigaltstack", nr, args)?;
+            let mut val = vec![0u8; len];
+            ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read result"))?;
+            Ok(val)
+        };
         let mut itimers = Vec::new();
         for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
-            let mut saved = [0u8; 32];
-            ptrace::read_mem(host, buf, &mut saved).map_err(ptrace_err(host, "read stack"))?;
-            orig.call("getitimer", libc::SYS_getitimer, &[which as u64, buf])?;
-            let mut val = [0u8; 32];
-            ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read itimerval"))?;
-            ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
-            // struct itimerval { it_interval, it_value }. A periodic timer
-            // that expired while its SIGALRM waits to be dequeued reads as
-            // value 0 (the kernel re-arms it at the dequeue): setting that
-            // would disarm it, so arm it for one interval instead.
-            if val[16..].iter().all(|b| *b == 0) && val[..16].iter().any(|b| *b != 0) {
+            let mut val = read(libc::SYS_getitimer, &[which as u64, buf], 32)?;
+            // struct itimerval { it_interval, it_value }. A periodic real
+            // timer that expired while its SIGALRM waits to be dequeued
+            // reads as value 0 (the kernel re-arms it at the dequeue):
+            // setting that would disarm it, so arm it for one interval.
+            let alarm_pending = pending & (1 << (libc::SIGALRM - 1)) != 0;
+            if which == libc::ITIMER_REAL
+                && alarm_pending
+                && val[16..].iter().all(|b| *b == 0)
+                && val[..16].iter().any(|b| *b != 0)
+            {
                 let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
                 val[16..].copy_from_slice(&interval);
             }
-            if val.iter().any(|b| *b != 0) {
-                itimers.push((which, val.to_vec()));
+            if val[16..].iter().any(|b| *b != 0) {
+                itimers.push((which, val));
             }
         }
-        Ok(itimers)
+        // stack_t { ss_sp, ss_flags, ss_size }: a fork keeps it, but a
+        // restore that shares a standby's memory (CLONE_VM) does not.
+        let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
+        let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
+        let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
+        ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+        Ok((itimers, altstack))
     })()
     .inspect_err(|_| inject::set_affinity(host, &affinity))?;
+    let rseq = ptrace::rseq_configuration(host).ok().flatten();
     // No exit signal: the parent's plain `wait` never sees the template
     // (init reaps with __WALL).
     let flags = libc::CLONE_PARENT as u64;
@@ -581,7 +611,7 @@ fn clone_of(
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`holder.rs`).
     let holder = if need_holder {
-        match crate::holder::make(&mut orig) {
+        match crate::holder::make(&mut orig, s.ns_ppid == 1) {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::warn!(pid = s.ns_pid, "no mm holder: {e}");
@@ -604,6 +634,8 @@ fn clone_of(
         pipes,
         ghosts,
         itimers,
+        altstack,
+        rseq,
         host: child,
         ns_pid: out.ret as i32,
         insn,
@@ -620,6 +652,8 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
     image.itimers = c.itimers;
+    image.altstack = c.altstack;
+    image.rseq = c.rseq;
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;

@@ -37,11 +37,12 @@ pub(crate) struct Holder {
 }
 
 impl Holder {
-    /// Whether the owner has exited.
+    /// Whether the owner has exited, or exec'd (a new address space: the
+    /// holder then keeps only the old one alive).
     pub(crate) fn orphaned(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(&self.owner_fd, rustix::event::PollFlags::IN)];
         let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
-        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0) || !ptrace::same_mm(self.owner, self.host)
     }
 }
 
@@ -54,6 +55,8 @@ pub(crate) struct Standby {
     pub host: i32,
     /// Pid in the sandbox.
     pub ns_pid: i32,
+    /// The template's private memory just before the standby was forked.
+    pub template_private: u64,
 }
 
 /// How long the tracer must have been idle before it forks standbys (a
@@ -72,7 +75,8 @@ pub(crate) fn make_standbys(st: &mut crate::tracer::State) {
                 return;
             }
             budget -= 1;
-            match standby_of(&mut t.tracee) {
+            let template_private = crate::procfs::private_bytes(t.host);
+            match standby_of(&mut t.tracee, template_private) {
                 Ok(s) => t.standby = Some(s),
                 Err(e) => tracing::debug!(pid = t.image.pid, "no standby: {e}"),
             }
@@ -80,7 +84,7 @@ pub(crate) fn make_standbys(st: &mut crate::tracer::State) {
     }
 }
 
-fn standby_of(t: &mut Tracee) -> Result<Standby> {
+fn standby_of(t: &mut Tracee, template_private: u64) -> Result<Standby> {
     // No exit signal, parent = the template's parent (init).
     let out = t.syscall(libc::SYS_clone, &[libc::CLONE_PARENT as u64, 0, 0, 0, 0])?;
     let (Some(child), true) = (out.child, out.ret > 0) else {
@@ -96,7 +100,12 @@ fn standby_of(t: &mut Tracee) -> Result<Standby> {
         })
         .and_then(|_| ptrace::regs(child).map_err(|e| Error::Ptrace { pid: child, op: "GETREGS", source: e }));
     match ready {
-        Ok(regs) => Ok(Standby { tracee: Tracee::new(child, regs, t.insn), host: child, ns_pid: out.ret as i32 }),
+        Ok(regs) => Ok(Standby {
+            tracee: Tracee::new(child, regs, t.insn),
+            host: child,
+            ns_pid: out.ret as i32,
+            template_private,
+        }),
         Err(e) => {
             let _ = ptrace::kill(child);
             Err(e)
@@ -115,13 +124,16 @@ pub(crate) fn adopt(mut s: Standby, owner: i32) -> Result<Holder> {
     Ok(Holder { host: s.host, ns_pid: s.ns_pid, owner, owner_fd })
 }
 
-/// Make a holder of `t`'s address space (`t` stopped, ours).
-pub(crate) fn make(t: &mut Tracee) -> Result<Holder> {
+/// Make a holder of `t`'s address space (`t` stopped, ours). A child of
+/// init for a child of init; else a child of the owner (with no exit
+/// signal, another parent would never reap it), which passes to init with
+/// the owner's death.
+pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
     let owner = t.tid;
     let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
     let owner_fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
         .map_err(|e| Error::Ptrace { pid: owner, op: "pidfd_open", source: e.into() })?;
-    let flags = (libc::CLONE_VM | libc::CLONE_PARENT) as u64;
+    let flags = if parent_is_init { libc::CLONE_VM | libc::CLONE_PARENT } else { libc::CLONE_VM } as u64;
     let out = t.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
     let (Some(child), true) = (out.child, out.ret > 0) else {
         return Err(Error::Remote {

@@ -81,6 +81,12 @@ pub struct ProcessImage {
     /// `struct itimerval`s (a fork does not inherit them).
     #[serde(default)]
     pub itimers: Vec<(i32, Vec<u8>)>,
+    /// Alternate signal stack (raw `stack_t`), if enabled.
+    #[serde(default)]
+    pub altstack: Option<Vec<u8>>,
+    /// rseq registration (area, length, flags, signature).
+    #[serde(default)]
+    pub rseq: Option<(u64, u32, u32, u32)>,
 }
 
 /// Signal masks from `/proc/pid/status`.

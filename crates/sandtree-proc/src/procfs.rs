@@ -386,6 +386,8 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         maps: maps(template)?,
         ghosts: Vec::new(),
         itimers: Vec::new(),
+        altstack: None,
+        rseq: None,
     })
 }
 

@@ -44,7 +44,24 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         st.drop_checkpoint(&k);
         report.evicted.push(k);
     }
-    // Likewise a holder (its owner was just killed): it goes now.
+    // Likewise a standby, or a holder (its owner was just killed): they go now.
+    for set in st.pools.values_mut() {
+        for t in set.templates.iter_mut() {
+            if t.standby.as_ref().is_some_and(|s| needed.contains(&s.ns_pid))
+                && let Some(s) = t.standby.take()
+            {
+                crate::tracer::kill_tracee(s.host);
+            }
+        }
+    }
+    st.dying.retain(|&(host, ns)| {
+        if needed.contains(&ns) {
+            crate::tracer::kill_tracee(host);
+            false
+        } else {
+            true
+        }
+    });
     st.holders.retain(|h| {
         if needed.contains(&h.ns_pid) {
             crate::tracer::kill_tracee(h.host);
@@ -100,7 +117,10 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                st.holders.extend(holders);
+                return Err(e);
+            }
         }
     }
     st.holders.extend(holders);
@@ -141,6 +161,15 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // (CLONE_VM: no page tables to copy) and the standby stays as its
     // holder; without, it is a copy-on-write fork of the template.
     let mut standby = t.standby.take();
+    // A standby killed behind our back (by the sandbox, or the OOM killer)
+    // is collected and not used.
+    if let Some(s) = &standby
+        && !matches!(ptrace::try_wait(s.host), Ok(None))
+    {
+        crate::tracer::kill_tracee(s.host);
+        standby = None;
+    }
+    let via_standby = standby.is_some();
     let image = &t.image;
     let (src, flags) = match &mut standby {
         Some(s) => (&mut s.tracee, (libc::CLONE_PARENT | libc::CLONE_VM) as u64),
@@ -148,14 +177,29 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     };
     let src_host = src.tid;
     let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
-    ptrace::write_mem(src_host, t.scratch, &args).map_err(ptrace_err(src_host, "write clone_args"))?;
-    ptrace::write_mem(src_host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes())
-        .map_err(ptrace_err(src_host, "write set_tid"))?;
+    let written = ptrace::write_mem(src_host, t.scratch, &args)
+        .and_then(|_| ptrace::write_mem(src_host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes()))
+        .map_err(ptrace_err(src_host, "write clone_args"));
+    if let Err(e) = written {
+        if let Some(s) = standby {
+            crate::tracer::kill_tracee(s.host);
+        }
+        return Err(e);
+    }
     // The killed original may still be tearing down (init reaps it in the
     // background): its pid is busy until then.
     let deadline = std::time::Instant::now() + PID_WAIT;
     let mut nap = std::time::Duration::from_micros(20);
-    let mut out = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
+    let first = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE]);
+    let mut out = match first {
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(s) = standby {
+                crate::tracer::kill_tracee(s.host);
+            }
+            return Err(e);
+        }
+    };
     for _ in 0..100_000 {
         match out.ret {
             ERESTARTNOINTR => {}
@@ -187,14 +231,14 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, t.scratch, t.host)?;
+        fix_up(&mut p, image, t.scratch, t.host, via_standby)?;
         Ok(p)
     })();
     match fixed {
         Ok(mut p) => {
             let holder = match standby {
                 Some(s) => crate::holder::adopt(s, child),
-                None => crate::holder::make(&mut p),
+                None => crate::holder::make(&mut p, true),
             };
             let holder = match holder {
                 Ok(h) => Some(h),
@@ -401,7 +445,7 @@ fn rebind_inet(
 }
 
 /// In the new process: cwd, layer files, session, scratch page.
-fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> Result<()> {
+fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via_standby: bool) -> Result<()> {
     let pid = p.tid;
     let path = write_path(pid, scratch, &image.cwd)?;
     p.call("chdir", libc::SYS_chdir, &[path])?;
@@ -473,6 +517,17 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32) -> 
         }
     } else if image.pgid == image.pid {
         p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+    }
+    // What a CLONE_VM child does not keep: the alternate signal stack and
+    // the rseq registration (a plain fork keeps both).
+    if via_standby {
+        if let Some(ss) = &image.altstack {
+            ptrace::write_mem(pid, scratch + 1024, ss).map_err(ptrace_err(pid, "write stack_t"))?;
+            p.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
+        }
+        if let Some((area, len, _, sig)) = image.rseq {
+            p.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
+        }
     }
     // Interval timers (a fork does not inherit them either).
     for (which, val) in &image.itimers {

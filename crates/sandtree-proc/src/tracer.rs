@@ -48,6 +48,30 @@ pub(crate) struct Template {
     pub standby: Option<crate::holder::Standby>,
 }
 
+/// What to measure of a template (outside the tracer thread).
+pub(crate) struct Sizing {
+    host: i32,
+    standby: Option<(i32, u64)>,
+}
+
+impl Sizing {
+    /// Memory only the template (and its standby) holds. A standby shares
+    /// every page with its template, so neither has private pages then:
+    /// the template's figure from just before the standby was made is used.
+    fn bytes(self) -> u64 {
+        match self.standby {
+            Some((standby, before)) => before + procfs::private_bytes(standby),
+            None => procfs::private_bytes(self.host),
+        }
+    }
+}
+
+impl Template {
+    pub(crate) fn sizing(&self) -> Sizing {
+        Sizing { host: self.host, standby: self.standby.as_ref().map(|s| (s.host, s.template_private)) }
+    }
+}
+
 /// The templates of one checkpoint.
 pub(crate) struct CheckpointTemplates {
     pub templates: Vec<Template>,
@@ -360,8 +384,9 @@ impl Tracer {
     /// since (copy-on-write broken), summed over templates. Read outside
     /// the tracer thread (walking page tables takes a while).
     pub fn memory(&self) -> Result<u64> {
-        let hosts = self.call(|st| st.template_hosts())?;
-        Ok(hosts.into_iter().map(procfs::private_bytes).sum())
+        let all = self
+            .call(|st| st.pools.values().flat_map(|c| c.templates.iter().map(Template::sizing)).collect::<Vec<_>>())?;
+        Ok(all.into_iter().map(Sizing::bytes).sum())
     }
 
     /// Evict least recently used checkpoints' templates until the pool
@@ -369,16 +394,14 @@ impl Tracer {
     /// (`keep` is never evicted). Returns the evicted checkpoint ids. The
     /// memory is measured outside the tracer thread.
     pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
-        let pools: Vec<(String, u64, Vec<i32>)> = self.call(|st| {
+        let pools: Vec<(String, u64, Vec<Sizing>)> = self.call(|st| {
             st.pools
                 .iter()
-                .map(|(k, c)| (k.clone(), c.last_used, c.templates.iter().map(|t| t.host).collect()))
+                .map(|(k, c)| (k.clone(), c.last_used, c.templates.iter().map(Template::sizing).collect()))
                 .collect()
         })?;
-        let mut sized: Vec<(String, u64, u64)> = pools
-            .into_iter()
-            .map(|(k, used, hosts)| (k, used, hosts.into_iter().map(procfs::private_bytes).sum()))
-            .collect();
+        let mut sized: Vec<(String, u64, u64)> =
+            pools.into_iter().map(|(k, used, sizes)| (k, used, sizes.into_iter().map(Sizing::bytes).sum())).collect();
         sized.sort_by_key(|(_, used, _)| *used);
         let mut total: u64 = sized.iter().map(|(_, _, b)| b).sum();
         let mut count = sized.len();

@@ -260,3 +260,33 @@ pub fn set_exit_kill(tid: i32, on: bool) -> io::Result<()> {
     }
     ptrace::setoptions(pid(tid), opts).map_err(err)
 }
+
+/// `PTRACE_GET_RSEQ_CONFIGURATION`.
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+
+/// A thread's rseq registration: (area address, area length, flags,
+/// signature); `None` when it has none.
+pub fn rseq_configuration(tid: i32) -> io::Result<Option<(u64, u32, u32, u32)>> {
+    // struct ptrace_rseq_configuration { u64 rseq_abi_pointer; u32 rseq_abi_size; u32 signature; u32 flags; u32 pad; }
+    let mut conf = [0u8; 24];
+    // SAFETY: the kernel writes at most `addr` = 24 bytes (the size passed)
+    // into `conf`, a live 24-byte buffer.
+    let r =
+        unsafe { libc::ptrace(PTRACE_GET_RSEQ_CONFIGURATION, tid, conf.len() as *mut libc::c_void, conf.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let ptr = u64::from_ne_bytes(conf[0..8].try_into().unwrap_or_default());
+    let size = u32::from_ne_bytes(conf[8..12].try_into().unwrap_or_default());
+    let sig = u32::from_ne_bytes(conf[12..16].try_into().unwrap_or_default());
+    let flags = u32::from_ne_bytes(conf[16..20].try_into().unwrap_or_default());
+    Ok((ptr != 0).then_some((ptr, size, flags, sig)))
+}
+
+/// Whether processes `a` and `b` share one address space (`kcmp`).
+pub fn same_mm(a: i32, b: i32) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp takes two pids and a type by value; no memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, a as libc::c_long, b as libc::c_long, KCMP_VM, 0, 0) };
+    r == 0
+}
