@@ -37,7 +37,6 @@ pub(crate) fn stop(
     timeout: std::time::Duration,
     with_init: bool,
 ) -> Result<StopReport> {
-    st.init_host = init_host;
     settle_lingering(st);
     let t0 = std::time::Instant::now();
     let res = stop_inner(st, list, init_host, best_effort, timeout).and_then(|report| {
@@ -293,25 +292,20 @@ pub(crate) struct Cloned {
     insn: u64,
 }
 
-/// Capture and make templates in two passes, so that the originals are
-/// stopped only for what must be read while they are:
-/// 1. [`clone_all`], per original (stopped): its descriptors and file
-///    positions (shared with the template, so they must be read before the
-///    original moves them), pipe bytes, queued signals, inject the `clone`;
-///    then [`release_all`] lets every original (and init) go;
-/// 2. [`set_up_all`], per template (originals running): the rest of the
-///    image from the template's `/proc` (a fork has the same map,
-///    credentials, masks, cwd), the checks, and the template's own set-up.
-///
-/// The caller takes the filesystem snapshot while pass 1 runs (everything
-/// in the sandbox is stopped then, init included), or before it.
-pub(crate) fn capture(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
-    clone_all(st, best_effort)?;
-    release_all(st);
-    set_up_all(st, ck, best_effort)
-}
+// Capture and make templates in two passes, so that the originals are
+// stopped only for what must be read while they are:
+// 1. [`clone_all`], per original (stopped): its descriptors and file
+//    positions (shared with the template, so they must be read before the
+//    original moves them), pipe bytes, queued signals, inject the `clone`;
+//    then [`release_all`] lets every original (and init) go;
+// 2. [`set_up_all`], per template (originals running): the rest of the
+//    image from the template's `/proc` (a fork has the same map,
+//    credentials, masks, cwd), the checks, and the template's own set-up.
+//
+// The caller takes the filesystem snapshot while pass 1 runs (everything
+// in the sandbox is stopped then, init included), or before it.
 
-/// Pass 1 (see [`capture`]); on error every process is let go and the
+/// Pass 1 (see above); on error every process is let go and the
 /// templates made so far are killed.
 pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let stopped = std::mem::take(&mut st.stopped);
@@ -385,7 +379,7 @@ pub(crate) fn abort(st: &mut State) {
     resume_all(st);
 }
 
-/// Pass 2 (see [`capture`]): after [`release_all`].
+/// Pass 2 (see above): after [`release_all`].
 pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
     let mut report = CaptureReport { unrestorable: std::mem::take(&mut st.refused), ..Default::default() };
     let mut failure = None;

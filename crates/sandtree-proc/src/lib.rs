@@ -13,30 +13,39 @@
 //! `PTRACE_O_EXITKILL` they die with the tracer), as children of the
 //! sandbox init.
 //!
-//! Order at a checkpoint (`checkpoint.rs`), inside the sandbox's frozen window:
+//! Order at a checkpoint (`checkpoint.rs`):
 //! 1. [`Tracer::stop`]: `PTRACE_SEIZE` + `PTRACE_INTERRUPT` every process of
-//!    the sandbox but init and the templates, again until no new one appears
-//!    (a stopped process cannot fork): the consistency point;
-//! 2. the caller freezes the cgroup (init), snapshots the filesystem, thaws
-//!    (a ptrace-stopped task counts as frozen, and a syscall injected into a
-//!    frozen task would never complete, so injection comes after the thaw);
-//! 3. [`Tracer::capture`]: read each process's state from `/proc` into a
-//!    [`model::ProcessImage`], check it ([`check`]), inject the `clone` that
-//!    makes its template, make the template drop what pins the old tree
-//!    (`chdir("/")`, close files on the sandbox's layers; the image has their
-//!    paths, flags and offsets) and map it one scratch page, then give the
-//!    original back its registers (in signal context, see `inject.rs`) and
-//!    detach.
+//!    the sandbox but the templates (and their holders and standbys), again
+//!    until no new one appears (a stopped process cannot fork), then init:
+//!    the consistency point; nothing in the sandbox runs from here;
+//! 2. the caller snapshots the filesystem on another thread while
+//!    [`Tracer::clone_all`] reads, per process, what must be read while it
+//!    is stopped (descriptors and offsets, pipe bytes, deleted files, queued
+//!    signals, mask, itimers) and injects the `clone` that makes its
+//!    template (no cgroup freeze: a syscall injected into a frozen task
+//!    would never complete);
+//! 3. [`Tracer::release`]: every process gets its registers and mask back
+//!    in signal context (see `inject.rs`) and runs again;
+//! 4. [`Tracer::set_up`]: per template, the rest of the
+//!    [`model::ProcessImage`] from its `/proc`, the checks ([`check`]), and
+//!    its set-up: a scratch page, `chdir("/")`, close what the restore
+//!    re-opens or re-creates (files on the sandbox's layers, bound sockets),
+//!    leave the original's session.
 //!
 //! Order at a rollback in place (`restore.rs`), after init swapped the root
-//! and killed everything but the templates:
-//! 1. into each template, inject `clone3(CLONE_PARENT, set_tid = [old pid],
-//!    exit_signal = 0)`: the copy has P's pid and is a child of init again;
-//! 2. into the copy: `chdir(cwd)`, reopen the layer files by path in the new
-//!    tree at their flags and offsets (`dup3` onto their numbers), `setsid` +
-//!    `TIOCSCTTY` for a session leader with a terminal (or `setpgid` for a
-//!    group leader), unmap the scratch page;
-//! 3. set the checkpoint's registers and signal mask in signal context and
+//! and killed everything but the templates, holders and standbys:
+//! 1. put back the state of objects the templates share with the killed
+//!    originals (pipe bytes, eventfd counters, timerfd settings);
+//! 2. into each template's standby (with `CLONE_VM`) or the template,
+//!    inject `clone3(CLONE_PARENT, set_tid = [old pid], exit_signal = 0)`:
+//!    the copy has the old pid and is a child of init again;
+//! 3. into the copy: `chdir(cwd)`, reopen the layer files by path in the
+//!    new tree at their flags and offsets (`dup3` onto their numbers),
+//!    re-create deleted files and bound sockets, epoll watch lists and
+//!    signalfd masks, `setsid` + `TIOCSCTTY` for a session leader with a
+//!    terminal (or `setpgid`), itimers, queued signals, unmap the scratch
+//!    page; give it a holder (`holder.rs`);
+//! 4. set the checkpoint's registers and signal mask in signal context and
 //!    detach: an interrupted syscall restarts as the kernel decides (the
 //!    restart block of `-ERESTART_RESTARTBLOCK` is copied by fork), and
 //!    signals pending since are delivered then.

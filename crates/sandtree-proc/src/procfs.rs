@@ -412,17 +412,6 @@ pub fn vdso_base(pid: i32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
 }
 
-/// Thread ids of `pid`.
-pub fn threads(pid: i32) -> io::Result<Vec<i32>> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(format!("/proc/{pid}/task"))? {
-        if let Ok(t) = e?.file_name().to_string_lossy().parse() {
-            out.push(t);
-        }
-    }
-    Ok(out)
-}
-
 /// Resident memory that only this process holds (`Private_Clean` +
 /// `Private_Dirty` of `smaps_rollup`): for a template, the pages its
 /// original changed since the checkpoint.

@@ -23,7 +23,7 @@ use crate::inject::Tracee;
 use crate::model::ProcessImage;
 use crate::{Error, Result, procfs};
 
-/// A stopped original, between [`Tracer::stop`] and [`Tracer::capture`].
+/// A stopped original, between [`Tracer::stop`] and [`Tracer::clone_all`].
 pub(crate) struct Stopped {
     pub host: i32,
     pub ns_pid: i32,
@@ -85,7 +85,6 @@ pub(crate) struct CheckpointTemplates {
 /// Everything the tracer thread owns.
 #[derive(Default)]
 pub(crate) struct State {
-    pub init_host: i32,
     pub stopped: Vec<Stopped>,
     /// Init, when stopped with the others (host pid, registers).
     pub init_stopped: Option<(i32, sandtree_sys::ptrace::Regs)>,
@@ -173,7 +172,7 @@ pub struct StopReport {
     pub foreign: bool,
 }
 
-/// What [`Tracer::capture`] made.
+/// What [`Tracer::set_up`] made.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaptureReport {
     /// In-sandbox pids with a template.
@@ -303,13 +302,6 @@ impl Tracer {
     pub fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
         let ck = ck.to_string();
         self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
-    }
-
-    /// Step 3 of a checkpoint (after the thaw): capture every stopped
-    /// process, make its template, let it run again.
-    pub fn capture(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
-        let ck = ck.to_string();
-        self.call(move |st| crate::checkpoint::capture(st, &ck, best_effort))?
     }
 
     /// Let every stopped process run again and drop templates not yet in
