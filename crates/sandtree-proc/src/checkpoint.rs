@@ -18,9 +18,6 @@ type Itimers = Vec<(i32, Vec<u8>)>;
 /// that are pointers: paths, `clone_args`).
 pub(crate) const SCRATCH: u64 = 4096;
 
-/// `-ERESTARTNOINTR`: `fork` found a signal pending and asks to be retried.
-const ERESTARTNOINTR: i64 = -513;
-
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
@@ -577,31 +574,10 @@ fn clone_of(
     let rseq = ptrace::rseq_configuration(host).ok().flatten();
     // No exit signal: the parent's plain `wait` never sees the template
     // (init reaps with __WALL).
-    let flags = libc::CLONE_PARENT as u64;
-    let mut out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]);
-    for _ in 0..5 {
-        match &out {
-            Ok(o) if o.ret == ERESTARTNOINTR => out = orig.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0]),
-            _ => break,
-        }
-    }
-    let out = out.inspect_err(|_| inject::set_affinity(host, &affinity))?;
-    let (Some(child), true) = (out.child, out.ret > 0) else {
-        inject::set_affinity(host, &affinity);
-        return Err(Error::Remote {
-            pid: host,
-            call: "clone (template)",
-            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
-        });
-    };
+    let (child, ns_pid, _) = orig
+        .clone_stopped(libc::CLONE_PARENT as u64, "clone (template)")
+        .inspect_err(|_| inject::set_affinity(host, &affinity))?;
     let t_clone = t0.elapsed();
-    let child_ok = inject::wait_event_stop(child)
-        .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")));
-    if let Err(e) = child_ok {
-        kill_tracee(child);
-        inject::set_affinity(host, &affinity);
-        return Err(e);
-    }
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`holder.rs`).
     let holder = if need_holder {
@@ -631,7 +607,7 @@ fn clone_of(
         altstack,
         rseq,
         host: child,
-        ns_pid: out.ret as i32,
+        ns_pid,
         insn,
     })
 }

@@ -22,6 +22,14 @@ use rustix::io::Errno;
 
 use crate::model::AnonState;
 
+/// A duplicate of descriptor `fd` of process `host` (`pidfd_getfd`): the
+/// same open file, not a new open of it.
+fn dup_from(host: i32, fd: i32) -> io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?)
+}
+
 fn open_proc_fd(host: i32, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(format!("/proc/{host}/fd/{fd}"), flags | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())?)
 }
@@ -115,9 +123,7 @@ pub fn fill_file(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
 
 /// Drop whatever is queued for reading on the socket behind `fd` of `host`.
 pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
-    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
-    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
-    let sock = rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?;
+    let sock = dup_from(host, fd)?;
     let mut buf = vec![0u8; 64 * 1024];
     for _ in 0..4096 {
         match rustix::net::recv(&sock, &mut buf[..], rustix::net::RecvFlags::DONTWAIT) {
@@ -131,9 +137,7 @@ pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
 
 /// Put `state` back into the object behind `fd` of `host` (a template).
 pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
-    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
-    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
-    let obj = rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?;
+    let obj = dup_from(host, fd)?;
     match *state {
         AnonState::Eventfd { count } => {
             // The status flags belong to the shared open file: set

@@ -21,7 +21,7 @@ use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
-use crate::inject::{self, Tracee};
+use crate::inject::Tracee;
 use crate::{Error, Result};
 
 /// A process sharing its owner's address space.
@@ -85,42 +85,37 @@ pub(crate) fn make_standbys(st: &mut crate::tracer::State) {
 }
 
 fn standby_of(t: &mut Tracee, template_private: u64) -> Result<Standby> {
-    // No exit signal, parent = the template's parent (init).
-    let out = t.syscall(libc::SYS_clone, &[libc::CLONE_PARENT as u64, 0, 0, 0, 0])?;
-    let (Some(child), true) = (out.child, out.ret > 0) else {
-        return Err(Error::Remote {
-            pid: t.tid,
-            call: "clone (standby)",
-            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
-        });
-    };
-    let ready = inject::wait_event_stop(child)
-        .and_then(|_| {
-            ptrace::set_exit_kill(child, true).map_err(|e| Error::Ptrace { pid: child, op: "SETOPTIONS", source: e })
-        })
-        .and_then(|_| ptrace::regs(child).map_err(|e| Error::Ptrace { pid: child, op: "GETREGS", source: e }));
-    match ready {
-        Ok(regs) => Ok(Standby {
-            tracee: Tracee::new(child, regs, t.insn),
-            host: child,
-            ns_pid: out.ret as i32,
-            template_private,
-        }),
-        Err(e) => {
-            let _ = ptrace::kill(child);
-            Err(e)
-        }
-    }
+    // Parent = the template's parent (init).
+    let (host, ns_pid, regs) = t.clone_stopped(libc::CLONE_PARENT as u64, "clone (standby)")?;
+    Ok(Standby { tracee: Tracee::new(host, regs, t.insn), host, ns_pid, template_private })
+}
+
+/// A pidfd of `owner`, the process a holder keeps the memory of.
+fn owner_pidfd(owner: i32) -> Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(|e| Error::Ptrace {
+        pid: owner,
+        op: "pidfd_open",
+        source: e.into(),
+    })
+}
+
+/// What makes a process sharing the owner's memory a holder: out of the
+/// owner's session and group (or their id, the owner's pid, would stay
+/// taken after the owner died), and without the copy of its descriptor
+/// table (a listener kept there would keep its port taken). A syscall
+/// instruction writes no memory: running one in the shared address space
+/// is harmless.
+fn let_go_of_owner(h: &mut Tracee) -> Result<()> {
+    h.call("setsid (holder)", libc::SYS_setsid, &[])?;
+    h.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]).map(|_| ())
 }
 
 /// A standby whose address space a restored process (`owner`) now shares
 /// becomes that process's holder.
 pub(crate) fn adopt(mut s: Standby, owner: i32) -> Result<Holder> {
-    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
-    let owner_fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .map_err(|e| Error::Ptrace { pid: owner, op: "pidfd_open", source: e.into() })?;
-    s.tracee.call("setsid (holder)", libc::SYS_setsid, &[])?;
-    s.tracee.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0])?;
+    let owner_fd = owner_pidfd(owner)?;
+    let_go_of_owner(&mut s.tracee)?;
     Ok(Holder { host: s.host, ns_pid: s.ns_pid, owner, owner_fd })
 }
 
@@ -130,38 +125,14 @@ pub(crate) fn adopt(mut s: Standby, owner: i32) -> Result<Holder> {
 /// the owner's death.
 pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
     let owner = t.tid;
-    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
-    let owner_fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .map_err(|e| Error::Ptrace { pid: owner, op: "pidfd_open", source: e.into() })?;
+    let owner_fd = owner_pidfd(owner)?;
     let flags = if parent_is_init { libc::CLONE_VM | libc::CLONE_PARENT } else { libc::CLONE_VM } as u64;
-    let out = t.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
-    let (Some(child), true) = (out.child, out.ret > 0) else {
-        return Err(Error::Remote {
-            pid: owner,
-            call: "clone (mm holder)",
-            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
-        });
-    };
-    // Out of the owner's session and group, or their id (the owner's pid)
-    // would stay taken after the owner died. (A syscall instruction writes
-    // no memory: running one in the shared address space is harmless.)
-    let ready = inject::wait_event_stop(child)
-        .and_then(|_| {
-            ptrace::set_exit_kill(child, true).map_err(|e| Error::Ptrace { pid: child, op: "SETOPTIONS", source: e })
-        })
-        .and_then(|_| ptrace::regs(child).map_err(|e| Error::Ptrace { pid: child, op: "GETREGS", source: e }))
-        .and_then(|regs| {
-            let mut h = Tracee::new(child, regs, t.insn);
-            h.call("setsid (holder)", libc::SYS_setsid, &[])?;
-            // It got a copy of the descriptor table: a listener kept there
-            // would keep its port taken.
-            h.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]).map(|_| ())
-        });
-    if let Err(e) = ready {
-        let _ = ptrace::kill(child);
+    let (host, ns_pid, regs) = t.clone_stopped(flags, "clone (mm holder)")?;
+    if let Err(e) = let_go_of_owner(&mut Tracee::new(host, regs, t.insn)) {
+        crate::tracer::kill_tracee(host);
         return Err(e);
     }
-    Ok(Holder { host: child, ns_pid: out.ret as i32, owner, owner_fd })
+    Ok(Holder { host, ns_pid, owner, owner_fd })
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by

@@ -127,6 +127,9 @@ pub fn find_syscall_insn(pid: i32) -> Result<u64> {
     Ok(base + *SYSCALL_OFFSET.get_or_init(|| off as u64))
 }
 
+/// `-ERESTARTNOINTR`: `fork` found a signal pending and asks to be retried.
+pub(crate) const ERESTARTNOINTR: i64 = -513;
+
 /// The result of an injected syscall.
 #[derive(Debug)]
 pub struct Outcome {
@@ -207,6 +210,37 @@ impl Tracee {
             });
         }
         Ok(out.ret as u64)
+    }
+
+    /// Inject `clone(flags)` (no exit signal, no new stack) and return the
+    /// child once it sits in its first stop with `PTRACE_O_EXITKILL`: its
+    /// host pid, its pid in the sandbox and its registers. `what` names the
+    /// call in errors; a child that cannot be readied is killed.
+    pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
+        let mut out = self.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+        for _ in 0..5 {
+            if out.ret != ERESTARTNOINTR {
+                break;
+            }
+            out = self.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+        }
+        let (Some(child), true) = (out.child, out.ret > 0) else {
+            return Err(Error::Remote {
+                pid: self.tid,
+                call: what,
+                errno: io::Error::from_raw_os_error((-out.ret) as i32),
+            });
+        };
+        let ready = wait_event_stop(child)
+            .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")))
+            .and_then(|_| ptrace::regs(child).map_err(ptrace_err(child, "GETREGS")));
+        match ready {
+            Ok(regs) => Ok((child, out.ret as i32, regs)),
+            Err(e) => {
+                crate::tracer::kill_tracee(child);
+                Err(e)
+            }
+        }
     }
 
     /// Put the tracee into a `PTRACE_EVENT_STOP` (signal context) from

@@ -12,7 +12,7 @@ use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::tracer::{RestoreReport, State, Template};
 use crate::{Error, Result};
 
-const ERESTARTNOINTR: i64 = -513;
+use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -279,11 +279,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
         None
     };
     let _ = p.syscall(libc::SYS_unlink, &[addr])?;
-    let kind = if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET };
-    let mut ty = kind as u64;
-    if flags & libc::O_NONBLOCK as u32 != 0 {
-        ty |= libc::SOCK_NONBLOCK as u64;
-    }
+    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET }, flags);
     let new = p.call("socket (unix listener)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
     let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     sun.extend_from_slice(path.as_bytes());
@@ -379,27 +375,31 @@ fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path:
     if f.pos > 0 {
         p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
     }
-    if fd != f.fd as u64 {
-        let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
-        p.call("dup3", libc::SYS_dup3, &[fd, f.fd as u64, cloexec])?;
-        p.call("close", libc::SYS_close, &[fd])?;
+    move_fd(p, fd, f.fd, f.flags)
+}
+
+/// Put descriptor `new` (opened with the flags `flags`, close-on-exec
+/// included) on number `fd`.
+fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
+    if new == fd as u64 {
+        return Ok(());
     }
+    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
+    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, cloexec])?;
+    p.call("close", libc::SYS_close, &[new])?;
     Ok(())
 }
 
-/// Put descriptor `new` on number `fd` (with `fd`'s close-on-exec flag).
-fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
-    let cloexec = flags & libc::O_CLOEXEC as u32 != 0;
-    if new == fd as u64 {
-        // Made by socket() without SOCK_CLOEXEC.
-        if cloexec {
-            p.call("fcntl (F_SETFD)", libc::SYS_fcntl, &[new, libc::F_SETFD as u64, libc::FD_CLOEXEC as u64])?;
-        }
-        return Ok(());
+/// `socket()` type bits for a socket that had the open flags `flags`.
+fn socket_type(kind: i32, flags: u32) -> u64 {
+    let mut ty = kind as u64;
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        ty |= libc::SOCK_NONBLOCK as u64;
     }
-    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, if cloexec { libc::O_CLOEXEC as u64 } else { 0 }])?;
-    p.call("close", libc::SYS_close, &[new])?;
-    Ok(())
+    if flags & libc::O_CLOEXEC as u32 != 0 {
+        ty |= libc::SOCK_CLOEXEC as u64;
+    }
+    ty
 }
 
 /// A bound inet socket (a listener, or a bound datagram socket) made anew
@@ -415,10 +415,7 @@ fn rebind_inet(
 ) -> Result<()> {
     let pid = p.tid;
     let family = u16::from_ne_bytes([b.sockaddr[0], b.sockaddr[1]]) as u64;
-    let mut ty = if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM } as u64;
-    if flags & libc::O_NONBLOCK as u32 != 0 {
-        ty |= libc::SOCK_NONBLOCK as u64;
-    }
+    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }, flags);
     let new = p.call("socket (inet)", libc::SYS_socket, &[family, ty, 0])?;
     let one = scratch + 2040;
     ptrace::write_mem(pid, one, &1i32.to_ne_bytes()).map_err(ptrace_err(pid, "write option"))?;
@@ -458,11 +455,7 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
             p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
         }
-        if fd != f.fd as u64 {
-            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
-            p.call("dup3", libc::SYS_dup3, &[fd, f.fd as u64, cloexec])?;
-            p.call("close", libc::SYS_close, &[fd])?;
-        }
+        move_fd(p, fd, f.fd, f.flags)?;
     }
     for f in &image.fds {
         if let FdKind::Deleted { path, .. } = &f.kind {
