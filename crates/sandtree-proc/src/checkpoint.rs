@@ -661,5 +661,5 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
     }
     tpl.take_held(); // e.g. SIGCHLD meant for the original
-    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch, standby: None })
+    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch, standby: None, no_standby: false })
 }

@@ -55,39 +55,44 @@ pub(crate) struct Standby {
     pub host: i32,
     /// Pid in the sandbox.
     pub ns_pid: i32,
-    /// The template's private memory just before the standby was forked.
-    pub template_private: u64,
 }
 
-/// How long the tracer must have been idle before it forks standbys (a
-/// fork of a large template takes milliseconds).
-const STANDBY_IDLE: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// In idle time, give templates without one a standby (a few per tick).
-pub(crate) fn make_standbys(st: &mut crate::tracer::State) {
-    if st.last_job.is_some_and(|t| t.elapsed() < STANDBY_IDLE) {
-        return;
+/// Gives one template without a standby a standby (the most recently
+/// used checkpoint first: the likeliest rollback target). The tracer
+/// calls it between operations, one at a time. Returns whether it made
+/// one (or tried).
+pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
+    if !st.stopped.is_empty() || !st.cloned.is_empty() {
+        return false;
     }
-    let mut budget = 4;
-    for set in st.pools.values_mut() {
-        for t in set.templates.iter_mut().filter(|t| t.standby.is_none()) {
-            if budget == 0 {
-                return;
-            }
-            budget -= 1;
-            let template_private = crate::procfs::private_bytes(t.host);
-            match standby_of(&mut t.tracee, template_private) {
-                Ok(s) => t.standby = Some(s),
-                Err(e) => tracing::debug!(pid = t.image.pid, "no standby: {e}"),
-            }
+    let Some(set) = st
+        .pools
+        .values_mut()
+        .filter(|c| c.templates.iter().any(|t| t.standby.is_none() && !t.no_standby))
+        .max_by_key(|c| c.last_used)
+    else {
+        return false;
+    };
+    let Some(t) = set.templates.iter_mut().find(|t| t.standby.is_none() && !t.no_standby) else { return false };
+    let t0 = std::time::Instant::now();
+    match standby_of(&mut t.tracee) {
+        Ok(s) => {
+            tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), "standby made");
+            t.standby = Some(s)
+        }
+        Err(e) => {
+            // Not again for this template (a restore forks it instead).
+            t.no_standby = true;
+            tracing::debug!(pid = t.image.pid, "no standby: {e}");
         }
     }
+    true
 }
 
-fn standby_of(t: &mut Tracee, template_private: u64) -> Result<Standby> {
+fn standby_of(t: &mut Tracee) -> Result<Standby> {
     // Parent = the template's parent (init).
     let (host, ns_pid, regs) = t.clone_stopped(libc::CLONE_PARENT as u64, "clone (standby)")?;
-    Ok(Standby { tracee: Tracee::new(host, regs, t.insn), host, ns_pid, template_private })
+    Ok(Standby { tracee: Tracee::new(host, regs, t.insn), host, ns_pid })
 }
 
 /// A pidfd of `owner`, the process a holder keeps the memory of.

@@ -188,6 +188,8 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     }
     // The killed original may still be tearing down (init reaps it in the
     // background): its pid is busy until then.
+    let t_start = std::time::Instant::now();
+    let mut busy = 0u32;
     let deadline = std::time::Instant::now() + PID_WAIT;
     let mut nap = std::time::Duration::from_micros(20);
     let first = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE]);
@@ -204,6 +206,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
         match out.ret {
             ERESTARTNOINTR => {}
             EEXIST if std::time::Instant::now() < deadline => {
+                busy += 1;
                 std::thread::sleep(nap);
                 nap = (nap * 2).min(std::time::Duration::from_millis(1));
             }
@@ -228,12 +231,14 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // block of `-ERESTART_RESTARTBLOCK` (nanosleep's deadline) is copied
     // by fork, from the original through the template.
     let regs = image.regs.to_sys();
+    let t_clone = t_start.elapsed();
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
         fix_up(&mut p, image, t.scratch, t.host, via_standby)?;
         Ok(p)
     })();
+    tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
     match fixed {
         Ok(mut p) => {
             let holder = match standby {

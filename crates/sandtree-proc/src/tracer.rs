@@ -10,9 +10,16 @@
 //! Pool: templates are grouped by checkpoint. Eviction drops a whole
 //! checkpoint's templates, least recently used first
 //! ([`Tracer::evict_to`]); its info then says its processes were evicted.
+//! Memory is counted in physical pages ([`procfs::frames`]): those of
+//! templates that no live process maps.
+//!
+//! Between jobs, while no operation is in flight ([`Tracer::begin`]), the
+//! thread gives templates their standbys, one fork at a time.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -42,33 +49,84 @@ pub(crate) struct Template {
     pub tracee: Tracee,
     /// Address of its scratch page.
     pub scratch: u64,
-    /// A fork of the template made in idle time (`holder.rs`): a restore
+    /// A fork of the template made between operations (`holder.rs`): a restore
     /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
     /// the restored process's holder.
     pub standby: Option<crate::holder::Standby>,
+    /// Forking a standby failed once: restores fork the template instead.
+    pub no_standby: bool,
 }
 
-/// What to measure of a template (outside the tracer thread).
+/// What to measure of the pool (outside the tracer thread): the
+/// templates of each checkpoint, and the holders, which share the address
+/// spaces of the live processes. Standbys are left out: each maps exactly
+/// its template's pages (neither ever writes).
 pub(crate) struct Sizing {
-    host: i32,
-    standby: Option<(i32, u64)>,
+    checkpoints: Vec<(String, u64, Vec<i32>)>,
+    live: Vec<i32>,
+}
+
+/// Memory the pool holds.
+struct Sized {
+    /// Pages of templates that no live process maps.
+    total: u64,
+    /// Per checkpoint (id, last used): the pages only its templates map,
+    /// which evicting it frees.
+    own: Vec<(String, u64, u64)>,
 }
 
 impl Sizing {
-    /// Memory only the template (and its standby) holds. A standby shares
-    /// every page with its template, so neither has private pages then:
-    /// the template's figure from just before the standby was made is used.
-    fn bytes(self) -> u64 {
-        match self.standby {
-            Some((standby, before)) => before + procfs::private_bytes(standby),
-            None => procfs::private_bytes(self.host),
+    /// Counts physical pages: a page a template shares with a live process
+    /// (unchanged since the checkpoint) costs nothing; one the process has
+    /// changed since is the template's alone. So the figure is
+    /// proportional to the pages changed, not to the processes' size.
+    fn measure(self) -> Sized {
+        const SHARED: usize = usize::MAX;
+        let mut live = std::collections::HashSet::new();
+        for host in self.live {
+            live.extend(procfs::frames(host).unwrap_or_default());
+        }
+        let mut owner: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+        for (i, (_, _, hosts)) in self.checkpoints.iter().enumerate() {
+            for &host in hosts {
+                for f in procfs::frames(host).unwrap_or_default() {
+                    if live.contains(&f) {
+                        continue;
+                    }
+                    owner
+                        .entry(f)
+                        .and_modify(|o| {
+                            if *o != i {
+                                *o = SHARED
+                            }
+                        })
+                        .or_insert(i);
+                }
+            }
+        }
+        let mut own = vec![0u64; self.checkpoints.len()];
+        for &o in owner.values() {
+            if o != SHARED {
+                own[o] += 4096;
+            }
+        }
+        Sized {
+            total: owner.len() as u64 * 4096,
+            own: self.checkpoints.into_iter().zip(own).map(|((k, used, _), b)| (k, used, b)).collect(),
         }
     }
 }
 
-impl Template {
+impl State {
     pub(crate) fn sizing(&self) -> Sizing {
-        Sizing { host: self.host, standby: self.standby.as_ref().map(|s| (s.host, s.template_private)) }
+        Sizing {
+            checkpoints: self
+                .pools
+                .iter()
+                .map(|(k, c)| (k.clone(), c.last_used, c.templates.iter().map(|t| t.host).collect()))
+                .collect(),
+            live: self.holders.iter().map(|h| h.host).collect(),
+        }
     }
 }
 
@@ -94,8 +152,10 @@ pub(crate) struct State {
     pub refused: Vec<Unrestorable>,
     /// Holders of live processes' address spaces (`holder.rs`).
     pub holders: Vec<crate::holder::Holder>,
-    /// When the last job ended (standbys are made only in idle time).
-    pub last_job: Option<std::time::Instant>,
+    /// Operations in flight ([`Tracer::begin`]), shared with the handle:
+    /// no standby is made during one (init's kill list was taken, or
+    /// processes are stopped).
+    pub ops: Arc<AtomicU32>,
     /// Killed holders not reaped yet (host pid, pid in the sandbox).
     pub dying: Vec<(i32, i32)>,
     /// Seized tasks whose interrupt has not taken effect yet.
@@ -206,10 +266,22 @@ pub struct TemplateStatus {
 
 type Job = Box<dyn FnOnce(&mut State) + Send>;
 
+/// An operation in flight on a tracer ([`Tracer::begin`]).
+pub struct OpGuard {
+    ops: Arc<AtomicU32>,
+}
+
+impl Drop for OpGuard {
+    fn drop(&mut self) {
+        self.ops.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Handle of a sandbox's tracer thread.
 pub struct Tracer {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    ops: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -231,24 +303,37 @@ impl Tracer {
     /// Start the thread.
     pub fn start() -> std::io::Result<Tracer> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let ops = Arc::new(AtomicU32::new(0));
+        let thread_ops = ops.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State::default();
+            let mut st = State { ops: thread_ops, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
-                match rx.recv_timeout(std::time::Duration::from_millis(100)) {
-                    Ok(job) => {
-                        job(&mut st);
-                        st.last_job = Some(std::time::Instant::now());
+                // Jobs first. Between operations, a standby at a time (so
+                // that a job waits for one fork at most), then the ticks.
+                let job = match rx.try_recv() {
+                    Ok(job) => Some(job),
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        if st.ops.load(Ordering::SeqCst) == 0 && crate::holder::make_one_standby(&mut st) {
+                            continue;
+                        }
+                        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                            Ok(job) => Some(job),
+                            Err(mpsc::RecvTimeoutError::Timeout) => None,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        }
                     }
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                };
+                if let Some(job) = job {
+                    job(&mut st);
+                    continue;
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.
                 crate::checkpoint::settle_lingering(&mut st);
                 crate::holder::retire(&mut st.holders, &mut st.dying);
                 crate::holder::reap_dying(&mut st.dying);
-                crate::holder::make_standbys(&mut st);
             }
             // Dropping the state ends the thread; EXITKILL kills the
             // templates, and we collect their notifications first.
@@ -256,7 +341,16 @@ impl Tracer {
                 kill_tracee(host);
             }
         })?;
-        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
+        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), ops })
+    }
+
+    /// Marks an operation (a checkpoint, a rollback) in flight until the
+    /// guard drops: the thread makes no standby meanwhile, so the pids it
+    /// gave out as templates' stay the whole truth, and no fork competes
+    /// with the operation for the CPU.
+    pub fn begin(&self) -> OpGuard {
+        self.ops.fetch_add(1, Ordering::SeqCst);
+        OpGuard { ops: self.ops.clone() }
     }
 
     fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut State) -> R + Send + 'static) -> Result<R> {
@@ -376,9 +470,7 @@ impl Tracer {
     /// since (copy-on-write broken), summed over templates. Read outside
     /// the tracer thread (walking page tables takes a while).
     pub fn memory(&self) -> Result<u64> {
-        let all = self
-            .call(|st| st.pools.values().flat_map(|c| c.templates.iter().map(Template::sizing)).collect::<Vec<_>>())?;
-        Ok(all.into_iter().map(Sizing::bytes).sum())
+        Ok(self.call(|st| st.sizing())?.measure().total)
     }
 
     /// Evict least recently used checkpoints' templates until the pool
@@ -386,16 +478,10 @@ impl Tracer {
     /// (`keep` is never evicted). Returns the evicted checkpoint ids. The
     /// memory is measured outside the tracer thread.
     pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
-        let pools: Vec<(String, u64, Vec<Sizing>)> = self.call(|st| {
-            st.pools
-                .iter()
-                .map(|(k, c)| (k.clone(), c.last_used, c.templates.iter().map(Template::sizing).collect()))
-                .collect()
-        })?;
-        let mut sized: Vec<(String, u64, u64)> =
-            pools.into_iter().map(|(k, used, sizes)| (k, used, sizes.into_iter().map(Sizing::bytes).sum())).collect();
+        let measured = self.call(|st| st.sizing())?.measure();
+        let mut sized = measured.own;
         sized.sort_by_key(|(_, used, _)| *used);
-        let mut total: u64 = sized.iter().map(|(_, _, b)| b).sum();
+        let mut total = measured.total;
         let mut count = sized.len();
         let mut evicted = Vec::new();
         for (k, _, bytes) in sized {

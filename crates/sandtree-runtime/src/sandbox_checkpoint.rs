@@ -49,6 +49,8 @@ impl Engine {
         let live = self.live_get(id).filter(|s| s.is_alive());
         let tracer = live.as_ref().map(|_| self.tracer(id)).transpose()?;
         let best_effort = req.best_effort;
+        // No standby forks on the tracer thread while this runs.
+        let _op = tracer.as_ref().map(|t| t.begin());
 
         let (frozen_ms, captured) = tokio::task::block_in_place(|| -> Result<(f64, Option<CaptureReport>)> {
             if self.cfg.pre_sync {

@@ -23,6 +23,7 @@
 //! *is* the checkpoint's snapshot and the lower layers are read-only.
 
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::Instant;
 
 use sandtree_api::{RollbackRequest, RollbackResponse};
@@ -66,6 +67,9 @@ impl Engine {
         rec2.base_transid = ck.transid;
         let captured = crate::sandbox_checkpoint::captured_of(&ck);
         let tracer = self.tracer_get(id);
+        // No standby forks while init's kill list and the restore are in
+        // flight (a standby made after the list was taken would be killed).
+        let _op = tracer.as_ref().map(|t| t.begin());
         let templates = self.templates_of(id, &ck.id);
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
@@ -76,11 +80,17 @@ impl Engine {
                     None => Vec::new(),
                 };
                 let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
-                let keep_after = keep.clone();
                 let in_place = async {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, keep, restore).await?;
                     let t_restore = Instant::now();
+                    // The killed processes die in the background of the swap
+                    // and the restore; none may show once the rollback
+                    // returns. Init waits for them while the restore runs.
+                    let waiting = {
+                        let sb = sb.clone();
+                        tokio::spawn(async move { sb.wait_gone().await })
+                    };
                     if let (Some(t), Some(_)) = (&tracer, &templates) {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
@@ -90,17 +100,8 @@ impl Engine {
                         // the tree): with the others killed, that is exact.
                         restored = Some(sandtree_proc::RestoreReport::default());
                     }
-                    // The killed processes die in the background of the swap
-                    // and restore; none may show once the rollback returns.
-                    // (Templates and holders as they are now: the restore made
-                    // holders for the restored processes.)
-                    let mut except = match &tracer {
-                        Some(t) => crate::engine::block(|| t.template_pids())?,
-                        None => keep_after.clone(),
-                    };
-                    except.extend(restored.iter().flat_map(|r| r.restored.iter().copied()));
                     let t_wait = Instant::now();
-                    sb.wait_gone(except).await?;
+                    waiting.await.map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
                     tracing::debug!(sandbox = id, waited = ?t_wait.elapsed(), "killed processes gone");
                     // The killed processes' memory, kept by their holders so
                     // that they died at once, is torn down from now on.
@@ -193,6 +194,7 @@ impl Engine {
                 "{RESTART_NOTE}: the process templates of this checkpoint were evicted (pool budget or daemon restart)"
             ),
         };
+        tracing::debug!(sandbox = id, returned = ?t0.elapsed(), "rollback returns");
         Ok(RollbackResponse {
             sandbox: self.sandbox_info(&rec2, false)?,
             checkpoint: ck.id,
@@ -207,30 +209,34 @@ impl Engine {
     /// swaps its root.
     async fn reroot(
         &self,
-        sb: &Sandbox,
+        sb: &Arc<Sandbox>,
         rec: &SandboxRecord,
         prepared: Option<Vec<OwnedFd>>,
         keep: Vec<i32>,
         restore: Vec<i32>,
     ) -> Result<()> {
         let spec = self.spec(rec)?;
-        // The old processes die (a 100 MB one takes milliseconds to tear
-        // down) while the zygote builds the new layers.
         let t0 = Instant::now();
-        let kill = async {
-            let r = sb.kill_all(keep.clone(), restore.clone()).await;
-            (r, t0.elapsed())
+        let (fds, t_kill, t_layers) = match prepared {
+            // Layers ready: one request kills and swaps.
+            Some(fds) => (fds, Default::default(), Default::default()),
+            None => {
+                // The old processes die (a large one takes milliseconds to
+                // tear down) while the zygote builds the new layers.
+                let kill = async {
+                    let r = sb.kill_all(keep.clone(), restore.clone()).await;
+                    (r, t0.elapsed())
+                };
+                let layers = async {
+                    let r = self.build_layers(spec.layers.clone()).await;
+                    (r, t0.elapsed())
+                };
+                let ((killed, t_kill), (fds, t_layers)) = tokio::join!(kill, layers);
+                let fds = fds?;
+                killed?;
+                (fds, t_kill, t_layers)
+            }
         };
-        let layers = async {
-            let r = match prepared {
-                Some(fds) => Ok(fds),
-                None => self.build_layers(spec.layers.clone()).await,
-            };
-            (r, t0.elapsed())
-        };
-        let ((killed, t_kill), (fds, t_layers)) = tokio::join!(kill, layers);
-        let fds = fds?;
-        killed?;
         sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds, keep, restore).await?;
         tracing::debug!(sandbox = rec.id, ?t_kill, ?t_layers, swapped = ?t0.elapsed(), "reroot");
         Ok(())

@@ -50,12 +50,21 @@ struct Init {
     /// old process is not reported; once it is reaped, the pid is tracked
     /// again (for the restored process).
     restoring: HashSet<i32>,
+    /// Pids killed for a rollback (not restored) and not reaped yet: what
+    /// `WaitGone` waits for.
+    awaiting: HashSet<i32>,
     queued: VecDeque<FromInit>,
 }
 
 /// Run the init loop forever.
 pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
-    let mut st = Init { conn: None, tracked: HashSet::new(), restoring: HashSet::new(), queued: VecDeque::new() };
+    let mut st = Init {
+        conn: None,
+        tracked: HashSet::new(),
+        restoring: HashSet::new(),
+        awaiting: HashSet::new(),
+        queued: VecDeque::new(),
+    };
     loop {
         let (listen_ready, sig_ready, conn_ready, conn_err) = {
             let mut fds =
@@ -119,6 +128,7 @@ impl Init {
     /// Report an exit (or, for a pid being restored, start tracking its
     /// successor).
     fn exited(&mut self, r: crate::reroot::Reaped) {
+        self.awaiting.remove(&r.pid);
         if self.restoring.remove(&r.pid) {
             self.tracked.insert(r.pid);
         } else if self.tracked.remove(&r.pid) {
@@ -131,6 +141,7 @@ impl Init {
     /// at once.
     fn kill_for_rollback(&mut self, keep: &[i32], restore: &[i32]) {
         let present = crate::reroot::signal_all(keep);
+        self.awaiting.extend(present.iter().filter(|p| !restore.contains(p)));
         for &pid in restore {
             if self.restoring.contains(&pid) {
                 continue;
@@ -190,12 +201,8 @@ impl Init {
                 self.kill_for_rollback(&keep, &restore);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);
             }
-            Request::WaitGone { except } => {
-                let mut reaped = Vec::new();
-                let res = crate::reroot::wait_gone(sigfd, &except, &mut reaped);
-                for r in reaped {
-                    self.exited(r);
-                }
+            Request::WaitGone => {
+                let res = self.wait_gone(sigfd);
                 let reply = match res {
                     Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message, code: None },
@@ -230,6 +237,19 @@ impl Init {
 }
 
 impl Init {
+    /// Reap until every process killed for the rollback is gone (see
+    /// [`crate::reroot::wait_gone`]).
+    fn wait_gone(&mut self, sigfd: &SignalFd) -> Result<(), String> {
+        let mut awaiting = std::mem::take(&mut self.awaiting);
+        let mut reaped = Vec::new();
+        let res = crate::reroot::wait_gone(sigfd, &mut awaiting, &mut reaped);
+        self.awaiting = awaiting;
+        for r in reaped {
+            self.exited(r);
+        }
+        res
+    }
+
     /// See [`crate::reroot`]: exits of tracked processes are reported before
     /// the reply.
     fn reroot(

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::config::{OverlayLayer, SandboxSpec};
 
 /// Protocol version exchanged in `Hello`.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Largest packet we accept.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -139,12 +139,10 @@ pub enum Request {
         /// Pids the daemon will restore.
         restore: Vec<i32>,
     },
-    /// Wait until no process but init and `except` is left (killed
-    /// processes reaped), bounded; answers `Ok` or `Error` naming them.
-    WaitGone {
-        /// Pids that may stay: templates and restored processes.
-        except: Vec<i32>,
-    },
+    /// Wait until every process killed by the last `KillAll` / `Reroot`
+    /// (but the restored pids) is reaped, bounded; answers `Ok` or `Error`
+    /// naming them. Processes started meanwhile do not count.
+    WaitGone,
     /// Kill every process but init and `keep` (no wait), then make the
     /// attached overlay mounts (one per target, root first) the sandbox's
     /// filesystem tree.

@@ -14,8 +14,8 @@
 //!    builds the layers). Init does not wait for them: a killed process
 //!    never runs user code again, and tearing down a large one takes
 //!    milliseconds that overlap with the swap and the restore. Init reaps
-//!    them in its main loop; the daemon's `WaitGone` at the end of the
-//!    rollback waits (bounded) until they are all gone.
+//!    them in its main loop; the daemon's `WaitGone`, sent while it
+//!    restores processes, waits (bounded) until every killed pid is reaped.
 //! 2. `move_mount` the new root overlay on top of `/`; every further layer
 //!    onto its target inside the new root (resolved through the mount fd).
 //! 3. `move_mount` the old tree's `/proc` and `/dev` (with its binds, devpts
@@ -24,7 +24,8 @@
 //!    the root and cwd of every task that used the old root: here only
 //!    init), and detach the old root, which sits on top of `.` now;
 //! 5. detach whatever the sandbox itself mounted under the kept `/proc` and
-//!    `/dev`, and mount a fresh `/dev/shm` (its files belong to the old state).
+//!    `/dev`, and mount a fresh `/dev/shm` if the old one holds anything
+//!    (its files belong to the old state).
 //!
 //! The old overlays are released when the detach returns (volatile overlays:
 //! no sync). A failure part-way leaves init in an unknown tree: the caller
@@ -68,35 +69,53 @@ pub(crate) struct Reaped {
 /// SIGKILL pending can no longer fork (`copy_process` fails), so the scans
 /// end. A killed process never runs user code again; it may still finish a
 /// syscall in the kernel (on the old tree, which is discarded) and is
-/// reaped by init's main loop. Returns the pids killed.
+/// reaped by init's main loop. Returns the pids killed (signalled).
 pub(crate) fn signal_all(keep: &[i32]) -> Vec<i32> {
     let mut killed: Vec<i32> = Vec::new();
+    let mut signaled = Vec::new();
     for _ in 0..10_000 {
         let new: Vec<i32> = others().into_iter().filter(|p| !keep.contains(p) && !killed.contains(p)).collect();
         if new.is_empty() {
             break;
         }
         for &pid in &new {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                signaled.push(pid);
+            }
         }
         killed.extend(new);
     }
-    killed
+    signaled
 }
 
-/// Reap and wait until no process but init and `except` is left, for at
-/// most [`KILL_TIMEOUT`] (a task in uninterruptible sleep cannot die before
-/// its syscall ends); on timeout the error names the pids still there.
-pub(crate) fn wait_gone(sigfd: &SignalFd, except: &[i32], reaped: &mut Vec<Reaped>) -> Result<(), String> {
+/// Reap until none of `awaiting` (pids killed by [`signal_all`], not
+/// restored) is left, for at most [`KILL_TIMEOUT`] (a task in
+/// uninterruptible sleep cannot die before its syscall ends); on timeout
+/// the error names the pids still there. Only the killed pids count:
+/// processes that appear meanwhile (restored ones, the tracer's holders)
+/// do not, so the daemon can restore while init waits.
+pub(crate) fn wait_gone(
+    sigfd: &SignalFd,
+    awaiting: &mut std::collections::HashSet<i32>,
+    reaped: &mut Vec<Reaped>,
+) -> Result<(), String> {
     let deadline = Instant::now() + KILL_TIMEOUT;
     loop {
+        let before = reaped.len();
         reap_all(reaped)?;
-        let left: Vec<i32> = others().into_iter().filter(|p| !except.contains(p)).collect();
-        if left.is_empty() {
+        for r in &reaped[before..] {
+            awaiting.remove(&r.pid);
+        }
+        // Reaped by another parent: gone all the same (pids are not
+        // reused this soon; restored pids are not awaited).
+        awaiting.retain(|p| Path::new(&format!("/proc/{p}")).exists());
+        if awaiting.is_empty() {
             return Ok(());
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         if wait.is_zero() {
+            let mut left: Vec<i32> = awaiting.iter().copied().collect();
+            left.sort_unstable();
             return Err(format!("processes did not die within {KILL_TIMEOUT:?}: {left:?}"));
         }
         let ms = wait.as_millis().clamp(1, 5) as u16;
@@ -184,13 +203,28 @@ pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(),
 /// Step 5: the kept `/proc` and `/dev` came with whatever the sandbox
 /// mounted under them (a bind of an old-tree directory would keep the old
 /// layer mounted and visible): detach everything there that setup did not
-/// make, and give `/dev/shm` (files of the old state) a fresh tmpfs.
+/// make, and give `/dev/shm` (files of the old state) a fresh tmpfs unless
+/// it is empty.
 fn sweep_kept() -> Result<(), String> {
     let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| format!("read mountinfo: {e}"))?;
+    // An empty `/dev/shm` (our one tmpfs there, nothing created, mode as
+    // made) holds no state: it stays, which saves a mount per rollback.
+    let shm = Path::new("/dev/shm");
+    let shm_clean = {
+        let at_shm: Vec<_> = mounts.iter().filter(|m| m.target == shm).collect();
+        at_shm.len() == 1
+            && at_shm[0].fstype == "tmpfs"
+            && std::fs::read_dir(shm).is_ok_and(|mut d| d.next().is_none())
+            && std::fs::metadata(shm).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.mode() & 0o7777 == 0o1777 && m.uid() == 0 && m.gid() == 0
+            })
+    };
     let ours = |t: &Path| {
         t == Path::new("/proc")
             || t == Path::new("/dev")
             || t == Path::new("/dev/pts")
+            || (shm_clean && t == shm)
             || crate::spawn::DEV_NODES.iter().any(|n| t == Path::new("/dev").join(n))
     };
     for m in mounts.iter().rev() {
@@ -202,5 +236,8 @@ fn sweep_kept() -> Result<(), String> {
             }
         }
     }
-    crate::spawn::mount_dev_shm(Path::new("/dev/shm")).map_err(|e| format!("mount /dev/shm: {e}"))
+    if shm_clean {
+        return Ok(());
+    }
+    crate::spawn::mount_dev_shm(shm).map_err(|e| format!("mount /dev/shm: {e}"))
 }

@@ -458,10 +458,11 @@ impl Sandbox {
         self.simple_request(Request::KillAll { keep, restore }, "kill before rollback").await
     }
 
-    /// Last step of a rollback in place: wait until every killed process
-    /// is gone (reaped), so that none shows after the rollback returns.
-    pub async fn wait_gone(&self, except: Vec<i32>) -> Result<()> {
-        self.simple_request(Request::WaitGone { except }, "wait for the killed processes").await
+    /// Last step of a rollback in place: wait until every process killed
+    /// for it is gone (reaped), so that none shows after the rollback
+    /// returns. May run while the restored processes are being made.
+    pub async fn wait_gone(&self) -> Result<()> {
+        self.simple_request(Request::WaitGone, "wait for the killed processes").await
     }
 
     async fn simple_request(&self, req: Request, what: &str) -> Result<()> {

@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// inside the frozen window).
     #[arg(long)]
     pub no_pre_sync: bool,
+    /// Run only the process workload (REPL, http.server, shell), for quick
+    /// iterations on the process engine.
+    #[arg(long)]
+    pub processes_only: bool,
     /// Keep the scratch data directory afterwards.
     #[arg(long)]
     pub keep: bool,
