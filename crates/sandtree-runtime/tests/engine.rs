@@ -349,11 +349,68 @@ fn stuck_task_makes_checkpoint_fail_cleanly(
     })
 }
 
+/// A process holding 64 MiB that then changes 1,000 pages: its template
+/// holds those pages (and its standby none more), not the 64 MiB.
+const HOLDER: &str = r#"
+import os, time
+b = bytearray(64 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+open('/root/ready', 'w').close()
+while not os.path.exists('/root/go'):
+    time.sleep(0.01)
+for i in range(1000):
+    b[i * 16 * 4096] = 2
+open('/root/done', 'w').close()
+while True:
+    time.sleep(1)
+"#;
+
+fn template_pool_counts_changed_pages(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let bg = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), HOLDER.into()],
+            background: true,
+            ..Default::default()
+        };
+        e.exec(&sb, bg).await?;
+        let wait_for = |path: &'static str| {
+            let sb = sb.clone();
+            async move {
+                let deadline = Instant::now() + std::time::Duration::from_secs(30);
+                while sh(e, &sb, &format!("test -e {path}")).await.is_err() {
+                    ensure!(Instant::now() < deadline, "{path} never appeared");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Ok::<(), anyhow::Error>(())
+            }
+        };
+        wait_for("/root/ready").await?;
+        checkpoint(e, &sb).await?;
+        sh(e, &sb, "touch /root/go").await?;
+        wait_for("/root/done").await?;
+        // Standbys are made between operations: let them be.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let pool = e.template_memory(&sb)?;
+        let changed = 1000 * 4096;
+        ensure!(
+            pool >= changed * 9 / 10 && pool <= 16 << 20,
+            "pool holds {pool} bytes after 1,000 pages of a 64 MiB process changed"
+        );
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
         ("processes_come_back_after_rollback", processes_come_back_after_rollback),
+        ("template_pool_counts_changed_pages", template_pool_counts_changed_pages),
         ("unrestorable_processes_are_named", unrestorable_processes_are_named),
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
