@@ -429,6 +429,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
+    st.unprepared.push(ck.to_string());
     st.pools.insert(
         ck.to_string(),
         CheckpointTemplates { templates: made, pipes, unrestorable: report.unrestorable.clone(), last_used },
@@ -612,7 +613,8 @@ fn clone_of(
     })
 }
 
-/// Pass 2 for one template: image, checks, set-up.
+/// Pass 2 for one template: image and checks ([`prepare`] follows after
+/// the reply).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
@@ -629,7 +631,33 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.affinity = c.affinity;
     check::check(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
-    let mut tpl = Tracee::new(child, s.regs, c.insn);
+    let tracee = Tracee::new(child, s.regs, c.insn);
+    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee, scratch: 0, standby: None, no_standby: false })
+}
+
+/// The templates' own set-up, run by the tracer thread after the
+/// checkpoint's reply and before its next job (see [`set_up_all`]). A
+/// checkpoint one of whose templates cannot be set up loses all of them
+/// (it then shows as evicted: a partial set would bring back only some of
+/// its processes).
+pub(crate) fn prepare_pending(st: &mut State) {
+    for ck in std::mem::take(&mut st.unprepared) {
+        let Some(set) = st.pools.get_mut(&ck) else { continue };
+        let t0 = std::time::Instant::now();
+        let failed = set.templates.iter_mut().filter(|t| t.scratch == 0).find_map(|t| prepare(t).err());
+        tracing::debug!(checkpoint = ck, took = ?t0.elapsed(), "templates prepared");
+        if let Some(e) = failed {
+            tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
+            st.drop_checkpoint(&ck);
+        }
+    }
+}
+
+/// A template's set-up: a scratch page, and nothing of the tree pinned.
+fn prepare(t: &mut Template) -> Result<()> {
+    let child = t.host;
+    let image = &t.image;
+    let tpl = &mut t.tracee;
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
@@ -661,5 +689,6 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
     }
     tpl.take_held(); // e.g. SIGCHLD meant for the original
-    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee: tpl, scratch, standby: None, no_standby: false })
+    t.scratch = scratch;
+    Ok(())
 }

@@ -15,7 +15,7 @@
 //! Every captured process gets a holder at its first checkpoint, every
 //! restored process at its restore. A holder whose owner exited is killed
 //! on the tracer's next tick. Holders are spared by init's kills (they are
-//! in [`crate::Tracer::template_pids`]).
+//! in [`crate::Tracer::rollback_plan`]).
 
 use std::os::fd::OwnedFd;
 

@@ -47,7 +47,8 @@ pub(crate) struct Template {
     pub ns_pid: i32,
     /// The template itself, in a ptrace stop.
     pub tracee: Tracee,
-    /// Address of its scratch page.
+    /// Address of its scratch page (0 until it is set up, right after the
+    /// checkpoint's reply).
     pub scratch: u64,
     /// A fork of the template made between operations (`holder.rs`): a restore
     /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
@@ -162,6 +163,9 @@ pub(crate) struct State {
     pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
     pub clock: u64,
+    /// Checkpoints whose templates still need their set-up
+    /// ([`crate::checkpoint::prepare_pending`], before the next job).
+    pub unprepared: Vec<String>,
 }
 
 impl State {
@@ -186,6 +190,24 @@ impl State {
 
     fn standbys(&self) -> impl Iterator<Item = &crate::holder::Standby> {
         self.pools.values().flat_map(|c| c.templates.iter().filter_map(|t| t.standby.as_ref()))
+    }
+
+    /// In-sandbox pids of the pool's processes: templates, standbys,
+    /// holders, and killed holders still tearing down.
+    pub(crate) fn pool_pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect();
+        v.extend(self.standbys().map(|s| s.ns_pid));
+        v.extend(self.holders.iter().map(|h| h.ns_pid));
+        v.extend(self.dying.iter().map(|d| d.1));
+        v
+    }
+
+    /// What the pool holds for `ck`.
+    pub(crate) fn status(&self, ck: &str) -> Option<TemplateStatus> {
+        self.pools.get(ck).map(|c| TemplateStatus {
+            pids: c.templates.iter().map(|t| t.image.pid).collect(),
+            unrestorable: c.unrestorable.clone(),
+        })
     }
 
     /// Whether live process `host` has a holder.
@@ -327,6 +349,8 @@ impl Tracer {
                 };
                 if let Some(job) = job {
                     job(&mut st);
+                    // A checkpoint's templates are set up after its reply.
+                    crate::checkpoint::prepare_pending(&mut st);
                     continue;
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
@@ -404,16 +428,11 @@ impl Tracer {
         self.call(crate::checkpoint::abort)
     }
 
-    /// In-sandbox pids of every template (init must not kill them).
-    pub fn template_pids(&self) -> Result<Vec<i32>> {
-        self.call(|st| {
-            let mut v: Vec<i32> = st.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect();
-            v.extend(st.standbys().map(|s| s.ns_pid));
-            v.extend(st.holders.iter().map(|h| h.ns_pid));
-            // Killed holders still tearing down (reaped on the next tick).
-            v.extend(st.dying.iter().map(|d| d.1));
-            v
-        })
+    /// What a rollback to `ck` needs first, in one round trip: the
+    /// templates `ck` has (`None`: none) and the pids init must spare.
+    pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {
+        let ck = ck.to_string();
+        self.call(move |st| (st.status(&ck), st.pool_pids()))
     }
 
     /// Kill the holders of processes that are gone (after a rollback:
@@ -425,12 +444,7 @@ impl Tracer {
     /// What the pool holds for `ck` (`None`: no templates).
     pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
         let ck = ck.to_string();
-        self.call(move |st| {
-            st.pools.get(&ck).map(|c| TemplateStatus {
-                pids: c.templates.iter().map(|t| t.image.pid).collect(),
-                unrestorable: c.unrestorable.clone(),
-            })
-        })
+        self.call(move |st| st.status(&ck))
     }
 
     /// Rollback step: bring back the processes of `ck` (init has already

@@ -70,15 +70,16 @@ impl Engine {
         // No standby forks while init's kill list and the restore are in
         // flight (a standby made after the list was taken would be killed).
         let _op = tracer.as_ref().map(|t| t.begin());
-        let templates = self.templates_of(id, &ck.id);
+        // The checkpoint's templates, and the pids init spares. (Nothing
+        // may fail here: a tracer gone means no templates, and a restart.)
+        let (templates, keep) = match &tracer {
+            Some(t) => crate::engine::block(|| t.rollback_plan(&ck.id)).unwrap_or_default(),
+            None => Default::default(),
+        };
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => {
-                let keep = match &tracer {
-                    Some(t) => crate::engine::block(|| t.template_pids())?,
-                    None => Vec::new(),
-                };
                 let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
                 let in_place = async {
                     let t_reroot = Instant::now();

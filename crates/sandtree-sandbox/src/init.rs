@@ -53,6 +53,9 @@ struct Init {
     /// Pids killed for a rollback (not restored) and not reaped yet: what
     /// `WaitGone` waits for.
     awaiting: HashSet<i32>,
+    /// The end of the last swap failed (after its reply): the rollback's
+    /// `WaitGone` reports it.
+    swap_error: Option<String>,
     queued: VecDeque<FromInit>,
 }
 
@@ -63,6 +66,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
         tracked: HashSet::new(),
         restoring: HashSet::new(),
         awaiting: HashSet::new(),
+        swap_error: None,
         queued: VecDeque::new(),
     };
     loop {
@@ -191,11 +195,19 @@ impl Init {
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
             Request::Reroot { targets, keep, restore } => {
-                let reply = match self.reroot(&targets, &keep, &restore, fds) {
+                let swapped = self.reroot(&targets, &keep, &restore, fds);
+                let reply = match &swapped {
                     Ok(()) => Reply::Ok,
-                    Err(message) => Reply::Error { message, code: None },
+                    Err(message) => Reply::Error { message: message.clone(), code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
+                // The old tree goes after the reply (the daemon restores
+                // meanwhile); a failure fails the rollback's `WaitGone`.
+                if swapped.is_ok()
+                    && let Err(e) = crate::reroot::detach_old_root()
+                {
+                    self.swap_error = Some(e);
+                }
             }
             Request::KillAll { keep, restore } => {
                 self.kill_for_rollback(&keep, &restore);
@@ -240,6 +252,9 @@ impl Init {
     /// Reap until every process killed for the rollback is gone (see
     /// [`crate::reroot::wait_gone`]).
     fn wait_gone(&mut self, sigfd: &SignalFd) -> Result<(), String> {
+        if let Some(e) = self.swap_error.take() {
+            return Err(format!("the tree swap did not complete: {e}"));
+        }
         let mut awaiting = std::mem::take(&mut self.awaiting);
         let mut reaped = Vec::new();
         let res = crate::reroot::wait_gone(sigfd, &mut awaiting, &mut reaped);

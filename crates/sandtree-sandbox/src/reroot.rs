@@ -21,8 +21,10 @@
 //! 3. `move_mount` the old tree's `/proc` and `/dev` (with its binds, devpts
 //!    and `/dev/shm`) into the new root: they are not part of the state.
 //! 4. `fchdir` into the new root, `pivot_root(".", ".")` (the kernel moves
-//!    the root and cwd of every task that used the old root: here only
-//!    init), and detach the old root, which sits on top of `.` now;
+//!    the root and cwd of every task that used the old root: init and the
+//!    templates), and detach the old root, which sits on top of `.` now
+//!    (after step 5 and after the reply: a path walk never crosses a mount
+//!    stacked on its starting point, so nothing reaches the old tree);
 //! 5. detach whatever the sandbox itself mounted under the kept `/proc` and
 //!    `/dev`, and mount a fresh `/dev/shm` if the old one holds anything
 //!    (its files belong to the old state).
@@ -174,8 +176,9 @@ pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), St
     Ok(())
 }
 
-/// Steps 2-5: make `layers` (root first, with their targets) the tree.
-/// The caller has run [`validate`] (before killing anything).
+/// Steps 2-5: make `layers` (root first, with their targets) the tree;
+/// [`detach_old_root`] completes it. The caller has run [`validate`]
+/// (before killing anything).
 pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
@@ -195,9 +198,17 @@ pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(),
     }
     rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
     nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(step(|| "detach the old root".into()))?;
-    nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))?;
+    // A path walk does not cross the old root stacked on the new one: the
+    // sweep sees the new tree.
     sweep_kept()
+}
+
+/// Step 4's end, after the reply (nothing walks into the old root, which
+/// sits on top of the new one, so the restore need not wait for it):
+/// detach the old tree, whose overlays are then released.
+pub(crate) fn detach_old_root() -> Result<(), String> {
+    umount2(".", MntFlags::MNT_DETACH).map_err(step(|| "detach the old root".into()))?;
+    nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))
 }
 
 /// Step 5: the kept `/proc` and `/dev` came with whatever the sandbox
