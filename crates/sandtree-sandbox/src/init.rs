@@ -203,6 +203,9 @@ impl Init {
                 self.send(FromInit::Reply { id, reply }, &[]);
                 // The old tree goes after the reply (the daemon restores
                 // meanwhile); a failure fails the rollback's `WaitGone`.
+                // Reap first: a killed original's pid is free, for its
+                // restored successor, only once reaped.
+                self.reap();
                 if swapped.is_ok()
                     && let Err(e) = crate::reroot::detach_old_root()
                 {
