@@ -145,6 +145,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
 pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
     holders.retain(|h| {
         if h.orphaned() {
+            crate::inject::move_off_tracer(h.host);
             let _ = ptrace::kill(h.host);
             dying.push((h.host, h.ns_pid));
             false

@@ -231,6 +231,7 @@ impl State {
 /// SIGKILL a tracee and collect its exit notification (the tracer's part;
 /// init, its real parent, reaps it).
 pub(crate) fn kill_tracee(host: i32) {
+    crate::inject::move_off_tracer(host);
     let _ = sandtree_sys::ptrace::kill(host);
     loop {
         match sandtree_sys::ptrace::wait(host) {
