@@ -440,7 +440,29 @@ fn rebind_inet(
         p.call("setsockopt", libc::SYS_setsockopt, &[new, level as u64, name as u64, one, 4])?;
     }
     ptrace::write_mem(pid, scratch + 1024, &b.sockaddr).map_err(ptrace_err(pid, "write sockaddr"))?;
-    p.call("bind (inet)", libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;
+    // A process killed by this rollback may still hold the port: it closes
+    // its descriptors only after its memory is torn down (milliseconds for
+    // a large one). Nothing else can (templates hold no bound socket, and
+    // nothing new runs yet): wait for it, bounded.
+    let deadline = std::time::Instant::now() + PID_WAIT;
+    let mut nap = std::time::Duration::from_micros(50);
+    loop {
+        let out = p.syscall(libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;
+        match out.ret {
+            0 => break,
+            r if r == -(libc::EADDRINUSE as i64) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(std::time::Duration::from_millis(1));
+            }
+            r => {
+                return Err(Error::Remote {
+                    pid,
+                    call: "bind (inet)",
+                    errno: std::io::Error::from_raw_os_error(-r as i32),
+                });
+            }
+        }
+    }
     if listening {
         p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
     }
