@@ -193,6 +193,13 @@ impl Engine {
     }
 
     /// Creates the per-sandbox directory that holds its subvolumes.
+    /// A fresh name for a writable layer of sandbox `id` (`<id>/<gen>`),
+    /// its parent directory made.
+    pub(crate) fn new_layer_name(&self, id: &str) -> Result<String> {
+        self.subvol_parent(id)?;
+        Ok(format!("{id}/{}", &util::new_id("g")[2..]))
+    }
+
     pub(crate) fn subvol_parent(&self, id: &str) -> Result<PathBuf> {
         let dir = self.volume.sandboxes_dir().join(id);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("cannot create {}: {e}", dir.display())))?;
@@ -237,8 +244,7 @@ impl Engine {
     /// snapshot of checkpoint `ck` (a rollback's layer, or a spare). A
     /// half-made one is queued for deletion on failure.
     pub(crate) async fn layer_from_checkpoint(&self, id: &str, ck: &str) -> Result<String> {
-        self.subvol_parent(id)?;
-        let subvol = format!("{id}/{}", &util::new_id("g")[2..]);
+        let subvol = self.new_layer_name(id)?;
         let (src, dst) = (self.checkpoint_path(ck), self.subvol_path(&subvol));
         match tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await? {
             Ok(()) => Ok(subvol),

@@ -5,24 +5,28 @@
 //! 1. `syncfs` the writable layer while the sandbox still runs, so dirty data
 //!    is on disk before anything is frozen (a btrfs snapshot must otherwise
 //!    write it inside its transaction commit, i.e. inside the frozen window);
-//! 2. stop every process but init with ptrace (`sandtree_proc::Tracer::stop`):
+//! 2. stop every process, init last, with ptrace (`sandtree_proc::Tracer::stop`):
 //!    the consistency point. A process the engine cannot restore fails the
 //!    checkpoint here (nothing changed), or, with `best_effort`, is left
-//!    running and marked not restorable;
-//! 3. freeze the sandbox's cgroup (init; ptrace-stopped tasks count as
-//!    frozen; bounded wait, on timeout thaw and fail naming the stuck tasks);
-//! 4. read-only snapshot `sandboxes/<subvol>` → `checkpoints/<ck-id>`
-//!    (BTRFS_IOC_SNAP_CREATE_V2): the filesystem state at this instant;
-//! 5. thaw (syscalls cannot be injected into frozen tasks);
-//! 6. capture each stopped process and make its template
-//!    (`sandtree_proc::Tracer::capture`), then let it run: the processes'
-//!    pause is steps 2-6 (`frozen_ms`);
-//! 7. commit the checkpoint row (with what was captured) and re-base the
+//!    running and marked not restorable. (Tasks that joined the cgroup from
+//!    outside the sandbox's pid namespace are held by a cgroup freeze
+//!    instead, around the snapshot only.)
+//! 3. on other threads, read-only snapshot `sandboxes/<subvol>` →
+//!    `checkpoints/<ck-id>` and writable snapshot → `sandboxes/<id>/<new>`
+//!    (the spare-to-be, `spares.rs`), one btrfs commit, while
+//!    `sandtree_proc::Tracer::clone_all` captures each process and makes its
+//!    template;
+//! 4. let every process go: the pause is steps 2-4 (`frozen_ms`);
+//! 5. the rest of each process image and its checks
+//!    (`sandtree_proc::Tracer::set_up`; the templates' own set-up follows on
+//!    the tracer thread after the reply);
+//! 6. commit the checkpoint row (with what was captured) and re-base the
 //!    sandbox on it (one transaction);
-//! 8. in the background: evict templates over the pool's budget, and
-//!    measure what the checkpoint adds over its parent (btrfs tree search
-//!    bounded by the parent's transid).
+//! 7. in the background: the spare's overlays, eviction of templates over
+//!    the pool's budget, and what the checkpoint adds over its parent
+//!    (btrfs tree search bounded by the parent's transid).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use sandtree_api::{
@@ -52,7 +56,16 @@ impl Engine {
         // No standby forks on the tracer thread while this runs.
         let _op = tracer.as_ref().map(|t| t.begin());
 
-        let (frozen_ms, captured) = tokio::task::block_in_place(|| -> Result<(f64, Option<CaptureReport>)> {
+        // Where the checkpoint's writable copy goes, made in its commit.
+        let spare = match (self.cfg.spare_layers > 0, &live) {
+            (true, Some(_)) => self.new_layer_name(id).ok().map(|name| {
+                let path = self.subvol_path(&name);
+                (name, path)
+            }),
+            _ => None,
+        };
+        let mut spare_made = false;
+        let taken = tokio::task::block_in_place(|| -> Result<(f64, Option<CaptureReport>)> {
             if self.cfg.pre_sync {
                 sandtree_fs::sync_fs(&src).map_err(|e| Error::fs("checkpoint", e))?;
             }
@@ -97,11 +110,19 @@ impl Engine {
                 // cloned, and the processes go once both are done.
                 let (src2, dst2) = (src.clone(), dst.clone());
                 let snap = std::thread::spawn(move || sandtree_fs::snapshot(&src2, &dst2, true));
+                // The likeliest rollback target's writable copy, from the
+                // same frozen state and in the same btrfs commit (no commit
+                // of its own later, in the agent's next burst).
+                let spare = spare.as_ref().map(|(_, path)| {
+                    let (src3, path) = (src.clone(), path.clone());
+                    std::thread::spawn(move || sandtree_fs::snapshot(&src3, &path, false))
+                });
                 let cloned = t.clone_all(best_effort);
                 let snap = snap
                     .join()
                     .map_err(|_| Error::Internal("the snapshot thread panicked".into()))
                     .and_then(|r| r.map_err(|e| Error::fs("checkpoint", e)));
+                spare_made = spare.is_some_and(|h| matches!(h.join(), Ok(Ok(()))));
                 match (cloned, snap) {
                     (Ok(()), Ok(())) => {
                         t.release()?;
@@ -131,7 +152,19 @@ impl Engine {
             let frozen_ms = resumed_at.unwrap_or_else(Instant::now).duration_since(paused_at).as_secs_f64() * 1e3;
             tracing::debug!(sandbox = id, pre_sync = ?t_sync, frozen_ms, "checkpoint taken");
             Ok((frozen_ms, Some(captured)))
-        })?;
+        });
+        let discard_spare = |spare: &Option<(String, PathBuf)>| {
+            if let (Some((name, _)), true) = (spare, spare_made) {
+                self.discard_subvol_later(name);
+            }
+        };
+        let (frozen_ms, captured) = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                discard_spare(&spare);
+                return Err(e);
+            }
+        };
 
         tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint captured");
         let committed = (|| -> Result<CheckpointRecord> {
@@ -164,12 +197,20 @@ impl Engine {
                     let _ = t.drop_checkpoint(&ck_id);
                 }
                 let _ = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&dst));
+                discard_spare(&spare);
                 return Err(e);
             }
         };
 
         // The likeliest rollback target: prepare it while the agent thinks.
-        self.spares.want(id, &ck_id);
+        match spare {
+            Some((name, _)) if spare_made => self.spares.want_made(id, &ck_id, name),
+            Some((name, _)) => {
+                self.discard_subvol_later(&name);
+                self.spares.want(id, &ck_id);
+            }
+            None => self.spares.want(id, &ck_id),
+        }
 
         // Keep the template pool within its budget, off the hot path.
         if tracer.is_some() {

@@ -1,8 +1,10 @@
 //! `rollback`: bring a sandbox back to any checkpoint of its tree.
 //!
 //! Order of operations:
-//! 1. writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<new>` (the
-//!    sandbox keeps running; a failure here changes nothing);
+//! 1. the checkpoint's prepared spare (`spares.rs`), or the writable copy
+//!    the checkpoint made in its own commit, or a writable snapshot
+//!    `checkpoints/<ck>` → `sandboxes/<id>/<new>` (the sandbox keeps
+//!    running; a failure here changes nothing);
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the
 //!    new one; re-adoption checks which layer a surviving init runs on);
@@ -53,7 +55,11 @@ impl Engine {
         let spare = spare_taken.is_some();
         let (new_subvol, prepared) = match spare_taken {
             Some(spare) => (spare.subvol, Some(spare.layers)),
-            None => (self.layer_from_checkpoint(id, &ck.id).await?, None),
+            // A copy made in the checkpoint's commit: only the overlays to build.
+            None => match self.spares.take_made(id, &ck.id) {
+                Some(subvol) => (subvol, None),
+                None => (self.layer_from_checkpoint(id, &ck.id).await?, None),
+            },
         };
         let t_snap = t0.elapsed();
         self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;

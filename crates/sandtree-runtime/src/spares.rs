@@ -26,6 +26,12 @@
 //! commits the spare's subvolume as the sandbox's layer and hands the mounts
 //! to init (see `sandbox_rollback.rs`): no commit and no mount on its path.
 //!
+//! A checkpoint of a running sandbox also snapshots the sandbox's layer a
+//! second time, writable, in the same btrfs commit and the same frozen
+//! instant ([`Spares::want_made`]): step 2 is then already done, and a
+//! rollback that comes before the maker (right after the checkpoint) takes
+//! that copy and only builds the overlays on its path.
+//!
 //! At most `Config::spare_layers` spares exist (least recently wanted ones go
 //! first). Spares are not in the metadata: a daemon that dies leaves their
 //! subvolumes as orphans that GC removes at the next start, and a running GC
@@ -62,6 +68,9 @@ pub(crate) struct Spare {
 #[derive(Default)]
 struct State {
     ready: HashMap<Key, Spare>,
+    /// Writable copies made with their checkpoint (in its commit, see
+    /// [`Spares::want_made`]): only their overlays are still to build.
+    made: HashMap<Key, String>,
     /// Keys by recency of `want`, oldest first (ready and wanted ones).
     recent: VecDeque<Key>,
     /// Keys to prepare, oldest first (the newest is prepared first).
@@ -71,13 +80,15 @@ struct State {
 /// The spare pool and its maker task.
 pub(crate) struct Spares {
     state: Mutex<State>,
+    /// Made copies replaced or orphaned, for the maker to delete.
+    stale: Mutex<Vec<String>>,
     wake: Notify,
     budget: usize,
 }
 
 impl Spares {
     pub(crate) fn new(budget: usize) -> Spares {
-        Spares { state: Mutex::new(State::default()), wake: Notify::new(), budget }
+        Spares { state: Mutex::new(State::default()), stale: Mutex::new(Vec::new()), wake: Notify::new(), budget }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -102,6 +113,30 @@ impl Spares {
         self.wake.notify_one();
     }
 
+    /// Like [`Spares::want`], with the writable copy already made
+    /// (`subvol`, snapshotted from the sandbox's layer in the checkpoint's
+    /// own commit): the maker only builds its overlays.
+    pub(crate) fn want_made(&self, sandbox: &str, checkpoint: &str, subvol: String) {
+        let key = (sandbox.to_string(), checkpoint.to_string());
+        if let Some(old) = self.lock().made.insert(key, subvol) {
+            self.stale.lock().unwrap_or_else(|p| p.into_inner()).push(old);
+        }
+        self.want(sandbox, checkpoint);
+    }
+
+    /// A copy made with its checkpoint, not yet with overlays: taken by the
+    /// maker, or by a rollback that came before it (which then only builds
+    /// the overlays).
+    pub(crate) fn take_made(&self, sandbox: &str, checkpoint: &str) -> Option<String> {
+        self.lock().made.remove(&(sandbox.to_string(), checkpoint.to_string()))
+    }
+
+    /// Copies made with their checkpoint that nothing will use (their keys
+    /// were dropped or evicted): for deletion.
+    fn take_stale(&self) -> Vec<String> {
+        std::mem::take(&mut *self.stale.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Takes the spare of `checkpoint` for `sandbox`, if one is ready.
     pub(crate) fn take(&self, sandbox: &str, checkpoint: &str) -> Option<Spare> {
         self.lock().ready.remove(&(sandbox.to_string(), checkpoint.to_string()))
@@ -123,12 +158,19 @@ impl Spares {
         st.wanted.retain(|k| !f(k));
         st.recent.retain(|k| !f(k));
         let keys: Vec<Key> = st.ready.keys().filter(|k| f(k)).cloned().collect();
-        keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.subvol).collect()
+        let mut out: Vec<String> = keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.subvol).collect();
+        let made: Vec<Key> = st.made.keys().filter(|k| f(k)).cloned().collect();
+        out.extend(made.iter().filter_map(|k| st.made.remove(k)));
+        out
     }
 
     /// Subvolumes held as spares (GC must keep them).
     pub(crate) fn subvols(&self) -> HashSet<String> {
-        self.lock().ready.values().map(|s| s.subvol.clone()).collect()
+        let st = self.lock();
+        let mut v: HashSet<String> = st.ready.values().map(|s| s.subvol.clone()).collect();
+        v.extend(st.made.values().cloned());
+        v.extend(self.stale.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+        v
     }
 
     /// Number of spares ready.
@@ -146,7 +188,11 @@ impl Spares {
             if let Some(s) = st.ready.remove(&key) {
                 evicted.push(s.subvol);
             }
+            evicted.extend(st.made.remove(&key));
         }
+        // (A made copy whose key a burst trimmed from `wanted` stays, within
+        // the budget: a rollback to it then only builds the overlays.)
+        evicted.extend(self.take_stale());
         (st.wanted.pop_back(), evicted)
     }
 
@@ -206,7 +252,10 @@ impl Engine {
         if ck.tree_id != rec.tree_id {
             return Ok(());
         }
-        rec.subvol = self.layer_from_checkpoint(id, ck_id).await?;
+        rec.subvol = match self.spares.take_made(id, ck_id) {
+            Some(subvol) => subvol,
+            None => self.layer_from_checkpoint(id, ck_id).await?,
+        };
         let built = match self.spec(&rec) {
             Ok(spec) => self.build_layers(spec.layers).await,
             Err(e) => Err(e),
