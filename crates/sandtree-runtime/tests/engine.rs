@@ -405,12 +405,51 @@ fn template_pool_counts_changed_pages(
     })
 }
 
+/// A checkpoint makes its rollback target's writable copy in its own
+/// commit: a rollback right after it (before any spare could be prepared)
+/// is exact; GC keeps the copy; deleting the checkpoint deletes it.
+fn checkpoint_copy_serves_the_next_rollback(
+    e: &Engine,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let layers =
+            |sb: &str| -> Result<usize> { Ok(std::fs::read_dir(e.volume().sandboxes_dir().join(sb))?.count()) };
+        sh(e, &sb, "echo one > /root/a").await?;
+        let ck = checkpoint(e, &sb).await?;
+        // The sandbox's layer and the checkpoint's copy.
+        ensure!(layers(&sb)? == 2, "{} layers after a checkpoint", layers(&sb)?);
+        sh(e, &sb, "echo two > /root/a && echo x > /root/b").await?;
+        let report = e.gc().await?;
+        ensure!(report.orphans_removed.is_empty(), "gc removed {:?}", report.orphans_removed);
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        ensure!(!r.processes_restarted, "{}", r.note);
+        ensure!(sh(e, &sb, "cat /root/a; test ! -e /root/b && echo nob").await? == "one\nnob\n");
+        // A second checkpoint, deleted: its copy goes with it.
+        let ck2 = checkpoint(e, &sb).await?;
+        e.delete_checkpoint(&ck2, true).await?;
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (n, spares) = (layers(&sb)?, e.info().await?.spare_layers);
+            // The sandbox's layer, plus at most the rollback's re-wanted spare.
+            if n <= 1 + spares as usize {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{n} layers left, {spares} spares");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
         ("processes_come_back_after_rollback", processes_come_back_after_rollback),
         ("template_pool_counts_changed_pages", template_pool_counts_changed_pages),
+        ("checkpoint_copy_serves_the_next_rollback", checkpoint_copy_serves_the_next_rollback),
         ("unrestorable_processes_are_named", unrestorable_processes_are_named),
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
