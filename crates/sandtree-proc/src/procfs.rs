@@ -412,12 +412,15 @@ pub fn vdso_base(pid: i32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
 }
 
-/// Physical frame numbers of every resident page of `pid`, from
+/// Physical frame numbers of the resident pages of the private writable
+/// mappings of `pid`, from
 /// `/proc/<pid>/pagemap` (64-bit entries, one per virtual page: bit 63
 /// present, bits 0-54 the frame; real frames need `CAP_SYS_ADMIN`, which
 /// the daemon has). Swapped-out pages have no frame and are left out.
 /// Reading a 1 GB process takes a few milliseconds: not on a hot path.
 pub fn frames(pid: i32) -> std::io::Result<Vec<u64>> {
+    /// Larger mappings are address-space reservations, not memory.
+    const MAX_MAPPING: u64 = 1 << 40;
     use std::os::unix::fs::FileExt;
     const PRESENT: u64 = 1 << 63;
     const PFN: u64 = (1 << 55) - 1;
@@ -429,9 +432,20 @@ pub fn frames(pid: i32) -> std::io::Result<Vec<u64>> {
         if line.ends_with("[vsyscall]") {
             continue;
         }
-        let Some((range, _)) = line.split_once(' ') else { continue };
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        // Pages a template holds alone are copies made by copy-on-write:
+        // only in private writable mappings (code and shared files are the
+        // page cache of everyone).
+        if !perms.starts_with("rw") || !perms.ends_with('p') {
+            continue;
+        }
         let Some((a, b)) = range.split_once('-') else { continue };
         let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        // Reservations of terabytes (sanitizer shadows) are not read.
+        if end - start > MAX_MAPPING {
+            continue;
+        }
         let mut page = start / 4096;
         while page < end / 4096 {
             let n = ((end / 4096 - page) as usize).min(4096);

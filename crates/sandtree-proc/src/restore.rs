@@ -14,6 +14,8 @@ use crate::{Error, Result};
 
 use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
+/// How long a restore waits for a killed process to release an inet port.
+const PORT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
@@ -442,9 +444,10 @@ fn rebind_inet(
     ptrace::write_mem(pid, scratch + 1024, &b.sockaddr).map_err(ptrace_err(pid, "write sockaddr"))?;
     // A process killed by this rollback may still hold the port: it closes
     // its descriptors only after its memory is torn down (milliseconds for
-    // a large one). Nothing else can (templates hold no bound socket, and
-    // nothing new runs yet): wait for it, bounded.
-    let deadline = std::time::Instant::now() + PID_WAIT;
+    // a large one): wait for it, briefly. (A port still in use past that is
+    // someone else's, e.g. a listener shared with a process restored just
+    // before, which is not supported: the rollback then restarts.)
+    let deadline = std::time::Instant::now() + PORT_WAIT;
     let mut nap = std::time::Duration::from_micros(50);
     loop {
         let out = p.syscall(libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;

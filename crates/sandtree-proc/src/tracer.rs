@@ -71,45 +71,38 @@ pub(crate) struct Sizing {
 struct Sized {
     /// Pages of templates that no live process maps.
     total: u64,
-    /// Per checkpoint (id, last used): the pages only its templates map,
-    /// which evicting it frees.
+    /// Per checkpoint (id, last used): the pages it is the most recently
+    /// used holder of. Evicting least recently used first, that is what
+    /// each eviction frees (a page shared with an older checkpoint is
+    /// freed with the last of them).
     own: Vec<(String, u64, u64)>,
 }
 
 impl Sizing {
     /// Counts physical pages: a page a template shares with a live process
     /// (unchanged since the checkpoint) costs nothing; one the process has
-    /// changed since is the template's alone. So the figure is
-    /// proportional to the pages changed, not to the processes' size.
-    fn measure(self) -> Sized {
-        const SHARED: usize = usize::MAX;
+    /// changed since is the pool's. So the figure is proportional to the
+    /// pages changed, not to the processes' size.
+    fn measure(mut self) -> Sized {
         let mut live = std::collections::HashSet::new();
-        for host in self.live {
+        for host in std::mem::take(&mut self.live) {
             live.extend(procfs::frames(host).unwrap_or_default());
         }
+        // Oldest first: a page's owner ends up its newest holder.
+        self.checkpoints.sort_by_key(|(_, used, _)| *used);
         let mut owner: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
         for (i, (_, _, hosts)) in self.checkpoints.iter().enumerate() {
             for &host in hosts {
                 for f in procfs::frames(host).unwrap_or_default() {
-                    if live.contains(&f) {
-                        continue;
+                    if !live.contains(&f) {
+                        owner.insert(f, i);
                     }
-                    owner
-                        .entry(f)
-                        .and_modify(|o| {
-                            if *o != i {
-                                *o = SHARED
-                            }
-                        })
-                        .or_insert(i);
                 }
             }
         }
         let mut own = vec![0u64; self.checkpoints.len()];
         for &o in owner.values() {
-            if o != SHARED {
-                own[o] += 4096;
-            }
+            own[o] += 4096;
         }
         Sized {
             total: owner.len() as u64 * 4096,
@@ -352,12 +345,15 @@ impl Tracer {
                     job(&mut st);
                     // A checkpoint's templates are set up after its reply.
                     crate::checkpoint::prepare_pending(&mut st);
-                    continue;
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.
                 crate::checkpoint::settle_lingering(&mut st);
-                crate::holder::retire(&mut st.holders, &mut st.dying);
+                // (During a rollback the killed originals' holders stay
+                // until its end: their teardown must not compete with it.)
+                if st.ops.load(Ordering::SeqCst) == 0 {
+                    crate::holder::retire(&mut st.holders, &mut st.dying);
+                }
                 crate::holder::reap_dying(&mut st.dying);
             }
             // Dropping the state ends the thread; EXITKILL kills the
@@ -481,9 +477,9 @@ impl Tracer {
         self.call(|st| st.pools.len())
     }
 
-    /// Memory only the templates hold: the pages their originals changed
-    /// since (copy-on-write broken), summed over templates. Read outside
-    /// the tracer thread (walking page tables takes a while).
+    /// Memory only the templates hold: physical pages they map and no live
+    /// process does (the pages their originals changed since). Measured
+    /// outside the tracer thread (reading page maps takes a while).
     pub fn memory(&self) -> Result<u64> {
         Ok(self.call(|st| st.sizing())?.measure().total)
     }

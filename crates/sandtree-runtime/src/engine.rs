@@ -192,7 +192,6 @@ impl Engine {
         self.volume.sandboxes_dir().join(subvol)
     }
 
-    /// Creates the per-sandbox directory that holds its subvolumes.
     /// A fresh name for a writable layer of sandbox `id` (`<id>/<gen>`),
     /// its parent directory made.
     pub(crate) fn new_layer_name(&self, id: &str) -> Result<String> {
@@ -200,6 +199,7 @@ impl Engine {
         Ok(format!("{id}/{}", &util::new_id("g")[2..]))
     }
 
+    /// Creates the per-sandbox directory that holds its subvolumes.
     pub(crate) fn subvol_parent(&self, id: &str) -> Result<PathBuf> {
         let dir = self.volume.sandboxes_dir().join(id);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("cannot create {}: {e}", dir.display())))?;

@@ -11,9 +11,9 @@
 //!    running and marked not restorable. (Tasks that joined the cgroup from
 //!    outside the sandbox's pid namespace are held by a cgroup freeze
 //!    instead, around the snapshot only.)
-//! 3. on other threads, read-only snapshot `sandboxes/<subvol>` →
+//! 3. on other threads at once, read-only snapshot `sandboxes/<subvol>` →
 //!    `checkpoints/<ck-id>` and writable snapshot → `sandboxes/<id>/<new>`
-//!    (the spare-to-be, `spares.rs`), one btrfs commit, while
+//!    (the spare-to-be, `spares.rs`; the two usually share a commit), while
 //!    `sandtree_proc::Tracer::clone_all` captures each process and makes its
 //!    template;
 //! 4. let every process go: the pause is steps 2-4 (`frozen_ms`);
@@ -111,7 +111,7 @@ impl Engine {
                 let (src2, dst2) = (src.clone(), dst.clone());
                 let snap = std::thread::spawn(move || sandtree_fs::snapshot(&src2, &dst2, true));
                 // The likeliest rollback target's writable copy, from the
-                // same frozen state and in the same btrfs commit (no commit
+                // same frozen state, at once (they usually share a commit: none
                 // of its own later, in the agent's next burst).
                 let spare = spare.as_ref().map(|(_, path)| {
                     let (src3, path) = (src.clone(), path.clone());
@@ -205,11 +205,9 @@ impl Engine {
         // The likeliest rollback target: prepare it while the agent thinks.
         match spare {
             Some((name, _)) if spare_made => self.spares.want_made(id, &ck_id, name),
-            Some((name, _)) => {
-                self.discard_subvol_later(&name);
-                self.spares.want(id, &ck_id);
-            }
-            None => self.spares.want(id, &ck_id),
+            // Not made (tasks from outside the pid namespace took the freeze
+            // path, or the snapshot failed): the maker snapshots it later.
+            _ => self.spares.want(id, &ck_id),
         }
 
         // Keep the template pool within its budget, off the hot path.

@@ -2,7 +2,7 @@
 //!
 //! Order of operations:
 //! 1. the checkpoint's prepared spare (`spares.rs`), or the writable copy
-//!    the checkpoint made in its own commit, or a writable snapshot
+//!    the checkpoint made with itself, or a writable snapshot
 //!    `checkpoints/<ck>` → `sandboxes/<id>/<new>` (the sandbox keeps
 //!    running; a failure here changes nothing);
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
@@ -55,7 +55,7 @@ impl Engine {
         let spare = spare_taken.is_some();
         let (new_subvol, prepared) = match spare_taken {
             Some(spare) => (spare.subvol, Some(spare.layers)),
-            // A copy made in the checkpoint's commit: only the overlays to build.
+            // The copy the checkpoint made of itself: only the overlays to build.
             None => match self.spares.take_made(id, &ck.id) {
                 Some(subvol) => (subvol, None),
                 None => (self.layer_from_checkpoint(id, &ck.id).await?, None),

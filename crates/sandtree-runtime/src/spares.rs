@@ -26,9 +26,9 @@
 //! commits the spare's subvolume as the sandbox's layer and hands the mounts
 //! to init (see `sandbox_rollback.rs`): no commit and no mount on its path.
 //!
-//! A checkpoint of a running sandbox also snapshots the sandbox's layer a
-//! second time, writable, in the same btrfs commit and the same frozen
-//! instant ([`Spares::want_made`]): step 2 is then already done, and a
+//! A checkpoint of a running sandbox (stopped by ptrace) also snapshots the
+//! sandbox's layer a second time, writable, at the same frozen instant and
+//! at once (the two usually share one btrfs commit; [`Spares::want_made`]): step 2 is then already done, and a
 //! rollback that comes before the maker (right after the checkpoint) takes
 //! that copy and only builds the overlays on its path.
 //!
@@ -114,8 +114,8 @@ impl Spares {
     }
 
     /// Like [`Spares::want`], with the writable copy already made
-    /// (`subvol`, snapshotted from the sandbox's layer in the checkpoint's
-    /// own commit): the maker only builds its overlays.
+    /// (`subvol`, snapshotted from the sandbox's layer with the checkpoint):
+    /// the maker only builds its overlays.
     pub(crate) fn want_made(&self, sandbox: &str, checkpoint: &str, subvol: String) {
         let key = (sandbox.to_string(), checkpoint.to_string());
         if let Some(old) = self.lock().made.insert(key, subvol) {

@@ -139,9 +139,10 @@ pub enum Request {
         /// Pids the daemon will restore.
         restore: Vec<i32>,
     },
-    /// Wait until every process killed by the last `KillAll` / `Reroot`
-    /// (but the restored pids) is reaped, bounded; answers `Ok` or `Error`
-    /// naming them. Processes started meanwhile do not count.
+    /// Wait until every process killed by `KillAll` / `Reroot` (but the
+    /// restored pids) is reaped, bounded; answers `Ok` or `Error` naming
+    /// them (or the failure of the last swap's end). Processes started
+    /// meanwhile do not count.
     WaitGone,
     /// Kill every process but init and `keep` (no wait), then make the
     /// attached overlay mounts (one per target, root first) the sandbox's
