@@ -13,7 +13,7 @@ use sandtree_api::{
 use sandtree_runtime::Engine;
 
 mod common;
-use common::Case;
+use common::{Case, CaseFuture};
 
 async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
     let out =
@@ -30,9 +30,7 @@ async fn checkpoint(e: &Engine, sb: &str) -> Result<String> {
     Ok(e.checkpoint(sb, CheckpointRequest::default()).await?.checkpoint.id)
 }
 
-fn rollback_and_fork_restore_files(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn rollback_and_fork_restore_files(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         sh(e, &sb, "echo one > /root/a && mkdir -p /opt/x && echo hi > /opt/x/y").await?;
@@ -65,9 +63,7 @@ fn rollback_and_fork_restore_files(
 /// Rollback in place: init (and its pid namespace, cgroup, /dev) survive,
 /// every other process is killed, the old tree is gone from view and its
 /// subvolume is reclaimed; repeated rollbacks leak no mounts.
-fn rollback_in_place_keeps_init_and_kills_the_rest(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         sh(e, &sb, "echo base > /root/f").await?;
@@ -163,9 +159,7 @@ async fn counter_state(e: &Engine, sb: &str) -> Result<Vec<String>> {
 
 /// Rollback in place brings the checkpoint's processes back: same pids and
 /// parent, memory, registers, open file offsets, cwd, a shell's variables.
-fn processes_come_back_after_rollback(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         let bg = e
@@ -221,9 +215,7 @@ fn processes_come_back_after_rollback(
 
 /// What the template path cannot restore fails the checkpoint with the
 /// process and the reason; best effort marks it instead.
-fn unrestorable_processes_are_named(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         sh(e, &sb, "echo one > /root/f").await?;
@@ -254,7 +246,7 @@ fn unrestorable_processes_are_named(
     })
 }
 
-fn limits_are_applied(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn limits_are_applied(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e
             .create_sandbox(CreateSandboxRequest {
@@ -282,7 +274,7 @@ fn limits_are_applied(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<O
     })
 }
 
-fn unknown_ids_are_not_found(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn unknown_ids_are_not_found(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let err = e.get_sandbox("sb-../../x").await.err().context("expected an error")?;
         ensure!(err.code() == sandtree_api::ErrorCode::SandboxNotFound);
@@ -296,7 +288,7 @@ fn unknown_ids_are_not_found(e: &Engine) -> std::pin::Pin<Box<dyn std::future::F
     })
 }
 
-fn gc_removes_orphans(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn gc_removes_orphans(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let orphan = e.volume().checkpoints_dir().join("ck-orphan0000");
         sandtree_fs::create_subvolume(&orphan)?;
@@ -311,9 +303,7 @@ fn gc_removes_orphans(e: &Engine) -> std::pin::Pin<Box<dyn std::future::Future<O
 /// kernel-mode userfaultfd fault, moved into the sandbox's cgroup) makes the
 /// freeze time out: the checkpoint fails naming the task, the sandbox is
 /// thawed and keeps working, and nothing was stored.
-fn stuck_task_makes_checkpoint_fail_cleanly(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn stuck_task_makes_checkpoint_fail_cleanly(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         use std::io::BufRead;
         let sb = create(e).await?;
@@ -366,9 +356,7 @@ while True:
     time.sleep(1)
 "#;
 
-fn template_pool_counts_changed_pages(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn template_pool_counts_changed_pages(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         let bg = ExecRequest {
@@ -408,9 +396,7 @@ fn template_pool_counts_changed_pages(
 /// A checkpoint makes its rollback target's writable copy in its own
 /// commit: a rollback right after it (before any spare could be prepared)
 /// is exact; GC keeps the copy; deleting the checkpoint deletes it.
-fn checkpoint_copy_serves_the_next_rollback(
-    e: &Engine,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + '_>> {
+fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         let layers =
