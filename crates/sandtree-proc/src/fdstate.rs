@@ -14,8 +14,9 @@
 //! `it_value`/`it_interval`); at the restore a duplicate taken with
 //! `pidfd_getfd` from the template is drained and refilled, or re-armed.
 
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
@@ -76,22 +77,14 @@ pub fn restore_pipe(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
         return Ok(());
     }
     // `rd` stays open: a FIFO refuses a non-blocking writer without a reader.
-    let wr = open_proc_fd(host, fd, OFlags::WRONLY)?;
-    let mut done = 0;
-    while done < bytes.len() {
-        match rustix::io::write(&wr, &bytes[done..]) {
-            Ok(k) => done += k,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    let mut wr = std::fs::File::from(open_proc_fd(host, fd, OFlags::WRONLY)?);
+    wr.write_all(bytes)
 }
 
 /// The contents of a deleted-but-open file (fd `fd` of `host`), read
 /// without moving its offset.
 pub fn capture_ghost(host: i32, fd: i32, size: u64) -> io::Result<Vec<u8>> {
-    let f = rustix::fs::open(format!("/proc/{host}/fd/{fd}"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let f = open_proc_fd(host, fd, OFlags::RDONLY)?;
     let mut out = vec![0u8; size as usize];
     let mut got = 0;
     while got < out.len() {
@@ -109,16 +102,7 @@ pub fn capture_ghost(host: i32, fd: i32, size: u64) -> io::Result<Vec<u8>> {
 /// Write `bytes` into the file behind fd `fd` of `host` (a fresh
 /// `O_TMPFILE` of a restored process).
 pub fn fill_file(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
-    let f = rustix::fs::open(format!("/proc/{host}/fd/{fd}"), OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
-    let mut done = 0;
-    while done < bytes.len() {
-        match rustix::io::pwrite(&f, &bytes[done..], done as u64) {
-            Ok(n) => done += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    std::fs::File::from(open_proc_fd(host, fd, OFlags::WRONLY)?).write_all_at(bytes, 0)
 }
 
 /// Drop whatever is queued for reading on the socket behind `fd` of `host`.

@@ -25,6 +25,35 @@ const SET_TID_OFFSET: u64 = 128;
 /// Where in the scratch page paths go.
 const PATH_OFFSET: u64 = 256;
 
+/// Waits between tries for something a killed process still holds (its
+/// pid, a port): naps from `first` µs, doubling up to `max` µs, for at most
+/// `wait` in all.
+struct Backoff {
+    nap: std::time::Duration,
+    max: std::time::Duration,
+    deadline: std::time::Instant,
+}
+
+impl Backoff {
+    fn new(first_us: u64, max_us: u64, wait: std::time::Duration) -> Backoff {
+        Backoff {
+            nap: std::time::Duration::from_micros(first_us),
+            max: std::time::Duration::from_micros(max_us),
+            deadline: std::time::Instant::now() + wait,
+        }
+    }
+
+    /// Sleeps before the next try; `false` (no sleep) once the time is up.
+    fn snooze(&mut self) -> bool {
+        if std::time::Instant::now() >= self.deadline {
+            return false;
+        }
+        std::thread::sleep(self.nap);
+        self.nap = (self.nap * 2).min(self.max);
+        true
+    }
+}
+
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
@@ -192,8 +221,9 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    let deadline = std::time::Instant::now() + PID_WAIT;
-    let mut nap = std::time::Duration::from_micros(20);
+    // A retry is one injected syscall (~10 µs): poll finely, the pid frees
+    // as soon as init reaps the killed original.
+    let mut backoff = Backoff::new(20, 100, PID_WAIT);
     let first = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE]);
     let mut out = match first {
         Ok(o) => o,
@@ -207,13 +237,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     for _ in 0..100_000 {
         match out.ret {
             ERESTARTNOINTR => {}
-            EEXIST if std::time::Instant::now() < deadline => {
-                busy += 1;
-                std::thread::sleep(nap);
-                // A retry is one injected syscall (~10 µs): poll finely,
-                // the pid frees as soon as init reaps the killed original.
-                nap = (nap * 2).min(std::time::Duration::from_micros(100));
-            }
+            EEXIST if backoff.snooze() => busy += 1,
             _ => break,
         }
         out = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
@@ -447,16 +471,12 @@ fn rebind_inet(
     // a large one): wait for it, briefly. (A port still in use past that is
     // someone else's, e.g. a listener shared with a process restored just
     // before, which is not supported: the rollback then restarts.)
-    let deadline = std::time::Instant::now() + PORT_WAIT;
-    let mut nap = std::time::Duration::from_micros(50);
+    let mut backoff = Backoff::new(50, 1000, PORT_WAIT);
     loop {
         let out = p.syscall(libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;
         match out.ret {
             0 => break,
-            r if r == -(libc::EADDRINUSE as i64) && std::time::Instant::now() < deadline => {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(std::time::Duration::from_millis(1));
-            }
+            r if r == -(libc::EADDRINUSE as i64) && backoff.snooze() => {}
             r => {
                 return Err(Error::Remote {
                     pid,
