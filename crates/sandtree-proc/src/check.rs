@@ -122,10 +122,12 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
                 ));
             }
             FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
-            FdKind::Fifo { path } => {
+            FdKind::Fifo { path, on_layer: false, kept: false } => {
                 return Err(no(
                     fd(),
-                    format!("named pipe {path} (FIFOs on the sandbox's layers are not captured yet)"),
+                    format!(
+                        "named pipe {path} is on a mount that rollback replaces (only FIFOs on the sandbox's layers, /dev and /proc are handled)"
+                    ),
                 ));
             }
             FdKind::LayerFile { path, locked: true, .. } => {

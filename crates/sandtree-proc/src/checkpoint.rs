@@ -419,10 +419,17 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (not necessarily the process it was first seen in, which may have
     // been refused).
     let mut pipes = Vec::new();
+    let ino_of = |host: i32, f: &crate::model::FdImage| match &f.kind {
+        FdKind::Pipe { ino } => Some(*ino),
+        FdKind::Fifo { .. } => std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd))
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m)),
+        _ => None,
+    };
     for (ino, bytes) in captured_pipes {
         let holder = made
             .iter()
-            .find_map(|t| t.image.fds.iter().find(|f| f.kind == FdKind::Pipe { ino }).map(|f| (t.host, f.fd)));
+            .find_map(|t| t.image.fds.iter().find(|f| ino_of(t.host, f) == Some(ino)).map(|f| (t.host, f.fd)));
         if let Some((host, fd)) = holder {
             pipes.push((crate::model::PipeBuffer { ino, bytes }, host, fd));
         }

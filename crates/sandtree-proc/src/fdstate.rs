@@ -8,7 +8,10 @@
 //! the pipe through `/proc/<pid>/fd/<n>` for reading and `tee`s its bytes
 //! into a pipe of its own (a copy that consumes nothing), once per pipe
 //! inode. At the restore it opens the pipe through a template, drains it
-//! and writes the saved bytes back.
+//! and writes the saved bytes back. A FIFO on a layer is a new inode in the
+//! rolled-back tree: the daemon opens it there by path, read-write (a
+//! *keeper*, so that the restored processes' own opens of it do not wait for
+//! a peer), and writes the bytes into it.
 //!
 //! eventfd and timerfd: their fdinfo holds the state (`eventfd-count`,
 //! `it_value`/`it_interval`); at the restore a duplicate taken with
@@ -65,20 +68,54 @@ pub fn capture_pipe(host: i32, fd: i32) -> io::Result<Vec<u8>> {
 /// Make the pipe behind `fd` of `host` hold exactly `bytes`.
 pub fn restore_pipe(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
     let rd = open_proc_fd(host, fd, OFlags::RDONLY)?;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match rustix::io::read(&rd, &mut buf) {
-            Ok(0) | Err(Errno::AGAIN) => break,
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    drain(&rd)?;
     if bytes.is_empty() {
         return Ok(());
     }
     // `rd` stays open: a FIFO refuses a non-blocking writer without a reader.
     let mut wr = std::fs::File::from(open_proc_fd(host, fd, OFlags::WRONLY)?);
     wr.write_all(bytes)
+}
+
+/// Read and drop whatever the (non-blocking) pipe `rd` holds.
+fn drain(rd: &OwnedFd) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rustix::io::read(rd, &mut buf) {
+            Ok(0) | Err(Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Open the named pipe at `path` in the tree of process `host` for
+/// reading and writing, without blocking (a FIFO's keeper at a restore).
+/// The path resolves inside that tree only (`RESOLVE_IN_ROOT`): a symlink
+/// of the sandbox's cannot lead the daemon out of it.
+pub fn open_fifo(host: i32, path: &str) -> io::Result<OwnedFd> {
+    let root = rustix::fs::open(format!("/proc/{host}/root"), OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    let fd = rustix::fs::openat2(
+        &root,
+        path.trim_start_matches('/'),
+        OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )?;
+    if rustix::fs::fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return Err(io::Error::other(format!("{path} is not a named pipe in the rolled-back tree")));
+    }
+    Ok(fd)
+}
+
+/// Make the pipe behind `keeper` (open for reading and writing) hold
+/// exactly `bytes`.
+pub fn fill_pipe(keeper: &OwnedFd, bytes: &[u8]) -> io::Result<()> {
+    drain(keeper)?;
+    if bytes.len() > rustix::pipe::fcntl_getpipe_size(keeper)? {
+        rustix::pipe::fcntl_setpipe_size(keeper, bytes.len())?;
+    }
+    std::fs::File::from(keeper.try_clone()?).write_all(bytes)
 }
 
 /// The contents of a deleted-but-open file (fd `fd` of `host`), read

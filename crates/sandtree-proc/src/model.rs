@@ -272,10 +272,19 @@ pub enum FdKind {
         /// Inode number.
         ino: u64,
     },
-    /// A named pipe (FIFO): the pipe is kept by the template.
+    /// A named pipe (FIFO). Its buffered bytes are saved like a pipe's.
+    /// On a layer it is reopened at the restore, by path in the rolled-back
+    /// tree (whose inode is the one later openers of the path reach); on a
+    /// kept mount (`/dev`) the template's descriptor is used as it is.
     Fifo {
         /// Path inside the sandbox.
         path: String,
+        /// On one of the sandbox's layers (an overlay).
+        #[serde(default)]
+        on_layer: bool,
+        /// On a mount that rollback keeps.
+        #[serde(default)]
+        kept: bool,
     },
     /// A socket.
     Socket {

@@ -315,9 +315,16 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
             let meta = fs::metadata(entry.path()).ok();
             let fifo = meta.as_ref().is_some_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
             match mounts.get(&info.mnt_id) {
-                // A named pipe: the pipe is the state (kept by the template);
-                // reopening it by path could block.
-                _ if fifo => FdKind::Fifo { path: link },
+                // A named pipe: its bytes are saved like a pipe's, and on a
+                // layer it is reopened by path at the restore.
+                _ if fifo => {
+                    let mount = mounts.get(&info.mnt_id);
+                    FdKind::Fifo {
+                        path: link,
+                        on_layer: mount.is_some_and(|m| m.fstype == "overlay"),
+                        kept: mount.is_some_and(kept_mount),
+                    }
+                }
                 Some(m) if m.fstype == "overlay" => {
                     let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
                     let locked = info.text.lines().any(|l| l.starts_with("lock:"));

@@ -2,7 +2,8 @@
 //! crate docs for the order; init has already killed every other process
 //! and swapped the root when this runs.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
@@ -104,14 +105,39 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let now = st.tick();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
+    // FIFOs on the layers are reopened by path in the rolled-back tree (in
+    // `fix_up`): a keeper opened here for reading and writing lets those
+    // non-blocking opens succeed whatever their mode, and takes the saved
+    // bytes. The keepers close once every process is back.
+    let mut fifos: HashMap<String, OwnedFd> = HashMap::new();
+    for t in &set.templates {
+        for f in &t.image.fds {
+            if let FdKind::Fifo { path, on_layer: true, .. } = &f.kind
+                && !fifos.contains_key(path)
+            {
+                let keeper = crate::fdstate::open_fifo(t.host, path).map_err(|e| Error::Proc {
+                    pid: t.host,
+                    what: "named pipe in the rolled-back tree",
+                    source: e,
+                })?;
+                fifos.insert(path.clone(), keeper);
+            }
+        }
+    }
     // Objects the templates share with the killed originals: put their
     // checkpoint state back before anything runs.
     for (pipe, host, fd) in &set.pipes {
-        crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes).map_err(|e| Error::Proc {
-            pid: *host,
-            what: "pipe contents",
-            source: e,
-        })?;
+        let layer_fifo = set.templates.iter().filter(|t| t.host == *host).flat_map(|t| &t.image.fds).find_map(|f| {
+            match &f.kind {
+                FdKind::Fifo { path, on_layer: true, .. } if f.fd == *fd => Some(path),
+                _ => None,
+            }
+        });
+        let filled = match layer_fifo.and_then(|path| fifos.get(path)) {
+            Some(keeper) => crate::fdstate::fill_pipe(keeper, &pipe.bytes),
+            None => crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes),
+        };
+        filled.map_err(|e| Error::Proc { pid: *host, what: "pipe contents", source: e })?;
     }
     for t in &set.templates {
         for f in &t.image.fds {
@@ -155,6 +181,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         }
     }
     st.holders.extend(holders);
+    drop(fifos);
     Ok(report)
 }
 
@@ -506,6 +533,19 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         let fd = p.call("open", libc::SYS_open, &[addr, flags as u64, 0])?;
         if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
             p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
+        }
+        move_fd(p, fd, f.fd, f.flags)?;
+    }
+    for f in &image.fds {
+        let FdKind::Fifo { path, on_layer: true, .. } = &f.kind else { continue };
+        // Non-blocking, so that the open does not wait for a peer (the
+        // restore holds the other end open); the mode as it was after.
+        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
+        let addr = write_path(pid, scratch, path)?;
+        let flags = (f.flags & !strip) | libc::O_NONBLOCK as u32;
+        let fd = p.call("open (named pipe)", libc::SYS_open, &[addr, flags as u64, 0])?;
+        if f.flags & libc::O_NONBLOCK as u32 == 0 {
+            p.call("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, (f.flags & !strip) as u64])?;
         }
         move_fd(p, fd, f.fd, f.flags)?;
     }

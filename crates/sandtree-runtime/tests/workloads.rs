@@ -802,6 +802,68 @@ fn pipe_keeps_buffered_bytes(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 6b. A named pipe (FIFO) on the sandbox's layer, with buffered bytes.
+
+const FIFO_PY: &str = r#"
+os.mkfifo('/root/ctl')
+r = os.open('/root/ctl', os.O_RDONLY | os.O_NONBLOCK)
+w = os.open('/root/ctl', os.O_WRONLY)
+os.write(w, b'queued')
+
+def avail(fd):
+    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
+
+def drain():
+    got = b''
+    while True:
+        try:
+            d = os.read(r, 4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        got += d
+    return got
+
+def handle(cmd):
+    if cmd == 'state':
+        blocking = fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK == 0
+        at_path = os.fstat(r).st_ino == os.stat('/root/ctl').st_ino == os.fstat(w).st_ino
+        return 'avail=%d writer_blocking=%s at_path=%s' % (avail(r), blocking, at_path)
+    if cmd == 'drain':
+        return 'got=%r' % drain()
+    if cmd == 'mutate':
+        drain()
+        os.write(w, b'mutated!!')
+        return 'avail=%d' % avail(r)
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A FIFO on the layer comes back with its bytes, reopened in the
+/// rolled-back tree: both ends are the inode at its path (a writer from
+/// outside reaches the restored reader) and keep their modes.
+fn fifo_on_layer(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, FIFO_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "avail=6 writer_blocking=True at_path=True", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "avail=9");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            sh(e, &w.sb, "printf ext > /root/ctl").await?;
+            c.eq("bytes, then a new writer's", &w.ask(e, "drain").await?, "got=b'queuedext'");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 7. A unix socketpair with bytes in flight, and a listening unix socket.
 
 const UNIX_PY: &str = r#"
@@ -1653,6 +1715,7 @@ fn main() {
         ("umask_and_cwd", umask_and_cwd),
         ("file_offset", file_offset),
         ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
+        ("fifo_on_layer", fifo_on_layer),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),
         ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
