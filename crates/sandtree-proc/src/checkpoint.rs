@@ -421,9 +421,9 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     let mut pipes = Vec::new();
     let ino_of = |host: i32, f: &crate::model::FdImage| match &f.kind {
         FdKind::Pipe { ino } => Some(*ino),
-        FdKind::Fifo { .. } => std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd))
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m)),
+        FdKind::Fifo { .. } => {
+            std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd)).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        }
         _ => None,
     };
     for (ino, bytes) in captured_pipes {

@@ -127,12 +127,11 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     // Objects the templates share with the killed originals: put their
     // checkpoint state back before anything runs.
     for (pipe, host, fd) in &set.pipes {
-        let layer_fifo = set.templates.iter().filter(|t| t.host == *host).flat_map(|t| &t.image.fds).find_map(|f| {
-            match &f.kind {
+        let layer_fifo =
+            set.templates.iter().filter(|t| t.host == *host).flat_map(|t| &t.image.fds).find_map(|f| match &f.kind {
                 FdKind::Fifo { path, on_layer: true, .. } if f.fd == *fd => Some(path),
                 _ => None,
-            }
-        });
+            });
         let filled = match layer_fifo.and_then(|path| fifos.get(path)) {
             Some(keeper) => crate::fdstate::fill_pipe(keeper, &pipe.bytes),
             None => crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes),
