@@ -121,7 +121,17 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
                     ),
                 ));
             }
-            FdKind::Memfd { name } => return Err(no(fd(), format!("memfd {name} (not captured yet)"))),
+            FdKind::Memfd { name, hugetlb: true, .. } => {
+                return Err(no(fd(), format!("memfd {name} on huge pages (MFD_HUGETLB is not captured yet)")));
+            }
+            FdKind::Memfd { name, size, .. } if *size > GHOST_MAX => {
+                return Err(no(
+                    fd(),
+                    format!(
+                        "memfd {name} holds {size} bytes (memfds are copied at a checkpoint, up to {GHOST_MAX} bytes)"
+                    ),
+                ));
+            }
             FdKind::Fifo { path, on_layer: false, kept: false } => {
                 return Err(no(
                     fd(),
@@ -166,6 +176,15 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
             }
             _ => {}
         }
+    }
+    if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:"))) {
+        return Err(no(
+            format!("mapping {:x}-{:x}", m.start, m.end),
+            format!(
+                "mapping of {}: its pages would be the running process's memfd, not the checkpoint's copy",
+                m.path.as_deref().unwrap_or("a memfd")
+            ),
+        ));
     }
     if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw")) {
         let what = m.path.clone().unwrap_or_else(|| "anonymous memory".into());

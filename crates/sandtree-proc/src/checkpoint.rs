@@ -387,7 +387,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     for mut c in cloned.by_ref() {
         let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes).into_iter().map(|(ino, _, bytes)| (ino, bytes)));
-        match set_up(c, best_effort) {
+        match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
@@ -481,12 +481,16 @@ fn clone_of(
     }
     let mut ghosts = Vec::new();
     for f in &fds {
-        if let FdKind::Deleted { on_layer: true, size, .. } = &f.kind
-            && *size <= check::GHOST_MAX
+        let size = match &f.kind {
+            FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => Some(*size),
+            _ => None,
+        };
+        if let Some(size) = size
+            && size <= check::GHOST_MAX
         {
-            let bytes = crate::fdstate::capture_ghost(host, f.fd, *size).map_err(|e| Error::Proc {
+            let bytes = crate::fdstate::capture_ghost(host, f.fd, size).map_err(|e| Error::Proc {
                 pid: host,
-                what: "deleted file contents",
+                what: "deleted file or memfd contents",
                 source: e,
             })?;
             ghosts.push((f.fd, bytes));
@@ -618,6 +622,33 @@ fn clone_of(
         ns_pid,
         insn,
     })
+}
+
+/// A memfd is made anew per process at the restore: one that another
+/// process shares (inherited, or passed) would come back as two.
+fn memfds_own(t: &Template, made: &[Template]) -> Result<()> {
+    let inos = |t: &Template| -> Vec<(u64, String)> {
+        t.image
+            .fds
+            .iter()
+            .filter_map(|f| match &f.kind {
+                FdKind::Memfd { ino, name, .. } => Some((*ino, name.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let mine = inos(t);
+    for other in made {
+        if let Some((_, name)) = inos(other).into_iter().find(|(ino, _)| mine.iter().any(|(i, _)| i == ino)) {
+            return Err(Error::unsupported(
+                t.image.pid,
+                &t.image.comm,
+                "memfd",
+                format!("memfd {name} is shared with process {} (memfds are restored per process)", other.image.pid),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Pass 2 for one template: image and checks ([`prepare`] follows after

@@ -74,7 +74,7 @@ pub struct ProcessImage {
     pub fds: Vec<FdImage>,
     /// Memory mappings.
     pub maps: Vec<MapImage>,
-    /// Contents of deleted-but-open files, by descriptor.
+    /// Contents of deleted-but-open files and memfds, by descriptor.
     #[serde(default)]
     pub ghosts: Vec<(i32, Vec<u8>)>,
     /// Interval timers (`ITIMER_REAL`, `_VIRTUAL`, `_PROF`) as raw
@@ -321,10 +321,25 @@ pub enum FdKind {
         #[serde(default)]
         state: Option<AnonState>,
     },
-    /// A memfd.
+    /// A memfd: saved like a deleted file (contents up to
+    /// [`crate::check::GHOST_MAX`]) with its seals, and made anew at the
+    /// restore (one per inode in a process, each descriptor opened again
+    /// with its flags and offset).
     Memfd {
         /// Its name.
         name: String,
+        /// Inode (descriptors of one memfd share it).
+        #[serde(default)]
+        ino: u64,
+        /// Its size.
+        #[serde(default)]
+        size: u64,
+        /// `F_GET_SEALS`.
+        #[serde(default)]
+        seals: u32,
+        /// Made with `MFD_HUGETLB` (not captured).
+        #[serde(default)]
+        hugetlb: bool,
     },
 }
 

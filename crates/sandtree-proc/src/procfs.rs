@@ -140,6 +140,24 @@ fn timespec_ns(v: &str) -> u64 {
 /// The state an anonymous-inode object holds, from its fdinfo (and, for a
 /// timerfd, `timerfd_gettime` on a duplicate: fdinfo shows an expired
 /// periodic timer that nobody read as disarmed).
+/// A memfd's size, inode and seals (through a duplicate of the
+/// descriptor, `pidfd_getfd`).
+fn memfd_kind(pidfd: Option<&OwnedFd>, fd: i32, name: &str, link: &Path) -> FdKind {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(link).ok();
+    let dup = pidfd.and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok());
+    let seals = dup.as_ref().and_then(|d| rustix::fs::fcntl_get_seals(d).ok()).map(|s| s.bits()).unwrap_or(0);
+    let hugetlb =
+        dup.as_ref().and_then(|d| rustix::fs::fstatfs(d).ok()).is_some_and(|s| s.f_type == libc::HUGETLBFS_MAGIC);
+    FdKind::Memfd {
+        name: name.to_string(),
+        ino: meta.as_ref().map(|m| m.ino()).unwrap_or(0),
+        size: meta.map(|m| m.len()).unwrap_or(0),
+        seals,
+        hugetlb,
+    }
+}
+
 fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Option<AnonState> {
     let ns = |t: rustix::time::Timespec| (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64;
     match what {
@@ -305,7 +323,7 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
             let state = anon_state(&what, &info.text, pidfd.as_ref(), fd);
             FdKind::AnonInode { what, state }
         } else if let Some(name) = link.strip_prefix("/memfd:") {
-            FdKind::Memfd { name: name.trim_end_matches(" (deleted)").to_string() }
+            memfd_kind(pidfd.as_ref(), fd, name.trim_end_matches(" (deleted)"), &entry.path())
         } else if let Some(path) = link.strip_suffix(" (deleted)") {
             let meta = fs::metadata(entry.path()).ok();
             let regular = meta.as_ref().is_some_and(|m| m.is_file());

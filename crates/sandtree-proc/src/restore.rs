@@ -424,13 +424,39 @@ fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path:
         what: "deleted file contents",
         source: e,
     })?;
+    reopen_unnamed(p, scratch, f, tmp)?;
+    p.call("close", libc::SYS_close, &[tmp]).map(|_| ())
+}
+
+/// A memfd named `name` holding `bytes` (`size` long) with `seals`, on a
+/// new descriptor of the process (closed by the caller).
+fn make_memfd(p: &mut Tracee, scratch: u64, name: &str, bytes: &[u8], size: u64, seals: u32) -> Result<u64> {
+    let pid = p.tid;
+    let addr = write_path(pid, scratch, name)?;
+    let tmp = p.call("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_ALLOW_SEALING as u64])?;
+    crate::fdstate::fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc {
+        pid,
+        what: "memfd contents",
+        source: e,
+    })?;
+    if size != bytes.len() as u64 {
+        p.call("ftruncate (memfd)", libc::SYS_ftruncate, &[tmp, size])?;
+    }
+    if seals != 0 {
+        p.call("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[tmp, libc::F_ADD_SEALS as u64, seals as u64])?;
+    }
+    Ok(tmp)
+}
+
+/// Open the unnamed file on descriptor `tmp` again with `f`'s flags (its
+/// access mode included) at `f`'s offset, on `f`'s number.
+fn reopen_unnamed(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, tmp: u64) -> Result<()> {
     // An O_TMPFILE keeps O_TMPFILE (which includes O_DIRECTORY) in its
     // flags; O_NOFOLLOW would refuse the /proc/self/fd magic link.
     let strip =
         (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_TMPFILE | libc::O_NOFOLLOW) as u32;
-    let again = write_path(pid, scratch, &format!("/proc/self/fd/{tmp}"))?;
-    let fd = p.call("open (deleted file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
-    p.call("close", libc::SYS_close, &[tmp])?;
+    let again = write_path(p.tid, scratch, &format!("/proc/self/fd/{tmp}"))?;
+    let fd = p.call("open (unnamed file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
     if f.pos > 0 {
         p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
     }
@@ -548,11 +574,30 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         }
         move_fd(p, fd, f.fd, f.flags)?;
     }
+    let ghost = |fd: i32| image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
     for f in &image.fds {
         if let FdKind::Deleted { path, .. } = &f.kind {
-            let bytes = image.ghosts.iter().find(|(fd, _)| *fd == f.fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
-            recreate_ghost(p, scratch, f, path, bytes)?;
+            recreate_ghost(p, scratch, f, path, ghost(f.fd))?;
         }
+    }
+    // Memfds: one new memfd per inode (same name, the checkpoint's contents
+    // and seals), opened again for each of its descriptors.
+    let mut memfds: Vec<(u64, u64)> = Vec::new();
+    for f in &image.fds {
+        let FdKind::Memfd { name, ino, size, seals, .. } = &f.kind else { continue };
+        let made = memfds.iter().find(|(i, _)| i == ino).map(|(_, fd)| *fd);
+        let tmp = match made {
+            Some(tmp) => tmp,
+            None => {
+                let tmp = make_memfd(p, scratch, name, ghost(f.fd), *size, *seals)?;
+                memfds.push((*ino, tmp));
+                tmp
+            }
+        };
+        reopen_unnamed(p, scratch, f, tmp)?;
+    }
+    for (_, tmp) in memfds {
+        p.call("close", libc::SYS_close, &[tmp])?;
     }
     for f in &image.fds {
         match &f.kind {

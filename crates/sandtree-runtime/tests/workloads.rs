@@ -864,6 +864,63 @@ fn fifo_on_layer(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 6c. Memfds: contents, offset, a second read-only descriptor, seals.
+
+const MEMFD_PY: &str = r#"
+m = os.memfd_create('sandtree-state', os.MFD_ALLOW_SEALING)
+os.write(m, b'checkpoint-data')
+os.lseek(m, 3, os.SEEK_SET)
+ro = os.open('/proc/self/fd/%d' % m, os.O_RDONLY)
+sealed = os.memfd_create('frozen', os.MFD_ALLOW_SEALING)
+os.write(sealed, b'frozen')
+fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+plain = os.memfd_create('plain', 0)
+
+def show(fd):
+    return '%s:%r@%d' % (os.readlink('/proc/self/fd/%d' % fd), os.pread(fd, 64, 0), os.lseek(fd, 0, os.SEEK_CUR))
+
+def handle(cmd):
+    if cmd == 'state':
+        same = os.fstat(ro).st_ino == os.fstat(m).st_ino
+        ro_mode = fcntl.fcntl(ro, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        return '%s %s same=%s ro=%s seals=%d,%d' % (show(m), show(sealed), same, ro_mode,
+            fcntl.fcntl(sealed, fcntl.F_GET_SEALS), fcntl.fcntl(plain, fcntl.F_GET_SEALS))
+    if cmd == 'mutate':
+        os.pwrite(m, b'MUTATED', 0)
+        os.ftruncate(m, 9)
+        os.lseek(m, 1, os.SEEK_SET)
+        return '%s via-ro=%r' % (show(m), os.pread(ro, 64, 0))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// Memfds come back with their names, contents, sizes, offsets, seals, and
+/// two descriptors of one memfd still share it.
+fn memfd_state(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, MEMFD_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        let want = "/memfd:sandtree-state (deleted):b'checkpoint-data'@3 /memfd:frozen (deleted):b'frozen'@6 \
+                    same=True ro=True seals=11,1";
+        ensure!(at_ck == want, "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq(
+                "mutated",
+                &w.ask(e, "mutate").await?,
+                "/memfd:sandtree-state (deleted):b'MUTATEDin'@1 via-ro=b'MUTATEDin'",
+            );
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 7. A unix socketpair with bytes in flight, and a listening unix socket.
 
 const UNIX_PY: &str = r#"
@@ -1716,6 +1773,7 @@ fn main() {
         ("file_offset", file_offset),
         ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
         ("fifo_on_layer", fifo_on_layer),
+        ("memfd_state", memfd_state),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),
         ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
