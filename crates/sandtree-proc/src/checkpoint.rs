@@ -14,9 +14,11 @@ use crate::{Error, Result, procfs};
 /// Armed interval timers: (which, raw `struct itimerval`).
 type Itimers = Vec<(i32, Vec<u8>)>;
 
-/// Size of the scratch page mapped into each template (syscall arguments
-/// that are pointers: paths, `clone_args`).
-pub(crate) const SCRATCH: u64 = 4096;
+/// Size of the scratch mapping of each template: a page for the pointer
+/// arguments of single injected syscalls (paths, `clone_args`), then the
+/// area of batched ones (`batch.rs`: data, results, code). Mapped
+/// read-write-execute; a restore unmaps it from the restored process.
+pub(crate) const SCRATCH: u64 = crate::batch::BATCH_OFFSET + crate::batch::BATCH_SIZE;
 
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
@@ -696,7 +698,7 @@ fn prepare(t: &mut Template) -> Result<()> {
     let child = t.host;
     let image = &t.image;
     let tpl = &mut t.tracee;
-    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
     let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
     // Pin nothing of the tree this checkpoint's layer will be replaced by:

@@ -199,6 +199,29 @@ impl Tracee {
         }
     }
 
+    /// Run the code at `entry` (a batch program, `batch.rs`) until it stops
+    /// itself with `SIGSTOP`, which is dropped; every signal is blocked
+    /// meanwhile, as for [`Tracee::syscall`].
+    pub(crate) fn run_code(&mut self, entry: u64) -> Result<()> {
+        let tid = self.tid;
+        self.block_signals()?;
+        let mut r = self.saved;
+        r.rip = entry;
+        r.orig_rax = u64::MAX;
+        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        loop {
+            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+                Stop::Signal(sig) if sig == libc::SIGSTOP => return Ok(()),
+                Stop::Signal(sig) => self.held.push(sig),
+                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+                Stop::Event { .. } | Stop::Syscall => {}
+            }
+            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        }
+    }
+
     /// [`Tracee::syscall`] that turns `-errno` into an error naming `what`.
     pub fn call(&mut self, what: &'static str, nr: i64, args: &[u64]) -> Result<u64> {
         let out = self.syscall(nr, args)?;

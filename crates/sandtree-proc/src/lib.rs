@@ -57,6 +57,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+mod batch;
 mod checkpoint;
 pub mod fdstate;
 mod holder;

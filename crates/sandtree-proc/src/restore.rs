@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
+use crate::batch::{Arg, Backoff, Batch};
 use crate::checkpoint::SCRATCH;
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, ProcessImage};
@@ -15,8 +16,6 @@ use crate::{Error, Result};
 
 use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
-/// How long a restore waits for a killed process to release an inet port.
-const PORT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
@@ -25,35 +24,6 @@ const CLONE_ARGS_SIZE: u64 = 88;
 const SET_TID_OFFSET: u64 = 128;
 /// Where in the scratch page paths go.
 const PATH_OFFSET: u64 = 256;
-
-/// Waits between tries for something a killed process still holds (its
-/// pid, a port): naps from `first` µs, doubling up to `max` µs, for at most
-/// `wait` in all.
-struct Backoff {
-    nap: std::time::Duration,
-    max: std::time::Duration,
-    deadline: std::time::Instant,
-}
-
-impl Backoff {
-    fn new(first_us: u64, max_us: u64, wait: std::time::Duration) -> Backoff {
-        Backoff {
-            nap: std::time::Duration::from_micros(first_us),
-            max: std::time::Duration::from_micros(max_us),
-            deadline: std::time::Instant::now() + wait,
-        }
-    }
-
-    /// Sleeps before the next try; `false` (no sleep) once the time is up.
-    fn snooze(&mut self) -> bool {
-        if std::time::Instant::now() >= self.deadline {
-            return false;
-        }
-        std::thread::sleep(self.nap);
-        self.nap = (self.nap * 2).min(self.max);
-        true
-    }
-}
 
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
@@ -204,7 +174,7 @@ fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
 fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
     let mut bytes = path.as_bytes().to_vec();
     bytes.push(0);
-    if bytes.len() as u64 > SCRATCH - PATH_OFFSET {
+    if bytes.len() as u64 > crate::batch::BATCH_OFFSET - PATH_OFFSET {
         return Err(Error::unsupported(pid, "", "path", format!("path too long to reopen: {path}")));
     }
     ptrace::write_mem(pid, scratch + PATH_OFFSET, &bytes).map_err(ptrace_err(pid, "write path"))?;
@@ -424,8 +394,9 @@ fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path:
         what: "deleted file contents",
         source: e,
     })?;
-    reopen_unnamed(p, scratch, f, tmp)?;
-    p.call("close", libc::SYS_close, &[tmp]).map(|_| ())
+    // `tmp` may have the number the file had (closed by the template's
+    // set-up): closed before the new descriptor moves there.
+    reopen_unnamed(p, scratch, f, tmp, true)
 }
 
 /// A memfd named `name` holding `bytes` (`size` long) with `seals`, on a
@@ -449,14 +420,18 @@ fn make_memfd(p: &mut Tracee, scratch: u64, name: &str, bytes: &[u8], size: u64,
 }
 
 /// Open the unnamed file on descriptor `tmp` again with `f`'s flags (its
-/// access mode included) at `f`'s offset, on `f`'s number.
-fn reopen_unnamed(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, tmp: u64) -> Result<()> {
+/// access mode included) at `f`'s offset, on `f`'s number (closing `tmp`
+/// first if `close_tmp`).
+fn reopen_unnamed(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, tmp: u64, close_tmp: bool) -> Result<()> {
     // An O_TMPFILE keeps O_TMPFILE (which includes O_DIRECTORY) in its
     // flags; O_NOFOLLOW would refuse the /proc/self/fd magic link.
     let strip =
         (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_TMPFILE | libc::O_NOFOLLOW) as u32;
     let again = write_path(p.tid, scratch, &format!("/proc/self/fd/{tmp}"))?;
     let fd = p.call("open (unnamed file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
+    if close_tmp {
+        p.call("close", libc::SYS_close, &[tmp])?;
+    }
     if f.pos > 0 {
         p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
     }
@@ -488,92 +463,83 @@ fn socket_type(kind: i32, flags: u32) -> u64 {
 }
 
 /// A bound inet socket (a listener, or a bound datagram socket) made anew
-/// with its address and options, on its old descriptor number.
-fn rebind_inet(
-    p: &mut Tracee,
-    scratch: u64,
-    fd: i32,
-    flags: u32,
-    stream: bool,
-    listening: bool,
-    b: &crate::model::InetBinding,
-) -> Result<()> {
-    let pid = p.tid;
-    let family = u16::from_ne_bytes([b.sockaddr[0], b.sockaddr[1]]) as u64;
+/// with its address and options, on its old descriptor number (added to
+/// `b`).
+fn rebind_inet(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool, bind: &crate::model::InetBinding) {
+    let family = u16::from_ne_bytes([bind.sockaddr[0], bind.sockaddr[1]]) as u64;
     let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }, flags);
-    let new = p.call("socket (inet)", libc::SYS_socket, &[family, ty, 0])?;
-    let one = scratch + 2040;
-    ptrace::write_mem(pid, one, &1i32.to_ne_bytes()).map_err(ptrace_err(pid, "write option"))?;
+    let new = b.call("socket (inet)", libc::SYS_socket, &[Arg::Val(family), Arg::Val(ty), Arg::Val(0)]);
     let mut opts = Vec::new();
-    if b.reuse_addr {
+    if bind.reuse_addr {
         opts.push((libc::SOL_SOCKET, libc::SO_REUSEADDR));
     }
-    if b.reuse_port {
+    if bind.reuse_port {
         opts.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
     }
-    if b.v6only && family == libc::AF_INET6 as u64 {
+    if bind.v6only && family == libc::AF_INET6 as u64 {
         opts.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
     }
+    let one = b.data(&1i32.to_ne_bytes());
     for (level, name) in opts {
-        p.call("setsockopt", libc::SYS_setsockopt, &[new, level as u64, name as u64, one, 4])?;
+        let args = [new, Arg::Val(level as u64), Arg::Val(name as u64), one, Arg::Val(4)];
+        b.call("setsockopt", libc::SYS_setsockopt, &args);
     }
-    ptrace::write_mem(pid, scratch + 1024, &b.sockaddr).map_err(ptrace_err(pid, "write sockaddr"))?;
+    let addr = b.data(&bind.sockaddr);
     // A process killed by this rollback may still hold the port: it closes
     // its descriptors only after its memory is torn down (milliseconds for
-    // a large one): wait for it, briefly. (A port still in use past that is
-    // someone else's, e.g. a listener shared with a process restored just
-    // before, which is not supported: the rollback then restarts.)
-    let mut backoff = Backoff::new(50, 1000, PORT_WAIT);
-    loop {
-        let out = p.syscall(libc::SYS_bind, &[new, scratch + 1024, b.sockaddr.len() as u64])?;
-        match out.ret {
-            0 => break,
-            r if r == -(libc::EADDRINUSE as i64) && backoff.snooze() => {}
-            r => {
-                return Err(Error::Remote {
-                    pid,
-                    call: "bind (inet)",
-                    errno: std::io::Error::from_raw_os_error(-r as i32),
-                });
-            }
-        }
-    }
+    // a large one): the bind is retried for a while. (A port still in use
+    // past that is someone else's, e.g. a listener shared with a process
+    // restored just before, which is not supported: the rollback then
+    // restarts.)
+    b.call_retrying_in_use("bind (inet)", libc::SYS_bind, &[new, addr, Arg::Val(bind.sockaddr.len() as u64)]);
     if listening {
-        p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+        b.call("listen", libc::SYS_listen, &[new, Arg::Val(libc::SOMAXCONN as u64)]);
     }
-    move_fd(p, new, fd, flags)?;
-    Ok(())
+    b.move_fd(new, fd, flags);
 }
 
-/// In the new process: cwd, layer files, session, scratch page.
 fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via_standby: bool) -> Result<()> {
-    let pid = p.tid;
-    let path = write_path(pid, scratch, &image.cwd)?;
-    p.call("chdir", libc::SYS_chdir, &[path])?;
+    // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
+    // inet sockets. Then one at a time what needs the daemon between calls
+    // (deleted files and memfds filled through /proc, unix listeners, epoll
+    // watch lists); then the rest batched again.
+    let mut b = Batch::new(scratch);
+    let cwd = b.path(&image.cwd);
+    b.call("chdir", libc::SYS_chdir, &[cwd]);
+    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
     for f in &image.fds {
-        let FdKind::LayerFile { path, .. } = &f.kind else { continue };
-        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
-        let flags = f.flags & !strip;
-        let addr = write_path(pid, scratch, path)?;
-        let fd = p.call("open", libc::SYS_open, &[addr, flags as u64, 0])?;
-        if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
-            p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
+        match &f.kind {
+            FdKind::LayerFile { path, .. } => {
+                let path = b.path(path);
+                let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
+                if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
+                    b.call("lseek", libc::SYS_lseek, &[fd, Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)]);
+                }
+                b.move_fd(fd, f.fd, f.flags);
+            }
+            FdKind::Fifo { path, on_layer: true, .. } => {
+                // Non-blocking, so that the open does not wait for a peer
+                // (the restore holds the other end open); the mode as it
+                // was after.
+                let path = b.path(path);
+                let flags = (f.flags & !strip) | libc::O_NONBLOCK as u32;
+                let fd = b.call("open (named pipe)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
+                if f.flags & libc::O_NONBLOCK as u32 == 0 {
+                    let args = [fd, Arg::Val(libc::F_SETFL as u64), Arg::Val((f.flags & !strip) as u64)];
+                    b.call("fcntl(F_SETFL)", libc::SYS_fcntl, &args);
+                }
+                b.move_fd(fd, f.fd, f.flags);
+            }
+            FdKind::Socket { inet: Some(bind), stream, listening, .. } => {
+                rebind_inet(&mut b, f.fd, f.flags, *stream, *listening, bind);
+            }
+            _ => continue,
         }
-        move_fd(p, fd, f.fd, f.flags)?;
-    }
-    for f in &image.fds {
-        let FdKind::Fifo { path, on_layer: true, .. } = &f.kind else { continue };
-        // Non-blocking, so that the open does not wait for a peer (the
-        // restore holds the other end open); the mode as it was after.
-        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
-        let addr = write_path(pid, scratch, path)?;
-        let flags = (f.flags & !strip) | libc::O_NONBLOCK as u32;
-        let fd = p.call("open (named pipe)", libc::SYS_open, &[addr, flags as u64, 0])?;
-        if f.flags & libc::O_NONBLOCK as u32 == 0 {
-            p.call("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, libc::F_SETFL as u64, (f.flags & !strip) as u64])?;
+        if b.is_full() {
+            p.run_batch(&mut b)?;
         }
-        move_fd(p, fd, f.fd, f.flags)?;
     }
+    p.run_batch(&mut b)?;
     let ghost = |fd: i32| image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
     for f in &image.fds {
         if let FdKind::Deleted { path, .. } = &f.kind {
@@ -594,20 +560,16 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
                 tmp
             }
         };
-        reopen_unnamed(p, scratch, f, tmp)?;
+        reopen_unnamed(p, scratch, f, tmp, false)?;
     }
     for (_, tmp) in memfds {
         p.call("close", libc::SYS_close, &[tmp])?;
     }
     for f in &image.fds {
-        match &f.kind {
-            FdKind::Socket { inet: Some(b), stream, listening, .. } => {
-                rebind_inet(p, scratch, f.fd, f.flags, *stream, *listening, b)?;
-            }
-            FdKind::Socket { listening: true, bound: Some(path), stream, .. } if !path.starts_with("/proc/") => {
-                rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
-            }
-            _ => {}
+        if let FdKind::Socket { listening: true, bound: Some(path), stream, inet: None, .. } = &f.kind
+            && !path.starts_with("/proc/")
+        {
+            rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
         }
     }
     // Watch lists after the descriptors they name exist again.
@@ -619,10 +581,11 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         .collect();
     for f in &image.fds {
         if let FdKind::AnonInode { state: Some(AnonState::Signalfd { mask }), .. } = &f.kind {
-            ptrace::write_mem(pid, scratch + 1024, &mask.to_ne_bytes()).map_err(ptrace_err(pid, "write mask"))?;
-            p.call("signalfd4 (mask)", libc::SYS_signalfd4, &[f.fd as u64, scratch + 1024, 8, 0])?;
+            let mask = b.data(&mask.to_ne_bytes());
+            b.call("signalfd4 (mask)", libc::SYS_signalfd4, &[Arg::Val(f.fd as u64), mask, Arg::Val(8), Arg::Val(0)]);
         }
     }
+    p.run_batch(&mut b)?;
     for f in &image.fds {
         if let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind {
             restore_epoll(p, scratch, template, f.fd, watches, &signalfds)?;
@@ -631,51 +594,55 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
     if image.ppid != 1 {
         // Best effort for a child of another process: a child of init now,
         // in a session of its own (the template left the parent's).
-        p.call("setsid", libc::SYS_setsid, &[])?;
+        b.call("setsid", libc::SYS_setsid, &[]);
     } else if image.sid == image.pid {
         // The session of the template is the dead original's: start a new
         // one under the same number, and take the terminal back.
-        p.call("setsid", libc::SYS_setsid, &[])?;
+        b.call("setsid", libc::SYS_setsid, &[]);
         if image.has_tty
             && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
                 FdKind::KeptFile { path } => path.starts_with("/dev/pts/") || path == "/dev/console",
                 _ => false,
             })
         {
-            p.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &[tty.fd as u64, libc::TIOCSCTTY, 0])?;
+            let args = [Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSCTTY), Arg::Val(0)];
+            b.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &args);
         }
     } else if image.pgid == image.pid {
-        p.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+        b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
     }
     // What a CLONE_VM child does not keep: the alternate signal stack and
     // the rseq registration (a plain fork keeps both).
     if via_standby {
         if let Some(ss) = &image.altstack {
-            ptrace::write_mem(pid, scratch + 1024, ss).map_err(ptrace_err(pid, "write stack_t"))?;
-            p.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
+            let ss = b.data(ss);
+            b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
         }
         if let Some((area, len, _, sig)) = image.rseq {
-            p.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
+            let args = [Arg::Val(area), Arg::Val(len as u64), Arg::Val(0), Arg::Val(sig as u64)];
+            b.call("rseq", libc::SYS_rseq, &args);
         }
     }
     // Interval timers (a fork does not inherit them either).
     for (which, val) in &image.itimers {
-        ptrace::write_mem(pid, scratch + 1024, val).map_err(ptrace_err(pid, "write itimerval"))?;
-        p.call("setitimer", libc::SYS_setitimer, &[*which as u64, scratch + 1024, 0])?;
+        let val = b.data(val);
+        b.call("setitimer", libc::SYS_setitimer, &[Arg::Val(*which as u64), val, Arg::Val(0)]);
     }
     // Signals pending at the checkpoint (a fork does not inherit them),
     // queued again with their siginfo, to the thread or the process as
     // they were (a process may queue any siginfo to itself).
     for q in &image.queued_signals {
-        let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(pid, scratch + 1024, &q.siginfo).map_err(ptrace_err(pid, "write siginfo"))?;
-        let me = image.pid as u64;
+        let sig = Arg::Val(u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64);
+        let info = b.data(&q.siginfo);
+        let me = Arg::Val(image.pid as u64);
         if q.shared {
-            p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
+            b.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, info]);
         } else {
-            p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, scratch + 1024])?;
+            b.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, info]);
         }
     }
+    p.run_batch(&mut b)?;
+    // Not in a batch: the batch's code is in the scratch mapping.
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
     Ok(())
 }
