@@ -87,9 +87,18 @@ pub(crate) enum Arg {
 
 #[derive(Debug)]
 enum Op {
-    Call { what: &'static str, nr: i64, args: Vec<Arg>, retry_in_use: bool },
+    Call {
+        what: &'static str,
+        nr: i64,
+        args: Vec<Arg>,
+        retry_in_use: bool,
+    },
     /// Jump over the next `calls` calls if the result of call `ret` is `value`.
-    SkipIfEq { ret: usize, value: i32, calls: usize },
+    SkipIfEq {
+        ret: usize,
+        value: i32,
+        calls: usize,
+    },
 }
 
 /// Syscalls to run in one round trip (see the module docs).
@@ -339,8 +348,11 @@ impl Tracee {
             ptrace::write_mem(tid, code_addr, &code).map_err(werr)?;
             self.run_code(code_addr)?;
             let mut raw = vec![0u8; 8 * batch.calls];
-            ptrace::read_mem(tid, batch.results_addr(), &mut raw)
-                .map_err(|e| Error::Ptrace { pid: tid, op: "read batch results", source: e })?;
+            ptrace::read_mem(tid, batch.results_addr(), &mut raw).map_err(|e| Error::Ptrace {
+                pid: tid,
+                op: "read batch results",
+                source: e,
+            })?;
             let results: Vec<i64> =
                 raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
             let Some(failed) = (from..batch.calls).find(|&i| results[i] < 0) else {

@@ -56,8 +56,8 @@
 
 #![forbid(unsafe_code)]
 
-pub mod check;
 mod batch;
+pub mod check;
 mod checkpoint;
 pub mod fdstate;
 mod holder;

@@ -232,6 +232,9 @@ pub(crate) struct Inner {
     pub(crate) alive: watch::Receiver<bool>,
     pub(crate) background: BackgroundTable,
     pub(crate) sessions: SessionTable,
+    /// A freeze was asked for and no thaw succeeded since: only then does a
+    /// rollback write the freezer (~0.1 ms) before it talks to init.
+    pub(crate) maybe_frozen: std::sync::atomic::AtomicBool,
 }
 
 /// How long init may take to kill the other processes and swap its root.
@@ -356,6 +359,8 @@ impl Sandbox {
                 alive: alive_rx,
                 background: BackgroundTable::default(),
                 sessions: SessionTable::default(),
+                // A sandbox is thawed before it is adopted.
+                maybe_frozen: std::sync::atomic::AtomicBool::new(false),
             }),
             tasks: vec![reader, watcher],
         };
@@ -413,6 +418,7 @@ impl Sandbox {
 
     /// Freeze every process of the sandbox.
     pub fn freeze(&self, timeout: Duration) -> Result<()> {
+        self.inner.maybe_frozen.store(true, std::sync::atomic::Ordering::SeqCst);
         match self.inner.cgroup.freeze(timeout) {
             Ok(()) => Ok(()),
             Err(crate::cgroup::Error::FreezeTimeout { stuck, .. }) => Err(Error::FreezeTimeout { stuck }),
@@ -422,7 +428,15 @@ impl Sandbox {
 
     /// Thaw the sandbox.
     pub fn thaw(&self) -> Result<()> {
-        Ok(self.inner.cgroup.thaw()?)
+        self.inner.cgroup.thaw()?;
+        self.inner.maybe_frozen.store(false, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// [`Sandbox::thaw`] if a freeze may still hold (a checkpoint whose
+    /// thaw failed): a frozen init would never answer.
+    fn thaw_if_frozen(&self) -> Result<()> {
+        if self.inner.maybe_frozen.load(std::sync::atomic::Ordering::SeqCst) { self.thaw() } else { Ok(()) }
     }
 
     /// Resource usage.
@@ -454,7 +468,7 @@ impl Sandbox {
     /// (they die while the daemon builds the new layers; pids in `restore`
     /// are brought back by the daemon, their old exits are not reported).
     pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
-        self.thaw()?;
+        self.thaw_if_frozen()?;
         self.simple_request(Request::KillAll { keep, restore }, "kill before rollback").await
     }
 
@@ -493,7 +507,7 @@ impl Sandbox {
         restore: Vec<i32>,
     ) -> Result<()> {
         // A frozen init (a checkpoint whose thaw failed) would never answer.
-        self.thaw()?;
+        self.thaw_if_frozen()?;
         let mut sessions = self.inner.sessions.pids();
         sessions.retain(|(_, pid)| !restore.contains(pid));
         let sessions: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
