@@ -248,8 +248,9 @@ impl Batch {
         (self.results_addr() + 8 * self.calls as u64).next_multiple_of(16)
     }
 
-    /// The program from call `from` on (earlier calls ran already).
-    fn assemble(&self, from: usize) -> Vec<u8> {
+    /// The program from call `from` on (earlier calls ran already), and
+    /// the offset in it where the tracee stops (after its `tgkill`).
+    fn assemble(&self, from: usize) -> (Vec<u8>, usize) {
         let results = self.results_addr();
         let mut code = Vec::new();
         let mut patches = Vec::new();
@@ -312,6 +313,7 @@ impl Batch {
         mov_imm(&mut code, Reg::Rdx, libc::SIGSTOP as u64);
         mov_imm(&mut code, Reg::Rax, libc::SYS_tgkill as u64);
         code.extend_from_slice(&SYSCALL);
+        let stop = code.len();
         code.extend_from_slice(&[0xeb, 0xfe]);
         for p in patches {
             let to = match p.to {
@@ -321,7 +323,7 @@ impl Batch {
             let rel = to as i64 - (p.at as i64 + 4);
             code[p.at..p.at + 4].copy_from_slice(&(rel as i32).to_le_bytes());
         }
-        code
+        (code, stop)
     }
 }
 
@@ -337,7 +339,7 @@ impl Tracee {
         let mut backoff: Option<Backoff> = None;
         let werr = |e| Error::Ptrace { pid: tid, op: "write batch", source: e };
         loop {
-            let code = batch.assemble(from);
+            let (code, stop) = batch.assemble(from);
             let code_addr = batch.code_addr();
             if code_addr + code.len() as u64 > batch.base + BATCH_SIZE {
                 return Err(Error::unsupported(tid, "", "restore", "too many calls in one batch (a bug)"));
@@ -346,7 +348,7 @@ impl Tracee {
             let zeros = vec![0u8; 8 * (batch.calls - from)];
             ptrace::write_mem(tid, batch.results_addr() + 8 * from as u64, &zeros).map_err(werr)?;
             ptrace::write_mem(tid, code_addr, &code).map_err(werr)?;
-            self.run_code(code_addr)?;
+            self.run_code(code_addr, code_addr + stop as u64)?;
             let mut raw = vec![0u8; 8 * batch.calls];
             ptrace::read_mem(tid, batch.results_addr(), &mut raw).map_err(|e| Error::Ptrace {
                 pid: tid,
@@ -393,7 +395,7 @@ mod tests {
         let fd = b.call("socket", libc::SYS_socket, &[Arg::Val(2), Arg::Val(1), Arg::Val(0)]);
         b.move_fd(fd, 3, 0);
         b.call("setsid", libc::SYS_setsid, &[]);
-        let code = b.assemble(0);
+        let (code, _) = b.assemble(0);
         // The skip's je lands on the setsid call: the bytes there load rax
         // with SYS_setsid (the call has no arguments).
         let je = code.windows(2).position(|w| w == [0x0f, 0x84]).expect("je");
@@ -409,8 +411,8 @@ mod tests {
         let mut b = Batch::new(0x10000);
         b.call("getpid", libc::SYS_getpid, &[]);
         b.call("getppid", libc::SYS_getppid, &[]);
-        let all = b.assemble(0);
-        let rest = b.assemble(1);
+        let (all, _) = b.assemble(0);
+        let (rest, _) = b.assemble(1);
         assert!(rest.len() < all.len());
         assert_eq!(u64::from_le_bytes(rest[2..10].try_into().unwrap()), libc::SYS_getppid as u64);
     }

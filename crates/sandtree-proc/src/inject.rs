@@ -200,9 +200,11 @@ impl Tracee {
     }
 
     /// Run the code at `entry` (a batch program, `batch.rs`) until it stops
-    /// itself with `SIGSTOP`, which is dropped; every signal is blocked
-    /// meanwhile, as for [`Tracee::syscall`].
-    pub(crate) fn run_code(&mut self, entry: u64) -> Result<()> {
+    /// itself with `SIGSTOP` with `rip` at `stop_at`; that `SIGSTOP` is
+    /// dropped (another one, e.g. a queued signal put back, is held and
+    /// sent again at the release). Every signal is blocked meanwhile, as
+    /// for [`Tracee::syscall`].
+    pub(crate) fn run_code(&mut self, entry: u64, stop_at: u64) -> Result<()> {
         let tid = self.tid;
         self.block_signals()?;
         let mut r = self.saved;
@@ -212,7 +214,12 @@ impl Tracee {
         ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
         loop {
             match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
-                Stop::Signal(sig) if sig == libc::SIGSTOP => return Ok(()),
+                Stop::Signal(sig) if sig == libc::SIGSTOP => {
+                    if ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?.rip == stop_at {
+                        return Ok(());
+                    }
+                    self.held.push(sig);
+                }
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
