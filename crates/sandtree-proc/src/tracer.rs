@@ -433,9 +433,12 @@ impl Tracer {
     }
 
     /// Kill the holders of processes that are gone (after a rollback:
-    /// their memory is torn down in the background).
+    /// their memory is torn down in the background). Queued: the caller
+    /// does not wait for it.
     pub fn retire_holders(&self) -> Result<()> {
-        self.call(|st| crate::holder::retire(&mut st.holders, &mut st.dying))
+        let job: Job = Box::new(|st| crate::holder::retire(&mut st.holders, &mut st.dying));
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(Error::TracerGone)?;
+        tx.send(job).map_err(|_| Error::TracerGone)
     }
 
     /// What the pool holds for `ck` (`None`: no templates).

@@ -111,9 +111,10 @@ impl Engine {
                     waiting.await.map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
                     tracing::debug!(sandbox = id, waited = ?t_wait.elapsed(), "killed processes gone");
                     // The killed processes' memory, kept by their holders so
-                    // that they died at once, is torn down from now on.
+                    // that they died at once, is torn down from now on (the
+                    // tracer does it after the reply; not waited for).
                     if let Some(t) = &tracer {
-                        let _ = crate::engine::block(|| t.retire_holders());
+                        let _ = t.retire_holders();
                     }
                     tracing::debug!(
                         sandbox = id,
@@ -151,7 +152,10 @@ impl Engine {
             Ok(()) => None,
             Err(e) => Some(format!("rolled back, but its processes failed to start: {e}")),
         };
-        self.meta.set_sandbox_state(id, DesiredState::Running, reason.as_deref())?;
+        // Usually unchanged (running, no reason): no write then.
+        if rec.state != DesiredState::Running || rec.status_reason != reason {
+            self.meta.set_sandbox_state(id, DesiredState::Running, reason.as_deref())?;
+        }
         rec2.status_reason = reason;
         booted?;
         // Rolled back once, likely again (tree search): prepare the next one.
