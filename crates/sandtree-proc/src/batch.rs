@@ -14,7 +14,7 @@
 //!                    rax := nr; syscall; results[i] := rax
 //!                    if rax < 0: jump to end
 //! a skip (move_fd):  if results[k] == fd: jump over the next calls
-//! end:               tgkill(getpid(), getpid(), SIGSTOP); jmp $
+//! end:               tgkill(getpid(), gettid(), SIGSTOP); jmp $
 //! ```
 //!
 //! The tracee runs it with `PTRACE_CONT` (every signal blocked, as for any
@@ -37,9 +37,11 @@ use crate::{Error, Result};
 /// Where the batch area starts in the scratch mapping.
 pub(crate) const BATCH_OFFSET: u64 = 4096;
 /// Its size.
-pub(crate) const BATCH_SIZE: u64 = 12 * 1024;
+pub(crate) const BATCH_SIZE: u64 = 16 * 1024;
 /// A batch whose area grows past this is run before more is added (at a
-/// boundary where no later call needs an earlier result).
+/// boundary where no later call needs an earlier result). The room above
+/// it takes the largest unit added at once (a descriptor: a path of up to
+/// 4 KiB and a few calls).
 pub(crate) const BATCH_FLUSH: usize = 8 * 1024;
 
 /// Waits between tries for something a killed process still holds (its
@@ -106,6 +108,10 @@ enum Op {
 pub(crate) struct Batch {
     /// Address of the batch area in the tracee.
     base: u64,
+    /// The area is executable. If not (a process that may not map
+    /// writable code: `PR_SET_MDWE`, a seccomp or SELinux rule), the calls
+    /// run one injected syscall at a time, with the same results.
+    exec: bool,
     ops: Vec<Op>,
     data: Vec<u8>,
     calls: usize,
@@ -179,9 +185,16 @@ enum Target {
 }
 
 impl Batch {
-    /// A batch whose area is at `scratch` + [`BATCH_OFFSET`].
-    pub(crate) fn new(scratch: u64) -> Batch {
-        Batch { base: scratch + BATCH_OFFSET, ops: Vec::new(), data: Vec::new(), calls: 0 }
+    /// A batch whose area is at `scratch` + [`BATCH_OFFSET`] (executable
+    /// or not: `exec`).
+    pub(crate) fn new(scratch: u64, exec: bool) -> Batch {
+        Batch { base: scratch + BATCH_OFFSET, exec, ops: Vec::new(), data: Vec::new(), calls: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.ops.clear();
+        self.data.clear();
+        self.calls = 0;
     }
 
     /// Bytes the program needs in the tracee's memory (the data area): the
@@ -305,10 +318,12 @@ impl Batch {
         }
         let end = code.len();
         starts.push(end);
-        // tgkill(getpid(), getpid(), SIGSTOP); jmp $
+        // tgkill(getpid(), gettid(), SIGSTOP); jmp $
         mov_imm(&mut code, Reg::Rax, libc::SYS_getpid as u64);
         code.extend_from_slice(&SYSCALL);
         mov_from_rax(&mut code, Reg::Rdi);
+        mov_imm(&mut code, Reg::Rax, libc::SYS_gettid as u64);
+        code.extend_from_slice(&SYSCALL);
         mov_from_rax(&mut code, Reg::Rsi);
         mov_imm(&mut code, Reg::Rdx, libc::SIGSTOP as u64);
         mov_imm(&mut code, Reg::Rax, libc::SYS_tgkill as u64);
@@ -334,6 +349,9 @@ impl Tracee {
         if batch.is_empty() {
             return Ok(());
         }
+        if !batch.exec {
+            return self.run_one_by_one(batch);
+        }
         let tid = self.tid;
         let mut from = 0;
         let mut backoff: Option<Backoff> = None;
@@ -358,9 +376,7 @@ impl Tracee {
             let results: Vec<i64> =
                 raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
             let Some(failed) = (from..batch.calls).find(|&i| results[i] < 0) else {
-                batch.ops.clear();
-                batch.data.clear();
-                batch.calls = 0;
+                batch.clear();
                 return Ok(());
             };
             let (what, retry) = batch
@@ -385,13 +401,75 @@ impl Tracee {
     }
 }
 
+impl Tracee {
+    /// [`Tracee::run_batch`] without an executable area: each call injected
+    /// on its own (data written to the area first).
+    fn run_one_by_one(&mut self, batch: &mut Batch) -> Result<()> {
+        let tid = self.tid;
+        ptrace::write_mem(tid, batch.base, &batch.data).map_err(|e| Error::Ptrace {
+            pid: tid,
+            op: "write batch data",
+            source: e,
+        })?;
+        let mut results: Vec<i64> = Vec::with_capacity(batch.calls);
+        let mut skip = 0usize;
+        let ops = std::mem::take(&mut batch.ops);
+        for op in &ops {
+            match op {
+                Op::SkipIfEq { ret, value, calls } => {
+                    if results.get(*ret) == Some(&(*value as i64)) {
+                        skip = *calls;
+                    }
+                }
+                Op::Call { what, nr, args, retry_in_use } => {
+                    if skip > 0 {
+                        skip -= 1;
+                        results.push(0);
+                        continue;
+                    }
+                    let args: Vec<u64> = args
+                        .iter()
+                        .map(|a| match *a {
+                            Arg::Val(v) => v,
+                            Arg::Data(off) => batch.base + off as u64,
+                            Arg::Ret(k) => results.get(k).copied().unwrap_or(-1) as u64,
+                        })
+                        .collect();
+                    let mut backoff: Option<Backoff> = None;
+                    let ret = loop {
+                        let ret = self.syscall(*nr, &args)?.ret;
+                        let in_use = ret == -(libc::EADDRINUSE as i64);
+                        if !(*retry_in_use
+                            && in_use
+                            && backoff.get_or_insert_with(|| Backoff::new(50, 1000, PORT_WAIT)).snooze())
+                        {
+                            break ret;
+                        }
+                    };
+                    if ret < 0 {
+                        batch.clear();
+                        return Err(Error::Remote {
+                            pid: tid,
+                            call: what,
+                            errno: std::io::Error::from_raw_os_error(-ret as i32),
+                        });
+                    }
+                    results.push(ret);
+                }
+            }
+        }
+        batch.clear();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn skip_jumps_over_two_calls() {
-        let mut b = Batch::new(0x10000);
+        let mut b = Batch::new(0x10000, true);
         let fd = b.call("socket", libc::SYS_socket, &[Arg::Val(2), Arg::Val(1), Arg::Val(0)]);
         b.move_fd(fd, 3, 0);
         b.call("setsid", libc::SYS_setsid, &[]);
@@ -408,7 +486,7 @@ mod tests {
 
     #[test]
     fn retried_run_starts_at_the_failed_call() {
-        let mut b = Batch::new(0x10000);
+        let mut b = Batch::new(0x10000, true);
         b.call("getpid", libc::SYS_getpid, &[]);
         b.call("getppid", libc::SYS_getppid, &[]);
         let (all, _) = b.assemble(0);

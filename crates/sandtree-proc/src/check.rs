@@ -121,6 +121,9 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
                     ),
                 ));
             }
+            FdKind::Memfd { name, probed: false, .. } => {
+                return Err(no(fd(), format!("memfd {name}: its size, seals or file system could not be read")));
+            }
             FdKind::Memfd { name, hugetlb: true, .. } => {
                 return Err(no(fd(), format!("memfd {name} on huge pages (MFD_HUGETLB is not captured yet)")));
             }

@@ -277,7 +277,7 @@ pub(crate) struct Cloned {
     /// CPU affinity of the original (the template is pinned to the tracer's CPU).
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
-    pipes: Vec<(u64, i32, Vec<u8>)>,
+    pipes: Vec<crate::model::PipeBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
     ghosts: Vec<(i32, Vec<u8>)>,
     /// Its armed interval timers.
@@ -384,11 +384,11 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     let mut failure = None;
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
-    let mut captured_pipes: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
     let mut cloned = std::mem::take(&mut st.cloned).into_iter();
     for mut c in cloned.by_ref() {
         let host = c.host;
-        captured_pipes.extend(std::mem::take(&mut c.pipes).into_iter().map(|(ino, _, bytes)| (ino, bytes)));
+        captured_pipes.extend(std::mem::take(&mut c.pipes));
         match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
@@ -421,19 +421,16 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (not necessarily the process it was first seen in, which may have
     // been refused).
     let mut pipes = Vec::new();
-    let ino_of = |host: i32, f: &crate::model::FdImage| match &f.kind {
-        FdKind::Pipe { ino } => Some(*ino),
-        FdKind::Fifo { .. } => {
-            std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd)).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        }
+    let key_of = |host: i32, f: &crate::model::FdImage| match &f.kind {
+        FdKind::Pipe { .. } | FdKind::Fifo { .. } => pipe_key(host, f.fd).ok(),
         _ => None,
     };
-    for (ino, bytes) in captured_pipes {
-        let holder = made
-            .iter()
-            .find_map(|t| t.image.fds.iter().find(|f| ino_of(t.host, f) == Some(ino)).map(|f| (t.host, f.fd)));
+    for pipe in captured_pipes {
+        let key = Some((pipe.dev, pipe.ino));
+        let holder =
+            made.iter().find_map(|t| t.image.fds.iter().find(|f| key_of(t.host, f) == key).map(|f| (t.host, f.fd)));
         if let Some((host, fd)) = holder {
-            pipes.push((crate::model::PipeBuffer { ino, bytes }, host, fd));
+            pipes.push((pipe, host, fd));
         }
     }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
@@ -461,7 +458,7 @@ fn let_go(s: &Stopped) {
 fn clone_of(
     s: &Stopped,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
-    pipes_seen: &mut HashSet<u64>,
+    pipes_seen: &mut HashSet<(u64, u64)>,
     need_holder: bool,
 ) -> Result<Cloned> {
     let host = s.host;
@@ -500,20 +497,17 @@ fn clone_of(
     }
     let mut pipes = Vec::new();
     for f in &fds {
-        let ino = match &f.kind {
-            FdKind::Pipe { ino } => *ino,
-            FdKind::Fifo { .. } => std::fs::metadata(format!("/proc/{host}/fd/{}", f.fd))
-                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-                .unwrap_or(0),
-            _ => continue,
-        };
-        if pipes_seen.insert(ino) {
-            let bytes = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
+        if !matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
+            continue;
+        }
+        let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
+        if pipes_seen.insert(key) {
+            let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
                 pid: host,
                 what: "pipe contents",
                 source: e,
             })?;
-            pipes.push((ino, f.fd, bytes));
+            pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
         }
     }
     let insn = inject::find_syscall_insn(host)?;
@@ -653,6 +647,14 @@ fn memfds_own(t: &Template, made: &[Template]) -> Result<()> {
     Ok(())
 }
 
+/// (device, inode) of the pipe or FIFO behind descriptor `fd` of `host`:
+/// the two kinds' inode numbers come from different filesystems.
+fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(format!("/proc/{host}/fd/{fd}"))?;
+    Ok((m.dev(), m.ino()))
+}
+
 /// Pass 2 for one template: image and checks ([`prepare`] follows after
 /// the reply).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
@@ -672,7 +674,16 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     check::check(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
-    Ok(Template { image, host: child, ns_pid: c.ns_pid, tracee, scratch: 0, standby: None, no_standby: false })
+    Ok(Template {
+        image,
+        host: child,
+        ns_pid: c.ns_pid,
+        tracee,
+        scratch: 0,
+        scratch_exec: false,
+        standby: None,
+        no_standby: false,
+    })
 }
 
 /// The templates' own set-up, run by the tracer thread after the
@@ -698,9 +709,18 @@ fn prepare(t: &mut Template) -> Result<()> {
     let child = t.host;
     let image = &t.image;
     let tpl = &mut t.tracee;
-    let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+    let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let scratch = tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, prot, mflags, u64::MAX, 0])?;
+    // Executable for batches; a process that may not map writable code
+    // (PR_SET_MDWE, a seccomp or SELinux rule) gets its syscalls one at a
+    // time instead.
+    let rwx = rw | libc::PROT_EXEC as u64;
+    let out = tpl.syscall(libc::SYS_mmap, &[0, SCRATCH, rwx, mflags, u64::MAX, 0])?;
+    let (scratch, exec) = if (-4095..0).contains(&out.ret) {
+        (tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, mflags, u64::MAX, 0])?, false)
+    } else {
+        (out.ret as u64, true)
+    };
     // Pin nothing of the tree this checkpoint's layer will be replaced by:
     // cwd to "/" (pivot_root moves it with the root), layer files closed
     // (reopened by path at restore).
@@ -711,7 +731,7 @@ fn prepare(t: &mut Template) -> Result<()> {
     // file of the old tree) taken after the original closed them.
     for f in &image.fds {
         let recreated = match &f.kind {
-            FdKind::LayerFile { .. } | FdKind::Deleted { .. } => true,
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Fifo { on_layer: true, .. } => true,
             FdKind::Socket { inet: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             _ => false,
@@ -730,5 +750,6 @@ fn prepare(t: &mut Template) -> Result<()> {
     }
     tpl.take_held(); // e.g. SIGCHLD meant for the original
     t.scratch = scratch;
+    t.scratch_exec = exec;
     Ok(())
 }

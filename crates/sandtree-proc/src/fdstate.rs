@@ -39,8 +39,8 @@ fn open_proc_fd(host: i32, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {
 }
 
 /// The bytes buffered in the pipe that `fd` of process `host` refers to,
-/// without consuming them.
-pub fn capture_pipe(host: i32, fd: i32) -> io::Result<Vec<u8>> {
+/// without consuming them, and the pipe's capacity.
+pub fn capture_pipe(host: i32, fd: i32) -> io::Result<(Vec<u8>, usize)> {
     let src = open_proc_fd(host, fd, OFlags::RDONLY)?;
     let size = rustix::pipe::fcntl_getpipe_size(&src)?;
     let (copy_r, copy_w) =
@@ -62,7 +62,7 @@ pub fn capture_pipe(host: i32, fd: i32) -> io::Result<Vec<u8>> {
         }
     }
     out.truncate(got);
-    Ok(out)
+    Ok((out, size))
 }
 
 /// Make the pipe behind `fd` of `host` hold exactly `bytes`.
@@ -109,11 +109,14 @@ pub fn open_fifo(host: i32, path: &str) -> io::Result<OwnedFd> {
 }
 
 /// Make the pipe behind `keeper` (open for reading and writing) hold
-/// exactly `bytes`.
-pub fn fill_pipe(keeper: &OwnedFd, bytes: &[u8]) -> io::Result<()> {
+/// exactly `bytes`, with capacity `size` (at least).
+pub fn fill_pipe(keeper: &OwnedFd, bytes: &[u8], size: usize) -> io::Result<()> {
     drain(keeper)?;
-    if bytes.len() > rustix::pipe::fcntl_getpipe_size(keeper)? {
-        rustix::pipe::fcntl_setpipe_size(keeper, bytes.len())?;
+    let now = rustix::pipe::fcntl_getpipe_size(keeper)?;
+    // (0: not known; only room for the bytes is needed then.)
+    let want = if size == 0 { now.max(bytes.len()) } else { size.max(bytes.len()) };
+    if want != now {
+        rustix::pipe::fcntl_setpipe_size(keeper, want)?;
     }
     std::fs::File::from(keeper.try_clone()?).write_all(bytes)
 }

@@ -220,6 +220,15 @@ impl Tracee {
                     }
                     self.held.push(sig);
                 }
+                // Every other signal is blocked: one that comes is a fault
+                // of the code itself, which would repeat forever.
+                Stop::Signal(sig)
+                    if [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS]
+                        .contains(&sig) =>
+                {
+                    let rip = ptrace::regs(tid).map(|r| r.rip).unwrap_or(0);
+                    return Err(died(tid, &format!("signal {sig} in injected code at {rip:#x}")));
+                }
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),

@@ -340,6 +340,12 @@ pub enum FdKind {
         /// Made with `MFD_HUGETLB` (not captured).
         #[serde(default)]
         hugetlb: bool,
+        /// Its mode bits (`MFD_NOEXEC_SEAL`, `fchmod`).
+        #[serde(default)]
+        mode: u32,
+        /// Seals and file system were read (else it is refused).
+        #[serde(default)]
+        probed: bool,
     },
 }
 
@@ -394,8 +400,14 @@ pub enum AnonState {
 pub struct PipeBuffer {
     /// Pipe inode.
     pub ino: u64,
+    /// Device of the inode (pipefs, or the filesystem of a FIFO).
+    #[serde(default)]
+    pub dev: u64,
     /// Its buffered bytes, oldest first.
     pub bytes: Vec<u8>,
+    /// Its capacity (`F_GETPIPE_SZ`): a FIFO made anew gets it back.
+    #[serde(default)]
+    pub size: usize,
 }
 
 /// One memory mapping (`/proc/pid/maps`).

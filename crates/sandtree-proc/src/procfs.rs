@@ -146,15 +146,16 @@ fn memfd_kind(pidfd: Option<&OwnedFd>, fd: i32, name: &str, link: &Path) -> FdKi
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(link).ok();
     let dup = pidfd.and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok());
-    let seals = dup.as_ref().and_then(|d| rustix::fs::fcntl_get_seals(d).ok()).map(|s| s.bits()).unwrap_or(0);
-    let hugetlb =
-        dup.as_ref().and_then(|d| rustix::fs::fstatfs(d).ok()).is_some_and(|s| s.f_type == libc::HUGETLBFS_MAGIC);
+    let seals = dup.as_ref().and_then(|d| rustix::fs::fcntl_get_seals(d).ok()).map(|s| s.bits());
+    let fs = dup.as_ref().and_then(|d| rustix::fs::fstatfs(d).ok());
     FdKind::Memfd {
         name: name.to_string(),
         ino: meta.as_ref().map(|m| m.ino()).unwrap_or(0),
-        size: meta.map(|m| m.len()).unwrap_or(0),
-        seals,
-        hugetlb,
+        size: meta.as_ref().map(|m| m.len()).unwrap_or(0),
+        seals: seals.unwrap_or(0),
+        hugetlb: fs.as_ref().is_some_and(|s| s.f_type == libc::HUGETLBFS_MAGIC),
+        mode: meta.as_ref().map(|m| m.mode() & 0o7777).unwrap_or(0),
+        probed: seals.is_some() && fs.is_some() && meta.is_some(),
     }
 }
 

@@ -103,7 +103,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
                 _ => None,
             });
         let filled = match layer_fifo.and_then(|path| fifos.get(path)) {
-            Some(keeper) => crate::fdstate::fill_pipe(keeper, &pipe.bytes),
+            Some(keeper) => crate::fdstate::fill_pipe(keeper, &pipe.bytes, pipe.size),
             None => crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes),
         };
         filled.map_err(|e| Error::Proc { pid: *host, what: "pipe contents", source: e })?;
@@ -259,7 +259,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, t.scratch, t.host, via_standby)?;
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, via_standby)?;
         Ok(p)
     })();
     tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
@@ -335,6 +335,7 @@ fn restore_epoll(
     epfd: i32,
     watches: &[(i32, u32, u64)],
     signalfds: &[i32],
+    recreated: &[i32],
 ) -> Result<()> {
     let pid = p.tid;
     let now = crate::procfs::epoll_watches_of(template, epfd).map_err(|e| Error::Proc {
@@ -358,6 +359,10 @@ fn restore_epoll(
     for &(tfd, events, data) in watches {
         let op = match now.iter().find(|w| w.0 == tfd) {
             _ if signalfds.contains(&tfd) => libc::EPOLL_CTL_ADD,
+            // A new file on that number: an entry seen there is the old
+            // file's (its last holder, the killed original, may not be
+            // gone yet), keyed by that file, so the new one is added.
+            _ if recreated.contains(&tfd) => libc::EPOLL_CTL_ADD,
             Some(&(_, e, d)) if e == events && d == data => continue,
             Some(_) => libc::EPOLL_CTL_MOD,
             None => libc::EPOLL_CTL_ADD,
@@ -399,9 +404,16 @@ fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path:
     reopen_unnamed(p, scratch, f, tmp, true)
 }
 
-/// A memfd named `name` holding `bytes` (`size` long) with `seals`, on a
-/// new descriptor of the process (closed by the caller).
-fn make_memfd(p: &mut Tracee, scratch: u64, name: &str, bytes: &[u8], size: u64, seals: u32) -> Result<u64> {
+/// A memfd named `name` holding `bytes` (`size` long, mode bits `mode`)
+/// with `seals`, on a new descriptor of the process (closed by the caller).
+fn make_memfd(
+    p: &mut Tracee,
+    scratch: u64,
+    name: &str,
+    bytes: &[u8],
+    (size, mode): (u64, u32),
+    seals: u32,
+) -> Result<u64> {
     let pid = p.tid;
     let addr = write_path(pid, scratch, name)?;
     let tmp = p.call("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_ALLOW_SEALING as u64])?;
@@ -412,6 +424,9 @@ fn make_memfd(p: &mut Tracee, scratch: u64, name: &str, bytes: &[u8], size: u64,
     })?;
     if size != bytes.len() as u64 {
         p.call("ftruncate (memfd)", libc::SYS_ftruncate, &[tmp, size])?;
+    }
+    if mode != 0o777 {
+        p.call("fchmod (memfd)", libc::SYS_fchmod, &[tmp, mode as u64])?;
     }
     if seals != 0 {
         p.call("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[tmp, libc::F_ADD_SEALS as u64, seals as u64])?;
@@ -498,12 +513,18 @@ fn rebind_inet(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool
     b.move_fd(new, fd, flags);
 }
 
-fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via_standby: bool) -> Result<()> {
+fn fix_up(
+    p: &mut Tracee,
+    image: &ProcessImage,
+    (scratch, exec): (u64, bool),
+    template: i32,
+    via_standby: bool,
+) -> Result<()> {
     // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
     // inet sockets. Then one at a time what needs the daemon between calls
     // (deleted files and memfds filled through /proc, unix listeners, epoll
     // watch lists); then the rest batched again.
-    let mut b = Batch::new(scratch);
+    let mut b = Batch::new(scratch, exec);
     let cwd = b.path(&image.cwd);
     b.call("chdir", libc::SYS_chdir, &[cwd]);
     let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
@@ -550,12 +571,12 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
     // and seals), opened again for each of its descriptors.
     let mut memfds: Vec<(u64, u64)> = Vec::new();
     for f in &image.fds {
-        let FdKind::Memfd { name, ino, size, seals, .. } = &f.kind else { continue };
+        let FdKind::Memfd { name, ino, size, seals, mode, .. } = &f.kind else { continue };
         let made = memfds.iter().find(|(i, _)| i == ino).map(|(_, fd)| *fd);
         let tmp = match made {
             Some(tmp) => tmp,
             None => {
-                let tmp = make_memfd(p, scratch, name, ghost(f.fd), *size, *seals)?;
+                let tmp = make_memfd(p, scratch, name, ghost(f.fd), (*size, *mode), *seals)?;
                 memfds.push((*ino, tmp));
                 tmp
             }
@@ -573,6 +594,18 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         }
     }
     // Watch lists after the descriptors they name exist again.
+    let recreated: Vec<i32> = image
+        .fds
+        .iter()
+        .filter(|f| match &f.kind {
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } => true,
+            FdKind::Fifo { on_layer, .. } => *on_layer,
+            FdKind::Socket { inet: Some(_), .. } => true,
+            FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
+            _ => false,
+        })
+        .map(|f| f.fd)
+        .collect();
     let signalfds: Vec<i32> = image
         .fds
         .iter()
@@ -583,12 +616,15 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         if let FdKind::AnonInode { state: Some(AnonState::Signalfd { mask }), .. } = &f.kind {
             let mask = b.data(&mask.to_ne_bytes());
             b.call("signalfd4 (mask)", libc::SYS_signalfd4, &[Arg::Val(f.fd as u64), mask, Arg::Val(8), Arg::Val(0)]);
+            if b.is_full() {
+                p.run_batch(&mut b)?;
+            }
         }
     }
     p.run_batch(&mut b)?;
     for f in &image.fds {
         if let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind {
-            restore_epoll(p, scratch, template, f.fd, watches, &signalfds)?;
+            restore_epoll(p, scratch, template, f.fd, watches, &signalfds, &recreated)?;
         }
     }
     if image.ppid != 1 {
@@ -628,20 +664,22 @@ fn fix_up(p: &mut Tracee, image: &ProcessImage, scratch: u64, template: i32, via
         let val = b.data(val);
         b.call("setitimer", libc::SYS_setitimer, &[Arg::Val(*which as u64), val, Arg::Val(0)]);
     }
+    p.run_batch(&mut b)?;
     // Signals pending at the checkpoint (a fork does not inherit them),
     // queued again with their siginfo, to the thread or the process as
-    // they were (a process may queue any siginfo to itself).
+    // they were (a process may queue any siginfo to itself). One at a time,
+    // after the batches: a batch ends with a SIGSTOP, which would discard
+    // a pending SIGCONT.
     for q in &image.queued_signals {
-        let sig = Arg::Val(u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64);
-        let info = b.data(&q.siginfo);
-        let me = Arg::Val(image.pid as u64);
+        let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
+        ptrace::write_mem(p.tid, scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
+        let me = image.pid as u64;
         if q.shared {
-            b.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, info]);
+            p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
         } else {
-            b.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, info]);
+            p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, scratch + 1024])?;
         }
     }
-    p.run_batch(&mut b)?;
     // Not in a batch: the batch's code is in the scratch mapping.
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
     Ok(())

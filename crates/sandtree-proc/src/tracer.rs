@@ -47,9 +47,11 @@ pub(crate) struct Template {
     pub ns_pid: i32,
     /// The template itself, in a ptrace stop.
     pub tracee: Tracee,
-    /// Address of its scratch page (0 until it is set up, right after the
-    /// checkpoint's reply).
+    /// Address of its scratch mapping (0 until it is set up, right after
+    /// the checkpoint's reply).
     pub scratch: u64,
+    /// The scratch mapping is executable (batches run there, `batch.rs`).
+    pub scratch_exec: bool,
     /// A fork of the template made between operations (`holder.rs`): a restore
     /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
     /// the restored process's holder.

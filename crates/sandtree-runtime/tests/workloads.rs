@@ -809,6 +809,8 @@ os.mkfifo('/root/ctl')
 r = os.open('/root/ctl', os.O_RDONLY | os.O_NONBLOCK)
 w = os.open('/root/ctl', os.O_WRONLY)
 os.write(w, b'queued')
+ep = select.epoll()
+ep.register(r, select.EPOLLIN)
 
 def avail(fd):
     return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
@@ -832,6 +834,8 @@ def handle(cmd):
         return 'avail=%d writer_blocking=%s at_path=%s' % (avail(r), blocking, at_path)
     if cmd == 'drain':
         return 'got=%r' % drain()
+    if cmd == 'ready':
+        return 'ready=%s' % any(fd == r and ev & select.EPOLLIN for fd, ev in ep.poll(0))
     if cmd == 'mutate':
         drain()
         os.write(w, b'mutated!!')
@@ -843,7 +847,8 @@ serve(handle)
 
 /// A FIFO on the layer comes back with its bytes, reopened in the
 /// rolled-back tree: both ends are the inode at its path (a writer from
-/// outside reaches the restored reader) and keep their modes.
+/// outside reaches the restored reader) and keep their modes, and an epoll
+/// watching it watches the new one.
 fn fifo_on_layer(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, FIFO_PY).await?;
@@ -855,8 +860,12 @@ fn fifo_on_layer(e: &Engine) -> CaseFuture<'_> {
             c.eq("mutated", &w.ask(e, "mutate").await?, "avail=9");
             w.rollback(e, &ck).await?;
             c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("epoll: bytes ready", &w.ask(e, "ready").await?, "ready=True");
+            c.eq("bytes", &w.ask(e, "drain").await?, "got=b'queued'");
+            c.eq("epoll: drained", &w.ask(e, "ready").await?, "ready=False");
             sh(e, &w.sb, "printf ext > /root/ctl").await?;
-            c.eq("bytes, then a new writer's", &w.ask(e, "drain").await?, "got=b'queuedext'");
+            c.eq("epoll: a new writer's bytes", &w.ask(e, "ready").await?, "ready=True");
+            c.eq("a new writer's bytes", &w.ask(e, "drain").await?, "got=b'ext'");
             c.result(round)?;
         }
         w.delete(e).await
