@@ -717,6 +717,7 @@ fn prepare(t: &mut Template) -> Result<()> {
     let rwx = rw | libc::PROT_EXEC as u64;
     let out = tpl.syscall(libc::SYS_mmap, &[0, SCRATCH, rwx, mflags, u64::MAX, 0])?;
     let (scratch, exec) = if (-4095..0).contains(&out.ret) {
+        tracing::debug!(pid = image.pid, errno = -out.ret, "no executable scratch: batched calls run one at a time");
         (tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, mflags, u64::MAX, 0])?, false)
     } else {
         (out.ret as u64, true)

@@ -1456,6 +1456,64 @@ fn deleted_open_files(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// A process that may not map writable code (PR_SET_MDWE): its template's
+// scratch area is not executable, so the restore's batched syscalls run one
+// at a time (`batch.rs`), with the same result.
+
+const MDWE_PY: &str = r#"
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+if libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), 'prctl(PR_SET_MDWE)')
+data = {'n': 1}
+os.chdir('/tmp')
+log = open('/tmp/mdwe.log', 'a+')
+log.write('one\n')
+log.flush()
+
+def rwx_refused():
+    try:
+        mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        return False
+    except OSError:
+        return True
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'n=%d cwd=%s pos=%d mdwe=%s rwx_refused=%s' % (
+            data['n'], os.getcwd(), log.tell(), status('MDWE') if status('MDWE') else '?', rwx_refused())
+    if cmd == 'mutate':
+        data['n'] += 1
+        os.chdir('/')
+        log.write('two\n')
+        log.flush()
+        return 'n=%d' % data['n']
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A process under `PR_SET_MDWE` (no writable code) is restored exactly
+/// (its injected calls run one at a time) and keeps refusing writable code.
+fn no_writable_code(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, MDWE_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck.starts_with("n=1 cwd=/tmp pos=4 ") && at_ck.ends_with("rwx_refused=True"), "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("mutated", &w.ask(e, "mutate").await?, "n=2");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Resources a template must not keep, and states it must refuse.
 
 const WHO_PY: &str = r#"
@@ -1783,6 +1841,7 @@ fn main() {
         ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
         ("fifo_on_layer", fifo_on_layer),
         ("memfd_state", memfd_state),
+        ("no_writable_code", no_writable_code),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),
         ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
