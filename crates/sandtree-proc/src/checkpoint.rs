@@ -731,13 +731,7 @@ fn prepare(t: &mut Template) -> Result<()> {
     // anew, and a template holding them would keep a port (or a socket
     // file of the old tree) taken after the original closed them.
     for f in &image.fds {
-        let recreated = match &f.kind {
-            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Fifo { on_layer: true, .. } => true,
-            FdKind::Socket { inet: Some(_), .. } => true,
-            FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
-            _ => false,
-        };
-        if recreated {
+        if f.kind.recreated() {
             tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
         }
     }

@@ -226,6 +226,31 @@ pub struct FdImage {
     pub mnt_id: i32,
     /// What it refers to.
     pub kind: FdKind,
+    /// A lower-numbered descriptor of the process that is the same open
+    /// file (a `dup`: one offset, one set of status flags), for the kinds
+    /// made anew at a restore: this one is restored as a `dup` of it.
+    #[serde(default)]
+    pub same_as: Option<i32>,
+}
+
+impl FdKind {
+    /// Made anew at a restore (reopened or recreated in the process),
+    /// rather than kept from the template.
+    pub fn recreated(&self) -> bool {
+        match self {
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } => true,
+            FdKind::Fifo { on_layer, .. } => *on_layer,
+            FdKind::Socket { inet: Some(_), .. } => true,
+            FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
+            _ => false,
+        }
+    }
+
+    /// A file made anew by opening (not a socket): a `dup` of one is
+    /// restored as a `dup`.
+    pub fn reopened_file(&self) -> bool {
+        self.recreated() && !matches!(self, FdKind::Socket { .. })
+    }
 }
 
 /// What a descriptor refers to.

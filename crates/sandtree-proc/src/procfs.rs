@@ -353,10 +353,27 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
                 _ => FdKind::OtherMount { path: link },
             }
         };
-        out.push(FdImage { fd, flags: info.flags, pos: info.pos, mnt_id: info.mnt_id, kind });
+        out.push(FdImage { fd, flags: info.flags, pos: info.pos, mnt_id: info.mnt_id, kind, same_as: None });
     }
     out.sort_by_key(|f| f.fd);
+    mark_dups(pid, &mut out);
     Ok(out)
+}
+
+/// Mark the descriptors of `fds` (of process `pid`, sorted by number)
+/// that are `dup`s of lower ones, for the kinds made anew at a restore.
+fn mark_dups(pid: i32, fds: &mut [FdImage]) {
+    for i in 0..fds.len() {
+        if !fds[i].kind.reopened_file() {
+            continue;
+        }
+        let twin = (0..i).find(|&j| {
+            fds[j].same_as.is_none()
+                && fds[j].kind == fds[i].kind
+                && sandtree_sys::process::same_open_file(pid, fds[j].fd, pid, fds[i].fd).unwrap_or(false)
+        });
+        fds[i].same_as = twin.map(|j| fds[j].fd);
+    }
 }
 
 /// The memory map of `pid`.

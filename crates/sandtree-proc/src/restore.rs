@@ -528,7 +528,7 @@ fn fix_up(
     let cwd = b.path(&image.cwd);
     b.call("chdir", libc::SYS_chdir, &[cwd]);
     let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
-    for f in &image.fds {
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         match &f.kind {
             FdKind::LayerFile { path, .. } => {
                 let path = b.path(path);
@@ -562,7 +562,7 @@ fn fix_up(
     }
     p.run_batch(&mut b)?;
     let ghost = |fd: i32| image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
-    for f in &image.fds {
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         if let FdKind::Deleted { path, .. } = &f.kind {
             recreate_ghost(p, scratch, f, path, ghost(f.fd))?;
         }
@@ -570,7 +570,7 @@ fn fix_up(
     // Memfds: one new memfd per inode (same name, the checkpoint's contents
     // and seals), opened again for each of its descriptors.
     let mut memfds: Vec<(u64, u64)> = Vec::new();
-    for f in &image.fds {
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         let FdKind::Memfd { name, ino, size, seals, mode, .. } = &f.kind else { continue };
         let made = memfds.iter().find(|(i, _)| i == ino).map(|(_, fd)| *fd);
         let tmp = match made {
@@ -593,19 +593,15 @@ fn fix_up(
             rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
         }
     }
+    // Dups of descriptors made anew: the same open file again (one offset).
+    for f in &image.fds {
+        if let Some(src) = f.same_as {
+            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
+            b.call("dup3 (dup)", libc::SYS_dup3, &[Arg::Val(src as u64), Arg::Val(f.fd as u64), Arg::Val(cloexec)]);
+        }
+    }
     // Watch lists after the descriptors they name exist again.
-    let recreated: Vec<i32> = image
-        .fds
-        .iter()
-        .filter(|f| match &f.kind {
-            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } => true,
-            FdKind::Fifo { on_layer, .. } => *on_layer,
-            FdKind::Socket { inet: Some(_), .. } => true,
-            FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
-            _ => false,
-        })
-        .map(|f| f.fd)
-        .collect();
+    let recreated: Vec<i32> = image.fds.iter().filter(|f| f.kind.recreated()).map(|f| f.fd).collect();
     let signalfds: Vec<i32> = image
         .fds
         .iter()

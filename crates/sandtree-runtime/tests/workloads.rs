@@ -802,6 +802,54 @@ fn pipe_keeps_buffered_bytes(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 5b. Two descriptors of one open file (a dup, as `> log 2>&1` makes): one
+// offset.
+
+const DUP_PY: &str = r#"
+f = os.open('/root/shared.log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+g = os.dup(f)
+os.write(f, b'aaaa')
+os.write(g, b'bb')
+
+def state():
+    with open('/root/shared.log', 'rb') as h:
+        content = h.read()
+    return 'pos=%d,%d content=%r' % (os.lseek(f, 0, os.SEEK_CUR), os.lseek(g, 0, os.SEEK_CUR), content)
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'write':
+        os.write(f, b'cc')
+        os.write(g, b'dd')
+        return state()
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A dup'd descriptor of a layer file comes back sharing its twin's
+/// offset: writes through both append one after the other.
+fn dup_shares_offset(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, DUP_PY).await?;
+        let at_ck = w.ask(e, "state").await?;
+        ensure!(at_ck == "pos=6,6 content=b'aaaabb'", "{at_ck}");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("written", &w.ask(e, "write").await?, "pos=10,10 content=b'aaaabbccdd'");
+            w.rollback(e, &ck).await?;
+            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+            c.eq("written after rollback", &w.ask(e, "write").await?, "pos=10,10 content=b'aaaabbccdd'");
+            w.rollback(e, &ck).await?;
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 6b. A named pipe (FIFO) on the sandbox's layer, with buffered bytes.
 
 const FIFO_PY: &str = r#"
@@ -1838,6 +1886,7 @@ fn main() {
         ("pending_signal_siginfo", pending_signal_siginfo),
         ("umask_and_cwd", umask_and_cwd),
         ("file_offset", file_offset),
+        ("dup_shares_offset", dup_shares_offset),
         ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
         ("fifo_on_layer", fifo_on_layer),
         ("memfd_state", memfd_state),

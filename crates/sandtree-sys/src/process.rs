@@ -198,6 +198,16 @@ pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
 
 /// Terminate the calling process immediately (no atexit handlers, no stdio
 /// flush): the only correct way to leave a forked child that did not exec.
+/// Whether descriptor `fd1` of process `pid1` and `fd2` of `pid2` are one
+/// open file description (`kcmp(KCMP_FILE)`: a `dup`, or inherited).
+pub fn same_open_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> io::Result<bool> {
+    const KCMP_FILE: libc::c_int = 0;
+    // SAFETY: kcmp takes only integers and reads no memory of ours.
+    let rc =
+        unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_ulong, fd2 as libc::c_ulong) };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc == 0) }
+}
+
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no user-space state.
     unsafe { libc::_exit(code) }
