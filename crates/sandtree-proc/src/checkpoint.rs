@@ -731,7 +731,9 @@ fn prepare(t: &mut Template) -> Result<()> {
     // anew, and a template holding them would keep a port (or a socket
     // file of the old tree) taken after the original closed them.
     for f in &image.fds {
-        if f.kind.recreated() {
+        // (Memfds stay: their numbers must stay taken while a restore
+        // holds a new memfd on a spare descriptor, see `fix_up`.)
+        if f.kind.recreated() && !matches!(f.kind, FdKind::Memfd { .. }) {
             tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
         }
     }

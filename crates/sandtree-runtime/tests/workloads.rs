@@ -142,6 +142,23 @@ def serve(handle, extra=(), idle=None):
             else:
                 others[s](s)
 
+def avail(fd):
+    """Bytes waiting to be read on pipe or FIFO `fd`."""
+    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
+
+def drain_fd(fd):
+    """Read what non-blocking `fd` holds."""
+    got = b''
+    while True:
+        try:
+            d = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        got += d
+    return got
+
 def status(key):
     with open('/proc/self/status') as f:
         for line in f:
@@ -753,28 +770,13 @@ r, w = os.pipe()
 os.set_blocking(r, False)
 os.write(w, b'hello')
 
-def avail(fd):
-    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
-
-def drain():
-    got = b''
-    while True:
-        try:
-            d = os.read(r, 4096)
-        except BlockingIOError:
-            break
-        if not d:
-            break
-        got += d
-    return got
-
 def handle(cmd):
     if cmd == 'state':
         return 'avail=%d' % avail(r)
     if cmd == 'drain':
-        return 'got=%r avail=%d' % (drain(), avail(r))
+        return 'got=%r avail=%d' % (drain_fd(r), avail(r))
     if cmd == 'mutate':
-        got = drain()
+        got = drain_fd(r)
         os.write(w, b'mutated!')
         return 'got=%r avail=%d' % (got, avail(r))
     raise ValueError(cmd)
@@ -860,32 +862,17 @@ os.write(w, b'queued')
 ep = select.epoll()
 ep.register(r, select.EPOLLIN)
 
-def avail(fd):
-    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
-
-def drain():
-    got = b''
-    while True:
-        try:
-            d = os.read(r, 4096)
-        except BlockingIOError:
-            break
-        if not d:
-            break
-        got += d
-    return got
-
 def handle(cmd):
     if cmd == 'state':
         blocking = fcntl.fcntl(w, fcntl.F_GETFL) & os.O_NONBLOCK == 0
         at_path = os.fstat(r).st_ino == os.stat('/root/ctl').st_ino == os.fstat(w).st_ino
         return 'avail=%d writer_blocking=%s at_path=%s' % (avail(r), blocking, at_path)
     if cmd == 'drain':
-        return 'got=%r' % drain()
+        return 'got=%r' % drain_fd(r)
     if cmd == 'ready':
         return 'ready=%s' % any(fd == r and ev & select.EPOLLIN for fd, ev in ep.poll(0))
     if cmd == 'mutate':
-        drain()
+        drain_fd(r)
         os.write(w, b'mutated!!')
         return 'avail=%d' % avail(r)
     raise ValueError(cmd)
