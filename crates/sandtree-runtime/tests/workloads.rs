@@ -325,6 +325,47 @@ impl Checks {
     }
 }
 
+/// A check a round makes after its rollback ([`round_trips`]).
+enum After<'a> {
+    /// Ask the workload `.0`; it must answer `.1`.
+    Ask(&'a str, &'a str),
+    /// Run the script `.0` in the sandbox; its output must be `.1`.
+    Sh(&'a str, &'a str),
+}
+
+/// The common shape of a case: start `code` and check its state
+/// (`at_ck_ok`), checkpoint; then round `i` of `rounds` sends
+/// `mutations[i % len]` (checking the answer), rolls back, checks that
+/// the state is the checkpoint's again, and makes the `after` checks.
+async fn round_trips(
+    e: &Engine,
+    code: &str,
+    at_ck_ok: impl Fn(&str) -> bool,
+    mutations: &[(&str, &str)],
+    after: &[After<'_>],
+    rounds: usize,
+) -> Result<()> {
+    let w = Workload::start_python(e, code).await?;
+    let at_ck = w.ask(e, "state").await?;
+    ensure!(at_ck_ok(&at_ck), "state at the checkpoint: {at_ck}");
+    let ck = w.checkpoint(e).await?;
+    for round in 0..rounds {
+        let mut c = Checks::default();
+        let (cmd, want) = mutations[round % mutations.len()];
+        c.eq(cmd, &w.ask(e, cmd).await?, want);
+        w.rollback(e, &ck).await?;
+        c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
+        for check in after {
+            match check {
+                After::Ask(cmd, want) => c.eq(&format!("{cmd} after rollback"), &w.ask(e, cmd).await?, want),
+                After::Sh(script, want) => c.eq(script, &sh(e, &w.sb, script).await?, want),
+            }
+        }
+        c.result(round)?;
+    }
+    w.delete(e).await
+}
+
 // ---------------------------------------------------------------------------
 // 1. Memory and registers (C, SSE).
 
@@ -688,24 +729,12 @@ serve(handle)
 "#;
 
 fn umask_and_cwd(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, UMASK_CWD_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "umask=027 Umask=0027 cwd=/root/ck-dir probe=750 marker=True", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        let mutations = [
-            ("mutate-rename", "umask=002 Umask=0002 cwd=/root/moved probe=775 marker=True"),
-            ("mutate-chdir", "umask=077 Umask=0077 cwd=/tmp/elsewhere probe=700 marker=False"),
-        ];
-        for (round, (cmd, want)) in mutations.iter().enumerate() {
-            let mut c = Checks::default();
-            c.eq(cmd, &w.ask(e, cmd).await?, want);
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let at_ck = "umask=027 Umask=0027 cwd=/root/ck-dir probe=750 marker=True";
+    let mutations = [
+        ("mutate-rename", "umask=002 Umask=0002 cwd=/root/moved probe=775 marker=True"),
+        ("mutate-chdir", "umask=077 Umask=0077 cwd=/tmp/elsewhere probe=700 marker=False"),
+    ];
+    Box::pin(async move { round_trips(e, UMASK_CWD_PY, |s| s == at_ck, &mutations, &[], mutations.len()).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -743,23 +772,10 @@ serve(handle)
 "#;
 
 fn file_offset(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, FILES_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        let want = r"rw=12 ro=6 ap=3 append=1 data=b'line1\nline2\n' fresh=b'line1\nline2\n' log=b'a1\n' same=True";
-        ensure!(at_ck == want, "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        let mutated = r"rw=18 ro=12 ap=6 append=1 data=b'line1\nline2\nline3\n' fresh=b'line1\nline2\nline3\n' log=b'a1\na2\n' same=True";
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            // From the restored state the same writes land at the same offsets (no hole, no overlap).
-            c.eq("mutated", &w.ask(e, "mutate").await?, mutated);
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let at_ck = r"rw=12 ro=6 ap=3 append=1 data=b'line1\nline2\n' fresh=b'line1\nline2\n' log=b'a1\n' same=True";
+    // From the restored state the same writes land at the same offsets (no hole, no overlap).
+    let mutated = r"rw=18 ro=12 ap=6 append=1 data=b'line1\nline2\nline3\n' fresh=b'line1\nline2\nline3\n' log=b'a1\na2\n' same=True";
+    Box::pin(async move { round_trips(e, FILES_PY, |s| s == at_ck, &[("mutate", mutated)], &[], ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -785,22 +801,10 @@ serve(handle)
 "#;
 
 fn pipe_keeps_buffered_bytes(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, PIPE_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "avail=5", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            let m = w.ask(e, "mutate").await?;
-            c.that(m.ends_with("avail=8"), || format!("mutated: {m}"));
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq("pipe read after rollback", &w.ask(e, "drain").await?, "got=b'hello' avail=0");
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    // (Round 2 starts from the pipe drained after round 1's rollback.)
+    let mutations = [("mutate", "got=b'hello' avail=8"), ("mutate", "got=b'' avail=8")];
+    let after = [After::Ask("drain", "got=b'hello' avail=0")];
+    Box::pin(async move { round_trips(e, PIPE_PY, |s| s == "avail=5", &mutations, &after, ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -833,22 +837,11 @@ serve(handle)
 /// A dup'd descriptor of a layer file comes back sharing its twin's
 /// offset: writes through both append one after the other.
 fn dup_shares_offset(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, DUP_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "pos=6,6 content=b'aaaabb'", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq("written", &w.ask(e, "write").await?, "pos=10,10 content=b'aaaabbccdd'");
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq("written after rollback", &w.ask(e, "write").await?, "pos=10,10 content=b'aaaabbccdd'");
-            w.rollback(e, &ck).await?;
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    // (Round 2 starts from round 1's write after its rollback.)
+    let mutations = [("write", "pos=10,10 content=b'aaaabbccdd'"), ("write", "pos=14,14 content=b'aaaabbccddccdd'")];
+    let after = [After::Ask("write", "pos=10,10 content=b'aaaabbccdd'")];
+    let at_ck = "pos=6,6 content=b'aaaabb'";
+    Box::pin(async move { round_trips(e, DUP_PY, |s| s == at_ck, &mutations, &after, ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -885,26 +878,16 @@ serve(handle)
 /// outside reaches the restored reader) and keep their modes, and an epoll
 /// watching it watches the new one.
 fn fifo_on_layer(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, FIFO_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "avail=6 writer_blocking=True at_path=True", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq("mutated", &w.ask(e, "mutate").await?, "avail=9");
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq("epoll: bytes ready", &w.ask(e, "ready").await?, "ready=True");
-            c.eq("bytes", &w.ask(e, "drain").await?, "got=b'queued'");
-            c.eq("epoll: drained", &w.ask(e, "ready").await?, "ready=False");
-            sh(e, &w.sb, "printf ext > /root/ctl").await?;
-            c.eq("epoll: a new writer's bytes", &w.ask(e, "ready").await?, "ready=True");
-            c.eq("a new writer's bytes", &w.ask(e, "drain").await?, "got=b'ext'");
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let after = [
+        After::Ask("ready", "ready=True"),
+        After::Ask("drain", "got=b'queued'"),
+        After::Ask("ready", "ready=False"),
+        After::Sh("printf ext > /root/ctl", ""),
+        After::Ask("ready", "ready=True"),
+        After::Ask("drain", "got=b'ext'"),
+    ];
+    let at_ck = "avail=6 writer_blocking=True at_path=True";
+    Box::pin(async move { round_trips(e, FIFO_PY, |s| s == at_ck, &[("mutate", "avail=9")], &after, ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -942,26 +925,10 @@ serve(handle)
 /// Memfds come back with their names, contents, sizes, offsets, seals, and
 /// two descriptors of one memfd still share it.
 fn memfd_state(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, MEMFD_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        let want = "/memfd:sandtree-state (deleted):b'checkpoint-data'@3 /memfd:frozen (deleted):b'frozen'@6 \
-                    same=True ro=True seals=11,1";
-        ensure!(at_ck == want, "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq(
-                "mutated",
-                &w.ask(e, "mutate").await?,
-                "/memfd:sandtree-state (deleted):b'MUTATEDin'@1 via-ro=b'MUTATEDin'",
-            );
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let at_ck = "/memfd:sandtree-state (deleted):b'checkpoint-data'@3 /memfd:frozen (deleted):b'frozen'@6 \
+                 same=True ro=True seals=11,1";
+    let mutated = "/memfd:sandtree-state (deleted):b'MUTATEDin'@1 via-ro=b'MUTATEDin'";
+    Box::pin(async move { round_trips(e, MEMFD_PY, |s| s == at_ck, &[("mutate", mutated)], &[], ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -1097,19 +1064,8 @@ serve(handle)
 
 fn eventfd_counter(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let w = Workload::start_python(e, EVENTFD_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "count=5", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq("mutated", &w.ask(e, "mutate").await?, "count=2");
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq("read after rollback", &w.ask(e, "read").await?, "read=5 count=0");
-            c.result(round)?;
-        }
-        w.delete(e).await
+        let after = [After::Ask("read", "read=5 count=0")];
+        round_trips(e, EVENTFD_PY, |s| s == "count=5", &[("mutate", "count=2")], &after, ROUNDS).await
     })
 }
 
@@ -1469,25 +1425,11 @@ serve(handle)
 /// Deleted-but-open files (an `O_TMPFILE`, and a named file unlinked while
 /// open) come back with the checkpoint's contents and offsets.
 fn deleted_open_files(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, GHOST_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck == "tmp=tmpfile-ck@10 named=named-ck@8", "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq("mutated", &w.ask(e, "mutate").await?, "tmp=tmpfile-ck+more@15 named=NAMED-ck@5");
-            w.rollback(e, &ck).await?;
-            c.eq("after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.eq(
-                "no name in the tree",
-                &sh(e, &w.sb, "test -e /root/gone.txt && echo there || echo gone").await?,
-                "gone\n",
-            );
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let at_ck = "tmp=tmpfile-ck@10 named=named-ck@8";
+    let mutated = "tmp=tmpfile-ck+more@15 named=NAMED-ck@5";
+    // No name in the tree.
+    let after = [After::Sh("test -e /root/gone.txt && echo there || echo gone", "gone\n")];
+    Box::pin(async move { round_trips(e, GHOST_PY, |s| s == at_ck, &[("mutate", mutated)], &after, ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
@@ -1532,20 +1474,8 @@ serve(handle)
 /// A process under `PR_SET_MDWE` (no writable code) is restored exactly
 /// (its injected calls run one at a time) and keeps refusing writable code.
 fn no_writable_code(e: &Engine) -> CaseFuture<'_> {
-    Box::pin(async move {
-        let w = Workload::start_python(e, MDWE_PY).await?;
-        let at_ck = w.ask(e, "state").await?;
-        ensure!(at_ck.starts_with("n=1 cwd=/tmp pos=4 ") && at_ck.ends_with("rwx_refused=True"), "{at_ck}");
-        let ck = w.checkpoint(e).await?;
-        for round in 0..ROUNDS {
-            let mut c = Checks::default();
-            c.eq("mutated", &w.ask(e, "mutate").await?, "n=2");
-            w.rollback(e, &ck).await?;
-            c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
-            c.result(round)?;
-        }
-        w.delete(e).await
-    })
+    let at_ck_ok = |s: &str| s.starts_with("n=1 cwd=/tmp pos=4 ") && s.ends_with("rwx_refused=True");
+    Box::pin(async move { round_trips(e, MDWE_PY, at_ck_ok, &[("mutate", "n=2")], &[], ROUNDS).await })
 }
 
 // ---------------------------------------------------------------------------
