@@ -421,15 +421,15 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (not necessarily the process it was first seen in, which may have
     // been refused).
     let mut pipes = Vec::new();
-    let key_of = |host: i32, f: &crate::model::FdImage| match &f.kind {
-        FdKind::Pipe { .. } | FdKind::Fifo { .. } => pipe_key(host, f.fd).ok(),
-        _ => None,
-    };
+    // Every pipe or FIFO descriptor of the templates, keyed once.
+    let reachable: Vec<((u64, u64), i32, i32)> = made
+        .iter()
+        .flat_map(|t| t.image.fds.iter().map(move |f| (t.host, f)))
+        .filter(|(_, f)| matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }))
+        .filter_map(|(host, f)| Some((pipe_key(host, f.fd).ok()?, host, f.fd)))
+        .collect();
     for pipe in captured_pipes {
-        let key = Some((pipe.dev, pipe.ino));
-        let holder =
-            made.iter().find_map(|t| t.image.fds.iter().find(|f| key_of(t.host, f) == key).map(|f| (t.host, f.fd)));
-        if let Some((host, fd)) = holder {
+        if let Some(&(_, host, fd)) = reachable.iter().find(|(key, ..)| *key == (pipe.dev, pipe.ino)) {
             pipes.push((pipe, host, fd));
         }
     }
@@ -479,7 +479,8 @@ fn clone_of(
         }
     }
     let mut ghosts = Vec::new();
-    for f in &fds {
+    // (A dup's contents are its twin's: restored by `dup3`.)
+    for f in fds.iter().filter(|f| f.same_as.is_none()) {
         let size = match &f.kind {
             FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => Some(*size),
             _ => None,
