@@ -317,10 +317,26 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut pipes_seen = HashSet::new();
     match mounts {
         Err(e) => failure = Some(e),
-        Ok(mounts) => {
-            for s in left.by_ref() {
+        Ok(mounts) => std::thread::scope(|scope| {
+            // While the tracer forks one original, another thread reads the
+            // next ones' descriptor tables from `/proc` (no ptrace needed).
+            let (tx, rx) = std::sync::mpsc::channel();
+            let later: Vec<i32> = left.as_slice().iter().skip(1).map(|s| s.host).collect();
+            let mounts = &mounts;
+            scope.spawn(move || {
+                for host in later {
+                    if tx.send(read_proc(host, mounts)).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (i, s) in left.by_ref().enumerate() {
                 let need_holder = !st.has_holder(s.host);
-                match clone_of(&s, &mounts, &mut pipes_seen, need_holder) {
+                let read = match i {
+                    0 => read_proc(s.host, mounts),
+                    _ => rx.recv().unwrap_or_else(|_| read_proc(s.host, mounts)),
+                };
+                match clone_of(&s, read, &mut pipes_seen, need_holder) {
                     Ok(mut c) => {
                         if let Some(h) = c.holder.take() {
                             st.holders.push(h);
@@ -341,7 +357,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
                     }
                 }
             }
-        }
+        }),
     }
     if let Some(e) = failure {
         for s in left {
@@ -385,11 +401,13 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
-    let mut cloned = std::mem::take(&mut st.cloned).into_iter();
-    for mut c in cloned.by_ref() {
-        let host = c.host;
+    let mut cloned = std::mem::take(&mut st.cloned);
+    for c in &mut cloned {
         captured_pipes.extend(std::mem::take(&mut c.pipes));
-        match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
+    }
+    let mut set = set_up_each(cloned, best_effort).into_iter();
+    for (host, r) in set.by_ref() {
+        match r.and_then(|t| memfds_own(&t, &made).map(|()| t)) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
@@ -409,8 +427,8 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
     }
     if let Some(e) = failure {
-        for c in cloned {
-            kill_tracee(c.host);
+        for (host, r) in set {
+            kill_tracee(r.map(|t| t.host).unwrap_or(host));
         }
         for t in made {
             kill_tracee(t.host);
@@ -454,17 +472,24 @@ fn let_go(s: &Stopped) {
     }
 }
 
+/// What pass 1 reads of a stopped original from `/proc` alone: its
+/// descriptor table and status. Another thread may read it (it needs no
+/// ptrace), while the tracer forks the original before it.
+struct ProcRead {
+    fds: std::io::Result<Vec<crate::model::FdImage>>,
+    status: std::io::Result<procfs::Status>,
+}
+
+fn read_proc(host: i32, mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> ProcRead {
+    ProcRead { fds: procfs::fds(host, mounts), status: procfs::status(host) }
+}
+
 /// Pass 1 for one stopped original: descriptors, `clone`, release.
-fn clone_of(
-    s: &Stopped,
-    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
-    pipes_seen: &mut HashSet<(u64, u64)>,
-    need_holder: bool,
-) -> Result<Cloned> {
+fn clone_of(s: &Stopped, read: ProcRead, pipes_seen: &mut HashSet<(u64, u64)>, need_holder: bool) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
-    let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-    let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+    let fds = read.fds.map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+    let status = read.status.map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
     // Threads made after the first check (it is stopped now: final).
     let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
     check::check_status(s.ns_pid, comm.trim_end(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
@@ -654,6 +679,25 @@ fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(format!("/proc/{host}/fd/{fd}"))?;
     Ok((m.dev(), m.ino()))
+}
+
+/// [`set_up`] for every template, in order, on two threads (it reads only
+/// `/proc`): each result with the template's host pid.
+fn set_up_each(mut cloned: Vec<Cloned>, reparent: bool) -> Vec<(i32, Result<Template>)> {
+    let run = |list: Vec<Cloned>| list.into_iter().map(|c| (c.host, set_up(c, reparent))).collect::<Vec<_>>();
+    if cloned.len() < 2 {
+        return run(cloned);
+    }
+    let second = cloned.split_off(cloned.len() / 2);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| run(second));
+        let mut out = run(cloned);
+        match other.join() {
+            Ok(rest) => out.extend(rest),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+        out
+    })
 }
 
 /// Pass 2 for one template: image and checks ([`prepare`] follows after
