@@ -317,26 +317,10 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut pipes_seen = HashSet::new();
     match mounts {
         Err(e) => failure = Some(e),
-        Ok(mounts) => std::thread::scope(|scope| {
-            // While the tracer forks one original, another thread reads the
-            // next ones' descriptor tables from `/proc` (no ptrace needed).
-            let (tx, rx) = std::sync::mpsc::channel();
-            let later: Vec<i32> = left.as_slice().iter().skip(1).map(|s| s.host).collect();
-            let mounts = &mounts;
-            scope.spawn(move || {
-                for host in later {
-                    if tx.send(read_proc(host, mounts)).is_err() {
-                        break;
-                    }
-                }
-            });
-            for (i, s) in left.by_ref().enumerate() {
+        Ok(mounts) => {
+            for s in left.by_ref() {
                 let need_holder = !st.has_holder(s.host);
-                let read = match i {
-                    0 => read_proc(s.host, mounts),
-                    _ => rx.recv().unwrap_or_else(|_| read_proc(s.host, mounts)),
-                };
-                match clone_of(&s, read, &mut pipes_seen, need_holder) {
+                match clone_of(&s, &mounts, &mut pipes_seen, need_holder) {
                     Ok(mut c) => {
                         if let Some(h) = c.holder.take() {
                             st.holders.push(h);
@@ -357,7 +341,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
                     }
                 }
             }
-        }),
+        }
     }
     if let Some(e) = failure {
         for s in left {
@@ -401,13 +385,11 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
-    let mut cloned = std::mem::take(&mut st.cloned);
-    for c in &mut cloned {
+    let mut cloned = std::mem::take(&mut st.cloned).into_iter();
+    for mut c in cloned.by_ref() {
+        let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes));
-    }
-    let mut set = set_up_each(cloned, best_effort).into_iter();
-    for (host, r) in set.by_ref() {
-        match r.and_then(|t| memfds_own(&t, &made).map(|()| t)) {
+        match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
@@ -427,8 +409,8 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
     }
     if let Some(e) = failure {
-        for (host, r) in set {
-            kill_tracee(r.map(|t| t.host).unwrap_or(host));
+        for c in cloned {
+            kill_tracee(c.host);
         }
         for t in made {
             kill_tracee(t.host);
@@ -472,78 +454,27 @@ fn let_go(s: &Stopped) {
     }
 }
 
-/// What pass 1 reads of a stopped original from `/proc` alone: its
-/// descriptor table and status. Another thread may read it (it needs no
-/// ptrace), while the tracer forks the original before it.
-struct ProcRead {
-    fds: std::io::Result<Vec<crate::model::FdImage>>,
-    status: std::io::Result<procfs::Status>,
-}
-
-fn read_proc(host: i32, mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> ProcRead {
-    ProcRead { fds: procfs::fds(host, mounts), status: procfs::status(host) }
-}
-
-/// Pass 1 for one stopped original: descriptors, `clone`, release.
-fn clone_of(s: &Stopped, read: ProcRead, pipes_seen: &mut HashSet<(u64, u64)>, need_holder: bool) -> Result<Cloned> {
+/// Pass 1 for one stopped original: its timers and the `clone`, then its
+/// descriptors, pipe bytes and queued signals (the fork changed nothing of
+/// them). An error after the first injected call lets the original go with
+/// its own signal mask back, and kills the template if there is one.
+fn clone_of(
+    s: &Stopped,
+    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+    pipes_seen: &mut HashSet<(u64, u64)>,
+    need_holder: bool,
+) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
-    let fds = read.fds.map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-    let status = read.status.map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
-    // Threads made after the first check (it is stopped now: final).
-    let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
-    check::check_status(s.ns_pid, comm.trim_end(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
-    let pending = status.signals.pending;
+    let comm_now = || std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default().trim_end().to_string();
+    // Before any injected call (they run with every signal blocked).
     let blocked = ptrace::sigmask(host).map_err(ptrace_err(host, "GETSIGMASK"))?;
-    let mut queued = Vec::new();
-    if pending != 0 {
-        for shared in [false, true] {
-            for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
-                queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
-            }
-        }
-    }
-    let mut ghosts = Vec::new();
-    // (A dup's contents are its twin's: restored by `dup3`.)
-    for f in fds.iter().filter(|f| f.same_as.is_none()) {
-        let size = match &f.kind {
-            FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => Some(*size),
-            _ => None,
-        };
-        if let Some(size) = size
-            && size <= check::GHOST_MAX
-        {
-            let bytes = crate::fdstate::capture_ghost(host, f.fd, size).map_err(|e| Error::Proc {
-                pid: host,
-                what: "deleted file or memfd contents",
-                source: e,
-            })?;
-            ghosts.push((f.fd, bytes));
-        }
-    }
-    let mut pipes = Vec::new();
-    for f in &fds {
-        if !matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
-            continue;
-        }
-        let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
-        if pipes_seen.insert(key) {
-            let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
-                pid: host,
-                what: "pipe contents",
-                source: e,
-            })?;
-            pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
-        }
-    }
     let insn = inject::find_syscall_insn(host)?;
     let affinity = inject::affinity(host);
-    let t_fds = t0.elapsed();
     if procfs::has_posix_timers(host) {
-        let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
         return Err(Error::unsupported(
             s.ns_pid,
-            comm.trim_end(),
+            &comm_now(),
             "timers",
             "POSIX timers (timer_create) are not captured yet",
         ));
@@ -553,97 +484,163 @@ fn clone_of(s: &Stopped, read: ProcRead, pipes_seen: &mut HashSet<(u64, u64)>, n
     inject::pin_to_tracer(host);
     // Killed rather than left running with injected registers if the
     // daemon dies while we work in it.
-    ptrace::set_exit_kill(host, true).map_err(ptrace_err(host, "SETOPTIONS"))?;
+    if let Err(e) = ptrace::set_exit_kill(host, true) {
+        inject::set_affinity(host, &affinity);
+        return Err(ptrace_err(host, "SETOPTIONS")(e));
+    }
     let mut orig = Tracee::new(host, s.regs, insn);
-    // Interval timers are not inherited by fork: read them here, into the
-    // dead space below the stack's red zone (nothing lives there while the
-    // process is stopped at a syscall or signal boundary).
-    let buf = (s.regs.rsp - 128 - 64) & !15;
-    let comm_now = || std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default().trim_end().to_string();
-    let (itimers, altstack) = (|| -> Result<(Itimers, Option<Vec<u8>>)> {
-        let mut saved = [0u8; 32];
-        ptrace::read_mem(host, buf, &mut saved).map_err(|e| {
-            Error::unsupported(
-                s.ns_pid,
-                &comm_now(),
-                "stack",
-                format!("no room below its stack pointer to read timers into ({e})"),
-            )
-        })?;
-        let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
-            orig.call("timers / sigaltstack", nr, args)?;
-            let mut val = vec![0u8; len];
-            ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read result"))?;
-            Ok(val)
-        };
-        let mut itimers = Vec::new();
-        for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
-            let mut val = read(libc::SYS_getitimer, &[which as u64, buf], 32)?;
-            // struct itimerval { it_interval, it_value }. A periodic real
-            // timer that expired while its SIGALRM waits to be dequeued
-            // reads as value 0 (the kernel re-arms it at the dequeue):
-            // setting that would disarm it, so arm it for one interval.
-            let alarm_pending = pending & (1 << (libc::SIGALRM - 1)) != 0;
-            if which == libc::ITIMER_REAL
-                && alarm_pending
-                && val[16..].iter().all(|b| *b == 0)
-                && val[..16].iter().any(|b| *b != 0)
-            {
-                let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
-                val[16..].copy_from_slice(&interval);
-            }
-            if val[16..].iter().any(|b| *b != 0) {
-                itimers.push((which, val));
+    let mut child = None;
+    let mut made = || -> Result<Cloned> {
+        let (mut itimers, altstack) = timers(s, &mut orig)?;
+        let rseq = ptrace::rseq_configuration(host).ok().flatten();
+        // No exit signal: the parent's plain `wait` never sees the template
+        // (init reaps with __WALL).
+        let (tpl, ns_pid, _) = orig.clone_stopped(libc::CLONE_PARENT as u64, "clone (template)")?;
+        child = Some(tpl);
+        let t_clone = t0.elapsed();
+
+        let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+        let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+        // Threads made after the first check (it is stopped now: final).
+        check::check_status(s.ns_pid, &comm_now(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
+        let pending = status.signals.pending;
+        // A periodic real timer that expired while its SIGALRM waits to be
+        // dequeued reads as value 0 (the kernel re-arms it at the dequeue):
+        // setting that would disarm it, so arm it for one interval.
+        if pending & (1 << (libc::SIGALRM - 1)) != 0 {
+            for (which, val) in &mut itimers {
+                if *which == libc::ITIMER_REAL && val[16..].iter().all(|b| *b == 0) {
+                    let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
+                    val[16..].copy_from_slice(&interval);
+                }
             }
         }
-        // stack_t { ss_sp, ss_flags, ss_size }: a fork keeps it, but a
-        // restore that shares a standby's memory (CLONE_VM) does not.
-        let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
-        let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
-        let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
-        ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
-        Ok((itimers, altstack))
-    })()
-    .inspect_err(|_| inject::set_affinity(host, &affinity))?;
-    let rseq = ptrace::rseq_configuration(host).ok().flatten();
-    // No exit signal: the parent's plain `wait` never sees the template
-    // (init reaps with __WALL).
-    let (child, ns_pid, _) = orig
-        .clone_stopped(libc::CLONE_PARENT as u64, "clone (template)")
-        .inspect_err(|_| inject::set_affinity(host, &affinity))?;
-    let t_clone = t0.elapsed();
+        itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));
+        let mut queued = Vec::new();
+        if pending != 0 {
+            for shared in [false, true] {
+                for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+                    queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
+                }
+            }
+        }
+        let mut ghosts = Vec::new();
+        // (A dup's contents are its twin's: restored by `dup3`.)
+        for f in fds.iter().filter(|f| f.same_as.is_none()) {
+            let size = match &f.kind {
+                FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => {
+                    Some(*size)
+                }
+                _ => None,
+            };
+            if let Some(size) = size
+                && size <= check::GHOST_MAX
+            {
+                let bytes = crate::fdstate::capture_ghost(host, f.fd, size).map_err(|e| Error::Proc {
+                    pid: host,
+                    what: "deleted file or memfd contents",
+                    source: e,
+                })?;
+                ghosts.push((f.fd, bytes));
+            }
+        }
+        let mut pipes = Vec::new();
+        for f in &fds {
+            if !matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
+                continue;
+            }
+            let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
+            if pipes_seen.insert(key) {
+                let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
+                    pid: host,
+                    what: "pipe contents",
+                    source: e,
+                })?;
+                pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
+            }
+        }
+        tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
+        Ok(Cloned {
+            holder: None,
+            orig: None,
+            stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
+            fds,
+            pending,
+            blocked,
+            queued,
+            affinity: affinity.clone(),
+            pipes,
+            ghosts,
+            itimers,
+            altstack,
+            rseq,
+            host: tpl,
+            ns_pid,
+            insn,
+        })
+    };
+    let mut c = match made() {
+        Ok(c) => c,
+        Err(e) => {
+            // Let the original go with its own mask and held signals (the
+            // caller's `let_go` then finds it running), the template die.
+            inject::set_affinity(host, &affinity);
+            let _ = ptrace::set_exit_kill(host, false);
+            let _ = orig.release(&s.regs);
+            if let Some(tpl) = child {
+                kill_tracee(tpl);
+            }
+            return Err(e);
+        }
+    };
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`holder.rs`).
-    let holder = if need_holder {
+    if need_holder {
         match crate::holder::make(&mut orig, s.ns_ppid == 1) {
-            Ok(h) => Some(h),
-            Err(e) => {
-                tracing::warn!(pid = s.ns_pid, "no mm holder: {e}");
-                None
-            }
+            Ok(h) => c.holder = Some(h),
+            Err(e) => tracing::warn!(pid = s.ns_pid, "no mm holder: {e}"),
         }
-    } else {
-        None
+    }
+    c.orig = Some(orig);
+    Ok(c)
+}
+
+/// The original's interval timers (all three, armed or not) and alternate
+/// signal stack, by injected calls. Interval timers are not inherited by
+/// fork: they are read into the dead space below the stack's red zone
+/// (nothing lives there while the process is stopped at a syscall or
+/// signal boundary).
+fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> {
+    let host = s.host;
+    let buf = (s.regs.rsp - 128 - 64) & !15;
+    let mut saved = [0u8; 32];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|e| {
+        let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+        Error::unsupported(
+            s.ns_pid,
+            comm.trim_end(),
+            "stack",
+            format!("no room below its stack pointer to read timers into ({e})"),
+        )
+    })?;
+    let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
+        orig.call("timers / sigaltstack", nr, args)?;
+        let mut val = vec![0u8; len];
+        ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read result"))?;
+        Ok(val)
     };
-    tracing::debug!(pid = s.ns_pid, ?t_fds, ?t_clone, "template cloned");
-    Ok(Cloned {
-        holder,
-        orig: Some(orig),
-        stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
-        fds,
-        pending,
-        blocked,
-        queued,
-        affinity,
-        pipes,
-        ghosts,
-        itimers,
-        altstack,
-        rseq,
-        host: child,
-        ns_pid,
-        insn,
-    })
+    let mut itimers = Vec::new();
+    for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
+        // struct itimerval { it_interval, it_value }.
+        itimers.push((which, read(libc::SYS_getitimer, &[which as u64, buf], 32)?));
+    }
+    // stack_t { ss_sp, ss_flags, ss_size }: a fork keeps it, but a
+    // restore that shares a standby's memory (CLONE_VM) does not.
+    let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
+    let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
+    let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
+    ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+    Ok((itimers, altstack))
 }
 
 /// A memfd is made anew per process at the restore: one that another
@@ -679,25 +676,6 @@ fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(format!("/proc/{host}/fd/{fd}"))?;
     Ok((m.dev(), m.ino()))
-}
-
-/// [`set_up`] for every template, in order, on two threads (it reads only
-/// `/proc`): each result with the template's host pid.
-fn set_up_each(mut cloned: Vec<Cloned>, reparent: bool) -> Vec<(i32, Result<Template>)> {
-    let run = |list: Vec<Cloned>| list.into_iter().map(|c| (c.host, set_up(c, reparent))).collect::<Vec<_>>();
-    if cloned.len() < 2 {
-        return run(cloned);
-    }
-    let second = cloned.split_off(cloned.len() / 2);
-    std::thread::scope(|scope| {
-        let other = scope.spawn(|| run(second));
-        let mut out = run(cloned);
-        match other.join() {
-            Ok(rest) => out.extend(rest),
-            Err(p) => std::panic::resume_unwind(p),
-        }
-        out
-    })
 }
 
 /// Pass 2 for one template: image and checks ([`prepare`] follows after

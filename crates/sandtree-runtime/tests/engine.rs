@@ -246,6 +246,56 @@ fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A process whose own seccomp filter refuses `clone`: its template cannot
+/// be made, after calls were already injected into it. The checkpoint
+/// fails, and the process runs on with its own signal mask (not the
+/// all-blocked one the injected calls ran with).
+const NO_CLONE: &str = r#"
+import ctypes, signal, struct, time
+signal.signal(signal.SIGUSR1, lambda *a: open('/root/got-usr1', 'w').write('yes'))
+libc = ctypes.CDLL(None, use_errno=True)
+deny = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+prog = [(0x20, 0, 0, 0)]  # A = syscall number
+for nr in (56, 57, 58, 435):  # clone, fork, vfork, clone3
+    prog += [(0x15, 0, 1, nr), (0x06, 0, 0, deny)]
+prog += [(0x06, 0, 0, 0x7fff0000)]  # allow
+buf = ctypes.create_string_buffer(b''.join(struct.pack('HBBI', *i) for i in prog))
+fprog = struct.pack('HxxxxxxQ', len(prog), ctypes.addressof(buf))
+assert libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+assert libc.prctl(22, ctypes.c_ulong(2), ctypes.c_char_p(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+open('/root/no-clone-ready', 'w').write('1')
+while True:
+    time.sleep(0.05)
+"#;
+
+fn failed_template_leaves_the_process_intact(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        e.exec(
+            &sb,
+            ExecRequest {
+                cmd: vec!["python3".into(), "-c".into(), NO_CLONE.into()],
+                background: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+        sh(e, &sb, "for i in $(seq 100); do test -e /root/no-clone-ready && exit 0; sleep 0.05; done; exit 1").await?;
+        let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("checkpoint should fail")?;
+        ensure!(err.to_string().contains("clone"), "{err}");
+        ensure!(e.list_checkpoints(Some(&sb)).await?.checkpoints.is_empty(), "a failed checkpoint was kept");
+        // Its signals are delivered again.
+        sh(e, &sb, "pkill -USR1 -f 'no-clone-[r]eady'").await?;
+        let got =
+            sh(e, &sb, "for i in $(seq 100); do cat /root/got-usr1 2>/dev/null && exit 0; sleep 0.02; done; exit 1")
+                .await
+                .context("SIGUSR1 was not handled after the failed checkpoint: the process kept an all-blocked mask")?;
+        ensure!(got == "yes", "{got:?}");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn limits_are_applied(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e
@@ -440,6 +490,7 @@ fn main() {
         ("template_pool_counts_changed_pages", template_pool_counts_changed_pages),
         ("checkpoint_copy_serves_the_next_rollback", checkpoint_copy_serves_the_next_rollback),
         ("unrestorable_processes_are_named", unrestorable_processes_are_named),
+        ("failed_template_leaves_the_process_intact", failed_template_leaves_the_process_intact),
         ("limits_are_applied", limits_are_applied),
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
         ("gc_removes_orphans", gc_removes_orphans),
