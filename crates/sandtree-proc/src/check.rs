@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{FdKind, ProcessImage};
+use crate::model::{AnonState, FdKind, ProcessImage};
 
 /// `CAP_SYS_ADMIN`: `clone3` with `set_tid` needs it in the sandbox's user
 /// namespace to give a restored process its old pid.
@@ -17,6 +17,11 @@ const CAP_SYS_ADMIN: u64 = 1 << 21;
 /// and timerfd state is put back (`fdstate.rs`); an epoll's watch list, a
 /// signalfd's mask and a pidfd are configuration the template keeps.
 const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
+
+/// Highest inotify watch descriptor captured: an instance is made anew at
+/// the restore in one batch of injected calls (`restore.rs`), one or two
+/// per descriptor number up to the highest.
+pub const INOTIFY_MAX_WD: i32 = 32;
 
 /// Largest deleted-but-open file whose contents a checkpoint copies (it is
 /// read while the processes are stopped).
@@ -145,6 +150,27 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
             }
             FdKind::LayerFile { path, locked: true, .. } => {
                 return Err(no(fd(), format!("a lock is held on {path} (file locks are not captured yet)")));
+            }
+            FdKind::AnonInode { state: Some(AnonState::Inotify { watches, pending, unresolved }), .. } => {
+                if let Some(why) = unresolved {
+                    return Err(no(fd(), why.clone()));
+                }
+                if *pending > 0 {
+                    return Err(no(
+                        fd(),
+                        format!(
+                            "an inotify instance with {pending} bytes of events not read yet (reading them would take them from the process; checkpoint once they are read)"
+                        ),
+                    ));
+                }
+                if watches.last().is_some_and(|w| w.wd > INOTIFY_MAX_WD) {
+                    return Err(no(
+                        fd(),
+                        format!(
+                            "an inotify instance with watch descriptors above {INOTIFY_MAX_WD} (only small watch sets are captured yet)"
+                        ),
+                    ));
+                }
             }
             FdKind::AnonInode { what, .. } if !KEPT_ANON.contains(&what.as_str()) => {
                 return Err(no(

@@ -200,8 +200,9 @@ pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
             }
             Ok(())
         }
-        // Configuration held by the descriptor's owner: restored by
-        // syscalls injected into the restored process (`restore.rs`).
-        AnonState::Epoll { .. } | AnonState::Signalfd { .. } => Ok(()),
+        // Configuration held by the descriptor's owner, or an object made
+        // anew: restored by syscalls injected into the restored process
+        // (`restore.rs`).
+        AnonState::Epoll { .. } | AnonState::Signalfd { .. } | AnonState::Inotify { .. } => Ok(()),
     }
 }

@@ -242,6 +242,7 @@ impl FdKind {
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
+            FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
             _ => false,
         }
     }
@@ -418,6 +419,35 @@ pub enum AnonState {
         /// Bit `n - 1` for signal `n`.
         mask: u64,
     },
+    /// An inotify instance: made anew at the restore, its watches added
+    /// again by path in the rolled-back tree with the same descriptors
+    /// (`wd`).
+    Inotify {
+        /// Its watches, by ascending `wd`.
+        watches: Vec<InotifyWatch>,
+        /// Bytes of events not read yet (`FIONREAD`; refused if any: they
+        /// cannot be read without taking them from the running process).
+        #[serde(default)]
+        pending: u64,
+        /// Why a watch's inode could not be located (refused if set).
+        #[serde(default)]
+        unresolved: Option<String>,
+    },
+}
+
+/// One inotify watch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyWatch {
+    /// Watch descriptor.
+    pub wd: i32,
+    /// Event mask as `inotify_add_watch` takes it (with `IN_ONESHOT`,
+    /// `IN_EXCL_UNLINK`).
+    pub mask: u32,
+    /// Path of the watched inode inside the sandbox, at the checkpoint.
+    pub path: String,
+    /// The inode is a symbolic link (added again with `IN_DONT_FOLLOW`).
+    #[serde(default)]
+    pub dont_follow: bool,
 }
 
 /// The bytes a pipe (or FIFO) held at the checkpoint.

@@ -14,7 +14,9 @@ use std::path::Path;
 
 use sandtree_sys::mountinfo::{self, MountEntry};
 
-use crate::model::{AnonState, FdImage, FdKind, InetBinding, MapImage, ProcessImage, Registers, SignalMasks};
+use crate::model::{
+    AnonState, FdImage, FdKind, InetBinding, InotifyWatch, MapImage, ProcessImage, Registers, SignalMasks,
+};
 
 /// The fields of `/proc/pid/status` this engine uses.
 #[derive(Debug, Clone, Default)]
@@ -190,6 +192,99 @@ fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Optio
     }
 }
 
+/// An inotify instance, from its `fdinfo` (one line per watch: `inotify
+/// wd:<hex> ino:<hex> sdev:<hex> mask:<hex> ignored_mask:<hex>
+/// fhandle-bytes:<hex> fhandle-type:<hex> f_handle:<hex bytes>`), read
+/// while its process is stopped. Each watch's inode is located through its
+/// file handle: `sdev` names the mount (the kernel's `major << 20 | minor`);
+/// on an overlay the handle is overlayfs's (`struct ovl_fb`: version,
+/// magic `0xfb`, length, flags — bit 2: the upper layer — inner handle
+/// type, the layer's filesystem uuid, then the inner handle), which is
+/// opened with `open_by_handle_at` on the layer's directory: the path it
+/// has there, below the layer's root, is its path in the sandbox.
+fn inotify_state(text: &str, pidfd: Option<&OwnedFd>, fd: i32, mounts: &HashMap<i32, MountEntry>) -> AnonState {
+    let pending = pidfd
+        .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
+        .and_then(|dup| rustix::io::ioctl_fionread(&dup).ok())
+        .unwrap_or(0);
+    let mut watches = Vec::new();
+    let mut unresolved = None;
+    for line in text.lines().filter(|l| l.starts_with("inotify ")) {
+        let kv: HashMap<&str, &str> = line.split_whitespace().skip(1).filter_map(|f| f.split_once(':')).collect();
+        let hex = |k: &str| kv.get(k).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let handle = kv.get("f_handle").and_then(|h| decode_hex(h));
+        let located = match (hex("wd"), hex("sdev"), hex("mask")) {
+            (Some(wd), Some(sdev), Some(mask)) => locate_watch(sdev, hex("fhandle-type"), handle.as_deref(), mounts)
+                .map(|(path, dont_follow)| InotifyWatch { wd: wd as i32, mask: mask as u32, path, dont_follow }),
+            _ => Err(format!("an inotify watch could not be parsed ({line})")),
+        };
+        match located {
+            Ok(w) => watches.push(w),
+            Err(why) => {
+                unresolved.get_or_insert(why);
+            }
+        }
+    }
+    watches.sort_by_key(|w| w.wd);
+    AnonState::Inotify { watches, pending, unresolved }
+}
+
+fn decode_hex(h: &str) -> Option<Vec<u8>> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// The sandbox path of the inode an inotify watch is on (see
+/// [`inotify_state`]), and whether it is a symbolic link.
+fn locate_watch(
+    sdev: u64,
+    handle_type: Option<u64>,
+    handle: Option<&[u8]>,
+    mounts: &HashMap<i32, MountEntry>,
+) -> Result<(String, bool), String> {
+    let Some(m) = mounts.values().find(|m| m.kernel_dev() == sdev) else {
+        return Err(format!("an inotify watch on device {sdev:#x}, which is not mounted in the sandbox"));
+    };
+    let place = m.target.display();
+    if m.fstype != "overlay" {
+        return Err(format!(
+            "an inotify watch on {place} ({}): only watches on the sandbox's layers are captured",
+            m.fstype
+        ));
+    }
+    // OVL_FILEID_V1 (0xf8) has 3 bytes of padding before the ovl_fb;
+    // OVL_FILEID_V0 (0xfb) has none.
+    let fb = match (handle_type, handle) {
+        (Some(0xf8), Some(h)) => h.get(3..),
+        (Some(0xfb), Some(h)) => Some(h),
+        _ => None,
+    };
+    let fb = fb.filter(|fb| fb.len() > 21 && fb[1] == 0xfb && (fb[2] as usize) <= fb.len() && fb[2] > 21);
+    let Some(fb) = fb else {
+        return Err(format!("an inotify watch on {place} has no overlay file handle to locate its inode with"));
+    };
+    let (upper, inner_type, inner) = (fb[3] & 4 != 0, fb[4] as i32, &fb[21..fb[2] as usize]);
+    let dirs: Vec<std::path::PathBuf> = if upper { m.option("upperdir").into_iter().collect() } else { m.lower_dirs() };
+    for dir in dirs {
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
+        let Ok(layer) = rustix::fs::open(&dir, flags, rustix::fs::Mode::empty()) else { continue };
+        let Ok(inode) = sandtree_sys::handle::open_by_handle(&layer, inner_type, inner, libc::O_PATH) else {
+            continue;
+        };
+        let Ok(real) = readlink(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&inode))) else {
+            continue;
+        };
+        if real.ends_with(" (deleted)") {
+            return Err(format!("an inotify watch on a deleted file ({real})"));
+        }
+        let Ok(rel) = Path::new(&real).strip_prefix(&dir) else { continue };
+        let symlink = rustix::fs::fstat(&inode)
+            .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
+            .unwrap_or(false);
+        return Ok((m.target.join(rel).to_string_lossy().into_owned(), symlink));
+    }
+    Err(format!("the inode of an inotify watch on {place} could not be located on its layers"))
+}
+
 /// The watch list in an epoll's fdinfo: `tfd: N events: X data: Y ...`.
 pub fn epoll_watches(text: &str) -> Vec<(i32, u32, u64)> {
     text.lines()
@@ -321,7 +416,10 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
             socket_kind(pidfd.as_ref(), fd, ino)
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
             let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
-            let state = anon_state(&what, &info.text, pidfd.as_ref(), fd);
+            let state = match what.as_str() {
+                "inotify" => Some(inotify_state(&info.text, pidfd.as_ref(), fd, mounts)),
+                _ => anon_state(&what, &info.text, pidfd.as_ref(), fd),
+            };
             FdKind::AnonInode { what, state }
         } else if let Some(name) = link.strip_prefix("/memfd:") {
             memfd_kind(pidfd.as_ref(), fd, name.trim_end_matches(" (deleted)"), &entry.path())

@@ -932,6 +932,95 @@ fn memfd_state(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 6b. An inotify instance with its watches (on the layer and below it).
+
+const INOTIFY_PY: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+IN_MODIFY, IN_ATTRIB, IN_CREATE, IN_DELETE, IN_DONT_FOLLOW = 0x2, 0x4, 0x100, 0x200, 0x02000000
+os.makedirs('/root/w', exist_ok=True)
+open('/root/w/f', 'w').write('x')
+if not os.path.islink('/root/link'):
+    os.symlink('/root/w/f', '/root/link')
+ino = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+assert libc.inotify_add_watch(ino, b'/root/w', IN_CREATE | IN_DELETE) == 1
+gone = libc.inotify_add_watch(ino, b'/root', IN_CREATE)
+libc.inotify_rm_watch(ino, gone)
+assert libc.inotify_add_watch(ino, b'/root/w/f', IN_MODIFY) == 3
+assert libc.inotify_add_watch(ino, b'/usr/lib', IN_ATTRIB) == 4
+assert libc.inotify_add_watch(ino, b'/root/link', IN_ATTRIB | IN_DONT_FOLLOW) == 5
+dup = os.dup(ino)
+drain_fd(ino)  # the IN_IGNORED of the removed watch
+ep = select.epoll()
+ep.register(ino, select.EPOLLIN)
+
+def events():
+    buf, got, off = drain_fd(ino), [], 0
+    while off + 16 <= len(buf):
+        wd, mask, _, n = struct.unpack_from('iIII', buf, off)
+        got.append('%d:%x:%s' % (wd, mask, buf[off + 16:off + 16 + n].rstrip(b'\0').decode()))
+        off += 16 + n
+    return ','.join(got)
+
+def state():
+    wds = sorted(int(l.split()[1][3:], 16) for l in open('/proc/self/fdinfo/%d' % ino) if l.startswith('inotify'))
+    return 'wds=%s nonblock=%s cloexec=%s dup=%s pending=%d' % (
+        wds, fcntl.fcntl(ino, fcntl.F_GETFL) & os.O_NONBLOCK != 0,
+        fcntl.fcntl(ino, fcntl.F_GETFD) & fcntl.FD_CLOEXEC != 0,
+        os.fstat(dup).st_ino == os.fstat(ino).st_ino, avail(ino))
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'mutate':
+        open('/root/w/new', 'w').close()
+        got = events()
+        libc.inotify_add_watch(ino, b'/tmp', IN_CREATE)
+        return '%s %s' % (got, state())
+    if cmd == 'touch':
+        open('/root/w/after', 'w').close()
+        with open('/root/w/f', 'a') as f:
+            f.write('y')
+        os.utime('/root/link', follow_symlinks=False)
+        ready = [fd for fd, _ in ep.poll(1)] == [ino]
+        got = events()
+        return '%s epoll=%s new=%d' % (got, ready, libc.inotify_add_watch(ino, b'/tmp', IN_CREATE))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// An inotify instance comes back with the same watch descriptors (a gap
+/// included), on a directory and a file of the layer, a directory below it
+/// (`/usr`) and a symbolic link itself; its flags, a dup, its epoll watch;
+/// events after the rollback come from the rolled-back tree.
+fn inotify_watches(e: &Engine) -> CaseFuture<'_> {
+    let at_ck = "wds=[1, 3, 4, 5] nonblock=True cloexec=True dup=True pending=0";
+    let mutated = "1:100:new wds=[1, 3, 4, 5, 6] nonblock=True cloexec=True dup=True pending=0";
+    Box::pin(async move {
+        let after = [After::Ask("touch", "1:100:after,3:2:,5:4: epoll=True new=6")];
+        round_trips(e, INOTIFY_PY, |s| s == at_ck, &[("mutate", mutated)], &after, ROUNDS).await
+    })
+}
+
+/// Events not read yet cannot be captured (reading them would take them
+/// from the process): the checkpoint is refused, naming them; once they are
+/// read, it is taken.
+fn inotify_unread_events_are_refused(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, INOTIFY_PY).await?;
+        sh(e, &w.sb, "touch /root/w/unread").await?;
+        let err = e.checkpoint(&w.sb, CheckpointRequest::default()).await.err().context("unread events accepted")?;
+        ensure!(err.to_string().contains("inotify") && err.to_string().contains("not read yet"), "{err}");
+        // Still running, with its events: `touch` reads them.
+        let got = w.ask(e, "touch").await?;
+        ensure!(got.starts_with("1:100:unread,1:100:after,"), "{got}");
+        w.checkpoint(e).await?;
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 7. A unix socketpair with bytes in flight, and a listening unix socket.
 
 const UNIX_PY: &str = r#"
@@ -1807,6 +1896,8 @@ fn main() {
         ("pipe_keeps_buffered_bytes", pipe_keeps_buffered_bytes),
         ("fifo_on_layer", fifo_on_layer),
         ("memfd_state", memfd_state),
+        ("inotify_watches", inotify_watches),
+        ("inotify_unread_events_are_refused", inotify_unread_events_are_refused),
         ("no_writable_code", no_writable_code),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),

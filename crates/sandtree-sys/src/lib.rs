@@ -13,12 +13,14 @@
 //! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names and death signals |
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
 //! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
+//! | `handle`  | `open_by_handle_at` (inotify watches' inodes) |
 //! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
 //! | `timerfd` | `TFD_IOC_SET_TICKS` (unread expirations of a restored timer) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
 
 pub mod btrfs;
 pub mod fdpass;
+pub mod handle;
 pub mod loopdev;
 pub mod mount;
 pub mod mountinfo;

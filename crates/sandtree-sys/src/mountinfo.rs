@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 pub struct MountEntry {
     /// Mount id (what `fdinfo`'s `mnt_id` refers to).
     pub id: i32,
+    /// Device of its filesystem (`major:minor`).
+    pub dev: (u32, u32),
     pub target: PathBuf,
     pub fstype: String,
     /// Filesystem options (`rw,upperdir=...`), still escaped.
@@ -26,6 +28,26 @@ impl MountEntry {
     /// Value of `key=value` among the filesystem options.
     pub fn option(&self, key: &str) -> Option<PathBuf> {
         self.super_options.split(',').find_map(|o| o.strip_prefix(key)?.strip_prefix('=')).map(unescape)
+    }
+
+    /// An overlay's lower layers, topmost first (`lowerdir=a:b` or
+    /// repeated `lowerdir+=`).
+    pub fn lower_dirs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for o in self.super_options.split(',') {
+            if let Some(v) = o.strip_prefix("lowerdir+=") {
+                out.push(unescape(v));
+            } else if let Some(v) = o.strip_prefix("lowerdir=") {
+                out.extend(v.split(':').filter(|p| !p.is_empty()).map(unescape));
+            }
+        }
+        out
+    }
+
+    /// Its device in the kernel's internal encoding (`major << 20 |
+    /// minor`), as `fdinfo` prints it (`sdev:` of an inotify watch).
+    pub fn kernel_dev(&self) -> u64 {
+        ((self.dev.0 as u64) << 20) | self.dev.1 as u64
     }
 }
 
@@ -46,12 +68,15 @@ fn parse(text: &str) -> Vec<MountEntry> {
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;
             let id = pre.split(' ').next()?.parse().ok()?;
+            let (major, minor) = pre.split(' ').nth(2)?.split_once(':')?;
+            let dev = (major.parse().ok()?, minor.parse().ok()?);
             let target = pre.split(' ').nth(4)?;
             let mut post = post.split(' ');
             let fstype = post.next()?;
             let super_options = post.nth(1).unwrap_or_default();
             Some(MountEntry {
                 id,
+                dev,
                 target: unescape(target),
                 fstype: fstype.to_string(),
                 super_options: super_options.to_string(),
@@ -99,7 +124,13 @@ mod tests {
         let m = parse(text);
         assert_eq!(
             m[0],
-            MountEntry { id: 36, target: "/mnt/a b".into(), fstype: "btrfs".into(), super_options: "rw".into() }
+            MountEntry {
+                id: 36,
+                dev: (98, 0),
+                target: "/mnt/a b".into(),
+                fstype: "btrfs".into(),
+                super_options: "rw".into()
+            }
         );
         assert_eq!((m[1].id, m[1].fstype.as_str()), (37, "proc"));
     }
@@ -112,6 +143,10 @@ mod tests {
         assert_eq!(m[0].option("workdir"), Some(PathBuf::from("/w")));
         assert_eq!(m[0].option("volatile"), None);
         assert_eq!(m[0].option("upper"), None);
+        assert_eq!(m[0].lower_dirs(), vec![PathBuf::from("/l")]);
+        assert_eq!(m[0].dev, (0, 50));
+        let text = r"41 1 0:51 / / rw - overlay none rw,lowerdir+=/a\0542,lowerdir+=/b,upperdir=/u";
+        assert_eq!(parse(text)[0].lower_dirs(), vec![PathBuf::from("/a,2"), PathBuf::from("/b")]);
     }
 
     #[test]
