@@ -186,10 +186,10 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
                     ),
                 ));
             }
-            FdKind::Socket { family, queued: true, .. } if family == "unix" => {
+            FdKind::Socket { family, queued: true, peer: None, .. } if family == "unix" => {
                 return Err(no(
                     fd(),
-                    "a unix socket with bytes in flight (not captured yet; checkpoint once they are read)".into(),
+                    "a unix socket with bytes in flight (captured only on a stream socket, without descriptors passed along, whose peer is in the sandbox; checkpoint once they are read)".into(),
                 ));
             }
             FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {

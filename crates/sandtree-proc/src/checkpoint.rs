@@ -278,6 +278,8 @@ pub(crate) struct Cloned {
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
     pipes: Vec<crate::model::PipeBuffer>,
+    /// Bytes queued on its unix stream sockets.
+    sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
     ghosts: Vec<(i32, Vec<u8>)>,
     /// Its armed interval timers.
@@ -385,10 +387,13 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
+    // (bytes, the receiving process: template host, pid, comm)
+    let mut captured_sockets: Vec<(crate::model::SocketBuffer, i32)> = Vec::new();
     let mut cloned = std::mem::take(&mut st.cloned).into_iter();
     for mut c in cloned.by_ref() {
         let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes));
+        captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
         match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
             Ok(t) => {
                 report.captured.push(t.image.pid);
@@ -433,12 +438,50 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
             pipes.push((pipe, host, fd));
         }
     }
+    // Bytes queued on a unix stream socket go back through its peer, which
+    // a template must hold (another process's or its own).
+    let sockets = loop {
+        let holder = |ino: u64, made: &[Template]| {
+            made.iter().find_map(|t| {
+                t.image.fds.iter().find_map(|f| match f.kind {
+                    FdKind::Socket { ino: i, .. } if i == ino => Some((t.host, f.fd)),
+                    _ => None,
+                })
+            })
+        };
+        let orphan = captured_sockets
+            .iter()
+            .find(|(b, host)| made.iter().any(|t| t.host == *host) && holder(b.peer, &made).is_none());
+        let Some(&(_, host)) = orphan else {
+            break captured_sockets
+                .into_iter()
+                .filter_map(|(b, _)| holder(b.peer, &made).map(|(h, fd)| (b, h, fd)))
+                .collect::<Vec<_>>();
+        };
+        let Some(i) = made.iter().position(|t| t.host == host) else { continue };
+        let t = &made[i];
+        let u = Unrestorable {
+            pid: t.image.pid,
+            comm: t.image.comm.clone(),
+            resource: "unix socket".into(),
+            reason: "bytes in flight whose sender is not a captured process of the sandbox".into(),
+        };
+        if !best_effort {
+            for t in made {
+                kill_tracee(t.host);
+            }
+            return Err(Error::Unsupported(u));
+        }
+        kill_tracee(made.remove(i).host);
+        report.captured.retain(|p| *p != u.pid);
+        report.unrestorable.push(u);
+    };
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
     st.unprepared.push(ck.to_string());
     st.pools.insert(
         ck.to_string(),
-        CheckpointTemplates { templates: made, pipes, unrestorable: report.unrestorable.clone(), last_used },
+        CheckpointTemplates { templates: made, pipes, sockets, unrestorable: report.unrestorable.clone(), last_used },
     );
     Ok(report)
 }
@@ -559,6 +602,17 @@ fn clone_of(
                 pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
             }
         }
+        let mut sockets = Vec::new();
+        for f in &fds {
+            if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind {
+                let bytes = crate::fdstate::capture_socket(host, f.fd).map_err(|e| Error::Proc {
+                    pid: host,
+                    what: "unix socket bytes",
+                    source: e,
+                })?;
+                sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, bytes });
+            }
+        }
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
         Ok(Cloned {
             holder: None,
@@ -570,6 +624,7 @@ fn clone_of(
             queued,
             affinity: affinity.clone(),
             pipes,
+            sockets,
             ghosts,
             itimers,
             altstack,

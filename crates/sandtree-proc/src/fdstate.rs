@@ -159,6 +159,50 @@ pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
     Err(io::Error::other("socket does not drain"))
 }
 
+/// The bytes queued for reading on unix stream socket `sock`, without
+/// consuming them (`MSG_PEEK`). An error if descriptors are in flight with
+/// them, or if they cannot be read in one piece (from several writers).
+pub fn socket_bytes(sock: &OwnedFd) -> io::Result<Vec<u8>> {
+    let n = rustix::io::ioctl_fionread(sock)? as usize;
+    let mut buf = vec![0u8; n.max(1)];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags)?;
+    // Descriptors passed with the bytes were installed here by the peek:
+    // dropping them closes our copies.
+    let passed = control.drain().any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_)));
+    if passed {
+        return Err(io::Error::other("descriptors are in flight with the bytes"));
+    }
+    if got.bytes != n {
+        return Err(io::Error::other(format!("{} of {n} queued bytes could be read in one piece", got.bytes)));
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// The bytes queued on unix stream socket `fd` of `host` ([`socket_bytes`]).
+pub fn capture_socket(host: i32, fd: i32) -> io::Result<Vec<u8>> {
+    socket_bytes(&dup_from(host, fd)?)
+}
+
+/// Queue `bytes` again on the peer of socket `fd` of `host`, by writing
+/// them into that socket (the restore drained the peer beforehand).
+pub fn fill_socket(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+    let sock = dup_from(host, fd)?;
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+        match rustix::net::send(&sock, &bytes[sent..], flags) {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Put `state` back into the object behind `fd` of `host` (a template).
 pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
     let obj = dup_from(host, fd)?;

@@ -65,6 +65,7 @@ pub mod inject;
 pub mod model;
 pub mod procfs;
 mod restore;
+mod sockdiag;
 mod tracer;
 
 use std::io;

@@ -330,6 +330,11 @@ pub enum FdKind {
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,
+        /// A unix stream socket with data queued: its peer's inode, when
+        /// the bytes can be captured (no descriptors in flight) and put
+        /// back through the peer (see [`SocketBuffer`]).
+        #[serde(default)]
+        peer: Option<u64>,
         /// An inet socket's bound address (raw `sockaddr_in`/`sockaddr_in6`)
         /// and options, for listeners and bound datagram sockets: those are
         /// re-created at restore (a template holding them would keep their
@@ -463,6 +468,19 @@ pub struct PipeBuffer {
     /// Its capacity (`F_GETPIPE_SZ`): a FIFO made anew gets it back.
     #[serde(default)]
     pub size: usize,
+}
+
+/// The bytes queued for reading on a unix stream socket at the
+/// checkpoint. At the restore they are written again into its peer (which
+/// a template holds), so that they are queued on the socket once more.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketBuffer {
+    /// The receiving socket's inode.
+    pub ino: u64,
+    /// Its peer's inode.
+    pub peer: u64,
+    /// The queued bytes, oldest first.
+    pub bytes: Vec<u8>,
 }
 
 /// One memory mapping (`/proc/pid/maps`).

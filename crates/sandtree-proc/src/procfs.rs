@@ -306,7 +306,7 @@ pub fn epoll_watches_of(pid: i32, fd: i32) -> io::Result<Vec<(i32, u32, u64)>> {
 /// What a socket is, asked of the socket itself (a duplicate taken with
 /// `pidfd_getfd`): far cheaper than `/proc/net/tcp`, which walks the
 /// whole connection hash table.
-fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
+fn socket_kind(pid: i32, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let unknown = FdKind::Socket {
         ino,
@@ -316,6 +316,7 @@ fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
         connected: false,
         bound: None,
         queued: false,
+        peer: None,
         inet: None,
     };
     let Some(pidfd) = pidfd else { return unknown };
@@ -345,7 +346,14 @@ fn socket_kind(pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     };
     let inet =
         (family.starts_with("inet") && (listening || (!stream && !connected))).then(|| inet_binding(&dup)).flatten();
-    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued, inet }
+    // Bytes queued on a unix stream socket are captured when no descriptor
+    // is in flight with them, through the peer that sent them.
+    let peer = (queued && family == "unix" && matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM)))
+        .then(|| crate::fdstate::socket_bytes(&dup).ok())
+        .flatten()
+        .and_then(|_| crate::sockdiag::diag_socket(pid).ok())
+        .and_then(|diag| crate::sockdiag::unix_peer(&diag, ino).ok().flatten());
+    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued, peer, inet }
 }
 
 /// The bound address and options of an inet socket (`None`: not bound).
@@ -413,7 +421,7 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
         let kind = if let Some(ino) = inode_of(&link, "pipe:[") {
             FdKind::Pipe { ino }
         } else if let Some(ino) = inode_of(&link, "socket:[") {
-            socket_kind(pidfd.as_ref(), fd, ino)
+            socket_kind(pid, pidfd.as_ref(), fd, ino)
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
             let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
             let state = match what.as_str() {

@@ -131,6 +131,15 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
+    // After every drain: bytes queued at the checkpoint on unix stream
+    // sockets, written again by their peers.
+    for (buf, host, fd) in &set.sockets {
+        crate::fdstate::fill_socket(*host, *fd, &buf.bytes).map_err(|e| Error::Proc {
+            pid: *host,
+            what: "unix socket bytes",
+            source: e,
+        })?;
+    }
     let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down.
     let mut order: Vec<usize> = (0..set.templates.len()).collect();

@@ -1,0 +1,116 @@
+//! The peer of a unix socket, by `NETLINK_SOCK_DIAG` (what `ss -x` shows).
+//!
+//! Unix sockets belong to a network namespace: the query goes through a
+//! netlink socket made in the sandbox's (a short-lived thread enters it
+//! with `setns`; the socket stays bound to it).
+//!
+//! Request: `nlmsghdr` (type `SOCK_DIAG_BY_FAMILY` = 20, `NLM_F_REQUEST`),
+//! then `struct unix_diag_req { u8 family = AF_UNIX, u8 protocol = 0, u16
+//! pad, u32 states (all), u32 ino, u32 show (UDIAG_SHOW_PEER = 4), u32
+//! cookie[2] (INET_DIAG_NOCOOKIE: ~0) }`. Answer: `nlmsghdr`, `struct
+//! unix_diag_msg { u8 family, type, state, pad; u32 ino; u32 cookie[2] }`,
+//! then attributes (`u16 len, u16 type`, 4-byte aligned);
+//! `UNIX_DIAG_PEER` (2) holds the peer's inode (u32). An error answer is
+//! `NLMSG_ERROR` (2) with a negative errno.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 1;
+const UDIAG_SHOW_PEER: u32 = 4;
+const UNIX_DIAG_PEER: u16 = 2;
+
+/// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.
+pub fn diag_socket(pid: i32) -> io::Result<OwnedFd> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<OwnedFd> {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            Ok(rustix::net::socket_with(
+                rustix::net::AddressFamily::NETLINK,
+                rustix::net::SocketType::DGRAM,
+                rustix::net::SocketFlags::CLOEXEC,
+                Some(rustix::net::netlink::SOCK_DIAG),
+            )?)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("sock_diag thread panicked")))
+    })
+}
+
+/// The inode of the peer of unix socket `ino` (`None`: it has none).
+pub fn unix_peer(diag: &OwnedFd, ino: u64) -> io::Result<Option<u64>> {
+    let mut req = Vec::with_capacity(40);
+    req.extend_from_slice(&40u32.to_ne_bytes()); // nlmsg_len
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    req.extend_from_slice(&(ino as u32).to_ne_bytes());
+    req.extend_from_slice(&UDIAG_SHOW_PEER.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
+    let mut buf = vec![0u8; 8192];
+    let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
+    parse_peer(&buf[..n])
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn parse_peer(msg: &[u8]) -> io::Result<Option<u64>> {
+    let bad = || io::Error::other("malformed sock_diag answer");
+    let len = u32_at(msg, 0).ok_or_else(bad)? as usize;
+    let kind = u16_at(msg, 4).ok_or_else(bad)?;
+    if kind == NLMSG_ERROR {
+        let errno = u32_at(msg, 16).ok_or_else(bad)? as i32;
+        return Err(io::Error::from_raw_os_error(-errno));
+    }
+    // Attributes follow the 16-byte header and the 16-byte unix_diag_msg.
+    let mut at = 32;
+    while at + 4 <= len.min(msg.len()) {
+        let alen = u16_at(msg, at).ok_or_else(bad)? as usize;
+        let atype = u16_at(msg, at + 2).ok_or_else(bad)?;
+        if alen < 4 {
+            return Err(bad());
+        }
+        if atype == UNIX_DIAG_PEER {
+            return Ok(Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64));
+        }
+        at += alen.next_multiple_of(4);
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socketpair_peers_are_found() {
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .expect("socketpair");
+        let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("fstat").st_ino;
+        let diag = diag_socket(std::process::id() as i32).expect("sock_diag socket");
+        assert_eq!(unix_peer(&diag, ino(&a)).expect("query"), Some(ino(&b)));
+        assert_eq!(unix_peer(&diag, ino(&b)).expect("query"), Some(ino(&a)));
+    }
+}
