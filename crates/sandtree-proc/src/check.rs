@@ -189,7 +189,7 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
             FdKind::Socket { family, queued: true, peer: None, .. } if family == "unix" => {
                 return Err(no(
                     fd(),
-                    "a unix socket with bytes in flight (captured only on a stream socket, without descriptors passed along, whose peer is in the sandbox; checkpoint once they are read)".into(),
+                    "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
                 ));
             }
             FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {

@@ -278,7 +278,7 @@ pub(crate) struct Cloned {
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
     pipes: Vec<crate::model::PipeBuffer>,
-    /// Bytes queued on its unix stream sockets.
+    /// Data queued on its connected unix sockets.
     sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
     ghosts: Vec<(i32, Vec<u8>)>,
@@ -438,7 +438,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
             pipes.push((pipe, host, fd));
         }
     }
-    // Bytes queued on a unix stream socket go back through its peer, which
+    // Data queued on a unix socket goes back through its peer, which
     // a template must hold (another process's or its own).
     let sockets = loop {
         let holder = |ino: u64, made: &[Template]| {
@@ -464,7 +464,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
             pid: t.image.pid,
             comm: t.image.comm.clone(),
             resource: "unix socket".into(),
-            reason: "bytes in flight whose sender is not a captured process of the sandbox".into(),
+            reason: "data in flight whose sender is not a captured process of the sandbox".into(),
         };
         if !best_effort {
             for t in made {
@@ -605,12 +605,12 @@ fn clone_of(
         let mut sockets = Vec::new();
         for f in &fds {
             if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind {
-                let bytes = crate::fdstate::capture_socket(host, f.fd).map_err(|e| Error::Proc {
+                let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| Error::Proc {
                     pid: host,
-                    what: "unix socket bytes",
+                    what: "unix socket data",
                     source: e,
                 })?;
-                sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, bytes });
+                sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, stream, messages });
             }
         }
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");

@@ -159,45 +159,81 @@ pub fn drain_socket(host: i32, fd: i32) -> io::Result<()> {
     Err(io::Error::other("socket does not drain"))
 }
 
-/// The bytes queued for reading on unix stream socket `sock`, without
-/// consuming them (`MSG_PEEK`). An error if descriptors are in flight with
-/// them, or if they cannot be read in one piece (from several writers).
-pub fn socket_bytes(sock: &OwnedFd) -> io::Result<Vec<u8>> {
-    let n = rustix::io::ioctl_fionread(sock)? as usize;
-    let mut buf = vec![0u8; n.max(1)];
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
-    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-    let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags)?;
-    // Descriptors passed with the bytes were installed here by the peek:
-    // dropping them closes our copies.
-    let passed = control.drain().any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_)));
-    if passed {
-        return Err(io::Error::other("descriptors are in flight with the bytes"));
+/// What is queued for reading on unix socket `sock`, without consuming
+/// it (`MSG_PEEK`): a stream socket's bytes as one piece, a datagram or
+/// seqpacket socket's messages one by one (peeked from `SO_PEEK_OFF` 0
+/// on, which each peek moves past the message; the socket's own offset is
+/// put back). An error if descriptors are in flight with them, or if a
+/// stream's bytes cannot be read in one piece (from several writers).
+pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>> {
+    let peek = |buf: &mut [u8]| -> io::Result<(usize, bool)> {
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::TRUNC;
+        let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut control, flags)?;
+        // Descriptors passed with the bytes were installed here by the
+        // peek: dropping them closes our copies.
+        if control.drain().any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_))) {
+            return Err(io::Error::other("descriptors are in flight with the bytes"));
+        }
+        Ok((got.bytes, got.flags.contains(rustix::net::ReturnFlags::TRUNC)))
+    };
+    if stream {
+        let n = rustix::io::ioctl_fionread(sock)? as usize;
+        let mut buf = vec![0u8; n.max(1)];
+        let (got, _) = peek(&mut buf)?;
+        if got != n {
+            return Err(io::Error::other(format!("{got} of {n} queued bytes could be read in one piece")));
+        }
+        buf.truncate(n);
+        return Ok(vec![buf]);
     }
-    if got.bytes != n {
-        return Err(io::Error::other(format!("{} of {n} queued bytes could be read in one piece", got.bytes)));
-    }
-    buf.truncate(n);
-    Ok(buf)
+    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
+    sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let peeked = loop {
+        match peek(&mut buf) {
+            Ok((_, true)) => break Err(io::Error::other("a queued message is larger than 256 KiB")),
+            Ok((n, false)) if out.len() < 4096 => out.push(buf[..n].to_vec()),
+            Ok(_) => break Err(io::Error::other("more than 4096 messages queued")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(out),
+            Err(e) => break Err(e),
+        }
+    };
+    sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+    peeked
 }
 
-/// The bytes queued on unix stream socket `fd` of `host` ([`socket_bytes`]).
-pub fn capture_socket(host: i32, fd: i32) -> io::Result<Vec<u8>> {
-    socket_bytes(&dup_from(host, fd)?)
-}
-
-/// Queue `bytes` again on the peer of socket `fd` of `host`, by writing
-/// them into that socket (the restore drained the peer beforehand).
-pub fn fill_socket(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+/// What is queued on unix socket `fd` of `host` ([`socket_messages`]), and
+/// whether it is a byte stream.
+pub fn capture_socket(host: i32, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
     let sock = dup_from(host, fd)?;
-    let mut sent = 0;
-    while sent < bytes.len() {
-        let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-        match rustix::net::send(&sock, &bytes[sent..], flags) {
-            Ok(n) => sent += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
+    let stream = rustix::net::sockopt::socket_type(&sock)? == rustix::net::SocketType::STREAM;
+    Ok((socket_messages(&sock, stream)?, stream))
+}
+
+/// Queue `messages` again on the peer of socket `fd` of `host`, by sending
+/// them from that socket (the restore drained the peer beforehand): a
+/// stream's bytes in full, a datagram or seqpacket message per send.
+pub fn fill_socket(host: i32, fd: i32, messages: &[Vec<u8>], stream: bool) -> io::Result<()> {
+    let sock = dup_from(host, fd)?;
+    let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+    for m in messages {
+        let mut sent = 0;
+        loop {
+            match rustix::net::send(&sock, &m[sent..], flags) {
+                Ok(n) if stream => {
+                    sent += n;
+                    if sent >= m.len() {
+                        break;
+                    }
+                }
+                Ok(n) if n == m.len() => break,
+                Ok(_) => return Err(io::Error::other("a message was cut")),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
     Ok(())

@@ -330,8 +330,8 @@ pub enum FdKind {
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,
-        /// A unix stream socket with data queued: its peer's inode, when
-        /// the bytes can be captured (no descriptors in flight) and put
+        /// A connected unix socket with data queued: its peer's inode, when
+        /// the data can be captured (no descriptors in flight) and put
         /// back through the peer (see [`SocketBuffer`]).
         #[serde(default)]
         peer: Option<u64>,
@@ -470,17 +470,20 @@ pub struct PipeBuffer {
     pub size: usize,
 }
 
-/// The bytes queued for reading on a unix stream socket at the
-/// checkpoint. At the restore they are written again into its peer (which
-/// a template holds), so that they are queued on the socket once more.
+/// What was queued for reading on a connected unix socket at the
+/// checkpoint. At the restore it is sent again from its peer (which a
+/// template holds), so that it is queued on the socket once more.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SocketBuffer {
     /// The receiving socket's inode.
     pub ino: u64,
     /// Its peer's inode.
     pub peer: u64,
-    /// The queued bytes, oldest first.
-    pub bytes: Vec<u8>,
+    /// A byte stream (one piece) rather than messages (one per datagram
+    /// or seqpacket record).
+    pub stream: bool,
+    /// The queued bytes or messages, oldest first.
+    pub messages: Vec<Vec<u8>>,
 }
 
 /// One memory mapping (`/proc/pid/maps`).

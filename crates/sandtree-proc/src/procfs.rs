@@ -346,10 +346,12 @@ fn socket_kind(pid: i32, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     };
     let inet =
         (family.starts_with("inet") && (listening || (!stream && !connected))).then(|| inet_binding(&dup)).flatten();
-    // Bytes queued on a unix stream socket are captured when no descriptor
-    // is in flight with them, through the peer that sent them.
-    let peer = (queued && family == "unix" && matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM)))
-        .then(|| crate::fdstate::socket_bytes(&dup).ok())
+    // Data queued on a connected unix socket is captured when no
+    // descriptor is in flight with it, through the peer that sent it.
+    let peer = (queued && connected && family == "unix")
+        .then(|| {
+            crate::fdstate::socket_messages(&dup, matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM))).ok()
+        })
         .flatten()
         .and_then(|_| crate::sockdiag::diag_socket(pid).ok())
         .and_then(|diag| crate::sockdiag::unix_peer(&diag, ino).ok().flatten());

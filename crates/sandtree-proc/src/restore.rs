@@ -131,12 +131,12 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
-    // After every drain: bytes queued at the checkpoint on unix stream
-    // sockets, written again by their peers.
+    // After every drain: data queued at the checkpoint on unix sockets,
+    // sent again by their peers.
     for (buf, host, fd) in &set.sockets {
-        crate::fdstate::fill_socket(*host, *fd, &buf.bytes).map_err(|e| Error::Proc {
+        crate::fdstate::fill_socket(*host, *fd, &buf.messages, buf.stream).map_err(|e| Error::Proc {
             pid: *host,
-            what: "unix socket bytes",
+            what: "unix socket data",
             source: e,
         })?;
     }

@@ -132,8 +132,8 @@ pub(crate) struct CheckpointTemplates {
     /// Buffered bytes of each pipe, with a template (host pid) and fd
     /// through which the pipe is reached at restore.
     pub pipes: Vec<(crate::model::PipeBuffer, i32, i32)>,
-    /// Bytes queued on unix stream sockets, with a template (host pid) and
-    /// fd of the peer they are written into again at restore.
+    /// Data queued on unix sockets, with a template (host pid) and fd of
+    /// the peer it is sent from again at restore.
     pub sockets: Vec<(crate::model::SocketBuffer, i32, i32)>,
     pub unrestorable: Vec<Unrestorable>,
     pub last_used: u64,

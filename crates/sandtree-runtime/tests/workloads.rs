@@ -1031,6 +1031,10 @@ a.sendall(b'inflight')
 b.sendall(b'back')
 da, db = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 db.setblocking(False)
+lone = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+lone.bind('\0sandtree-lone')
+lone.setblocking(False)
+sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 lst.bind('/root/sock')
 lst.listen(4)
@@ -1069,9 +1073,20 @@ def handle(cmd):
         return 'a2b=%d b2a=%d' % (avail(b), avail(a))
     if cmd == 'dgram':
         da.send(b'datagram')
+        da.send(b'second')
         return 'queued'
-    if cmd == 'dgram-drain':
-        return 'db_got=%r' % drain(db)
+    if cmd == 'dgrams':
+        got = []
+        while True:
+            try:
+                got.append(db.recv(4096))
+            except BlockingIOError:
+                return 'db_got=%r' % got
+    if cmd == 'lone':
+        sender.sendto(b'x', '\0sandtree-lone')
+        return 'queued'
+    if cmd == 'lone-drain':
+        return 'lone_got=%r' % drain(lone)
     if cmd == 'ping-pair':
         a.sendall(b'ping')
         time.sleep(0.01)
@@ -1093,16 +1108,17 @@ async fn unix_client(e: &Engine, sb: &str) -> Result<String> {
     Ok(out.stdout.trim().to_string())
 }
 
-/// Bytes in flight on a unix stream socketpair are captured (peeked) and
-/// queued again through the peer at the restore; on a datagram socket they
-/// are not captured yet: that checkpoint is refused, naming them. Bytes
-/// sent after the checkpoint are gone after the rollback, and the listener
+/// Data in flight on connected unix sockets (a stream socketpair's bytes,
+/// a datagram socketpair's messages) is captured (peeked) and queued again
+/// through the peer at the restore; on an unconnected datagram socket it
+/// is not captured yet: that checkpoint is refused, naming it. Data sent
+/// after the checkpoint is gone after the rollback, and the listener
 /// (bound to a file of the replaced tree) accepts again at its path.
 fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, UNIX_PY).await?;
         ensure!(unix_client(e, &w.sb).await? == "unix-ok", "listener before the checkpoint");
-        ensure!(w.ask(e, "dgram").await? == "queued");
+        ensure!(w.ask(e, "lone").await? == "queued");
         sleep_ms(50).await;
         let err =
             e.checkpoint(&w.sb, CheckpointRequest::default()).await.err().context("datagram in flight accepted")?;
@@ -1110,7 +1126,8 @@ fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
             err.code() == sandtree_api::ErrorCode::ProcessNotRestorable && err.to_string().contains("in flight"),
             "{err}"
         );
-        ensure!(w.ask(e, "dgram-drain").await? == "db_got=b'datagram'");
+        ensure!(w.ask(e, "lone-drain").await? == "lone_got=b'x'");
+        ensure!(w.ask(e, "dgram").await? == "queued");
         let at_ck = w.ask(e, "state").await?;
         ensure!(at_ck == "a2b=8 b2a=4", "{at_ck}");
         let ck = w.checkpoint(e).await?;
@@ -1120,6 +1137,7 @@ fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
             w.rollback(e, &ck).await?;
             c.eq("state after rollback", &w.ask(e, "state").await?, &at_ck);
             c.eq("bytes after rollback", &w.ask(e, "drain").await?, "b_got=b'inflight' a_got=b'back'");
+            c.eq("datagrams after rollback", &w.ask(e, "dgrams").await?, "db_got=[b'datagram', b'second']");
             c.eq("socketpair still connected", &w.ask(e, "ping-pair").await?, "b_got=b'ping'");
             c.eq("connect to /root/sock after rollback", &unix_client(e, &w.sb).await?, "unix-ok");
             c.result(round)?;

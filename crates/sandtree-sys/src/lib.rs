@@ -14,6 +14,7 @@
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
 //! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
 //! | `handle`  | `open_by_handle_at` (inotify watches' inodes) |
+//! | `sockopt` | `SO_PEEK_OFF` (messages queued on a socket, peeked one by one) |
 //! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
 //! | `timerfd` | `TFD_IOC_SET_TICKS` (unread expirations of a restored timer) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
@@ -28,4 +29,5 @@ pub mod netdev;
 pub mod process;
 pub mod ptrace;
 pub mod pty;
+pub mod sockopt;
 pub mod timerfd;
