@@ -18,10 +18,10 @@ const CAP_SYS_ADMIN: u64 = 1 << 21;
 /// signalfd's mask and a pidfd are configuration the template keeps.
 const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
 
-/// Highest inotify watch descriptor captured: an instance is made anew at
-/// the restore in one batch of injected calls (`restore.rs`), one or two
-/// per descriptor number up to the highest.
-pub const INOTIFY_MAX_WD: i32 = 32;
+/// Highest inotify watch descriptor captured: each watch's inode is
+/// located while the process is stopped (one `open_by_handle_at` each),
+/// and a restore adds a watch (or a spacer) per number up to the highest.
+pub const INOTIFY_MAX_WD: i32 = 1024;
 
 /// Largest deleted-but-open file whose contents a checkpoint copies (it is
 /// read while the processes are stopped).

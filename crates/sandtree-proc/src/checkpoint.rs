@@ -7,7 +7,7 @@ use sandtree_sys::ptrace;
 
 use crate::check::{self, Unrestorable};
 use crate::inject::{self, Tracee};
-use crate::model::{FdKind, Registers};
+use crate::model::{AnonState, FdKind, Registers};
 use crate::tracer::{CaptureReport, CheckpointTemplates, State, StopReport, Stopped, Template, kill_tracee};
 use crate::{Error, Result, procfs};
 
@@ -316,13 +316,13 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     };
     let mut failure = None;
     let mut left = stopped.into_iter();
-    let mut pipes_seen = HashSet::new();
+    let mut seen = Seen::default();
     match mounts {
         Err(e) => failure = Some(e),
         Ok(mounts) => {
             for s in left.by_ref() {
                 let need_holder = !st.has_holder(s.host);
-                match clone_of(&s, &mounts, &mut pipes_seen, need_holder) {
+                match clone_of(&s, &mounts, &mut seen, need_holder) {
                     Ok(mut c) => {
                         if let Some(h) = c.holder.take() {
                             st.holders.push(h);
@@ -394,7 +394,9 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         let host = c.host;
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        match set_up(c, best_effort).and_then(|t| memfds_own(&t, &made).map(|()| t)) {
+        match set_up(c, best_effort)
+            .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
+        {
             Ok(t) => {
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
@@ -422,22 +424,6 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
         return Err(e);
     }
-    // Each pipe's bytes go back through a template that holds the pipe
-    // (not necessarily the process it was first seen in, which may have
-    // been refused).
-    let mut pipes = Vec::new();
-    // Every pipe or FIFO descriptor of the templates, keyed once.
-    let reachable: Vec<((u64, u64), i32, i32)> = made
-        .iter()
-        .flat_map(|t| t.image.fds.iter().map(move |f| (t.host, f)))
-        .filter(|(_, f)| matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }))
-        .filter_map(|(host, f)| Some((pipe_key(host, f.fd).ok()?, host, f.fd)))
-        .collect();
-    for pipe in captured_pipes {
-        if let Some(&(_, host, fd)) = reachable.iter().find(|(key, ..)| *key == (pipe.dev, pipe.ino)) {
-            pipes.push((pipe, host, fd));
-        }
-    }
     // Data queued on a unix socket goes back through its peer, which
     // a template must hold (another process's or its own).
     let sockets = loop {
@@ -453,8 +439,10 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
             .iter()
             .find(|(b, host)| made.iter().any(|t| t.host == *host) && holder(b.peer, &made).is_none());
         let Some(&(_, host)) = orphan else {
+            // (Only for receivers still captured.)
             break captured_sockets
                 .into_iter()
+                .filter(|(b, _)| holder(b.ino, &made).is_some())
                 .filter_map(|(b, _)| holder(b.peer, &made).map(|(h, fd)| (b, h, fd)))
                 .collect::<Vec<_>>();
         };
@@ -474,8 +462,25 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
         kill_tracee(made.remove(i).host);
         report.captured.retain(|p| *p != u.pid);
+        report.reparented.retain(|r| r.pid != u.pid);
         report.unrestorable.push(u);
     };
+    // Each pipe's bytes go back through a template that holds the pipe
+    // (not necessarily the process it was first seen in, which may have
+    // been refused).
+    let mut pipes = Vec::new();
+    // Every pipe or FIFO descriptor of the templates, keyed once.
+    let reachable: Vec<((u64, u64), i32, i32)> = made
+        .iter()
+        .flat_map(|t| t.image.fds.iter().map(move |f| (t.host, f)))
+        .filter(|(_, f)| matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }))
+        .filter_map(|(host, f)| Some((pipe_key(host, f.fd).ok()?, host, f.fd)))
+        .collect();
+    for pipe in captured_pipes {
+        if let Some(&(_, host, fd)) = reachable.iter().find(|(key, ..)| *key == (pipe.dev, pipe.ino)) {
+            pipes.push((pipe, host, fd));
+        }
+    }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
     st.unprepared.push(ck.to_string());
@@ -497,6 +502,15 @@ fn let_go(s: &Stopped) {
     }
 }
 
+/// Shared objects whose contents pass 1 captured already (from another
+/// descriptor or process): pipes and FIFOs by (device, inode), unix
+/// sockets by inode.
+#[derive(Default)]
+pub(crate) struct Seen {
+    pipes: HashSet<(u64, u64)>,
+    sockets: HashSet<u64>,
+}
+
 /// Pass 1 for one stopped original: its timers and the `clone`, then its
 /// descriptors, pipe bytes and queued signals (the fork changed nothing of
 /// them). An error after the first injected call lets the original go with
@@ -504,7 +518,7 @@ fn let_go(s: &Stopped) {
 fn clone_of(
     s: &Stopped,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
-    pipes_seen: &mut HashSet<(u64, u64)>,
+    seen: &mut Seen,
     need_holder: bool,
 ) -> Result<Cloned> {
     let host = s.host;
@@ -534,6 +548,19 @@ fn clone_of(
     let mut orig = Tracee::new(host, s.regs, insn);
     let mut child = None;
     let mut made = || -> Result<Cloned> {
+        // Pending signals before the timers are read: a timer that fires
+        // meanwhile then shows in neither (it fires again after the restore)
+        // rather than in both.
+        let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+        let pending = status.signals.pending;
+        let mut queued = Vec::new();
+        if pending != 0 {
+            for shared in [false, true] {
+                for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+                    queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
+                }
+            }
+        }
         let (mut itimers, altstack) = timers(s, &mut orig)?;
         let rseq = ptrace::rseq_configuration(host).ok().flatten();
         // No exit signal: the parent's plain `wait` never sees the template
@@ -543,10 +570,8 @@ fn clone_of(
         let t_clone = t0.elapsed();
 
         let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-        let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
         // Threads made after the first check (it is stopped now: final).
         check::check_status(s.ns_pid, &comm_now(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
-        let pending = status.signals.pending;
         // A periodic real timer that expired while its SIGALRM waits to be
         // dequeued reads as value 0 (the kernel re-arms it at the dequeue):
         // setting that would disarm it, so arm it for one interval.
@@ -559,14 +584,6 @@ fn clone_of(
             }
         }
         itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));
-        let mut queued = Vec::new();
-        if pending != 0 {
-            for shared in [false, true] {
-                for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
-                    queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
-                }
-            }
-        }
         let mut ghosts = Vec::new();
         // (A dup's contents are its twin's: restored by `dup3`.)
         for f in fds.iter().filter(|f| f.same_as.is_none()) {
@@ -593,7 +610,7 @@ fn clone_of(
                 continue;
             }
             let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
-            if pipes_seen.insert(key) {
+            if seen.pipes.insert(key) {
                 let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
                     pid: host,
                     what: "pipe contents",
@@ -604,7 +621,9 @@ fn clone_of(
         }
         let mut sockets = Vec::new();
         for f in &fds {
-            if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind {
+            if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
+                && seen.sockets.insert(*ino)
+            {
                 let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| Error::Proc {
                     pid: host,
                     what: "unix socket data",
@@ -696,6 +715,39 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> 
     let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
     ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
     Ok((itimers, altstack))
+}
+
+/// An inotify instance is made anew per process at the restore: one that
+/// another process shares (inherited over a fork) would come back as two,
+/// each reporting every event.
+fn inotify_own(t: &Template, made: &[Template]) -> Result<()> {
+    let mine = |t: &Template| -> Vec<i32> {
+        t.image
+            .fds
+            .iter()
+            .filter(|f| matches!(f.kind, FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. }))
+            .map(|f| f.fd)
+            .collect()
+    };
+    for fd in mine(t) {
+        for other in made {
+            if mine(other)
+                .into_iter()
+                .any(|o| sandtree_sys::process::same_open_file(t.host, fd, other.host, o).unwrap_or(false))
+            {
+                return Err(Error::unsupported(
+                    t.image.pid,
+                    &t.image.comm,
+                    format!("fd {fd}"),
+                    format!(
+                        "an inotify instance shared with process {} (made anew per process at a restore, it would come back as two)",
+                        other.image.pid
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A memfd is made anew per process at the restore: one that another

@@ -178,17 +178,25 @@ pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>>
         }
         Ok((got.bytes, got.flags.contains(rustix::net::ReturnFlags::TRUNC)))
     };
+    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
     if stream {
+        // A peek starts at (and moves) the socket's own offset, if set.
+        if saved >= 0 {
+            sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
+        }
         let n = rustix::io::ioctl_fionread(sock)? as usize;
         let mut buf = vec![0u8; n.max(1)];
-        let (got, _) = peek(&mut buf)?;
+        let peeked = peek(&mut buf);
+        if saved >= 0 {
+            sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+        }
+        let (got, _) = peeked?;
         if got != n {
             return Err(io::Error::other(format!("{got} of {n} queued bytes could be read in one piece")));
         }
         buf.truncate(n);
         return Ok(vec![buf]);
     }
-    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
     sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
@@ -235,6 +243,80 @@ pub fn fill_socket(host: i32, fd: i32, messages: &[Vec<u8>], stream: bool) -> io
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+    Ok(())
+}
+
+/// Add `watches` to the new, empty inotify instance `fd` of `host`, from
+/// the daemon through a duplicate (with the daemon's rights: a process
+/// that dropped privileges after adding its watches gets them back all the
+/// same), each with its watch descriptor, then set the instance's status
+/// `flags` (it was made non-blocking).
+///
+/// The kernel hands out watch descriptors in order (1, 2, ...; never one
+/// just removed): a gap in the checkpoint's numbers is filled by adding and
+/// removing a *spacer* watch on the daemon's root directory (never one the
+/// sandbox watches). Each removal queues an `IN_IGNORED` event, read away
+/// while the real watches still have a narrow mask (`IN_DELETE_SELF`), so
+/// that no real event is read with them; then each real watch gets its
+/// mask. Paths resolve in the process's tree (`RESOLVE_IN_ROOT`), and the
+/// watch is added on `/proc/self/fd/N` of the opened inode (a symbolic
+/// link itself when the watch was made with `IN_DONT_FOLLOW`).
+pub fn fill_inotify(host: i32, fd: i32, watches: &[crate::model::InotifyWatch], flags: u32) -> io::Result<()> {
+    use rustix::fs::inotify::{WatchFlags, add_watch, remove_watch};
+    const IN_DONT_FOLLOW: u32 = 0x0200_0000;
+    let inotify = dup_from(host, fd)?;
+    let root = rustix::fs::open(format!("/proc/{host}/root"), OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    let spacer = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let via = |f: &OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f));
+    let mismatch = |path: &str, got: i32, want: i32| {
+        io::Error::other(format!("the watch on {path} got descriptor {got} instead of {want}"))
+    };
+    let mut next = 1;
+    let mut spacers = 0usize;
+    let mut targets = Vec::with_capacity(watches.len());
+    for w in watches {
+        while next < w.wd {
+            let s = add_watch(&inotify, via(&spacer), WatchFlags::ACCESS | WatchFlags::MASK_CREATE)?;
+            remove_watch(&inotify, s)?;
+            next += 1;
+            spacers += 1;
+        }
+        let target = rustix::fs::openat2(
+            &root,
+            w.path.trim_start_matches('/'),
+            OFlags::PATH | OFlags::CLOEXEC | if w.dont_follow { OFlags::NOFOLLOW } else { OFlags::empty() },
+            Mode::empty(),
+            rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+        )?;
+        let wd = add_watch(&inotify, via(&target), WatchFlags::DELETE_SELF)?;
+        if wd != w.wd {
+            return Err(mismatch(&w.path, wd, w.wd));
+        }
+        targets.push((target, w));
+        next = w.wd + 1;
+    }
+    // struct inotify_event is 16 bytes without a name: the spacers' events
+    // exactly.
+    let mut left = 16 * spacers;
+    let mut buf = vec![0u8; left.max(16)];
+    while left > 0 {
+        match rustix::io::read(&inotify, &mut buf[..left]) {
+            Ok(0) => break,
+            Ok(n) => left -= n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for (target, w) in &targets {
+        let wd = add_watch(&inotify, via(target), WatchFlags::from_bits_retain(w.mask & !IN_DONT_FOLLOW))?;
+        if wd != w.wd {
+            return Err(mismatch(&w.path, wd, w.wd));
+        }
+    }
+    if flags & libc::O_NONBLOCK as u32 == 0 {
+        let keep = OFlags::from_bits_retain(flags & !(libc::O_CLOEXEC | libc::O_ACCMODE) as u32);
+        rustix::fs::fcntl_setfl(&inotify, keep)?;
     }
     Ok(())
 }

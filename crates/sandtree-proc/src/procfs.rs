@@ -202,20 +202,29 @@ fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Optio
 /// type, the layer's filesystem uuid, then the inner handle), which is
 /// opened with `open_by_handle_at` on the layer's directory: the path it
 /// has there, below the layer's root, is its path in the sandbox.
-fn inotify_state(text: &str, pidfd: Option<&OwnedFd>, fd: i32, mounts: &HashMap<i32, MountEntry>) -> AnonState {
+fn inotify_state(
+    pid: i32,
+    text: &str,
+    pidfd: Option<&OwnedFd>,
+    fd: i32,
+    mounts: &HashMap<i32, MountEntry>,
+) -> AnonState {
     let pending = pidfd
         .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
-        .and_then(|dup| rustix::io::ioctl_fionread(&dup).ok())
-        .unwrap_or(0);
+        .and_then(|dup| rustix::io::ioctl_fionread(&dup).ok());
     let mut watches = Vec::new();
-    let mut unresolved = None;
+    let mut unresolved =
+        pending.is_none().then(|| "the unread events of an inotify instance could not be counted".into());
+    let pending = pending.unwrap_or(0);
     for line in text.lines().filter(|l| l.starts_with("inotify ")) {
         let kv: HashMap<&str, &str> = line.split_whitespace().skip(1).filter_map(|f| f.split_once(':')).collect();
         let hex = |k: &str| kv.get(k).and_then(|v| u64::from_str_radix(v, 16).ok());
         let handle = kv.get("f_handle").and_then(|h| decode_hex(h));
-        let located = match (hex("wd"), hex("sdev"), hex("mask")) {
-            (Some(wd), Some(sdev), Some(mask)) => locate_watch(sdev, hex("fhandle-type"), handle.as_deref(), mounts)
-                .map(|(path, dont_follow)| InotifyWatch { wd: wd as i32, mask: mask as u32, path, dont_follow }),
+        let located = match (hex("wd"), hex("sdev"), hex("mask"), hex("ino")) {
+            (Some(wd), Some(sdev), Some(mask), Some(ino)) => {
+                locate_watch(pid, (sdev, ino), hex("fhandle-type"), handle.as_deref(), mounts)
+                    .map(|(path, dont_follow)| InotifyWatch { wd: wd as i32, mask: mask as u32, path, dont_follow })
+            }
             _ => Err(format!("an inotify watch could not be parsed ({line})")),
         };
         match located {
@@ -234,9 +243,12 @@ fn decode_hex(h: &str) -> Option<Vec<u8>> {
 }
 
 /// The sandbox path of the inode an inotify watch is on (see
-/// [`inotify_state`]), and whether it is a symbolic link.
+/// [`inotify_state`]), and whether it is a symbolic link. The path is
+/// checked to lead to the watched inode in the process's tree (an overlay
+/// handle names a copied-up file's lower origin, whose path may be stale).
 fn locate_watch(
-    sdev: u64,
+    pid: i32,
+    (sdev, watched_ino): (u64, u64),
     handle_type: Option<u64>,
     handle: Option<&[u8]>,
     mounts: &HashMap<i32, MountEntry>,
@@ -280,7 +292,22 @@ fn locate_watch(
         let symlink = rustix::fs::fstat(&inode)
             .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
             .unwrap_or(false);
-        return Ok((m.target.join(rel).to_string_lossy().into_owned(), symlink));
+        let path = m.target.join(rel).to_string_lossy().into_owned();
+        let at = rustix::fs::open(format!("/proc/{pid}/root"), rustix::fs::OFlags::PATH, rustix::fs::Mode::empty())
+            .and_then(|root| {
+                rustix::fs::openat2(
+                    &root,
+                    path.trim_start_matches('/'),
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                    rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+                )
+            })
+            .and_then(|f| rustix::fs::fstat(&f));
+        if !at.is_ok_and(|st| st.st_ino == watched_ino) {
+            return Err(format!("the inode of an inotify watch is no longer at {path} (renamed or replaced)"));
+        }
+        return Ok((path, symlink));
     }
     Err(format!("the inode of an inotify watch on {place} could not be located on its layers"))
 }
@@ -339,22 +366,30 @@ fn socket_kind(pid: i32, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
         .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
         .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
         .filter(|p| !p.is_empty());
+    // (FIONREAD first, not a peek: a peek would start at, and move, the
+    // socket's own SO_PEEK_OFF; a datagram socket counts the next one.)
     let queued = !listening && {
         let mut b = [0u8; 1];
         let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-        matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0)
+        rustix::io::ioctl_fionread(&dup).is_ok_and(|n| n > 0)
+            || (sandtree_sys::sockopt::peek_offset(&dup).is_ok_and(|o| o < 0)
+                && matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0))
     };
     let inet =
         (family.starts_with("inet") && (listening || (!stream && !connected))).then(|| inet_binding(&dup)).flatten();
     // Data queued on a connected unix socket is captured when no
-    // descriptor is in flight with it, through the peer that sent it.
-    let peer = (queued && connected && family == "unix")
+    // descriptor is in flight with it, its receiver does not take the
+    // sender's credentials (SO_PASSCRED: the restore sends as the daemon),
+    // and it can still receive, through the peer that sent it.
+    let peer = (queued && connected && family == "unix" && !sockopt::socket_passcred(&dup).unwrap_or(true))
         .then(|| {
             crate::fdstate::socket_messages(&dup, matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM))).ok()
         })
         .flatten()
         .and_then(|_| crate::sockdiag::diag_socket(pid).ok())
-        .and_then(|diag| crate::sockdiag::unix_peer(&diag, ino).ok().flatten());
+        .and_then(|diag| crate::sockdiag::unix_state(&diag, ino).ok())
+        .filter(|s| !s.rcv_shutdown)
+        .and_then(|s| s.peer);
     FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued, peer, inet }
 }
 
@@ -427,7 +462,7 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
         } else if let Some(what) = link.strip_prefix("anon_inode:") {
             let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
             let state = match what.as_str() {
-                "inotify" => Some(inotify_state(&info.text, pidfd.as_ref(), fd, mounts)),
+                "inotify" => Some(inotify_state(pid, &info.text, pidfd.as_ref(), fd, mounts)),
                 _ => anon_state(&what, &info.text, pidfd.as_ref(), fd),
             };
             FdKind::AnonInode { what, state }

@@ -339,54 +339,8 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
 /// again, by `epoll_ctl` in the restored process. A watched signalfd is
 /// always added again: epoll waits for it on the signal queue of the task
 /// that added it, the dead original's.
-/// Make an inotify instance anew as descriptor `fd` with `watches`, each
-/// with its watch descriptor. The kernel hands out watch descriptors in
-/// order (1, 2, ...; never one just removed): a gap in the checkpoint's
-/// numbers is filled by adding and removing a spacer watch, whose
-/// `IN_IGNORED` events are then read away.
-fn make_inotify(b: &mut Batch, fd: i32, flags: u32, watches: &[crate::model::InotifyWatch]) {
-    const IN_MASK_CREATE: u64 = 0x1000_0000;
-    const IN_DONT_FOLLOW: u32 = 0x0200_0000;
-    let cloexec = if flags & libc::O_CLOEXEC as u32 != 0 { libc::IN_CLOEXEC } else { 0 };
-    let ifd = b.call("inotify_init1", libc::SYS_inotify_init1, &[Arg::Val((libc::IN_NONBLOCK | cloexec) as u64)]);
-    // A spacer on a directory none of the watches is on.
-    let spacer =
-        ["/", "/proc", "/dev", "/tmp"].into_iter().find(|s| !watches.iter().any(|w| w.path == *s)).unwrap_or("/");
-    let spacer = b.path(spacer);
-    let mut next = 1;
-    let mut spacers = 0;
-    for w in watches {
-        while next < w.wd {
-            let s = b.call(
-                "inotify_add_watch (spacer)",
-                libc::SYS_inotify_add_watch,
-                &[ifd, spacer, Arg::Val(libc::IN_ACCESS as u64 | IN_MASK_CREATE)],
-            );
-            b.call("inotify_rm_watch (spacer)", libc::SYS_inotify_rm_watch, &[ifd, s]);
-            next += 1;
-            spacers += 1;
-        }
-        let path = b.path(&w.path);
-        let mask = w.mask | if w.dont_follow { IN_DONT_FOLLOW } else { 0 };
-        b.call("inotify_add_watch", libc::SYS_inotify_add_watch, &[ifd, path, Arg::Val(mask as u64)]);
-        next = w.wd + 1;
-    }
-    if spacers > 0 {
-        // struct inotify_event is 16 bytes without a name.
-        let len = 16 * spacers + 256;
-        let buf = b.data(&vec![0u8; len]);
-        b.call("read (spacer events)", libc::SYS_read, &[ifd, buf, Arg::Val(len as u64)]);
-    }
-    if flags & libc::O_NONBLOCK as u32 == 0 {
-        let strip = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u32;
-        let args = [ifd, Arg::Val(libc::F_SETFL as u64), Arg::Val((flags & !strip) as u64)];
-        b.call("fcntl(F_SETFL)", libc::SYS_fcntl, &args);
-    }
-    b.move_fd(ifd, fd, flags);
-}
-
 /// The restored instance has the checkpoint's watch descriptors (what
-/// [`make_inotify`] relies on, checked rather than assumed).
+/// `fdstate::fill_inotify` relies on, checked rather than assumed).
 fn check_inotify(pid: i32, comm: &str, fd: i32, watches: &[crate::model::InotifyWatch]) -> Result<()> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|e| Error::Proc {
         pid,
@@ -637,13 +591,6 @@ fn fix_up(
             FdKind::Socket { inet: Some(bind), stream, listening, .. } => {
                 rebind_inet(&mut b, f.fd, f.flags, *stream, *listening, bind);
             }
-            FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } => {
-                // One instance's calls refer to its descriptor: one batch.
-                p.run_batch(&mut b)?;
-                make_inotify(&mut b, f.fd, f.flags, watches);
-                p.run_batch(&mut b)?;
-                check_inotify(p.tid, &image.comm, f.fd, watches)?;
-            }
             _ => continue,
         }
         if b.is_full() {
@@ -681,6 +628,24 @@ fn fix_up(
             && !path.starts_with("/proc/")
         {
             rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
+        }
+    }
+    // Inotify instances after the other descriptors (whose re-making would
+    // show as events): a new instance in the process at its number, then
+    // its watches added by the daemon through a duplicate (`fdstate.rs`).
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
+        if let FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } = &f.kind {
+            let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::IN_CLOEXEC } else { 0 };
+            let args = [Arg::Val((libc::IN_NONBLOCK | cloexec) as u64)];
+            let ifd = b.call("inotify_init1", libc::SYS_inotify_init1, &args);
+            b.move_fd(ifd, f.fd, f.flags);
+            p.run_batch(&mut b)?;
+            crate::fdstate::fill_inotify(p.tid, f.fd, watches, f.flags).map_err(|e| Error::Proc {
+                pid: p.tid,
+                what: "inotify watches",
+                source: e,
+            })?;
+            check_inotify(p.tid, &image.comm, f.fd, watches)?;
         }
     }
     // Dups of descriptors made anew: the same open file again (one offset).

@@ -10,8 +10,9 @@
 //! cookie[2] (INET_DIAG_NOCOOKIE: ~0) }`. Answer: `nlmsghdr`, `struct
 //! unix_diag_msg { u8 family, type, state, pad; u32 ino; u32 cookie[2] }`,
 //! then attributes (`u16 len, u16 type`, 4-byte aligned);
-//! `UNIX_DIAG_PEER` (2) holds the peer's inode (u32). An error answer is
-//! `NLMSG_ERROR` (2) with a negative errno.
+//! `UNIX_DIAG_PEER` (2) holds the peer's inode (u32), `UNIX_DIAG_SHUTDOWN`
+//! (6) the socket's shutdown bits (u8: 1 receive, 2 send). An error answer
+//! is `NLMSG_ERROR` (2) with a negative errno.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -21,6 +22,17 @@ const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
 const UDIAG_SHOW_PEER: u32 = 4;
 const UNIX_DIAG_PEER: u16 = 2;
+const UNIX_DIAG_SHUTDOWN: u16 = 6;
+
+/// What sock_diag tells of a unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnixState {
+    /// Its peer's inode, if it has one.
+    pub peer: Option<u64>,
+    /// It can no longer receive (`shutdown(SHUT_RD)` here or `SHUT_WR` by
+    /// the peer): nothing can be queued on it again.
+    pub rcv_shutdown: bool,
+}
 
 /// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.
 pub fn diag_socket(pid: i32) -> io::Result<OwnedFd> {
@@ -43,8 +55,8 @@ pub fn diag_socket(pid: i32) -> io::Result<OwnedFd> {
     })
 }
 
-/// The inode of the peer of unix socket `ino` (`None`: it has none).
-pub fn unix_peer(diag: &OwnedFd, ino: u64) -> io::Result<Option<u64>> {
+/// The peer and shutdown state of unix socket `ino`.
+pub fn unix_state(diag: &OwnedFd, ino: u64) -> io::Result<UnixState> {
     let mut req = Vec::with_capacity(40);
     req.extend_from_slice(&40u32.to_ne_bytes()); // nlmsg_len
     req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -60,7 +72,7 @@ pub fn unix_peer(diag: &OwnedFd, ino: u64) -> io::Result<Option<u64>> {
     rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
     let mut buf = vec![0u8; 8192];
     let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
-    parse_peer(&buf[..n])
+    parse_state(&buf[..n])
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -71,7 +83,7 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
-fn parse_peer(msg: &[u8]) -> io::Result<Option<u64>> {
+fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
     let bad = || io::Error::other("malformed sock_diag answer");
     let len = u32_at(msg, 0).ok_or_else(bad)? as usize;
     let kind = u16_at(msg, 4).ok_or_else(bad)?;
@@ -80,6 +92,7 @@ fn parse_peer(msg: &[u8]) -> io::Result<Option<u64>> {
         return Err(io::Error::from_raw_os_error(-errno));
     }
     // Attributes follow the 16-byte header and the 16-byte unix_diag_msg.
+    let mut state = UnixState { peer: None, rcv_shutdown: false };
     let mut at = 32;
     while at + 4 <= len.min(msg.len()) {
         let alen = u16_at(msg, at).ok_or_else(bad)? as usize;
@@ -87,12 +100,14 @@ fn parse_peer(msg: &[u8]) -> io::Result<Option<u64>> {
         if alen < 4 {
             return Err(bad());
         }
-        if atype == UNIX_DIAG_PEER {
-            return Ok(Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64));
+        match atype {
+            UNIX_DIAG_PEER => state.peer = Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64),
+            UNIX_DIAG_SHUTDOWN => state.rcv_shutdown = msg.get(at + 4).ok_or_else(bad)? & 1 != 0,
+            _ => {}
         }
         at += alen.next_multiple_of(4);
     }
-    Ok(None)
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -110,7 +125,8 @@ mod tests {
         .expect("socketpair");
         let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("fstat").st_ino;
         let diag = diag_socket(std::process::id() as i32).expect("sock_diag socket");
-        assert_eq!(unix_peer(&diag, ino(&a)).expect("query"), Some(ino(&b)));
-        assert_eq!(unix_peer(&diag, ino(&b)).expect("query"), Some(ino(&a)));
+        assert_eq!(unix_state(&diag, ino(&a)).expect("query"), UnixState { peer: Some(ino(&b)), rcv_shutdown: false });
+        rustix::net::shutdown(&a, rustix::net::Shutdown::Write).expect("shutdown");
+        assert_eq!(unix_state(&diag, ino(&b)).expect("query"), UnixState { peer: Some(ino(&a)), rcv_shutdown: true });
     }
 }

@@ -1029,6 +1029,7 @@ a.setblocking(False)
 b.setblocking(False)
 a.sendall(b'inflight')
 b.sendall(b'back')
+b_again = os.dup(b.fileno())  # one receiving socket on two descriptors: its bytes once
 da, db = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 db.setblocking(False)
 lone = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
