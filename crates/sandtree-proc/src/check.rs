@@ -70,12 +70,9 @@ pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32, reparent: boo
         resource: resource.to_string(),
         reason,
     };
-    if threads > 1 {
-        return Err(no(
-            "threads",
-            format!("{threads} threads; a template is made by fork(), which copies only one thread"),
-        ));
-    }
+    // (Threads: the fork copies the calling one; the others are captured
+    // one by one and made again at the restore.)
+    let _ = threads;
     if ppid != 1 && !reparent {
         return Err(no(
             "parent",

@@ -196,14 +196,23 @@ fn stop_inner(
                     continue;
                 }
             }
-            match ptrace::regs(host) {
-                Ok(regs) => {
-                    st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs });
-                    report.stopped += 1;
-                }
+            let regs = match ptrace::regs(host) {
+                Ok(regs) => regs,
                 Err(e) => {
                     let _ = ptrace::detach(host, 0);
                     failure.get_or_insert(Error::Ptrace { pid: host, op: "GETREGS", source: e });
+                    continue;
+                }
+            };
+            match stop_threads(host, deadline) {
+                Ok(threads) => {
+                    st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs, threads });
+                    report.stopped += 1;
+                }
+                Err(e) => {
+                    let _ = ptrace::set_regs(host, &regs);
+                    let _ = ptrace::detach(host, 0);
+                    failure.get_or_insert(e);
                 }
             }
         }
@@ -217,13 +226,85 @@ fn stop_inner(
     Ok(report)
 }
 
+/// Stop every thread of process `host` but the main one (stopped
+/// already), scan after scan of `/proc/<host>/task` until none is new (a
+/// thread that runs may make another; one made by a stopped thread is
+/// attached at once and reported by its stop). On error, every thread
+/// stopped here is let go.
+fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32, ptrace::Regs)>> {
+    let mut done: Vec<(i32, i32, ptrace::Regs)> = Vec::new();
+    let let_go_all = |done: &[(i32, i32, ptrace::Regs)]| {
+        for (tid, _, regs) in done {
+            let _ = ptrace::set_regs(*tid, regs);
+            let _ = ptrace::detach(*tid, 0);
+        }
+    };
+    let result = (|| -> Result<()> {
+        loop {
+            let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{host}/task"))
+                .map_err(|e| Error::Proc { pid: host, what: "tasks", source: e })?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|t| *t != host && !done.iter().any(|(d, ..)| d == t))
+                .collect();
+            if tids.is_empty() {
+                return Ok(());
+            }
+            let mut waiting = Vec::new();
+            for tid in tids {
+                match ptrace::seize(tid).and_then(|()| ptrace::interrupt(tid)) {
+                    Ok(()) => waiting.push(tid),
+                    Err(e) if is_gone(&e) => {}
+                    // Attached already: made by a thread we stopped.
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => waiting.push(tid),
+                    Err(e) => return Err(Error::Ptrace { pid: tid, op: "seize thread", source: e }),
+                }
+            }
+            while let Some(tid) = waiting.pop() {
+                match inject::wait_event_stop_until(tid, deadline) {
+                    Ok(Some(children)) => waiting.extend(children),
+                    Ok(None) => {
+                        let _ = ptrace::detach(tid, 0);
+                        return Err(Error::StopTimeout { timeout_ms: 0, stuck: format!("thread {tid} of pid {host}") });
+                    }
+                    Err(Error::Died { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+                let ns_tid = procfs::status(tid).map(|s| s.ns_pid).map_err(|e| Error::Proc {
+                    pid: tid,
+                    what: "thread status",
+                    source: e,
+                })?;
+                let regs = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+                done.push((tid, ns_tid, regs));
+            }
+        }
+    })();
+    match result {
+        Ok(()) => Ok(done),
+        Err(e) => {
+            let_go_all(&done);
+            Err(e)
+        }
+    }
+}
+
 /// Let every stopped original go with its registers untouched.
 pub(crate) fn resume_all(st: &mut State) {
     for s in st.stopped.drain(..) {
+        let_go_threads(&s);
         let _ = ptrace::set_regs(s.host, &s.regs);
         let _ = ptrace::detach(s.host, 0);
     }
     resume_init(st);
+}
+
+/// Let the other threads of a stopped original go, registers untouched.
+fn let_go_threads(s: &Stopped) {
+    for (tid, _, regs) in &s.threads {
+        let _ = ptrace::set_regs(*tid, regs);
+        let _ = ptrace::detach(*tid, 0);
+    }
 }
 
 /// Let init go (it was stopped with the others, untouched).
@@ -278,6 +359,12 @@ pub(crate) struct Cloned {
     affinity: Vec<u32>,
     /// Pipes first seen in this process: (inode, fd, bytes).
     pipes: Vec<crate::model::PipeBuffer>,
+    /// Its other threads.
+    threads: Vec<crate::model::ThreadImage>,
+    /// Their tracees, to let go with their own masks (`release_all`).
+    thread_tracees: Vec<(Tracee, ptrace::Regs)>,
+    /// The main thread's robust futex list.
+    robust_list: Option<(u64, u64)>,
     /// Data queued on its connected unix sockets.
     sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
@@ -358,6 +445,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
 /// Let every cloned original go (its affinity and registers back), and init.
 pub(crate) fn release_all(st: &mut State) {
     for c in &mut st.cloned {
+        release_threads(std::mem::take(&mut c.thread_tracees));
         if let Some(orig) = c.orig.take() {
             let host = c.stopped.host;
             inject::set_affinity(host, &c.affinity);
@@ -368,6 +456,74 @@ pub(crate) fn release_all(st: &mut State) {
         }
     }
     resume_init(st);
+}
+
+/// Let threads that calls were injected into go, with their own masks and
+/// registers.
+fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
+    for (t, regs) in tracees {
+        let tid = t.tid;
+        let _ = ptrace::set_exit_kill(tid, false);
+        if t.release(&regs).is_err() {
+            let _ = ptrace::set_regs(tid, &regs);
+            let _ = ptrace::detach(tid, 0);
+        }
+    }
+}
+
+/// What a fork does not copy of a thread other than the main one: its
+/// registers (general ones from the stop, the XSAVE area), mask, rseq,
+/// robust list, name, and — read by calls injected into it, into the dead
+/// space below its stack's red zone — its `clear_child_tid` and alternate
+/// signal stack. Its tracee joins `tracees` as soon as a call is injected.
+fn capture_thread(
+    s: &Stopped,
+    (tid, ns_tid, regs): (i32, i32, ptrace::Regs),
+    insn: u64,
+    tracees: &mut Vec<(Tracee, ptrace::Regs)>,
+) -> Result<crate::model::ThreadImage> {
+    let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
+    let comm = comm.trim_end().to_string();
+    if !ptrace::pending_siginfo(tid, false).map_err(ptrace_err(tid, "PEEKSIGINFO"))?.is_empty() {
+        return Err(Error::unsupported(
+            s.ns_pid,
+            &comm,
+            "threads",
+            format!("a signal is pending for thread {ns_tid} alone (not captured yet)"),
+        ));
+    }
+    let xstate = ptrace::xstate(tid).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
+    let blocked = ptrace::sigmask(tid).map_err(ptrace_err(tid, "GETSIGMASK"))?;
+    let rseq = ptrace::rseq_configuration(tid).ok().flatten();
+    let robust_list = ptrace::robust_list(tid).map_err(ptrace_err(tid, "get_robust_list"))?;
+    ptrace::set_exit_kill(tid, true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
+    tracees.push((Tracee::new(tid, regs, insn), regs));
+    let t = &mut tracees.last_mut().expect("just pushed").0;
+    let buf = (regs.rsp - 128 - 64) & !15;
+    let mut saved = [0u8; 32];
+    ptrace::read_mem(tid, buf, &mut saved).map_err(|e| {
+        Error::unsupported(s.ns_pid, &comm, "stack", format!("no room below thread {ns_tid}'s stack pointer ({e})"))
+    })?;
+    const PR_GET_TID_ADDRESS: u64 = 40;
+    t.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, buf])?;
+    let mut addr = [0u8; 8];
+    ptrace::read_mem(tid, buf, &mut addr).map_err(ptrace_err(tid, "read result"))?;
+    t.call("sigaltstack", libc::SYS_sigaltstack, &[0, buf])?;
+    let mut ss = vec![0u8; 24];
+    ptrace::read_mem(tid, buf, &mut ss).map_err(ptrace_err(tid, "read result"))?;
+    ptrace::write_mem(tid, buf, &saved).map_err(ptrace_err(tid, "restore stack"))?;
+    let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
+    Ok(crate::model::ThreadImage {
+        tid: ns_tid,
+        regs: Registers::from(&regs),
+        xstate,
+        blocked,
+        rseq,
+        robust_list,
+        clear_child_tid: u64::from_ne_bytes(addr),
+        altstack: (flags & libc::SS_DISABLE == 0).then_some(ss),
+        comm,
+    })
 }
 
 /// Undo a checkpoint under way: originals and init go, templates die.
@@ -496,6 +652,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
 /// Its affinity may still be the tracer's pin: callers that pinned it put
 /// it back first.
 fn let_go(s: &Stopped) {
+    let_go_threads(s);
     if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
         let _ = ptrace::set_regs(s.host, &s.regs);
         let _ = ptrace::detach(s.host, 0);
@@ -547,6 +704,9 @@ fn clone_of(
     }
     let mut orig = Tracee::new(host, s.regs, insn);
     let mut child = None;
+    // The other threads' tracees (calls were injected into them): let go
+    // with their own masks by `release_all`, or below on an error.
+    let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
     let mut made = || -> Result<Cloned> {
         // Pending signals before the timers are read: a timer that fires
         // meanwhile then shows in neither (it fires again after the restore)
@@ -619,6 +779,11 @@ fn clone_of(
                 pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
             }
         }
+        let robust_list = ptrace::robust_list(host).ok();
+        let mut threads = Vec::new();
+        for &(tid, ns_tid, regs) in &s.threads {
+            threads.push(capture_thread(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
+        }
         let mut sockets = Vec::new();
         for f in &fds {
             if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
@@ -636,7 +801,10 @@ fn clone_of(
         Ok(Cloned {
             holder: None,
             orig: None,
-            stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs },
+            stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs, threads: s.threads.clone() },
+            threads,
+            thread_tracees: Vec::new(),
+            robust_list,
             fds,
             pending,
             blocked,
@@ -661,12 +829,14 @@ fn clone_of(
             inject::set_affinity(host, &affinity);
             let _ = ptrace::set_exit_kill(host, false);
             let _ = orig.release(&s.regs);
+            release_threads(std::mem::take(&mut thread_tracees));
             if let Some(tpl) = child {
                 kill_tracee(tpl);
             }
             return Err(e);
         }
     };
+    c.thread_tracees = thread_tracees;
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`holder.rs`).
     if need_holder {
@@ -798,6 +968,9 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.itimers = c.itimers;
     image.altstack = c.altstack;
     image.rseq = c.rseq;
+    image.robust_list = c.robust_list;
+    image.threads = 1 + c.threads.len() as u32;
+    image.other_threads = c.threads;
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;

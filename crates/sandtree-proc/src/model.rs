@@ -87,6 +87,38 @@ pub struct ProcessImage {
     /// rseq registration (area, length, flags, signature).
     #[serde(default)]
     pub rseq: Option<(u64, u32, u32, u32)>,
+    /// Robust futex list (head, length) of the main thread (a fork does
+    /// not keep it).
+    #[serde(default)]
+    pub robust_list: Option<(u64, u64)>,
+    /// Its threads other than the main one (made again at the restore).
+    #[serde(default)]
+    pub other_threads: Vec<ThreadImage>,
+}
+
+/// A thread other than a process's main thread: what a fork does not
+/// copy of it (its memory, stack and TLS block included, is the process's).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThreadImage {
+    /// Thread id in the sandbox's pid namespace.
+    pub tid: i32,
+    /// General registers (`fs_base` is its TLS).
+    pub regs: Registers,
+    /// XSAVE area: x87, SSE, AVX, ... registers.
+    pub xstate: Vec<u8>,
+    /// Blocked signals.
+    pub blocked: u64,
+    /// rseq registration (area, length, flags, signature).
+    pub rseq: Option<(u64, u32, u32, u32)>,
+    /// Robust futex list (head, length).
+    pub robust_list: (u64, u64),
+    /// `clear_child_tid` (`set_tid_address`): cleared and woken at its exit
+    /// (`pthread_join` waits on it).
+    pub clear_child_tid: u64,
+    /// Alternate signal stack (`stack_t`), if enabled.
+    pub altstack: Option<Vec<u8>>,
+    /// Its name (`/proc/<pid>/task/<tid>/comm`).
+    pub comm: String,
 }
 
 /// Signal masks from `/proc/pid/status`.

@@ -574,6 +574,8 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         itimers: Vec::new(),
         altstack: None,
         rseq: None,
+        robust_list: None,
+        other_threads: Vec::new(),
     })
 }
 

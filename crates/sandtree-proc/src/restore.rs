@@ -267,10 +267,11 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // by fork, from the original through the template.
     let regs = image.regs.to_sys();
     let t_clone = t_start.elapsed();
+    let mut threads = Vec::new();
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, via_standby)?;
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, via_standby, &mut threads)?;
         Ok(p)
     })();
     tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
@@ -289,6 +290,9 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
             };
             crate::inject::set_affinity(child, &image.affinity);
             p.release(&regs)?;
+            for (t, regs) in threads {
+                t.release(&regs)?;
+            }
             Ok(holder)
         }
         Err(e) => {
@@ -299,6 +303,71 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
             Err(e)
         }
     }
+}
+
+/// The process's other threads again, each with its tid (`clone3` with
+/// `set_tid`, `CLONE_THREAD`, its TLS), injected into the main thread; in
+/// each new thread (stopped at birth): its XSAVE area, robust list,
+/// `clear_child_tid`, rseq, alternate stack and name. Their tracees go to
+/// `out`, to be let go with their registers and masks after the main one.
+fn make_threads(
+    p: &mut Tracee,
+    image: &ProcessImage,
+    scratch: u64,
+    out: &mut Vec<(Tracee, ptrace::Regs)>,
+) -> Result<()> {
+    const FLAGS: u64 = (libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM
+        | libc::CLONE_SETTLS) as u64;
+    let pid = p.tid;
+    for th in &image.other_threads {
+        let regs = th.regs.to_sys();
+        let mut args = clone_args(scratch + SET_TID_OFFSET, FLAGS);
+        // struct clone_args: tls is the 8th field.
+        args[56..64].copy_from_slice(&regs.fs_base.to_ne_bytes());
+        ptrace::write_mem(pid, scratch, &args)
+            .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &th.tid.to_ne_bytes()))
+            .map_err(ptrace_err(pid, "write clone_args"))?;
+        // A killed thread's tid is free once it is gone.
+        let mut backoff = Backoff::new(20, 100, PID_WAIT);
+        let mut made = p.syscall(libc::SYS_clone3, &[scratch, CLONE_ARGS_SIZE])?;
+        for _ in 0..100_000 {
+            match made.ret {
+                ERESTARTNOINTR => {}
+                EEXIST if backoff.snooze() => {}
+                _ => break,
+            }
+            made = p.syscall(libc::SYS_clone3, &[scratch, CLONE_ARGS_SIZE])?;
+        }
+        let (Some(tid), true) = (made.child, made.ret > 0) else {
+            return Err(Error::Remote {
+                pid,
+                call: "clone3 (thread)",
+                errno: std::io::Error::from_raw_os_error((-made.ret) as i32),
+            });
+        };
+        inject::wait_event_stop(tid)?;
+        out.push((Tracee::new(tid, regs, p.insn).with_mask(th.blocked), regs));
+        let t = &mut out.last_mut().expect("just pushed").0;
+        ptrace::set_xstate(tid, &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
+        if th.robust_list.0 != 0 {
+            t.call("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list.0, th.robust_list.1])?;
+        }
+        t.call("set_tid_address", libc::SYS_set_tid_address, &[th.clear_child_tid])?;
+        if let Some((area, len, _, sig)) = th.rseq {
+            t.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
+        }
+        if let Some(ss) = &th.altstack {
+            ptrace::write_mem(tid, scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
+            t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
+        }
+        let _ = std::fs::write(format!("/proc/{pid}/task/{tid}/comm"), &th.comm);
+    }
+    Ok(())
 }
 
 /// A unix listener is bound to a socket inode of the replaced tree: the
@@ -556,6 +625,7 @@ fn fix_up(
     (scratch, exec): (u64, bool),
     template: i32,
     via_standby: bool,
+    threads: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<()> {
     // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
     // inet sockets. Then one at a time what needs the daemon between calls
@@ -710,6 +780,12 @@ fn fix_up(
             b.call("rseq", libc::SYS_rseq, &args);
         }
     }
+    // Neither keeps the robust futex list.
+    if let Some((head, len)) = image.robust_list
+        && head != 0
+    {
+        b.call("set_robust_list", libc::SYS_set_robust_list, &[Arg::Val(head), Arg::Val(len)]);
+    }
     // Interval timers (a fork does not inherit them either).
     for (which, val) in &image.itimers {
         let val = b.data(val);
@@ -721,6 +797,7 @@ fn fix_up(
     // they were (a process may queue any siginfo to itself). One at a time,
     // after the batches: a batch ends with a SIGSTOP, which would discard
     // a pending SIGCONT.
+    make_threads(p, image, scratch, threads)?;
     for q in &image.queued_signals {
         let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
         ptrace::write_mem(p.tid, scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;

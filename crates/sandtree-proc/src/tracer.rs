@@ -36,6 +36,9 @@ pub(crate) struct Stopped {
     pub ns_pid: i32,
     pub ns_ppid: i32,
     pub regs: sandtree_sys::ptrace::Regs,
+    /// Its other threads, stopped too: (host tid, tid in the sandbox,
+    /// registers).
+    pub threads: Vec<(i32, i32, sandtree_sys::ptrace::Regs)>,
 }
 
 /// One template: a stopped copy of a process at a checkpoint.

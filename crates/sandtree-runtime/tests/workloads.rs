@@ -1021,6 +1021,77 @@ fn inotify_unread_events_are_refused(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 6c. Threads: a worker blocked on a queue (futex), a ticker sleeping in a
+// loop, the main thread serving.
+
+const THREADS_PY: &str = r#"
+import queue, threading
+q = queue.Queue()
+done = []
+ticks = [0]
+acc = [1.0]
+
+def ticker():
+    while True:
+        time.sleep(0.01)
+        acc[0] = acc[0] * 1.0000001 + 0.5
+        ticks[0] += 1
+
+def worker():
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        done.append(item * 2)
+
+threading.Thread(target=ticker, name='ticker', daemon=True).start()
+w = threading.Thread(target=worker, name='worker')
+w.start()
+q.put(1)
+while not done:
+    time.sleep(0.01)
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'done=%s tids=%s names=%s' % (done, sorted(os.listdir('/proc/self/task')),
+            sorted(t.name for t in threading.enumerate()))
+    if cmd == 'work':
+        q.put(len(done) + 10)
+        for _ in range(200):
+            if len(done) > 1:
+                break
+            time.sleep(0.01)
+        return 'done=%s' % done
+    if cmd == 'ticking':
+        a = ticks[0]
+        time.sleep(0.1)
+        return 'ticking=%s' % (ticks[0] > a)
+    if cmd == 'join':
+        q.put(None)
+        w.join(2)
+        return 'joined=%s' % (not w.is_alive())
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A process with three threads comes back with all of them, the same
+/// thread ids, each where it was: the worker blocked in its queue takes
+/// new work, the ticker keeps ticking, and joining the worker after it
+/// exits returns (its `clear_child_tid` was put back).
+fn threads_come_back(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let after = [
+            After::Ask("ticking", "ticking=True"),
+            After::Ask("work", "done=[2, 22]"),
+            After::Ask("join", "joined=True"),
+        ];
+        let ok = |s: &str| s.starts_with("done=[2] tids=[") && s.ends_with("names=['MainThread', 'ticker', 'worker']");
+        round_trips(e, THREADS_PY, ok, &[("work", "done=[2, 22]")], &after, ROUNDS).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 7. A unix socketpair with bytes in flight, and a listening unix socket.
 
 const UNIX_PY: &str = r#"
@@ -1927,6 +1998,7 @@ fn main() {
         ("memfd_state", memfd_state),
         ("inotify_watches", inotify_watches),
         ("inotify_unread_events_are_refused", inotify_unread_events_are_refused),
+        ("threads_come_back", threads_come_back),
         ("no_writable_code", no_writable_code),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),

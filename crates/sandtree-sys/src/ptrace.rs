@@ -290,3 +290,51 @@ pub fn same_mm(a: i32, b: i32) -> bool {
     let r = unsafe { libc::syscall(libc::SYS_kcmp, a as libc::c_long, b as libc::c_long, KCMP_VM, 0, 0) };
     r == 0
 }
+
+/// `NT_X86_XSTATE`: the XSAVE area (x87, SSE, AVX, ... registers).
+const NT_X86_XSTATE: usize = 0x202;
+
+/// The extended register state (XSAVE layout) of a stopped thread.
+pub fn xstate(tid: i32) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: PTRACE_GETREGSET writes at most `iov.iov_len` bytes into
+    // `buf` (live for the call) and updates `iov.iov_len` to the size
+    // written; `iov` is a live local.
+    let r = unsafe { libc::ptrace(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE as *mut libc::c_void, &mut iov) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = iov.iov_len;
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Set the extended register state of a stopped thread (as [`xstate`]
+/// read it).
+pub fn set_xstate(tid: i32, state: &[u8]) -> io::Result<()> {
+    let mut copy = state.to_vec();
+    let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
+    // SAFETY: PTRACE_SETREGSET reads `iov.iov_len` bytes from `copy`, live
+    // for the call.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SETREGSET, tid, NT_X86_XSTATE as *mut libc::c_void, &mut iov) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// A thread's robust futex list: (head address, length); `get_robust_list`
+/// needs ptrace access to it, which the tracer has.
+pub fn robust_list(tid: i32) -> io::Result<(u64, u64)> {
+    let mut head: u64 = 0;
+    let mut len: libc::size_t = 0;
+    // SAFETY: get_robust_list writes a pointer-sized head and a size_t
+    // length through the two pointers, both live locals of those sizes.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_robust_list,
+            tid as libc::c_long,
+            &mut head as *mut u64,
+            &mut len as *mut libc::size_t,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok((head, len as u64)) }
+}
