@@ -107,8 +107,23 @@ fn stop_inner(
             // Zombies, and tasks that joined the cgroup from outside the
             // sandbox's pid namespace (not the sandbox's processes; the
             // cgroup freeze still holds them).
-            if status.state == 'Z' || status.state == 'X' {
+            if (status.state == 'Z' || status.state == 'X') && status.threads <= 1 {
                 continue;
+            }
+            if status.state == 'Z' {
+                let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+                let u = Unrestorable {
+                    pid: status.ns_pid,
+                    comm: comm.trim_end().to_string(),
+                    resource: "threads".into(),
+                    reason: "its main thread exited while other threads run (not captured yet)".into(),
+                };
+                if best_effort {
+                    report.skipped.push(u);
+                    continue;
+                }
+                failure = Some(Error::Unsupported(u));
+                break;
             }
             if status.ns_depth != depth {
                 report.foreign = true;
@@ -204,7 +219,7 @@ fn stop_inner(
                     continue;
                 }
             };
-            match stop_threads(host, deadline) {
+            match stop_threads(host, deadline, &mut st.lingering) {
                 Ok(threads) => {
                     st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs, threads });
                     report.stopped += 1;
@@ -231,7 +246,11 @@ fn stop_inner(
 /// thread that runs may make another; one made by a stopped thread is
 /// attached at once and reported by its stop). On error, every thread
 /// stopped here is let go.
-fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32, ptrace::Regs)>> {
+fn stop_threads(
+    host: i32,
+    deadline: std::time::Instant,
+    lingering: &mut Vec<i32>,
+) -> Result<Vec<(i32, i32, ptrace::Regs)>> {
     let mut done: Vec<(i32, i32, ptrace::Regs)> = Vec::new();
     let let_go_all = |done: &[(i32, i32, ptrace::Regs)]| {
         for (tid, _, regs) in done {
@@ -239,6 +258,9 @@ fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32
             let _ = ptrace::detach(*tid, 0);
         }
     };
+    // Seized and not stopped yet: on an error they are left to
+    // `settle_lingering`, which detaches each once it stops.
+    let mut waiting: Vec<i32> = Vec::new();
     let result = (|| -> Result<()> {
         loop {
             let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{host}/task"))
@@ -250,7 +272,6 @@ fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32
             if tids.is_empty() {
                 return Ok(());
             }
-            let mut waiting = Vec::new();
             for tid in tids {
                 match ptrace::seize(tid).and_then(|()| ptrace::interrupt(tid)) {
                     Ok(()) => waiting.push(tid),
@@ -262,9 +283,21 @@ fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32
             }
             while let Some(tid) = waiting.pop() {
                 match inject::wait_event_stop_until(tid, deadline) {
-                    Ok(Some(children)) => waiting.extend(children),
+                    Ok(Some(children)) => {
+                        for c in children {
+                            // A new thread of this process is one more to
+                            // capture; a forked child is let go (the next
+                            // scan of processes sees it).
+                            if procfs::tgid(c).is_ok_and(|g| g == host) {
+                                waiting.push(c);
+                            } else {
+                                let _ = inject::wait_event_stop(c);
+                                let _ = ptrace::detach(c, 0);
+                            }
+                        }
+                    }
                     Ok(None) => {
-                        let _ = ptrace::detach(tid, 0);
+                        waiting.push(tid);
                         return Err(Error::StopTimeout { timeout_ms: 0, stuck: format!("thread {tid} of pid {host}") });
                     }
                     Err(Error::Died { .. }) => continue,
@@ -284,6 +317,7 @@ fn stop_threads(host: i32, deadline: std::time::Instant) -> Result<Vec<(i32, i32
         Ok(()) => Ok(done),
         Err(e) => {
             let_go_all(&done);
+            lingering.extend(waiting);
             Err(e)
         }
     }
@@ -365,6 +399,8 @@ pub(crate) struct Cloned {
     thread_tracees: Vec<(Tracee, ptrace::Regs)>,
     /// The main thread's robust futex list.
     robust_list: Option<(u64, u64)>,
+    /// Its registers for the image (an rseq critical section aborted).
+    image_regs: ptrace::Regs,
     /// Data queued on its connected unix sockets.
     sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
@@ -492,9 +528,19 @@ fn capture_thread(
             format!("a signal is pending for thread {ns_tid} alone (not captured yet)"),
         ));
     }
+    // Its `restart_block` (an interrupted nanosleep's or futex wait's
+    // deadline) is not copied to the thread made at the restore: it gets
+    // EINTR instead of a restart, which callers of those calls handle.
+    const ERESTART_RESTARTBLOCK: u64 = (-516i64) as u64;
+    let mut image_regs = regs;
+    if image_regs.rax == ERESTART_RESTARTBLOCK && (image_regs.orig_rax as i64) >= 0 {
+        image_regs.rax = (-(libc::EINTR as i64)) as u64;
+    }
     let xstate = ptrace::xstate(tid).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
     let blocked = ptrace::sigmask(tid).map_err(ptrace_err(tid, "GETSIGMASK"))?;
     let rseq = ptrace::rseq_configuration(tid).ok().flatten();
+    rseq_abort(tid, rseq, &mut image_regs);
+    let affinity = inject::affinity(tid);
     let robust_list = ptrace::robust_list(tid).map_err(ptrace_err(tid, "get_robust_list"))?;
     ptrace::set_exit_kill(tid, true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
     tracees.push((Tracee::new(tid, regs, insn), regs));
@@ -515,7 +561,8 @@ fn capture_thread(
     let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
     Ok(crate::model::ThreadImage {
         tid: ns_tid,
-        regs: Registers::from(&regs),
+        regs: Registers::from(&image_regs),
+        affinity,
         xstate,
         blocked,
         rseq,
@@ -524,6 +571,30 @@ fn capture_thread(
         altstack: (flags & libc::SS_DISABLE == 0).then_some(ss),
         comm,
     })
+}
+
+/// A thread stopped inside an rseq critical section resumes at its abort
+/// handler when restored (the kernel would have sent it there had it been
+/// preempted; our injected calls, made outside the section, clear the
+/// kernel's view of it). `struct rseq` holds the current `rseq_cs`
+/// pointer at offset 8; `struct rseq_cs { u32 version, flags; u64
+/// start_ip, post_commit_offset, abort_ip }`.
+fn rseq_abort(tid: i32, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::Regs) {
+    let Some((area, ..)) = rseq else { return };
+    let mut ptr = [0u8; 8];
+    if ptrace::read_mem(tid, area + 8, &mut ptr).is_err() {
+        return;
+    }
+    let cs = u64::from_ne_bytes(ptr);
+    let mut desc = [0u8; 32];
+    if cs == 0 || ptrace::read_mem(tid, cs, &mut desc).is_err() {
+        return;
+    }
+    let word = |i: usize| u64::from_ne_bytes(desc[i..i + 8].try_into().unwrap_or_default());
+    let (start, len, abort) = (word(8), word(16), word(24));
+    if regs.rip >= start && regs.rip < start.saturating_add(len) {
+        regs.rip = abort;
+    }
 }
 
 /// Undo a checkpoint under way: originals and init go, templates die.
@@ -723,6 +794,8 @@ fn clone_of(
         }
         let (mut itimers, altstack) = timers(s, &mut orig)?;
         let rseq = ptrace::rseq_configuration(host).ok().flatten();
+        let mut image_regs = s.regs;
+        rseq_abort(host, rseq, &mut image_regs);
         // No exit signal: the parent's plain `wait` never sees the template
         // (init reaps with __WALL).
         let (tpl, ns_pid, _) = orig.clone_stopped(libc::CLONE_PARENT as u64, "clone (template)")?;
@@ -805,6 +878,7 @@ fn clone_of(
             threads,
             thread_tracees: Vec::new(),
             robust_list,
+            image_regs,
             fds,
             pending,
             blocked,
@@ -961,7 +1035,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
-    let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&s.regs), c.fds)
+    let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&c.image_regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;

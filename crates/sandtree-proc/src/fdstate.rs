@@ -266,7 +266,11 @@ pub fn fill_inotify(host: i32, fd: i32, watches: &[crate::model::InotifyWatch], 
     use rustix::fs::inotify::{WatchFlags, add_watch, remove_watch};
     const IN_DONT_FOLLOW: u32 = 0x0200_0000;
     let inotify = dup_from(host, fd)?;
-    let root = rustix::fs::open(format!("/proc/{host}/root"), OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+    let root = rustix::fs::open(
+        format!("/proc/{host}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     let spacer = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
     let via = |f: &OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f));
     let mismatch = |path: &str, got: i32, want: i32| {
@@ -277,7 +281,9 @@ pub fn fill_inotify(host: i32, fd: i32, watches: &[crate::model::InotifyWatch], 
     let mut targets = Vec::with_capacity(watches.len());
     for w in watches {
         while next < w.wd {
-            let s = add_watch(&inotify, via(&spacer), WatchFlags::ACCESS | WatchFlags::MASK_CREATE)?;
+            // (DELETE_SELF: the daemon's root is never deleted, so the
+            // spacer reports nothing but its removal.)
+            let s = add_watch(&inotify, via(&spacer), WatchFlags::DELETE_SELF | WatchFlags::MASK_CREATE)?;
             remove_watch(&inotify, s)?;
             next += 1;
             spacers += 1;

@@ -104,6 +104,9 @@ pub struct ThreadImage {
     pub tid: i32,
     /// General registers (`fs_base` is its TLS).
     pub regs: Registers,
+    /// CPU affinity.
+    #[serde(default)]
+    pub affinity: Vec<u32>,
     /// XSAVE area: x87, SSE, AVX, ... registers.
     pub xstate: Vec<u8>,
     /// Blocked signals.

@@ -293,17 +293,21 @@ fn locate_watch(
             .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
             .unwrap_or(false);
         let path = m.target.join(rel).to_string_lossy().into_owned();
-        let at = rustix::fs::open(format!("/proc/{pid}/root"), rustix::fs::OFlags::PATH, rustix::fs::Mode::empty())
-            .and_then(|root| {
-                rustix::fs::openat2(
-                    &root,
-                    path.trim_start_matches('/'),
-                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                    rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-                )
-            })
-            .and_then(|f| rustix::fs::fstat(&f));
+        let at = rustix::fs::open(
+            format!("/proc/{pid}/root"),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .and_then(|root| {
+            rustix::fs::openat2(
+                &root,
+                path.trim_start_matches('/'),
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+                rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+            )
+        })
+        .and_then(|f| rustix::fs::fstat(&f));
         if !at.is_ok_and(|st| st.st_ino == watched_ino) {
             return Err(format!("the inode of an inotify watch is no longer at {path} (renamed or replaced)"));
         }
@@ -577,6 +581,12 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         robust_list: None,
         other_threads: Vec::new(),
     })
+}
+
+/// The thread group (process) of task `tid`.
+pub fn tgid(tid: i32) -> io::Result<i32> {
+    let text = fs::read_to_string(format!("/proc/{tid}/status"))?;
+    field(&text, "Tgid").and_then(|v| v.parse().ok()).ok_or_else(|| io::Error::other("no Tgid in status"))
 }
 
 /// Whether `pid` has POSIX timers (`timer_create`; `/proc/pid/timers`).

@@ -35,7 +35,11 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     // A template of another checkpoint may hold a pid this one needs (its
     // process had exited by then and the pid was reused): drop that
     // checkpoint's templates first.
-    let needed: HashSet<i32> = set.templates.iter().map(|t| t.image.pid).collect();
+    let needed: HashSet<i32> = set
+        .templates
+        .iter()
+        .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
+        .collect();
     let conflicting: Vec<String> = st
         .pools
         .iter()
@@ -289,13 +293,23 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
                 }
             };
             crate::inject::set_affinity(child, &image.affinity);
-            p.release(&regs)?;
+            // Every thread goes, whatever fails (the first error is told).
+            let mut released = p.release(&regs);
             for (t, regs) in threads {
-                t.release(&regs)?;
+                let r = t.release(&regs);
+                if released.is_ok() {
+                    released = r;
+                }
             }
+            released?;
             Ok(holder)
         }
         Err(e) => {
+            // The threads' exits first: the main thread's is reported only
+            // once they are collected.
+            for (t, _) in &threads {
+                crate::tracer::kill_tracee(t.tid);
+            }
             crate::tracer::kill_tracee(child);
             if let Some(s) = standby {
                 crate::tracer::kill_tracee(s.host);
@@ -365,7 +379,14 @@ fn make_threads(
             ptrace::write_mem(tid, scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
             t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
         }
-        let _ = std::fs::write(format!("/proc/{pid}/task/{tid}/comm"), &th.comm);
+        // Its name: only a thread of the group may write its comm.
+        let mut name = th.comm.as_bytes().to_vec();
+        name.truncate(15);
+        name.push(0);
+        ptrace::write_mem(tid, scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
+        const PR_SET_NAME: u64 = 15;
+        t.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, scratch + 1024])?;
+        crate::inject::set_affinity(tid, &th.affinity);
     }
     Ok(())
 }

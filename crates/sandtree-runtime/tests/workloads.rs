@@ -1032,6 +1032,8 @@ ticks = [0]
 acc = [1.0]
 
 def ticker():
+    import ctypes
+    ctypes.CDLL(None).prctl(15, b'tick-os', 0, 0, 0)  # its OS name
     while True:
         time.sleep(0.01)
         acc[0] = acc[0] * 1.0000001 + 0.5
@@ -1053,8 +1055,10 @@ while not done:
 
 def handle(cmd):
     if cmd == 'state':
-        return 'done=%s tids=%s names=%s' % (done, sorted(os.listdir('/proc/self/task')),
-            sorted(t.name for t in threading.enumerate()))
+        tasks = sorted(os.listdir('/proc/self/task'))
+        comms = sorted(open('/proc/self/task/%s/comm' % t).read().strip() for t in tasks)
+        return 'done=%s tids=%s names=%s comms=%s' % (done, tasks,
+            sorted(t.name for t in threading.enumerate()), comms)
     if cmd == 'work':
         q.put(len(done) + 10)
         for _ in range(200):
@@ -1086,7 +1090,11 @@ fn threads_come_back(e: &Engine) -> CaseFuture<'_> {
             After::Ask("work", "done=[2, 22]"),
             After::Ask("join", "joined=True"),
         ];
-        let ok = |s: &str| s.starts_with("done=[2] tids=[") && s.ends_with("names=['MainThread', 'ticker', 'worker']");
+        let ok = |s: &str| {
+            s.starts_with("done=[2] tids=[")
+                && s.contains("names=['MainThread', 'ticker', 'worker']")
+                && s.contains("'tick-os'")
+        };
         round_trips(e, THREADS_PY, ok, &[("work", "done=[2, 22]")], &after, ROUNDS).await
     })
 }
