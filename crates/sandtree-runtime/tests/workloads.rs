@@ -1046,6 +1046,19 @@ def worker():
             return
         done.append(item * 2)
 
+q2 = queue.Queue()
+got2 = []
+
+def timed_waiter():
+    # A futex wait with a deadline: interrupted, it cannot restart through
+    # its restart block after a restore (EINTR instead, retried by Python).
+    while True:
+        try:
+            got2.append(q2.get(timeout=600))
+        except queue.Empty:
+            pass
+
+threading.Thread(target=timed_waiter, name='timed', daemon=True).start()
 threading.Thread(target=ticker, name='ticker', daemon=True).start()
 w = threading.Thread(target=worker, name='worker')
 w.start()
@@ -1066,6 +1079,13 @@ def handle(cmd):
                 break
             time.sleep(0.01)
         return 'done=%s' % done
+    if cmd == 'timed':
+        q2.put('x')
+        for _ in range(200):
+            if got2:
+                break
+            time.sleep(0.01)
+        return 'got2=%s' % got2
     if cmd == 'ticking':
         a = ticks[0]
         time.sleep(0.1)
@@ -1087,12 +1107,13 @@ fn threads_come_back(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let after = [
             After::Ask("ticking", "ticking=True"),
+            After::Ask("timed", "got2=['x']"),
             After::Ask("work", "done=[2, 22]"),
             After::Ask("join", "joined=True"),
         ];
         let ok = |s: &str| {
             s.starts_with("done=[2] tids=[")
-                && s.contains("names=['MainThread', 'ticker', 'worker']")
+                && s.contains("names=['MainThread', 'ticker', 'timed', 'worker']")
                 && s.contains("'tick-os'")
         };
         round_trips(e, THREADS_PY, ok, &[("work", "done=[2, 22]")], &after, ROUNDS).await
