@@ -110,21 +110,6 @@ fn stop_inner(
             if (status.state == 'Z' || status.state == 'X') && status.threads <= 1 {
                 continue;
             }
-            if status.state == 'Z' {
-                let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
-                let u = Unrestorable {
-                    pid: status.ns_pid,
-                    comm: comm.trim_end().to_string(),
-                    resource: "threads".into(),
-                    reason: "its main thread exited while other threads run (not captured yet)".into(),
-                };
-                if best_effort {
-                    report.skipped.push(u);
-                    continue;
-                }
-                failure = Some(Error::Unsupported(u));
-                break;
-            }
             if status.ns_depth != depth {
                 report.foreign = true;
                 continue;
@@ -133,6 +118,14 @@ fn stop_inner(
             let ppid = ns_ppid(init_host, status.host_ppid);
             let checked = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid, best_effort)
                 .and_then(|()| {
+                    if status.state == 'Z' {
+                        return Err(Unrestorable {
+                            pid: status.ns_pid,
+                            comm: comm.trim_end().to_string(),
+                            resource: "threads".into(),
+                            reason: "its main thread exited while other threads run (not captured yet)".into(),
+                        });
+                    }
                     if status.state == 'T' {
                         return Err(Unrestorable {
                             pid: status.ns_pid,
