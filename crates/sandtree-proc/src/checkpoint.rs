@@ -855,10 +855,13 @@ fn clone_of(
             if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
                 && seen.sockets.insert(*ino)
             {
-                let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| Error::Proc {
-                    pid: host,
-                    what: "unix socket data",
-                    source: e,
+                let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| {
+                    Error::unsupported(
+                        s.ns_pid,
+                        &comm_now(),
+                        format!("fd {}", f.fd),
+                        format!("a unix socket with data in flight that cannot be captured: {e}"),
+                    )
                 })?;
                 sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, stream, messages });
             }

@@ -385,12 +385,11 @@ fn socket_kind(pid: i32, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     // descriptor is in flight with it, its receiver does not take the
     // sender's credentials (SO_PASSCRED: the restore sends as the daemon),
     // and it can still receive, through the peer that sent it.
+    // (The data itself is peeked once, by the checkpoint's first pass,
+    // which refuses the process if descriptors travel with it.)
     let peer = (queued && connected && family == "unix" && !sockopt::socket_passcred(&dup).unwrap_or(true))
-        .then(|| {
-            crate::fdstate::socket_messages(&dup, matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM))).ok()
-        })
+        .then(|| crate::sockdiag::diag_socket(pid).ok())
         .flatten()
-        .and_then(|_| crate::sockdiag::diag_socket(pid).ok())
         .and_then(|diag| crate::sockdiag::unix_state(&diag, ino).ok())
         .filter(|s| !s.rcv_shutdown)
         .and_then(|s| s.peer);

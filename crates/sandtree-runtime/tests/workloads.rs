@@ -1167,6 +1167,10 @@ def handle(cmd):
         return 'a2b=%d b2a=%d' % (avail(b), avail(a))
     if cmd == 'drain':
         return 'b_got=%r a_got=%r' % (drain(b), drain(a))
+    if cmd == 'refill':
+        a.sendall(b'inflight')
+        b.sendall(b'back')
+        return 'a2b=%d b2a=%d' % (avail(b), avail(a))
     if cmd == 'mutate':
         drain(b)
         drain(a)
@@ -1183,6 +1187,14 @@ def handle(cmd):
                 got.append(db.recv(4096))
             except BlockingIOError:
                 return 'db_got=%r' % got
+    if cmd == 'passfd':
+        socket.send_fds(a, [b'fd'], [0])
+        return 'queued'
+    if cmd == 'passfd-drain':
+        msg, fds, _, _ = socket.recv_fds(b, 64, 4)
+        for fd in fds:
+            os.close(fd)
+        return 'got=%r fds=%d' % (msg, len(fds))
     if cmd == 'lone':
         sender.sendto(b'x', '\0sandtree-lone')
         return 'queued'
@@ -1219,6 +1231,14 @@ fn unix_socketpair_and_listener(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, UNIX_PY).await?;
         ensure!(unix_client(e, &w.sb).await? == "unix-ok", "listener before the checkpoint");
+        // Data with a descriptor passed along is refused, naming it.
+        let drained = w.ask(e, "drain").await?;
+        ensure!(drained == "b_got=b'inflight' a_got=b'back'", "{drained}");
+        ensure!(w.ask(e, "passfd").await? == "queued");
+        let err = e.checkpoint(&w.sb, CheckpointRequest::default()).await.err().context("passed fd accepted")?;
+        ensure!(err.to_string().contains("descriptors are in flight"), "{err}");
+        ensure!(w.ask(e, "passfd-drain").await? == "got=b'fd' fds=1");
+        ensure!(w.ask(e, "refill").await? == "a2b=8 b2a=4");
         ensure!(w.ask(e, "lone").await? == "queued");
         sleep_ms(50).await;
         let err =
