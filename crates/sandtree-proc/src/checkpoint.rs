@@ -245,12 +245,6 @@ fn stop_threads(
     lingering: &mut Vec<i32>,
 ) -> Result<Vec<(i32, i32, ptrace::Regs)>> {
     let mut done: Vec<(i32, i32, ptrace::Regs)> = Vec::new();
-    let let_go_all = |done: &[(i32, i32, ptrace::Regs)]| {
-        for (tid, _, regs) in done {
-            let _ = ptrace::set_regs(*tid, regs);
-            let _ = ptrace::detach(*tid, 0);
-        }
-    };
     // Seized and not stopped yet: on an error they are left to
     // `settle_lingering`, which detaches each once it stops.
     let mut waiting: Vec<i32> = Vec::new();
@@ -309,7 +303,7 @@ fn stop_threads(
     match result {
         Ok(()) => Ok(done),
         Err(e) => {
-            let_go_all(&done);
+            let_go_threads(&done);
             lingering.extend(waiting);
             Err(e)
         }
@@ -319,16 +313,17 @@ fn stop_threads(
 /// Let every stopped original go with its registers untouched.
 pub(crate) fn resume_all(st: &mut State) {
     for s in st.stopped.drain(..) {
-        let_go_threads(&s);
+        let_go_threads(&s.threads);
         let _ = ptrace::set_regs(s.host, &s.regs);
         let _ = ptrace::detach(s.host, 0);
     }
     resume_init(st);
 }
 
-/// Let the other threads of a stopped original go, registers untouched.
-fn let_go_threads(s: &Stopped) {
-    for (tid, _, regs) in &s.threads {
+/// Let stopped threads (host tid, tid in the sandbox, registers) go,
+/// registers untouched.
+fn let_go_threads(threads: &[(i32, i32, ptrace::Regs)]) {
+    for (tid, _, regs) in threads {
         let _ = ptrace::set_regs(*tid, regs);
         let _ = ptrace::detach(*tid, 0);
     }
@@ -716,7 +711,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
 /// Its affinity may still be the tracer's pin: callers that pinned it put
 /// it back first.
 fn let_go(s: &Stopped) {
-    let_go_threads(s);
+    let_go_threads(&s.threads);
     if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
         let _ = ptrace::set_regs(s.host, &s.regs);
         let _ = ptrace::detach(s.host, 0);

@@ -89,19 +89,36 @@ fn drain(rd: &OwnedFd) -> io::Result<()> {
     }
 }
 
+/// The root of process `host`'s tree (`/proc/<host>/root`), to open
+/// paths of the sandbox in with [`open_in`].
+pub fn tree_root(host: i32) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        format!("/proc/{host}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Open sandbox path `path` under `root` ([`tree_root`]) with `flags`
+/// (close-on-exec added). It resolves inside that tree only
+/// (`RESOLVE_IN_ROOT`, no magic links): a symlink of the sandbox's cannot
+/// lead the daemon out of it.
+pub fn open_in(root: &OwnedFd, path: &str, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        root,
+        path.trim_start_matches('/'),
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
 /// Open the named pipe at `path` in the tree of process `host` for
 /// reading and writing, without blocking (a FIFO's keeper at a restore).
 /// The path resolves inside that tree only (`RESOLVE_IN_ROOT`): a symlink
 /// of the sandbox's cannot lead the daemon out of it.
 pub fn open_fifo(host: i32, path: &str) -> io::Result<OwnedFd> {
-    let root = rustix::fs::open(format!("/proc/{host}/root"), OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
-    let fd = rustix::fs::openat2(
-        &root,
-        path.trim_start_matches('/'),
-        OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-        rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-    )?;
+    let fd = open_in(&tree_root(host)?, path, OFlags::RDWR | OFlags::NONBLOCK | OFlags::NOFOLLOW)?;
     if rustix::fs::fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFIFO {
         return Err(io::Error::other(format!("{path} is not a named pipe in the rolled-back tree")));
     }
@@ -266,11 +283,7 @@ pub fn fill_inotify(host: i32, fd: i32, watches: &[crate::model::InotifyWatch], 
     use rustix::fs::inotify::{WatchFlags, add_watch, remove_watch};
     const IN_DONT_FOLLOW: u32 = 0x0200_0000;
     let inotify = dup_from(host, fd)?;
-    let root = rustix::fs::open(
-        format!("/proc/{host}/root"),
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let root = tree_root(host)?;
     let spacer = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
     let via = |f: &OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f));
     let mismatch = |path: &str, got: i32, want: i32| {
@@ -288,13 +301,8 @@ pub fn fill_inotify(host: i32, fd: i32, watches: &[crate::model::InotifyWatch], 
             next += 1;
             spacers += 1;
         }
-        let target = rustix::fs::openat2(
-            &root,
-            w.path.trim_start_matches('/'),
-            OFlags::PATH | OFlags::CLOEXEC | if w.dont_follow { OFlags::NOFOLLOW } else { OFlags::empty() },
-            Mode::empty(),
-            rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-        )?;
+        let follow = if w.dont_follow { OFlags::NOFOLLOW } else { OFlags::empty() };
+        let target = open_in(&root, &w.path, OFlags::PATH | follow)?;
         let wd = add_watch(&inotify, via(&target), WatchFlags::DELETE_SELF)?;
         if wd != w.wd {
             return Err(mismatch(&w.path, wd, w.wd));

@@ -293,21 +293,11 @@ fn locate_watch(
             .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
             .unwrap_or(false);
         let path = m.target.join(rel).to_string_lossy().into_owned();
-        let at = rustix::fs::open(
-            format!("/proc/{pid}/root"),
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .and_then(|root| {
-            rustix::fs::openat2(
-                &root,
-                path.trim_start_matches('/'),
-                rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-                rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-            )
-        })
-        .and_then(|f| rustix::fs::fstat(&f));
+        let at = crate::fdstate::tree_root(pid)
+            .and_then(|root| {
+                crate::fdstate::open_in(&root, &path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW)
+            })
+            .and_then(|f| Ok(rustix::fs::fstat(&f)?));
         if !at.is_ok_and(|st| st.st_ino == watched_ino) {
             return Err(format!("the inode of an inotify watch is no longer at {path} (renamed or replaced)"));
         }

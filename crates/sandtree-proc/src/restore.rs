@@ -232,11 +232,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    // A retry is one injected syscall (~10 µs): poll finely, the pid frees
-    // as soon as init reaps the killed original.
-    let mut backoff = Backoff::new(20, 100, PID_WAIT);
-    let first = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE]);
-    let mut out = match first {
+    let out = match clone3_when_free(src, t.scratch, &mut busy) {
         Ok(o) => o,
         Err(e) => {
             if let Some(s) = standby {
@@ -245,14 +241,6 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
             return Err(e);
         }
     };
-    for _ in 0..100_000 {
-        match out.ret {
-            ERESTARTNOINTR => {}
-            EEXIST if backoff.snooze() => busy += 1,
-            _ => break,
-        }
-        out = src.syscall(libc::SYS_clone3, &[t.scratch, CLONE_ARGS_SIZE])?;
-    }
     // Signals sent to the template (SIGHUP when the old session leader
     // died, SIGCHLD) are not the process's: drop them.
     src.take_held();
@@ -319,6 +307,24 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     }
 }
 
+/// Inject `clone3` with the `clone_args` at `args` into `src` until the
+/// pid (or tid) it asks for is free: the killed original's is busy until
+/// init reaps it (or the thread is gone). A retry is one injected syscall
+/// (~10 µs): poll finely. `busy` counts the retries.
+fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32) -> Result<crate::inject::Outcome> {
+    let mut backoff = Backoff::new(20, 100, PID_WAIT);
+    let mut out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
+    for _ in 0..100_000 {
+        match out.ret {
+            ERESTARTNOINTR => {}
+            EEXIST if backoff.snooze() => *busy += 1,
+            _ => break,
+        }
+        out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
+    }
+    Ok(out)
+}
+
 /// The process's other threads again, each with its tid (`clone3` with
 /// `set_tid`, `CLONE_THREAD`, its TLS), injected into the main thread; in
 /// each new thread (stopped at birth): its XSAVE area, robust list,
@@ -347,16 +353,7 @@ fn make_threads(
             .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &th.tid.to_ne_bytes()))
             .map_err(ptrace_err(pid, "write clone_args"))?;
         // A killed thread's tid is free once it is gone.
-        let mut backoff = Backoff::new(20, 100, PID_WAIT);
-        let mut made = p.syscall(libc::SYS_clone3, &[scratch, CLONE_ARGS_SIZE])?;
-        for _ in 0..100_000 {
-            match made.ret {
-                ERESTARTNOINTR => {}
-                EEXIST if backoff.snooze() => {}
-                _ => break,
-            }
-            made = p.syscall(libc::SYS_clone3, &[scratch, CLONE_ARGS_SIZE])?;
-        }
+        let made = clone3_when_free(p, scratch, &mut 0)?;
         let (Some(tid), true) = (made.child, made.ret > 0) else {
             return Err(Error::Remote {
                 pid,
