@@ -6,10 +6,22 @@
 //! ```text
 //! images       name PK | kind | source | created_at | layers (JSON) | size_bytes
 //! sandboxes    id PK | image | tree_id | created_at | labels | limits | subvol
-//!              | base_checkpoint | base_transid | state | status_reason
+//!              | base_checkpoint | base_transid | state | status_reason | lowers
 //! checkpoints  id PK | sandbox_id | tree_id | parent | image | label | labels
 //!              | created_at | transid | size_bytes | frozen_ms | duration_ms
+//!              | processes | layer | lowers
 //! ```
+//!
+//! # Layers
+//!
+//! A sandbox's files are a stack of btrfs subvolumes, named by their path
+//! under the volume root (`sandboxes/<id>/<gen>`, `checkpoints/<ck>`): its
+//! writable `subvol` on top, then `lowers` (JSON list, top first), then the
+//! image. A checkpoint is the same without the writable top: its own `layer`
+//! (NULL in rows older than v3: `checkpoints/<id>`) over its `lowers`. A
+//! layer is never written once a checkpoint names it; several checkpoints
+//! and sandboxes share lower layers, and a layer goes only when no row
+//! names it ([`Meta::layer_in_use`]).
 //!
 //! # Crash safety
 //!
@@ -39,7 +51,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 
 /// Schema version stored in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -101,6 +113,8 @@ pub struct SandboxRecord {
     pub base_transid: u64,
     pub state: DesiredState,
     pub status_reason: Option<String>,
+    /// Read-only layers under `subvol`, top first (paths under the volume root).
+    pub lowers: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -121,6 +135,17 @@ pub struct CheckpointRecord {
     /// What was captured of the processes (JSON; `Null`: nothing), written
     /// by the engine and read back as it is.
     pub processes: serde_json::Value,
+    /// Its own read-only layer (path under the volume root).
+    pub layer: String,
+    /// The layers under it, top first.
+    pub lowers: Vec<String>,
+}
+
+impl CheckpointRecord {
+    /// Every layer of the checkpoint's files, top first (image excluded).
+    pub fn stack(&self) -> Vec<String> {
+        std::iter::once(self.layer.clone()).chain(self.lowers.iter().cloned()).collect()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -160,7 +185,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     base_checkpoint TEXT,
     base_transid INTEGER NOT NULL,
     state TEXT NOT NULL,
-    status_reason TEXT
+    status_reason TEXT,
+    lowers TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY,
@@ -175,25 +201,40 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     size_bytes INTEGER,
     frozen_ms REAL NOT NULL,
     duration_ms REAL NOT NULL,
-    processes TEXT
+    processes TEXT,
+    layer TEXT,
+    lowers TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS checkpoints_tree ON checkpoints(tree_id);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 ";
 
-const SANDBOX_COLS: &str =
-    "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason";
-const CHECKPOINT_COLS: &str = "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms, processes";
+const SANDBOX_COLS: &str = "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason, lowers";
+const CHECKPOINT_COLS: &str = "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms, processes, layer, lowers";
 
 fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).unwrap_or_else(|_| "{}".into())
+}
+
+/// `ALTER TABLE table ADD COLUMN column decl` unless it is there.
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+    let names = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+    if !names.iter().any(|n| n == column) {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
+fn list_json(list: &[String]) -> String {
+    serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(field: &'static str, s: &str) -> Result<T> {
     serde_json::from_str(s).map_err(|source| Error::Json { field, source })
 }
 
-struct RawSandbox(SandboxRecord, String, String);
+struct RawSandbox(SandboxRecord, String, String, String);
 
 fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<RawSandbox> {
     let labels: String = row.get(4)?;
@@ -212,22 +253,25 @@ fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<RawSandbox> {
             base_transid: row.get::<_, i64>(8)? as u64,
             state: DesiredState::parse(&state),
             status_reason: row.get(10)?,
+            lowers: Vec::new(),
         },
         labels,
         limits,
+        row.get(11)?,
     ))
 }
 
 impl RawSandbox {
     fn finish(self) -> Result<SandboxRecord> {
-        let RawSandbox(mut rec, labels, limits) = self;
+        let RawSandbox(mut rec, labels, limits, lowers) = self;
         rec.labels = parse_json("sandboxes.labels", &labels)?;
         rec.limits = parse_json("sandboxes.limits", &limits)?;
+        rec.lowers = parse_json("sandboxes.lowers", &lowers)?;
         Ok(rec)
     }
 }
 
-struct RawCheckpoint(CheckpointRecord, String, Option<String>);
+struct RawCheckpoint(CheckpointRecord, String, Option<String>, Option<String>, String);
 
 fn checkpoint_from_row(row: &Row<'_>) -> rusqlite::Result<RawCheckpoint> {
     let labels: String = row.get(6)?;
@@ -246,16 +290,22 @@ fn checkpoint_from_row(row: &Row<'_>) -> rusqlite::Result<RawCheckpoint> {
             frozen_ms: row.get(10)?,
             duration_ms: row.get(11)?,
             processes: serde_json::Value::Null,
+            layer: String::new(),
+            lowers: Vec::new(),
         },
         labels,
         row.get(12)?,
+        row.get(13)?,
+        row.get(14)?,
     ))
 }
 
 impl RawCheckpoint {
     fn finish(self) -> Result<CheckpointRecord> {
-        let RawCheckpoint(mut rec, labels, processes) = self;
+        let RawCheckpoint(mut rec, labels, processes, layer, lowers) = self;
         rec.labels = parse_json("checkpoints.labels", &labels)?;
+        rec.layer = layer.unwrap_or_else(|| format!("checkpoints/{}", rec.id));
+        rec.lowers = parse_json("checkpoints.lowers", &lowers)?;
         if let Some(p) = processes {
             rec.processes = parse_json("checkpoints.processes", &p)?;
         }
@@ -265,7 +315,7 @@ impl RawCheckpoint {
 
 fn insert_sandbox_tx(tx: &Connection, s: &SandboxRecord) -> Result<()> {
     tx.execute(
-        &format!("INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+        &format!("INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
         params![
             s.id,
             s.image,
@@ -278,6 +328,7 @@ fn insert_sandbox_tx(tx: &Connection, s: &SandboxRecord) -> Result<()> {
             s.base_transid as i64,
             s.state.as_str(),
             s.status_reason,
+            list_json(&s.lowers),
         ],
     )?;
     Ok(())
@@ -297,9 +348,14 @@ impl Meta {
             return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: version });
         }
         conn.execute_batch(SCHEMA).map_err(open_err)?;
-        if version == 1 {
-            // v2 added what a checkpoint captured of the processes.
-            conn.execute_batch("ALTER TABLE checkpoints ADD COLUMN processes TEXT").map_err(open_err)?;
+        // Columns added since v1 (tables made by SCHEMA above have them).
+        for (table, column, decl) in [
+            ("checkpoints", "processes", "TEXT"),
+            ("sandboxes", "lowers", "TEXT NOT NULL DEFAULT '[]'"),
+            ("checkpoints", "layer", "TEXT"),
+            ("checkpoints", "lowers", "TEXT NOT NULL DEFAULT '[]'"),
+        ] {
+            add_column(&conn, table, column, decl).map_err(open_err)?;
         }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(open_err)?;
         Ok(Meta { path: path.to_path_buf(), conn: Mutex::new(conn) })
@@ -410,17 +466,19 @@ impl Meta {
         rows.into_iter().map(RawSandbox::finish).collect()
     }
 
-    /// Points a sandbox at a new writable subvolume (the commit point of a rollback).
+    /// Points a sandbox at a new writable subvolume over `lowers` (the
+    /// commit point of a rollback).
     pub fn set_sandbox_subvol(
         &self,
         id: &str,
         subvol: &str,
+        lowers: &[String],
         base_checkpoint: Option<&str>,
         base_transid: u64,
     ) -> Result<()> {
         self.conn().execute(
-            "UPDATE sandboxes SET subvol = ?2, base_checkpoint = ?3, base_transid = ?4 WHERE id = ?1",
-            params![id, subvol, base_checkpoint, base_transid as i64],
+            "UPDATE sandboxes SET subvol = ?2, base_checkpoint = ?3, base_transid = ?4, lowers = ?5 WHERE id = ?1",
+            params![id, subvol, base_checkpoint, base_transid as i64, list_json(lowers)],
         )?;
         Ok(())
     }
@@ -440,13 +498,20 @@ impl Meta {
     // ---- checkpoints ----
 
     /// Commits a checkpoint; with `rebase`, that sandbox now derives from it
-    /// (same transaction: its next checkpoint will name this one as parent).
-    pub fn insert_checkpoint(&self, c: &CheckpointRecord, rebase: Option<&str>) -> Result<()> {
+    /// (same transaction: its next checkpoint will name this one as parent),
+    /// and with `switch`, it writes from now on to a new subvolume over
+    /// these lowers (the checkpoint took its old one as its layer).
+    pub fn insert_checkpoint(
+        &self,
+        c: &CheckpointRecord,
+        rebase: Option<&str>,
+        switch: Option<(&str, &[String])>,
+    ) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
             &format!(
-                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
             ),
             params![
                 c.id,
@@ -462,6 +527,8 @@ impl Meta {
                 c.frozen_ms,
                 c.duration_ms,
                 (!c.processes.is_null()).then(|| c.processes.to_string()),
+                c.layer,
+                list_json(&c.lowers),
             ],
         )?;
         if let Some(sandbox) = rebase {
@@ -469,6 +536,12 @@ impl Meta {
                 "UPDATE sandboxes SET base_checkpoint = ?2, base_transid = ?3 WHERE id = ?1",
                 params![sandbox, c.id, c.transid as i64],
             )?;
+            if let Some((subvol, lowers)) = switch {
+                tx.execute(
+                    "UPDATE sandboxes SET subvol = ?2, lowers = ?3, base_transid = 0 WHERE id = ?1",
+                    params![sandbox, subvol, list_json(lowers)],
+                )?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -529,6 +602,67 @@ impl Meta {
         tx.execute("DELETE FROM checkpoints WHERE id = ?1", [id])?;
         tx.commit()?;
         Ok(true)
+    }
+
+    /// Whether any sandbox or checkpoint row names `layer` (a path under
+    /// the volume root) as its writable subvolume, its own layer or a lower.
+    pub fn layer_in_use(&self, layer: &str) -> Result<bool> {
+        Ok(self.layers_in_use()?.contains(layer))
+    }
+
+    /// Every layer some row names, as paths under the volume root
+    /// (sandboxes' writable subvolumes as `sandboxes/<subvol>`).
+    pub fn layers_in_use(&self) -> Result<std::collections::HashSet<String>> {
+        let mut used = std::collections::HashSet::new();
+        for s in self.sandboxes()? {
+            used.insert(format!("sandboxes/{}", s.subvol));
+            used.extend(s.lowers);
+        }
+        for c in self.checkpoints(None)? {
+            used.extend(c.stack());
+        }
+        Ok(used)
+    }
+
+    /// Replaces the run `old` (top first) at the bottom of every row's
+    /// lowers by the single layer `squashed`, which holds the same files
+    /// (one transaction). Returns how many rows changed.
+    pub fn squash_lowers(&self, old: &[String], squashed: &str) -> Result<usize> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut changed = 0;
+        let replace = |lowers: &[String]| -> Option<Vec<String>> {
+            let at = lowers.len().checked_sub(old.len())?;
+            (old.len() > 1 && lowers[at..] == *old).then(|| {
+                let mut v = lowers[..at].to_vec();
+                v.push(squashed.to_string());
+                v
+            })
+        };
+        let rows: Vec<(String, String)> = {
+            let mut stmt = tx.prepare("SELECT id, lowers FROM sandboxes")?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?
+        };
+        for (id, lowers) in rows {
+            let lowers: Vec<String> = parse_json("sandboxes.lowers", &lowers)?;
+            if let Some(new) = replace(&lowers) {
+                tx.execute("UPDATE sandboxes SET lowers = ?2 WHERE id = ?1", params![id, list_json(&new)])?;
+                changed += 1;
+            }
+        }
+        let rows: Vec<(String, String)> = {
+            let mut stmt = tx.prepare("SELECT id, lowers FROM checkpoints")?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?
+        };
+        for (id, lowers) in rows {
+            let lowers: Vec<String> = parse_json("checkpoints.lowers", &lowers)?;
+            if let Some(new) = replace(&lowers) {
+                tx.execute("UPDATE checkpoints SET lowers = ?2 WHERE id = ?1", params![id, list_json(&new)])?;
+                changed += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(changed)
     }
 
     pub fn counts(&self) -> Result<(u64, u64, u64)> {

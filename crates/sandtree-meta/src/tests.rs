@@ -13,6 +13,7 @@ fn sandbox(id: &str, subvol: &str) -> SandboxRecord {
         base_transid: 0,
         state: DesiredState::Running,
         status_reason: None,
+        lowers: vec!["checkpoints/ck-0".into()],
     }
 }
 
@@ -31,6 +32,8 @@ fn checkpoint(id: &str, parent: Option<&str>) -> CheckpointRecord {
         frozen_ms: 1.5,
         duration_ms: 3.0,
         processes: serde_json::json!({ "captured": [12], "unrestorable": [] }),
+        layer: format!("sandboxes/sb-a/{id}"),
+        lowers: vec!["checkpoints/ck-0".into()],
     }
 }
 
@@ -67,9 +70,9 @@ fn insert_sandboxes_is_all_or_nothing() {
 #[test]
 fn deleting_a_checkpoint_relinks_children_and_sandboxes_to_its_parent() {
     let (_d, meta) = open();
-    meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-2", Some("ck-1")), None).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-3", Some("ck-2")), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), None, None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-2", Some("ck-1")), None, None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-3", Some("ck-2")), None, None).unwrap();
     let mut s = sandbox("sb-a", "a");
     s.base_checkpoint = Some("ck-2".into());
     meta.insert_sandbox(&s).unwrap();
@@ -85,11 +88,11 @@ fn deleting_a_checkpoint_relinks_children_and_sandboxes_to_its_parent() {
 #[test]
 fn checkpoints_list_parents_before_children_and_filter_by_tree() {
     let (_d, meta) = open();
-    meta.insert_checkpoint(&checkpoint("ck-z", None), None).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-a", Some("ck-z")), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-z", None), None, None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-a", Some("ck-z")), None, None).unwrap();
     let mut other = checkpoint("ck-o", None);
     other.tree_id = "sb-other".into();
-    meta.insert_checkpoint(&other, None).unwrap();
+    meta.insert_checkpoint(&other, None, None).unwrap();
     let ids: Vec<_> = meta.checkpoints(Some("sb-a")).unwrap().into_iter().map(|c| c.id).collect();
     assert_eq!(ids, vec!["ck-z", "ck-a"]);
     assert_eq!(meta.checkpoints(None).unwrap().len(), 3);
@@ -101,7 +104,7 @@ fn committed_rows_survive_reopen() {
     let path = dir.path().join("meta.db");
     {
         let meta = Meta::open(&path).unwrap();
-        meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
+        meta.insert_checkpoint(&checkpoint("ck-1", None), None, None).unwrap();
         meta.set_checkpoint_size("ck-1", 4096).unwrap();
         // Dropped without a clean shutdown of anything else.
     }
@@ -125,7 +128,7 @@ fn newer_schema_is_refused_with_clear_error() {
 fn image_users_count_sandboxes_and_checkpoints() {
     let (_d, meta) = open();
     meta.insert_sandbox(&sandbox("sb-a", "a")).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-1", None), None).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), None, None).unwrap();
     assert_eq!(meta.image_users("default").unwrap(), (1, 1));
     assert_eq!(meta.image_users("other").unwrap(), (0, 0));
 }
@@ -134,7 +137,7 @@ fn image_users_count_sandboxes_and_checkpoints() {
 fn checkpoint_with_rebase_moves_the_sandbox_base_in_the_same_commit() {
     let (_d, meta) = open();
     meta.insert_sandbox(&sandbox("sb-a", "a")).unwrap();
-    meta.insert_checkpoint(&checkpoint("ck-1", None), Some("sb-a")).unwrap();
+    meta.insert_checkpoint(&checkpoint("ck-1", None), Some("sb-a"), None).unwrap();
     let s = meta.sandbox("sb-a").unwrap().unwrap();
     assert_eq!(s.base_checkpoint.as_deref(), Some("ck-1"));
     assert_eq!(s.base_transid, 7);
@@ -158,6 +161,46 @@ fn schema_v1_database_gains_the_processes_column() {
     let meta = Meta::open(&path).unwrap();
     let old = meta.checkpoint("ck-old").unwrap().unwrap();
     assert_eq!(old.processes, serde_json::Value::Null);
-    meta.insert_checkpoint(&checkpoint("ck-new", None), None).unwrap();
+    // A checkpoint from before stacked layers is one full layer.
+    assert_eq!(old.stack(), vec!["checkpoints/ck-old".to_string()]);
+    meta.insert_checkpoint(&checkpoint("ck-new", None), None, None).unwrap();
     assert_eq!(meta.checkpoint("ck-new").unwrap().unwrap(), checkpoint("ck-new", None));
+}
+
+#[test]
+fn checkpoint_with_switch_moves_the_sandbox_onto_a_new_subvolume() {
+    let (_d, meta) = open();
+    meta.insert_sandbox(&sandbox("sb-a", "sb-a/1")).unwrap();
+    let ck = CheckpointRecord { layer: "sandboxes/sb-a/1".into(), ..checkpoint("ck-1", None) };
+    let lowers = ck.stack();
+    meta.insert_checkpoint(&ck, Some("sb-a"), Some(("sb-a/2", &lowers))).unwrap();
+    let s = meta.sandbox("sb-a").unwrap().unwrap();
+    assert_eq!(
+        (s.subvol.as_str(), s.lowers.clone()),
+        ("sb-a/2", vec!["sandboxes/sb-a/1".into(), "checkpoints/ck-0".into()])
+    );
+    assert_eq!(s.base_checkpoint.as_deref(), Some("ck-1"));
+    let used = meta.layers_in_use().unwrap();
+    for l in ["sandboxes/sb-a/1", "sandboxes/sb-a/2", "checkpoints/ck-0"] {
+        assert!(used.contains(l), "{l} in {used:?}");
+    }
+    assert!(!meta.layer_in_use("sandboxes/sb-a/0").unwrap());
+}
+
+#[test]
+fn squash_replaces_the_bottom_run_of_lowers_everywhere() {
+    let (_d, meta) = open();
+    let mut sb = sandbox("sb-a", "sb-a/9");
+    sb.lowers = vec!["l3".into(), "l2".into(), "l1".into()];
+    meta.insert_sandbox(&sb).unwrap();
+    let ck = CheckpointRecord { lowers: vec!["l2".into(), "l1".into()], ..checkpoint("ck-1", None) };
+    meta.insert_checkpoint(&ck, None, None).unwrap();
+    let other = CheckpointRecord { lowers: vec!["l1".into()], ..checkpoint("ck-2", None) };
+    meta.insert_checkpoint(&other, None, None).unwrap();
+    let run = vec!["l2".to_string(), "l1".to_string()];
+    assert_eq!(meta.squash_lowers(&run, "sq").unwrap(), 2);
+    assert_eq!(meta.sandbox("sb-a").unwrap().unwrap().lowers, vec!["l3".to_string(), "sq".to_string()]);
+    assert_eq!(meta.checkpoint("ck-1").unwrap().unwrap().lowers, vec!["sq".to_string()]);
+    // A stack that holds only part of the run keeps it.
+    assert_eq!(meta.checkpoint("ck-2").unwrap().unwrap().lowers, vec!["l1".to_string()]);
 }

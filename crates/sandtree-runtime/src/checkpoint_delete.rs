@@ -1,10 +1,11 @@
 //! `delete checkpoint`.
 //!
 //! A checkpoint that has child checkpoints or sandboxes based on it is kept
-//! unless `force` is given. btrfs snapshots do not depend on each other, so a
-//! forced delete loses no data of the dependents: they are re-linked to the
-//! deleted checkpoint's parent (same transaction as the delete), and the
-//! snapshot is destroyed after the commit.
+//! unless `force` is given. A forced delete loses no data of the
+//! dependents: they are re-linked to the deleted checkpoint's parent (same
+//! transaction as the delete), and its layer stays for as long as a
+//! dependent's stack holds it. Layers that no row names any more are
+//! destroyed after the commit.
 
 use sandtree_api::DeleteCheckpointResponse;
 
@@ -34,15 +35,17 @@ impl Engine {
     /// Deletes the row; the snapshot is queued for deletion. The caller holds
     /// the store lock (read side).
     pub(crate) fn delete_checkpoint_locked(&self, id: &str) -> Result<()> {
-        let sandbox = self.meta.checkpoint(id)?.map(|c| c.sandbox_id);
+        let Some(ck) = self.meta.checkpoint(id)? else { return Ok(()) };
         self.meta.delete_checkpoint(id)?;
-        if let Some(t) = sandbox.and_then(|s| self.tracer_get(&s)) {
+        if let Some(t) = self.tracer_get(&ck.sandbox_id) {
             let _ = tokio::task::block_in_place(|| t.drop_checkpoint(id));
         }
         for spare in self.spares.drop_checkpoint(id) {
             self.discard_subvol_later(&spare);
         }
-        self.reaper.discard(self.checkpoint_path(id), false);
+        for layer in ck.stack() {
+            self.discard_layer_if_unused(&layer);
+        }
         Ok(())
     }
 }

@@ -1,8 +1,12 @@
 //! `fork`: N independent sandboxes from one checkpoint, in one call.
 //!
 //! Order of operations:
-//! 1. writable snapshots `checkpoints/<ck>` → `sandboxes/<new-id>/1` (one directory per sandbox, so the kernel does not serialise them on a directory lock) for all N,
-//!    issued concurrently so btrfs can fold them into few transaction commits;
+//! 1. each fork's writable subvolume `sandboxes/<new-id>/1` (one directory
+//!    per sandbox, so the kernel does not serialise them on a directory
+//!    lock): layered (`Config::layered`), a new empty subvolume over the
+//!    checkpoint's layers, which all forks share read-only (no commit);
+//!    else writable snapshots of the checkpoint's layer over the layers
+//!    under it, issued concurrently so btrfs folds them into few commits;
 //! 2. spawn every sandbox's init at once (the zygote has a worker process
 //!    per CPU, so the namespace work runs in parallel);
 //! 3. commit every sandbox that came up in one transaction; the ones that
@@ -55,9 +59,10 @@ impl Engine {
                     labels: req.labels.clone(),
                     limits: limits.clone(),
                     base_checkpoint: Some(ck.id.clone()),
-                    base_transid: ck.transid,
+                    base_transid: if self.cfg.layered { 0 } else { ck.transid },
                     state: DesiredState::Running,
                     status_reason: None,
+                    lowers: if self.cfg.layered { ck.stack() } else { ck.lowers.clone() },
                     id,
                 }
             })
@@ -65,10 +70,16 @@ impl Engine {
         for r in &records {
             self.subvol_parent(&r.id)?;
         }
-        let src = self.checkpoint_path(&ck.id);
-        let pairs: Vec<(PathBuf, PathBuf)> =
-            records.iter().map(|r| (src.clone(), self.subvol_path(&r.subvol))).collect();
-        let snaps = tokio::task::spawn_blocking(move || sandtree_fs::snapshot_many(&pairs, false)).await?;
+        let snaps = if self.cfg.layered {
+            let paths: Vec<PathBuf> = records.iter().map(|r| self.subvol_path(&r.subvol)).collect();
+            tokio::task::spawn_blocking(move || paths.iter().map(|p| sandtree_fs::create_subvolume(p)).collect())
+                .await?
+        } else {
+            let src = self.volume.root().join(&ck.layer);
+            let pairs: Vec<(PathBuf, PathBuf)> =
+                records.iter().map(|r| (src.clone(), self.subvol_path(&r.subvol))).collect();
+            tokio::task::spawn_blocking(move || sandtree_fs::snapshot_many(&pairs, false)).await?
+        };
 
         let boots = records.iter().zip(snaps).map(|(rec, snap)| async move {
             match snap {

@@ -33,6 +33,15 @@ pub struct Config {
     pub template_memory_bytes: u64,
     /// Checkpoints per sandbox that keep process templates.
     pub template_checkpoints: usize,
+    /// Checkpoint a sandbox in which only init runs by *freezing* its
+    /// writable subvolume as the checkpoint's layer and stacking a new empty
+    /// one on top (DeltaFS): no btrfs snapshot, no commit. Otherwise (and
+    /// always when processes run) a checkpoint is a read-only snapshot.
+    pub layered: bool,
+    /// Read-only layers a sandbox may stack before its lower layers are
+    /// squashed into one (in the background); a checkpoint over this many
+    /// takes a snapshot instead of stacking another.
+    pub max_layers: usize,
 }
 
 impl Config {
@@ -71,6 +80,8 @@ impl Default for Config {
             spare_layers: 64,
             template_memory_bytes: 2 << 30,
             template_checkpoints: 64,
+            layered: true,
+            max_layers: 12,
         }
     }
 }

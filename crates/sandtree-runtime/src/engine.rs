@@ -15,6 +15,17 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, RwLock};
 use crate::layers::{StoredLayer, overlay_layers};
 use crate::{Config, Error, Result, util};
 
+/// A sandbox's writable subvolume and the read-only layers under it.
+#[derive(Clone, Debug)]
+pub(crate) struct Top {
+    /// `<sandbox-id>/<gen>` under `sandboxes/`.
+    pub subvol: String,
+    /// Layers under it, top first (paths under the volume root).
+    pub lowers: Vec<String>,
+    /// What its disk usage counts from (see `SandboxRecord::base_transid`).
+    pub base_transid: u64,
+}
+
 /// Run blocking work from async code without stalling a runtime worker.
 pub(crate) fn block<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
@@ -206,6 +217,26 @@ impl Engine {
         Ok(dir)
     }
 
+    /// Absolute paths of layers named by their path under the volume root.
+    pub(crate) fn layer_paths(&self, layers: &[String]) -> Vec<PathBuf> {
+        layers.iter().map(|l| self.volume.root().join(l)).collect()
+    }
+
+    /// A sandbox's writable subvolume `<id>/<gen>` as a layer name (its path
+    /// under the volume root), as checkpoints and lowers name it.
+    pub(crate) fn subvol_layer(subvol: &str) -> String {
+        format!("sandboxes/{subvol}")
+    }
+
+    /// Queues a read-only layer for deletion unless a row still names it.
+    pub(crate) fn discard_layer_if_unused(&self, layer: &str) {
+        match self.meta.layer_in_use(layer) {
+            Ok(false) => self.reaper.discard(self.volume.root().join(layer), false),
+            Ok(true) => {}
+            Err(e) => tracing::warn!(layer, "cannot tell whether the layer is in use ({e}): left for gc"),
+        }
+    }
+
     pub(crate) fn checkpoint_path(&self, id: &str) -> PathBuf {
         self.volume.checkpoints_dir().join(id)
     }
@@ -240,19 +271,36 @@ impl Engine {
         Ok(sandbox)
     }
 
-    /// A new writable generation `<id>/<gen>` of sandbox `id`: a writable
-    /// snapshot of checkpoint `ck` (a rollback's layer, or a spare). A
-    /// half-made one is queued for deletion on failure.
-    pub(crate) async fn layer_from_checkpoint(&self, id: &str, ck: &str) -> Result<String> {
+    /// The writable top a rollback to (or spare of) checkpoint `ck` puts
+    /// sandbox `id` on: the copy the checkpoint made with itself if there is
+    /// one; else, layered, a new empty subvolume over the checkpoint's
+    /// layers; else a writable snapshot of its layer over the layers under
+    /// it. A half-made one is queued for deletion on failure.
+    pub(crate) async fn rollback_layer(&self, id: &str, ck: &sandtree_meta::CheckpointRecord) -> Result<Top> {
+        if let Some(subvol) = self.spares.take_made(id, &ck.id) {
+            return Ok(Top { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid });
+        }
+        if self.cfg.layered {
+            return Ok(Top { subvol: self.fresh_layer(id)?, lowers: ck.stack(), base_transid: 0 });
+        }
         let subvol = self.new_layer_name(id)?;
-        let (src, dst) = (self.checkpoint_path(ck), self.subvol_path(&subvol));
+        let (src, dst) = (self.volume.root().join(&ck.layer), self.subvol_path(&subvol));
         match tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await? {
-            Ok(()) => Ok(subvol),
+            Ok(()) => Ok(Top { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid }),
             Err(e) => {
                 self.discard_subvol_later(&subvol);
                 Err(Error::fs("writable copy of a checkpoint", e))
             }
         }
+    }
+
+    /// A new, empty writable generation `<id>/<gen>` of sandbox `id` (to
+    /// stack over read-only layers). No btrfs commit.
+    pub(crate) fn fresh_layer(&self, id: &str) -> Result<String> {
+        let subvol = self.new_layer_name(id)?;
+        let path = self.subvol_path(&subvol);
+        block(|| sandtree_fs::create_subvolume(&path)).map_err(|e| Error::fs("new writable layer", e))?;
+        Ok(subvol)
     }
 
     /// Detached overlay mounts of `layers`, built by the zygote (blocking
@@ -269,7 +317,12 @@ impl Engine {
         Ok(SandboxSpec {
             id: rec.id.clone(),
             hostname: rec.id.clone(),
-            layers: overlay_layers(&layers, &self.volume.images_dir(), &self.subvol_path(&rec.subvol)),
+            layers: overlay_layers(
+                &layers,
+                &self.volume.images_dir(),
+                &self.subvol_path(&rec.subvol),
+                &self.layer_paths(&rec.lowers),
+            ),
             limits: sandtree_sandbox::Limits {
                 memory_bytes: limits.memory_bytes,
                 pids: limits.pids,

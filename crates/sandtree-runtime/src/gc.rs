@@ -3,7 +3,8 @@
 //! Runs with the store lock held exclusively, so no operation is between
 //! "subvolume created" and "row committed" while it looks. It removes:
 //! - subvolumes under `sandboxes/`, `checkpoints/`, `images/` that no row names
-//!   (left by a crash, or by a delete whose subvolume removal failed);
+//!   as a writable subvolume, a checkpoint's layer or a lower layer (left by
+//!   a crash, or by a delete whose subvolume removal failed);
 //! - runtime leftovers of sandboxes that no row names: their init (if still
 //!   alive after a crash), cgroup and run directory.
 
@@ -23,9 +24,15 @@ impl Engine {
 
         let sandboxes = self.meta.sandboxes()?;
         let known_ids: HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
-        let mut subvols: HashSet<String> = sandboxes.iter().map(|s| s.subvol.clone()).collect();
+        // Every layer a row names: writable subvolumes, checkpoints' layers
+        // and the lower layers stacked under either.
+        let used = self.meta.layers_in_use()?;
+        let under = |dir: &str| -> HashSet<String> {
+            used.iter().filter_map(|l| l.strip_prefix(dir).map(str::to_string)).collect()
+        };
+        let mut subvols = under("sandboxes/");
         subvols.extend(self.spares.subvols());
-        let checkpoints: HashSet<String> = self.meta.checkpoints(None)?.into_iter().map(|c| c.id).collect();
+        let checkpoints = under("checkpoints/");
         let mut images = HashSet::new();
         for img in self.meta.images()? {
             for layer in self.image_layers(&img.name)? {

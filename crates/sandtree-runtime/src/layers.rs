@@ -4,10 +4,15 @@
 //! A sandbox's writable subvolume holds one upper/work pair per layer:
 //!
 //! ```text
-//! sandboxes/<sandbox-id>/<gen>/         btrfs subvolume (snapshotted as a whole)
+//! sandboxes/<sandbox-id>/<gen>/         btrfs subvolume
 //!   layers/0/upper   layers/0/work       overlay for "/"    over the image rootfs
 //!   layers/1/upper   layers/1/work       overlay for "/usr" over host /usr (idmapped)
 //! ```
+//!
+//! Under that writable subvolume lie the sandbox's read-only layers (earlier
+//! writable subvolumes frozen by checkpoints, or checkpoint snapshots), each
+//! of the same shape: overlay `i` stacks `<layer>/layers/<i>/upper` of each,
+//! top first, over the image's lower directory.
 
 use std::path::{Path, PathBuf};
 
@@ -42,8 +47,14 @@ pub fn store_layers(layers: &[LowerLayer], images_dir: &Path) -> Vec<StoredLayer
         .collect()
 }
 
-/// The overlay mounts of a sandbox whose writable subvolume is `subvol`.
-pub fn overlay_layers(stored: &[StoredLayer], images_dir: &Path, subvol: &Path) -> Vec<OverlayLayer> {
+/// The overlay mounts of a sandbox whose writable subvolume is `subvol`,
+/// over the read-only layer subvolumes `lowers` (top first).
+pub fn overlay_layers(
+    stored: &[StoredLayer],
+    images_dir: &Path,
+    subvol: &Path,
+    lowers: &[PathBuf],
+) -> Vec<OverlayLayer> {
     stored
         .iter()
         .enumerate()
@@ -51,12 +62,12 @@ pub fn overlay_layers(stored: &[StoredLayer], images_dir: &Path, subvol: &Path) 
             let (path, idmap) =
                 if l.kind == "host" { (PathBuf::from(&l.path), true) } else { (images_dir.join(&l.path), false) };
             let dir = subvol.join("layers").join(i.to_string());
-            OverlayLayer {
-                target: PathBuf::from(&l.target),
-                lower: vec![LowerDir { path, idmap }],
-                upper: dir.join("upper"),
-                work: dir.join("work"),
-            }
+            let mut lower: Vec<LowerDir> = lowers
+                .iter()
+                .map(|l| LowerDir { path: l.join("layers").join(i.to_string()).join("upper"), idmap: false })
+                .collect();
+            lower.push(LowerDir { path, idmap });
+            OverlayLayer { target: PathBuf::from(&l.target), lower, upper: dir.join("upper"), work: dir.join("work") }
         })
         .collect()
 }
@@ -74,10 +85,21 @@ mod tests {
         ];
         let stored = store_layers(&layers, images);
         assert_eq!(stored[0], StoredLayer { target: "/".into(), kind: "image".into(), path: "default".into() });
-        let ovl = overlay_layers(&stored, Path::new("/vol2/images"), Path::new("/vol2/sandboxes/sb-x.1"));
+        let ovl = overlay_layers(&stored, Path::new("/vol2/images"), Path::new("/vol2/sandboxes/sb-x.1"), &[]);
         assert_eq!(ovl[0].lower[0].path, Path::new("/vol2/images/default"));
         assert!(!ovl[0].lower[0].idmap);
         assert!(ovl[1].lower[0].idmap);
+        let lowers = [PathBuf::from("/vol2/checkpoints/ck-2"), PathBuf::from("/vol2/checkpoints/ck-1")];
+        let ovl = overlay_layers(&stored, Path::new("/vol2/images"), Path::new("/vol2/sandboxes/sb-x.1"), &lowers);
+        let paths: Vec<_> = ovl[1].lower.iter().map(|l| (l.path.clone(), l.idmap)).collect();
+        assert_eq!(
+            paths,
+            [
+                (PathBuf::from("/vol2/checkpoints/ck-2/layers/1/upper"), false),
+                (PathBuf::from("/vol2/checkpoints/ck-1/layers/1/upper"), false),
+                (PathBuf::from("/usr"), true),
+            ]
+        );
         assert_eq!(ovl[1].upper, Path::new("/vol2/sandboxes/sb-x.1/layers/1/upper"));
         assert_eq!(ovl[1].target, Path::new("/usr"));
     }

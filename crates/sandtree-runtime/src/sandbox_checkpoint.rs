@@ -32,7 +32,7 @@ use std::time::Instant;
 use sandtree_api::{
     CheckpointInfo, CheckpointList, CheckpointRequest, CheckpointResponse, ProcessState, UnrestorableProcess,
 };
-use sandtree_meta::CheckpointRecord;
+use sandtree_meta::{CheckpointRecord, SandboxRecord};
 use sandtree_proc::{CaptureReport, Unrestorable};
 
 use crate::{Engine, Error, Result, util};
@@ -53,6 +53,20 @@ impl Engine {
         let live = self.live_get(id).filter(|s| s.is_alive());
         let tracer = live.as_ref().map(|_| self.tracer(id)).transpose()?;
         let best_effort = req.best_effort;
+
+        // Layered: when init runs alone, its writable subvolume becomes the
+        // checkpoint's layer (no snapshot, no commit); else a snapshot.
+        if let (Some(sb), true) = (&live, self.cfg.layered && rec.lowers.len() < self.cfg.max_layers) {
+            let keep = match &tracer {
+                Some(t) => crate::engine::block(|| t.rollback_plan("")).map(|(_, pids)| pids).unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if init_alone(sb, keep.len())
+                && let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await?
+            {
+                return Ok(done);
+            }
+        }
         // No standby forks on the tracer thread while this runs.
         let _op = tracer.as_ref().map(|t| t.begin());
 
@@ -186,8 +200,10 @@ impl Engine {
                     Some(c) => serde_json::to_value(c).map_err(|e| Error::Internal(e.to_string()))?,
                     None => serde_json::Value::Null,
                 },
+                layer: format!("checkpoints/{ck_id}"),
+                lowers: rec.lowers.clone(),
             };
-            self.meta.insert_checkpoint(&ck, Some(id))?;
+            self.meta.insert_checkpoint(&ck, Some(id), None)?;
             Ok(ck)
         })();
         let ck = match committed {
@@ -216,22 +232,111 @@ impl Engine {
         }
 
         // What this checkpoint adds over its base, measured off the hot path.
-        let meta = self.meta.clone();
-        let base_transid = rec.base_transid;
-        let (ck_id2, dst2) = (ck_id.clone(), dst.clone());
-        tokio::task::spawn_blocking(move || match sandtree_fs::bytes_written_since(&dst2, base_transid) {
-            Ok(size) => {
-                if let Err(e) = meta.set_checkpoint_size(&ck_id2, size) {
-                    tracing::warn!(checkpoint = ck_id2, "cannot store size: {e}");
-                }
-            }
-            Err(e) => tracing::warn!(checkpoint = ck_id2, "cannot measure size: {e}"),
-        });
+        self.measure_later(&ck_id, dst.clone(), rec.base_transid);
 
         let info = self.checkpoint_info(&ck);
         let note = process_note(&info);
         tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint done");
         Ok(CheckpointResponse { checkpoint: info, note })
+    }
+
+    /// A layered checkpoint (`Config::layered`): a new empty writable
+    /// subvolume is stacked over the current one, which init's restack
+    /// (see `sandtree_sandbox::reroot`) freezes as the checkpoint's layer.
+    /// `None` when init is not alone (nothing changed: take a snapshot).
+    async fn checkpoint_restack(
+        &self,
+        rec: &SandboxRecord,
+        sb: &std::sync::Arc<sandtree_sandbox::Sandbox>,
+        keep: Vec<i32>,
+        ck_id: &str,
+        req: &CheckpointRequest,
+        t0: Instant,
+    ) -> Result<Option<CheckpointResponse>> {
+        let id = rec.id.as_str();
+        let fresh = self.fresh_layer(id)?;
+        let layer = Engine::subvol_layer(&rec.subvol);
+        let lowers: Vec<String> = std::iter::once(layer.clone()).chain(rec.lowers.iter().cloned()).collect();
+        let mut next = rec.clone();
+        next.subvol = fresh.clone();
+        next.lowers = lowers.clone();
+        let spec = match self.spec(&next) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.discard_subvol_later(&fresh);
+                return Err(e);
+            }
+        };
+        let targets: Vec<PathBuf> = spec.layers.iter().map(|l| l.target.clone()).collect();
+        let fds = match self.build_layers(spec.layers).await {
+            Ok(fds) => fds,
+            Err(e) => {
+                self.discard_subvol_later(&fresh);
+                return Err(e);
+            }
+        };
+        let t_swap = Instant::now();
+        match sb.restack(targets, fds, keep).await {
+            Ok(()) => {}
+            Err(sandtree_sandbox::Error::Busy(why)) => {
+                tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
+                self.discard_subvol_later(&fresh);
+                return Ok(None);
+            }
+            Err(e) => {
+                // The tree is unknown: boot again on the recorded layer.
+                tracing::warn!(sandbox = id, "restack failed, restarting the sandbox: {e}");
+                self.discard_subvol_later(&fresh);
+                let _ = self.restart(rec).await;
+                return Err(e.into());
+            }
+        }
+        let frozen_ms = util::ms_since(t_swap);
+        let ck = CheckpointRecord {
+            id: ck_id.to_string(),
+            sandbox_id: id.to_string(),
+            tree_id: rec.tree_id.clone(),
+            parent: rec.base_checkpoint.clone(),
+            image: rec.image.clone(),
+            label: req.label.clone(),
+            labels: req.labels.clone(),
+            created_at: util::now_rfc3339(),
+            transid: 0,
+            size_bytes: None,
+            frozen_ms,
+            duration_ms: util::ms_since(t0),
+            processes: serde_json::to_value(CaptureReport::default()).map_err(|e| Error::Internal(e.to_string()))?,
+            layer: layer.clone(),
+            lowers: rec.lowers.clone(),
+        };
+        if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
+            // Init writes to the new layer, which metadata does not know.
+            tracing::warn!(sandbox = id, "checkpoint not committed, restarting the sandbox on its layer: {e}");
+            let _ = self.restart(rec).await;
+            self.discard_subvol_later(&fresh);
+            return Err(e.into());
+        }
+        self.spares.want(id, ck_id);
+        self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
+        let info = self.checkpoint_info(&ck);
+        let note = process_note(&info);
+        tracing::debug!(sandbox = id, frozen_ms, at = ?t0.elapsed(), "layered checkpoint done");
+        Ok(Some(CheckpointResponse { checkpoint: info, note }))
+    }
+
+    /// What a checkpoint adds over its base (`bytes_written_since`), measured
+    /// off the hot path and stored.
+    fn measure_later(&self, ck_id: &str, layer: PathBuf, base_transid: u64) {
+        let meta = self.meta.clone();
+        let ck_id = ck_id.to_string();
+        tokio::task::spawn_blocking(move || match sandtree_fs::bytes_written_since(&layer, base_transid) {
+            Ok(size) => {
+                if let Err(e) = meta.set_checkpoint_size(&ck_id, size) {
+                    tracing::warn!(checkpoint = ck_id, "cannot store size: {e}");
+                }
+            }
+            Err(e) => tracing::warn!(checkpoint = ck_id, "cannot measure size: {e}"),
+        });
     }
 
     /// Evicts process templates over the pool's budget once the engine has
@@ -305,6 +410,19 @@ impl Engine {
         let checkpoints = self.meta.checkpoints(tree.as_deref())?.iter().map(|c| self.checkpoint_info(c)).collect();
         Ok(CheckpointList { checkpoints })
     }
+}
+
+/// Whether init may be alone in the sandbox but for `templates` processes
+/// (init's restack check decides; this only spares it the work when it is
+/// clearly not), and every task of the cgroup lives in the sandbox's pid
+/// namespace: a task that joined from outside is invisible to init's check
+/// and is held only by a freeze (the snapshot path).
+fn init_alone(sb: &sandtree_sandbox::Sandbox, templates: usize) -> bool {
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let Some(own) = ns(sb.init_pid()) else { return false };
+    sb.cgroup()
+        .procs()
+        .is_ok_and(|pids| pids.len() <= 1 + templates && pids.iter().all(|&p| ns(p).is_none_or(|n| n == own)))
 }
 
 /// What a checkpoint record says it captured of the processes.

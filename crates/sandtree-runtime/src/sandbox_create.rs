@@ -36,6 +36,7 @@ impl Engine {
             base_transid: 0,
             state: DesiredState::Running,
             status_reason: None,
+            lowers: Vec::new(),
         };
         self.subvol_parent(&id)?;
         let path = self.subvol_path(&rec.subvol);

@@ -21,8 +21,12 @@ impl Engine {
             self.discard_subvol_later(&spare);
         }
         // The layer goes when the engine is idle (see `reaper.rs`), and with
-        // it the sandbox's directory.
+        // it the sandbox's directory once its checkpoints' layers are gone
+        // too; so do lower layers no row names any more.
         self.reaper.discard(self.subvol_path(&rec.subvol), true);
+        for layer in &rec.lowers {
+            self.discard_layer_if_unused(layer);
+        }
         drop(lock);
         self.forget_lock(id);
         let mut checkpoints_deleted = Vec::new();

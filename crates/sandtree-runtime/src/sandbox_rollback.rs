@@ -2,9 +2,11 @@
 //!
 //! Order of operations:
 //! 1. the checkpoint's prepared spare (`spares.rs`), or the writable copy
-//!    the checkpoint made with itself, or a writable snapshot
-//!    `checkpoints/<ck>` → `sandboxes/<id>/<new>` (the sandbox keeps
-//!    running; a failure here changes nothing);
+//!    the checkpoint made with itself, or a new empty writable subvolume
+//!    `sandboxes/<id>/<new>` stacked over the checkpoint's layers
+//!    (`Config::layered`; else a writable snapshot of its layer over the
+//!    layers under it). The sandbox keeps running; a failure here changes
+//!    nothing;
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the
 //!    new one; re-adoption checks which layer a surviving init runs on);
@@ -22,7 +24,8 @@
 //!    dirty data is dropped, never written).
 //!
 //! The filesystem is byte-identical to the checkpoint: the new writable layer
-//! *is* the checkpoint's snapshot and the lower layers are read-only.
+//! is empty over the checkpoint's layers (or is a copy of its top one), and
+//! no layer is written once a checkpoint names it.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -53,24 +56,26 @@ impl Engine {
         let _store = self.store_lock.read().await;
         let spare_taken = self.spares.take(id, &ck.id);
         let spare = spare_taken.is_some();
-        let (new_subvol, prepared) = match spare_taken {
-            Some(spare) => (spare.subvol, Some(spare.layers)),
-            // The copy the checkpoint made of itself: only the overlays to build.
-            None => match self.spares.take_made(id, &ck.id) {
-                Some(subvol) => (subvol, None),
-                None => (self.layer_from_checkpoint(id, &ck.id).await?, None),
-            },
+        let (new, prepared) = match spare_taken {
+            Some(spare) => (spare.top, Some(spare.layers)),
+            None => (self.rollback_layer(id, &ck).await?, None),
         };
         let t_snap = t0.elapsed();
-        self.meta.set_sandbox_subvol(id, &new_subvol, Some(&ck.id), ck.transid)?;
+        let res = self.meta.set_sandbox_subvol(id, &new.subvol, &new.lowers, Some(&ck.id), new.base_transid);
+        if let Err(e) = res {
+            drop(prepared);
+            self.discard_subvol_later(&new.subvol);
+            return Err(e.into());
+        }
         let t_meta = t0.elapsed();
         // From here on nothing may fail before the sandbox runs on the new
         // layer (the daemon runs lifecycle verbs detached from the request,
         // so a client that goes away does not stop it half-way either).
         let mut rec2 = rec.clone();
-        rec2.subvol = new_subvol;
+        rec2.subvol = new.subvol;
+        rec2.lowers = new.lowers;
         rec2.base_checkpoint = Some(ck.id.clone());
-        rec2.base_transid = ck.transid;
+        rec2.base_transid = new.base_transid;
         let captured = crate::sandbox_checkpoint::captured_of(&ck);
         let tracer = self.tracer_get(id);
         // No standby forks while init's kill list and the restore are in
@@ -144,7 +149,12 @@ impl Engine {
         match &booted {
             // Unreferenced from here on; deleting it soon also drops its
             // dirty page cache before the background flusher would write it.
-            Ok(()) => self.discard_subvol_later(&rec.subvol),
+            Ok(()) => {
+                self.discard_subvol_later(&rec.subvol);
+                for layer in rec.lowers.iter().filter(|l| !rec2.lowers.contains(l)) {
+                    self.discard_layer_if_unused(layer);
+                }
+            }
             // Tasks that would not die may still use it: GC removes it later.
             Err(e) => tracing::warn!(sandbox = id, layer = rec.subvol, "old layer left for gc: {e}"),
         }
@@ -254,7 +264,7 @@ impl Engine {
     }
 
     /// Stop (if running) and boot again on the sandbox's current subvolume.
-    async fn restart(&self, rec: &SandboxRecord) -> Result<()> {
+    pub(crate) async fn restart(&self, rec: &SandboxRecord) -> Result<()> {
         self.halt(&rec.id).await?;
         self.boot(rec).await.map(|_| ())
     }

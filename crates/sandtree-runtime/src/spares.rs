@@ -15,7 +15,8 @@
 //!    a checkpoint or rollback of it must not wait for a spare. A sandbox or
 //!    checkpoint deleted meanwhile drops the key, and the finished spare is
 //!    then discarded instead of kept;
-//! 2. writable snapshot `checkpoints/<ck>` → `sandboxes/<id>/<gen>`;
+//! 2. the rollback's writable top (`Engine::rollback_layer`): an empty
+//!    subvolume over the checkpoint's layers, or a writable snapshot;
 //! 3. the zygote builds the detached overlay mounts of that layer;
 //! 4. keep `(sandbox, checkpoint) → (subvolume, mount fds)`;
 //! 5. poke the flusher: mounting an overlay writes to its work directory
@@ -59,8 +60,8 @@ type Key = (String, String);
 
 /// A prepared writable copy of a checkpoint with its overlay mounts.
 pub(crate) struct Spare {
-    /// `<sandbox-id>/<gen>` under `sandboxes/`.
-    pub subvol: String,
+    /// The writable subvolume and the layers under it.
+    pub top: crate::engine::Top,
     /// Detached overlay mounts, one per layer of the sandbox's image.
     pub layers: Vec<OwnedFd>,
 }
@@ -158,7 +159,7 @@ impl Spares {
         st.wanted.retain(|k| !f(k));
         st.recent.retain(|k| !f(k));
         let keys: Vec<Key> = st.ready.keys().filter(|k| f(k)).cloned().collect();
-        let mut out: Vec<String> = keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.subvol).collect();
+        let mut out: Vec<String> = keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.top.subvol).collect();
         let made: Vec<Key> = st.made.keys().filter(|k| f(k)).cloned().collect();
         out.extend(made.iter().filter_map(|k| st.made.remove(k)));
         out
@@ -167,7 +168,7 @@ impl Spares {
     /// Subvolumes held as spares (GC must keep them).
     pub(crate) fn subvols(&self) -> HashSet<String> {
         let st = self.lock();
-        let mut v: HashSet<String> = st.ready.values().map(|s| s.subvol.clone()).collect();
+        let mut v: HashSet<String> = st.ready.values().map(|s| s.top.subvol.clone()).collect();
         v.extend(st.made.values().cloned());
         v.extend(self.stale.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
         v
@@ -186,7 +187,7 @@ impl Spares {
         for key in st.recent.drain(..over).collect::<Vec<_>>() {
             st.wanted.retain(|k| k != &key);
             if let Some(s) = st.ready.remove(&key) {
-                evicted.push(s.subvol);
+                evicted.push(s.top.subvol);
             }
             evicted.extend(st.made.remove(&key));
         }
@@ -203,9 +204,9 @@ impl Spares {
         let mut st = self.lock();
         if !st.recent.contains(&key) || !valid() {
             // Dropped (sandbox or checkpoint deleted, or evicted) meanwhile.
-            return Some(spare.subvol);
+            return Some(spare.top.subvol);
         }
-        st.ready.insert(key, spare).map(|old| old.subvol)
+        st.ready.insert(key, spare).map(|old| old.top.subvol)
     }
 
     /// Starts the maker task (holds the engine weakly: it ends with it).
@@ -252,10 +253,9 @@ impl Engine {
         if ck.tree_id != rec.tree_id {
             return Ok(());
         }
-        rec.subvol = match self.spares.take_made(id, ck_id) {
-            Some(subvol) => subvol,
-            None => self.layer_from_checkpoint(id, ck_id).await?,
-        };
+        let top = self.rollback_layer(id, &ck).await?;
+        rec.subvol = top.subvol.clone();
+        rec.lowers = top.lowers.clone();
         let built = match self.spec(&rec) {
             Ok(spec) => self.build_layers(spec.layers).await,
             Err(e) => Err(e),
@@ -265,7 +265,7 @@ impl Engine {
                 let valid = || {
                     matches!(self.meta.sandbox(id), Ok(Some(_))) && matches!(self.meta.checkpoint(ck_id), Ok(Some(_)))
                 };
-                if let Some(stale) = self.spares.insert(key.clone(), Spare { subvol: rec.subvol, layers }, valid) {
+                if let Some(stale) = self.spares.insert(key.clone(), Spare { top, layers }, valid) {
                     self.discard_subvol_later(&stale);
                 }
                 self.flusher.poke();

@@ -106,7 +106,9 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
             e.session_run(&sb, &s.id, SessionRunRequest { command: "cat /root/f".into(), timeout_ms: None }).await?;
         ensure!(out.output.trim() == "base", "session output {:?}", out.output);
         // The replaced layers are reclaimed once the engine is idle; what
-        // stays is the current layer and one prepared copy of `ck` (a spare).
+        // stays is the current layer, the checkpoint's (init ran alone: the
+        // layer it wrote to became the checkpoint's) and one prepared
+        // rollback target over it (a spare).
         let dir = e.volume().root().join("sandboxes").join(&sb);
         let layers_settle_at = |want: usize| {
             let dir = dir.clone();
@@ -122,7 +124,7 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
                 }
             }
         };
-        layers_settle_at(2).await?;
+        layers_settle_at(3).await?;
         ensure!(e.info().await?.spare_layers >= 1, "no spare layer prepared");
         // Rolling back a stopped sandbox starts it.
         e.stop_sandbox(&sb).await?;
@@ -452,6 +454,9 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         let layers =
             |sb: &str| -> Result<usize> { Ok(std::fs::read_dir(e.volume().sandboxes_dir().join(sb))?.count()) };
         sh(e, &sb, "echo one > /root/a").await?;
+        // A process runs: the checkpoint is a snapshot (not a new layer).
+        let bg = ExecRequest { cmd: vec!["sleep".into(), "1000".into()], background: true, ..Default::default() };
+        e.exec(&sb, bg).await?;
         let ck = checkpoint(e, &sb).await?;
         // The sandbox's layer and the checkpoint's copy.
         ensure!(layers(&sb)? == 2, "{} layers after a checkpoint", layers(&sb)?);
@@ -482,6 +487,75 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Layered checkpoints (DeltaFS): with init alone, a checkpoint freezes
+/// the writable subvolume as its layer and stacks a new one; rollbacks and
+/// forks stack over the checkpoint's layers; layers shared by a stack
+/// outlive a deleted checkpoint; past `max_layers`, and when the sandbox
+/// mounted something, a checkpoint is a snapshot instead.
+fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let rec = |id: &str| e.meta().sandbox(id).map_err(anyhow::Error::from)?.context("sandbox row");
+        let ck_rec = |id: &str| e.meta().checkpoint(id).map_err(anyhow::Error::from)?.context("checkpoint row");
+        let first = rec(&sb)?.subvol;
+        sh(e, &sb, "echo one > /root/a && mkdir /root/d && echo in > /root/d/f").await?;
+        let ck1 = checkpoint(e, &sb).await?;
+        let c1 = ck_rec(&ck1)?;
+        ensure!(c1.layer == format!("sandboxes/{first}") && c1.lowers.is_empty(), "{c1:?}");
+        let r = rec(&sb)?;
+        ensure!(r.subvol != first && r.lowers == vec![c1.layer.clone()], "{r:?}");
+        // A file changed, a directory and an image file removed, a lower
+        // directory renamed: whiteouts and redirects in the new layer.
+        sh(e, &sb, "echo two >> /root/a && rm -r /root/d && rm /etc/hostname && mv /etc/apt /etc/apt2").await?;
+        let ck2 = checkpoint(e, &sb).await?;
+        ensure!(ck_rec(&ck2)?.lowers == vec![c1.layer.clone()]);
+        sh(e, &sb, "echo three > /root/a && mkdir /root/d && echo again > /root/d/g").await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
+        let state = "cat /root/a; ls /root/d; test -e /etc/hostname && echo host; test -d /etc/apt && echo apt";
+        ensure!(sh(e, &sb, state).await? == "one\nf\nhost\napt\n", "{}", sh(e, &sb, state).await?);
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        let got = sh(e, &sb, "cat /root/a; ls /root/d 2>&1; ls /etc/hostname 2>&1; ls -d /etc/apt2").await?;
+        ensure!(got.starts_with("one\ntwo\n") && got.contains("No such file") && got.ends_with("/etc/apt2\n"), "{got}");
+        // Forks share the layers and diverge.
+        let f = e.fork(&ck2, ForkRequest { count: 2, labels: Default::default(), limits: None }).await?;
+        let ids: Vec<String> = f.results.iter().filter_map(|r| r.sandbox.as_ref().map(|s| s.id.clone())).collect();
+        ensure!(ids.len() == 2, "{:?}", f.results);
+        sh(e, &ids[0], "echo mine > /root/a").await?;
+        ensure!(sh(e, &ids[1], "cat /root/a").await? == "one\ntwo\n");
+        // ck1's layer outlives ck1: ck2 and the forks stack on it.
+        e.delete_checkpoint(&ck1, true).await?;
+        ensure!(e.volume().root().join(&c1.layer).exists(), "a shared layer was deleted");
+        e.gc().await?;
+        for layer in e.meta().layers_in_use()? {
+            ensure!(e.volume().root().join(&layer).exists(), "gc removed {layer}, which a row names");
+        }
+        ensure!(sh(e, &ids[1], "cat /root/a").await? == "one\ntwo\n");
+        for id in &ids {
+            e.delete_sandbox(id, false).await?;
+        }
+        // A deep chain: past `max_layers` a checkpoint is a snapshot.
+        let max = e.config().max_layers;
+        let mut last = String::new();
+        for i in 0..max + 2 {
+            sh(e, &sb, &format!("echo {i} > /root/n")).await?;
+            last = checkpoint(e, &sb).await?;
+            ensure!(rec(&sb)?.lowers.len() <= max, "{} layers", rec(&sb)?.lowers.len());
+        }
+        ensure!(ck_rec(&last)?.layer.starts_with("checkpoints/"), "{:?}", ck_rec(&last)?);
+        sh(e, &sb, "echo x > /root/n").await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: last.clone() }).await?;
+        ensure!(sh(e, &sb, "cat /root/n").await? == format!("{}\n", max + 1));
+        // A mount the sandbox made would stay behind in the old tree: snapshot.
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t && echo kept > /mnt/t/f").await?;
+        let ck3 = checkpoint(e, &sb).await?;
+        ensure!(ck_rec(&ck3)?.layer == format!("checkpoints/{ck3}"));
+        ensure!(sh(e, &sb, "cat /mnt/t/f").await? == "kept\n");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
@@ -495,6 +569,7 @@ fn main() {
         ("unknown_ids_are_not_found", unknown_ids_are_not_found),
         ("gc_removes_orphans", gc_removes_orphans),
         ("stuck_task_makes_checkpoint_fail_cleanly", stuck_task_makes_checkpoint_fail_cleanly),
+        ("layered_checkpoints_stack_and_share_layers", layered_checkpoints_stack_and_share_layers),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }

@@ -212,6 +212,21 @@ impl Init {
                     self.swap_error = Some(e);
                 }
             }
+            Request::Restack { targets, keep } => {
+                let res = crate::reroot::restack(&targets, &keep, fds);
+                let reply = match &res {
+                    Ok(()) => Reply::Ok,
+                    Err((message, code)) => Reply::Error { message: message.clone(), code: *code },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+                if res.is_ok()
+                    && let Err(e) = crate::reroot::detach_old_root()
+                {
+                    // The new tree is in place; the old one stays attached
+                    // under it (unreachable) until init exits.
+                    eprintln!("sandtree init: {e}");
+                }
+            }
             Request::KillAll { keep, restore } => {
                 self.kill_for_rollback(&keep, &restore);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);

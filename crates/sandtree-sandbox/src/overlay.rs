@@ -183,7 +183,10 @@ pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper) -> Re
     }
     fsconfig_set_string(fs_fd.as_fd(), "upperdir", &layer.upper).map_err(io_err("fsconfig upperdir", &layer.upper))?;
     fsconfig_set_string(fs_fd.as_fd(), "workdir", &layer.work).map_err(io_err("fsconfig workdir", &layer.work))?;
-    for (k, v) in [("index", "off"), ("xino", "off")] {
+    // `redirect_dir=on`: a directory of a lower layer can be renamed (else
+    // EXDEV). With layered checkpoints every directory made before the last
+    // checkpoint lies in a lower layer.
+    for (k, v) in [("index", "off"), ("xino", "off"), ("redirect_dir", "on")] {
         fsconfig_set_string(fs_fd.as_fd(), k, v).map_err(io_err("fsconfig option", Path::new(k)))?;
     }
     fsconfig_set_flag(fs_fd.as_fd(), "volatile").map_err(io_err("fsconfig option", Path::new("volatile")))?;

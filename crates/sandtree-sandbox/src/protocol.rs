@@ -156,6 +156,17 @@ pub enum Request {
         /// their exits.
         restore: Vec<i32>,
     },
+    /// A layered checkpoint (see [`crate::reroot`], *restack*): if init is
+    /// alone (every other pid is in `keep` or a zombie) and nothing but
+    /// setup's mounts exists, make the attached overlay mounts the tree
+    /// without killing anything. Otherwise the reply is an error with code
+    /// `EBUSY`, naming what is in the way, and nothing changed.
+    Restack {
+        /// Mount point of each attached layer inside the sandbox (`/` first).
+        targets: Vec<std::path::PathBuf>,
+        /// Pids that may exist: process templates (stopped by the daemon).
+        keep: Vec<i32>,
+    },
 }
 
 /// A request with its correlation id.

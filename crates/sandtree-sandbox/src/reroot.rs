@@ -32,6 +32,21 @@
 //! The old overlays are released when the detach returns (volatile overlays:
 //! no sync). A failure part-way leaves init in an unknown tree: the caller
 //! must then kill the sandbox and boot it again.
+//!
+//! # Restack (a layered checkpoint)
+//!
+//! [`restack`] is steps 2-4 without killing anything and without step 5:
+//! the new overlays hold the old writable directories as their top lower
+//! layers under new empty upper ones, so the tree looks the same and every
+//! write lands in the new uppers from then on. It is only done when nothing
+//! could still write through the old tree: init is alone (other pids are
+//! process templates, which never run until a restore reopens their files,
+//! or zombies) and the only mounts are setup's (a mount the sandbox made
+//! would be left behind in the old tree). `/proc` and `/dev` move across
+//! with everything under them, `/dev/shm` included: they are live state,
+//! not part of the checkpoint. Init handles one request at a time, so a
+//! spawn either came before the check (and is seen by it) or comes after
+//! the swap (and runs in the new tree).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -180,6 +195,14 @@ pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), St
 /// [`detach_old_root`] completes it. The caller has run [`validate`]
 /// (before killing anything).
 pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+    swap_tree(targets, layers)?;
+    // A path walk does not cross the old root stacked on the new one: the
+    // sweep sees the new tree.
+    sweep_kept()
+}
+
+/// Steps 2-4.
+fn swap_tree(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "attach the new root".into()))?;
@@ -197,10 +220,29 @@ pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(),
             .map_err(step(|| format!("move /{name} into the new root")))?;
     }
     rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
-    nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))?;
-    // A path walk does not cross the old root stacked on the new one: the
-    // sweep sees the new tree.
-    sweep_kept()
+    nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))
+}
+
+/// A layered checkpoint's swap (see the module docs); `Err((why, EBUSY))`
+/// when init is not alone or the sandbox mounted something, and nothing
+/// was changed.
+pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
+    validate(targets, &layers).map_err(|e| (e, None))?;
+    let busy = |why: String| (why, Some(Errno::EBUSY as i32));
+    for pid in others().into_iter().filter(|p| !keep.contains(p)) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if !matches!(state, Some('Z') | None) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
+        }
+    }
+    let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| (format!("read mountinfo: {e}"), None))?;
+    let ours = |t: &Path| targets.iter().any(|l| l == t) || KEPT.iter().any(|k| t.starts_with(Path::new("/").join(k)));
+    if let Some(m) = mounts.iter().find(|m| !ours(&m.target)) {
+        return Err(busy(format!("the sandbox mounted {} on {}", m.fstype, m.target.display())));
+    }
+    swap_tree(targets, layers).map_err(|e| (e, None))
 }
 
 /// Step 4's end, after the reply (nothing walks into the old root, which

@@ -52,6 +52,10 @@ pub enum Error {
     /// Init refused the protocol version.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A restack was refused because something could still write through
+    /// the old tree (a process, a mount); nothing changed.
+    #[error("{0}")]
+    Busy(String),
     /// The command does not exist (exit code 127 semantics).
     #[error("command not found: {command}")]
     CommandNotFound {
@@ -531,6 +535,30 @@ impl Sandbox {
             (Reply::Ok, _) => Ok(()),
             (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("rollback in place failed: {message}"))),
             (other, _) => Err(Error::Protocol(format!("unexpected reroot reply {other:?}"))),
+        }
+    }
+
+    /// A layered checkpoint (see [`crate::reroot`], *restack*): makes
+    /// `layers` (detached overlay mounts stacking the current writable
+    /// directories under new ones, one per target, `/` first) the tree if
+    /// init is alone but for `keep`. [`Error::Busy`] when it is not: then
+    /// nothing changed. Any other error leaves the tree unknown: stop the
+    /// sandbox and boot it.
+    pub async fn restack(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>, keep: Vec<i32>) -> Result<()> {
+        self.thaw_if_frozen()?;
+        let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
+        let request = self.inner.conn.request(Request::Restack { targets, keep }, &fds);
+        let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
+        drop(fds);
+        drop(layers);
+        let res = res.map_err(|_| Error::Protocol(format!("init did not restack within {REROOT_TIMEOUT:?}")))?;
+        match res? {
+            (Reply::Ok, _) => Ok(()),
+            (Reply::Error { message, code: Some(c) }, _) if c == nix::errno::Errno::EBUSY as i32 => {
+                Err(Error::Busy(message))
+            }
+            (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("restack failed: {message}"))),
+            (other, _) => Err(Error::Protocol(format!("unexpected restack reply {other:?}"))),
         }
     }
 
