@@ -25,9 +25,11 @@
 //! | `volume` | create / loop-mount / re-open the volume, usage |
 //! | `subvol` | subvolume create, snapshot (one or many), delete, info, list, bytes written since a transaction |
 //! | `image`  | build the default image, import a directory or tarball with ownership shift |
+//! | `squash` | merge a run of read-only overlay layers into one with the same view |
 
 mod error;
 pub mod image;
+pub mod squash;
 pub mod subvol;
 pub mod volume;
 
@@ -39,6 +41,7 @@ pub use image::{
     DEFAULT_IMAGE, LowerLayer, LowerSource, Progress, build_default_image, default_image_layers, import_dir,
     import_tar, remove_image,
 };
+pub use squash::squash;
 pub use subvol::{
     SubvolInfo, bytes_written_since, create_subvolume, delete_subvolume, dir_size, is_subvolume, list_subvolumes,
     set_readonly, snapshot, snapshot_many, subvolume_info, sync_fs,

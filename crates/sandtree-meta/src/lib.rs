@@ -216,6 +216,19 @@ fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).unwrap_or_else(|_| "{}".into())
 }
 
+/// `lowers` with the run `old` (two layers or more, contiguous) replaced by
+/// `squashed`, if it holds that run.
+pub fn squash_run(lowers: &[String], old: &[String], squashed: &str) -> Option<Vec<String>> {
+    if old.len() < 2 {
+        return None;
+    }
+    let at = lowers.windows(old.len()).position(|w| w == old)?;
+    let mut v = lowers[..at].to_vec();
+    v.push(squashed.to_string());
+    v.extend_from_slice(&lowers[at + old.len()..]);
+    Some(v)
+}
+
 /// `ALTER TABLE table ADD COLUMN column decl` unless it is there.
 fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
@@ -624,39 +637,21 @@ impl Meta {
         Ok(used)
     }
 
-    /// Replaces the run `old` (top first) at the bottom of every row's
-    /// lowers by the single layer `squashed`, which holds the same files
-    /// (one transaction). Returns how many rows changed.
+    /// Replaces the run `old` (top first) in every checkpoint's lowers by
+    /// the single layer `squashed`, which shows the same files at that place
+    /// of the stack (one transaction). Sandbox rows keep naming what their
+    /// overlays are mounted on. Returns how many rows changed.
     pub fn squash_lowers(&self, old: &[String], squashed: &str) -> Result<usize> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut changed = 0;
-        let replace = |lowers: &[String]| -> Option<Vec<String>> {
-            let at = lowers.len().checked_sub(old.len())?;
-            (old.len() > 1 && lowers[at..] == *old).then(|| {
-                let mut v = lowers[..at].to_vec();
-                v.push(squashed.to_string());
-                v
-            })
-        };
-        let rows: Vec<(String, String)> = {
-            let mut stmt = tx.prepare("SELECT id, lowers FROM sandboxes")?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?
-        };
-        for (id, lowers) in rows {
-            let lowers: Vec<String> = parse_json("sandboxes.lowers", &lowers)?;
-            if let Some(new) = replace(&lowers) {
-                tx.execute("UPDATE sandboxes SET lowers = ?2 WHERE id = ?1", params![id, list_json(&new)])?;
-                changed += 1;
-            }
-        }
         let rows: Vec<(String, String)> = {
             let mut stmt = tx.prepare("SELECT id, lowers FROM checkpoints")?;
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?
         };
         for (id, lowers) in rows {
             let lowers: Vec<String> = parse_json("checkpoints.lowers", &lowers)?;
-            if let Some(new) = replace(&lowers) {
+            if let Some(new) = squash_run(&lowers, old, squashed) {
                 tx.execute("UPDATE checkpoints SET lowers = ?2 WHERE id = ?1", params![id, list_json(&new)])?;
                 changed += 1;
             }

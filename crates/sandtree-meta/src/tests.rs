@@ -188,7 +188,7 @@ fn checkpoint_with_switch_moves_the_sandbox_onto_a_new_subvolume() {
 }
 
 #[test]
-fn squash_replaces_the_bottom_run_of_lowers_everywhere() {
+fn squash_replaces_a_run_of_checkpoints_lowers() {
     let (_d, meta) = open();
     let mut sb = sandbox("sb-a", "sb-a/9");
     sb.lowers = vec!["l3".into(), "l2".into(), "l1".into()];
@@ -196,10 +196,17 @@ fn squash_replaces_the_bottom_run_of_lowers_everywhere() {
     let ck = CheckpointRecord { lowers: vec!["l2".into(), "l1".into()], ..checkpoint("ck-1", None) };
     meta.insert_checkpoint(&ck, None, None).unwrap();
     let other = CheckpointRecord { lowers: vec!["l1".into()], ..checkpoint("ck-2", None) };
+    let middle = CheckpointRecord {
+        lowers: vec!["l4".into(), "l2".into(), "l1".into(), "l0".into()],
+        ..checkpoint("ck-3", None)
+    };
+    meta.insert_checkpoint(&middle, None, None).unwrap();
     meta.insert_checkpoint(&other, None, None).unwrap();
     let run = vec!["l2".to_string(), "l1".to_string()];
     assert_eq!(meta.squash_lowers(&run, "sq").unwrap(), 2);
-    assert_eq!(meta.sandbox("sb-a").unwrap().unwrap().lowers, vec!["l3".to_string(), "sq".to_string()]);
+    assert_eq!(meta.checkpoint("ck-3").unwrap().unwrap().lowers, ["l4", "sq", "l0"].map(String::from).to_vec());
+    // The sandbox row names what its overlays are mounted on: unchanged.
+    assert_eq!(meta.sandbox("sb-a").unwrap().unwrap().lowers, sb.lowers);
     assert_eq!(meta.checkpoint("ck-1").unwrap().unwrap().lowers, vec!["sq".to_string()]);
     // A stack that holds only part of the run keeps it.
     assert_eq!(meta.checkpoint("ck-2").unwrap().unwrap().lowers, vec!["l1".to_string()]);

@@ -96,6 +96,10 @@ impl Engine {
             }
             return Err(e.into());
         }
+        if let Some(first) = ok.first() {
+            // (All forks stand on the same layers.)
+            self.squash_later(&first.id, &first.lowers);
+        }
         let mut results = Vec::with_capacity(records.len());
         for (rec, outcome) in records.iter().zip(outcomes) {
             match outcome {

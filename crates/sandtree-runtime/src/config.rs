@@ -81,7 +81,7 @@ impl Default for Config {
             template_memory_bytes: 2 << 30,
             template_checkpoints: 64,
             layered: true,
-            max_layers: 12,
+            max_layers: 24,
         }
     }
 }

@@ -57,6 +57,16 @@ pub struct Engine {
     pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
     /// Sandboxes with a template eviction pending.
     pub(crate) evicting: Mutex<std::collections::HashSet<String>>,
+    /// Runs of layers being squashed (`layer_squash.rs`).
+    pub(crate) squashing: Mutex<std::collections::HashSet<Vec<String>>>,
+    /// Prepared next layers of layered sandboxes (`next_layers.rs`).
+    pub(crate) nexts: crate::next_layers::Nexts,
+    /// One squash at a time.
+    pub(crate) squash_gate: Arc<tokio::sync::Semaphore>,
+    /// Squashed runs of layers (top first) → the layer that replaces them.
+    pub(crate) squashed: Mutex<HashMap<Vec<String>, String>>,
+    /// What `sandtree_fs::squash::scan` found in a read-only layer.
+    pub(crate) layer_scans: Mutex<HashMap<String, sandtree_fs::squash::LayerScan>>,
     /// The engine itself, for background tasks.
     pub(crate) this: std::sync::Weak<Engine>,
 }
@@ -99,6 +109,11 @@ impl Engine {
             spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
             tracers: Mutex::new(HashMap::new()),
             evicting: Mutex::new(Default::default()),
+            squashing: Mutex::new(Default::default()),
+            nexts: Default::default(),
+            squash_gate: Arc::new(tokio::sync::Semaphore::new(1)),
+            squashed: Mutex::new(HashMap::new()),
+            layer_scans: Mutex::new(HashMap::new()),
             this: this.clone(),
         });
         engine.ensure_default_image().await?;
@@ -228,8 +243,12 @@ impl Engine {
         format!("sandboxes/{subvol}")
     }
 
-    /// Queues a read-only layer for deletion unless a row still names it.
+    /// Queues a read-only layer for deletion unless a row still names it
+    /// (or a spare or the squash map holds it).
     pub(crate) fn discard_layer_if_unused(&self, layer: &str) {
+        if self.layers_held().contains(layer) {
+            return;
+        }
         match self.meta.layer_in_use(layer) {
             Ok(false) => self.reaper.discard(self.volume.root().join(layer), false),
             Ok(true) => {}

@@ -26,12 +26,15 @@ impl Engine {
         let known_ids: HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
         // Every layer a row names: writable subvolumes, checkpoints' layers
         // and the lower layers stacked under either.
-        let used = self.meta.layers_in_use()?;
+        self.prune_squashed();
+        let mut used = self.meta.layers_in_use()?;
+        used.extend(self.layers_held());
         let under = |dir: &str| -> HashSet<String> {
             used.iter().filter_map(|l| l.strip_prefix(dir).map(str::to_string)).collect()
         };
         let mut subvols = under("sandboxes/");
         subvols.extend(self.spares.subvols());
+        subvols.extend(self.nexts.subvols());
         let checkpoints = under("checkpoints/");
         let mut images = HashSet::new();
         for img in self.meta.images()? {

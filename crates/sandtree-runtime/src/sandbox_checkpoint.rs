@@ -56,7 +56,8 @@ impl Engine {
 
         // Layered: when init runs alone, its writable subvolume becomes the
         // checkpoint's layer (no snapshot, no commit); else a snapshot.
-        if let (Some(sb), true) = (&live, self.cfg.layered && rec.lowers.len() < self.cfg.max_layers) {
+        let depth = self.compact(&rec.lowers).len();
+        if let (Some(sb), true) = (&live, self.cfg.layered && depth < self.cfg.max_layers) {
             let keep = match &tracer {
                 Some(t) => crate::engine::block(|| t.rollback_plan("")).map(|(_, pids)| pids).unwrap_or_default(),
                 None => Vec::new(),
@@ -254,27 +255,40 @@ impl Engine {
         t0: Instant,
     ) -> Result<Option<CheckpointResponse>> {
         let id = rec.id.as_str();
-        let fresh = self.fresh_layer(id)?;
+        let t_fresh = Instant::now();
         let layer = Engine::subvol_layer(&rec.subvol);
-        let lowers: Vec<String> = std::iter::once(layer.clone()).chain(rec.lowers.iter().cloned()).collect();
-        let mut next = rec.clone();
-        next.subvol = fresh.clone();
-        next.lowers = lowers.clone();
-        let spec = match self.spec(&next) {
-            Ok(spec) => spec,
-            Err(e) => {
-                self.discard_subvol_later(&fresh);
-                return Err(e);
+        let prepared = match self.nexts.take(id, &rec.subvol) {
+            Ok(next) => next,
+            Err(stale) => {
+                self.discard_subvol_later(&stale);
+                None
             }
         };
+        let spec = self.spec(rec)?;
         let targets: Vec<PathBuf> = spec.layers.iter().map(|l| l.target.clone()).collect();
-        let fds = match self.build_layers(spec.layers).await {
-            Ok(fds) => fds,
-            Err(e) => {
-                self.discard_subvol_later(&fresh);
-                return Err(e);
+        let (fresh, lowers, fds) = match prepared {
+            Some(next) => (next.top.subvol, next.top.lowers, next.layers),
+            None => {
+                let fresh = self.fresh_layer(id)?;
+                // Over a squashed run, when there is one (`layer_squash.rs`).
+                let lowers: Vec<String> = std::iter::once(layer.clone()).chain(self.compact(&rec.lowers)).collect();
+                let mut next = rec.clone();
+                next.subvol = fresh.clone();
+                next.lowers = lowers.clone();
+                let built = match self.spec(&next) {
+                    Ok(spec) => self.build_layers(spec.layers).await,
+                    Err(e) => Err(e),
+                };
+                match built {
+                    Ok(fds) => (fresh, lowers, fds),
+                    Err(e) => {
+                        self.discard_subvol_later(&fresh);
+                        return Err(e);
+                    }
+                }
             }
         };
+        let fresh_ms = util::ms_since(t_fresh);
         let t_swap = Instant::now();
         match sb.restack(targets, fds, keep).await {
             Ok(()) => {}
@@ -317,10 +331,12 @@ impl Engine {
             return Err(e.into());
         }
         self.spares.want(id, ck_id);
+        self.squash_later(id, &lowers);
+        self.want_next(id);
         self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
         let info = self.checkpoint_info(&ck);
         let note = process_note(&info);
-        tracing::debug!(sandbox = id, frozen_ms, at = ?t0.elapsed(), "layered checkpoint done");
+        tracing::debug!(sandbox = id, fresh_ms, frozen_ms, at = ?t0.elapsed(), "layered checkpoint done");
         Ok(Some(CheckpointResponse { checkpoint: info, note }))
     }
 

@@ -53,6 +53,7 @@ impl Engine {
             return Err(e);
         }
         let sandbox = self.sandbox_info(&rec, false)?;
+        self.want_next(&rec.id);
         Ok(CreateSandboxResponse { sandbox, duration_ms: util::ms_since(t0) })
     }
 

@@ -17,6 +17,9 @@ impl Engine {
         let _store = self.store_lock.read().await;
         self.halt_and_release(id).await?;
         self.meta.delete_sandbox(id)?;
+        if let Some(next) = self.nexts.drop_sandbox(id) {
+            self.discard_subvol_later(&next);
+        }
         for spare in self.spares.drop_sandbox(id) {
             self.discard_subvol_later(&spare);
         }
@@ -24,6 +27,7 @@ impl Engine {
         // it the sandbox's directory once its checkpoints' layers are gone
         // too; so do lower layers no row names any more.
         self.reaper.discard(self.subvol_path(&rec.subvol), true);
+        self.prune_squashed();
         for layer in &rec.lowers {
             self.discard_layer_if_unused(layer);
         }

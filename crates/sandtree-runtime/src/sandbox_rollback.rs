@@ -151,9 +151,16 @@ impl Engine {
             // dirty page cache before the background flusher would write it.
             Ok(()) => {
                 self.discard_subvol_later(&rec.subvol);
+                self.prune_squashed();
                 for layer in rec.lowers.iter().filter(|l| !rec2.lowers.contains(l)) {
                     self.discard_layer_if_unused(layer);
                 }
+                // (Deep only if the checkpoint was: its own squash, or the
+                // next checkpoint's, catches up.)
+                if rec2.lowers.len() >= self.cfg.max_layers / 2 {
+                    self.squash_later(id, &rec2.lowers);
+                }
+                self.want_next(id);
             }
             // Tasks that would not die may still use it: GC removes it later.
             Err(e) => tracing::warn!(sandbox = id, layer = rec.subvol, "old layer left for gc: {e}"),

@@ -174,6 +174,11 @@ impl Spares {
         v
     }
 
+    /// Read-only layers under the spares' overlays (paths under the volume root).
+    pub(crate) fn lowers(&self) -> HashSet<String> {
+        self.lock().ready.values().flat_map(|s| s.top.lowers.iter().cloned()).collect()
+    }
+
     /// Number of spares ready.
     pub(crate) fn ready_count(&self) -> usize {
         self.lock().ready.len()

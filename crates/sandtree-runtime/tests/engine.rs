@@ -107,8 +107,9 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
         ensure!(out.output.trim() == "base", "session output {:?}", out.output);
         // The replaced layers are reclaimed once the engine is idle; what
         // stays is the current layer, the checkpoint's (init ran alone: the
-        // layer it wrote to became the checkpoint's) and one prepared
-        // rollback target over it (a spare).
+        // layer it wrote to became the checkpoint's), one prepared rollback
+        // target over it (a spare) and the prepared next layer over the
+        // current one (for its next checkpoint).
         let dir = e.volume().root().join("sandboxes").join(&sb);
         let layers_settle_at = |want: usize| {
             let dir = dir.clone();
@@ -124,7 +125,7 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
                 }
             }
         };
-        layers_settle_at(3).await?;
+        layers_settle_at(4).await?;
         ensure!(e.info().await?.spare_layers >= 1, "no spare layer prepared");
         // Rolling back a stopped sandbox starts it.
         e.stop_sandbox(&sb).await?;
@@ -458,14 +459,16 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         let bg = ExecRequest { cmd: vec!["sleep".into(), "1000".into()], background: true, ..Default::default() };
         e.exec(&sb, bg).await?;
         let ck = checkpoint(e, &sb).await?;
-        // The sandbox's layer and the checkpoint's copy.
-        ensure!(layers(&sb)? == 2, "{} layers after a checkpoint", layers(&sb)?);
+        // The sandbox's layer and the checkpoint's copy (and the next layer
+        // prepared when init was still alone, unused now).
+        let after = layers(&sb)?;
+        ensure!((2..=3).contains(&after), "{after} layers after a checkpoint");
         sh(e, &sb, "echo two > /root/a && echo x > /root/b").await?;
         // (Other cases' deletions may still be pending: only this
         // sandbox's layers matter here.)
         let report = e.gc().await?;
         ensure!(!report.orphans_removed.iter().any(|o| o.contains(&sb)), "gc removed {:?}", report.orphans_removed);
-        ensure!(layers(&sb)? == 2, "{} layers after gc", layers(&sb)?);
+        ensure!(layers(&sb)? == after, "{} layers after gc", layers(&sb)?);
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
         ensure!(!r.processes_restarted, "{}", r.note);
         ensure!(sh(e, &sb, "cat /root/a; test ! -e /root/b && echo nob").await? == "one\nnob\n");
@@ -490,8 +493,8 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
 /// Layered checkpoints (DeltaFS): with init alone, a checkpoint freezes
 /// the writable subvolume as its layer and stacks a new one; rollbacks and
 /// forks stack over the checkpoint's layers; layers shared by a stack
-/// outlive a deleted checkpoint; past `max_layers`, and when the sandbox
-/// mounted something, a checkpoint is a snapshot instead.
+/// outlive a deleted checkpoint; deep stacks are squashed; when the
+/// sandbox mounted something, a checkpoint is a snapshot instead.
 fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
@@ -533,18 +536,35 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
         for id in &ids {
             e.delete_sandbox(id, false).await?;
         }
-        // A deep chain: past `max_layers` a checkpoint is a snapshot.
+        // A deep chain stays shallow: runs of layers are squashed in the
+        // background, and every checkpoint still holds its own files.
         let max = e.config().max_layers;
-        let mut last = String::new();
-        for i in 0..max + 2 {
-            sh(e, &sb, &format!("echo {i} > /root/n")).await?;
-            last = checkpoint(e, &sb).await?;
+        let mut chain = Vec::new();
+        for i in 0..3 * max {
+            let previous = if i > 0 { format!("rm /root/f{}", i - 1) } else { "true".into() };
+            sh(e, &sb, &format!("echo {i} > /root/n; echo {i} > /root/f{i}; {previous}")).await?;
+            chain.push(checkpoint(e, &sb).await?);
             ensure!(rec(&sb)?.lowers.len() <= max, "{} layers", rec(&sb)?.lowers.len());
         }
-        ensure!(ck_rec(&last)?.layer.starts_with("checkpoints/"), "{:?}", ck_rec(&last)?);
-        sh(e, &sb, "echo x > /root/n").await?;
-        e.rollback(&sb, RollbackRequest { checkpoint: last.clone() }).await?;
-        ensure!(sh(e, &sb, "cat /root/n").await? == format!("{}\n", max + 1));
+        let layers_of_checkpoints: std::collections::HashSet<String> =
+            e.meta().checkpoints(None)?.into_iter().map(|c| c.layer).collect();
+        let squashed = rec(&sb)?.lowers.iter().any(|l| !layers_of_checkpoints.contains(l));
+        ensure!(squashed, "no squashed layer under {:?}", rec(&sb)?.lowers);
+        // (A checkpoint that comes while a squash is still under way and the
+        // stack is at `max_layers` is a snapshot; after a pause, layered.)
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        sh(e, &sb, "echo after > /root/after").await?;
+        let after = checkpoint(e, &sb).await?;
+        ensure!(ck_rec(&after)?.layer.starts_with("sandboxes/"), "not layered: {:?}", ck_rec(&after)?);
+        let layered = chain.iter().filter(|c| ck_rec(c).is_ok_and(|r| r.layer.starts_with("sandboxes/"))).count();
+        ensure!(layered * 2 > chain.len(), "{layered} of {} checkpoints layered", chain.len());
+        for i in [0, max, 2 * max + 1, 3 * max - 1] {
+            e.rollback(&sb, RollbackRequest { checkpoint: chain[i].clone() }).await?;
+            let want = format!("{i}\n{i}\n");
+            ensure!(
+                sh(e, &sb, &format!("cat /root/n /root/f{i}; ls /root | grep -c '^f'")).await? == format!("{want}1\n")
+            );
+        }
         // A mount the sandbox made would stay behind in the old tree: snapshot.
         e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
         sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t && echo kept > /mnt/t/f").await?;
