@@ -250,7 +250,8 @@ impl Engine {
             return;
         }
         match self.meta.layer_in_use(layer) {
-            Ok(false) => self.reaper.discard(self.volume.root().join(layer), false),
+            // (A deleted sandbox's directory goes with its last layer.)
+            Ok(false) => self.reaper.discard(self.volume.root().join(layer), layer.starts_with("sandboxes/")),
             Ok(true) => {}
             Err(e) => tracing::warn!(layer, "cannot tell whether the layer is in use ({e}): left for gc"),
         }

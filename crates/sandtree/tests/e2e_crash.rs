@@ -171,11 +171,27 @@ fn sigkill_during_operations_keeps_completed_ones_and_leaves_no_partial_state() 
         for ck in &l.deleted_checkpoints {
             assert!(!cks.contains(ck), "round {round}: deleted checkpoint {ck} is back");
         }
-        // Nothing partial: exactly the listed things exist on disk (GC ran at start).
-        let on_disk_sb: BTreeSet<String> = d.on_disk("sandboxes").into_iter().collect();
-        assert_eq!(on_disk_sb, listed, "round {round}: sandbox subvolumes vs metadata");
-        let on_disk_ck: BTreeSet<String> = d.on_disk("checkpoints").into_iter().collect();
-        assert_eq!(on_disk_ck, cks, "round {round}: checkpoint subvolumes vs metadata");
+        // Nothing lost: every layer a row names (a sandbox's writable
+        // subvolume, a checkpoint's layer, any lower layer) is on disk.
+        let meta = sandtree_meta::Meta::open(&d.dir.join("meta.db")).unwrap();
+        let used = meta.layers_in_use().unwrap();
+        for layer in &used {
+            assert!(d.dir.join("btrfs").join(layer).exists(), "round {round}: layer {layer} is gone");
+        }
+        // Nothing partial (GC ran at start): a sandbox directory belongs to
+        // a listed sandbox or holds layers rows name (a deleted sandbox's
+        // checkpoints); a checkpoint snapshot is named by its row.
+        for dir in d.on_disk("sandboxes") {
+            let named = used.iter().any(|l| l.starts_with(&format!("sandboxes/{dir}/")));
+            assert!(listed.contains(&dir) || named, "round {round}: sandbox directory {dir} is left over");
+        }
+        for ck in d.on_disk("checkpoints") {
+            assert!(
+                used.contains(&format!("checkpoints/{ck}")),
+                "round {round}: checkpoint snapshot {ck} is left over"
+            );
+        }
+        drop(meta);
         drop(l);
         // Every listed sandbox works (re-adopted or restarted).
         for sb in &listed {
