@@ -617,22 +617,26 @@ impl Meta {
         Ok(true)
     }
 
-    /// Whether any sandbox or checkpoint row names `layer` (a path under
-    /// the volume root) as its writable subvolume, its own layer or a lower.
-    pub fn layer_in_use(&self, layer: &str) -> Result<bool> {
-        Ok(self.layers_in_use()?.contains(layer))
-    }
-
     /// Every layer some row names, as paths under the volume root
-    /// (sandboxes' writable subvolumes as `sandboxes/<subvol>`).
+    /// (sandboxes' writable subvolumes as `sandboxes/<subvol>`). Reads only
+    /// the layer columns.
     pub fn layers_in_use(&self) -> Result<std::collections::HashSet<String>> {
+        let conn = self.conn();
         let mut used = std::collections::HashSet::new();
-        for s in self.sandboxes()? {
-            used.insert(format!("sandboxes/{}", s.subvol));
-            used.extend(s.lowers);
+        let mut stmt = conn.prepare("SELECT subvol, lowers FROM sandboxes")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        for row in rows {
+            let (subvol, lowers) = row?;
+            used.insert(format!("sandboxes/{subvol}"));
+            used.extend(parse_json::<Vec<String>>("sandboxes.lowers", &lowers)?);
         }
-        for c in self.checkpoints(None)? {
-            used.extend(c.stack());
+        let mut stmt = conn.prepare("SELECT id, layer, lowers FROM checkpoints")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?;
+        for row in rows {
+            let (id, layer, lowers) = row?;
+            used.insert(layer.unwrap_or_else(|| format!("checkpoints/{id}")));
+            used.extend(parse_json::<Vec<String>>("checkpoints.lowers", &lowers)?);
         }
         Ok(used)
     }

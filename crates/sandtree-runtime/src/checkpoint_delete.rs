@@ -43,9 +43,7 @@ impl Engine {
         for spare in self.spares.drop_checkpoint(id) {
             self.discard_subvol_later(&spare);
         }
-        for layer in ck.stack() {
-            self.discard_layer_if_unused(&layer);
-        }
+        self.discard_layers_if_unused(ck.stack());
         Ok(())
     }
 }

@@ -243,18 +243,27 @@ impl Engine {
         format!("sandboxes/{subvol}")
     }
 
-    /// Queues a read-only layer for deletion unless a row still names it
-    /// (or a spare or the squash map holds it).
-    pub(crate) fn discard_layer_if_unused(&self, layer: &str) {
-        if self.layers_held().contains(layer) {
+    /// Queues read-only layers for deletion unless a row still names them
+    /// (or a spare, a next layer or the squash map holds them). Reads every
+    /// row's layers once: off the hot path (a background task).
+    pub(crate) fn discard_layers_if_unused(&self, layers: Vec<String>) {
+        if layers.is_empty() {
             return;
         }
-        match self.meta.layer_in_use(layer) {
-            // (A deleted sandbox's directory goes with its last layer.)
-            Ok(false) => self.reaper.discard(self.volume.root().join(layer), layer.starts_with("sandboxes/")),
-            Ok(true) => {}
-            Err(e) => tracing::warn!(layer, "cannot tell whether the layer is in use ({e}): left for gc"),
-        }
+        let Some(engine) = self.this.upgrade() else { return };
+        tokio::spawn(async move {
+            let _store = engine.store_lock.read().await;
+            engine.prune_squashed();
+            let used = match engine.meta.layers_in_use() {
+                Ok(used) => used,
+                Err(e) => return tracing::warn!("cannot tell which layers are in use ({e}): left for gc"),
+            };
+            let held = engine.layers_held();
+            for layer in layers.iter().filter(|l| !used.contains(*l) && !held.contains(*l)) {
+                // (A deleted sandbox's directory goes with its last layer.)
+                engine.reaper.discard(engine.volume.root().join(layer), layer.starts_with("sandboxes/"));
+            }
+        });
     }
 
     pub(crate) fn checkpoint_path(&self, id: &str) -> PathBuf {

@@ -51,13 +51,15 @@ impl Engine {
         let src = self.subvol_path(&rec.subvol);
         let dst = self.checkpoint_path(&ck_id);
         let live = self.live_get(id).filter(|s| s.is_alive());
-        let tracer = live.as_ref().map(|_| self.tracer(id)).transpose()?;
         let best_effort = req.best_effort;
 
         // Layered: when init runs alone, its writable subvolume becomes the
         // checkpoint's layer (no snapshot, no commit); else a snapshot.
         let depth = self.compact(&rec.lowers).len();
         if let (Some(sb), true) = (&live, self.cfg.layered && depth < self.cfg.max_layers) {
+            // Templates of earlier checkpoints may stay (no tracer: none).
+            let tracer = self.tracer_get(id);
+            let _op = tracer.as_ref().map(|t| t.begin());
             let keep = match &tracer {
                 Some(t) => crate::engine::block(|| t.rollback_plan("")).map(|(_, pids)| pids).unwrap_or_default(),
                 None => Vec::new(),
@@ -68,6 +70,7 @@ impl Engine {
                 return Ok(done);
             }
         }
+        let tracer = live.as_ref().map(|_| self.tracer(id)).transpose()?;
         // No standby forks on the tracer thread while this runs.
         let _op = tracer.as_ref().map(|t| t.begin());
 
@@ -306,6 +309,7 @@ impl Engine {
             }
         }
         let frozen_ms = util::ms_since(t_swap);
+        let t_commit = Instant::now();
         let ck = CheckpointRecord {
             id: ck_id.to_string(),
             sandbox_id: id.to_string(),
@@ -330,13 +334,14 @@ impl Engine {
             self.discard_subvol_later(&fresh);
             return Err(e.into());
         }
+        let commit_ms = util::ms_since(t_commit);
         self.spares.want(id, ck_id);
         self.squash_later(id, &lowers);
         self.want_next(id);
         self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
         let info = self.checkpoint_info(&ck);
         let note = process_note(&info);
-        tracing::debug!(sandbox = id, fresh_ms, frozen_ms, at = ?t0.elapsed(), "layered checkpoint done");
+        tracing::debug!(sandbox = id, before = ?t_fresh.duration_since(t0), fresh_ms, frozen_ms, commit_ms, at = ?t0.elapsed(), "layered checkpoint done");
         Ok(Some(CheckpointResponse { checkpoint: info, note }))
     }
 
@@ -486,7 +491,9 @@ impl Engine {
     /// templates are still in the pool.
     pub(crate) fn checkpoint_info(&self, c: &CheckpointRecord) -> CheckpointInfo {
         let captured = captured_of(c);
-        let in_pool = self.templates_of(&c.sandbox_id, &c.id).is_some();
+        // (Asked of the tracer only when there are templates to look for.)
+        let in_pool = captured.as_ref().is_some_and(|c| c.captured.is_empty())
+            || self.templates_of(&c.sandbox_id, &c.id).is_some();
         let process_state = match &captured {
             None => ProcessState::NotCaptured,
             Some(cap) if !in_pool && !cap.captured.is_empty() => ProcessState::Evicted,

@@ -27,10 +27,7 @@ impl Engine {
         // it the sandbox's directory once its checkpoints' layers are gone
         // too; so do lower layers no row names any more.
         self.reaper.discard(self.subvol_path(&rec.subvol), true);
-        self.prune_squashed();
-        for layer in &rec.lowers {
-            self.discard_layer_if_unused(layer);
-        }
+        self.discard_layers_if_unused(rec.lowers.clone());
         drop(lock);
         self.forget_lock(id);
         let mut checkpoints_deleted = Vec::new();

@@ -151,10 +151,9 @@ impl Engine {
             // dirty page cache before the background flusher would write it.
             Ok(()) => {
                 self.discard_subvol_later(&rec.subvol);
-                self.prune_squashed();
-                for layer in rec.lowers.iter().filter(|l| !rec2.lowers.contains(l)) {
-                    self.discard_layer_if_unused(layer);
-                }
+                self.discard_layers_if_unused(
+                    rec.lowers.iter().filter(|l| !rec2.lowers.contains(l)).cloned().collect(),
+                );
                 // (Deep only if the checkpoint was: its own squash, or the
                 // next checkpoint's, catches up.)
                 if rec2.lowers.len() >= self.cfg.max_layers / 2 {
