@@ -158,7 +158,24 @@ impl Zygote {
 
     /// Build detached overlay mounts of `layers` (root first) for an
     /// in-place rollback ([`crate::reroot`]); blocking like [`Zygote::spawn`].
+    /// Each layer is built by its own worker at once when there are several
+    /// (a mount's setup is mostly waiting on the filesystem).
     pub fn build_layers(&self, layers: &[OverlayLayer]) -> Result<Vec<OwnedFd>> {
+        if layers.len() < 2 || self.workers.len() < 2 {
+            return self.build_each(layers);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> =
+                layers.iter().map(|l| s.spawn(move || self.build_each(std::slice::from_ref(l)))).collect();
+            let mut fds = Vec::with_capacity(layers.len());
+            for h in handles {
+                fds.extend(h.join().map_err(|_| Error::Spawn("a layer-building thread panicked".into()))??);
+            }
+            Ok(fds)
+        })
+    }
+
+    fn build_each(&self, layers: &[OverlayLayer]) -> Result<Vec<OwnedFd>> {
         let (reply, fds) = self.call(&ZygoteRequest::BuildLayers { layers: layers.to_vec() })?;
         match reply {
             ZygoteReply::Layers { count } if count == fds.len() && count == layers.len() => Ok(fds),
