@@ -41,7 +41,7 @@ pub use image::{
     DEFAULT_IMAGE, LowerLayer, LowerSource, Progress, build_default_image, default_image_layers, import_dir,
     import_tar, remove_image,
 };
-pub use squash::squash;
+pub use squash::{Below, squash};
 pub use subvol::{
     SubvolInfo, bytes_written_since, create_subvolume, delete_subvolume, dir_size, is_subvolume, list_subvolumes,
     set_readonly, snapshot, snapshot_many, subvolume_info, sync_fs,

@@ -65,8 +65,15 @@ fn kept(name: &[u8]) -> bool {
 
 /// Squashes `run` (layer subvolumes, top first, each with `layers/<i>/upper`
 /// for each overlay `i`) into the new subvolume `dst`. `below[i]` are the
-/// lower directories of overlay `i` under the run, top first.
-pub fn squash(run: &[PathBuf], below: &[Vec<PathBuf>], dst: &Path) -> Result<()> {
+/// lower directories of overlay `i` under the run, top first; when one of
+/// them may redirect a directory elsewhere (an overlay redirect under the
+/// run), `below` cannot tell what a whiteout hides: `Below::Unknown` keeps
+/// every whiteout.
+pub fn squash(run: &[PathBuf], below: &Below, dst: &Path) -> Result<()> {
+    let (below, keep_all) = match below {
+        Below::Dirs(dirs) => (dirs.clone(), false),
+        Below::Unknown(overlays) => (vec![Vec::new(); *overlays], true),
+    };
     let overlays = below.len();
     if run.is_empty() {
         return Err(Error::io("squash", dst, io::Error::other("no layers to squash")));
@@ -95,12 +102,13 @@ pub fn squash(run: &[PathBuf], below: &[Vec<PathBuf>], dst: &Path) -> Result<()>
                 }
                 if !to.exists() {
                     fs::create_dir_all(&to).map_err(|e| Error::io("create", &to, e))?;
-                    let meta = fs::symlink_metadata(&src).map_err(|e| Error::io("stat", &src, e))?;
-                    copy_meta(&src, &to, &meta).map_err(|(path, e)| Error::io("squash", &path, e))?;
                 }
                 let mut links = HashMap::new();
-                let mut at = Applying { below, rel: PathBuf::new(), links: &mut links };
+                let mut at = Applying { below, keep_all, rel: PathBuf::new(), links: &mut links };
                 at.dir(&src, &to).map_err(|(path, e)| Error::io("squash", &path, e))?;
+                // The root's metadata too: the topmost layer's wins.
+                let meta = fs::symlink_metadata(&src).map_err(|e| Error::io("stat", &src, e))?;
+                copy_meta(&src, &to, &meta).map_err(|(path, e)| Error::io("squash", &path, e))?;
             }
         }
         Ok(())
@@ -190,10 +198,21 @@ fn rx(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Failed + '_ {
     move |e| (path.to_path_buf(), e.into())
 }
 
+/// What lies under a squashed run, per overlay.
+#[derive(Clone, Debug)]
+pub enum Below {
+    /// These directories, top first.
+    Dirs(Vec<Vec<PathBuf>>),
+    /// Not known exactly (a redirect under the run), for this many overlays.
+    Unknown(usize),
+}
+
 /// One upper directory being applied onto the copy.
 struct Applying<'a> {
-    /// The image's lower directories under the run.
+    /// The lower directories under the run.
     below: &'a [PathBuf],
+    /// Keep every whiteout (what lies below is not known exactly).
+    keep_all: bool,
     /// Where the walk is, relative to the layer's root.
     rel: PathBuf,
     /// Source inodes copied so far, to their copies (hard links).
@@ -211,7 +230,9 @@ impl Applying<'_> {
             let rel = self.rel.join(entry.file_name());
             if is_whiteout(&meta) {
                 remove_all(&d)?;
-                if self.below.iter().any(|b| fs::symlink_metadata(b.join(&self.rel)).is_ok_and(|m| m.is_dir())) {
+                if self.keep_all
+                    || self.below.iter().any(|b| fs::symlink_metadata(b.join(&self.rel)).is_ok_and(|m| m.is_dir()))
+                {
                     copy_node(&s, &d, &meta, self.links)?;
                 }
             } else if meta.is_dir() {
@@ -327,15 +348,17 @@ fn copy_meta(src: &Path, dst: &Path, meta: &fs::Metadata) -> std::result::Result
     if !symlink {
         rustix::fs::chmodat(CWD, dst, Mode::from_raw_mode(meta.mode() & 0o7777), AtFlags::empty()).map_err(rx(dst))?;
     }
-    // Overlay attributes the destination carries from below go, but
-    // `opaque`: a directory merged over an opaque one hides what is under
-    // the run as that one did.
+    // Attributes the destination carries from below go when the source
+    // lacks them (or they are overlayfs' own), but `opaque`: a directory
+    // merged over an opaque one hides what is under the run as that one did.
+    let from = list_xattrs(src).map_err(at(src))?;
     for name in list_xattrs(dst).map_err(at(dst))? {
-        if !kept(name.as_bytes()) {
+        // (A directory merged over an opaque one stays opaque.)
+        if name.as_bytes() != OPAQUE.as_bytes() && (!kept(name.as_bytes()) || !from.contains(&name)) {
             let _ = rustix::fs::lremovexattr(dst, name.as_os_str());
         }
     }
-    for name in list_xattrs(src).map_err(at(src))? {
+    for name in from {
         if !kept(name.as_bytes()) {
             continue;
         }
@@ -488,12 +511,19 @@ mod tests {
             if mnt.join(file).exists() {
                 rustix::fs::lsetxattr(mnt.join(file), "user.t", value, rustix::fs::XattrFlags::empty()).unwrap();
             }
+            // An attribute of a merged directory, set in one layer and
+            // removed in the next.
+            match i {
+                0 => rustix::fs::lsetxattr(mnt.join("keep"), "user.d", b"x", rustix::fs::XattrFlags::empty()).unwrap(),
+                1 => rustix::fs::lremovexattr(mnt.join("keep"), "user.d").unwrap(),
+                _ => {}
+            }
             umount(&mnt);
             layers.push(layer);
         }
         let run: Vec<PathBuf> = layers.iter().rev().cloned().collect();
         let squashed = root.join("sq");
-        squash(&run, &[vec![img.clone()]], &squashed).unwrap();
+        squash(&run, &Below::Dirs(vec![vec![img.clone()]]), &squashed).unwrap();
 
         let mut lowers: Vec<PathBuf> = run.iter().map(|l| upper_of(l, 0)).collect();
         lowers.push(img.clone());
@@ -511,6 +541,19 @@ mod tests {
         }
         assert!(want.contains_key("d1/only") && !want.contains_key("d1/y") && !want.contains_key("c2"));
 
+        // A run above the bottom layer, whose directory `e` (made in the
+        // bottom layer, absent from the image) holds a whiteout of the run:
+        // what lies below includes the bottom layer.
+        let above = &run[..run.len() - 1];
+        let squashed = root.join("sq-above");
+        let below = Below::Dirs(vec![vec![upper_of(&layers[0], 0), img.clone()]]);
+        squash(above, &below, &squashed).unwrap();
+        mount_overlay(&[upper_of(&squashed, 0), upper_of(&layers[0], 0), img.clone()], None, &mnt);
+        let got = view(&mnt);
+        umount(&mnt);
+        assert_eq!(got, want);
+        assert!(!want.contains_key("e/f"));
+
         // A renamed lower directory (a redirect) is refused, and nothing is left.
         let layer = root.join("lr");
         crate::create_subvolume(&layer).unwrap();
@@ -522,7 +565,7 @@ mod tests {
         // Every name in the layer counts, whiteouts included.
         let listed = Command::new("find").arg(upper_of(&run[0], 0)).arg("-mindepth").arg("1").output().unwrap().stdout;
         assert_eq!(scan(&run[0]).entries, listed.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count() as u64);
-        let err = squash(&[layer, run[0].clone()], &[vec![img.clone()]], &root.join("sq2")).unwrap_err();
+        let err = squash(&[layer, run[0].clone()], &Below::Unknown(1), &root.join("sq2")).unwrap_err();
         assert!(err.to_string().contains("redirect"), "{err}");
         assert!(!root.join("sq2").exists());
     }

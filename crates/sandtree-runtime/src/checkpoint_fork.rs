@@ -47,6 +47,10 @@ impl Engine {
         };
         let limits = serde_json::to_value(limits).map_err(|e| Error::Internal(e.to_string()))?;
         let _store = self.store_lock.read().await;
+        // Its layers stay until the forks' rows name them, even if the
+        // checkpoint is deleted meanwhile (read again once pinned).
+        let _pinned = self.pin_layers(ck.stack());
+        let ck = self.checkpoint_record(&ck.id)?;
 
         let records: Vec<SandboxRecord> = (0..req.count)
             .map(|_| {

@@ -61,6 +61,8 @@ pub struct Engine {
     pub(crate) squashing: Mutex<std::collections::HashSet<Vec<String>>>,
     /// Prepared next layers of layered sandboxes (`next_layers.rs`).
     pub(crate) nexts: crate::next_layers::Nexts,
+    /// Layers pinned by operations in flight, with their pin counts.
+    pub(crate) pinned: Mutex<HashMap<String, usize>>,
     /// One squash at a time.
     pub(crate) squash_gate: Arc<tokio::sync::Semaphore>,
     /// Squashed runs of layers (top first) → the layer that replaces them.
@@ -111,6 +113,7 @@ impl Engine {
             evicting: Mutex::new(Default::default()),
             squashing: Mutex::new(Default::default()),
             nexts: Default::default(),
+            pinned: Mutex::new(HashMap::new()),
             squash_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             squashed: Mutex::new(HashMap::new()),
             layer_scans: Mutex::new(HashMap::new()),
@@ -289,6 +292,16 @@ impl Engine {
     /// Starts the processes of a sandbox on its current writable subvolume
     /// and registers it as live. Blocking parts run off the async threads.
     pub(crate) async fn boot(&self, rec: &SandboxRecord) -> Result<Arc<Sandbox>> {
+        // A layer a row names but the disk lacks (lost in a host crash
+        // before btrfs committed it): say so, never boot on a made-up one.
+        let mut layers = vec![Engine::subvol_layer(&rec.subvol)];
+        layers.extend(rec.lowers.iter().cloned());
+        if let Some(missing) = layers.iter().find(|l| !sandtree_fs::is_subvolume(&self.volume.root().join(l))) {
+            return Err(Error::Internal(format!(
+                "layer {missing} of sandbox {} is missing from the volume (lost in a host crash before btrfs wrote it?)",
+                rec.id
+            )));
+        }
         let spec = self.spec(rec)?;
         // On the blocking pool, so that several boots (a fork) run on
         // several zygote workers at once.

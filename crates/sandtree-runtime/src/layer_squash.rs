@@ -119,27 +119,43 @@ impl Engine {
             return Ok(None);
         }
         let run = cand[..end].to_vec();
-        // What lies under the run, per overlay: the layers left, the image.
-        let below: Vec<Vec<PathBuf>> = overlay_layers(
-            &self.image_layers(&rec.image)?,
-            &self.volume.images_dir(),
-            &PathBuf::new(),
-            &self.layer_paths(&cand[end..]),
-        )
-        .into_iter()
-        .map(|l| l.lower.into_iter().map(|d| d.path).collect())
-        .collect();
+        // What lies under the run, per overlay: every layer left (the
+        // bottom one included), the image. A redirect among those layers
+        // can make a directory merge with another path: then every
+        // whiteout stays.
+        let under = &rec.lowers[1 + end..];
+        let below = if under.iter().any(|l| self.scan_layer(l).redirect) {
+            sandtree_fs::Below::Unknown(self.image_layers(&rec.image)?.len())
+        } else {
+            sandtree_fs::Below::Dirs(
+                overlay_layers(
+                    &self.image_layers(&rec.image)?,
+                    &self.volume.images_dir(),
+                    &PathBuf::new(),
+                    &self.layer_paths(under),
+                )
+                .into_iter()
+                .map(|l| l.lower.into_iter().map(|d| d.path).collect())
+                .collect(),
+            )
+        };
         let name = self.new_layer_name(id)?;
         let (paths, dst) = (self.layer_paths(&run), self.subvol_path(&name));
         let t0 = Instant::now();
-        tokio::task::spawn_blocking(move || sandtree_fs::squash(&paths, &below, &dst))
-            .await?
-            .map_err(|e| Error::fs("squash layers", e))?;
+        // Committed to disk before rows name it (a host crash must not
+        // leave rows naming a layer btrfs never wrote).
+        tokio::task::spawn_blocking(move || {
+            sandtree_fs::squash(&paths, &below, &dst).and_then(|()| sandtree_fs::sync_fs(&dst))
+        })
+        .await?
+        .map_err(|e| Error::fs("squash layers", e))?;
         tracing::debug!(sandbox = id, copied = ?t0.elapsed(), "squash copied");
         let layer = Engine::subvol_layer(&name);
         match self.meta.squash_lowers(&run, &layer) {
             Ok(n) if n > 0 => {
                 self.squashed.lock().unwrap_or_else(|p| p.into_inner()).insert(run.clone(), layer.clone());
+                // Layers only the rewritten lowers named.
+                self.discard_layers_if_unused(run.clone());
                 Ok(Some((run, layer)))
             }
             Ok(_) => {
@@ -165,6 +181,18 @@ impl Engine {
         found
     }
 
+    /// Keeps `layers` from deletion until the guard drops: a rollback or
+    /// fork read them from a checkpoint row that may be deleted before its
+    /// own row names them. The caller reads the checkpoint row again after
+    /// pinning (a delete committed before the pin may have queued them).
+    pub(crate) fn pin_layers(&self, layers: Vec<String>) -> Pinned<'_> {
+        let mut pinned = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        for l in &layers {
+            *pinned.entry(l.clone()).or_default() += 1;
+        }
+        Pinned { engine: self, layers }
+    }
+
     /// `lowers` with a squashed run replaced by its layer.
     pub(crate) fn compact(&self, lowers: &[String]) -> Vec<String> {
         let map = self.squashed.lock().unwrap_or_else(|p| p.into_inner());
@@ -175,11 +203,13 @@ impl Engine {
     }
 
     /// Layers no row may name that must stay: those under prepared spares'
-    /// and next layers' overlays, and squashed layers a next checkpoint may
-    /// stack on.
+    /// and next layers' overlays, squashed layers a next checkpoint may
+    /// stack on, and those an operation in flight is about to commit
+    /// ([`Engine::pin_layers`]).
     pub(crate) fn layers_held(&self) -> std::collections::HashSet<String> {
         let mut held = self.spares.lowers();
         held.extend(self.nexts.lowers());
+        held.extend(self.pinned.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned());
         held.extend(self.squashed.lock().unwrap_or_else(|p| p.into_inner()).values().cloned());
         held
     }
@@ -191,5 +221,25 @@ impl Engine {
         let Ok(sandboxes) = self.meta.sandboxes() else { return };
         let mut map = self.squashed.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|run, _| sandboxes.iter().any(|s| sandtree_meta::squash_run(&s.lowers, run, "").is_some()));
+    }
+}
+
+/// Layers kept from deletion (see [`Engine::pin_layers`]).
+pub(crate) struct Pinned<'a> {
+    engine: &'a Engine,
+    layers: Vec<String>,
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        let mut pinned = self.engine.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        for l in &self.layers {
+            if let Some(n) = pinned.get_mut(l) {
+                *n -= 1;
+                if *n == 0 {
+                    pinned.remove(l);
+                }
+            }
+        }
     }
 }

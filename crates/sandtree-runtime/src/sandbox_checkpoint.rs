@@ -260,6 +260,8 @@ impl Engine {
         let id = rec.id.as_str();
         let t_fresh = Instant::now();
         let layer = Engine::subvol_layer(&rec.subvol);
+        let spec = self.spec(rec)?;
+        let targets: Vec<PathBuf> = spec.layers.iter().map(|l| l.target.clone()).collect();
         let prepared = match self.nexts.take(id, &rec.subvol) {
             Ok(next) => next,
             Err(stale) => {
@@ -267,8 +269,6 @@ impl Engine {
                 None
             }
         };
-        let spec = self.spec(rec)?;
-        let targets: Vec<PathBuf> = spec.layers.iter().map(|l| l.target.clone()).collect();
         let (fresh, lowers, fds) = match prepared {
             Some(next) => (next.top.subvol, next.top.lowers, next.layers),
             None => {
@@ -325,7 +325,9 @@ impl Engine {
             duration_ms: util::ms_since(t0),
             processes: serde_json::to_value(CaptureReport::default()).map_err(|e| Error::Internal(e.to_string()))?,
             layer: layer.clone(),
-            lowers: rec.lowers.clone(),
+            // What the new stack has under the frozen layer (a squashed run
+            // instead of its layers, when there is one).
+            lowers: lowers[1..].to_vec(),
         };
         if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
             // Init writes to the new layer, which metadata does not know.
@@ -335,6 +337,11 @@ impl Engine {
             return Err(e.into());
         }
         let commit_ms = util::ms_since(t_commit);
+        // Committed to disk soon (a host crash before that loses the
+        // checkpoint's layer files newer than btrfs's last commit).
+        self.flusher.poke();
+        // Layers the sandbox stood on that a squashed one replaced.
+        self.discard_layers_if_unused(rec.lowers.iter().filter(|l| !lowers.contains(l)).cloned().collect());
         self.spares.want(id, ck_id);
         self.squash_later(id, &lowers);
         self.want_next(id);

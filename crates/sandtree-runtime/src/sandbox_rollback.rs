@@ -54,6 +54,10 @@ impl Engine {
             });
         }
         let _store = self.store_lock.read().await;
+        // Its layers stay until the sandbox's row names them, even if the
+        // checkpoint is deleted meanwhile (read again once pinned).
+        let _pinned = self.pin_layers(ck.stack());
+        let ck = self.checkpoint_record(&ck.id)?;
         let spare_taken = self.spares.take(id, &ck.id);
         let spare = spare_taken.is_some();
         let (new, prepared) = match spare_taken {

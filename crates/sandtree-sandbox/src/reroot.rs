@@ -230,17 +230,34 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
     validate(targets, &layers).map_err(|e| (e, None))?;
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     for pid in others().into_iter().filter(|p| !keep.contains(p)) {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-        if !matches!(state, Some('Z') | None) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
+        // Every thread: a leader that called pthread_exit shows as a
+        // zombie while its other threads run.
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for tid in tasks {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+            if !matches!(state, Some('Z') | None) {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
+            }
         }
     }
     let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| (format!("read mountinfo: {e}"), None))?;
-    let ours = |t: &Path| targets.iter().any(|l| l == t) || KEPT.iter().any(|k| t.starts_with(Path::new("/").join(k)));
+    // Only the layers and what setup mounted under /proc and /dev: a mount
+    // the sandbox made (a bind of a directory of the tree, say) would keep
+    // writing into the old tree, the checkpoint's layer.
+    let shm = Path::new("/dev/shm");
+    let ours = |t: &Path| targets.iter().any(|l| l == t) || t == shm || setup_mount(t);
     if let Some(m) = mounts.iter().find(|m| !ours(&m.target)) {
         return Err(busy(format!("the sandbox mounted {} on {}", m.fstype, m.target.display())));
+    }
+    // More than one mount on one of them: the sandbox stacked its own.
+    for m in &mounts {
+        if mounts.iter().filter(|o| o.target == m.target).count() > 1 && m.target != Path::new("/") {
+            return Err(busy(format!("the sandbox mounted {} on {}", m.fstype, m.target.display())));
+        }
     }
     swap_tree(targets, layers).map_err(|e| (e, None))
 }
@@ -251,6 +268,15 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
 pub(crate) fn detach_old_root() -> Result<(), String> {
     umount2(".", MntFlags::MNT_DETACH).map_err(step(|| "detach the old root".into()))?;
     nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))
+}
+
+/// Whether `t` is where setup mounts something under the kept `/proc` and
+/// `/dev` (besides `/dev/shm`).
+fn setup_mount(t: &Path) -> bool {
+    t == Path::new("/proc")
+        || t == Path::new("/dev")
+        || t == Path::new("/dev/pts")
+        || crate::spawn::DEV_NODES.iter().any(|n| t == Path::new("/dev").join(n))
 }
 
 /// Step 5: the kept `/proc` and `/dev` came with whatever the sandbox
@@ -273,13 +299,7 @@ fn sweep_kept() -> Result<(), String> {
                 m.mode() & 0o7777 == 0o1777 && m.uid() == 0 && m.gid() == 0
             })
     };
-    let ours = |t: &Path| {
-        t == Path::new("/proc")
-            || t == Path::new("/dev")
-            || t == Path::new("/dev/pts")
-            || (shm_clean && t == shm)
-            || crate::spawn::DEV_NODES.iter().any(|n| t == Path::new("/dev").join(n))
-    };
+    let ours = |t: &Path| (shm_clean && t == shm) || setup_mount(t);
     for m in mounts.iter().rev() {
         let under_kept = m.target.starts_with("/proc") || m.target.starts_with("/dev");
         if under_kept && !ours(&m.target) {
