@@ -61,6 +61,8 @@ pub struct Engine {
     pub(crate) squashing: Mutex<std::collections::HashSet<Vec<String>>>,
     /// Prepared next layers of layered sandboxes (`next_layers.rs`).
     pub(crate) nexts: crate::next_layers::Nexts,
+    /// Lower layers of images, by name (see [`Engine::image_layers`]).
+    pub(crate) image_layers: Mutex<HashMap<String, Vec<StoredLayer>>>,
     /// Layers pinned by operations in flight, with their pin counts.
     pub(crate) pinned: Mutex<HashMap<String, usize>>,
     /// One squash at a time.
@@ -113,6 +115,7 @@ impl Engine {
             evicting: Mutex::new(Default::default()),
             squashing: Mutex::new(Default::default()),
             nexts: Default::default(),
+            image_layers: Mutex::new(HashMap::new()),
             pinned: Mutex::new(HashMap::new()),
             squash_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             squashed: Mutex::new(HashMap::new()),
@@ -283,10 +286,22 @@ impl Engine {
         }
     }
 
+    /// An image's lower layers (remembered: an image does not change while
+    /// it exists; `images.rs` forgets it when it is written or removed).
     pub(crate) fn image_layers(&self, image: &str) -> Result<Vec<StoredLayer>> {
+        if let Some(layers) = self.image_layers.lock().unwrap_or_else(|p| p.into_inner()).get(image) {
+            return Ok(layers.clone());
+        }
         let rec = self.meta.image(image)?.ok_or_else(|| Error::ImageNotFound(image.to_string()))?;
-        serde_json::from_value(rec.layers)
-            .map_err(|e| Error::Internal(format!("image {image} has unreadable layers: {e}")))
+        let layers: Vec<StoredLayer> = serde_json::from_value(rec.layers)
+            .map_err(|e| Error::Internal(format!("image {image} has unreadable layers: {e}")))?;
+        self.image_layers.lock().unwrap_or_else(|p| p.into_inner()).insert(image.to_string(), layers.clone());
+        Ok(layers)
+    }
+
+    /// Forgets what [`Engine::image_layers`] remembers of `image`.
+    pub(crate) fn forget_image_layers(&self, image: &str) {
+        self.image_layers.lock().unwrap_or_else(|p| p.into_inner()).remove(image);
     }
 
     /// Starts the processes of a sandbox on its current writable subvolume

@@ -43,6 +43,7 @@ impl Engine {
         .await?
         .map_err(|e| Error::fs("build default image", e))?;
         let stored = store_layers(&layers, &images_dir);
+        self.forget_image_layers(name);
         self.meta.put_image(&ImageRecord {
             name: name.into(),
             kind: "default".into(),
@@ -117,6 +118,7 @@ impl Engine {
                 .map_err(|e| Error::Internal(e.to_string()))?,
             size_bytes,
         };
+        self.forget_image_layers(&rec.name);
         if let Err(e) = self.meta.put_image(&rec) {
             let _ = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&dst));
             return Err(e.into());
@@ -137,6 +139,7 @@ impl Engine {
             return Err(Error::ImageInUse { image: name.to_string(), sandboxes, checkpoints });
         }
         self.meta.delete_image(name)?;
+        self.forget_image_layers(name);
         let path = self.volume.images_dir().join(name);
         tokio::task::block_in_place(|| sandtree_fs::remove_image(&path)).map_err(|e| Error::fs("delete image", e))?;
         Ok(())

@@ -206,17 +206,27 @@ fn swap_tree(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "attach the new root".into()))?;
+    // The mount points usually exist in the new tree: made only when a
+    // move finds none (a lookup through every layer saved per mount).
+    let attach = |rel: &Path, mv: &dyn Fn() -> rustix::io::Result<()>| -> rustix::io::Result<()> {
+        match mv() {
+            Err(rustix::io::Errno::NOENT) => {
+                mkdir_in(root, rel).map_err(|_| rustix::io::Errno::NOENT)?;
+                mv()
+            }
+            other => other,
+        }
+    };
     for (target, fd) in targets.iter().zip(&layers).skip(1) {
         let rel = target.strip_prefix("/").unwrap_or(target);
-        mkdir_in(root, rel)?;
-        move_mount(fd.as_fd(), "", root.as_fd(), rel, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        attach(rel, &|| move_mount(fd.as_fd(), "", root.as_fd(), rel, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH))
             .map_err(step(|| format!("attach layer {}", target.display())))?;
     }
     for name in KEPT {
-        mkdir_in(root, Path::new(name))?;
         // "/proc" resolves in the old tree: a path walk does not cross the
         // mount stacked on its starting point.
-        move_mount(CWD, format!("/{name}").as_str(), root.as_fd(), name, MoveMountFlags::empty())
+        let from = format!("/{name}");
+        attach(Path::new(name), &|| move_mount(CWD, from.as_str(), root.as_fd(), name, MoveMountFlags::empty()))
             .map_err(step(|| format!("move /{name} into the new root")))?;
     }
     rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
