@@ -81,6 +81,30 @@ impl Nexts {
 }
 
 impl Engine {
+    /// The next layer of the sandbox `rec`: a new empty writable subvolume
+    /// over its current one and its lowers (a squashed run in place of its
+    /// layers, when there is one; `layer_squash.rs`), and its overlays. A
+    /// half-made one is queued for deletion on failure.
+    pub(crate) async fn build_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(Top, Vec<OwnedFd>)> {
+        let lowers: Vec<String> =
+            std::iter::once(Engine::subvol_layer(&rec.subvol)).chain(self.compact(&rec.lowers)).collect();
+        let subvol = self.fresh_layer(&rec.id)?;
+        let mut next = rec.clone();
+        next.subvol = subvol.clone();
+        next.lowers = lowers.clone();
+        let built = match self.spec(&next) {
+            Ok(spec) => self.build_layers(spec.layers).await,
+            Err(e) => Err(e),
+        };
+        match built {
+            Ok(layers) => Ok((Top { subvol, lowers, base_transid: 0 }, layers)),
+            Err(e) => {
+                self.discard_subvol_later(&subvol);
+                Err(e)
+            }
+        }
+    }
+
     /// Prepares the next layer of sandbox `id` in the background (layered
     /// engines only; one at a time per sandbox).
     pub(crate) fn want_next(&self, id: &str) {
@@ -112,24 +136,7 @@ impl Engine {
         if self.live_get(id).is_some_and(|sb| sb.cgroup().procs().is_ok_and(|p| p.len() > 1)) {
             return Ok(());
         }
-        let lowers: Vec<String> =
-            std::iter::once(Engine::subvol_layer(&rec.subvol)).chain(self.compact(&rec.lowers)).collect();
-        let subvol = self.fresh_layer(id)?;
-        let mut next = rec.clone();
-        next.subvol = subvol.clone();
-        next.lowers = lowers.clone();
-        let built = match self.spec(&next) {
-            Ok(spec) => self.build_layers(spec.layers).await,
-            Err(e) => Err(e),
-        };
-        let layers = match built {
-            Ok(layers) => layers,
-            Err(e) => {
-                self.discard_subvol_later(&subvol);
-                return Err(e);
-            }
-        };
-        let top = Top { subvol, lowers, base_transid: 0 };
+        let (top, layers) = self.build_next(&rec).await?;
         // Still the sandbox's writable subvolume (no rollback or checkpoint
         // came meanwhile)? Checked and inserted under the pool's lock.
         let stale = {

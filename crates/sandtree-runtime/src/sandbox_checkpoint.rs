@@ -188,16 +188,7 @@ impl Engine {
         let committed = (|| -> Result<CheckpointRecord> {
             let info = sandtree_fs::subvolume_info(&dst).map_err(|e| Error::fs("checkpoint", e))?;
             let ck = CheckpointRecord {
-                id: ck_id.clone(),
-                sandbox_id: id.to_string(),
-                tree_id: rec.tree_id.clone(),
-                parent: rec.base_checkpoint.clone(),
-                image: rec.image.clone(),
-                label: req.label.clone(),
-                labels: req.labels.clone(),
-                created_at: util::now_rfc3339(),
                 transid: info.otransid,
-                size_bytes: None,
                 frozen_ms,
                 duration_ms: util::ms_since(t0),
                 processes: match &captured {
@@ -205,7 +196,7 @@ impl Engine {
                     None => serde_json::Value::Null,
                 },
                 layer: format!("checkpoints/{ck_id}"),
-                lowers: rec.lowers.clone(),
+                ..new_record(&rec, &req, &ck_id)
             };
             self.meta.insert_checkpoint(&ck, Some(id), None)?;
             Ok(ck)
@@ -269,28 +260,11 @@ impl Engine {
                 None
             }
         };
-        let (fresh, lowers, fds) = match prepared {
-            Some(next) => (next.top.subvol, next.top.lowers, next.layers),
-            None => {
-                let fresh = self.fresh_layer(id)?;
-                // Over a squashed run, when there is one (`layer_squash.rs`).
-                let lowers: Vec<String> = std::iter::once(layer.clone()).chain(self.compact(&rec.lowers)).collect();
-                let mut next = rec.clone();
-                next.subvol = fresh.clone();
-                next.lowers = lowers.clone();
-                let built = match self.spec(&next) {
-                    Ok(spec) => self.build_layers(spec.layers).await,
-                    Err(e) => Err(e),
-                };
-                match built {
-                    Ok(fds) => (fresh, lowers, fds),
-                    Err(e) => {
-                        self.discard_subvol_later(&fresh);
-                        return Err(e);
-                    }
-                }
-            }
+        let (top, fds) = match prepared {
+            Some(next) => (next.top, next.layers),
+            None => self.build_next(rec).await?,
         };
+        let (fresh, lowers) = (top.subvol, top.lowers);
         let fresh_ms = util::ms_since(t_fresh);
         let t_swap = Instant::now();
         match sb.restack(targets, fds, keep).await {
@@ -311,16 +285,6 @@ impl Engine {
         let frozen_ms = util::ms_since(t_swap);
         let t_commit = Instant::now();
         let ck = CheckpointRecord {
-            id: ck_id.to_string(),
-            sandbox_id: id.to_string(),
-            tree_id: rec.tree_id.clone(),
-            parent: rec.base_checkpoint.clone(),
-            image: rec.image.clone(),
-            label: req.label.clone(),
-            labels: req.labels.clone(),
-            created_at: util::now_rfc3339(),
-            transid: 0,
-            size_bytes: None,
             frozen_ms,
             duration_ms: util::ms_since(t0),
             processes: serde_json::to_value(CaptureReport::default()).map_err(|e| Error::Internal(e.to_string()))?,
@@ -328,6 +292,7 @@ impl Engine {
             // What the new stack has under the frozen layer (a squashed run
             // instead of its layers, when there is one).
             lowers: lowers[1..].to_vec(),
+            ..new_record(rec, req, ck_id)
         };
         if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
             // Init writes to the new layer, which metadata does not know.
@@ -437,6 +402,28 @@ impl Engine {
         };
         let checkpoints = self.meta.checkpoints(tree.as_deref())?.iter().map(|c| self.checkpoint_info(c)).collect();
         Ok(CheckpointList { checkpoints })
+    }
+}
+
+/// A checkpoint of sandbox `rec` as `req` asks for it, taken now; the
+/// caller fills in its layers, timings and what it captured.
+fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> CheckpointRecord {
+    CheckpointRecord {
+        id: ck_id.to_string(),
+        sandbox_id: rec.id.clone(),
+        tree_id: rec.tree_id.clone(),
+        parent: rec.base_checkpoint.clone(),
+        image: rec.image.clone(),
+        label: req.label.clone(),
+        labels: req.labels.clone(),
+        created_at: util::now_rfc3339(),
+        transid: 0,
+        size_bytes: None,
+        frozen_ms: 0.0,
+        duration_ms: 0.0,
+        processes: serde_json::Value::Null,
+        layer: String::new(),
+        lowers: rec.lowers.clone(),
     }
 }
 
