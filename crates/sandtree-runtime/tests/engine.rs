@@ -576,6 +576,60 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Process templates outlive layered checkpoints: a checkpoint with a
+/// process (a snapshot, with a template), the process gone, then layered
+/// checkpoints (init alone but for the template, whose root the restack
+/// moves): a rollback to the first brings the process back on its files,
+/// and one to a layered checkpoint brings back only its files.
+fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let bg = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
+            background: true,
+            ..Default::default()
+        };
+        let pid = e.exec(&sb, bg).await?.pid;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let with_process = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
+        ensure!(with_process.processes.len() == 1, "captured {:?}", with_process.processes);
+        let layer_of = |ck: &str| -> Result<String> {
+            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
+        };
+        ensure!(layer_of(&with_process.id)?.starts_with("checkpoints/"), "a process ran: a snapshot");
+        sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
+        sh(e, &sb, "echo 1 > /root/after").await?;
+        let alone = checkpoint(e, &sb).await?;
+        ensure!(layer_of(&alone)?.starts_with("sandboxes/"), "init alone but for a template: layered");
+        sh(e, &sb, "echo 2 > /root/after").await?;
+        let alone2 = checkpoint(e, &sb).await?;
+        ensure!(layer_of(&alone2)?.starts_with("sandboxes/"));
+        for round in 0..2 {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: with_process.id.clone() }).await?;
+            ensure!(r.restored_pids == vec![pid], "round {round}: {}", r.note);
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            let state = counter_state(e, &sb).await?;
+            ensure!(state[0] == pid.to_string() && state[3] == "/root/work", "round {round}: {state:?}");
+            ensure!(sh(e, &sb, "test ! -e /root/after && echo none").await? == "none\n", "round {round}");
+            let log = sh(e, &sb, "cat /root/work/log").await?;
+            let nums: Vec<u64> = log.lines().map(|l| l.parse()).collect::<Result<_, _>>().context("log has holes")?;
+            ensure!(nums.iter().enumerate().all(|(i, v)| *v == i as u64 + 1), "round {round}: log not consecutive");
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: alone.clone() }).await?;
+            ensure!(!r.processes_restarted && r.restored_pids.is_empty(), "round {round}: {}", r.note);
+            ensure!(sh(e, &sb, "cat /root/after").await? == "1\n", "round {round}");
+            // (Its template shows in /proc, stopped: nothing counts.)
+            let before = sh(e, &sb, "cat /root/state").await?;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            ensure!(
+                sh(e, &sb, "cat /root/state").await? == before,
+                "round {round}: the process runs in a checkpoint without it"
+            );
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
@@ -590,6 +644,7 @@ fn main() {
         ("gc_removes_orphans", gc_removes_orphans),
         ("stuck_task_makes_checkpoint_fail_cleanly", stuck_task_makes_checkpoint_fail_cleanly),
         ("layered_checkpoints_stack_and_share_layers", layered_checkpoints_stack_and_share_layers),
+        ("templates_survive_layered_checkpoints", templates_survive_layered_checkpoints),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }
