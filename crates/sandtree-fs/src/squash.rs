@@ -74,21 +74,15 @@ pub fn squash(run: &[PathBuf], below: &Below, dst: &Path) -> Result<()> {
         Below::Dirs(dirs) => (dirs.clone(), false),
         Below::Unknown(overlays) => (vec![Vec::new(); *overlays], true),
     };
-    let overlays = below.len();
     if run.is_empty() {
         return Err(Error::io("squash", dst, io::Error::other("no layers to squash")));
     }
-    for layer in run {
-        for i in 0..overlays {
-            let upper = upper_of(layer, i);
-            if let Some(dir) = find_redirect(&upper).map_err(|e| Error::io("scan", &upper, e))? {
-                return Err(Error::io(
-                    "squash (a renamed lower directory, an overlay redirect, is not squashed)",
-                    &dir,
-                    io::Error::other("overlay redirect"),
-                ));
-            }
-        }
+    if let Some(layer) = run.iter().find(|l| scan(l).redirect) {
+        return Err(Error::io(
+            "squash (a renamed lower directory, an overlay redirect, is not squashed)",
+            layer,
+            io::Error::other("overlay redirect"),
+        ));
     }
     let t0 = std::time::Instant::now();
     crate::create_subvolume(dst)?;
@@ -166,26 +160,6 @@ pub fn scan(layer: &Path) -> LayerScan {
 
 fn upper_of(layer: &Path, i: usize) -> PathBuf {
     layer.join("layers").join(i.to_string()).join("upper")
-}
-
-/// The first directory under `dir` carrying an overlay redirect.
-fn find_redirect(dir: &Path) -> io::Result<Option<PathBuf>> {
-    if !dir.exists() {
-        return Ok(None);
-    }
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            let path = entry.path();
-            if xattr(&path, REDIRECT)?.is_some() {
-                return Ok(Some(path));
-            }
-            if let Some(found) = find_redirect(&path)? {
-                return Ok(Some(found));
-            }
-        }
-    }
-    Ok(None)
 }
 
 type Failed = (PathBuf, io::Error);

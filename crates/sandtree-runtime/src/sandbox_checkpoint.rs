@@ -251,8 +251,7 @@ impl Engine {
         let id = rec.id.as_str();
         let t_fresh = Instant::now();
         let layer = Engine::subvol_layer(&rec.subvol);
-        let spec = self.spec(rec)?;
-        let targets: Vec<PathBuf> = spec.layers.iter().map(|l| l.target.clone()).collect();
+        let targets: Vec<PathBuf> = self.image_layers(&rec.image)?.iter().map(|l| PathBuf::from(&l.target)).collect();
         let prepared = match self.nexts.take(id, &rec.subvol) {
             Ok(next) => next,
             Err(stale) => {

@@ -156,6 +156,16 @@ while True:
     time.sleep(0.01)
 "#;
 
+/// Starts COUNTER in the background; its pid.
+async fn start_counter(e: &Engine, sb: &str) -> Result<i32> {
+    let req = ExecRequest {
+        cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
+        background: true,
+        ..Default::default()
+    };
+    Ok(e.exec(sb, req).await?.pid)
+}
+
 async fn counter_state(e: &Engine, sb: &str) -> Result<Vec<String>> {
     Ok(sh(e, sb, "cat /root/state").await?.split_whitespace().map(String::from).collect())
 }
@@ -165,16 +175,7 @@ async fn counter_state(e: &Engine, sb: &str) -> Result<Vec<String>> {
 fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let bg = e
-            .exec(
-                &sb,
-                ExecRequest {
-                    cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
-                    background: true,
-                    ..Default::default()
-                },
-            )
-            .await?;
+        let pid = start_counter(e, &sb).await?;
         let s = e.create_session(&sb, Default::default()).await?;
         let run = |cmd: &str| SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
         e.session_run(&sb, &s.id, run("mkdir -p /root/work && cd /root/work && export FOO=bar && X=42")).await?;
@@ -191,12 +192,12 @@ fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
             let n_before: u64 = before[2].parse()?;
             let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
             ensure!(!r.processes_restarted, "round {round}: {}", r.note);
-            ensure!(r.restored_pids.contains(&bg.pid), "round {round}: restored {:?}", r.restored_pids);
+            ensure!(r.restored_pids.contains(&pid), "round {round}: restored {:?}", r.restored_pids);
             tokio::time::sleep(std::time::Duration::from_millis(150)).await;
             let after = counter_state(e, &sb).await?;
             let n_after: u64 = after[2].parse()?;
             let n_ck: u64 = at_ck[2].parse()?;
-            ensure!(after[0] == bg.pid.to_string() && after[1] == "1", "round {round}: pid/ppid {after:?}");
+            ensure!(after[0] == pid.to_string() && after[1] == "1", "round {round}: pid/ppid {after:?}");
             ensure!(
                 after[3] == "/root/work" && after[4] == at_ck[4],
                 "round {round}: cwd/secret {after:?} vs {at_ck:?}"
@@ -210,7 +211,7 @@ fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
             ensure!(out.output.trim() == "/root/work bar 42", "round {round}: session {:?}", out.output);
         }
         let procs = e.processes(&sb).await?;
-        ensure!(procs.processes.iter().any(|p| p.pid == bg.pid && p.running), "background entry lost");
+        ensure!(procs.processes.iter().any(|p| p.pid == pid && p.running), "background entry lost");
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })
@@ -584,12 +585,7 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
 fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let bg = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
-            background: true,
-            ..Default::default()
-        };
-        let pid = e.exec(&sb, bg).await?.pid;
+        let pid = start_counter(e, &sb).await?;
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let with_process = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
         ensure!(with_process.processes.len() == 1, "captured {:?}", with_process.processes);
