@@ -419,42 +419,50 @@ pub(crate) struct Cloned {
 
 /// Pass 1 (see above); on error every process is let go and the
 /// templates made so far are killed.
+///
+/// The largest process's copy (page tables: ~4 ms for 100 MB of 4 KiB
+/// pages) runs on another CPU while the others are cloned here: the pause
+/// is then about the largest copy, not the sum of all of them.
 pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
-    let stopped = std::mem::take(&mut st.stopped);
+    let mut stopped = std::mem::take(&mut st.stopped);
     let mounts = match stopped.first() {
         Some(s) => procfs::mounts(s.host).map_err(|e| Error::Proc { pid: s.host, what: "mountinfo", source: e }),
         None => Ok(Default::default()),
     };
     let mut failure = None;
-    let mut left = stopped.into_iter();
     let mut seen = Seen::default();
+    let big = match (&mounts, stopped.len()) {
+        (Ok(_), 2..) => biggest(&stopped).map(|i| stopped.remove(i)),
+        _ => None,
+    };
+    let mut left = stopped.into_iter();
     match mounts {
         Err(e) => failure = Some(e),
-        Ok(mounts) => {
-            for s in left.by_ref() {
-                let need_holder = !st.has_holder(s.host);
-                match clone_of(&s, &mounts, &mut seen, need_holder) {
-                    Ok(mut c) => {
-                        if let Some(h) = c.holder.take() {
-                            st.holders.push(h);
-                        }
-                        st.cloned.push(c);
-                    }
-                    Err(Error::Unsupported(u)) if best_effort => {
-                        let_go(&s);
-                        st.refused.push(u);
-                    }
-                    // The original, or its template, died: either way the
-                    // original must not stay stopped.
-                    Err(Error::Died { .. }) => let_go(&s),
-                    Err(e) => {
-                        let_go(&s);
-                        failure = Some(e);
-                        break;
-                    }
+        Ok(mounts) => match big {
+            None => clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure),
+            Some(b) => {
+                let need_holder = !st.has_holder(b.host);
+                let mut ran = false;
+                let res = clone_of(
+                    &b,
+                    &mounts,
+                    &mut seen,
+                    need_holder,
+                    Some(&mut |seen: &mut Seen| {
+                        ran = true;
+                        clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure);
+                    }),
+                );
+                let hard = keep_clone(st, &b, res, best_effort);
+                // (It failed before its copy: the others are cloned now.)
+                if !ran && hard.is_none() {
+                    clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure);
+                }
+                if let Some(e) = hard {
+                    failure.get_or_insert(e);
                 }
             }
-        }
+        },
     }
     if let Some(e) = failure {
         for s in left {
@@ -464,6 +472,70 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
         return Err(e);
     }
     Ok(())
+}
+
+/// Pass 1 for each of `left` in turn, until a failure (which stops it).
+fn clone_each(
+    st: &mut State,
+    left: &mut impl Iterator<Item = Stopped>,
+    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+    seen: &mut Seen,
+    best_effort: bool,
+    failure: &mut Option<Error>,
+) {
+    if failure.is_some() {
+        return;
+    }
+    for s in left.by_ref() {
+        let need_holder = !st.has_holder(s.host);
+        let res = clone_of(&s, mounts, seen, need_holder, None);
+        if let Some(e) = keep_clone(st, &s, res, best_effort) {
+            *failure = Some(e);
+            return;
+        }
+    }
+}
+
+/// What becomes of one original after its pass 1: its copy joins the
+/// others; in best effort a process the engine cannot restore is let go
+/// and reported; a process (or template) that died is let go; any other
+/// error is returned (the original let go).
+fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: bool) -> Option<Error> {
+    match res {
+        Ok(mut c) => {
+            if let Some(h) = c.holder.take() {
+                st.holders.push(h);
+            }
+            st.cloned.push(c);
+            None
+        }
+        Err(Error::Unsupported(u)) if best_effort => {
+            let_go(s);
+            st.refused.push(u);
+            None
+        }
+        // The original, or its template, died: either way the original
+        // must not stay stopped.
+        Err(Error::Died { .. }) => {
+            let_go(s);
+            None
+        }
+        Err(e) => {
+            let_go(s);
+            Some(e)
+        }
+    }
+}
+
+/// The process whose copy costs most (the most resident memory), if it is
+/// worth copying apart: 16 MiB or more.
+fn biggest(stopped: &[Stopped]) -> Option<usize> {
+    let rss = |host: i32| -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
+        statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let (i, pages) = stopped.iter().enumerate().map(|(i, s)| (i, rss(s.host))).max_by_key(|(_, p)| *p)?;
+    (pages * 4096 >= 16 << 20).then_some(i)
 }
 
 /// Let every cloned original go (its affinity and registers back), and init.
@@ -731,11 +803,15 @@ pub(crate) struct Seen {
 /// descriptors, pipe bytes and queued signals (the fork changed nothing of
 /// them). An error after the first injected call lets the original go with
 /// its own signal mask back, and kills the template if there is one.
+///
+/// With `during`, the copy is made on another CPU while `during` runs
+/// (see [`clone_all`]).
 fn clone_of(
     s: &Stopped,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     seen: &mut Seen,
     need_holder: bool,
+    mut during: Option<&mut dyn FnMut(&mut Seen)>,
 ) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
@@ -786,7 +862,25 @@ fn clone_of(
         rseq_abort(host, rseq, &mut image_regs);
         // No exit signal: the parent's plain `wait` never sees the template
         // (init reaps with __WALL).
-        let (tpl, ns_pid, _) = orig.clone_stopped(libc::CLONE_PARENT as u64, "clone (template)")?;
+        let flags = libc::CLONE_PARENT as u64;
+        // On another CPU (the copy runs in the process's own context), and
+        // back for the calls that follow: the template inherits the pin.
+        let apart = during.is_some();
+        if apart {
+            inject::move_off_tracer(host);
+        }
+        let started = orig.start_clone(flags);
+        if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
+            during(seen);
+        }
+        if apart {
+            inject::pin_to_tracer(host);
+        }
+        started?;
+        let (tpl, ns_pid, _) = orig.finish_clone(flags, "clone (template)")?;
+        if apart {
+            inject::pin_to_tracer(tpl);
+        }
         child = Some(tpl);
         let t_clone = t0.elapsed();
 

@@ -116,12 +116,19 @@ fn let_go_of_owner(h: &mut Tracee) -> Result<()> {
     h.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]).map(|_| ())
 }
 
-/// A standby whose address space a restored process (`owner`) now shares
-/// becomes that process's holder.
-pub(crate) fn adopt(mut s: Standby, owner: i32) -> Result<Holder> {
+/// A template whose address space a restored process (`owner`) now shares
+/// becomes that process's holder (`restore.rs`). Its set-up already took
+/// it out of the original's session or group; its copy of the descriptor
+/// table goes.
+pub(crate) fn adopt((mut t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
     let owner_fd = owner_pidfd(owner)?;
-    let_go_of_owner(&mut s.tracee)?;
-    Ok(Holder { host: s.host, ns_pid: s.ns_pid, owner, owner_fd })
+    let host = t.tid;
+    let closed = t.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]);
+    if let Err(e) = closed {
+        crate::tracer::kill_tracee(host);
+        return Err(e);
+    }
+    Ok(Holder { host, ns_pid, owner, owner_fd })
 }
 
 /// Make a holder of `t`'s address space (`t` stopped, ours). A child of

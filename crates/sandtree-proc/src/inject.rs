@@ -166,6 +166,15 @@ impl Tracee {
 
     /// Run syscall `nr` with `args`; returns the raw result.
     pub fn syscall(&mut self, nr: i64, args: &[u64]) -> Result<Outcome> {
+        self.start_syscall(nr, args)?;
+        self.finish_syscall()
+    }
+
+    /// The first half of [`Tracee::syscall`]: the tracee enters the call
+    /// and runs it, on its own CPU, while the tracer goes on with other
+    /// work; [`Tracee::finish_syscall`] collects the result. (Between the
+    /// two, no other request may be made of this tracee.)
+    pub fn start_syscall(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.tid;
         self.block_signals()?;
         let mut r = self.saved;
@@ -178,11 +187,27 @@ impl Tracee {
         }
         ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
         ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
-        let mut entered = false;
+        // Past the entry stop, so that the call itself runs from here on.
+        loop {
+            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+                Stop::Syscall => break,
+                Stop::Signal(sig) => self.held.push(sig),
+                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+                Stop::Event { .. } => {}
+            }
+            ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        }
+        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
+    }
+
+    /// The second half of [`Tracee::syscall`]: wait until the call started
+    /// by [`Tracee::start_syscall`] returns.
+    pub fn finish_syscall(&mut self) -> Result<Outcome> {
+        let tid = self.tid;
         let mut child = None;
         loop {
             match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
-                Stop::Syscall if !entered => entered = true,
                 Stop::Syscall => {
                     let out = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
                     return Ok(Outcome { ret: out.rax as i64, child });
@@ -256,7 +281,19 @@ impl Tracee {
     /// host pid, its pid in the sandbox and its registers. `what` names the
     /// call in errors; a child that cannot be readied is killed.
     pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
-        let mut out = self.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+        self.start_clone(flags)?;
+        self.finish_clone(flags, what)
+    }
+
+    /// [`Tracee::clone_stopped`] in two halves, as [`Tracee::start_syscall`]
+    /// and [`Tracee::finish_syscall`]: the copy runs meanwhile.
+    pub(crate) fn start_clone(&mut self, flags: u64) -> Result<()> {
+        self.start_syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])
+    }
+
+    /// See [`Tracee::start_clone`].
+    pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
+        let mut out = self.finish_syscall()?;
         for _ in 0..5 {
             if out.ret != ERESTARTNOINTR {
                 break;

@@ -151,8 +151,19 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     for i in order {
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
+        let was = t.host;
         let res = restore_one(t);
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
+        // Its standby took the template's place: pipe and socket bytes go
+        // back through the standby's descriptors (the same objects) now.
+        let now = t.host;
+        if now != was {
+            for host in set.pipes.iter_mut().map(|(_, h, _)| h).chain(set.sockets.iter_mut().map(|(_, h, _)| h)) {
+                if *host == was {
+                    *host = now;
+                }
+            }
+        }
         match res {
             Ok(holder) => {
                 report.restored.push(t.image.pid);
@@ -198,10 +209,18 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 
 /// Bring back one process from its template (and give it a holder of its
 /// memory, for the next rollback).
+///
+/// With a standby (a fork of the template made ahead, `holder.rs`), the
+/// process takes the *template's* address space (`CLONE_VM`: no page
+/// tables to copy), the template stays as its holder and the standby
+/// becomes the checkpoint's template. (Taking the standby's instead would
+/// put one more fork between the process and its ancestors at every
+/// rollback: each fork adds a level to the kernel's anon_vma chain of
+/// every mapping, which the next fork copies whole while the templates
+/// of earlier levels live — a checkpoint's fork then costs more after
+/// every rollback.) Without a standby, the process is a copy-on-write fork
+/// of the template.
 fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
-    // With a standby, the process takes the standby's address space
-    // (CLONE_VM: no page tables to copy) and the standby stays as its
-    // holder; without, it is a copy-on-write fork of the template.
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -212,42 +231,34 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
         standby = None;
     }
     let via_standby = standby.is_some();
+    let flags = if via_standby { libc::CLONE_PARENT | libc::CLONE_VM } else { libc::CLONE_PARENT } as u64;
     let image = &t.image;
-    let (src, flags) = match &mut standby {
-        Some(s) => (&mut s.tracee, (libc::CLONE_PARENT | libc::CLONE_VM) as u64),
-        None => (&mut t.tracee, libc::CLONE_PARENT as u64),
-    };
-    let src_host = src.tid;
+    let src_host = t.host;
     let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
     let written = ptrace::write_mem(src_host, t.scratch, &args)
         .and_then(|_| ptrace::write_mem(src_host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes()))
         .map_err(ptrace_err(src_host, "write clone_args"));
+    // (Until the clone succeeds the template is as it was, its standby too.)
     if let Err(e) = written {
-        if let Some(s) = standby {
-            crate::tracer::kill_tracee(s.host);
-        }
+        t.standby = standby;
         return Err(e);
     }
     // The killed original may still be tearing down (init reaps it in the
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    let out = match clone3_when_free(src, t.scratch, &mut busy) {
+    let out = match clone3_when_free(&mut t.tracee, t.scratch, &mut busy) {
         Ok(o) => o,
         Err(e) => {
-            if let Some(s) = standby {
-                crate::tracer::kill_tracee(s.host);
-            }
+            t.standby = standby;
             return Err(e);
         }
     };
     // Signals sent to the template (SIGHUP when the old session leader
     // died, SIGCHLD) are not the process's: drop them.
-    src.take_held();
+    t.tracee.take_held();
     let (Some(child), true) = (out.child, out.ret > 0) else {
-        if let Some(s) = standby {
-            crate::tracer::kill_tracee(s.host);
-        }
+        t.standby = standby;
         return Err(Error::Remote {
             pid: src_host,
             call: "clone3 (restore)",
@@ -267,10 +278,18 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
         Ok(p)
     })();
     tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
+    // The template's address space is the process's now: the standby
+    // (the same memory, untouched) takes its place, whatever happens next.
+    let shared = standby.map(|s| {
+        let old = (std::mem::replace(&mut t.tracee, s.tracee), t.ns_pid);
+        t.host = s.host;
+        t.ns_pid = s.ns_pid;
+        old
+    });
     match fixed {
         Ok(mut p) => {
-            let holder = match standby {
-                Some(s) => crate::holder::adopt(s, child),
+            let holder = match shared {
+                Some(old) => crate::holder::adopt(old, child),
                 None => crate::holder::make(&mut p, true),
             };
             let holder = match holder {
@@ -299,8 +318,9 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
                 crate::tracer::kill_tracee(t.tid);
             }
             crate::tracer::kill_tracee(child);
-            if let Some(s) = standby {
-                crate::tracer::kill_tracee(s.host);
+            // (The failed copy may have written into the memory it shared.)
+            if let Some((old, _)) = shared {
+                crate::tracer::kill_tracee(old.tid);
             }
             Err(e)
         }

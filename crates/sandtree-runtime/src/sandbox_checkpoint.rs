@@ -229,7 +229,9 @@ impl Engine {
         // What this checkpoint adds over its base, measured off the hot path.
         self.measure_later(&ck_id, dst.clone(), rec.base_transid);
 
-        let info = self.checkpoint_info(&ck);
+        // Its templates were just made (asking the tracer would wait for
+        // their set-up, which follows the reply).
+        let info = self.checkpoint_info_known(&ck, true);
         let note = process_note(&info);
         tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint done");
         Ok(CheckpointResponse { checkpoint: info, note })
@@ -483,10 +485,16 @@ impl Engine {
     /// A checkpoint as the API shows it; `process_state` says whether the
     /// templates are still in the pool.
     pub(crate) fn checkpoint_info(&self, c: &CheckpointRecord) -> CheckpointInfo {
-        let captured = captured_of(c);
         // (Asked of the tracer only when there are templates to look for.)
-        let in_pool = captured.as_ref().is_some_and(|c| c.captured.is_empty())
-            || self.templates_of(&c.sandbox_id, &c.id).is_some();
+        let in_pool =
+            captured_of(c).is_some_and(|c| c.captured.is_empty()) || self.templates_of(&c.sandbox_id, &c.id).is_some();
+        self.checkpoint_info_known(c, in_pool)
+    }
+
+    /// [`Engine::checkpoint_info`] when the caller knows whether the
+    /// checkpoint's templates are in the pool.
+    pub(crate) fn checkpoint_info_known(&self, c: &CheckpointRecord, in_pool: bool) -> CheckpointInfo {
+        let captured = captured_of(c);
         let process_state = match &captured {
             None => ProcessState::NotCaptured,
             Some(cap) if !in_pool && !cap.captured.is_empty() => ProcessState::Evicted,
