@@ -368,9 +368,9 @@ pub(crate) struct Cloned {
     /// A new holder of the original's memory.
     holder: Option<crate::holder::Holder>,
     /// The original, still stopped until [`release_all`].
-    orig: Option<Tracee>,
-    stopped: Stopped,
-    fds: Vec<crate::model::FdImage>,
+    pub(crate) orig: Option<Tracee>,
+    pub(crate) stopped: Stopped,
+    pub(crate) fds: Vec<crate::model::FdImage>,
     /// Pending signals of the original (a fork does not inherit them).
     pending: u64,
     /// Its signal mask (the template's is all-blocked).
@@ -399,8 +399,8 @@ pub(crate) struct Cloned {
     altstack: Option<Vec<u8>>,
     /// Its rseq registration.
     rseq: Option<(u64, u32, u32, u32)>,
-    host: i32,
-    ns_pid: i32,
+    pub(crate) host: i32,
+    pub(crate) ns_pid: i32,
     insn: u64,
 }
 

@@ -24,6 +24,8 @@
 //!    signals, mask, itimers) and injects the `clone` that makes its
 //!    template (no cgroup freeze: a syscall injected into a frozen task
 //!    would never complete);
+//!    (A layered checkpoint, with init running, moves the stopped
+//!    processes to the new tree here: `repoint.rs`.)
 //! 3. [`Tracer::release`]: every process gets its registers and mask back
 //!    in signal context (see `inject.rs`) and runs again;
 //! 4. [`Tracer::set_up`]: per template, the rest of the
@@ -37,9 +39,11 @@
 //! and killed everything but the templates, holders and standbys:
 //! 1. put back the state of objects the templates share with the killed
 //!    originals (pipe bytes, eventfd counters, timerfd settings);
-//! 2. into each template's standby (with `CLONE_VM`) or the template,
-//!    inject `clone3(CLONE_PARENT, set_tid = [old pid], exit_signal = 0)`:
-//!    the copy has the old pid and is a child of init again;
+//! 2. into each template inject `clone3(CLONE_PARENT, set_tid = [old pid],
+//!    exit_signal = 0)`, with `CLONE_VM` when it has a standby (which then
+//!    becomes the checkpoint's template, the template staying as the
+//!    process's holder): the copy has the old pid and is a child of init
+//!    again;
 //! 3. into the copy: `chdir(cwd)`, reopen the layer files by path in the
 //!    new tree at their flags and offsets (`dup3` onto their numbers),
 //!    re-create deleted files and bound sockets, epoll watch lists and
@@ -64,6 +68,7 @@ mod holder;
 pub mod inject;
 pub mod model;
 pub mod procfs;
+mod repoint;
 mod restore;
 mod sockdiag;
 mod tracer;

@@ -167,6 +167,9 @@ pub(crate) struct State {
     /// Checkpoints whose templates still need their set-up
     /// ([`crate::checkpoint::prepare_pending`], before the next job).
     pub unprepared: Vec<String>,
+    /// Descriptors opened in stopped processes for a new tree
+    /// (`repoint.rs`), until they are put in place or closed.
+    pub repointed: Vec<crate::repoint::Reopened>,
 }
 
 impl State {
@@ -180,12 +183,14 @@ impl State {
         self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
     }
 
-    /// Host pids of every process this tracer keeps (templates, holders):
-    /// none of them is a sandbox process to capture.
+    /// Host pids of every process this tracer keeps (templates, holders,
+    /// killed holders still tearing down): none of them is a sandbox
+    /// process to capture.
     pub(crate) fn kept_hosts(&self) -> Vec<i32> {
         let mut v = self.template_hosts();
         v.extend(self.standbys().map(|s| s.host));
         v.extend(self.holders.iter().map(|h| h.host));
+        v.extend(self.dying.iter().map(|d| d.0));
         v
     }
 
@@ -425,6 +430,41 @@ impl Tracer {
     pub fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
         let ck = ck.to_string();
         self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
+    }
+
+    /// Pids (in the sandbox) of every process held stopped: the pool's,
+    /// and the stopped originals with their new templates.
+    pub fn held_pids(&self) -> Result<Vec<i32>> {
+        self.call(|st| {
+            let mut v = st.pool_pids();
+            v.extend(st.cloned.iter().flat_map(|c| [c.ns_pid, c.stopped.ns_pid]));
+            v.extend(st.stopped.iter().map(|s| s.ns_pid));
+            v
+        })
+    }
+
+    /// Why the stopped originals cannot be moved to a new tree, if they
+    /// cannot (`repoint.rs`; `init_host`: the sandbox's init).
+    pub fn repoint_check(&self, init_host: i32) -> Result<std::result::Result<(), String>> {
+        self.call(move |st| crate::repoint::check(st, init_host))
+    }
+
+    /// Open, in each stopped original, its files and cwd again through the
+    /// tree staged at `stage` (`repoint.rs`); on error nothing stays open.
+    pub fn repoint_open(&self, stage: &str) -> Result<()> {
+        let stage = stage.to_string();
+        self.call(move |st| crate::repoint::open(st, &stage))?
+    }
+
+    /// Close what [`Tracer::repoint_open`] opened (the tree was not swapped).
+    pub fn repoint_abort(&self) -> Result<()> {
+        self.call(crate::repoint::abort)
+    }
+
+    /// Put what [`Tracer::repoint_open`] opened in place (the staged tree is
+    /// the root now).
+    pub fn repoint_finish(&self) -> Result<()> {
+        self.call(crate::repoint::finish)?
     }
 
     /// Let every stopped process run again and drop templates not yet in

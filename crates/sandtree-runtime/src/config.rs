@@ -35,9 +35,13 @@ pub struct Config {
     pub template_checkpoints: usize,
     /// Checkpoint a sandbox in which only init runs by *freezing* its
     /// writable subvolume as the checkpoint's layer and stacking a new empty
-    /// one on top (DeltaFS): no btrfs snapshot, no commit. Otherwise (and
-    /// always when processes run) a checkpoint is a read-only snapshot.
+    /// one on top (DeltaFS): no btrfs snapshot, no commit. Otherwise a
+    /// checkpoint is a read-only snapshot.
     pub layered: bool,
+    /// With `layered`, checkpoint a sandbox whose processes run the same
+    /// way: they are stopped and moved to the new stack
+    /// (`checkpoint_live.rs`); what cannot be moved makes it a snapshot.
+    pub layered_processes: bool,
     /// Read-only layers a sandbox may stack before its lower layers are
     /// squashed into one (in the background); a checkpoint over this many
     /// takes a snapshot instead of stacking another.
@@ -81,6 +85,7 @@ impl Default for Config {
             template_memory_bytes: 2 << 30,
             template_checkpoints: 64,
             layered: true,
+            layered_processes: true,
             max_layers: 24,
         }
     }

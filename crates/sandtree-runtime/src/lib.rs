@@ -19,6 +19,7 @@
 
 mod checkpoint_delete;
 mod checkpoint_fork;
+mod checkpoint_live;
 mod config;
 mod engine;
 mod error;

@@ -18,8 +18,8 @@
 //! it is used holds where it matters. (overlayfs logs "lowerdir is in-use as
 //! upperdir/workdir of another mount" for each such mount: expected.)
 //!
-//! Only for a sandbox in which init runs alone (one with processes gets
-//! snapshots). One per sandbox, not in the metadata: a checkpoint takes it only if it
+//! For any running sandbox (with `Config::layered_processes` off, only for
+//! one in which init runs alone: the others get snapshots). One per sandbox, not in the metadata: a checkpoint takes it only if it
 //! stacks on the sandbox's writable subvolume of now; otherwise (a rollback
 //! came between) it is dropped and its subvolume deleted. GC keeps the
 //! subvolumes held here and removes them as orphans after a crash.
@@ -62,6 +62,12 @@ impl Nexts {
             Some(n) => Err(n.top.subvol),
             None => Ok(None),
         }
+    }
+
+    /// Puts back a next layer taken but not used (the checkpoint was a
+    /// snapshot: the sandbox still writes to the subvolume it stacks on).
+    pub(crate) fn put_back(&self, sandbox: &str, next: Next) -> Option<String> {
+        self.lock().insert(sandbox.to_string(), next).map(|old| old.top.subvol)
     }
 
     /// Drops the next layer of `sandbox` (deleted); its subvolume, for deletion.
@@ -132,8 +138,10 @@ impl Engine {
         if let Some(subvol) = current.and_then(|_| self.nexts.drop_sandbox(id)) {
             self.discard_subvol_later(&subvol);
         }
-        // Processes run (beyond init): its checkpoints will be snapshots.
-        if self.live_get(id).is_some_and(|sb| sb.cgroup().procs().is_ok_and(|p| p.len() > 1)) {
+        // Processes run (beyond init) and are checkpointed over snapshots.
+        if !self.cfg.layered_processes
+            && self.live_get(id).is_some_and(|sb| sb.cgroup().procs().is_ok_and(|p| p.len() > 1))
+        {
             return Ok(());
         }
         let (top, layers) = self.build_next(&rec).await?;

@@ -1,7 +1,15 @@
 //! `checkpoint`: remember a sandbox's state — its filesystem and its live
 //! processes, taken at one instant.
 //!
-//! Order of operations:
+//! Three ways (`Config::layered`, the default, tries them in order):
+//! - init runs alone: a *layered* checkpoint (`checkpoint_restack`): the
+//!   writable subvolume becomes the checkpoint's layer;
+//! - processes run: the same, with the processes stopped, their templates
+//!   made and the processes moved to the new stack (`checkpoint_live.rs`);
+//! - otherwise (what cannot move, a deep stack, `layered` off): a btrfs
+//!   snapshot, below.
+//!
+//! Order of operations of a snapshot checkpoint:
 //! 1. `syncfs` the writable layer while the sandbox still runs, so dirty data
 //!    is on disk before anything is frozen (a btrfs snapshot must otherwise
 //!    write it inside its transaction commit, i.e. inside the frozen window);
@@ -64,8 +72,12 @@ impl Engine {
                 Some(t) => crate::engine::block(|| t.rollback_plan("")).map(|(_, pids)| pids).unwrap_or_default(),
                 None => Vec::new(),
             };
-            if init_alone(sb, keep.len())
-                && let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await?
+            if init_alone(sb, keep.len()) {
+                if let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await? {
+                    return Ok(done);
+                }
+            } else if self.cfg.layered_processes
+                && let Some(done) = self.checkpoint_live_layered(&rec, sb, &ck_id, &req, t0).await?
             {
                 return Ok(done);
             }
@@ -184,6 +196,28 @@ impl Engine {
             }
         };
 
+        let made = spare.filter(|_| spare_made).map(|(name, _)| name);
+        self.commit_snapshot(&rec, &req, &ck_id, frozen_ms, captured, t0, tracer.as_deref(), made)
+    }
+
+    /// The end of a snapshot checkpoint (`checkpoints/<ck_id>` taken): its
+    /// row, then in the background the spare, the pool's eviction and the
+    /// size. `made`: the spare's writable copy, made with the snapshot. On
+    /// error nothing of the checkpoint stays.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn commit_snapshot(
+        &self,
+        rec: &SandboxRecord,
+        req: &CheckpointRequest,
+        ck_id: &str,
+        frozen_ms: f64,
+        captured: Option<CaptureReport>,
+        t0: Instant,
+        tracer: Option<&sandtree_proc::Tracer>,
+        made: Option<String>,
+    ) -> Result<CheckpointResponse> {
+        let id = rec.id.as_str();
+        let dst = self.checkpoint_path(ck_id);
         tracing::debug!(sandbox = id, at = ?t0.elapsed(), "checkpoint captured");
         let committed = (|| -> Result<CheckpointRecord> {
             let info = sandtree_fs::subvolume_info(&dst).map_err(|e| Error::fs("checkpoint", e))?;
@@ -196,7 +230,7 @@ impl Engine {
                     None => serde_json::Value::Null,
                 },
                 layer: format!("checkpoints/{ck_id}"),
-                ..new_record(&rec, &req, &ck_id)
+                ..new_record(rec, req, ck_id)
             };
             self.meta.insert_checkpoint(&ck, Some(id), None)?;
             Ok(ck)
@@ -204,21 +238,23 @@ impl Engine {
         let ck = match committed {
             Ok(ck) => ck,
             Err(e) => {
-                if let Some(t) = &tracer {
-                    let _ = t.drop_checkpoint(&ck_id);
+                if let Some(t) = tracer {
+                    let _ = t.drop_checkpoint(ck_id);
                 }
                 let _ = tokio::task::block_in_place(|| sandtree_fs::delete_subvolume(&dst));
-                discard_spare(&spare);
+                if let Some(name) = made {
+                    self.discard_subvol_later(&name);
+                }
                 return Err(e);
             }
         };
 
         // The likeliest rollback target: prepare it while the agent thinks.
-        match spare {
-            Some((name, _)) if spare_made => self.spares.want_made(id, &ck_id, name),
+        match made {
+            Some(name) => self.spares.want_made(id, ck_id, name),
             // Not made (tasks from outside the pid namespace took the freeze
             // path, or the snapshot failed): the maker snapshots it later.
-            _ => self.spares.want(id, &ck_id),
+            None => self.spares.want(id, ck_id),
         }
 
         // Keep the template pool within its budget, off the hot path.
@@ -227,7 +263,7 @@ impl Engine {
         }
 
         // What this checkpoint adds over its base, measured off the hot path.
-        self.measure_later(&ck_id, dst.clone(), rec.base_transid);
+        self.measure_later(ck_id, dst, rec.base_transid);
 
         // Its templates were just made (asking the tracer would wait for
         // their set-up, which follows the reply).
@@ -320,7 +356,7 @@ impl Engine {
 
     /// What a checkpoint adds over its base (`bytes_written_since`), measured
     /// off the hot path and stored.
-    fn measure_later(&self, ck_id: &str, layer: PathBuf, base_transid: u64) {
+    pub(crate) fn measure_later(&self, ck_id: &str, layer: PathBuf, base_transid: u64) {
         let meta = self.meta.clone();
         let ck_id = ck_id.to_string();
         tokio::task::spawn_blocking(move || match sandtree_fs::bytes_written_since(&layer, base_transid) {
@@ -336,7 +372,7 @@ impl Engine {
     /// Evicts process templates over the pool's budget once the engine has
     /// been idle for a moment (measuring their memory walks page tables:
     /// not in a burst of checkpoints). One pending run per sandbox.
-    fn evict_templates_later(&self, id: &str) {
+    pub(crate) fn evict_templates_later(&self, id: &str) {
         if !self.evicting.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string()) {
             return;
         }
@@ -364,7 +400,7 @@ impl Engine {
 
     /// A process-engine failure of a checkpoint: an unsupported process is
     /// the caller's to fix (409), anything else is internal.
-    fn process_error(&self, id: &str, e: sandtree_proc::Error) -> Error {
+    pub(crate) fn process_error(&self, id: &str, e: sandtree_proc::Error) -> Error {
         match e {
             sandtree_proc::Error::Unsupported(u) => {
                 Error::ProcessNotRestorable { sandbox: id.to_string(), detail: u.to_string() }
@@ -408,7 +444,7 @@ impl Engine {
 
 /// A checkpoint of sandbox `rec` as `req` asks for it, taken now; the
 /// caller fills in its layers, timings and what it captured.
-fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> CheckpointRecord {
+pub(crate) fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> CheckpointRecord {
     CheckpointRecord {
         id: ck_id.to_string(),
         sandbox_id: rec.id.clone(),
@@ -434,11 +470,15 @@ fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> Chec
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
 fn init_alone(sb: &sandtree_sandbox::Sandbox, templates: usize) -> bool {
+    sb.cgroup().procs().is_ok_and(|pids| pids.len() <= 1 + templates) && one_pid_namespace(sb)
+}
+
+/// Whether every task of the sandbox's cgroup lives in its pid namespace
+/// (a task that joined from outside is held only by a freeze).
+pub(crate) fn one_pid_namespace(sb: &sandtree_sandbox::Sandbox) -> bool {
     let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
     let Some(own) = ns(sb.init_pid()) else { return false };
-    sb.cgroup()
-        .procs()
-        .is_ok_and(|pids| pids.len() <= 1 + templates && pids.iter().all(|&p| ns(p).is_none_or(|n| n == own)))
+    sb.cgroup().procs().is_ok_and(|pids| pids.iter().all(|&p| ns(p).is_none_or(|n| n == own)))
 }
 
 /// What a checkpoint record says it captured of the processes.

@@ -456,10 +456,19 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         let layers =
             |sb: &str| -> Result<usize> { Ok(std::fs::read_dir(e.volume().sandboxes_dir().join(sb))?.count()) };
         sh(e, &sb, "echo one > /root/a").await?;
-        // A process runs: the checkpoint is a snapshot (not a new layer).
-        let bg = ExecRequest { cmd: vec!["sleep".into(), "1000".into()], background: true, ..Default::default() };
+        // A process that cannot move to a new stack (a unix socket bound in
+        // the tree) runs: the checkpoint is a snapshot (not a new layer).
+        let listener = "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind('/root/sock')\ns.listen()\ntime.sleep(1000)";
+        let bg = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), listener.into()],
+            background: true,
+            ..Default::default()
+        };
         e.exec(&sb, bg).await?;
+        sh(e, &sb, "while [ ! -S /root/sock ]; do sleep 0.01; done").await?;
         let ck = checkpoint(e, &sb).await?;
+        let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(layer == format!("checkpoints/{ck}"), "not a snapshot: {layer}");
         // The sandbox's layer and the checkpoint's copy (and the next layer
         // prepared when init was still alone, unused now).
         let after = layers(&sb)?;
@@ -577,11 +586,15 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// Process templates outlive layered checkpoints: a checkpoint with a
-/// process (a snapshot, with a template), the process gone, then layered
-/// checkpoints (init alone but for the template, whose root the restack
-/// moves): a rollback to the first brings the process back on its files,
-/// and one to a layered checkpoint brings back only its files.
+/// Layered checkpoints with processes, and templates outliving layered
+/// checkpoints: a checkpoint with a process that writes all the time
+/// through an open file in its cwd (layered: the process moves to the new
+/// stack, and keeps writing there), the process gone, then checkpoints
+/// with init alone but for the template (whose root the restack moves): a
+/// rollback to the first brings the process back on exactly its files
+/// (its log consecutive: nothing it wrote after the checkpoint reached the
+/// checkpoint's layer), and one to a later checkpoint brings back only its
+/// files.
 fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
@@ -592,7 +605,12 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
         let layer_of = |ck: &str| -> Result<String> {
             Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
         };
-        ensure!(layer_of(&with_process.id)?.starts_with("checkpoints/"), "a process ran: a snapshot");
+        ensure!(layer_of(&with_process.id)?.starts_with("sandboxes/"), "a movable process ran: layered");
+        // It goes on in the new stack (cwd and log there).
+        let before = counter_state(e, &sb).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = counter_state(e, &sb).await?;
+        ensure!(now[2] != before[2] && now[3] == "/root/work", "{before:?} then {now:?}");
         sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
         sh(e, &sb, "echo 1 > /root/after").await?;
         let alone = checkpoint(e, &sb).await?;

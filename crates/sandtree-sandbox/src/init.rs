@@ -103,6 +103,15 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
 }
 
 impl Init {
+    /// Reply `Ok`, or the error of `res`.
+    fn reply_done(&mut self, id: u64, res: Result<(), String>) {
+        let reply = match res {
+            Ok(()) => Reply::Ok,
+            Err(message) => Reply::Error { message, code: None },
+        };
+        self.send(FromInit::Reply { id, reply }, &[]);
+    }
+
     fn send(&mut self, msg: FromInit, fds: &[std::os::fd::BorrowedFd<'_>]) {
         if let Some(c) = &self.conn {
             if protocol::send(c.as_fd(), &msg, fds).is_ok() {
@@ -227,6 +236,16 @@ impl Init {
                     eprintln!("sandtree init: {e}");
                 }
             }
+            Request::Stage { targets, keep } => {
+                let reply = match crate::reroot::stage(&targets, &keep, fds) {
+                    Ok(()) => Reply::Ok,
+                    Err((message, code)) => Reply::Error { message, code },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+            }
+            Request::Unstage => self.reply_done(id, crate::reroot::unstage()),
+            Request::SwapStaged => self.reply_done(id, crate::reroot::swap_staged()),
+            Request::DetachOld => self.reply_done(id, crate::reroot::detach_old_root()),
             Request::KillAll { keep, restore } => {
                 self.kill_for_rollback(&keep, &restore);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);

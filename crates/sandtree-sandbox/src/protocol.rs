@@ -167,6 +167,23 @@ pub enum Request {
         /// Pids that may exist: process templates (stopped by the daemon).
         keep: Vec<i32>,
     },
+    /// A layered checkpoint with live processes, first half: the checks of
+    /// `Restack` (the stopped processes are in `keep`), then the attached
+    /// overlay mounts are mounted at [`crate::reroot::STAGE`] for them to
+    /// reopen their files through. `EBUSY`: nothing changed.
+    Stage {
+        /// Mount point of each attached layer inside the sandbox (`/` first).
+        targets: Vec<std::path::PathBuf>,
+        /// Pids that may exist: templates and the stopped processes.
+        keep: Vec<i32>,
+    },
+    /// Undo `Stage`.
+    Unstage,
+    /// Second half: the staged tree becomes the root; the old one stays on
+    /// top of it (unreachable) until `DetachOld`.
+    SwapStaged,
+    /// Detach the old root left by `SwapStaged`.
+    DetachOld,
 }
 
 /// A request with its correlation id.

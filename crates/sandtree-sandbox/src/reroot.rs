@@ -47,6 +47,16 @@
 //! not part of the checkpoint. Init handles one request at a time, so a
 //! spawn either came before the check (and is seen by it) or comes after
 //! the swap (and runs in the new tree).
+//!
+//! With live processes (stopped by the daemon, spared like templates) the
+//! restack comes in halves, so that they can reopen their files of the tree
+//! in the new one before it replaces the old (`sandtree-proc`'s
+//! `repoint.rs`): [`stage`] makes the same checks and mounts the new tree at
+//! [`STAGE`] (on the kept `/dev`), where they reopen them; then
+//! [`swap_staged`] moves the staged root to `/` (descriptors opened through
+//! it follow the mount) and does steps 3-4, or [`unstage`] detaches it and
+//! nothing changed. The old root is detached on its own request, once the
+//! daemon has read the templates' paths through it.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -206,38 +216,118 @@ fn swap_tree(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
     let root = &layers[0];
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "attach the new root".into()))?;
-    // The mount points usually exist in the new tree: made only when a
-    // move finds none (a lookup through every layer saved per mount).
-    let attach = |rel: &Path, mv: &dyn Fn() -> rustix::io::Result<()>| -> rustix::io::Result<()> {
-        match mv() {
-            Err(rustix::io::Errno::NOENT) => {
-                mkdir_in(root, rel).map_err(|_| rustix::io::Errno::NOENT)?;
-                mv()
-            }
-            other => other,
-        }
-    };
-    for (target, fd) in targets.iter().zip(&layers).skip(1) {
-        let rel = target.strip_prefix("/").unwrap_or(target);
-        attach(rel, &|| move_mount(fd.as_fd(), "", root.as_fd(), rel, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH))
-            .map_err(step(|| format!("attach layer {}", target.display())))?;
-    }
+    attach_layers(root, targets, &layers)?;
+    enter(root)
+}
+
+/// Steps 3-4, `root` being attached on top of `/`.
+fn enter(root: &OwnedFd) -> Result<(), String> {
     for name in KEPT {
         // "/proc" resolves in the old tree: a path walk does not cross the
         // mount stacked on its starting point.
         let from = format!("/{name}");
-        attach(Path::new(name), &|| move_mount(CWD, from.as_str(), root.as_fd(), name, MoveMountFlags::empty()))
+        attach(root, Path::new(name), &|| move_mount(CWD, from.as_str(), root.as_fd(), name, MoveMountFlags::empty()))
             .map_err(step(|| format!("move /{name} into the new root")))?;
     }
     rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
     nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))
 }
 
+/// Move a mount to `rel` inside `root` with `mv`; the mount point usually
+/// exists in the new tree: it is made only when the move finds none (a
+/// lookup through every layer saved per mount).
+fn attach(root: &OwnedFd, rel: &Path, mv: &dyn Fn() -> rustix::io::Result<()>) -> rustix::io::Result<()> {
+    match mv() {
+        Err(rustix::io::Errno::NOENT) => {
+            mkdir_in(root, rel).map_err(|_| rustix::io::Errno::NOENT)?;
+            mv()
+        }
+        other => other,
+    }
+}
+
+/// Every layer but the root onto its target inside `root`.
+fn attach_layers(root: &OwnedFd, targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), String> {
+    for (target, fd) in targets.iter().zip(layers).skip(1) {
+        let rel = target.strip_prefix("/").unwrap_or(target);
+        attach(root, rel, &|| move_mount(fd.as_fd(), "", root.as_fd(), rel, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH))
+            .map_err(step(|| format!("attach layer {}", target.display())))?;
+    }
+    Ok(())
+}
+
+/// Where [`stage`] mounts the next tree: on the kept `/dev` (not part of
+/// any checkpoint), reachable by the sandbox's processes.
+pub const STAGE: &str = "/dev/.sandtree-next";
+
 /// A layered checkpoint's swap (see the module docs); `Err((why, EBUSY))`
 /// when init is not alone or the sandbox mounted something, and nothing
 /// was changed.
 pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
+    check_alone(targets, keep)?;
+    swap_tree(targets, layers).map_err(|e| (e, None))
+}
+
+/// The first half of a restack with live processes (see the module docs):
+/// the same checks, then the new tree is mounted at [`STAGE`], where the
+/// stopped processes reopen their files. Any error leaves nothing changed
+/// (`EBUSY`).
+pub(crate) fn stage(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
+    validate(targets, &layers).map_err(|e| (e, None))?;
+    // (What a daemon that died part-way left.)
+    unstage().map_err(|e| (e, None))?;
+    check_alone(targets, keep)?;
+    let staged = (|| {
+        match std::fs::create_dir(STAGE) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("mkdir {STAGE}: {e}")),
+        }
+        let root = &layers[0];
+        move_mount(root.as_fd(), "", CWD, STAGE, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(step(|| "stage the new root".into()))?;
+        attach_layers(root, targets, &layers)
+    })();
+    staged.map_err(|e| {
+        let _ = unstage();
+        (e, Some(Errno::EBUSY as i32))
+    })
+}
+
+/// Undo [`stage`].
+pub(crate) fn unstage() -> Result<(), String> {
+    if !Path::new(STAGE).exists() {
+        return Ok(());
+    }
+    match umount2(STAGE, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(format!("detach {STAGE}: {e}")),
+    }
+    let _ = std::fs::remove_dir(STAGE);
+    Ok(())
+}
+
+/// The second half: the staged tree becomes the root (the files opened
+/// through it are the new tree's). The old root stays on top of it until
+/// [`detach_old_root`].
+pub(crate) fn swap_staged() -> Result<(), String> {
+    let root: OwnedFd = rustix::fs::open(
+        STAGE,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(step(|| format!("open {STAGE}")))?;
+    move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(step(|| "move the staged root".into()))?;
+    enter(&root)?;
+    let _ = std::fs::remove_dir(STAGE);
+    Ok(())
+}
+
+/// Whether init is alone but for `keep` and only setup's mounts exist
+/// (`Err((why, EBUSY))` if not).
+fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     for pid in others().into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
@@ -269,7 +359,7 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
             return Err(busy(format!("the sandbox mounted {} on {}", m.fstype, m.target.display())));
         }
     }
-    swap_tree(targets, layers).map_err(|e| (e, None))
+    Ok(())
 }
 
 /// Step 4's end, after the reply (nothing walks into the old root, which

@@ -562,6 +562,53 @@ impl Sandbox {
         }
     }
 
+    /// A layered checkpoint with live processes, first half (see
+    /// [`crate::reroot`]): with init alone but for `keep` (the templates and
+    /// the stopped processes) and only setup's mounts, `layers` are mounted
+    /// at [`crate::reroot::STAGE`] for the stopped processes to reopen their
+    /// files through. [`Error::Busy`]: nothing changed. Then
+    /// [`Sandbox::swap_staged`], or [`Sandbox::unstage`].
+    pub async fn stage(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>, keep: Vec<i32>) -> Result<()> {
+        self.thaw_if_frozen()?;
+        self.tree_request(Request::Stage { targets, keep }, layers, "stage").await
+    }
+
+    /// Undo [`Sandbox::stage`].
+    pub async fn unstage(&self) -> Result<()> {
+        self.tree_request(Request::Unstage, Vec::new(), "unstage").await
+    }
+
+    /// The staged tree becomes the root; the old root stays (unreachable)
+    /// until [`Sandbox::detach_old`]. An error leaves the tree unknown:
+    /// stop the sandbox and boot it.
+    pub async fn swap_staged(&self) -> Result<()> {
+        self.tree_request(Request::SwapStaged, Vec::new(), "swap to the staged tree").await
+    }
+
+    /// Detach the old root left by [`Sandbox::swap_staged`].
+    pub async fn detach_old(&self) -> Result<()> {
+        self.tree_request(Request::DetachOld, Vec::new(), "detach the old root").await
+    }
+
+    /// One of the tree requests above (an `EBUSY` refusal is
+    /// [`Error::Busy`]).
+    async fn tree_request(&self, req: Request, layers: Vec<OwnedFd>, what: &str) -> Result<()> {
+        let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
+        let request = self.inner.conn.request(req, &fds);
+        let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
+        drop(fds);
+        drop(layers);
+        let res = res.map_err(|_| Error::Protocol(format!("init did not {what} within {REROOT_TIMEOUT:?}")))?;
+        match res? {
+            (Reply::Ok, _) => Ok(()),
+            (Reply::Error { message, code: Some(c) }, _) if c == nix::errno::Errno::EBUSY as i32 => {
+                Err(Error::Busy(message))
+            }
+            (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("{what} failed: {message}"))),
+            (other, _) => Err(Error::Protocol(format!("unexpected {what} reply {other:?}"))),
+        }
+    }
+
     /// Kills every process of the sandbox and returns once its init is gone
     /// and its cgroup is empty (so its mount namespace, and with it the
     /// overlay over its writable layer, is released). The cgroup and run

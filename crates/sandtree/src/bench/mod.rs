@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// inside the frozen window).
     #[arg(long)]
     pub no_pre_sync: bool,
+    /// Checkpoint running processes over a btrfs snapshot, not a layered
+    /// checkpoint (for comparison).
+    #[arg(long)]
+    pub snapshot_processes: bool,
     /// Run only the process workload (REPL, http.server, shell), for quick
     /// iterations on the process engine.
     #[arg(long)]
@@ -73,6 +77,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     cfg.image_size = 32 << 30;
     cfg.cgroup_name = "sandtree-bench".into();
     cfg.pre_sync = !args.no_pre_sync;
+    cfg.layered_processes = !args.snapshot_processes;
     let zygote = Zygote::start(cfg.host_config()).context("starting the zygote")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = rt.block_on(async {

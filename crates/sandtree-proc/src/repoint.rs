@@ -1,0 +1,252 @@
+//! Re-pointing stopped processes at a new filesystem tree: a layered
+//! checkpoint with live processes.
+//!
+//! A layered checkpoint freezes the sandbox's writable layer by stacking a
+//! new empty one over it (init's restack, `sandtree-sandbox`'s `reroot.rs`).
+//! A running process still holds the old tree: its cwd and the files it has
+//! open are on the old overlay, whose upper directory is the frozen layer,
+//! and a write through them would change the checkpoint. So, while every
+//! process is stopped (after [`crate::Tracer::clone_all`], before
+//! [`crate::Tracer::release`]):
+//!
+//! 1. [`check`]: refuse what cannot be moved to another tree without
+//!    changing its meaning (the checkpoint is then a btrfs snapshot, as
+//!    before): a deleted file of the tree held open, a named pipe or a bound
+//!    unix socket on the tree (their kernel object belongs to the old
+//!    overlay's inode), inotify watches, a shared writable file mapping of the tree,
+//!    one open file of the tree shared by two processes (reopening gives
+//!    each its own offset), a thread with a cwd of its own, a process
+//!    chrooted elsewhere;
+//! 2. init mounts the new tree at a staging point (`stage`) and [`open`]
+//!    opens, in each process, each of its files of the tree again through
+//!    that point (same flags, minus the creating ones; same offset) and its
+//!    cwd (`O_PATH`), onto spare descriptor numbers. A failure closes every
+//!    one of them: nothing changed, and the caller unstages;
+//! 3. init moves the staged tree to `/` (the descriptors opened through it
+//!    follow the mount) and [`finish`] puts each new descriptor on its
+//!    number (`dup3`, which closes the old one), its dups after it, and
+//!    `fchdir`s to the new cwd.
+//!
+//! Calls are injected into each process's main thread (the descriptor table
+//! and cwd are shared by its threads); paths are written below its stack
+//! pointer's red zone, where nothing lives while it is stopped, and what
+//! was there is put back.
+
+use sandtree_sys::ptrace;
+
+use crate::model::{AnonState, FdKind};
+use crate::tracer::State;
+use crate::{Error, Result};
+
+/// What one process got in step 2: (new descriptor, its number, flags),
+/// dups to make after them (from, to, flags), and its new cwd.
+#[derive(Default)]
+pub(crate) struct Reopened {
+    host: i32,
+    files: Vec<(i32, i32, u32)>,
+    dups: Vec<(i32, i32, u32)>,
+    cwd: Option<i32>,
+}
+
+/// Flags that only mean something when a file is first opened.
+const CREATING: u32 = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
+
+/// Room for one path below the red zone.
+const PATH_MAX: usize = 4096;
+
+/// Step 1: why the stopped processes cannot be moved to a new tree, if they
+/// cannot (`init_host`: the sandbox's init, whose root they must share).
+pub(crate) fn check(st: &State, init_host: i32) -> std::result::Result<(), String> {
+    let ident = |path: String| -> Option<(u64, u64)> {
+        let sx = rustix::fs::statx(
+            rustix::fs::CWD,
+            path.as_str(),
+            rustix::fs::AtFlags::empty(),
+            rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO,
+        )
+        .ok()?;
+        Some((sx.stx_mnt_id, sx.stx_ino))
+    };
+    let root = ident(format!("/proc/{init_host}/root")).ok_or("cannot read init's root")?;
+    let mut layer_files: Vec<(i32, i32, &str)> = Vec::new();
+    for c in &st.cloned {
+        let host = c.stopped.host;
+        let who = format!("pid {}", c.stopped.ns_pid);
+        if ident(format!("/proc/{host}/root")) != Some(root) {
+            return Err(format!("{who} has a root of its own"));
+        }
+        let cwd = ident(format!("/proc/{host}/cwd")).ok_or_else(|| format!("{who}: cannot read its cwd"))?;
+        for &(tid, ..) in &c.stopped.threads {
+            if ident(format!("/proc/{host}/task/{tid}/cwd")) != Some(cwd) {
+                return Err(format!("{who}: thread {tid} has a cwd of its own"));
+            }
+        }
+        if std::fs::read_link(format!("/proc/{host}/cwd")).is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)")) {
+            return Err(format!("{who}: its cwd was deleted"));
+        }
+        for f in &c.fds {
+            let refused = match &f.kind {
+                FdKind::Deleted { on_layer: true, .. } => Some("a deleted file of the tree is open"),
+                FdKind::Fifo { on_layer: true, .. } => Some("a named pipe of the tree is open"),
+                FdKind::Socket { bound: Some(path), .. } if on_tree(path) => Some("a unix socket is bound in the tree"),
+                FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } if !watches.is_empty() => {
+                    Some("inotify watches")
+                }
+                FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
+                FdKind::LayerFile { path, .. } if f.same_as.is_none() => {
+                    layer_files.push((host, f.fd, path.as_str()));
+                    None
+                }
+                _ => None,
+            };
+            if let Some(why) = refused {
+                return Err(format!("{who}: fd {}: {why}", f.fd));
+            }
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{host}/maps")).unwrap_or_default();
+        for line in maps.lines() {
+            let mut cols = line.split_whitespace();
+            // (A read-only shared mapping reads the file it mapped, before
+            // a checkpoint as after: a write through the tree copies the
+            // file up either way.)
+            let written = cols.nth(1).is_some_and(|perms| perms.ends_with('s') && perms.contains('w'));
+            let path = cols.nth(3).unwrap_or("");
+            if written && on_tree(path) && !path.starts_with("/memfd:") && !path.starts_with("/SYSV") {
+                return Err(format!("{who}: {path} is mapped shared and writable"));
+            }
+        }
+    }
+    // One open file of the tree in two processes: each would get its own.
+    for (i, &(h1, fd1, p1)) in layer_files.iter().enumerate() {
+        for &(h2, fd2, p2) in &layer_files[i + 1..] {
+            if h1 != h2 && p1 == p2 && sandtree_sys::process::same_open_file(h1, fd1, h2, fd2).unwrap_or(true) {
+                return Err(format!("{p1} is one open file of two processes"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A path of the tree (not of the kept `/proc` and `/dev`, not abstract).
+fn on_tree(path: &str) -> bool {
+    path.starts_with('/') && !["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
+}
+
+/// Step 2, through the tree staged at `stage` (a path in the sandbox). On
+/// error, what was opened is closed again.
+pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
+    let mut done = Vec::new();
+    let mut failure = None;
+    for c in &mut st.cloned {
+        let Some(orig) = c.orig.as_mut() else { continue };
+        let mut r = Reopened { host: c.stopped.host, ..Default::default() };
+        let res = reopen(orig, c.stopped.regs.rsp, &c.fds, stage, &mut r);
+        done.push(r);
+        if let Err(e) = res {
+            failure = Some(e);
+            break;
+        }
+    }
+    st.repointed = done;
+    match failure {
+        None => Ok(()),
+        Some(e) => {
+            abort(st);
+            Err(e)
+        }
+    }
+}
+
+fn reopen(
+    p: &mut crate::inject::Tracee,
+    rsp: u64,
+    fds: &[crate::model::FdImage],
+    stage: &str,
+    r: &mut Reopened,
+) -> Result<()> {
+    let host = p.tid;
+    let cwd = std::fs::read_link(format!("/proc/{host}/cwd")).map_err(|source| Error::Proc {
+        pid: host,
+        what: "cwd",
+        source,
+    })?;
+    let cwd = cwd.to_string_lossy();
+    // Room below the red zone for the longest path (what was there is put
+    // back after).
+    let paths = fds.iter().filter_map(|f| match &f.kind {
+        FdKind::LayerFile { path, .. } => Some(path.len()),
+        _ => None,
+    });
+    let len = paths.chain([cwd.len()]).max().unwrap_or(0) + stage.len() + 1;
+    if len > PATH_MAX {
+        return Err(Error::Remote {
+            pid: host,
+            call: "open (new tree)",
+            errno: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+        });
+    }
+    let buf = (rsp - 128 - len as u64) & !15;
+    let mut saved = vec![0u8; len];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|source| Error::Ptrace { pid: host, op: "read stack", source })?;
+    let put = |path: &str| -> Result<u64> {
+        let mut bytes = format!("{stage}{path}").into_bytes();
+        bytes.push(0);
+        ptrace::write_mem(host, buf, &bytes).map_err(|source| Error::Ptrace { pid: host, op: "write path", source })?;
+        Ok(buf)
+    };
+    let res = (|| -> Result<()> {
+        for f in fds {
+            let FdKind::LayerFile { path, directory, .. } = &f.kind else { continue };
+            if let Some(from) = f.same_as {
+                r.dups.push((from, f.fd, f.flags));
+                continue;
+            }
+            let at = put(path)?;
+            let fd = p.call("open (new tree)", libc::SYS_open, &[at, (f.flags & !CREATING) as u64, 0])? as i32;
+            r.files.push((fd, f.fd, f.flags));
+            if f.pos > 0 && !directory {
+                p.call("lseek (new tree)", libc::SYS_lseek, &[fd as u64, f.pos, libc::SEEK_SET as u64])?;
+            }
+        }
+        if on_tree(&cwd) {
+            let at = put(&cwd)?;
+            let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+            r.cwd = Some(p.call("open (new cwd)", libc::SYS_open, &[at, flags, 0])? as i32);
+        }
+        Ok(())
+    })();
+    ptrace::write_mem(host, buf, &saved).map_err(|source| Error::Ptrace { pid: host, op: "restore stack", source })?;
+    res
+}
+
+/// Close what step 2 opened (the caller unstages the tree).
+pub(crate) fn abort(st: &mut State) {
+    for r in std::mem::take(&mut st.repointed) {
+        let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
+        let Some(p) = c.orig.as_mut() else { continue };
+        for fd in r.files.iter().map(|f| f.0).chain(r.cwd) {
+            let _ = p.call("close", libc::SYS_close, &[fd as u64]);
+        }
+    }
+}
+
+/// Step 3, once the staged tree is the root.
+pub(crate) fn finish(st: &mut State) -> Result<()> {
+    for r in std::mem::take(&mut st.repointed) {
+        let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
+        let Some(p) = c.orig.as_mut() else { continue };
+        let cloexec = |flags: u32| (flags & libc::O_CLOEXEC as u32) as u64;
+        for &(new, fd, flags) in &r.files {
+            p.call("dup3 (new tree)", libc::SYS_dup3, &[new as u64, fd as u64, cloexec(flags)])?;
+            p.call("close", libc::SYS_close, &[new as u64])?;
+        }
+        for &(from, fd, flags) in &r.dups {
+            p.call("dup3 (new tree)", libc::SYS_dup3, &[from as u64, fd as u64, cloexec(flags)])?;
+        }
+        if let Some(cwd) = r.cwd {
+            p.call("fchdir (new tree)", libc::SYS_fchdir, &[cwd as u64])?;
+            p.call("close", libc::SYS_close, &[cwd as u64])?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! A layered checkpoint of a sandbox whose processes run: no btrfs
+//! snapshot, no commit, no sync on its path.
+//!
+//! Order (the frozen window is steps 2-7):
+//! 1. the next layer (an empty subvolume stacked over the current one, and
+//!    its overlay mounts), prepared ahead (`next_layers.rs`) or built now,
+//!    before anything stops;
+//! 2. stop every process but init with ptrace (`sandtree_proc::Tracer::stop`);
+//!    init runs: it swaps the tree;
+//! 3. make the templates (`clone_all`);
+//! 4. ask the tracer whether the processes can move to a new tree
+//!    (`repoint.rs` in `sandtree-proc`: no deleted file, named pipe or bound
+//!    socket of the tree open, no inotify watch, no shared file mapping...);
+//! 5. init checks it is alone but for the stopped processes and the pool and
+//!    that the sandbox mounted nothing, and mounts the new tree at a staging
+//!    point (`Sandbox::stage`);
+//! 6. each process opens its files of the tree and its cwd again through it
+//!    (`repoint_open`);
+//! 7. init moves the staged tree to `/` (`Sandbox::swap_staged`: the
+//!    frozen layer is the checkpoint's from here), each process puts its new
+//!    descriptors in place and `fchdir`s (`repoint_finish`), and every
+//!    process runs again;
+//! 8. the templates' images and checks (`set_up`), then init detaches the old
+//!    tree, and the row is committed with the sandbox's new stack.
+//!
+//! A refusal at 4-6 changes nothing that a process could see: the staged
+//! tree is detached, the new descriptors closed, and the checkpoint is the
+//! btrfs snapshot of the stopped sandbox (`commit_snapshot`). A failure
+//! after 7's swap (which leaves the tree in an unknown state) restarts the
+//! sandbox, as a failed rollback does.
+
+use std::time::Instant;
+
+use sandtree_api::{CheckpointRequest, CheckpointResponse};
+use sandtree_meta::{CheckpointRecord, SandboxRecord};
+use sandtree_proc::Tracer;
+use sandtree_sandbox::Sandbox;
+
+use crate::engine::block;
+use crate::{Engine, Error, Result, util};
+
+impl Engine {
+    /// See the module docs. `None`: nothing was stopped (tasks from outside
+    /// the sandbox's pid namespace, which only a freeze holds): take the
+    /// snapshot path.
+    pub(crate) async fn checkpoint_live_layered(
+        &self,
+        rec: &SandboxRecord,
+        sb: &std::sync::Arc<Sandbox>,
+        ck_id: &str,
+        req: &CheckpointRequest,
+        t0: Instant,
+    ) -> Result<Option<CheckpointResponse>> {
+        let id = rec.id.as_str();
+        if !crate::sandbox_checkpoint::one_pid_namespace(sb) {
+            return Ok(None);
+        }
+        let tracer = self.tracer(id)?;
+        let _op = tracer.begin();
+        let layer = Engine::subvol_layer(&rec.subvol);
+        let targets: Vec<std::path::PathBuf> =
+            self.image_layers(&rec.image)?.iter().map(|l| std::path::PathBuf::from(&l.target)).collect();
+        let prepared = match self.nexts.take(id, &rec.subvol) {
+            Ok(next) => next,
+            Err(stale) => {
+                self.discard_subvol_later(&stale);
+                None
+            }
+        };
+        let (top, fds) = match prepared {
+            Some(next) => (next.top, next.layers),
+            None => self.build_next(rec).await?,
+        };
+        let best_effort = req.best_effort;
+
+        // Unused (nothing was stopped, or the checkpoint is a snapshot):
+        // the sandbox goes on writing to the subvolume it stacks on.
+        let put_back = |top: crate::engine::Top, layers| {
+            let next = crate::next_layers::Next { over: rec.subvol.clone(), top, layers };
+            if let Some(old) = self.nexts.put_back(id, next) {
+                self.discard_subvol_later(&old);
+            }
+        };
+        let t_stop = Instant::now();
+        let cg = sb.cgroup().clone();
+        let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+        let stopped = block(|| tracer.stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), false));
+        let stop = match stopped {
+            Ok(s) => s,
+            Err(e) => {
+                put_back(top, fds);
+                return Err(self.process_error(id, e));
+            }
+        };
+        if stop.foreign {
+            let _ = block(|| tracer.resume_stopped());
+            put_back(top, fds);
+            return Ok(None);
+        }
+        if let Err(e) = block(|| tracer.clone_all(best_effort)) {
+            put_back(top, fds);
+            return Err(self.process_error(id, e));
+        }
+        let t_cloned = Instant::now();
+        let movable = block(|| tracer.repoint_check(sb.init_pid())).map_err(|e| e.to_string()).and_then(|m| m);
+        if let Err(why) = movable {
+            tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
+            put_back(top, fds);
+            return self.snapshot_stopped(rec, req, ck_id, &tracer, (t0, t_stop), stop.skipped).await.map(Some);
+        }
+        let (fresh, lowers) = (top.subvol, top.lowers);
+
+        // Steps 5-6; a refusal leaves everything as it was.
+        let moved = async {
+            let keep = block(|| tracer.held_pids()).map_err(|e| e.to_string())?;
+            match sb.stage(targets.clone(), fds, keep).await {
+                Ok(()) => {}
+                Err(sandtree_sandbox::Error::Busy(why)) => return Err(why),
+                Err(e) => {
+                    let _ = sb.unstage().await;
+                    return Err(format!("staging failed: {e}"));
+                }
+            }
+            if let Err(e) = block(|| tracer.repoint_open(sandtree_sandbox::reroot::STAGE)) {
+                let _ = sb.unstage().await;
+                return Err(format!("a process cannot reopen its files: {e}"));
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(why) = moved {
+            tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
+            self.discard_subvol_later(&fresh);
+            return self.snapshot_stopped(rec, req, ck_id, &tracer, (t0, t_stop), stop.skipped).await.map(Some);
+        }
+
+        // Step 7: from the swap on, the tree is the new one.
+        let t_swap = Instant::now();
+        let swapped = match sb.swap_staged().await {
+            Ok(()) => block(|| tracer.repoint_finish()).map_err(Error::from),
+            Err(e) => {
+                let _ = block(|| tracer.repoint_abort());
+                Err(e.into())
+            }
+        };
+        if let Err(e) = swapped {
+            tracing::warn!(sandbox = id, "layered checkpoint failed part-way, restarting the sandbox: {e}");
+            let _ = block(|| tracer.resume_stopped());
+            self.discard_subvol_later(&fresh);
+            let _ = self.restart(rec).await;
+            return Err(e);
+        }
+        let t_moved = Instant::now();
+        block(|| tracer.release())?;
+        let frozen_ms = util::ms_since(t_stop);
+        let captured = block(|| tracer.set_up(ck_id, best_effort));
+        // (After the images are read: their paths of the old tree resolve
+        // until then. Init answers it before any later request.)
+        let detaching = sb.clone();
+        let sandbox = id.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = detaching.detach_old().await {
+                tracing::warn!(sandbox, "old tree not detached: {e}");
+            }
+        });
+        let captured = match captured {
+            Ok(mut c) => {
+                c.unrestorable.extend(stop.skipped);
+                c
+            }
+            Err(e) => {
+                // No checkpoint, but the sandbox stands on the new layer.
+                let _ =
+                    self.meta.set_sandbox_subvol(id, &fresh, &lowers, rec.base_checkpoint.as_deref(), rec.base_transid);
+                self.want_next(id);
+                return Err(self.process_error(id, e));
+            }
+        };
+
+        let t_commit = Instant::now();
+        let ck = CheckpointRecord {
+            frozen_ms,
+            duration_ms: util::ms_since(t0),
+            processes: serde_json::to_value(&captured).map_err(|e| Error::Internal(e.to_string()))?,
+            layer: layer.clone(),
+            lowers: lowers[1..].to_vec(),
+            ..crate::sandbox_checkpoint::new_record(rec, req, ck_id)
+        };
+        if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
+            tracing::warn!(sandbox = id, "checkpoint not committed, restarting the sandbox on its layer: {e}");
+            let _ = block(|| tracer.drop_checkpoint(ck_id));
+            let _ = self.restart(rec).await;
+            self.discard_subvol_later(&fresh);
+            return Err(e.into());
+        }
+        self.flusher.poke();
+        self.discard_layers_if_unused(rec.lowers.iter().filter(|l| !lowers.contains(l)).cloned().collect());
+        self.spares.want(id, ck_id);
+        self.squash_later(id, &lowers);
+        self.want_next(id);
+        self.evict_templates_later(id);
+        self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
+        let info = self.checkpoint_info_known(&ck, true);
+        let note = crate::sandbox_checkpoint::process_note(&info);
+        tracing::debug!(
+            sandbox = id,
+            stop_clone = ?t_cloned.duration_since(t_stop),
+            check_stage_open = ?t_swap.duration_since(t_cloned),
+            swap_finish = ?t_moved.duration_since(t_swap),
+            frozen_ms,
+            commit = ?t_commit.elapsed(),
+            at = ?t0.elapsed(),
+            "layered checkpoint with processes done"
+        );
+        Ok(Some(CheckpointResponse { checkpoint: info, note }))
+    }
+
+    /// The fallback of [`Engine::checkpoint_live_layered`]: every process is
+    /// stopped and has its template (init runs, but only does what the
+    /// daemon asks): snapshot the layer as it is, let them go, set up.
+    async fn snapshot_stopped(
+        &self,
+        rec: &SandboxRecord,
+        req: &CheckpointRequest,
+        ck_id: &str,
+        tracer: &Tracer,
+        (t0, t_stop): (Instant, Instant),
+        skipped: Vec<sandtree_proc::Unrestorable>,
+    ) -> Result<CheckpointResponse> {
+        let id = rec.id.as_str();
+        let (src, dst) = (self.subvol_path(&rec.subvol), self.checkpoint_path(ck_id));
+        if let Err(e) = block(|| sandtree_fs::snapshot(&src, &dst, true)) {
+            let _ = block(|| tracer.resume_stopped());
+            return Err(Error::fs("checkpoint", e));
+        }
+        let released = block(|| tracer.release()).map_err(Error::from);
+        let frozen_ms = util::ms_since(t_stop);
+        let captured = released
+            .and_then(|()| block(|| tracer.set_up(ck_id, req.best_effort)).map_err(|e| self.process_error(id, e)));
+        let captured = match captured {
+            Ok(mut c) => {
+                c.unrestorable.extend(skipped);
+                c
+            }
+            Err(e) => {
+                let _ = block(|| sandtree_fs::delete_subvolume(&dst));
+                return Err(e);
+            }
+        };
+        self.commit_snapshot(rec, req, ck_id, frozen_ms, Some(captured), t0, Some(tracer), None)
+    }
+}
