@@ -68,7 +68,7 @@ mod holder;
 pub mod inject;
 pub mod model;
 pub mod procfs;
-mod repoint;
+pub mod repoint;
 mod restore;
 mod sockdiag;
 mod tracer;

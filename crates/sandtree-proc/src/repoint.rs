@@ -9,7 +9,7 @@
 //! process is stopped (after [`crate::Tracer::clone_all`], before
 //! [`crate::Tracer::release`]):
 //!
-//! 1. [`check`]: refuse what cannot be moved to another tree without
+//! 1. [`check`] (beside the templates' copy): refuse what cannot be moved to another tree without
 //!    changing its meaning (the checkpoint is then a btrfs snapshot, as
 //!    before): a deleted file of the tree held open, a named pipe or a bound
 //!    unix socket on the tree (their kernel object belongs to the old
@@ -54,29 +54,29 @@ const CREATING: u32 = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NO
 /// Room for one path below the red zone.
 const PATH_MAX: usize = 4096;
 
-/// Step 1: why the stopped processes cannot be moved to a new tree, if they
-/// cannot (`init_host`: the sandbox's init, whose root they must share).
-pub(crate) fn check(st: &State, init_host: i32) -> std::result::Result<(), String> {
+/// Step 1: why the stopped processes `procs` (host pid, pid in the
+/// sandbox) cannot be moved to a new tree, if they cannot (`init_host`: the
+/// sandbox's init, whose root they must share). Reads only `/proc`: it runs
+/// beside the templates' copy ([`crate::Tracer::clone_all`]), which changes
+/// nothing of the originals.
+pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), String> {
     let ident = |path: String| -> Option<(u64, u64)> {
-        let sx = rustix::fs::statx(
-            rustix::fs::CWD,
-            path.as_str(),
-            rustix::fs::AtFlags::empty(),
-            rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO,
-        )
-        .ok()?;
+        let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
+        let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
         Some((sx.stx_mnt_id, sx.stx_ino))
     };
     let root = ident(format!("/proc/{init_host}/root")).ok_or("cannot read init's root")?;
-    let mut layer_files: Vec<(i32, i32, &str)> = Vec::new();
-    for c in &st.cloned {
-        let host = c.stopped.host;
-        let who = format!("pid {}", c.stopped.ns_pid);
+    let Some(&(first, _)) = procs.first() else { return Ok(()) };
+    let mounts = crate::procfs::mounts(first).map_err(|e| format!("mountinfo: {e}"))?;
+    let mut layer_files: Vec<(i32, i32, String)> = Vec::new();
+    for &(host, ns_pid) in procs {
+        let who = format!("pid {ns_pid}");
         if ident(format!("/proc/{host}/root")) != Some(root) {
             return Err(format!("{who} has a root of its own"));
         }
         let cwd = ident(format!("/proc/{host}/cwd")).ok_or_else(|| format!("{who}: cannot read its cwd"))?;
-        for &(tid, ..) in &c.stopped.threads {
+        let tasks = std::fs::read_dir(format!("/proc/{host}/task")).map_err(|e| format!("{who}: tasks: {e}"))?;
+        for tid in tasks.flatten().map(|e| e.file_name().to_string_lossy().into_owned()) {
             if ident(format!("/proc/{host}/task/{tid}/cwd")) != Some(cwd) {
                 return Err(format!("{who}: thread {tid} has a cwd of its own"));
             }
@@ -84,17 +84,20 @@ pub(crate) fn check(st: &State, init_host: i32) -> std::result::Result<(), Strin
         if std::fs::read_link(format!("/proc/{host}/cwd")).is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)")) {
             return Err(format!("{who}: its cwd was deleted"));
         }
-        for f in &c.fds {
-            let refused = match &f.kind {
+        let fds = crate::procfs::fds(host, &mounts).map_err(|e| format!("{who}: descriptors: {e}"))?;
+        for f in fds {
+            let refused = match f.kind {
                 FdKind::Deleted { on_layer: true, .. } => Some("a deleted file of the tree is open"),
                 FdKind::Fifo { on_layer: true, .. } => Some("a named pipe of the tree is open"),
-                FdKind::Socket { bound: Some(path), .. } if on_tree(path) => Some("a unix socket is bound in the tree"),
+                FdKind::Socket { bound: Some(path), .. } if on_tree(&path) => {
+                    Some("a unix socket is bound in the tree")
+                }
                 FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } if !watches.is_empty() => {
                     Some("inotify watches")
                 }
                 FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
                 FdKind::LayerFile { path, .. } if f.same_as.is_none() => {
-                    layer_files.push((host, f.fd, path.as_str()));
+                    layer_files.push((host, f.fd, path));
                     None
                 }
                 _ => None,
@@ -117,9 +120,9 @@ pub(crate) fn check(st: &State, init_host: i32) -> std::result::Result<(), Strin
         }
     }
     // One open file of the tree in two processes: each would get its own.
-    for (i, &(h1, fd1, p1)) in layer_files.iter().enumerate() {
-        for &(h2, fd2, p2) in &layer_files[i + 1..] {
-            if h1 != h2 && p1 == p2 && sandtree_sys::process::same_open_file(h1, fd1, h2, fd2).unwrap_or(true) {
+    for (i, (h1, fd1, p1)) in layer_files.iter().enumerate() {
+        for (h2, fd2, p2) in &layer_files[i + 1..] {
+            if h1 != h2 && p1 == p2 && sandtree_sys::process::same_open_file(*h1, *fd1, *h2, *fd2).unwrap_or(true) {
                 return Err(format!("{p1} is one open file of two processes"));
             }
         }

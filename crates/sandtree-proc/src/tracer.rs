@@ -432,21 +432,16 @@ impl Tracer {
         self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
     }
 
-    /// Pids (in the sandbox) of every process held stopped: the pool's,
-    /// and the stopped originals with their new templates.
-    pub fn held_pids(&self) -> Result<Vec<i32>> {
+    /// After [`Tracer::stop`]: the stopped processes (host pid, pid in the
+    /// sandbox), and the pids in the sandbox of every process held stopped
+    /// (them and the pool's).
+    pub fn stopped(&self) -> Result<(Vec<(i32, i32)>, Vec<i32>)> {
         self.call(|st| {
-            let mut v = st.pool_pids();
-            v.extend(st.cloned.iter().flat_map(|c| [c.ns_pid, c.stopped.ns_pid]));
-            v.extend(st.stopped.iter().map(|s| s.ns_pid));
-            v
+            let stopped: Vec<(i32, i32)> = st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect();
+            let mut held = st.pool_pids();
+            held.extend(stopped.iter().map(|s| s.1));
+            (stopped, held)
         })
-    }
-
-    /// Why the stopped originals cannot be moved to a new tree, if they
-    /// cannot (`repoint.rs`; `init_host`: the sandbox's init).
-    pub fn repoint_check(&self, init_host: i32) -> Result<std::result::Result<(), String>> {
-        self.call(move |st| crate::repoint::check(st, init_host))
     }
 
     /// Open, in each stopped original, its files and cwd again through the

@@ -7,13 +7,16 @@
 //!    before anything stops;
 //! 2. stop every process but init with ptrace (`sandtree_proc::Tracer::stop`);
 //!    init runs: it swaps the tree;
-//! 3. make the templates (`clone_all`);
-//! 4. ask the tracer whether the processes can move to a new tree
-//!    (`repoint.rs` in `sandtree-proc`: no deleted file, named pipe or bound
-//!    socket of the tree open, no inotify watch, no shared file mapping...);
-//! 5. init checks it is alone but for the stopped processes and the pool and
-//!    that the sandbox mounted nothing, and mounts the new tree at a staging
-//!    point (`Sandbox::stage`);
+//! 3. the templates are copied (`clone_all`, the largest on the other CPU),
+//!    and meanwhile:
+//! 4. this thread checks whether the processes can move to a new tree
+//!    (`sandtree_proc::repoint::check`: no deleted file, named pipe or bound
+//!    socket of the tree open, no inotify watch, no shared writable
+//!    mapping...), then
+//! 5. init checks it is alone but for the stopped processes, the pool and
+//!    tasks in a ptrace stop (the templates being made: every task in one
+//!    is ours, as no process was skipped) and that the sandbox mounted
+//!    nothing, and mounts the new tree at a staging point (`Sandbox::stage`);
 //! 6. each process opens its files of the tree and its cwd again through it
 //!    (`repoint_open`);
 //! 7. init moves the staged tree to `/` (`Sandbox::swap_staged`: the
@@ -97,42 +100,69 @@ impl Engine {
             put_back(top, fds);
             return Ok(None);
         }
-        if let Err(e) = block(|| tracer.clone_all(best_effort)) {
-            put_back(top, fds);
-            return Err(self.process_error(id, e));
-        }
+        // Steps 3-5 at once: the templates are copied (the largest on the
+        // other CPU) while this thread checks the processes and then init
+        // stages the new tree (templates appearing meanwhile are in a ptrace
+        // stop; every task in one is ours, as nothing was skipped).
+        let (procs, keep) = match block(|| tracer.stopped()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = block(|| tracer.resume_stopped());
+                put_back(top, fds);
+                return Err(e.into());
+            }
+        };
+        let cloning = {
+            let tracer = tracer.clone();
+            tokio::task::spawn_blocking(move || tracer.clone_all(best_effort))
+        };
+        let init_host = sb.init_pid();
+        let movable = if stop.skipped.is_empty() {
+            block(|| sandtree_proc::repoint::check(&procs, init_host))
+        } else {
+            Err("a process was left running (best effort)".to_string())
+        };
+        let mut fds = Some(fds);
+        let staged = match &movable {
+            Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default(), keep, true).await),
+            Err(_) => None,
+        };
+        let cloned = cloning.await.map_err(|e| Error::Internal(format!("template copy: {e}")));
         let t_cloned = Instant::now();
-        let movable = block(|| tracer.repoint_check(sb.init_pid())).map_err(|e| e.to_string()).and_then(|m| m);
-        if let Err(why) = movable {
+        // Not staged: the next layer is as good as before.
+        let unused = |top, fds: Option<Vec<std::os::fd::OwnedFd>>| match fds {
+            Some(fds) => put_back(top, fds),
+            None => self.discard_subvol_later(&top.subvol),
+        };
+        if let Err(e) = cloned.and_then(|r| r.map_err(|e| self.process_error(id, e))) {
+            // (The processes were let go.)
+            if staged.is_some() {
+                let _ = sb.unstage().await;
+            }
+            unused(top, fds);
+            return Err(e);
+        }
+        let moved = match (movable, staged) {
+            (Err(why), _) => Err(why),
+            (Ok(()), Some(Err(sandtree_sandbox::Error::Busy(why)))) => Err(why),
+            (Ok(()), Some(Err(e))) => {
+                let _ = sb.unstage().await;
+                Err(format!("staging failed: {e}"))
+            }
+            (Ok(()), _) => match block(|| tracer.repoint_open(sandtree_sandbox::reroot::STAGE)) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let _ = sb.unstage().await;
+                    Err(format!("a process cannot reopen its files: {e}"))
+                }
+            },
+        };
+        if let Err(why) = moved {
             tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
-            put_back(top, fds);
+            unused(top, fds);
             return self.snapshot_stopped(rec, req, ck_id, &tracer, (t0, t_stop), stop.skipped).await.map(Some);
         }
         let (fresh, lowers) = (top.subvol, top.lowers);
-
-        // Steps 5-6; a refusal leaves everything as it was.
-        let moved = async {
-            let keep = block(|| tracer.held_pids()).map_err(|e| e.to_string())?;
-            match sb.stage(targets.clone(), fds, keep).await {
-                Ok(()) => {}
-                Err(sandtree_sandbox::Error::Busy(why)) => return Err(why),
-                Err(e) => {
-                    let _ = sb.unstage().await;
-                    return Err(format!("staging failed: {e}"));
-                }
-            }
-            if let Err(e) = block(|| tracer.repoint_open(sandtree_sandbox::reroot::STAGE)) {
-                let _ = sb.unstage().await;
-                return Err(format!("a process cannot reopen its files: {e}"));
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(why) = moved {
-            tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
-            self.discard_subvol_later(&fresh);
-            return self.snapshot_stopped(rec, req, ck_id, &tracer, (t0, t_stop), stop.skipped).await.map(Some);
-        }
 
         // Step 7: from the swap on, the tree is the new one.
         let t_swap = Instant::now();

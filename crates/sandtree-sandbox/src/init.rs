@@ -236,8 +236,8 @@ impl Init {
                     eprintln!("sandtree init: {e}");
                 }
             }
-            Request::Stage { targets, keep } => {
-                let reply = match crate::reroot::stage(&targets, &keep, fds) {
+            Request::Stage { targets, keep, traced } => {
+                let reply = match crate::reroot::stage(&targets, &keep, traced, fds) {
                     Ok(()) => Reply::Ok,
                     Err((message, code)) => Reply::Error { message, code },
                 };

@@ -176,6 +176,10 @@ pub enum Request {
         targets: Vec<std::path::PathBuf>,
         /// Pids that may exist: templates and the stopped processes.
         keep: Vec<i32>,
+        /// Processes in a ptrace stop may exist too: the daemon makes the
+        /// stopped processes' templates meanwhile (and made sure that every
+        /// process in a ptrace stop is its own).
+        traced: bool,
     },
     /// Undo `Stage`.
     Unstage,

@@ -265,7 +265,7 @@ pub const STAGE: &str = "/dev/.sandtree-next";
 /// was changed.
 pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
-    check_alone(targets, keep)?;
+    check_alone(targets, keep, false)?;
     swap_tree(targets, layers).map_err(|e| (e, None))
 }
 
@@ -273,11 +273,16 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
 /// the same checks, then the new tree is mounted at [`STAGE`], where the
 /// stopped processes reopen their files. Any error leaves nothing changed
 /// (`EBUSY`).
-pub(crate) fn stage(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
+pub(crate) fn stage(
+    targets: &[PathBuf],
+    keep: &[i32],
+    traced: bool,
+    layers: Vec<OwnedFd>,
+) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
     // (What a daemon that died part-way left.)
     unstage().map_err(|e| (e, None))?;
-    check_alone(targets, keep)?;
+    check_alone(targets, keep, traced)?;
     let staged = (|| {
         match std::fs::create_dir(STAGE) {
             Ok(()) => {}
@@ -325,9 +330,9 @@ pub(crate) fn swap_staged() -> Result<(), String> {
     Ok(())
 }
 
-/// Whether init is alone but for `keep` and only setup's mounts exist
-/// (`Err((why, EBUSY))` if not).
-fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<i32>)> {
+/// Whether init is alone but for `keep` (and, with `traced`, tasks in a
+/// ptrace stop) and only setup's mounts exist (`Err((why, EBUSY))` if not).
+fn check_alone(targets: &[PathBuf], keep: &[i32], traced: bool) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     for pid in others().into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
@@ -338,7 +343,7 @@ fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<
         for tid in tasks {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
             let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-            if !matches!(state, Some('Z') | None) {
+            if !matches!(state, Some('Z') | None) && !(traced && state == Some('t')) {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
             }

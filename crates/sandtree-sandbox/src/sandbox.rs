@@ -568,9 +568,18 @@ impl Sandbox {
     /// at [`crate::reroot::STAGE`] for the stopped processes to reopen their
     /// files through. [`Error::Busy`]: nothing changed. Then
     /// [`Sandbox::swap_staged`], or [`Sandbox::unstage`].
-    pub async fn stage(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>, keep: Vec<i32>) -> Result<()> {
+    ///
+    /// With `traced`, tasks in a ptrace stop may exist too (the caller makes
+    /// templates meanwhile, and every task in a ptrace stop is its own).
+    pub async fn stage(
+        &self,
+        targets: Vec<std::path::PathBuf>,
+        layers: Vec<OwnedFd>,
+        keep: Vec<i32>,
+        traced: bool,
+    ) -> Result<()> {
         self.thaw_if_frozen()?;
-        self.tree_request(Request::Stage { targets, keep }, layers, "stage").await
+        self.tree_request(Request::Stage { targets, keep, traced }, layers, "stage").await
     }
 
     /// Undo [`Sandbox::stage`].
