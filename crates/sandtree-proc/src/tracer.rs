@@ -30,6 +30,10 @@ use crate::inject::Tracee;
 use crate::model::ProcessImage;
 use crate::{Error, Result, procfs};
 
+/// [`Tracer::stopped`]: the stopped processes (host pid, pid in the
+/// sandbox), and the pids in the sandbox of every process held stopped.
+pub type StoppedNow = (Vec<(i32, i32)>, Vec<i32>);
+
 /// A stopped original, between [`Tracer::stop`] and [`Tracer::clone_all`].
 pub(crate) struct Stopped {
     pub host: i32,
@@ -435,7 +439,7 @@ impl Tracer {
     /// After [`Tracer::stop`]: the stopped processes (host pid, pid in the
     /// sandbox), and the pids in the sandbox of every process held stopped
     /// (them and the pool's).
-    pub fn stopped(&self) -> Result<(Vec<(i32, i32)>, Vec<i32>)> {
+    pub fn stopped(&self) -> Result<StoppedNow> {
         self.call(|st| {
             let stopped: Vec<(i32, i32)> = st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect();
             let mut held = st.pool_pids();

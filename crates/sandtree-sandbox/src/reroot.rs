@@ -343,7 +343,8 @@ fn check_alone(targets: &[PathBuf], keep: &[i32], traced: bool) -> Result<(), (S
         for tid in tasks {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
             let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-            if !matches!(state, Some('Z') | None) && !(traced && state == Some('t')) {
+            let allowed = matches!(state, Some('Z') | None) || (traced && state == Some('t'));
+            if !allowed {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
             }
