@@ -10,7 +10,10 @@
 //! rollbacks go to random checkpoints of the run. Rows: checkpoint, the
 //! processes' pause, in-place rollback, rollback until the HTTP server's
 //! first answer (seen by a client started inside the sandbox right after
-//! the rollback returned), and the memory the template pool holds.
+//! the rollback returned), the memory the template pool holds, and (REPL
+//! 100 MB) checkpoints after steps that also write 20 MB each (a layered
+//! checkpoint does not follow what was written; with `--snapshot-processes`
+//! the checkpoint syncs and snapshots it).
 
 use std::time::{Duration, Instant};
 
@@ -175,8 +178,21 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     if out.output.trim() != "/root/files 1" {
         bail!("session state after rollbacks: {:?}", out.output);
     }
+    // Steps that write a lot (a download, a build): 20 MB each. A
+    // checkpoint's cost should not follow what was written.
+    let mut heavy_ms = Vec::new();
+    if repl_mb < 1024 {
+        for i in 0..n.min(10) {
+            let write = format!("head -c 20M /dev/urandom > /root/files/big{} && {}", i % 3, step(i));
+            bash(engine, &sb, &write).await?;
+            heavy_ms.push(checkpoint(engine, &sb).await?.1);
+        }
+    }
     let g = "processes";
     report.rows.push(Row::new(g, &format!("checkpoint, REPL {label} + http + shell"), &ck_ms));
+    if !heavy_ms.is_empty() {
+        report.rows.push(Row::new(g, &format!("checkpoint, REPL {label}, 20 MB written per step"), &heavy_ms));
+    }
     report.rows.push(Row::new(g, &format!("  processes paused (REPL {label})"), &paused));
     report.rows.push(Row::new(g, &format!("rollback in place (REPL {label})"), &rb_ms));
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
