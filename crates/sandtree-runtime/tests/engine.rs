@@ -644,6 +644,88 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A program holding files of the tree in every way a layered checkpoint
+/// must move: a file opened read-write and its dup (one offset), one opened
+/// for appending, a file of a lower layer opened read-only at an offset and
+/// one opened read-write (reopening it copies it up), a directory, its cwd.
+/// It writes through all of them once told to.
+const FILE_HOLDER: &str = r#"
+import os, time
+os.makedirs('/root/d', exist_ok=True)
+os.chdir('/root/d')
+a = os.open('/root/d/a', os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+os.write(a, b'0123456789'); os.lseek(a, 4, 0)
+b = os.dup(a)
+ap = os.open('/root/app', os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+ro = os.open('/root/lower-ro', os.O_RDONLY); os.read(ro, 5)
+rw = os.open('/root/lower-rw', os.O_RDWR)
+dfd = os.open('/root/d', os.O_RDONLY | os.O_DIRECTORY)
+open('/root/ready', 'w').close()
+while not os.path.exists('/root/go'):
+    time.sleep(0.005)
+os.write(a, b'AB'); os.write(b, b'C'); os.write(ap, b'x\n'); os.write(rw, b'CHANGED')
+pos = os.lseek(ro, 0, os.SEEK_CUR)
+open('rel', 'w').close()
+with open('/root/report', 'w') as f:
+    f.write(f'{pos} {os.getcwd()} {sorted(os.listdir(dfd))}')
+open('/root/done', 'w').close()
+while True:
+    time.sleep(1)
+"#;
+
+/// A layered checkpoint with a process holding files of the tree
+/// (FILE_HOLDER):
+/// the process goes on in the new stack through every one of them (offsets,
+/// the shared one of a dup, append mode, a copy-up), nothing it writes
+/// after the checkpoint reaches the checkpoint, and a rollback brings the
+/// process back on exactly the checkpoint's files, where it does the same.
+/// With a mount the sandbox made, the checkpoint is a snapshot instead.
+fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        // Files of a lower layer: written, then frozen by a checkpoint.
+        sh(e, &sb, "echo -n abcdefghij > /root/lower-ro && echo -n lowerfile > /root/lower-rw").await?;
+        checkpoint(e, &sb).await?;
+        let req = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), FILE_HOLDER.into()],
+            background: true,
+            ..Default::default()
+        };
+        e.exec(&sb, req).await?;
+        sh(e, &sb, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
+        let ck = checkpoint(e, &sb).await?;
+        let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(layer.starts_with("sandboxes/"), "not layered: {layer}");
+        let run = "touch /root/go; while [ ! -e /root/done ]; do sleep 0.01; done; \
+                   cat /root/d/a; echo; cat /root/app /root/lower-rw; echo; cat /root/report; echo; ls /root/d";
+        let want = "0123ABC789\nx\nCHANGEDle\n5 /root/d ['a', 'rel']\na\nrel\n";
+        let got = sh(e, &sb, run).await?;
+        ensure!(got == want, "after the checkpoint: {got:?}");
+        for round in 0..2 {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "round {round}: {}", r.note);
+            let clean = "cat /root/d/a; echo; cat /root/app /root/lower-rw; echo; ls /root/d; \
+                         test ! -e /root/go && test ! -e /root/done && echo clean";
+            let got = sh(e, &sb, clean).await?;
+            ensure!(got == "0123456789\nlowerfile\na\nclean\n", "round {round}, rolled back: {got:?}");
+            let got = sh(e, &sb, run).await?;
+            ensure!(got == want, "round {round}, after the rollback: {got:?}");
+        }
+        // A mount the sandbox made: init refuses to stage (it would stay
+        // behind in the old tree), and the checkpoint of the stopped
+        // processes is a snapshot; a rollback to it brings the process back.
+        sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t").await?;
+        let snap = checkpoint(e, &sb).await?;
+        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(layer == format!("checkpoints/{snap}"), "not a snapshot: {layer}");
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: snap }).await?;
+        ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "{}", r.note);
+        ensure!(sh(e, &sb, "cat /root/d/a").await? == "0123ABC789");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
@@ -659,6 +741,7 @@ fn main() {
         ("stuck_task_makes_checkpoint_fail_cleanly", stuck_task_makes_checkpoint_fail_cleanly),
         ("layered_checkpoints_stack_and_share_layers", layered_checkpoints_stack_and_share_layers),
         ("templates_survive_layered_checkpoints", templates_survive_layered_checkpoints),
+        ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }
