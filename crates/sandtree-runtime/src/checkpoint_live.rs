@@ -63,17 +63,7 @@ impl Engine {
         let layer = Engine::subvol_layer(&rec.subvol);
         let targets: Vec<std::path::PathBuf> =
             self.image_layers(&rec.image)?.iter().map(|l| std::path::PathBuf::from(&l.target)).collect();
-        let prepared = match self.nexts.take(id, &rec.subvol) {
-            Ok(next) => next,
-            Err(stale) => {
-                self.discard_subvol_later(&stale);
-                None
-            }
-        };
-        let (top, fds) = match prepared {
-            Some(next) => (next.top, next.layers),
-            None => self.build_next(rec).await?,
-        };
+        let (top, fds) = self.take_next(rec).await?;
         let best_effort = req.best_effort;
 
         // Unused (nothing was stopped, or the checkpoint is a snapshot):

@@ -111,6 +111,23 @@ impl Engine {
         }
     }
 
+    /// The next layer of `rec` for a checkpoint now: the prepared one if it
+    /// stacks on the sandbox's writable subvolume (a stale one is
+    /// discarded), else one built now.
+    pub(crate) async fn take_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(Top, Vec<OwnedFd>)> {
+        let prepared = match self.nexts.take(&rec.id, &rec.subvol) {
+            Ok(next) => next,
+            Err(stale) => {
+                self.discard_subvol_later(&stale);
+                None
+            }
+        };
+        match prepared {
+            Some(next) => Ok((next.top, next.layers)),
+            None => self.build_next(rec).await,
+        }
+    }
+
     /// Prepares the next layer of sandbox `id` in the background (layered
     /// engines only; one at a time per sandbox).
     pub(crate) fn want_next(&self, id: &str) {

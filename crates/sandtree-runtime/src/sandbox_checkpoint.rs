@@ -290,17 +290,7 @@ impl Engine {
         let t_fresh = Instant::now();
         let layer = Engine::subvol_layer(&rec.subvol);
         let targets: Vec<PathBuf> = self.image_layers(&rec.image)?.iter().map(|l| PathBuf::from(&l.target)).collect();
-        let prepared = match self.nexts.take(id, &rec.subvol) {
-            Ok(next) => next,
-            Err(stale) => {
-                self.discard_subvol_later(&stale);
-                None
-            }
-        };
-        let (top, fds) = match prepared {
-            Some(next) => (next.top, next.layers),
-            None => self.build_next(rec).await?,
-        };
+        let (top, fds) = self.take_next(rec).await?;
         let (fresh, lowers) = (top.subvol, top.lowers);
         let fresh_ms = util::ms_since(t_fresh);
         let t_swap = Instant::now();

@@ -546,20 +546,7 @@ impl Sandbox {
     /// sandbox and boot it.
     pub async fn restack(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>, keep: Vec<i32>) -> Result<()> {
         self.thaw_if_frozen()?;
-        let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
-        let request = self.inner.conn.request(Request::Restack { targets, keep }, &fds);
-        let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
-        drop(fds);
-        drop(layers);
-        let res = res.map_err(|_| Error::Protocol(format!("init did not restack within {REROOT_TIMEOUT:?}")))?;
-        match res? {
-            (Reply::Ok, _) => Ok(()),
-            (Reply::Error { message, code: Some(c) }, _) if c == nix::errno::Errno::EBUSY as i32 => {
-                Err(Error::Busy(message))
-            }
-            (Reply::Error { message, .. }, _) => Err(Error::Protocol(format!("restack failed: {message}"))),
-            (other, _) => Err(Error::Protocol(format!("unexpected restack reply {other:?}"))),
-        }
+        self.tree_request(Request::Restack { targets, keep }, layers, "restack").await
     }
 
     /// A layered checkpoint with live processes, first half (see
@@ -599,7 +586,7 @@ impl Sandbox {
         self.tree_request(Request::DetachOld, Vec::new(), "detach the old root").await
     }
 
-    /// One of the tree requests above (an `EBUSY` refusal is
+    /// A request that changes the tree (an `EBUSY` refusal is
     /// [`Error::Busy`]).
     async fn tree_request(&self, req: Request, layers: Vec<OwnedFd>, what: &str) -> Result<()> {
         let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
