@@ -16,7 +16,7 @@ const CAP_SYS_ADMIN: u64 = 1 << 21;
 /// Anonymous-inode objects the template path restores exactly: eventfd
 /// and timerfd state is put back (`fdstate.rs`); an epoll's watch list, a
 /// signalfd's mask and a pidfd are configuration the template keeps.
-const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
+pub(crate) const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
 
 /// Highest inotify watch descriptor captured: each watch's inode is
 /// located while the process is stopped (one `open_by_handle_at` each),

@@ -399,6 +399,10 @@ pub(crate) struct Cloned {
     altstack: Option<Vec<u8>>,
     /// Its rseq registration.
     rseq: Option<(u64, u32, u32, u32)>,
+    /// The original's cwd, root and executable, read while it is stopped
+    /// (a layered checkpoint detaches the tree the template's point into
+    /// before pass 2; paths on a sub-layer then read wrong).
+    paths: (String, String, String),
     pub(crate) host: i32,
     pub(crate) ns_pid: i32,
     insn: u64,
@@ -955,6 +959,13 @@ fn clone_of(
                 sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, stream, messages });
             }
         }
+        let link =
+            |what: &str| std::fs::read_link(format!("/proc/{host}/{what}")).map(|p| p.to_string_lossy().into_owned());
+        let paths = (link("cwd"), link("root"), link("exe").unwrap_or_default());
+        let paths = match paths {
+            (Ok(cwd), Ok(root), exe) => (cwd, root, exe),
+            (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
+        };
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
         Ok(Cloned {
             holder: None,
@@ -975,6 +986,7 @@ fn clone_of(
             itimers,
             altstack,
             rseq,
+            paths,
             host: tpl,
             ns_pid,
             insn,
@@ -1122,6 +1134,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let t0 = std::time::Instant::now();
     let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&c.image_regs), c.fds)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
+    (image.cwd, image.root, image.exe) = c.paths;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
     image.itimers = c.itimers;

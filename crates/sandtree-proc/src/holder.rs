@@ -121,8 +121,14 @@ fn let_go_of_owner(h: &mut Tracee) -> Result<()> {
 /// it out of the original's session or group; its copy of the descriptor
 /// table goes.
 pub(crate) fn adopt((mut t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
-    let owner_fd = owner_pidfd(owner)?;
     let host = t.tid;
+    let owner_fd = match owner_pidfd(owner) {
+        Ok(fd) => fd,
+        Err(e) => {
+            crate::tracer::kill_tracee(host);
+            return Err(e);
+        }
+    };
     let closed = t.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]);
     if let Err(e) = closed {
         crate::tracer::kill_tracee(host);

@@ -13,10 +13,12 @@
 //!    changing its meaning (the checkpoint is then a btrfs snapshot, as
 //!    before): a deleted file of the tree held open, a named pipe or a bound
 //!    unix socket on the tree (their kernel object belongs to the old
-//!    overlay's inode), inotify watches, a shared writable file mapping of the tree,
-//!    one open file of the tree shared by two processes (reopening gives
-//!    each its own offset), a thread with a cwd of its own, a process
-//!    chrooted elsewhere;
+//!    overlay's inode), inotify watches, kernel objects that may hold files
+//!    (io_uring; a unix socket with data, maybe descriptors, in flight), a
+//!    shared mapping of a file of the writable layer, one open file of the
+//!    tree shared by two processes (reopening gives each its own offset), a
+//!    thread with a descriptor table or filesystem context of its own, a
+//!    process chrooted elsewhere;
 //! 2. init mounts the new tree at a staging point (`stage`) and [`open`]
 //!    opens, in each process, each of its files of the tree again through
 //!    that point (same flags, minus the creating ones; same offset) and its
@@ -56,10 +58,11 @@ const PATH_MAX: usize = 4096;
 
 /// Step 1: why the stopped processes `procs` (host pid, pid in the
 /// sandbox) cannot be moved to a new tree, if they cannot (`init_host`: the
-/// sandbox's init, whose root they must share). Reads only `/proc`: it runs
-/// beside the templates' copy ([`crate::Tracer::clone_all`]), which changes
-/// nothing of the originals.
-pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), String> {
+/// sandbox's init, whose root they must share; `upper_dev`: the device of
+/// the sandbox's writable layer). Reads only `/proc`: it runs beside the
+/// templates' copy ([`crate::Tracer::clone_all`]), which changes nothing of
+/// the originals.
+pub fn check(procs: &[(i32, i32)], init_host: i32, upper_dev: u64) -> std::result::Result<(), String> {
     let ident = |path: String| -> Option<(u64, u64)> {
         let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
         let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
@@ -74,11 +77,12 @@ pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), St
         if ident(format!("/proc/{host}/root")) != Some(root) {
             return Err(format!("{who} has a root of its own"));
         }
-        let cwd = ident(format!("/proc/{host}/cwd")).ok_or_else(|| format!("{who}: cannot read its cwd"))?;
+        // Calls go to the main thread: every thread must share its
+        // descriptor table and filesystem context.
         let tasks = std::fs::read_dir(format!("/proc/{host}/task")).map_err(|e| format!("{who}: tasks: {e}"))?;
-        for tid in tasks.flatten().map(|e| e.file_name().to_string_lossy().into_owned()) {
-            if ident(format!("/proc/{host}/task/{tid}/cwd")) != Some(cwd) {
-                return Err(format!("{who}: thread {tid} has a cwd of its own"));
+        for tid in tasks.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+            if tid != host && !sandtree_sys::process::same_files_and_fs(host, tid).unwrap_or(false) {
+                return Err(format!("{who}: thread {tid} has a descriptor table or cwd of its own"));
             }
         }
         if std::fs::read_link(format!("/proc/{host}/cwd")).is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)")) {
@@ -89,12 +93,21 @@ pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), St
             let refused = match f.kind {
                 FdKind::Deleted { on_layer: true, .. } => Some("a deleted file of the tree is open"),
                 FdKind::Fifo { on_layer: true, .. } => Some("a named pipe of the tree is open"),
-                FdKind::Socket { bound: Some(path), .. } if on_tree(&path) => {
+                // (A relative name is the tree's too.)
+                FdKind::Socket { bound: Some(path), .. } if !path.starts_with('@') && !kept(&path) => {
                     Some("a unix socket is bound in the tree")
+                }
+                FdKind::Socket { family, queued: true, peer: None, .. } if family == "unix" => {
+                    Some("a unix socket holds data (maybe descriptors) in flight")
                 }
                 FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } if !watches.is_empty() => {
                     Some("inotify watches")
                 }
+                // (io_uring and the like may hold files of the tree.)
+                FdKind::AnonInode { what, .. } if !crate::check::KEPT_ANON.contains(&what.as_str()) => {
+                    Some("a kernel object that may hold files of the tree")
+                }
+                FdKind::OtherMount { .. } => Some("a file of another mount"),
                 FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
                 FdKind::LayerFile { path, .. } if f.same_as.is_none() => {
                     layer_files.push((host, f.fd, path));
@@ -106,16 +119,25 @@ pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), St
                 return Err(format!("{who}: fd {}: {why}", f.fd));
             }
         }
+        // A shared mapping of a file of the writable layer would keep
+        // mapping the frozen file while writes through the tree go to its
+        // copy in the new layer. (One of a lower layer's file was not
+        // coherent with writes before either: a write copies it up.)
         let maps = std::fs::read_to_string(format!("/proc/{host}/maps")).unwrap_or_default();
         for line in maps.lines() {
             let mut cols = line.split_whitespace();
-            // (A read-only shared mapping reads the file it mapped, before
-            // a checkpoint as after: a write through the tree copies the
-            // file up either way.)
-            let written = cols.nth(1).is_some_and(|perms| perms.ends_with('s') && perms.contains('w'));
+            let range = cols.next().unwrap_or("");
+            let shared = cols.next().is_some_and(|perms| perms.ends_with('s'));
             let path = cols.nth(3).unwrap_or("");
-            if written && on_tree(path) && !path.starts_with("/memfd:") && !path.starts_with("/SYSV") {
-                return Err(format!("{who}: {path} is mapped shared and writable"));
+            if !shared || !on_tree(path) || path.starts_with("/memfd:") || path.starts_with("/SYSV") {
+                continue;
+            }
+            let dev = std::fs::metadata(format!("/proc/{host}/map_files/{range}")).map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.dev()
+            });
+            if dev.is_err() || dev.is_ok_and(|d| d == upper_dev) {
+                return Err(format!("{who}: {path} of the writable layer is mapped shared"));
             }
         }
     }
@@ -130,9 +152,14 @@ pub fn check(procs: &[(i32, i32)], init_host: i32) -> std::result::Result<(), St
     Ok(())
 }
 
-/// A path of the tree (not of the kept `/proc` and `/dev`, not abstract).
+/// A path of the tree (absolute, not of the kept `/proc` and `/dev`).
 fn on_tree(path: &str) -> bool {
-    path.starts_with('/') && !["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
+    path.starts_with('/') && !kept(path)
+}
+
+/// A path on the kept `/proc` or `/dev`.
+fn kept(path: &str) -> bool {
+    ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
 }
 
 /// Step 2, through the tree staged at `stage` (a path in the sandbox). On
@@ -145,9 +172,13 @@ pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
         let mut r = Reopened { host: c.stopped.host, ..Default::default() };
         let res = reopen(orig, c.stopped.regs.rsp, &c.fds, stage, &mut r);
         done.push(r);
-        if let Err(e) = res {
-            failure = Some(e);
-            break;
+        match res {
+            // (Killed meanwhile: nothing of it to move.)
+            Ok(()) | Err(Error::Died { .. }) => {}
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
         }
     }
     st.repointed = done;
@@ -238,18 +269,27 @@ pub(crate) fn finish(st: &mut State) -> Result<()> {
     for r in std::mem::take(&mut st.repointed) {
         let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
         let Some(p) = c.orig.as_mut() else { continue };
-        let cloexec = |flags: u32| (flags & libc::O_CLOEXEC as u32) as u64;
-        for &(new, fd, flags) in &r.files {
-            p.call("dup3 (new tree)", libc::SYS_dup3, &[new as u64, fd as u64, cloexec(flags)])?;
-            p.call("close", libc::SYS_close, &[new as u64])?;
+        match put_in_place(p, &r) {
+            // (Killed meanwhile: nothing of it runs on the old tree.)
+            Ok(()) | Err(Error::Died { .. }) => {}
+            Err(e) => return Err(e),
         }
-        for &(from, fd, flags) in &r.dups {
-            p.call("dup3 (new tree)", libc::SYS_dup3, &[from as u64, fd as u64, cloexec(flags)])?;
-        }
-        if let Some(cwd) = r.cwd {
-            p.call("fchdir (new tree)", libc::SYS_fchdir, &[cwd as u64])?;
-            p.call("close", libc::SYS_close, &[cwd as u64])?;
-        }
+    }
+    Ok(())
+}
+
+fn put_in_place(p: &mut crate::inject::Tracee, r: &Reopened) -> Result<()> {
+    let cloexec = |flags: u32| (flags & libc::O_CLOEXEC as u32) as u64;
+    for &(new, fd, flags) in &r.files {
+        p.call("dup3 (new tree)", libc::SYS_dup3, &[new as u64, fd as u64, cloexec(flags)])?;
+        p.call("close", libc::SYS_close, &[new as u64])?;
+    }
+    for &(from, fd, flags) in &r.dups {
+        p.call("dup3 (new tree)", libc::SYS_dup3, &[from as u64, fd as u64, cloexec(flags)])?;
+    }
+    if let Some(cwd) = r.cwd {
+        p.call("fchdir (new tree)", libc::SYS_fchdir, &[cwd as u64])?;
+        p.call("close", libc::SYS_close, &[cwd as u64])?;
     }
     Ok(())
 }

@@ -424,6 +424,16 @@ impl Tracer {
         self.call(move |st| crate::checkpoint::clone_all(st, best_effort))?
     }
 
+    /// [`Tracer::clone_all`], then whether every process stopped is still
+    /// stopped with its template (in best effort, one that cannot be
+    /// restored, or whose template died, was let go).
+    pub fn clone_all_kept(&self, best_effort: bool) -> Result<bool> {
+        self.call(move |st| {
+            let stopped = st.stopped.len();
+            crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)
+        })?
+    }
+
     /// Let every stopped process (and init) run again, templates kept.
     pub fn release(&self) -> Result<()> {
         self.call(crate::checkpoint::release_all)

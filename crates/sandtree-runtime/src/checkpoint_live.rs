@@ -19,12 +19,18 @@
 //!    nothing, and mounts the new tree at a staging point (`Sandbox::stage`);
 //! 6. each process opens its files of the tree and its cwd again through it
 //!    (`repoint_open`);
-//! 7. init moves the staged tree to `/` (`Sandbox::swap_staged`: the
-//!    frozen layer is the checkpoint's from here), each process puts its new
+//! 7. init moves the staged tree to `/` and detaches the old one
+//!    (`Sandbox::swap_staged`: the frozen layer is the checkpoint's from
+//!    here; a `..` reaching `/` would cross into the old root while it
+//!    stays on top of the new one), each process puts its new
 //!    descriptors in place and `fchdir`s (`repoint_finish`), and every
 //!    process runs again;
-//! 8. the templates' images and checks (`set_up`), then init detaches the old
-//!    tree, and the row is committed with the sandbox's new stack.
+//! 8. the templates' images and checks (`set_up`; their paths were read in
+//!    step 3, before the old tree was detached), and the row is committed
+//!    with the sandbox's new stack.
+//!
+//! No process starts from step 2 to 7 (`Sandbox::hold_spawns`): init runs,
+//! and a process it started then would live in the old tree.
 //!
 //! A refusal at 4-6 changes nothing that a process could see: the staged
 //! tree is detached, the new descriptors closed, and the checkpoint is the
@@ -38,6 +44,8 @@ use sandtree_api::{CheckpointRequest, CheckpointResponse};
 use sandtree_meta::{CheckpointRecord, SandboxRecord};
 use sandtree_proc::Tracer;
 use sandtree_sandbox::Sandbox;
+
+use std::os::unix::fs::MetadataExt;
 
 use crate::engine::block;
 use crate::{Engine, Error, Result, util};
@@ -74,6 +82,9 @@ impl Engine {
                 self.discard_subvol_later(&old);
             }
         };
+        // No process starts while init runs beside the stopped ones (it
+        // would start in the old tree, or miss the snapshot).
+        let spawns = sb.hold_spawns().await;
         let t_stop = Instant::now();
         let cg = sb.cgroup().clone();
         let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
@@ -104,13 +115,14 @@ impl Engine {
         };
         let cloning = {
             let tracer = tracer.clone();
-            tokio::task::spawn_blocking(move || tracer.clone_all(best_effort))
+            tokio::task::spawn_blocking(move || tracer.clone_all_kept(best_effort))
         };
         let init_host = sb.init_pid();
-        let movable = if stop.skipped.is_empty() {
-            block(|| sandtree_proc::repoint::check(&procs, init_host))
-        } else {
-            Err("a process was left running (best effort)".to_string())
+        let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
+        let movable = match upper_dev {
+            _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
+            Ok(dev) => block(|| sandtree_proc::repoint::check(&procs, init_host, dev)),
+            Err(e) => Err(format!("writable layer: {e}")),
         };
         let mut fds = Some(fds);
         let staged = match &movable {
@@ -124,16 +136,31 @@ impl Engine {
             Some(fds) => put_back(top, fds),
             None => self.discard_subvol_later(&top.subvol),
         };
-        if let Err(e) = cloned.and_then(|r| r.map_err(|e| self.process_error(id, e))) {
-            // (The processes were let go.)
-            if staged.is_some() {
-                let _ = sb.unstage().await;
+        let kept = match cloned {
+            Ok(Ok(kept)) => kept,
+            failed => {
+                // (The processes were let go; unless the copy's thread died.)
+                if failed.is_err() {
+                    let _ = block(|| tracer.resume_stopped());
+                }
+                if staged.is_some() {
+                    let _ = sb.unstage().await;
+                }
+                unused(top, fds);
+                return Err(failed
+                    .and_then(|r| r.map(|_| ()).map_err(|e| self.process_error(id, e)))
+                    .err()
+                    .unwrap_or_else(|| Error::Internal("template copy failed".into())));
             }
-            unused(top, fds);
-            return Err(e);
-        }
+        };
         let moved = match (movable, staged) {
             (Err(why), _) => Err(why),
+            // In best effort, a process that cannot be restored (or whose
+            // template died) was let go: it runs on the old tree.
+            (Ok(()), Some(Ok(()))) if !kept => {
+                let _ = sb.unstage().await;
+                Err("a process was let go (best effort)".to_string())
+            }
             (Ok(()), Some(Err(sandtree_sandbox::Error::Busy(why)))) => Err(why),
             (Ok(()), Some(Err(e))) => {
                 let _ = sb.unstage().await;
@@ -171,27 +198,30 @@ impl Engine {
             return Err(e);
         }
         let t_moved = Instant::now();
-        block(|| tracer.release())?;
+        if let Err(e) = block(|| tracer.release()) {
+            tracing::warn!(
+                sandbox = id,
+                "processes not let go after a layered checkpoint, restarting the sandbox: {e}"
+            );
+            self.discard_subvol_later(&fresh);
+            let _ = self.restart(rec).await;
+            return Err(e.into());
+        }
+        drop(spawns);
         let frozen_ms = util::ms_since(t_stop);
-        let captured = block(|| tracer.set_up(ck_id, best_effort));
-        // (After the images are read: their paths of the old tree resolve
-        // until then. Init answers it before any later request.)
-        let detaching = sb.clone();
-        let sandbox = id.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = detaching.detach_old().await {
-                tracing::warn!(sandbox, "old tree not detached: {e}");
-            }
-        });
-        let captured = match captured {
+        let captured = match block(|| tracer.set_up(ck_id, best_effort)) {
             Ok(mut c) => {
                 c.unrestorable.extend(stop.skipped);
                 c
             }
             Err(e) => {
                 // No checkpoint, but the sandbox stands on the new layer.
-                let _ =
-                    self.meta.set_sandbox_subvol(id, &fresh, &lowers, rec.base_checkpoint.as_deref(), rec.base_transid);
+                let (base, transid) = (rec.base_checkpoint.as_deref(), rec.base_transid);
+                if let Err(m) = self.meta.set_sandbox_subvol(id, &fresh, &lowers, base, transid) {
+                    tracing::warn!(sandbox = id, "new layer not recorded, restarting the sandbox on its layer: {m}");
+                    let _ = self.restart(rec).await;
+                    self.discard_subvol_later(&fresh);
+                }
                 self.want_next(id);
                 return Err(self.process_error(id, e));
             }

@@ -245,7 +245,6 @@ impl Init {
             }
             Request::Unstage => self.reply_done(id, crate::reroot::unstage()),
             Request::SwapStaged => self.reply_done(id, crate::reroot::swap_staged()),
-            Request::DetachOld => self.reply_done(id, crate::reroot::detach_old_root()),
             Request::KillAll { keep, restore } => {
                 self.kill_for_rollback(&keep, &restore);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);

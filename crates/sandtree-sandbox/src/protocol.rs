@@ -183,11 +183,9 @@ pub enum Request {
     },
     /// Undo `Stage`.
     Unstage,
-    /// Second half: the staged tree becomes the root; the old one stays on
-    /// top of it (unreachable) until `DetachOld`.
+    /// Second half: the staged tree becomes the root, and the old one is
+    /// detached before the reply.
     SwapStaged,
-    /// Detach the old root left by `SwapStaged`.
-    DetachOld,
 }
 
 /// A request with its correlation id.

@@ -55,8 +55,9 @@
 //! [`STAGE`] (on the kept `/dev`), where they reopen them; then
 //! [`swap_staged`] moves the staged root to `/` (descriptors opened through
 //! it follow the mount) and does steps 3-4, or [`unstage`] detaches it and
-//! nothing changed. The old root is detached on its own request, once the
-//! daemon has read the templates' paths through it.
+//! nothing changed. The old root is detached before the swap's reply:
+//! while it sits on top of the new one, a `..` that reaches `/` would cross
+//! into it, and the processes run right after.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -284,11 +285,9 @@ pub(crate) fn stage(
     unstage().map_err(|e| (e, None))?;
     check_alone(targets, keep, traced)?;
     let staged = (|| {
-        match std::fs::create_dir(STAGE) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("mkdir {STAGE}: {e}")),
-        }
+        // A directory made now, by init: the sandbox's processes share
+        // `/dev` and could have put a symlink there.
+        std::fs::create_dir(STAGE).map_err(|e| format!("mkdir {STAGE}: {e}"))?;
         let root = &layers[0];
         move_mount(root.as_fd(), "", CWD, STAGE, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
             .map_err(step(|| "stage the new root".into()))?;
@@ -300,22 +299,25 @@ pub(crate) fn stage(
     })
 }
 
-/// Undo [`stage`].
+/// Undo [`stage`], or clear what is at [`STAGE`] (a staged tree a daemon
+/// that died part-way left, or anything the sandbox put there). Never
+/// follows a symlink.
 pub(crate) fn unstage() -> Result<(), String> {
-    if !Path::new(STAGE).exists() {
-        return Ok(());
+    let Ok(meta) = std::fs::symlink_metadata(STAGE) else { return Ok(()) };
+    if !meta.is_dir() {
+        return std::fs::remove_file(STAGE).map_err(|e| format!("remove {STAGE}: {e}"));
     }
-    match umount2(STAGE, MntFlags::MNT_DETACH) {
+    match umount2(STAGE, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
         Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
         Err(e) => return Err(format!("detach {STAGE}: {e}")),
     }
-    let _ = std::fs::remove_dir(STAGE);
-    Ok(())
+    std::fs::remove_dir(STAGE).map_err(|e| format!("remove {STAGE}: {e}"))
 }
 
 /// The second half: the staged tree becomes the root (the files opened
-/// through it are the new tree's). The old root stays on top of it until
-/// [`detach_old_root`].
+/// through it are the new tree's), and the old root is detached at once:
+/// while it sits on top of the new one, a `..` that reaches `/` crosses
+/// into it.
 pub(crate) fn swap_staged() -> Result<(), String> {
     let root: OwnedFd = rustix::fs::open(
         STAGE,
@@ -326,6 +328,7 @@ pub(crate) fn swap_staged() -> Result<(), String> {
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "move the staged root".into()))?;
     enter(&root)?;
+    detach_old_root()?;
     let _ = std::fs::remove_dir(STAGE);
     Ok(())
 }

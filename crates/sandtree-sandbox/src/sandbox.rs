@@ -109,6 +109,9 @@ pub(crate) struct Conn {
     pending: Mutex<HashMap<u64, ReplySender>>,
     exits: Mutex<HashMap<i32, ExitSlot>>,
     closed: watch::Sender<bool>,
+    /// Held for reading by every `Spawn` until its reply, for writing by
+    /// [`Sandbox::hold_spawns`]: no process starts meanwhile.
+    spawns: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Conn {
@@ -118,6 +121,10 @@ impl Conn {
         req: Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Reply, Vec<OwnedFd>)> {
+        let _spawning = match req {
+            Request::Spawn { .. } => Some(self.spawns.read().await),
+            _ => None,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
@@ -341,6 +348,7 @@ impl Sandbox {
             pending: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
             closed,
+            spawns: Arc::new(tokio::sync::RwLock::new(())),
         });
         let reader = tokio::spawn(conn.clone().read_loop());
         let (alive_tx, alive_rx) = watch::channel(true);
@@ -574,16 +582,17 @@ impl Sandbox {
         self.tree_request(Request::Unstage, Vec::new(), "unstage").await
     }
 
-    /// The staged tree becomes the root; the old root stays (unreachable)
-    /// until [`Sandbox::detach_old`]. An error leaves the tree unknown:
-    /// stop the sandbox and boot it.
+    /// The staged tree becomes the root and the old one is detached. An
+    /// error leaves the tree unknown: stop the sandbox and boot it.
     pub async fn swap_staged(&self) -> Result<()> {
         self.tree_request(Request::SwapStaged, Vec::new(), "swap to the staged tree").await
     }
 
-    /// Detach the old root left by [`Sandbox::swap_staged`].
-    pub async fn detach_old(&self) -> Result<()> {
-        self.tree_request(Request::DetachOld, Vec::new(), "detach the old root").await
+    /// No process starts in the sandbox until the guard drops (a `Spawn`
+    /// under way finishes first): a checkpoint that lets init run while the
+    /// processes are stopped holds it.
+    pub async fn hold_spawns(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.inner.conn.spawns.clone().write_owned().await
     }
 
     /// A request that changes the tree (an `EBUSY` refusal is

@@ -196,8 +196,6 @@ pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
     Ok(())
 }
 
-/// Terminate the calling process immediately (no atexit handlers, no stdio
-/// flush): the only correct way to leave a forked child that did not exec.
 /// Whether descriptor `fd1` of process `pid1` and `fd2` of `pid2` are one
 /// open file description (`kcmp(KCMP_FILE)`: a `dup`, or inherited).
 pub fn same_open_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> io::Result<bool> {
@@ -208,6 +206,27 @@ pub fn same_open_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> io::Result<bo
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc == 0) }
 }
 
+/// Whether tasks `tid1` and `tid2` share one descriptor table
+/// (`kcmp(KCMP_FILES)`) and one filesystem context — root, cwd, umask
+/// (`kcmp(KCMP_FS)`).
+pub fn same_files_and_fs(tid1: i32, tid2: i32) -> io::Result<bool> {
+    const KCMP_FILES: libc::c_int = 2;
+    const KCMP_FS: libc::c_int = 3;
+    for kind in [KCMP_FILES, KCMP_FS] {
+        // SAFETY: kcmp takes only integers and reads no memory of ours.
+        let rc = unsafe { libc::syscall(libc::SYS_kcmp, tid1, tid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if rc != 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Terminate the calling process immediately (no atexit handlers, no stdio
+/// flush): the only correct way to leave a forked child that did not exec.
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no user-space state.
     unsafe { libc::_exit(code) }
