@@ -13,10 +13,9 @@
 //!    (`sandtree_proc::repoint::check`: no deleted file, named pipe or bound
 //!    socket of the tree open, no inotify watch, no shared writable
 //!    mapping...), then
-//! 5. init checks it is alone but for the stopped processes, the pool and
-//!    tasks in a ptrace stop (the templates being made: every task in one
-//!    is ours, as no process was skipped) and that the sandbox mounted
-//!    nothing, and mounts the new tree at a staging point (`Sandbox::stage`);
+//! 5. init checks that the sandbox mounted nothing (every process is held:
+//!    stopped, none skipped, no spawn, the templates being made are ours),
+//!    and mounts the new tree at a staging point (`Sandbox::stage`);
 //! 6. each process opens its files of the tree and its cwd again through it
 //!    (`repoint_open`);
 //! 7. init moves the staged tree to `/` and detaches the old one
@@ -103,8 +102,8 @@ impl Engine {
         }
         // Steps 3-5 at once: the templates are copied (the largest on the
         // other CPU) while this thread checks the processes and then init
-        // stages the new tree (templates appearing meanwhile are in a ptrace
-        // stop; every task in one is ours, as nothing was skipped).
+        // stages the new tree (checking only the mounts: every process is
+        // held, and the templates appearing meanwhile are ours).
         let (procs, keep) = match block(|| tracer.stopped()) {
             Ok(s) => s,
             Err(e) => {

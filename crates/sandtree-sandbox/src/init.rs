@@ -236,15 +236,24 @@ impl Init {
                     eprintln!("sandtree init: {e}");
                 }
             }
-            Request::Stage { targets, keep, traced } => {
-                let reply = match crate::reroot::stage(&targets, &keep, traced, fds) {
+            Request::Stage { targets, keep, held } => {
+                let reply = match crate::reroot::stage(&targets, &keep, held, fds) {
                     Ok(()) => Reply::Ok,
                     Err((message, code)) => Reply::Error { message, code },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
             }
             Request::Unstage => self.reply_done(id, crate::reroot::unstage()),
-            Request::SwapStaged => self.reply_done(id, crate::reroot::swap_staged()),
+            Request::SwapStaged => {
+                let swapped = crate::reroot::swap_staged();
+                let ok = swapped.is_ok();
+                self.reply_done(id, swapped);
+                if ok && let Err(e) = crate::reroot::detach_staged_old() {
+                    // The new tree is in place; the old one stays mounted
+                    // (under /dev) until init exits.
+                    eprintln!("sandtree init: {e}");
+                }
+            }
             Request::KillAll { keep, restore } => {
                 self.kill_for_rollback(&keep, &restore);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);

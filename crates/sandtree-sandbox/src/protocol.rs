@@ -176,15 +176,16 @@ pub enum Request {
         targets: Vec<std::path::PathBuf>,
         /// Pids that may exist: templates and the stopped processes.
         keep: Vec<i32>,
-        /// Processes in a ptrace stop may exist too: the daemon makes the
-        /// stopped processes' templates meanwhile (and made sure that every
-        /// process in a ptrace stop is its own).
-        traced: bool,
+        /// The daemon holds every process but init: it stopped them, holds
+        /// the spawns, and makes templates meanwhile (new pids that are its
+        /// own). Only the mounts are checked then.
+        held: bool,
     },
     /// Undo `Stage`.
     Unstage,
-    /// Second half: the staged tree becomes the root, and the old one is
-    /// detached before the reply.
+    /// Second half: the staged tree becomes the root; the old one is put
+    /// under `/dev` (not on top of the new root, where a `..` reaching `/`
+    /// would cross into it) and detached after the reply.
     SwapStaged,
 }
 

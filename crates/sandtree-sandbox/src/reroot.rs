@@ -55,9 +55,10 @@
 //! [`STAGE`] (on the kept `/dev`), where they reopen them; then
 //! [`swap_staged`] moves the staged root to `/` (descriptors opened through
 //! it follow the mount) and does steps 3-4, or [`unstage`] detaches it and
-//! nothing changed. The old root is detached before the swap's reply:
-//! while it sits on top of the new one, a `..` that reaches `/` would cross
-//! into it, and the processes run right after.
+//! nothing changed. The old root is put under the new `/dev`
+//! (`pivot_root(".", put_old)`), not on top of the new root, where a `..`
+//! reaching `/` would cross into it while the processes run, and detached
+//! after the reply.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -223,6 +224,13 @@ fn swap_tree(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
 
 /// Steps 3-4, `root` being attached on top of `/`.
 fn enter(root: &OwnedFd) -> Result<(), String> {
+    move_kept(root)?;
+    rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
+    nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))
+}
+
+/// Step 3: `/proc` and `/dev` into `root`.
+fn move_kept(root: &OwnedFd) -> Result<(), String> {
     for name in KEPT {
         // "/proc" resolves in the old tree: a path walk does not cross the
         // mount stacked on its starting point.
@@ -230,8 +238,7 @@ fn enter(root: &OwnedFd) -> Result<(), String> {
         attach(root, Path::new(name), &|| move_mount(CWD, from.as_str(), root.as_fd(), name, MoveMountFlags::empty()))
             .map_err(step(|| format!("move /{name} into the new root")))?;
     }
-    rustix::process::fchdir(root).map_err(step(|| "enter the new root".into()))?;
-    nix::unistd::pivot_root(".", ".").map_err(step(|| "pivot_root".into()))
+    Ok(())
 }
 
 /// Move a mount to `rel` inside `root` with `mv`; the mount point usually
@@ -277,13 +284,13 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
 pub(crate) fn stage(
     targets: &[PathBuf],
     keep: &[i32],
-    traced: bool,
+    held: bool,
     layers: Vec<OwnedFd>,
 ) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
-    // (What a daemon that died part-way left.)
-    unstage().map_err(|e| (e, None))?;
-    check_alone(targets, keep, traced)?;
+    // (What a daemon that died part-way left, or the sandbox put there.)
+    clear(STAGE).and_then(|()| clear(OLD)).map_err(|e| (e, None))?;
+    check_alone(targets, keep, held)?;
     let staged = (|| {
         // A directory made now, by init: the sandbox's processes share
         // `/dev` and could have put a symlink there.
@@ -299,25 +306,29 @@ pub(crate) fn stage(
     })
 }
 
-/// Undo [`stage`], or clear what is at [`STAGE`] (a staged tree a daemon
-/// that died part-way left, or anything the sandbox put there). Never
-/// follows a symlink.
+/// Undo [`stage`].
 pub(crate) fn unstage() -> Result<(), String> {
-    let Ok(meta) = std::fs::symlink_metadata(STAGE) else { return Ok(()) };
+    clear(STAGE)
+}
+
+/// Clear what is at `path` (a tree left mounted there by a daemon or init
+/// that died part-way, or anything the sandbox put there; [`STAGE`] and
+/// [`OLD`] are on its `/dev`). Never follows a symlink.
+fn clear(path: &str) -> Result<(), String> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
     if !meta.is_dir() {
-        return std::fs::remove_file(STAGE).map_err(|e| format!("remove {STAGE}: {e}"));
+        return std::fs::remove_file(path).map_err(|e| format!("remove {path}: {e}"));
     }
-    match umount2(STAGE, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+    match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
         Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
-        Err(e) => return Err(format!("detach {STAGE}: {e}")),
+        Err(e) => return Err(format!("detach {path}: {e}")),
     }
-    std::fs::remove_dir(STAGE).map_err(|e| format!("remove {STAGE}: {e}"))
+    std::fs::remove_dir(path).map_err(|e| format!("remove {path}: {e}"))
 }
 
 /// The second half: the staged tree becomes the root (the files opened
-/// through it are the new tree's), and the old root is detached at once:
-/// while it sits on top of the new one, a `..` that reaches `/` crosses
-/// into it.
+/// through it are the new tree's); the old root is left at [`OLD`], for
+/// [`detach_staged_old`] after the reply.
 pub(crate) fn swap_staged() -> Result<(), String> {
     let root: OwnedFd = rustix::fs::open(
         STAGE,
@@ -327,17 +338,39 @@ pub(crate) fn swap_staged() -> Result<(), String> {
     .map_err(step(|| format!("open {STAGE}")))?;
     move_mount(root.as_fd(), "", CWD, "/", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(step(|| "move the staged root".into()))?;
-    enter(&root)?;
-    detach_old_root()?;
+    move_kept(&root)?;
+    // The old root goes to [`OLD`], not on top of the new one: a `..` that
+    // reaches `/` would cross into a mount stacked there, and the
+    // processes run before it is detached (after the reply: detaching
+    // waits for an RCU grace period).
+    let old = Path::new(OLD).strip_prefix("/").unwrap_or(Path::new(OLD));
+    match rustix::fs::mkdirat(&root, old, Mode::from_raw_mode(0o700)) {
+        Ok(()) => {}
+        Err(e) => return Err(format!("mkdir {OLD} in the new root: {e}")),
+    }
+    rustix::process::fchdir(&root).map_err(step(|| "enter the new root".into()))?;
+    nix::unistd::pivot_root(".", old).map_err(step(|| "pivot_root".into()))?;
+    nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))?;
     let _ = std::fs::remove_dir(STAGE);
     Ok(())
 }
 
-/// Whether init is alone but for `keep` (and, with `traced`, tasks in a
-/// ptrace stop) and only setup's mounts exist (`Err((why, EBUSY))` if not).
-fn check_alone(targets: &[PathBuf], keep: &[i32], traced: bool) -> Result<(), (String, Option<i32>)> {
+/// Where [`swap_staged`] puts the old root until [`detach_staged_old`].
+pub const OLD: &str = "/dev/.sandtree-old";
+
+/// Detach the old root [`swap_staged`] left at [`OLD`].
+pub(crate) fn detach_staged_old() -> Result<(), String> {
+    umount2(OLD, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(step(|| format!("detach {OLD}")))?;
+    std::fs::remove_dir(OLD).map_err(|e| format!("remove {OLD}: {e}"))
+}
+
+/// Whether init is alone but for `keep` (with `held`, the daemon holds
+/// every other process: its pids are not looked at) and only setup's
+/// mounts exist (`Err((why, EBUSY))` if not).
+fn check_alone(targets: &[PathBuf], keep: &[i32], held: bool) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
-    for pid in others().into_iter().filter(|p| !keep.contains(p)) {
+    let others = if held { Vec::new() } else { others() };
+    for pid in others.into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
         // zombie while its other threads run.
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -346,8 +379,7 @@ fn check_alone(targets: &[PathBuf], keep: &[i32], traced: bool) -> Result<(), (S
         for tid in tasks {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
             let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-            let allowed = matches!(state, Some('Z') | None) || (traced && state == Some('t'));
-            if !allowed {
+            if !matches!(state, Some('Z') | None) {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 return Err(busy(format!("pid {pid} ({}) runs", comm.trim_end())));
             }

@@ -564,17 +564,17 @@ impl Sandbox {
     /// files through. [`Error::Busy`]: nothing changed. Then
     /// [`Sandbox::swap_staged`], or [`Sandbox::unstage`].
     ///
-    /// With `traced`, tasks in a ptrace stop may exist too (the caller makes
-    /// templates meanwhile, and every task in a ptrace stop is its own).
+    /// With `held`, the caller holds every process but init (stopped, its
+    /// spawns held, templates being made): only the mounts are checked.
     pub async fn stage(
         &self,
         targets: Vec<std::path::PathBuf>,
         layers: Vec<OwnedFd>,
         keep: Vec<i32>,
-        traced: bool,
+        held: bool,
     ) -> Result<()> {
         self.thaw_if_frozen()?;
-        self.tree_request(Request::Stage { targets, keep, traced }, layers, "stage").await
+        self.tree_request(Request::Stage { targets, keep, held }, layers, "stage").await
     }
 
     /// Undo [`Sandbox::stage`].
