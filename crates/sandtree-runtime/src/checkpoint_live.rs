@@ -128,7 +128,14 @@ impl Engine {
             Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default(), keep, true).await),
             Err(_) => None,
         };
-        let cloned = cloning.await.map_err(|e| Error::Internal(format!("template copy: {e}")));
+        let cloned = match cloning.await {
+            // (On error the processes were let go.)
+            Ok(r) => r.map_err(|e| self.process_error(id, e)),
+            Err(e) => {
+                let _ = block(|| tracer.resume_stopped());
+                Err(Error::Internal(format!("template copy: {e}")))
+            }
+        };
         let t_cloned = Instant::now();
         // Not staged: the next layer is as good as before.
         let unused = |top, fds: Option<Vec<std::os::fd::OwnedFd>>| match fds {
@@ -136,20 +143,13 @@ impl Engine {
             None => self.discard_subvol_later(&top.subvol),
         };
         let kept = match cloned {
-            Ok(Ok(kept)) => kept,
-            failed => {
-                // (The processes were let go; unless the copy's thread died.)
-                if failed.is_err() {
-                    let _ = block(|| tracer.resume_stopped());
-                }
+            Ok(kept) => kept,
+            Err(e) => {
                 if staged.is_some() {
                     let _ = sb.unstage().await;
                 }
                 unused(top, fds);
-                return Err(failed
-                    .and_then(|r| r.map(|_| ()).map_err(|e| self.process_error(id, e)))
-                    .err()
-                    .unwrap_or_else(|| Error::Internal("template copy failed".into())));
+                return Err(e);
             }
         };
         let moved = match (movable, staged) {
