@@ -76,7 +76,7 @@ mod tracer;
 use std::io;
 
 pub use check::Unrestorable;
-pub use tracer::{CaptureReport, OpGuard, RestoreReport, StopReport, StoppedNow, TemplateStatus, Tracer};
+pub use tracer::{CaptureReport, OpGuard, RestoreReport, StopReport, TemplateStatus, Tracer};
 
 /// Errors of the process engine.
 #[derive(Debug, thiserror::Error)]

@@ -30,10 +30,6 @@ use crate::inject::Tracee;
 use crate::model::ProcessImage;
 use crate::{Error, Result, procfs};
 
-/// [`Tracer::stopped`]: the stopped processes (host pid, pid in the
-/// sandbox), and the pids in the sandbox of every process held stopped.
-pub type StoppedNow = (Vec<(i32, i32)>, Vec<i32>);
-
 /// A stopped original, between [`Tracer::stop`] and [`Tracer::clone_all`].
 pub(crate) struct Stopped {
     pub host: i32,
@@ -447,15 +443,9 @@ impl Tracer {
     }
 
     /// After [`Tracer::stop`]: the stopped processes (host pid, pid in the
-    /// sandbox), and the pids in the sandbox of every process held stopped
-    /// (them and the pool's).
-    pub fn stopped(&self) -> Result<StoppedNow> {
-        self.call(|st| {
-            let stopped: Vec<(i32, i32)> = st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect();
-            let mut held = st.pool_pids();
-            held.extend(stopped.iter().map(|s| s.1));
-            (stopped, held)
-        })
+    /// sandbox).
+    pub fn stopped(&self) -> Result<Vec<(i32, i32)>> {
+        self.call(|st| st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect())
     }
 
     /// Open, in each stopped original, its files and cwd again through the

@@ -43,7 +43,6 @@ use sandtree_api::{CheckpointRequest, CheckpointResponse};
 use sandtree_meta::{CheckpointRecord, SandboxRecord};
 use sandtree_proc::Tracer;
 use sandtree_sandbox::Sandbox;
-
 use std::os::unix::fs::MetadataExt;
 
 use crate::engine::block;
@@ -104,7 +103,7 @@ impl Engine {
         // other CPU) while this thread checks the processes and then init
         // stages the new tree (checking only the mounts: every process is
         // held, and the templates appearing meanwhile are ours).
-        let (procs, keep) = match block(|| tracer.stopped()) {
+        let procs = match block(|| tracer.stopped()) {
             Ok(s) => s,
             Err(e) => {
                 let _ = block(|| tracer.resume_stopped());
@@ -125,7 +124,7 @@ impl Engine {
         };
         let mut fds = Some(fds);
         let staged = match &movable {
-            Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default(), keep, true).await),
+            Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default()).await),
             Err(_) => None,
         };
         let cloned = match cloning.await {

@@ -236,8 +236,8 @@ impl Init {
                     eprintln!("sandtree init: {e}");
                 }
             }
-            Request::Stage { targets, keep, held } => {
-                let reply = match crate::reroot::stage(&targets, &keep, held, fds) {
+            Request::Stage { targets } => {
+                let reply = match crate::reroot::stage(&targets, fds) {
                     Ok(()) => Reply::Ok,
                     Err((message, code)) => Reply::Error { message, code },
                 };

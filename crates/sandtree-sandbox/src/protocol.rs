@@ -167,19 +167,14 @@ pub enum Request {
         /// Pids that may exist: process templates (stopped by the daemon).
         keep: Vec<i32>,
     },
-    /// A layered checkpoint with live processes, first half: the checks of
-    /// `Restack` (the stopped processes are in `keep`), then the attached
-    /// overlay mounts are mounted at [`crate::reroot::STAGE`] for them to
+    /// A layered checkpoint with live processes, first half: the mount
+    /// check of `Restack` (the daemon holds every other process: stopped,
+    /// spawns held, templates being made), then the attached overlay mounts
+    /// are mounted at [`crate::reroot::STAGE`] for the stopped processes to
     /// reopen their files through. `EBUSY`: nothing changed.
     Stage {
         /// Mount point of each attached layer inside the sandbox (`/` first).
         targets: Vec<std::path::PathBuf>,
-        /// Pids that may exist: templates and the stopped processes.
-        keep: Vec<i32>,
-        /// The daemon holds every process but init: it stopped them, holds
-        /// the spawns, and makes templates meanwhile (new pids that are its
-        /// own). Only the mounts are checked then.
-        held: bool,
     },
     /// Undo `Stage`.
     Unstage,

@@ -51,7 +51,8 @@
 //! With live processes (stopped by the daemon, spared like templates) the
 //! restack comes in halves, so that they can reopen their files of the tree
 //! in the new one before it replaces the old (`sandtree-proc`'s
-//! `repoint.rs`): [`stage`] makes the same checks and mounts the new tree at
+//! `repoint.rs`): [`stage`] checks the mounts (the daemon holds every
+//! process, so the pids need no look) and mounts the new tree at
 //! [`STAGE`] (on the kept `/dev`), where they reopen them; then
 //! [`swap_staged`] moves the staged root to `/` (descriptors opened through
 //! it follow the mount) and does steps 3-4, or [`unstage`] detaches it and
@@ -273,24 +274,20 @@ pub const STAGE: &str = "/dev/.sandtree-next";
 /// was changed.
 pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
-    check_alone(targets, keep, false)?;
+    check_alone(targets, keep)?;
     swap_tree(targets, layers).map_err(|e| (e, None))
 }
 
 /// The first half of a restack with live processes (see the module docs):
-/// the same checks, then the new tree is mounted at [`STAGE`], where the
-/// stopped processes reopen their files. Any error leaves nothing changed
-/// (`EBUSY`).
-pub(crate) fn stage(
-    targets: &[PathBuf],
-    keep: &[i32],
-    held: bool,
-    layers: Vec<OwnedFd>,
-) -> Result<(), (String, Option<i32>)> {
+/// the mount check (the daemon holds every other process: stopped, spawns
+/// held, templates being made), then the new tree is mounted at [`STAGE`],
+/// where the stopped processes reopen their files. Any error leaves nothing
+/// changed (`EBUSY`).
+pub(crate) fn stage(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
     // (What a daemon that died part-way left, or the sandbox put there.)
     clear(STAGE).and_then(|()| clear(OLD)).map_err(|e| (e, None))?;
-    check_alone(targets, keep, held)?;
+    check_mounts(targets)?;
     let staged = (|| {
         // A directory made now, by init: the sandbox's processes share
         // `/dev` and could have put a symlink there.
@@ -364,13 +361,11 @@ pub(crate) fn detach_staged_old() -> Result<(), String> {
     std::fs::remove_dir(OLD).map_err(|e| format!("remove {OLD}: {e}"))
 }
 
-/// Whether init is alone but for `keep` (with `held`, the daemon holds
-/// every other process: its pids are not looked at) and only setup's
-/// mounts exist (`Err((why, EBUSY))` if not).
-fn check_alone(targets: &[PathBuf], keep: &[i32], held: bool) -> Result<(), (String, Option<i32>)> {
+/// Whether init is alone but for `keep` and only setup's mounts exist
+/// (`Err((why, EBUSY))` if not).
+fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
-    let others = if held { Vec::new() } else { others() };
-    for pid in others.into_iter().filter(|p| !keep.contains(p)) {
+    for pid in others().into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
         // zombie while its other threads run.
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -385,10 +380,15 @@ fn check_alone(targets: &[PathBuf], keep: &[i32], held: bool) -> Result<(), (Str
             }
         }
     }
+    check_mounts(targets)
+}
+
+/// Whether only the layers and what setup mounted under /proc and /dev
+/// exist: a mount the sandbox made (a bind of a directory of the tree,
+/// say) would keep writing into the old tree, the checkpoint's layer.
+fn check_mounts(targets: &[PathBuf]) -> Result<(), (String, Option<i32>)> {
+    let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| (format!("read mountinfo: {e}"), None))?;
-    // Only the layers and what setup mounted under /proc and /dev: a mount
-    // the sandbox made (a bind of a directory of the tree, say) would keep
-    // writing into the old tree, the checkpoint's layer.
     let shm = Path::new("/dev/shm");
     let ours = |t: &Path| targets.iter().any(|l| l == t) || t == shm || setup_mount(t);
     if let Some(m) = mounts.iter().find(|m| !ours(&m.target)) {

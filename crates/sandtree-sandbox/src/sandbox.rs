@@ -558,23 +558,15 @@ impl Sandbox {
     }
 
     /// A layered checkpoint with live processes, first half (see
-    /// [`crate::reroot`]): with init alone but for `keep` (the templates and
-    /// the stopped processes) and only setup's mounts, `layers` are mounted
-    /// at [`crate::reroot::STAGE`] for the stopped processes to reopen their
+    /// [`crate::reroot`]): the caller holds every process but init (stopped,
+    /// spawns held with [`Sandbox::hold_spawns`], templates being made);
+    /// with only setup's mounts, `layers` are mounted at
+    /// [`crate::reroot::STAGE`] for the stopped processes to reopen their
     /// files through. [`Error::Busy`]: nothing changed. Then
     /// [`Sandbox::swap_staged`], or [`Sandbox::unstage`].
-    ///
-    /// With `held`, the caller holds every process but init (stopped, its
-    /// spawns held, templates being made): only the mounts are checked.
-    pub async fn stage(
-        &self,
-        targets: Vec<std::path::PathBuf>,
-        layers: Vec<OwnedFd>,
-        keep: Vec<i32>,
-        held: bool,
-    ) -> Result<()> {
+    pub async fn stage(&self, targets: Vec<std::path::PathBuf>, layers: Vec<OwnedFd>) -> Result<()> {
         self.thaw_if_frozen()?;
-        self.tree_request(Request::Stage { targets, keep, held }, layers, "stage").await
+        self.tree_request(Request::Stage { targets }, layers, "stage").await
     }
 
     /// Undo [`Sandbox::stage`].
