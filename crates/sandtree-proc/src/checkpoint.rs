@@ -959,8 +959,7 @@ fn clone_of(
                 sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, stream, messages });
             }
         }
-        let link =
-            |what: &str| std::fs::read_link(format!("/proc/{host}/{what}")).map(|p| p.to_string_lossy().into_owned());
+        let link = |what: &str| procfs::readlink(format!("/proc/{host}/{what}"));
         let paths = (link("cwd"), link("root"), link("exe").unwrap_or_default());
         let paths = match paths {
             (Ok(cwd), Ok(root), exe) => (cwd, root, exe),
@@ -1132,9 +1131,8 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
-    let mut image = procfs::capture(child, s.ns_pid, s.ns_ppid, Registers::from(&c.image_regs), c.fds)
+    let mut image = procfs::capture(child, (s.ns_pid, s.ns_ppid), Registers::from(&c.image_regs), c.fds, c.paths)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
-    (image.cwd, image.root, image.exe) = c.paths;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
     image.itimers = c.itimers;

@@ -113,6 +113,11 @@ fn owner_pidfd(owner: i32) -> Result<OwnedFd> {
 /// is harmless.
 fn let_go_of_owner(h: &mut Tracee) -> Result<()> {
     h.call("setsid (holder)", libc::SYS_setsid, &[])?;
+    drop_descriptors(h)
+}
+
+/// Close every descriptor of holder `h`.
+fn drop_descriptors(h: &mut Tracee) -> Result<()> {
     h.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]).map(|_| ())
 }
 
@@ -129,8 +134,7 @@ pub(crate) fn adopt((mut t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder
             return Err(e);
         }
     };
-    let closed = t.call("close_range (holder)", libc::SYS_close_range, &[0, u32::MAX as u64, 0]);
-    if let Err(e) = closed {
+    if let Err(e) = drop_descriptors(&mut t) {
         crate::tracer::kill_tracee(host);
         return Err(e);
     }

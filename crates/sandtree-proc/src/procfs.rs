@@ -98,7 +98,7 @@ pub fn tty_nr(pid: i32) -> io::Result<i64> {
     Ok(rest.split_whitespace().nth(4).and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
-fn readlink(path: impl AsRef<Path>) -> io::Result<String> {
+pub(crate) fn readlink(path: impl AsRef<Path>) -> io::Result<String> {
     Ok(fs::read_link(path)?.to_string_lossy().into_owned())
 }
 
@@ -535,11 +535,19 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
 }
 
 /// The image of a process from its template (a fork made at the
-/// checkpoint, so its memory map, credentials, masks, cwd and session are
-/// the original's), with what only the original had: its pid, parent,
-/// registers and descriptors (read while it was stopped; the template's
-/// file positions are shared with the running original).
-pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdImage>) -> io::Result<ProcessImage> {
+/// checkpoint, so its memory map, credentials, masks and session are the
+/// original's), with what pass 1 read of the original while it was
+/// stopped: its pid, parent, registers, descriptors (the template's file
+/// positions are shared with the running original), and cwd, root and
+/// executable (a layered checkpoint detaches the tree the template's point
+/// into, where paths on a sub-layer read wrong).
+pub fn capture(
+    template: i32,
+    (pid, ppid): (i32, i32),
+    regs: Registers,
+    fds: Vec<FdImage>,
+    (cwd, root, exe): (String, String, String),
+) -> io::Result<ProcessImage> {
     let st = status(template)?;
     let base = format!("/proc/{template}");
     Ok(ProcessImage {
@@ -549,7 +557,7 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         sid: if st.ns_sid == st.ns_pid { pid } else { st.ns_sid },
         has_tty: tty_nr(template)? != 0,
         comm: fs::read_to_string(format!("{base}/comm"))?.trim_end().to_string(),
-        exe: readlink(format!("{base}/exe")).unwrap_or_default(),
+        exe,
         threads: 1,
         uids: st.uids,
         gids: st.gids,
@@ -559,8 +567,8 @@ pub fn capture(template: i32, pid: i32, ppid: i32, regs: Registers, fds: Vec<FdI
         signals: st.signals,
         queued_signals: Vec::new(),
         regs,
-        cwd: readlink(format!("{base}/cwd"))?,
-        root: readlink(format!("{base}/root"))?,
+        cwd,
+        root,
         fds,
         maps: maps(template)?,
         ghosts: Vec::new(),

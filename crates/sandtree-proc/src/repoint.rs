@@ -199,12 +199,11 @@ fn reopen(
     r: &mut Reopened,
 ) -> Result<()> {
     let host = p.tid;
-    let cwd = std::fs::read_link(format!("/proc/{host}/cwd")).map_err(|source| Error::Proc {
+    let cwd = crate::procfs::readlink(format!("/proc/{host}/cwd")).map_err(|source| Error::Proc {
         pid: host,
         what: "cwd",
         source,
     })?;
-    let cwd = cwd.to_string_lossy();
     // Room below the red zone for the longest path (what was there is put
     // back after).
     let paths = fds.iter().filter_map(|f| match &f.kind {

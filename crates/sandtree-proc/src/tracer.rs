@@ -415,15 +415,11 @@ impl Tracer {
 
     /// Pass 1 of the capture, while every process stays stopped (the
     /// caller snapshots the filesystem meanwhile); then [`Tracer::release`]
-    /// and [`Tracer::set_up`]. On error everything runs again.
-    pub fn clone_all(&self, best_effort: bool) -> Result<()> {
-        self.call(move |st| crate::checkpoint::clone_all(st, best_effort))?
-    }
-
-    /// [`Tracer::clone_all`], then whether every process stopped is still
-    /// stopped with its template (in best effort, one that cannot be
-    /// restored, or whose template died, was let go).
-    pub fn clone_all_kept(&self, best_effort: bool) -> Result<bool> {
+    /// and [`Tracer::set_up`]. On error everything runs again. Returns
+    /// whether every process stopped is still stopped with its template (in
+    /// best effort, one that cannot be restored, or whose template died, was
+    /// let go).
+    pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
         self.call(move |st| {
             let stopped = st.stopped.len();
             crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)

@@ -40,7 +40,7 @@
 use std::time::Instant;
 
 use sandtree_api::{CheckpointRequest, CheckpointResponse};
-use sandtree_meta::{CheckpointRecord, SandboxRecord};
+use sandtree_meta::SandboxRecord;
 use sandtree_proc::Tracer;
 use sandtree_sandbox::Sandbox;
 use std::os::unix::fs::MetadataExt;
@@ -61,12 +61,11 @@ impl Engine {
         t0: Instant,
     ) -> Result<Option<CheckpointResponse>> {
         let id = rec.id.as_str();
-        if !crate::sandbox_checkpoint::one_pid_namespace(sb) {
+        if !sb.cgroup().procs().is_ok_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
             return Ok(None);
         }
         let tracer = self.tracer(id)?;
         let _op = tracer.begin();
-        let layer = Engine::subvol_layer(&rec.subvol);
         let targets: Vec<std::path::PathBuf> =
             self.image_layers(&rec.image)?.iter().map(|l| std::path::PathBuf::from(&l.target)).collect();
         let (top, fds) = self.take_next(rec).await?;
@@ -113,7 +112,7 @@ impl Engine {
         };
         let cloning = {
             let tracer = tracer.clone();
-            tokio::task::spawn_blocking(move || tracer.clone_all_kept(best_effort))
+            tokio::task::spawn_blocking(move || tracer.clone_all(best_effort))
         };
         let init_host = sb.init_pid();
         let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
@@ -226,30 +225,8 @@ impl Engine {
         };
 
         let t_commit = Instant::now();
-        let ck = CheckpointRecord {
-            frozen_ms,
-            duration_ms: util::ms_since(t0),
-            processes: serde_json::to_value(&captured).map_err(|e| Error::Internal(e.to_string()))?,
-            layer: layer.clone(),
-            lowers: lowers[1..].to_vec(),
-            ..crate::sandbox_checkpoint::new_record(rec, req, ck_id)
-        };
-        if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
-            tracing::warn!(sandbox = id, "checkpoint not committed, restarting the sandbox on its layer: {e}");
-            let _ = block(|| tracer.drop_checkpoint(ck_id));
-            let _ = self.restart(rec).await;
-            self.discard_subvol_later(&fresh);
-            return Err(e.into());
-        }
-        self.flusher.poke();
-        self.discard_layers_if_unused(rec.lowers.iter().filter(|l| !lowers.contains(l)).cloned().collect());
-        self.spares.want(id, ck_id);
-        self.squash_later(id, &lowers);
-        self.want_next(id);
-        self.evict_templates_later(id);
-        self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
-        let info = self.checkpoint_info_known(&ck, true);
-        let note = crate::sandbox_checkpoint::process_note(&info);
+        let done =
+            self.commit_layered(rec, req, ck_id, (fresh, lowers), frozen_ms, captured, t0, Some(&tracer)).await?;
         tracing::debug!(
             sandbox = id,
             stop_clone = ?t_cloned.duration_since(t_stop),
@@ -260,7 +237,7 @@ impl Engine {
             at = ?t0.elapsed(),
             "layered checkpoint with processes done"
         );
-        Ok(Some(CheckpointResponse { checkpoint: info, note }))
+        Ok(Some(done))
     }
 
     /// The fallback of [`Engine::checkpoint_live_layered`]: every process is

@@ -129,7 +129,7 @@ impl Engine {
                     let _ = sandtree_fs::delete_subvolume(&dst);
                     return Err(e);
                 }
-                t.clone_all(best_effort).and_then(|()| {
+                t.clone_all(best_effort).and_then(|_| {
                     t.release()?;
                     resumed_at = Some(Instant::now());
                     t.set_up(&ck_id, best_effort)
@@ -154,7 +154,7 @@ impl Engine {
                     .and_then(|r| r.map_err(|e| Error::fs("checkpoint", e)));
                 spare_made = spare.is_some_and(|h| matches!(h.join(), Ok(Ok(()))));
                 match (cloned, snap) {
-                    (Ok(()), Ok(())) => {
+                    (Ok(_), Ok(())) => {
                         t.release()?;
                         resumed_at = Some(Instant::now());
                         t.set_up(&ck_id, best_effort)
@@ -288,7 +288,6 @@ impl Engine {
     ) -> Result<Option<CheckpointResponse>> {
         let id = rec.id.as_str();
         let t_fresh = Instant::now();
-        let layer = Engine::subvol_layer(&rec.subvol);
         let targets: Vec<PathBuf> = self.image_layers(&rec.image)?.iter().map(|l| PathBuf::from(&l.target)).collect();
         let (top, fds) = self.take_next(rec).await?;
         let (fresh, lowers) = (top.subvol, top.lowers);
@@ -311,10 +310,37 @@ impl Engine {
         }
         let frozen_ms = util::ms_since(t_swap);
         let t_commit = Instant::now();
+        let done = self.commit_layered(rec, req, ck_id, (fresh, lowers), frozen_ms, CaptureReport::default(), t0, None);
+        let done = done.await?;
+        let commit_ms = util::ms_since(t_commit);
+        tracing::debug!(sandbox = id, before = ?t_fresh.duration_since(t0), fresh_ms, frozen_ms, commit_ms, at = ?t0.elapsed(), "layered checkpoint done");
+        Ok(Some(done))
+    }
+
+    /// The end of a layered checkpoint (the tree swapped onto `fresh`, over
+    /// `lowers`, the frozen layer first): its row and the sandbox's new
+    /// stack in one transaction, then in the background the next layer, a
+    /// squash, a spare, the pool's eviction and the size. A failed commit
+    /// restarts the sandbox on its recorded layer (init writes to `fresh`,
+    /// which metadata does not know).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn commit_layered(
+        &self,
+        rec: &SandboxRecord,
+        req: &CheckpointRequest,
+        ck_id: &str,
+        (fresh, lowers): (String, Vec<String>),
+        frozen_ms: f64,
+        captured: CaptureReport,
+        t0: Instant,
+        tracer: Option<&sandtree_proc::Tracer>,
+    ) -> Result<CheckpointResponse> {
+        let id = rec.id.as_str();
+        let layer = Engine::subvol_layer(&rec.subvol);
         let ck = CheckpointRecord {
             frozen_ms,
             duration_ms: util::ms_since(t0),
-            processes: serde_json::to_value(CaptureReport::default()).map_err(|e| Error::Internal(e.to_string()))?,
+            processes: serde_json::to_value(&captured).map_err(|e| Error::Internal(e.to_string()))?,
             layer: layer.clone(),
             // What the new stack has under the frozen layer (a squashed run
             // instead of its layers, when there is one).
@@ -322,13 +348,14 @@ impl Engine {
             ..new_record(rec, req, ck_id)
         };
         if let Err(e) = self.meta.insert_checkpoint(&ck, Some(id), Some((&fresh, &lowers))) {
-            // Init writes to the new layer, which metadata does not know.
             tracing::warn!(sandbox = id, "checkpoint not committed, restarting the sandbox on its layer: {e}");
+            if let Some(t) = tracer {
+                let _ = crate::engine::block(|| t.drop_checkpoint(ck_id));
+            }
             let _ = self.restart(rec).await;
             self.discard_subvol_later(&fresh);
             return Err(e.into());
         }
-        let commit_ms = util::ms_since(t_commit);
         // Committed to disk soon (a host crash before that loses the
         // checkpoint's layer files newer than btrfs's last commit).
         self.flusher.poke();
@@ -337,11 +364,14 @@ impl Engine {
         self.spares.want(id, ck_id);
         self.squash_later(id, &lowers);
         self.want_next(id);
+        if tracer.is_some() {
+            self.evict_templates_later(id);
+        }
         self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
-        let info = self.checkpoint_info(&ck);
+        // (Its templates, if any, were just made.)
+        let info = self.checkpoint_info_known(&ck, true);
         let note = process_note(&info);
-        tracing::debug!(sandbox = id, before = ?t_fresh.duration_since(t0), fresh_ms, frozen_ms, commit_ms, at = ?t0.elapsed(), "layered checkpoint done");
-        Ok(Some(CheckpointResponse { checkpoint: info, note }))
+        Ok(CheckpointResponse { checkpoint: info, note })
     }
 
     /// What a checkpoint adds over its base (`bytes_written_since`), measured
@@ -434,7 +464,7 @@ impl Engine {
 
 /// A checkpoint of sandbox `rec` as `req` asks for it, taken now; the
 /// caller fills in its layers, timings and what it captured.
-pub(crate) fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> CheckpointRecord {
+fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> CheckpointRecord {
     CheckpointRecord {
         id: ck_id.to_string(),
         sandbox_id: rec.id.clone(),
@@ -460,15 +490,15 @@ pub(crate) fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &s
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
 fn init_alone(sb: &sandtree_sandbox::Sandbox, templates: usize) -> bool {
-    sb.cgroup().procs().is_ok_and(|pids| pids.len() <= 1 + templates) && one_pid_namespace(sb)
+    sb.cgroup().procs().is_ok_and(|pids| pids.len() <= 1 + templates && one_pid_namespace(sb, &pids))
 }
 
-/// Whether every task of the sandbox's cgroup lives in its pid namespace
-/// (a task that joined from outside is held only by a freeze).
-pub(crate) fn one_pid_namespace(sb: &sandtree_sandbox::Sandbox) -> bool {
+/// Whether every task of `pids` (the sandbox's cgroup) lives in its pid
+/// namespace (a task that joined from outside is held only by a freeze).
+pub(crate) fn one_pid_namespace(sb: &sandtree_sandbox::Sandbox, pids: &[i32]) -> bool {
     let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
     let Some(own) = ns(sb.init_pid()) else { return false };
-    sb.cgroup().procs().is_ok_and(|pids| pids.iter().all(|&p| ns(p).is_none_or(|n| n == own)))
+    pids.iter().all(|&p| ns(p).is_none_or(|n| n == own))
 }
 
 /// What a checkpoint record says it captured of the processes.

@@ -341,10 +341,8 @@ pub(crate) fn swap_staged() -> Result<(), String> {
     // processes run before it is detached (after the reply: detaching
     // waits for an RCU grace period).
     let old = Path::new(OLD).strip_prefix("/").unwrap_or(Path::new(OLD));
-    match rustix::fs::mkdirat(&root, old, Mode::from_raw_mode(0o700)) {
-        Ok(()) => {}
-        Err(e) => return Err(format!("mkdir {OLD} in the new root: {e}")),
-    }
+    rustix::fs::mkdirat(&root, old, Mode::from_raw_mode(0o700))
+        .map_err(step(|| format!("mkdir {OLD} in the new root")))?;
     rustix::process::fchdir(&root).map_err(step(|| "enter the new root".into()))?;
     nix::unistd::pivot_root(".", old).map_err(step(|| "pivot_root".into()))?;
     nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))?;
@@ -357,8 +355,7 @@ pub const OLD: &str = "/dev/.sandtree-old";
 
 /// Detach the old root [`swap_staged`] left at [`OLD`].
 pub(crate) fn detach_staged_old() -> Result<(), String> {
-    umount2(OLD, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(step(|| format!("detach {OLD}")))?;
-    std::fs::remove_dir(OLD).map_err(|e| format!("remove {OLD}: {e}"))
+    clear(OLD)
 }
 
 /// Whether init is alone but for `keep` and only setup's mounts exist
