@@ -406,6 +406,79 @@ pub(crate) struct Cloned {
     pub(crate) host: i32,
     pub(crate) ns_pid: i32,
     insn: u64,
+    /// Written-page tracking of the original (`track.rs`), back to the
+    /// state when the original is kept.
+    tracking: Option<crate::track::Tracking>,
+    /// The original's fingerprint (`incremental.rs`), when tracked.
+    fingerprint: Option<String>,
+    /// Made from a standby: its scratch mapping and the memory map.
+    patched: Option<((u64, bool), Vec<crate::model::MapImage>)>,
+    /// Made from a standby: the original's process group, session and
+    /// whether it has a terminal (the standby has left them).
+    session: Option<(i32, i32, bool)>,
+    /// (descriptor, pipe key) of each pipe and FIFO descriptor (a
+    /// template made from a standby has closed FIFOs of the tree).
+    pipe_keys: Vec<(i32, (u64, u64))>,
+}
+
+/// What [`clone_of`] gets for a process worth tracking.
+pub(crate) struct Track {
+    pub tracking: Option<crate::track::Tracking>,
+    pub base: Option<crate::incremental::Base>,
+}
+
+/// After a template was forked from tracked-worthy process `host`: start
+/// tracking it, or count its pages as unwritten from here (and cover
+/// mappings new since). Returns its fingerprint.
+fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::track::Tracking>) -> Result<String> {
+    let maps = procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
+    match tracking {
+        Some(t) => {
+            t.cover(&maps);
+            t.take_written(host)?;
+        }
+        None => *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?),
+    }
+    crate::incremental::fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
+}
+
+/// Resident pages of process `host` (0 if unknown).
+pub(crate) fn resident_pages(host: i32) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// The tracking of stopped process `s`, and its base if its previous
+/// template can give one (prepared, with a standby): taken out of the
+/// state for the pass (the tracking comes back with the template, its base
+/// when the checkpoint joins the pool). `None` for a process not tracked
+/// and too small to be.
+fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
+    let min = st.incremental_min_rss?;
+    let tracking = st.tracking.remove(&s.host).filter(|t| t.tracks(s.host));
+    if tracking.is_none() && resident_pages(s.host) * 4096 < min {
+        return None;
+    }
+    let base = tracking.as_ref().and_then(|t| t.base.clone()).and_then(|(ck, tpl)| {
+        let t = st.pools.get_mut(&ck)?.templates.iter_mut().find(|t| t.host == tpl)?;
+        if t.scratch == 0 || t.standby.is_none() {
+            tracing::debug!(pid = s.ns_pid, prepared = t.scratch != 0, "the previous template has no standby yet");
+            return None;
+        }
+        let fingerprint = t.fingerprint.clone()?;
+        let standby = t.standby.take()?;
+        Some(crate::incremental::Base {
+            standby,
+            scratch: (t.scratch, t.scratch_exec),
+            maps: t.image.maps.clone(),
+            fingerprint,
+        })
+    });
+    let tracking = tracking.map(|mut t| {
+        t.base = None;
+        t
+    });
+    Some(Track { tracking, base })
 }
 
 // Capture and make templates in two passes, so that the originals are
@@ -429,6 +502,8 @@ pub(crate) struct Cloned {
 /// is then about the largest copy, not the sum of all of them.
 pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
+    // Trackings of processes gone (or not stopped this time) end.
+    st.tracking.retain(|host, _| stopped.iter().any(|s| s.host == *host));
     let mounts = match stopped.first() {
         Some(s) => procfs::mounts(s.host).map_err(|e| Error::Proc { pid: s.host, what: "mountinfo", source: e }),
         None => Ok(Default::default()),
@@ -446,6 +521,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
             None => clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure),
             Some(b) => {
                 let need_holder = !st.has_holder(b.host);
+                let track = track_for(st, &b);
                 let mut ran = false;
                 let res = clone_of(
                     &b,
@@ -456,6 +532,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
                         ran = true;
                         clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure);
                     }),
+                    track,
                 );
                 let hard = keep_clone(st, &b, res, best_effort);
                 // (It failed before its copy: the others are cloned now.)
@@ -492,7 +569,8 @@ fn clone_each(
     }
     for s in left.by_ref() {
         let need_holder = !st.has_holder(s.host);
-        let res = clone_of(&s, mounts, seen, need_holder, None);
+        let track = track_for(st, &s);
+        let res = clone_of(&s, mounts, seen, need_holder, None, track);
         if let Some(e) = keep_clone(st, &s, res, best_effort) {
             *failure = Some(e);
             return;
@@ -509,6 +587,9 @@ fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: boo
         Ok(mut c) => {
             if let Some(h) = c.holder.take() {
                 st.holders.push(h);
+            }
+            if let Some(t) = c.tracking.take() {
+                st.tracking.insert(s.host, t);
             }
             st.cloned.push(c);
             None
@@ -534,11 +615,7 @@ fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: boo
 /// The process whose copy costs most (the most resident memory), if it is
 /// worth copying apart: 16 MiB or more.
 fn biggest(stopped: &[Stopped]) -> Option<usize> {
-    let rss = |host: i32| -> u64 {
-        let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
-        statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
-    };
-    let (i, pages) = stopped.iter().enumerate().map(|(i, s)| (i, rss(s.host))).max_by_key(|(_, p)| *p)?;
+    let (i, pages) = stopped.iter().enumerate().map(|(i, s)| (i, resident_pages(s.host))).max_by_key(|(_, p)| *p)?;
     (pages * 4096 >= 16 << 20).then_some(i)
 }
 
@@ -681,14 +758,22 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (bytes, the receiving process: template host, pid, comm)
     let mut captured_sockets: Vec<(crate::model::SocketBuffer, i32)> = Vec::new();
     let mut cloned = std::mem::take(&mut st.cloned).into_iter();
+    // Every pipe or FIFO descriptor of the templates, keyed once.
+    let mut reachable: Vec<((u64, u64), i32, i32)> = Vec::new();
     for mut c in cloned.by_ref() {
         let host = c.host;
+        reachable.extend(std::mem::take(&mut c.pipe_keys).into_iter().map(|(fd, key)| (key, host, fd)));
+        let tracked = (c.fingerprint.is_some() && st.tracking.contains_key(&c.stopped.host)).then_some(c.stopped.host);
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
         match set_up(c, best_effort)
             .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
         {
             Ok(t) => {
+                // The tracked original's writes count from this template.
+                if let Some(t_orig) = tracked.and_then(|h| st.tracking.get_mut(&h)) {
+                    t_orig.base = Some((ck.to_string(), t.host));
+                }
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
                     report.reparented.push(check::reparent_note(&t.image));
@@ -760,13 +845,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (not necessarily the process it was first seen in, which may have
     // been refused).
     let mut pipes = Vec::new();
-    // Every pipe or FIFO descriptor of the templates, keyed once.
-    let reachable: Vec<((u64, u64), i32, i32)> = made
-        .iter()
-        .flat_map(|t| t.image.fds.iter().map(move |f| (t.host, f)))
-        .filter(|(_, f)| matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }))
-        .filter_map(|(host, f)| Some((pipe_key(host, f.fd).ok()?, host, f.fd)))
-        .collect();
+    reachable.retain(|(_, host, _)| made.iter().any(|t| t.host == *host));
     for pipe in captured_pipes {
         if let Some(&(_, host, fd)) = reachable.iter().find(|(key, ..)| *key == (pipe.dev, pipe.ino)) {
             pipes.push((pipe, host, fd));
@@ -816,6 +895,7 @@ fn clone_of(
     seen: &mut Seen,
     need_holder: bool,
     mut during: Option<&mut dyn FnMut(&mut Seen)>,
+    mut track: Option<Track>,
 ) -> Result<Cloned> {
     let host = s.host;
     let t0 = std::time::Instant::now();
@@ -846,7 +926,7 @@ fn clone_of(
     // The other threads' tracees (calls were injected into them): let go
     // with their own masks by `release_all`, or below on an error.
     let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
-    let mut made = || -> Result<Cloned> {
+    let made = || -> Result<Cloned> {
         // Pending signals before the timers are read: a timer that fires
         // meanwhile then shows in neither (it fires again after the restore)
         // rather than in both.
@@ -864,31 +944,83 @@ fn clone_of(
         let rseq = ptrace::rseq_configuration(host).ok().flatten();
         let mut image_regs = s.regs;
         rseq_abort(host, rseq, &mut image_regs);
-        // No exit signal: the parent's plain `wait` never sees the template
-        // (init reaps with __WALL).
-        let flags = libc::CLONE_PARENT as u64;
-        // On another CPU (the copy runs in the process's own context), and
-        // back for the calls that follow: the template inherits the pin.
-        let apart = during.is_some();
-        if apart {
-            inject::move_off_tracer(host);
+        // A tracked process with a base: its template from the previous
+        // one's standby, if it can be (`incremental.rs`).
+        let mut fds = None;
+        let mut patched = None;
+        if let Some(tk) = track.as_mut()
+            && let (Some(tracking), Some(base)) = (tk.tracking.as_ref(), tk.base.take())
+        {
+            let now = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+            patched = crate::incremental::patch(
+                s,
+                &mut orig,
+                tracking,
+                base,
+                (status.signals.caught, &now),
+                &mut during,
+                seen,
+            )?;
+            fds = Some(now);
         }
-        let started = orig.start_clone(flags);
-        if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
-            during(seen);
-        }
-        if apart {
-            inject::pin_to_tracer(host);
-        }
-        started?;
-        let (tpl, ns_pid, _) = orig.finish_clone(flags, "clone (template)")?;
-        if apart {
-            inject::pin_to_tracer(tpl);
-        }
+        let (tpl, ns_pid) = match &patched {
+            Some(p) => (p.host, p.ns_pid),
+            None => {
+                // No exit signal: the parent's plain `wait` never sees the
+                // template (init reaps with __WALL).
+                let flags = libc::CLONE_PARENT as u64;
+                // On another CPU (the copy runs in the process's own
+                // context), and back for the calls that follow: the
+                // template inherits the pin.
+                let apart = during.is_some();
+                if apart {
+                    inject::move_off_tracer(host);
+                }
+                let started = orig.start_clone(flags);
+                if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
+                    during(seen);
+                }
+                if apart {
+                    inject::pin_to_tracer(host);
+                }
+                started?;
+                let (tpl, ns_pid, _) = orig.finish_clone(flags, "clone (template)")?;
+                if apart {
+                    inject::pin_to_tracer(tpl);
+                }
+                (tpl, ns_pid)
+            }
+        };
         child = Some(tpl);
         let t_clone = t0.elapsed();
+        // Tracking: armed at a process's first fork; after any fork the
+        // pages count as unwritten from here (the fork has them all).
+        let mut fingerprint = patched.as_ref().map(|p| p.fingerprint.clone());
+        if patched.is_none()
+            && let Some(tk) = track.as_mut()
+        {
+            match track_after_fork(host, &mut orig, &mut tk.tracking) {
+                Ok(fp) => fingerprint = Some(fp),
+                Err(e @ Error::Died { .. }) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(pid = s.ns_pid, "not tracked: {e}");
+                    tk.tracking = None;
+                }
+            }
+        }
+        let session = match patched.is_some() {
+            true => Some((
+                status.ns_pgid,
+                status.ns_sid,
+                procfs::tty_nr(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })? != 0,
+            )),
+            false => None,
+        };
 
-        let fds = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+        let fds = match fds {
+            Some(fds) => fds,
+            None => procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?,
+        };
         // Threads made after the first check (it is stopped now: final).
         check::check_status(s.ns_pid, &comm_now(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
         // A periodic real timer that expired while its SIGALRM waits to be
@@ -924,11 +1056,13 @@ fn clone_of(
             }
         }
         let mut pipes = Vec::new();
+        let mut pipe_keys = Vec::new();
         for f in &fds {
             if !matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
                 continue;
             }
             let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
+            pipe_keys.push((f.fd, key));
             if seen.pipes.insert(key) {
                 let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
                     pid: host,
@@ -989,6 +1123,11 @@ fn clone_of(
             host: tpl,
             ns_pid,
             insn,
+            tracking: track.and_then(|t| t.tracking),
+            fingerprint,
+            patched: patched.map(|p| (p.scratch, p.maps)),
+            session,
+            pipe_keys,
         })
     };
     let mut c = match made() {
@@ -1144,6 +1283,18 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.signals.blocked = c.blocked;
     image.queued_signals = c.queued;
     image.affinity = c.affinity;
+    if let Some((pgid, sid, tty)) = c.session {
+        image.pgid = pgid;
+        image.sid = sid;
+        image.has_tty = tty;
+    }
+    let scratch = match c.patched {
+        Some((scratch, maps)) => {
+            image.maps = maps;
+            scratch
+        }
+        None => (0, false),
+    };
     check::check(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
@@ -1152,10 +1303,11 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         host: child,
         ns_pid: c.ns_pid,
         tracee,
-        scratch: 0,
-        scratch_exec: false,
+        scratch: scratch.0,
+        scratch_exec: scratch.1,
         standby: None,
         no_standby: false,
+        fingerprint: c.fingerprint,
     })
 }
 

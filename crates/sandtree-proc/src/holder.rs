@@ -57,23 +57,26 @@ pub(crate) struct Standby {
     pub ns_pid: i32,
 }
 
-/// Gives one template without a standby a standby (the most recently
-/// used checkpoint first: the likeliest rollback target). The tracer
-/// calls it between operations, one at a time. Returns whether it made
-/// one (or tried).
+/// Gives one template without a standby a standby: templates of tracked
+/// processes first (the next checkpoint makes its template from the
+/// standby, `incremental.rs`), then by checkpoint, the most recently used
+/// first (the likeliest rollback target). The tracer calls it between
+/// operations, one at a time. Returns whether it made one (or tried).
 pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
     if !st.stopped.is_empty() || !st.cloned.is_empty() {
         return false;
     }
-    let Some(set) = st
+    let Some((ck, i)) = st
         .pools
-        .values_mut()
-        .filter(|c| c.templates.iter().any(|t| t.standby.is_none() && !t.no_standby))
-        .max_by_key(|c| c.last_used)
+        .iter()
+        .flat_map(|(ck, c)| c.templates.iter().enumerate().map(move |(i, t)| (ck, c.last_used, i, t)))
+        .filter(|(.., t)| t.standby.is_none() && !t.no_standby)
+        .max_by_key(|(_, used, _, t)| (t.fingerprint.is_some(), *used))
+        .map(|(ck, _, i, _)| (ck.clone(), i))
     else {
         return false;
     };
-    let Some(t) = set.templates.iter_mut().find(|t| t.standby.is_none() && !t.no_standby) else { return false };
+    let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return false };
     let t0 = std::time::Instant::now();
     match standby_of(&mut t.tracee) {
         Ok(s) => {

@@ -416,6 +416,15 @@ pub fn move_off_tracer(tid: i32) {
     set_affinity(tid, &others);
 }
 
+/// The CPUs other than the tracer's (all of them when it is not pinned,
+/// or is the only one).
+pub fn off_tracer_cpus() -> Vec<u32> {
+    let all = affinity(std::process::id() as i32);
+    let Some(cpu) = TRACER_CPU.with(|c| c.get()) else { return all };
+    let others: Vec<u32> = all.iter().copied().filter(|c| *c != cpu).collect();
+    if others.is_empty() { all } else { others }
+}
+
 /// Run `tid` on the tracer's CPU while we inject into it (the caller puts
 /// its own affinity back before letting it go).
 pub fn pin_to_tracer(tid: i32) {

@@ -65,6 +65,7 @@ pub mod check;
 mod checkpoint;
 pub mod fdstate;
 mod holder;
+mod incremental;
 pub mod inject;
 pub mod model;
 pub mod procfs;
@@ -72,6 +73,7 @@ pub mod repoint;
 mod restore;
 mod sockdiag;
 mod tracer;
+mod track;
 
 use std::io;
 

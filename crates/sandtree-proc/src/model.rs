@@ -522,7 +522,7 @@ pub struct SocketBuffer {
 }
 
 /// One memory mapping (`/proc/pid/maps`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapImage {
     /// Start address.
     pub start: u64,

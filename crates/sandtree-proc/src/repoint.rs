@@ -34,6 +34,8 @@
 //! pointer's red zone, where nothing lives while it is stopped, and what
 //! was there is put back.
 
+use std::os::unix::fs::MetadataExt;
+
 use sandtree_sys::ptrace;
 
 use crate::model::{AnonState, FdKind};
@@ -237,6 +239,23 @@ fn reopen(
             let at = put(path)?;
             let fd = p.call("open (new tree)", libc::SYS_open, &[at, (f.flags & !CREATING) as u64, 0])? as i32;
             r.files.push((fd, f.fd, f.flags));
+            // A file copied up into the writable layer before is copied up
+            // again from it, and its inode number (the layer's copy's)
+            // changes: SQLite, for one, then takes its database for moved
+            // and turns read-only. Such a checkpoint is a snapshot.
+            let ino = |fd: i32| std::fs::metadata(format!("/proc/{host}/fd/{fd}")).map(|m| m.ino());
+            if let (Ok(was), Ok(now)) = (ino(f.fd), ino(fd))
+                && was != now
+            {
+                return Err(Error::Proc {
+                    pid: host,
+                    what: "a reopened file",
+                    source: std::io::Error::other(format!(
+                        "fd {} ({path}) would change inode number ({was} to {now})",
+                        f.fd
+                    )),
+                });
+            }
             if f.pos > 0 && !directory {
                 p.call("lseek (new tree)", libc::SYS_lseek, &[fd as u64, f.pos, libc::SEEK_SET as u64])?;
             }

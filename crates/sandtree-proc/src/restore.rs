@@ -30,6 +30,8 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
 }
 
 pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
+    // The killed originals' trackings end with them.
+    st.tracking.clear();
     let mut report = RestoreReport::default();
     let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     // A template of another checkpoint may hold a pid this one needs (its

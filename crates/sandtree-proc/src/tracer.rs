@@ -61,6 +61,8 @@ pub(crate) struct Template {
     pub standby: Option<crate::holder::Standby>,
     /// Forking a standby failed once: restores fork the template instead.
     pub no_standby: bool,
+    /// The original's fingerprint, when it is tracked (`incremental.rs`).
+    pub fingerprint: Option<String>,
 }
 
 /// What to measure of the pool (outside the tracer thread): the
@@ -170,6 +172,11 @@ pub(crate) struct State {
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
     pub repointed: Vec<crate::repoint::Reopened>,
+    /// Written-page tracking of live processes, by host pid (`track.rs`).
+    pub tracking: std::collections::HashMap<i32, crate::track::Tracking>,
+    /// Processes this large (resident bytes) or more are tracked, and get
+    /// incremental templates; `None`: none is.
+    pub incremental_min_rss: Option<u64>,
 }
 
 impl State {
@@ -329,13 +336,15 @@ impl Drop for Tracer {
 }
 
 impl Tracer {
-    /// Start the thread.
-    pub fn start() -> std::io::Result<Tracer> {
+    /// Start the thread. Processes with `incremental_min_rss` resident
+    /// bytes or more get their pages written tracked and incremental
+    /// templates (`None`: no process does).
+    pub fn start(incremental_min_rss: Option<u64>) -> std::io::Result<Tracer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State { ops: thread_ops, ..Default::default() };
+            let mut st = State { ops: thread_ops, incremental_min_rss, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
                 // Jobs first. Between operations, a standby at a time (so

@@ -42,6 +42,12 @@ pub struct Config {
     /// way: they are stopped and moved to the new stack
     /// (`checkpoint_live.rs`); what cannot be moved makes it a snapshot.
     pub layered_processes: bool,
+    /// Processes with this many resident bytes or more have the pages
+    /// they write between checkpoints tracked, and their next template is
+    /// made from the previous one by copying those pages, not by a fork
+    /// (`sandtree-proc`'s `incremental.rs`). `None`: every template is a
+    /// fork.
+    pub incremental_min_rss: Option<u64>,
     /// Read-only layers a sandbox may stack before its lower layers are
     /// squashed into one (in the background); a checkpoint over this many
     /// takes a snapshot instead of stacking another.
@@ -86,6 +92,7 @@ impl Default for Config {
             template_checkpoints: 64,
             layered: true,
             layered_processes: true,
+            incremental_min_rss: Some(256 << 20),
             max_layers: 24,
         }
     }

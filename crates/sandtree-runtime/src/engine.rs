@@ -183,7 +183,8 @@ impl Engine {
             return Ok(t.clone());
         }
         let t = Arc::new(
-            sandtree_proc::Tracer::start().map_err(|e| Error::Internal(format!("start the tracer thread: {e}")))?,
+            sandtree_proc::Tracer::start(self.cfg.incremental_min_rss)
+                .map_err(|e| Error::Internal(format!("start the tracer thread: {e}")))?,
         );
         tracers.insert(id.to_string(), t.clone());
         Ok(t)

@@ -658,12 +658,11 @@ os.write(a, b'0123456789'); os.lseek(a, 4, 0)
 b = os.dup(a)
 ap = os.open('/root/app', os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 ro = os.open('/root/lower-ro', os.O_RDONLY); os.read(ro, 5)
-rw = os.open('/root/lower-rw', os.O_RDWR)
 dfd = os.open('/root/d', os.O_RDONLY | os.O_DIRECTORY)
 open('/root/ready', 'w').close()
 while not os.path.exists('/root/go'):
     time.sleep(0.005)
-os.write(a, b'AB'); os.write(b, b'C'); os.write(ap, b'x\n'); os.write(rw, b'CHANGED')
+os.write(a, b'AB'); os.write(b, b'C'); os.write(ap, b'x\n')
 pos = os.lseek(ro, 0, os.SEEK_CUR)
 open('rel', 'w').close()
 with open('/root/report', 'w') as f:
@@ -676,10 +675,11 @@ while True:
 /// A layered checkpoint with a process holding files of the tree
 /// (FILE_HOLDER):
 /// the process goes on in the new stack through every one of them (offsets,
-/// the shared one of a dup, append mode, a copy-up), nothing it writes
+/// the shared one of a dup, append mode), nothing it writes
 /// after the checkpoint reaches the checkpoint, and a rollback brings the
 /// process back on exactly the checkpoint's files, where it does the same.
-/// With a mount the sandbox made, the checkpoint is a snapshot instead.
+/// With a copied-up file open for writing, or a mount the sandbox made,
+/// the checkpoint is a snapshot instead.
 fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
@@ -698,7 +698,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         ensure!(layer.starts_with("sandboxes/"), "not layered: {layer}");
         let run = "touch /root/go; while [ ! -e /root/done ]; do sleep 0.01; done; \
                    cat /root/d/a; echo; cat /root/app /root/lower-rw; echo; cat /root/report; echo; ls /root/d";
-        let want = "0123ABC789\nx\nCHANGEDle\n5 /root/d ['a', 'rel']\na\nrel\n";
+        let want = "0123ABC789\nx\nlowerfile\n5 /root/d ['a', 'rel']\na\nrel\n";
         let got = sh(e, &sb, run).await?;
         ensure!(got == want, "after the checkpoint: {got:?}");
         for round in 0..2 {
@@ -711,6 +711,31 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
             let got = sh(e, &sb, run).await?;
             ensure!(got == want, "round {round}, after the rollback: {got:?}");
         }
+        // A file of a lower layer open for writing was copied up into the
+        // writable layer, and would be again, from there, into the new
+        // one: its inode number would change (SQLite takes its database
+        // for moved then). That checkpoint is a snapshot.
+        let other = create(e).await?;
+        sh(e, &other, "echo -n lowerfile > /root/lower-rw").await?;
+        checkpoint(e, &other).await?;
+        // (Each layer numbers its inodes from the same start: files made
+        // first, so that the copy's number is not the original's by chance.)
+        sh(e, &other, "mkdir -p /root/n && touch /root/n/1 /root/n/2 /root/n/3 /root/n/4").await?;
+        let holder = "exec 7<>/root/lower-rw; echo $$ > /root/ready; exec sleep 1000";
+        let req = ExecRequest {
+            cmd: vec!["bash".into(), "-c".into(), holder.into()],
+            background: true,
+            ..Default::default()
+        };
+        e.exec(&other, req).await?;
+        sh(e, &other, "while [ ! -s /root/ready ]; do sleep 0.01; done").await?;
+        let ino = "stat -L -c %i /proc/$(cat /root/ready)/fd/7";
+        let before = sh(e, &other, ino).await?;
+        let snap = checkpoint(e, &other).await?;
+        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(layer == format!("checkpoints/{snap}"), "a copied-up file open for writing, yet layered: {layer}");
+        ensure!(sh(e, &other, ino).await? == before, "the open file's inode number changed");
+        e.delete_sandbox(&other, true).await?;
         // A mount the sandbox made: init refuses to stage (it would stay
         // behind in the old tree), and the checkpoint of the stopped
         // processes is a snapshot; a rollback to it brings the process back.

@@ -255,10 +255,21 @@ impl Workload {
         }
     }
 
-    /// A checkpoint that captured the program.
+    /// A checkpoint that captured the program. Two in fact: the program's
+    /// template of the second is made from the first's (`incremental.rs`:
+    /// every process is tracked here), and it is the one returned.
     async fn checkpoint(&self, e: &Engine) -> Result<String> {
         // The query connection is closed by the program before it answers
         // the next accept; give it a moment to be gone from the fd table.
+        sleep_ms(50).await;
+        e.checkpoint(&self.sb, CheckpointRequest::default()).await.context("first checkpoint")?;
+        // (The tracer makes the first one's standby meanwhile.)
+        sleep_ms(100).await;
+        self.checkpoint_once(e).await
+    }
+
+    /// One checkpoint that captured the program.
+    async fn checkpoint_once(&self, e: &Engine) -> Result<String> {
         sleep_ms(50).await;
         let r = e.checkpoint(&self.sb, CheckpointRequest::default()).await.context("checkpoint")?;
         ensure!(
@@ -1804,7 +1815,10 @@ fn sqlite_open_database(e: &Engine) -> CaseFuture<'_> {
             w.ask(e, "add").await?;
         }
         ensure!(w.ask(e, "count").await? == "rows=3");
-        let ck = w.checkpoint(e).await?;
+        // (One checkpoint: after two, the restored connection finds the
+        // database file's inode number changed and turns read-only — an
+        // open bug of layered checkpoints, see ARCHITECTURE.md.)
+        let ck = w.checkpoint_once(e).await?;
         for round in 0..ROUNDS {
             let mut c = Checks::default();
             let before = num(&w.ask(e, "count").await?, "rows")?;
@@ -2066,5 +2080,11 @@ fn main() {
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),
         ("git_repo_in_session", git_repo_in_session),
     ];
-    common::run("sandtree-workloads-test", "sandtree-workloads", |_| {}, cases);
+    // Every process tracked: the second of each case's two checkpoints
+    // makes its template from the first's where it can (`incremental.rs`),
+    // so each case checks restores from both kinds of template.
+    // SANDTREE_TEST_INCREMENTAL=off: forks only.
+    let off = std::env::var("SANDTREE_TEST_INCREMENTAL").is_ok_and(|v| v == "off");
+    let min = if off { None } else { Some(0) };
+    common::run("sandtree-workloads-test", "sandtree-workloads", |cfg| cfg.incremental_min_rss = min, cases);
 }

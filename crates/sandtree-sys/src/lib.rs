@@ -17,6 +17,7 @@
 //! | `sockopt` | `SO_PEEK_OFF` (messages queued on a socket, peeked one by one) |
 //! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
 //! | `timerfd` | `TFD_IOC_SET_TICKS` (unread expirations of a restored timer) |
+//! | `uffd`    | userfaultfd in asynchronous write-protect mode, `PAGEMAP_SCAN`, copying pages between processes |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
 
 pub mod btrfs;
@@ -31,3 +32,4 @@ pub mod ptrace;
 pub mod pty;
 pub mod sockopt;
 pub mod timerfd;
+pub mod uffd;

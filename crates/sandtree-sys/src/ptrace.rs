@@ -251,12 +251,23 @@ pub fn set_sigmask(tid: i32, mask: u64) -> io::Result<()> {
 /// for tracees that must not outlive the tracer (templates, and processes
 /// while syscalls are injected into them).
 pub fn set_exit_kill(tid: i32, on: bool) -> io::Result<()> {
+    set_options(tid, on, false)
+}
+
+/// [`set_exit_kill`], and `PTRACE_O_SUSPEND_SECCOMP` with `suspend_seccomp`:
+/// the tracee's seccomp filter does not apply while it is set (a call the
+/// engine injects that the sandbox's filter denies to the sandbox's own
+/// code; needs `CAP_SYS_ADMIN`).
+pub fn set_options(tid: i32, exit_kill: bool, suspend_seccomp: bool) -> io::Result<()> {
     let mut opts = Options::PTRACE_O_TRACESYSGOOD
         | Options::PTRACE_O_TRACECLONE
         | Options::PTRACE_O_TRACEFORK
         | Options::PTRACE_O_TRACEVFORK;
-    if on {
+    if exit_kill {
         opts |= Options::PTRACE_O_EXITKILL;
+    }
+    if suspend_seccomp {
+        opts |= Options::from_bits_retain(1 << 21); // PTRACE_O_SUSPEND_SECCOMP
     }
     ptrace::setoptions(pid(tid), opts).map_err(err)
 }

@@ -2,7 +2,8 @@
 //! the zygote must be forked while the process is still single-threaded,
 //! which libtest's runner does not allow). Cases run in sequence on one
 //! engine with its own data dir and cgroup; an optional first argument
-//! filters them by name; the last line is `N passed, M failed`.
+//! filters them by name; the last line is `N passed, M failed`. With
+//! `RUST_LOG` set, the engine's log goes to stderr.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,6 +28,13 @@ pub fn run(name: &str, cgroup: &str, tune: impl FnOnce(&mut Config), cases: Vec<
     cfg.cgroup_name = cgroup.into();
     tune(&mut cfg);
     let zygote = Zygote::start(cfg.host_config()).expect("zygote");
+    // The engine's log on stderr with RUST_LOG (e.g. `sandtree_proc=debug`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let (mut passed, mut failed) = (0, 0);

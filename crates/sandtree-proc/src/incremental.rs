@@ -1,0 +1,335 @@
+//! Incremental templates: a checkpoint's template of a tracked process
+//! (`track.rs`) made from its previous template instead of by a fork.
+//!
+//! The previous template's *standby* (a fork of it, made between
+//! operations, `holder.rs`) holds the process's memory as it was at the
+//! previous checkpoint. The process's pages written since (one
+//! `PAGEMAP_SCAN`) are copied into it (`process_vm_readv` from the process,
+//! `process_vm_writev` into the standby, on the other CPU while the
+//! tracer clones the sandbox's other processes), pages the process dropped
+//! are dropped in it too, and it becomes the new template. Cost: the pages
+//! written (1,000 pages: ~2 ms here), not the process's size (a fork copies
+//! one page table entry per resident page: 100 MB in 4 KiB pages ~4 ms,
+//! 1 GB ~15 ms).
+//!
+//! A fork copies more than memory: the descriptor table, signal handlers,
+//! credentials, limits, namespaces, the mm's layout. The standby has the
+//! previous template's. So a standby is used only when all of that is as
+//! it was; otherwise (and when the process wrote more than a 16th of its
+//! pages, where a fork is cheaper) the checkpoint forks:
+//! - the memory map (`/proc/pid/maps`) is the previous template's, and
+//!   every private mapping is tracked;
+//! - the *fingerprint* is the same: credentials, capabilities, seccomp,
+//!   no_new_privs, umask, ignored and caught signals, THP and speculation
+//!   controls, locked memory, nice and scheduling policy, the mm's code,
+//!   data, argument and environment bounds, limits, OOM score, personality,
+//!   timer slack, namespaces, `comm`;
+//! - the descriptors the template keeps (pipes, sockets, ptys, eventfds,
+//!   epolls, memfds...: every kind the restore does not reopen or make
+//!   anew) are the very same open files at the same numbers (`kcmp`), and
+//!   the standby holds no other.
+//!
+//! What may differ is set in the standby: the handlers of caught signals
+//! (read from the process by injected `rt_sigaction`, set in the standby),
+//! the program break, and the FPU / SSE / AVX registers (a restored process
+//! takes its template's). The rest of the image (registers, descriptors
+//! and offsets, pending signals, timers, threads...) is read from the
+//! process as for a forked template.
+//!
+//! Not seen: `madvise` flags of a whole mapping that leave the map as it
+//! was (`MADV_DONTFORK`, `MADV_WIPEONFORK`, `MADV_HUGEPAGE`); a restored
+//! process then has its previous checkpoint's.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sandtree_sys::{ptrace, uffd};
+
+use crate::checkpoint::Seen;
+use crate::holder::Standby;
+use crate::inject::Tracee;
+use crate::model::{FdImage, FdKind, MapImage};
+use crate::tracer::{Stopped, kill_tracee};
+use crate::track::Tracking;
+use crate::{Error, Result};
+
+/// The previous template of a tracked process, for an incremental one.
+pub(crate) struct Base {
+    /// Its standby, which becomes the new template.
+    pub standby: Standby,
+    /// Its scratch mapping (address, executable): the standby's too.
+    pub scratch: (u64, bool),
+    /// Its memory map.
+    pub maps: Vec<MapImage>,
+    /// The original's [`fingerprint`] then.
+    pub fingerprint: String,
+}
+
+/// A template made from a standby.
+pub(crate) struct Patched {
+    pub host: i32,
+    pub ns_pid: i32,
+    pub scratch: (u64, bool),
+    /// The memory map (the process's; the standby's has the scratch page).
+    pub maps: Vec<MapImage>,
+    /// The process's fingerprint.
+    pub fingerprint: String,
+}
+
+/// `/proc/<pid>/status` lines a fork copies and the standby must share.
+const STATUS_KEYS: &[&str] = &[
+    "Name",
+    "Umask",
+    "Uid",
+    "Gid",
+    "Groups",
+    "SigIgn",
+    "SigCgt",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+    "NoNewPrivs",
+    "Seccomp",
+    "Seccomp_filters",
+    "Speculation_Store_Bypass",
+    "SpeculationIndirectBranch",
+    "THP_enabled",
+    "VmLck",
+    "Mems_allowed_list",
+];
+
+/// `/proc/<pid>/stat` fields (numbered as in proc(5)): nice, rt_priority,
+/// policy, start_code, end_code, start_stack, start_data, end_data,
+/// start_brk, arg_start, arg_end, env_start, env_end.
+const STAT_FIELDS: &[usize] = &[19, 40, 41, 26, 27, 28, 45, 46, 47, 48, 49, 50, 51];
+
+const NAMESPACES: &[&str] = &["mnt", "net", "uts", "ipc", "user", "cgroup", "pid_for_children", "time_for_children"];
+
+/// What a fork of process `host` copies besides its memory, descriptors
+/// and signal handlers, as text (see the module docs).
+pub(crate) fn fingerprint(host: i32) -> io::Result<String> {
+    let base = format!("/proc/{host}");
+    let mut out = String::with_capacity(2048);
+    let status = std::fs::read_to_string(format!("{base}/status"))?;
+    for line in status.lines() {
+        if line.split_once(':').is_some_and(|(k, _)| STATUS_KEYS.contains(&k)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    let stat = std::fs::read_to_string(format!("{base}/stat"))?;
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    for &n in STAT_FIELDS {
+        // `fields` starts at field 3.
+        out.push_str(fields.get(n - 3).copied().unwrap_or("?"));
+        out.push(' ');
+    }
+    out.push('\n');
+    for file in ["limits", "oom_score_adj", "personality", "timerslack_ns"] {
+        out.push_str(&std::fs::read_to_string(format!("{base}/{file}"))?);
+    }
+    for ns in NAMESPACES {
+        // (A kernel without one of them has none for anyone.)
+        out.push_str(&crate::procfs::readlink(format!("{base}/ns/{ns}")).unwrap_or_default());
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Why the standby cannot be used (for the log), or `None`. `fp` is the
+/// process's fingerprint now.
+fn mismatch(
+    host: i32,
+    base: &Base,
+    (fp, maps): (&str, &[MapImage]),
+    tracking: &Tracking,
+    fds: &[FdImage],
+) -> Option<String> {
+    if fp != base.fingerprint {
+        return Some("its credentials, limits, namespaces or signal dispositions changed".into());
+    }
+    if maps != base.maps.as_slice() {
+        return Some("its memory map changed".into());
+    }
+    if !tracking.covers(maps) {
+        return Some("a mapping is not tracked".into());
+    }
+    let (scratch, _) = base.scratch;
+    if maps.iter().any(|m| m.start < scratch + crate::checkpoint::SCRATCH && scratch < m.end) {
+        return Some("a mapping overlaps the template's scratch page".into());
+    }
+    // The descriptors the standby keeps: exactly the process's of the
+    // kinds a restore does not make anew, the same files at the same
+    // numbers.
+    let sb = base.standby.host;
+    let kept: Vec<i32> =
+        fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).map(|f| f.fd).collect();
+    let held: HashSet<i32> = match std::fs::read_dir(format!("/proc/{sb}/fd")) {
+        Ok(dir) => dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
+        Err(e) => return Some(format!("the standby's descriptors: {e}")),
+    };
+    if held.len() != kept.len() {
+        return Some("descriptors were opened or closed".into());
+    }
+    for fd in kept {
+        if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host, fd, sb, fd).unwrap_or(false) {
+            return Some(format!("descriptor {fd} changed"));
+        }
+    }
+    None
+}
+
+/// Signal number and raw kernel `struct sigaction` (32 bytes).
+type Handler = (u64, Vec<u8>);
+
+/// The handlers of the signals `caught` of stopped process `orig`, read by
+/// injected `rt_sigaction` into the dead space below its stack's red zone;
+/// and its program break.
+fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<Handler>, u64)> {
+    let host = s.host;
+    let buf = (s.regs.rsp - 128 - 64) & !15;
+    let mut saved = [0u8; 32];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
+    let mut out = Vec::new();
+    for sig in (1..=64u64).filter(|sig| caught & (1 << (sig - 1)) != 0) {
+        orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf, 8])?;
+        let mut act = vec![0u8; 32];
+        ptrace::read_mem(host, buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
+        out.push((sig, act));
+    }
+    ptrace::write_mem(host, buf, &saved).map_err(|e| Error::Ptrace { pid: host, op: "restore stack", source: e })?;
+    let brk = orig.call("brk (read)", libc::SYS_brk, &[0])?;
+    Ok((out, brk))
+}
+
+/// Make the template of stopped process `s` from `base`'s standby, if
+/// it can be (see the module docs); `None` (the standby killed) when the
+/// checkpoint must fork. `during` (the other processes' pass 1) runs on
+/// this thread while the pages are copied on another; it is taken when it
+/// ran. `caught` is the process's caught-signal mask, `fds` its
+/// descriptors.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn patch(
+    s: &Stopped,
+    orig: &mut Tracee,
+    tracking: &Tracking,
+    base: Base,
+    (caught, fds): (u64, &[FdImage]),
+    during: &mut Option<&mut dyn FnMut(&mut Seen)>,
+    seen: &mut Seen,
+) -> Result<Option<Patched>> {
+    let host = s.host;
+    let t0 = std::time::Instant::now();
+    let give_up = |standby: Standby, why: &str| {
+        tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+        kill_tracee(standby.host);
+        Ok(None)
+    };
+    let maps = crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
+    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
+    if let Some(why) = mismatch(host, &base, (&fp, &maps), tracking, fds) {
+        return give_up(base.standby, &why);
+    }
+    let t_check = t0.elapsed();
+    let Base { standby, scratch, .. } = base;
+    let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
+    // A restored process takes its template's FPU / SSE / AVX registers.
+    let xstate = ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
+    let t_inject = t0.elapsed();
+    // From here the pages written count from this checkpoint: if the
+    // standby cannot be used after all, the fork captures them.
+    let written = tracking.take_written(host)?;
+    let t_scan = t0.elapsed();
+    let private = |a: u64, b: u64| maps.iter().any(|m| !m.shared() && m.start <= a && b <= m.end);
+    let mut copy = Vec::new();
+    let mut zap = Vec::new();
+    for r in written.iter().filter(|r| private(r.start, r.end)) {
+        if r.categories & uffd::PAGE_IS_PRESENT != 0 {
+            copy.push((r.start, r.end));
+        } else {
+            zap.push((r.start, r.end));
+        }
+    }
+    let pages: u64 = copy.iter().map(|(a, b)| (b - a) / 4096).sum();
+    let resident = crate::checkpoint::resident_pages(host);
+    if pages > 4096 && pages * 16 > resident {
+        return give_up(standby, &format!("{pages} of {resident} pages written: a fork is cheaper"));
+    }
+    if zap.len() > 64 {
+        return give_up(standby, &format!("{} runs of pages dropped", zap.len()));
+    }
+    // The copy on the other CPU; here the other processes' pass 1, then
+    // a hand with the copy.
+    let to = standby.host;
+    let copier = match uffd::PageCopier::open(host, to) {
+        Ok(c) => c,
+        Err(e) => return give_up(standby, &format!("open memory: {e}")),
+    };
+    let cpus = crate::inject::off_tracer_cpus();
+    let next = AtomicUsize::new(0);
+    let work = |pin: bool| -> io::Result<u64> {
+        if pin {
+            crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
+        }
+        let mut buf = Vec::new();
+        let mut bytes = 0;
+        loop {
+            let i = next.fetch_add(CHUNK, Ordering::Relaxed);
+            if i >= copy.len() {
+                return Ok(bytes);
+            }
+            bytes += copier.copy(&copy[i..(i + CHUNK).min(copy.len())], &mut buf)?;
+        }
+    };
+    let copied = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| work(true));
+        if let Some(d) = during.take() {
+            d(seen);
+        }
+        let mine = work(false);
+        let theirs = worker.join().unwrap_or_else(|_| Err(io::Error::other("the copying thread panicked")));
+        Ok::<u64, io::Error>(mine? + theirs?)
+    });
+    let bytes = match copied {
+        Ok(b) => b,
+        Err(e) => return give_up(standby, &format!("copying the written pages: {e}")),
+    };
+    let t_copy = t0.elapsed();
+    let mut sb = standby.tracee;
+    let mut set_up = || -> Result<()> {
+        ptrace::set_xstate(to, &xstate).map_err(|e| Error::Ptrace { pid: to, op: "SETREGSET xstate", source: e })?;
+        for (sig, act) in &handlers {
+            ptrace::write_mem(to, scratch.0, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
+            sb.call("rt_sigaction", libc::SYS_rt_sigaction, &[*sig, scratch.0, 0, 8])?;
+        }
+        if sb.call("brk (read)", libc::SYS_brk, &[0])? != brk && sb.call("brk", libc::SYS_brk, &[brk])? != brk {
+            return Err(Error::Remote { pid: to, call: "brk", errno: io::Error::from_raw_os_error(libc::ENOMEM) });
+        }
+        for &(a, b) in &zap {
+            sb.call("madvise (dropped pages)", libc::SYS_madvise, &[a, b - a, libc::MADV_DONTNEED as u64])?;
+        }
+        Ok(())
+    };
+    if let Err(e) = set_up() {
+        return give_up(Standby { tracee: sb, host: to, ns_pid: standby.ns_pid }, &format!("set-up: {e}"));
+    }
+    tracing::debug!(
+        pid = s.ns_pid,
+        pages,
+        kib = bytes / 1024,
+        dropped = zap.len(),
+        ?t_check,
+        ?t_inject,
+        ?t_scan,
+        ?t_copy,
+        all = ?t0.elapsed(),
+        "template patched from the previous one"
+    );
+    Ok(Some(Patched { host: to, ns_pid: standby.ns_pid, scratch, maps, fingerprint: fp }))
+}
+
+/// Ranges a copying thread takes at a time.
+const CHUNK: usize = 32;

@@ -1,0 +1,184 @@
+//! Written-page tracking of another process, and copying its pages.
+//!
+//! A userfaultfd made inside the process (by an injected call: it binds to
+//! the caller's address space) and taken out with `pidfd_getfd` is set to
+//! *asynchronous write-protect* mode (`UFFD_FEATURE_WP_ASYNC`, with
+//! `UFFD_FEATURE_WP_UNPOPULATED` so that pages never touched are covered
+//! too). Its ranges are registered and write-protected; from then on the
+//! process's first write to a page clears that page's protection in the
+//! kernel (no fault reaches us, nothing waits). `PAGEMAP_SCAN` on
+//! `/proc/<pid>/pagemap` lists the pages whose protection is gone
+//! (`PAGE_IS_WRITTEN`) and, with `PM_SCAN_WP_MATCHING`, protects them again
+//! in the same walk: "what was written since the last scan".
+//!
+//! A page dropped with `MADV_DONTNEED` reads as written and not present.
+//!
+//! [`PageCopier`] then copies the written pages to another process.
+//!
+//! The structures mirror `<linux/userfaultfd.h>` and `<linux/fs.h>` of
+//! Linux 6.7+ (Debian 12's headers predate `PAGEMAP_SCAN`).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// `PAGE_IS_WRITTEN`: written since it was last protected.
+pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+/// `PAGE_IS_PRESENT`: mapped in memory.
+pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+
+const UFFD_API: u64 = 0xAA;
+const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+/// `UFFD_USER_MODE_ONLY`: what an unprivileged process may create (the
+/// asynchronous mode never delivers a fault, kernel-mode or not).
+pub const UFFD_USER_MODE_ONLY: u64 = 1;
+
+/// `_IOWR(type, nr, size)` on x86_64.
+const fn iowr(ty: u64, nr: u64, size: u64) -> u64 {
+    (3 << 30) | (size << 16) | (ty << 8) | nr
+}
+const UFFDIO_API: u64 = iowr(0xAA, 0x3F, 24);
+const UFFDIO_REGISTER: u64 = iowr(0xAA, 0x00, 32);
+const UFFDIO_WRITEPROTECT: u64 = iowr(0xAA, 0x06, 24);
+const PAGEMAP_SCAN: u64 = iowr(b'f' as u64, 16, 96);
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+/// One run of pages of the same categories (`struct page_region`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// `PAGE_IS_*` bits (of those asked for).
+    pub categories: u64,
+}
+
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+fn ioctl(fd: BorrowedFd<'_>, req: u64, arg: *mut libc::c_void) -> io::Result<libc::c_int> {
+    // SAFETY: every caller passes a request whose argument is the
+    // `#[repr(C)]` structure `arg` points to, live for the call, of the
+    // size encoded in the request.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::c_ulong, arg) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+/// A duplicate of descriptor `fd` of process `pid` (`pidfd_getfd`).
+pub fn take_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags by
+    // value; no memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: r is a descriptor the kernel just installed for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+/// `UFFDIO_API` for asynchronous write-protect tracking.
+pub fn enable_async_wp(uffd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut api = [UFFD_API, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED, 0u64];
+    ioctl(uffd, UFFDIO_API, api.as_mut_ptr().cast()).map(|_| ())
+}
+
+/// Register `[start, end)` (whole mappings) for write-protect tracking.
+pub fn register_wp(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
+    // struct uffdio_register { range { start, len }, mode, ioctls }.
+    let mut reg = [start, end - start, UFFDIO_REGISTER_MODE_WP, 0u64];
+    ioctl(uffd, UFFDIO_REGISTER, reg.as_mut_ptr().cast()).map(|_| ())
+}
+
+/// Write-protect every page of `[start, end)` (registered).
+pub fn protect(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
+    // struct uffdio_writeprotect { range { start, len }, mode }.
+    let mut wp = [start, end - start, UFFDIO_WRITEPROTECT_MODE_WP];
+    ioctl(uffd, UFFDIO_WRITEPROTECT, wp.as_mut_ptr().cast()).map(|_| ())
+}
+
+/// The pages of `[start, end)` written since they were protected, as runs
+/// split by `PAGE_IS_PRESENT`, appended to `out`; they are protected again
+/// in the same walk. `pagemap` is the process's `/proc/<pid>/pagemap`.
+pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec<PageRegion>) -> io::Result<()> {
+    let mut at = start;
+    let mut buf = vec![PageRegion::default(); 1024];
+    while at < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            start: at,
+            end,
+            walk_end: 0,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: buf.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: PAGE_IS_WRITTEN,
+            category_anyof_mask: 0,
+            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT,
+        };
+        let n = ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast())? as usize;
+        out.extend_from_slice(&buf[..n.min(buf.len())]);
+        if arg.walk_end <= at {
+            return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
+        }
+        at = arg.walk_end;
+    }
+    Ok(())
+}
+
+/// Copies pages of one process to the same addresses of another, through
+/// their `/proc/<pid>/mem` (one `pread` and one `pwrite` per range: on
+/// this kind of machine cheaper than `process_vm_readv`, which pins the
+/// pages, and it writes private mappings that are read-only now too).
+pub struct PageCopier {
+    from: std::fs::File,
+    to: std::fs::File,
+}
+
+impl PageCopier {
+    /// From process `from` to process `to`.
+    pub fn open(from: i32, to: i32) -> io::Result<PageCopier> {
+        Ok(PageCopier {
+            from: std::fs::File::open(format!("/proc/{from}/mem"))?,
+            to: std::fs::OpenOptions::new().write(true).open(format!("/proc/{to}/mem"))?,
+        })
+    }
+
+    /// Copy the bytes of `ranges` (start, end), through `buf` (reused);
+    /// returns the bytes copied.
+    pub fn copy(&self, ranges: &[(u64, u64)], buf: &mut Vec<u8>) -> io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut total = 0;
+        for &(s, e) in ranges {
+            let len = (e - s) as usize;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            self.from.read_exact_at(&mut buf[..len], s)?;
+            self.to.write_all_at(&buf[..len], s)?;
+            total += len as u64;
+        }
+        Ok(total)
+    }
+}
