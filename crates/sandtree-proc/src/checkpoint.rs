@@ -432,12 +432,16 @@ pub(crate) struct Track {
 /// mappings new since). Returns its fingerprint.
 fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::track::Tracking>) -> Result<String> {
     let maps = procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
-    match tracking {
-        Some(t) => {
-            t.cover(&maps);
-            t.take_written(host)?;
+    // (A tracking that no longer covers the map, or cannot be read — the
+    // process exec'd, or remapped a range — is made anew.)
+    if let Some(t) = tracking.as_mut() {
+        t.cover(&maps);
+        if !t.covers(&maps) || t.take_written(host).is_err() {
+            *tracking = None;
         }
-        None => *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?),
+    }
+    if tracking.is_none() {
+        *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?);
     }
     crate::incremental::fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
 }
@@ -468,10 +472,11 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         let fingerprint = t.fingerprint.clone()?;
         let standby = t.standby.take()?;
         Some(crate::incremental::Base {
-            standby,
+            standby: Some(standby),
             scratch: (t.scratch, t.scratch_exec),
             maps: t.image.maps.clone(),
             fingerprint,
+            rseq: t.image.rseq,
         })
     });
     let tracking = tracking.map(|mut t| {
@@ -1288,6 +1293,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.sid = sid;
         image.has_tty = tty;
     }
+    let incremental = c.patched.is_some();
     let scratch = match c.patched {
         Some((scratch, maps)) => {
             image.maps = maps;
@@ -1308,6 +1314,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         standby: None,
         no_standby: false,
         fingerprint: c.fingerprint,
+        incremental,
     })
 }
 

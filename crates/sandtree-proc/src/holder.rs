@@ -57,21 +57,22 @@ pub(crate) struct Standby {
     pub ns_pid: i32,
 }
 
-/// Gives one template without a standby a standby: templates of tracked
-/// processes first (the next checkpoint makes its template from the
-/// standby, `incremental.rs`), then by checkpoint, the most recently used
+/// Gives one template without a standby a standby: the templates tracked
+/// processes' next checkpoints start from first (`incremental.rs`), then by
+/// checkpoint, the most recently used
 /// first (the likeliest rollback target). The tracer calls it between
 /// operations, one at a time. Returns whether it made one (or tried).
 pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
     if !st.stopped.is_empty() || !st.cloned.is_empty() {
         return false;
     }
+    let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
     let Some((ck, i)) = st
         .pools
         .iter()
         .flat_map(|(ck, c)| c.templates.iter().enumerate().map(move |(i, t)| (ck, c.last_used, i, t)))
         .filter(|(.., t)| t.standby.is_none() && !t.no_standby)
-        .max_by_key(|(_, used, _, t)| (t.fingerprint.is_some(), *used))
+        .max_by_key(|(_, used, _, t)| (bases.contains(&t.host), *used))
         .map(|(ck, _, i, _)| (ck.clone(), i))
     else {
         return false;

@@ -56,14 +56,25 @@ use crate::{Error, Result};
 
 /// The previous template of a tracked process, for an incremental one.
 pub(crate) struct Base {
-    /// Its standby, which becomes the new template.
-    pub standby: Standby,
+    /// Its standby, which becomes the new template (killed with the
+    /// `Base` if it does not).
+    pub standby: Option<Standby>,
     /// Its scratch mapping (address, executable): the standby's too.
     pub scratch: (u64, bool),
     /// Its memory map.
     pub maps: Vec<MapImage>,
     /// The original's [`fingerprint`] then.
     pub fingerprint: String,
+    /// The original's rseq registration then (a fork keeps it).
+    pub rseq: Option<(u64, u32, u32, u32)>,
+}
+
+impl Drop for Base {
+    fn drop(&mut self) {
+        if let Some(s) = self.standby.take() {
+            kill_tracee(s.host);
+        }
+    }
 }
 
 /// A template made from a standby.
@@ -131,6 +142,8 @@ pub(crate) fn fingerprint(host: i32) -> io::Result<String> {
     for file in ["limits", "oom_score_adj", "personality", "timerslack_ns"] {
         out.push_str(&std::fs::read_to_string(format!("{base}/{file}"))?);
     }
+    out.push_str(&crate::procfs::readlink(format!("{base}/root")).unwrap_or_default());
+    out.push('\n');
     for ns in NAMESPACES {
         // (A kernel without one of them has none for anyone.)
         out.push_str(&crate::procfs::readlink(format!("{base}/ns/{ns}")).unwrap_or_default());
@@ -164,7 +177,11 @@ fn mismatch(
     // The descriptors the standby keeps: exactly the process's of the
     // kinds a restore does not make anew, the same files at the same
     // numbers.
-    let sb = base.standby.host;
+    let Some(sb) = base.standby.as_ref().map(|s| s.host) else { return Some("no standby".into()) };
+    let rseq = ptrace::rseq_configuration(host).ok().flatten();
+    if rseq != base.rseq {
+        return Some("its rseq registration changed".into());
+    }
     let kept: Vec<i32> =
         fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).map(|f| f.fd).collect();
     let held: HashSet<i32> = match std::fs::read_dir(format!("/proc/{sb}/fd")) {
@@ -174,12 +191,25 @@ fn mismatch(
     if held.len() != kept.len() {
         return Some("descriptors were opened or closed".into());
     }
-    for fd in kept {
+    for f in fds.iter().filter(|f| kept.contains(&f.fd)) {
+        let fd = f.fd;
         if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host, fd, sb, fd).unwrap_or(false) {
             return Some(format!("descriptor {fd} changed"));
         }
+        // Close-on-exec is the descriptor table's, not the file's.
+        let cloexec = libc::O_CLOEXEC as u32;
+        if standby_fd_flags(sb, fd).map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
+            return Some(format!("descriptor {fd}'s close-on-exec flag changed"));
+        }
     }
     None
+}
+
+/// `flags:` of `/proc/<pid>/fdinfo/<fd>` (octal).
+fn standby_fd_flags(pid: i32, fd: i32) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    let v = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
+    u32::from_str_radix(v.trim(), 8).ok()
 }
 
 /// Signal number and raw kernel `struct sigaction` (32 bytes).
@@ -194,7 +224,10 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
     let mut saved = [0u8; 32];
     ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
     let mut out = Vec::new();
-    for sig in (1..=64u64).filter(|sig| caught & (1 << (sig - 1)) != 0) {
+    // (SIGCHLD always: SA_NOCLDWAIT / SA_NOCLDSTOP count with its default
+    // disposition too.)
+    let wanted = caught | 1 << (libc::SIGCHLD - 1);
+    for sig in (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0) {
         orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf, 8])?;
         let mut act = vec![0u8; 32];
         ptrace::read_mem(host, buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
@@ -216,7 +249,7 @@ pub(crate) fn patch(
     s: &Stopped,
     orig: &mut Tracee,
     tracking: &Tracking,
-    base: Base,
+    mut base: Base,
     (caught, fds): (u64, &[FdImage]),
     during: &mut Option<&mut dyn FnMut(&mut Seen)>,
     seen: &mut Seen,
@@ -228,26 +261,35 @@ pub(crate) fn patch(
         kill_tracee(standby.host);
         Ok(None)
     };
+    // (Any early return drops `base`, which kills the standby.)
     let maps = crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
     let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
     if let Some(why) = mismatch(host, &base, (&fp, &maps), tracking, fds) {
-        return give_up(base.standby, &why);
+        tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+        return Ok(None);
     }
     let t_check = t0.elapsed();
-    let Base { standby, scratch, .. } = base;
+    let scratch = base.scratch;
+    let Some(standby) = base.standby.take() else { return Ok(None) };
     let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
     // A restored process takes its template's FPU / SSE / AVX registers.
     let xstate = ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
     let t_inject = t0.elapsed();
     // From here the pages written count from this checkpoint: if the
     // standby cannot be used after all, the fork captures them.
-    let written = tracking.take_written(host)?;
+    let written = match tracking.take_written(host) {
+        Ok(w) => w,
+        Err(e) => return give_up(standby, &format!("{e}")),
+    };
     let t_scan = t0.elapsed();
     let private = |a: u64, b: u64| maps.iter().any(|m| !m.shared() && m.start <= a && b <= m.end);
     let mut copy = Vec::new();
     let mut zap = Vec::new();
     for r in written.iter().filter(|r| private(r.start, r.end)) {
-        if r.categories & uffd::PAGE_IS_PRESENT != 0 {
+        // (A written page swapped out since, or being migrated, reads back
+        // through /proc/<pid>/mem: only a page neither present nor swapped
+        // was dropped.)
+        if r.categories & (uffd::PAGE_IS_PRESENT | uffd::PAGE_IS_SWAPPED) != 0 {
             copy.push((r.start, r.end));
         } else {
             zap.push((r.start, r.end));

@@ -276,7 +276,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, via_standby, &mut threads)?;
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads)?;
         Ok(p)
     })();
     tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
@@ -664,7 +664,7 @@ fn fix_up(
     image: &ProcessImage,
     (scratch, exec): (u64, bool),
     template: i32,
-    via_standby: bool,
+    (via_standby, incremental): (bool, bool),
     threads: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<()> {
     // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
@@ -809,16 +809,28 @@ fn fix_up(
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
     }
     // What a CLONE_VM child does not keep: the alternate signal stack and
-    // the rseq registration (a plain fork keeps both).
-    if via_standby {
-        if let Some(ss) = &image.altstack {
-            let ss = b.data(ss);
-            b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
+    // the rseq registration (a plain fork keeps both; but a template made
+    // from a standby has the previous checkpoint's stack, `incremental.rs`;
+    // its rseq registration was checked equal).
+    if via_standby || incremental {
+        match &image.altstack {
+            Some(ss) => {
+                let ss = b.data(ss);
+                b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
+            }
+            None if incremental => {
+                // stack_t { ss_sp, ss_flags = SS_DISABLE, ss_size }.
+                let mut off = [0u8; 24];
+                off[8..12].copy_from_slice(&libc::SS_DISABLE.to_ne_bytes());
+                let ss = b.data(&off);
+                b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
+            }
+            None => {}
         }
-        if let Some((area, len, _, sig)) = image.rseq {
-            let args = [Arg::Val(area), Arg::Val(len as u64), Arg::Val(0), Arg::Val(sig as u64)];
-            b.call("rseq", libc::SYS_rseq, &args);
-        }
+    }
+    if via_standby && let Some((area, len, _, sig)) = image.rseq {
+        let args = [Arg::Val(area), Arg::Val(len as u64), Arg::Val(0), Arg::Val(sig as u64)];
+        b.call("rseq", libc::SYS_rseq, &args);
     }
     // Neither keeps the robust futex list.
     if let Some((head, len)) = image.robust_list

@@ -63,6 +63,8 @@ pub(crate) struct Template {
     pub no_standby: bool,
     /// The original's fingerprint, when it is tracked (`incremental.rs`).
     pub fingerprint: Option<String>,
+    /// Made from the previous template's standby (`incremental.rs`).
+    pub incremental: bool,
 }
 
 /// What to measure of the pool (outside the tracer thread): the

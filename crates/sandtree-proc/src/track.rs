@@ -55,9 +55,12 @@ pub(crate) fn start_time(host: i32) -> Option<u64> {
 }
 
 /// Mappings whose writes must be followed: private ones, but the kernel's
-/// (`[vsyscall]`, `[vvar]`, `[vdso]`: not pages of the process).
+/// (`[vsyscall]`, `[vvar]`, `[vdso]`: not pages of the process) and
+/// inaccessible reservations (a JVM heap, a wasm guard region: protecting
+/// them would build page tables for all of it; one made accessible changes
+/// the map, and the checkpoint forks).
 fn tracked(m: &MapImage) -> bool {
-    !m.shared() && !matches!(m.path.as_deref(), Some(p) if p.starts_with("[v"))
+    !m.shared() && !m.perms.starts_with("---") && !matches!(m.path.as_deref(), Some(p) if p.starts_with("[v"))
 }
 
 /// Private mappings of `maps` as runs of adjacent ones.
@@ -88,9 +91,10 @@ impl Tracking {
         let made = orig.call("userfaultfd", libc::SYS_userfaultfd, &[flags]);
         let back = ptrace::set_options(host, true, false);
         let fd = made? as i32;
-        back.map_err(|e| Error::Ptrace { pid: host, op: "SETOPTIONS", source: e })?;
         let taken = uffd::take_fd(host, fd);
-        orig.call("close", libc::SYS_close, &[fd as u64])?;
+        let closed = orig.call("close", libc::SYS_close, &[fd as u64]);
+        back.map_err(|e| Error::Ptrace { pid: host, op: "SETOPTIONS", source: e })?;
+        closed?;
         let proc_err = |what: &'static str| move |e| Error::Proc { pid: host, what, source: e };
         let uffd = taken.map_err(proc_err("userfaultfd (pidfd_getfd)"))?;
         uffd::enable_async_wp(uffd.as_fd()).map_err(proc_err("userfaultfd API"))?;

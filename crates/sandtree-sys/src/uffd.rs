@@ -25,6 +25,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
 /// `PAGE_IS_PRESENT`: mapped in memory.
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+/// `PAGE_IS_SWAPPED`: swapped out (or a migration entry).
+pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
@@ -74,10 +76,11 @@ struct PmScanArg {
     return_mask: u64,
 }
 
-fn ioctl(fd: BorrowedFd<'_>, req: u64, arg: *mut libc::c_void) -> io::Result<libc::c_int> {
-    // SAFETY: every caller passes a request whose argument is the
-    // `#[repr(C)]` structure `arg` points to, live for the call, of the
-    // size encoded in the request.
+/// # Safety
+/// `arg` must point to the structure request `req` takes, live and
+/// writable for the call.
+unsafe fn ioctl(fd: BorrowedFd<'_>, req: u64, arg: *mut libc::c_void) -> io::Result<libc::c_int> {
+    // SAFETY: the caller's contract above.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::c_ulong, arg) };
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
@@ -99,25 +102,29 @@ pub fn take_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
 /// `UFFDIO_API` for asynchronous write-protect tracking.
 pub fn enable_async_wp(uffd: BorrowedFd<'_>) -> io::Result<()> {
     let mut api = [UFFD_API, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED, 0u64];
-    ioctl(uffd, UFFDIO_API, api.as_mut_ptr().cast()).map(|_| ())
+    // SAFETY: struct uffdio_api is three u64s: `api`, live and writable.
+    unsafe { ioctl(uffd, UFFDIO_API, api.as_mut_ptr().cast()) }.map(|_| ())
 }
 
 /// Register `[start, end)` (whole mappings) for write-protect tracking.
 pub fn register_wp(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
     // struct uffdio_register { range { start, len }, mode, ioctls }.
     let mut reg = [start, end - start, UFFDIO_REGISTER_MODE_WP, 0u64];
-    ioctl(uffd, UFFDIO_REGISTER, reg.as_mut_ptr().cast()).map(|_| ())
+    // SAFETY: struct uffdio_register is four u64s: `reg`, live and writable.
+    unsafe { ioctl(uffd, UFFDIO_REGISTER, reg.as_mut_ptr().cast()) }.map(|_| ())
 }
 
 /// Write-protect every page of `[start, end)` (registered).
 pub fn protect(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
     // struct uffdio_writeprotect { range { start, len }, mode }.
     let mut wp = [start, end - start, UFFDIO_WRITEPROTECT_MODE_WP];
-    ioctl(uffd, UFFDIO_WRITEPROTECT, wp.as_mut_ptr().cast()).map(|_| ())
+    // SAFETY: struct uffdio_writeprotect is three u64s: `wp`, live and
+    // writable.
+    unsafe { ioctl(uffd, UFFDIO_WRITEPROTECT, wp.as_mut_ptr().cast()) }.map(|_| ())
 }
 
 /// The pages of `[start, end)` written since they were protected, as runs
-/// split by `PAGE_IS_PRESENT`, appended to `out`; they are protected again
+/// split by `PAGE_IS_PRESENT` and `PAGE_IS_SWAPPED`, appended to `out`; they are protected again
 /// in the same walk. `pagemap` is the process's `/proc/<pid>/pagemap`.
 pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec<PageRegion>) -> io::Result<()> {
     let mut at = start;
@@ -135,9 +142,11 @@ pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec
             category_inverted: 0,
             category_mask: PAGE_IS_WRITTEN,
             category_anyof_mask: 0,
-            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT,
+            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
         };
-        let n = ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast())? as usize;
+        // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at
+        // most `vec_len` page_regions into `buf`, which has that many.
+        let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
         out.extend_from_slice(&buf[..n.min(buf.len())]);
         if arg.walk_end <= at {
             return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
@@ -169,15 +178,21 @@ impl PageCopier {
     /// returns the bytes copied.
     pub fn copy(&self, ranges: &[(u64, u64)], buf: &mut Vec<u8>) -> io::Result<u64> {
         use std::os::unix::fs::FileExt;
+        /// At most this much at a time (a long run is copied in pieces).
+        const PIECE: u64 = 1 << 20;
         let mut total = 0;
         for &(s, e) in ranges {
-            let len = (e - s) as usize;
-            if buf.len() < len {
-                buf.resize(len, 0);
+            let mut at = s;
+            while at < e {
+                let len = (e - at).min(PIECE) as usize;
+                if buf.len() < len {
+                    buf.resize(len, 0);
+                }
+                self.from.read_exact_at(&mut buf[..len], at)?;
+                self.to.write_all_at(&buf[..len], at)?;
+                at += len as u64;
+                total += len as u64;
             }
-            self.from.read_exact_at(&mut buf[..len], s)?;
-            self.to.write_all_at(&buf[..len], s)?;
-            total += len as u64;
         }
         Ok(total)
     }
