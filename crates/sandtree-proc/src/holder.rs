@@ -34,6 +34,9 @@ pub(crate) struct Holder {
     pub owner: i32,
     /// pidfd of the owner: readable once it exited.
     owner_fd: OwnedFd,
+    /// A template adopted as holder still has its copy of the descriptor
+    /// table until [`drop_pending`], right after the rollback's reply.
+    undropped: Option<Tracee>,
 }
 
 impl Holder {
@@ -129,7 +132,7 @@ fn drop_descriptors(h: &mut Tracee) -> Result<()> {
 /// becomes that process's holder (`restore.rs`). Its set-up already took
 /// it out of the original's session or group; its copy of the descriptor
 /// table goes.
-pub(crate) fn adopt((mut t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
+pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
     let host = t.tid;
     let owner_fd = match owner_pidfd(owner) {
         Ok(fd) => fd,
@@ -138,11 +141,24 @@ pub(crate) fn adopt((mut t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder
             return Err(e);
         }
     };
-    if let Err(e) = drop_descriptors(&mut t) {
-        crate::tracer::kill_tracee(host);
-        return Err(e);
-    }
-    Ok(Holder { host, ns_pid, owner, owner_fd })
+    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: Some(t) })
+}
+
+/// Adopted holders drop their copy of the descriptor table (after the
+/// rollback's reply: a holder never runs, and the copy only keeps the
+/// same files open a moment longer). One that cannot is killed.
+pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
+    holders.retain_mut(|h| {
+        let Some(mut t) = h.undropped.take() else { return true };
+        if let Err(e) = drop_descriptors(&mut t) {
+            tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
+            crate::inject::move_off_tracer(h.host);
+            let _ = ptrace::kill(h.host);
+            dying.push((h.host, h.ns_pid));
+            return false;
+        }
+        true
+    });
 }
 
 /// Make a holder of `t`'s address space (`t` stopped, ours). A child of
@@ -158,7 +174,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
         crate::tracer::kill_tracee(host);
         return Err(e);
     }
-    Ok(Holder { host, ns_pid, owner, owner_fd })
+    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: None })
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by

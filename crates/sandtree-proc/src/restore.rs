@@ -147,14 +147,27 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         })?;
     }
     let mut holders = Vec::new();
-    // Small processes first: the big ones take longest to tear down.
-    let mut order: Vec<usize> = (0..set.templates.len()).collect();
-    order.sort_by_key(|&i| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
-    for i in order {
+    // Small processes first: the big ones take longest to tear down. One
+    // whose pid is not free yet (its killed original still exiting: a
+    // session leader's terminal hangup takes a while) waits until the
+    // others are back.
+    let mut order: Vec<(usize, bool)> = (0..set.templates.len()).map(|i| (i, false)).collect();
+    order.sort_by_key(|&(i, _)| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
+    let mut next = 0;
+    while next < order.len() {
+        let (i, wait) = order[next];
+        next += 1;
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
         let was = t.host;
-        let res = restore_one(t);
+        let res = restore_one(t, wait);
+        if !wait
+            && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
+            && errno.raw_os_error() == Some(libc::EEXIST)
+        {
+            order.push((i, true));
+            continue;
+        }
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         // Its standby took the template's place: pipe and socket bytes go
         // back through the standby's descriptors (the same objects) now.
@@ -222,7 +235,7 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 /// of earlier levels live — a checkpoint's fork then costs more after
 /// every rollback.) Without a standby, the process is a copy-on-write fork
 /// of the template.
-fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
+fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Holder>> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -249,7 +262,7 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    let out = match clone3_when_free(&mut t.tracee, t.scratch, &mut busy) {
+    let out = match clone3_when_free(&mut t.tracee, t.scratch, &mut busy, wait) {
         Ok(o) => o,
         Err(e) => {
             t.standby = standby;
@@ -333,13 +346,13 @@ fn restore_one(t: &mut Template) -> Result<Option<crate::holder::Holder>> {
 /// pid (or tid) it asks for is free: the killed original's is busy until
 /// init reaps it (or the thread is gone). A retry is one injected syscall
 /// (~10 µs): poll finely. `busy` counts the retries.
-fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32) -> Result<crate::inject::Outcome> {
+fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32, wait: bool) -> Result<crate::inject::Outcome> {
     let mut backoff = Backoff::new(20, 100, PID_WAIT);
     let mut out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
     for _ in 0..100_000 {
         match out.ret {
             ERESTARTNOINTR => {}
-            EEXIST if backoff.snooze() => *busy += 1,
+            EEXIST if wait && backoff.snooze() => *busy += 1,
             _ => break,
         }
         out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
@@ -375,7 +388,7 @@ fn make_threads(
             .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &th.tid.to_ne_bytes()))
             .map_err(ptrace_err(pid, "write clone_args"))?;
         // A killed thread's tid is free once it is gone.
-        let made = clone3_when_free(p, scratch, &mut 0)?;
+        let made = clone3_when_free(p, scratch, &mut 0, true)?;
         let (Some(tid), true) = (made.child, made.ret > 0) else {
             return Err(Error::Remote {
                 pid,

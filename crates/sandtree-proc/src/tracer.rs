@@ -367,8 +367,10 @@ impl Tracer {
                 };
                 if let Some(job) = job {
                     job(&mut st);
-                    // A checkpoint's templates are set up after its reply.
+                    // A checkpoint's templates are set up after its reply,
+                    // a rollback's adopted holders drop their descriptors.
                     crate::checkpoint::prepare_pending(&mut st);
+                    crate::holder::drop_pending(&mut st.holders, &mut st.dying);
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.

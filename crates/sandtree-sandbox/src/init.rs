@@ -323,7 +323,12 @@ impl Init {
         // Stragglers since `KillAll` (or all of them, without one); the
         // daemon brings `restore` back from templates after the reply.
         self.kill_for_rollback(keep, restore);
-        crate::reroot::swap_root(targets, layers)
+        let swapped = crate::reroot::swap_root(targets, layers);
+        // Those already dead (a process with an mm holder dies at once) are
+        // reaped before the reply: their pids are free for the restore,
+        // which otherwise retries until the `WaitGone` that follows.
+        self.reap();
+        swapped
     }
 }
 
