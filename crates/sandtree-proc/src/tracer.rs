@@ -481,6 +481,12 @@ impl Tracer {
         self.call(crate::checkpoint::abort)
     }
 
+    /// The pool's processes (templates, standbys, holders, dying holders):
+    /// their pids in the sandbox and on the host.
+    pub fn pool(&self) -> Result<(Vec<i32>, Vec<i32>)> {
+        self.call(|st| (st.pool_pids(), st.kept_hosts()))
+    }
+
     /// What a rollback to `ck` needs first, in one round trip: the
     /// templates `ck` has (`None`: none) and the pids init must spare.
     pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {

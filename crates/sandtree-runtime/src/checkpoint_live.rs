@@ -51,17 +51,22 @@ use crate::{Engine, Error, Result, util};
 impl Engine {
     /// See the module docs. `None`: nothing was stopped (tasks from outside
     /// the sandbox's pid namespace, which only a freeze holds): take the
-    /// snapshot path.
+    /// snapshot path. `pool`: host pids of the tracer's own processes.
     pub(crate) async fn checkpoint_live_layered(
         &self,
         rec: &SandboxRecord,
         sb: &std::sync::Arc<Sandbox>,
+        pool: &[i32],
         ck_id: &str,
         req: &CheckpointRequest,
         t0: Instant,
     ) -> Result<Option<CheckpointResponse>> {
         let id = rec.id.as_str();
-        if !sb.cgroup().procs().is_ok_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
+        // (The pool's processes are the tracer's own: not read again; with
+        // a pool of 100 it would take a millisecond.)
+        let ours = |p: &i32| !pool.contains(p);
+        let pids = sb.cgroup().procs().map(|pids| pids.into_iter().filter(ours).collect::<Vec<_>>());
+        if !pids.is_ok_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
             return Ok(None);
         }
         let tracer = self.tracer(id)?;

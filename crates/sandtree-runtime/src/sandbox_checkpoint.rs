@@ -68,16 +68,16 @@ impl Engine {
             // Templates of earlier checkpoints may stay (no tracer: none).
             let tracer = self.tracer_get(id);
             let _op = tracer.as_ref().map(|t| t.begin());
-            let keep = match &tracer {
-                Some(t) => crate::engine::block(|| t.rollback_plan("")).map(|(_, pids)| pids).unwrap_or_default(),
-                None => Vec::new(),
+            let (keep, pool) = match &tracer {
+                Some(t) => crate::engine::block(|| t.pool()).unwrap_or_default(),
+                None => Default::default(),
             };
-            if init_alone(sb, keep.len()) {
+            if init_alone(sb, &pool) {
                 if let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await? {
                     return Ok(done);
                 }
             } else if self.cfg.layered_processes
-                && let Some(done) = self.checkpoint_live_layered(&rec, sb, &ck_id, &req, t0).await?
+                && let Some(done) = self.checkpoint_live_layered(&rec, sb, &pool, &ck_id, &req, t0).await?
             {
                 return Ok(done);
             }
@@ -484,13 +484,16 @@ fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> Chec
     }
 }
 
-/// Whether init may be alone in the sandbox but for `templates` processes
-/// (init's restack check decides; this only spares it the work when it is
+/// Whether init may be alone in the sandbox but for the tracer's pool
+/// (`pool`: their host pids; init's restack check decides; this only spares it the work when it is
 /// clearly not), and every task of the cgroup lives in the sandbox's pid
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
-fn init_alone(sb: &sandtree_sandbox::Sandbox, templates: usize) -> bool {
-    sb.cgroup().procs().is_ok_and(|pids| pids.len() <= 1 + templates && one_pid_namespace(sb, &pids))
+fn init_alone(sb: &sandtree_sandbox::Sandbox, pool: &[i32]) -> bool {
+    sb.cgroup().procs().is_ok_and(|pids| {
+        let others: Vec<i32> = pids.into_iter().filter(|p| !pool.contains(p)).collect();
+        others.len() <= 1 && one_pid_namespace(sb, &others)
+    })
 }
 
 /// Whether every task of `pids` (the sandbox's cgroup) lives in its pid

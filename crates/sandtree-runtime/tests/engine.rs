@@ -488,8 +488,10 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         let deadline = Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let (n, spares) = (layers(&sb)?, e.info().await?.spare_layers);
-            // The sandbox's layer, plus at most the rollback's re-wanted spare.
-            if n <= 1 + spares as usize {
+            // The sandbox's layer, plus at most the rollback's re-wanted
+            // spare and the layer prepared for its next checkpoint (put
+            // back by this one, which was a snapshot).
+            if n <= 2 + spares as usize {
                 break;
             }
             ensure!(Instant::now() < deadline, "{n} layers left, {spares} spares");
