@@ -269,12 +269,13 @@ pub(crate) fn patch(
         return Ok(None);
     }
     let t_check = t0.elapsed();
-    let scratch = base.scratch;
-    let Some(standby) = base.standby.take() else { return Ok(None) };
     let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
     // A restored process takes its template's FPU / SSE / AVX registers.
     let xstate = ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
     let t_inject = t0.elapsed();
+    // (From here every way out kills the standby, or makes it the template.)
+    let scratch = base.scratch;
+    let Some(standby) = base.standby.take() else { return Ok(None) };
     // From here the pages written count from this checkpoint: if the
     // standby cannot be used after all, the fork captures them.
     let written = match tracking.take_written(host) {
