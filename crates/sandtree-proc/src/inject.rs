@@ -411,9 +411,9 @@ pub fn pin_tracer_thread() {
 /// memory down in its own context, which would hold the tracer's CPU for
 /// milliseconds (a 100 MB address space: 2-4 ms).
 pub fn move_off_tracer(tid: i32) {
-    let Some(cpu) = TRACER_CPU.with(|c| c.get()) else { return };
-    let others: Vec<u32> = affinity(std::process::id() as i32).into_iter().filter(|c| *c != cpu).collect();
-    set_affinity(tid, &others);
+    if TRACER_CPU.with(|c| c.get()).is_some() {
+        set_affinity(tid, &off_tracer_cpus());
+    }
 }
 
 /// The CPUs other than the tracer's (all of them when it is not pinned,
