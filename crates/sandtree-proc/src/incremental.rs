@@ -174,16 +174,16 @@ fn mismatch(
     if maps.iter().any(|m| m.start < scratch + crate::checkpoint::SCRATCH && scratch < m.end) {
         return Some("a mapping overlaps the template's scratch page".into());
     }
-    // The descriptors the standby keeps: exactly the process's of the
-    // kinds a restore does not make anew, the same files at the same
-    // numbers.
-    let Some(sb) = base.standby.as_ref().map(|s| s.host) else { return Some("no standby".into()) };
     let rseq = ptrace::rseq_configuration(host).ok().flatten();
     if rseq != base.rseq {
         return Some("its rseq registration changed".into());
     }
-    let kept: Vec<i32> =
-        fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).map(|f| f.fd).collect();
+    // The descriptors the standby keeps: exactly the process's of the
+    // kinds a restore does not make anew, the same files at the same
+    // numbers.
+    let Some(sb) = base.standby.as_ref().map(|s| s.host) else { return Some("no standby".into()) };
+    let kept: Vec<&FdImage> =
+        fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).collect();
     let held: HashSet<i32> = match std::fs::read_dir(format!("/proc/{sb}/fd")) {
         Ok(dir) => dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
         Err(e) => return Some(format!("the standby's descriptors: {e}")),
@@ -191,25 +191,18 @@ fn mismatch(
     if held.len() != kept.len() {
         return Some("descriptors were opened or closed".into());
     }
-    for f in fds.iter().filter(|f| kept.contains(&f.fd)) {
+    for f in kept {
         let fd = f.fd;
         if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host, fd, sb, fd).unwrap_or(false) {
             return Some(format!("descriptor {fd} changed"));
         }
         // Close-on-exec is the descriptor table's, not the file's.
         let cloexec = libc::O_CLOEXEC as u32;
-        if standby_fd_flags(sb, fd).map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
+        if crate::procfs::fd_flags(sb, fd).ok().map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
             return Some(format!("descriptor {fd}'s close-on-exec flag changed"));
         }
     }
     None
-}
-
-/// `flags:` of `/proc/<pid>/fdinfo/<fd>` (octal).
-fn standby_fd_flags(pid: i32, fd: i32) -> Option<u32> {
-    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
-    let v = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
-    u32::from_str_radix(v.trim(), 8).ok()
 }
 
 /// Signal number and raw kernel `struct sigaction` (32 bytes).

@@ -127,6 +127,12 @@ fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
     Ok(info)
 }
 
+/// The open flags of descriptor `fd` of `pid` (`O_CLOEXEC` included when
+/// set on the descriptor).
+pub(crate) fn fd_flags(pid: i32, fd: i32) -> io::Result<u32> {
+    fdinfo(pid, fd).map(|i| i.flags)
+}
+
 fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(str::trim)
 }

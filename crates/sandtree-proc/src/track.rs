@@ -63,18 +63,6 @@ fn tracked(m: &MapImage) -> bool {
     !m.shared() && !m.perms.starts_with("---") && !matches!(m.path.as_deref(), Some(p) if p.starts_with("[v"))
 }
 
-/// Private mappings of `maps` as runs of adjacent ones.
-fn runs(maps: &[MapImage]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for m in maps.iter().filter(|m| tracked(m)) {
-        match out.last_mut() {
-            Some(last) if last.1 == m.start => last.1 = m.end,
-            _ => out.push((m.start, m.end)),
-        }
-    }
-    out
-}
-
 impl Tracking {
     /// Whether this still tracks process `host` (not a process that reused
     /// its pid, nor one that exec'd: its mappings would be others).
@@ -108,10 +96,9 @@ impl Tracking {
     /// yet (new since the last call). A mapping the kernel refuses is left
     /// out, and [`Tracking::covers`] says so: checkpoints then fork.
     pub(crate) fn cover(&mut self, maps: &[MapImage]) {
-        let covered = |ranges: &[(u64, u64)], s: u64, e: u64| ranges.iter().any(|&(a, b)| a <= s && e <= b);
         let mut added = false;
         for m in maps.iter().filter(|m| tracked(m)) {
-            if covered(&self.ranges, m.start, m.end) {
+            if self.inside(m.start, m.end) {
                 continue;
             }
             match uffd::register_wp(self.uffd.as_fd(), m.start, m.end)
@@ -137,18 +124,15 @@ impl Tracking {
         }
     }
 
+    /// Whether `[s, e)` lies in one registered range (touching ranges are
+    /// merged, so a run of adjacent tracked mappings lies in one).
+    fn inside(&self, s: u64, e: u64) -> bool {
+        self.ranges.iter().any(|&(a, b)| a <= s && e <= b)
+    }
+
     /// Whether every private mapping of `maps` is tracked.
     pub(crate) fn covers(&self, maps: &[MapImage]) -> bool {
-        runs(maps).iter().all(|&(s, e)| {
-            // A run may span several registered ranges that touch.
-            let mut at = s;
-            for &(a, b) in &self.ranges {
-                if a <= at && at < b {
-                    at = b;
-                }
-            }
-            at >= e
-        })
+        maps.iter().filter(|m| tracked(m)).all(|m| self.inside(m.start, m.end))
     }
 
     /// The pages written since the last call (or [`Tracking::arm`]), as
