@@ -413,6 +413,8 @@ pub(crate) struct Cloned {
     fingerprint: Option<String>,
     /// Made from a standby: its scratch mapping and the memory map.
     patched: Option<((u64, bool), Vec<crate::model::MapImage>)>,
+    /// Made from a standby: what is written into it after the reply.
+    to_write: Option<crate::incremental::Pending>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
     session: Option<(i32, i32, bool)>,
@@ -1105,6 +1107,10 @@ fn clone_of(
             (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
         };
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
+        let (patched, to_write) = match patched {
+            Some(p) => (Some((p.scratch, p.maps)), Some(p.pending)),
+            None => (None, None),
+        };
         Ok(Cloned {
             holder: None,
             orig: None,
@@ -1130,7 +1136,8 @@ fn clone_of(
             insn,
             tracking: track.and_then(|t| t.tracking),
             fingerprint,
-            patched: patched.map(|p| (p.scratch, p.maps)),
+            to_write,
+            patched,
             session,
             pipe_keys,
         })
@@ -1315,6 +1322,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         no_standby: false,
         fingerprint: c.fingerprint,
         incremental,
+        to_write: c.to_write,
     })
 }
 
@@ -1326,7 +1334,11 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
 pub(crate) fn prepare_pending(st: &mut State) {
     for ck in std::mem::take(&mut st.unprepared) {
         let Some(set) = st.pools.get_mut(&ck) else { continue };
+        for p in set.templates.iter_mut().filter_map(|t| t.to_write.as_mut()) {
+            p.start();
+        }
         let t0 = std::time::Instant::now();
+        // (A template made from a standby has its scratch page already.)
         let failed = set.templates.iter_mut().filter(|t| t.scratch == 0).find_map(|t| prepare(t).err());
         tracing::debug!(checkpoint = ck, took = ?t0.elapsed(), "templates prepared");
         if let Some(e) = failed {
@@ -1334,6 +1346,43 @@ pub(crate) fn prepare_pending(st: &mut State) {
             st.drop_checkpoint(&ck);
         }
     }
+}
+
+/// Templates made from standbys get the pages their originals wrote
+/// (`incremental.rs`): started right after the checkpoint's reply, on
+/// threads of their own; finished by the tracer between operations (those
+/// written, or with `wait` all of them: before a rollback uses the pool).
+/// A checkpoint one of whose templates cannot be written loses all of
+/// them, as in [`prepare_pending`]. Returns whether one was finished.
+pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
+    let mut failed = Vec::new();
+    let mut any = false;
+    for (ck, set) in st.pools.iter_mut() {
+        for t in set.templates.iter_mut() {
+            match t.to_write.as_mut() {
+                Some(p) if wait || p.written() => {}
+                Some(p) => {
+                    p.start();
+                    continue;
+                }
+                None => continue,
+            }
+            let Some(p) = t.to_write.take() else { continue };
+            any = true;
+            if let Err(e) = p.finish() {
+                tracing::warn!(
+                    checkpoint = ck,
+                    pid = t.image.pid,
+                    "template not written, its checkpoint's templates are dropped: {e}"
+                );
+                failed.push(ck.clone());
+            }
+        }
+    }
+    for ck in failed {
+        st.drop_checkpoint(&ck);
+    }
+    any
 }
 
 /// A template's set-up: a scratch page, and nothing of the tree pinned.

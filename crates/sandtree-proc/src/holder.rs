@@ -74,7 +74,7 @@ pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
         .pools
         .iter()
         .flat_map(|(ck, c)| c.templates.iter().enumerate().map(move |(i, t)| (ck, c.last_used, i, t)))
-        .filter(|(.., t)| t.standby.is_none() && !t.no_standby)
+        .filter(|(.., t)| t.standby.is_none() && !t.no_standby && t.to_write.is_none())
         .max_by_key(|(_, used, _, t)| (bases.contains(&t.host), *used))
         .map(|(ck, _, i, _)| (ck.clone(), i))
     else {

@@ -42,7 +42,6 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sandtree_sys::{ptrace, uffd};
 
@@ -86,6 +85,8 @@ pub(crate) struct Patched {
     pub maps: Vec<MapImage>,
     /// The process's fingerprint.
     pub fingerprint: String,
+    /// Its pages and the rest, written into it after the reply.
+    pub pending: Pending,
 }
 
 /// `/proc/<pid>/status` lines a fork copies and the standby must share.
@@ -297,49 +298,135 @@ pub(crate) fn patch(
     if zap.len() > 64 {
         return give_up(standby, &format!("{} runs of pages dropped", zap.len()));
     }
-    // The copy on the other CPU; here the other processes' pass 1, then
-    // a hand with the copy.
-    let to = standby.host;
-    let copier = match uffd::PageCopier::open(host, to) {
-        Ok(c) => c,
-        Err(e) => return give_up(standby, &format!("open memory: {e}")),
-    };
+    // The read on the other CPU; here the other processes' pass 1, then
+    // a hand with the read.
+    let total: usize = copy.iter().map(|(a, b)| (b - a) as usize).sum();
+    let mut buf = take_buffer(total);
     let cpus = crate::inject::off_tracer_cpus();
-    let next = AtomicUsize::new(0);
-    let work = |pin: bool| -> io::Result<u64> {
-        if pin {
-            crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
-        }
-        let mut buf = Vec::new();
-        let mut bytes = 0;
-        loop {
-            let i = next.fetch_add(CHUNK, Ordering::Relaxed);
-            if i >= copy.len() {
-                return Ok(bytes);
+    let read = {
+        let jobs = std::sync::Mutex::new(split_jobs(&copy, &mut buf[..total]));
+        let work = |pin: bool| -> io::Result<()> {
+            if pin {
+                crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
             }
-            bytes += copier.copy(&copy[i..(i + CHUNK).min(copy.len())], &mut buf)?;
-        }
+            loop {
+                let job = jobs.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                let Some((ranges, out)) = job else { return Ok(()) };
+                uffd::read_pages(host, ranges, out)?;
+            }
+        };
+        std::thread::scope(|scope| {
+            let worker = scope.spawn(|| work(true));
+            if let Some(d) = during.take() {
+                d(seen);
+            }
+            let mine = work(false);
+            let theirs = worker.join().unwrap_or_else(|_| Err(io::Error::other("the reading thread panicked")));
+            mine.and(theirs)
+        })
     };
-    let copied = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| work(true));
-        if let Some(d) = during.take() {
-            d(seen);
+    if let Err(e) = read {
+        give_buffer(buf);
+        return give_up(standby, &format!("reading the written pages: {e}"));
+    }
+    tracing::debug!(
+        pid = s.ns_pid,
+        pages,
+        kib = total / 1024,
+        dropped = zap.len(),
+        ?t_check,
+        ?t_inject,
+        ?t_scan,
+        all = ?t0.elapsed(),
+        "template patched from the previous one (pages read)"
+    );
+    let to = standby.host;
+    let pages = Pages::Read(copy, buf);
+    let pending = Pending { standby, pages, bytes: total, zap, handlers, brk, xstate, scratch: scratch.0 };
+    Ok(Some(Patched { host: to, ns_pid: pending.standby.ns_pid, scratch, maps, fingerprint: fp, pending }))
+}
+
+/// What makes a standby its process's new template, read from the process
+/// in the frozen window and written into the standby after the
+/// checkpoint's reply: writing costs a copy-on-write break per page
+/// (~4 µs here), reading only the copy. The pages are written by a thread
+/// of their own ([`Pending::start`]), while the tracer serves the next
+/// jobs; the rest (registers, handlers, program break, dropped pages) by
+/// the tracer once it is done ([`Pending::finish`]).
+pub(crate) struct Pending {
+    standby: Standby,
+    pages: Pages,
+    /// Bytes written.
+    bytes: usize,
+    /// Page runs the process dropped since.
+    zap: Vec<(u64, u64)>,
+    handlers: Vec<Handler>,
+    brk: u64,
+    xstate: Vec<u8>,
+    scratch: u64,
+}
+
+/// Where the pages of a [`Pending`] are.
+enum Pages {
+    /// Read: page runs (start, end), and their bytes one after the other.
+    Read(Vec<(u64, u64)>, Vec<u8>),
+    /// Being written (the thread gives the buffer back).
+    Writing(std::thread::JoinHandle<(io::Result<()>, Vec<u8>)>),
+    /// Taken by a failed start.
+    Gone,
+}
+
+impl Pending {
+    /// Start writing the pages into the standby, on a thread of its own.
+    pub(crate) fn start(&mut self) {
+        if !matches!(self.pages, Pages::Read(..)) {
+            return;
         }
-        let mine = work(false);
-        let theirs = worker.join().unwrap_or_else(|_| Err(io::Error::other("the copying thread panicked")));
-        Ok::<u64, io::Error>(mine? + theirs?)
-    });
-    let bytes = match copied {
-        Ok(b) => b,
-        Err(e) => return give_up(standby, &format!("copying the written pages: {e}")),
-    };
-    let t_copy = t0.elapsed();
-    let mut sb = standby.tracee;
-    let mut set_up = || -> Result<()> {
+        let Pages::Read(copy, buf) = std::mem::replace(&mut self.pages, Pages::Gone) else { return };
+        let to = self.standby.host;
+        let spawned = std::thread::Builder::new().name("sandtree:pages".into()).spawn(move || {
+            let written = uffd::PageWriter::open(to).and_then(|w| w.write(&copy, &buf));
+            (written, buf)
+        });
+        match spawned {
+            Ok(h) => self.pages = Pages::Writing(h),
+            // (`finish` says so.)
+            Err(e) => tracing::warn!(pid = self.standby.ns_pid, "no thread to write the pages: {e}"),
+        }
+    }
+
+    /// Whether the pages are written ([`Pending::finish`] would not wait).
+    pub(crate) fn written(&self) -> bool {
+        matches!(&self.pages, Pages::Writing(h) if h.is_finished())
+    }
+
+    /// Whether the pages are being written.
+    pub(crate) fn writing(&self) -> bool {
+        matches!(&self.pages, Pages::Writing(h) if !h.is_finished())
+    }
+
+    /// Wait for the pages (writing them here if they were not started) and
+    /// set the rest in the standby: it is the template then. On the tracer
+    /// thread. An error leaves the standby half-made: the caller drops its
+    /// checkpoint's templates.
+    pub(crate) fn finish(self) -> Result<()> {
+        let Pending { mut standby, pages, bytes, zap, handlers, brk, xstate, scratch } = self;
+        let to = standby.host;
+        let t0 = std::time::Instant::now();
+        let (written, buf) = match pages {
+            Pages::Read(copy, buf) => (uffd::PageWriter::open(to).and_then(|w| w.write(&copy, &buf)), buf),
+            Pages::Writing(h) => {
+                h.join().unwrap_or_else(|_| (Err(io::Error::other("the writing thread panicked")), Vec::new()))
+            }
+            Pages::Gone => (Err(io::Error::other("no thread to write the pages")), Vec::new()),
+        };
+        give_buffer(buf);
+        written.map_err(|e| Error::Ptrace { pid: to, op: "write the pages written", source: e })?;
+        let sb = &mut standby.tracee;
         ptrace::set_xstate(to, &xstate).map_err(|e| Error::Ptrace { pid: to, op: "SETREGSET xstate", source: e })?;
         for (sig, act) in &handlers {
-            ptrace::write_mem(to, scratch.0, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
-            sb.call("rt_sigaction", libc::SYS_rt_sigaction, &[*sig, scratch.0, 0, 8])?;
+            ptrace::write_mem(to, scratch, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
+            sb.call("rt_sigaction", libc::SYS_rt_sigaction, &[*sig, scratch, 0, 8])?;
         }
         if sb.call("brk (read)", libc::SYS_brk, &[0])? != brk && sb.call("brk", libc::SYS_brk, &[brk])? != brk {
             return Err(Error::Remote { pid: to, call: "brk", errno: io::Error::from_raw_os_error(libc::ENOMEM) });
@@ -347,25 +434,53 @@ pub(crate) fn patch(
         for &(a, b) in &zap {
             sb.call("madvise (dropped pages)", libc::SYS_madvise, &[a, b - a, libc::MADV_DONTNEED as u64])?;
         }
+        tracing::debug!(pid = standby.ns_pid, kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
         Ok(())
-    };
-    if let Err(e) = set_up() {
-        return give_up(Standby { tracee: sb, host: to, ns_pid: standby.ns_pid }, &format!("set-up: {e}"));
     }
-    tracing::debug!(
-        pid = s.ns_pid,
-        pages,
-        kib = bytes / 1024,
-        dropped = zap.len(),
-        ?t_check,
-        ?t_inject,
-        ?t_scan,
-        ?t_copy,
-        all = ?t0.elapsed(),
-        "template patched from the previous one"
-    );
-    Ok(Some(Patched { host: to, ns_pid: standby.ns_pid, scratch, maps, fingerprint: fp }))
 }
 
-/// Ranges a copying thread takes at a time.
-const CHUNK: usize = 32;
+/// Page runs and the part of the buffer their bytes go to.
+type ReadJob<'a> = (&'a [(u64, u64)], &'a mut [u8]);
+
+/// `ranges` in pieces of [`CHUNK`], each with its part of `buf` (the
+/// bytes of the ranges one after the other).
+fn split_jobs<'a>(ranges: &'a [(u64, u64)], mut buf: &'a mut [u8]) -> Vec<ReadJob<'a>> {
+    let mut jobs = Vec::new();
+    for piece in ranges.chunks(CHUNK) {
+        let len: usize = piece.iter().map(|(a, b)| (b - a) as usize).sum();
+        let (mine, rest) = std::mem::take(&mut buf).split_at_mut(len);
+        jobs.push((piece, mine));
+        buf = rest;
+    }
+    jobs
+}
+
+/// Buffers of written pages, kept between checkpoints: a new one would
+/// fault in each of its pages during the frozen window.
+static BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// Buffers kept at most (one per process being checkpointed at once).
+const KEPT_BUFFERS: usize = 4;
+
+/// A buffer of at least `len` bytes.
+fn take_buffer(len: usize) -> Vec<u8> {
+    let mut kept = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+    // The largest fits most often.
+    kept.sort_by_key(|b| b.len());
+    let mut buf = kept.pop().unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    buf
+}
+
+fn give_buffer(buf: Vec<u8>) {
+    let mut kept = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+    if kept.len() < KEPT_BUFFERS {
+        kept.push(buf);
+    }
+}
+
+/// Ranges a reading thread takes at a time (up to a
+/// `process_vm_readv` each).
+const CHUNK: usize = 128;

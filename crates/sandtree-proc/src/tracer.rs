@@ -65,6 +65,10 @@ pub(crate) struct Template {
     pub fingerprint: Option<String>,
     /// Made from the previous template's standby (`incremental.rs`).
     pub incremental: bool,
+    /// Its pages written since the previous template and the rest, until
+    /// they are written into it right after the checkpoint's reply
+    /// ([`crate::checkpoint::prepare_pending`]).
+    pub to_write: Option<crate::incremental::Pending>,
 }
 
 /// What to measure of the pool (outside the tracer thread): the
@@ -307,11 +311,19 @@ type Job = Box<dyn FnOnce(&mut State) + Send>;
 /// An operation in flight on a tracer ([`Tracer::begin`]).
 pub struct OpGuard {
     ops: Arc<AtomicU32>,
+    /// Wakes the thread when the last operation ends: the work kept for
+    /// between operations (pages to write, standbys) starts then, not at
+    /// its next job.
+    wake: Option<mpsc::Sender<Job>>,
 }
 
 impl Drop for OpGuard {
     fn drop(&mut self) {
-        self.ops.fetch_sub(1, Ordering::SeqCst);
+        if self.ops.fetch_sub(1, Ordering::SeqCst) == 1
+            && let Some(tx) = &self.wake
+        {
+            let _ = tx.send(Box::new(|_| {}));
+        }
     }
 }
 
@@ -355,10 +367,20 @@ impl Tracer {
                     Ok(job) => Some(job),
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
-                        if st.ops.load(Ordering::SeqCst) == 0 && crate::holder::make_one_standby(&mut st) {
+                        if st.ops.load(Ordering::SeqCst) == 0
+                            && (crate::checkpoint::write_pending(&mut st, false)
+                                || crate::holder::make_one_standby(&mut st))
+                        {
                             continue;
                         }
-                        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                        // (Pages being written: back as soon as they are.)
+                        let writing = st
+                            .pools
+                            .values()
+                            .flat_map(|c| &c.templates)
+                            .any(|t| t.to_write.as_ref().is_some_and(|p| p.writing()));
+                        let wait = std::time::Duration::from_millis(if writing { 1 } else { 100 });
+                        match rx.recv_timeout(wait) {
                             Ok(job) => Some(job),
                             Err(mpsc::RecvTimeoutError::Timeout) => None,
                             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -397,7 +419,8 @@ impl Tracer {
     /// with the operation for the CPU.
     pub fn begin(&self) -> OpGuard {
         self.ops.fetch_add(1, Ordering::SeqCst);
-        OpGuard { ops: self.ops.clone() }
+        let wake = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        OpGuard { ops: self.ops.clone(), wake }
     }
 
     fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut State) -> R + Send + 'static) -> Result<R> {
@@ -491,7 +514,10 @@ impl Tracer {
     /// templates `ck` has (`None`: none) and the pids init must spare.
     pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {
         let ck = ck.to_string();
-        self.call(move |st| (st.status(&ck), st.pool_pids()))
+        self.call(move |st| {
+            crate::checkpoint::write_pending(st, true);
+            (st.status(&ck), st.pool_pids())
+        })
     }
 
     /// Kill the holders of processes that are gone (after a rollback:
@@ -513,7 +539,10 @@ impl Tracer {
     /// killed the others and swapped the root).
     pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
         let ck = ck.to_string();
-        self.call(move |st| crate::restore::restore(st, &ck))?
+        self.call(move |st| {
+            crate::checkpoint::write_pending(st, true);
+            crate::restore::restore(st, &ck)
+        })?
     }
 
     /// Kill every template now and refuse further work: for a sandbox whose

@@ -73,7 +73,9 @@ impl Engine {
         let _op = tracer.begin();
         let targets: Vec<std::path::PathBuf> =
             self.image_layers(&rec.image)?.iter().map(|l| std::path::PathBuf::from(&l.target)).collect();
+        let t_next = Instant::now();
         let (top, fds) = self.take_next(rec).await?;
+        let t_next = t_next.elapsed();
         let best_effort = req.best_effort;
 
         // Unused (nothing was stopped, or the checkpoint is a snapshot):
@@ -234,6 +236,8 @@ impl Engine {
             self.commit_layered(rec, req, ck_id, (fresh, lowers), frozen_ms, captured, t0, Some(&tracer)).await?;
         tracing::debug!(
             sandbox = id,
+            before_stop = ?t_stop.duration_since(t0),
+            ?t_next,
             stop_clone = ?t_cloned.duration_since(t_stop),
             check_stage_open = ?t_swap.duration_since(t_cloned),
             swap_finish = ?t_moved.duration_since(t_swap),

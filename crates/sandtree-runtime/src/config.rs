@@ -92,7 +92,7 @@ impl Default for Config {
             template_checkpoints: 64,
             layered: true,
             layered_processes: true,
-            incremental_min_rss: Some(256 << 20),
+            incremental_min_rss: Some(64 << 20),
             max_layers: 24,
         }
     }

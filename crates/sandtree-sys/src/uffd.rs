@@ -13,13 +13,16 @@
 //!
 //! A page dropped with `MADV_DONTNEED` reads as written and not present.
 //!
-//! [`PageCopier`] then copies the written pages to another process.
+//! [`read_pages`] then reads the written pages, and [`PageWriter`] writes
+//! them into another process.
 //!
 //! The structures mirror `<linux/userfaultfd.h>` and `<linux/fs.h>` of
 //! Linux 6.7+ (Debian 12's headers predate `PAGEMAP_SCAN`).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::sys::uio::{RemoteIoVec, process_vm_readv};
 
 /// `PAGE_IS_WRITTEN`: written since it was last protected.
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
@@ -156,44 +159,62 @@ pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec
     Ok(())
 }
 
-/// Copies pages of one process to the same addresses of another, through
-/// their `/proc/<pid>/mem` (one `pread` and one `pwrite` per range: on
-/// this kind of machine cheaper than `process_vm_readv`, which pins the
-/// pages, and it writes private mappings that are read-only now too).
-pub struct PageCopier {
-    from: std::fs::File,
+/// Most ranges one `process_vm_readv` takes (`IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Read the bytes of `ranges` (start, end) of process `pid`'s memory into
+/// `out`, one range after the other (`out` is at least their total
+/// length). `process_vm_readv`, up to [`IOV_MAX`] ranges a call: for
+/// scattered single pages about half the cost of a `pread` of
+/// `/proc/<pid>/mem` each. A range that cannot be read whole is an error.
+pub fn read_pages(pid: i32, ranges: &[(u64, u64)], out: &mut [u8]) -> io::Result<()> {
+    let mut at = 0usize;
+    for batch in ranges.chunks(IOV_MAX) {
+        let len: usize = batch.iter().map(|(s, e)| (e - s) as usize).sum();
+        let dst = out.get_mut(at..at + len).ok_or_else(|| io::Error::other("read_pages: buffer too small"))?;
+        let mut local = Vec::with_capacity(batch.len());
+        let mut rest = dst;
+        for &(s, e) in batch {
+            let (one, more) = rest.split_at_mut((e - s) as usize);
+            local.push(io::IoSliceMut::new(one));
+            rest = more;
+        }
+        let remote: Vec<RemoteIoVec> =
+            batch.iter().map(|&(s, e)| RemoteIoVec { base: s as usize, len: (e - s) as usize }).collect();
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let r = process_vm_readv(pid, &mut local, &remote).map_err(io::Error::from)?;
+        if r != len {
+            return Err(io::Error::other(format!("process_vm_readv read {r} of {len} bytes")));
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+/// Writes bytes into another process's memory at given addresses, through
+/// its `/proc/<pid>/mem` (which writes private mappings that are
+/// read-only now too).
+pub struct PageWriter {
     to: std::fs::File,
 }
 
-impl PageCopier {
-    /// From process `from` to process `to`.
-    pub fn open(from: i32, to: i32) -> io::Result<PageCopier> {
-        Ok(PageCopier {
-            from: std::fs::File::open(format!("/proc/{from}/mem"))?,
-            to: std::fs::OpenOptions::new().write(true).open(format!("/proc/{to}/mem"))?,
-        })
+impl PageWriter {
+    /// Into process `to`.
+    pub fn open(to: i32) -> io::Result<PageWriter> {
+        Ok(PageWriter { to: std::fs::OpenOptions::new().write(true).open(format!("/proc/{to}/mem"))? })
     }
 
-    /// Copy the bytes of `ranges` (start, end), through `buf` (reused);
-    /// returns the bytes copied.
-    pub fn copy(&self, ranges: &[(u64, u64)], buf: &mut Vec<u8>) -> io::Result<u64> {
+    /// Write `data` to `ranges` (start, end), one range after the other
+    /// (as [`read_pages`] reads them).
+    pub fn write(&self, ranges: &[(u64, u64)], data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
-        /// At most this much at a time (a long run is copied in pieces).
-        const PIECE: u64 = 1 << 20;
-        let mut total = 0;
+        let mut at = 0usize;
         for &(s, e) in ranges {
-            let mut at = s;
-            while at < e {
-                let len = (e - at).min(PIECE) as usize;
-                if buf.len() < len {
-                    buf.resize(len, 0);
-                }
-                self.from.read_exact_at(&mut buf[..len], at)?;
-                self.to.write_all_at(&buf[..len], at)?;
-                at += len as u64;
-                total += len as u64;
-            }
+            let n = (e - s) as usize;
+            let src = data.get(at..at + n).ok_or_else(|| io::Error::other("PageWriter: data too short"))?;
+            self.to.write_all_at(src, s)?;
+            at += n;
         }
-        Ok(total)
+        Ok(())
     }
 }
