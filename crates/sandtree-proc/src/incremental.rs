@@ -65,7 +65,7 @@ pub(crate) struct Base {
     /// The original's [`fingerprint`] then.
     pub fingerprint: String,
     /// The original's rseq registration then (a fork keeps it).
-    pub rseq: Option<(u64, u32, u32, u32)>,
+    pub rseq: Rseq,
 }
 
 impl Drop for Base {
@@ -75,6 +75,9 @@ impl Drop for Base {
         }
     }
 }
+
+/// An rseq registration (area, length, flags, signature).
+type Rseq = Option<(u64, u32, u32, u32)>;
 
 /// A template made from a standby.
 pub(crate) struct Patched {
@@ -153,12 +156,13 @@ pub(crate) fn fingerprint(host: i32) -> io::Result<String> {
     Ok(out)
 }
 
-/// Why the standby cannot be used (for the log), or `None`. `fp` is the
-/// process's fingerprint now.
+/// Why the standby cannot be used (for the log), or `None`. `fp`, `maps`
+/// and `rseq` are the process's fingerprint, memory map and rseq
+/// registration now.
 fn mismatch(
     host: i32,
     base: &Base,
-    (fp, maps): (&str, &[MapImage]),
+    (fp, maps, rseq): (&str, &[MapImage], Rseq),
     tracking: &Tracking,
     fds: &[FdImage],
 ) -> Option<String> {
@@ -175,7 +179,6 @@ fn mismatch(
     if maps.iter().any(|m| m.start < scratch + crate::checkpoint::SCRATCH && scratch < m.end) {
         return Some("a mapping overlaps the template's scratch page".into());
     }
-    let rseq = ptrace::rseq_configuration(host).ok().flatten();
     if rseq != base.rseq {
         return Some("its rseq registration changed".into());
     }
@@ -250,31 +253,128 @@ pub(crate) fn patch(
 ) -> Result<Option<Patched>> {
     let host = s.host;
     let t0 = std::time::Instant::now();
-    let give_up = |standby: Standby, why: &str| {
-        tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
-        kill_tracee(standby.host);
-        Ok(None)
-    };
-    // (Any early return drops `base`, which kills the standby.)
-    let maps = crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
-    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
-    if let Some(why) = mismatch(host, &base, (&fp, &maps), tracking, fds) {
-        tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
-        return Ok(None);
-    }
-    let t_check = t0.elapsed();
+    // (Any way out but the end drops `base`, which kills the standby.)
     let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
     // A restored process takes its template's FPU / SSE / AVX registers.
     let xstate = ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
+    // (A ptrace request: from this thread.)
+    let rseq = ptrace::rseq_configuration(host).ok().flatten();
     let t_inject = t0.elapsed();
-    // (From here every way out kills the standby, or makes it the template.)
-    let scratch = base.scratch;
+    // On the other CPU: the checks, the scan and the read; here the other
+    // processes' pass 1, then a hand with the read.
+    let cpus = crate::inject::off_tracer_cpus();
+    let mut buf = take_buffer(0);
+    let copy: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
+    let queue: std::sync::Mutex<Vec<ReadJob>> = std::sync::Mutex::new(Vec::new());
+    // Set once the queue holds every read there is (or there is none).
+    let queued = std::sync::atomic::AtomicBool::new(false);
+    let mut t_during = Default::default();
+    let read_from_queue = || -> io::Result<()> {
+        loop {
+            let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some((ranges, out)) = job else { return Ok(()) };
+            uffd::read_pages(host, ranges, out)?;
+        }
+    };
+    let (found, helped) = std::thread::scope(|scope| {
+        let (buf, copy, queue, queued, base) = (&mut buf, &copy, &queue, &queued, &base);
+        let worker = scope.spawn(move || {
+            crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
+            let found = find(host, rseq, base, tracking, fds, t0).map(|f| {
+                let mut f = f?;
+                let total = f.total;
+                if buf.len() < total {
+                    tracing::debug!(had = buf.len(), total, "page buffer grown");
+                    buf.resize(total, 0);
+                }
+                let ranges: &Vec<(u64, u64)> = copy.get_or_init(|| std::mem::take(&mut f.copy));
+                let jobs = split_jobs(ranges, &mut buf[..total]);
+                queue.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
+                Ok(f)
+            });
+            queued.store(true, std::sync::atomic::Ordering::Release);
+            let read = read_from_queue();
+            found.map(|f| f.and_then(|f| read.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))))
+        });
+        if let Some(d) = during.take() {
+            d(seen);
+        }
+        t_during = t0.elapsed();
+        while !queued.load(std::sync::atomic::Ordering::Acquire) && !worker.is_finished() {
+            std::thread::yield_now();
+        }
+        let helped = read_from_queue();
+        let found = worker.join().unwrap_or_else(|_| Ok(Err("the reading thread panicked".into())));
+        (found, helped)
+    });
+    let t_read = t0.elapsed();
+    let found =
+        found.map(|f| f.and_then(|f| helped.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))));
+    let f = match found {
+        Ok(Ok(f)) => f,
+        Ok(Err(why)) => {
+            give_buffer(buf);
+            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            return Ok(None);
+        }
+        Err(e) => {
+            give_buffer(buf);
+            return Err(e);
+        }
+    };
     let Some(standby) = base.standby.take() else { return Ok(None) };
+    tracing::debug!(
+        pid = s.ns_pid,
+        pages = f.total / 4096,
+        dropped = f.zap.len(),
+        t_check = ?f.t_check,
+        t_scan = ?f.t_scan,
+        ?t_inject,
+        ?t_during,
+        ?t_read,
+        "template patched from the previous one (pages read)"
+    );
+    let to = standby.host;
+    let scratch = base.scratch;
+    let pages = Pages::Read(copy.into_inner().unwrap_or_default(), buf);
+    let pending = Pending { standby, pages, bytes: f.total, zap: f.zap, handlers, brk, xstate, scratch: scratch.0 };
+    Ok(Some(Patched { host: to, ns_pid: pending.standby.ns_pid, scratch, maps: f.maps, fingerprint: f.fp, pending }))
+}
+
+/// What [`find`] found: the standby can be used, with these pages.
+struct Found {
+    maps: Vec<MapImage>,
+    fp: String,
+    /// Page runs to copy (start, end; taken for the read), their total
+    /// bytes, and page runs dropped.
+    copy: Vec<(u64, u64)>,
+    total: usize,
+    zap: Vec<(u64, u64)>,
+    t_check: std::time::Duration,
+    t_scan: std::time::Duration,
+}
+
+/// The checks (see the module docs), then the scan of the pages written:
+/// `Ok(Err(why))` when the checkpoint must fork instead.
+fn find(
+    host: i32,
+    rseq: Rseq,
+    base: &Base,
+    tracking: &Tracking,
+    fds: &[FdImage],
+    t0: std::time::Instant,
+) -> Result<std::result::Result<Found, String>> {
+    let maps = crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
+    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
+    if let Some(why) = mismatch(host, base, (&fp, &maps, rseq), tracking, fds) {
+        return Ok(Err(why));
+    }
+    let t_check = t0.elapsed();
     // From here the pages written count from this checkpoint: if the
     // standby cannot be used after all, the fork captures them.
     let written = match tracking.take_written(host) {
         Ok(w) => w,
-        Err(e) => return give_up(standby, &format!("{e}")),
+        Err(e) => return Ok(Err(format!("{e}"))),
     };
     let t_scan = t0.elapsed();
     let private = |a: u64, b: u64| maps.iter().any(|m| !m.shared() && m.start <= a && b <= m.end);
@@ -293,57 +393,13 @@ pub(crate) fn patch(
     let pages: u64 = copy.iter().map(|(a, b)| (b - a) / 4096).sum();
     let resident = crate::checkpoint::resident_pages(host);
     if pages > 4096 && pages * 16 > resident {
-        return give_up(standby, &format!("{pages} of {resident} pages written: a fork is cheaper"));
+        return Ok(Err(format!("{pages} of {resident} pages written: a fork is cheaper")));
     }
     if zap.len() > 64 {
-        return give_up(standby, &format!("{} runs of pages dropped", zap.len()));
+        return Ok(Err(format!("{} runs of pages dropped", zap.len())));
     }
-    // The read on the other CPU; here the other processes' pass 1, then
-    // a hand with the read.
-    let total: usize = copy.iter().map(|(a, b)| (b - a) as usize).sum();
-    let mut buf = take_buffer(total);
-    let cpus = crate::inject::off_tracer_cpus();
-    let read = {
-        let jobs = std::sync::Mutex::new(split_jobs(&copy, &mut buf[..total]));
-        let work = |pin: bool| -> io::Result<()> {
-            if pin {
-                crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
-            }
-            loop {
-                let job = jobs.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                let Some((ranges, out)) = job else { return Ok(()) };
-                uffd::read_pages(host, ranges, out)?;
-            }
-        };
-        std::thread::scope(|scope| {
-            let worker = scope.spawn(|| work(true));
-            if let Some(d) = during.take() {
-                d(seen);
-            }
-            let mine = work(false);
-            let theirs = worker.join().unwrap_or_else(|_| Err(io::Error::other("the reading thread panicked")));
-            mine.and(theirs)
-        })
-    };
-    if let Err(e) = read {
-        give_buffer(buf);
-        return give_up(standby, &format!("reading the written pages: {e}"));
-    }
-    tracing::debug!(
-        pid = s.ns_pid,
-        pages,
-        kib = total / 1024,
-        dropped = zap.len(),
-        ?t_check,
-        ?t_inject,
-        ?t_scan,
-        all = ?t0.elapsed(),
-        "template patched from the previous one (pages read)"
-    );
-    let to = standby.host;
-    let pages = Pages::Read(copy, buf);
-    let pending = Pending { standby, pages, bytes: total, zap, handlers, brk, xstate, scratch: scratch.0 };
-    Ok(Some(Patched { host: to, ns_pid: pending.standby.ns_pid, scratch, maps, fingerprint: fp, pending }))
+    let total = (pages * 4096) as usize;
+    Ok(Ok(Found { maps, fp, copy, total, zap, t_check, t_scan }))
 }
 
 /// What makes a standby its process's new template, read from the process
