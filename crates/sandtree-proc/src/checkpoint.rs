@@ -413,7 +413,8 @@ pub(crate) struct Cloned {
     fingerprint: Option<String>,
     /// Made from a standby: its scratch mapping and the memory map.
     patched: Option<((u64, bool), Vec<crate::model::MapImage>)>,
-    /// Made from a standby: what is written into it after the reply.
+    /// Made from a standby: what is written into it once the checkpoint is
+    /// over.
     to_write: Option<crate::incremental::Pending>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
@@ -1276,13 +1277,20 @@ fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
     Ok((m.dev(), m.ino()))
 }
 
-/// Pass 2 for one template: image and checks ([`prepare`] follows after
-/// the reply).
+/// Pass 2 for one template: image and checks ([`prepare`] follows once
+/// the checkpoint is over).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
-    let mut image = procfs::capture(child, (s.ns_pid, s.ns_ppid), Registers::from(&c.image_regs), c.fds, c.paths)
+    // (A template made from a standby has the process's map, read then.)
+    let (scratch, maps) = match c.patched {
+        Some((scratch, maps)) => (scratch, Some(maps)),
+        None => ((0, false), None),
+    };
+    let incremental = maps.is_some();
+    let regs = Registers::from(&c.image_regs);
+    let mut image = procfs::capture(child, (s.ns_pid, s.ns_ppid), regs, c.fds, c.paths, maps)
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
@@ -1300,14 +1308,6 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.sid = sid;
         image.has_tty = tty;
     }
-    let incremental = c.patched.is_some();
-    let scratch = match c.patched {
-        Some((scratch, maps)) => {
-            image.maps = maps;
-            scratch
-        }
-        None => (0, false),
-    };
     check::check(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
@@ -1326,17 +1326,16 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     })
 }
 
-/// The templates' own set-up, run by the tracer thread after the
-/// checkpoint's reply and before its next job (see [`set_up_all`]). A
-/// checkpoint one of whose templates cannot be set up loses all of them
-/// (it then shows as evicted: a partial set would bring back only some of
-/// its processes).
-pub(crate) fn prepare_pending(st: &mut State) {
+/// The templates' own set-up (see [`set_up_all`]), run by the tracer
+/// thread once the checkpoint is over (not beside its last steps), and
+/// before a rollback uses the pool. A checkpoint one of whose templates
+/// cannot be set up loses all of them (it then shows as evicted: a partial
+/// set would bring back only some of its processes). Returns whether there
+/// was any.
+pub(crate) fn prepare_pending(st: &mut State) -> bool {
+    let any = !st.unprepared.is_empty();
     for ck in std::mem::take(&mut st.unprepared) {
         let Some(set) = st.pools.get_mut(&ck) else { continue };
-        for p in set.templates.iter_mut().filter_map(|t| t.to_write.as_mut()) {
-            p.start();
-        }
         let t0 = std::time::Instant::now();
         // (A template made from a standby has its scratch page already.)
         let failed = set.templates.iter_mut().filter(|t| t.scratch == 0).find_map(|t| prepare(t).err());
@@ -1346,11 +1345,12 @@ pub(crate) fn prepare_pending(st: &mut State) {
             st.drop_checkpoint(&ck);
         }
     }
+    any
 }
 
 /// Templates made from standbys get the pages their originals wrote
-/// (`incremental.rs`): started right after the checkpoint's reply, on
-/// threads of their own; finished by the tracer between operations (those
+/// (`incremental.rs`): started once the checkpoint is over, on threads of
+/// their own; finished by the tracer between operations (those
 /// written, or with `wait` all of them: before a rollback uses the pool).
 /// A checkpoint one of whose templates cannot be written loses all of
 /// them, as in [`prepare_pending`]. Returns whether one was finished.

@@ -3,14 +3,16 @@
 //!
 //! The previous template's *standby* (a fork of it, made between
 //! operations, `holder.rs`) holds the process's memory as it was at the
-//! previous checkpoint. The process's pages written since (one
-//! `PAGEMAP_SCAN`) are copied into it (`process_vm_readv` from the process,
-//! `process_vm_writev` into the standby, on the other CPU while the
-//! tracer clones the sandbox's other processes), pages the process dropped
-//! are dropped in it too, and it becomes the new template. Cost: the pages
-//! written (1,000 pages: ~2 ms here), not the process's size (a fork copies
-//! one page table entry per resident page: 100 MB in 4 KiB pages ~4 ms,
-//! 1 GB ~15 ms).
+//! previous checkpoint. In the frozen window the process's pages written
+//! since (one `PAGEMAP_SCAN`) are read into a daemon buffer
+//! (`process_vm_readv`, on the other CPU while the tracer clones the
+//! sandbox's other processes); the standby becomes the new template, and
+//! once the checkpoint is over a thread writes those pages into it
+//! ([`Pending`]: a copy-on-write break a page, kept out of the window),
+//! pages the process dropped are dropped in it too. Cost in the window:
+//! the pages written (1,150 pages: ~1.4 ms), not the process's size (a
+//! fork copies one page table entry per resident page: 100 MB in 4 KiB
+//! pages ~3-4 ms, 1 GB ~12-16 ms).
 //!
 //! A fork copies more than memory: the descriptor table, signal handlers,
 //! credentials, limits, namespaces, the mm's layout. The standby has the
@@ -88,7 +90,7 @@ pub(crate) struct Patched {
     pub maps: Vec<MapImage>,
     /// The process's fingerprint.
     pub fingerprint: String,
-    /// Its pages and the rest, written into it after the reply.
+    /// Its pages and the rest, written into it once the checkpoint is over.
     pub pending: Pending,
 }
 
@@ -403,8 +405,8 @@ fn find(
 }
 
 /// What makes a standby its process's new template, read from the process
-/// in the frozen window and written into the standby after the
-/// checkpoint's reply: writing costs a copy-on-write break per page
+/// in the frozen window and written into the standby once the checkpoint
+/// is over: writing costs a copy-on-write break per page
 /// (~4 µs here), reading only the copy. The pages are written by a thread
 /// of their own ([`Pending::start`]), while the tracer serves the next
 /// jobs; the rest (registers, handlers, program break, dropped pages) by

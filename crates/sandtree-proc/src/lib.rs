@@ -30,8 +30,8 @@
 //!    in signal context (see `inject.rs`) and runs again;
 //! 4. [`Tracer::set_up`]: per template, the rest of the
 //!    [`model::ProcessImage`] from its `/proc` and the checks ([`check`]);
-//!    after the reply, before its next job, the tracer thread does the
-//!    templates' set-up: a scratch page, `chdir("/")`, close what the restore
+//!    once the checkpoint is over (between operations, or first thing in a
+//!    rollback), the tracer thread does the templates' set-up: a scratch page, `chdir("/")`, close what the restore
 //!    re-opens or re-creates (files on the sandbox's layers, bound sockets),
 //!    leave the original's session.
 //!

@@ -553,6 +553,7 @@ pub fn capture(
     regs: Registers,
     fds: Vec<FdImage>,
     (cwd, root, exe): (String, String, String),
+    known_maps: Option<Vec<MapImage>>,
 ) -> io::Result<ProcessImage> {
     let st = status(template)?;
     let base = format!("/proc/{template}");
@@ -576,7 +577,10 @@ pub fn capture(
         cwd,
         root,
         fds,
-        maps: maps(template)?,
+        maps: match known_maps {
+            Some(m) => m,
+            None => maps(template)?,
+        },
         ghosts: Vec::new(),
         itimers: Vec::new(),
         altstack: None,

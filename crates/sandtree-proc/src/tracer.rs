@@ -50,8 +50,8 @@ pub(crate) struct Template {
     pub ns_pid: i32,
     /// The template itself, in a ptrace stop.
     pub tracee: Tracee,
-    /// Address of its scratch mapping (0 until it is set up, right after
-    /// the checkpoint's reply).
+    /// Address of its scratch mapping (0 until it is set up, once the
+    /// checkpoint is over).
     pub scratch: u64,
     /// The scratch mapping is executable (batches run there, `batch.rs`).
     pub scratch_exec: bool,
@@ -66,8 +66,8 @@ pub(crate) struct Template {
     /// Made from the previous template's standby (`incremental.rs`).
     pub incremental: bool,
     /// Its pages written since the previous template and the rest, until
-    /// they are written into it right after the checkpoint's reply
-    /// ([`crate::checkpoint::prepare_pending`]).
+    /// they are written into it after the checkpoint
+    /// ([`crate::checkpoint::write_pending`]).
     pub to_write: Option<crate::incremental::Pending>,
 }
 
@@ -173,7 +173,7 @@ pub(crate) struct State {
     pub pools: BTreeMap<String, CheckpointTemplates>,
     pub clock: u64,
     /// Checkpoints whose templates still need their set-up
-    /// ([`crate::checkpoint::prepare_pending`], before the next job).
+    /// ([`crate::checkpoint::prepare_pending`], between operations).
     pub unprepared: Vec<String>,
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
@@ -368,7 +368,8 @@ impl Tracer {
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
                         if st.ops.load(Ordering::SeqCst) == 0
-                            && (crate::checkpoint::write_pending(&mut st, false)
+                            && (crate::checkpoint::prepare_pending(&mut st)
+                                || crate::checkpoint::write_pending(&mut st, false)
                                 || crate::holder::make_one_standby(&mut st))
                         {
                             continue;
@@ -389,9 +390,9 @@ impl Tracer {
                 };
                 if let Some(job) = job {
                     job(&mut st);
-                    // A checkpoint's templates are set up after its reply,
-                    // a rollback's adopted holders drop their descriptors.
-                    crate::checkpoint::prepare_pending(&mut st);
+                    // A rollback's adopted holders drop their descriptors.
+                    // (A checkpoint's templates are set up between
+                    // operations.)
                     crate::holder::drop_pending(&mut st.holders, &mut st.dying);
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
@@ -515,6 +516,7 @@ impl Tracer {
     pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {
         let ck = ck.to_string();
         self.call(move |st| {
+            crate::checkpoint::prepare_pending(st);
             crate::checkpoint::write_pending(st, true);
             (st.status(&ck), st.pool_pids())
         })
@@ -540,6 +542,7 @@ impl Tracer {
     pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
         let ck = ck.to_string();
         self.call(move |st| {
+            crate::checkpoint::prepare_pending(st);
             crate::checkpoint::write_pending(st, true);
             crate::restore::restore(st, &ck)
         })?
