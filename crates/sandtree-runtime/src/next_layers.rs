@@ -137,10 +137,23 @@ impl Engine {
         let Some(engine) = self.this.upgrade() else { return };
         let id = id.to_string();
         tokio::spawn(async move {
-            if let Err(e) = engine.make_next(&id).await {
-                tracing::debug!(sandbox = id, "no next layer prepared: {e}");
+            let making = || engine.nexts.making.lock().unwrap_or_else(|p| p.into_inner());
+            for _ in 0..4 {
+                if let Err(e) = engine.make_next(&id).await {
+                    tracing::debug!(sandbox = id, "no next layer prepared: {e}");
+                }
+                making().remove(&id);
+                // A rollback or checkpoint meanwhile found this one making
+                // and left it to us: the layer just made may stack on a
+                // subvolume the sandbox has left (after a burst of
+                // rollbacks, none would be ready for the next checkpoint).
+                let current = engine.meta.sandbox(&id).ok().flatten().map(|r| r.subvol);
+                let ready = engine.nexts.lock().get(&id).map(|n| n.over.clone());
+                if current.is_none() || ready == current || !making().insert(id.clone()) {
+                    return;
+                }
             }
-            engine.nexts.making.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            making().remove(&id);
         });
     }
 
