@@ -631,11 +631,13 @@ fn biggest(stopped: &[Stopped]) -> Option<usize> {
 pub(crate) fn release_all(st: &mut State) {
     for c in &mut st.cloned {
         release_threads(std::mem::take(&mut c.thread_tracees));
-        if let Some(orig) = c.orig.take() {
+        if let Some(mut orig) = c.orig.take() {
             let host = c.stopped.host;
-            inject::set_affinity(host, &c.affinity);
             let _ = ptrace::set_exit_kill(host, false);
+            // (Its own CPUs from the detach: parked on the tracer's.)
+            orig.affinity_on_release(&c.affinity);
             if orig.release(&c.stopped.regs).is_err() {
+                inject::set_affinity(host, &c.affinity);
                 let_go(&c.stopped);
             }
         }
@@ -935,9 +937,9 @@ fn clone_of(
     // with their own masks by `release_all`, or below on an error.
     let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
     let made = || -> Result<Cloned> {
-        // Pending signals before the timers are read: a timer that fires
-        // meanwhile then shows in neither (it fires again after the restore)
-        // rather than in both.
+        // Pending signals before the timers are read: a one-shot timer that
+        // fires meanwhile then shows in neither rather than in both (a
+        // periodic one keeps firing, see below).
         let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
         let pending = status.signals.pending;
         let mut queued = Vec::new();
@@ -1032,14 +1034,16 @@ fn clone_of(
         // Threads made after the first check (it is stopped now: final).
         check::check_status(s.ns_pid, &comm_now(), status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
         // A periodic real timer that expired while its SIGALRM waits to be
-        // dequeued reads as value 0 (the kernel re-arms it at the dequeue):
-        // setting that would disarm it, so arm it for one interval.
-        if pending & (1 << (libc::SIGALRM - 1)) != 0 {
-            for (which, val) in &mut itimers {
-                if *which == libc::ITIMER_REAL && val[16..].iter().all(|b| *b == 0) {
-                    let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
-                    val[16..].copy_from_slice(&interval);
-                }
+        // dequeued reads as value 0 (the kernel re-arms it at the dequeue;
+        // a disarmed one has no interval either): setting that would
+        // disarm it, so arm it for one interval. Its SIGALRM is among the
+        // queued signals if it expired before they were read; if it
+        // expired since (the timer fires while the process is stopped),
+        // that one tick is lost, not the timer.
+        for (which, val) in &mut itimers {
+            let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
+            if *which == libc::ITIMER_REAL && val[16..].iter().all(|b| *b == 0) && interval.iter().any(|b| *b != 0) {
+                val[16..].copy_from_slice(&interval);
             }
         }
         itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));

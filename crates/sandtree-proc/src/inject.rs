@@ -41,6 +41,9 @@ pub struct Tracee {
     /// The signal mask to give back on release (set when the first
     /// injection blocks every signal).
     mask: Option<u64>,
+    /// CPUs to let it run on from its release (until then it stays on the
+    /// tracer's, where handing control back and forth is cheapest).
+    affinity: Option<Vec<u32>>,
 }
 
 fn died(tid: i32, how: &str) -> Error {
@@ -142,7 +145,7 @@ pub struct Outcome {
 impl Tracee {
     /// A tracee in a stop whose registers are `saved`.
     pub fn new(tid: i32, saved: Regs, insn: u64) -> Tracee {
-        Tracee { tid, saved, insn, held: Vec::new(), mask: None }
+        Tracee { tid, saved, insn, held: Vec::new(), mask: None, affinity: None }
     }
 
     /// Release with this signal mask (a restored process: its own mask is
@@ -150,6 +153,11 @@ impl Tracee {
     pub fn with_mask(mut self, mask: u64) -> Tracee {
         self.mask = Some(mask);
         self
+    }
+
+    /// Run on `cpus` once released ([`Tracee::release`]).
+    pub fn affinity_on_release(&mut self, cpus: &[u32]) {
+        self.affinity = Some(cpus.to_vec());
     }
 
     /// Block every signal while we work in the tracee (remembering the
@@ -354,6 +362,9 @@ impl Tracee {
         ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
         if let Some(mask) = self.mask {
             ptrace::set_sigmask(tid, mask).map_err(ptrace_err(tid, "SETSIGMASK"))?;
+        }
+        if let Some(cpus) = &self.affinity {
+            set_affinity(tid, cpus);
         }
         ptrace::detach(tid, 0).map_err(ptrace_err(tid, "detach"))?;
         for &again in &self.held {

@@ -314,10 +314,13 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
                     None
                 }
             };
-            crate::inject::set_affinity(child, &image.affinity);
+            // (Set at the release: until then it stays on the tracer's CPU,
+            // its threads too.)
+            p.affinity_on_release(&image.affinity);
             // Every thread goes, whatever fails (the first error is told).
             let mut released = p.release(&regs);
-            for (t, regs) in threads {
+            for (mut t, regs) in threads {
+                t.affinity_on_release(&image.affinity);
                 let r = t.release(&regs);
                 if released.is_ok() {
                     released = r;
