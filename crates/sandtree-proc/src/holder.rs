@@ -70,6 +70,12 @@ pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
         return false;
     }
     let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
+    // A base whose pages are still being written gets its standby first,
+    // once they are (the next checkpoint needs it; a fork of another
+    // template started meanwhile would hold the tracer).
+    if st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host)) {
+        return false;
+    }
     let Some((ck, i)) = st
         .pools
         .iter()
