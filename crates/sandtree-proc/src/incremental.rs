@@ -387,7 +387,12 @@ fn find(
         // through /proc/<pid>/mem: only a page neither present nor swapped
         // was dropped.)
         if r.categories & (uffd::PAGE_IS_PRESENT | uffd::PAGE_IS_SWAPPED) != 0 {
-            copy.push((r.start, r.end));
+            let mut at = r.start;
+            while at < r.end {
+                let end = r.end.min(at + JOB_BYTES as u64);
+                copy.push((at, end));
+                at = end;
+            }
         } else {
             zap.push((r.start, r.end));
         }
@@ -500,15 +505,23 @@ impl Pending {
 /// Page runs and the part of the buffer their bytes go to.
 type ReadJob<'a> = (&'a [(u64, u64)], &'a mut [u8]);
 
-/// `ranges` in pieces of [`CHUNK`], each with its part of `buf` (the
-/// bytes of the ranges one after the other).
+/// `ranges` in jobs of at most [`CHUNK`] ranges and [`JOB_BYTES`] (a
+/// longer range is a job of its own: [`find`] cuts them at
+/// [`JOB_BYTES`]), each with its part of `buf` (the bytes of the ranges one
+/// after the other).
 fn split_jobs<'a>(ranges: &'a [(u64, u64)], mut buf: &'a mut [u8]) -> Vec<ReadJob<'a>> {
     let mut jobs = Vec::new();
-    for piece in ranges.chunks(CHUNK) {
-        let len: usize = piece.iter().map(|(a, b)| (b - a) as usize).sum();
-        let (mine, rest) = std::mem::take(&mut buf).split_at_mut(len);
+    let mut rest = ranges;
+    while !rest.is_empty() {
+        let (mut n, mut len) = (0, 0usize);
+        while n < rest.len() && n < CHUNK && (n == 0 || len < JOB_BYTES) {
+            len += (rest[n].1 - rest[n].0) as usize;
+            n += 1;
+        }
+        let (piece, more) = rest.split_at(n);
+        let (mine, others) = std::mem::take(&mut buf).split_at_mut(len);
         jobs.push((piece, mine));
-        buf = rest;
+        (rest, buf) = (more, others);
     }
     jobs
 }
@@ -542,3 +555,7 @@ fn give_buffer(buf: Vec<u8>) {
 /// Ranges a reading thread takes at a time (up to a
 /// `process_vm_readv` each).
 const CHUNK: usize = 128;
+
+/// Bytes a reading thread takes at a time, about (so that both threads
+/// share a long run of written pages).
+const JOB_BYTES: usize = 1 << 20;

@@ -508,6 +508,59 @@ fn memory_and_registers(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+const PAGES_PY: &str = r#"
+import zlib
+buf = bytearray(24 << 20)   # 6,144 pages, all resident
+for off in range(0, len(buf), 4096):
+    buf[off] = 1
+step = 0
+
+def handle(cmd):
+    global step
+    if cmd == 'dirty':
+        # 3,500 pages: under the 4,096 above which a checkpoint forks.
+        step += 1
+        for i in range(3500):
+            buf[i * 4096 + 7] = step % 251
+            buf[i * 4096 + 4000] = (step * 7) % 251
+    if cmd in ('dirty', 'sum'):
+        return 'step=%d crc=%08x' % (step, zlib.crc32(buf))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A rollback right after a checkpoint whose template is made from the
+/// previous one's standby (`incremental.rs`): the 3,500 pages written
+/// before it are still being written into that template when the rollback
+/// asks for it, which waits for them; the memory comes back exactly.
+fn rollback_while_pages_are_written(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, PAGES_PY).await?;
+        let at_first = w.ask(e, "sum").await?;
+        let first = w.checkpoint(e).await?;
+        // (The standby the next checkpoint starts from.)
+        sleep_ms(300).await;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let at_ck = w.ask(e, "dirty").await?;
+            let ck = w.checkpoint_once(e).await?;
+            // At once: no request in between.
+            w.rollback(e, &ck).await?;
+            c.eq("memory after a rollback at once", &w.ask(e, "sum").await?, &at_ck);
+            let later = w.ask(e, "dirty").await?;
+            c.that(later != at_ck, || format!("dirty changed nothing: {later}"));
+            w.rollback(e, &first).await?;
+            c.eq("memory after a rollback to the first checkpoint", &w.ask(e, "sum").await?, &at_first);
+            w.rollback(e, &ck).await?;
+            c.eq("memory after a rollback to it again", &w.ask(e, "sum").await?, &at_ck);
+            c.result(round)?;
+            sleep_ms(300).await;
+        }
+        w.delete(e).await
+    })
+}
+
 // ---------------------------------------------------------------------------
 // 2. Signal mask and handlers.
 
@@ -2072,6 +2125,7 @@ fn main() {
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", interval_timer_keeps_firing),
+        ("rollback_while_pages_are_written", rollback_while_pages_are_written),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
