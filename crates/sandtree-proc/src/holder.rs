@@ -60,6 +60,9 @@ pub(crate) struct Standby {
     pub ns_pid: i32,
 }
 
+/// Templates this large or smaller fork in a few milliseconds here.
+const QUICK_FORK_RSS: u64 = 256 << 20;
+
 /// Gives one template without a standby a standby: the templates tracked
 /// processes' next checkpoints start from first (`incremental.rs`), then by
 /// checkpoint, the most recently used
@@ -70,17 +73,18 @@ pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
         return false;
     }
     let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
-    // A base whose pages are still being written gets its standby first,
-    // once they are (the next checkpoint needs it; a fork of another
-    // template started meanwhile would hold the tracer).
-    if st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host)) {
-        return false;
-    }
+    // While a base's pages are being written (it gets its standby first,
+    // once they are: the next checkpoint needs it), only forks that take
+    // about as long as the write: a 1 GB template's takes 13-60 ms.
+    let writing = st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host));
+    let quick = |t: &crate::tracer::Template| {
+        !writing || crate::checkpoint::resident_pages(t.host) * 4096 <= QUICK_FORK_RSS
+    };
     let Some((ck, i)) = st
         .pools
         .iter()
         .flat_map(|(ck, c)| c.templates.iter().enumerate().map(move |(i, t)| (ck, c.last_used, i, t)))
-        .filter(|(.., t)| t.standby.is_none() && !t.no_standby && t.to_write.is_none())
+        .filter(|(.., t)| t.standby.is_none() && !t.no_standby && t.to_write.is_none() && quick(t))
         .max_by_key(|(_, used, _, t)| (bases.contains(&t.host), *used))
         .map(|(ck, _, i, _)| (ck.clone(), i))
     else {
