@@ -77,9 +77,8 @@ pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
     // once they are: the next checkpoint needs it), only forks that take
     // about as long as the write: a 1 GB template's takes 13-60 ms.
     let writing = st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host));
-    let quick = |t: &crate::tracer::Template| {
-        !writing || crate::checkpoint::resident_pages(t.host) * 4096 <= QUICK_FORK_RSS
-    };
+    let quick =
+        |t: &crate::tracer::Template| !writing || crate::checkpoint::resident_pages(t.host) * 4096 <= QUICK_FORK_RSS;
     let Some((ck, i)) = st
         .pools
         .iter()
