@@ -137,6 +137,12 @@ impl Engine {
         &self.cfg
     }
 
+    /// Subvolume deletions queued in the background (`reaper.rs`), not
+    /// done yet.
+    pub fn pending_deletions(&self) -> usize {
+        self.reaper.pending()
+    }
+
     pub fn volume(&self) -> &Volume {
         &self.volume
     }

@@ -37,11 +37,15 @@ struct Job {
 #[derive(Clone)]
 pub struct Reaper {
     tx: mpsc::UnboundedSender<Job>,
+    /// Deletions queued or running.
+    pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Reaper {
     pub fn start(activity: Flusher, volume_root: PathBuf) -> Reaper {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+        let pending = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let left = pending.clone();
         tokio::spawn(async move {
             let mut queue: VecDeque<Job> = VecDeque::new();
             loop {
@@ -75,17 +79,26 @@ impl Reaper {
                     r.map_err(|e| format!("{}: {e}", job.path.display()))
                 })
                 .await;
+                left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 if let Ok(Err(e)) = done {
                     tracing::warn!("cannot delete {e} (gc will retry)");
                 }
             }
         });
-        Reaper { tx }
+        Reaper { tx, pending }
     }
 
     /// Queues a subvolume for deletion.
     pub fn discard(&self, path: PathBuf, remove_parent: bool) {
-        let _ = self.tx.send(Job { path, remove_parent });
+        self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.tx.send(Job { path, remove_parent }).is_err() {
+            self.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Deletions queued or running.
+    pub fn pending(&self) -> usize {
+        self.pending.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

@@ -36,9 +36,24 @@ async fn timed<T, F: Future<Output = T>>(f: F) -> (T, f64) {
 /// Lets the volume settle between phases: commit what the previous phase
 /// left dirty and give btrfs's cleaner time to drop deleted subvolumes, so
 /// one phase's garbage is not billed to the next phase's measurements.
+/// Between sections: the previous section's teardown is over (the engine's
+/// queued subvolume deletions ran, `reaper.rs`, and btrfs's cleaner dropped
+/// those subvolumes: after the chain of 1,000 checkpoints that takes tens
+/// of seconds, and its transactions would stall the next section's
+/// writers), the volume is synced, then one quiet second.
 async fn settle(engine: &Engine) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(300);
+    while engine.pending_deletions() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let root = engine.volume().root().to_path_buf();
-    let _ = tokio::task::spawn_blocking(move || sandtree_fs::sync_fs(&root)).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        // (`btrfs subvolume sync`: until the cleaner is done with every
+        // deleted subvolume.)
+        let _ = Command::new("btrfs").args(["subvolume", "sync"]).arg(&root).output();
+        sandtree_fs::sync_fs(&root)
+    })
+    .await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }
 
