@@ -324,7 +324,10 @@ pub(crate) fn patch(
             return Err(e);
         }
     };
-    let Some(standby) = base.standby.take() else { return Ok(None) };
+    let Some(standby) = base.standby.take() else {
+        give_buffer(buf);
+        return Ok(None);
+    };
     tracing::debug!(
         pid = s.ns_pid,
         pages = f.total / 4096,
