@@ -1352,6 +1352,13 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     any
 }
 
+/// Every template of the pool set up and written, now: what a rollback
+/// needs before it uses the pool.
+pub(crate) fn finish_pending(st: &mut State) {
+    prepare_pending(st);
+    write_pending(st, true);
+}
+
 /// Templates made from standbys get the pages their originals wrote
 /// (`incremental.rs`): started once the checkpoint is over, on threads of
 /// their own; finished by the tracer between operations (those

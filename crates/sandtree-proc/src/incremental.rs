@@ -278,7 +278,7 @@ pub(crate) fn patch(
             uffd::read_pages(host, ranges, out)?;
         }
     };
-    let (found, helped) = std::thread::scope(|scope| {
+    let (found, read) = std::thread::scope(|scope| {
         let (buf, copy, queue, queued, base) = (&mut buf, &copy, &queue, &queued, &base);
         let worker = scope.spawn(move || {
             crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
@@ -295,8 +295,7 @@ pub(crate) fn patch(
                 Ok(f)
             });
             queued.store(true, std::sync::atomic::Ordering::Release);
-            let read = read_from_queue();
-            found.map(|f| f.and_then(|f| read.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))))
+            (found, read_from_queue())
         });
         if let Some(d) = during.take() {
             d(seen);
@@ -306,12 +305,11 @@ pub(crate) fn patch(
             std::thread::yield_now();
         }
         let helped = read_from_queue();
-        let found = worker.join().unwrap_or_else(|_| Ok(Err("the reading thread panicked".into())));
-        (found, helped)
+        let (found, read) = worker.join().unwrap_or_else(|_| (Ok(Err("the reading thread panicked".into())), Ok(())));
+        (found, read.and(helped))
     });
     let t_read = t0.elapsed();
-    let found =
-        found.map(|f| f.and_then(|f| helped.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))));
+    let found = found.map(|f| f.and_then(|f| read.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))));
     let f = match found {
         Ok(Ok(f)) => f,
         Ok(Err(why)) => {

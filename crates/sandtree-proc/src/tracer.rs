@@ -516,8 +516,7 @@ impl Tracer {
     pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {
         let ck = ck.to_string();
         self.call(move |st| {
-            crate::checkpoint::prepare_pending(st);
-            crate::checkpoint::write_pending(st, true);
+            crate::checkpoint::finish_pending(st);
             (st.status(&ck), st.pool_pids())
         })
     }
@@ -542,8 +541,7 @@ impl Tracer {
     pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
         let ck = ck.to_string();
         self.call(move |st| {
-            crate::checkpoint::prepare_pending(st);
-            crate::checkpoint::write_pending(st, true);
+            crate::checkpoint::finish_pending(st);
             crate::restore::restore(st, &ck)
         })?
     }

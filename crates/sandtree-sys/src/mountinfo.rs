@@ -61,22 +61,15 @@ pub fn mounts_of(pid: i32) -> io::Result<Vec<MountEntry>> {
     Ok(parse(&read_whole(&format!("/proc/{pid}/mountinfo"))?))
 }
 
-/// A `/proc` file read in 64 KiB pieces (`read_to_string` starts with
-/// 32 bytes and doubles: nine reads for a sandbox's mount table, on a
+/// A `/proc` file read into a buffer with room for it
+/// (`std::fs::read_to_string` has no size to go by there: it starts with
+/// 32 bytes and doubles, nine reads for a sandbox's mount table, on a
 /// rollback's path).
 fn read_whole(path: &str) -> io::Result<String> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut buf = Vec::with_capacity(64 * 1024);
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let n = f.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    let mut text = String::with_capacity(64 * 1024);
+    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 fn parse(text: &str) -> Vec<MountEntry> {
