@@ -81,6 +81,7 @@ fn stop_inner(
     let deadline = std::time::Instant::now() + timeout;
     let depth = procfs::status(init_host).map(|s| s.ns_depth).unwrap_or(0);
     let templates: HashSet<i32> = st.kept_hosts().into_iter().collect();
+    let me = rustix::thread::gettid().as_raw_nonzero().get();
     let mut seen: HashSet<i32> = HashSet::new();
     let mut report = StopReport::default();
     loop {
@@ -108,6 +109,11 @@ fn stop_inner(
             // sandbox's pid namespace (not the sandbox's processes; the
             // cgroup freeze still holds them).
             if (status.state == 'Z' || status.state == 'X') && status.threads <= 1 {
+                continue;
+            }
+            // A standby being forked between operations (`holder.rs`): its
+            // pid is ours once the fork returns.
+            if status.tracer == me {
                 continue;
             }
             if status.ns_depth != depth {
@@ -468,14 +474,18 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
     }
     let base = tracking.as_ref().and_then(|t| t.base.clone()).and_then(|(ck, tpl)| {
         let t = st.pools.get_mut(&ck)?.templates.iter_mut().find(|t| t.host == tpl)?;
-        if t.scratch == 0 || t.standby.is_none() {
+        // (Its standby's fork under way: it ends beside the read, sooner
+        // than a fork of the process would.)
+        if t.scratch == 0 || (t.standby.is_none() && t.forking.is_none()) {
             tracing::debug!(pid = s.ns_pid, prepared = t.scratch != 0, "the previous template has no standby yet");
             return None;
         }
         let fingerprint = t.fingerprint.clone()?;
-        let standby = t.standby.take()?;
+        let forking = crate::holder::take_forking(t);
         Some(crate::incremental::Base {
-            standby: Some(standby),
+            template: t.host,
+            standby: t.standby.take(),
+            forking,
             scratch: (t.scratch, t.scratch_exec),
             maps: t.image.maps.clone(),
             fingerprint,
@@ -1323,6 +1333,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         scratch: scratch.0,
         scratch_exec: scratch.1,
         standby: None,
+        forking: None,
         no_standby: false,
         fingerprint: c.fingerprint,
         incremental,
@@ -1341,8 +1352,20 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     for ck in std::mem::take(&mut st.unprepared) {
         let Some(set) = st.pools.get_mut(&ck) else { continue };
         let t0 = std::time::Instant::now();
+        // The templates' working directories, held across their `chdir`:
+        // the last reference to the checkpoint's tree (detached by the swap)
+        // then goes on a thread of ours, with the tree's teardown (an
+        // overlay's: up to milliseconds), not on an injected call the
+        // tracer waits for.
+        let cwds: Vec<std::fs::File> = set
+            .templates
+            .iter()
+            .filter(|t| t.scratch == 0)
+            .filter_map(|t| open_path(&format!("/proc/{}/cwd", t.host)).ok())
+            .collect();
         // (A template made from a standby has its scratch page already.)
         let failed = set.templates.iter_mut().filter(|t| t.scratch == 0).find_map(|t| prepare(t).err());
+        drop_later(cwds);
         tracing::debug!(checkpoint = ck, took = ?t0.elapsed(), "templates prepared");
         if let Some(e) = failed {
             tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
@@ -1352,9 +1375,41 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     any
 }
 
+/// `path` opened `O_PATH` (a reference to its mount, nothing read).
+fn open_path(path: &str) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path)
+}
+
+/// Close `files` on a low-priority thread of its own (see
+/// [`prepare_pending`]).
+fn drop_later(files: Vec<std::fs::File>) {
+    static CLOSER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<std::fs::File>>>> =
+        std::sync::OnceLock::new();
+    if files.is_empty() {
+        return;
+    }
+    let tx = CLOSER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<std::fs::File>>();
+        let spawned = std::thread::Builder::new().name("sandtree:closer".into()).spawn(move || {
+            let _ = rustix::process::setpriority_process(None, 19);
+            for files in rx {
+                drop(files);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to close old trees on: {e}");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    // (No thread: they close here.)
+    let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(files);
+}
+
 /// Every template of the pool set up and written, now: what a rollback
 /// needs before it uses the pool.
 pub(crate) fn finish_pending(st: &mut State) {
+    crate::holder::settle_all(st);
     prepare_pending(st);
     write_pending(st, true);
 }

@@ -60,55 +60,157 @@ pub(crate) struct Standby {
     pub ns_pid: i32,
 }
 
-/// Templates this large or smaller fork in a few milliseconds here.
-const QUICK_FORK_RSS: u64 = 256 << 20;
+/// A standby's fork under way: the template runs the injected `clone`
+/// (for a 1 GB process, 10-60 ms of copying page tables) while the tracer
+/// serves other jobs; [`tend_standbys`] collects it.
+pub(crate) struct Forking {
+    /// The child, once the fork event told it.
+    child: Option<i32>,
+    t0: std::time::Instant,
+}
 
-/// Gives one template without a standby a standby: the templates tracked
-/// processes' next checkpoints start from first (`incremental.rs`), then by
-/// checkpoint, the most recently used
-/// first (the likeliest rollback target). The tracer calls it between
-/// operations, one at a time. Returns whether it made one (or tried).
-pub(crate) fn make_one_standby(st: &mut crate::tracer::State) -> bool {
+/// What [`tend_standbys`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Tended {
+    /// Nothing to do.
+    Idle,
+    /// A fork is under way (poll again soon).
+    Forking,
+    /// A fork was started or collected.
+    Worked,
+}
+
+/// Gives templates without a standby their standby, one fork at a time,
+/// without waiting for it: collects the fork under way if it is done, or
+/// starts one. Order: the templates tracked processes' next checkpoints
+/// start from first (`incremental.rs`), then by checkpoint, the most
+/// recently used first (the likeliest rollback target). While such a base
+/// template's pages are being written, no other fork starts (the base's,
+/// which the next checkpoint needs, would wait for it). The tracer calls it
+/// between operations.
+pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     if !st.stopped.is_empty() || !st.cloned.is_empty() {
-        return false;
+        return Tended::Idle;
+    }
+    let mut under_way = false;
+    for t in st.pools.values_mut().flat_map(|c| c.templates.iter_mut()) {
+        if t.forking.is_none() {
+            continue;
+        }
+        match poll(t) {
+            Some(()) => return Tended::Worked,
+            None => under_way = true,
+        }
+    }
+    if under_way {
+        return Tended::Forking;
     }
     let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
-    // While a base's pages are being written (it gets its standby first,
-    // once they are: the next checkpoint needs it), only forks that take
-    // about as long as the write: a 1 GB template's takes 13-60 ms.
     let writing = st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host));
-    let quick =
-        |t: &crate::tracer::Template| !writing || crate::checkpoint::resident_pages(t.host) * 4096 <= QUICK_FORK_RSS;
     let Some((ck, i)) = st
         .pools
         .iter()
         .flat_map(|(ck, c)| c.templates.iter().enumerate().map(move |(i, t)| (ck, c.last_used, i, t)))
-        .filter(|(.., t)| t.standby.is_none() && !t.no_standby && t.to_write.is_none() && quick(t))
+        .filter(|(.., t)| t.standby.is_none() && !t.no_standby && t.to_write.is_none() && t.scratch != 0)
+        .filter(|(.., t)| !writing || bases.contains(&t.host))
         .max_by_key(|(_, used, _, t)| (bases.contains(&t.host), *used))
         .map(|(ck, _, i, _)| (ck.clone(), i))
     else {
-        return false;
+        return Tended::Idle;
     };
-    let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return false };
-    let t0 = std::time::Instant::now();
-    match standby_of(&mut t.tracee) {
-        Ok(s) => {
-            tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), "standby made");
-            t.standby = Some(s)
-        }
-        Err(e) => {
-            // Not again for this template (a restore forks it instead).
-            t.no_standby = true;
-            tracing::debug!(pid = t.image.pid, "no standby: {e}");
-        }
+    let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return Tended::Idle };
+    // Parent = the template's parent (init).
+    match t.tracee.start_clone(libc::CLONE_PARENT as u64) {
+        Ok(()) => t.forking = Some(Forking { child: None, t0: std::time::Instant::now() }),
+        Err(e) => failed(t, e),
     }
-    true
+    Tended::Worked
 }
 
-fn standby_of(t: &mut Tracee) -> Result<Standby> {
-    // Parent = the template's parent (init).
-    let (host, ns_pid, regs) = t.clone_stopped(libc::CLONE_PARENT as u64, "clone (standby)")?;
-    Ok(Standby { tracee: Tracee::new(host, regs, t.insn), host, ns_pid })
+impl Forking {
+    /// The standby, once the fork (run by `tpl`, its template) is done:
+    /// `None` while it runs.
+    fn poll(&mut self, tpl: &mut Tracee) -> Option<Result<Standby>> {
+        match tpl.poll_syscall(&mut self.child) {
+            Ok(None) => None,
+            Ok(Some(out)) => Some(self.collect(tpl, Ok(out))),
+            Err(e) => Some(self.collect(tpl, Err(e))),
+        }
+    }
+
+    /// Wait for the standby.
+    pub(crate) fn finish(mut self, tpl: &mut Tracee) -> Result<Standby> {
+        if let Some(done) = self.poll(tpl) {
+            return done;
+        }
+        // (The rest of the fork, and its exit stop.)
+        let out = tpl.finish_syscall().map(|mut o| {
+            o.child = o.child.or(self.child);
+            o
+        });
+        self.collect(tpl, out)
+    }
+
+    fn collect(&self, tpl: &mut Tracee, out: Result<crate::inject::Outcome>) -> Result<Standby> {
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                // (The template died after the fork event told of a child.)
+                if let Some(c) = self.child {
+                    crate::tracer::kill_tracee(c);
+                }
+                return Err(e);
+            }
+        };
+        let (host, ns_pid, regs) = tpl.cloned(out, libc::CLONE_PARENT as u64, "clone (standby)")?;
+        tracing::debug!(pid = ns_pid, took = ?self.t0.elapsed(), "standby made");
+        Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
+    }
+}
+
+/// Collect `t`'s standby fork if it is done: `None` while it runs.
+fn poll(t: &mut crate::tracer::Template) -> Option<()> {
+    let done = t.forking.as_mut()?.poll(&mut t.tracee)?;
+    t.forking = None;
+    keep(t, done);
+    Some(())
+}
+
+/// Wait for `t`'s standby fork, if one is under way (a job that uses the
+/// template, or kills it, first lets the fork end).
+pub(crate) fn settle(t: &mut crate::tracer::Template) {
+    if let Some(f) = t.forking.take() {
+        let done = f.finish(&mut t.tracee);
+        keep(t, done);
+    }
+}
+
+/// `t`'s standby fork under way, if any, with a handle on `t` to end it
+/// by (for a checkpoint that takes the standby as its template,
+/// `incremental.rs`): `t` itself must not be asked for anything until then.
+pub(crate) fn take_forking(t: &mut crate::tracer::Template) -> Option<(Tracee, Forking)> {
+    let f = t.forking.take()?;
+    Some((Tracee::new(t.host, t.tracee.saved, t.tracee.insn), f))
+}
+
+fn keep(t: &mut crate::tracer::Template, made: Result<Standby>) {
+    match made {
+        Ok(s) => t.standby = Some(s),
+        Err(e) => failed(t, e),
+    }
+}
+
+fn failed(t: &mut crate::tracer::Template, e: Error) {
+    // Not again for this template (a restore forks it instead).
+    t.no_standby = true;
+    tracing::debug!(pid = t.image.pid, "no standby: {e}");
+}
+
+/// Every template's standby fork ended (see [`settle`]).
+pub(crate) fn settle_all(st: &mut crate::tracer::State) {
+    for t in st.pools.values_mut().flat_map(|c| c.templates.iter_mut()) {
+        settle(t);
+    }
 }
 
 /// A pidfd of `owner`, the process a holder keeps the memory of.

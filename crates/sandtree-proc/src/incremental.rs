@@ -57,9 +57,15 @@ use crate::{Error, Result};
 
 /// The previous template of a tracked process, for an incremental one.
 pub(crate) struct Base {
+    /// Its host pid.
+    pub template: i32,
     /// Its standby, which becomes the new template (killed with the
-    /// `Base` if it does not).
+    /// `Base` if it does not)...
     pub standby: Option<Standby>,
+    /// ...or the standby's fork, still under way (with a handle on the
+    /// template to end it by): it ends in the frozen window, beside the
+    /// read.
+    pub forking: Option<(Tracee, crate::holder::Forking)>,
     /// Its scratch mapping (address, executable): the standby's too.
     pub scratch: (u64, bool),
     /// Its memory map.
@@ -70,9 +76,22 @@ pub(crate) struct Base {
     pub rseq: Rseq,
 }
 
+impl Base {
+    /// The standby, once its fork is done.
+    fn take_standby(&mut self) -> Result<Standby> {
+        if let Some(s) = self.standby.take() {
+            return Ok(s);
+        }
+        match self.forking.take() {
+            Some((mut tpl, f)) => f.finish(&mut tpl),
+            None => Err(Error::Died { pid: self.template, how: "its standby is gone".into() }),
+        }
+    }
+}
+
 impl Drop for Base {
     fn drop(&mut self) {
-        if let Some(s) = self.standby.take() {
+        if let Ok(s) = self.take_standby() {
             kill_tracee(s.host);
         }
     }
@@ -187,7 +206,9 @@ fn mismatch(
     // The descriptors the standby keeps: exactly the process's of the
     // kinds a restore does not make anew, the same files at the same
     // numbers.
-    let Some(sb) = base.standby.as_ref().map(|s| s.host) else { return Some("no standby".into()) };
+    // (A fork copies the template's table: while the standby's fork runs,
+    // the template's.)
+    let sb = base.standby.as_ref().map(|s| s.host).unwrap_or(base.template);
     let kept: Vec<&FdImage> =
         fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).collect();
     let held: HashSet<i32> = match std::fs::read_dir(format!("/proc/{sb}/fd")) {
@@ -322,10 +343,15 @@ pub(crate) fn patch(
             return Err(e);
         }
     };
-    let Some(standby) = base.standby.take() else {
-        give_buffer(buf);
-        return Ok(None);
+    let standby = match base.take_standby() {
+        Ok(s) => s,
+        Err(e) => {
+            give_buffer(buf);
+            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            return Ok(None);
+        }
     };
+    let t_fork = t0.elapsed();
     tracing::debug!(
         pid = s.ns_pid,
         pages = f.total / 4096,
@@ -335,6 +361,7 @@ pub(crate) fn patch(
         ?t_inject,
         ?t_during,
         ?t_read,
+        standby_wait = ?t_fork.saturating_sub(t_read),
         "template patched from the previous one (pages read)"
     );
     let to = standby.host;

@@ -212,24 +212,46 @@ impl Tracee {
     /// The second half of [`Tracee::syscall`]: wait until the call started
     /// by [`Tracee::start_syscall`] returns.
     pub fn finish_syscall(&mut self) -> Result<Outcome> {
-        let tid = self.tid;
         let mut child = None;
         loop {
-            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
-                Stop::Syscall => {
-                    let out = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
-                    return Ok(Outcome { ret: out.rax as i64, child });
-                }
-                Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
-                    child = Some(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
-                }
-                Stop::Event { .. } => {}
-                Stop::Signal(sig) => self.held.push(sig),
-                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
-                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+            let stop = ptrace::wait(self.tid).map_err(ptrace_err(self.tid, "wait"))?;
+            if let Some(out) = self.on_syscall_stop(stop, &mut child)? {
+                return Ok(out);
             }
-            ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
         }
+    }
+
+    /// [`Tracee::finish_syscall`] without waiting: `None` while the call
+    /// runs. `child` keeps what the stops seen so far told (a fork's child
+    /// pid) from one poll to the next.
+    pub(crate) fn poll_syscall(&mut self, child: &mut Option<i32>) -> Result<Option<Outcome>> {
+        while let Some(stop) = ptrace::try_wait(self.tid).map_err(ptrace_err(self.tid, "wait"))? {
+            if let Some(out) = self.on_syscall_stop(stop, child)? {
+                return Ok(Some(out));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One stop of a tracee running an injected call: the outcome at the
+    /// syscall-exit stop; otherwise it is resumed.
+    fn on_syscall_stop(&mut self, stop: Stop, child: &mut Option<i32>) -> Result<Option<Outcome>> {
+        let tid = self.tid;
+        match stop {
+            Stop::Syscall => {
+                let out = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+                return Ok(Some(Outcome { ret: out.rax as i64, child: *child }));
+            }
+            Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
+                *child = Some(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+            }
+            Stop::Event { .. } => {}
+            Stop::Signal(sig) => self.held.push(sig),
+            Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+            Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+        }
+        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        Ok(None)
     }
 
     /// Run the code at `entry` (a batch program, `batch.rs`) until it stops
@@ -301,7 +323,13 @@ impl Tracee {
 
     /// See [`Tracee::start_clone`].
     pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
-        let mut out = self.finish_syscall()?;
+        let out = self.finish_syscall()?;
+        self.cloned(out, flags, what)
+    }
+
+    /// [`Tracee::finish_clone`] once the call returned `out` (seen by
+    /// [`Tracee::poll_syscall`]).
+    pub(crate) fn cloned(&mut self, mut out: Outcome, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
         for _ in 0..5 {
             if out.ret != ERESTARTNOINTR {
                 break;

@@ -39,6 +39,8 @@ pub struct Status {
     pub signals: SignalMasks,
     /// `State:` letter.
     pub state: char,
+    /// Tid of its tracer (0: none).
+    pub tracer: i32,
 }
 
 fn last_num<T: std::str::FromStr>(v: &str) -> Option<T> {
@@ -67,6 +69,7 @@ pub fn status(pid: i32) -> io::Result<Status> {
         match k {
             "State" => st.state = v.trim().chars().next().unwrap_or('?'),
             "PPid" => st.host_ppid = v.trim().parse().unwrap_or(0),
+            "TracerPid" => st.tracer = v.trim().parse().unwrap_or(0),
             "NSpid" => {
                 st.ns_pid = last_num(v).unwrap_or(0);
                 st.ns_depth = v.split_whitespace().count();

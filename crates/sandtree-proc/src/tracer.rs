@@ -59,6 +59,9 @@ pub(crate) struct Template {
     /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
     /// the restored process's holder.
     pub standby: Option<crate::holder::Standby>,
+    /// Its standby's fork, while it runs (`holder.rs`): no other request
+    /// may be made of the template meanwhile.
+    pub forking: Option<crate::holder::Forking>,
     /// Forking a standby failed once: restores fork the template instead.
     pub no_standby: bool,
     /// The original's fingerprint, when it is tracked (`incremental.rs`).
@@ -237,7 +240,8 @@ impl State {
     /// Kill the templates of `ck`.
     pub(crate) fn drop_checkpoint(&mut self, ck: &str) {
         if let Some(set) = self.pools.remove(ck) {
-            for t in set.templates {
+            for mut t in set.templates {
+                crate::holder::settle(&mut t);
                 kill_tracee(t.host);
                 if let Some(s) = t.standby {
                     kill_tracee(s.host);
@@ -367,20 +371,32 @@ impl Tracer {
                     Ok(job) => Some(job),
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
-                        if st.ops.load(Ordering::SeqCst) == 0
-                            && (crate::checkpoint::prepare_pending(&mut st)
-                                || crate::checkpoint::write_pending(&mut st, false)
-                                || crate::holder::make_one_standby(&mut st))
+                        let idle = st.ops.load(Ordering::SeqCst) == 0;
+                        let mut forking = false;
+                        if idle
+                            && (crate::checkpoint::write_pending(&mut st, false)
+                                || crate::checkpoint::prepare_pending(&mut st))
                         {
                             continue;
                         }
-                        // (Pages being written: back as soon as they are.)
+                        if idle {
+                            match crate::holder::tend_standbys(&mut st) {
+                                crate::holder::Tended::Worked => continue,
+                                crate::holder::Tended::Forking => forking = true,
+                                crate::holder::Tended::Idle => {}
+                            }
+                        }
+                        // (Pages being written, or a fork under way: back
+                        // as soon as they are done.)
                         let writing = st
                             .pools
                             .values()
                             .flat_map(|c| &c.templates)
                             .any(|t| t.to_write.as_ref().is_some_and(|p| p.writing()));
-                        let wait = std::time::Duration::from_millis(if writing { 1 } else { 100 });
+                        let wait = match writing || forking {
+                            true => std::time::Duration::from_micros(500),
+                            false => std::time::Duration::from_millis(100),
+                        };
                         match rx.recv_timeout(wait) {
                             Ok(job) => Some(job),
                             Err(mpsc::RecvTimeoutError::Timeout) => None,

@@ -561,6 +561,61 @@ fn rollback_while_pages_are_written(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+const BIG_PY: &str = r#"
+buf = bytearray(384 << 20)   # a standby's fork takes milliseconds
+buf[0::4096] = b'\x01' * (len(buf) // 4096)
+step = 0
+
+def expected(k):
+    exp = bytearray(len(buf))
+    exp[0::4096] = b'\x01' * (len(buf) // 4096)
+    if k:
+        marks = exp[11::4096 * 97]
+        exp[11::4096 * 97] = bytes([k % 251]) * len(marks)
+    return exp
+
+def handle(cmd):
+    global step
+    if cmd == 'dirty':
+        # ~1,000 pages, one byte each.
+        step += 1
+        buf[11::4096 * 97] = bytes([step % 251]) * len(buf[11::4096 * 97])
+        return 'step=%d' % step
+    if cmd == 'check':
+        return 'step=%d same=%s' % (step, buf == expected(step))
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// Checkpoints back to back of a process whose standbys take milliseconds
+/// to fork: each finds the previous template's standby still being forked
+/// (the fork, and the child it makes in the sandbox, run beside the
+/// checkpoint, `holder.rs`), and takes it once it is done; every
+/// checkpoint's memory comes back exactly.
+fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, BIG_PY).await?;
+        w.checkpoint(e).await?;
+        sleep_ms(500).await;
+        let mut taken = Vec::new();
+        for k in 1..=5 {
+            w.ask(e, "dirty").await?;
+            // At once: no pause for the standby.
+            let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
+            ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
+            taken.push((r.checkpoint.id, k));
+        }
+        let mut c = Checks::default();
+        for (ck, k) in taken.iter().rev() {
+            w.rollback(e, ck).await?;
+            c.eq("memory after a rollback", &w.ask(e, "check").await?, &format!("step={k} same=True"));
+        }
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
 // ---------------------------------------------------------------------------
 // 2. Signal mask and handlers.
 
@@ -2126,6 +2181,7 @@ fn main() {
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", interval_timer_keeps_firing),
         ("rollback_while_pages_are_written", rollback_while_pages_are_written),
+        ("checkpoints_while_standbys_fork", checkpoints_while_standbys_fork),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
