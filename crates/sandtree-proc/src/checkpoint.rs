@@ -111,9 +111,22 @@ fn stop_inner(
             if (status.state == 'Z' || status.state == 'X') && status.threads <= 1 {
                 continue;
             }
-            // A standby being forked between operations (`holder.rs`): its
-            // pid is ours once the fork returns.
+            // Traced by us: a standby being forked between operations
+            // (`holder.rs`; its pid is ours once the fork returns), or a task
+            // an earlier checkpoint seized that never reached its stop.
             if status.tracer == me {
+                if st.lingering.contains(&host) {
+                    let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+                    failure = Some(Error::StopTimeout {
+                        timeout_ms: timeout.as_millis() as u64,
+                        stuck: format!(
+                            "pid {host} ({}) in state {}, since an earlier checkpoint",
+                            comm.trim_end(),
+                            status.state
+                        ),
+                    });
+                    break;
+                }
                 continue;
             }
             if status.ns_depth != depth {

@@ -163,7 +163,7 @@ impl Forking {
             }
         };
         let (host, ns_pid, regs) = tpl.cloned(out, libc::CLONE_PARENT as u64, "clone (standby)")?;
-        tracing::debug!(pid = ns_pid, took = ?self.t0.elapsed(), "standby made");
+        tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }
 }
