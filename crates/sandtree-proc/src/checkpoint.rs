@@ -1348,6 +1348,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         standby: None,
         forking: None,
         no_standby: false,
+        any_pid: false,
         fingerprint: c.fingerprint,
         incremental,
         to_write: c.to_write,
@@ -1422,7 +1423,7 @@ fn drop_later(files: Vec<std::fs::File>) {
 /// Every template of the pool set up and written, now: what a rollback
 /// needs before it uses the pool.
 pub(crate) fn finish_pending(st: &mut State) {
-    crate::holder::settle_all(st);
+    crate::holder::settle_anonymous(st);
     prepare_pending(st);
     write_pending(st, true);
 }

@@ -67,6 +67,13 @@ pub(crate) struct Forking {
     /// The child, once the fork event told it.
     child: Option<i32>,
     t0: std::time::Instant,
+    /// The child's pid in the sandbox, given by us (`clone3` with
+    /// `set_tid`): known from the start, so that a rollback's kill list
+    /// spares the child without waiting for the fork to end. `None`: a
+    /// plain `clone`, whatever pid comes.
+    ns_pid: Option<i32>,
+    /// The template's scratch page, which holds the `clone3` arguments.
+    scratch: u64,
 }
 
 /// What [`tend_standbys`] did.
@@ -118,13 +125,44 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     else {
         return Tended::Idle;
     };
+    let taken: std::collections::HashSet<i32> = st.pool_pids().into_iter().collect();
+    let next = &mut st.next_pool_pid;
     let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return Tended::Idle };
-    // Parent = the template's parent (init).
-    match t.tracee.start_clone(libc::CLONE_PARENT as u64) {
-        Ok(()) => t.forking = Some(Forking { child: None, t0: std::time::Instant::now() }),
+    let ns_pid = (!t.any_pid).then(|| pool_pid(next, &taken));
+    match start(t, ns_pid) {
+        Ok(()) => t.forking = Some(Forking { child: None, t0: std::time::Instant::now(), ns_pid, scratch: t.scratch }),
         Err(e) => failed(t, e),
     }
     Tended::Worked
+}
+
+/// A pid for a standby: the highest free one below the last given (from
+/// the top of the range, where the kernel, counting up from 1, gives pids
+/// last), none of the pool's.
+fn pool_pid(next: &mut i32, taken: &std::collections::HashSet<i32>) -> i32 {
+    static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let max = *PID_MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
+    });
+    let floor = max / 2;
+    let mut pid = if *next <= floor || *next >= max { max - 1 } else { *next };
+    while taken.contains(&pid) {
+        pid = if pid - 1 <= floor { max - 1 } else { pid - 1 };
+    }
+    *next = pid - 1;
+    pid
+}
+
+/// Start the injected fork of template `t`: `clone3` with `set_tid` when
+/// `ns_pid` is given, else `clone`. Parent = the template's parent (init).
+fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
+    let flags = libc::CLONE_PARENT as u64;
+    let Some(pid) = ns_pid else { return t.tracee.start_clone(flags) };
+    let args = crate::restore::clone_args(t.scratch + crate::restore::SET_TID_OFFSET, flags);
+    ptrace::write_mem(t.host, t.scratch, &args)
+        .and_then(|_| ptrace::write_mem(t.host, t.scratch + crate::restore::SET_TID_OFFSET, &pid.to_ne_bytes()))
+        .map_err(|e| Error::Ptrace { pid: t.host, op: "write clone_args", source: e })?;
+    t.tracee.start_syscall(libc::SYS_clone3, &[t.scratch, crate::restore::CLONE_ARGS_SIZE])
 }
 
 impl Forking {
@@ -151,8 +189,13 @@ impl Forking {
         self.collect(tpl, out)
     }
 
+    /// The child's pid in the sandbox, if we gave it.
+    pub(crate) fn ns_pid(&self) -> Option<i32> {
+        self.ns_pid
+    }
+
     fn collect(&self, tpl: &mut Tracee, out: Result<crate::inject::Outcome>) -> Result<Standby> {
-        let out = match out {
+        let mut out = match out {
             Ok(out) => out,
             Err(e) => {
                 // (The template died after the fork event told of a child.)
@@ -162,7 +205,21 @@ impl Forking {
                 return Err(e);
             }
         };
-        let (host, ns_pid, regs) = tpl.cloned(out, libc::CLONE_PARENT as u64, "clone (standby)")?;
+        let flags = libc::CLONE_PARENT as u64;
+        let what = match self.ns_pid {
+            Some(_) => {
+                // (A signal pending at the fork: again, here.)
+                for _ in 0..5 {
+                    if out.ret != crate::inject::ERESTARTNOINTR {
+                        break;
+                    }
+                    out = tpl.syscall(libc::SYS_clone3, &[self.scratch, crate::restore::CLONE_ARGS_SIZE])?;
+                }
+                CLONE3_STANDBY
+            }
+            None => "clone (standby)",
+        };
+        let (host, ns_pid, regs) = tpl.cloned(out, flags, what)?;
         tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }
@@ -193,9 +250,22 @@ pub(crate) fn take_forking(t: &mut crate::tracer::Template) -> Option<(Tracee, F
     Some((Tracee::new(t.host, t.tracee.saved, t.tracee.insn), f))
 }
 
+/// Names the `clone3` of a standby with a pid of ours in errors.
+const CLONE3_STANDBY: &str = "clone3 (standby)";
+
 fn keep(t: &mut crate::tracer::Template, made: Result<Standby>) {
     match made {
         Ok(s) => t.standby = Some(s),
+        Err(Error::Remote { call: CLONE3_STANDBY, errno, .. }) => match errno.raw_os_error() {
+            // The pid was taken meanwhile: another one next time.
+            Some(libc::EEXIST) => tracing::debug!(pid = t.image.pid, "standby pid taken"),
+            // No pid of ours for it (no CAP_SYS_ADMIN over the sandbox's
+            // pid namespace): whatever pid comes, from now on.
+            _ => {
+                tracing::debug!(pid = t.image.pid, "standby without a pid of ours: {errno}");
+                t.any_pid = true;
+            }
+        },
         Err(e) => failed(t, e),
     }
 }
@@ -206,10 +276,13 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
     tracing::debug!(pid = t.image.pid, "no standby: {e}");
 }
 
-/// Every template's standby fork ended (see [`settle`]).
-pub(crate) fn settle_all(st: &mut crate::tracer::State) {
+/// Every standby fork whose child's pid is not known yet ended (see
+/// [`settle`]): a rollback's kill list must name every pool process.
+pub(crate) fn settle_anonymous(st: &mut crate::tracer::State) {
     for t in st.pools.values_mut().flat_map(|c| c.templates.iter_mut()) {
-        settle(t);
+        if t.forking.as_ref().is_some_and(|f| f.ns_pid.is_none()) {
+            settle(t);
+        }
     }
 }
 

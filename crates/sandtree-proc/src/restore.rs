@@ -19,9 +19,9 @@ const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
-const CLONE_ARGS_SIZE: u64 = 88;
+pub(crate) const CLONE_ARGS_SIZE: u64 = 88;
 /// Where in the scratch page the `set_tid` array goes.
-const SET_TID_OFFSET: u64 = 128;
+pub(crate) const SET_TID_OFFSET: u64 = 128;
 /// Where in the scratch page paths go.
 const PATH_OFFSET: u64 = 256;
 
@@ -42,6 +42,16 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         .iter()
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
         .collect();
+    // Standby forks under way (`holder.rs`) end first where the restore
+    // needs the template, or the pid their child gets; the others go on.
+    for (k, set) in st.pools.iter_mut() {
+        for t in set.templates.iter_mut() {
+            let pid = t.forking.as_ref().and_then(|f| f.ns_pid());
+            if k == ck || pid.is_some_and(|p| needed.contains(&p)) {
+                crate::holder::settle(t);
+            }
+        }
+    }
     let conflicting: Vec<String> = st
         .pools
         .iter()
@@ -195,7 +205,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     Ok(report)
 }
 
-fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
+pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
     let fields: [u64; 11] = [
         flags,   // CLONE_PARENT (| CLONE_VM from a standby)
         0,       // pidfd

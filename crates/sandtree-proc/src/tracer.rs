@@ -64,6 +64,9 @@ pub(crate) struct Template {
     pub forking: Option<crate::holder::Forking>,
     /// Forking a standby failed once: restores fork the template instead.
     pub no_standby: bool,
+    /// Its standbys cannot be given a pid of ours (`clone3` with `set_tid`
+    /// refused): they fork with whatever pid comes.
+    pub any_pid: bool,
     /// The original's fingerprint, when it is tracked (`incremental.rs`).
     pub fingerprint: Option<String>,
     /// Made from the previous template's standby (`incremental.rs`).
@@ -181,6 +184,9 @@ pub(crate) struct State {
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
     pub repointed: Vec<crate::repoint::Reopened>,
+    /// The next pid to give a standby, counting down from the top of the
+    /// pid range (`holder.rs`); 0 until the first.
+    pub next_pool_pid: i32,
     /// Written-page tracking of live processes, by host pid (`track.rs`).
     pub tracking: std::collections::HashMap<i32, crate::track::Tracking>,
     /// Processes this large (resident bytes) or more are tracked, and get
@@ -221,6 +227,8 @@ impl State {
         v.extend(self.standbys().map(|s| s.ns_pid));
         v.extend(self.holders.iter().map(|h| h.ns_pid));
         v.extend(self.dying.iter().map(|d| d.1));
+        // (Standbys being forked with a pid of ours.)
+        v.extend(self.pools.values().flat_map(|c| &c.templates).filter_map(|t| t.forking.as_ref()?.ns_pid()));
         v
     }
 
