@@ -541,6 +541,7 @@ impl Tracer {
         let ck = ck.to_string();
         self.call(move |st| {
             crate::checkpoint::finish_pending(st);
+            crate::holder::move_forks_off_tracer(st);
             (st.status(&ck), st.pool_pids())
         })
     }
