@@ -1356,37 +1356,34 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
 }
 
 /// The templates' own set-up (see [`set_up_all`]), run by the tracer
-/// thread once the checkpoint is over (not beside its last steps), and
-/// before a rollback uses the pool. A checkpoint one of whose templates
-/// cannot be set up loses all of them (it then shows as evicted: a partial
-/// set would bring back only some of its processes). Returns whether there
-/// was any.
+/// thread once the checkpoint is over (not beside its last steps), one
+/// template a call (a job waits for one at most), and before a rollback
+/// uses the pool. A checkpoint one of whose templates cannot be set up
+/// loses all of them (it then shows as evicted: a partial set would bring
+/// back only some of its processes). Returns whether there was one.
 pub(crate) fn prepare_pending(st: &mut State) -> bool {
-    let any = !st.unprepared.is_empty();
-    for ck in std::mem::take(&mut st.unprepared) {
-        let Some(set) = st.pools.get_mut(&ck) else { continue };
-        let t0 = std::time::Instant::now();
-        // The templates' working directories, held across their `chdir`:
-        // the last reference to the checkpoint's tree (detached by the swap)
-        // then goes on a thread of ours, with the tree's teardown (an
-        // overlay's: up to milliseconds), not on an injected call the
-        // tracer waits for.
-        let cwds: Vec<std::fs::File> = set
-            .templates
-            .iter()
-            .filter(|t| t.scratch == 0)
-            .filter_map(|t| open_path(&format!("/proc/{}/cwd", t.host)).ok())
-            .collect();
-        // (A template made from a standby has its scratch page already.)
-        let failed = set.templates.iter_mut().filter(|t| t.scratch == 0).find_map(|t| prepare(t).err());
-        drop_later(cwds);
-        tracing::debug!(checkpoint = ck, took = ?t0.elapsed(), "templates prepared");
-        if let Some(e) = failed {
-            tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
-            st.drop_checkpoint(&ck);
-        }
+    let Some(ck) = st.unprepared.first().cloned() else { return false };
+    // (A template made from a standby has its scratch page already.)
+    let next = st.pools.get_mut(&ck).and_then(|set| set.templates.iter_mut().find(|t| t.scratch == 0));
+    let Some(t) = next else {
+        st.unprepared.remove(0);
+        return true;
+    };
+    let t0 = std::time::Instant::now();
+    // The template's working directory, held across its `chdir`: the last
+    // reference to the checkpoint's tree (detached by the swap) then goes
+    // on a thread of ours, with the tree's teardown (an overlay's: up to
+    // milliseconds), not in an injected call the tracer waits for.
+    let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
+    let res = prepare(t);
+    drop_later(cwd.into_iter().collect());
+    tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
+    if let Err(e) = res {
+        tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
+        st.unprepared.remove(0);
+        st.drop_checkpoint(&ck);
     }
-    any
+    true
 }
 
 /// `path` opened `O_PATH` (a reference to its mount, nothing read).
@@ -1424,7 +1421,7 @@ fn drop_later(files: Vec<std::fs::File>) {
 /// needs before it uses the pool.
 pub(crate) fn finish_pending(st: &mut State) {
     crate::holder::settle_anonymous(st);
-    prepare_pending(st);
+    while prepare_pending(st) {}
     write_pending(st, true);
 }
 
@@ -1467,7 +1464,6 @@ pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
 
 /// A template's set-up: a scratch page, and nothing of the tree pinned.
 fn prepare(t: &mut Template) -> Result<()> {
-    let child = t.host;
     let image = &t.image;
     let tpl = &mut t.tracee;
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
@@ -1483,11 +1479,13 @@ fn prepare(t: &mut Template) -> Result<()> {
     } else {
         (out.ret as u64, true)
     };
+    // The rest in one round trip (`batch.rs`).
+    let mut b = crate::batch::Batch::new(scratch, exec);
     // Pin nothing of the tree this checkpoint's layer will be replaced by:
     // cwd to "/" (pivot_root moves it with the root), layer files closed
     // (reopened by path at restore).
-    ptrace::write_mem(child, scratch, b"/\0").map_err(ptrace_err(child, "write scratch"))?;
-    tpl.call("chdir", libc::SYS_chdir, &[scratch])?;
+    let root = b.path("/");
+    b.call("chdir", libc::SYS_chdir, &[root]);
     // Bound inet sockets and unix listeners too: the restore makes them
     // anew, and a template holding them would keep a port (or a socket
     // file of the old tree) taken after the original closed them.
@@ -1495,17 +1493,22 @@ fn prepare(t: &mut Template) -> Result<()> {
         // (Memfds stay: their numbers must stay taken while a restore
         // holds a new memfd on a spare descriptor, see `fix_up`.)
         if f.kind.recreated() && !matches!(f.kind, FdKind::Memfd { .. }) {
-            tpl.call("close", libc::SYS_close, &[f.fd as u64])?;
+            b.call("close", libc::SYS_close, &[crate::batch::Arg::Val(f.fd as u64)]);
+            if b.is_full() {
+                tpl.run_batch(&mut b)?;
+            }
         }
     }
     // Leave the original's session / process group: while any task is in
     // them, their id (the original's pid) stays allocated, and the restore
     // could not have it back. The copy joins them again.
     if image.sid == image.pid || image.ppid != 1 {
-        tpl.call("setsid", libc::SYS_setsid, &[])?;
+        b.call("setsid", libc::SYS_setsid, &[]);
     } else {
-        tpl.call("setpgid", libc::SYS_setpgid, &[0, 0])?;
+        let zero = crate::batch::Arg::Val(0);
+        b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
     }
+    tpl.run_batch(&mut b)?;
     tpl.take_held(); // e.g. SIGCHLD meant for the original
     t.scratch = scratch;
     t.scratch_exec = exec;

@@ -51,12 +51,13 @@ use crate::{Engine, Error, Result, util};
 impl Engine {
     /// See the module docs. `None`: nothing was stopped (tasks from outside
     /// the sandbox's pid namespace, which only a freeze holds): take the
-    /// snapshot path. `pool`: host pids of the tracer's own processes.
+    /// snapshot path. `procs`: the sandbox cgroup's tasks, as the caller
+    /// read them; `pool`: host pids of the tracer's own processes.
     pub(crate) async fn checkpoint_live_layered(
         &self,
         rec: &SandboxRecord,
         sb: &std::sync::Arc<Sandbox>,
-        pool: &[i32],
+        (procs, pool): (Option<&[i32]>, &[i32]),
         ck_id: &str,
         req: &CheckpointRequest,
         t0: Instant,
@@ -65,8 +66,8 @@ impl Engine {
         // (The pool's processes are the tracer's own: not read again; with
         // a pool of 100 it would take a millisecond.)
         let ours = |p: &i32| !pool.contains(p);
-        let pids = sb.cgroup().procs().map(|pids| pids.into_iter().filter(ours).collect::<Vec<_>>());
-        if !pids.is_ok_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
+        let pids = procs.map(|pids| pids.iter().copied().filter(ours).collect::<Vec<_>>());
+        if !pids.is_some_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
             return Ok(None);
         }
         let tracer = self.tracer(id)?;

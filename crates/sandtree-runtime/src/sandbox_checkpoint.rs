@@ -72,12 +72,15 @@ impl Engine {
                 Some(t) => crate::engine::block(|| t.pool()).unwrap_or_default(),
                 None => Default::default(),
             };
-            if init_alone(sb, &pool) {
+            // (Read once: the checkpoint's stop lists them again.)
+            let procs = sb.cgroup().procs().ok();
+            if init_alone(sb, procs.as_deref(), &pool) {
                 if let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await? {
                     return Ok(done);
                 }
             } else if self.cfg.layered_processes
-                && let Some(done) = self.checkpoint_live_layered(&rec, sb, &pool, &ck_id, &req, t0).await?
+                && let Some(done) =
+                    self.checkpoint_live_layered(&rec, sb, (procs.as_deref(), &pool), &ck_id, &req, t0).await?
             {
                 return Ok(done);
             }
@@ -489,9 +492,9 @@ fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> Chec
 /// clearly not), and every task of the cgroup lives in the sandbox's pid
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
-fn init_alone(sb: &sandtree_sandbox::Sandbox, pool: &[i32]) -> bool {
-    sb.cgroup().procs().is_ok_and(|pids| {
-        let others: Vec<i32> = pids.into_iter().filter(|p| !pool.contains(p)).collect();
+fn init_alone(sb: &sandtree_sandbox::Sandbox, procs: Option<&[i32]>, pool: &[i32]) -> bool {
+    procs.is_some_and(|pids| {
+        let others: Vec<i32> = pids.iter().copied().filter(|p| !pool.contains(p)).collect();
         others.len() <= 1 && one_pid_namespace(sb, &others)
     })
 }
