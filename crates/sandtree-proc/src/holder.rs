@@ -146,7 +146,12 @@ fn pool_pid(next: &mut i32, taken: &std::collections::HashSet<i32>) -> i32 {
     });
     let floor = max / 2;
     let mut pid = if *next <= floor || *next >= max { max - 1 } else { *next };
-    while taken.contains(&pid) {
+    // (At most once round the upper half: a pool that held all of it would
+    // get a taken pid, and its clone3 EEXIST.)
+    for _ in floor..max {
+        if !taken.contains(&pid) {
+            break;
+        }
         pid = if pid - 1 <= floor { max - 1 } else { pid - 1 };
     }
     *next = pid - 1;
@@ -404,4 +409,28 @@ pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>) {
         }
         Ok(None) => true,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    #[test]
+    fn standby_pids_count_down_from_the_top_and_skip_the_pools() {
+        let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+        let mut next = 0;
+        let none = HashSet::new();
+        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
+        assert_eq!(super::pool_pid(&mut next, &none), max - 2);
+        let taken: HashSet<i32> = [max - 3, max - 4].into();
+        assert_eq!(super::pool_pid(&mut next, &taken), max - 5);
+        // Down to the middle of the range, then from the top again.
+        next = max / 2 + 1;
+        assert_eq!(super::pool_pid(&mut next, &none), max / 2 + 1);
+        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
+        let top: HashSet<i32> = [max - 1].into();
+        next = max / 2 + 1;
+        super::pool_pid(&mut next, &none);
+        assert_eq!(super::pool_pid(&mut next, &top), max - 2);
+    }
 }
