@@ -164,9 +164,7 @@ fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
     let flags = libc::CLONE_PARENT as u64;
     let Some(pid) = ns_pid else { return t.tracee.start_clone(flags) };
     let args = crate::restore::clone_args(t.scratch + crate::restore::SET_TID_OFFSET, flags);
-    ptrace::write_mem(t.host, t.scratch, &args)
-        .and_then(|_| ptrace::write_mem(t.host, t.scratch + crate::restore::SET_TID_OFFSET, &pid.to_ne_bytes()))
-        .map_err(|e| Error::Ptrace { pid: t.host, op: "write clone_args", source: e })?;
+    crate::restore::write_clone_args(t.host, t.scratch, &args, pid)?;
     t.tracee.start_syscall(libc::SYS_clone3, &[t.scratch, crate::restore::CLONE_ARGS_SIZE])
 }
 
@@ -207,7 +205,7 @@ impl Forking {
         if let Some(c) = child {
             crate::inject::pin_to_tracer(c);
         }
-        let mut out = match out {
+        let out = match out {
             Ok(out) => out,
             Err(e) => {
                 // (The template died after the fork event told of a child.)
@@ -217,21 +215,14 @@ impl Forking {
                 return Err(e);
             }
         };
-        let flags = libc::CLONE_PARENT as u64;
-        let what = match self.ns_pid {
-            Some(_) => {
-                // (A signal pending at the fork: again, here.)
-                for _ in 0..5 {
-                    if out.ret != crate::inject::ERESTARTNOINTR {
-                        break;
-                    }
-                    out = tpl.syscall(libc::SYS_clone3, &[self.scratch, crate::restore::CLONE_ARGS_SIZE])?;
-                }
-                CLONE3_STANDBY
-            }
-            None => "clone (standby)",
+        // (The same call again if a signal pending at the fork restarts it.)
+        let (clone3, clone) =
+            ([self.scratch, crate::restore::CLONE_ARGS_SIZE], [libc::CLONE_PARENT as u64, 0, 0, 0, 0]);
+        let (call, what): ((i64, &[u64]), _) = match self.ns_pid {
+            Some(_) => ((libc::SYS_clone3, &clone3), CLONE3_STANDBY),
+            None => ((libc::SYS_clone, &clone), "clone (standby)"),
         };
-        let (host, ns_pid, regs) = tpl.cloned(out, flags, what)?;
+        let (host, ns_pid, regs) = tpl.cloned(out, call, what)?;
         tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }

@@ -324,17 +324,23 @@ impl Tracee {
     /// See [`Tracee::start_clone`].
     pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
         let out = self.finish_syscall()?;
-        self.cloned(out, flags, what)
+        self.cloned(out, (libc::SYS_clone, &[flags, 0, 0, 0, 0]), what)
     }
 
     /// [`Tracee::finish_clone`] once the call returned `out` (seen by
-    /// [`Tracee::poll_syscall`]).
-    pub(crate) fn cloned(&mut self, mut out: Outcome, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
+    /// [`Tracee::poll_syscall`]); `call` (number, arguments) is injected
+    /// again while it asks to be restarted.
+    pub(crate) fn cloned(
+        &mut self,
+        mut out: Outcome,
+        (nr, args): (i64, &[u64]),
+        what: &'static str,
+    ) -> Result<(i32, i32, Regs)> {
         for _ in 0..5 {
             if out.ret != ERESTARTNOINTR {
                 break;
             }
-            out = self.syscall(libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+            out = self.syscall(nr, args)?;
         }
         let (Some(child), true) = (out.child, out.ret > 0) else {
             return Err(Error::Remote {

@@ -222,6 +222,14 @@ pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
     fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 
+/// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
+/// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
+pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) -> Result<()> {
+    ptrace::write_mem(pid, scratch, args)
+        .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &tid.to_ne_bytes()))
+        .map_err(ptrace_err(pid, "write clone_args"))
+}
+
 fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
     let mut bytes = path.as_bytes().to_vec();
     bytes.push(0);
@@ -260,9 +268,7 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     let image = &t.image;
     let src_host = t.host;
     let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
-    let written = ptrace::write_mem(src_host, t.scratch, &args)
-        .and_then(|_| ptrace::write_mem(src_host, t.scratch + SET_TID_OFFSET, &image.pid.to_ne_bytes()))
-        .map_err(ptrace_err(src_host, "write clone_args"));
+    let written = write_clone_args(src_host, t.scratch, &args, image.pid);
     // (Until the clone succeeds the template is as it was, its standby too.)
     if let Err(e) = written {
         t.standby = standby;
@@ -397,9 +403,7 @@ fn make_threads(
         let mut args = clone_args(scratch + SET_TID_OFFSET, FLAGS);
         // struct clone_args: tls is the 8th field.
         args[56..64].copy_from_slice(&regs.fs_base.to_ne_bytes());
-        ptrace::write_mem(pid, scratch, &args)
-            .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &th.tid.to_ne_bytes()))
-            .map_err(ptrace_err(pid, "write clone_args"))?;
+        write_clone_args(pid, scratch, &args, th.tid)?;
         // A killed thread's tid is free once it is gone.
         let made = clone3_when_free(p, scratch, &mut 0, true)?;
         let (Some(tid), true) = (made.child, made.ret > 0) else {
