@@ -37,6 +37,7 @@ pub(crate) fn stop(
     with_init: bool,
 ) -> Result<StopReport> {
     settle_lingering(st);
+    st.init_host = init_host;
     let t0 = std::time::Instant::now();
     let res = stop_inner(st, list, init_host, best_effort, timeout).and_then(|report| {
         if with_init && !report.foreign {
@@ -535,8 +536,17 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
     // Trackings of processes gone (or not stopped this time) end.
     st.tracking.retain(|host, _| stopped.iter().any(|s| s.host == *host));
+    // (Init's table, kept between operations, when the processes see
+    // the tree as init does.)
     let mounts = match stopped.first() {
-        Some(s) => procfs::mounts(s.host).map_err(|e| Error::Proc { pid: s.host, what: "mountinfo", source: e }),
+        Some(s) if st.init_host > 0 && procfs::same_root(s.host, st.init_host) => {
+            st.mounts.of(st.init_host).map_err(|e| Error::Proc { pid: st.init_host, what: "mountinfo", source: e })
+        }
+        Some(s) => procfs::mounts(s.host).map(std::sync::Arc::new).map_err(|e| Error::Proc {
+            pid: s.host,
+            what: "mountinfo",
+            source: e,
+        }),
         None => Ok(Default::default()),
     };
     let mut failure = None;

@@ -64,15 +64,18 @@ const PATH_MAX: usize = 4096;
 /// the sandbox's writable layer). Reads only `/proc`: it runs beside the
 /// templates' copy ([`crate::Tracer::clone_all`]), which changes nothing of
 /// the originals.
-pub fn check(procs: &[(i32, i32)], init_host: i32, upper_dev: u64) -> std::result::Result<(), String> {
+pub fn check(
+    procs: &[(i32, i32)],
+    init_host: i32,
+    upper_dev: u64,
+    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+) -> std::result::Result<(), String> {
     let ident = |path: String| -> Option<(u64, u64)> {
         let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
         let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
         Some((sx.stx_mnt_id, sx.stx_ino))
     };
     let root = ident(format!("/proc/{init_host}/root")).ok_or("cannot read init's root")?;
-    let Some(&(first, _)) = procs.first() else { return Ok(()) };
-    let mounts = crate::procfs::mounts(first).map_err(|e| format!("mountinfo: {e}"))?;
     let mut layer_files: Vec<(i32, i32, String)> = Vec::new();
     for &(host, ns_pid) in procs {
         let who = format!("pid {ns_pid}");
@@ -90,7 +93,7 @@ pub fn check(procs: &[(i32, i32)], init_host: i32, upper_dev: u64) -> std::resul
         if std::fs::read_link(format!("/proc/{host}/cwd")).is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)")) {
             return Err(format!("{who}: its cwd was deleted"));
         }
-        let fds = crate::procfs::fds(host, &mounts).map_err(|e| format!("{who}: descriptors: {e}"))?;
+        let fds = crate::procfs::fds(host, mounts).map_err(|e| format!("{who}: descriptors: {e}"))?;
         for f in fds {
             let refused = match f.kind {
                 FdKind::Deleted { on_layer: true, .. } => Some("a deleted file of the tree is open"),

@@ -192,6 +192,10 @@ pub(crate) struct State {
     /// Processes this large (resident bytes) or more are tracked, and get
     /// incremental templates; `None`: none is.
     pub incremental_min_rss: Option<u64>,
+    /// The sandbox's init (host pid), once a checkpoint named it.
+    pub init_host: i32,
+    /// Its mount table (shared with the [`Tracer`] handle).
+    pub mounts: crate::procfs::MountCache,
 }
 
 impl State {
@@ -344,6 +348,7 @@ pub struct Tracer {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     ops: Arc<AtomicU32>,
+    mounts: crate::procfs::MountCache,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -369,8 +374,10 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
+        let mounts = crate::procfs::MountCache::default();
+        let thread_mounts = mounts.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State { ops: thread_ops, incremental_min_rss, ..Default::default() };
+            let mut st = State { ops: thread_ops, incremental_min_rss, mounts: thread_mounts, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
                 // Jobs first. Between operations, a standby at a time (so
@@ -387,6 +394,11 @@ impl Tracer {
                         {
                             continue;
                         }
+                        // The mount table, if a swap changed it (~0.1 ms,
+                        // which the next checkpoint saves).
+                        if idle && st.init_host > 0 && st.mounts.refresh(st.init_host) {
+                            continue;
+                        }
                         if idle {
                             match crate::holder::tend_standbys(&mut st) {
                                 crate::holder::Tended::Worked => continue,
@@ -394,6 +406,7 @@ impl Tracer {
                                 crate::holder::Tended::Idle => {}
                             }
                         }
+
                         // (Pages being written, or a fork under way: back
                         // as soon as they are done.)
                         let writing = st
@@ -435,7 +448,7 @@ impl Tracer {
                 kill_tracee(host);
             }
         })?;
-        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), ops })
+        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), ops, mounts })
     }
 
     /// Marks an operation (a checkpoint, a rollback) in flight until the
@@ -472,6 +485,12 @@ impl Tracer {
         with_init: bool,
     ) -> Result<StopReport> {
         self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, with_init))?
+    }
+
+    /// The mount table of the sandbox whose init is `init_host` (read
+    /// again only after a change: [`crate::procfs::MountCache`]).
+    pub fn mounts(&self, init_host: i32) -> std::io::Result<crate::procfs::Mounts> {
+        self.mounts.of(init_host)
     }
 
     /// Pass 1 of the capture, while every process stays stopped (the

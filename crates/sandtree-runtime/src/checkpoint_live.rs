@@ -126,7 +126,11 @@ impl Engine {
         let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
         let movable = match upper_dev {
             _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
-            Ok(dev) => block(|| sandtree_proc::repoint::check(&procs, init_host, dev)),
+            // (Init's mounts: every process checked has init's root.)
+            Ok(dev) => block(|| {
+                let mounts = tracer.mounts(init_host).map_err(|e| format!("mountinfo: {e}"))?;
+                sandtree_proc::repoint::check(&procs, init_host, dev, &mounts)
+            }),
             Err(e) => Err(format!("writable layer: {e}")),
         };
         let mut fds = Some(fds);

@@ -57,6 +57,8 @@ struct Init {
     /// `WaitGone` reports it.
     swap_error: Option<String>,
     queued: VecDeque<FromInit>,
+    /// The mounts known to be set-up's or ours (`reroot::Approved`).
+    approved: crate::reroot::Approved,
 }
 
 /// Run the init loop forever.
@@ -68,6 +70,8 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
         awaiting: HashSet::new(),
         swap_error: None,
         queued: VecDeque::new(),
+        // (Nothing but init runs yet.)
+        approved: crate::reroot::Approved::now(),
     };
     loop {
         let (listen_ready, sig_ready, conn_ready, conn_err) = {
@@ -222,7 +226,7 @@ impl Init {
                 }
             }
             Request::Restack { targets, keep } => {
-                let res = crate::reroot::restack(&targets, &keep, fds);
+                let res = crate::reroot::restack(&targets, &keep, fds, &mut self.approved);
                 let reply = match &res {
                     Ok(()) => Reply::Ok,
                     Err((message, code)) => Reply::Error { message: message.clone(), code: *code },
@@ -237,7 +241,7 @@ impl Init {
                 }
             }
             Request::Stage { targets } => {
-                let reply = match crate::reroot::stage(&targets, fds) {
+                let reply = match crate::reroot::stage(&targets, fds, &self.approved) {
                     Ok(()) => Reply::Ok,
                     Err((message, code)) => Reply::Error { message, code },
                 };
@@ -245,7 +249,7 @@ impl Init {
             }
             Request::Unstage => self.reply_done(id, crate::reroot::unstage()),
             Request::SwapStaged => {
-                let swapped = crate::reroot::swap_staged();
+                let swapped = crate::reroot::swap_staged(&mut self.approved);
                 let ok = swapped.is_ok();
                 self.reply_done(id, swapped);
                 if ok && let Err(e) = crate::reroot::detach_staged_old() {
@@ -323,7 +327,7 @@ impl Init {
         // Stragglers since `KillAll` (or all of them, without one); the
         // daemon brings `restore` back from templates after the reply.
         self.kill_for_rollback(keep, restore);
-        let swapped = crate::reroot::swap_root(targets, layers);
+        let swapped = crate::reroot::swap_root(targets, layers, &mut self.approved);
         // Those already dead (a process with an mm holder dies at once) are
         // reaped before the reply: their pids are free for the restore,
         // which otherwise retries until the `WaitGone` that follows.

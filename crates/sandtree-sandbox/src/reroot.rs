@@ -193,6 +193,66 @@ fn mkdir_in(dir: &OwnedFd, rel: &Path) -> Result<(), String> {
     }
 }
 
+/// Mounts known to be the sandbox's own set-up or ours (unique mount id,
+/// mount point), from a listing taken when nothing but init could mount:
+/// at init's start and at the end of each swap, before its reply. Mount
+/// ids are never reused, so a mount listed here is one a check has passed
+/// already (or that init made). Reading `mountinfo` costs ~0.1-0.2 ms
+/// (an overlay prints every layer's path); [`listmount`] and the mount
+/// points cost ~30 µs: when every mount is approved, the checks of
+/// [`stage`], [`restack`] and the sweep after a rollback skip the read.
+///
+/// [`listmount`]: sandtree_sys::mount::list_mounts
+#[derive(Debug, Default)]
+pub(crate) struct Approved(std::collections::HashMap<u64, PathBuf>);
+
+impl Approved {
+    /// Every mount there is now (call it only when nothing but init can
+    /// mount: nothing else runs, or every other process is held).
+    pub(crate) fn now() -> Approved {
+        Approved(listing().map(|l| l.into_iter().collect()).unwrap_or_default())
+    }
+
+    /// After a swap of ours, before its reply: every mount there is now.
+    /// The mounts were checked before the swap and every other process is
+    /// held or killed since, so a mount already approved is where it was
+    /// (the swap's moves keep `/proc` and `/dev` at their paths; the old
+    /// root's paths go stale, and it is detached next): only the new ones
+    /// (the new tree's layers, a fresh `/dev/shm`) are looked up.
+    fn update(&mut self) {
+        let Ok(ids) = sandtree_sys::mount::list_mounts() else {
+            self.0.clear();
+            return;
+        };
+        let mut known = std::mem::take(&mut self.0);
+        for id in ids {
+            let point = match known.remove(&id) {
+                Some(p) => p,
+                None => match sandtree_sys::mount::mount_point(id) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        self.0.clear();
+                        return;
+                    }
+                },
+            };
+            self.0.insert(id, point);
+        }
+    }
+
+    /// Whether every mount of `mounts` is approved.
+    fn all(&self, mounts: &[(u64, PathBuf)]) -> bool {
+        !self.0.is_empty() && mounts.iter().all(|(id, p)| self.0.get(id) == Some(p))
+    }
+}
+
+/// (unique id, mount point) of every mount of the namespace; `None` when
+/// the kernel cannot tell (no `listmount`: the callers read `mountinfo`).
+fn listing() -> Option<Vec<(u64, PathBuf)>> {
+    let ids = sandtree_sys::mount::list_mounts().ok()?;
+    ids.into_iter().map(|id| sandtree_sys::mount::mount_point(id).ok().map(|p| (id, p))).collect()
+}
+
 /// Checks a request before anything is killed.
 pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), String> {
     if targets.len() != layers.len() || targets.first().map(|t| t != Path::new("/")).unwrap_or(true) {
@@ -207,11 +267,15 @@ pub(crate) fn validate(targets: &[PathBuf], layers: &[OwnedFd]) -> Result<(), St
 /// Steps 2-5: make `layers` (root first, with their targets) the tree;
 /// [`detach_old_root`] completes it. The caller has run [`validate`]
 /// (before killing anything).
-pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), String> {
+pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>, approved: &mut Approved) -> Result<(), String> {
     swap_tree(targets, layers)?;
     // A path walk does not cross the old root stacked on the new one: the
     // sweep sees the new tree.
-    sweep_kept()
+    let res = sweep_kept(approved);
+    // (The killed processes mount nothing, the restored ones are not
+    // back yet.)
+    approved.update();
+    res
 }
 
 /// Steps 2-4.
@@ -272,10 +336,18 @@ pub const STAGE: &str = "/dev/.sandtree-next";
 /// A layered checkpoint's swap (see the module docs); `Err((why, EBUSY))`
 /// when init is not alone or the sandbox mounted something, and nothing
 /// was changed.
-pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
+pub(crate) fn restack(
+    targets: &[PathBuf],
+    keep: &[i32],
+    layers: Vec<OwnedFd>,
+    approved: &mut Approved,
+) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
-    check_alone(targets, keep)?;
-    swap_tree(targets, layers).map_err(|e| (e, None))
+    check_alone(targets, keep, approved)?;
+    swap_tree(targets, layers).map_err(|e| (e, None))?;
+    // (Init is alone.)
+    approved.update();
+    Ok(())
 }
 
 /// The first half of a restack with live processes (see the module docs):
@@ -283,11 +355,15 @@ pub(crate) fn restack(targets: &[PathBuf], keep: &[i32], layers: Vec<OwnedFd>) -
 /// held, templates being made), then the new tree is mounted at [`STAGE`],
 /// where the stopped processes reopen their files. Any error leaves nothing
 /// changed (`EBUSY`).
-pub(crate) fn stage(targets: &[PathBuf], layers: Vec<OwnedFd>) -> Result<(), (String, Option<i32>)> {
+pub(crate) fn stage(
+    targets: &[PathBuf],
+    layers: Vec<OwnedFd>,
+    approved: &Approved,
+) -> Result<(), (String, Option<i32>)> {
     validate(targets, &layers).map_err(|e| (e, None))?;
     // (What a daemon that died part-way left, or the sandbox put there.)
     clear(STAGE).and_then(|()| clear(OLD)).map_err(|e| (e, None))?;
-    check_mounts(targets)?;
+    check_mounts(targets, approved)?;
     let staged = (|| {
         // A directory made now, by init: the sandbox's processes share
         // `/dev` and could have put a symlink there.
@@ -326,7 +402,7 @@ fn clear(path: &str) -> Result<(), String> {
 /// The second half: the staged tree becomes the root (the files opened
 /// through it are the new tree's); the old root is left at [`OLD`], for
 /// [`detach_staged_old`] after the reply.
-pub(crate) fn swap_staged() -> Result<(), String> {
+pub(crate) fn swap_staged(approved: &mut Approved) -> Result<(), String> {
     let root: OwnedFd = rustix::fs::open(
         STAGE,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
@@ -347,6 +423,8 @@ pub(crate) fn swap_staged() -> Result<(), String> {
     nix::unistd::pivot_root(".", old).map_err(step(|| "pivot_root".into()))?;
     nix::unistd::chdir("/").map_err(step(|| "chdir /".into()))?;
     let _ = std::fs::remove_dir(STAGE);
+    // (Every other process is still held.)
+    approved.update();
     Ok(())
 }
 
@@ -360,7 +438,7 @@ pub(crate) fn detach_staged_old() -> Result<(), String> {
 
 /// Whether init is alone but for `keep` and only setup's mounts exist
 /// (`Err((why, EBUSY))` if not).
-fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<i32>)> {
+fn check_alone(targets: &[PathBuf], keep: &[i32], approved: &Approved) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     for pid in others().into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
@@ -377,13 +455,16 @@ fn check_alone(targets: &[PathBuf], keep: &[i32]) -> Result<(), (String, Option<
             }
         }
     }
-    check_mounts(targets)
+    check_mounts(targets, approved)
 }
 
 /// Whether only the layers and what setup mounted under /proc and /dev
 /// exist: a mount the sandbox made (a bind of a directory of the tree,
 /// say) would keep writing into the old tree, the checkpoint's layer.
-fn check_mounts(targets: &[PathBuf]) -> Result<(), (String, Option<i32>)> {
+fn check_mounts(targets: &[PathBuf], approved: &Approved) -> Result<(), (String, Option<i32>)> {
+    if listing().is_some_and(|now| approved.all(&now)) {
+        return Ok(());
+    }
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
     let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| (format!("read mountinfo: {e}"), None))?;
     let shm = Path::new("/dev/shm");
@@ -422,20 +503,29 @@ fn setup_mount(t: &Path) -> bool {
 /// layer mounted and visible): detach everything there that setup did not
 /// make, and give `/dev/shm` (files of the old state) a fresh tmpfs unless
 /// it is empty.
-fn sweep_kept() -> Result<(), String> {
-    let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| format!("read mountinfo: {e}"))?;
+fn sweep_kept(approved: &Approved) -> Result<(), String> {
     // An empty `/dev/shm` (our one tmpfs there, nothing created, mode as
     // made) holds no state: it stays, which saves a mount per rollback.
     let shm = Path::new("/dev/shm");
-    let shm_clean = {
-        let at_shm: Vec<_> = mounts.iter().filter(|m| m.target == shm).collect();
-        at_shm.len() == 1
-            && at_shm[0].fstype == "tmpfs"
-            && std::fs::read_dir(shm).is_ok_and(|mut d| d.next().is_none())
+    let shm_empty = || {
+        std::fs::read_dir(shm).is_ok_and(|mut d| d.next().is_none())
             && std::fs::metadata(shm).is_ok_and(|m| {
                 use std::os::unix::fs::MetadataExt;
                 m.mode() & 0o7777 == 0o1777 && m.uid() == 0 && m.gid() == 0
             })
+    };
+    // Every mount under the kept ones approved (set-up's, or ours): none
+    // to detach, and the one at `/dev/shm` is the tmpfs we made.
+    if let Some(now) = listing() {
+        let kept: Vec<_> = now.into_iter().filter(|(_, t)| t.starts_with("/proc") || t.starts_with("/dev")).collect();
+        if approved.all(&kept) && kept.iter().filter(|(_, t)| t == shm).count() == 1 && shm_empty() {
+            return Ok(());
+        }
+    }
+    let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| format!("read mountinfo: {e}"))?;
+    let shm_clean = {
+        let at_shm: Vec<_> = mounts.iter().filter(|m| m.target == shm).collect();
+        at_shm.len() == 1 && at_shm[0].fstype == "tmpfs" && shm_empty()
     };
     let ours = |t: &Path| (shm_clean && t == shm) || setup_mount(t);
     for m in mounts.iter().rev() {
