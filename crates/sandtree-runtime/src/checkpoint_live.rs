@@ -123,6 +123,7 @@ impl Engine {
             tokio::task::spawn_blocking(move || tracer.clone_all(best_effort))
         };
         let init_host = sb.init_pid();
+        let t_check = Instant::now();
         let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
         let movable = match upper_dev {
             _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
@@ -133,11 +134,14 @@ impl Engine {
             }),
             Err(e) => Err(format!("writable layer: {e}")),
         };
+        let t_check = t_check.elapsed();
+        let t_stage = Instant::now();
         let mut fds = Some(fds);
         let staged = match &movable {
             Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default()).await),
             Err(_) => None,
         };
+        let t_stage = t_stage.elapsed();
         let cloned = match cloning.await {
             // (On error the processes were let go.)
             Ok(r) => r.map_err(|e| self.process_error(id, e)),
@@ -236,6 +240,7 @@ impl Engine {
             }
         };
 
+        let t_set_up = t_moved.elapsed();
         let t_commit = Instant::now();
         let done =
             self.commit_layered(rec, req, ck_id, (fresh, lowers), frozen_ms, captured, t0, Some(&tracer)).await?;
@@ -244,9 +249,12 @@ impl Engine {
             before_stop = ?t_stop.duration_since(t0),
             ?t_next,
             stop_clone = ?t_cloned.duration_since(t_stop),
+            ?t_check,
+            ?t_stage,
             check_stage_open = ?t_swap.duration_since(t_cloned),
             swap_finish = ?t_moved.duration_since(t_swap),
             frozen_ms,
+            set_up = ?t_set_up,
             commit = ?t_commit.elapsed(),
             at = ?t0.elapsed(),
             "layered checkpoint with processes done"
