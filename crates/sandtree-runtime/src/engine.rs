@@ -127,7 +127,8 @@ impl Engine {
         crate::spares::Spares::start(&engine);
         for rec in engine.meta.sandboxes()? {
             if let (DesiredState::Running, Some(ck)) = (rec.state, &rec.base_checkpoint) {
-                engine.spares.want(&rec.id, ck);
+                // (Restarted: its processes are not restored.)
+                engine.spares.want(&rec.id, ck, false);
             }
         }
         Ok(engine)

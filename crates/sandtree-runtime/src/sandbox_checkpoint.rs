@@ -253,11 +253,12 @@ impl Engine {
         };
 
         // The likeliest rollback target: prepare it while the agent thinks.
+        let processes = captured.as_ref().is_some_and(|c| !c.captured.is_empty());
         match made {
-            Some(name) => self.spares.want_made(id, ck_id, name),
+            Some(name) => self.spares.want_made(id, ck_id, name, processes),
             // Not made (tasks from outside the pid namespace took the freeze
             // path, or the snapshot failed): the maker snapshots it later.
-            None => self.spares.want(id, ck_id),
+            None => self.spares.want(id, ck_id, processes),
         }
 
         // Keep the template pool within its budget, off the hot path.
@@ -339,6 +340,7 @@ impl Engine {
         tracer: Option<&sandtree_proc::Tracer>,
     ) -> Result<CheckpointResponse> {
         let id = rec.id.as_str();
+        let has_processes = !captured.captured.is_empty();
         let layer = Engine::subvol_layer(&rec.subvol);
         let ck = CheckpointRecord {
             frozen_ms,
@@ -364,7 +366,7 @@ impl Engine {
         self.flusher.poke();
         // Layers the sandbox stood on that a squashed one replaced.
         self.discard_layers_if_unused(rec.lowers.iter().filter(|l| !lowers.contains(l)).cloned().collect());
-        self.spares.want(id, ck_id);
+        self.spares.want(id, ck_id, has_processes);
         self.squash_later(id, &lowers);
         self.want_next(id);
         if tracer.is_some() {

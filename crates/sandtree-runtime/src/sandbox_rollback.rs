@@ -179,7 +179,7 @@ impl Engine {
         rec2.status_reason = reason;
         booted?;
         // Rolled back once, likely again (tree search): prepare the next one.
-        self.spares.want(id, &ck.id);
+        self.spares.want(id, &ck.id, restored.as_ref().is_some_and(|r| !r.restored.is_empty()));
         let note = match (&restored, &restart_reason) {
             (Some(r), _) => {
                 let mut note = format!(

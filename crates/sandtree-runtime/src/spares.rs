@@ -51,13 +51,20 @@ use crate::{Engine, Result};
 pub const IDLE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Spares waiting to be made beyond this many are given up (oldest first),
-/// so the background work after a burst stays bounded. A layered spare is
-/// cheap (an empty subvolume and two overlay mounts, ~1.5 ms, made only
-/// between operations), and a tree search rolls back to any node it made:
-/// with 8 (the earlier bound), a burst of 30 checkpoints left half of the
-/// rollbacks to them without a spare, each ~1 ms slower (the overlays built
-/// on its path: 3.0-5.9 ms against 2.3-2.8 ms, 100 MB REPL benchmark).
+/// so the background work after a burst stays bounded: in all...
 pub const MAX_WANTED: usize = 64;
+
+/// ...and of checkpoints without processes. A tree search rolls back to
+/// any node it made, and a spare is ~1.5 ms of background work (an empty
+/// subvolume and two overlay mounts, made between operations). Where the
+/// checkpoint has processes, a rollback without a spare is ~1 ms slower
+/// (the overlays built on its path: 3.0-5.9 ms against 2.3-2.8 ms, 100 MB
+/// REPL benchmark), and every checkpoint of a burst waits for one. Without
+/// processes a rollback is ~2.5 ms either way, while making 64 spares
+/// after a burst kept the maker busy in every gap between the rollbacks
+/// that followed (random ones into a 1,000-deep chain: 1.3x slower than
+/// into a short one with 8, 1.9x with 64): only the newest 8 wait there.
+pub const MAX_WANTED_FS_ONLY: usize = 8;
 
 /// A sandbox and one of its checkpoints.
 type Key = (String, String);
@@ -78,8 +85,9 @@ struct State {
     made: HashMap<Key, String>,
     /// Keys by recency of `want`, oldest first (ready and wanted ones).
     recent: VecDeque<Key>,
-    /// Keys to prepare, oldest first (the newest is prepared first).
-    wanted: VecDeque<Key>,
+    /// Keys to prepare, oldest first (the newest is prepared first), and
+    /// whether their checkpoint has processes.
+    wanted: VecDeque<(Key, bool)>,
 }
 
 /// The spare pool and its maker task.
@@ -100,8 +108,10 @@ impl Spares {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Asks for a spare of `checkpoint` for `sandbox` (made in the background).
-    pub(crate) fn want(&self, sandbox: &str, checkpoint: &str) {
+    /// Asks for a spare of `checkpoint` for `sandbox` (made in the
+    /// background); `processes`: whether the checkpoint has processes to
+    /// restore.
+    pub(crate) fn want(&self, sandbox: &str, checkpoint: &str, processes: bool) {
         if self.budget == 0 {
             return;
         }
@@ -109,10 +119,18 @@ impl Spares {
         let mut st = self.lock();
         st.recent.retain(|k| k != &key);
         st.recent.push_back(key.clone());
-        if !st.ready.contains_key(&key) && !st.wanted.contains(&key) {
-            st.wanted.push_back(key);
+        if !st.ready.contains_key(&key) && !st.wanted.iter().any(|(k, _)| k == &key) {
+            st.wanted.push_back((key, processes));
             let over = st.wanted.len().saturating_sub(MAX_WANTED);
             st.wanted.drain(..over);
+            let mut fs_only = st.wanted.iter().filter(|(_, p)| !p).count();
+            st.wanted.retain(|(_, p)| {
+                let drop = !p && fs_only > MAX_WANTED_FS_ONLY;
+                if drop {
+                    fs_only -= 1;
+                }
+                !drop
+            });
         }
         drop(st);
         self.wake.notify_one();
@@ -121,12 +139,12 @@ impl Spares {
     /// Like [`Spares::want`], with the writable copy already made
     /// (`subvol`, snapshotted from the sandbox's layer with the checkpoint):
     /// the maker only builds its overlays.
-    pub(crate) fn want_made(&self, sandbox: &str, checkpoint: &str, subvol: String) {
+    pub(crate) fn want_made(&self, sandbox: &str, checkpoint: &str, subvol: String, processes: bool) {
         let key = (sandbox.to_string(), checkpoint.to_string());
         if let Some(old) = self.lock().made.insert(key, subvol) {
             self.stale.lock().unwrap_or_else(|p| p.into_inner()).push(old);
         }
-        self.want(sandbox, checkpoint);
+        self.want(sandbox, checkpoint, processes);
     }
 
     /// A copy made with its checkpoint, not yet with overlays: taken by the
@@ -160,7 +178,7 @@ impl Spares {
 
     fn drop_where(&self, f: impl Fn(&Key) -> bool) -> Vec<String> {
         let mut st = self.lock();
-        st.wanted.retain(|k| !f(k));
+        st.wanted.retain(|(k, _)| !f(k));
         st.recent.retain(|k| !f(k));
         let keys: Vec<Key> = st.ready.keys().filter(|k| f(k)).cloned().collect();
         let mut out: Vec<String> = keys.iter().filter_map(|k| st.ready.remove(k)).map(|s| s.top.subvol).collect();
@@ -194,7 +212,7 @@ impl Spares {
         let mut evicted = Vec::new();
         let over = st.recent.len().saturating_sub(self.budget);
         for key in st.recent.drain(..over).collect::<Vec<_>>() {
-            st.wanted.retain(|k| k != &key);
+            st.wanted.retain(|(k, _)| k != &key);
             if let Some(s) = st.ready.remove(&key) {
                 evicted.push(s.top.subvol);
             }
@@ -203,7 +221,7 @@ impl Spares {
         // (A made copy whose key a burst trimmed from `wanted` stays, within
         // the budget: a rollback to it then only builds the overlays.)
         evicted.extend(self.take_stale());
-        (st.wanted.pop_back(), evicted)
+        (st.wanted.pop_back().map(|(k, _)| k), evicted)
     }
 
     /// Keeps `spare` if `key` is still wanted and `valid()` (checked under
@@ -285,5 +303,32 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_keeps_every_spare_with_processes_and_the_newest_without() {
+        let spares = Spares::new(64);
+        for i in 0..20 {
+            spares.want("sb", &format!("fs{i}"), false);
+        }
+        for i in 0..30 {
+            spares.want("sb", &format!("proc{i}"), true);
+        }
+        let wanted: Vec<(String, bool)> = spares.lock().wanted.iter().map(|((_, c), p)| (c.clone(), *p)).collect();
+        let fs: Vec<&str> = wanted.iter().filter(|(_, p)| !p).map(|(c, _)| c.as_str()).collect();
+        assert_eq!(fs, (12..20).map(|i| format!("fs{i}")).collect::<Vec<_>>(), "the newest 8 without processes");
+        assert_eq!(wanted.iter().filter(|(_, p)| *p).count(), 30);
+        for i in 30..100 {
+            spares.want("sb", &format!("proc{i}"), true);
+        }
+        let st = spares.lock();
+        assert_eq!(st.wanted.len(), MAX_WANTED);
+        assert_eq!(st.wanted.back().map(|((_, c), _)| c.as_str()), Some("proc99"));
+        assert!(st.wanted.iter().all(|(_, p)| *p), "the oldest went first");
     }
 }
