@@ -539,7 +539,10 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     // (Init's table, kept between operations, when the processes see
     // the tree as init does.)
     let mounts = match stopped.first() {
-        Some(s) if st.init_host > 0 && procfs::same_root(s.host, st.init_host) => {
+        Some(s)
+            if st.init_host > 0
+                && procfs::root_of(s.host).is_some_and(|r| procfs::root_of(st.init_host) == Some(r)) =>
+        {
             st.mounts.of(st.init_host).map_err(|e| Error::Proc { pid: st.init_host, what: "mountinfo", source: e })
         }
         Some(s) => procfs::mounts(s.host).map(std::sync::Arc::new).map_err(|e| Error::Proc {

@@ -492,17 +492,14 @@ impl MountCache {
     }
 }
 
-/// Whether processes `a` and `b` have the same root directory (mount and
-/// inode of `/proc/<pid>/root`): then they see the same mount points.
-pub fn same_root(a: i32, b: i32) -> bool {
-    let ident = |pid: i32| {
-        let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
-        let path = format!("/proc/{pid}/root");
-        rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask)
-            .ok()
-            .map(|sx| (sx.stx_mnt_id, sx.stx_ino))
-    };
-    matches!((ident(a), ident(b)), (Some(x), Some(y)) if x == y)
+/// The root directory of process `pid`: mount and inode of
+/// `/proc/<pid>/root` (two processes with the same one see the same mount
+/// points).
+pub fn root_of(pid: i32) -> Option<(u64, u64)> {
+    let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
+    let path = format!("/proc/{pid}/root");
+    let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
+    Some((sx.stx_mnt_id, sx.stx_ino))
 }
 
 /// The open descriptors of `pid` (`mounts`: [`mounts`] of a process of the

@@ -70,16 +70,11 @@ pub fn check(
     upper_dev: u64,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
 ) -> std::result::Result<(), String> {
-    let ident = |path: String| -> Option<(u64, u64)> {
-        let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
-        let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
-        Some((sx.stx_mnt_id, sx.stx_ino))
-    };
-    let root = ident(format!("/proc/{init_host}/root")).ok_or("cannot read init's root")?;
+    let root = crate::procfs::root_of(init_host).ok_or("cannot read init's root")?;
     let mut layer_files: Vec<(i32, i32, String)> = Vec::new();
     for &(host, ns_pid) in procs {
         let who = format!("pid {ns_pid}");
-        if ident(format!("/proc/{host}/root")) != Some(root) {
+        if crate::procfs::root_of(host) != Some(root) {
             return Err(format!("{who} has a root of its own"));
         }
         // Calls go to the main thread: every thread must share its
