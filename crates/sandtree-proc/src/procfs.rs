@@ -471,6 +471,12 @@ impl MountCache {
         }
     }
 
+    /// Forget the table: its open `mountinfo` holds the mount namespace,
+    /// and with it every mount of the sandbox, alive.
+    pub(crate) fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// Read the table of `pid` again if it changed (between operations);
     /// whether it did.
     pub(crate) fn refresh(&self, pid: i32) -> bool {

@@ -601,6 +601,9 @@ impl Tracer {
             st.holders.clear();
             st.pools.clear();
             crate::checkpoint::abort(st);
+            // (Its open file would keep the old init's mounts alive.)
+            st.init_host = 0;
+            st.mounts.clear();
         });
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
