@@ -406,7 +406,6 @@ impl Tracer {
                                 crate::holder::Tended::Idle => {}
                             }
                         }
-
                         // (Pages being written, or a fork under way: back
                         // as soon as they are done.)
                         let writing = st

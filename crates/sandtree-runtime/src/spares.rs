@@ -60,10 +60,8 @@ pub const MAX_WANTED: usize = 64;
 /// checkpoint has processes, a rollback without a spare is ~1 ms slower
 /// (the overlays built on its path: 3.0-5.9 ms against 2.3-2.8 ms, 100 MB
 /// REPL benchmark), and every checkpoint of a burst waits for one. Without
-/// processes a rollback is ~2.5 ms either way, while making 64 spares
-/// after a burst kept the maker busy in every gap between the rollbacks
-/// that followed (random ones into a 1,000-deep chain: 1.3x slower than
-/// into a short one with 8, 1.9x with 64): only the newest 8 wait there.
+/// processes a rollback is ~2-2.5 ms either way: those keep the earlier
+/// bound, the newest 8, and the maker's work after a burst stays as it was.
 pub const MAX_WANTED_FS_ONLY: usize = 8;
 
 /// A sandbox and one of its checkpoints.

@@ -273,9 +273,17 @@ pub(crate) fn swap_root(targets: &[PathBuf], layers: Vec<OwnedFd>, approved: &mu
     // sweep sees the new tree.
     let res = sweep_kept(approved);
     // (The killed processes mount nothing, the restored ones are not
-    // back yet.)
-    approved.update();
-    res
+    // back yet.) The sweep's own listing, when it changed nothing.
+    match res {
+        Ok(Some(now)) => {
+            approved.0 = now.into_iter().collect();
+            Ok(())
+        }
+        other => {
+            approved.update();
+            other.map(|_| ())
+        }
+    }
 }
 
 /// Steps 2-4.
@@ -502,8 +510,9 @@ fn setup_mount(t: &Path) -> bool {
 /// mounted under them (a bind of an old-tree directory would keep the old
 /// layer mounted and visible): detach everything there that setup did not
 /// make, and give `/dev/shm` (files of the old state) a fresh tmpfs unless
-/// it is empty.
-fn sweep_kept(approved: &Approved) -> Result<(), String> {
+/// it is empty. Returns the listing of every mount it took, when every
+/// mount under the kept ones was approved (it then changed nothing).
+fn sweep_kept(approved: &Approved) -> Result<Option<Vec<(u64, PathBuf)>>, String> {
     // An empty `/dev/shm` (our one tmpfs there, nothing created, mode as
     // made) holds no state: it stays, which saves a mount per rollback.
     let shm = Path::new("/dev/shm");
@@ -517,9 +526,10 @@ fn sweep_kept(approved: &Approved) -> Result<(), String> {
     // Every mount under the kept ones approved (set-up's, or ours): none
     // to detach, and the one at `/dev/shm` is the tmpfs we made.
     if let Some(now) = listing() {
-        let kept: Vec<_> = now.into_iter().filter(|(_, t)| t.starts_with("/proc") || t.starts_with("/dev")).collect();
+        let kept: Vec<_> =
+            now.iter().filter(|(_, t)| t.starts_with("/proc") || t.starts_with("/dev")).cloned().collect();
         if approved.all(&kept) && kept.iter().filter(|(_, t)| t == shm).count() == 1 && shm_empty() {
-            return Ok(());
+            return Ok(Some(now));
         }
     }
     let mounts = sandtree_sys::mountinfo::mounts().map_err(|e| format!("read mountinfo: {e}"))?;
@@ -538,7 +548,7 @@ fn sweep_kept(approved: &Approved) -> Result<(), String> {
         }
     }
     if shm_clean {
-        return Ok(());
+        return Ok(None);
     }
-    crate::spawn::mount_dev_shm(shm).map_err(|e| format!("mount /dev/shm: {e}"))
+    crate::spawn::mount_dev_shm(shm).map(|()| None).map_err(|e| format!("mount /dev/shm: {e}"))
 }

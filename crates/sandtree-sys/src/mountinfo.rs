@@ -82,11 +82,9 @@ pub struct Watched {
 impl Watched {
     /// Read the table of `pid`.
     pub fn read(pid: i32) -> io::Result<Watched> {
-        use std::io::Read;
         let ns = ns_of(pid)?;
         let mut file = std::fs::File::open(format!("/proc/{pid}/mountinfo"))?;
-        let mut text = String::with_capacity(64 * 1024);
-        file.read_to_string(&mut text)?;
+        let text = read_all(&mut file)?;
         // (A process that moved to another namespace meanwhile.)
         if ns_of(pid)? != ns {
             return Err(io::Error::other(format!("pid {pid} changed mount namespace while its mounts were read")));
@@ -130,9 +128,14 @@ fn ns_of(pid: i32) -> io::Result<(u64, u64)> {
 /// 32 bytes and doubles, nine reads for a sandbox's mount table, on a
 /// rollback's path).
 fn read_whole(path: &str) -> io::Result<String> {
+    read_all(&mut std::fs::File::open(path)?)
+}
+
+/// The rest of an open `/proc` file (see [`read_whole`]).
+fn read_all(file: &mut std::fs::File) -> io::Result<String> {
     use std::io::Read;
     let mut text = String::with_capacity(64 * 1024);
-    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    file.read_to_string(&mut text)?;
     Ok(text)
 }
 
