@@ -2,6 +2,7 @@
 //! templates, let them go. See the crate docs for the order.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
@@ -460,7 +461,9 @@ fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::t
     if let Some(t) = tracking.as_mut() {
         t.cover(&maps);
         if !t.covers(&maps) || t.take_written(host).is_err() {
-            *tracking = None;
+            if let Some(t) = tracking.take() {
+                t.end_now();
+            }
         }
     }
     if tracking.is_none() {
@@ -1389,7 +1392,7 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     // milliseconds), not in an injected call the tracer waits for.
     let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
     let res = prepare(t);
-    drop_later(cwd.into_iter().collect());
+    drop_later(cwd.into_iter().map(OwnedFd::from).collect());
     tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
     if let Err(e) = res {
         tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
@@ -1405,16 +1408,18 @@ fn open_path(path: &str) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path)
 }
 
-/// Close `files` on a low-priority thread of its own (see
-/// [`prepare_pending`]).
-fn drop_later(files: Vec<std::fs::File>) {
-    static CLOSER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<std::fs::File>>>> =
+/// Close `files` on a low-priority thread of its own: descriptors whose
+/// last close does work the tracer must not wait for (a detached tree's
+/// teardown, see [`prepare_pending`]; a userfaultfd's unprotecting walk,
+/// see `track.rs`).
+pub(crate) fn drop_later(files: Vec<OwnedFd>) {
+    static CLOSER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<OwnedFd>>>> =
         std::sync::OnceLock::new();
     if files.is_empty() {
         return;
     }
     let tx = CLOSER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<std::fs::File>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
         let spawned = std::thread::Builder::new().name("sandtree:closer".into()).spawn(move || {
             let _ = rustix::process::setpriority_process(None, 19);
             for files in rx {

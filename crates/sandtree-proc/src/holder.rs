@@ -223,6 +223,15 @@ impl Forking {
             None => ((libc::SYS_clone, &clone), "clone (standby)"),
         };
         let (host, ns_pid, regs) = tpl.cloned(out, call, what)?;
+        // A fork copies its parent's root early and joins the task list
+        // last: a swap of the sandbox's root meanwhile (a rollback's, or a
+        // layered checkpoint's, `pivot_root`, which moves the root of every
+        // task on that list) missed the child, which would keep the old,
+        // detached tree, and so would whatever is restored from it.
+        if crate::procfs::root_of(host) != crate::procfs::root_of(tpl.tid) {
+            crate::tracer::kill_later(host, ns_pid);
+            return Err(Error::RootMoved { pid: tpl.tid });
+        }
         tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }
@@ -269,6 +278,8 @@ fn keep(t: &mut crate::tracer::Template, made: Result<Standby>) {
                 t.any_pid = true;
             }
         },
+        // (Made again next time, from the template's root.)
+        Err(e @ Error::RootMoved { .. }) => tracing::debug!(pid = t.image.pid, "standby dropped: {e}"),
         Err(e) => failed(t, e),
     }
 }

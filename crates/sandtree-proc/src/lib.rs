@@ -138,6 +138,14 @@ pub enum Error {
     /// The tracer thread is gone.
     #[error("the tracer thread of this sandbox is gone")]
     TracerGone,
+    /// A fork (of a template, `pid`) ran across a swap of the sandbox's
+    /// root: the child copied the old root before the swap and was not on
+    /// the task list `pivot_root` moves, so it kept the detached tree.
+    #[error("the sandbox's root moved while pid {pid} forked: its child kept the old tree")]
+    RootMoved {
+        /// Host pid of the process that forked.
+        pid: i32,
+    },
 }
 
 impl Error {

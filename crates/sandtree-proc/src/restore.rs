@@ -30,8 +30,10 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
 }
 
 pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
+    let t0 = std::time::Instant::now();
     // The killed originals' trackings end with them.
     st.tracking.clear();
+    let t_untrack = t0.elapsed();
     let mut report = RestoreReport::default();
     let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     // A template of another checkpoint may hold a pid this one needs (its
@@ -52,6 +54,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
+    let t_settle = t0.elapsed();
     let conflicting: Vec<String> = st
         .pools
         .iter()
@@ -88,6 +91,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             true
         }
     });
+    let t_evict = t0.elapsed() - t_settle;
     let now = st.tick();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
@@ -156,6 +160,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             source: e,
         })?;
     }
+    tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down. One
     // whose pid is not free yet (its killed original still exiting: a

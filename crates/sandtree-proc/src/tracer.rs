@@ -263,6 +263,21 @@ impl State {
     }
 }
 
+thread_local! {
+    /// Tracees [`kill_later`] killed, for the tracer thread's dying list.
+    static KILLED: std::cell::RefCell<Vec<(i32, i32)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// SIGKILL tracee `host` (pid `ns_pid` in the sandbox) without waiting for
+/// its exit, which follows the teardown of its address space
+/// (milliseconds for a large one): the tracer thread, whose tracee it is,
+/// collects it between jobs ([`crate::holder::reap_dying`]).
+pub(crate) fn kill_later(host: i32, ns_pid: i32) {
+    crate::inject::move_off_tracer(host);
+    let _ = sandtree_sys::ptrace::kill(host);
+    KILLED.with(|k| k.borrow_mut().push((host, ns_pid)));
+}
+
 /// SIGKILL a tracee and collect its exit notification (the tracer's part;
 /// init, its real parent, reaps it).
 pub(crate) fn kill_tracee(host: i32) {
@@ -380,6 +395,7 @@ impl Tracer {
             let mut st = State { ops: thread_ops, incremental_min_rss, mounts: thread_mounts, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
+                st.dying.extend(KILLED.with(|k| k.take()));
                 // Jobs first. Between operations, a standby at a time (so
                 // that a job waits for one fork at most), then the ticks.
                 let job = match rx.try_recv() {
@@ -584,7 +600,9 @@ impl Tracer {
     pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
         let ck = ck.to_string();
         self.call(move |st| {
+            let t0 = std::time::Instant::now();
             crate::checkpoint::finish_pending(st);
+            tracing::debug!(took = ?t0.elapsed(), "restore: pending work finished");
             crate::restore::restore(st, &ck)
         })?
     }

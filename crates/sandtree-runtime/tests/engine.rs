@@ -646,6 +646,61 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A process large enough that forking it takes milliseconds, in 4 KiB
+/// pages (a template's standby fork is then still running when the next
+/// rollback swaps the root).
+const BIG: &str = r#"
+import mmap, time
+b = mmap.mmap(-1, 160 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+b.madvise(mmap.MADV_NOHUGEPAGE)
+for off in range(0, len(b), 4096):
+    b[off] = 1
+open('/root/big-ready', 'w').close()
+while True:
+    time.sleep(1)
+"#;
+
+/// Every restored process sees the rolled-back tree: its root is init's
+/// (and that of a process init spawns).
+/// Rollbacks back to back, A B A ...: after a rollback to A its template
+/// forks a new standby between operations, while the rollback to B swaps
+/// the root. A fork copies its parent's root before it joins the task
+/// list `pivot_root` walks: a standby that straddled the swap kept the
+/// old, detached tree, and the next rollback to A brought the process
+/// back in it (its files stale; the next checkpoint said "a root of its
+/// own" and took a snapshot). Such a standby is dropped and made again.
+fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let req = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), BIG.into()],
+            background: true,
+            ..Default::default()
+        };
+        let pid = e.exec(&sb, req).await?.pid;
+        sh(e, &sb, "while [ ! -e /root/big-ready ]; do sleep 0.02; done").await?;
+        let a = checkpoint(e, &sb).await?;
+        let b = checkpoint(e, &sb).await?;
+        let same_root =
+            format!("[ \"$(stat -L -c %d:%i /proc/{pid}/root/)\" = \"$(stat -L -c %d:%i /proc/self/root/)\" ]");
+        for round in 0..8 {
+            for ck in [&a, &b, &a] {
+                let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+                ensure!(r.restored_pids == vec![pid], "round {round}: {}", r.note);
+            }
+            let out = e
+                .exec(&sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), same_root.clone()], ..Default::default() })
+                .await?;
+            ensure!(out.exit_code == Some(0), "round {round}: the restored process has a root of its own");
+        }
+        let layered = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
+        let layer = e.meta().checkpoint(&layered.id).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(layer.starts_with("sandboxes/"), "the checkpoint after the rollbacks is a snapshot: {layer}");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// A program holding files of the tree in every way a layered checkpoint
 /// must move: a file opened read-write and its dup (one offset), one opened
 /// for appending, a file of a lower layer opened read-only at an offset and
@@ -769,6 +824,7 @@ fn main() {
         ("layered_checkpoints_stack_and_share_layers", layered_checkpoints_stack_and_share_layers),
         ("templates_survive_layered_checkpoints", templates_survive_layered_checkpoints),
         ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
+        ("restored_processes_share_the_new_root", restored_processes_share_the_new_root),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }

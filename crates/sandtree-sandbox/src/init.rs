@@ -53,9 +53,9 @@ struct Init {
     /// Pids killed for a rollback (not restored) and not reaped yet: what
     /// `WaitGone` waits for.
     awaiting: HashSet<i32>,
-    /// The end of the last swap failed (after its reply): the rollback's
-    /// `WaitGone` reports it.
-    swap_error: Option<String>,
+    /// A rollback's old root is still to be detached: once its `WaitGone`
+    /// is answered (see [`Init::finish_swap`]).
+    detach_pending: bool,
     queued: VecDeque<FromInit>,
     /// The mounts known to be set-up's or ours (`reroot::Approved`).
     approved: crate::reroot::Approved,
@@ -68,7 +68,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
         tracked: HashSet::new(),
         restoring: HashSet::new(),
         awaiting: HashSet::new(),
-        swap_error: None,
+        detach_pending: false,
         queued: VecDeque::new(),
         // (Nothing but init runs yet.)
         approved: crate::reroot::Approved::now(),
@@ -196,6 +196,11 @@ impl Init {
             }
         };
         let id = msg.id;
+        // (Always `WaitGone` after a `Reroot`; anything else finishes the
+        // swap first.)
+        if !matches!(msg.req, Request::WaitGone) {
+            self.finish_swap();
+        }
         match msg.req {
             Request::Hello { .. } => {
                 self.send(FromInit::Reply { id, reply: Reply::Hello { version: protocol::VERSION } }, &[]);
@@ -214,16 +219,13 @@ impl Init {
                     Err(message) => Reply::Error { message: message.clone(), code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
-                // The old tree goes after the reply (the daemon restores
-                // meanwhile); a failure fails the rollback's `WaitGone`.
-                // Reap first: a killed original's pid is free, for its
-                // restored successor, only once reaped.
+                // The old tree goes once the `WaitGone` that follows is
+                // answered: until then init reaps (a killed original's pid
+                // is free, for its restored successor, only once reaped),
+                // and the detach, an overlay's teardown (up to
+                // milliseconds), is on no one's path.
                 self.reap();
-                if swapped.is_ok()
-                    && let Err(e) = crate::reroot::detach_old_root()
-                {
-                    self.swap_error = Some(e);
-                }
+                self.detach_pending = swapped.is_ok();
             }
             Request::Restack { targets, keep } => {
                 let res = crate::reroot::restack(&targets, &keep, fds, &mut self.approved);
@@ -269,6 +271,7 @@ impl Init {
                     Err(message) => Reply::Error { message, code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
+                self.finish_swap();
             }
             Request::Kill { pid, signal, group } => {
                 let target = Pid::from_raw(if group { -pid } else { pid });
@@ -300,18 +303,32 @@ impl Init {
 impl Init {
     /// Reap until every process killed for the rollback is gone (see
     /// [`crate::reroot::wait_gone`]).
+    /// The killed originals of restored pids are awaited too (the
+    /// daemon's restore retries their pids until then).
     fn wait_gone(&mut self, sigfd: &SignalFd) -> Result<(), String> {
-        if let Some(e) = self.swap_error.take() {
-            return Err(format!("the tree swap did not complete: {e}"));
-        }
         let mut awaiting = std::mem::take(&mut self.awaiting);
+        let restoring: Vec<i32> = self.restoring.iter().copied().filter(|p| !awaiting.contains(p)).collect();
+        awaiting.extend(&restoring);
         let mut reaped = Vec::new();
         let res = crate::reroot::wait_gone(sigfd, &mut awaiting, &mut reaped);
+        awaiting.retain(|p| !restoring.contains(p));
         self.awaiting = awaiting;
         for r in reaped {
             self.exited(r);
         }
         res
+    }
+
+    /// Detach a rollback's old root, if that is still to be done. The new
+    /// tree is in place and in use by then: an old root that cannot be
+    /// detached stays stacked on `/`, where no path walk reaches it, until
+    /// init exits (as after a `Restack`).
+    fn finish_swap(&mut self) {
+        if std::mem::take(&mut self.detach_pending)
+            && let Err(e) = crate::reroot::detach_old_root()
+        {
+            eprintln!("sandtree init: {e}");
+        }
     }
 
     /// See [`crate::reroot`]: exits of tracked processes are reported before
