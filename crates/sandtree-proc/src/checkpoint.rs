@@ -460,11 +460,11 @@ fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::t
     // process exec'd, or remapped a range — is made anew.)
     if let Some(t) = tracking.as_mut() {
         t.cover(&maps);
-        if !t.covers(&maps) || t.take_written(host).is_err() {
-            if let Some(t) = tracking.take() {
-                t.end_now();
-            }
-        }
+    }
+    if tracking.as_ref().is_some_and(|t| !t.covers(&maps) || t.take_written(host).is_err())
+        && let Some(t) = tracking.take()
+    {
+        t.end_now();
     }
     if tracking.is_none() {
         *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?);
