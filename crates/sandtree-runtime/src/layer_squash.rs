@@ -9,7 +9,7 @@
 //! it bottom to top, file data reflinked; a few milliseconds for the few
 //! files an agent's steps change, and no btrfs commit):
 //!
-//! 1. wait until the engine is idle for [`crate::spares::IDLE`] (at most
+//! 1. wait until the engine is idle for [`IDLE`] (at most
 //!    [`MAX_WAIT`]: a long burst of checkpoints must not stack up to the
 //!    limit meanwhile) and no other squash runs (one at a time: they
 //!    compete with the sandboxes for CPU), then, under the store lock
@@ -48,6 +48,10 @@ use crate::{Config, Engine, Error, Result};
 /// would be copied again by every later squash over it).
 pub const BIG_LAYER: u64 = 2000;
 
+/// Quiet time before a squash starts (longer than a spare's: a squash
+/// copies files for milliseconds).
+const IDLE: Duration = Duration::from_millis(20);
+
 /// The longest a squash waits for the engine to become idle.
 pub const MAX_WAIT: Duration = Duration::from_millis(20);
 
@@ -74,7 +78,7 @@ impl Engine {
         let id = id.to_string();
         tokio::spawn(async move {
             let deadline = Instant::now() + MAX_WAIT;
-            while engine.flusher.idle_for() < crate::spares::IDLE && Instant::now() < deadline {
+            while engine.flusher.idle_for() < IDLE && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let gate = engine.squash_gate.clone().acquire_owned().await;
