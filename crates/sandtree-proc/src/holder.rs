@@ -74,6 +74,9 @@ pub(crate) struct Forking {
     ns_pid: Option<i32>,
     /// The template's scratch page, which holds the `clone3` arguments.
     scratch: u64,
+    /// The call's entry stop is still to come (the call is started
+    /// without waiting for it: `Tracee::start_syscall_unwaited`).
+    entering: bool,
 }
 
 /// What [`tend_standbys`] did.
@@ -130,7 +133,10 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return Tended::Idle };
     let ns_pid = (!t.any_pid).then(|| pool_pid(next, &taken));
     match start(t, ns_pid) {
-        Ok(()) => t.forking = Some(Forking { child: None, t0: std::time::Instant::now(), ns_pid, scratch: t.scratch }),
+        Ok(()) => {
+            t.forking =
+                Some(Forking { child: None, t0: std::time::Instant::now(), ns_pid, scratch: t.scratch, entering: true })
+        }
         Err(e) => failed(t, e),
     }
     Tended::Worked
@@ -162,17 +168,17 @@ fn pool_pid(next: &mut i32, taken: &std::collections::HashSet<i32>) -> i32 {
 /// `ns_pid` is given, else `clone`. Parent = the template's parent (init).
 fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
     let flags = libc::CLONE_PARENT as u64;
-    let Some(pid) = ns_pid else { return t.tracee.start_clone(flags) };
+    let Some(pid) = ns_pid else { return t.tracee.start_syscall_unwaited(libc::SYS_clone, &[flags, 0, 0, 0, 0]) };
     let args = crate::restore::clone_args(t.scratch + crate::restore::SET_TID_OFFSET, flags);
     crate::restore::write_clone_args(t.host, t.scratch, &args, pid)?;
-    t.tracee.start_syscall(libc::SYS_clone3, &[t.scratch, crate::restore::CLONE_ARGS_SIZE])
+    t.tracee.start_syscall_unwaited(libc::SYS_clone3, &[t.scratch, crate::restore::CLONE_ARGS_SIZE])
 }
 
 impl Forking {
     /// The standby, once the fork (run by `tpl`, its template) is done:
     /// `None` while it runs.
     fn poll(&mut self, tpl: &mut Tracee) -> Option<Result<Standby>> {
-        match tpl.poll_syscall(&mut self.child) {
+        match tpl.poll_syscall(&mut self.child, &mut self.entering) {
             Ok(None) => None,
             Ok(Some(out)) => Some(self.collect(tpl, Ok(out))),
             Err(e) => Some(self.collect(tpl, Err(e))),
@@ -185,7 +191,7 @@ impl Forking {
             return done;
         }
         // (The rest of the fork, and its exit stop.)
-        let out = tpl.finish_syscall().map(|mut o| {
+        let out = tpl.finish_syscall_entering(&mut self.entering).map(|mut o| {
             o.child = o.child.or(self.child);
             o
         });

@@ -22,9 +22,12 @@
 //!    and `/dev/shm`) into the new root: they are not part of the state.
 //! 4. `fchdir` into the new root, `pivot_root(".", ".")` (the kernel moves
 //!    the root and cwd of every task that used the old root: init and the
-//!    templates), and detach the old root, which sits on top of `.` now
-//!    (after step 5 and after the reply: a path walk never crosses a mount
-//!    stacked on its starting point, so nothing reaches the old tree);
+//!    templates: a fork under way, whose child is not on the task list
+//!    yet, keeps the old root, see `sandtree-proc`'s `holder.rs`), and
+//!    detach the old root, which sits on top of `.` now (after step 5,
+//!    and after the reply to the rollback's `WaitGone`, once the killed
+//!    processes are reaped: a path walk never crosses a mount stacked on
+//!    its starting point, so nothing reaches the old tree meanwhile);
 //! 5. detach whatever the sandbox itself mounted under the kept `/proc` and
 //!    `/dev`, and mount a fresh `/dev/shm` if the old one holds anything
 //!    (its files belong to the old state).
