@@ -184,17 +184,7 @@ impl Tracee {
     /// two, no other request may be made of this tracee.)
     pub fn start_syscall(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.tid;
-        self.block_signals()?;
-        let mut r = self.saved;
-        r.rax = nr as u64;
-        r.orig_rax = u64::MAX;
-        r.rip = self.insn;
-        let regs = [&mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9];
-        for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
-            *slot = v;
-        }
-        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
-        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        self.start_syscall_unwaited(nr, args)?;
         // Past the entry stop, so that the call itself runs from here on.
         loop {
             match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
