@@ -47,14 +47,6 @@ pub(crate) struct Tracking {
     pub base: Option<(String, i32)>,
 }
 
-/// Start time of process `host`, if it exists.
-pub(crate) fn start_time(host: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{host}/stat")).ok()?;
-    let rest = text.rsplit_once(')')?.1;
-    // rest starts at field 3 (state): field 22 is the 20th.
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Mappings whose writes must be followed: private ones, but the kernel's
 /// (`[vsyscall]`, `[vvar]`, `[vdso]`: not pages of the process) and
 /// inaccessible reservations (a JVM heap, a wasm guard region: protecting
@@ -93,13 +85,14 @@ impl Tracking {
     /// Whether this still tracks process `host` (not a process that reused
     /// its pid, nor one that exec'd: its mappings would be others).
     pub(crate) fn tracks(&self, host: i32) -> bool {
-        start_time(host) == Some(self.start_time)
+        sandtree_sys::process::start_time(host) == Some(self.start_time)
     }
 
     /// Start tracking stopped process `host` (`orig`, being injected into)
     /// with memory map `maps`: every page counts as unwritten from here.
     pub(crate) fn arm(orig: &mut Tracee, host: i32, maps: &[MapImage]) -> Result<Tracking> {
-        let start_time = start_time(host).ok_or(Error::Died { pid: host, how: "is gone".into() })?;
+        let start_time =
+            sandtree_sys::process::start_time(host).ok_or(Error::Died { pid: host, how: "is gone".into() })?;
         ptrace::set_options(host, true, true).map_err(|e| Error::Ptrace { pid: host, op: "SETOPTIONS", source: e })?;
         let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY;
         let made = orig.call("userfaultfd", libc::SYS_userfaultfd, &[flags]);

@@ -49,7 +49,9 @@ struct Init {
     /// Pids killed for a rollback that the daemon restores: the exit of the
     /// old process is not reported; once it is reaped, the pid is tracked
     /// again (for the restored process).
-    restoring: HashSet<i32>,
+    /// (pid → the killed original's start time, which tells it from the
+    /// restored process once that has its pid.)
+    restoring: std::collections::HashMap<i32, Option<u64>>,
     /// Pids killed for a rollback (not restored) and not reaped yet: what
     /// `WaitGone` waits for.
     awaiting: HashSet<i32>,
@@ -66,7 +68,7 @@ pub fn run(listener: OwnedFd, sigfd: SignalFd) -> ! {
     let mut st = Init {
         conn: None,
         tracked: HashSet::new(),
-        restoring: HashSet::new(),
+        restoring: std::collections::HashMap::new(),
         awaiting: HashSet::new(),
         detach_pending: false,
         queued: VecDeque::new(),
@@ -146,7 +148,7 @@ impl Init {
     /// successor).
     fn exited(&mut self, r: crate::reroot::Reaped) {
         self.awaiting.remove(&r.pid);
-        if self.restoring.remove(&r.pid) {
+        if self.restoring.remove(&r.pid).is_some() {
             self.tracked.insert(r.pid);
         } else if self.tracked.remove(&r.pid) {
             self.send(FromInit::Exited { pid: r.pid, code: r.code, signal: r.signal }, &[]);
@@ -160,12 +162,12 @@ impl Init {
         let present = crate::reroot::signal_all(keep);
         self.awaiting.extend(present.iter().filter(|p| !restore.contains(p)));
         for &pid in restore {
-            if self.restoring.contains(&pid) {
+            if self.restoring.contains_key(&pid) {
                 continue;
             }
             self.tracked.remove(&pid);
             if present.contains(&pid) {
-                self.restoring.insert(pid);
+                self.restoring.insert(pid, sandtree_sys::process::start_time(pid));
             } else {
                 self.tracked.insert(pid);
             }
@@ -307,14 +309,28 @@ impl Init {
     /// daemon's restore retries their pids until then).
     fn wait_gone(&mut self, sigfd: &SignalFd) -> Result<(), String> {
         let mut awaiting = std::mem::take(&mut self.awaiting);
-        let restoring: Vec<i32> = self.restoring.iter().copied().filter(|p| !awaiting.contains(p)).collect();
-        awaiting.extend(&restoring);
+        let restoring = self.restoring.clone();
+        awaiting.extend(restoring.keys().filter(|p| !awaiting.contains(p)).collect::<Vec<_>>());
+        // Gone once reaped, by init or (a parent that ignores SIGCHLD) by
+        // the kernel: a restoring pid may already name the restored
+        // process, another start time.
+        let present = |pid: i32| match restoring.get(&pid) {
+            Some(start) => start.is_some() && sandtree_sys::process::start_time(pid) == *start,
+            None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        };
         let mut reaped = Vec::new();
-        let res = crate::reroot::wait_gone(sigfd, &mut awaiting, &mut reaped);
-        awaiting.retain(|p| !restoring.contains(p));
+        let res = crate::reroot::wait_gone(sigfd, &mut awaiting, &mut reaped, &present);
+        awaiting.retain(|p| !restoring.contains_key(p));
         self.awaiting = awaiting;
         for r in reaped {
             self.exited(r);
+        }
+        // (Reaped by the kernel: the pid is the restored process's.)
+        let gone: Vec<i32> =
+            restoring.keys().copied().filter(|p| self.restoring.contains_key(p) && !present(*p)).collect();
+        for pid in gone {
+            self.restoring.remove(&pid);
+            self.tracked.insert(pid);
         }
         res
     }

@@ -121,8 +121,8 @@ pub(crate) fn signal_all(keep: &[i32]) -> Vec<i32> {
     signaled
 }
 
-/// Reap until none of `awaiting` (pids killed by [`signal_all`], not
-/// restored) is left, for at most [`KILL_TIMEOUT`] (a task in
+/// Reap until none of `awaiting` (pids killed by [`signal_all`]) is
+/// `present`, for at most [`KILL_TIMEOUT`] (a task in
 /// uninterruptible sleep cannot die before its syscall ends); on timeout
 /// the error names the pids still there. Only the killed pids count:
 /// processes that appear meanwhile (restored ones, the tracer's holders)
@@ -131,6 +131,7 @@ pub(crate) fn wait_gone(
     sigfd: &SignalFd,
     awaiting: &mut std::collections::HashSet<i32>,
     reaped: &mut Vec<Reaped>,
+    present: &dyn Fn(i32) -> bool,
 ) -> Result<(), String> {
     let deadline = Instant::now() + KILL_TIMEOUT;
     loop {
@@ -139,9 +140,9 @@ pub(crate) fn wait_gone(
         for r in &reaped[before..] {
             awaiting.remove(&r.pid);
         }
-        // Reaped by another parent: gone all the same (pids are not
-        // reused this soon; restored pids are not awaited).
-        awaiting.retain(|p| Path::new(&format!("/proc/{p}")).exists());
+        // Reaped by another parent: gone all the same (`present` tells a
+        // pid reused meanwhile from its killed owner).
+        awaiting.retain(|&p| present(p));
         if awaiting.is_empty() {
             return Ok(());
         }

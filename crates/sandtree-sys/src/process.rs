@@ -231,3 +231,13 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no user-space state.
     unsafe { libc::_exit(code) }
 }
+
+/// Start time of process `pid` (`/proc/<pid>/stat` field 22, clock ticks
+/// after boot), if it exists: with the pid, it names one process (a pid
+/// can be reused, the pair cannot).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = text.rsplit_once(')')?.1;
+    // rest starts at field 3 (state): field 22 is the 20th.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
