@@ -701,6 +701,46 @@ fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A rollback whose restored pid is held, when it comes, by a child of a
+/// process that ignores SIGCHLD: the kernel reaps that child itself when
+/// it dies before its parent (init never sees it), and the pid then names
+/// the restored process. Init must not wait for it as if it were the
+/// killed original. (The child holds 100 MB and the parent 400 MB: the
+/// child is still dying when init first looks, and dies before its
+/// parent, whose teardown takes longer.)
+fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let req = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), "import time\nwhile True: time.sleep(1)".into()],
+            background: true,
+            ..Default::default()
+        };
+        let pid = e.exec(&sb, req).await?.pid;
+        let ck = checkpoint(e, &sb).await?;
+        sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
+        let parent = format!(
+            "import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
+             open('/proc/sys/kernel/ns_last_pid', 'w').write('{}')\nc = os.fork()\n\
+             if c == 0:\n    heavy = b'x' * (100 << 20)\n    time.sleep(1000)\nheavy = b'x' * (400 << 20)\n\
+             open('/root/forked', 'w').write(str(c))\ntime.sleep(1000)",
+            pid - 1
+        );
+        let req =
+            ExecRequest { cmd: vec!["python3".into(), "-c".into(), parent], background: true, ..Default::default() };
+        e.exec(&sb, req).await?;
+        let forked = sh(e, &sb, "while [ ! -s /root/forked ]; do sleep 0.01; done; cat /root/forked").await?;
+        ensure!(forked.trim() == pid.to_string(), "the child got pid {forked}, not {pid}");
+        let t = Instant::now();
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck }).await?;
+        ensure!(r.restored_pids == vec![pid] && !r.processes_restarted, "{}", r.note);
+        ensure!(t.elapsed() < std::time::Duration::from_secs(1), "the rollback took {:?}", t.elapsed());
+        ensure!(sh(e, &sb, &format!("kill -0 {pid} && echo up")).await? == "up\n");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// A program holding files of the tree in every way a layered checkpoint
 /// must move: a file opened read-write and its dup (one offset), one opened
 /// for appending, a file of a lower layer opened read-only at an offset and
@@ -825,6 +865,7 @@ fn main() {
         ("templates_survive_layered_checkpoints", templates_survive_layered_checkpoints),
         ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
         ("restored_processes_share_the_new_root", restored_processes_share_the_new_root),
+        ("restored_pid_reaped_by_the_kernel", restored_pid_reaped_by_the_kernel),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }
