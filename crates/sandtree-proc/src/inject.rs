@@ -204,7 +204,7 @@ impl Tracee {
     /// running processes, and the tracer meanwhile for it (measured: a
     /// standby's fork started between operations held the next
     /// checkpoint's first call to the tracer 0.7-3 ms in 8-16 of 30
-    /// checkpoints, 4 of 30 without the wait). [`Tracee::poll_syscall`] and
+    /// checkpoints of the bench). [`Tracee::poll_syscall`] and
     /// [`Tracee::finish_syscall_entering`], with `entering` true, pass its
     /// entry stop.
     pub(crate) fn start_syscall_unwaited(&mut self, nr: i64, args: &[u64]) -> Result<()> {
