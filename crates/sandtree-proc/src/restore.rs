@@ -283,7 +283,19 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    let out = match clone3_when_free(&mut t.tracee, t.scratch, &mut busy, wait) {
+    // The copy and the fix-up run in the template and the new process:
+    // ahead of whatever else wants the CPU (the killed processes' exits,
+    // standby forks of other templates); each gets the process's nice
+    // value back at its release.
+    let nice = nice_of(src_host);
+    if nice.is_some() {
+        set_nice(src_host, RESTORE_NICE);
+    }
+    let out = clone3_when_free(&mut t.tracee, t.scratch, &mut busy, wait);
+    if let Some(n) = nice {
+        set_nice(src_host, n);
+    }
+    let out = match out {
         Ok(o) => o,
         Err(e) => {
             t.standby = standby;
@@ -314,6 +326,14 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
         Ok(p)
     })();
     tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
+    // (Before its holder is made from it: a holder's teardown, after the
+    // next rollback, must not run ahead of anything.)
+    if let Some(n) = nice {
+        set_nice(child, n);
+        for (t, _) in &threads {
+            set_nice(t.tid, n);
+        }
+    }
     // The template's address space is the process's now: the standby
     // (the same memory, untouched) takes its place, whatever happens next.
     let shared = standby.map(|s| {
@@ -364,6 +384,18 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
             Err(e)
         }
     }
+}
+
+/// The nice value a restore's copy and fix-up run at (see
+/// [`restore_one`]).
+const RESTORE_NICE: i32 = -10;
+
+fn nice_of(tid: i32) -> Option<i32> {
+    rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid)).ok()
+}
+
+fn set_nice(tid: i32, nice: i32) {
+    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
 }
 
 /// Inject `clone3` with the `clone_args` at `args` into `src` until the
