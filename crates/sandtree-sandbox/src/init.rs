@@ -55,8 +55,9 @@ struct Init {
     /// Pids killed for a rollback (not restored) and not reaped yet: what
     /// `WaitGone` waits for.
     awaiting: HashSet<i32>,
-    /// A rollback's old root is still to be detached: once its `WaitGone`
-    /// is answered (see [`Init::finish_swap`]).
+    /// An old root is still to be detached: a rollback's once its
+    /// `WaitGone` is answered, a `Restack`'s right after its reply (see
+    /// [`Init::finish_swap`]).
     detach_pending: bool,
     queued: VecDeque<FromInit>,
     /// The mounts known to be set-up's or ours (`reroot::Approved`).
@@ -236,13 +237,9 @@ impl Init {
                     Err((message, code)) => Reply::Error { message: message.clone(), code: *code },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
-                if res.is_ok()
-                    && let Err(e) = crate::reroot::detach_old_root()
-                {
-                    // The new tree is in place; the old one stays attached
-                    // under it (unreachable) until init exits.
-                    eprintln!("sandtree init: {e}");
-                }
+                // (At once: no process was killed.)
+                self.detach_pending = res.is_ok();
+                self.finish_swap();
             }
             Request::Stage { targets } => {
                 let reply = match crate::reroot::stage(&targets, fds, &self.approved) {
@@ -310,7 +307,7 @@ impl Init {
     fn wait_gone(&mut self, sigfd: &SignalFd) -> Result<(), String> {
         let mut awaiting = std::mem::take(&mut self.awaiting);
         let restoring = self.restoring.clone();
-        awaiting.extend(restoring.keys().filter(|p| !awaiting.contains(p)).collect::<Vec<_>>());
+        awaiting.extend(restoring.keys());
         // Gone once reaped, by init or (a parent that ignores SIGCHLD) by
         // the kernel: a restoring pid may already name the restored
         // process, another start time.
@@ -335,10 +332,10 @@ impl Init {
         res
     }
 
-    /// Detach a rollback's old root, if that is still to be done. The new
-    /// tree is in place and in use by then: an old root that cannot be
-    /// detached stays stacked on `/`, where no path walk reaches it, until
-    /// init exits (as after a `Restack`).
+    /// Detach the old root of a rollback or a `Restack`, if that is still
+    /// to be done. The new tree is in place and in use by then: an old root
+    /// that cannot be detached stays stacked on `/`, where no path walk
+    /// reaches it, until init exits.
     fn finish_swap(&mut self) {
         if std::mem::take(&mut self.detach_pending)
             && let Err(e) = crate::reroot::detach_old_root()
