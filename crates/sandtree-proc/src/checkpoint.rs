@@ -433,7 +433,7 @@ pub(crate) struct Cloned {
     /// The original's fingerprint (`incremental.rs`), when tracked.
     fingerprint: Option<String>,
     /// Made from a standby: its scratch mapping and the memory map.
-    patched: Option<((u64, bool), Vec<crate::model::MapImage>)>,
+    patched: Option<((u64, bool), Vec<crate::model::MapImage>, u32)>,
     /// Made from a standby: what is written into it once the checkpoint is
     /// over.
     to_write: Option<crate::incremental::Pending>,
@@ -497,6 +497,16 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             tracing::debug!(pid = s.ns_pid, prepared = t.scratch != 0, "the previous template has no standby yet");
             return None;
         }
+        // A chain long enough: the process is forked again (see
+        // `incremental::MAX_GENERATION`); the template keeps its standby.
+        if t.generation >= crate::incremental::MAX_GENERATION {
+            tracing::debug!(
+                pid = s.ns_pid,
+                generation = t.generation,
+                "checkpoint forks: the chain of standbys is long"
+            );
+            return None;
+        }
         let fingerprint = t.fingerprint.clone()?;
         let forking = crate::holder::take_forking(t);
         Some(crate::incremental::Base {
@@ -507,6 +517,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             maps: t.image.maps.clone(),
             fingerprint,
             rseq: t.image.rseq,
+            generation: t.generation,
         })
     });
     let tracking = tracking.map(|mut t| {
@@ -1152,7 +1163,7 @@ fn clone_of(
         };
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
         let (patched, to_write) = match patched {
-            Some(p) => (Some((p.scratch, p.maps)), Some(p.pending)),
+            Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending)),
             None => (None, None),
         };
         Ok(Cloned {
@@ -1327,9 +1338,9 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
     // (A template made from a standby has the process's map, read then.)
-    let (scratch, maps) = match c.patched {
-        Some((scratch, maps)) => (scratch, Some(maps)),
-        None => ((0, false), None),
+    let (scratch, maps, generation) = match c.patched {
+        Some((scratch, maps, generation)) => (scratch, Some(maps), generation),
+        None => ((0, false), None, 0),
     };
     let incremental = maps.is_some();
     let regs = Registers::from(&c.image_regs);
@@ -1367,6 +1378,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         any_pid: false,
         fingerprint: c.fingerprint,
         incremental,
+        generation,
         to_write: c.to_write,
     })
 }

@@ -71,6 +71,8 @@ pub(crate) struct Template {
     pub fingerprint: Option<String>,
     /// Made from the previous template's standby (`incremental.rs`).
     pub incremental: bool,
+    /// Templates made from a standby since the last fork of the process.
+    pub generation: u32,
     /// Its pages written since the previous template and the rest, until
     /// they are written into it after the checkpoint
     /// ([`crate::checkpoint::write_pending`]).

@@ -848,6 +848,86 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A tracked process (64 MiB) whose step `k` writes `k` into 1,000 pages
+/// of its own; it answers `/root/query` with its step and a sum over every
+/// page.
+const STEPPER: &str = r#"
+import os, time
+b = bytearray(64 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+step = 0
+def put(path, text):
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.rename(path + '.tmp', path)
+put('/root/ready', '')
+while True:
+    if os.path.exists('/root/step'):
+        os.unlink('/root/step')
+        step += 1
+        for i in range(1000):
+            b[(i * 16 + step) * 4096] = step
+        put('/root/at', str(step))
+    elif os.path.exists('/root/query'):
+        os.unlink('/root/query')
+        put('/root/answer', f'{step} {sum(b[::4096])}')
+    else:
+        time.sleep(0.005)
+"#;
+
+/// Checkpoints of a tracked process past the longest chain of templates
+/// made from standbys (`incremental::MAX_GENERATION`, after which a
+/// checkpoint forks the process again) each restore its exact memory, in
+/// any order.
+fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let bg = ExecRequest {
+            cmd: vec!["python3".into(), "-c".into(), STEPPER.into()],
+            background: true,
+            ..Default::default()
+        };
+        e.exec(&sb, bg).await?;
+        let wait_for = |path: &'static str| {
+            let sb = sb.clone();
+            async move {
+                let deadline = Instant::now() + std::time::Duration::from_secs(30);
+                loop {
+                    if let Ok(v) = sh(e, &sb, &format!("cat {path} 2>/dev/null")).await {
+                        return Ok::<String, anyhow::Error>(v);
+                    }
+                    ensure!(Instant::now() < deadline, "{path} never appeared");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        };
+        wait_for("/root/ready").await?;
+        let steps = 11u64;
+        let mut cks = Vec::new();
+        for k in 1..=steps {
+            sh(e, &sb, "rm -f /root/at && touch /root/step").await?;
+            let at = wait_for("/root/at").await?;
+            ensure!(at == k.to_string(), "step {k}: the process says {at}");
+            // (Standbys are made between operations.)
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+            ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
+            cks.push(r.checkpoint.id);
+        }
+        let expected = |k: u64| 16384 + (1..=k).map(|j| 1000 * (j - 1)).sum::<u64>();
+        for k in [3u64, 11, 1, 7, 5, 10, 2, 6, 9, 4, 8, 11, 3] {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: cks[k as usize - 1].clone() }).await?;
+            ensure!(!r.processes_restarted, "rollback to {k}: {}", r.note);
+            sh(e, &sb, "touch /root/query").await?;
+            let answer = wait_for("/root/answer").await?;
+            ensure!(answer == format!("{k} {}", expected(k)), "rolled back to step {k}: the process says {answer}");
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
@@ -866,6 +946,7 @@ fn main() {
         ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
         ("restored_processes_share_the_new_root", restored_processes_share_the_new_root),
         ("restored_pid_reaped_by_the_kernel", restored_pid_reaped_by_the_kernel),
+        ("long_chain_of_checkpoints_restores_each", long_chain_of_checkpoints_restores_each),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);
 }
