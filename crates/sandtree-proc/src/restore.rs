@@ -174,7 +174,6 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         next += 1;
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
-        let was = t.host;
         let res = restore_one(t, wait);
         if !wait
             && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
@@ -184,16 +183,6 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             continue;
         }
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
-        // Its standby took the template's place: pipe and socket bytes go
-        // back through the standby's descriptors (the same objects) now.
-        let now = t.host;
-        if now != was {
-            for host in set.pipes.iter_mut().map(|(_, h, _)| h).chain(set.sockets.iter_mut().map(|(_, h, _)| h)) {
-                if *host == was {
-                    *host = now;
-                }
-            }
-        }
         match res {
             Ok(holder) => {
                 report.restored.push(t.image.pid);
@@ -249,15 +238,15 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 /// memory, for the next rollback).
 ///
 /// With a standby (a fork of the template made ahead, `holder.rs`), the
-/// process takes the *template's* address space (`CLONE_VM`: no page
-/// tables to copy), the template stays as its holder and the standby
-/// becomes the checkpoint's template. (Taking the standby's instead would
-/// put one more fork between the process and its ancestors at every
-/// rollback: each fork adds a level to the kernel's anon_vma chain of
-/// every mapping, which the next fork copies whole while the templates
-/// of earlier levels live — a checkpoint's fork then costs more after
-/// every rollback.) Without a standby, the process is a copy-on-write fork
-/// of the template.
+/// process takes the *standby's* address space (`CLONE_VM` from it: no
+/// page tables to copy), and the standby stays as its holder; the
+/// template stays as it is. (Taking the template's instead, with the
+/// standby as the template from then on, would put one more fork under
+/// the template at each rollback to it: each fork adds a level to the
+/// kernel's anon_vma chain of every mapping, which every later fork copies
+/// whole — a template rolled back to a hundred times would fork ~35 ms
+/// slower, `incremental::MAX_GENERATION`.) Without a standby, the process
+/// is a copy-on-write fork of the template.
 fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Holder>> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
@@ -271,7 +260,13 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     let via_standby = standby.is_some();
     let flags = if via_standby { libc::CLONE_PARENT | libc::CLONE_VM } else { libc::CLONE_PARENT } as u64;
     let image = &t.image;
-    let src_host = t.host;
+    // The clone's source: the standby (its scratch page is the template's,
+    // copied), else the template.
+    let src = match standby.as_mut() {
+        Some(s) => &mut s.tracee,
+        None => &mut t.tracee,
+    };
+    let src_host = src.tid;
     let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
     let written = write_clone_args(src_host, t.scratch, &args, image.pid);
     // (Until the clone succeeds the template is as it was, its standby too.)
@@ -283,7 +278,7 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     // background): its pid is busy until then.
     let t_start = std::time::Instant::now();
     let mut busy = 0u32;
-    // The copy and the fix-up run in the template and the new process:
+    // The copy and the fix-up run in the source and the new process:
     // ahead of whatever else wants the CPU (the killed processes' exits,
     // standby forks of other templates); each gets the process's nice
     // value back at its release.
@@ -291,9 +286,14 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     if nice.is_some() {
         set_nice(src_host, RESTORE_NICE);
     }
-    let out = clone3_when_free(&mut t.tracee, t.scratch, &mut busy, wait);
+    let out = clone3_when_free(src, t.scratch, &mut busy, wait);
     if let Some(n) = nice {
         set_nice(src_host, n);
+    }
+    // Signals sent to the source (SIGHUP when the old session leader
+    // died, SIGCHLD) are not the process's: drop them.
+    if out.is_ok() {
+        src.take_held();
     }
     let out = match out {
         Ok(o) => o,
@@ -302,9 +302,6 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
             return Err(e);
         }
     };
-    // Signals sent to the template (SIGHUP when the old session leader
-    // died, SIGCHLD) are not the process's: drop them.
-    t.tracee.take_held();
     let (Some(child), true) = (out.child, out.ret > 0) else {
         t.standby = standby;
         return Err(Error::Remote {
@@ -334,14 +331,9 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
             set_nice(t.tid, n);
         }
     }
-    // The template's address space is the process's now: the standby
-    // (the same memory, untouched) takes its place, whatever happens next.
-    let shared = standby.map(|s| {
-        let old = (std::mem::replace(&mut t.tracee, s.tracee), t.ns_pid);
-        t.host = s.host;
-        t.ns_pid = s.ns_pid;
-        old
-    });
+    // The standby's address space is the process's now: the standby is
+    // its holder, whatever happens next.
+    let shared = standby.map(|s| (s.tracee, s.ns_pid));
     match fixed {
         Ok(mut p) => {
             let holder = match shared {

@@ -31,6 +31,11 @@ use std::sync::Mutex;
 use crate::engine::Top;
 use crate::{Engine, Result};
 
+/// Layers made in a row for one sandbox, each over a writable subvolume a
+/// rollback or checkpoint then left, before the task gives up (bounds the
+/// work of a burst; the next operation asks again).
+const MAX_TRIES: usize = 64;
+
 /// A prepared next layer of one sandbox.
 pub(crate) struct Next {
     /// The sandbox's writable subvolume it stacks on.
@@ -138,7 +143,7 @@ impl Engine {
         let id = id.to_string();
         tokio::spawn(async move {
             let making = || engine.nexts.making.lock().unwrap_or_else(|p| p.into_inner());
-            for _ in 0..4 {
+            for _ in 0..MAX_TRIES {
                 if let Err(e) = engine.make_next(&id).await {
                     tracing::debug!(sandbox = id, "no next layer prepared: {e}");
                 }
@@ -153,6 +158,7 @@ impl Engine {
                     return;
                 }
             }
+            tracing::debug!(sandbox = id, "next layer: the sandbox kept moving, given up");
             making().remove(&id);
         });
     }

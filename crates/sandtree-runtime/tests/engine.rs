@@ -848,9 +848,8 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// A tracked process (64 MiB) whose step `k` writes `k` into 1,000 pages
-/// of its own; it answers `/root/query` with its step and a sum over every
-/// page.
+/// A tracked process (64 MiB) whose step `k` writes `k` into 1,000 pages;
+/// it answers `/root/query` with its step and a sum over every page.
 const STEPPER: &str = r#"
 import os, time
 b = bytearray(64 << 20)
@@ -903,7 +902,7 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
             }
         };
         wait_for("/root/ready").await?;
-        let steps = 11u64;
+        let steps = 19u64;
         let mut cks = Vec::new();
         for k in 1..=steps {
             sh(e, &sb, "rm -f /root/at && touch /root/step").await?;
@@ -915,8 +914,17 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
             ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
             cks.push(r.checkpoint.id);
         }
-        let expected = |k: u64| 16384 + (1..=k).map(|j| 1000 * (j - 1)).sum::<u64>();
-        for k in [3u64, 11, 1, 7, 5, 10, 2, 6, 9, 4, 8, 11, 3] {
+        // The sum the process computes after step k, by the same writes.
+        let expected = |k: u64| {
+            let mut pages = vec![1u64; 16384];
+            for step in 1..=k {
+                for i in 0..1000 {
+                    pages[(i * 16 + step) as usize] = step;
+                }
+            }
+            pages.iter().sum::<u64>()
+        };
+        for k in [3u64, 19, 1, 9, 10, 5, 18, 2, 11, 6, 17, 4, 8, 19, 3] {
             let r = e.rollback(&sb, RollbackRequest { checkpoint: cks[k as usize - 1].clone() }).await?;
             ensure!(!r.processes_restarted, "rollback to {k}: {}", r.note);
             sh(e, &sb, "touch /root/query").await?;

@@ -240,12 +240,34 @@ fn exec_is_bounded_and_concurrent_rollbacks_serialize() {
     // the prepared next layer.
     let gens = || std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb)).unwrap().count();
     let spares = || d.ok("GET", "/v1/info", None)["spare_layers"].as_u64().unwrap() as usize;
+    // (Spares come and go meanwhile: a count is taken between two equal
+    // spare counts, and the one that settles is the one checked.)
+    let counts = || {
+        let before = spares();
+        let g = gens();
+        (spares() == before).then_some((g, before))
+    };
     let t = std::time::Instant::now();
-    while (gens() != 4 + spares() || spares() == 0) && t.elapsed().as_secs() < 10 {
+    let mut seen = None;
+    while t.elapsed().as_secs() < 10 {
+        if let Some((g, s)) = counts() {
+            seen = Some((g, s));
+            if g == 4 + s && s > 0 {
+                break;
+            }
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let (g, s) = (gens(), spares());
-    assert!(g == 4 + s && (1..=2).contains(&s), "{g} generations, {s} spares");
+    let (g, s) = seen.expect("the spare count never held still");
+    let names: Vec<String> = std::fs::read_dir(d.dir.join("btrfs/sandboxes").join(&sb))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        g == 4 + s && (1..=2).contains(&s),
+        "{g} generations, {s} spares: {names:?}; checkpoints {ck_a} {ck_b}; {}",
+        d.ok("GET", &format!("/v1/sandboxes/{sb}/checkpoints"), None)
+    );
 }
 
 /// A minimal rootfs (dash and the two libraries it needs) imported from a
