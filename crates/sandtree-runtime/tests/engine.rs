@@ -395,6 +395,26 @@ fn stuck_task_makes_checkpoint_fail_cleanly(e: &Engine) -> CaseFuture<'_> {
 
 /// A process holding 64 MiB that then changes 1,000 pages: its template
 /// holds those pages (and its standby none more), not the 64 MiB.
+/// Run Python `code` in the background of sandbox `sb`.
+async fn start_python(e: &Engine, sb: &str, code: &str) -> Result<()> {
+    let bg =
+        ExecRequest { cmd: vec!["python3".into(), "-c".into(), code.into()], background: true, ..Default::default() };
+    e.exec(sb, bg).await?;
+    Ok(())
+}
+
+/// The contents of `path` in sandbox `sb`, once it exists (30 s at most).
+async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(v) = sh(e, sb, &format!("cat {path} 2>/dev/null")).await {
+            return Ok(v);
+        }
+        ensure!(Instant::now() < deadline, "{path} never appeared");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 const HOLDER: &str = r#"
 import os, time
 b = bytearray(64 << 20)
@@ -413,23 +433,8 @@ while True:
 fn template_pool_counts_changed_pages(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let bg = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), HOLDER.into()],
-            background: true,
-            ..Default::default()
-        };
-        e.exec(&sb, bg).await?;
-        let wait_for = |path: &'static str| {
-            let sb = sb.clone();
-            async move {
-                let deadline = Instant::now() + std::time::Duration::from_secs(30);
-                while sh(e, &sb, &format!("test -e {path}")).await.is_err() {
-                    ensure!(Instant::now() < deadline, "{path} never appeared");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                Ok::<(), anyhow::Error>(())
-            }
-        };
+        start_python(e, &sb, HOLDER).await?;
+        let wait_for = |path: &'static str| file_of(e, &sb, path);
         wait_for("/root/ready").await?;
         checkpoint(e, &sb).await?;
         sh(e, &sb, "touch /root/go").await?;
@@ -882,25 +887,8 @@ while True:
 fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let bg = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), STEPPER.into()],
-            background: true,
-            ..Default::default()
-        };
-        e.exec(&sb, bg).await?;
-        let wait_for = |path: &'static str| {
-            let sb = sb.clone();
-            async move {
-                let deadline = Instant::now() + std::time::Duration::from_secs(30);
-                loop {
-                    if let Ok(v) = sh(e, &sb, &format!("cat {path} 2>/dev/null")).await {
-                        return Ok::<String, anyhow::Error>(v);
-                    }
-                    ensure!(Instant::now() < deadline, "{path} never appeared");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            }
-        };
+        start_python(e, &sb, STEPPER).await?;
+        let wait_for = |path: &'static str| file_of(e, &sb, path);
         wait_for("/root/ready").await?;
         let steps = 19u64;
         let mut cks = Vec::new();
