@@ -44,6 +44,17 @@
 //! process then has its previous checkpoint's.
 
 use std::collections::HashSet;
+use std::io;
+
+use sandtree_sys::{ptrace, uffd};
+
+use crate::checkpoint::Seen;
+use crate::holder::Standby;
+use crate::inject::Tracee;
+use crate::model::{FdImage, FdKind, MapImage};
+use crate::tracer::{Stopped, kill_tracee};
+use crate::track::Tracking;
+use crate::{Error, Result};
 
 /// Templates made from standbys in a row before a checkpoint forks the
 /// process again. Every standby is a fork of the template before it, and
@@ -58,17 +69,6 @@ use std::collections::HashSet;
 /// over 7 alternating bench runs each: checkpoint p50 5.02 against 5.33
 /// ms, right-after rollback p95 4.5 against 6.5 ms.)
 pub(crate) const MAX_GENERATION: u32 = 8;
-use std::io;
-
-use sandtree_sys::{ptrace, uffd};
-
-use crate::checkpoint::Seen;
-use crate::holder::Standby;
-use crate::inject::Tracee;
-use crate::model::{FdImage, FdKind, MapImage};
-use crate::tracer::{Stopped, kill_tracee};
-use crate::track::Tracking;
-use crate::{Error, Result};
 
 /// The previous template of a tracked process, for an incremental one.
 pub(crate) struct Base {
@@ -128,6 +128,7 @@ pub(crate) struct Patched {
     pub fingerprint: String,
     /// Its pages and the rest, written into it once the checkpoint is over.
     pub pending: Pending,
+    /// Its base's generation and one.
     pub generation: u32,
 }
 

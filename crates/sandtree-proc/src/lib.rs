@@ -40,10 +40,9 @@
 //! 1. put back the state of objects the templates share with the killed
 //!    originals (pipe bytes, eventfd counters, timerfd settings);
 //! 2. into each template inject `clone3(CLONE_PARENT, set_tid = [old pid],
-//!    exit_signal = 0)`, with `CLONE_VM` when it has a standby (which then
-//!    becomes the checkpoint's template, the template staying as the
-//!    process's holder): the copy has the old pid and is a child of init
-//!    again;
+//!    exit_signal = 0)`, or into its standby with `CLONE_VM` when it has one
+//!    (the standby stays as the process's holder, the template as it is):
+//!    the copy has the old pid and is a child of init again;
 //! 3. into the copy: `chdir(cwd)`, reopen the layer files by path in the
 //!    new tree at their flags and offsets (`dup3` onto their numbers),
 //!    re-create deleted files and bound sockets, epoll watch lists and

@@ -290,13 +290,13 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     if let Some(n) = nice {
         set_nice(src_host, n);
     }
-    // Signals sent to the source (SIGHUP when the old session leader
-    // died, SIGCHLD) are not the process's: drop them.
-    if out.is_ok() {
-        src.take_held();
-    }
     let out = match out {
-        Ok(o) => o,
+        Ok(o) => {
+            // Signals sent to the source (SIGHUP when the old session
+            // leader died, SIGCHLD) are not the process's: drop them.
+            src.take_held();
+            o
+        }
         Err(e) => {
             t.standby = standby;
             return Err(e);
