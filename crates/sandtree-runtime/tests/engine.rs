@@ -157,13 +157,27 @@ while True:
 "#;
 
 /// Starts COUNTER in the background; its pid.
+/// Run Python `code` in the background of sandbox `sb`; its pid.
+async fn start_python(e: &Engine, sb: &str, code: &str) -> Result<i32> {
+    let bg =
+        ExecRequest { cmd: vec!["python3".into(), "-c".into(), code.into()], background: true, ..Default::default() };
+    Ok(e.exec(sb, bg).await?.pid)
+}
+
+/// The contents of `path` in sandbox `sb`, once it exists (30 s at most).
+async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(v) = sh(e, sb, &format!("cat {path} 2>/dev/null")).await {
+            return Ok(v);
+        }
+        ensure!(Instant::now() < deadline, "{path} never appeared");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 async fn start_counter(e: &Engine, sb: &str) -> Result<i32> {
-    let req = ExecRequest {
-        cmd: vec!["python3".into(), "-c".into(), COUNTER.into()],
-        background: true,
-        ..Default::default()
-    };
-    Ok(e.exec(sb, req).await?.pid)
+    start_python(e, sb, COUNTER).await
 }
 
 async fn counter_state(e: &Engine, sb: &str) -> Result<Vec<String>> {
@@ -275,15 +289,7 @@ while True:
 fn failed_template_leaves_the_process_intact(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        e.exec(
-            &sb,
-            ExecRequest {
-                cmd: vec!["python3".into(), "-c".into(), NO_CLONE.into()],
-                background: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+        start_python(e, &sb, NO_CLONE).await?;
         sh(e, &sb, "for i in $(seq 100); do test -e /root/no-clone-ready && exit 0; sleep 0.05; done; exit 1").await?;
         let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("checkpoint should fail")?;
         ensure!(err.to_string().contains("clone"), "{err}");
@@ -395,26 +401,6 @@ fn stuck_task_makes_checkpoint_fail_cleanly(e: &Engine) -> CaseFuture<'_> {
 
 /// A process holding 64 MiB that then changes 1,000 pages: its template
 /// holds those pages (and its standby none more), not the 64 MiB.
-/// Run Python `code` in the background of sandbox `sb`.
-async fn start_python(e: &Engine, sb: &str, code: &str) -> Result<()> {
-    let bg =
-        ExecRequest { cmd: vec!["python3".into(), "-c".into(), code.into()], background: true, ..Default::default() };
-    e.exec(sb, bg).await?;
-    Ok(())
-}
-
-/// The contents of `path` in sandbox `sb`, once it exists (30 s at most).
-async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
-    let deadline = Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        if let Ok(v) = sh(e, sb, &format!("cat {path} 2>/dev/null")).await {
-            return Ok(v);
-        }
-        ensure!(Instant::now() < deadline, "{path} never appeared");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-}
-
 const HOLDER: &str = r#"
 import os, time
 b = bytearray(64 << 20)
@@ -464,12 +450,7 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         // A process that cannot move to a new stack (a unix socket bound in
         // the tree) runs: the checkpoint is a snapshot (not a new layer).
         let listener = "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind('/root/sock')\ns.listen()\ntime.sleep(1000)";
-        let bg = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), listener.into()],
-            background: true,
-            ..Default::default()
-        };
-        e.exec(&sb, bg).await?;
+        start_python(e, &sb, listener).await?;
         sh(e, &sb, "while [ ! -S /root/sock ]; do sleep 0.01; done").await?;
         let ck = checkpoint(e, &sb).await?;
         let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
@@ -677,12 +658,7 @@ while True:
 fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let req = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), BIG.into()],
-            background: true,
-            ..Default::default()
-        };
-        let pid = e.exec(&sb, req).await?.pid;
+        let pid = start_python(e, &sb, BIG).await?;
         sh(e, &sb, "while [ ! -e /root/big-ready ]; do sleep 0.02; done").await?;
         let a = checkpoint(e, &sb).await?;
         let b = checkpoint(e, &sb).await?;
@@ -716,12 +692,7 @@ fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
 fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        let req = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), "import time\nwhile True: time.sleep(1)".into()],
-            background: true,
-            ..Default::default()
-        };
-        let pid = e.exec(&sb, req).await?.pid;
+        let pid = start_python(e, &sb, "import time\nwhile True: time.sleep(1)").await?;
         let ck = checkpoint(e, &sb).await?;
         sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
         let parent = format!(
@@ -731,9 +702,7 @@ fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
              open('/root/forked', 'w').write(str(c))\ntime.sleep(1000)",
             pid - 1
         );
-        let req =
-            ExecRequest { cmd: vec!["python3".into(), "-c".into(), parent], background: true, ..Default::default() };
-        e.exec(&sb, req).await?;
+        start_python(e, &sb, &parent).await?;
         let forked = sh(e, &sb, "while [ ! -s /root/forked ]; do sleep 0.01; done; cat /root/forked").await?;
         ensure!(forked.trim() == pid.to_string(), "the child got pid {forked}, not {pid}");
         let t = Instant::now();
@@ -788,12 +757,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         // Files of a lower layer: written, then frozen by a checkpoint.
         sh(e, &sb, "echo -n abcdefghij > /root/lower-ro && echo -n lowerfile > /root/lower-rw").await?;
         checkpoint(e, &sb).await?;
-        let req = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), FILE_HOLDER.into()],
-            background: true,
-            ..Default::default()
-        };
-        e.exec(&sb, req).await?;
+        start_python(e, &sb, FILE_HOLDER).await?;
         sh(e, &sb, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
         let ck = checkpoint(e, &sb).await?;
         let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
