@@ -29,7 +29,8 @@
 //! 3. [`Tracer::release`]: every process gets its registers and mask back
 //!    in signal context (see `inject.rs`) and runs again;
 //! 4. [`Tracer::set_up`]: per template, the rest of the
-//!    [`model::ProcessImage`] from its `/proc` and the checks ([`check`]);
+//!    [`model::ProcessImage`] from its `/proc` (read ahead on another
+//!    thread from the end of step 2) and the checks ([`check`]);
 //!    once the checkpoint is over (between operations, or first thing in a
 //!    rollback), the tracer thread does the templates' set-up: a scratch page, `chdir("/")`, close what the restore
 //!    re-opens or re-creates (files on the sandbox's layers, bound sockets),

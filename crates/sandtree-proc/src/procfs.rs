@@ -613,22 +613,22 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
 /// executable (a layered checkpoint detaches the tree the template's point
 /// into, where paths on a sub-layer read wrong).
 pub fn capture(
-    template: i32,
     (pid, ppid): (i32, i32),
     regs: Registers,
     fds: Vec<FdImage>,
     (cwd, root, exe): (String, String, String),
+    of_template: TemplateFacts,
     known_maps: Option<Vec<MapImage>>,
 ) -> io::Result<ProcessImage> {
-    let st = status(template)?;
-    let base = format!("/proc/{template}");
+    let TemplateFacts { status: st, tty_nr, comm, maps } = of_template;
+    let maps = known_maps.or(maps).ok_or_else(|| io::Error::other("the template's memory map was not read"))?;
     Ok(ProcessImage {
         pid,
         ppid,
         pgid: if st.ns_pgid == st.ns_pid { pid } else { st.ns_pgid },
         sid: if st.ns_sid == st.ns_pid { pid } else { st.ns_sid },
-        has_tty: tty_nr(template)? != 0,
-        comm: fs::read_to_string(format!("{base}/comm"))?.trim_end().to_string(),
+        has_tty: tty_nr != 0,
+        comm,
         exe,
         threads: 1,
         uids: st.uids,
@@ -642,16 +642,35 @@ pub fn capture(
         cwd,
         root,
         fds,
-        maps: match known_maps {
-            Some(m) => m,
-            None => maps(template)?,
-        },
+        maps,
         ghosts: Vec::new(),
         itimers: Vec::new(),
         altstack: None,
         rseq: None,
         robust_list: None,
         other_threads: Vec::new(),
+    })
+}
+
+/// What [`capture`] reads of the template itself. The template stays
+/// stopped and unchanged once made, so this may be read on another thread
+/// while the checkpoint goes on (`checkpoint::read_ahead`).
+pub struct TemplateFacts {
+    pub status: Status,
+    pub tty_nr: i64,
+    pub comm: String,
+    /// Read only when asked for (a template made from a standby has the
+    /// process's, read in the frozen window).
+    pub maps: Option<Vec<MapImage>>,
+}
+
+/// Read [`TemplateFacts`] of `template`.
+pub fn template_facts(template: i32, with_maps: bool) -> io::Result<TemplateFacts> {
+    Ok(TemplateFacts {
+        status: status(template)?,
+        tty_nr: tty_nr(template)?,
+        comm: fs::read_to_string(format!("/proc/{template}/comm"))?.trim_end().to_string(),
+        maps: if with_maps { Some(maps(template)?) } else { None },
     })
 }
 

@@ -91,6 +91,7 @@ impl Engine {
             Some(t) => crate::engine::block(|| t.rollback_plan(&ck.id)).unwrap_or_default(),
             None => Default::default(),
         };
+        let t_plan = t0.elapsed();
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
@@ -149,7 +150,7 @@ impl Engine {
                 self.restart(&rec2).await
             }
         };
-        tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, done = ?t0.elapsed(), spare, "rolled back");
+        tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, planned = ?t_plan, done = ?t0.elapsed(), spare, "rolled back");
         match &booted {
             // Unreferenced from here on; deleting it soon also drops its
             // dirty page cache before the background flusher would write it.
