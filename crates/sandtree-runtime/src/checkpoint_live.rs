@@ -92,7 +92,14 @@ impl Engine {
         let spawns = sb.hold_spawns().await;
         let t_stop = Instant::now();
         let cg = sb.cgroup().clone();
-        let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+        // The stop's first list is the caller's, read a moment ago (on a
+        // sandbox with a large template pool a read takes ~0.5 µs per
+        // task); the stop lists again until no process is new.
+        let first = std::sync::Mutex::new(procs.map(|p| p.to_vec()));
+        let list = Box::new(move || match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(pids) => Ok(pids),
+            None => cg.procs().map_err(std::io::Error::other),
+        });
         let stopped = block(|| tracer.stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), false));
         let stop = match stopped {
             Ok(s) => s,
