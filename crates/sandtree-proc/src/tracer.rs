@@ -203,6 +203,16 @@ pub(crate) struct State {
     pub mounts: crate::procfs::MountCache,
 }
 
+/// A job queued on the tracer thread ([`Tracer::start_clone_all`]).
+pub struct Started<R>(mpsc::Receiver<R>);
+
+impl<R> Started<R> {
+    /// Wait for the job's result.
+    pub fn wait(self) -> Result<R> {
+        self.0.recv().map_err(|_| Error::TracerGone)
+    }
+}
+
 /// What `checkpoint::read_ahead` reads, by template host pid.
 pub(crate) type ReadAhead = std::collections::HashMap<i32, std::io::Result<crate::procfs::TemplateFacts>>;
 
@@ -485,13 +495,18 @@ impl Tracer {
     }
 
     fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut State) -> R + Send + 'static) -> Result<R> {
+        self.queue(f)?.wait()
+    }
+
+    /// Queue `f` for the tracer thread without waiting for it.
+    fn queue<R: Send + 'static>(&self, f: impl FnOnce(&mut State) -> R + Send + 'static) -> Result<Started<R>> {
         let (rtx, rrx) = mpsc::channel();
         let job: Job = Box::new(move |st| {
             let _ = rtx.send(f(st));
         });
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(Error::TracerGone)?;
         tx.send(job).map_err(|_| Error::TracerGone)?;
-        rrx.recv().map_err(|_| Error::TracerGone)
+        Ok(Started(rrx))
     }
 
     /// Step 1 of a checkpoint: stop every process the sandbox runs but
@@ -523,10 +538,18 @@ impl Tracer {
     /// best effort, one that cannot be restored, or whose template died, was
     /// let go).
     pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
-        self.call(move |st| {
+        self.start_clone_all(best_effort)?.wait()?
+    }
+
+    /// [`Tracer::clone_all`], queued: the caller goes on (a layered
+    /// checkpoint checks and stages the new tree meanwhile) and then
+    /// [`Started::wait`]s. (No thread hop: a blocking task took 0.05-0.4 ms
+    /// to start here.)
+    pub fn start_clone_all(&self, best_effort: bool) -> Result<Started<Result<bool>>> {
+        self.queue(move |st| {
             let stopped = st.stopped.len();
             crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)
-        })?
+        })
     }
 
     /// Let every stopped process (and init) run again, templates kept.

@@ -125,10 +125,7 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        let cloning = {
-            let tracer = tracer.clone();
-            tokio::task::spawn_blocking(move || tracer.clone_all(best_effort))
-        };
+        let cloning = tracer.start_clone_all(best_effort);
         let init_host = sb.init_pid();
         let t_check = Instant::now();
         let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
@@ -149,14 +146,8 @@ impl Engine {
             Err(_) => None,
         };
         let t_stage = t_stage.elapsed();
-        let cloned = match cloning.await {
-            // (On error the processes were let go.)
-            Ok(r) => r.map_err(|e| self.process_error(id, e)),
-            Err(e) => {
-                let _ = block(|| tracer.resume_stopped());
-                Err(Error::Internal(format!("template copy: {e}")))
-            }
-        };
+        // (On error the processes were let go.)
+        let cloned = block(|| cloning.and_then(|c| c.wait()).and_then(|r| r)).map_err(|e| self.process_error(id, e));
         let t_cloned = Instant::now();
         // Not staged: the next layer is as good as before.
         let unused = |top, fds: Option<Vec<std::os::fd::OwnedFd>>| match fds {
