@@ -104,7 +104,10 @@ pub(crate) struct Reaped {
 /// syscall in the kernel (on the old tree, which is discarded) and is
 /// reaped by init's main loop. Returns the pids killed (signalled).
 pub(crate) fn signal_all(keep: &[i32]) -> Vec<i32> {
-    let mut killed: Vec<i32> = Vec::new();
+    // (Sets: with 100 checkpoints' templates, standbys and holders kept,
+    // ~600 pids, list lookups took ~1 ms of a rollback.)
+    let keep: std::collections::HashSet<i32> = keep.iter().copied().collect();
+    let mut killed: std::collections::HashSet<i32> = std::collections::HashSet::new();
     let mut signaled = Vec::new();
     for _ in 0..10_000 {
         let new: Vec<i32> = others().into_iter().filter(|p| !keep.contains(p) && !killed.contains(p)).collect();
@@ -452,6 +455,7 @@ pub(crate) fn detach_staged_old() -> Result<(), String> {
 /// (`Err((why, EBUSY))` if not).
 fn check_alone(targets: &[PathBuf], keep: &[i32], approved: &Approved) -> Result<(), (String, Option<i32>)> {
     let busy = |why: String| (why, Some(Errno::EBUSY as i32));
+    let keep: std::collections::HashSet<i32> = keep.iter().copied().collect();
     for pid in others().into_iter().filter(|p| !keep.contains(p)) {
         // Every thread: a leader that called pthread_exit shows as a
         // zombie while its other threads run.

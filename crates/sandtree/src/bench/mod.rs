@@ -78,6 +78,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     cfg.cgroup_name = "sandtree-bench".into();
     cfg.pre_sync = !args.no_pre_sync;
     cfg.layered_processes = !args.snapshot_processes;
+    // The process workload rolls back to any of its checkpoints, each of
+    // which must keep its templates (the pool's default cap is 64
+    // checkpoints a sandbox; each holds ~8 MB here).
+    cfg.template_checkpoints = cfg.template_checkpoints.max(args.iterations + 10);
     let zygote = Zygote::start(cfg.host_config()).context("starting the zygote")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = rt.block_on(async {
