@@ -78,7 +78,7 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
-pub use tracer::{CaptureReport, OpGuard, RestoreReport, Started, StopReport, TemplateStatus, Tracer};
+pub use tracer::{CaptureReport, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer};
 
 /// Errors of the process engine.
 #[derive(Debug, thiserror::Error)]

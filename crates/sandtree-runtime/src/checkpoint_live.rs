@@ -100,32 +100,24 @@ impl Engine {
             Some(pids) => Ok(pids),
             None => cg.procs().map_err(std::io::Error::other),
         });
-        let stopped = block(|| tracer.stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), false));
-        let stop = match stopped {
-            Ok(s) => s,
+        let stopped = block(|| tracer.stop_and_clone(list, sb.init_pid(), (best_effort, self.freeze_timeout())));
+        let (stop, procs, cloning) = match stopped {
+            Ok(sandtree_proc::StopAndClone { report, processes, cloning: Some(c) }) => (report, processes, c),
+            Ok(_) => {
+                // Tasks from outside the pid namespace: nothing was copied.
+                let _ = block(|| tracer.resume_stopped());
+                put_back(top, fds);
+                return Ok(None);
+            }
             Err(e) => {
                 put_back(top, fds);
                 return Err(self.process_error(id, e));
             }
         };
-        if stop.foreign {
-            let _ = block(|| tracer.resume_stopped());
-            put_back(top, fds);
-            return Ok(None);
-        }
-        // Steps 3-5 at once: the templates are copied (the largest on the
-        // other CPU) while this thread checks the processes and then init
-        // stages the new tree (checking only the mounts: every process is
-        // held, and the templates appearing meanwhile are ours).
-        let procs = match block(|| tracer.stopped()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = block(|| tracer.resume_stopped());
-                put_back(top, fds);
-                return Err(e.into());
-            }
-        };
-        let cloning = tracer.start_clone_all(best_effort);
+        // Steps 3-5 at once: the templates are being copied (the largest on
+        // the other CPU) while this thread checks the processes and then
+        // init stages the new tree (checking only the mounts: every process
+        // is held, and the templates appearing meanwhile are ours).
         let init_host = sb.init_pid();
         let t_check = Instant::now();
         let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
@@ -147,7 +139,7 @@ impl Engine {
         };
         let t_stage = t_stage.elapsed();
         // (On error the processes were let go.)
-        let cloned = block(|| cloning.and_then(|c| c.wait()).and_then(|r| r)).map_err(|e| self.process_error(id, e));
+        let cloned = block(|| cloning.wait().and_then(|r| r)).map_err(|e| self.process_error(id, e));
         let t_cloned = Instant::now();
         // Not staged: the next layer is as good as before.
         let unused = |top, fds: Option<Vec<std::os::fd::OwnedFd>>| match fds {
