@@ -25,7 +25,8 @@
 //!    template (no cgroup freeze: a syscall injected into a frozen task
 //!    would never complete);
 //!    (A layered checkpoint, with init running, moves the stopped
-//!    processes to the new tree here: `repoint.rs`.)
+//!    processes to the new tree here: `repoint.rs`; it takes steps 1 and 2
+//!    in one tracer job, [`Tracer::stop_and_clone`].)
 //! 3. [`Tracer::release`]: every process gets its registers and mask back
 //!    in signal context (see `inject.rs`) and runs again;
 //! 4. [`Tracer::set_up`]: per template, the rest of the

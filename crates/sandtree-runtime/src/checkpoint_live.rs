@@ -5,9 +5,10 @@
 //! 1. the next layer (an empty subvolume stacked over the current one, and
 //!    its overlay mounts), prepared ahead (`next_layers.rs`) or built now,
 //!    before anything stops;
-//! 2. stop every process but init with ptrace (`sandtree_proc::Tracer::stop`);
-//!    init runs: it swaps the tree;
-//! 3. the templates are copied (`clone_all`, the largest on the other CPU),
+//! 2. stop every process but init with ptrace; init runs: it swaps the
+//!    tree;
+//! 3. the templates are copied (the largest on the other CPU; the tracer
+//!    goes from 2 to 3 in one job, `sandtree_proc::Tracer::stop_and_clone`),
 //!    and meanwhile:
 //! 4. this thread checks whether the processes can move to a new tree
 //!    (`sandtree_proc::repoint::check`: no deleted file, named pipe or bound
