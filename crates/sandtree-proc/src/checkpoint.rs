@@ -821,6 +821,8 @@ pub(crate) fn abort(st: &mut State) {
     for c in st.cloned.drain(..) {
         kill_tracee(c.host);
     }
+    // (Facts of templates just killed: the read ends on its own.)
+    st.read_ahead = None;
     st.refused.clear();
     resume_all(st);
 }

@@ -224,6 +224,13 @@ impl<R> Started<R> {
     }
 }
 
+/// `checkpoint::clone_all`, and whether every process stopped kept its
+/// template.
+fn clone_all_kept(st: &mut State, best_effort: bool) -> Result<bool> {
+    let stopped = st.stopped.len();
+    crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)
+}
+
 /// What `checkpoint::read_ahead` reads, by template host pid.
 pub(crate) type ReadAhead = std::collections::HashMap<i32, std::io::Result<crate::procfs::TemplateFacts>>;
 
@@ -549,10 +556,7 @@ impl Tracer {
     /// best effort, one that cannot be restored, or whose template died, was
     /// let go).
     pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
-        self.call(move |st| {
-            let stopped = st.stopped.len();
-            crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)
-        })?
+        self.call(move |st| clone_all_kept(st, best_effort))?
     }
 
     /// [`Tracer::stop`] (init left running), then at once, in the same job,
@@ -578,8 +582,7 @@ impl Tracer {
             let procs: Vec<(i32, i32)> = st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect();
             let _ = stop_tx.send(stopped.map(|r| (r, procs)));
             if go {
-                let n = st.stopped.len();
-                let _ = clone_tx.send(crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == n));
+                let _ = clone_tx.send(clone_all_kept(st, best_effort));
             }
         })?;
         // (The job's end, once the copy is done too, is not waited for.)
