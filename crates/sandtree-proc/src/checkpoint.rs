@@ -423,7 +423,7 @@ pub(crate) struct Cloned {
     /// The original's cwd, root and executable, read while it is stopped
     /// (a layered checkpoint detaches the tree the template's point into
     /// before pass 2; paths on a sub-layer then read wrong).
-    paths: (String, String, String),
+    pub(crate) paths: (String, String, String),
     pub(crate) host: i32,
     pub(crate) ns_pid: i32,
     insn: u64,
@@ -1009,21 +1009,28 @@ fn clone_of(
     // with their own masks by `release_all`, or below on an error.
     let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
     let made = || -> Result<Cloned> {
-        // Pending signals before the timers are read: a one-shot timer that
-        // fires meanwhile then shows in neither rather than in both (a
-        // periodic one keeps firing, see below).
-        let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
-        let pending = status.signals.pending;
-        let mut queued = Vec::new();
-        if pending != 0 {
-            for shared in [false, true] {
-                for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
-                    queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
+        let rseq = ptrace::rseq_configuration(host).ok().flatten();
+        // The tracer's part of pass 1 before the copy (for a tracked
+        // process with a base, while another thread checks and reads its
+        // pages): returns the caught-signal mask.
+        let mut pre = None;
+        let mut before = |orig: &mut Tracee| -> Result<u64> {
+            // Pending signals before the timers are read: a one-shot timer
+            // that fires meanwhile then shows in neither rather than in
+            // both (a periodic one keeps firing, see below).
+            let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+            let mut queued = Vec::new();
+            if status.signals.pending != 0 {
+                for shared in [false, true] {
+                    for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+                        queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
+                    }
                 }
             }
-        }
-        let (mut itimers, altstack) = timers(s, &mut orig)?;
-        let rseq = ptrace::rseq_configuration(host).ok().flatten();
+            let caught = status.signals.caught;
+            pre = Some((status, queued, timers(s, orig)?));
+            Ok(caught)
+        };
         let mut image_regs = s.regs;
         rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
@@ -1033,18 +1040,25 @@ fn clone_of(
         if let Some(tk) = track.as_mut()
             && let (Some(tracking), Some(base)) = (tk.tracking.as_ref(), tk.base.take())
         {
-            let now = procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-            patched = crate::incremental::patch(
+            let (p, now) = crate::incremental::patch(
                 s,
                 &mut orig,
                 tracking,
                 base,
-                (status.signals.caught, &now),
+                (rseq, mounts),
+                &mut before,
                 &mut during,
                 seen,
             )?;
+            patched = p;
             fds = Some(now);
+        } else {
+            before(&mut orig)?;
         }
+        let Some((status, queued, (mut itimers, altstack))) = pre else {
+            return Err(Error::Died { pid: host, how: "pass 1 did not run".into() });
+        };
+        let pending = status.signals.pending;
         let (tpl, ns_pid) = match &patched {
             Some(p) => (p.host, p.ns_pid),
             None => {

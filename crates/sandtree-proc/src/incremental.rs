@@ -279,38 +279,40 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 
 /// Make the template of stopped process `s` from `base`'s standby, if
 /// it can be (see the module docs); `None` (the standby killed) when the
-/// checkpoint must fork. `during` (the other processes' pass 1) runs on
-/// this thread while the pages are copied on another; it is taken when it
-/// ran. `caught` is the process's caught-signal mask, `fds` its
-/// descriptors.
+/// checkpoint must fork. Also returns the process's descriptors.
+///
+/// From the start, a thread on the CPU the tracer does not use reads the
+/// descriptors, checks, scans and reads the pages written, while this
+/// thread runs `before` (the tracer's own part of the process's pass 1,
+/// which returns its caught-signal mask), reads the handlers, program
+/// break and FPU state, then runs `during` (the other processes' pass 1;
+/// taken when it ran), then lends a hand with the read. (The calls
+/// injected meanwhile write below the stack's red zone, dead space, and
+/// put back what was there: a page read before or after either way.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch(
     s: &Stopped,
     orig: &mut Tracee,
     tracking: &Tracking,
     mut base: Base,
-    (caught, fds): (u64, &[FdImage]),
+    (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
+    before: &mut dyn FnMut(&mut Tracee) -> Result<u64>,
     during: &mut Option<&mut dyn FnMut(&mut Seen)>,
     seen: &mut Seen,
-) -> Result<Option<Patched>> {
+) -> Result<(Option<Patched>, Vec<FdImage>)> {
     let host = s.host;
     let t0 = std::time::Instant::now();
     // (Any way out but the end drops `base`, which kills the standby.)
-    let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
-    // A restored process takes its template's FPU / SSE / AVX registers.
-    let xstate = ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
-    // (A ptrace request: from this thread.)
-    let rseq = ptrace::rseq_configuration(host).ok().flatten();
-    let t_inject = t0.elapsed();
-    // On the other CPU: the checks, the scan and the read; here the other
-    // processes' pass 1, then a hand with the read.
+    // On the other CPU: the descriptors, the checks, the scan and the
+    // read; here the rest of pass 1, the other processes' pass 1, then a
+    // hand with the read.
     let cpus = crate::inject::off_tracer_cpus();
     let mut buf = take_buffer(0);
     let copy: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
     let queue: std::sync::Mutex<Vec<ReadJob>> = std::sync::Mutex::new(Vec::new());
     // Set once the queue holds every read there is (or there is none).
     let queued = std::sync::atomic::AtomicBool::new(false);
-    let mut t_during = Default::default();
+    let (mut t_inject, mut t_during) = Default::default();
     let read_from_queue = || -> io::Result<()> {
         loop {
             let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -318,48 +320,66 @@ pub(crate) fn patch(
             uffd::read_pages(host, ranges, out)?;
         }
     };
-    let (found, read) = std::thread::scope(|scope| {
+    let (mine, found, read) = std::thread::scope(|scope| {
         let (buf, copy, queue, queued, base) = (&mut buf, &copy, &queue, &queued, &base);
         let worker = scope.spawn(move || {
             crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
-            let found = find(host, rseq, base, tracking, fds, t0).map(|f| {
-                let mut f = f?;
-                let total = f.total;
-                if buf.len() < total {
-                    tracing::debug!(had = buf.len(), total, "page buffer grown");
-                    buf.resize(total, 0);
-                }
-                let ranges: &Vec<(u64, u64)> = copy.get_or_init(|| std::mem::take(&mut f.copy));
-                let jobs = split_jobs(ranges, &mut buf[..total]);
-                queue.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
-                Ok(f)
+            let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e });
+            let found = fds.and_then(|fds| {
+                let found = find(host, rseq, base, tracking, &fds, t0)?.map(|mut f| {
+                    let total = f.total;
+                    if buf.len() < total {
+                        tracing::debug!(had = buf.len(), total, "page buffer grown");
+                        buf.resize(total, 0);
+                    }
+                    let ranges: &Vec<(u64, u64)> = copy.get_or_init(|| std::mem::take(&mut f.copy));
+                    let jobs = split_jobs(ranges, &mut buf[..total]);
+                    queue.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
+                    f
+                });
+                Ok((found, fds))
             });
             queued.store(true, std::sync::atomic::Ordering::Release);
             (found, read_from_queue())
         });
-        if let Some(d) = during.take() {
-            d(seen);
-        }
-        t_during = t0.elapsed();
+        let mine = (|| -> Result<_> {
+            let caught = before(orig)?;
+            let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
+            // A restored process takes its template's FPU / SSE / AVX
+            // registers.
+            let xstate =
+                ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
+            t_inject = t0.elapsed();
+            if let Some(d) = during.take() {
+                d(seen);
+            }
+            t_during = t0.elapsed();
+            Ok((handlers, brk, xstate))
+        })();
         while !queued.load(std::sync::atomic::Ordering::Acquire) && !worker.is_finished() {
             std::thread::yield_now();
         }
         let helped = read_from_queue();
-        let (found, read) = worker.join().unwrap_or_else(|_| (Ok(Err("the reading thread panicked".into())), Ok(())));
-        (found, read.and(helped))
+        let (found, read) = worker
+            .join()
+            .unwrap_or_else(|_| (Err(Error::Died { pid: host, how: "the reading thread panicked".into() }), Ok(())));
+        (mine, found, read.and(helped))
     });
     let t_read = t0.elapsed();
-    let found = found.map(|f| f.and_then(|f| read.map(|()| f).map_err(|e| format!("reading the written pages: {e}"))));
-    let f = match found {
-        Ok(Ok(f)) => f,
-        Ok(Err(why)) => {
-            give_buffer(buf);
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
-            return Ok(None);
-        }
-        Err(e) => {
+    let ((handlers, brk, xstate), (found, fds)) = match (mine, found) {
+        (Ok(m), Ok(f)) => (m, f),
+        (Err(e), _) | (_, Err(e)) => {
             give_buffer(buf);
             return Err(e);
+        }
+    };
+    let found = found.and_then(|f| read.map(|()| f).map_err(|e| format!("reading the written pages: {e}")));
+    let f = match found {
+        Ok(f) => f,
+        Err(why) => {
+            give_buffer(buf);
+            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            return Ok((None, fds));
         }
     };
     let standby = match base.take_standby() {
@@ -367,7 +387,7 @@ pub(crate) fn patch(
         Err(e) => {
             give_buffer(buf);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
-            return Ok(None);
+            return Ok((None, fds));
         }
     };
     let t_fork = t0.elapsed();
@@ -387,7 +407,7 @@ pub(crate) fn patch(
     let scratch = base.scratch;
     let pages = Pages::Read(copy.into_inner().unwrap_or_default(), buf);
     let pending = Pending { standby, pages, bytes: f.total, zap: f.zap, handlers, brk, xstate, scratch: scratch.0 };
-    Ok(Some(Patched {
+    let patched = Patched {
         host: to,
         ns_pid: pending.standby.ns_pid,
         scratch,
@@ -395,7 +415,8 @@ pub(crate) fn patch(
         fingerprint: f.fp,
         pending,
         generation: base.generation + 1,
-    }))
+    };
+    Ok((Some(patched), fds))
 }
 
 /// What [`find`] found: the standby can be used, with these pages.

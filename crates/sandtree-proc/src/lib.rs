@@ -79,7 +79,10 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
-pub use tracer::{CaptureReport, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer};
+pub use tracer::{
+    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
+    Went,
+};
 
 /// Errors of the process engine.
 #[derive(Debug, thiserror::Error)]

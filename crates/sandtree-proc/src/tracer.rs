@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -199,22 +199,67 @@ pub(crate) struct State {
     pub incremental_min_rss: Option<u64>,
     /// The sandbox's init (host pid), once a checkpoint named it.
     pub init_host: i32,
-    /// Its mount table (shared with the [`Tracer`] handle).
+    /// Its mount table.
     pub mounts: crate::procfs::MountCache,
 }
 
-/// A job's result to come from the tracer thread
-/// ([`Tracer::stop_and_clone`]).
+/// A job's result to come from the tracer thread.
 pub struct Started<R>(mpsc::Receiver<R>);
 
 /// What [`Tracer::stop_and_clone`] returns.
 pub struct StopAndClone {
     pub report: StopReport,
-    /// The stopped processes: host pid, pid in the sandbox.
-    pub processes: Vec<(i32, i32)>,
     /// The templates' copy, under way (`None`: not started, the report is
-    /// `foreign`): whether every process stopped kept its template.
-    pub cloning: Option<Started<Result<bool>>>,
+    /// `foreign`).
+    pub cloning: Option<Cloning>,
+}
+
+/// The copy of [`Tracer::stop_and_clone`], under way.
+pub struct Cloning {
+    done: Started<Result<Copied>>,
+    checked: mpsc::Receiver<std::result::Result<(), String>>,
+    stage: mpsc::Sender<Option<String>>,
+}
+
+impl Cloning {
+    /// Wait for the check of whether the processes can move to a new tree
+    /// (not for the end): its verdict, or `None` when there was none (no
+    /// tree given, a process let go, or the copy failed: [`Cloning::finish`]
+    /// tells).
+    pub fn checked(&self) -> Option<std::result::Result<(), String>> {
+        self.checked.recv().ok()
+    }
+
+    /// Tell the copy where init staged the new tree (`None`: it did not)
+    /// and wait for its end. When the processes can move, the copy's job
+    /// opens their files and cwd again through `stage` at once
+    /// ([`crate::repoint`]'s step 2), with no round trip to the caller.
+    pub fn finish(self, stage: Option<&str>) -> Result<Copied> {
+        let _ = self.stage.send(stage.map(str::to_string));
+        self.done.wait()?
+    }
+}
+
+/// The end of the copy of [`Tracer::stop_and_clone`].
+#[derive(Debug)]
+pub struct Copied {
+    /// Whether every process stopped kept its template (in best effort,
+    /// one that cannot be restored, or whose template died, was let go).
+    pub kept: bool,
+    /// When a [`crate::repoint::Tree`] was given and every process kept
+    /// its template: whether they can move to a new tree, or why not
+    /// ([`crate::repoint`]'s step 1); once the tree was staged, whether
+    /// they opened their files there (step 2; on error nothing stays
+    /// open).
+    pub movable: Option<std::result::Result<(), String>>,
+}
+
+/// What [`Tracer::finish_and_go`] did.
+pub struct Went {
+    /// When the processes were let go.
+    pub at: std::time::Instant,
+    /// Pass 2 ([`Tracer::set_up`]).
+    pub set_up: Result<CaptureReport>,
 }
 
 impl<R> Started<R> {
@@ -399,7 +444,9 @@ pub struct Tracer {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     ops: Arc<AtomicU32>,
-    mounts: crate::procfs::MountCache,
+    /// Whether the last check of [`Tracer::stop_and_clone`] found that
+    /// the processes could move to a new tree (none yet: `false`).
+    moved: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -425,10 +472,8 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
-        let mounts = crate::procfs::MountCache::default();
-        let thread_mounts = mounts.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State { ops: thread_ops, incremental_min_rss, mounts: thread_mounts, ..Default::default() };
+            let mut st = State { ops: thread_ops, incremental_min_rss, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
                 st.dying.extend(KILLED.with(|k| k.take()));
@@ -499,7 +544,7 @@ impl Tracer {
                 kill_tracee(host);
             }
         })?;
-        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), ops, mounts })
+        Ok(Tracer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), ops, moved: Default::default() })
     }
 
     /// Marks an operation (a checkpoint, a rollback) in flight until the
@@ -543,12 +588,6 @@ impl Tracer {
         self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, with_init))?
     }
 
-    /// The mount table of the sandbox whose init is `init_host` (read
-    /// again only after a change: [`crate::procfs::MountCache`]).
-    pub fn mounts(&self, init_host: i32) -> std::io::Result<crate::procfs::Mounts> {
-        self.mounts.of(init_host)
-    }
-
     /// Pass 1 of the capture, while every process stays stopped (the
     /// caller snapshots the filesystem meanwhile); then [`Tracer::release`]
     /// and [`Tracer::set_up`]. On error everything runs again. Returns
@@ -561,35 +600,84 @@ impl Tracer {
 
     /// [`Tracer::stop`] (init left running), then at once, in the same job,
     /// [`Tracer::clone_all`] — unless the stop failed or found tasks from
-    /// outside the sandbox's pid namespace. Returns once the processes are
-    /// stopped: the report, the stopped processes (host pid, pid in the
-    /// sandbox), and the copy under way, whose result the caller
-    /// [`Started::wait`]s for after its own steps (a layered checkpoint
-    /// checks and stages the new tree meanwhile). No round trip to the
-    /// caller between the two, nor a thread hop (a blocking task took
-    /// 0.05-0.4 ms to start).
+    /// outside the sandbox's pid namespace — then, given a `tree`, the
+    /// check of whether the processes can move to a new one and, once the
+    /// caller says where init staged it ([`Cloning::finish`]), the reopening
+    /// of their files there (`repoint.rs`'s steps 1 and 2). Returns once
+    /// the processes are stopped: the report and the copy under way, which
+    /// the caller finishes after its own steps (a layered checkpoint stages
+    /// the new tree meanwhile). No round trip to the caller between the
+    /// steps, nor a thread hop (a blocking task took 0.05-0.4 ms to start;
+    /// a call to the tracer thread costs 0.07-0.2 ms here).
     pub fn stop_and_clone(
         &self,
         list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
         init_host: i32,
         (best_effort, timeout): (bool, std::time::Duration),
+        tree: Option<crate::repoint::Tree>,
     ) -> Result<StopAndClone> {
         let (stop_tx, stop_rx) = mpsc::channel();
         let (clone_tx, clone_rx) = mpsc::channel();
+        let (stage_tx, stage_rx) = mpsc::channel::<Option<String>>();
+        let (checked_tx, checked_rx) = mpsc::channel();
+        let moved = self.moved.clone();
         let started = self.queue(move |st| {
             let stopped = crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, false);
             let go = matches!(&stopped, Ok(r) if !r.foreign);
-            let procs: Vec<(i32, i32)> = st.stopped.iter().map(|s| (s.host, s.ns_pid)).collect();
-            let _ = stop_tx.send(stopped.map(|r| (r, procs)));
+            let _ = stop_tx.send(stopped);
             if go {
-                let _ = clone_tx.send(clone_all_kept(st, best_effort));
+                let copied = clone_all_kept(st, best_effort).map(|kept| {
+                    let mut movable = tree.filter(|_| kept).map(|tree| crate::repoint::check(st, &tree));
+                    if let Some(m) = &movable {
+                        moved.store(m.is_ok(), Ordering::SeqCst);
+                        let _ = checked_tx.send(m.clone());
+                    }
+                    // (A caller gone, or no tree staged: nothing opened.)
+                    if let Some(Ok(())) = movable
+                        && let Ok(Some(stage)) = stage_rx.recv()
+                    {
+                        movable = Some(
+                            crate::repoint::open(st, &stage)
+                                .map_err(|e| format!("a process cannot reopen its files: {e}")),
+                        );
+                    }
+                    Copied { kept, movable }
+                });
+                let _ = clone_tx.send(copied);
             }
         })?;
         // (The job's end, once the copy is done too, is not waited for.)
         drop(started);
-        let (report, processes) = stop_rx.recv().map_err(|_| Error::TracerGone)??;
-        let cloning = (!report.foreign).then_some(Started(clone_rx));
-        Ok(StopAndClone { report, processes, cloning })
+        let report = stop_rx.recv().map_err(|_| Error::TracerGone)??;
+        let cloning =
+            (!report.foreign).then_some(Cloning { done: Started(clone_rx), checked: checked_rx, stage: stage_tx });
+        Ok(StopAndClone { report, cloning })
+    }
+
+    /// Whether the last check of whether the processes can move to a new
+    /// tree ([`Tracer::stop_and_clone`]) found that they could: a layered
+    /// checkpoint then stages the new tree while the copy runs, betting
+    /// that they still can (a lost bet costs the staged tree).
+    pub fn moved_last(&self) -> bool {
+        self.moved.load(Ordering::SeqCst)
+    }
+
+    /// The end of a layered checkpoint with processes, in one job, once
+    /// init moved the staged tree to `/`: each process puts its files
+    /// opened again in place (`repoint.rs`'s step 3), every process runs
+    /// again, and pass 2 ([`Tracer::set_up`]) follows. An error is the
+    /// first step's (every process was let go then).
+    pub fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<Went> {
+        let ck = ck.to_string();
+        self.call(move |st| {
+            if let Err(e) = crate::repoint::finish(st) {
+                crate::checkpoint::abort(st);
+                return Err(e);
+            }
+            crate::checkpoint::release_all(st);
+            let at = std::time::Instant::now();
+            Ok(Went { at, set_up: crate::checkpoint::set_up_all(st, &ck, best_effort) })
+        })?
     }
 
     /// Let every stopped process (and init) run again, templates kept.

@@ -10,24 +10,26 @@
 //! 3. the templates are copied (the largest on the other CPU; the tracer
 //!    goes from 2 to 3 in one job, `sandtree_proc::Tracer::stop_and_clone`),
 //!    and meanwhile:
-//! 4. this thread checks whether the processes can move to a new tree
-//!    (`sandtree_proc::repoint::check`: no deleted file, named pipe or bound
-//!    socket of the tree open, no inotify watch, no shared writable
-//!    mapping...), then
-//! 5. init checks that the sandbox mounted nothing (every process is held:
+//! 4. init checks that the sandbox mounted nothing (every process is held:
 //!    stopped, none skipped, no spawn, the templates being made are ours),
-//!    and mounts the new tree at a staging point (`Sandbox::stage`);
-//! 6. each process opens its files of the tree and its cwd again through it
-//!    (`repoint_open`);
+//!    and mounts the new tree at a staging point (`Sandbox::stage`) — when
+//!    the processes could move last time; otherwise after step 5 passed;
+//! 5. at the end of the copy, in the same job, the tracer checks whether
+//!    the processes can move to a new tree (`sandtree_proc::repoint`'s
+//!    step 1, on what the copy read: no deleted file, named pipe or bound
+//!    socket of the tree open, no inotify watch, no file of the writable
+//!    layer mapped shared...), then waits for the staging point and
+//! 6. each process opens its files of the tree and its cwd again through
+//!    it (`Cloning::finish`: no round trip to this thread between 3 and 6);
 //! 7. init moves the staged tree to `/` and detaches the old one
 //!    (`Sandbox::swap_staged`: the frozen layer is the checkpoint's from
 //!    here; a `..` reaching `/` would cross into the old root while it
-//!    stays on top of the new one), each process puts its new
-//!    descriptors in place and `fchdir`s (`repoint_finish`), and every
-//!    process runs again;
-//! 8. the templates' images and checks (`set_up`; their paths were read in
-//!    step 3, before the old tree was detached), and the row is committed
-//!    with the sandbox's new stack.
+//!    stays on top of the new one); then in one tracer job
+//!    (`Tracer::finish_and_go`) each process puts its new descriptors in
+//!    place and `fchdir`s, every process runs again, and
+//! 8. the templates' images and checks (pass 2; their paths were read in
+//!    step 3, before the old tree was detached); the row is committed with
+//!    the sandbox's new stack.
 //!
 //! No process starts from step 2 to 7 (`Sandbox::hold_spawns`): init runs,
 //! and a process it started then would live in the old tree.
@@ -44,7 +46,6 @@ use sandtree_api::{CheckpointRequest, CheckpointResponse};
 use sandtree_meta::SandboxRecord;
 use sandtree_proc::Tracer;
 use sandtree_sandbox::Sandbox;
-use std::os::unix::fs::MetadataExt;
 
 use crate::engine::block;
 use crate::{Engine, Error, Result, util};
@@ -101,9 +102,24 @@ impl Engine {
             Some(pids) => Ok(pids),
             None => cg.procs().map_err(std::io::Error::other),
         });
-        let stopped = block(|| tracer.stop_and_clone(list, sb.init_pid(), (best_effort, self.freeze_timeout())));
-        let (stop, procs, cloning) = match stopped {
-            Ok(sandtree_proc::StopAndClone { report, processes, cloning: Some(c) }) => (report, processes, c),
+        // Step 4's check runs on the tracer thread at the end of the copy,
+        // on what pass 1 read; init stages the new tree meanwhile (a
+        // refusal unstages it).
+        let tree = sandtree_proc::repoint::Tree {
+            init_host: sb.init_pid(),
+            uppers: targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let upper = self.subvol_path(&rec.subvol).join("layers").join(i.to_string()).join("upper");
+                    (t.to_string_lossy().into_owned(), upper)
+                })
+                .collect(),
+        };
+        let stopped =
+            block(|| tracer.stop_and_clone(list, sb.init_pid(), (best_effort, self.freeze_timeout()), Some(tree)));
+        let (stop, cloning) = match stopped {
+            Ok(sandtree_proc::StopAndClone { report, cloning: Some(c), .. }) => (report, c),
             Ok(_) => {
                 // Tasks from outside the pid namespace: nothing was copied.
                 let _ = block(|| tracer.resume_stopped());
@@ -116,39 +132,33 @@ impl Engine {
             }
         };
         // Steps 3-5 at once: the templates are being copied (the largest on
-        // the other CPU) while this thread checks the processes and then
-        // init stages the new tree (checking only the mounts: every process
-        // is held, and the templates appearing meanwhile are ours).
-        let init_host = sb.init_pid();
-        let t_check = Instant::now();
-        let upper_dev = std::fs::metadata(self.subvol_path(&rec.subvol)).map(|m| m.dev());
-        let movable = match upper_dev {
-            _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
-            // (Init's mounts: every process checked has init's root.)
-            Ok(dev) => block(|| {
-                let mounts = tracer.mounts(init_host).map_err(|e| format!("mountinfo: {e}"))?;
-                sandtree_proc::repoint::check(&procs, init_host, dev, &mounts)
-            }),
-            Err(e) => Err(format!("writable layer: {e}")),
-        };
-        let t_check = t_check.elapsed();
+        // the other CPU) and checked while init stages the new tree
+        // (checking only the mounts: every process is held, and the
+        // templates appearing meanwhile are ours).
+        // When the processes could move last time, init stages the tree
+        // beside the copy; otherwise only once the check passed (a staged
+        // tree that is not used costs the next layer).
         let t_stage = Instant::now();
         let mut fds = Some(fds);
-        let staged = match &movable {
-            Ok(()) => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default()).await),
-            Err(_) => None,
+        let staged = match stop.skipped.is_empty()
+            && (tracer.moved_last() || matches!(block(|| cloning.checked()), Some(Ok(()))))
+        {
+            true => Some(sb.stage(targets.clone(), fds.take().unwrap_or_default()).await),
+            false => None,
         };
         let t_stage = t_stage.elapsed();
-        // (On error the processes were let go.)
-        let cloned = block(|| cloning.wait().and_then(|r| r)).map_err(|e| self.process_error(id, e));
+        // Step 6 on the tracer thread, in the copy's job, once the tree is
+        // staged. (On error the processes were let go.)
+        let stage = matches!(staged, Some(Ok(()))).then_some(sandtree_sandbox::reroot::STAGE);
+        let cloned = block(|| cloning.finish(stage)).map_err(|e| self.process_error(id, e));
         let t_cloned = Instant::now();
         // Not staged: the next layer is as good as before.
         let unused = |top, fds: Option<Vec<std::os::fd::OwnedFd>>| match fds {
             Some(fds) => put_back(top, fds),
             None => self.discard_subvol_later(&top.subvol),
         };
-        let kept = match cloned {
-            Ok(kept) => kept,
+        let copied = match cloned {
+            Ok(copied) => copied,
             Err(e) => {
                 if staged.is_some() {
                     let _ = sb.unstage().await;
@@ -157,26 +167,26 @@ impl Engine {
                 return Err(e);
             }
         };
-        let moved = match (movable, staged) {
-            (Err(why), _) => Err(why),
+        let movable = match copied.movable {
+            _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
+            Some(m) => m,
             // In best effort, a process that cannot be restored (or whose
             // template died) was let go: it runs on the old tree.
-            (Ok(()), Some(Ok(()))) if !kept => {
+            None => Err("a process was let go (best effort)".to_string()),
+        };
+        let moved = match (movable, staged) {
+            (Ok(()), Some(Ok(()))) => Ok(()),
+            (_, Some(Err(sandtree_sandbox::Error::Busy(why)))) => Err(why),
+            (Err(why), Some(_)) => {
                 let _ = sb.unstage().await;
-                Err("a process was let go (best effort)".to_string())
+                Err(why)
             }
-            (Ok(()), Some(Err(sandtree_sandbox::Error::Busy(why)))) => Err(why),
             (Ok(()), Some(Err(e))) => {
                 let _ = sb.unstage().await;
                 Err(format!("staging failed: {e}"))
             }
-            (Ok(()), _) => match block(|| tracer.repoint_open(sandtree_sandbox::reroot::STAGE)) {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    let _ = sb.unstage().await;
-                    Err(format!("a process cannot reopen its files: {e}"))
-                }
-            },
+            (Err(why), None) => Err(why),
+            (Ok(()), None) => Err("not staged".to_string()),
         };
         if let Err(why) = moved {
             tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
@@ -185,35 +195,30 @@ impl Engine {
         }
         let (fresh, lowers) = (top.subvol, top.lowers);
 
-        // Step 7: from the swap on, the tree is the new one.
+        // Step 7: from the swap on, the tree is the new one. Then, in one
+        // tracer job: the descriptors put in place, every process let go,
+        // pass 2.
         let t_swap = Instant::now();
-        let swapped = match sb.swap_staged().await {
-            Ok(()) => block(|| tracer.repoint_finish()).map_err(Error::from),
+        let went = match sb.swap_staged().await {
+            Ok(()) => block(|| tracer.finish_and_go(ck_id, best_effort)).map_err(Error::from),
             Err(e) => {
                 let _ = block(|| tracer.repoint_abort());
                 Err(e.into())
             }
         };
-        if let Err(e) = swapped {
-            tracing::warn!(sandbox = id, "layered checkpoint failed part-way, restarting the sandbox: {e}");
-            let _ = block(|| tracer.resume_stopped());
-            self.discard_subvol_later(&fresh);
-            let _ = self.restart(rec).await;
-            return Err(e);
-        }
-        let t_moved = Instant::now();
-        if let Err(e) = block(|| tracer.release()) {
-            tracing::warn!(
-                sandbox = id,
-                "processes not let go after a layered checkpoint, restarting the sandbox: {e}"
-            );
-            self.discard_subvol_later(&fresh);
-            let _ = self.restart(rec).await;
-            return Err(e.into());
-        }
+        let went = match went {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(sandbox = id, "layered checkpoint failed part-way, restarting the sandbox: {e}");
+                let _ = block(|| tracer.resume_stopped());
+                self.discard_subvol_later(&fresh);
+                let _ = self.restart(rec).await;
+                return Err(e);
+            }
+        };
         drop(spawns);
-        let frozen_ms = util::ms_since(t_stop);
-        let captured = match block(|| tracer.set_up(ck_id, best_effort)) {
+        let frozen_ms = went.at.duration_since(t_stop).as_secs_f64() * 1e3;
+        let captured = match went.set_up {
             Ok(mut c) => {
                 c.unrestorable.extend(stop.skipped);
                 c
@@ -231,7 +236,7 @@ impl Engine {
             }
         };
 
-        let t_set_up = t_moved.elapsed();
+        let t_set_up = went.at.elapsed();
         let t_commit = Instant::now();
         let done =
             self.commit_layered(rec, req, ck_id, (fresh, lowers), frozen_ms, captured, t0, Some(&tracer)).await?;
@@ -240,10 +245,9 @@ impl Engine {
             before_stop = ?t_stop.duration_since(t0),
             ?t_next,
             stop_clone = ?t_cloned.duration_since(t_stop),
-            ?t_check,
             ?t_stage,
-            check_stage_open = ?t_swap.duration_since(t_cloned),
-            swap_finish = ?t_moved.duration_since(t_swap),
+            open = ?t_swap.duration_since(t_cloned),
+            swap_finish = ?went.at.duration_since(t_swap),
             frozen_ms,
             set_up = ?t_set_up,
             commit = ?t_commit.elapsed(),

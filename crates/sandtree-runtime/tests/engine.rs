@@ -749,8 +749,9 @@ while True:
 /// the shared one of a dup, append mode), nothing it writes
 /// after the checkpoint reaches the checkpoint, and a rollback brings the
 /// process back on exactly the checkpoint's files, where it does the same.
-/// With a copied-up file open for writing, or a mount the sandbox made,
-/// the checkpoint is a snapshot instead.
+/// With a copied-up file open for writing, a file of the writable layer
+/// mapped shared, or a mount the sandbox made, the checkpoint is a
+/// snapshot instead.
 fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
@@ -802,6 +803,24 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         ensure!(layer == format!("checkpoints/{snap}"), "a copied-up file open for writing, yet layered: {layer}");
         ensure!(sh(e, &other, ino).await? == before, "the open file's inode number changed");
         e.delete_sandbox(&other, true).await?;
+        // A file of the writable layer mapped shared (read-only, no
+        // descriptor left): the mapping would stay on the frozen file
+        // while writes through the tree go to a copy in the new layer.
+        // (The overlay reports its own device for it, `map_files` too:
+        // the check looks in the upper directory.) A snapshot.
+        let mapped = create(e).await?;
+        let mapper = "import mmap, time\nopen('/root/m', 'w').write('x' * 4096)\nf = open('/root/m', 'rb')\n\
+                      m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)\nf.close()\n\
+                      open('/root/ready', 'w').close()\nwhile True:\n    time.sleep(1)\n";
+        start_python(e, &mapped, mapper).await?;
+        sh(e, &mapped, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
+        let snap = checkpoint(e, &mapped).await?;
+        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        ensure!(
+            layer == format!("checkpoints/{snap}"),
+            "a file of the writable layer mapped shared, yet layered: {layer}"
+        );
+        e.delete_sandbox(&mapped, true).await?;
         // A mount the sandbox made: init refuses to stage (it would stay
         // behind in the old tree), and the checkpoint of the stopped
         // processes is a snapshot; a rollback to it brings the process back.

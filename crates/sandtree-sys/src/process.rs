@@ -241,3 +241,72 @@ pub fn start_time(pid: i32) -> Option<u64> {
     // rest starts at field 3 (state): field 22 is the 20th.
     rest.split_whitespace().nth(19)?.parse().ok()
 }
+
+/// `struct procmap_query` (`linux/fs.h`, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `PROCMAP_QUERY`: `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong =
+    (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
+const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+const PROCMAP_QUERY_FILE_BACKED_VMA: u64 = 0x20;
+
+/// The shared file mappings of `pid` (start, end, path as its
+/// `/proc/<pid>/maps` shows it), asked of the kernel one mapping at a time
+/// with `PROCMAP_QUERY`, which skips every other kind (~2 µs for a process
+/// with none, against ~150 µs to read and parse a Python process's 130
+/// lines of `maps`). `Ok(None)`: the kernel has no `PROCMAP_QUERY` (before
+/// 6.11): read `maps`.
+pub fn shared_file_maps(pid: i32) -> io::Result<Option<Vec<(u64, u64, String)>>> {
+    use std::os::fd::AsRawFd;
+    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
+    let mut out = Vec::new();
+    let mut name = vec![0u8; 4096];
+    let mut addr = 0u64;
+    loop {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA | PROCMAP_QUERY_FILE_BACKED_VMA | PROCMAP_QUERY_VMA_SHARED,
+            query_addr: addr,
+            vma_name_addr: name.as_mut_ptr() as u64,
+            vma_name_size: name.len() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `q` is a valid `procmap_query` of the size it states; the
+        // kernel writes at most `vma_name_size` bytes to `name`, which
+        // outlives the call, and nothing else of ours.
+        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // No mapping at or after `addr`.
+                Some(libc::ENOENT) => Ok(Some(out)),
+                Some(libc::ENOTTY | libc::EINVAL) if out.is_empty() && addr == 0 => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // (`vma_name_size` counts the terminating NUL.)
+        let len = (q.vma_name_size as usize).saturating_sub(1).min(name.len());
+        out.push((q.vma_start, q.vma_end, String::from_utf8_lossy(&name[..len]).into_owned()));
+        addr = q.vma_end;
+    }
+}
