@@ -419,6 +419,25 @@ pub(crate) fn patch(
     Ok((Some(patched), fds))
 }
 
+/// Whether `now` (`PROCMAP_QUERY`) is exactly the map `was` (`maps`):
+/// the same mappings with the same bounds, permissions, offsets and files
+/// (device and inode: a path can only name another file through another
+/// mapping). `maps` lists the `[vsyscall]` page, which is no mapping.
+fn same_map(now: &[sandtree_sys::process::MapRange], was: &[MapImage]) -> bool {
+    let was = was.iter().filter(|m| m.start < 1 << 47);
+    now.len() == was.clone().count()
+        && now.iter().zip(was).all(|(n, m)| {
+            let p = m.perms.as_bytes();
+            let perms = p.len() == 4 && [p[0] == b'r', p[1] == b'w', p[2] == b'x', p[3] == b's'] == n.perms;
+            n.start == m.start
+                && n.end == m.end
+                && perms
+                && n.offset == m.offset
+                && n.dev == m.dev
+                && n.inode == m.inode
+        })
+}
+
 /// What [`find`] found: the standby can be used, with these pages.
 struct Found {
     maps: Vec<MapImage>,
@@ -442,7 +461,12 @@ fn find(
     fds: &[FdImage],
     t0: std::time::Instant,
 ) -> Result<std::result::Result<Found, String>> {
-    let maps = crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
+    // The memory map, where it is the base's, without formatting a path.
+    let same = sandtree_sys::process::map_ranges(host).ok().flatten().is_some_and(|now| same_map(&now, &base.maps));
+    let maps = match same {
+        true => base.maps.clone(),
+        false => crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
+    };
     let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
     if let Some(why) = mismatch(host, base, (&fp, &maps, rseq), tracking, fds) {
         return Ok(Err(why));
@@ -635,3 +659,34 @@ const CHUNK: usize = 128;
 /// Bytes a reading thread takes at a time, about (so that both threads
 /// share a long run of written pages).
 const JOB_BYTES: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::same_map;
+
+    /// A process's map through `PROCMAP_QUERY` is its `maps`; another
+    /// process's is not.
+    #[test]
+    fn procmap_query_agrees_with_maps() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        // (Once it runs `sleep`, not the test binary forked.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
+            assert!(std::time::Instant::now() < deadline, "sleep never started");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let ranges = sandtree_sys::process::map_ranges(pid).expect("PROCMAP_QUERY");
+        let maps = crate::procfs::maps(pid).expect("maps");
+        let own = crate::procfs::maps(std::process::id() as i32).expect("own maps");
+        let _ = child.kill();
+        let _ = child.wait();
+        let Some(ranges) = ranges else {
+            println!("SKIP: no PROCMAP_QUERY (Linux < 6.11)");
+            return;
+        };
+        assert!(same_map(&ranges, &maps), "PROCMAP_QUERY {ranges:?} against maps {maps:?}");
+        assert!(!same_map(&ranges, &own), "another process's map taken for this one");
+    }
+}

@@ -534,6 +534,12 @@ pub struct MapImage {
     pub offset: u64,
     /// Backing path or pseudo name (`[heap]`, `[stack]`, `[vdso]`).
     pub path: Option<String>,
+    /// The backing file's device (`makedev(major, minor)`) and inode
+    /// number, as `maps` shows them (0 for an anonymous mapping).
+    #[serde(default)]
+    pub dev: u64,
+    #[serde(default)]
+    pub inode: u64,
 }
 
 impl MapImage {

@@ -590,8 +590,11 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
     for line in text.lines() {
         let mut f = line.splitn(6, ' ');
         let (Some(range), Some(perms), Some(offset)) = (f.next(), f.next(), f.next()) else { continue };
-        let _dev = f.next();
-        let _ino = f.next();
+        let dev = f.next().and_then(|d| d.split_once(':')).map_or(0, |(major, minor)| {
+            let hex = |v: &str| u32::from_str_radix(v, 16).unwrap_or(0);
+            libc::makedev(hex(major), hex(minor))
+        });
+        let inode = f.next().and_then(|i| i.parse().ok()).unwrap_or(0);
         let path = f.next().map(|p| p.trim_start().to_string()).filter(|p| !p.is_empty());
         let Some((a, b)) = range.split_once('-') else { continue };
         out.push(MapImage {
@@ -600,6 +603,8 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
             perms: perms.to_string(),
             offset: u64::from_str_radix(offset, 16).unwrap_or(0),
             path,
+            dev,
+            inode,
         });
     }
     Ok(out)

@@ -270,6 +270,61 @@ const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
 const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 const PROCMAP_QUERY_FILE_BACKED_VMA: u64 = 0x20;
 
+/// One mapping as `PROCMAP_QUERY` gives it, without its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapRange {
+    pub start: u64,
+    pub end: u64,
+    /// Readable, writable, executable, shared.
+    pub perms: [bool; 4],
+    /// File offset (0 for an anonymous mapping).
+    pub offset: u64,
+    /// The backing file's device (`makedev`) and inode number (0, 0: none).
+    pub dev: u64,
+    pub inode: u64,
+}
+
+/// Every mapping of `pid`, without names, asked of the kernel one at a
+/// time with `PROCMAP_QUERY` (~50 µs for a Python process's 130, against
+/// ~150 µs to read and parse its `maps`, where each path is formatted).
+/// The `[vsyscall]` page is not a mapping of the process: not listed.
+/// `Ok(None)`: the kernel has no `PROCMAP_QUERY` (before 6.11).
+pub fn map_ranges(pid: i32) -> io::Result<Option<Vec<MapRange>>> {
+    use std::os::fd::AsRawFd;
+    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
+    let mut out = Vec::with_capacity(160);
+    let mut addr = 0u64;
+    loop {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+            query_addr: addr,
+            ..Default::default()
+        };
+        // SAFETY: `q` is a valid `procmap_query` of the size it states,
+        // asking for no name and no build id: the kernel writes only `q`.
+        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(Some(out)),
+                Some(libc::ENOTTY | libc::EINVAL) if out.is_empty() && addr == 0 => Ok(None),
+                _ => Err(e),
+            };
+        }
+        let flag = |bit: u64| q.vma_flags & bit != 0;
+        out.push(MapRange {
+            start: q.vma_start,
+            end: q.vma_end,
+            perms: [flag(0x01), flag(0x02), flag(0x04), flag(PROCMAP_QUERY_VMA_SHARED)],
+            offset: q.vma_offset,
+            dev: libc::makedev(q.dev_major, q.dev_minor),
+            inode: q.inode,
+        });
+        addr = q.vma_end;
+    }
+}
+
 /// The shared file mappings of `pid` (start, end, path as its
 /// `/proc/<pid>/maps` shows it), asked of the kernel one mapping at a time
 /// with `PROCMAP_QUERY`, which skips every other kind (~2 µs for a process
