@@ -25,8 +25,10 @@
 //!    template (no cgroup freeze: a syscall injected into a frozen task
 //!    would never complete);
 //!    (A layered checkpoint, with init running, moves the stopped
-//!    processes to the new tree here: `repoint.rs`; it takes steps 1 and 2
-//!    in one tracer job, [`Tracer::stop_and_clone`].)
+//!    processes to the new tree here: `repoint.rs`; it takes steps 1 and 2,
+//!    the check of whether they can move and the reopening of their files
+//!    in one tracer job, [`Tracer::stop_and_clone`], and the files' move,
+//!    step 3 and step 4 in another, [`Tracer::finish_and_go`].)
 //! 3. [`Tracer::release`]: every process gets its registers and mask back
 //!    in signal context (see `inject.rs`) and runs again;
 //! 4. [`Tracer::set_up`]: per template, the rest of the

@@ -446,10 +446,11 @@ pub fn mounts(pid: i32) -> io::Result<HashMap<i32, MountEntry>> {
     Ok(mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect())
 }
 
-/// A sandbox's mounts by id as its init sees them, shared by the tracer
-/// thread and the checkpoint's checks, and read again only once a mount
-/// of the namespace changed ([`mountinfo::Watched`]): a checkpoint needs
-/// the table twice in its frozen window, where each read cost ~0.1-0.2 ms.
+/// A sandbox's mounts by id as its init sees them, kept by the tracer
+/// thread for the checkpoint's copy and checks, and read again only once
+/// a mount of the namespace changed ([`mountinfo::Watched`]): a checkpoint
+/// needed the table twice in its frozen window, where each read cost
+/// ~0.1-0.2 ms.
 /// The tracer reads it again between operations after a change (a
 /// checkpoint's or rollback's own swap), so that the next one finds it.
 #[derive(Clone, Default)]

@@ -6,28 +6,31 @@
 //! A running process still holds the old tree: its cwd and the files it has
 //! open are on the old overlay, whose upper directory is the frozen layer,
 //! and a write through them would change the checkpoint. So, while every
-//! process is stopped (after [`crate::Tracer::clone_all`], before
-//! [`crate::Tracer::release`]):
+//! process is stopped (after the templates' copy, before the processes
+//! are let go):
 //!
-//! 1. [`check`] (beside the templates' copy): refuse what cannot be moved to another tree without
-//!    changing its meaning (the checkpoint is then a btrfs snapshot, as
-//!    before): a deleted file of the tree held open, a named pipe or a bound
-//!    unix socket on the tree (their kernel object belongs to the old
-//!    overlay's inode), inotify watches, kernel objects that may hold files
-//!    (io_uring; a unix socket with data, maybe descriptors, in flight), a
-//!    shared mapping of a file of the writable layer, one open file of the
-//!    tree shared by two processes (reopening gives each its own offset), a
-//!    thread with a descriptor table or filesystem context of its own, a
-//!    process chrooted elsewhere;
-//! 2. init mounts the new tree at a staging point (`stage`) and [`open`]
+//! 1. `check` (at the end of the copy, on the tracer thread, on what the
+//!    copy read of each process): refuse what cannot be moved to another
+//!    tree without changing its meaning (the checkpoint is then a btrfs
+//!    snapshot, as before): a deleted file of the tree held open, a named
+//!    pipe or a bound unix socket on the tree (their kernel object belongs
+//!    to the old overlay's inode), inotify watches, kernel objects that may
+//!    hold files (io_uring; a unix socket with data, maybe descriptors, in
+//!    flight), a file of the writable layer mapped shared (the overlay
+//!    gives such a mapping its own device: the layer's upper directory
+//!    tells), one open file of the tree shared by two processes (reopening
+//!    gives each its own offset), a thread with a descriptor table or
+//!    filesystem context of its own, a process chrooted elsewhere;
+//! 2. init mounts the new tree at a staging point (`stage`) and `open`
 //!    opens, in each process, each of its files of the tree again through
 //!    that point (same flags, minus the creating ones; same offset) and its
 //!    cwd (`O_PATH`), onto spare descriptor numbers. A failure closes every
-//!    one of them: nothing changed, and the caller unstages;
+//!    one of them: nothing changed, and the caller unstages (steps 1 and 2
+//!    run in the copy's job, [`crate::Tracer::stop_and_clone`]);
 //! 3. init moves the staged tree to `/` (the descriptors opened through it
-//!    follow the mount) and [`finish`] puts each new descriptor on its
+//!    follow the mount) and `finish` puts each new descriptor on its
 //!    number (`dup3`, which closes the old one), its dups after it, and
-//!    `fchdir`s to the new cwd.
+//!    `fchdir`s to the new cwd ([`crate::Tracer::finish_and_go`]).
 //!
 //! Calls are injected into each process's main thread (the descriptor table
 //! and cwd are shared by its threads); paths are written below its stack
