@@ -284,34 +284,51 @@ pub struct MapRange {
     pub inode: u64,
 }
 
+/// Walk the mappings of `pid` that `flags` selects, one `PROCMAP_QUERY`
+/// each, calling `each` with the answer and the mapping's name (when
+/// `named`). `Ok(false)`: the kernel has no `PROCMAP_QUERY` (before 6.11).
+fn query_maps(pid: i32, flags: u64, named: bool, mut each: impl FnMut(&ProcmapQuery, &str)) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
+    let mut name = vec![0u8; if named { 4096 } else { 0 }];
+    let mut addr = 0u64;
+    loop {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA | flags,
+            query_addr: addr,
+            vma_name_addr: if named { name.as_mut_ptr() as u64 } else { 0 },
+            vma_name_size: name.len() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `q` is a valid `procmap_query` of the size it states; the
+        // kernel writes `q` and at most `vma_name_size` bytes to `name`
+        // (none when it is empty), which outlives the call.
+        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // No mapping at or after `addr`.
+                Some(libc::ENOENT) => Ok(true),
+                Some(libc::ENOTTY | libc::EINVAL) if addr == 0 => Ok(false),
+                _ => Err(e),
+            };
+        }
+        // (`vma_name_size` counts the terminating NUL.)
+        let len = (q.vma_name_size as usize).saturating_sub(1).min(name.len());
+        each(&q, &String::from_utf8_lossy(&name[..len]));
+        addr = q.vma_end;
+    }
+}
+
 /// Every mapping of `pid`, without names, asked of the kernel one at a
 /// time with `PROCMAP_QUERY` (~50 µs for a Python process's 130, against
 /// ~150 µs to read and parse its `maps`, where each path is formatted).
 /// The `[vsyscall]` page is not a mapping of the process: not listed.
 /// `Ok(None)`: the kernel has no `PROCMAP_QUERY` (before 6.11).
 pub fn map_ranges(pid: i32) -> io::Result<Option<Vec<MapRange>>> {
-    use std::os::fd::AsRawFd;
-    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
     let mut out = Vec::with_capacity(160);
-    let mut addr = 0u64;
-    loop {
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
-            query_addr: addr,
-            ..Default::default()
-        };
-        // SAFETY: `q` is a valid `procmap_query` of the size it states,
-        // asking for no name and no build id: the kernel writes only `q`.
-        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::ENOENT) => Ok(Some(out)),
-                Some(libc::ENOTTY | libc::EINVAL) if out.is_empty() && addr == 0 => Ok(None),
-                _ => Err(e),
-            };
-        }
+    let known = query_maps(pid, 0, false, |q, _| {
         let flag = |bit: u64| q.vma_flags & bit != 0;
         out.push(MapRange {
             start: q.vma_start,
@@ -321,8 +338,8 @@ pub fn map_ranges(pid: i32) -> io::Result<Option<Vec<MapRange>>> {
             dev: libc::makedev(q.dev_major, q.dev_minor),
             inode: q.inode,
         });
-        addr = q.vma_end;
-    }
+    })?;
+    Ok(known.then_some(out))
 }
 
 /// The shared file mappings of `pid` (start, end, path as its
@@ -332,36 +349,8 @@ pub fn map_ranges(pid: i32) -> io::Result<Option<Vec<MapRange>>> {
 /// lines of `maps`). `Ok(None)`: the kernel has no `PROCMAP_QUERY` (before
 /// 6.11): read `maps`.
 pub fn shared_file_maps(pid: i32) -> io::Result<Option<Vec<(u64, u64, String)>>> {
-    use std::os::fd::AsRawFd;
-    let maps = std::fs::File::open(format!("/proc/{pid}/maps"))?;
     let mut out = Vec::new();
-    let mut name = vec![0u8; 4096];
-    let mut addr = 0u64;
-    loop {
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA | PROCMAP_QUERY_FILE_BACKED_VMA | PROCMAP_QUERY_VMA_SHARED,
-            query_addr: addr,
-            vma_name_addr: name.as_mut_ptr() as u64,
-            vma_name_size: name.len() as u32,
-            ..Default::default()
-        };
-        // SAFETY: `q` is a valid `procmap_query` of the size it states; the
-        // kernel writes at most `vma_name_size` bytes to `name`, which
-        // outlives the call, and nothing else of ours.
-        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                // No mapping at or after `addr`.
-                Some(libc::ENOENT) => Ok(Some(out)),
-                Some(libc::ENOTTY | libc::EINVAL) if out.is_empty() && addr == 0 => Ok(None),
-                _ => Err(e),
-            };
-        }
-        // (`vma_name_size` counts the terminating NUL.)
-        let len = (q.vma_name_size as usize).saturating_sub(1).min(name.len());
-        out.push((q.vma_start, q.vma_end, String::from_utf8_lossy(&name[..len]).into_owned()));
-        addr = q.vma_end;
-    }
+    let flags = PROCMAP_QUERY_FILE_BACKED_VMA | PROCMAP_QUERY_VMA_SHARED;
+    let known = query_maps(pid, flags, true, |q, name| out.push((q.vma_start, q.vma_end, name.to_string())))?;
+    Ok(known.then_some(out))
 }
