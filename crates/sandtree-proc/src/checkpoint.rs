@@ -1013,8 +1013,7 @@ fn clone_of(
         // The tracer's part of pass 1 before the copy (for a tracked
         // process with a base, while another thread checks and reads its
         // pages): returns the caught-signal mask.
-        let mut pre = None;
-        let mut before = |orig: &mut Tracee| -> Result<u64> {
+        let before = |orig: &mut Tracee| -> Result<(u64, _)> {
             // Pending signals before the timers are read: a one-shot timer
             // that fires meanwhile then shows in neither rather than in
             // both (a periodic one keeps firing, see below).
@@ -1027,36 +1026,21 @@ fn clone_of(
                     }
                 }
             }
-            let caught = status.signals.caught;
-            pre = Some((status, queued, timers(s, orig)?));
-            Ok(caught)
+            let itimers = timers(s, orig)?;
+            Ok((status.signals.caught, (status, queued, itimers)))
         };
         let mut image_regs = s.regs;
         rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
         // one's standby, if it can be (`incremental.rs`).
-        let mut fds = None;
-        let mut patched = None;
-        if let Some(tk) = track.as_mut()
-            && let (Some(tracking), Some(base)) = (tk.tracking.as_ref(), tk.base.take())
-        {
-            let (p, now) = crate::incremental::patch(
-                s,
-                &mut orig,
-                tracking,
-                base,
-                (rseq, mounts),
-                &mut before,
-                &mut during,
-                seen,
-            )?;
-            patched = p;
-            fds = Some(now);
-        } else {
-            before(&mut orig)?;
-        }
-        let Some((status, queued, (mut itimers, altstack))) = pre else {
-            return Err(Error::Died { pid: host, how: "pass 1 did not run".into() });
+        let incremental = track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?)));
+        let (patched, fds, (status, queued, (mut itimers, altstack))) = match incremental {
+            Some((tracking, base)) => {
+                let (patched, fds, pre) =
+                    crate::incremental::patch(s, &mut orig, tracking, base, (rseq, mounts), before, &mut during, seen)?;
+                (patched, Some(fds), pre)
+            }
+            _ => (None, None, before(&mut orig)?.1),
         };
         let pending = status.signals.pending;
         let (tpl, ns_pid) = match &patched {

@@ -279,27 +279,28 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 
 /// Make the template of stopped process `s` from `base`'s standby, if
 /// it can be (see the module docs); `None` (the standby killed) when the
-/// checkpoint must fork. Also returns the process's descriptors.
+/// checkpoint must fork. Also returns the process's descriptors and what
+/// `before` read.
 ///
 /// From the start, a thread on the CPU the tracer does not use reads the
 /// descriptors, checks, scans and reads the pages written, while this
 /// thread runs `before` (the tracer's own part of the process's pass 1,
-/// which returns its caught-signal mask), reads the handlers, program
+/// which returns its caught-signal mask and what it read), reads the handlers, program
 /// break and FPU state, then runs `during` (the other processes' pass 1;
 /// taken when it ran), then lends a hand with the read. (The calls
 /// injected meanwhile write below the stack's red zone, dead space, and
 /// put back what was there: a page read before or after either way.)
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn patch(
+pub(crate) fn patch<B>(
     s: &Stopped,
     orig: &mut Tracee,
     tracking: &Tracking,
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
-    before: &mut dyn FnMut(&mut Tracee) -> Result<u64>,
+    before: impl FnOnce(&mut Tracee) -> Result<(u64, B)>,
     during: &mut Option<&mut dyn FnMut(&mut Seen)>,
     seen: &mut Seen,
-) -> Result<(Option<Patched>, Vec<FdImage>)> {
+) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     let host = s.host;
     let t0 = std::time::Instant::now();
     // (Any way out but the end drops `base`, which kills the standby.)
@@ -343,7 +344,7 @@ pub(crate) fn patch(
             (found, read_from_queue())
         });
         let mine = (|| -> Result<_> {
-            let caught = before(orig)?;
+            let (caught, pre) = before(orig)?;
             let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
@@ -354,7 +355,7 @@ pub(crate) fn patch(
                 d(seen);
             }
             t_during = t0.elapsed();
-            Ok((handlers, brk, xstate))
+            Ok((handlers, brk, xstate, pre))
         })();
         while !queued.load(std::sync::atomic::Ordering::Acquire) && !worker.is_finished() {
             std::thread::yield_now();
@@ -366,7 +367,7 @@ pub(crate) fn patch(
         (mine, found, read.and(helped))
     });
     let t_read = t0.elapsed();
-    let ((handlers, brk, xstate), (found, fds)) = match (mine, found) {
+    let ((handlers, brk, xstate, pre), (found, fds)) = match (mine, found) {
         (Ok(m), Ok(f)) => (m, f),
         (Err(e), _) | (_, Err(e)) => {
             give_buffer(buf);
@@ -379,7 +380,7 @@ pub(crate) fn patch(
         Err(why) => {
             give_buffer(buf);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
-            return Ok((None, fds));
+            return Ok((None, fds, pre));
         }
     };
     let standby = match base.take_standby() {
@@ -387,7 +388,7 @@ pub(crate) fn patch(
         Err(e) => {
             give_buffer(buf);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
-            return Ok((None, fds));
+            return Ok((None, fds, pre));
         }
     };
     let t_fork = t0.elapsed();
@@ -416,7 +417,7 @@ pub(crate) fn patch(
         pending,
         generation: base.generation + 1,
     };
-    Ok((Some(patched), fds))
+    Ok((Some(patched), fds, pre))
 }
 
 /// Whether `now` (`PROCMAP_QUERY`) is exactly the map `was` (`maps`):

@@ -500,18 +500,19 @@ impl Tracer {
             crate::inject::pin_tracer_thread();
             loop {
                 st.dying.extend(KILLED.with(|k| k.take()));
-                let now = (st.pool_pids(), st.kept_hosts());
-                let mut published = thread_pool.lock().unwrap_or_else(|e| e.into_inner());
-                if *published != now {
-                    *published = now;
-                }
-                drop(published);
                 // Jobs first. Between operations, a standby at a time (so
                 // that a job waits for one fork at most), then the ticks.
                 let job = match rx.try_recv() {
                     Ok(job) => Some(job),
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
+                        // (Not while a job waits: it would wait for this.)
+                        let now = (st.pool_pids(), st.kept_hosts());
+                        let mut published = thread_pool.lock().unwrap_or_else(|e| e.into_inner());
+                        if *published != now {
+                            *published = now;
+                        }
+                        drop(published);
                         let idle = st.ops.load(Ordering::SeqCst) == 0;
                         let mut forking = false;
                         if idle
@@ -747,7 +748,7 @@ impl Tracer {
 
     /// The pool's processes (templates, standbys, holders, dying holders):
     /// their pids in the sandbox and on the host. As the tracer thread last
-    /// published them (at the top of each turn of its loop), with no round
+    /// published them (at each turn of its loop with no job waiting), with no round
     /// trip to it: a call waited for the work under way, up to 1.4 ms
     /// before a checkpoint's stop. One that became a pool process since is
     /// taken for a sandbox process: the stop skips it (its tracer is ours),
