@@ -153,7 +153,7 @@ pub(crate) fn check(st: &State, tree: &Tree) -> std::result::Result<(), String> 
         // mapping the frozen file while writes through the tree go to its
         // copy in the new layer. (One of a lower layer's file was not
         // coherent with writes before either: a write copies it up.)
-        for (_, _, path) in shared_file_maps(host).map_err(|e| format!("{who}: memory map: {e}"))? {
+        for path in shared_file_maps(host).map_err(|e| format!("{who}: memory map: {e}"))? {
             if on_tree(&path) && !path.starts_with("/memfd:") && !path.starts_with("/SYSV") && tree.in_upper(&path) {
                 return Err(format!("{who}: {path} of the writable layer is mapped shared"));
             }
@@ -170,14 +170,14 @@ pub(crate) fn check(st: &State, tree: &Tree) -> std::result::Result<(), String> 
     Ok(())
 }
 
-/// The shared file mappings of `host` (start, end, path): asked of the
-/// kernel (`PROCMAP_QUERY`), or read from `maps` where it cannot be.
-fn shared_file_maps(host: i32) -> std::io::Result<Vec<(u64, u64, String)>> {
-    if let Some(maps) = sandtree_sys::process::shared_file_maps(host)? {
-        return Ok(maps);
+/// The paths of `host`'s shared file mappings: asked of the kernel
+/// (`PROCMAP_QUERY`), or read from `maps` where it cannot be.
+fn shared_file_maps(host: i32) -> std::io::Result<Vec<String>> {
+    if let Some(paths) = sandtree_sys::process::shared_file_maps(host)? {
+        return Ok(paths);
     }
     let maps = crate::procfs::maps(host)?;
-    Ok(maps.into_iter().filter(|m| m.shared()).filter_map(|m| Some((m.start, m.end, m.path?))).collect())
+    Ok(maps.into_iter().filter(|m| m.shared()).filter_map(|m| m.path).collect())
 }
 
 /// A path of the tree (absolute, not of the kept `/proc` and `/dev`).

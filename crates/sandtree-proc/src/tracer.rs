@@ -722,22 +722,10 @@ impl Tracer {
         self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
     }
 
-    /// Open, in each stopped original, its files and cwd again through the
-    /// tree staged at `stage` (`repoint.rs`); on error nothing stays open.
-    pub fn repoint_open(&self, stage: &str) -> Result<()> {
-        let stage = stage.to_string();
-        self.call(move |st| crate::repoint::open(st, &stage))?
-    }
-
-    /// Close what [`Tracer::repoint_open`] opened (the tree was not swapped).
+    /// Close what the copy's job opened through the staged tree
+    /// ([`Cloning::finish`]): the tree was not swapped.
     pub fn repoint_abort(&self) -> Result<()> {
         self.call(crate::repoint::abort)
-    }
-
-    /// Put what [`Tracer::repoint_open`] opened in place (the staged tree is
-    /// the root now).
-    pub fn repoint_finish(&self) -> Result<()> {
-        self.call(crate::repoint::finish)?
     }
 
     /// Let every stopped process run again and drop templates not yet in

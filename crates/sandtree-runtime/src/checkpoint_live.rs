@@ -102,9 +102,9 @@ impl Engine {
             Some(pids) => Ok(pids),
             None => cg.procs().map_err(std::io::Error::other),
         });
-        // Step 4's check runs on the tracer thread at the end of the copy,
-        // on what pass 1 read; init stages the new tree meanwhile (a
-        // refusal unstages it).
+        // Step 5's check runs on the tracer thread at the end of the copy,
+        // on what pass 1 read (the layers' upper directories: where a file
+        // mapped shared would be the writable layer's).
         let tree = sandtree_proc::repoint::Tree {
             init_host: sb.init_pid(),
             uppers: targets
@@ -131,13 +131,12 @@ impl Engine {
                 return Err(self.process_error(id, e));
             }
         };
-        // Steps 3-5 at once: the templates are being copied (the largest on
-        // the other CPU) and checked while init stages the new tree
-        // (checking only the mounts: every process is held, and the
-        // templates appearing meanwhile are ours).
-        // When the processes could move last time, init stages the tree
-        // beside the copy; otherwise only once the check passed (a staged
-        // tree that is not used costs the next layer).
+        // Steps 3-5: the templates are being copied (the largest on the
+        // other CPU) and checked while init stages the new tree (checking
+        // only the mounts: every process is held, and the templates
+        // appearing meanwhile are ours) — when the processes could move
+        // last time; otherwise only once the check passed (a staged tree
+        // that is not used costs the next layer).
         let t_stage = Instant::now();
         let mut fds = Some(fds);
         let staged = match stop.skipped.is_empty()

@@ -342,15 +342,15 @@ pub fn map_ranges(pid: i32) -> io::Result<Option<Vec<MapRange>>> {
     Ok(known.then_some(out))
 }
 
-/// The shared file mappings of `pid` (start, end, path as its
-/// `/proc/<pid>/maps` shows it), asked of the kernel one mapping at a time
+/// The paths of the shared file mappings of `pid` (as its
+/// `/proc/<pid>/maps` shows them), asked of the kernel one mapping at a time
 /// with `PROCMAP_QUERY`, which skips every other kind (~2 µs for a process
 /// with none, against ~150 µs to read and parse a Python process's 130
 /// lines of `maps`). `Ok(None)`: the kernel has no `PROCMAP_QUERY` (before
 /// 6.11): read `maps`.
-pub fn shared_file_maps(pid: i32) -> io::Result<Option<Vec<(u64, u64, String)>>> {
+pub fn shared_file_maps(pid: i32) -> io::Result<Option<Vec<String>>> {
     let mut out = Vec::new();
     let flags = PROCMAP_QUERY_FILE_BACKED_VMA | PROCMAP_QUERY_VMA_SHARED;
-    let known = query_maps(pid, flags, true, |q, name| out.push((q.vma_start, q.vma_end, name.to_string())))?;
+    let known = query_maps(pid, flags, true, |_, name| out.push(name.to_string()))?;
     Ok(known.then_some(out))
 }
