@@ -549,7 +549,12 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
     // Trackings of processes gone (or not stopped this time) end.
-    st.tracking.retain(|host, _| stopped.iter().any(|s| s.host == *host));
+    let ended: Vec<i32> = st.tracking.keys().filter(|h| !stopped.iter().any(|s| s.host == **h)).copied().collect();
+    for host in ended {
+        if let Some(tracking) = st.tracking.remove(&host) {
+            crate::track::park(st, host, tracking);
+        }
+    }
     // (Init's table, kept between operations, when the processes see
     // the tree as init does.)
     let mounts = match stopped.first() {

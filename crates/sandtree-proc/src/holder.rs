@@ -77,7 +77,18 @@ pub(crate) struct Forking {
     /// The call's entry stop is still to come (the call is started
     /// without waiting for it: `Tracee::start_syscall_unwaited`).
     entering: bool,
+    /// The template's nice value, given back to it and to the standby
+    /// when the fork ends (a rollback runs forks under way at
+    /// [`BACKGROUND_NICE`]).
+    nice: Option<i32>,
 }
+
+/// The nice value of a standby fork under way while a rollback runs, and
+/// of a killed holder's teardown: background work. (A sandbox's processes
+/// share one CPU group: within it, the restore's calls run at
+/// `RESTORE_NICE`, and a fork at nice 0 took its CPU share from them and,
+/// through the group's weight, from init and the tracer.)
+const BACKGROUND_NICE: i32 = 19;
 
 /// What [`tend_standbys`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -134,8 +145,14 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     let ns_pid = (!t.any_pid).then(|| pool_pid(next, &taken));
     match start(t, ns_pid) {
         Ok(()) => {
-            t.forking =
-                Some(Forking { child: None, t0: std::time::Instant::now(), ns_pid, scratch: t.scratch, entering: true })
+            t.forking = Some(Forking {
+                child: None,
+                t0: std::time::Instant::now(),
+                ns_pid,
+                scratch: t.scratch,
+                entering: true,
+                nice: crate::restore::nice_of(t.host),
+            })
         }
         Err(e) => failed(t, e),
     }
@@ -190,6 +207,10 @@ impl Forking {
         if let Some(done) = self.poll(tpl) {
             return done;
         }
+        // (Someone waits for it now.)
+        if self.nice.is_some() {
+            crate::restore::set_nice(tpl.tid, crate::restore::RESTORE_NICE);
+        }
         // (The rest of the fork, and its exit stop.)
         let out = tpl.finish_syscall_entering(&mut self.entering).map(|mut o| {
             o.child = o.child.or(self.child);
@@ -210,6 +231,14 @@ impl Forking {
         let child = out.as_ref().ok().and_then(|o| o.child).or(self.child);
         if let Some(c) = child {
             crate::inject::pin_to_tracer(c);
+        }
+        // (The child took the template's nice value at some point of the
+        // fork: both get the process's back.)
+        if let Some(n) = self.nice {
+            crate::restore::set_nice(tpl.tid, n);
+            if let Some(c) = child {
+                crate::restore::set_nice(c, n);
+            }
         }
         let out = match out {
             Ok(out) => out,
@@ -301,8 +330,13 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
 /// fork beside it made a 0.3 ms restore take 3-6 ms). A checkpoint leaves
 /// them there: the other CPU reads the written pages in its window.
 pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
-    for t in st.pools.values().flat_map(|c| &c.templates).filter(|t| t.forking.is_some()) {
-        crate::inject::move_off_tracer(t.host);
+    for t in st.pools.values().flat_map(|c| &c.templates) {
+        if let Some(f) = &t.forking {
+            crate::inject::move_off_tracer(t.host);
+            if f.nice.is_some() {
+                crate::restore::set_nice(t.host, BACKGROUND_NICE);
+            }
+        }
     }
 }
 
@@ -397,6 +431,7 @@ pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
     holders.retain(|h| {
         if h.orphaned() {
             crate::inject::move_off_tracer(h.host);
+            crate::restore::set_nice(h.host, BACKGROUND_NICE);
             let _ = ptrace::kill(h.host);
             dying.push((h.host, h.ns_pid));
             false

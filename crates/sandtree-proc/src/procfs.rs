@@ -713,7 +713,9 @@ pub fn vdso_base(pid: i32) -> io::Result<u64> {
 /// present, bits 0-54 the frame; real frames need `CAP_SYS_ADMIN`, which
 /// the daemon has). Swapped-out pages have no frame and are left out.
 /// Reading a 1 GB process takes a few milliseconds: not on a hot path.
-pub fn frames(pid: i32) -> std::io::Result<Vec<u64>> {
+/// `between` runs before each read of up to 4,096 entries (a caller that
+/// must stay out of another's way waits there).
+pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
     /// Larger mappings are address-space reservations, not memory.
     const MAX_MAPPING: u64 = 1 << 40;
     use std::os::unix::fs::FileExt;
@@ -744,6 +746,7 @@ pub fn frames(pid: i32) -> std::io::Result<Vec<u64>> {
         let mut page = start / 4096;
         while page < end / 4096 {
             let n = ((end / 4096 - page) as usize).min(4096);
+            between();
             let got = pagemap.read_at(&mut buf[..n * 8], page * 8)?;
             if got == 0 {
                 break;

@@ -32,7 +32,9 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
 pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let t0 = std::time::Instant::now();
     // The killed originals' trackings end with them.
-    st.tracking.clear();
+    for (host, tracking) in std::mem::take(&mut st.tracking) {
+        crate::track::park(st, host, tracking);
+    }
     let t_untrack = t0.elapsed();
     let mut report = RestoreReport::default();
     let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
@@ -379,14 +381,14 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
 }
 
 /// The nice value a restore's copy and fix-up run at (see
-/// [`restore_one`]).
-const RESTORE_NICE: i32 = -10;
+/// [`restore_one`]), and a standby fork that a job waits for (`holder.rs`).
+pub(crate) const RESTORE_NICE: i32 = -10;
 
-fn nice_of(tid: i32) -> Option<i32> {
+pub(crate) fn nice_of(tid: i32) -> Option<i32> {
     rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid)).ok()
 }
 
-fn set_nice(tid: i32, nice: i32) {
+pub(crate) fn set_nice(tid: i32, nice: i32) {
     let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
 }
 

@@ -557,8 +557,30 @@ fn rollback_while_pages_are_written(e: &Engine) -> CaseFuture<'_> {
             c.result(round)?;
             sleep_ms(300).await;
         }
+        // The killed originals' userfaultfds are kept until their memory
+        // is gone (`track.rs`, `Parked`), then closed: the restored
+        // processes are not tracked until their next checkpoint, so none
+        // stays open.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while userfaultfds()? > 0 {
+            if Instant::now() > deadline {
+                bail!("{} userfaultfd(s) still open 5 s after the last rollback", userfaultfds()?);
+            }
+            sleep_ms(20).await;
+        }
         w.delete(e).await
     })
+}
+
+/// Userfaultfds this process (the engine) holds.
+fn userfaultfds() -> Result<usize> {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if std::fs::read_link(entry?.path()).is_ok_and(|l| l.to_string_lossy().contains("userfaultfd")) {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 const BIG_PY: &str = r#"
