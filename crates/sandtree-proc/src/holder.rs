@@ -83,8 +83,9 @@ pub(crate) struct Forking {
     nice: Option<i32>,
 }
 
-/// The nice value of a standby fork under way while a rollback runs, and
-/// of a killed holder's teardown: background work. (A sandbox's processes
+/// The nice value of a standby fork under way while a rollback runs (until
+/// it ends: [`forks_to_foreground`]), and of a killed holder's teardown:
+/// background work. (A sandbox's processes
 /// share one CPU group: within it, the restore's calls run at
 /// `RESTORE_NICE`, and a fork at nice 0 took its CPU share from them and,
 /// through the group's weight, from init and the tracer.)
@@ -350,6 +351,21 @@ pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
             if f.nice.is_some() {
                 crate::restore::set_nice(t.host, BACKGROUND_NICE);
             }
+        }
+    }
+}
+
+/// Standby forks under way get their template's nice value back (the
+/// operation that sent them to [`BACKGROUND_NICE`] is over: at that value
+/// the sandbox's own processes would starve them, and the forks after
+/// them wait).
+pub(crate) fn forks_to_foreground(st: &mut crate::tracer::State) {
+    if st.ops.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        return;
+    }
+    for t in st.pools.values().flat_map(|c| &c.templates) {
+        if let Some(n) = t.forking.as_ref().and_then(|f| f.nice) {
+            crate::restore::set_nice(t.host, n);
         }
     }
 }

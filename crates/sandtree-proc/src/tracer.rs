@@ -473,7 +473,9 @@ impl Drop for OpGuard {
         if self.ops.fetch_sub(1, Ordering::SeqCst) == 1
             && let Some(tx) = &self.wake
         {
-            let _ = tx.send(Box::new(|_| {}));
+            // (Standby forks a rollback sent to the background get their
+            // priority back.)
+            let _ = tx.send(Box::new(crate::holder::forks_to_foreground));
         }
     }
 }
