@@ -548,11 +548,17 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 /// is then about the largest copy, not the sum of all of them.
 pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
-    // Trackings of processes gone (or not stopped this time) end.
+    // Trackings of processes gone (or not stopped this time: refused in
+    // best effort, left running) end: a dead one's userfaultfd is parked
+    // until its memory is gone; a live one's closes on the closer thread
+    // (`Tracking`'s drop: soon, and its mappings are free again for a
+    // tracking armed anew).
     let ended: Vec<i32> = st.tracking.keys().filter(|h| !stopped.iter().any(|s| s.host == **h)).copied().collect();
     for host in ended {
-        if let Some(tracking) = st.tracking.remove(&host) {
-            crate::track::park(st, host, tracking);
+        match st.tracking.remove(&host) {
+            Some(tracking) if !tracking.tracks(host) => crate::track::park(st, host, tracking),
+            Some(tracking) => drop(tracking),
+            None => {}
         }
     }
     // (Init's table, kept between operations, when the processes see
