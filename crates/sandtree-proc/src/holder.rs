@@ -85,10 +85,10 @@ pub(crate) struct Forking {
 
 /// The nice value of a standby fork under way while a rollback runs (until
 /// it ends: [`forks_to_foreground`]), and of a killed holder's teardown:
-/// background work. (A sandbox's processes
-/// share one CPU group: within it, the restore's calls run at
-/// `RESTORE_NICE`, and a fork at nice 0 took its CPU share from them and,
-/// through the group's weight, from init and the tracer.)
+/// background work. Nice orders the tasks of one CPU group: these run in
+/// the sandbox's, beside init and the restore's calls (at `RESTORE_NICE`),
+/// which a fork at nice 0 took CPU share from. (Against the daemon's
+/// threads, another group, nice does little: ARCHITECTURE.md.)
 const BACKGROUND_NICE: i32 = 19;
 
 /// What [`tend_standbys`] did.

@@ -852,10 +852,16 @@ impl Tracer {
     /// process does (the pages their originals changed since). Measured
     /// outside the tracer thread (reading page maps takes a while).
     pub fn memory(&self) -> Result<u64> {
+        Ok(self.measured("info")?.total)
+    }
+
+    /// The pool measured off the tracer thread ([`Sizing::measure_aside`]),
+    /// for `why`.
+    fn measured(&self, why: &str) -> Result<Sized> {
         let t0 = std::time::Instant::now();
-        let total = self.call(|st| st.sizing())?.measure_aside().total;
-        tracing::debug!(took = ?t0.elapsed(), "pool measured");
-        Ok(total)
+        let sized = self.call(|st| st.sizing())?.measure_aside();
+        tracing::debug!(why, took = ?t0.elapsed(), "pool measured");
+        Ok(sized)
     }
 
     /// Evict least recently used checkpoints' templates until the pool
@@ -863,9 +869,7 @@ impl Tracer {
     /// (`keep` is never evicted). Returns the evicted checkpoint ids. The
     /// memory is measured outside the tracer thread.
     pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
-        let t0 = std::time::Instant::now();
-        let measured = self.call(|st| st.sizing())?.measure_aside();
-        tracing::debug!(took = ?t0.elapsed(), "pool measured for eviction");
+        let measured = self.measured("eviction")?;
         let mut sized = measured.own;
         sized.sort_by_key(|(_, used, _)| *used);
         let mut total = measured.total;
