@@ -695,15 +695,22 @@ fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
         let pid = start_python(e, &sb, "import time\nwhile True: time.sleep(1)").await?;
         let ck = checkpoint(e, &sb).await?;
         sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
+        // Any process made in the sandbox between the write to ns_last_pid
+        // and the fork takes the pid: the parent tries again then. The
+        // waiter below is one shell blocked on a fifo (a polling loop would
+        // fork all the time).
+        sh(e, &sb, "mkfifo /root/forked").await?;
         let parent = format!(
             "import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
-             open('/proc/sys/kernel/ns_last_pid', 'w').write('{}')\nc = os.fork()\n\
-             if c == 0:\n    heavy = b'x' * (100 << 20)\n    time.sleep(1000)\nheavy = b'x' * (400 << 20)\n\
-             open('/root/forked', 'w').write(str(c))\ntime.sleep(1000)",
+             while True:\n    open('/proc/sys/kernel/ns_last_pid', 'w').write('{}')\n    c = os.fork()\n\
+             \x20   if c == 0:\n        if os.getpid() != {pid}:\n            os._exit(0)\n\
+             \x20       heavy = b'x' * (100 << 20)\n        time.sleep(1000)\n\
+             \x20   if c == {pid}:\n        break\n    time.sleep(0.01)\n\
+             heavy = b'x' * (400 << 20)\nopen('/root/forked', 'w').write(str(c))\ntime.sleep(1000)",
             pid - 1
         );
         start_python(e, &sb, &parent).await?;
-        let forked = sh(e, &sb, "while [ ! -s /root/forked ]; do sleep 0.01; done; cat /root/forked").await?;
+        let forked = sh(e, &sb, "read c < /root/forked; echo $c").await?;
         ensure!(forked.trim() == pid.to_string(), "the child got pid {forked}, not {pid}");
         let t = Instant::now();
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck }).await?;
