@@ -55,8 +55,9 @@ pub struct Engine {
     /// Process tracers (and their templates) by sandbox id; one belongs to
     /// one init: a new init (boot) or none (halt) drops it.
     pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
-    /// Sandboxes with a template eviction pending.
-    pub(crate) evicting: Mutex<std::collections::HashSet<String>>,
+    /// Sandboxes with a template eviction pending or running, and whether
+    /// a checkpoint since its measurement began asks for another run.
+    pub(crate) evicting: Mutex<std::collections::HashMap<String, bool>>,
     /// Runs of layers being squashed (`layer_squash.rs`).
     pub(crate) squashing: Mutex<std::collections::HashSet<Vec<String>>>,
     /// Prepared next layers of layered sandboxes (`next_layers.rs`).
