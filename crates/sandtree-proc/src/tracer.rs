@@ -537,7 +537,7 @@ impl Drop for OpGuard {
         if self.ops.fetch_sub(1, Ordering::SeqCst) == 1
             && let Some(tx) = &self.wake
         {
-            // (Standby forks a rollback sent to the background get their
+            // (Standby forks an operation sent to the background get their
             // priority back.)
             let _ = tx.send(Box::new(crate::holder::forks_to_foreground));
         }
