@@ -499,8 +499,8 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             return None;
         }
         // A chain long enough: the process is forked again (see
-        // `incremental::MAX_GENERATION`); the template keeps its standby.
-        if t.generation >= crate::incremental::MAX_GENERATION {
+        // `incremental::max_generation`); the template keeps its standby.
+        if t.generation >= crate::incremental::max_generation(resident_pages(s.host)) {
             tracing::debug!(
                 pid = s.ns_pid,
                 generation = t.generation,

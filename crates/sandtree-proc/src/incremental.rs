@@ -18,7 +18,7 @@
 //! credentials, limits, namespaces, the mm's layout. The standby has the
 //! previous template's. So a standby is used only when all of that is as
 //! it was; otherwise (and when the process wrote more than a 16th of its
-//! pages, where a fork is cheaper, and after [`MAX_GENERATION`] templates
+//! pages, where a fork is cheaper, and after [`max_generation`] templates
 //! made from standbys in a row) the checkpoint forks:
 //! - the memory map (`/proc/pid/maps`) is the previous template's, and
 //!   every private mapping is tracked;
@@ -67,8 +67,23 @@ use crate::{Error, Result};
 /// process's own level. It costs the checkpoint the fork (~2 ms more at
 /// 100 MB) once every `MAX_GENERATION + 1` checkpoints. (8 against 4,
 /// over 7 alternating bench runs each: checkpoint p50 5.02 against 5.33
-/// ms, right-after rollback p95 4.5 against 6.5 ms.)
+/// ms, right-after rollback p95 4.5 against 6.5 ms.) That is for a process
+/// of up to 128 MiB; a larger one goes on longer ([`max_generation`]).
 pub(crate) const MAX_GENERATION: u32 = 8;
+
+/// Templates made from standbys in a row for a process of `resident`
+/// pages. The fork that ends a chain costs the checkpoint's window in
+/// proportion to the process's size (1 GB: 15-90 ms here, every
+/// `MAX_GENERATION + 1`th checkpoint its p95), a level of the chain costs
+/// each later fork the same whatever the size (~0.3 ms per level with
+/// ~100 mappings; at 1 GB, 32 levels did not show beside the page tables'
+/// 12-29 ms). A chain of `g` costs `R + c g²/2` per `g` checkpoints, least
+/// at `g = √(2R/c)`: it grows with the square root of the size, from
+/// `MAX_GENERATION` at 128 MiB (22 at 1 GiB, at most 32).
+pub(crate) fn max_generation(resident: u64) -> u32 {
+    let scale = ((resident * 4096) as f64 / (128u64 << 20) as f64).sqrt();
+    ((f64::from(MAX_GENERATION) * scale) as u32).clamp(MAX_GENERATION, 4 * MAX_GENERATION)
+}
 
 /// The previous template of a tracked process, for an incremental one.
 pub(crate) struct Base {
@@ -663,7 +678,19 @@ const JOB_BYTES: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
-    use super::same_map;
+    use super::{MAX_GENERATION, max_generation, same_map};
+
+    /// Chains grow with the square root of the process's size, between 8
+    /// and 32 templates.
+    #[test]
+    fn longer_chains_for_larger_processes() {
+        let pages = |mib: u64| mib << 8;
+        assert_eq!(max_generation(0), MAX_GENERATION);
+        assert_eq!(max_generation(pages(100)), MAX_GENERATION);
+        assert_eq!(max_generation(pages(512)), 16);
+        assert_eq!(max_generation(pages(1024)), 22);
+        assert_eq!(max_generation(pages(64 << 10)), 32);
+    }
 
     /// A process's map through `PROCMAP_QUERY` is its `maps`; another
     /// process's is not.
