@@ -165,11 +165,17 @@ impl Sizing {
     /// pages changed, not to the processes' size.
     ///
     /// The walk steps aside while a checkpoint or a rollback runs (between
-    /// reads of 4,096 entries, each well under a millisecond): the eviction
-    /// check starts once the engine has been idle a moment, and it met the
-    /// first rollback after a burst of checkpoints, which then took 8-27 ms
-    /// instead of ~3 (the walk took the CPU, and each page-map read holds
-    /// the template's memory map lock, which a fork of it waits for).
+    /// reads of 4,096 entries, and between 4,096 frames counted, each well
+    /// under a millisecond): the eviction check starts once the engine has
+    /// been idle a moment, and it met the first rollback after a burst of
+    /// checkpoints, which then took 8-27 ms instead of ~3 (the walk took the
+    /// CPU, and each page-map read holds the template's memory map lock,
+    /// which a fork of it waits for). Its nice value does not keep it out
+    /// of the way: the daemon is one CPU group and the sandbox another, of
+    /// equal weight, so while the tracer waits for a call it injected, the
+    /// walk and the process share the CPU half and half (counting cached
+    /// frames without a pause, it made a 1 GB checkpoint's injected calls
+    /// take 10-27 ms instead of ~0.5).
     fn measure(mut self) -> Sized {
         let ops = self.ops.clone();
         let between = move || {
@@ -206,9 +212,14 @@ impl Sizing {
                         f
                     }
                 };
-                for &f in frames.iter() {
-                    if !live.contains(&f) {
-                        owner.insert(f, i);
+                // (Steps aside here too: at 1 GB a template is 262,144
+                // frames, ~5 ms of hashing.)
+                for chunk in frames.chunks(4096) {
+                    between();
+                    for &f in chunk {
+                        if !live.contains(&f) {
+                            owner.insert(f, i);
+                        }
                     }
                 }
             }
