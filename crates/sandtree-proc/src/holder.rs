@@ -128,7 +128,7 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     if under_way {
         return Tended::Forking;
     }
-    let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
+    let bases = base_hosts(st);
     let writing = st.pools.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host));
     let Some((ck, i)) = st
         .pools
@@ -159,6 +159,12 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
         Err(e) => failed(t, e),
     }
     Tended::Worked
+}
+
+/// The templates tracked processes' next checkpoints start from (host
+/// pids): their standbys are the ones a checkpoint takes.
+fn base_hosts(st: &crate::tracer::State) -> Vec<i32> {
+    st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect()
 }
 
 /// A pid for a standby: the highest free one below the last given (from
@@ -374,7 +380,7 @@ pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
 /// checkpoints of an agent that thinks between steps, whose window then took
 /// 20-25 ms instead of ~9.
 pub(crate) fn forks_to_background(st: &crate::tracer::State) {
-    let bases: Vec<i32> = st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect();
+    let bases = base_hosts(st);
     for t in st.pools.values().flat_map(|c| &c.templates) {
         if let Some(f) = &t.forking
             && f.nice.is_some()
