@@ -99,8 +99,9 @@ type ToSize = (String, u64, Vec<(i32, bool)>);
 
 /// The frames of templates done changing, by (checkpoint, host pid), as
 /// read when: a template never writes, so its frames stay what they were
-/// unless the kernel moves its pages (compaction); an entry is read again
-/// after [`FRAMES_FRESH`]. Without it, each eviction check read every
+/// unless the kernel moves its pages (compaction), but for its scratch
+/// page (the arguments of the forks we inject: one page copied on write
+/// after a fork); an entry is read again after [`FRAMES_FRESH`]. Without it, each eviction check read every
 /// template again: 30 checkpoints of a 1 GB process, 2.3 s a check.
 type FrameCache = std::collections::HashMap<(String, i32), (std::time::Instant, Arc<Vec<u64>>)>;
 
