@@ -1447,7 +1447,7 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     if let Err(e) = res {
         tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
         st.unprepared.remove(0);
-        st.drop_checkpoint(&ck);
+        st.drop_checkpoint(&ck, true);
     }
     true
 }
@@ -1525,7 +1525,7 @@ pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
         }
     }
     for ck in failed {
-        st.drop_checkpoint(&ck);
+        st.drop_checkpoint(&ck, true);
     }
     any
 }

@@ -64,7 +64,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         .map(|(k, _)| k.clone())
         .collect();
     for k in conflicting {
-        st.drop_checkpoint(&k);
+        st.drop_checkpoint(&k, true);
         report.evicted.push(k);
     }
     // Likewise a standby, or a holder (its owner was just killed): they go now.

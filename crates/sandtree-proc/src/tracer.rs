@@ -445,33 +445,21 @@ impl State {
         self.holders.iter().any(|h| h.owner == host && !h.orphaned())
     }
 
-    /// Kill the templates of `ck`, and wait until they are gone (their
-    /// pids free: a restore that needs one).
-    pub(crate) fn drop_checkpoint(&mut self, ck: &str) {
-        if let Some(set) = self.pools.remove(ck) {
-            for mut t in set.templates {
-                crate::holder::settle(&mut t);
-                kill_tracee(t.host);
-                if let Some(s) = t.standby {
-                    kill_tracee(s.host);
-                }
-            }
-        }
-    }
-
-    /// Kill the templates of `ck` without waiting for them: each tears its
+    /// Kill the templates of `ck`. With `wait`, until they are gone (their
+    /// pids free: a restore that needs one); otherwise each tears its
     /// memory down in its own time, off the tracer's CPU, and is collected
     /// between jobs. (Waiting took the tracer thread for the teardown of
     /// every template and standby: an eviction run between two
     /// checkpoints, of 100 MB templates, made the next checkpoint's last
     /// step wait 19 ms.)
-    pub(crate) fn drop_checkpoint_later(&mut self, ck: &str) {
+    pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool) {
+        let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
         if let Some(set) = self.pools.remove(ck) {
             for mut t in set.templates {
                 crate::holder::settle(&mut t);
-                kill_later(t.host, t.ns_pid);
+                kill(t.host, t.ns_pid);
                 if let Some(s) = t.standby {
-                    kill_later(s.host, s.ns_pid);
+                    kill(s.host, s.ns_pid);
                 }
             }
         }
@@ -935,7 +923,7 @@ impl Tracer {
     /// Kill the templates of `ck` (they are collected later).
     pub fn drop_checkpoint(&self, ck: &str) -> Result<()> {
         let ck = ck.to_string();
-        self.call(move |st| st.drop_checkpoint_later(&ck))
+        self.call(move |st| st.drop_checkpoint(&ck, false))
     }
 
     /// How many checkpoints have templates in the pool.
