@@ -14,13 +14,8 @@ use sandtree_runtime::Engine;
 
 mod common;
 use common::{Case, CaseFuture};
-
-async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
-    let out =
-        e.exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }).await?;
-    ensure!(out.exit_code == Some(0), "`{script}` exited {:?}: {}", out.exit_code, out.stderr);
-    Ok(out.stdout)
-}
+mod in_sandbox;
+use in_sandbox::{sh, start_python};
 
 async fn create(e: &Engine) -> Result<String> {
     Ok(e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id)
@@ -156,14 +151,6 @@ while True:
     time.sleep(0.01)
 "#;
 
-/// Starts COUNTER in the background; its pid.
-/// Run Python `code` in the background of sandbox `sb`; its pid.
-async fn start_python(e: &Engine, sb: &str, code: &str) -> Result<i32> {
-    let bg =
-        ExecRequest { cmd: vec!["python3".into(), "-c".into(), code.into()], background: true, ..Default::default() };
-    Ok(e.exec(sb, bg).await?.pid)
-}
-
 /// The contents of `path` in sandbox `sb`, once it exists (30 s at most).
 async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
@@ -176,6 +163,7 @@ async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
     }
 }
 
+/// Starts COUNTER in the background; its pid.
 async fn start_counter(e: &Engine, sb: &str) -> Result<i32> {
     start_python(e, sb, COUNTER).await
 }

@@ -7,22 +7,17 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
-use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ExecRequest, ProcessState, RollbackRequest};
+use anyhow::ensure;
+use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ProcessState, RollbackRequest};
 use sandtree_runtime::Engine;
 
 mod common;
 use common::{Case, CaseFuture};
+mod in_sandbox;
+use in_sandbox::{sh, start_python};
 
 /// The pool's budget in this engine.
 const BUDGET: u64 = 56 << 20;
-
-async fn sh(e: &Engine, sb: &str, script: &str) -> Result<String> {
-    let out =
-        e.exec(sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }).await?;
-    ensure!(out.exit_code == Some(0), "`{script}` exited {:?}: {}", out.exit_code, out.stderr);
-    Ok(out.stdout)
-}
 
 /// Holds 64 MiB; at `/root/go<n>` rewrites the n-th 8 MiB of it, then
 /// says `/root/done<n>`.
@@ -55,12 +50,7 @@ while True:
 fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
-        let bg = ExecRequest {
-            cmd: vec!["python3".into(), "-c".into(), WRITER.into()],
-            background: true,
-            ..Default::default()
-        };
-        e.exec(&sb, bg).await?;
+        start_python(e, &sb, WRITER).await?;
         sh(e, &sb, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
         let mut cks = Vec::new();
         for step in 1..=5 {
