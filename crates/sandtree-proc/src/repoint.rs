@@ -23,14 +23,17 @@
 //!    filesystem context of its own, a process chrooted elsewhere;
 //! 2. init mounts the new tree at a staging point (`stage`) and `open`
 //!    opens, in each process, each of its files of the tree again through
-//!    that point (same flags, minus the creating ones; same offset) and its
-//!    cwd (`O_PATH`), onto spare descriptor numbers. A failure closes every
-//!    one of them: nothing changed, and the caller unstages (steps 1 and 2
-//!    run in the copy's job, [`crate::Tracer::stop_and_clone`]);
+//!    that point (same flags, minus the creating ones; same offset), onto
+//!    spare descriptor numbers, and `chdir`s there (one call; an `O_PATH`
+//!    open and an `fchdir` and `close` after the swap cost two more round
+//!    trips a process). A failure closes every one of them and `chdir`s
+//!    each process back by its old path (the old tree is still the root):
+//!    nothing changed, and the caller unstages (steps 1 and 2 run in the
+//!    copy's job, [`crate::Tracer::stop_and_clone`]);
 //! 3. init moves the staged tree to `/` (the descriptors opened through it
-//!    follow the mount) and `finish` puts each new descriptor on its
-//!    number (`dup3`, which closes the old one), its dups after it, and
-//!    `fchdir`s to the new cwd ([`crate::Tracer::finish_and_go`]).
+//!    and the cwds in it follow the mount) and `finish` puts each new
+//!    descriptor on its number (`dup3`, which closes the old one) and its
+//!    dups after it ([`crate::Tracer::finish_and_go`]).
 //!
 //! Calls are injected into each process's main thread (the descriptor table
 //! and cwd are shared by its threads); paths are written below its stack
@@ -46,13 +49,14 @@ use crate::tracer::State;
 use crate::{Error, Result};
 
 /// What one process got in step 2: (new descriptor, its number, flags),
-/// dups to make after them (from, to, flags), and its new cwd.
+/// dups to make after them (from, to, flags), and, when it moved its cwd
+/// into the staged tree, its old cwd's path (to go back to on abort).
 #[derive(Default)]
 pub(crate) struct Reopened {
     host: i32,
     files: Vec<(i32, i32, u32)>,
     dups: Vec<(i32, i32, u32)>,
-    cwd: Option<i32>,
+    cwd: Option<String>,
 }
 
 /// Flags that only mean something when a file is first opened.
@@ -198,7 +202,7 @@ pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
     for c in &mut st.cloned {
         let Some(orig) = c.orig.as_mut() else { continue };
         let mut r = Reopened { host: c.stopped.host, ..Default::default() };
-        let res = reopen(orig, c.stopped.regs.rsp, &c.fds, stage, &mut r);
+        let res = reopen(orig, c.stopped.regs.rsp, (&c.fds, &c.paths.0), stage, &mut r);
         done.push(r);
         match res {
             // (Killed meanwhile: nothing of it to move.)
@@ -219,19 +223,16 @@ pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
     }
 }
 
+/// Step 2 for one process whose cwd (read in pass 1, while it was
+/// stopped already) is `cwd`.
 fn reopen(
     p: &mut crate::inject::Tracee,
     rsp: u64,
-    fds: &[crate::model::FdImage],
+    (fds, cwd): (&[crate::model::FdImage], &str),
     stage: &str,
     r: &mut Reopened,
 ) -> Result<()> {
     let host = p.tid;
-    let cwd = crate::procfs::readlink(format!("/proc/{host}/cwd")).map_err(|source| Error::Proc {
-        pid: host,
-        what: "cwd",
-        source,
-    })?;
     // Room below the red zone for the longest path (what was there is put
     // back after).
     let paths = fds.iter().filter_map(|f| match &f.kind {
@@ -239,16 +240,7 @@ fn reopen(
         _ => None,
     });
     let len = paths.chain([cwd.len()]).max().unwrap_or(0) + stage.len() + 1;
-    if len > PATH_MAX {
-        return Err(Error::Remote {
-            pid: host,
-            call: "open (new tree)",
-            errno: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG),
-        });
-    }
-    let buf = (rsp - 128 - len as u64) & !15;
-    let mut saved = vec![0u8; len];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|source| Error::Ptrace { pid: host, op: "read stack", source })?;
+    let (buf, saved) = below_red_zone(host, rsp, len, "open (new tree)")?;
     let put = |path: &str| -> Result<u64> {
         let mut bytes = format!("{stage}{path}").into_bytes();
         bytes.push(0);
@@ -286,10 +278,10 @@ fn reopen(
                 p.call("lseek (new tree)", libc::SYS_lseek, &[fd as u64, f.pos, libc::SEEK_SET as u64])?;
             }
         }
-        if on_tree(&cwd) {
-            let at = put(&cwd)?;
-            let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-            r.cwd = Some(p.call("open (new cwd)", libc::SYS_open, &[at, flags, 0])? as i32);
+        if on_tree(cwd) {
+            let at = put(cwd)?;
+            p.call("chdir (new tree)", libc::SYS_chdir, &[at])?;
+            r.cwd = Some(cwd.to_string());
         }
         Ok(())
     })();
@@ -297,15 +289,49 @@ fn reopen(
     res
 }
 
-/// Close what step 2 opened (the caller unstages the tree).
+/// Room for a path of `len` bytes (its NUL included) below stopped
+/// process `host`'s red zone, its stack pointer being `rsp`: the address,
+/// and the bytes there now, to put back.
+fn below_red_zone(host: i32, rsp: u64, len: usize, call: &'static str) -> Result<(u64, Vec<u8>)> {
+    if len > PATH_MAX {
+        return Err(Error::Remote { pid: host, call, errno: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG) });
+    }
+    let buf = (rsp - 128 - len as u64) & !15;
+    let mut saved = vec![0u8; len];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|source| Error::Ptrace { pid: host, op: "read stack", source })?;
+    Ok((buf, saved))
+}
+
+/// Undo step 2 (the caller unstages the tree): close what it opened, and
+/// `chdir` each process that moved its cwd back by the old path.
 pub(crate) fn abort(st: &mut State) {
     for r in std::mem::take(&mut st.repointed) {
         let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
+        let rsp = c.stopped.regs.rsp;
         let Some(p) = c.orig.as_mut() else { continue };
-        for fd in r.files.iter().map(|f| f.0).chain(r.cwd) {
+        for fd in r.files.iter().map(|f| f.0) {
             let _ = p.call("close", libc::SYS_close, &[fd as u64]);
         }
+        if let Some(cwd) = r.cwd
+            && let Err(e) = chdir_back(p, rsp, &cwd)
+        {
+            tracing::warn!(pid = c.stopped.ns_pid, "cwd not moved back from the staged tree: {e}");
+        }
     }
+}
+
+/// `chdir(path)` in stopped process `p`, the path written below its red
+/// zone (and what was there put back).
+fn chdir_back(p: &mut crate::inject::Tracee, rsp: u64, path: &str) -> Result<()> {
+    let host = p.tid;
+    let (buf, saved) = below_red_zone(host, rsp, path.len() + 1, "chdir (old tree)")?;
+    let mut bytes = path.as_bytes().to_vec();
+    bytes.push(0);
+    let res = ptrace::write_mem(host, buf, &bytes)
+        .map_err(|source| Error::Ptrace { pid: host, op: "write path", source })
+        .and_then(|()| p.call("chdir (old tree)", libc::SYS_chdir, &[buf]).map(drop));
+    ptrace::write_mem(host, buf, &saved).map_err(|source| Error::Ptrace { pid: host, op: "restore stack", source })?;
+    res
 }
 
 /// Step 3, once the staged tree is the root.
@@ -330,10 +356,6 @@ fn put_in_place(p: &mut crate::inject::Tracee, r: &Reopened) -> Result<()> {
     }
     for &(from, fd, flags) in &r.dups {
         p.call("dup3 (new tree)", libc::SYS_dup3, &[from as u64, fd as u64, cloexec(flags)])?;
-    }
-    if let Some(cwd) = r.cwd {
-        p.call("fchdir (new tree)", libc::SYS_fchdir, &[cwd as u64])?;
-        p.call("close", libc::SYS_close, &[cwd as u64])?;
     }
     Ok(())
 }

@@ -19,14 +19,16 @@
 //!    step 1, on what the copy read: no deleted file, named pipe or bound
 //!    socket of the tree open, no inotify watch, no file of the writable
 //!    layer mapped shared...), then waits for the staging point and
-//! 6. each process opens its files of the tree and its cwd again through
-//!    it (`Cloning::finish`: no round trip to this thread between 3 and 6);
+//! 6. each process opens its files of the tree again through it and
+//!    `chdir`s there (`Cloning::finish`: no round trip to this thread
+//!    between 3 and 6);
 //! 7. init moves the staged tree to `/` and detaches the old one
 //!    (`Sandbox::swap_staged`: the frozen layer is the checkpoint's from
 //!    here; a `..` reaching `/` would cross into the old root while it
 //!    stays on top of the new one); then in one tracer job
 //!    (`Tracer::finish_and_go`) each process puts its new descriptors in
-//!    place and `fchdir`s, every process runs again, and
+//!    place (its cwd moved with the staged tree), every process runs
+//!    again, and
 //! 8. the templates' images and checks (pass 2; their paths were read in
 //!    step 3, before the old tree was detached); the row is committed with
 //!    the sandbox's new stack.
@@ -198,8 +200,12 @@ impl Engine {
         // tracer job: the descriptors put in place, every process let go,
         // pass 2.
         let t_swap = Instant::now();
+        let mut t_swapped = t_swap;
         let went = match sb.swap_staged().await {
-            Ok(()) => block(|| tracer.finish_and_go(ck_id, best_effort)).map_err(Error::from),
+            Ok(()) => {
+                t_swapped = Instant::now();
+                block(|| tracer.finish_and_go(ck_id, best_effort)).map_err(Error::from)
+            }
             Err(e) => {
                 let _ = block(|| tracer.repoint_abort());
                 Err(e.into())
@@ -247,6 +253,7 @@ impl Engine {
             ?t_stage,
             open = ?t_swap.duration_since(t_cloned),
             swap_finish = ?went.at.duration_since(t_swap),
+            swap = ?t_swapped.duration_since(t_swap),
             frozen_ms,
             set_up = ?t_set_up,
             commit = ?t_commit.elapsed(),

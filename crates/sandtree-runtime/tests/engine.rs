@@ -784,6 +784,15 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         // (Each layer numbers its inodes from the same start: files made
         // first, so that the copy's number is not the original's by chance.)
         sh(e, &other, "mkdir -p /root/n && touch /root/n/1 /root/n/2 /root/n/3 /root/n/4").await?;
+        // A process before the holder moves its cwd into the staged tree
+        // before the holder's reopen fails: it must be moved back, or
+        // what it writes by a relative path would go to a tree that is
+        // gone.
+        let mover = "import os, time\nos.chdir('/root/n')\nopen('/root/moved', 'w').close()\n\
+                     while not os.path.exists('go'):\n    time.sleep(0.01)\nopen('out', 'w').write('here')\n\
+                     time.sleep(1000)\n";
+        start_python(e, &other, mover).await?;
+        sh(e, &other, "while [ ! -e /root/moved ]; do sleep 0.01; done").await?;
         let holder = "exec 7<>/root/lower-rw; echo $$ > /root/ready; exec sleep 1000";
         let req = ExecRequest {
             cmd: vec!["bash".into(), "-c".into(), holder.into()],
@@ -798,6 +807,10 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
         ensure!(layer == format!("checkpoints/{snap}"), "a copied-up file open for writing, yet layered: {layer}");
         ensure!(sh(e, &other, ino).await? == before, "the open file's inode number changed");
+        let out = "touch /root/n/go; for i in $(seq 500); do [ -s /root/n/out ] && break; sleep 0.01; done; \
+                   cat /root/n/out";
+        let got = sh(e, &other, out).await?;
+        ensure!(got == "here", "a process's cwd was not moved back from the staged tree: {got:?}");
         e.delete_sandbox(&other, true).await?;
         // A file of the writable layer mapped shared (read-only, no
         // descriptor left): the mapping would stay on the frozen file
