@@ -52,6 +52,30 @@ while True:
     c.close()
 "#;
 
+/// The baseline: `n` plain `fork()`s of a Python holding `REPL_MB` in
+/// 4 KiB pages (the REPL's buffer is in 4 KiB pages once its first
+/// checkpoints split its huge pages), timed in the parent until `fork`
+/// returns: the copy a template made by a fork costs (DeltaBox's path),
+/// without ptrace. Run in the sandbox before the workload starts, so that
+/// the rows say how fast this machine forks at the time of the run.
+const FORK: &str = r#"
+import mmap, os, time
+size = int(os.environ['REPL_MB']) << 20
+buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+buf.madvise(mmap.MADV_NOHUGEPAGE)
+for off in range(0, size, 4096):
+    buf[off] = 1
+out = []
+for _ in range(int(os.environ['FORKS'])):
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    out.append((time.perf_counter() - t) * 1e3)
+    os.waitpid(pid, 0)
+print(' '.join(f'{ms:.4f}' for ms in out))
+"#;
+
 /// A request over bash's `/dev/tcp` (no client binary to start).
 fn tcp_request(port: u16, line: &str) -> String {
     format!("exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{line}\\n' >&3 && head -c 64 <&3")
@@ -108,6 +132,7 @@ async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64, f64)> {
 pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
     let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
     let sb = create(engine).await?;
+    let fork_ms = fork_baseline(engine, &sb, n, repl_mb).await?;
     sh(engine, &sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
     let bg = |cmd: Vec<&str>, env: Vec<(String, String)>| ExecRequest {
         cmd: cmd.into_iter().map(String::from).collect(),
@@ -209,7 +234,31 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.rows.push(Row::new(g, &format!("rollback in place (REPL {label})"), &rb_ms));
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
     report.rows.push(Row::new(g, &format!("rollback in place, 100 ms later (REPL {label})"), &think_ms));
+    report.rows.push(Row::new("baseline", &fork_row(&label), &fork_ms));
     report.template_pool.push((label, n, pool));
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())
+}
+
+/// The baseline row's name for a REPL of `label`.
+pub fn fork_row(label: &str) -> String {
+    format!("fork() of a {label} process (4 KiB pages)")
+}
+
+/// [`FORK`]'s samples in sandbox `sb`.
+async fn fork_baseline(engine: &Engine, sb: &str, n: usize, repl_mb: u64) -> Result<Vec<f64>> {
+    let req = ExecRequest {
+        cmd: vec!["python3".into(), "-c".into(), FORK.into()],
+        env: [("REPL_MB".to_string(), repl_mb.to_string()), ("FORKS".to_string(), n.to_string())].into(),
+        ..Default::default()
+    };
+    let out = engine.exec(sb, req).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if out.exit_code != Some(0) {
+        bail!("the fork baseline failed: exit {:?}: {}", out.exit_code, out.stderr);
+    }
+    let ms: Vec<f64> = out.stdout.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    if ms.len() != n {
+        bail!("the fork baseline printed {} samples, not {n}", ms.len());
+    }
+    Ok(ms)
 }

@@ -102,6 +102,18 @@ impl Report {
                 *bytes as f64 / 1e6 / (*n).max(1) as f64
             );
         }
+        // How fast this machine was: the same kernel work a template made
+        // by a fork costs, measured in the same run.
+        for (repl, ..) in &self.template_pool {
+            let ck = self.p50(&format!("checkpoint, REPL {repl} + http + shell"));
+            let fork = self.p50(&super::processes::fork_row(repl));
+            if ck.is_finite() && fork.is_finite() && fork > 0.0 {
+                println!(
+                    "checkpoint with processes, REPL {repl}: {:.2}x a plain fork() of a {repl} process ({fork:.2} ms p50 in this run)",
+                    ck / fork
+                );
+            }
+        }
     }
 }
 
