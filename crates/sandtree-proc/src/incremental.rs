@@ -319,10 +319,9 @@ pub(crate) fn patch<B>(
     let host = s.host;
     let t0 = std::time::Instant::now();
     // (Any way out but the end drops `base`, which kills the standby.)
-    // On the other CPU: the descriptors, the checks, the scan and the
-    // read; here the rest of pass 1, the other processes' pass 1, then a
-    // hand with the read.
-    let cpus = crate::inject::off_tracer_cpus();
+    // On the other CPU (`beside.rs`): the descriptors, the checks, the
+    // scan and the read; here the rest of pass 1, the other processes'
+    // pass 1, then a hand with the read.
     let mut buf = take_buffer(0);
     let copy: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
     let queue: std::sync::Mutex<Vec<ReadJob>> = std::sync::Mutex::new(Vec::new());
@@ -336,28 +335,29 @@ pub(crate) fn patch<B>(
             uffd::read_pages(host, ranges, out)?;
         }
     };
-    let (mine, found, read) = std::thread::scope(|scope| {
-        let (buf, copy, queue, queued, base) = (&mut buf, &copy, &queue, &queued, &base);
-        let worker = scope.spawn(move || {
-            crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
-            let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e });
-            let found = fds.and_then(|fds| {
-                let found = find(host, rseq, base, tracking, &fds, t0)?.map(|mut f| {
-                    let total = f.total;
-                    if buf.len() < total {
-                        tracing::debug!(had = buf.len(), total, "page buffer grown");
-                        buf.resize(total, 0);
-                    }
-                    let ranges: &Vec<(u64, u64)> = copy.get_or_init(|| std::mem::take(&mut f.copy));
-                    let jobs = split_jobs(ranges, &mut buf[..total]);
-                    queue.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
-                    f
-                });
-                Ok((found, fds))
+    let (buf_ref, copy_ref, queue_ref, queued_ref, base_ref) = (&mut buf, &copy, &queue, &queued, &base);
+    let aside = move || {
+        // (Moved in: the jobs borrow the buffer for as long as `buf`.)
+        let buf_ref = buf_ref;
+        let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e });
+        let found = fds.and_then(|fds| {
+            let found = find(host, rseq, base_ref, tracking, &fds, t0)?.map(|mut f| {
+                let total = f.total;
+                if buf_ref.len() < total {
+                    tracing::debug!(had = buf_ref.len(), total, "page buffer grown");
+                    buf_ref.resize(total, 0);
+                }
+                let ranges: &Vec<(u64, u64)> = copy_ref.get_or_init(|| std::mem::take(&mut f.copy));
+                let jobs = split_jobs(ranges, &mut buf_ref[..total]);
+                queue_ref.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
+                f
             });
-            queued.store(true, std::sync::atomic::Ordering::Release);
-            (found, read_from_queue())
+            Ok((found, fds))
         });
+        queued_ref.store(true, std::sync::atomic::Ordering::Release);
+        (found, read_from_queue())
+    };
+    let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
             let (caught, pre) = before(orig)?;
             let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
@@ -372,15 +372,15 @@ pub(crate) fn patch<B>(
             t_during = t0.elapsed();
             Ok((handlers, brk, xstate, pre))
         })();
-        while !queued.load(std::sync::atomic::Ordering::Acquire) && !worker.is_finished() {
+        while !queued.load(std::sync::atomic::Ordering::Acquire) && !aside_done() {
             std::thread::yield_now();
         }
-        let helped = read_from_queue();
-        let (found, read) = worker
-            .join()
-            .unwrap_or_else(|_| (Err(Error::Died { pid: host, how: "the reading thread panicked".into() }), Ok(())));
-        (mine, found, read.and(helped))
-    });
+        (mine, read_from_queue())
+    };
+    let (aside, (mine, helped)) = crate::beside::beside(aside, here);
+    let (found, read) =
+        aside.unwrap_or_else(|_| (Err(Error::Died { pid: host, how: "the reading thread panicked".into() }), Ok(())));
+    let read = read.and(helped);
     let t_read = t0.elapsed();
     let ((handlers, brk, xstate, pre), (found, fds)) = match (mine, found) {
         (Ok(m), Ok(f)) => (m, f),

@@ -64,6 +64,7 @@
 #![forbid(unsafe_code)]
 
 mod batch;
+mod beside;
 pub mod check;
 mod checkpoint;
 pub mod fdstate;
