@@ -15,7 +15,12 @@
 //! right after the rollback returned), the memory the template pool holds,
 //! and (REPL 100 MB) checkpoints after steps that also write 20 MB each (a
 //! layered checkpoint does not follow what was written; with
-//! `--snapshot-processes` the checkpoint syncs and snapshots it).
+//! `--snapshot-processes` the checkpoint syncs and snapshots it). A
+//! baseline row per size, timed in the same sandbox before the workload
+//! starts: plain `fork()`s of a Python holding as much in 4 KiB pages
+//! (what a template made by a fork copies: DeltaBox's path, without
+//! ptrace), which also tells how fast this machine forks at the time; the
+//! report gives the checkpoint as a multiple of it.
 
 use std::time::{Duration, Instant};
 
