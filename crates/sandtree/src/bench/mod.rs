@@ -73,6 +73,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.data_dir.join("btrfs").exists() {
         workload::teardown(&args.data_dir);
     }
+    // Sandboxes of a daemon or of a test killed half-way share the CPUs
+    // with the run (one test left behind a shell polling with `sleep
+    // 0.01`: every process row was slower for as long as it ran).
+    let others = report::sandbox_inits();
+    if !others.is_empty() {
+        eprintln!(
+            "bench: warning: {} other sandbox(es) running on this machine (init pids {others:?}): the numbers will be slower",
+            others.len()
+        );
+    }
     let mut cfg = Config::with_data_dir(&args.data_dir);
     cfg.image_size = 32 << 30;
     cfg.cgroup_name = "sandtree-bench".into();
@@ -91,6 +101,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let cleanup = workload::cleanup(&engine).await;
         let mut report = report?;
         cleanup?;
+        report.other_sandboxes = others;
         report.total_seconds = t0.elapsed().as_secs_f64();
         Ok::<_, anyhow::Error>(report)
     });

@@ -58,6 +58,23 @@ pub struct Report {
     /// pool holds after them).
     pub template_pool: Vec<(String, usize, u64)>,
     pub total_seconds: f64,
+    /// Host pids of the inits of other sandboxes running when the run
+    /// started (another daemon's, a killed test's).
+    pub other_sandboxes: Vec<i32>,
+}
+
+/// Host pids of the sandbox inits running on this machine (named
+/// `sandtree:[init]`).
+pub fn sandbox_inits() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "sandtree:[init]")
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 impl Report {
@@ -100,6 +117,13 @@ impl Report {
                 "template pool, REPL {repl}: {:.1} MB for {n} checkpoints ({:.2} MB each; 1,000 pages dirtied per step = 4.1 MB)",
                 *bytes as f64 / 1e6,
                 *bytes as f64 / 1e6 / (*n).max(1) as f64
+            );
+        }
+        if !self.other_sandboxes.is_empty() {
+            println!(
+                "warning: {} other sandbox(es) ran beside this run (init pids {:?}): its numbers are slower",
+                self.other_sandboxes.len(),
+                self.other_sandboxes
             );
         }
         // How fast this machine was: the same kernel work a template made
