@@ -32,9 +32,7 @@ fn with_helper<R>(f: impl FnOnce(Option<&rayon_core::ThreadPool>) -> R) -> R {
             let built = rayon_core::ThreadPoolBuilder::new()
                 .num_threads(1)
                 .thread_name(|_| "sandtree:beside".into())
-                .start_handler(move |_| {
-                    crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus)
-                })
+                .start_handler(move |_| crate::inject::pin_self(&cpus))
                 .build();
             match built {
                 Ok(p) => Some(p),
@@ -74,7 +72,7 @@ pub(crate) fn beside<RA: Send, RH>(
             let cpus = crate::inject::off_tracer_cpus();
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
+                    crate::inject::pin_self(&cpus);
                     job()
                 });
                 here(&probe)

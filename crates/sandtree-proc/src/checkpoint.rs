@@ -635,7 +635,7 @@ fn read_ahead(st: &mut State) {
     let todo: Vec<(i32, bool)> = st.cloned.iter().map(|c| (c.host, c.patched.is_none())).collect();
     let cpus = crate::inject::off_tracer_cpus();
     let spawned = std::thread::Builder::new().name("sandtree:ahead".into()).spawn(move || {
-        crate::inject::set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), &cpus);
+        crate::inject::pin_self(&cpus);
         todo.into_iter().map(|(host, with_maps)| (host, procfs::template_facts(host, with_maps))).collect()
     });
     // (No thread: the set-up reads it all itself.)

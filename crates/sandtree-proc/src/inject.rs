@@ -442,6 +442,12 @@ pub fn affinity(tid: i32) -> Vec<u32> {
     }
 }
 
+/// Pin the calling thread to `cpus` (no-op for an empty list): a thread
+/// that works beside the tracer, off its CPU.
+pub fn pin_self(cpus: &[u32]) {
+    set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), cpus);
+}
+
 /// Set the CPU affinity of `tid` to `cpus` (no-op for an empty list).
 pub fn set_affinity(tid: i32, cpus: &[u32]) {
     let Some(pid) = rustix::process::Pid::from_raw(tid) else { return };
