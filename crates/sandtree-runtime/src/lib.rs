@@ -45,4 +45,4 @@ pub use config::Config;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandtree_sandbox::session::SessionIo;
-pub use sandtree_sandbox::{HostConfig, Zygote};
+pub use sandtree_sandbox::{HostConfig, INIT_NAME, Zygote};

@@ -28,6 +28,7 @@ pub mod zygote;
 
 pub use cgroup::{Backend, Cgroup, StuckTask, Usage};
 pub use config::{HostConfig, Limits, LowerDir, OverlayLayer, SandboxSpec};
+pub use spawn::INIT_NAME;
 pub use zygote::{SpawnedInit, Zygote};
 pub mod exec;
 pub mod sandbox;

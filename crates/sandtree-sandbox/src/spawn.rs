@@ -55,6 +55,10 @@ use crate::cgroup::{Backend, Cgroup};
 use crate::config::{HostConfig, ID_RANGE, SandboxSpec};
 use crate::overlay::Idmapper;
 
+/// The name a sandbox's init gives itself (`comm`): how a process list
+/// tells one (the bench warns of other sandboxes by it).
+pub const INIT_NAME: &std::ffi::CStr = c"sandtree:[init]";
+
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -354,7 +358,7 @@ fn setup_init(
     drop(null);
     sandtree_sys::process::close_fds_except(&[listener.as_raw_fd(), sigfd.as_fd().as_raw_fd(), result_fd])
         .map_err(|e| Error::Child(e.to_string()))?;
-    let _ = rustix::thread::set_name(c"sandtree:[init]");
+    let _ = rustix::thread::set_name(INIT_NAME);
     crate::seccomp::install(seccomp).map_err(|e| Error::Child(e.to_string()))?;
     Ok((listener, sigfd))
 }

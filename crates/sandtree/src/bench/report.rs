@@ -64,14 +64,13 @@ pub struct Report {
 }
 
 /// Host pids of the sandbox inits running on this machine (named
-/// `sandtree:[init]`).
+/// [`sandtree_runtime::INIT_NAME`]).
 pub fn sandbox_inits() -> Vec<i32> {
+    let name = sandtree_runtime::INIT_NAME.to_str().unwrap_or_default();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut pids: Vec<i32> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "sandtree:[init]")
-        })
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == name))
         .collect();
     pids.sort_unstable();
     pids
