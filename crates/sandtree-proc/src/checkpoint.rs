@@ -444,12 +444,17 @@ pub(crate) struct Cloned {
     /// (descriptor, pipe key) of each pipe and FIFO descriptor (a
     /// template made from a standby has closed FIFOs of the tree).
     pipe_keys: Vec<(i32, (u64, u64))>,
+    /// The copier its holder lent for the pass, to give back.
+    copier: Option<crate::holder::Copier>,
 }
 
 /// What [`clone_of`] gets for a process worth tracking.
 pub(crate) struct Track {
     pub tracking: Option<crate::track::Tracking>,
     pub base: Option<crate::incremental::Base>,
+    /// The copier of the process's holder, lent for the pass when there is
+    /// a base (back with the template, `Cloned::copier`).
+    pub copier: Option<crate::holder::Copier>,
 }
 
 /// After a template was forked from tracked-worthy process `host`: start
@@ -525,7 +530,8 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         t.base = None;
         t
     });
-    Some(Track { tracking, base })
+    let copier = base.as_ref().and_then(|_| crate::holder::lend_copier(&mut st.holders, s.host));
+    Some(Track { tracking, base, copier })
 }
 
 // Capture and make templates in two passes, so that the originals are
@@ -677,6 +683,9 @@ fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: boo
             }
             if let Some(t) = c.tracking.take() {
                 st.tracking.insert(s.host, t);
+            }
+            if let Some(copier) = c.copier.take() {
+                crate::holder::give_back_copier(&mut st.holders, s.host, Some(copier));
             }
             st.cloned.push(c);
             None
@@ -1045,11 +1054,21 @@ fn clone_of(
         rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
         // one's standby, if it can be (`incremental.rs`).
-        let incremental = track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?)));
+        let incremental =
+            track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?, tk.copier.as_mut())));
         let (patched, fds, (status, queued, (mut itimers, altstack))) = match incremental {
-            Some((tracking, base)) => {
-                let (patched, fds, pre) =
-                    crate::incremental::patch(s, &mut orig, tracking, base, (rseq, mounts), before, &mut during, seen)?;
+            Some((tracking, base, copier)) => {
+                let (patched, fds, pre) = crate::incremental::patch(
+                    s,
+                    &mut orig,
+                    tracking,
+                    base,
+                    (rseq, mounts),
+                    copier,
+                    before,
+                    &mut during,
+                    seen,
+                )?;
                 (patched, Some(fds), pre)
             }
             _ => (None, None, before(&mut orig)?.1),
@@ -1198,6 +1217,7 @@ fn clone_of(
             Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending)),
             None => (None, None),
         };
+        let (tracking, copier) = track.map(|t| (t.tracking, t.copier)).unwrap_or_default();
         Ok(Cloned {
             holder: None,
             orig: None,
@@ -1221,12 +1241,13 @@ fn clone_of(
             host: tpl,
             ns_pid,
             insn,
-            tracking: track.and_then(|t| t.tracking),
+            tracking,
             fingerprint,
             to_write,
             patched,
             session,
             pipe_keys,
+            copier,
         })
     };
     let mut c = match made() {
@@ -1514,7 +1535,7 @@ pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
             }
             let Some(p) = t.to_write.take() else { continue };
             any = true;
-            if let Err(e) = p.finish() {
+            if let Err(e) = p.finish(&mut st.holders) {
                 tracing::warn!(
                     checkpoint = ck,
                     pid = t.image.pid,

@@ -12,6 +12,11 @@
 //! once; the holder is killed after the rollback (its teardown then runs
 //! in the background of whatever comes next).
 //!
+//! A holder of a tracked process also copies the pages it wrote since the
+//! last checkpoint in the frozen window ([`Copier`], `incremental.rs`):
+//! sharing the address space, a `pwritev` injected into it copies them
+//! from inside, into a page file it holds.
+//!
 //! Every captured process gets a holder at its first checkpoint, every
 //! restored process at its restore. A holder whose owner exited is killed
 //! on the tracer's next tick. Holders are spared by init's kills (they are
@@ -37,6 +42,95 @@ pub(crate) struct Holder {
     /// A template adopted as holder still has its copy of the descriptor
     /// table until [`drop_pending`], right after the rollback's reply.
     undropped: Option<Tracee>,
+    /// The holder, to inject calls into (until [`equip`] makes it a
+    /// [`Copier`]).
+    tracee: Option<Tracee>,
+    /// What copies the owner's written pages in the frozen window
+    /// (`incremental.rs`), once made.
+    pub copier: Option<Copier>,
+    /// Making a copier failed, or it was lost with a failed checkpoint:
+    /// the owner's pages are read from the daemon (`process_vm_readv`).
+    no_copier: bool,
+}
+
+/// A holder equipped to copy its owner's pages written since the last
+/// checkpoint, in the frozen window (`incremental.rs`): it shares the
+/// owner's address space, so an injected `pwritev` of those pages into a
+/// page file copies them within that address space, on the CPU the tracer
+/// does not use, while the tracer clones the sandbox's other processes (a
+/// `process_vm_readv` from the daemon looks every page up in the other
+/// process's page tables and pins it: 1,150 pages took 5-10 ms here
+/// where the `pwritev` took 1.3-1.6 ms, in one of the VM's slow spells).
+pub(crate) struct Copier {
+    /// The holder (in a ptrace stop between calls).
+    pub tracee: Tracee,
+    /// The page file's descriptor in the holder.
+    pub fd: i32,
+    /// The page file (`None` while it is made or grown, off the tracer
+    /// thread, or lent to a template's [`crate::incremental::Pending`]
+    /// until its pages are written).
+    pub file: Option<sandtree_sys::pagefile::PageFile>,
+    /// The page file being made or grown (allocating its pages: ~1 µs a
+    /// page here).
+    making: Option<std::thread::JoinHandle<std::io::Result<sandtree_sys::pagefile::PageFile>>>,
+    /// Bytes the page file should hold: a half more than the pages read
+    /// last time.
+    pub want: usize,
+    /// The page file is lent to a template's pending write while this
+    /// lives (one dropped with its template, unwritten, is made again).
+    pub lent: Option<std::sync::Weak<()>>,
+    /// Making or growing the page file failed: not tried again.
+    failed: bool,
+}
+
+/// A page file's size at first: an eighth of the process's resident
+/// memory, between 1 and 8 MiB (2,048 pages; the bench's steps write
+/// ~1,150). One that is too small for a checkpoint's pages grows after it
+/// (the pages went through `process_vm_readv` that time).
+fn first_page_file(owner: i32) -> usize {
+    let resident = crate::checkpoint::resident_pages(owner) as usize * 4096;
+    (resident / 8).clamp(1 << 20, 8 << 20)
+}
+
+impl Copier {
+    /// The page file, once it is made (`None` while it is being made or
+    /// grown, or lent).
+    pub(crate) fn ready(&mut self) -> Option<&mut sandtree_sys::pagefile::PageFile> {
+        if self.making.as_ref().is_some_and(|m| m.is_finished())
+            && let Some(m) = self.making.take()
+        {
+            match m.join() {
+                Ok(Ok(f)) => self.file = Some(f),
+                Ok(Err(e)) => {
+                    tracing::debug!(holder = self.tracee.tid, "no page file: {e}");
+                    self.failed = true;
+                }
+                Err(_) => {
+                    tracing::debug!(holder = self.tracee.tid, "the page file's thread panicked");
+                    self.failed = true;
+                }
+            }
+        }
+        self.file.as_mut()
+    }
+
+    /// Make or grow the page file to `want` bytes on a thread of its own
+    /// (`file`: the one to grow; `fd`: a new one).
+    fn make(&mut self, file: Option<sandtree_sys::pagefile::PageFile>, fd: Option<OwnedFd>) {
+        let want = self.want;
+        let spawned = std::thread::Builder::new().name("sandtree:pagefile".into()).spawn(move || {
+            let _ = rustix::process::setpriority_process(None, BACKGROUND_NICE);
+            match (file, fd) {
+                (Some(mut f), _) => f.grow(want).map(|()| f),
+                (None, Some(fd)) => sandtree_sys::pagefile::PageFile::new(fd, want),
+                (None, None) => Err(std::io::Error::other("no page file to make")),
+            }
+        });
+        match spawned {
+            Ok(h) => self.making = Some(h),
+            Err(e) => tracing::debug!(holder = self.tracee.tid, "no thread to make the page file: {e}"),
+        }
+    }
 }
 
 impl Holder {
@@ -455,7 +549,7 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
             return Err(e);
         }
     };
-    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: Some(t) })
+    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: Some(t), tracee: None, copier: None, no_copier: false })
 }
 
 /// Adopted holders drop their copy of the descriptor table (after the
@@ -471,8 +565,116 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)
             dying.push((h.host, h.ns_pid));
             return false;
         }
+        h.tracee = Some(t);
         true
     });
+}
+
+/// Between operations: the next holder of a tracked process that lacks a
+/// copier, or whose page file is smaller than the pages read last time,
+/// gets one (the page file is made on a thread of its own). Returns
+/// whether it did anything.
+pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
+    let tracking = &st.tracking;
+    let wanted = |h: &Holder| {
+        !h.no_copier
+            && h.undropped.is_none()
+            && tracking.contains_key(&h.owner)
+            && match &h.copier {
+                None => h.tracee.is_some(),
+                Some(c) if c.making.is_some() || c.failed => false,
+                Some(c) => match &c.file {
+                    Some(f) => f.len() < c.want,
+                    None => c.lent.as_ref().is_none_or(|l| l.strong_count() == 0),
+                },
+            }
+    };
+    let Some(h) = st.holders.iter_mut().find(|h| wanted(h)) else { return false };
+    if let Some(c) = h.copier.as_mut() {
+        let file = c.file.take();
+        // (Lost with its template: the holder's descriptor again.)
+        let fd = match file {
+            Some(_) => None,
+            None => match sandtree_sys::uffd::take_fd(h.host, c.fd) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::debug!(pid = h.ns_pid, "the holder's page file is gone: {e}");
+                    h.copier = None;
+                    h.no_copier = true;
+                    return true;
+                }
+            },
+        };
+        c.lent = None;
+        c.make(file, fd);
+        return true;
+    }
+    if let Err(e) = equip(h) {
+        tracing::debug!(pid = h.ns_pid, "the holder copies no pages: {e}");
+        h.no_copier = true;
+    }
+    true
+}
+
+/// Give holder `h` a page file: a memfd it makes (injected
+/// `memfd_create`; the daemon takes a duplicate with `pidfd_getfd`), whose
+/// pages are allocated on a thread of the daemon. It runs off the tracer's
+/// CPU from here on (its copies run beside the tracer's work).
+fn equip(h: &mut Holder) -> Result<()> {
+    let Some(mut t) = h.tracee.take() else { return Ok(()) };
+    let host = h.host;
+    let base = crate::procfs::vdso_base(host).map_err(|e| Error::Proc { pid: host, what: "auxv", source: e })?;
+    // The name: "", a zero byte of the vDSO's ELF header (e_ident's
+    // padding, zero in every ELF file): memory the holder may read
+    // whatever its owner does meanwhile.
+    let name = base + 9;
+    let mut zero = [1u8];
+    ptrace::read_mem(host, name, &mut zero).map_err(|e| Error::Ptrace { pid: host, op: "read vdso", source: e })?;
+    if zero[0] != 0 {
+        return Err(Error::unsupported(h.ns_pid, "", "vdso", "no zero byte in the vDSO's ELF header"));
+    }
+    let fd = t.call("memfd_create (page file)", libc::SYS_memfd_create, &[name, libc::MFD_CLOEXEC as u64])? as i32;
+    let file =
+        sandtree_sys::uffd::take_fd(host, fd).map_err(|e| Error::Ptrace { pid: host, op: "pidfd_getfd", source: e })?;
+    crate::inject::move_off_tracer(host);
+    let want = first_page_file(h.owner);
+    let mut c = Copier { tracee: t, fd, file: None, making: None, want, lent: None, failed: false };
+    c.make(None, Some(file));
+    h.copier = Some(c);
+    Ok(())
+}
+
+/// Lend the copier of `owner`'s holder to its checkpoint (`None` when it
+/// has none, or none ready).
+pub(crate) fn lend_copier(holders: &mut [Holder], owner: i32) -> Option<Copier> {
+    holders.iter_mut().find(|h| h.owner == owner && h.copier.is_some())?.copier.take()
+}
+
+/// The copier lent by [`lend_copier`], back to its holder (or dropped with
+/// it, if the holder is gone); `None`: it was lost with a failed
+/// checkpoint, and the holder gets no other.
+pub(crate) fn give_back_copier(holders: &mut [Holder], owner: i32, copier: Option<Copier>) {
+    let Some(h) = holders.iter_mut().find(|h| h.owner == owner && !h.no_copier && h.undropped.is_none()) else {
+        return;
+    };
+    match copier {
+        Some(c) if h.copier.is_none() && h.tracee.is_none() => h.copier = Some(c),
+        Some(_) => {}
+        None if h.copier.is_none() && h.tracee.is_none() => h.no_copier = true,
+        None => {}
+    }
+}
+
+/// A page file lent to a template's pending write, back to the copier of
+/// `owner`'s holder once its pages are written.
+pub(crate) fn give_back_file(holders: &mut [Holder], owner: i32, file: sandtree_sys::pagefile::PageFile) {
+    if let Some(c) = holders.iter_mut().find(|h| h.owner == owner).and_then(|h| h.copier.as_mut())
+        && c.file.is_none()
+        && c.making.is_none()
+    {
+        c.file = Some(file);
+        c.lent = None;
+    }
 }
 
 /// Make a holder of `t`'s address space (`t` stopped, ours). A child of
@@ -484,11 +686,12 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
     let owner_fd = owner_pidfd(owner)?;
     let flags = if parent_is_init { libc::CLONE_VM | libc::CLONE_PARENT } else { libc::CLONE_VM } as u64;
     let (host, ns_pid, regs) = t.clone_stopped(flags, "clone (mm holder)")?;
-    if let Err(e) = let_go_of_owner(&mut Tracee::new(host, regs, t.insn)) {
+    let mut tracee = Tracee::new(host, regs, t.insn);
+    if let Err(e) = let_go_of_owner(&mut tracee) {
         crate::tracer::kill_tracee(host);
         return Err(e);
     }
-    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: None })
+    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: None, tracee: Some(tracee), copier: None, no_copier: false })
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by

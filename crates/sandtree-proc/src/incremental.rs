@@ -4,9 +4,12 @@
 //! The previous template's *standby* (a fork of it, made between
 //! operations, `holder.rs`) holds the process's memory as it was at the
 //! previous checkpoint. In the frozen window the process's pages written
-//! since (one `PAGEMAP_SCAN`) are read into a daemon buffer
-//! (`process_vm_readv`, on the other CPU while the tracer clones the
-//! sandbox's other processes); the standby becomes the new template, and
+//! since (one `PAGEMAP_SCAN`) are copied by the process's holder, which
+//! shares its address space, into its page file (`holder::Copier`: an
+//! injected `pwritev`, on the other CPU while the tracer clones the
+//! sandbox's other processes), or read into a daemon buffer
+//! (`process_vm_readv`) when it has none; the standby becomes the new
+//! template, and
 //! once the checkpoint is over a thread writes those pages into it
 //! ([`Pending`]: a copy-on-write break a page, kept out of the window),
 //! pages the process dropped are dropped in it too. Cost in the window:
@@ -297,14 +300,22 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 /// checkpoint must fork. Also returns the process's descriptors and what
 /// `before` read.
 ///
-/// From the start, a thread on the CPU the tracer does not use reads the
-/// descriptors, checks, scans and reads the pages written, while this
-/// thread runs `before` (the tracer's own part of the process's pass 1,
-/// which returns its caught-signal mask and what it read), reads the handlers, program
-/// break and FPU state, then runs `during` (the other processes' pass 1;
-/// taken when it ran), then lends a hand with the read. (The calls
-/// injected meanwhile write below the stack's red zone, dead space, and
-/// put back what was there: a page read before or after either way.)
+/// From the start, a thread on the CPU the tracer does not use lists the
+/// pages written (one `PAGEMAP_SCAN`, which protects them again), then
+/// reads the descriptors and checks the rest. This thread meanwhile runs
+/// `before` (the tracer's own part of the process's pass 1, which returns
+/// its caught-signal mask and what it read) and reads the handlers,
+/// program break and FPU state; once the scan is done, it has the
+/// process's holder copy the pages (`copier`, `holder.rs`: a `pwritev` of
+/// up to 1,024 page runs into its page file, run on the other CPU), runs
+/// `during` (the other processes' pass 1; taken when it ran), and gives
+/// the holder its next runs until none is left. What the holder does not
+/// take is read from the daemon (`process_vm_readv`) from the end of the
+/// list, by both threads once they are done with the rest; without a
+/// copier, or a page file large enough, all of it is. (The calls injected
+/// meanwhile write below the stack's red zone, dead space, and put back
+/// what was there; the holder's lists of runs are written below those,
+/// dead space too, not put back: a template may copy any of it.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
     s: &Stopped,
@@ -312,50 +323,85 @@ pub(crate) fn patch<B>(
     tracking: &Tracking,
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
+    mut holder: Option<&mut crate::holder::Copier>,
     before: impl FnOnce(&mut Tracee) -> Result<(u64, B)>,
     during: &mut Option<&mut dyn FnMut(&mut Seen)>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let host = s.host;
     let t0 = std::time::Instant::now();
     // (Any way out but the end drops `base`, which kills the standby.)
-    // On the other CPU (`beside.rs`): the descriptors, the checks, the
-    // scan and the read; here the rest of pass 1, the other processes'
-    // pass 1, then a hand with the read.
     let mut buf = take_buffer(0);
+    // The holder's page file, if it has one ready: lent to the template's
+    // pending write when the pages go there.
+    let mut file = holder.as_mut().and_then(|h| {
+        h.ready()?;
+        h.file.take()
+    });
     let copy: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
-    let queue: std::sync::Mutex<Vec<ReadJob>> = std::sync::Mutex::new(Vec::new());
+    let queue: std::sync::Mutex<std::collections::VecDeque<ReadJob>> = Default::default();
     // Set once the queue holds every read there is (or there is none).
-    let queued = std::sync::atomic::AtomicBool::new(false);
-    let (mut t_inject, mut t_during) = Default::default();
-    let read_from_queue = || -> io::Result<()> {
+    let queued = AtomicBool::new(false);
+    // The pages go to the page file (the holder may copy them), and the
+    // dead space below the stack pointer its lists of runs may take.
+    let to_file = AtomicBool::new(false);
+    let room: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    let total = AtomicUsize::new(0);
+    let (mut t_inject, mut t_during, mut by_holder) = (Default::default(), Default::default(), 0usize);
+    let read_from_back = || -> io::Result<()> {
         loop {
-            let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let Some((ranges, out)) = job else { return Ok(()) };
-            uffd::read_pages(host, ranges, out)?;
+            let job = pop_back(&queue);
+            let Some(job) = job else { return Ok(()) };
+            uffd::read_pages(host, job.ranges, job.out)?;
         }
     };
-    let (buf_ref, copy_ref, queue_ref, queued_ref, base_ref) = (&mut buf, &copy, &queue, &queued, &base);
+    let (buf_ref, file_ref, copy_ref, queue_ref, queued_ref, base_ref) =
+        (&mut buf, &mut file, &copy, &queue, &queued, &base);
+    let (to_file_ref, room_ref, total_ref) = (&to_file, &room, &total);
+    let sp = s.regs.rsp;
     let aside = move || {
-        // (Moved in: the jobs borrow the buffer for as long as `buf`.)
-        let buf_ref = buf_ref;
+        // (Moved in: the jobs borrow the buffers for as long as they live.)
+        let (buf_ref, file_ref) = (buf_ref, file_ref);
+        // The scan first: the copy starts once it is done.
+        let scanned = scan(host, base_ref, tracking, t0).map(|r| {
+            r.map(|mut sc| {
+                total_ref.store(sc.total, Ordering::Relaxed);
+                let out: &mut [u8] = match file_ref.as_mut() {
+                    Some(f) if f.len() >= sc.total => {
+                        to_file_ref.store(true, Ordering::Release);
+                        if let Some(m) =
+                            sc.maps.iter().find(|m| m.perms.starts_with("rw") && m.start < sp && sp <= m.end)
+                            && sp - m.start > HOLDER_LIST_GAP
+                        {
+                            let _ = room_ref.set((m.start, sp - HOLDER_LIST_GAP));
+                        }
+                        &mut f.bytes_mut()[..sc.total]
+                    }
+                    _ => {
+                        if buf_ref.len() < sc.total {
+                            tracing::debug!(had = buf_ref.len(), total = sc.total, "page buffer grown");
+                            buf_ref.resize(sc.total, 0);
+                        }
+                        &mut buf_ref[..sc.total]
+                    }
+                };
+                let ranges: &Vec<(u64, u64)> = copy_ref.get_or_init(|| std::mem::take(&mut sc.copy));
+                queue_ref.lock().unwrap_or_else(|e| e.into_inner()).extend(split_jobs(ranges, out));
+                sc
+            })
+        });
+        queued_ref.store(true, Ordering::Release);
+        // The descriptors and the checks, while the pages are copied.
         let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e });
         let found = fds.and_then(|fds| {
-            let found = find(host, rseq, base_ref, tracking, &fds, t0)?.map(|mut f| {
-                let total = f.total;
-                if buf_ref.len() < total {
-                    tracing::debug!(had = buf_ref.len(), total, "page buffer grown");
-                    buf_ref.resize(total, 0);
-                }
-                let ranges: &Vec<(u64, u64)> = copy_ref.get_or_init(|| std::mem::take(&mut f.copy));
-                let jobs = split_jobs(ranges, &mut buf_ref[..total]);
-                queue_ref.lock().unwrap_or_else(|e| e.into_inner()).extend(jobs);
-                f
-            });
+            let found = match scanned? {
+                Ok(sc) => check(host, rseq, base_ref, tracking, &fds, sc, t0)?,
+                Err(why) => Err(why),
+            };
             Ok((found, fds))
         });
-        queued_ref.store(true, std::sync::atomic::Ordering::Release);
-        (found, read_from_queue())
+        (found, read_from_back())
     };
     let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
@@ -366,26 +412,82 @@ pub(crate) fn patch<B>(
             let xstate =
                 ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
             t_inject = t0.elapsed();
-            if let Some(d) = during.take() {
-                d(seen);
-            }
-            t_during = t0.elapsed();
             Ok((handlers, brk, xstate, pre))
         })();
-        while !queued.load(std::sync::atomic::Ordering::Acquire) && !aside_done() {
+        while !queued.load(Ordering::Acquire) && !aside_done() {
             std::thread::yield_now();
         }
-        (mine, read_from_queue())
+        // The holder copies beside `during`, and is given its next runs
+        // after it; meanwhile this thread reads from the end of the list.
+        let mut copying = match (&mine, holder.as_deref_mut(), room.get()) {
+            (Ok(_), Some(h), Some(&room)) if to_file.load(Ordering::Acquire) => Some(Copying { h, room, run: None }),
+            _ => None,
+        };
+        if let Some(c) = copying.as_mut() {
+            c.next(host, &queue);
+        }
+        if let Some(d) = during.take() {
+            d(seen);
+        }
+        t_during = t0.elapsed();
+        let mut helped = Ok(());
+        while let Some(c) = copying.as_mut().filter(|c| c.run.is_some()) {
+            match c.poll(&queue) {
+                Some(bytes) => {
+                    by_holder += bytes;
+                    c.next(host, &queue);
+                }
+                None => {
+                    let job = if helped.is_ok() { pop_back(&queue) } else { None };
+                    match job {
+                        Some(j) => helped = uffd::read_pages(host, j.ranges, j.out),
+                        None => std::thread::yield_now(),
+                    }
+                }
+            }
+        }
+        (mine, helped.and_then(|()| read_from_back()))
     };
     let (aside, (mine, helped)) = crate::beside::beside(aside, here);
     let (found, read) =
         aside.unwrap_or_else(|_| (Err(Error::Died { pid: host, how: "the reading thread panicked".into() }), Ok(())));
     let read = read.and(helped);
     let t_read = t0.elapsed();
+    let total = total.into_inner();
+    let to_file = to_file.into_inner();
+    if let Some(h) = holder.as_mut() {
+        h.want = h.want.max(total + total / 2);
+    }
+    // The buffer the pages are in; the other one back where it came from.
+    let pages = match (to_file, file.take()) {
+        (true, Some(f)) => {
+            give_buffer(buf);
+            let token = std::sync::Arc::new(());
+            if let Some(h) = holder.as_mut() {
+                h.lent = Some(std::sync::Arc::downgrade(&token));
+            }
+            Buf::File { file: f, _lent: token }
+        }
+        (_, f) => {
+            if let (Some(h), Some(f)) = (holder.as_mut(), f) {
+                h.file = Some(f);
+            }
+            Buf::Vec(buf)
+        }
+    };
+    let mut give_back = |pages: Buf| match pages {
+        Buf::File { file: f, .. } => {
+            if let Some(h) = holder.as_mut() {
+                h.file = Some(f);
+                h.lent = None;
+            }
+        }
+        Buf::Vec(v) => give_buffer(v),
+    };
     let ((handlers, brk, xstate, pre), (found, fds)) = match (mine, found) {
         (Ok(m), Ok(f)) => (m, f),
         (Err(e), _) | (_, Err(e)) => {
-            give_buffer(buf);
+            give_back(pages);
             return Err(e);
         }
     };
@@ -393,7 +495,7 @@ pub(crate) fn patch<B>(
     let f = match found {
         Ok(f) => f,
         Err(why) => {
-            give_buffer(buf);
+            give_back(pages);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
             return Ok((None, fds, pre));
         }
@@ -401,7 +503,7 @@ pub(crate) fn patch<B>(
     let standby = match base.take_standby() {
         Ok(s) => s,
         Err(e) => {
-            give_buffer(buf);
+            give_back(pages);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
@@ -410,9 +512,10 @@ pub(crate) fn patch<B>(
     tracing::debug!(
         pid = s.ns_pid,
         pages = f.total / 4096,
+        by_holder = by_holder / 4096,
         dropped = f.zap.len(),
-        t_check = ?f.t_check,
         t_scan = ?f.t_scan,
+        t_check = ?f.t_check,
         ?t_inject,
         ?t_during,
         ?t_read,
@@ -421,8 +524,9 @@ pub(crate) fn patch<B>(
     );
     let to = standby.host;
     let scratch = base.scratch;
-    let pages = Pages::Read(copy.into_inner().unwrap_or_default(), buf);
-    let pending = Pending { standby, pages, bytes: f.total, zap: f.zap, handlers, brk, xstate, scratch: scratch.0 };
+    let pages = Pages::Read(copy.into_inner().unwrap_or_default(), pages);
+    let pending =
+        Pending { standby, owner: host, pages, bytes: f.total, zap: f.zap, handlers, brk, xstate, scratch: scratch.0 };
     let patched = Patched {
         host: to,
         ns_pid: pending.standby.ns_pid,
@@ -433,6 +537,126 @@ pub(crate) fn patch<B>(
         generation: base.generation + 1,
     };
     Ok((Some(patched), fds, pre))
+}
+
+/// Pages that holders copied in frozen windows, since the daemon started.
+static HOLDER_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Pages of tracked processes that their holders copied in checkpoints'
+/// frozen windows since the start (the others were read with
+/// `process_vm_readv`): for the bench's report, and the tests that the
+/// path is taken.
+pub fn pages_copied_by_holders() -> u64 {
+    HOLDER_PAGES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Bytes kept between the stack pointer and the holder's lists of runs:
+/// the red zone (128) and the dead space the tracer's injected calls use
+/// (`handlers_and_brk`: 192 below).
+const HOLDER_LIST_GAP: u64 = 512;
+
+/// The holder's copy under way in a frozen window (see [`patch`]).
+struct Copying<'c> {
+    h: &'c mut crate::holder::Copier,
+    /// Dead space of the shared address space for the lists of runs:
+    /// from, to (below the stack pointer of the stopped process).
+    room: (u64, u64),
+    run: Option<Run>,
+}
+
+/// One `pwritev` of the holder: its jobs' runs, contiguous in the page
+/// file.
+struct Run {
+    t0: std::time::Instant,
+    jobs: Vec<(usize, usize)>,
+    bytes: usize,
+    child: Option<i32>,
+    entering: bool,
+}
+
+impl Copying<'_> {
+    /// Start the holder on the next runs at the front of `queue`, as many
+    /// as one `pwritev` takes (and fit in the dead space): their jobs stay
+    /// in the queue's front, marked taken. `run` stays `None` when there
+    /// is none left (or the holder cannot).
+    fn next(&mut self, host: i32, queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob>>) {
+        let max = (((self.room.1 - self.room.0) / 16) as usize).min(uffd::IOV_MAX);
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut n, mut bytes, mut jobs) = (0, 0, Vec::new());
+        let mut iov = Vec::new();
+        let mut at = None;
+        for j in q.iter_mut().filter(|j| !j.taken) {
+            let end = at.map(|a: usize| a + bytes);
+            if end.is_some_and(|e| e != j.at) || n + j.ranges.len() > max {
+                break;
+            }
+            at.get_or_insert(j.at);
+            for &(a, b) in j.ranges {
+                iov.extend_from_slice(&a.to_ne_bytes());
+                iov.extend_from_slice(&(b - a).to_ne_bytes());
+            }
+            n += j.ranges.len();
+            bytes += j.out.len();
+            jobs.push((j.at, j.out.len()));
+            j.taken = true;
+        }
+        let Some(at) = at else { return };
+        let list = (self.room.1 - iov.len() as u64) & !15;
+        let fd = self.h.fd as u64;
+        let started = ptrace::write_mem(host, list, &iov)
+            .map_err(|e| Error::Ptrace { pid: host, op: "write the holder's runs", source: e })
+            .and_then(|()| self.h.tracee.start_syscall(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
+        match started {
+            Ok(()) => self.run = Some(Run { t0: std::time::Instant::now(), jobs, bytes, child: None, entering: false }),
+            Err(e) => {
+                tracing::debug!(holder = self.h.tracee.tid, "the holder copies no more pages: {e}");
+                untake(&mut q, &jobs);
+                self.room = (0, 0);
+            }
+        }
+    }
+
+    /// The holder's run, if it is done: `Some(bytes copied)` (0 when it
+    /// failed: its jobs go back to the queue for the other readers, and
+    /// the holder gets no more), `None` while it runs.
+    fn poll(&mut self, queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob>>) -> Option<usize> {
+        let r = self.run.as_mut()?;
+        let out = match self.h.tracee.poll_syscall(&mut r.child, &mut r.entering) {
+            Ok(None) => return None,
+            Ok(Some(out)) => Ok(out.ret),
+            Err(e) => Err(e.to_string()),
+        };
+        let r = self.run.take()?;
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        match out {
+            Ok(n) if n == r.bytes as i64 => {
+                tracing::debug!(holder = self.h.tracee.tid, bytes = r.bytes, took = ?r.t0.elapsed(), "pages copied by the holder");
+                HOLDER_PAGES.fetch_add((r.bytes / 4096) as u64, std::sync::atomic::Ordering::Relaxed);
+                q.retain(|j| !(j.taken && r.jobs.contains(&(j.at, j.out.len()))));
+                Some(r.bytes)
+            }
+            out => {
+                tracing::debug!(holder = self.h.tracee.tid, ?out, bytes = r.bytes, "the holder's copy failed");
+                untake(&mut q, &r.jobs);
+                self.room = (0, 0);
+                Some(0)
+            }
+        }
+    }
+}
+
+/// `jobs` (offset, length) in the queue are not taken any more.
+fn untake(q: &mut std::collections::VecDeque<ReadJob>, jobs: &[(usize, usize)]) {
+    for j in q.iter_mut().filter(|j| jobs.contains(&(j.at, j.out.len()))) {
+        j.taken = false;
+    }
+}
+
+/// The last job of `queue` if no reader took it (the holder takes jobs
+/// from the front).
+fn pop_back<'a>(queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob<'a>>>) -> Option<ReadJob<'a>> {
+    let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+    if q.back().is_some_and(|j| !j.taken) { q.pop_back() } else { None }
 }
 
 /// Whether `now` (`PROCMAP_QUERY`) is exactly the map `was` (`maps`):
@@ -454,40 +678,46 @@ fn same_map(now: &[sandtree_sys::process::MapRange], was: &[MapImage]) -> bool {
         })
 }
 
-/// What [`find`] found: the standby can be used, with these pages.
-struct Found {
+/// What [`scan`] found: the pages to copy, if the standby can be used.
+struct Scanned {
     maps: Vec<MapImage>,
-    fp: String,
     /// Page runs to copy (start, end; taken for the read), their total
     /// bytes, and page runs dropped.
     copy: Vec<(u64, u64)>,
     total: usize,
     zap: Vec<(u64, u64)>,
-    t_check: std::time::Duration,
     t_scan: std::time::Duration,
 }
 
-/// The checks (see the module docs), then the scan of the pages written:
+/// What [`check`] found: the standby can be used, with these pages.
+struct Found {
+    maps: Vec<MapImage>,
+    fp: String,
+    total: usize,
+    zap: Vec<(u64, u64)>,
+    t_scan: std::time::Duration,
+    t_check: std::time::Duration,
+}
+
+/// The memory map and the scan of the pages written (the copy starts
+/// from it; the other checks, [`check`], run beside the copy):
 /// `Ok(Err(why))` when the checkpoint must fork instead.
-fn find(
+fn scan(
     host: i32,
-    rseq: Rseq,
     base: &Base,
     tracking: &Tracking,
-    fds: &[FdImage],
     t0: std::time::Instant,
-) -> Result<std::result::Result<Found, String>> {
+) -> Result<std::result::Result<Scanned, String>> {
     // The memory map, where it is the base's, without formatting a path.
     let same = sandtree_sys::process::map_ranges(host).ok().flatten().is_some_and(|now| same_map(&now, &base.maps));
     let maps = match same {
         true => base.maps.clone(),
         false => crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
     };
-    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
-    if let Some(why) = mismatch(host, base, (&fp, &maps, rseq), tracking, fds) {
-        return Ok(Err(why));
+    // (A map that changed forks: `check` says why.)
+    if !same && (maps != base.maps || !tracking.covers(&maps)) {
+        return Ok(Ok(Scanned { maps, copy: Vec::new(), total: 0, zap: Vec::new(), t_scan: t0.elapsed() }));
     }
-    let t_check = t0.elapsed();
     // From here the pages written count from this checkpoint: if the
     // standby cannot be used after all, the fork captures them.
     let written = match tracking.take_written(host) {
@@ -522,7 +752,26 @@ fn find(
         return Ok(Err(format!("{} runs of pages dropped", zap.len())));
     }
     let total = (pages * 4096) as usize;
-    Ok(Ok(Found { maps, fp, copy, total, zap, t_check, t_scan }))
+    Ok(Ok(Scanned { maps, copy, total, zap, t_scan }))
+}
+
+/// The checks but the scan's (see the module docs): `Ok(Err(why))` when
+/// the checkpoint must fork instead.
+fn check(
+    host: i32,
+    rseq: Rseq,
+    base: &Base,
+    tracking: &Tracking,
+    fds: &[FdImage],
+    sc: Scanned,
+    t0: std::time::Instant,
+) -> Result<std::result::Result<Found, String>> {
+    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
+    if let Some(why) = mismatch(host, base, (&fp, &sc.maps, rseq), tracking, fds) {
+        return Ok(Err(why));
+    }
+    let Scanned { maps, total, zap, t_scan, .. } = sc;
+    Ok(Ok(Found { maps, fp, total, zap, t_scan, t_check: t0.elapsed() }))
 }
 
 /// What makes a standby its process's new template, read from the process
@@ -534,6 +783,8 @@ fn find(
 /// the tracer once it is done ([`Pending::finish`]).
 pub(crate) struct Pending {
     standby: Standby,
+    /// Host pid of the process (whose holder lent its page file).
+    owner: i32,
     pages: Pages,
     /// Bytes written.
     bytes: usize,
@@ -548,11 +799,32 @@ pub(crate) struct Pending {
 /// Where the pages of a [`Pending`] are.
 enum Pages {
     /// Read: page runs (start, end), and their bytes one after the other.
-    Read(Vec<(u64, u64)>, Vec<u8>),
+    Read(Vec<(u64, u64)>, Buf),
     /// Being written (the thread gives the buffer back).
-    Writing(std::thread::JoinHandle<(io::Result<()>, Vec<u8>)>),
+    Writing(std::thread::JoinHandle<(io::Result<()>, Buf)>),
     /// Taken by a failed start.
     Gone,
+}
+
+/// The bytes of pages read: the daemon's buffer, or the page file of the
+/// process's holder (lent until they are written).
+pub(crate) enum Buf {
+    Vec(Vec<u8>),
+    /// With the token the holder's copier watches (`Copier::lent`): a page
+    /// file dropped with its template is made again.
+    File {
+        file: sandtree_sys::pagefile::PageFile,
+        _lent: std::sync::Arc<()>,
+    },
+}
+
+impl Buf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Vec(v) => v,
+            Buf::File { file: f, .. } => f.bytes(),
+        }
+    }
 }
 
 impl Pending {
@@ -564,7 +836,7 @@ impl Pending {
         let Pages::Read(copy, buf) = std::mem::replace(&mut self.pages, Pages::Gone) else { return };
         let to = self.standby.host;
         let spawned = std::thread::Builder::new().name("sandtree:pages".into()).spawn(move || {
-            let written = uffd::PageWriter::open(to).and_then(|w| w.write(&copy, &buf));
+            let written = uffd::PageWriter::open(to).and_then(|w| w.write(&copy, buf.bytes()));
             (written, buf)
         });
         match spawned {
@@ -587,19 +859,24 @@ impl Pending {
     /// Wait for the pages (writing them here if they were not started) and
     /// set the rest in the standby: it is the template then. On the tracer
     /// thread. An error leaves the standby half-made: the caller drops its
-    /// checkpoint's templates.
-    pub(crate) fn finish(self) -> Result<()> {
-        let Pending { mut standby, pages, bytes, zap, handlers, brk, xstate, scratch } = self;
+    /// checkpoint's templates. A page file lent by the process's holder is
+    /// given back to `holders` (their owner's) either way.
+    pub(crate) fn finish(self, holders: &mut [crate::holder::Holder]) -> Result<()> {
+        let Pending { mut standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch } = self;
         let to = standby.host;
         let t0 = std::time::Instant::now();
+        let none = || Buf::Vec(Vec::new());
         let (written, buf) = match pages {
-            Pages::Read(copy, buf) => (uffd::PageWriter::open(to).and_then(|w| w.write(&copy, &buf)), buf),
+            Pages::Read(copy, buf) => (uffd::PageWriter::open(to).and_then(|w| w.write(&copy, buf.bytes())), buf),
             Pages::Writing(h) => {
-                h.join().unwrap_or_else(|_| (Err(io::Error::other("the writing thread panicked")), Vec::new()))
+                h.join().unwrap_or_else(|_| (Err(io::Error::other("the writing thread panicked")), none()))
             }
-            Pages::Gone => (Err(io::Error::other("no thread to write the pages")), Vec::new()),
+            Pages::Gone => (Err(io::Error::other("no thread to write the pages")), none()),
         };
-        give_buffer(buf);
+        match buf {
+            Buf::Vec(v) => give_buffer(v),
+            Buf::File { file: f, .. } => crate::holder::give_back_file(holders, owner, f),
+        }
         written.map_err(|e| Error::Ptrace { pid: to, op: "write the pages written", source: e })?;
         let sb = &mut standby.tracee;
         ptrace::set_xstate(to, &xstate).map_err(|e| Error::Ptrace { pid: to, op: "SETREGSET xstate", source: e })?;
@@ -618,16 +895,23 @@ impl Pending {
     }
 }
 
-/// Page runs and the part of the buffer their bytes go to.
-type ReadJob<'a> = (&'a [(u64, u64)], &'a mut [u8]);
+/// Page runs, the part of the buffer their bytes go to, and its offset
+/// in the buffer; taken by the holder (`patch`).
+struct ReadJob<'a> {
+    ranges: &'a [(u64, u64)],
+    out: &'a mut [u8],
+    at: usize,
+    taken: bool,
+}
 
 /// `ranges` in jobs of at most [`CHUNK`] ranges and [`JOB_BYTES`] (a
-/// longer range is a job of its own: [`find`] cuts them at
+/// longer range is a job of its own: [`scan`] cuts them at
 /// [`JOB_BYTES`]), each with its part of `buf` (the bytes of the ranges one
 /// after the other).
 fn split_jobs<'a>(ranges: &'a [(u64, u64)], mut buf: &'a mut [u8]) -> Vec<ReadJob<'a>> {
     let mut jobs = Vec::new();
     let mut rest = ranges;
+    let mut at = 0;
     while !rest.is_empty() {
         let (mut n, mut len) = (0, 0usize);
         while n < rest.len() && n < CHUNK && (n == 0 || len < JOB_BYTES) {
@@ -636,7 +920,8 @@ fn split_jobs<'a>(ranges: &'a [(u64, u64)], mut buf: &'a mut [u8]) -> Vec<ReadJo
         }
         let (piece, more) = rest.split_at(n);
         let (mine, others) = std::mem::take(&mut buf).split_at_mut(len);
-        jobs.push((piece, mine));
+        jobs.push(ReadJob { ranges: piece, out: mine, at, taken: false });
+        at += len;
         (rest, buf) = (more, others);
     }
     jobs

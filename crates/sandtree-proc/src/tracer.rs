@@ -622,7 +622,8 @@ impl Tracer {
                         let mut forking = false;
                         if idle
                             && (crate::checkpoint::write_pending(&mut st, false)
-                                || crate::checkpoint::prepare_pending(&mut st))
+                                || crate::checkpoint::prepare_pending(&mut st)
+                                || crate::holder::equip_next(&mut st))
                         {
                             continue;
                         }

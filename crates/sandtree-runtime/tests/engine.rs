@@ -894,6 +894,11 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
             ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
             cks.push(r.checkpoint.id);
         }
+        // Its holder copied the pages written in the frozen windows (or
+        // this test would not see that path): not all through
+        // process_vm_readv.
+        let by_holders = sandtree_proc::pages_copied_by_holders();
+        ensure!(by_holders >= 1000, "holders copied {by_holders} pages in 19 checkpoints");
         // The sum the process computes after step k, by the same writes.
         let expected = |k: u64| {
             let mut pages = vec![1u64; 16384];

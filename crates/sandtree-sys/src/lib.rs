@@ -18,6 +18,7 @@
 //! | `ptrace`  | `PTRACE_SEIZE`, `INTERRUPT`, stops, registers, `process_vm_readv`/`writev` |
 //! | `timerfd` | `TFD_IOC_SET_TICKS` (unread expirations of a restored timer) |
 //! | `uffd`    | userfaultfd in asynchronous write-protect mode, `PAGEMAP_SCAN`, copying pages between processes |
+//! | `pagefile` | a memfd allocated ahead and mapped shared (pages a holder copies in the frozen window) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
 
 pub mod btrfs;
@@ -27,6 +28,7 @@ pub mod loopdev;
 pub mod mount;
 pub mod mountinfo;
 pub mod netdev;
+pub mod pagefile;
 pub mod process;
 pub mod ptrace;
 pub mod pty;

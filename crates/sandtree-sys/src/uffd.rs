@@ -160,7 +160,7 @@ pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec
 }
 
 /// Most ranges one `process_vm_readv` takes (`IOV_MAX`).
-const IOV_MAX: usize = 1024;
+pub const IOV_MAX: usize = 1024;
 
 /// Read the bytes of `ranges` (start, end) of process `pid`'s memory into
 /// `out`, one range after the other (`out` is at least their total

@@ -168,9 +168,12 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         )
     };
     let (mut ck_ms, mut paused, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    let mut by_holder = Vec::new();
     for i in 0..n {
         bash(engine, &sb, &step(i)).await?;
+        let copied = sandtree_runtime::pages_copied_by_holders();
         let (id, ms, frozen) = checkpoint(engine, &sb).await?;
+        by_holder.push((sandtree_runtime::pages_copied_by_holders() - copied) as f64);
         ck_ms.push(ms);
         paused.push(frozen);
         ids.push(id);
@@ -240,6 +243,8 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
     report.rows.push(Row::new(g, &format!("rollback in place, 100 ms later (REPL {label})"), &think_ms));
     report.rows.push(Row::new("baseline", &fork_row(&label), &fork_ms));
+    by_holder.sort_by(f64::total_cmp);
+    report.holder_pages.push((label.clone(), super::report::percentile(&by_holder, 50.0)));
     report.template_pool.push((label, n, pool));
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())

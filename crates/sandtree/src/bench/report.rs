@@ -57,6 +57,10 @@ pub struct Report {
     /// Process workload: (REPL size, checkpoints held, bytes the template
     /// pool holds after them).
     pub template_pool: Vec<(String, usize, u64)>,
+    /// Process workload: (REPL size, pages written a checkpoint that the
+    /// REPL's holder copied in the frozen window, p50 of the right-after
+    /// checkpoints; the rest were read with `process_vm_readv`).
+    pub holder_pages: Vec<(String, f64)>,
     pub total_seconds: f64,
     /// Host pids of the inits of other sandboxes running when the run
     /// started (another daemon's, a killed test's).
@@ -116,6 +120,11 @@ impl Report {
                 "template pool, REPL {repl}: {:.1} MB for {n} checkpoints ({:.2} MB each; 1,000 pages dirtied per step = 4.1 MB)",
                 *bytes as f64 / 1e6,
                 *bytes as f64 / 1e6 / (*n).max(1) as f64
+            );
+        }
+        for (repl, pages) in &self.holder_pages {
+            println!(
+                "written pages copied by the holder in the frozen window, REPL {repl}: {pages:.0} a checkpoint (the rest read from the daemon)"
             );
         }
         if !self.other_sandboxes.is_empty() {
