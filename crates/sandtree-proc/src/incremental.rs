@@ -273,24 +273,26 @@ fn mismatch(
 type Handler = (u64, Vec<u8>);
 
 /// The handlers of the signals `caught` of stopped process `orig`, read by
-/// injected `rt_sigaction` into the dead space below its stack's red zone;
-/// and its program break.
+/// injected `rt_sigaction` into the dead space below its stack's red zone
+/// (each into its own slot, read back at once: a `process_vm_readv` a
+/// signal cost as much as its call); and its program break.
 fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<Handler>, u64)> {
     let host = s.host;
-    let buf = (s.regs.rsp - 128 - 64) & !15;
-    let mut saved = [0u8; 32];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
-    let mut out = Vec::new();
     // (SIGCHLD always: SA_NOCLDWAIT / SA_NOCLDSTOP count with its default
     // disposition too.)
     let wanted = caught | 1 << (libc::SIGCHLD - 1);
-    for sig in (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0) {
-        orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf, 8])?;
-        let mut act = vec![0u8; 32];
-        ptrace::read_mem(host, buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
-        out.push((sig, act));
+    let sigs: Vec<u64> = (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0).collect();
+    let len = 32 * sigs.len();
+    let buf = (s.regs.rsp - 128 - 64 - len as u64) & !15;
+    let mut saved = vec![0u8; len];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
+    for (i, &sig) in sigs.iter().enumerate() {
+        orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf + 32 * i as u64, 8])?;
     }
+    let mut acts = vec![0u8; len];
+    ptrace::read_mem(host, buf, &mut acts).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
     ptrace::write_mem(host, buf, &saved).map_err(|e| Error::Ptrace { pid: host, op: "restore stack", source: e })?;
+    let out = sigs.iter().zip(acts.chunks(32)).map(|(&sig, act)| (sig, act.to_vec())).collect();
     let brk = orig.call("brk (read)", libc::SYS_brk, &[0])?;
     Ok((out, brk))
 }
@@ -456,7 +458,7 @@ pub(crate) fn patch<B>(
     let total = total.into_inner();
     let to_file = to_file.into_inner();
     if let Some(h) = holder.as_mut() {
-        h.want = h.want.max(total + total / 2);
+        h.want = h.want.max(total + total / 2).min(MAX_PAGE_FILE);
     }
     // The buffer the pages are in; the other one back where it came from.
     let pages = match (to_file, file.take()) {
@@ -550,10 +552,15 @@ pub fn pages_copied_by_holders() -> u64 {
     HOLDER_PAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A holder's page file grows to this at most (a 1 GB process may write
+/// a 16th of its pages before a checkpoint forks it instead: the rest is
+/// read from the daemon).
+const MAX_PAGE_FILE: usize = 64 << 20;
+
 /// Bytes kept between the stack pointer and the holder's lists of runs:
 /// the red zone (128) and the dead space the tracer's injected calls use
-/// (`handlers_and_brk`: 192 below).
-const HOLDER_LIST_GAP: u64 = 512;
+/// (`handlers_and_brk`: up to 64 slots of 32 bytes below it).
+const HOLDER_LIST_GAP: u64 = 4096;
 
 /// The holder's copy under way in a frozen window (see [`patch`]).
 struct Copying<'c> {
