@@ -685,7 +685,7 @@ fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: boo
                 st.tracking.insert(s.host, t);
             }
             if let Some(copier) = c.copier.take() {
-                crate::holder::give_back_copier(&mut st.holders, s.host, Some(copier));
+                crate::holder::give_back_copier(&mut st.holders, s.host, copier);
             }
             st.cloned.push(c);
             None
@@ -1285,13 +1285,8 @@ fn clone_of(
 /// signal boundary).
 fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> {
     let host = s.host;
-    // struct itimerval { it_interval, it_value } for each timer, then
-    // stack_t { ss_sp, ss_flags, ss_size }: each call writes its own slot,
-    // read back at once (a `process_vm_readv` a call cost as much as the
-    // call).
-    const WHICH: [i32; 3] = [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF];
-    let buf = (s.regs.rsp - 128 - 128) & !15;
-    let mut saved = [0u8; 128];
+    let buf = (s.regs.rsp - 128 - 64) & !15;
+    let mut saved = [0u8; 32];
     ptrace::read_mem(host, buf, &mut saved).map_err(|e| {
         let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
         Error::unsupported(
@@ -1301,19 +1296,23 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> 
             format!("no room below its stack pointer to read timers into ({e})"),
         )
     })?;
-    for (i, which) in WHICH.iter().enumerate() {
-        orig.call("timers", libc::SYS_getitimer, &[*which as u64, buf + 32 * i as u64])?;
+    let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
+        orig.call("timers / sigaltstack", nr, args)?;
+        let mut val = vec![0u8; len];
+        ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read result"))?;
+        Ok(val)
+    };
+    let mut itimers = Vec::new();
+    for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
+        // struct itimerval { it_interval, it_value }.
+        itimers.push((which, read(libc::SYS_getitimer, &[which as u64, buf], 32)?));
     }
-    // (A fork keeps the alternate stack, but a restore that shares a
-    // standby's memory, CLONE_VM, does not.)
-    orig.call("sigaltstack", libc::SYS_sigaltstack, &[0, buf + 96])?;
-    let mut out = [0u8; 128];
-    ptrace::read_mem(host, buf, &mut out).map_err(ptrace_err(host, "read result"))?;
-    ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
-    let itimers = WHICH.iter().enumerate().map(|(i, w)| (*w, out[32 * i..32 * i + 32].to_vec())).collect();
-    let ss = out[96..120].to_vec();
+    // stack_t { ss_sp, ss_flags, ss_size }: a fork keeps it, but a
+    // restore that shares a standby's memory (CLONE_VM) does not.
+    let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
     let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
     let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
+    ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
     Ok((itimers, altstack))
 }
 

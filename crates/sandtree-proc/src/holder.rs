@@ -48,9 +48,12 @@ pub(crate) struct Holder {
     /// What copies the owner's written pages in the frozen window
     /// (`incremental.rs`), once made.
     pub copier: Option<Copier>,
-    /// Making a copier failed, or it was lost with a failed checkpoint:
-    /// the owner's pages are read from the daemon (`process_vm_readv`).
+    /// Making a copier failed: the owner's pages are read from the daemon
+    /// (`process_vm_readv`).
     no_copier: bool,
+    /// The page file's descriptor in the holder, once made (a copier lost
+    /// with a failed checkpoint is made again around it).
+    page_fd: Option<i32>,
 }
 
 /// A holder equipped to copy its owner's pages written since the last
@@ -128,7 +131,10 @@ impl Copier {
         });
         match spawned {
             Ok(h) => self.making = Some(h),
-            Err(e) => tracing::debug!(holder = self.tracee.tid, "no thread to make the page file: {e}"),
+            Err(e) => {
+                tracing::debug!(holder = self.tracee.tid, "no thread to make the page file: {e}");
+                self.failed = true;
+            }
         }
     }
 }
@@ -549,7 +555,17 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
             return Err(e);
         }
     };
-    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: Some(t), tracee: None, copier: None, no_copier: false })
+    Ok(Holder {
+        host,
+        ns_pid,
+        owner,
+        owner_fd,
+        undropped: Some(t),
+        tracee: None,
+        copier: None,
+        no_copier: false,
+        page_fd: None,
+    })
 }
 
 /// Adopted holders drop their copy of the descriptor table (after the
@@ -581,7 +597,7 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
             && h.undropped.is_none()
             && tracking.contains_key(&h.owner)
             && match &h.copier {
-                None => h.tracee.is_some(),
+                None => h.tracee.is_some() || h.page_fd.is_some(),
                 Some(c) if c.making.is_some() || c.failed => false,
                 Some(c) => match &c.file {
                     Some(f) => f.len() < c.want,
@@ -619,9 +635,38 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
 /// Give holder `h` a page file: a memfd it makes (injected
 /// `memfd_create`; the daemon takes a duplicate with `pidfd_getfd`), whose
 /// pages are allocated on a thread of the daemon. It runs off the tracer's
-/// CPU from here on (its copies run beside the tracer's work).
+/// CPU from here on (its copies run beside the tracer's work). A holder
+/// whose copier was lost (with a checkpoint that failed while it was lent)
+/// gets one again around the page file it has.
 fn equip(h: &mut Holder) -> Result<()> {
-    let Some(mut t) = h.tracee.take() else { return Ok(()) };
+    let host = h.host;
+    let (t, fd) = match (h.tracee.take(), h.page_fd) {
+        (Some(t), None) => make_page_file(h, t)?,
+        (t, Some(fd)) => {
+            let t = match t {
+                Some(t) => t,
+                None => {
+                    let regs = ptrace::regs(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGS", source: e })?;
+                    Tracee::new(host, regs, crate::inject::find_syscall_insn(host)?)
+                }
+            };
+            (t, fd)
+        }
+        (None, None) => return Ok(()),
+    };
+    let file =
+        sandtree_sys::uffd::take_fd(host, fd).map_err(|e| Error::Ptrace { pid: host, op: "pidfd_getfd", source: e })?;
+    crate::inject::move_off_tracer(host);
+    let want = first_page_file(h.owner);
+    let mut c = Copier { tracee: t, fd, file: None, making: None, want, lent: None, failed: false };
+    c.make(None, Some(file));
+    h.copier = Some(c);
+    Ok(())
+}
+
+/// The memfd of holder `h`'s page file, made by it (`t`): its descriptor
+/// there.
+fn make_page_file(h: &mut Holder, mut t: Tracee) -> Result<(Tracee, i32)> {
     let host = h.host;
     let base = crate::procfs::vdso_base(host).map_err(|e| Error::Proc { pid: host, what: "auxv", source: e })?;
     // The name: "", a zero byte of the vDSO's ELF header (e_ident's
@@ -633,15 +678,11 @@ fn equip(h: &mut Holder) -> Result<()> {
     if zero[0] != 0 {
         return Err(Error::unsupported(h.ns_pid, "", "vdso", "no zero byte in the vDSO's ELF header"));
     }
-    let fd = t.call("memfd_create (page file)", libc::SYS_memfd_create, &[name, libc::MFD_CLOEXEC as u64])? as i32;
-    let file =
-        sandtree_sys::uffd::take_fd(host, fd).map_err(|e| Error::Ptrace { pid: host, op: "pidfd_getfd", source: e })?;
-    crate::inject::move_off_tracer(host);
-    let want = first_page_file(h.owner);
-    let mut c = Copier { tracee: t, fd, file: None, making: None, want, lent: None, failed: false };
-    c.make(None, Some(file));
-    h.copier = Some(c);
-    Ok(())
+    // (Sealable: the daemon seals it against shrinking, `PageFile`.)
+    let flags = (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u64;
+    let fd = t.call("memfd_create (page file)", libc::SYS_memfd_create, &[name, flags])? as i32;
+    h.page_fd = Some(fd);
+    Ok((t, fd))
 }
 
 /// Lend the copier of `owner`'s holder to its checkpoint (`None` when it
@@ -650,18 +691,12 @@ pub(crate) fn lend_copier(holders: &mut [Holder], owner: i32) -> Option<Copier> 
     holders.iter_mut().find(|h| h.owner == owner && h.copier.is_some())?.copier.take()
 }
 
-/// The copier lent by [`lend_copier`], back to its holder (or dropped with
-/// it, if the holder is gone); `None`: it was lost with a failed
-/// checkpoint, and the holder gets no other.
-pub(crate) fn give_back_copier(holders: &mut [Holder], owner: i32, copier: Option<Copier>) {
-    let Some(h) = holders.iter_mut().find(|h| h.owner == owner && !h.no_copier && h.undropped.is_none()) else {
-        return;
-    };
-    match copier {
-        Some(c) if h.copier.is_none() && h.tracee.is_none() => h.copier = Some(c),
-        Some(_) => {}
-        None if h.copier.is_none() && h.tracee.is_none() => h.no_copier = true,
-        None => {}
+/// The copier lent by [`lend_copier`], back to its holder (or dropped, if
+/// the holder is gone). One lost with a failed checkpoint is made again
+/// between operations ([`equip_next`]).
+pub(crate) fn give_back_copier(holders: &mut [Holder], owner: i32, copier: Copier) {
+    if let Some(h) = holders.iter_mut().find(|h| h.owner == owner && h.copier.is_none() && h.tracee.is_none()) {
+        h.copier = Some(copier);
     }
 }
 
@@ -691,7 +726,17 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
         crate::tracer::kill_tracee(host);
         return Err(e);
     }
-    Ok(Holder { host, ns_pid, owner, owner_fd, undropped: None, tracee: Some(tracee), copier: None, no_copier: false })
+    Ok(Holder {
+        host,
+        ns_pid,
+        owner,
+        owner_fd,
+        undropped: None,
+        tracee: Some(tracee),
+        copier: None,
+        no_copier: false,
+        page_fd: None,
+    })
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by

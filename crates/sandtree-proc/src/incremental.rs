@@ -273,26 +273,24 @@ fn mismatch(
 type Handler = (u64, Vec<u8>);
 
 /// The handlers of the signals `caught` of stopped process `orig`, read by
-/// injected `rt_sigaction` into the dead space below its stack's red zone
-/// (each into its own slot, read back at once: a `process_vm_readv` a
-/// signal cost as much as its call); and its program break.
+/// injected `rt_sigaction` into the dead space below its stack's red zone;
+/// and its program break.
 fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<Handler>, u64)> {
     let host = s.host;
+    let buf = (s.regs.rsp - 128 - 64) & !15;
+    let mut saved = [0u8; 32];
+    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
+    let mut out = Vec::new();
     // (SIGCHLD always: SA_NOCLDWAIT / SA_NOCLDSTOP count with its default
     // disposition too.)
     let wanted = caught | 1 << (libc::SIGCHLD - 1);
-    let sigs: Vec<u64> = (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0).collect();
-    let len = 32 * sigs.len();
-    let buf = (s.regs.rsp - 128 - 64 - len as u64) & !15;
-    let mut saved = vec![0u8; len];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
-    for (i, &sig) in sigs.iter().enumerate() {
-        orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf + 32 * i as u64, 8])?;
+    for sig in (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0) {
+        orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf, 8])?;
+        let mut act = vec![0u8; 32];
+        ptrace::read_mem(host, buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
+        out.push((sig, act));
     }
-    let mut acts = vec![0u8; len];
-    ptrace::read_mem(host, buf, &mut acts).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
     ptrace::write_mem(host, buf, &saved).map_err(|e| Error::Ptrace { pid: host, op: "restore stack", source: e })?;
-    let out = sigs.iter().zip(acts.chunks(32)).map(|(&sig, act)| (sig, act.to_vec())).collect();
     let brk = orig.call("brk (read)", libc::SYS_brk, &[0])?;
     Ok((out, brk))
 }
@@ -317,7 +315,7 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 /// copier, or a page file large enough, all of it is. (The calls injected
 /// meanwhile write below the stack's red zone, dead space, and put back
 /// what was there; the holder's lists of runs are written below those,
-/// dead space too, not put back: a template may copy any of it.)
+/// on the main stack only, and put back once the copy is done.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
     s: &Stopped,
@@ -370,10 +368,13 @@ pub(crate) fn patch<B>(
             r.map(|mut sc| {
                 total_ref.store(sc.total, Ordering::Relaxed);
                 let out: &mut [u8] = match file_ref.as_mut() {
-                    Some(f) if f.len() >= sc.total => {
+                    Some(f) if f.len() >= sc.total && sc.total > 0 => {
                         to_file_ref.store(true, Ordering::Release);
-                        if let Some(m) =
-                            sc.maps.iter().find(|m| m.perms.starts_with("rw") && m.start < sp && sp <= m.end)
+                        // Only below the stack pointer of the main stack is
+                        // dead space for sure (a stack in the heap, a
+                        // goroutine's, or a signal stack there, is not).
+                        let stack = |m: &&MapImage| m.path.as_deref() == Some("[stack]") && m.perms.starts_with("rw");
+                        if let Some(m) = sc.maps.iter().filter(stack).find(|m| m.start < sp && sp <= m.end)
                             && sp - m.start > HOLDER_LIST_GAP
                         {
                             let _ = room_ref.set((m.start, sp - HOLDER_LIST_GAP));
@@ -422,7 +423,9 @@ pub(crate) fn patch<B>(
         // The holder copies beside `during`, and is given its next runs
         // after it; meanwhile this thread reads from the end of the list.
         let mut copying = match (&mine, holder.as_deref_mut(), room.get()) {
-            (Ok(_), Some(h), Some(&room)) if to_file.load(Ordering::Acquire) => Some(Copying { h, room, run: None }),
+            (Ok(_), Some(h), Some(&room)) if to_file.load(Ordering::Acquire) => {
+                Some(Copying { h, room, run: None, saved: None })
+            }
             _ => None,
         };
         if let Some(c) = copying.as_mut() {
@@ -447,6 +450,9 @@ pub(crate) fn patch<B>(
                     }
                 }
             }
+        }
+        if let Some(c) = copying.as_mut() {
+            c.put_back(host);
         }
         (mine, helped.and_then(|()| read_from_back()))
     };
@@ -559,8 +565,8 @@ const MAX_PAGE_FILE: usize = 64 << 20;
 
 /// Bytes kept between the stack pointer and the holder's lists of runs:
 /// the red zone (128) and the dead space the tracer's injected calls use
-/// (`handlers_and_brk`: up to 64 slots of 32 bytes below it).
-const HOLDER_LIST_GAP: u64 = 4096;
+/// (`handlers_and_brk`, `checkpoint::timers`: 192 below it at most).
+const HOLDER_LIST_GAP: u64 = 512;
 
 /// The holder's copy under way in a frozen window (see [`patch`]).
 struct Copying<'c> {
@@ -569,6 +575,9 @@ struct Copying<'c> {
     /// from, to (below the stack pointer of the stopped process).
     room: (u64, u64),
     run: Option<Run>,
+    /// What the lists of runs wrote over, from the address given up to
+    /// the room's end: put back once the copy is done.
+    saved: Option<(u64, Vec<u8>)>,
 }
 
 /// One `pwritev` of the holder: its jobs' runs, contiguous in the page
@@ -610,7 +619,9 @@ impl Copying<'_> {
         let Some(at) = at else { return };
         let list = (self.room.1 - iov.len() as u64) & !15;
         let fd = self.h.fd as u64;
-        let started = ptrace::write_mem(host, list, &iov)
+        let started = self
+            .save(host, list)
+            .and_then(|()| ptrace::write_mem(host, list, &iov))
             .map_err(|e| Error::Ptrace { pid: host, op: "write the holder's runs", source: e })
             .and_then(|()| self.h.tracee.start_syscall(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
         match started {
@@ -620,6 +631,32 @@ impl Copying<'_> {
                 untake(&mut q, &jobs);
                 self.room = (0, 0);
             }
+        }
+    }
+
+    /// Keep what is at `from` up to the room's end (beyond what is kept
+    /// already).
+    fn save(&mut self, host: i32, from: u64) -> io::Result<()> {
+        let kept = self.saved.as_ref().map_or(self.room.1, |(at, _)| *at);
+        if from >= kept {
+            return Ok(());
+        }
+        let mut more = vec![0u8; (kept - from) as usize];
+        ptrace::read_mem(host, from, &mut more)?;
+        if let Some((_, old)) = self.saved.take() {
+            more.extend_from_slice(&old);
+        }
+        self.saved = Some((from, more));
+        Ok(())
+    }
+
+    /// Put back what the lists of runs wrote over (dead space below the
+    /// stack pointer, as the tracer's injected calls do).
+    fn put_back(&mut self, host: i32) {
+        if let Some((at, bytes)) = self.saved.take()
+            && let Err(e) = ptrace::write_mem(host, at, &bytes)
+        {
+            tracing::debug!(pid = host, "the stack below the holder's lists not put back: {e}");
         }
     }
 

@@ -38,13 +38,28 @@ impl PageFile {
         Ok(f)
     }
 
-    /// At least `len` bytes, allocated (mapped anew when it grows).
+    /// At least `len` bytes, allocated (mapped anew when it grows). The
+    /// file is sealed against shrinking first: the process that made it
+    /// (a holder in a sandbox, whose descriptor sandboxed code may reach
+    /// through `/proc`) could otherwise truncate it under the mapping, and
+    /// the daemon's next read of it would take `SIGBUS`.
     pub fn grow(&mut self, len: usize) -> io::Result<()> {
         if len <= self.len && !self.ptr.is_null() {
             return Ok(());
         }
-        let len = len.max(self.len).next_multiple_of(4096).max(4096);
-        rustix::fs::ftruncate(&self.file, len as u64)?;
+        let size = |f: &OwnedFd| rustix::fs::fstat(f).map(|st| st.st_size.max(0) as usize);
+        let len = len.max(self.len).max(size(&self.file)?).next_multiple_of(4096).max(4096);
+        if size(&self.file)? < len {
+            rustix::fs::ftruncate(&self.file, len as u64)?;
+        }
+        // (Sealed already when taken again from its holder.)
+        let seals = rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::SEAL;
+        if !rustix::fs::fcntl_get_seals(&self.file)?.contains(rustix::fs::SealFlags::SHRINK) {
+            rustix::fs::fcntl_add_seals(&self.file, seals)?;
+        }
+        if size(&self.file)? < len {
+            return Err(io::Error::other("the page file was truncated before it was sealed"));
+        }
         rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::empty(), 0, len as u64)?;
         // SAFETY: a fresh shared mapping of our own descriptor, at an
         // address the kernel picks; nothing aliases it yet.
@@ -121,7 +136,8 @@ mod tests {
     /// keeps them when it grows.
     #[test]
     fn writes_show_through_the_mapping() {
-        let fd = rustix::fs::memfd_create("pagefile-test", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
+        let fd = rustix::fs::memfd_create("pagefile-test", flags).expect("memfd");
         let mut f = PageFile::new(fd, 5000).expect("page file");
         assert_eq!(f.len(), 8192);
         rustix::io::pwrite(f.fd(), b"hello", 4096).expect("pwrite");
@@ -130,5 +146,10 @@ mod tests {
         f.grow(3 << 20).expect("grow");
         assert_eq!(f.len(), 3 << 20);
         assert_eq!((f.bytes()[0], &f.bytes()[4096..4101]), (7, &b"hello"[..]));
+        // Sealed: nobody shrinks it under the mapping.
+        assert!(rustix::fs::ftruncate(f.fd(), 4096).is_err(), "a sealed page file shrank");
+        // Taken again (a duplicate of its descriptor): no smaller.
+        let again = PageFile::new(f.fd().try_clone_to_owned().expect("dup"), 4096).expect("taken again");
+        assert_eq!(again.len(), 3 << 20);
     }
 }
