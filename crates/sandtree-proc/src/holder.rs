@@ -41,9 +41,9 @@ pub(crate) struct Holder {
     owner_fd: OwnedFd,
     /// A template adopted as holder still has its copy of the descriptor
     /// table until [`drop_pending`], right after the rollback's reply.
-    undropped: Option<Tracee>,
+    undropped: bool,
     /// The holder, to inject calls into (until [`equip`] makes it a
-    /// [`Copier`]).
+    /// [`Copier`]'s).
     tracee: Option<Tracee>,
     /// What copies the owner's written pages in the frozen window
     /// (`incremental.rs`), once made.
@@ -63,7 +63,7 @@ pub(crate) struct Holder {
 /// does not use, while the tracer clones the sandbox's other processes (a
 /// `process_vm_readv` from the daemon looks every page up in the other
 /// process's page tables and pins it: 1,150 pages took 5-10 ms here
-/// where the `pwritev` took 1.3-1.6 ms, in one of the VM's slow spells).
+/// where the `pwritev` took 1.5-2.3 ms, in one of the VM's slow spells).
 pub(crate) struct Copier {
     /// The holder (in a ptrace stop between calls).
     pub tracee: Tracee,
@@ -560,8 +560,8 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
         ns_pid,
         owner,
         owner_fd,
-        undropped: Some(t),
-        tracee: None,
+        undropped: true,
+        tracee: Some(t),
         copier: None,
         no_copier: false,
         page_fd: None,
@@ -573,15 +573,15 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
 /// same files open a moment longer). One that cannot is killed.
 pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
     holders.retain_mut(|h| {
-        let Some(mut t) = h.undropped.take() else { return true };
-        if let Err(e) = drop_descriptors(&mut t) {
+        let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
+        if let Err(e) = drop_descriptors(t) {
             tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
             crate::inject::move_off_tracer(h.host);
             let _ = ptrace::kill(h.host);
             dying.push((h.host, h.ns_pid));
             return false;
         }
-        h.tracee = Some(t);
+        h.undropped = false;
         true
     });
 }
@@ -594,7 +594,7 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
     let tracking = &st.tracking;
     let wanted = |h: &Holder| {
         !h.no_copier
-            && h.undropped.is_none()
+            && !h.undropped
             && tracking.contains_key(&h.owner)
             && match &h.copier {
                 None => h.tracee.is_some() || h.page_fd.is_some(),
@@ -731,7 +731,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
         ns_pid,
         owner,
         owner_fd,
-        undropped: None,
+        undropped: false,
         tracee: Some(tracee),
         copier: None,
         no_copier: false,
