@@ -524,6 +524,8 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             fingerprint,
             rseq: t.image.rseq,
             generation: t.generation,
+            quiet: (t.image.itimers.is_empty() && t.image.threads == 1)
+                .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() }),
         })
     });
     let tracking = tracking.map(|mut t| {
@@ -721,6 +723,9 @@ pub(crate) fn release_all(st: &mut State) {
         release_threads(std::mem::take(&mut c.thread_tracees));
         if let Some(mut orig) = c.orig.take() {
             let host = c.stopped.host;
+            if let Some(t) = st.tracking.get(&host) {
+                t.protect_own_writes(c.stopped.regs.rsp);
+            }
             let _ = ptrace::set_exit_kill(host, false);
             // (Its own CPUs from the detach: parked on the tracer's.)
             orig.affinity_on_release(&c.affinity);
@@ -1031,10 +1036,33 @@ fn clone_of(
     let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
     let made = || -> Result<Cloned> {
         let rseq = ptrace::rseq_configuration(host).ok().flatten();
+        let mut image_regs = s.regs;
+        rseq_abort(host, rseq, &mut image_regs);
+        // A tracked process with a base: its template from the previous
+        // one's standby, if it can be (`incremental.rs`).
+        let incremental =
+            track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?, tk.copier.as_mut())));
+        // Registers and FPU state as the previous template's image has
+        // them: the process may have run no code since.
+        let quiet = incremental
+            .as_ref()
+            .and_then(|(_, base, _)| Some((base.template, base.quiet.as_ref()?)))
+            .filter(|(_, q)| s.threads.is_empty() && q.regs == Registers::from(&image_regs))
+            .and_then(|(template, q)| {
+                let now = ptrace::xstate(host).ok()?;
+                (ptrace::xstate(template).ok()? == now).then(|| (now, q.altstack.clone()))
+            });
+        let (quiet, quiet_altstack) = match quiet {
+            Some((xstate, altstack)) => (Some(xstate), Some(altstack)),
+            None => (None, None),
+        };
         // The tracer's part of pass 1 before the copy (for a tracked
         // process with a base, while another thread checks and reads its
-        // pages): returns the caught-signal mask.
-        let before = |orig: &mut Tracee| -> Result<(u64, _)> {
+        // pages): returns the caught-signal mask. (`quiet`: the process
+        // ran no code since its previous template, whose image has no
+        // armed interval timer: none is armed now, and its alternate stack
+        // is the one then.)
+        let before = |orig: &mut Tracee, quiet: bool| -> Result<(u64, _)> {
             // Pending signals before the timers are read: a one-shot timer
             // that fires meanwhile then shows in neither rather than in
             // both (a periodic one keeps firing, see below).
@@ -1047,15 +1075,12 @@ fn clone_of(
                     }
                 }
             }
-            let itimers = timers(s, orig)?;
+            let itimers = match quiet {
+                true => (Vec::new(), quiet_altstack.clone().flatten()),
+                false => timers(s, orig)?,
+            };
             Ok((status.signals.caught, (status, queued, itimers)))
         };
-        let mut image_regs = s.regs;
-        rseq_abort(host, rseq, &mut image_regs);
-        // A tracked process with a base: its template from the previous
-        // one's standby, if it can be (`incremental.rs`).
-        let incremental =
-            track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?, tk.copier.as_mut())));
         let (patched, fds, (status, queued, (mut itimers, altstack))) = match incremental {
             Some((tracking, base, copier)) => {
                 let (patched, fds, pre) = crate::incremental::patch(
@@ -1065,13 +1090,14 @@ fn clone_of(
                     base,
                     (rseq, mounts),
                     copier,
+                    quiet,
                     before,
                     &mut during,
                     seen,
                 )?;
                 (patched, Some(fds), pre)
             }
-            _ => (None, None, before(&mut orig)?.1),
+            _ => (None, None, before(&mut orig, false)?.1),
         };
         let pending = status.signals.pending;
         let (tpl, ns_pid) = match &patched {

@@ -590,6 +590,10 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)
 /// copier, or whose page file is smaller than the pages read last time,
 /// gets one (the page file is made on a thread of its own). Returns
 /// whether it did anything.
+/// Processes with fewer resident bytes get no page file (see
+/// [`equip_next`]).
+const COPIER_MIN_RSS: u64 = 32 << 20;
+
 pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
     let tracking = &st.tracking;
     let wanted = |h: &Holder| {
@@ -597,7 +601,12 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
             && !h.undropped
             && tracking.contains_key(&h.owner)
             && match &h.copier {
-                None => h.tracee.is_some() || h.page_fd.is_some(),
+                // (A small process writes few pages: read by the daemon,
+                // they cost less than a page file kept for it.)
+                None => {
+                    (h.tracee.is_some() || h.page_fd.is_some())
+                        && crate::checkpoint::resident_pages(h.owner) * 4096 >= COPIER_MIN_RSS
+                }
                 Some(c) if c.making.is_some() || c.failed => false,
                 Some(c) => match &c.file {
                     Some(f) => f.len() < c.want,

@@ -42,6 +42,11 @@
 //! and offsets, pending signals, timers, threads...) is read from the
 //! process as for a forked template.
 //!
+//! A process that ran no code since its previous template (*quiet*: its
+//! registers and FPU state are the image's, no page written but by the
+//! kernel, see [`patch_quiet`]) needs none of the injected reads: the
+//! standby is its template as it is.
+//!
 //! Not seen: `madvise` flags of a whole mapping that leave the map as it
 //! was (`MADV_DONTFORK`, `MADV_WIPEONFORK`, `MADV_HUGEPAGE`); a restored
 //! process then has its previous checkpoint's.
@@ -109,6 +114,19 @@ pub(crate) struct Base {
     pub rseq: Rseq,
     /// Templates made from a standby since the last fork of the process.
     pub generation: u32,
+    /// What a process that ran no code since needs of it ([`Quiet`]);
+    /// `None` when the image holds state that moves on by itself (armed
+    /// interval timers) or more threads than one.
+    pub quiet: Option<Quiet>,
+}
+
+/// What the image of the previous template says of a process that ran no
+/// code since (see the module docs): its registers and alternate signal
+/// stack then.
+#[derive(Clone)]
+pub(crate) struct Quiet {
+    pub regs: crate::model::Registers,
+    pub altstack: Option<Vec<u8>>,
 }
 
 impl Base {
@@ -324,13 +342,25 @@ pub(crate) fn patch<B>(
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
     mut holder: Option<&mut crate::holder::Copier>,
-    before: impl FnOnce(&mut Tracee) -> Result<(u64, B)>,
+    quiet: Option<Vec<u8>>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<(u64, B)>,
     during: &mut Option<&mut dyn FnMut(&mut Seen)>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let host = s.host;
     let t0 = std::time::Instant::now();
+    // Registers and FPU state as they were: if no page was written either,
+    // the process ran no code since (see the module docs).
+    let mut scanned_first = None;
+    if let Some(xstate) = quiet {
+        match scan(host, &base, tracking, t0) {
+            Ok(Ok(sc)) if sc.taken && sc.zap.is_empty() && as_they_were(host, base.template, &sc.copy, rseq) => {
+                return patch_quiet(s, orig, tracking, base, (rseq, mounts), (xstate, sc), before, during, seen);
+            }
+            other => scanned_first = Some(other),
+        }
+    }
     // (Any way out but the end drops `base`, which kills the standby.)
     let mut buf = take_buffer(0);
     // The holder's page file, if it has one ready: lent to the template's
@@ -364,7 +394,7 @@ pub(crate) fn patch<B>(
         // (Moved in: the jobs borrow the buffers for as long as they live.)
         let (buf_ref, file_ref) = (buf_ref, file_ref);
         // The scan first: the copy starts once it is done.
-        let scanned = scan(host, base_ref, tracking, t0).map(|r| {
+        let scanned = scanned_first.unwrap_or_else(|| scan(host, base_ref, tracking, t0)).map(|r| {
             r.map(|mut sc| {
                 total_ref.store(sc.total, Ordering::Relaxed);
                 let out: &mut [u8] = match file_ref.as_mut() {
@@ -408,7 +438,7 @@ pub(crate) fn patch<B>(
     };
     let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
-            let (caught, pre) = before(orig)?;
+            let (caught, pre) = before(orig, false)?;
             let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
@@ -533,8 +563,17 @@ pub(crate) fn patch<B>(
     let to = standby.host;
     let scratch = base.scratch;
     let pages = Pages::Read(copy.into_inner().unwrap_or_default(), pages);
-    let pending =
-        Pending { standby, owner: host, pages, bytes: f.total, zap: f.zap, handlers, brk, xstate, scratch: scratch.0 };
+    let pending = Pending {
+        standby,
+        owner: host,
+        pages,
+        bytes: f.total,
+        zap: f.zap,
+        handlers,
+        brk: Some(brk),
+        xstate,
+        scratch: scratch.0,
+    };
     let patched = Patched {
         host: to,
         ns_pid: pending.standby.ns_pid,
@@ -545,6 +584,121 @@ pub(crate) fn patch<B>(
         generation: base.generation + 1,
     };
     Ok((Some(patched), fds, pre))
+}
+
+/// [`patch`] for a process that ran no code since its previous template
+/// (registers, FPU state and pages as they were): the standby holds its
+/// memory, handlers and program break already, so nothing is injected
+/// into it (`before` is told to read no timers, there are none) and
+/// nothing is copied. The checks and the rest of the image are read as
+/// for any template: another process may have changed its limits or
+/// priority, the files it shares, its pipes.
+#[allow(clippy::too_many_arguments)]
+fn patch_quiet<B>(
+    s: &Stopped,
+    orig: &mut Tracee,
+    tracking: &Tracking,
+    mut base: Base,
+    (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
+    (xstate, sc): (Vec<u8>, Scanned),
+    before: impl FnOnce(&mut Tracee, bool) -> Result<(u64, B)>,
+    during: &mut Option<&mut dyn FnMut(&mut Seen)>,
+    seen: &mut Seen,
+) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
+    let host = s.host;
+    let t0 = std::time::Instant::now();
+    let (_, pre) = before(orig, true)?;
+    let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+    let f = match check(host, rseq, &base, tracking, &fds, sc, t0)? {
+        Ok(f) => f,
+        Err(why) => {
+            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            return Ok((None, fds, pre));
+        }
+    };
+    // (The standby's fork, if still under way, ends meanwhile.)
+    if let Some(d) = during.take() {
+        d(seen);
+    }
+    let standby = match base.take_standby() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            return Ok((None, fds, pre));
+        }
+    };
+    QUIET.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template from the previous one's standby (no code ran since)");
+    let pending = Pending {
+        standby,
+        owner: host,
+        pages: Pages::Read(Vec::new(), Buf::Vec(Vec::new())),
+        bytes: 0,
+        zap: Vec::new(),
+        handlers: Vec::new(),
+        brk: None,
+        xstate,
+        scratch: base.scratch.0,
+    };
+    let patched = Patched {
+        host: pending.standby.host,
+        ns_pid: pending.standby.ns_pid,
+        scratch: base.scratch,
+        maps: f.maps,
+        fingerprint: f.fp,
+        pending,
+        generation: base.generation + 1,
+    };
+    Ok((Some(patched), fds, pre))
+}
+
+/// Pages a process that ran no code may have had written (by the kernel:
+/// see [`as_they_were`]) at most.
+const QUIET_PAGES: usize = 16;
+
+/// Whether the pages `written` of process `host` (a few at most) hold
+/// what they hold in `template`, its previous template, but for the
+/// fields of its rseq area that the kernel refreshes before the process
+/// returns to its code (CPU and node ids, concurrency id). A process
+/// stopped and let go by a checkpoint runs no code of its own and yet has
+/// pages written: by the kernel, which stores a `poll`'s results again
+/// when the call it interrupted restarts, and the CPU it runs on into the
+/// rseq area.
+fn as_they_were(host: i32, template: i32, written: &[(u64, u64)], rseq: Rseq) -> bool {
+    let len: usize = written.iter().map(|(a, b)| (b - a) as usize).sum();
+    if len > QUIET_PAGES * 4096 {
+        return false;
+    }
+    let (mut now, mut then) = (vec![0u8; len], vec![0u8; len]);
+    if uffd::read_pages(host, written, &mut now).is_err() || uffd::read_pages(template, written, &mut then).is_err() {
+        return false;
+    }
+    // (Offsets in the buffers of the refreshed fields: `cpu_id_start`,
+    // `cpu_id`, then `node_id` and `mm_cid` after `rseq_cs` and `flags`.)
+    let mut refreshed = Vec::new();
+    if let Some((area, ..)) = rseq {
+        let mut at = 0u64;
+        for &(a, b) in written {
+            if a <= area && area + 32 <= b {
+                let off = (at + area - a) as usize;
+                refreshed.extend([off..off + 8, off + 20..off + 28]);
+            }
+            at += b - a;
+        }
+    }
+    now.iter().zip(&then).enumerate().all(|(i, (x, y))| x == y || refreshed.iter().any(|r| r.contains(&i)))
+}
+
+/// Templates made for processes that ran no code since their previous one
+/// ([`patch_quiet`]), since the daemon started.
+static QUIET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Templates of processes that ran no code since their previous
+/// checkpoint, made from its standby without a copy or an injected call,
+/// since the start: for the bench's report, and the tests that the path
+/// is taken.
+pub fn quiet_templates() -> u64 {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Pages that holders copied in frozen windows, since the daemon started.
@@ -731,6 +885,8 @@ struct Scanned {
     total: usize,
     zap: Vec<(u64, u64)>,
     t_scan: std::time::Duration,
+    /// Whether the pages written were taken (the map is the base's).
+    taken: bool,
 }
 
 /// What [`check`] found: the standby can be used, with these pages.
@@ -760,7 +916,14 @@ fn scan(
     };
     // (A map that changed forks: `check` says why.)
     if !same && (maps != base.maps || !tracking.covers(&maps)) {
-        return Ok(Ok(Scanned { maps, copy: Vec::new(), total: 0, zap: Vec::new(), t_scan: t0.elapsed() }));
+        return Ok(Ok(Scanned {
+            maps,
+            copy: Vec::new(),
+            total: 0,
+            zap: Vec::new(),
+            t_scan: t0.elapsed(),
+            taken: false,
+        }));
     }
     // From here the pages written count from this checkpoint: if the
     // standby cannot be used after all, the fork captures them.
@@ -796,7 +959,7 @@ fn scan(
         return Ok(Err(format!("{} runs of pages dropped", zap.len())));
     }
     let total = (pages * 4096) as usize;
-    Ok(Ok(Scanned { maps, copy, total, zap, t_scan }))
+    Ok(Ok(Scanned { maps, copy, total, zap, t_scan, taken: true }))
 }
 
 /// The checks but the scan's (see the module docs): `Ok(Err(why))` when
@@ -835,7 +998,8 @@ pub(crate) struct Pending {
     /// Page runs the process dropped since.
     zap: Vec<(u64, u64)>,
     handlers: Vec<Handler>,
-    brk: u64,
+    /// The program break (`None`: the standby's, which is the process's).
+    brk: Option<u64>,
     xstate: Vec<u8>,
     scratch: u64,
 }
@@ -874,7 +1038,8 @@ impl Buf {
 impl Pending {
     /// Start writing the pages into the standby, on a thread of its own.
     pub(crate) fn start(&mut self) {
-        if !matches!(self.pages, Pages::Read(..)) {
+        // (No pages: `finish` has nothing to wait for.)
+        if !matches!(&self.pages, Pages::Read(copy, _) if !copy.is_empty()) {
             return;
         }
         let Pages::Read(copy, buf) = std::mem::replace(&mut self.pages, Pages::Gone) else { return };
@@ -892,7 +1057,11 @@ impl Pending {
 
     /// Whether the pages are written ([`Pending::finish`] would not wait).
     pub(crate) fn written(&self) -> bool {
-        matches!(&self.pages, Pages::Writing(h) if h.is_finished())
+        match &self.pages {
+            Pages::Writing(h) => h.is_finished(),
+            Pages::Read(copy, _) => copy.is_empty(),
+            Pages::Gone => false,
+        }
     }
 
     /// Whether the pages are being written.
@@ -911,6 +1080,7 @@ impl Pending {
         let t0 = std::time::Instant::now();
         let none = || Buf::Vec(Vec::new());
         let (written, buf) = match pages {
+            Pages::Read(copy, buf) if copy.is_empty() => (Ok(()), buf),
             Pages::Read(copy, buf) => (uffd::PageWriter::open(to).and_then(|w| w.write(&copy, buf.bytes())), buf),
             Pages::Writing(h) => {
                 h.join().unwrap_or_else(|_| (Err(io::Error::other("the writing thread panicked")), none()))
@@ -928,7 +1098,10 @@ impl Pending {
             ptrace::write_mem(to, scratch, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
             sb.call("rt_sigaction", libc::SYS_rt_sigaction, &[*sig, scratch, 0, 8])?;
         }
-        if sb.call("brk (read)", libc::SYS_brk, &[0])? != brk && sb.call("brk", libc::SYS_brk, &[brk])? != brk {
+        if let Some(brk) = brk
+            && sb.call("brk (read)", libc::SYS_brk, &[0])? != brk
+            && sb.call("brk", libc::SYS_brk, &[brk])? != brk
+        {
             return Err(Error::Remote { pid: to, call: "brk", errno: io::Error::from_raw_os_error(libc::ENOMEM) });
         }
         for &(a, b) in &zap {
@@ -991,6 +1164,9 @@ fn take_buffer(len: usize) -> Vec<u8> {
 }
 
 fn give_buffer(buf: Vec<u8>) {
+    if buf.capacity() == 0 {
+        return;
+    }
     let mut kept = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
     if kept.len() < KEPT_BUFFERS {
         kept.push(buf);

@@ -82,7 +82,7 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
-pub use incremental::pages_copied_by_holders;
+pub use incremental::{pages_copied_by_holders, quiet_templates};
 pub use tracer::{
     CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
     Went,

@@ -2,8 +2,9 @@
 //!
 //! A process large enough that copying its page tables at every
 //! checkpoint costs milliseconds (a 100 MB Python whose huge pages
-//! copy-on-write split: ~4 ms per fork; 1 GB: ~15 ms) is *tracked* from its
-//! first checkpoint on: a userfaultfd in asynchronous write-protect mode
+//! copy-on-write split: ~4 ms per fork; 1 GB: ~15 ms), or any process at
+//! all (a small one that ran no code since needs no fork either:
+//! `incremental.rs`), is *tracked* from its first checkpoint on: a userfaultfd in asynchronous write-protect mode
 //! covers its private mappings (see `sandtree_sys::uffd`). The next
 //! checkpoint then asks which pages were written since (one `PAGEMAP_SCAN`,
 //! which protects them again) and makes its template from the previous
@@ -31,6 +32,11 @@ use sandtree_sys::{ptrace, uffd};
 use crate::inject::Tracee;
 use crate::model::MapImage;
 use crate::{Error, Result};
+
+/// How far below the stack pointer the checkpoint writes into a stopped
+/// process, at most: injected calls' results (192 bytes), the holder's
+/// lists of runs (1,024 runs of 16 bytes, 512 bytes down).
+const OWN_WRITES: u64 = 32 << 10;
 
 /// Written-page tracking of one live process.
 pub(crate) struct Tracking {
@@ -197,6 +203,28 @@ impl Tracking {
 
     /// The pages written since the last call (or [`Tracking::arm`]), as
     /// runs split by presence; they count as unwritten from here.
+    /// Protect again the pages just below stack pointer `sp` of the
+    /// stopped process: the checkpoint's own writes dirtied them (results
+    /// of injected calls in the dead space below the red zone, the
+    /// holder's lists of runs, and what was there put back). Called just
+    /// before the process is let go: from the scan (or the fork) on it
+    /// ran no code, so its template holds every page as the process has
+    /// it but for that dead space, and a page counts as written at the
+    /// next checkpoint only if the process wrote it (a process that ran
+    /// no code then has none: `incremental.rs`).
+    pub(crate) fn protect_own_writes(&self, sp: u64) {
+        let lo = sp.saturating_sub(OWN_WRITES) & !0xfff;
+        let hi = (sp & !0xfff) + 0x1000;
+        for &(s, e) in &self.ranges {
+            let (a, b) = (s.max(lo), e.min(hi));
+            if a < b
+                && let Err(e) = uffd::protect(self.uffd(), a, b)
+            {
+                tracing::debug!("pages below the stack pointer not protected again: {e}");
+            }
+        }
+    }
+
     pub(crate) fn take_written(&self, host: i32) -> Result<Vec<uffd::PageRegion>> {
         let mut out = Vec::new();
         for &(s, e) in &self.ranges {

@@ -45,8 +45,9 @@ pub struct Config {
     /// Processes with this many resident bytes or more have the pages
     /// they write between checkpoints tracked, and their next template is
     /// made from the previous one by copying those pages, not by a fork
-    /// (`sandtree-proc`'s `incremental.rs`). `None`: every template is a
-    /// fork.
+    /// (`sandtree-proc`'s `incremental.rs`; a process that ran no code
+    /// since needs no copy at all, so the default tracks every process).
+    /// `None`: every template is a fork.
     pub incremental_min_rss: Option<u64>,
     /// Read-only layers a sandbox may stack before its lower layers are
     /// squashed into one (in the background); a checkpoint over this many
@@ -92,7 +93,7 @@ impl Default for Config {
             template_checkpoints: 64,
             layered: true,
             layered_processes: true,
-            incremental_min_rss: Some(64 << 20),
+            incremental_min_rss: Some(0),
             max_layers: 24,
         }
     }

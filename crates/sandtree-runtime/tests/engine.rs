@@ -921,8 +921,69 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A process blocked on a FIFO with a count in memory; each line written
+/// to `/root/in` ("inc" or "get") makes it write its count to `/root/out`.
+const WAITER: &str = r#"
+import os
+n = 0
+os.mkfifo('/root/in')
+def put(text):
+    with open('/root/out.tmp', 'w') as f:
+        f.write(text)
+    os.rename('/root/out.tmp', '/root/out')
+put('ready')
+while True:
+    fd = os.open('/root/in', os.O_RDONLY)
+    cmd = os.read(fd, 64).decode().strip()
+    os.close(fd)
+    if cmd == 'inc':
+        n += 1
+    put(str(n))
+"#;
+
+/// Checkpoints of a process that ran no code since the one before make
+/// its template from that one's standby without copying anything or
+/// injecting a call (`incremental.rs`, "quiet"), and a rollback to them
+/// brings it back as it was: waiting on its FIFO with its count.
+fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        start_python(e, &sb, WAITER).await?;
+        ensure!(file_of(e, &sb, "/root/out").await? == "ready", "the waiter did not start");
+        let send = |cmd: &'static str| {
+            let sb = sb.clone();
+            async move {
+                sh(e, &sb, &format!("rm -f /root/out && echo {cmd} > /root/in")).await?;
+                file_of(e, &sb, "/root/out").await
+            }
+        };
+        ensure!(send("inc").await? == "1", "first count");
+        let before = sandtree_proc::quiet_templates();
+        let mut cks = Vec::new();
+        for _ in 0..3 {
+            // (Standbys are made between operations.)
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+            ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
+            cks.push(r.checkpoint.id);
+        }
+        let quiet = sandtree_proc::quiet_templates() - before;
+        ensure!(quiet >= 2, "{quiet} of 3 checkpoints of an idle process made its template from a standby");
+        ensure!(send("inc").await? == "2", "count after the checkpoints");
+        for ck in [&cks[2], &cks[1], &cks[0], &cks[2]] {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(!r.processes_restarted, "rollback to {ck}: {}", r.note);
+            ensure!(send("get").await? == "1", "count after the rollback to {ck}");
+        }
+        ensure!(send("inc").await? == "2", "count after an increment once rolled back");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
+        ("idle_process_templates_from_standbys", idle_process_templates_from_standbys),
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
         ("processes_come_back_after_rollback", processes_come_back_after_rollback),

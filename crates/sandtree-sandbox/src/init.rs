@@ -360,8 +360,16 @@ impl Init {
         let swapped = crate::reroot::swap_root(targets, layers, &mut self.approved);
         // Those already dead (a process with an mm holder dies at once) are
         // reaped before the reply: their pids are free for the restore,
-        // which otherwise retries until the `WaitGone` that follows.
-        self.reap();
+        // which otherwise retries until the `WaitGone` that follows. Each
+        // by its pid: a `waitpid(-1)` walks every child, the pool's
+        // hundreds of templates among them (~40 µs a call), and ends only
+        // with a call that finds none; the others after the reply.
+        let killed: Vec<i32> = self.restoring.keys().chain(self.awaiting.iter()).copied().collect();
+        for pid in killed {
+            if let Some(r) = crate::reroot::reap_one(pid) {
+                self.exited(r);
+            }
+        }
         swapped
     }
 }

@@ -180,6 +180,17 @@ fn reap_all(reaped: &mut Vec<Reaped>) -> Result<(), String> {
     }
 }
 
+/// Reap child `pid` if it has exited (`waitid(P_PID)`: the kernel looks
+/// that one child up, not the whole list).
+pub(crate) fn reap_one(pid: i32) -> Option<Reaped> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+    match nix::sys::wait::waitid(nix::sys::wait::Id::Pid(Pid::from_raw(pid)), flags) {
+        Ok(WaitStatus::Exited(p, code)) => Some(Reaped { pid: p.as_raw(), code: Some(code), signal: None }),
+        Ok(WaitStatus::Signaled(p, sig, _)) => Some(Reaped { pid: p.as_raw(), code: None, signal: Some(sig as i32) }),
+        _ => None,
+    }
+}
+
 /// Pids other than init still present (zombies included until reaped).
 fn others() -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };

@@ -236,7 +236,12 @@ pub fn exit_now(code: i32) -> ! {
 /// after boot), if it exists: with the pid, it names one process (a pid
 /// can be reused, the pair cannot).
 pub fn start_time(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    use std::io::Read;
+    // One read (`read_to_string` takes a `statx` and four reads: a
+    // rollback's kill asks it of each process it restores).
+    let mut buf = [0u8; 2048];
+    let n = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?.read(&mut buf).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
     let rest = text.rsplit_once(')')?.1;
     // rest starts at field 3 (state): field 22 is the 20th.
     rest.split_whitespace().nth(19)?.parse().ok()
