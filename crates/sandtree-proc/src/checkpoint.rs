@@ -492,9 +492,11 @@ pub(crate) fn resident_pages(host: i32) -> u64 {
 fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
     let min = st.incremental_min_rss?;
     let tracking = st.tracking.remove(&s.host).filter(|t| t.tracks(s.host));
-    if tracking.is_none() && resident_pages(s.host) * 4096 < min {
+    let resident = resident_pages(s.host);
+    if tracking.is_none() && resident * 4096 < min {
         return None;
     }
+    crate::holder::note_resident(&mut st.holders, s.host, resident);
     let base = tracking.as_ref().and_then(|t| t.base.clone()).and_then(|(ck, tpl)| {
         let t = st.pools.get_mut(&ck)?.templates.iter_mut().find(|t| t.host == tpl)?;
         // (Its standby's fork under way: it ends beside the read, sooner
@@ -505,7 +507,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         }
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.
-        if t.generation >= crate::incremental::max_generation(resident_pages(s.host)) {
+        if t.generation >= crate::incremental::max_generation(resident) {
             tracing::debug!(
                 pid = s.ns_pid,
                 generation = t.generation,

@@ -54,6 +54,8 @@ pub(crate) struct Holder {
     /// The page file's descriptor in the holder, once made (a copier lost
     /// with a failed checkpoint is made again around it).
     page_fd: Option<i32>,
+    /// The owner's resident pages, as last read (`None`: not yet).
+    owner_resident: Option<u64>,
 }
 
 /// A holder equipped to copy its owner's pages written since the last
@@ -565,6 +567,7 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
         copier: None,
         no_copier: false,
         page_fd: None,
+        owner_resident: None,
     })
 }
 
@@ -586,15 +589,28 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)
     });
 }
 
-/// Between operations: the next holder of a tracked process that lacks a
-/// copier, or whose page file is smaller than the pages read last time,
-/// gets one (the page file is made on a thread of its own). Returns
-/// whether it did anything.
 /// Processes with fewer resident bytes get no page file (see
 /// [`equip_next`]).
 const COPIER_MIN_RSS: u64 = 32 << 20;
 
+/// The resident pages of `owner`, as a checkpoint just read them: whether
+/// its holder gets a page file ([`equip_next`]) follows its size.
+pub(crate) fn note_resident(holders: &mut [Holder], owner: i32, pages: u64) {
+    for h in holders.iter_mut().filter(|h| h.owner == owner) {
+        h.owner_resident = Some(pages);
+    }
+}
+
+/// Between operations: the next holder of a tracked process that lacks a
+/// copier, or whose page file is smaller than the pages read last time,
+/// gets one (the page file is made on a thread of its own). Returns
+/// whether it did anything.
 pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
+    // (Read once for a new holder, not at each turn of the tracer's idle
+    // loop: checkpoints keep it current, `note_resident`.)
+    for h in st.holders.iter_mut().filter(|h| h.owner_resident.is_none() && h.copier.is_none()) {
+        h.owner_resident = Some(crate::checkpoint::resident_pages(h.owner));
+    }
     let tracking = &st.tracking;
     let wanted = |h: &Holder| {
         !h.no_copier
@@ -605,7 +621,7 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
                 // they cost less than a page file kept for it.)
                 None => {
                     (h.tracee.is_some() || h.page_fd.is_some())
-                        && crate::checkpoint::resident_pages(h.owner) * 4096 >= COPIER_MIN_RSS
+                        && h.owner_resident.is_some_and(|p| p * 4096 >= COPIER_MIN_RSS)
                 }
                 Some(c) if c.making.is_some() || c.failed => false,
                 Some(c) => match &c.file {
@@ -745,6 +761,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
         copier: None,
         no_copier: false,
         page_fd: None,
+        owner_resident: None,
     })
 }
 

@@ -352,13 +352,14 @@ pub(crate) fn patch<B>(
     let t0 = std::time::Instant::now();
     // Registers and FPU state as they were: if no page was written either,
     // the process ran no code since (see the module docs).
-    let mut scanned_first = None;
+    // (Else the scan and the FPU state, read already, serve below.)
+    let (mut scanned_first, mut xstate_read) = (None, None);
     if let Some(xstate) = quiet {
         match scan(host, &base, tracking, t0) {
             Ok(Ok(sc)) if sc.taken && sc.zap.is_empty() && as_they_were(host, base.template, &sc.copy, rseq) => {
                 return patch_quiet(s, orig, tracking, base, (rseq, mounts), (xstate, sc), before, during, seen);
             }
-            other => scanned_first = Some(other),
+            other => (scanned_first, xstate_read) = (Some(other), Some(xstate)),
         }
     }
     // (Any way out but the end drops `base`, which kills the standby.)
@@ -442,8 +443,12 @@ pub(crate) fn patch<B>(
             let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
-            let xstate =
-                ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?;
+            let xstate = match xstate_read.take() {
+                Some(x) => x,
+                None => {
+                    ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?
+                }
+            };
             t_inject = t0.elapsed();
             Ok((handlers, brk, xstate, pre))
         })();
