@@ -467,7 +467,8 @@ impl Meta {
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRecord>> {
         let conn = self.conn();
         let raw = conn
-            .query_row(&format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"), [id], sandbox_from_row)
+            .prepare_cached(&format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"))?
+            .query_row([id], sandbox_from_row)
             .optional()?;
         raw.map(RawSandbox::finish).transpose()
     }
@@ -489,10 +490,11 @@ impl Meta {
         base_checkpoint: Option<&str>,
         base_transid: u64,
     ) -> Result<()> {
-        self.conn().execute(
-            "UPDATE sandboxes SET subvol = ?2, base_checkpoint = ?3, base_transid = ?4, lowers = ?5 WHERE id = ?1",
-            params![id, subvol, base_checkpoint, base_transid as i64, list_json(lowers)],
-        )?;
+        self.conn()
+            .prepare_cached(
+                "UPDATE sandboxes SET subvol = ?2, base_checkpoint = ?3, base_transid = ?4, lowers = ?5 WHERE id = ?1",
+            )?
+            .execute(params![id, subvol, base_checkpoint, base_transid as i64, list_json(lowers)])?;
         Ok(())
     }
 
@@ -522,11 +524,10 @@ impl Meta {
     ) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute(
-            &format!(
-                "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-            ),
-            params![
+        tx.prepare_cached(&format!(
+            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+        ))?
+        .execute(params![
                 c.id,
                 c.sandbox_id,
                 c.tree_id,
@@ -545,15 +546,11 @@ impl Meta {
             ],
         )?;
         if let Some(sandbox) = rebase {
-            tx.execute(
-                "UPDATE sandboxes SET base_checkpoint = ?2, base_transid = ?3 WHERE id = ?1",
-                params![sandbox, c.id, c.transid as i64],
-            )?;
+            tx.prepare_cached("UPDATE sandboxes SET base_checkpoint = ?2, base_transid = ?3 WHERE id = ?1")?
+                .execute(params![sandbox, c.id, c.transid as i64])?;
             if let Some((subvol, lowers)) = switch {
-                tx.execute(
-                    "UPDATE sandboxes SET subvol = ?2, lowers = ?3, base_transid = 0 WHERE id = ?1",
-                    params![sandbox, subvol, list_json(lowers)],
-                )?;
+                tx.prepare_cached("UPDATE sandboxes SET subvol = ?2, lowers = ?3, base_transid = 0 WHERE id = ?1")?
+                    .execute(params![sandbox, subvol, list_json(lowers)])?;
             }
         }
         tx.commit()?;
@@ -563,7 +560,8 @@ impl Meta {
     pub fn checkpoint(&self, id: &str) -> Result<Option<CheckpointRecord>> {
         let conn = self.conn();
         let raw = conn
-            .query_row(&format!("SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE id = ?1"), [id], checkpoint_from_row)
+            .prepare_cached(&format!("SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE id = ?1"))?
+            .query_row([id], checkpoint_from_row)
             .optional()?;
         raw.map(RawCheckpoint::finish).transpose()
     }

@@ -557,7 +557,16 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 /// The largest process's copy (page tables: ~4 ms for 100 MB of 4 KiB
 /// pages) runs on another CPU while the others are cloned here: the pause
 /// is then about the largest copy, not the sum of all of them.
-pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
+///
+/// `others_done` runs on the tracer thread once every process but the
+/// largest has its template, while the largest one's copy may still run
+/// (a layered checkpoint moves those processes to the new tree then:
+/// `repoint.rs`).
+pub(crate) fn clone_all(
+    st: &mut State,
+    best_effort: bool,
+    mut others_done: Option<&mut dyn FnMut(&mut State)>,
+) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
     // Trackings of processes gone (or not stopped this time: refused in
     // best effort, left running) end: a dead one's userfaultfd is parked
@@ -611,6 +620,11 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool) -> Result<()> {
                     Some(&mut |seen: &mut Seen| {
                         ran = true;
                         clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure);
+                        if failure.is_none()
+                            && let Some(f) = others_done.as_mut()
+                        {
+                            f(st);
+                        }
                     }),
                     track,
                 );

@@ -319,21 +319,24 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 /// `before` read.
 ///
 /// From the start, a thread on the CPU the tracer does not use lists the
-/// pages written (one `PAGEMAP_SCAN`, which protects them again), then
-/// reads the descriptors and checks the rest. This thread meanwhile runs
-/// `before` (the tracer's own part of the process's pass 1, which returns
-/// its caught-signal mask and what it read) and reads the handlers,
-/// program break and FPU state; once the scan is done, it has the
-/// process's holder copy the pages (`copier`, `holder.rs`: a `pwritev` of
-/// up to 1,024 page runs into its page file, run on the other CPU), runs
-/// `during` (the other processes' pass 1; taken when it ran), and gives
-/// the holder its next runs until none is left. What the holder does not
-/// take is read from the daemon (`process_vm_readv`) from the end of the
-/// list, by both threads once they are done with the rest; without a
-/// copier, or a page file large enough, all of it is. (The calls injected
-/// meanwhile write below the stack's red zone, dead space, and put back
-/// what was there; the holder's lists of runs are written below those,
-/// on the main stack only, and put back once the copy is done.)
+/// pages written (one `PAGEMAP_SCAN`, which protects them again). This
+/// thread meanwhile runs `before` (the tracer's own part of the process's
+/// pass 1, which returns its caught-signal mask and what it read) and
+/// reads the handlers, program break and FPU state; once the scan is
+/// done, it has the process's holder copy the pages (`copier`,
+/// `holder.rs`: a `pwritev` of up to 1,024 page runs into its page file,
+/// single-stepped over so that it runs whole on the other CPU with no
+/// entry stop to wait for), runs `during` (the other processes' pass 1;
+/// taken when it ran), then reads the descriptors and checks the rest
+/// (on this CPU: beside the holder's copy they took a third of its
+/// time), and gives the holder its next runs until none is left. What
+/// the holder does not take is read from the daemon (`process_vm_readv`)
+/// from the end of the list by this thread once it is done with the
+/// rest; without a copier, or a page file large enough, all of it is, by
+/// both threads. (The calls injected meanwhile write below the stack's
+/// red zone, dead space, and put back what was there; the holder's lists
+/// of runs are written below those, on the main stack only, and put back
+/// once the copy is done.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
     s: &Stopped,
@@ -379,6 +382,9 @@ pub(crate) fn patch<B>(
     let to_file = AtomicBool::new(false);
     let room: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
     let total = AtomicUsize::new(0);
+    // What the scan found, for the checks on this thread.
+    let scanned_slot: std::sync::Mutex<Option<Result<std::result::Result<Scanned, String>>>> = Default::default();
+    let copier = holder.is_some();
     let (mut t_inject, mut t_during, mut by_holder) = (Default::default(), Default::default(), 0usize);
     let read_from_back = || -> io::Result<()> {
         loop {
@@ -389,7 +395,7 @@ pub(crate) fn patch<B>(
     };
     let (buf_ref, file_ref, copy_ref, queue_ref, queued_ref, base_ref) =
         (&mut buf, &mut file, &copy, &queue, &queued, &base);
-    let (to_file_ref, room_ref, total_ref) = (&to_file, &room, &total);
+    let (to_file_ref, room_ref, total_ref, scanned_ref) = (&to_file, &room, &total, &scanned_slot);
     let sp = s.regs.rsp;
     let aside = move || {
         // (Moved in: the jobs borrow the buffers for as long as they live.)
@@ -425,17 +431,16 @@ pub(crate) fn patch<B>(
                 sc
             })
         });
+        *scanned_ref.lock().unwrap_or_else(|e| e.into_inner()) = Some(scanned);
         queued_ref.store(true, Ordering::Release);
-        // The descriptors and the checks, while the pages are copied.
-        let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e });
-        let found = fds.and_then(|fds| {
-            let found = match scanned? {
-                Ok(sc) => check(host, rseq, base_ref, tracking, &fds, sc, t0)?,
-                Err(why) => Err(why),
-            };
-            Ok((found, fds))
-        });
-        (found, read_from_back())
+        // With the holder copying on this CPU, nothing more: the checks
+        // run on the tracer's, once it is done with the other processes
+        // (they took a third of the copy's time here when they shared
+        // this CPU with it). Without, the pages are read from here.
+        match to_file_ref.load(Ordering::Acquire) && room_ref.get().is_some() && copier {
+            true => Ok(()),
+            false => read_from_back(),
+        }
     };
     let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
@@ -469,6 +474,20 @@ pub(crate) fn patch<B>(
         if let Some(d) = during.take() {
             d(seen);
         }
+        // The descriptors and the checks, while the holder copies.
+        let scanned = scanned_slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let found = match scanned {
+            Some(scanned) => crate::procfs::fds(host, mounts)
+                .map_err(|e| Error::Proc { pid: host, what: "fds", source: e })
+                .and_then(|fds| {
+                    let found = match scanned? {
+                        Ok(sc) => check(host, rseq, base_ref, tracking, &fds, sc, t0)?,
+                        Err(why) => Err(why),
+                    };
+                    Ok((found, fds))
+                }),
+            None => Err(Error::Died { pid: host, how: "the reading thread panicked".into() }),
+        };
         t_during = t0.elapsed();
         let mut helped = Ok(());
         while let Some(c) = copying.as_mut().filter(|c| c.run.is_some()) {
@@ -489,12 +508,10 @@ pub(crate) fn patch<B>(
         if let Some(c) = copying.as_mut() {
             c.put_back(host);
         }
-        (mine, helped.and_then(|()| read_from_back()))
+        (mine, found, helped.and_then(|()| read_from_back()))
     };
-    let (aside, (mine, helped)) = crate::beside::beside(aside, here);
-    let (found, read) =
-        aside.unwrap_or_else(|_| (Err(Error::Died { pid: host, how: "the reading thread panicked".into() }), Ok(())));
-    let read = read.and(helped);
+    let (aside, (mine, found, helped)) = crate::beside::beside(aside, here);
+    let read = aside.unwrap_or_else(|_| Err(io::Error::other("the reading thread panicked"))).and(helped);
     let t_read = t0.elapsed();
     let total = total.into_inner();
     let to_file = to_file.into_inner();
@@ -745,8 +762,6 @@ struct Run {
     t0: std::time::Instant,
     jobs: Vec<(usize, usize)>,
     bytes: usize,
-    child: Option<i32>,
-    entering: bool,
 }
 
 impl Copying<'_> {
@@ -782,9 +797,9 @@ impl Copying<'_> {
             .save(host, list)
             .and_then(|()| ptrace::write_mem(host, list, &iov))
             .map_err(|e| Error::Ptrace { pid: host, op: "write the holder's runs", source: e })
-            .and_then(|()| self.h.tracee.start_syscall(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
+            .and_then(|()| self.h.tracee.start_stepped(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
         match started {
-            Ok(()) => self.run = Some(Run { t0: std::time::Instant::now(), jobs, bytes, child: None, entering: false }),
+            Ok(()) => self.run = Some(Run { t0: std::time::Instant::now(), jobs, bytes }),
             Err(e) => {
                 tracing::debug!(holder = self.h.tracee.tid, "the holder copies no more pages: {e}");
                 untake(&mut q, &jobs);
@@ -823,10 +838,10 @@ impl Copying<'_> {
     /// failed: its jobs go back to the queue for the other readers, and
     /// the holder gets no more), `None` while it runs.
     fn poll(&mut self, queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob>>) -> Option<usize> {
-        let r = self.run.as_mut()?;
-        let out = match self.h.tracee.poll_syscall(&mut r.child, &mut r.entering) {
+        self.run.as_ref()?;
+        let out = match self.h.tracee.poll_stepped() {
             Ok(None) => return None,
-            Ok(Some(out)) => Ok(out.ret),
+            Ok(Some(ret)) => Ok(ret),
             Err(e) => Err(e.to_string()),
         };
         let r = self.run.take()?;

@@ -199,6 +199,57 @@ impl Tracee {
         ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
     }
 
+    /// Start syscall `nr` with `args` single-stepping over the `syscall`
+    /// instruction: the tracee runs the call whole on its own CPU, with
+    /// one stop after it ([`Tracee::poll_stepped`]), and the tracer waits
+    /// for no entry stop (which a tracee on another CPU reaches only once
+    /// that CPU takes it: up to the rest of another thread's time slice).
+    /// Not for calls that fork or restart (a restart would run the
+    /// instruction again before the stop).
+    pub(crate) fn start_stepped(&mut self, nr: i64, args: &[u64]) -> Result<()> {
+        let tid = self.tid;
+        self.block_signals()?;
+        let mut r = self.saved;
+        r.rax = nr as u64;
+        r.orig_rax = u64::MAX;
+        r.rip = self.insn;
+        let regs = [&mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9];
+        for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
+            *slot = v;
+        }
+        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))
+    }
+
+    /// The result of a call started by [`Tracee::start_stepped`], without
+    /// waiting: `None` while it runs. The call is over once the tracee
+    /// stops past the `syscall` instruction (the step's `SIGTRAP`, or
+    /// another stop that came after the call returned); a stop before it
+    /// (a `SIGSTOP`, held for the release) steps on.
+    pub(crate) fn poll_stepped(&mut self) -> Result<Option<i64>> {
+        let tid = self.tid;
+        while let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? {
+            let sig = match stop {
+                Stop::Signal(sig) => sig,
+                Stop::Event { .. } | Stop::Syscall => 0,
+                Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
+                Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
+            };
+            let r = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+            if r.rip == self.insn + 2 {
+                if sig != 0 && sig != libc::SIGTRAP {
+                    self.held.push(sig);
+                }
+                return Ok(Some(r.rax as i64));
+            }
+            if sig != 0 {
+                self.held.push(sig);
+            }
+            ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))?;
+        }
+        Ok(None)
+    }
+
     /// [`Tracee::start_syscall`] that does not wait for the tracee to reach
     /// the call: it may wait milliseconds for a CPU behind the sandbox's
     /// running processes, and the tracer meanwhile for it (measured: a

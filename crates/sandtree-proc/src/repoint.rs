@@ -194,12 +194,18 @@ fn kept(path: &str) -> bool {
     ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
 }
 
-/// Step 2, through the tree staged at `stage` (a path in the sandbox). On
-/// error, what was opened is closed again.
+/// Step 2, through the tree staged at `stage` (a path in the sandbox),
+/// for each process with its template that did not take it yet (a
+/// checkpoint takes it for all but the largest process while the largest
+/// one's copy runs, then for that one). On error, what was opened is
+/// closed again.
 pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
-    let mut done = Vec::new();
+    let mut done = std::mem::take(&mut st.repointed);
     let mut failure = None;
     for c in &mut st.cloned {
+        if done.iter().any(|r| r.host == c.stopped.host) {
+            continue;
+        }
         let Some(orig) = c.orig.as_mut() else { continue };
         let mut r = Reopened { host: c.stopped.host, ..Default::default() };
         let res = reopen(orig, c.stopped.regs.rsp, (&c.fds, &c.paths.0), stage, &mut r);

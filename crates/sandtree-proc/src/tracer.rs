@@ -386,9 +386,9 @@ impl<R> Started<R> {
 
 /// `checkpoint::clone_all`, and whether every process stopped kept its
 /// template.
-fn clone_all_kept(st: &mut State, best_effort: bool) -> Result<bool> {
+fn clone_all_kept(st: &mut State, best_effort: bool, others_done: Option<&mut dyn FnMut(&mut State)>) -> Result<bool> {
     let stopped = st.stopped.len();
-    crate::checkpoint::clone_all(st, best_effort).map(|()| st.cloned.len() == stopped)
+    crate::checkpoint::clone_all(st, best_effort, others_done).map(|()| st.cloned.len() == stopped)
 }
 
 /// What `checkpoint::read_ahead` reads, by template host pid.
@@ -732,7 +732,7 @@ impl Tracer {
     /// best effort, one that cannot be restored, or whose template died, was
     /// let go).
     pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
-        self.call(move |st| clone_all_kept(st, best_effort))?
+        self.call(move |st| clone_all_kept(st, best_effort, None))?
     }
 
     /// [`Tracer::stop`] (init left running), then at once, in the same job,
@@ -763,20 +763,47 @@ impl Tracer {
             let go = matches!(&stopped, Ok(r) if !r.foreign);
             let _ = stop_tx.send(stopped);
             if go {
-                let copied = clone_all_kept(st, best_effort).map(|kept| {
+                // The tree staged already when every process but the
+                // largest has its template (the largest one's copy runs on
+                // the other CPU): those move now, while it runs. (`None`:
+                // the caller has not said yet.)
+                let mut staged: Option<Option<String>> = None;
+                let mut early = |st: &mut State| {
+                    let Some(tree) = &tree else { return };
+                    if crate::repoint::check(st, tree).is_err() {
+                        return;
+                    }
+                    if let Ok(stage) = stage_rx.try_recv() {
+                        // (A failure is the final step's too: it opens
+                        // them again, or says why not.)
+                        if let Some(at) = &stage
+                            && crate::repoint::open(st, at).is_err()
+                        {
+                            crate::repoint::abort(st);
+                        }
+                        staged = Some(stage);
+                    }
+                };
+                let with_tree = tree.is_some();
+                let copied = clone_all_kept(st, best_effort, with_tree.then_some(&mut early as _)).map(|kept| {
                     let mut movable = tree.filter(|_| kept).map(|tree| crate::repoint::check(st, &tree));
                     if let Some(m) = &movable {
                         moved.store(m.is_ok(), Ordering::SeqCst);
                         let _ = checked_tx.send(m.clone());
                     }
                     // (A caller gone, or no tree staged: nothing opened.)
-                    if let Some(Ok(())) = movable
-                        && let Ok(Some(stage)) = stage_rx.recv()
-                    {
-                        movable = Some(
-                            crate::repoint::open(st, &stage)
-                                .map_err(|e| format!("a process cannot reopen its files: {e}")),
-                        );
+                    match movable {
+                        Some(Ok(())) => {
+                            let stage = staged.take().or_else(|| stage_rx.recv().ok()).flatten();
+                            if let Some(stage) = stage {
+                                movable = Some(
+                                    crate::repoint::open(st, &stage)
+                                        .map_err(|e| format!("a process cannot reopen its files: {e}")),
+                                );
+                            }
+                        }
+                        // (Moved early: back to the old tree.)
+                        _ => crate::repoint::abort(st),
                     }
                     Copied { kept, movable }
                 });

@@ -21,7 +21,9 @@
 //!    layer mapped shared...), then waits for the staging point and
 //! 6. each process opens its files of the tree again through it and
 //!    `chdir`s there (`Cloning::finish`: no round trip to this thread
-//!    between 3 and 6);
+//!    between 3 and 6) — every process but the largest already while the
+//!    largest one's copy runs, when the tree is staged by then (it is
+//!    checked again with the largest at the end);
 //! 7. init moves the staged tree to `/` and detaches the old one
 //!    (`Sandbox::swap_staged`: the frozen layer is the checkpoint's from
 //!    here; a `..` reaching `/` would cross into the old root while it

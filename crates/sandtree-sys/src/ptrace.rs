@@ -135,6 +135,13 @@ pub fn resume_syscall(tid: i32, sig: i32) -> io::Result<()> {
     ptrace::syscall(pid(tid), signal(sig)).map_err(err)
 }
 
+/// Resume for one instruction (`PTRACE_SINGLESTEP`), delivering `sig` if
+/// not 0. Over a `syscall` instruction the call runs whole and the tracee
+/// stops once, with `SIGTRAP`, after it returned (no entry or exit stop).
+pub fn resume_step(tid: i32, sig: i32) -> io::Result<()> {
+    ptrace::step(pid(tid), signal(sig)).map_err(err)
+}
+
 /// Resume (`PTRACE_CONT`), delivering `sig` if not 0.
 pub fn resume(tid: i32, sig: i32) -> io::Result<()> {
     ptrace::cont(pid(tid), signal(sig)).map_err(err)
