@@ -82,7 +82,16 @@ fn stop_inner(
     timeout: std::time::Duration,
 ) -> Result<StopReport> {
     let deadline = std::time::Instant::now() + timeout;
-    let depth = procfs::status(init_host).map(|s| s.ns_depth).unwrap_or(0);
+    let depth = match st.init_depth {
+        Some((host, depth)) if host == init_host => depth,
+        _ => {
+            let depth = procfs::status(init_host).map(|s| s.ns_depth).unwrap_or(0);
+            if depth > 0 {
+                st.init_depth = Some((init_host, depth));
+            }
+            depth
+        }
+    };
     let templates: HashSet<i32> = st.kept_hosts().into_iter().collect();
     let me = rustix::thread::gettid().as_raw_nonzero().get();
     let mut seen: HashSet<i32> = HashSet::new();

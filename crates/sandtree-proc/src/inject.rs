@@ -225,7 +225,10 @@ impl Tracee {
     /// waiting: `None` while it runs. The call is over once the tracee
     /// stops past the `syscall` instruction (the step's `SIGTRAP`, or
     /// another stop that came after the call returned); a stop before it
-    /// (a `SIGSTOP`, held for the release) steps on.
+    /// (a `SIGSTOP`, held for the release) steps on. The step's `SIGTRAP`
+    /// is forced (unblocked, and set to its default action if ignored: in
+    /// the tracee's own handler table, so only for tracees that never run
+    /// their own code again, such as holders).
     pub(crate) fn poll_stepped(&mut self) -> Result<Option<i64>> {
         let tid = self.tid;
         while let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? {
@@ -242,7 +245,9 @@ impl Tracee {
                 }
                 return Ok(Some(r.rax as i64));
             }
-            if sig != 0 {
+            // (A `SIGTRAP` before the call is a step's of an earlier call
+            // whose stop came second, behind another signal's.)
+            if sig != 0 && sig != libc::SIGTRAP {
                 self.held.push(sig);
             }
             ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))?;

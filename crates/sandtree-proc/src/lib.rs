@@ -85,7 +85,7 @@ pub use check::Unrestorable;
 pub use incremental::{pages_copied_by_holders, quiet_templates};
 pub use tracer::{
     CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
-    Went,
+    Went, moved_early,
 };
 
 /// Errors of the process engine.

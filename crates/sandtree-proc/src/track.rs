@@ -227,13 +227,11 @@ impl Tracking {
 
     pub(crate) fn take_written(&self, host: i32) -> Result<Vec<uffd::PageRegion>> {
         let mut out = Vec::new();
-        for &(s, e) in &self.ranges {
-            uffd::take_written(self.pagemap.as_fd(), s, e, &mut out).map_err(|e| Error::Proc {
-                pid: host,
-                what: "written pages (PAGEMAP_SCAN)",
-                source: e,
-            })?;
-        }
+        uffd::take_written(self.pagemap.as_fd(), &self.ranges, &mut out).map_err(|e| Error::Proc {
+            pid: host,
+            what: "written pages (PAGEMAP_SCAN)",
+            source: e,
+        })?;
         Ok(out)
     }
 }

@@ -981,8 +981,116 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A process of 48 MiB that binds a unix socket in the tree on "bind"
+/// (it cannot move to a new tree then) and closes it on "unbind", acking
+/// each command in `/root/big_out`.
+const BINDER: &str = r#"
+import os, socket
+data = bytearray(os.urandom(1 << 20)) * 48
+os.mkfifo('/root/big_in')
+s = None
+def put(text):
+    with open('/root/big_out.tmp', 'w') as f:
+        f.write(text)
+    os.rename('/root/big_out.tmp', '/root/big_out')
+put('ready')
+while True:
+    fd = os.open('/root/big_in', os.O_RDONLY)
+    cmd = os.read(fd, 64).decode().strip()
+    os.close(fd)
+    if cmd == 'bind':
+        s = socket.socket(socket.AF_UNIX)
+        s.bind('/root/sock')
+        s.listen()
+    elif cmd == 'unbind':
+        s.close()
+        os.unlink('/root/sock')
+    put(cmd + ' ' + str(len(data)))
+"#;
+
+/// A small process whose cwd is in the tree: each `ping` file there makes
+/// it write its cwd to `pong`.
+const PONGER: &str = r#"
+import os, time
+os.makedirs('/root/d', exist_ok=True)
+os.chdir('/root/d')
+while True:
+    time.sleep(0.01)
+    if os.path.exists('ping'):
+        os.unlink('ping')
+        with open('pong.tmp', 'w') as f:
+            f.write(os.getcwd())
+        os.rename('pong.tmp', 'pong')
+"#;
+
+/// In a layered checkpoint, every process but the largest moves to the
+/// staged tree while the largest one is copied. When the largest cannot
+/// move (a unix socket bound in the tree), the checkpoint is a snapshot
+/// and the others go back to the old tree: they work on with their cwd,
+/// and a rollback to that checkpoint brings both back.
+fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        start_python(e, &sb, BINDER).await?;
+        start_python(e, &sb, PONGER).await?;
+        ensure!(file_of(e, &sb, "/root/big_out").await? == "ready", "the binder did not start");
+        let big = |cmd: &'static str| {
+            let sb = sb.clone();
+            async move {
+                sh(e, &sb, &format!("rm -f /root/big_out && echo {cmd} > /root/big_in")).await?;
+                file_of(e, &sb, "/root/big_out").await
+            }
+        };
+        let ping = || {
+            let sb = sb.clone();
+            async move {
+                sh(e, &sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
+                file_of(e, &sb, "/root/d/pong").await
+            }
+        };
+        ensure!(ping().await? == "/root/d", "the ponger did not start");
+        let layer = |ck: &str| -> Result<String> {
+            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
+        };
+        let size = 48 << 20;
+        let mut fallbacks = Vec::new();
+        let mut went_back = false;
+        // (Whether the tree is staged before the small process is cloned
+        // is a matter of timing: a few rounds.)
+        for round in 0..8 {
+            // Movable: layered, and the next checkpoint stages its tree
+            // while the processes are copied (betting they still can move).
+            if round > 0 {
+                ensure!(big("unbind").await? == format!("unbind {size}"), "unbind");
+            }
+            let ck = checkpoint(e, &sb).await?;
+            ensure!(layer(&ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer(&ck)?);
+            ensure!(big("bind").await? == format!("bind {size}"), "bind");
+            let before = sandtree_runtime::moved_early();
+            let ck = checkpoint(e, &sb).await?;
+            ensure!(layer(&ck)? == format!("checkpoints/{ck}"), "round {round}: not a snapshot: {}", layer(&ck)?);
+            ensure!(ping().await? == "/root/d", "round {round}: the small process lost its cwd");
+            fallbacks.push(ck);
+            if sandtree_runtime::moved_early() > before {
+                went_back = true;
+                break;
+            }
+        }
+        ensure!(went_back, "no snapshot checkpoint had moved a process while the largest was copied");
+        for ck in fallbacks.iter().rev() {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(!r.processes_restarted, "rollback to {ck}: {}", r.note);
+            ensure!(ping().await? == "/root/d", "after the rollback to {ck}: the small process");
+            ensure!(big("get").await? == format!("get {size}"), "after the rollback to {ck}: the binder");
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
+        ("early_moved_processes_go_back", early_moved_processes_go_back),
         ("idle_process_templates_from_standbys", idle_process_templates_from_standbys),
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),

@@ -126,12 +126,28 @@ pub fn protect(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
     unsafe { ioctl(uffd, UFFDIO_WRITEPROTECT, wp.as_mut_ptr().cast()) }.map(|_| ())
 }
 
-/// The pages of `[start, end)` written since they were protected, as runs
-/// split by `PAGE_IS_PRESENT` and `PAGE_IS_SWAPPED`, appended to `out`; they are protected again
-/// in the same walk. `pagemap` is the process's `/proc/<pid>/pagemap`.
-pub fn take_written(pagemap: BorrowedFd<'_>, start: u64, end: u64, out: &mut Vec<PageRegion>) -> io::Result<()> {
-    let mut at = start;
+/// The pages of each range `[start, end)` of `ranges` written since they
+/// were protected, as runs split by `PAGE_IS_PRESENT` and
+/// `PAGE_IS_SWAPPED`, appended to `out`; they are protected again in the
+/// same walk. `pagemap` is the process's `/proc/<pid>/pagemap`. (One
+/// buffer of 24 KiB for the kernel's answers, not one made and zeroed per
+/// range.)
+pub fn take_written(pagemap: BorrowedFd<'_>, ranges: &[(u64, u64)], out: &mut Vec<PageRegion>) -> io::Result<()> {
     let mut buf = vec![PageRegion::default(); 1024];
+    for &(start, end) in ranges {
+        take_written_in(pagemap, (start, end), &mut buf, out)?;
+    }
+    Ok(())
+}
+
+/// [`take_written`] of one range, the kernel's answers in `buf`.
+fn take_written_in(
+    pagemap: BorrowedFd<'_>,
+    (start, end): (u64, u64),
+    buf: &mut [PageRegion],
+    out: &mut Vec<PageRegion>,
+) -> io::Result<()> {
+    let mut at = start;
     while at < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
