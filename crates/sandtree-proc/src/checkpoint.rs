@@ -560,6 +560,10 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 // The caller takes the filesystem snapshot while pass 1 runs (everything
 // in the sandbox is stopped then, init included), or before it.
 
+/// What runs once every process but the largest has its template (given
+/// the largest one's host pid): see [`clone_all`].
+pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut State, i32);
+
 /// Pass 1 (see above); on error every process is let go and the
 /// templates made so far are killed.
 ///
@@ -571,11 +575,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 /// largest has its template, while the largest one's copy may still run
 /// (a layered checkpoint moves those processes to the new tree then:
 /// `repoint.rs`).
-pub(crate) fn clone_all(
-    st: &mut State,
-    best_effort: bool,
-    mut others_done: Option<&mut dyn FnMut(&mut State)>,
-) -> Result<()> {
+pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Option<OthersDone<'_>>) -> Result<()> {
     let mut stopped = std::mem::take(&mut st.stopped);
     // Trackings of processes gone (or not stopped this time: refused in
     // best effort, left running) end: a dead one's userfaultfd is parked
@@ -621,6 +621,9 @@ pub(crate) fn clone_all(
                 let need_holder = !st.has_holder(b.host);
                 let track = track_for(st, &b);
                 let mut ran = false;
+                // (Only when every other process kept its template: else
+                // the checkpoint is a snapshot anyway.)
+                let (others, before) = (left.len(), st.cloned.len());
                 let res = clone_of(
                     &b,
                     &mounts,
@@ -630,9 +633,10 @@ pub(crate) fn clone_all(
                         ran = true;
                         clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure);
                         if failure.is_none()
+                            && st.cloned.len() == before + others
                             && let Some(f) = others_done.as_mut()
                         {
-                            f(st);
+                            f(st, b.host);
                         }
                     }),
                     track,
@@ -652,6 +656,9 @@ pub(crate) fn clone_all(
         for s in left {
             let_go(&s);
         }
+        // Processes moved to the staged tree while the largest was copied
+        // go back first (they are still stopped).
+        crate::repoint::abort(st);
         abort(st);
         return Err(e);
     }

@@ -226,9 +226,10 @@ impl Tracee {
     /// stops past the `syscall` instruction (the step's `SIGTRAP`, or
     /// another stop that came after the call returned); a stop before it
     /// (a `SIGSTOP`, held for the release) steps on. The step's `SIGTRAP`
-    /// is forced (unblocked, and set to its default action if ignored: in
-    /// the tracee's own handler table, so only for tracees that never run
-    /// their own code again, such as holders).
+    /// is forced: blocked (every signal is, while we inject), it is
+    /// unblocked and its handler reset to the default in the tracee's own
+    /// handler table; so only for tracees that never run their own code
+    /// again, such as holders (whose table is their own).
     pub(crate) fn poll_stepped(&mut self) -> Result<Option<i64>> {
         let tid = self.tid;
         while let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? {

@@ -387,20 +387,25 @@ impl<R> Started<R> {
     }
 }
 
-/// `checkpoint::clone_all`, and whether every process stopped kept its
-/// template.
-/// Layered checkpoints whose processes but the largest moved to the
-/// staged tree while the largest one's copy ran ([`Tracer::stop_and_clone`]).
+/// Checkpoints whose processes but the largest moved to the staged tree
+/// while the largest one's copy ran ([`Tracer::stop_and_clone`]).
 static MOVED_EARLY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Layered checkpoints since the start whose processes but the largest
-/// moved to the new tree while the largest one was copied (for the tests
-/// that the path is taken).
+/// Checkpoints since the start whose processes but the largest moved to
+/// the staged tree while the largest one was copied (the checkpoint is
+/// layered, or they moved back when it became a snapshot): for the tests
+/// that the path is taken.
 pub fn moved_early() -> u64 {
     MOVED_EARLY.load(Ordering::Relaxed)
 }
 
-fn clone_all_kept(st: &mut State, best_effort: bool, others_done: Option<&mut dyn FnMut(&mut State)>) -> Result<bool> {
+/// `checkpoint::clone_all`, and whether every process stopped kept its
+/// template.
+fn clone_all_kept(
+    st: &mut State,
+    best_effort: bool,
+    others_done: Option<crate::checkpoint::OthersDone<'_>>,
+) -> Result<bool> {
     let stopped = st.stopped.len();
     crate::checkpoint::clone_all(st, best_effort, others_done).map(|()| st.cloned.len() == stopped)
 }
@@ -754,7 +759,10 @@ impl Tracer {
     /// outside the sandbox's pid namespace — then, given a `tree`, the
     /// check of whether the processes can move to a new one and, once the
     /// caller says where init staged it ([`Cloning::finish`]), the reopening
-    /// of their files there (`repoint.rs`'s steps 1 and 2). Returns once
+    /// of their files there (`repoint.rs`'s steps 1 and 2) — for every
+    /// process but the largest already while the largest one is copied,
+    /// when the tree is staged by then (they move back if the checkpoint
+    /// cannot be layered after all). Returns once
     /// the processes are stopped: the report and the copy under way, which
     /// the caller finishes after its own steps (a layered checkpoint stages
     /// the new tree meanwhile). No round trip to the caller between the
@@ -782,9 +790,14 @@ impl Tracer {
                 // the other CPU): those move now, while it runs. (`None`:
                 // the caller has not said yet.)
                 let mut staged: Option<Option<String>> = None;
-                let mut early = |st: &mut State| {
+                let mut early = |st: &mut State, largest: i32| {
                     let Some(tree) = &tree else { return };
-                    if crate::repoint::check(st, tree).is_err() {
+                    // (The largest one's descriptors and cwd are read after
+                    // this: not if it shares them with another process.)
+                    let shared = |c: &crate::checkpoint::Cloned| {
+                        sandtree_sys::process::shares_files_or_fs(largest, c.stopped.host).unwrap_or(true)
+                    };
+                    if st.cloned.iter().any(shared) || crate::repoint::check(st, tree).is_err() {
                         return;
                     }
                     if let Ok(stage) = stage_rx.try_recv() {
@@ -796,13 +809,21 @@ impl Tracer {
                                     MOVED_EARLY.fetch_add(1, Ordering::Relaxed);
                                     tracing::debug!(moved = st.repointed.len(), "moved while the copy runs");
                                 }
-                                Err(_) => crate::repoint::abort(st),
+                                Err(e) => {
+                                    tracing::debug!("not moved while the copy runs: {e}");
+                                    crate::repoint::abort(st);
+                                }
                             }
                         }
                         staged = Some(stage);
                     }
                 };
                 let with_tree = tree.is_some();
+                // (Left by a job that failed part-way: never moved back.)
+                if !st.repointed.is_empty() {
+                    tracing::warn!(left = st.repointed.len(), "processes reopened by an earlier checkpoint");
+                    st.repointed.clear();
+                }
                 let copied = clone_all_kept(st, best_effort, with_tree.then_some(&mut early as _)).map(|kept| {
                     let mut movable = tree.filter(|_| kept).map(|tree| crate::repoint::check(st, &tree));
                     if let Some(m) = &movable {

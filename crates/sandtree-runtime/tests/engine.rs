@@ -982,12 +982,15 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
 }
 
 /// A process of 48 MiB that binds a unix socket in the tree on "bind"
-/// (it cannot move to a new tree then) and closes it on "unbind", acking
-/// each command in `/root/big_out`.
+/// (it cannot move to a new tree then) and closes it on "unbind", sends
+/// itself a descriptor over a socket pair on "hold" (its capture is
+/// refused then) and receives it on "drop", acking each command in
+/// `/root/big_out`.
 const BINDER: &str = r#"
 import os, socket
 data = bytearray(os.urandom(1 << 20)) * 48
 os.mkfifo('/root/big_in')
+a, b = socket.socketpair()
 s = None
 def put(text):
     with open('/root/big_out.tmp', 'w') as f:
@@ -1005,6 +1008,11 @@ while True:
     elif cmd == 'unbind':
         s.close()
         os.unlink('/root/sock')
+    elif cmd == 'hold':
+        socket.send_fds(a, [b'x'], [a.fileno()])
+    elif cmd == 'drop':
+        for fd in socket.recv_fds(b, 1, 1)[1]:
+            os.close(fd)
     put(cmd + ' ' + str(len(data)))
 "#;
 
@@ -1088,8 +1096,70 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A checkpoint whose largest process is refused after the others moved
+/// to the staged tree while it was copied (a descriptor in flight on its
+/// socket pair) fails with the reason, and the others go back: they work
+/// on with their cwd, and the next checkpoint moves them again.
+fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        start_python(e, &sb, BINDER).await?;
+        start_python(e, &sb, PONGER).await?;
+        ensure!(file_of(e, &sb, "/root/big_out").await? == "ready", "the binder did not start");
+        let big = |cmd: &'static str| {
+            let sb = sb.clone();
+            async move {
+                sh(e, &sb, &format!("rm -f /root/big_out && echo {cmd} > /root/big_in")).await?;
+                file_of(e, &sb, "/root/big_out").await
+            }
+        };
+        let ping = || {
+            let sb = sb.clone();
+            async move {
+                sh(e, &sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
+                file_of(e, &sb, "/root/d/pong").await
+            }
+        };
+        ensure!(ping().await? == "/root/d", "the ponger did not start");
+        let layer = |ck: &str| -> Result<String> {
+            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
+        };
+        let size = 48 << 20;
+        let mut went_back = false;
+        for round in 0..8 {
+            if round > 0 {
+                ensure!(big("drop").await? == format!("drop {size}"), "drop");
+            }
+            let ck = checkpoint(e, &sb).await?;
+            ensure!(layer(&ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer(&ck)?);
+            ensure!(big("hold").await? == format!("hold {size}"), "hold");
+            let before = sandtree_runtime::moved_early();
+            let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
+            let Err(err) = refused else { anyhow::bail!("round {round}: a descriptor in flight was checkpointed") };
+            ensure!(err.to_string().contains("in flight"), "round {round}: {err}");
+            ensure!(ping().await? == "/root/d", "round {round}: the small process lost its cwd");
+            if sandtree_runtime::moved_early() > before {
+                went_back = true;
+                break;
+            }
+        }
+        ensure!(went_back, "no refused checkpoint had moved a process while the largest was copied");
+        ensure!(big("drop").await? == format!("drop {size}"), "drop");
+        let ck = checkpoint(e, &sb).await?;
+        ensure!(layer(&ck)?.starts_with("sandboxes/"), "after the refusal: not layered: {}", layer(&ck)?);
+        ensure!(ping().await? == "/root/d", "after the next checkpoint: the small process");
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        ensure!(!r.processes_restarted, "{}", r.note);
+        ensure!(ping().await? == "/root/d", "after the rollback: the small process");
+        ensure!(big("get").await? == format!("get {size}"), "after the rollback: the binder");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
+        ("refused_largest_moves_the_others_back", refused_largest_moves_the_others_back),
         ("early_moved_processes_go_back", early_moved_processes_go_back),
         ("idle_process_templates_from_standbys", idle_process_templates_from_standbys),
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),

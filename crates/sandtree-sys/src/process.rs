@@ -210,19 +210,26 @@ pub fn same_open_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> io::Result<bo
 /// (`kcmp(KCMP_FILES)`) and one filesystem context — root, cwd, umask
 /// (`kcmp(KCMP_FS)`).
 pub fn same_files_and_fs(tid1: i32, tid2: i32) -> io::Result<bool> {
-    const KCMP_FILES: libc::c_int = 2;
-    const KCMP_FS: libc::c_int = 3;
-    for kind in [KCMP_FILES, KCMP_FS] {
-        // SAFETY: kcmp takes only integers and reads no memory of ours.
-        let rc = unsafe { libc::syscall(libc::SYS_kcmp, tid1, tid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if rc != 0 {
-            return Ok(false);
-        }
+    Ok(kcmp_same(tid1, tid2, KCMP_FILES)? && kcmp_same(tid1, tid2, KCMP_FS)?)
+}
+
+/// Whether tasks `tid1` and `tid2` share a descriptor table or a
+/// filesystem context (either of [`same_files_and_fs`]'s two).
+pub fn shares_files_or_fs(tid1: i32, tid2: i32) -> io::Result<bool> {
+    Ok(kcmp_same(tid1, tid2, KCMP_FILES)? || kcmp_same(tid1, tid2, KCMP_FS)?)
+}
+
+const KCMP_FILES: libc::c_int = 2;
+const KCMP_FS: libc::c_int = 3;
+
+/// `kcmp(tid1, tid2, kind) == 0`: the two tasks share that object.
+fn kcmp_same(tid1: i32, tid2: i32, kind: libc::c_int) -> io::Result<bool> {
+    // SAFETY: kcmp takes only integers and reads no memory of ours.
+    let rc = unsafe { libc::syscall(libc::SYS_kcmp, tid1, tid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(true)
+    Ok(rc == 0)
 }
 
 /// Terminate the calling process immediately (no atexit handlers, no stdio
