@@ -96,12 +96,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = rt.block_on(async {
         let t0 = Instant::now();
+        let steal = report::Steal::now();
         let engine = Engine::open(cfg.clone(), zygote).await.context("opening the engine")?;
         let report = workload::run_all(&engine, &args).await;
         let cleanup = workload::cleanup(&engine).await;
         let mut report = report?;
         cleanup?;
         report.other_sandboxes = others;
+        if let (Some(s0), Some(s1)) = (steal, report::Steal::now()) {
+            report.cpu_stolen.insert(0, ("whole run".into(), s0.percent_until(&s1)));
+        }
         report.total_seconds = t0.elapsed().as_secs_f64();
         Ok::<_, anyhow::Error>(report)
     });

@@ -136,6 +136,7 @@ async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64, f64)> {
 /// One run of the process workload with a REPL holding `repl_mb`.
 pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
     let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
+    let steal = super::report::Steal::now();
     let sb = create(engine).await?;
     let fork_ms = fork_baseline(engine, &sb, n, repl_mb).await?;
     sh(engine, &sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
@@ -245,6 +246,9 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.rows.push(Row::new("baseline", &fork_row(&label), &fork_ms));
     by_holder.sort_by(f64::total_cmp);
     report.holder_pages.push((label.clone(), super::report::percentile(&by_holder, 50.0)));
+    if let (Some(s0), Some(s1)) = (steal, super::report::Steal::now()) {
+        report.cpu_stolen.push((format!("REPL {label}"), s0.percent_until(&s1)));
+    }
     report.template_pool.push((label, n, pool));
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())
