@@ -207,17 +207,7 @@ impl Tracee {
     /// Not for calls that fork or restart (a restart would run the
     /// instruction again before the stop).
     pub(crate) fn start_stepped(&mut self, nr: i64, args: &[u64]) -> Result<()> {
-        let tid = self.tid;
-        self.block_signals()?;
-        let mut r = self.saved;
-        r.rax = nr as u64;
-        r.orig_rax = u64::MAX;
-        r.rip = self.insn;
-        let regs = [&mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9];
-        for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
-            *slot = v;
-        }
-        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        let tid = self.set_call(nr, args)?;
         ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))
     }
 
@@ -239,17 +229,15 @@ impl Tracee {
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
             };
-            let r = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
-            if r.rip == self.insn + 2 {
-                if sig != 0 && sig != libc::SIGTRAP {
-                    self.held.push(sig);
-                }
-                return Ok(Some(r.rax as i64));
-            }
-            // (A `SIGTRAP` before the call is a step's of an earlier call
-            // whose stop came second, behind another signal's.)
+            // (The step's `SIGTRAP` is not held; one before the call is a
+            // step's of an earlier call whose stop came second, behind
+            // another signal's.)
             if sig != 0 && sig != libc::SIGTRAP {
                 self.held.push(sig);
+            }
+            let r = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+            if r.rip == self.insn + 2 {
+                return Ok(Some(r.rax as i64));
             }
             ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))?;
         }
@@ -265,6 +253,14 @@ impl Tracee {
     /// [`Tracee::finish_syscall_entering`], with `entering` true, pass its
     /// entry stop.
     pub(crate) fn start_syscall_unwaited(&mut self, nr: i64, args: &[u64]) -> Result<()> {
+        let tid = self.set_call(nr, args)?;
+        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
+    }
+
+    /// Every signal blocked, and the registers of syscall `nr` with `args`
+    /// on the vDSO's `syscall` instruction set, for the resume that runs
+    /// it; the tid.
+    fn set_call(&mut self, nr: i64, args: &[u64]) -> Result<i32> {
         let tid = self.tid;
         self.block_signals()?;
         let mut r = self.saved;
@@ -276,7 +272,7 @@ impl Tracee {
             *slot = v;
         }
         ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
-        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
+        Ok(tid)
     }
 
     /// The second half of [`Tracee::syscall`]: wait until the call started
