@@ -151,6 +151,12 @@ while True:
     time.sleep(0.01)
 "#;
 
+/// The layer checkpoint `ck` stands on: `sandboxes/...` when it was
+/// layered, `checkpoints/<ck>` when it was a snapshot.
+fn layer_of(e: &Engine, ck: &str) -> Result<String> {
+    Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
+}
+
 /// The contents of `path` in sandbox `sb`, once it exists (30 s at most).
 async fn file_of(e: &Engine, sb: &str, path: &str) -> Result<String> {
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
@@ -441,7 +447,7 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         start_python(e, &sb, listener).await?;
         sh(e, &sb, "while [ ! -S /root/sock ]; do sleep 0.01; done").await?;
         let ck = checkpoint(e, &sb).await?;
-        let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &ck)?;
         ensure!(layer == format!("checkpoints/{ck}"), "not a snapshot: {layer}");
         // The sandbox's layer and the checkpoint's copy (and the next layer
         // prepared when init was still alone, unused now).
@@ -579,10 +585,7 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let with_process = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
         ensure!(with_process.processes.len() == 1, "captured {:?}", with_process.processes);
-        let layer_of = |ck: &str| -> Result<String> {
-            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
-        };
-        ensure!(layer_of(&with_process.id)?.starts_with("sandboxes/"), "a movable process ran: layered");
+        ensure!(layer_of(e, &with_process.id)?.starts_with("sandboxes/"), "a movable process ran: layered");
         // It goes on in the new stack (cwd and log there).
         let before = counter_state(e, &sb).await?;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -591,10 +594,10 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
         sh(e, &sb, &format!("kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done")).await?;
         sh(e, &sb, "echo 1 > /root/after").await?;
         let alone = checkpoint(e, &sb).await?;
-        ensure!(layer_of(&alone)?.starts_with("sandboxes/"), "init alone but for a template: layered");
+        ensure!(layer_of(e, &alone)?.starts_with("sandboxes/"), "init alone but for a template: layered");
         sh(e, &sb, "echo 2 > /root/after").await?;
         let alone2 = checkpoint(e, &sb).await?;
-        ensure!(layer_of(&alone2)?.starts_with("sandboxes/"));
+        ensure!(layer_of(e, &alone2)?.starts_with("sandboxes/"));
         for round in 0..2 {
             let r = e.rollback(&sb, RollbackRequest { checkpoint: with_process.id.clone() }).await?;
             ensure!(r.restored_pids == vec![pid], "round {round}: {}", r.note);
@@ -664,7 +667,7 @@ fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
             ensure!(out.exit_code == Some(0), "round {round}: the restored process has a root of its own");
         }
         let layered = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
-        let layer = e.meta().checkpoint(&layered.id).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &layered.id)?;
         ensure!(layer.starts_with("sandboxes/"), "the checkpoint after the rollbacks is a snapshot: {layer}");
         e.delete_sandbox(&sb, true).await?;
         Ok(())
@@ -757,7 +760,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         start_python(e, &sb, FILE_HOLDER).await?;
         sh(e, &sb, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
         let ck = checkpoint(e, &sb).await?;
-        let layer = e.meta().checkpoint(&ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &ck)?;
         ensure!(layer.starts_with("sandboxes/"), "not layered: {layer}");
         let run = "touch /root/go; while [ ! -e /root/done ]; do sleep 0.01; done; \
                    cat /root/d/a; echo; cat /root/app /root/lower-rw; echo; cat /root/report; echo; ls /root/d";
@@ -804,7 +807,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         let ino = "stat -L -c %i /proc/$(cat /root/ready)/fd/7";
         let before = sh(e, &other, ino).await?;
         let snap = checkpoint(e, &other).await?;
-        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &snap)?;
         ensure!(layer == format!("checkpoints/{snap}"), "a copied-up file open for writing, yet layered: {layer}");
         ensure!(sh(e, &other, ino).await? == before, "the open file's inode number changed");
         let out = "touch /root/n/go; for i in $(seq 500); do [ -s /root/n/out ] && break; sleep 0.01; done; \
@@ -824,7 +827,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         start_python(e, &mapped, mapper).await?;
         sh(e, &mapped, "while [ ! -e /root/ready ]; do sleep 0.01; done").await?;
         let snap = checkpoint(e, &mapped).await?;
-        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &snap)?;
         ensure!(
             layer == format!("checkpoints/{snap}"),
             "a file of the writable layer mapped shared, yet layered: {layer}"
@@ -835,7 +838,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         // processes is a snapshot; a rollback to it brings the process back.
         sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t").await?;
         let snap = checkpoint(e, &sb).await?;
-        let layer = e.meta().checkpoint(&snap).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer;
+        let layer = layer_of(e, &snap)?;
         ensure!(layer == format!("checkpoints/{snap}"), "not a snapshot: {layer}");
         let r = e.rollback(&sb, RollbackRequest { checkpoint: snap }).await?;
         ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "{}", r.note);
@@ -1025,6 +1028,27 @@ while True:
     put(cmd + ' ' + str(len(data)))
 "#;
 
+/// [`BINDER`] and [`PONGER`] started in sandbox `sb`, and ready.
+async fn start_binder_and_ponger(e: &Engine, sb: &str) -> Result<()> {
+    start_python(e, sb, BINDER).await?;
+    start_python(e, sb, PONGER).await?;
+    ensure!(file_of(e, sb, "/root/big_out").await? == "ready", "the binder did not start");
+    ensure!(ping(e, sb).await? == "/root/d", "the ponger did not start");
+    Ok(())
+}
+
+/// [`BINDER`]'s answer to `cmd`.
+async fn binder(e: &Engine, sb: &str, cmd: &str) -> Result<String> {
+    sh(e, sb, &format!("rm -f /root/big_out && echo {cmd} > /root/big_in")).await?;
+    file_of(e, sb, "/root/big_out").await
+}
+
+/// [`PONGER`]'s answer to a ping: its cwd.
+async fn ping(e: &Engine, sb: &str) -> Result<String> {
+    sh(e, sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
+    file_of(e, sb, "/root/d/pong").await
+}
+
 /// Says so when [`BINDER`] met an end of file with no command.
 async fn note_empty_reads(e: &Engine, sb: &str) {
     if let Ok(n) = sh(e, sb, "cat /root/big_empty 2>/dev/null").await {
@@ -1055,27 +1079,7 @@ while True:
 fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        start_python(e, &sb, BINDER).await?;
-        start_python(e, &sb, PONGER).await?;
-        ensure!(file_of(e, &sb, "/root/big_out").await? == "ready", "the binder did not start");
-        let big = |cmd: &'static str| {
-            let sb = sb.clone();
-            async move {
-                sh(e, &sb, &format!("rm -f /root/big_out && echo {cmd} > /root/big_in")).await?;
-                file_of(e, &sb, "/root/big_out").await
-            }
-        };
-        let ping = || {
-            let sb = sb.clone();
-            async move {
-                sh(e, &sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
-                file_of(e, &sb, "/root/d/pong").await
-            }
-        };
-        ensure!(ping().await? == "/root/d", "the ponger did not start");
-        let layer = |ck: &str| -> Result<String> {
-            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
-        };
+        start_binder_and_ponger(e, &sb).await?;
         let size = 48 << 20;
         let mut fallbacks = Vec::new();
         let mut went_back = false;
@@ -1085,15 +1089,19 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
             // Movable: layered, and the next checkpoint stages its tree
             // while the processes are copied (betting they still can move).
             if round > 0 {
-                ensure!(big("unbind").await? == format!("unbind {size}"), "unbind");
+                ensure!(binder(e, &sb, "unbind").await? == format!("unbind {size}"), "unbind");
             }
             let ck = checkpoint(e, &sb).await?;
-            ensure!(layer(&ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer(&ck)?);
-            ensure!(big("bind").await? == format!("bind {size}"), "bind");
+            ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
+            ensure!(binder(e, &sb, "bind").await? == format!("bind {size}"), "bind");
             let before = sandtree_runtime::moved_early();
             let ck = checkpoint(e, &sb).await?;
-            ensure!(layer(&ck)? == format!("checkpoints/{ck}"), "round {round}: not a snapshot: {}", layer(&ck)?);
-            ensure!(ping().await? == "/root/d", "round {round}: the small process lost its cwd");
+            ensure!(
+                layer_of(e, &ck)? == format!("checkpoints/{ck}"),
+                "round {round}: not a snapshot: {}",
+                layer_of(e, &ck)?
+            );
+            ensure!(ping(e, &sb).await? == "/root/d", "round {round}: the small process lost its cwd");
             fallbacks.push(ck);
             if sandtree_runtime::moved_early() > before {
                 went_back = true;
@@ -1104,8 +1112,8 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
         for ck in fallbacks.iter().rev() {
             let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
             ensure!(!r.processes_restarted, "rollback to {ck}: {}", r.note);
-            ensure!(ping().await? == "/root/d", "after the rollback to {ck}: the small process");
-            ensure!(big("get").await? == format!("get {size}"), "after the rollback to {ck}: the binder");
+            ensure!(ping(e, &sb).await? == "/root/d", "after the rollback to {ck}: the small process");
+            ensure!(binder(e, &sb, "get").await? == format!("get {size}"), "after the rollback to {ck}: the binder");
         }
         note_empty_reads(e, &sb).await;
         e.delete_sandbox(&sb, true).await?;
@@ -1120,55 +1128,35 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
 fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
-        start_python(e, &sb, BINDER).await?;
-        start_python(e, &sb, PONGER).await?;
-        ensure!(file_of(e, &sb, "/root/big_out").await? == "ready", "the binder did not start");
-        let big = |cmd: &'static str| {
-            let sb = sb.clone();
-            async move {
-                sh(e, &sb, &format!("rm -f /root/big_out && echo {cmd} > /root/big_in")).await?;
-                file_of(e, &sb, "/root/big_out").await
-            }
-        };
-        let ping = || {
-            let sb = sb.clone();
-            async move {
-                sh(e, &sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
-                file_of(e, &sb, "/root/d/pong").await
-            }
-        };
-        ensure!(ping().await? == "/root/d", "the ponger did not start");
-        let layer = |ck: &str| -> Result<String> {
-            Ok(e.meta().checkpoint(ck).map_err(anyhow::Error::from)?.context("checkpoint row")?.layer)
-        };
+        start_binder_and_ponger(e, &sb).await?;
         let size = 48 << 20;
         let mut went_back = false;
         for round in 0..8 {
             if round > 0 {
-                ensure!(big("drop").await? == format!("drop {size}"), "drop");
+                ensure!(binder(e, &sb, "drop").await? == format!("drop {size}"), "drop");
             }
             let ck = checkpoint(e, &sb).await?;
-            ensure!(layer(&ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer(&ck)?);
-            ensure!(big("hold").await? == format!("hold {size}"), "hold");
+            ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
+            ensure!(binder(e, &sb, "hold").await? == format!("hold {size}"), "hold");
             let before = sandtree_runtime::moved_early();
             let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
             let Err(err) = refused else { anyhow::bail!("round {round}: a descriptor in flight was checkpointed") };
             ensure!(err.to_string().contains("in flight"), "round {round}: {err}");
-            ensure!(ping().await? == "/root/d", "round {round}: the small process lost its cwd");
+            ensure!(ping(e, &sb).await? == "/root/d", "round {round}: the small process lost its cwd");
             if sandtree_runtime::moved_early() > before {
                 went_back = true;
                 break;
             }
         }
         ensure!(went_back, "no refused checkpoint had moved a process while the largest was copied");
-        ensure!(big("drop").await? == format!("drop {size}"), "drop");
+        ensure!(binder(e, &sb, "drop").await? == format!("drop {size}"), "drop");
         let ck = checkpoint(e, &sb).await?;
-        ensure!(layer(&ck)?.starts_with("sandboxes/"), "after the refusal: not layered: {}", layer(&ck)?);
-        ensure!(ping().await? == "/root/d", "after the next checkpoint: the small process");
+        ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "after the refusal: not layered: {}", layer_of(e, &ck)?);
+        ensure!(ping(e, &sb).await? == "/root/d", "after the next checkpoint: the small process");
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
         ensure!(!r.processes_restarted, "{}", r.note);
-        ensure!(ping().await? == "/root/d", "after the rollback: the small process");
-        ensure!(big("get").await? == format!("get {size}"), "after the rollback: the binder");
+        ensure!(ping(e, &sb).await? == "/root/d", "after the rollback: the small process");
+        ensure!(binder(e, &sb, "get").await? == format!("get {size}"), "after the rollback: the binder");
         note_empty_reads(e, &sb).await;
         e.delete_sandbox(&sb, true).await?;
         Ok(())
