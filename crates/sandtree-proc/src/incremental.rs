@@ -291,9 +291,8 @@ fn mismatch(
 type Handler = (u64, Vec<u8>);
 
 /// The handlers of the signals `caught` of stopped process `orig`, read by
-/// injected `rt_sigaction` into the dead space below its stack's red zone;
-/// and its program break.
-fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<Handler>, u64)> {
+/// injected `rt_sigaction` into the dead space below its stack's red zone.
+fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>> {
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
@@ -309,8 +308,7 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
         out.push((sig, act));
     }
     ptrace::write_mem(host, buf, &saved).map_err(|e| Error::Ptrace { pid: host, op: "restore stack", source: e })?;
-    let brk = orig.call("brk (read)", libc::SYS_brk, &[0])?;
-    Ok((out, brk))
+    Ok(out)
 }
 
 /// Make the template of stopped process `s` from `base`'s standby, if
@@ -318,11 +316,13 @@ fn handlers_and_brk(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<(Vec<
 /// checkpoint must fork. Also returns the process's descriptors and what
 /// `before` read.
 ///
-/// From the start, a thread on the CPU the tracer does not use lists the
+/// This thread reads the program break first (an injected `brk`, which
+/// takes the address space's lock for writing and would wait out the
+/// scan). Then a thread on the CPU the tracer does not use lists the
 /// pages written (one `PAGEMAP_SCAN`, which protects them again). This
 /// thread meanwhile runs `before` (the tracer's own part of the process's
 /// pass 1, which returns its caught-signal mask and what it read) and
-/// reads the handlers, program break and FPU state; once the scan is
+/// reads the handlers and FPU state; once the scan is
 /// done, it has the process's holder copy the pages (`copier`,
 /// `holder.rs`: a `pwritev` of up to 1,024 page runs into its page file,
 /// single-stepped over so that it runs whole on the other CPU with no
@@ -397,9 +397,18 @@ pub(crate) fn patch<B>(
         (&mut buf, &mut file, &copy, &queue, &queued, &base);
     let (to_file_ref, room_ref, total_ref, scanned_ref) = (&to_file, &room, &total, &scanned_slot);
     let sp = s.regs.rsp;
+    // Set once the program break is read (or could not be): `brk` takes
+    // the address space's lock for writing, so it would wait for the
+    // whole scan, which holds it for reading (0.3-0.6 ms), and every
+    // read of the process's memory queued behind it would too.
+    let brk_read = AtomicBool::new(false);
+    let brk_read_ref = &brk_read;
     let aside = move || {
         // (Moved in: the jobs borrow the buffers for as long as they live.)
         let (buf_ref, file_ref) = (buf_ref, file_ref);
+        while !brk_read_ref.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
         // The scan first: the copy starts once it is done.
         let scanned = scanned_first.unwrap_or_else(|| scan(host, base_ref, tracking, t0)).map(|r| {
             r.map(|mut sc| {
@@ -443,9 +452,12 @@ pub(crate) fn patch<B>(
         }
     };
     let here = |aside_done: &dyn Fn() -> bool| {
+        let brk = orig.call("brk (read)", libc::SYS_brk, &[0]);
+        brk_read.store(true, Ordering::Release);
         let mine = (|| -> Result<_> {
+            let brk = brk?;
             let (caught, pre) = before(orig, false)?;
-            let (handlers, brk) = handlers_and_brk(s, orig, caught)?;
+            let handlers = handlers(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
             let xstate = match xstate_read.take() {
@@ -741,7 +753,7 @@ const MAX_PAGE_FILE: usize = 64 << 20;
 
 /// Bytes kept between the stack pointer and the holder's lists of runs:
 /// the red zone (128) and the dead space the tracer's injected calls use
-/// (`handlers_and_brk`, `checkpoint::timers`: 192 below it at most).
+/// (`handlers`, `checkpoint::timers`: 192 below it at most).
 const HOLDER_LIST_GAP: u64 = 512;
 
 /// The holder's copy under way in a frozen window (see [`patch`]).
