@@ -662,24 +662,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
         abort(st);
         return Err(e);
     }
-    read_ahead(st);
     Ok(())
-}
-
-/// What the set-up reads of each new template (`/proc`: its status,
-/// terminal, name and memory map), read on a thread of its own, off the
-/// tracer's CPU, while the checkpoint moves the processes to the new tree
-/// and lets them go; [`set_up_all`] takes it. (The templates stay stopped
-/// and unchanged meanwhile.)
-fn read_ahead(st: &mut State) {
-    let todo: Vec<(i32, bool)> = st.cloned.iter().map(|c| (c.host, c.patched.is_none())).collect();
-    let cpus = crate::inject::off_tracer_cpus();
-    let spawned = std::thread::Builder::new().name("sandtree:ahead".into()).spawn(move || {
-        crate::inject::pin_self(&cpus);
-        todo.into_iter().map(|(host, with_maps)| (host, procfs::template_facts(host, with_maps))).collect()
-    });
-    // (No thread: the set-up reads it all itself.)
-    st.read_ahead = spawned.ok();
 }
 
 /// Pass 1 for each of `left` in turn, until a failure (which stops it).
@@ -879,8 +862,6 @@ pub(crate) fn abort(st: &mut State) {
     for c in st.cloned.drain(..) {
         kill_tracee(c.host);
     }
-    // (Facts of templates just killed: the read ends on its own.)
-    st.read_ahead = None;
     st.refused.clear();
     resume_all(st);
 }
@@ -895,8 +876,6 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     // (bytes, the receiving process: template host, pid, comm)
     let mut captured_sockets: Vec<(crate::model::SocketBuffer, i32)> = Vec::new();
     let mut cloned = std::mem::take(&mut st.cloned).into_iter();
-    let was_read_ahead = st.read_ahead.is_some();
-    let mut ahead = st.read_ahead.take().and_then(|h| h.join().ok()).unwrap_or_default();
     // Every pipe or FIFO descriptor of the templates, keyed once.
     let mut reachable: Vec<((u64, u64), i32, i32)> = Vec::new();
     for mut c in cloned.by_ref() {
@@ -905,8 +884,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         let tracked = (c.fingerprint.is_some() && st.tracking.contains_key(&c.stopped.host)).then_some(c.stopped.host);
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        let facts = ahead.remove(&host);
-        match set_up(c, best_effort, facts)
+        match set_up(c, best_effort)
             .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
         {
             Ok(t) => {
@@ -991,7 +969,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
             pipes.push((pipe, host, fd));
         }
     }
-    tracing::debug!(took = ?t_pass2.elapsed(), was_read_ahead, "templates set up");
+    tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
     let last_used = st.tick();
     st.unprepared.push(ck.to_string());
     st.pools.insert(
@@ -1444,7 +1422,7 @@ fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
 
 /// Pass 2 for one template: image and checks ([`prepare`] follows once
 /// the checkpoint is over).
-fn set_up(c: Cloned, reparent: bool, ahead: Option<std::io::Result<procfs::TemplateFacts>>) -> Result<Template> {
+fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
@@ -1455,12 +1433,7 @@ fn set_up(c: Cloned, reparent: bool, ahead: Option<std::io::Result<procfs::Templ
     };
     let incremental = maps.is_some();
     let regs = Registers::from(&c.image_regs);
-    let facts = match ahead {
-        Some(Ok(f)) => Ok(f),
-        // (Read again: an error is then this one's.)
-        _ => procfs::template_facts(child, maps.is_none()),
-    };
-    let mut image = facts
+    let mut image = procfs::template_facts(child, maps.is_none())
         .and_then(|f| procfs::capture((s.ns_pid, s.ns_ppid), regs, c.fds, c.paths, f, maps))
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;

@@ -658,9 +658,8 @@ pub fn capture(
     })
 }
 
-/// What [`capture`] reads of the template itself. The template stays
-/// stopped and unchanged once made, so this may be read on another thread
-/// while the checkpoint goes on (`checkpoint::read_ahead`).
+/// What [`capture`] reads of the template itself (once the processes
+/// run again: the template stays stopped and unchanged once made).
 pub struct TemplateFacts {
     pub status: Status,
     pub tty_nr: i64,

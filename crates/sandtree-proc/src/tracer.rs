@@ -276,9 +276,6 @@ pub(crate) struct State {
     pub init_stopped: Option<(i32, sandtree_sys::ptrace::Regs)>,
     /// Templates cloned by [`Tracer::clone_all`], not set up yet.
     pub cloned: Vec<crate::checkpoint::Cloned>,
-    /// Their facts from `/proc`, being read ahead of their set-up (by
-    /// template host pid).
-    pub read_ahead: Option<std::thread::JoinHandle<ReadAhead>>,
     /// Processes refused in the first pass (best effort).
     pub refused: Vec<Unrestorable>,
     /// Holders of live processes' address spaces (`holder.rs`).
@@ -409,9 +406,6 @@ fn clone_all_kept(
     let stopped = st.stopped.len();
     crate::checkpoint::clone_all(st, best_effort, others_done).map(|()| st.cloned.len() == stopped)
 }
-
-/// What `checkpoint::read_ahead` reads, by template host pid.
-pub(crate) type ReadAhead = std::collections::HashMap<i32, std::io::Result<crate::procfs::TemplateFacts>>;
 
 impl State {
     pub(crate) fn tick(&mut self) -> u64 {
