@@ -1043,6 +1043,21 @@ async fn binder(e: &Engine, sb: &str, cmd: &str) -> Result<String> {
     file_of(e, sb, "/root/big_out").await
 }
 
+/// The start of a round of the early-move cases: from the second round
+/// on, [`BINDER`] `undo`es what the last round set up; then a checkpoint
+/// that must be layered (every process can move); then the binder sets up
+/// `arm` for the round's own checkpoint. Returns the early-move counter
+/// before that one.
+async fn arm_round(e: &Engine, sb: &str, round: usize, (undo, arm): (&str, &str), size: usize) -> Result<u64> {
+    if round > 0 {
+        ensure!(binder(e, sb, undo).await? == format!("{undo} {size}"), "{undo}");
+    }
+    let ck = checkpoint(e, sb).await?;
+    ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
+    ensure!(binder(e, sb, arm).await? == format!("{arm} {size}"), "{arm}");
+    Ok(sandtree_runtime::moved_early())
+}
+
 /// [`PONGER`]'s answer to a ping: its cwd.
 async fn ping(e: &Engine, sb: &str) -> Result<String> {
     sh(e, sb, "rm -f /root/d/pong && touch /root/d/ping").await?;
@@ -1088,13 +1103,7 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
         for round in 0..8 {
             // Movable: layered, and the next checkpoint stages its tree
             // while the processes are copied (betting they still can move).
-            if round > 0 {
-                ensure!(binder(e, &sb, "unbind").await? == format!("unbind {size}"), "unbind");
-            }
-            let ck = checkpoint(e, &sb).await?;
-            ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
-            ensure!(binder(e, &sb, "bind").await? == format!("bind {size}"), "bind");
-            let before = sandtree_runtime::moved_early();
+            let before = arm_round(e, &sb, round, ("unbind", "bind"), size).await?;
             let ck = checkpoint(e, &sb).await?;
             ensure!(
                 layer_of(e, &ck)? == format!("checkpoints/{ck}"),
@@ -1132,13 +1141,7 @@ fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
         let size = 48 << 20;
         let mut went_back = false;
         for round in 0..8 {
-            if round > 0 {
-                ensure!(binder(e, &sb, "drop").await? == format!("drop {size}"), "drop");
-            }
-            let ck = checkpoint(e, &sb).await?;
-            ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
-            ensure!(binder(e, &sb, "hold").await? == format!("hold {size}"), "hold");
-            let before = sandtree_runtime::moved_early();
+            let before = arm_round(e, &sb, round, ("drop", "hold"), size).await?;
             let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
             let Err(err) = refused else { anyhow::bail!("round {round}: a descriptor in flight was checkpointed") };
             ensure!(err.to_string().contains("in flight"), "round {round}: {err}");
