@@ -65,6 +65,7 @@
 
 mod batch;
 mod beside;
+pub mod cgroup;
 pub mod check;
 mod checkpoint;
 pub mod fdstate;

@@ -95,6 +95,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     });
     let t_evict = t0.elapsed() - t_settle;
     let now = st.tick();
+    let cg = st.cgroup.as_ref();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
     // FIFOs on the layers are reopened by path in the rolled-back tree (in
@@ -176,7 +177,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         next += 1;
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
-        let res = restore_one(t, wait);
+        let res = restore_one(t, wait, cg);
         if !wait
             && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
             && errno.raw_os_error() == Some(libc::EEXIST)
@@ -249,7 +250,11 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 /// whole — a template rolled back to a hundred times would fork ~35 ms
 /// slower, `incremental::MAX_GENERATION`.) Without a standby, the process
 /// is a copy-on-write fork of the template.
-fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Holder>> {
+fn restore_one(
+    t: &mut Template,
+    wait: bool,
+    cg: Option<&crate::cgroup::PoolCgroup>,
+) -> Result<Option<crate::holder::Holder>> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -320,6 +325,15 @@ fn restore_one(t: &mut Template, wait: bool) -> Result<Option<crate::holder::Hol
     let mut threads = Vec::new();
     let fixed = (|| -> Result<Tracee> {
         inject::wait_event_stop(child)?;
+        // Out of the pool's cgroup, before it runs (its threads, made
+        // below, start where it is).
+        if let Some(cg) = cg {
+            cg.to_live(child).map_err(|e| Error::Proc {
+                pid: child,
+                what: "move into the sandbox's cgroup",
+                source: e,
+            })?;
+        }
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
         fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads)?;
         Ok(p)

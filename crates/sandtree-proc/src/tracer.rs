@@ -316,6 +316,11 @@ pub(crate) struct State {
     pub mounts: crate::procfs::MountCache,
     /// The templates' frames as the last measure read them.
     pub frames: Arc<Mutex<FrameCache>>,
+    /// The pool's cgroup (`cgroup.rs`); `None`: the pool stays in the
+    /// sandbox's.
+    pub cgroup: Option<crate::cgroup::PoolCgroup>,
+    /// Host pids moved to the pool's cgroup (or that could not be).
+    pub in_pool: std::collections::HashSet<i32>,
 }
 
 /// A job's result to come from the tracer thread.
@@ -416,6 +421,16 @@ impl State {
     /// Host pids of every template.
     pub(crate) fn template_hosts(&self) -> Vec<i32> {
         self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
+    }
+
+    /// Host pids of the pool's live processes: templates, standbys,
+    /// holders (what [`crate::cgroup::sweep`] moves).
+    pub(crate) fn pool_hosts(&self) -> impl Iterator<Item = i32> + '_ {
+        self.pools
+            .values()
+            .flat_map(|c| c.templates.iter().map(|t| t.host))
+            .chain(self.standbys().map(|s| s.host))
+            .chain(self.holders.iter().map(|h| h.host))
     }
 
     /// Host pids of every process this tracer keeps (templates, holders,
@@ -607,14 +622,17 @@ impl Tracer {
     /// Start the thread. Processes with `incremental_min_rss` resident
     /// bytes or more get their pages written tracked and incremental
     /// templates (`None`: no process does).
-    pub fn start(incremental_min_rss: Option<u64>) -> std::io::Result<Tracer> {
+    pub fn start(
+        incremental_min_rss: Option<u64>,
+        cgroup: Option<crate::cgroup::PoolCgroup>,
+    ) -> std::io::Result<Tracer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
         let pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>> = Default::default();
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State { ops: thread_ops, incremental_min_rss, ..Default::default() };
+            let mut st = State { ops: thread_ops, incremental_min_rss, cgroup, ..Default::default() };
             crate::inject::pin_tracer_thread();
             loop {
                 st.dying.extend(KILLED.with(|k| k.take()));
@@ -633,6 +651,9 @@ impl Tracer {
                         drop(published);
                         let idle = st.ops.load(Ordering::SeqCst) == 0;
                         let mut forking = false;
+                        if idle && crate::cgroup::sweep(&mut st) {
+                            continue;
+                        }
                         if idle
                             && (crate::checkpoint::write_pending(&mut st, false)
                                 || crate::checkpoint::prepare_pending(&mut st)
@@ -914,17 +935,22 @@ impl Tracer {
 
     /// What a rollback to `ck` needs first, in one round trip: the
     /// templates `ck` has (`None`: none) and the pids init must spare.
+    /// Queued: the caller makes its layer and commits meanwhile (call it
+    /// after [`Tracer::begin`]: no standby may be forked after the pids
+    /// are listed).
     ///
     /// A standby fork of one of `ck`'s templates under way ends here,
     /// before the sandbox's root moves: a fork that the move overtakes
     /// gives a child on the old tree, which is dropped (`holder.rs`), and
     /// the restore would wait for it and then fork the template on its
     /// path (seen: 6 ms waited, then 3 ms of forks, for a 100 MB REPL).
-    pub fn rollback_plan(&self, ck: &str) -> Result<(Option<TemplateStatus>, Vec<i32>)> {
+    pub fn rollback_plan(&self, ck: &str) -> Result<Started<(Option<TemplateStatus>, Vec<i32>)>> {
         let ck = ck.to_string();
-        self.call(move |st| {
+        self.queue(move |st| {
             crate::checkpoint::finish_pending(st);
             crate::holder::move_forks_off_tracer(st);
+            // Before init lists the sandbox's cgroup to kill.
+            crate::cgroup::sweep(st);
             if let Some(set) = st.pools.get_mut(&ck) {
                 for t in set.templates.iter_mut().filter(|t| t.forking.is_some()) {
                     let t0 = std::time::Instant::now();

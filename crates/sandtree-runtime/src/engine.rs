@@ -37,6 +37,10 @@ pub(crate) fn block<T>(f: impl FnOnce() -> T) -> T {
 /// The Sandtree engine. Cheap to share (`Arc<Engine>`); every verb is `&self`.
 pub struct Engine {
     pub(crate) cfg: Config,
+    /// cgroup2's `favordynmods` is on: moving a task between cgroups does
+    /// not wait for an RCU grace period, so the tracers keep their pools
+    /// in a cgroup of their own (`sandtree-proc`'s `cgroup.rs`).
+    dynmods: bool,
     pub(crate) volume: Volume,
     pub(crate) meta: Arc<Meta>,
     pub(crate) zygote: Arc<Zygote>,
@@ -91,17 +95,27 @@ impl Engine {
             image_size: cfg.image_size,
         };
         let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
-        match sandtree_sandbox::cgroup::favor_dynamic_modifications() {
-            Ok(true) => tracing::debug!("cgroup favordynmods is on"),
-            Ok(false) => tracing::info!("no cgroup2 mount: sandbox starts may wait for RCU grace periods"),
-            Err(e) => tracing::warn!("cannot turn on cgroup favordynmods ({e}): sandbox starts may be slower"),
-        }
+        let dynmods = match sandtree_sandbox::cgroup::favor_dynamic_modifications() {
+            Ok(true) => {
+                tracing::debug!("cgroup favordynmods is on");
+                true
+            }
+            Ok(false) => {
+                tracing::info!("no cgroup2 mount: sandbox starts may wait for RCU grace periods");
+                false
+            }
+            Err(e) => {
+                tracing::warn!("cannot turn on cgroup favordynmods ({e}): sandbox starts may be slower");
+                false
+            }
+        };
         let meta = Meta::open(&cfg.meta_path())?;
         let cfg_spares = cfg.spare_layers;
         let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
         let reaper = crate::reaper::Reaper::start(flusher.clone(), volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
         let engine = Arc::new_cyclic(|this| Engine {
+            dynmods,
             cfg,
             volume,
             meta: Arc::new(meta),
@@ -191,11 +205,31 @@ impl Engine {
             return Ok(t.clone());
         }
         let t = Arc::new(
-            sandtree_proc::Tracer::start(self.cfg.incremental_min_rss)
+            sandtree_proc::Tracer::start(self.cfg.incremental_min_rss, self.pool_cgroup(id))
                 .map_err(|e| Error::Internal(format!("start the tracer thread: {e}")))?,
         );
         tracers.insert(id.to_string(), t.clone());
         Ok(t)
+    }
+
+    /// The cgroup a new tracer of sandbox `id` keeps its pool in (`None`:
+    /// the sandbox's own, as a slower kill list the only cost).
+    fn pool_cgroup(&self, id: &str) -> Option<sandtree_proc::cgroup::PoolCgroup> {
+        if !self.dynmods {
+            return None;
+        }
+        let sb = self.live_get(id)?;
+        let cg = sb.cgroup();
+        let opened = cg.ensure_pool().map_err(|e| e.to_string()).and_then(|()| {
+            sandtree_proc::cgroup::PoolCgroup::open(&cg.pool_dir(), cg.procs_dir()).map_err(|e| e.to_string())
+        });
+        match opened {
+            Ok(pc) => Some(pc),
+            Err(e) => {
+                tracing::warn!(sandbox = id, "process templates stay in the sandbox's cgroup: {e}");
+                None
+            }
+        }
     }
 
     /// The tracer of a sandbox, if it has one.

@@ -58,6 +58,14 @@ impl Engine {
         // checkpoint is deleted meanwhile (read again once pinned).
         let _pinned = self.pin_layers(ck.stack());
         let ck = self.checkpoint_record(&ck.id)?;
+        let tracer = self.tracer_get(id);
+        // No standby forks while init's kill list and the restore are in
+        // flight (a standby made after the list was taken would be killed).
+        let _op = tracer.as_ref().map(|t| t.begin());
+        // The checkpoint's templates, and the pids init spares: asked of
+        // the tracer thread now, answered while the layer is taken and
+        // committed.
+        let plan = tracer.as_ref().map(|t| t.rollback_plan(&ck.id));
         let spare_taken = self.spares.take(id, &ck.id);
         let spare = spare_taken.is_some();
         let (new, prepared) = match spare_taken {
@@ -81,15 +89,11 @@ impl Engine {
         rec2.base_checkpoint = Some(ck.id.clone());
         rec2.base_transid = new.base_transid;
         let captured = crate::sandbox_checkpoint::captured_of(&ck);
-        let tracer = self.tracer_get(id);
-        // No standby forks while init's kill list and the restore are in
-        // flight (a standby made after the list was taken would be killed).
-        let _op = tracer.as_ref().map(|t| t.begin());
-        // The checkpoint's templates, and the pids init spares. (Nothing
-        // may fail here: a tracer gone means no templates, and a restart.)
-        let (templates, keep) = match &tracer {
-            Some(t) => crate::engine::block(|| t.rollback_plan(&ck.id)).unwrap_or_default(),
-            None => Default::default(),
+        // (Nothing may fail here: a tracer gone means no templates, and a
+        // restart.)
+        let (templates, keep) = match plan {
+            Some(Ok(started)) => crate::engine::block(|| started.wait()).unwrap_or_default(),
+            _ => Default::default(),
         };
         let t_plan = t0.elapsed();
         let mut restored: Option<sandtree_proc::RestoreReport> = None;

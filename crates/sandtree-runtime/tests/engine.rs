@@ -225,6 +225,70 @@ fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// The sandbox's cgroup directory (`cgroup.procs` lists its members).
+fn cgroup_dir(sb: &str) -> Result<std::path::PathBuf> {
+    ["/sys/fs/cgroup/freezer/sandtree-engine-test", "/sys/fs/cgroup/sandtree-engine-test"]
+        .iter()
+        .map(|base| std::path::Path::new(base).join(sb))
+        .find(|p| p.join("cgroup.procs").exists())
+        .context("sandbox cgroup not found")
+}
+
+fn cgroup_pids(dir: &std::path::Path) -> Result<Vec<i32>> {
+    let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+/// The pool (templates, standbys, holders) lives in a cgroup of its own,
+/// under the sandbox's, whose list init kills from: a process forking as
+/// fast as it can when the rollback comes dies with all its children, the
+/// templates survive every rollback, and each restored process is back in
+/// the sandbox's cgroup (else the next rollback would not kill it).
+fn rollback_kills_a_fork_storm_and_spares_the_pool(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        // (A shell of its own name: the test's commands run in `sh`.)
+        sh(e, &sb, "cp /bin/sh /root/storm").await?;
+        let pid = start_counter(e, &sb).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let ck = checkpoint(e, &sb).await?;
+        let dir = cgroup_dir(&sb)?;
+        for round in 0..4 {
+            let storm = "while :; do sleep 100 & sleep 0.002; done";
+            let bg = ExecRequest {
+                cmd: vec!["/root/storm".into(), "-c".into(), storm.into()],
+                background: true,
+                ..Default::default()
+            };
+            e.exec(&sb, bg).await?;
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            ensure!(!r.processes_restarted, "round {round}: {}", r.note);
+            ensure!(r.restored_pids == vec![pid], "round {round}: restored {:?}", r.restored_pids);
+            // (Pool processes come and go meanwhile: a pid may vanish.)
+            let comms = sh(e, &sb, "cat /proc/[0-9]*/comm 2>/dev/null; true").await?;
+            ensure!(!comms.contains("sleep") && !comms.contains("storm"), "round {round}: survivors {comms}");
+            let state = counter_state(e, &sb).await?;
+            ensure!(state[0] == pid.to_string() && state[1] == "1", "round {round}: counter {state:?}");
+            // Init and the counter; no template (an exec's process may
+            // still be on its way out for a moment).
+            let deadline = Instant::now() + std::time::Duration::from_secs(2);
+            let mut members = cgroup_pids(&dir)?;
+            while members.len() != 2 && Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                members = cgroup_pids(&dir)?;
+            }
+            ensure!(members.len() == 2, "round {round}: the sandbox's cgroup lists {members:?}");
+            let pool = cgroup_pids(&dir.join("pool"))?;
+            ensure!(!pool.is_empty(), "round {round}: nothing in the pool's cgroup");
+            ensure!(members.iter().all(|m| !pool.contains(m)), "round {round}: {members:?} and {pool:?}");
+        }
+        e.delete_sandbox(&sb, true).await?;
+        ensure!(!dir.exists(), "cgroup {} left behind", dir.display());
+        Ok(())
+    })
+}
+
 /// What the template path cannot restore fails the checkpoint with the
 /// process and the reason; best effort marks it instead.
 fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
@@ -1174,6 +1238,7 @@ fn main() {
         ("rollback_and_fork_restore_files", rollback_and_fork_restore_files),
         ("rollback_in_place_keeps_init_and_kills_the_rest", rollback_in_place_keeps_init_and_kills_the_rest),
         ("processes_come_back_after_rollback", processes_come_back_after_rollback),
+        ("rollback_kills_a_fork_storm_and_spares_the_pool", rollback_kills_a_fork_storm_and_spares_the_pool),
         ("template_pool_counts_changed_pages", template_pool_counts_changed_pages),
         ("checkpoint_copy_serves_the_next_rollback", checkpoint_copy_serves_the_next_rollback),
         ("unrestorable_processes_are_named", unrestorable_processes_are_named),

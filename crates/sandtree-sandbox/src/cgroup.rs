@@ -5,6 +5,18 @@
 //! `memory`, `pids`, `cpu`, `cpuacct`; v2 `<root>/<cgroup_name>/<id>` with
 //! `memory pids cpu` enabled in the parents' `cgroup.subtree_control`.
 //!
+//! The *pool* (`<id>/pool`, in the hierarchy of [`Cgroup::procs_dir`]
+//! only: v1 `freezer`) holds the daemon's process templates and their
+//! helpers (`sandtree-proc`'s tracer moves them there), so that the
+//! sandbox's own `cgroup.procs` lists only the processes that run: a
+//! rollback's kill reads that list (a few pids) instead of the pid
+//! namespace's `/proc` (hundreds of pool pids, 0.3-0.7 ms). It is a child
+//! of the sandbox's cgroup: its tasks count toward the sandbox's limits as
+//! before (v1: it exists in the freezer hierarchy alone, so memory and
+//! pids stay charged to `<id>`; v2: `<id>` enables no controller for its
+//! children, so they are charged to `<id>`), and freezing the sandbox
+//! freezes it too.
+//!
 //! Kernel quirks worked around:
 //! * `cgroup.events` `POLLPRI` notifications are rate limited (~10 ms), so
 //!   freezing polls the state file (`freezer.state` / `cgroup.events`) in a
@@ -101,6 +113,9 @@ pub enum Backend {
 
 const V1_CONTROLLERS: [&str; 5] = ["freezer", "memory", "pids", "cpu", "cpuacct"];
 
+/// The pool's directory name, under the sandbox's (see the module docs).
+const POOL: &str = "pool";
+
 impl Backend {
     /// Pure v2 if `/sys/fs/cgroup/cgroup.controllers` exists, else v1.
     pub fn detect() -> Backend {
@@ -191,6 +206,33 @@ impl Cgroup {
         self.dir("freezer").or_else(|| self.dir("pids")).unwrap_or(&self.dirs[0].1)
     }
 
+    /// The pool's directory (see the module docs): a child of
+    /// [`Cgroup::procs_dir`].
+    pub fn pool_dir(&self) -> PathBuf {
+        self.procs_dir().join(POOL)
+    }
+
+    /// Make the pool's directory if it is missing (a sandbox booted by an
+    /// older daemon has none).
+    pub fn ensure_pool(&self) -> Result<()> {
+        let dir = self.pool_dir();
+        match fs::create_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(io_err("mkdir", &dir)(e)),
+        }
+    }
+
+    /// Host pids of the pool's members.
+    pub fn pool_procs(&self) -> Result<Vec<i32>> {
+        let path = self.pool_dir().join("cgroup.procs");
+        match fs::read_to_string(&path) {
+            Ok(s) => Ok(s.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(io_err("read", &path)(e)),
+        }
+    }
+
     /// Whether the cgroup directory exists.
     pub fn exists(&self) -> bool {
         self.procs_dir().exists()
@@ -258,7 +300,7 @@ impl Cgroup {
                 }
             }
         }
-        Ok(())
+        self.ensure_pool()
     }
 
     /// Move `pid` into the cgroup(s).
@@ -349,8 +391,14 @@ impl Cgroup {
             }
             Backend::V1 { .. } => {}
         }
+        // (The pool's members too: freezing and `cgroup.kill` reach them.)
+        let members = || -> Result<Vec<i32>> {
+            let mut pids = self.procs()?;
+            pids.extend(self.pool_procs()?);
+            Ok(pids)
+        };
         loop {
-            let procs = self.procs()?;
+            let procs = members()?;
             if procs.is_empty() {
                 return Ok(());
             }
@@ -359,7 +407,7 @@ impl Cgroup {
             }
             if matches!(self.backend, Backend::V1 { .. }) {
                 let _ = self.freeze(Duration::from_millis(100));
-                for pid in self.procs()? {
+                for pid in members()? {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 }
                 self.thaw()?;
@@ -398,7 +446,7 @@ impl Cgroup {
                     u.pids = read_u64(&d.join("pids.current"))?;
                     u.pids_limit = read_limit(&d.join("pids.max"))?;
                 } else {
-                    u.pids = self.procs()?.len() as u64;
+                    u.pids = (self.procs()?.len() + self.pool_procs()?.len()) as u64;
                 }
                 let stat = read(&d.join("cpu.stat"))?;
                 for line in stat.lines() {
@@ -413,7 +461,8 @@ impl Cgroup {
 
     /// Remove the cgroup directories (they must be empty); missing ones are fine.
     pub fn remove(&self) -> Result<()> {
-        for (_, dir) in &self.dirs {
+        let pool = self.pool_dir();
+        for dir in std::iter::once(&pool).chain(self.dirs.iter().map(|(_, d)| d)) {
             let mut tries = 0;
             loop {
                 match fs::remove_dir(dir) {

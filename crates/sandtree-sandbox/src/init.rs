@@ -159,7 +159,7 @@ impl Init {
     /// Kill for a rollback: `restore` pids still present become
     /// `restoring` (their old exit is swallowed), absent ones are tracked
     /// at once.
-    fn kill_for_rollback(&mut self, keep: &[i32], restore: &[i32]) {
+    fn kill_for_rollback(&mut self, keep: &[i32], restore: &[i32], members: Option<OwnedFd>) {
         // Start times before the kill: a read of a dying process's
         // `/proc/<pid>/stat` took 0.7-3 ms in one rollback of ten here
         // (`perf trace`), on the rollback's path.
@@ -168,7 +168,16 @@ impl Init {
             .filter(|p| !self.restoring.contains_key(p))
             .map(|&p| (p, sandtree_sys::process::start_time(p)))
             .collect();
-        let present = crate::reroot::signal_all(keep);
+        let mut present = crate::reroot::signal_all(keep, members.as_ref());
+        // (The daemon's fd reaches outside the sandbox: not kept.)
+        drop(members);
+        // A pid to restore whose original is a zombie, or is not a member
+        // of the cgroup (its exit must not be reported for its successor).
+        for (&pid, started) in &started {
+            if started.is_some() && !present.contains(&pid) && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                present.push(pid);
+            }
+        }
         self.awaiting.extend(present.iter().filter(|p| !restore.contains(p)));
         for &pid in restore {
             if self.restoring.contains_key(&pid) {
@@ -223,8 +232,10 @@ impl Init {
                 }
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
-            Request::Reroot { targets, keep, restore } => {
-                let swapped = self.reroot(&targets, &keep, &restore, fds);
+            Request::Reroot { targets, keep, restore, members } => {
+                let mut layers = fds;
+                let members = if members { layers.pop() } else { None };
+                let swapped = self.reroot(&targets, &keep, &restore, layers, members);
                 let reply = match &swapped {
                     Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message: message.clone(), code: None },
@@ -267,8 +278,9 @@ impl Init {
                     eprintln!("sandtree init: {e}");
                 }
             }
-            Request::KillAll { keep, restore } => {
-                self.kill_for_rollback(&keep, &restore);
+            Request::KillAll { keep, restore, members } => {
+                let members = if members { fds.into_iter().next() } else { None };
+                self.kill_for_rollback(&keep, &restore, members);
                 self.send(FromInit::Reply { id, reply: Reply::Ok }, &[]);
             }
             Request::WaitGone => {
@@ -360,11 +372,12 @@ impl Init {
         keep: &[i32],
         restore: &[i32],
         layers: Vec<OwnedFd>,
+        members: Option<OwnedFd>,
     ) -> Result<(), String> {
         crate::reroot::validate(targets, &layers)?;
         // Stragglers since `KillAll` (or all of them, without one); the
         // daemon brings `restore` back from templates after the reply.
-        self.kill_for_rollback(keep, restore);
+        self.kill_for_rollback(keep, restore, members);
         let swapped = crate::reroot::swap_root(targets, layers, &mut self.approved);
         // Those already dead (a process with an mm holder dies at once) are
         // reaped before the reply: their pids are free for the restore,

@@ -138,6 +138,10 @@ pub enum Request {
         keep: Vec<i32>,
         /// Pids the daemon will restore.
         restore: Vec<i32>,
+        /// The one attached fd is the sandbox's cgroup directory (see
+        /// [`Request::Reroot`]'s `members`).
+        #[serde(default)]
+        members: bool,
     },
     /// Wait until every process killed by `KillAll` / `Reroot` (but the
     /// restored pids) is reaped, bounded; answers `Ok` or `Error` naming
@@ -155,6 +159,13 @@ pub enum Request {
         /// Pids the daemon restores right after the reply: init reports
         /// their exits.
         restore: Vec<i32>,
+        /// The last attached fd is the sandbox's cgroup directory
+        /// (`O_PATH`, [`crate::cgroup::Cgroup::procs_dir`]): its
+        /// `cgroup.procs` lists every process of the sandbox but the
+        /// daemon's pool, which is all init kills (without it, init lists
+        /// its pid namespace's `/proc`). Init closes it after the kill.
+        #[serde(default)]
+        members: bool,
     },
     /// A layered checkpoint (see [`crate::reroot`], *restack*): if init is
     /// alone (every other pid is in `keep` or a zombie) and nothing but

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -481,7 +481,25 @@ impl Sandbox {
     /// are brought back by the daemon, their old exits are not reported).
     pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
         self.thaw_if_frozen()?;
-        self.simple_request(Request::KillAll { keep, restore }, "kill before rollback").await
+        let members = self.members_dir();
+        let req = Request::KillAll { keep, restore, members: members.is_some() };
+        let fds: Vec<_> = members.iter().map(|f| f.as_fd()).collect();
+        self.request_with(req, &fds, "kill before rollback").await
+    }
+
+    /// The sandbox's cgroup directory (`O_PATH`) for init's kill list
+    /// (`members` of [`Request::Reroot`]); `None` if it cannot be opened
+    /// (init lists `/proc` then).
+    fn members_dir(&self) -> Option<OwnedFd> {
+        let dir = self.inner.cgroup.procs_dir();
+        let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
+        match rustix::fs::open(dir, flags, rustix::fs::Mode::empty()) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "init lists /proc to kill: {e}");
+                None
+            }
+        }
     }
 
     /// Last step of a rollback in place: wait until every process killed
@@ -492,7 +510,11 @@ impl Sandbox {
     }
 
     async fn simple_request(&self, req: Request, what: &str) -> Result<()> {
-        let request = self.inner.conn.request(req, &[]);
+        self.request_with(req, &[], what).await
+    }
+
+    async fn request_with(&self, req: Request, fds: &[BorrowedFd<'_>], what: &str) -> Result<()> {
+        let request = self.inner.conn.request(req, fds);
         match tokio::time::timeout(REROOT_TIMEOUT, request).await {
             Err(_) => Err(Error::Protocol(format!("{what}: init did not answer within {REROOT_TIMEOUT:?}"))),
             Ok(res) => match res? {
@@ -525,8 +547,10 @@ impl Sandbox {
         let sessions: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
         let mut pids = self.inner.background.pids();
         pids.retain(|p| !restore.contains(p));
-        let fds: Vec<_> = layers.iter().map(|f| f.as_fd()).collect();
-        let request = self.inner.conn.request(Request::Reroot { targets, keep, restore: restore.clone() }, &fds);
+        let members = self.members_dir();
+        let fds: Vec<_> = layers.iter().chain(members.iter()).map(|f| f.as_fd()).collect();
+        let req = Request::Reroot { targets, keep, restore: restore.clone(), members: members.is_some() };
+        let request = self.inner.conn.request(req, &fds);
         let res = tokio::time::timeout(REROOT_TIMEOUT, request).await;
         drop(fds);
         drop(layers);
