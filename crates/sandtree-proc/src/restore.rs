@@ -172,6 +172,8 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let mut order: Vec<(usize, bool)> = (0..set.templates.len()).map(|i| (i, false)).collect();
     order.sort_by_key(|&(i, _)| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
     let mut next = 0;
+    // Each process goes once all are back (see [`Ready`]).
+    let mut waiting: Vec<Ready> = Vec::new();
     while next < order.len() {
         let (i, wait) = order[next];
         next += 1;
@@ -187,19 +189,58 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         }
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         match res {
-            Ok(holder) => {
+            Ok((holder, ready)) => {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
+                waiting.push(ready);
             }
             Err(e) => {
                 st.holders.extend(holders);
+                // (The sandbox is restarted: those back go as they were.)
+                for r in waiting {
+                    let _ = r.release();
+                }
                 return Err(e);
             }
         }
     }
     st.holders.extend(holders);
+    let mut released = Ok(());
+    for r in waiting {
+        let res = r.release();
+        if released.is_ok() {
+            released = res;
+        }
+    }
     drop(fifos);
+    released?;
     Ok(report)
+}
+
+/// A restored process, fixed up and still stopped: let go once every
+/// process of the checkpoint is back, so that none runs (its first
+/// copy-on-write faults, on the tracer's CPU) ahead of the next one's
+/// restore. Alternating in one run (quiet host), rollback p50 / p90 with
+/// and without: 3.10 / 4.16 and 3.28 / 7.09 ms, 2.94 / 3.84 and 3.16 /
+/// 4.21 ms.
+struct Ready {
+    main: Tracee,
+    regs: sandtree_sys::ptrace::Regs,
+    threads: Vec<(Tracee, sandtree_sys::ptrace::Regs)>,
+}
+
+impl Ready {
+    /// Every thread goes, whatever fails (the first error is told).
+    fn release(self) -> Result<()> {
+        let mut released = self.main.release(&self.regs);
+        for (t, regs) in self.threads {
+            let r = t.release(&regs);
+            if released.is_ok() {
+                released = r;
+            }
+        }
+        released
+    }
 }
 
 pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
@@ -238,7 +279,8 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 }
 
 /// Bring back one process from its template (and give it a holder of its
-/// memory, for the next rollback).
+/// memory, for the next rollback), still stopped: the caller lets it go
+/// ([`Ready::release`]).
 ///
 /// With a standby (a fork of the template made ahead, `holder.rs`), the
 /// process takes the *standby's* address space (`CLONE_VM` from it: no
@@ -254,7 +296,7 @@ fn restore_one(
     t: &mut Template,
     wait: bool,
     cg: Option<&crate::cgroup::PoolCgroup>,
-) -> Result<Option<crate::holder::Holder>> {
+) -> Result<(Option<crate::holder::Holder>, Ready)> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -366,17 +408,11 @@ fn restore_one(
             // (Set at the release: until then it stays on the tracer's CPU,
             // its threads too.)
             p.affinity_on_release(&image.affinity);
-            // Every thread goes, whatever fails (the first error is told).
-            let mut released = p.release(&regs);
-            for (mut t, regs) in threads {
+            let mut threads = threads;
+            for (t, _) in threads.iter_mut() {
                 t.affinity_on_release(&image.affinity);
-                let r = t.release(&regs);
-                if released.is_ok() {
-                    released = r;
-                }
             }
-            released?;
-            Ok(holder)
+            Ok((holder, Ready { main: p, regs, threads }))
         }
         Err(e) => {
             // The threads' exits first: the main thread's is reported only
