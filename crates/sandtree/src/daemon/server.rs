@@ -107,6 +107,17 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    // The token file and the TCP listener first: a client that sees the
+    // unix socket answer may read the token at once (the auth test did,
+    // and found no file in one CI run).
+    let tcp = match args.tcp {
+        Some(addr) => {
+            let token = auth::load_or_create_token(&args.token_path())?;
+            let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding TCP {addr}"))?;
+            Some((tcp, token))
+        }
+        None => None,
+    };
     let socket = args.socket_path();
     let unix = bind_unix(&socket)?;
     tracing::info!(socket = %socket.display(), "listening on the unix socket (no token)");
@@ -117,9 +128,7 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         axum::serve(unix, unix_app).with_graceful_shutdown(stopped(rx)).await.context("unix socket server")
     });
 
-    if let Some(addr) = args.tcp {
-        let token = auth::load_or_create_token(&args.token_path())?;
-        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding TCP {addr}"))?;
+    if let Some((tcp, token)) = tcp {
         tracing::info!(addr = %tcp.local_addr()?, token_file = %args.token_path().display(), "listening on TCP (bearer token required)");
         let tcp_app = app(Some(engine.clone()), Some(token));
         let rx = stop_rx.clone();
