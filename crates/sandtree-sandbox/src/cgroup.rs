@@ -146,6 +146,11 @@ fn write(path: &Path, value: &str) -> Result<()> {
     fs::write(path, value).map_err(io_err("write", path))
 }
 
+/// The pids of a `cgroup.procs` file.
+fn read_pids(path: &Path) -> Result<Vec<i32>> {
+    Ok(read(path)?.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
 fn read_u64(path: &Path) -> Result<u64> {
     Ok(read(path)?.trim().parse().unwrap_or(0))
 }
@@ -223,14 +228,20 @@ impl Cgroup {
         }
     }
 
-    /// Host pids of the pool's members.
+    /// Host pids of the pool's members (none if it has no directory).
     pub fn pool_procs(&self) -> Result<Vec<i32>> {
-        let path = self.pool_dir().join("cgroup.procs");
-        match fs::read_to_string(&path) {
-            Ok(s) => Ok(s.lines().filter_map(|l| l.trim().parse().ok()).collect()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(io_err("read", &path)(e)),
+        match read_pids(&self.pool_dir().join("cgroup.procs")) {
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            r => r,
         }
+    }
+
+    /// Host pids of every member and of the pool's (freezing and
+    /// `cgroup.kill` reach both).
+    fn all_procs(&self) -> Result<Vec<i32>> {
+        let mut pids = self.procs()?;
+        pids.extend(self.pool_procs()?);
+        Ok(pids)
     }
 
     /// Whether the cgroup directory exists.
@@ -313,8 +324,7 @@ impl Cgroup {
 
     /// Host pids of every member.
     pub fn procs(&self) -> Result<Vec<i32>> {
-        let path = self.procs_dir().join("cgroup.procs");
-        Ok(read(&path)?.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        read_pids(&self.procs_dir().join("cgroup.procs"))
     }
 
     fn is_frozen(&self) -> Result<bool> {
@@ -391,14 +401,8 @@ impl Cgroup {
             }
             Backend::V1 { .. } => {}
         }
-        // (The pool's members too: freezing and `cgroup.kill` reach them.)
-        let members = || -> Result<Vec<i32>> {
-            let mut pids = self.procs()?;
-            pids.extend(self.pool_procs()?);
-            Ok(pids)
-        };
         loop {
-            let procs = members()?;
+            let procs = self.all_procs()?;
             if procs.is_empty() {
                 return Ok(());
             }
@@ -407,7 +411,7 @@ impl Cgroup {
             }
             if matches!(self.backend, Backend::V1 { .. }) {
                 let _ = self.freeze(Duration::from_millis(100));
-                for pid in members()? {
+                for pid in self.all_procs()? {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 }
                 self.thaw()?;
@@ -446,7 +450,7 @@ impl Cgroup {
                     u.pids = read_u64(&d.join("pids.current"))?;
                     u.pids_limit = read_limit(&d.join("pids.max"))?;
                 } else {
-                    u.pids = (self.procs()?.len() + self.pool_procs()?.len()) as u64;
+                    u.pids = self.all_procs()?.len() as u64;
                 }
                 let stat = read(&d.join("cpu.stat"))?;
                 for line in stat.lines() {
