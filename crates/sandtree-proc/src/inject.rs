@@ -466,6 +466,13 @@ impl Tracee {
     /// ignored.)
     pub fn release(mut self, regs: &Regs) -> Result<()> {
         self.park()?;
+        self.release_parked(regs)
+    }
+
+    /// [`Tracee::release`] of a tracee already parked ([`Tracee::park`]):
+    /// nothing here waits for the tracee to run, so a batch of them goes
+    /// at once.
+    pub fn release_parked(self, regs: &Regs) -> Result<()> {
         let tid = self.tid;
         ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
         if let Some(mask) = self.mask {
@@ -528,6 +535,43 @@ pub fn pin_tracer_thread() {
     set.set(cpu as usize);
     if rustix::thread::sched_setaffinity(None, &set).is_ok() {
         TRACER_CPU.with(|c| c.set(Some(cpu)));
+    }
+}
+
+thread_local! {
+    /// Whether the tracer thread stepped off its CPU ([`step_aside`]).
+    static ASIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Move the calling (tracer) thread off its CPU until [`step_back`] (a
+/// no-op when it is not pinned, or there is no other CPU): processes about
+/// to be let go were pinned to the tracer's CPU, and the kernel wakes a
+/// task where it last ran (or where its waker runs), even with another
+/// CPU idle; woken there, each preempted the tracer until it slept. With
+/// the tracer elsewhere (a migration, ~50 µs), they run on its CPU while
+/// it lets the next one go.
+pub fn step_aside() {
+    if TRACER_CPU.with(|c| c.get()).is_none() {
+        return;
+    }
+    let others = off_tracer_cpus();
+    let mut set = rustix::thread::CpuSet::new();
+    for c in &others {
+        set.set(*c as usize);
+    }
+    if rustix::thread::sched_setaffinity(None, &set).is_ok() {
+        ASIDE.with(|a| a.set(true));
+    }
+}
+
+/// Back on the tracer's CPU after [`step_aside`].
+pub fn step_back() {
+    if ASIDE.with(|a| a.replace(false))
+        && let Some(cpu) = TRACER_CPU.with(|c| c.get())
+    {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu as usize);
+        let _ = rustix::thread::sched_setaffinity(None, &set);
     }
 }
 

@@ -693,6 +693,8 @@ impl Tracer {
                 };
                 if let Some(job) = job {
                     job(&mut st);
+                    // (A restore steps aside to let its processes go.)
+                    crate::inject::step_back();
                     // A rollback's adopted holders drop their descriptors.
                     // (A checkpoint's templates are set up between
                     // operations.)
