@@ -55,9 +55,9 @@ struct Init {
     /// Pids killed for a rollback (not restored) and not reaped yet: what
     /// `WaitGone` waits for.
     awaiting: HashSet<i32>,
-    /// An old root is still to be detached: a rollback's once its
-    /// `WaitGone` is answered, a `Restack`'s right after its reply (see
-    /// [`Init::finish_swap`]).
+    /// An old root is still to be detached: a rollback's at the first
+    /// request after its `WaitGone`, a `Restack`'s right after its reply
+    /// (see [`Init::finish_swap`]).
     detach_pending: bool,
     queued: VecDeque<FromInit>,
     /// The mounts known to be set-up's or ours (`reroot::Approved`).
@@ -241,11 +241,12 @@ impl Init {
                     Err(message) => Reply::Error { message: message.clone(), code: None },
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
-                // The old tree goes once the `WaitGone` that follows is
-                // answered: until then init reaps (a killed original's pid
-                // is free, for its restored successor, only once reaped),
-                // and the detach, an overlay's teardown (up to
-                // milliseconds), is on no one's path.
+                // The old tree goes at the first request after the
+                // `WaitGone` that follows (the daemon sends one once the
+                // restore is over): until then init reaps (a killed
+                // original's pid is free, for its restored successor, only
+                // once reaped), and the detach, an overlay's teardown (up
+                // to milliseconds), is on no one's path.
                 self.reap();
                 self.detach_pending = swapped.is_ok();
             }
@@ -289,8 +290,9 @@ impl Init {
                     Ok(()) => Reply::Ok,
                     Err(message) => Reply::Error { message, code: None },
                 };
+                // (The old tree stays until the next request: the daemon
+                // sends one once the restore is over.)
                 self.send(FromInit::Reply { id, reply }, &[]);
-                self.finish_swap();
             }
             Request::Kill { pid, signal, group } => {
                 let target = Pid::from_raw(if group { -pid } else { pid });

@@ -25,9 +25,10 @@
 //!    templates: a fork under way, whose child is not on the task list
 //!    yet, keeps the old root, see `sandtree-proc`'s `holder.rs`), and
 //!    detach the old root, which sits on top of `.` now (after step 5,
-//!    and after the reply to the rollback's `WaitGone`, once the killed
-//!    processes are reaped: a path walk never crosses a mount stacked on
-//!    its starting point, so nothing reaches the old tree meanwhile);
+//!    and at the first request after the rollback's `WaitGone`, once the
+//!    killed processes are reaped and the restore is over: a path walk
+//!    never crosses a mount stacked on its starting point, so nothing
+//!    reaches the old tree meanwhile);
 //! 5. detach whatever the sandbox itself mounted under the kept `/proc` and
 //!    `/dev`, and mount a fresh `/dev/shm` if the old one holds anything
 //!    (its files belong to the old state).
