@@ -551,15 +551,8 @@ thread_local! {
 /// the tracer elsewhere (a migration, ~50 µs), they run on its CPU while
 /// it lets the next one go.
 pub fn step_aside() {
-    if TRACER_CPU.with(|c| c.get()).is_none() {
-        return;
-    }
-    let others = off_tracer_cpus();
-    let mut set = rustix::thread::CpuSet::new();
-    for c in &others {
-        set.set(*c as usize);
-    }
-    if rustix::thread::sched_setaffinity(None, &set).is_ok() {
+    if TRACER_CPU.with(|c| c.get()).is_some() {
+        pin_self(&off_tracer_cpus());
         ASIDE.with(|a| a.set(true));
     }
 }
@@ -569,9 +562,7 @@ pub fn step_back() {
     if ASIDE.with(|a| a.replace(false))
         && let Some(cpu) = TRACER_CPU.with(|c| c.get())
     {
-        let mut set = rustix::thread::CpuSet::new();
-        set.set(cpu as usize);
-        let _ = rustix::thread::sched_setaffinity(None, &set);
+        pin_self(&[cpu]);
     }
 }
 

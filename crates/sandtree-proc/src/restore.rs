@@ -188,28 +188,23 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             continue;
         }
         tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
-        match res {
+        let failed = match res {
             Ok((holder, mut ready)) => {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
                 let parked = ready.park();
                 waiting.push(ready);
-                if let Err(e) = parked {
-                    st.holders.extend(holders);
-                    for r in waiting {
-                        let _ = r.release();
-                    }
-                    return Err(e);
-                }
+                parked.err()
             }
-            Err(e) => {
-                st.holders.extend(holders);
-                // (The sandbox is restarted: those back go as they were.)
-                for r in waiting {
-                    let _ = r.release();
-                }
-                return Err(e);
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            st.holders.extend(holders);
+            // (The sandbox is restarted: those back go as they were.)
+            for r in waiting {
+                let _ = r.release();
             }
+            return Err(e);
         }
     }
     st.holders.extend(holders);
