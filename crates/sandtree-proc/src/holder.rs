@@ -460,8 +460,8 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
 
 /// Standby forks under way that a rollback does not wait for go on off
 /// the tracer's CPU, where every call of the restore is injected (a 1 GB
-/// fork beside it made a 0.3 ms restore take 3-6 ms). A checkpoint leaves
-/// them there: the other CPU reads the written pages in its window.
+/// fork beside it made a 0.3 ms restore take 3-6 ms); a checkpoint's go
+/// there too ([`forks_to_background`]).
 pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
     for t in st.pools.values().flat_map(|c| &c.templates) {
         if let Some(f) = &t.forking {
@@ -473,21 +473,27 @@ pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
     }
 }
 
-/// Standby forks under way when a checkpoint starts run at
-/// [`BACKGROUND_NICE`] until it ends ([`forks_to_foreground`]), but for
-/// the standbys of tracked processes' bases, which the checkpoint takes.
-/// They stay on the tracer's CPU (the other reads the written pages), where
-/// they took CPU share from the calls injected into the processes: a 1 GB
-/// standby fork made after a rollback (50-100 ms) overlapped the
-/// checkpoints of an agent that thinks between steps, whose window then took
-/// 20-25 ms instead of ~9.
+/// Standby forks under way when a checkpoint starts go on off the
+/// tracer's CPU, and run at [`BACKGROUND_NICE`] until it ends
+/// ([`forks_to_foreground`]) but for the standbys of tracked processes'
+/// bases, which the checkpoint takes. On the tracer's CPU, where the calls
+/// injected into the stopped processes run, a fork there held that CPU for
+/// milliseconds at each of their wake-ups, even at nice 19: a process that
+/// ran just before (the 1 GB REPL, which wrote its pages) wakes with a
+/// negative lag and the scheduler keeps the fork until that lag is paid
+/// (a sched trace: the REPL's injected `brk` took 3 ms instead of 30 µs,
+/// its CPU with a nice-19 fork all along). Alternating per checkpoint in
+/// one bench run, checkpoint p50 with a fork under way, 1 GB REPL: 12.8 ms
+/// off the tracer's CPU against 16.2 on it (all 1 GB checkpoints: 9.7
+/// against 15.4); 100 MB: 4.1 against 5.2. The other CPU copies the
+/// written pages meanwhile, which the fork slows less than it slowed the
+/// injected calls.
 pub(crate) fn forks_to_background(st: &crate::tracer::State) {
     let bases = base_hosts(st);
     for t in st.pools.values().flat_map(|c| &c.templates) {
-        if let Some(f) = &t.forking
-            && f.nice.is_some()
-            && !bases.contains(&t.host)
-        {
+        let Some(f) = &t.forking else { continue };
+        crate::inject::move_off_tracer(t.host);
+        if f.nice.is_some() && !bases.contains(&t.host) {
             crate::restore::set_nice(t.host, BACKGROUND_NICE);
         }
     }
