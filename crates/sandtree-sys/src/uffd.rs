@@ -22,7 +22,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
 
 /// `PAGE_IS_WRITTEN`: written since it was last protected.
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
@@ -207,17 +207,25 @@ pub fn read_pages(pid: i32, ranges: &[(u64, u64)], out: &mut [u8]) -> io::Result
     Ok(())
 }
 
-/// Writes bytes into another process's memory at given addresses, through
-/// its `/proc/<pid>/mem` (which writes private mappings that are
-/// read-only now too).
+/// Writes bytes into another process's memory at given addresses:
+/// `process_vm_writev`, up to [`IOV_MAX`] ranges a call (one copy a page;
+/// through `/proc/<pid>/mem` each page is copied twice, via a kernel
+/// bounce page, and a call is made per range: 1,168 scattered pages took
+/// 3.4-3.6 ms that way against 2.7-2.8 here, alone; in bench runs, where
+/// this write delays the next standby's fork, 4.9 ms p50 against 4.1,
+/// alternating). A batch that call cannot
+/// write whole (a private mapping that is read-only now: the call honours
+/// protections) is written through `/proc/<pid>/mem`, which writes those
+/// too.
 pub struct PageWriter {
+    pid: i32,
     to: std::fs::File,
 }
 
 impl PageWriter {
     /// Into process `to`.
     pub fn open(to: i32) -> io::Result<PageWriter> {
-        Ok(PageWriter { to: std::fs::OpenOptions::new().write(true).open(format!("/proc/{to}/mem"))? })
+        Ok(PageWriter { pid: to, to: std::fs::OpenOptions::new().write(true).open(format!("/proc/{to}/mem"))? })
     }
 
     /// Write `data` to `ranges` (start, end), one range after the other
@@ -225,12 +233,66 @@ impl PageWriter {
     pub fn write(&self, ranges: &[(u64, u64)], data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         let mut at = 0usize;
-        for &(s, e) in ranges {
-            let n = (e - s) as usize;
-            let src = data.get(at..at + n).ok_or_else(|| io::Error::other("PageWriter: data too short"))?;
-            self.to.write_all_at(src, s)?;
-            at += n;
+        for batch in ranges.chunks(IOV_MAX) {
+            let len: usize = batch.iter().map(|(s, e)| (e - s) as usize).sum();
+            let src = data.get(at..at + len).ok_or_else(|| io::Error::other("PageWriter: data too short"))?;
+            let remote: Vec<RemoteIoVec> =
+                batch.iter().map(|&(s, e)| RemoteIoVec { base: s as usize, len: (e - s) as usize }).collect();
+            let pid = nix::unistd::Pid::from_raw(self.pid);
+            let written = process_vm_writev(pid, &[io::IoSlice::new(src)], &remote).unwrap_or(0);
+            if written != len {
+                // (From the range the call stopped in; what it wrote is
+                // written again, the same bytes.)
+                let mut off = 0usize;
+                for &(s, e) in batch {
+                    let n = (e - s) as usize;
+                    if off + n > written {
+                        self.to.write_all_at(&src[off..off + n], s)?;
+                    }
+                    off += n;
+                }
+            }
+            at += len;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first private mapping of `pid` whose permissions start with
+    /// `perms` (from `/proc/<pid>/maps`): its start.
+    fn private_map(pid: i32, perms: &str) -> u64 {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let line = maps.lines().find(|l| l.split_whitespace().nth(1).is_some_and(|p| p.starts_with(perms))).unwrap();
+        u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap()
+    }
+
+    /// Pages written into another process read back as written, in a
+    /// writable mapping (`process_vm_writev`) and in a read-only private
+    /// one, which that call refuses (`/proc/<pid>/mem` then).
+    #[test]
+    fn page_writer_writes_writable_and_read_only_pages() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: writing another process's memory needs root here");
+            return;
+        }
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        // (Its maps are there once it has exec'd: wait for the binary.)
+        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| !p.ends_with("sleep")) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let (rw, ro) = (private_map(pid, "rw-p"), private_map(pid, "r--p"));
+        let ranges = [(rw, rw + 4096), (ro, ro + 4096)];
+        let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        PageWriter::open(pid).unwrap().write(&ranges, &data).unwrap();
+        let mut back = vec![0u8; 8192];
+        read_pages(pid, &ranges, &mut back).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(back == data, "the pages read back differ from those written");
     }
 }
