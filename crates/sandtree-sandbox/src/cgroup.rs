@@ -463,8 +463,49 @@ impl Cgroup {
         Ok(u)
     }
 
-    /// Remove the cgroup directories (they must be empty); missing ones are fine.
+    /// Drop what the (empty) memory cgroup still has charged to it: page
+    /// cache of the files its processes read or wrote, mostly (v1
+    /// `memory.force_empty`, v2 `memory.reclaim` of all of it). Without
+    /// it a removed cgroup lingers in the kernel as a *dying* one for as
+    /// long as one of those pages is cached, and a daemon that creates and
+    /// deletes sandboxes all day piles them up: with 300 of them on this
+    /// host a 100 MB process forked in 3.0 ms instead of 2.0 (in any
+    /// cgroup), and a bench run's process rows, which come after its
+    /// sandboxes of the filesystem rows are deleted, were ~50% slower
+    /// (`/proc/cgroups` counted 215 memory cgroups for 18 directories).
+    /// Best effort: pages that cannot be dropped now (under writeback)
+    /// keep the cgroup dying until they can be, as before. Pages mapped
+    /// by other sandboxes (a shared layer's libraries that this sandbox
+    /// read first) are dropped too and read again from the page cache of
+    /// the image by their next fault. Returns the bytes still charged.
+    pub fn reclaim_charges(&self) -> u64 {
+        match &self.backend {
+            Backend::V1 { .. } => {
+                let Some(mem) = self.dir("memory") else { return 0 };
+                let _ = fs::write(mem.join("memory.force_empty"), "0");
+                read_u64(&mem.join("memory.usage_in_bytes")).unwrap_or(0)
+            }
+            Backend::V2 { .. } => {
+                let dir = &self.dirs[0].1;
+                let current = || read_u64(&dir.join("memory.current")).unwrap_or(0);
+                let now = current();
+                if now > 0 {
+                    // (EAGAIN when not all of it could be reclaimed.)
+                    let _ = fs::write(dir.join("memory.reclaim"), now.to_string());
+                }
+                current()
+            }
+        }
+    }
+
+    /// Remove the cgroup directories (they must be empty); missing ones are
+    /// fine. The memory cgroup's charges are dropped first
+    /// ([`Cgroup::reclaim_charges`]).
     pub fn remove(&self) -> Result<()> {
+        if self.exists() {
+            let left = self.reclaim_charges();
+            tracing::debug!(left, "memory cgroup emptied before its removal");
+        }
         let pool = self.pool_dir();
         for dir in std::iter::once(&pool).chain(self.dirs.iter().map(|(_, d)| d)) {
             let mut tries = 0;

@@ -377,6 +377,45 @@ fn v2_cgroup_paths() -> Result<()> {
     Ok(())
 }
 
+/// The page cache a sandbox's processes left charged to its memory cgroup
+/// is dropped before the cgroup is removed (else the removed cgroup stays
+/// in the kernel, dying, and hundreds of them slow every fork).
+fn removed_cgroup_leaves_no_charges() -> Result<()> {
+    let backend = sandtree_sandbox::Backend::detect();
+    let cg = sandtree_sandbox::Cgroup::new(backend, "sandtree-test", "charges");
+    cg.create(&Limits { memory_bytes: Some(1 << 30), pids: Some(100), cpu_millicores: None })?;
+    if cg.usage()?.memory_limit.is_none() {
+        println!("  note: no memory controller here, skipped");
+        cg.remove()?;
+        return Ok(());
+    }
+    // (On a disk filesystem: tmpfs pages are not reclaimable without swap.)
+    let dir = tempfile::tempdir_in("/var/tmp")?;
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let script = format!(
+        "while [ ! -e {go} ]; do sleep 0.01; done; head -c 32M /dev/zero > {f}; cat {f} > /dev/null; touch {done}; sleep 100",
+        go = go.display(),
+        f = dir.path().join("data").display(),
+        done = done.display()
+    );
+    let mut child = std::process::Command::new("sh").arg("-c").arg(&script).spawn()?;
+    cg.add(child.id() as i32)?;
+    fs::write(&go, "")?;
+    let t = Instant::now();
+    while !done.exists() {
+        ensure!(t.elapsed() < Duration::from_secs(20), "the writer did not finish");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = cg.usage()?.memory_bytes;
+    cg.kill_all(Duration::from_secs(2))?;
+    let _ = child.wait();
+    ensure!(before >= 16 << 20, "only {before} bytes charged after writing 32 MiB");
+    let left = cg.reclaim_charges();
+    ensure!(left < 4 << 20, "{left} of {before} bytes still charged after the reclaim");
+    cg.remove()?;
+    Ok(())
+}
+
 fn main() {
     let env = make_env().expect("test env");
     let zygote = Zygote::start(env.cfg.clone()).expect("zygote start");
@@ -396,6 +435,7 @@ fn main() {
         }
     };
     report("cgroup_v2_paths", v2_cgroup_paths());
+    report("removed_cgroup_leaves_no_charges", removed_cgroup_leaves_no_charges());
     rt.block_on(async {
         let cx = Ctx { zygote: &zygote, env: &env };
         let t = Instant::now();
