@@ -284,6 +284,11 @@ fn rollback_kills_a_fork_storm_and_spares_the_pool(e: &Engine) -> CaseFuture<'_>
             ensure!(members.iter().all(|m| !pool.contains(m)), "round {round}: {members:?} and {pool:?}");
         }
         e.delete_sandbox(&sb, true).await?;
+        // (Removed in the background once the delete returned.)
+        let t = std::time::Instant::now();
+        while dir.exists() && t.elapsed() < std::time::Duration::from_secs(5) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         ensure!(!dir.exists(), "cgroup {} left behind", dir.display());
         Ok(())
     })

@@ -499,15 +499,23 @@ impl Cgroup {
     }
 
     /// Remove the cgroup directories (they must be empty); missing ones are
-    /// fine. The memory cgroup's charges are dropped first
-    /// ([`Cgroup::reclaim_charges`]).
+    /// fine. The memory cgroup's charges are dropped right before its own
+    /// directory goes ([`Cgroup::reclaim_charges`]; the other directories
+    /// go first, without waiting for it).
     pub fn remove(&self) -> Result<()> {
-        if self.exists() {
-            let left = self.reclaim_charges();
-            tracing::debug!(left, "memory cgroup emptied before its removal");
-        }
         let pool = self.pool_dir();
-        for dir in std::iter::once(&pool).chain(self.dirs.iter().map(|(_, d)| d)) {
+        let memory = match self.backend {
+            Backend::V1 { .. } => self.dir("memory"),
+            Backend::V2 { .. } => Some(self.dirs[0].1.as_path()),
+        };
+        let mut dirs: Vec<&Path> =
+            std::iter::once(pool.as_path()).chain(self.dirs.iter().map(|(_, d)| d.as_path())).collect();
+        dirs.sort_by_key(|d| Some(*d) == memory);
+        for dir in dirs {
+            if Some(dir) == memory && dir.exists() {
+                let left = self.reclaim_charges();
+                tracing::debug!(left, "memory cgroup emptied before its removal");
+            }
             let mut tries = 0;
             loop {
                 match fs::remove_dir(dir) {

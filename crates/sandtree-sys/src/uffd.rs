@@ -264,10 +264,10 @@ mod tests {
 
     /// The first private mapping of `pid` whose permissions start with
     /// `perms` (from `/proc/<pid>/maps`): its start.
-    fn private_map(pid: i32, perms: &str) -> u64 {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        let line = maps.lines().find(|l| l.split_whitespace().nth(1).is_some_and(|p| p.starts_with(perms))).unwrap();
-        u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap()
+    fn private_map(pid: i32, perms: &str) -> Option<u64> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let line = maps.lines().find(|l| l.split_whitespace().nth(1).is_some_and(|p| p.starts_with(perms)))?;
+        u64::from_str_radix(line.split('-').next()?, 16).ok()
     }
 
     /// Pages written into another process read back as written, in a
@@ -281,11 +281,18 @@ mod tests {
         }
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id() as i32;
-        // (Its maps are there once it has exec'd: wait for the binary.)
-        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| !p.ends_with("sleep")) {
+        // (Once it sleeps: its loader is done with the pages we overwrite.)
+        let t = std::time::Instant::now();
+        let (rw, ro) = loop {
+            let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+            let nr = syscall.split_whitespace().next().and_then(|n| n.parse::<i64>().ok());
+            let exec = nr == Some(libc::SYS_clock_nanosleep) || nr == Some(libc::SYS_nanosleep);
+            if let (true, Some(rw), Some(ro)) = (exec, private_map(pid, "rw-p"), private_map(pid, "r--p")) {
+                break (rw, ro);
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "sleep did not start");
             std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let (rw, ro) = (private_map(pid, "rw-p"), private_map(pid, "r--p"));
+        };
         let ranges = [(rw, rw + 4096), (ro, ro + 4096)];
         let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
         PageWriter::open(pid).unwrap().write(&ranges, &data).unwrap();
