@@ -213,10 +213,9 @@ pub fn read_pages(pid: i32, ranges: &[(u64, u64)], out: &mut [u8]) -> io::Result
 /// bounce page, and a call is made per range: 1,168 scattered pages took
 /// 3.4-3.6 ms that way against 2.7-2.8 here, alone; in bench runs, where
 /// this write delays the next standby's fork, 4.9 ms p50 against 4.1,
-/// alternating). A batch that call cannot
-/// write whole (a private mapping that is read-only now: the call honours
-/// protections) is written through `/proc/<pid>/mem`, which writes those
-/// too.
+/// alternating). A batch that call cannot write whole (a private mapping
+/// that is read-only now: the call honours protections) is written
+/// through `/proc/<pid>/mem`, which writes those too.
 pub struct PageWriter {
     pid: i32,
     to: std::fs::File,
