@@ -247,6 +247,8 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
     let next = &mut st.next_pool_pid;
     let Some(t) = st.pools.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return Tended::Idle };
     let ns_pid = (!t.any_pid).then(|| pool_pid(next, &taken));
+    // (Off the tracer's CPU for the fork: see `start`.)
+    crate::inject::move_off_tracer(t.host);
     match start(t, ns_pid) {
         Ok(()) => {
             t.forking = Some(Forking {
@@ -316,6 +318,20 @@ fn large(t: &crate::tracer::Template) -> bool {
 /// standbys that its next checkpoint overtook: 36 of them dropped in one
 /// bench run, each 25-100 ms of CPU beside the checkpoints. Sharing the
 /// template's, it is moved with the template.
+///
+/// The fork runs off the tracer's CPU (the template is moved there first;
+/// [`Forking::collect`] pins both back). On that CPU, where the tracer and
+/// every call it injects run, a fork held the CPU for milliseconds at
+/// their wake-ups, even at nice 19: a task that ran just before (the
+/// tracer after a checkpoint, a 1 GB REPL that wrote its pages) wakes
+/// with a negative scheduler lag, and the fork keeps the CPU until that
+/// is paid (a sched trace: the REPL's injected `brk` took 3 ms instead of
+/// 30 µs). Moved off once a checkpoint began, alternating per checkpoint
+/// in one bench run: 1 GB checkpoint p50 9.7 against 15.4 ms (with a fork
+/// under way 12.8 against 16.2), 100 MB with one 4.1 against 5.2. Off
+/// from the start, alternating per fork in another run: 100 MB 4.1
+/// against 5.4 ms, 1 GB 13.2 against 15.0 (the time from the
+/// checkpoint's start to the stop, p90, 0.1 against 0.7-3 ms).
 fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
     let flags = (libc::CLONE_PARENT | libc::CLONE_FS) as u64;
     let Some(pid) = ns_pid else { return t.tracee.start_syscall_unwaited(libc::SYS_clone, &[flags, 0, 0, 0, 0]) };
@@ -460,8 +476,9 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
 
 /// Standby forks under way that a rollback does not wait for go on off
 /// the tracer's CPU, where every call of the restore is injected (a 1 GB
-/// fork beside it made a 0.3 ms restore take 3-6 ms); a checkpoint's go
-/// there too ([`forks_to_background`]).
+/// fork beside it made a 0.3 ms restore take 3-6 ms). (Every one is
+/// there from its start, [`start`]; this keeps it there whatever moved
+/// its template since.)
 pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
     for t in st.pools.values().flat_map(|c| &c.templates) {
         if let Some(f) = &t.forking {
@@ -473,27 +490,17 @@ pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
     }
 }
 
-/// Standby forks under way when a checkpoint starts go on off the
-/// tracer's CPU, and run at [`BACKGROUND_NICE`] until it ends
-/// ([`forks_to_foreground`]) but for the standbys of tracked processes'
-/// bases, which the checkpoint takes. On the tracer's CPU, where the calls
-/// injected into the stopped processes run, a fork there held that CPU for
-/// milliseconds at each of their wake-ups, even at nice 19: a process that
-/// ran just before (the 1 GB REPL, which wrote its pages) wakes with a
-/// negative lag and the scheduler keeps the fork until that lag is paid
-/// (a sched trace: the REPL's injected `brk` took 3 ms instead of 30 µs,
-/// its CPU with a nice-19 fork all along). Alternating per checkpoint in
-/// one bench run, checkpoint p50 with a fork under way, 1 GB REPL: 12.8 ms
-/// off the tracer's CPU against 16.2 on it (all 1 GB checkpoints: 9.7
-/// against 15.4); 100 MB: 4.1 against 5.2. The other CPU copies the
-/// written pages meanwhile, which the fork slows less than it slowed the
-/// injected calls.
+/// Standby forks under way when a checkpoint starts run at
+/// [`BACKGROUND_NICE`] until it ends ([`forks_to_foreground`]), but for
+/// the standbys of tracked processes' bases, which the checkpoint takes.
+/// (They run off the tracer's CPU from their start: [`start`].)
 pub(crate) fn forks_to_background(st: &crate::tracer::State) {
     let bases = base_hosts(st);
     for t in st.pools.values().flat_map(|c| &c.templates) {
-        let Some(f) = &t.forking else { continue };
-        crate::inject::move_off_tracer(t.host);
-        if f.nice.is_some() && !bases.contains(&t.host) {
+        if let Some(f) = &t.forking
+            && f.nice.is_some()
+            && !bases.contains(&t.host)
+        {
             crate::restore::set_nice(t.host, BACKGROUND_NICE);
         }
     }
