@@ -38,7 +38,7 @@ pub(crate) fn stop(
     with_init: bool,
 ) -> Result<StopReport> {
     settle_lingering(st);
-    crate::holder::forks_to_background(st);
+    crate::holder::forks_to_background(st, true);
     st.init_host = init_host;
     let t0 = std::time::Instant::now();
     let res = stop_inner(st, list, init_host, best_effort, timeout).and_then(|report| {

@@ -474,28 +474,15 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
     tracing::debug!(pid = t.image.pid, "no standby: {e}");
 }
 
-/// Standby forks under way that a rollback does not wait for go on off
-/// the tracer's CPU, where every call of the restore is injected (a 1 GB
-/// fork beside it made a 0.3 ms restore take 3-6 ms). (Every one is
-/// there from its start, [`start`]; this keeps it there whatever moved
-/// its template since.)
-pub(crate) fn move_forks_off_tracer(st: &crate::tracer::State) {
-    for t in st.pools.values().flat_map(|c| &c.templates) {
-        if let Some(f) = &t.forking {
-            crate::inject::move_off_tracer(t.host);
-            if f.nice.is_some() {
-                crate::restore::set_nice(t.host, BACKGROUND_NICE);
-            }
-        }
-    }
-}
-
-/// Standby forks under way when a checkpoint starts run at
-/// [`BACKGROUND_NICE`] until it ends ([`forks_to_foreground`]), but for
-/// the standbys of tracked processes' bases, which the checkpoint takes.
-/// (They run off the tracer's CPU from their start: [`start`].)
-pub(crate) fn forks_to_background(st: &crate::tracer::State) {
-    let bases = base_hosts(st);
+/// Standby forks under way run at [`BACKGROUND_NICE`] until the operation
+/// ends ([`forks_to_foreground`]): at a rollback every one it does not
+/// wait for, beside the restore's calls; at a checkpoint (`spare_bases`)
+/// all but the standbys of tracked processes' bases, which the checkpoint
+/// takes. (They run off the tracer's CPU, where every call of a restore or
+/// a capture is injected, from their start: [`start`]. A 1 GB fork there
+/// made a 0.3 ms restore take 3-6 ms.)
+pub(crate) fn forks_to_background(st: &crate::tracer::State, spare_bases: bool) {
+    let bases = if spare_bases { base_hosts(st) } else { Vec::new() };
     for t in st.pools.values().flat_map(|c| &c.templates) {
         if let Some(f) = &t.forking
             && f.nice.is_some()

@@ -950,7 +950,7 @@ impl Tracer {
         let ck = ck.to_string();
         self.queue(move |st| {
             crate::checkpoint::finish_pending(st);
-            crate::holder::move_forks_off_tracer(st);
+            crate::holder::forks_to_background(st, false);
             // Before init lists the sandbox's cgroup to kill.
             crate::cgroup::sweep(st);
             if let Some(set) = st.pools.get_mut(&ck) {

@@ -479,19 +479,18 @@ impl Cgroup {
     /// read first) are dropped too and read again from the page cache of
     /// the image by their next fault. Returns the bytes still charged.
     pub fn reclaim_charges(&self) -> u64 {
+        let Some(mem) = self.dir("memory") else { return 0 };
         match &self.backend {
             Backend::V1 { .. } => {
-                let Some(mem) = self.dir("memory") else { return 0 };
                 let _ = fs::write(mem.join("memory.force_empty"), "0");
                 read_u64(&mem.join("memory.usage_in_bytes")).unwrap_or(0)
             }
             Backend::V2 { .. } => {
-                let dir = &self.dirs[0].1;
-                let current = || read_u64(&dir.join("memory.current")).unwrap_or(0);
+                let current = || read_u64(&mem.join("memory.current")).unwrap_or(0);
                 let now = current();
                 if now > 0 {
                     // (EAGAIN when not all of it could be reclaimed.)
-                    let _ = fs::write(dir.join("memory.reclaim"), now.to_string());
+                    let _ = fs::write(mem.join("memory.reclaim"), now.to_string());
                 }
                 current()
             }
@@ -504,10 +503,7 @@ impl Cgroup {
     /// go first, without waiting for it).
     pub fn remove(&self) -> Result<()> {
         let pool = self.pool_dir();
-        let memory = match self.backend {
-            Backend::V1 { .. } => self.dir("memory"),
-            Backend::V2 { .. } => Some(self.dirs[0].1.as_path()),
-        };
+        let memory = self.dir("memory");
         let mut dirs: Vec<&Path> =
             std::iter::once(pool.as_path()).chain(self.dirs.iter().map(|(_, d)| d.as_path())).collect();
         dirs.sort_by_key(|d| Some(*d) == memory);
