@@ -76,6 +76,9 @@ pub struct Engine {
     pub(crate) squashed: Mutex<HashMap<Vec<String>, String>>,
     /// What `sandtree_fs::squash::scan` found in a read-only layer.
     pub(crate) layer_scans: Mutex<HashMap<String, sandtree_fs::squash::LayerScan>>,
+    /// Removals of deleted sandboxes' cgroups and run directories under way
+    /// (see [`Engine::settle`]).
+    releasing: Mutex<tokio::task::JoinSet<()>>,
     /// The engine itself, for background tasks.
     pub(crate) this: std::sync::Weak<Engine>,
 }
@@ -122,6 +125,7 @@ impl Engine {
             zygote: Arc::new(zygote),
             live: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            releasing: Mutex::new(tokio::task::JoinSet::new()),
             store_lock: RwLock::new(()),
             flusher,
             reaper,
@@ -445,13 +449,28 @@ impl Engine {
     pub(crate) async fn halt_and_release(&self, id: &str) -> Result<()> {
         if let Some(sb) = self.live_set(id, None) {
             sb.stop().await?;
-            tokio::spawn(async move {
+            let mut releasing = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
+            while releasing.try_join_next().is_some() {}
+            releasing.spawn(async move {
                 if let Err(e) = sb.release().await {
                     tracing::warn!(sandbox = sb.id(), "cannot remove cgroup or run dir: {e} (gc will retry)");
                 }
             });
         }
         Ok(())
+    }
+
+    /// Waits (up to `limit`) for the background work a stopping daemon must
+    /// not cut short: the removals of deleted sandboxes' cgroups. A cgroup
+    /// whose removal is cut short stays behind (its run directory too, so
+    /// the next daemon's GC finds it, but only on the same data directory),
+    /// and a removed one whose memory charges were not dropped first lingers
+    /// in the kernel as a dying cgroup (`Cgroup::reclaim_charges`). Returns
+    /// how many were still running at `limit`.
+    pub async fn settle(&self, limit: std::time::Duration) -> usize {
+        let mut set = std::mem::take(&mut *self.releasing.lock().unwrap_or_else(|p| p.into_inner()));
+        let _ = tokio::time::timeout(limit, async { while set.join_next().await.is_some() {} }).await;
+        set.len()
     }
 
     /// The live handle of a sandbox, starting it when it is stopped.

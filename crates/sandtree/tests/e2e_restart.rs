@@ -41,13 +41,9 @@ fn daemon_killed_while_a_sandbox_is_frozen_recovers_it() {
     d.sh_ok(&sb, "echo before > /root/f");
     let init_before = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].clone();
     d.kill9();
-    let v1 = std::path::Path::new("/sys/fs/cgroup/freezer/sandtree").join(&sb).join("freezer.state");
-    let v2 = std::path::Path::new("/sys/fs/cgroup/sandtree").join(&sb).join("cgroup.freeze");
-    if v1.exists() {
-        std::fs::write(&v1, "FROZEN").unwrap();
-    } else {
-        std::fs::write(&v2, "1").unwrap();
-    }
+    let freeze = d.freeze_file(&sb);
+    let frozen = if freeze.ends_with("freezer.state") { "FROZEN" } else { "1" };
+    std::fs::write(&freeze, frozen).unwrap();
     let t = std::time::Instant::now();
     d.spawn();
     assert!(t.elapsed().as_secs() < 4, "startup waited for the frozen sandbox");

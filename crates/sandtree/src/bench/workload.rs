@@ -483,6 +483,9 @@ pub async fn cleanup(engine: &Engine) -> Result<()> {
             let _ = engine.delete_sandbox(&s.id, true).await;
         }
     }
+    // The deleted sandboxes' cgroups are removed in the background: let
+    // that finish, or they stay behind when the process exits.
+    engine.settle(std::time::Duration::from_secs(10)).await;
     Ok(())
 }
 

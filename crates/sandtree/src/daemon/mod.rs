@@ -13,7 +13,8 @@
 //! `Authorization: Bearer <token>` (token in `<data-dir>/token`).
 //!
 //! On SIGTERM or SIGINT the daemon stops accepting requests, lets running
-//! ones finish (up to 10 s) and exits; sandboxes keep running, and the next
+//! ones finish (up to 10 s), lets the removals of deleted sandboxes' cgroups
+//! finish (up to 10 s more) and exits; sandboxes keep running, and the next
 //! daemon on the same data directory re-adopts them.
 
 pub mod attach;

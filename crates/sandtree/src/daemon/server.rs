@@ -159,6 +159,12 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         tracing::warn!("requests still running after {DRAIN:?}; exiting anyway");
     }
     let _ = std::fs::remove_file(&socket);
+    let cut = engine.settle(DRAIN).await;
+    if cut > 0 {
+        tracing::warn!(
+            "{cut} deleted sandboxes' cgroups were still being removed after {DRAIN:?}: gc removes them at the next start"
+        );
+    }
     tracing::info!("stopped; sandboxes keep running and are re-adopted on the next start");
     drop(engine);
     Ok(())

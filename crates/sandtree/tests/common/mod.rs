@@ -27,6 +27,9 @@ pub fn must_skip() -> bool {
 pub struct Daemon {
     pub dir: PathBuf,
     pub socket: PathBuf,
+    /// This daemon's own cgroup (`--cgroup-name`): removed, with every
+    /// sandbox cgroup under it, when the test ends.
+    pub cgroup: String,
     child: Option<Child>,
     extra: Vec<String>,
 }
@@ -39,10 +42,13 @@ impl Daemon {
 
     pub fn start_with(name: &str, extra: &[&str]) -> Daemon {
         let dir = PathBuf::from(format!("/var/tmp/sandtree-test-{name}-{}", std::process::id()));
+        let cgroup = format!("sandtree-test-{name}-{}", std::process::id());
+        remove_cgroups(&cgroup);
         cleanup_dir(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut d = Daemon {
             socket: dir.join("sandtree.sock"),
+            cgroup,
             dir,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -53,7 +59,14 @@ impl Daemon {
 
     pub fn command(&self) -> Command {
         let mut c = Command::new(BIN);
-        c.arg("daemon").arg("--data-dir").arg(&self.dir).arg("--socket").arg(&self.socket).args(&self.extra);
+        c.arg("daemon")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--cgroup-name")
+            .arg(&self.cgroup)
+            .args(&self.extra);
         c
     }
 
@@ -86,6 +99,31 @@ impl Daemon {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGTERM, and SIGKILL if the daemon has not exited 10 s later: a
+    /// graceful stop lets it finish removing deleted sandboxes' cgroups.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The path of this daemon's cgroup of sandbox `id` in the freezer
+    /// hierarchy (v1) or of its `cgroup.freeze` (v2).
+    pub fn freeze_file(&self, id: &str) -> PathBuf {
+        let v1 = Path::new("/sys/fs/cgroup/freezer").join(&self.cgroup).join(id).join("freezer.state");
+        if v1.exists() { v1 } else { Path::new("/sys/fs/cgroup").join(&self.cgroup).join(id).join("cgroup.freeze") }
     }
 
     /// SIGKILL: no chance to clean up anything.
@@ -189,36 +227,72 @@ impl Drop for Daemon {
                 let _ = self.try_request("DELETE", &format!("/v1/sandboxes/{id}"), None);
             }
         }
-        self.kill9();
-        kill_leftover_sandboxes(&self.dir);
+        self.terminate();
+        remove_cgroups(&self.cgroup);
         cleanup_dir(&self.dir);
     }
 }
 
-/// Kills every process of sandboxes whose run dirs are under `dir` (after a
-/// failed test the daemon may not have been able to).
-fn kill_leftover_sandboxes(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir.join("run").join("sandboxes")) else { return };
-    for e in entries.flatten() {
-        let id = e.file_name().to_string_lossy().into_owned();
-        for base in ["/sys/fs/cgroup/pids/sandtree", "/sys/fs/cgroup/freezer/sandtree", "/sys/fs/cgroup/sandtree"] {
-            let procs = Path::new(base).join(&id).join("cgroup.procs");
-            if let Ok(list) = std::fs::read_to_string(&procs) {
-                let _ = std::fs::write(Path::new(base).join(&id).join("freezer.state"), "THAWED");
-                for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                }
+/// Kills whatever still runs in the daemon's cgroup `name` (in every
+/// hierarchy) and removes it with every sandbox cgroup under it, so that
+/// tests leave no cgroup behind: a host piles up memory cgroups otherwise
+/// (each test's deleted sandboxes, dying in the kernel while page cache is
+/// charged to them), and those slow every later fork on it.
+fn remove_cgroups(name: &str) {
+    let mut bases = vec![PathBuf::from("/sys/fs/cgroup")];
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+        bases.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir() && !p.is_symlink()));
+    }
+    for base in bases {
+        let root = base.join(name);
+        if root.join("cgroup.procs").exists() {
+            remove_cgroup_tree(&root);
+        }
+    }
+}
+
+/// Depth first: thaw, kill the members, drop the memory charges, rmdir.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(100));
+    let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+    let t = Instant::now();
+    loop {
+        let pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        if pids.is_empty() {
+            let _ = std::fs::write(dir.join("memory.force_empty"), "0");
+            if let Ok(bytes) = std::fs::read_to_string(dir.join("memory.current")) {
+                let _ = std::fs::write(dir.join("memory.reclaim"), bytes.trim());
+            }
+            if std::fs::remove_dir(dir).is_ok() {
+                return;
+            }
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            eprintln!("warning: cannot remove cgroup {}", dir.display());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 pub fn cleanup_dir(dir: &Path) {
     if !dir.exists() {
         return;
     }
-    kill_leftover_sandboxes(dir);
     let _ = Command::new("umount").arg("-l").arg(dir.join("btrfs")).status();
     if let Ok(rd) = std::fs::read_dir(dir.join("run").join("lower")) {
         for e in rd.flatten() {
