@@ -447,6 +447,9 @@ pub(crate) struct Cloned {
     /// Made from a standby: what is written into it once the checkpoint is
     /// over.
     to_write: Option<crate::incremental::Pending>,
+    /// Made from a standby: the process's previous template and what this
+    /// one changes over it (`Tracking::prev`, for the next checkpoint).
+    prev: Option<crate::incremental::Prev>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
     session: Option<(i32, i32, bool)>,
@@ -506,14 +509,39 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         return None;
     }
     crate::holder::note_resident(&mut st.holders, s.host, resident);
-    let base = tracking.as_ref().and_then(|t| t.base.clone()).and_then(|(ck, tpl)| {
-        let t = st.pools.get_mut(&ck)?.templates.iter_mut().find(|t| t.host == tpl)?;
-        // (Its standby's fork under way: it ends beside the read, sooner
-        // than a fork of the process would.)
-        if t.scratch == 0 || (t.standby.is_none() && t.forking.is_none()) {
-            tracing::debug!(pid = s.ns_pid, prepared = t.scratch != 0, "the previous template has no standby yet");
-            return None;
-        }
+    // This checkpoint found the previous template's standby not ready:
+    // the next one should not (see `holder::base_hosts`).
+    let behind = std::cell::Cell::new(false);
+    let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
+        let ready = |st: &State, (ck, host): &(String, i32)| {
+            st.pools
+                .get(ck)
+                .and_then(|c| c.templates.iter().find(|t| t.host == *host))
+                .map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
+        };
+        // The previous template's standby; if it is not ready (its fork is
+        // under way or yet to start), the one before's, if that one is
+        // (`incremental::Extra`); else the fork under way's, which ends
+        // beside the read, sooner than a fork of the process would.
+        let (prev_ready, base_state) = (prev.as_ref().and_then(|(p, _)| ready(st, p)), ready(st, &id));
+        let prefer_prev = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed)
+            && prev_ready.is_some_and(|(r, _)| r);
+        let (from, extra, waits) = match (base_state, prev) {
+            (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
+            (_, Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
+                let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
+                (p, Some(extra), false)
+            }
+            (Some((_, true)), _) => (id.clone(), None, true),
+            _ => {
+                tracing::debug!(pid = s.ns_pid, "the previous template has no standby yet");
+                behind.set(true);
+                return None;
+            }
+        };
+        behind.set(waits);
+        let t = st.pools.get_mut(&from.0)?.templates.iter_mut().find(|t| t.host == from.1)?;
+        t.standby_taken = true;
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {
@@ -526,8 +554,18 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         }
         let fingerprint = t.fingerprint.clone()?;
         let forking = crate::holder::take_forking(t);
+        // (A process that ran no code since its previous template: the
+        // standby of the one before is not it.)
+        let quiet = (extra.is_none() && t.image.itimers.is_empty() && t.image.threads == 1)
+            .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
+        if extra.is_some() {
+            tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
+            crate::incremental::FROM_PREV.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Some(crate::incremental::Base {
+            id,
             template: t.host,
+            extra,
             standby: t.standby.take(),
             forking,
             scratch: (t.scratch, t.scratch_exec),
@@ -535,12 +573,13 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             fingerprint,
             rseq: t.image.rseq,
             generation: t.generation,
-            quiet: (t.image.itimers.is_empty() && t.image.threads == 1)
-                .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() }),
+            quiet,
         })
     });
     let tracking = tracking.map(|mut t| {
         t.base = None;
+        t.prev = None;
+        t.behind = behind.get();
         t
     });
     let copier = base.as_ref().and_then(|_| crate::holder::lend_copier(&mut st.holders, s.host));
@@ -882,6 +921,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         let host = c.host;
         reachable.extend(std::mem::take(&mut c.pipe_keys).into_iter().map(|(fd, key)| (key, host, fd)));
         let tracked = (c.fingerprint.is_some() && st.tracking.contains_key(&c.stopped.host)).then_some(c.stopped.host);
+        let prev = c.prev.take();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
         match set_up(c, best_effort)
@@ -891,6 +931,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
                 // The tracked original's writes count from this template.
                 if let Some(t_orig) = tracked.and_then(|h| st.tracking.get_mut(&h)) {
                     t_orig.base = Some((ck.to_string(), t.host));
+                    t_orig.prev = prev;
                 }
                 report.captured.push(t.image.pid);
                 if t.image.ppid != 1 {
@@ -1249,9 +1290,9 @@ fn clone_of(
             (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
         };
         tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
-        let (patched, to_write) = match patched {
-            Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending)),
-            None => (None, None),
+        let (patched, to_write, prev) = match patched {
+            Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending), Some(p.prev)),
+            None => (None, None, None),
         };
         let (tracking, copier) = track.map(|t| (t.tracking, t.copier)).unwrap_or_default();
         Ok(Cloned {
@@ -1280,6 +1321,7 @@ fn clone_of(
             tracking,
             fingerprint,
             to_write,
+            prev,
             patched,
             session,
             pipe_keys,
@@ -1465,6 +1507,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         standby: None,
         forking: None,
         no_standby: false,
+        standby_taken: false,
         any_pid: false,
         fingerprint: c.fingerprint,
         incremental,
@@ -1549,37 +1592,50 @@ pub(crate) fn finish_pending(st: &mut State) {
 /// (`incremental.rs`): started once the checkpoint is over, on threads of
 /// their own; finished by the tracer between operations (those
 /// written, or with `wait` all of them: before a rollback uses the pool).
-/// A checkpoint one of whose templates cannot be written loses all of
-/// them, as in [`prepare_pending`]. Returns whether one was finished.
+/// One that reads pages from another template first
+/// (`incremental::Extra`) starts once that one is finished. A checkpoint
+/// one of whose templates cannot be written loses all of them, as in
+/// [`prepare_pending`]. Returns whether one was finished.
 pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
-    let mut failed = Vec::new();
     let mut any = false;
-    for (ck, set) in st.pools.iter_mut() {
-        for t in set.templates.iter_mut() {
-            match t.to_write.as_mut() {
-                Some(p) if wait || p.written() => {}
-                Some(p) => {
-                    p.start();
-                    continue;
+    loop {
+        let unwritten: std::collections::HashSet<i32> =
+            st.pools.values().flat_map(|c| &c.templates).filter(|t| t.to_write.is_some()).map(|t| t.host).collect();
+        let mut failed = Vec::new();
+        let mut finished = false;
+        for (ck, set) in st.pools.iter_mut() {
+            for t in set.templates.iter_mut() {
+                match t.to_write.as_mut() {
+                    Some(p) if p.depends_on().is_some_and(|h| unwritten.contains(&h)) => continue,
+                    Some(p) if wait || p.written() => {}
+                    Some(p) => {
+                        p.start();
+                        continue;
+                    }
+                    None => continue,
                 }
-                None => continue,
-            }
-            let Some(p) = t.to_write.take() else { continue };
-            any = true;
-            if let Err(e) = p.finish(&mut st.holders) {
-                tracing::warn!(
-                    checkpoint = ck,
-                    pid = t.image.pid,
-                    "template not written, its checkpoint's templates are dropped: {e}"
-                );
-                failed.push(ck.clone());
+                let Some(p) = t.to_write.take() else { continue };
+                finished = true;
+                if let Err(e) = p.finish(&mut st.holders) {
+                    tracing::warn!(
+                        checkpoint = ck,
+                        pid = t.image.pid,
+                        "template not written, its checkpoint's templates are dropped: {e}"
+                    );
+                    failed.push(ck.clone());
+                }
             }
         }
+        for ck in failed {
+            st.drop_checkpoint(&ck, true);
+        }
+        any |= finished;
+        // (Waiting: until none is left, the ones that read from others
+        // after those.)
+        if !wait || !finished {
+            return any;
+        }
     }
-    for ck in failed {
-        st.drop_checkpoint(&ck, true);
-    }
-    any
 }
 
 /// A template's set-up: a scratch page, and nothing of the tree pinned.

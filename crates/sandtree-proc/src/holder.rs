@@ -266,9 +266,21 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
 }
 
 /// The templates tracked processes' next checkpoints start from (host
-/// pids): their standbys are the ones a checkpoint takes.
+/// pids), and the ones before them (`incremental::Extra`) whose standby is
+/// still to come: their standbys are the ones a checkpoint takes. (The
+/// one before whose standby a checkpoint took already is made again only
+/// when the last checkpoint was *behind*, `Tracking::behind`: else its
+/// fork would double the forks of large processes, and the base's, a
+/// 1 GB one's 10-20 ms, would wait for it.)
 fn base_hosts(st: &crate::tracer::State) -> Vec<i32> {
-    st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect()
+    let taken = |(ck, host): &(String, i32)| {
+        st.pools.get(ck).and_then(|c| c.templates.iter().find(|t| t.host == *host)).is_none_or(|t| t.standby_taken)
+    };
+    let prev = |t: &crate::track::Tracking| {
+        let always = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed);
+        t.prev.as_ref().filter(|(id, _)| always || t.behind || !taken(id)).map(|((_, host), _)| *host)
+    };
+    st.tracking.values().flat_map(|t| [t.base.as_ref().map(|b| b.1), prev(t)]).flatten().collect()
 }
 
 /// A pid for a standby: the highest free one below the last given (from

@@ -42,6 +42,10 @@
 //! and offsets, pending signals, timers, threads...) is read from the
 //! process as for a forked template.
 //!
+//! When the previous template's standby is not forked yet, the standby of
+//! the template before it is taken, if it is ready: the previous
+//! template's changes over that one go into it first ([`Extra`]).
+//!
 //! A process that ran no code since its previous template (*quiet*: its
 //! registers and FPU state are the image's, no page written but by the
 //! kernel, see [`patch_quiet`]) needs none of the injected reads: the
@@ -93,10 +97,19 @@ pub(crate) fn max_generation(resident: u64) -> u32 {
     ((f64::from(MAX_GENERATION) * scale) as u32).clamp(MAX_GENERATION, 4 * MAX_GENERATION)
 }
 
-/// The previous template of a tracked process, for an incremental one.
+/// The previous template of a tracked process, for an incremental one
+/// (or the one before it: [`Extra`]).
 pub(crate) struct Base {
-    /// Its host pid.
+    /// The process's previous template (checkpoint, host pid): what the
+    /// pages written count from. The template the standby is of, unless
+    /// [`Base::extra`] says otherwise.
+    pub id: (String, i32),
+    /// Its host pid (the standby's template).
     pub template: i32,
+    /// The standby is of the template before the previous one, which had
+    /// no standby ready in time: what the previous one changed over it
+    /// goes into the standby first.
+    pub extra: Option<Extra>,
     /// Its standby, which becomes the new template (killed with the
     /// `Base` if it does not)...
     pub standby: Option<Standby>,
@@ -150,6 +163,35 @@ impl Drop for Base {
     }
 }
 
+/// What a template of a tracked process changed over the template before
+/// it: the pages the process wrote in between (page runs) and the page
+/// runs it dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Delta {
+    pub pages: Vec<(u64, u64)>,
+    pub zap: Vec<(u64, u64)>,
+}
+
+/// A standby of the template before the previous one, made the new
+/// template: the previous template's [`Delta`] over it is applied first
+/// (its pages read from the previous template, `from`, which is done
+/// changing by then: `checkpoint::write_pending` writes it first).
+///
+/// Why: each checkpoint takes the previous template's standby, and that
+/// standby can only be forked once the template's pages are written. For
+/// a 1 GB process that is 3-5 ms of writes and a 10-20 ms fork (copying
+/// ~262k page table entries), more than an agent's step that runs a
+/// command and checkpoints at once (the bench's: ~13 ms), so the frozen
+/// window waited for the fork. The template before the previous one had
+/// a whole step more for its standby's fork.
+#[derive(Clone)]
+pub(crate) struct Extra {
+    pub from: i32,
+    pub delta: std::sync::Arc<Delta>,
+    /// Its dropped pages are dropped in the standby already.
+    pub zapped: bool,
+}
+
 /// An rseq registration (area, length, flags, signature).
 type Rseq = Option<(u64, u32, u32, u32)>;
 
@@ -166,7 +208,14 @@ pub(crate) struct Patched {
     pub pending: Pending,
     /// Its base's generation and one.
     pub generation: u32,
+    /// The process's previous template and what this one changes over it
+    /// (for the next checkpoint: [`Extra`]).
+    pub prev: Prev,
 }
+
+/// A process's previous template (checkpoint, host pid) and what the
+/// template after it changes over it.
+pub(crate) type Prev = ((String, i32), std::sync::Arc<Delta>);
 
 /// `/proc/<pid>/status` lines a fork copies and the standby must share.
 const STATUS_KEYS: &[&str] = &[
@@ -596,7 +645,9 @@ pub(crate) fn patch<B>(
     );
     let to = standby.host;
     let scratch = base.scratch;
-    let pages = Pages::Read(copy.into_inner().unwrap_or_default(), pages);
+    let copied = copy.into_inner().unwrap_or_default();
+    let delta = std::sync::Arc::new(Delta { pages: copied.clone(), zap: f.zap.clone() });
+    let pages = Pages::Read(copied, pages);
     let pending = Pending {
         standby,
         owner: host,
@@ -607,6 +658,7 @@ pub(crate) fn patch<B>(
         brk: Some(brk),
         xstate,
         scratch: scratch.0,
+        extra: base.extra.take(),
     };
     let patched = Patched {
         host: to,
@@ -616,6 +668,7 @@ pub(crate) fn patch<B>(
         fingerprint: f.fp,
         pending,
         generation: base.generation + 1,
+        prev: (base.id.clone(), delta),
     };
     Ok((Some(patched), fds, pre))
 }
@@ -673,6 +726,8 @@ fn patch_quiet<B>(
         brk: None,
         xstate,
         scratch: base.scratch.0,
+        // (None: a quiet process's base is its previous template.)
+        extra: base.extra.take(),
     };
     let patched = Patched {
         host: pending.standby.host,
@@ -682,6 +737,7 @@ fn patch_quiet<B>(
         fingerprint: f.fp,
         pending,
         generation: base.generation + 1,
+        prev: (base.id.clone(), Default::default()),
     };
     Ok((Some(patched), fds, pre))
 }
@@ -733,6 +789,30 @@ static QUIET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0
 /// is taken.
 pub fn quiet_templates() -> u64 {
     QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Checkpoints that started from the standby of the template before the
+/// previous one ([`Extra`]), since the daemon started.
+pub(crate) static FROM_PREV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Checkpoints of tracked processes that started from the standby of the
+/// template before the previous one ([`Extra`]: the previous one's was
+/// not forked yet), since the start: for the bench's report and the tests.
+pub fn templates_from_prev() -> u64 {
+    FROM_PREV.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Checkpoints start from the standby of the template before the previous
+/// one whenever it is ready ([`prefer_older_standbys`]).
+pub(crate) static PREFER_PREV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For tests: every checkpoint of a tracked process starts from the
+/// standby of the template before the previous one when that one is ready
+/// ([`Extra`]), even if the previous template's is (which it takes
+/// otherwise), and the former's standby is made again first. The path then
+/// does not hang on the timing of forks. Process-wide.
+pub fn prefer_older_standbys(on: bool) {
+    PREFER_PREV.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Pages that holders copied in frozen windows, since the daemon started.
@@ -1034,6 +1114,9 @@ pub(crate) struct Pending {
     brk: Option<u64>,
     xstate: Vec<u8>,
     scratch: u64,
+    /// The standby is of the template before the previous one: the
+    /// previous one's changes go first.
+    extra: Option<Extra>,
 }
 
 /// Where the pages of a [`Pending`] are.
@@ -1068,16 +1151,32 @@ impl Buf {
 }
 
 impl Pending {
-    /// Start writing the pages into the standby, on a thread of its own.
+    /// The template whose pages this one reads first ([`Extra`]): it must
+    /// be done changing before this one starts.
+    pub(crate) fn depends_on(&self) -> Option<i32> {
+        self.extra.as_ref().map(|e| e.from)
+    }
+
+    /// Start writing the pages into the standby, on a thread of its own
+    /// (first the dropped pages of an [`Extra`], injected here).
     pub(crate) fn start(&mut self) {
         // (No pages: `finish` has nothing to wait for.)
-        if !matches!(&self.pages, Pages::Read(copy, _) if !copy.is_empty()) {
+        let extra_pages = self.extra.as_ref().is_some_and(|e| !e.delta.pages.is_empty());
+        if !matches!(&self.pages, Pages::Read(copy, _) if !copy.is_empty() || extra_pages) {
+            return;
+        }
+        if let Err(e) = self.zap_extra() {
+            tracing::warn!(pid = self.standby.ns_pid, "the previous template's dropped pages: {e}");
+            self.pages = Pages::Gone;
             return;
         }
         let Pages::Read(copy, buf) = std::mem::replace(&mut self.pages, Pages::Gone) else { return };
         let to = self.standby.host;
+        let extra = self.extra.clone();
         let spawned = std::thread::Builder::new().name("sandtree:pages".into()).spawn(move || {
-            let written = uffd::PageWriter::open(to).and_then(|w| w.write(&copy, buf.bytes()));
+            let written = write_extra(to, extra.as_ref())
+                .and_then(|()| uffd::PageWriter::open(to))
+                .and_then(|w| if copy.is_empty() { Ok(()) } else { w.write(&copy, buf.bytes()) });
             (written, buf)
         });
         match spawned {
@@ -1087,11 +1186,26 @@ impl Pending {
         }
     }
 
+    /// Drop in the standby the pages of [`Extra`] the previous template
+    /// dropped (once: taken).
+    fn zap_extra(&mut self) -> Result<()> {
+        let Some(e) = self.extra.as_mut().filter(|e| !e.zapped) else { return Ok(()) };
+        e.zapped = true;
+        for &(a, b) in &e.delta.zap {
+            self.standby.tracee.call(
+                "madvise (previous template's dropped pages)",
+                libc::SYS_madvise,
+                &[a, b - a, libc::MADV_DONTNEED as u64],
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether the pages are written ([`Pending::finish`] would not wait).
     pub(crate) fn written(&self) -> bool {
         match &self.pages {
             Pages::Writing(h) => h.is_finished(),
-            Pages::Read(copy, _) => copy.is_empty(),
+            Pages::Read(copy, _) => copy.is_empty() && self.extra.as_ref().is_none_or(|e| e.delta.pages.is_empty()),
             Pages::Gone => false,
         }
     }
@@ -1106,14 +1220,23 @@ impl Pending {
     /// thread. An error leaves the standby half-made: the caller drops its
     /// checkpoint's templates. A page file lent by the process's holder is
     /// given back to `holders` (their owner's) either way.
-    pub(crate) fn finish(self, holders: &mut [crate::holder::Holder]) -> Result<()> {
-        let Pending { mut standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch } = self;
+    pub(crate) fn finish(mut self, holders: &mut [crate::holder::Holder]) -> Result<()> {
+        let unstarted = matches!(&self.pages, Pages::Read(..));
+        let zapped = if unstarted { self.zap_extra() } else { Ok(()) };
+        let Pending { mut standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch, extra } = self;
         let to = standby.host;
         let t0 = std::time::Instant::now();
         let none = || Buf::Vec(Vec::new());
         let (written, buf) = match pages {
-            Pages::Read(copy, buf) if copy.is_empty() => (Ok(()), buf),
-            Pages::Read(copy, buf) => (uffd::PageWriter::open(to).and_then(|w| w.write(&copy, buf.bytes())), buf),
+            Pages::Read(copy, buf) => {
+                let w = zapped
+                    .map_err(|e| io::Error::other(e.to_string()))
+                    .and_then(|()| write_extra(to, extra.as_ref()))
+                    .and_then(|()| {
+                        if copy.is_empty() { Ok(()) } else { uffd::PageWriter::open(to)?.write(&copy, buf.bytes()) }
+                    });
+                (w, buf)
+            }
             Pages::Writing(h) => {
                 h.join().unwrap_or_else(|_| (Err(io::Error::other("the writing thread panicked")), none()))
             }
@@ -1142,6 +1265,18 @@ impl Pending {
         tracing::debug!(pid = standby.ns_pid, kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
         Ok(())
     }
+}
+
+/// The pages of [`Extra`], read from the previous template and written
+/// into standby `to` (before its own pages: those of the checkpoint win).
+fn write_extra(to: i32, extra: Option<&Extra>) -> io::Result<()> {
+    let Some(e) = extra.filter(|e| !e.delta.pages.is_empty()) else { return Ok(()) };
+    let len: u64 = e.delta.pages.iter().map(|(a, b)| b - a).sum();
+    let mut buf = take_buffer(len as usize);
+    let r = uffd::read_pages(e.from, &e.delta.pages, &mut buf[..len as usize])
+        .and_then(|()| uffd::PageWriter::open(to)?.write(&e.delta.pages, &buf[..len as usize]));
+    give_buffer(buf);
+    r
 }
 
 /// Page runs, the part of the buffer their bytes go to, and its offset

@@ -83,7 +83,7 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
-pub use incremental::{pages_copied_by_holders, quiet_templates};
+pub use incremental::{pages_copied_by_holders, prefer_older_standbys, quiet_templates, templates_from_prev};
 pub use tracer::{
     CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
     Went, moved_early,

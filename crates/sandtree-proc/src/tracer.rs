@@ -64,6 +64,8 @@ pub(crate) struct Template {
     pub forking: Option<crate::holder::Forking>,
     /// Forking a standby failed once: restores fork the template instead.
     pub no_standby: bool,
+    /// A checkpoint took its standby (`incremental.rs`).
+    pub standby_taken: bool,
     /// Its standbys cannot be given a pid of ours (`clone3` with `set_tid`
     /// refused): they fork with whatever pid comes.
     pub any_pid: bool,

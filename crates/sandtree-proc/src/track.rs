@@ -51,6 +51,15 @@ pub(crate) struct Tracking {
     /// The template the written pages are counted from: (checkpoint,
     /// template host pid).
     pub base: Option<(String, i32)>,
+    /// The template before it, and what the base changed over it, when the
+    /// base was made from a standby (`incremental::Extra`): the next
+    /// checkpoint may start from it, if the base's standby is not ready.
+    pub prev: Option<crate::incremental::Prev>,
+    /// The last checkpoint found the base's standby not ready (it waited
+    /// for its fork, or forked the process): the standby of the template
+    /// before is made again first (`holder::base_hosts`), so that the next
+    /// checkpoint can start from that one.
+    pub behind: bool,
 }
 
 /// Mappings whose writes must be followed: private ones, but the kernel's
@@ -153,7 +162,15 @@ impl Tracking {
         let uffd = taken.map_err(proc_err("userfaultfd (pidfd_getfd)"))?;
         uffd::enable_async_wp(uffd.as_fd()).map_err(proc_err("userfaultfd API"))?;
         let pagemap = File::open(format!("/proc/{host}/pagemap")).map_err(proc_err("pagemap"))?;
-        let mut t = Tracking { start_time, uffd: Some(uffd), pagemap, ranges: Vec::new(), base: None };
+        let mut t = Tracking {
+            start_time,
+            uffd: Some(uffd),
+            pagemap,
+            ranges: Vec::new(),
+            base: None,
+            prev: None,
+            behind: false,
+        };
         t.cover(maps);
         Ok(t)
     }

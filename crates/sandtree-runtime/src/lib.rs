@@ -44,6 +44,8 @@ mod util;
 pub use config::Config;
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use sandtree_proc::{moved_early, pages_copied_by_holders, quiet_templates};
+pub use sandtree_proc::{
+    moved_early, pages_copied_by_holders, prefer_older_standbys, quiet_templates, templates_from_prev,
+};
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{HostConfig, INIT_NAME, Zygote};

@@ -588,20 +588,25 @@ buf = bytearray(384 << 20)   # a standby's fork takes milliseconds
 buf[0::4096] = b'\x01' * (len(buf) // 4096)
 step = 0
 
+def marks(b, k):
+    # Step k's ~4,200 pages (writing them into a standby takes longer
+    # than the next step), one byte each: one of three sets in turn, so
+    # that a step leaves pages the step before wrote as they were.
+    at = slice(11 + (k % 3) * 4096 * 7, None, 4096 * 23)
+    b[at] = bytes([k % 251]) * len(b[at])
+
 def expected(k):
     exp = bytearray(len(buf))
     exp[0::4096] = b'\x01' * (len(buf) // 4096)
-    if k:
-        marks = exp[11::4096 * 97]
-        exp[11::4096 * 97] = bytes([k % 251]) * len(marks)
+    for j in range(1, k + 1):
+        marks(exp, j)
     return exp
 
 def handle(cmd):
     global step
     if cmd == 'dirty':
-        # ~1,000 pages, one byte each.
         step += 1
-        buf[11::4096 * 97] = bytes([step % 251]) * len(buf[11::4096 * 97])
+        marks(buf, step)
         return 'step=%d' % step
     if cmd == 'check':
         return 'step=%d same=%s' % (step, buf == expected(step))
@@ -613,25 +618,142 @@ serve(handle)
 /// Checkpoints back to back of a process whose standbys take milliseconds
 /// to fork: each finds the previous template's standby still being forked
 /// (the fork, and the child it makes in the sandbox, run beside the
-/// checkpoint, `holder.rs`), and takes it once it is done; every
-/// checkpoint's memory comes back exactly.
+/// checkpoint, `holder.rs`), and takes it once it is done, or starts from
+/// the standby of the template before (`incremental::Extra`: the pages the
+/// step before wrote are read from the previous template); every
+/// checkpoint's memory comes back exactly, the pages each step wrote and
+/// the ones it left as the step before wrote them.
 fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, BIG_PY).await?;
         w.checkpoint(e).await?;
         sleep_ms(500).await;
+        let from_prev = sandtree_runtime::templates_from_prev();
         let mut taken = Vec::new();
-        for k in 1..=5 {
+        for k in 1..=8 {
             w.ask(e, "dirty").await?;
             // At once: no pause for the standby.
             let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
             ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
             taken.push((r.checkpoint.id, k));
         }
+        println!(
+            "  {} of 8 checkpoints started from the standby of the template before the previous one",
+            sandtree_runtime::templates_from_prev() - from_prev
+        );
         let mut c = Checks::default();
         for (ck, k) in taken.iter().rev() {
             w.rollback(e, ck).await?;
             c.eq("memory after a rollback", &w.ask(e, "check").await?, &format!("step={k} same=True"));
+        }
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
+const OLDER_STANDBY_PY: &str = r#"
+import mmap
+P = 4096
+buf = bytearray(320 << 20)   # a standby's fork takes milliseconds
+buf[0::P] = b'\x01' * (len(buf) // P)
+m = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m.madvise(mmap.MADV_NOHUGEPAGE)
+m[0::P] = b'\x02' * (len(m) // P)
+step = 0
+
+def apply(b, mm, k, drop):
+    # ~1,000 pages of `buf` (one of three sets in turn: a step leaves the
+    # pages the step before wrote as they were), 32 pages of `m`, and the
+    # first 16 of the step before's dropped at every even step.
+    at = slice(11 + (k % 3) * P * 7, None, P * 97)
+    b[at] = bytes([k % 251]) * len(b[at])
+    block = (k % 8) * 32 * P
+    mm[block + 5:block + 32 * P:P] = bytes([k % 251]) * 32
+    if k % 2 == 0:
+        gone = ((k - 1) % 8) * 32 * P
+        drop(gone, 16 * P)
+
+def expected(k):
+    b = bytearray(len(buf))
+    b[0::P] = b'\x01' * (len(b) // P)
+    mm = bytearray(len(m))
+    mm[0::P] = b'\x02' * (len(mm) // P)
+    def drop(at, n):
+        mm[at:at + n] = bytes(n)
+    for j in range(1, k + 1):
+        apply(b, mm, j, drop)
+    return b, mm
+
+def handle(cmd):
+    global step
+    if cmd == 'dirty':
+        step += 1
+        apply(buf, m, step, lambda at, n: m.madvise(mmap.MADV_DONTNEED, at, n))
+        return 'step=%d' % step
+    if cmd == 'check':
+        b, mm = expected(step)
+        # (At an even step the block the step before wrote lost half its
+        # pages: read back as zeros.)
+        gone = ((step - 1) % 8) * 32 * P
+        return 'step=%d same=%s dropped=%s' % (step, buf == b and m[:] == mm, m[gone] == 0)
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// Turns `sandtree_proc::prefer_older_standbys` on for as long as it lives.
+struct PreferOlderStandbys;
+
+impl PreferOlderStandbys {
+    fn on() -> PreferOlderStandbys {
+        sandtree_runtime::prefer_older_standbys(true);
+        PreferOlderStandbys
+    }
+}
+
+impl Drop for PreferOlderStandbys {
+    fn drop(&mut self) {
+        sandtree_runtime::prefer_older_standbys(false);
+    }
+}
+
+/// Templates made from the standby of the template before the previous one
+/// (`incremental::Extra`, taken here whenever it is ready): the previous
+/// template's changes (the pages the step before wrote, read from it, and
+/// the pages it dropped) go into the standby before the checkpoint's own.
+/// Every checkpoint's memory comes back exactly: pages each step wrote,
+/// pages it left as the step before wrote them, pages dropped (read back
+/// as zeros) and pages written again after they were dropped.
+fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let _prefer = PreferOlderStandbys::on();
+        let w = Workload::start_python(e, OLDER_STANDBY_PY).await?;
+        w.checkpoint(e).await?;
+        sleep_ms(300).await;
+        let from_prev = sandtree_runtime::templates_from_prev();
+        let mut taken = Vec::new();
+        for k in 1..=8 {
+            w.ask(e, "dirty").await?;
+            let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
+            ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
+            taken.push((r.checkpoint.id, k));
+            // (The pages written into the templates, and the standbys forked.)
+            sleep_ms(200).await;
+        }
+        let used = sandtree_runtime::templates_from_prev() - from_prev;
+        let mut c = Checks::default();
+        // From the second on: the first's previous template was a fork.
+        c.that(used >= 6, || format!("{used} of 8 checkpoints started from the older standby"));
+        let mut order: Vec<&(String, usize)> = taken.iter().rev().collect();
+        order.extend(taken.iter().step_by(3));
+        for (ck, k) in order {
+            w.rollback(e, ck).await?;
+            let dropped = if k % 2 == 0 { "True" } else { "False" };
+            c.eq(
+                &format!("memory after a rollback to step {k}"),
+                &w.ask(e, "check").await?,
+                &format!("step={k} same=True dropped={dropped}"),
+            );
         }
         c.result(0)?;
         w.delete(e).await
@@ -2204,6 +2326,7 @@ fn main() {
         ("interval_timer_keeps_firing", interval_timer_keeps_firing),
         ("rollback_while_pages_are_written", rollback_while_pages_are_written),
         ("checkpoints_while_standbys_fork", checkpoints_while_standbys_fork),
+        ("templates_from_older_standbys", templates_from_older_standbys),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),

@@ -61,6 +61,10 @@ pub struct Report {
     /// REPL's holder copied in the frozen window, p50 of the right-after
     /// checkpoints; the rest were read with `process_vm_readv`).
     pub holder_pages: Vec<(String, f64)>,
+    /// Process workload: (REPL size, process templates of the right-after
+    /// checkpoints made from the standby of the template before the
+    /// previous one, templates of tracked processes made then).
+    pub from_prev: Vec<(String, u64, usize)>,
     pub total_seconds: f64,
     /// Share of the CPUs' time that the hypervisor gave to others while
     /// this machine wanted it (`steal` in `/proc/stat`), in percent: the
@@ -167,6 +171,11 @@ impl Report {
         for (repl, pages) in &self.holder_pages {
             println!(
                 "written pages copied by the holder in the frozen window, REPL {repl}: {pages:.0} a checkpoint (the rest read from the daemon)"
+            );
+        }
+        for (repl, prev, of) in &self.from_prev {
+            println!(
+                "templates made from the standby of the template before the previous one (its own not forked yet), REPL {repl}: {prev} of {of}"
             );
         }
         if !self.cpu_stolen.is_empty() {
