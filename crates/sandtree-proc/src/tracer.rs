@@ -182,8 +182,9 @@ struct Sized {
 
 impl Sizing {
     /// [`Sizing::measure`] on a thread of its own at nice 19: it reads the
-    /// page map of every template (~0.5 s of CPU for a bench's 30
-    /// checkpoints of a 100 MB Python, seconds at 1 GB) and, at the normal
+    /// page map of every template it has not read lately (the first walk
+    /// after a bench's 30 checkpoints of a 1 GB Python: ~0.7 s of CPU; the
+    /// next ones 35-150 ms, 12-20 at 100 MB) and, at the normal
     /// priority of a runtime thread, it held the tracer thread off its CPU
     /// for milliseconds in the rollbacks it ran beside.
     fn measure_aside(self) -> Sized {
