@@ -521,8 +521,9 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         };
         // The previous template's standby; if it is not ready (its fork is
         // under way or yet to start), the one before's, if that one is
-        // (`incremental::Extra`); else the fork under way's, which ends
-        // beside the read, sooner than a fork of the process would.
+        // (`incremental::Extra`); else the fork under way's (the previous
+        // template's or the one before's), which ends beside the read,
+        // sooner than a fork of the process would.
         let (prev_ready, base_state) = (prev.as_ref().and_then(|(p, _)| ready(st, p)), ready(st, &id));
         let prefer_prev = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed)
             && prev_ready.is_some_and(|(r, _)| r);
@@ -533,6 +534,13 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
                 (p, Some(extra), false)
             }
             (Some((_, true)), _) => (id.clone(), None, true),
+            // (The one before's standby made again first, `Tracking::behind`,
+            // and the base's fork not started yet: that fork ends sooner
+            // than one of the process would.)
+            (_, Some((p, delta))) if prev_ready.is_some_and(|(_, forking)| forking) => {
+                let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
+                (p, Some(extra), true)
+            }
             _ => {
                 tracing::debug!(pid = s.ns_pid, "the previous template has no standby yet");
                 behind.set(true);
@@ -541,7 +549,6 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         };
         behind.set(waits);
         let t = st.pools.get_mut(&from.0)?.templates.iter_mut().find(|t| t.host == from.1)?;
-        t.standby_taken = true;
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {
@@ -554,6 +561,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         }
         let fingerprint = t.fingerprint.clone()?;
         let forking = crate::holder::take_forking(t);
+        t.standby_taken = true;
         // (A process that ran no code since its previous template: the
         // standby of the one before is not it.)
         let quiet = (extra.is_none() && t.image.itimers.is_empty() && t.image.threads == 1)

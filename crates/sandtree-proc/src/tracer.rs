@@ -524,6 +524,18 @@ impl State {
     /// step wait 19 ms.)
     pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool) {
         let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
+        // A later template whose pages are still to be read from one of
+        // these (`incremental::Extra`) is written first: it would be lost.
+        let hosts: Vec<i32> =
+            self.pools.get(ck).map(|c| c.templates.iter().map(|t| t.host).collect()).unwrap_or_default();
+        let reads_from_these = self
+            .pools
+            .values()
+            .flat_map(|c| &c.templates)
+            .any(|t| t.to_write.as_ref().and_then(|p| p.depends_on()).is_some_and(|h| hosts.contains(&h)));
+        if reads_from_these {
+            crate::checkpoint::write_pending(self, true);
+        }
         if let Some(set) = self.pools.remove(ck) {
             for mut t in set.templates {
                 crate::holder::settle(&mut t);
