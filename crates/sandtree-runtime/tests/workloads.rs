@@ -723,7 +723,8 @@ impl Drop for PreferOlderStandbys {
 /// the pages it dropped) go into the standby before the checkpoint's own.
 /// Every checkpoint's memory comes back exactly: pages each step wrote,
 /// pages it left as the step before wrote them, pages dropped (read back
-/// as zeros) and pages written again after they were dropped.
+/// as zeros) and pages written again after they were dropped; also the
+/// one whose previous checkpoint was deleted right after it was made.
 fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let _prefer = PreferOlderStandbys::on();
@@ -737,6 +738,12 @@ fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
             let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
             ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
             taken.push((r.checkpoint.id, k));
+            // The checkpoint before, deleted at once: this one's pages are
+            // still to be read from its template (written first).
+            if k == 5 {
+                let (ck4, _) = taken.remove(3);
+                e.delete_checkpoint(&ck4, true).await.context("delete checkpoint 4")?;
+            }
             // (The pages written into the templates, and the standbys forked.)
             sleep_ms(200).await;
         }
