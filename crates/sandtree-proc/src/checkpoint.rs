@@ -524,9 +524,13 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         // (`incremental::Extra`); else the fork under way's (the previous
         // template's or the one before's), which ends beside the read,
         // sooner than a fork of the process would.
+        // (Only for a large process: see `incremental::OLDER_STANDBY_MIN_RSS`.)
+        let prefer = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed);
+        let prev = prev.filter(|_| prefer || resident * 4096 >= crate::incremental::OLDER_STANDBY_MIN_RSS);
         let (prev_ready, base_state) = (prev.as_ref().and_then(|(p, _)| ready(st, p)), ready(st, &id));
-        let prefer_prev = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed)
-            && prev_ready.is_some_and(|(r, _)| r);
+        let prefer_prev = prefer && prev_ready.is_some_and(|(r, _)| r);
+        // (Behind matters only to a process that can take the older standby.)
+        let can_older = prev.is_some();
         let (from, extra, waits) = match (base_state, prev) {
             (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
             (_, Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
@@ -543,11 +547,11 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             }
             _ => {
                 tracing::debug!(pid = s.ns_pid, "the previous template has no standby yet");
-                behind.set(true);
+                behind.set(can_older);
                 return None;
             }
         };
-        behind.set(waits);
+        behind.set(waits && can_older);
         let t = st.pools.get_mut(&from.0)?.templates.iter_mut().find(|t| t.host == from.1)?;
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.

@@ -192,6 +192,17 @@ pub(crate) struct Extra {
     pub zapped: bool,
 }
 
+/// Resident bytes from which a process's checkpoints may start from the
+/// standby of the template before the previous one ([`Extra`]). Below, the
+/// previous template's standby fork takes a few milliseconds (100 MB:
+/// 2-3), within an agent's step, and the copies of the previous template's
+/// pages that the older standby's template keeps (its own, ~4 MB a
+/// checkpoint for 1,000 pages written a step) cost the pool more than the
+/// rare wait they save: measured with a 100 MB REPL, 10-11 MB of pool a
+/// checkpoint against 7.4-7.6, and a 64 MiB process's pool over its budget
+/// lost 4 of 5 checkpoints' templates instead of 2.
+pub(crate) const OLDER_STANDBY_MIN_RSS: u64 = 256 << 20;
+
 /// An rseq registration (area, length, flags, signature).
 type Rseq = Option<(u64, u32, u32, u32)>;
 
