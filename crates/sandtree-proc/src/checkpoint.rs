@@ -513,11 +513,8 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
     // the next one should not (see `holder::base_hosts`).
     let behind = std::cell::Cell::new(false);
     let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
-        let ready = |st: &State, (ck, host): &(String, i32)| {
-            st.pools
-                .get(ck)
-                .and_then(|c| c.templates.iter().find(|t| t.host == *host))
-                .map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
+        let ready = |st: &State, id: &(String, i32)| {
+            st.template(id).map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
         };
         // The previous template's standby; if it is not ready (its fork is
         // under way or yet to start), the one before's, if that one is
@@ -552,7 +549,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             }
         };
         behind.set(waits && can_older);
-        let t = st.pools.get_mut(&from.0)?.templates.iter_mut().find(|t| t.host == from.1)?;
+        let t = st.template_mut(&from)?;
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {

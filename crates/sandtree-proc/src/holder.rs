@@ -273,9 +273,7 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
 /// fork would double the forks of large processes, and the base's, a
 /// 1 GB one's 10-20 ms, would wait for it.)
 fn base_hosts(st: &crate::tracer::State) -> Vec<i32> {
-    let taken = |(ck, host): &(String, i32)| {
-        st.pools.get(ck).and_then(|c| c.templates.iter().find(|t| t.host == *host)).is_none_or(|t| t.standby_taken)
-    };
+    let taken = |id: &(String, i32)| st.template(id).is_none_or(|t| t.standby_taken);
     let prev = |t: &crate::track::Tracking| {
         let always = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed);
         t.prev.as_ref().filter(|(id, _)| always || t.behind || !taken(id)).map(|((_, host), _)| *host)

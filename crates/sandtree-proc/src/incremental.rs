@@ -1185,9 +1185,7 @@ impl Pending {
         let to = self.standby.host;
         let extra = self.extra.clone();
         let spawned = std::thread::Builder::new().name("sandtree:pages".into()).spawn(move || {
-            let written = write_extra(to, extra.as_ref())
-                .and_then(|()| uffd::PageWriter::open(to))
-                .and_then(|w| if copy.is_empty() { Ok(()) } else { w.write(&copy, buf.bytes()) });
+            let written = write_pages(to, extra.as_ref(), &copy, buf.bytes());
             (written, buf)
         });
         match spawned {
@@ -1242,10 +1240,7 @@ impl Pending {
             Pages::Read(copy, buf) => {
                 let w = zapped
                     .map_err(|e| io::Error::other(e.to_string()))
-                    .and_then(|()| write_extra(to, extra.as_ref()))
-                    .and_then(|()| {
-                        if copy.is_empty() { Ok(()) } else { uffd::PageWriter::open(to)?.write(&copy, buf.bytes()) }
-                    });
+                    .and_then(|()| write_pages(to, extra.as_ref(), &copy, buf.bytes()));
                 (w, buf)
             }
             Pages::Writing(h) => {
@@ -1276,6 +1271,16 @@ impl Pending {
         tracing::debug!(pid = standby.ns_pid, kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
         Ok(())
     }
+}
+
+/// Write into standby `to` the pages of `extra` (if any), then the
+/// checkpoint's own: runs `copy`, their bytes one after the other.
+fn write_pages(to: i32, extra: Option<&Extra>, copy: &[(u64, u64)], bytes: &[u8]) -> io::Result<()> {
+    write_extra(to, extra)?;
+    if copy.is_empty() {
+        return Ok(());
+    }
+    uffd::PageWriter::open(to)?.write(copy, bytes)
 }
 
 /// The pages of [`Extra`], read from the previous template and written

@@ -460,6 +460,17 @@ impl State {
         self.clock
     }
 
+    /// The template of checkpoint `ck` with host pid `host`, if the pool
+    /// still has it.
+    pub(crate) fn template(&self, (ck, host): &(String, i32)) -> Option<&Template> {
+        self.pools.get(ck)?.templates.iter().find(|t| t.host == *host)
+    }
+
+    /// [`State::template`], to change it.
+    pub(crate) fn template_mut(&mut self, (ck, host): &(String, i32)) -> Option<&mut Template> {
+        self.pools.get_mut(ck)?.templates.iter_mut().find(|t| t.host == *host)
+    }
+
     /// Host pids of every template.
     pub(crate) fn template_hosts(&self) -> Vec<i32> {
         self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()

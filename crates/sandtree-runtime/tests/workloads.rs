@@ -271,6 +271,12 @@ impl Workload {
     /// One checkpoint that captured the program.
     async fn checkpoint_once(&self, e: &Engine) -> Result<String> {
         sleep_ms(50).await;
+        self.checkpoint_now(e).await
+    }
+
+    /// [`Workload::checkpoint_once`] at once (the program may still be
+    /// closing the query's connection: not for a check of descriptors).
+    async fn checkpoint_now(&self, e: &Engine) -> Result<String> {
         let r = e.checkpoint(&self.sb, CheckpointRequest::default()).await.context("checkpoint")?;
         ensure!(
             r.checkpoint.process_state == ProcessState::Captured,
@@ -633,9 +639,7 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
         for k in 1..=8 {
             w.ask(e, "dirty").await?;
             // At once: no pause for the standby.
-            let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
-            ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
-            taken.push((r.checkpoint.id, k));
+            taken.push((w.checkpoint_now(e).await?, k));
         }
         println!(
             "  {} of 8 checkpoints started from the standby of the template before the previous one",
@@ -735,9 +739,7 @@ fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
         let mut taken = Vec::new();
         for k in 1..=8 {
             w.ask(e, "dirty").await?;
-            let r = e.checkpoint(&w.sb, CheckpointRequest::default()).await.context("checkpoint")?;
-            ensure!(r.checkpoint.process_state == ProcessState::Captured, "not captured: {}", r.note);
-            taken.push((r.checkpoint.id, k));
+            taken.push((w.checkpoint_now(e).await?, k));
             // The checkpoint before, deleted at once: this one's pages are
             // still to be read from its template (written first).
             if k == 5 {
