@@ -460,6 +460,36 @@ pub(crate) struct Cloned {
     copier: Option<crate::holder::Copier>,
 }
 
+impl Cloned {
+    /// Its template's standby is still being forked
+    /// (`incremental::Later`): `host` is the template forking it.
+    fn deferred(&self) -> bool {
+        self.to_write.as_ref().is_some_and(|p| p.is_later())
+    }
+
+    /// Kill its template (a standby still being forked: once it is).
+    fn kill(self) {
+        if !self.deferred() {
+            kill_tracee(self.host);
+        }
+    }
+}
+
+impl Template {
+    /// Made from a standby still being forked (`incremental::Later`):
+    /// until [`resolve_later`], `host` is the template forking it.
+    pub(crate) fn deferred(&self) -> bool {
+        self.to_write.as_ref().is_some_and(|p| p.is_later())
+    }
+
+    /// Kill it (a standby still being forked: once it is).
+    fn kill(self) {
+        if !self.deferred() {
+            kill_tracee(self.host);
+        }
+    }
+}
+
 /// What [`clone_of`] gets for a process worth tracking.
 pub(crate) struct Track {
     pub tracking: Option<crate::track::Tracking>,
@@ -528,8 +558,11 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         let prefer_prev = prefer && prev_ready.is_some_and(|(r, _)| r);
         // (Behind matters only to a process that can take the older standby.)
         let can_older = prev.is_some();
+        // (A test's: `incremental::hold_standby_forks`.)
+        let hold = crate::incremental::HOLD.load(std::sync::atomic::Ordering::Relaxed);
         let (from, extra, waits) = match (base_state, prev) {
             (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
+            (Some((_, true)), _) if hold => (id.clone(), None, true),
             (_, Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
                 let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
                 (p, Some(extra), false)
@@ -908,7 +941,7 @@ fn rseq_abort(tid: i32, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::R
 pub(crate) fn abort(st: &mut State) {
     release_all(st);
     for c in st.cloned.drain(..) {
-        kill_tracee(c.host);
+        c.kill();
     }
     st.refused.clear();
     resume_all(st);
@@ -931,8 +964,16 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         reachable.extend(std::mem::take(&mut c.pipe_keys).into_iter().map(|(fd, key)| (key, host, fd)));
         let tracked = (c.fingerprint.is_some() && st.tracking.contains_key(&c.stopped.host)).then_some(c.stopped.host);
         let prev = c.prev.take();
+        let deferred = c.deferred();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
+        // (A template whose standby is still being forked is killed, if it
+        // must be, by dropping it: `incremental::Later`.)
+        let kill = |host: i32| {
+            if !deferred {
+                kill_tracee(host)
+            }
+        };
         match set_up(c, best_effort)
             .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
         {
@@ -949,11 +990,11 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
                 made.push(t);
             }
             Err(Error::Unsupported(u)) if best_effort => {
-                kill_tracee(host);
+                kill(host);
                 report.unrestorable.push(u);
             }
             Err(e) => {
-                kill_tracee(host);
+                kill(host);
                 failure = Some(e);
                 break;
             }
@@ -961,10 +1002,10 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
     }
     if let Some(e) = failure {
         for c in cloned {
-            kill_tracee(c.host);
+            c.kill();
         }
         for t in made {
-            kill_tracee(t.host);
+            t.kill();
         }
         return Err(e);
     }
@@ -1000,11 +1041,11 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         };
         if !best_effort {
             for t in made {
-                kill_tracee(t.host);
+                t.kill();
             }
             return Err(Error::Unsupported(u));
         }
-        kill_tracee(made.remove(i).host);
+        made.remove(i).kill();
         report.captured.retain(|p| *p != u.pid);
         report.reparented.retain(|r| r.pid != u.pid);
         report.unrestorable.push(u);
@@ -1020,6 +1061,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
     }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
+    st.later.extend(made.iter().filter(|t| t.deferred()).map(|t| (ck.to_string(), t.host)));
     let last_used = st.tick();
     st.unprepared.push(ck.to_string());
     st.pools.insert(
@@ -1160,6 +1202,9 @@ fn clone_of(
             _ => (None, None, before(&mut orig, false)?.1),
         };
         let pending = status.signals.pending;
+        // (A standby still being forked: `p.host` is the template forking
+        // it, which is not this checkpoint's to kill.)
+        let deferred = patched.as_ref().is_some_and(|p| p.pending.is_later());
         let (tpl, ns_pid) = match &patched {
             Some(p) => (p.host, p.ns_pid),
             None => {
@@ -1188,7 +1233,7 @@ fn clone_of(
                 (tpl, ns_pid)
             }
         };
-        child = Some(tpl);
+        child = (!deferred).then_some(tpl);
         let t_clone = t0.elapsed();
         // Tracking: armed at a process's first fork; after any fork the
         // pages count as unwritten from here (the fork has them all).
@@ -1592,6 +1637,7 @@ pub(crate) fn drop_later(files: Vec<OwnedFd>) {
 /// Every template of the pool set up and written, now: what a rollback
 /// needs before it uses the pool.
 pub(crate) fn finish_pending(st: &mut State) {
+    resolve_later(st);
     crate::holder::settle_anonymous(st);
     while prepare_pending(st) {}
     write_pending(st, true);
@@ -1615,6 +1661,8 @@ pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
         for (ck, set) in st.pools.iter_mut() {
             for t in set.templates.iter_mut() {
                 match t.to_write.as_mut() {
+                    // (Its standby first: `resolve_later`.)
+                    Some(p) if p.is_later() => continue,
                     Some(p) if p.depends_on().is_some_and(|h| unwritten.contains(&h)) => continue,
                     Some(p) if wait || p.written() => {}
                     Some(p) => {
@@ -1644,6 +1692,52 @@ pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
         if !wait || !finished {
             return any;
         }
+    }
+}
+
+/// The templates whose standby was still being forked when their
+/// checkpoint took it (`incremental::Later`) get it: run by the tracer
+/// thread right after the job that made them, once its reply is out, and
+/// before any other job (no job sees such a template). Each takes the
+/// standby's host pid where its stand-in's was (its own, its checkpoint's
+/// pipes and socket data, its process's tracking). A fork that failed
+/// drops the checkpoint's templates, as a failed write of pages does
+/// ([`write_pending`]).
+pub(crate) fn resolve_later(st: &mut State) {
+    for (ck, from) in std::mem::take(&mut st.later) {
+        let Some(set) = st.pools.get_mut(&ck) else { continue };
+        let Some(i) = set.templates.iter().position(|t| t.host == from && t.deferred()) else { continue };
+        let t0 = std::time::Instant::now();
+        let t = &mut set.templates[i];
+        let resolved = t.to_write.as_mut().map(|p| p.resolve());
+        let Some(Ok((host, ns_pid))) = resolved else {
+            tracing::warn!(
+                checkpoint = ck,
+                pid = t.image.pid,
+                "no standby for the template, its checkpoint's templates are dropped: {:?}",
+                resolved.and_then(|r| r.err())
+            );
+            // (Not the template forking it: this one's standby died with
+            // its fork.)
+            set.templates.remove(i);
+            st.drop_checkpoint(&ck, true);
+            continue;
+        };
+        t.host = host;
+        t.ns_pid = ns_pid;
+        t.tracee = Tracee::new(host, t.tracee.saved, t.tracee.insn);
+        for p in set.pipes.iter_mut().filter(|p| p.1 == from) {
+            p.1 = host;
+        }
+        for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
+            s.1 = host;
+        }
+        for tr in st.tracking.values_mut() {
+            if tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from) {
+                tr.base = Some((ck.clone(), host));
+            }
+        }
+        tracing::debug!(checkpoint = ck, pid = ns_pid, waited = ?t0.elapsed(), "standby of a template taken once forked");
     }
 }
 

@@ -218,8 +218,17 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
         return Tended::Idle;
     }
     let mut under_way = false;
+    // (A test's: `incremental::hold_standby_forks`.)
+    let held: Vec<i32> = match crate::incremental::HOLD.load(std::sync::atomic::Ordering::Relaxed) {
+        true => st.tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect(),
+        false => Vec::new(),
+    };
     for t in st.pools.values_mut().flat_map(|c| c.templates.iter_mut()) {
         if t.forking.is_none() {
+            continue;
+        }
+        if held.contains(&t.host) {
+            under_way = true;
             continue;
         }
         match poll(t) {
@@ -353,7 +362,7 @@ fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
 impl Forking {
     /// The standby, once the fork (run by `tpl`, its template) is done:
     /// `None` while it runs.
-    fn poll(&mut self, tpl: &mut Tracee) -> Option<Result<Standby>> {
+    pub(crate) fn poll(&mut self, tpl: &mut Tracee) -> Option<Result<Standby>> {
         match tpl.poll_syscall(&mut self.child, &mut self.entering) {
             Ok(None) => None,
             Ok(Some(out)) => Some(self.collect(tpl, Ok(out))),

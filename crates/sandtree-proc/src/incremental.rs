@@ -155,6 +155,112 @@ impl Base {
     }
 }
 
+/// The standby a checkpoint takes: ready, or still being forked
+/// ([`Later`]).
+pub(crate) enum Taken {
+    Ready(Standby),
+    /// With the standby's pid in the sandbox (given by us) and the host
+    /// pid of the template forking it (the template's stand-in until the
+    /// fork ends: `checkpoint::resolve_later`).
+    Later(Later, i32, i32),
+}
+
+impl Base {
+    /// The standby; or, when its fork is still under way and gives the
+    /// child a pid of ours, the fork itself: the frozen window does not
+    /// wait for it ([`Later`]).
+    fn take_or_defer(&mut self) -> Result<Taken> {
+        if self.standby.is_none()
+            && DEFER.load(std::sync::atomic::Ordering::Relaxed)
+            && let Some((mut tpl, mut f)) = self.forking.take()
+        {
+            let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
+            match (if hold { None } else { f.poll(&mut tpl) }, f.ns_pid()) {
+                (Some(done), _) => return done.map(Taken::Ready),
+                (None, Some(ns_pid)) => {
+                    LATER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let from = tpl.tid;
+                    return Ok(Taken::Later(Later(Some((tpl, f))), ns_pid, from));
+                }
+                (None, None) => self.forking = Some((tpl, f)),
+            }
+        }
+        self.take_standby().map(Taken::Ready)
+    }
+}
+
+/// A standby whose fork was still under way when its checkpoint took it.
+///
+/// Why: for a 1 GB process such a fork copies ~262k page table entries
+/// (10-35 ms here), longer than an agent's step that runs a command and
+/// checkpoints at once (the bench's, ~20-30 ms). The frozen window waited
+/// for it (5-20 ms in half the back-to-back checkpoints of a 1 GB REPL).
+/// Nothing of the window needs the standby itself: the pages written go to
+/// the page file or a buffer, the checks compare with the template that
+/// forks it (the standby's descriptors, credentials and map are its). So
+/// the checkpoint's template is set up with that template as its stand-in
+/// (its `/proc` facts are the standby's), the reply goes out, and the
+/// tracer thread then waits for the fork before any other job
+/// (`checkpoint::resolve_later`): the wait overlaps the agent's next step
+/// instead of the checkpoint. A fork that fails then drops the
+/// checkpoint's templates, as a failed write of its pages does.
+pub(crate) struct Later(Option<(Tracee, crate::holder::Forking)>);
+
+impl Later {
+    /// Wait for the standby.
+    pub(crate) fn finish(mut self) -> Result<Standby> {
+        match self.0.take() {
+            Some((mut tpl, f)) => f.finish(&mut tpl),
+            None => Err(Error::Died { pid: 0, how: "its standby is gone".into() }),
+        }
+    }
+}
+
+impl Drop for Later {
+    fn drop(&mut self) {
+        if let Some((mut tpl, f)) = self.0.take()
+            && let Ok(s) = f.finish(&mut tpl)
+        {
+            kill_tracee(s.host);
+        }
+    }
+}
+
+/// Checkpoints take a standby whose fork is under way without waiting
+/// for it ([`Later`]).
+static DEFER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Checkpoints that took a standby still being forked ([`Later`]), since
+/// the daemon started.
+static LATER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Templates of tracked processes made from a standby whose fork was still
+/// under way when their checkpoint took it ([`Later`]: the window did not
+/// wait for it), since the start: for the bench's report and the tests.
+pub fn templates_from_forks_under_way() -> u64 {
+    LATER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Standby forks of the templates checkpoints start from are left
+/// uncollected between operations ([`hold_standby_forks`]).
+pub(crate) static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For tests: the standby fork of a template a tracked process's next
+/// checkpoint starts from is not collected between operations, even once
+/// it is done, and the checkpoint takes it as if it were still under way
+/// ([`Later`]). The path then does not hang on the timing of forks.
+/// Process-wide.
+pub fn hold_standby_forks(on: bool) {
+    HOLD.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// For tests and measurements: whether checkpoints take a standby whose
+/// fork is under way without waiting for it ([`Later`]; on by default).
+/// Process-wide.
+pub fn defer_standby_forks(on: bool) {
+    DEFER.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl Drop for Base {
     fn drop(&mut self) {
         if let Ok(s) = self.take_standby() {
@@ -632,8 +738,8 @@ pub(crate) fn patch<B>(
             return Ok((None, fds, pre));
         }
     };
-    let standby = match base.take_standby() {
-        Ok(s) => s,
+    let taken = match base.take_or_defer() {
+        Ok(t) => t,
         Err(e) => {
             give_back(pages);
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
@@ -652,15 +758,20 @@ pub(crate) fn patch<B>(
         ?t_during,
         ?t_read,
         standby_wait = ?t_fork.saturating_sub(t_read),
+        later = matches!(taken, Taken::Later(..)),
         "template patched from the previous one (pages read)"
     );
-    let to = standby.host;
     let scratch = base.scratch;
     let copied = copy.into_inner().unwrap_or_default();
     let delta = std::sync::Arc::new(Delta { pages: copied.clone(), zap: f.zap.clone() });
     let pages = Pages::Read(copied, pages);
+    let (to, ns_pid, standby, later) = match taken {
+        Taken::Ready(s) => (s.host, s.ns_pid, Some(s), None),
+        Taken::Later(l, ns_pid, from) => (from, ns_pid, None, Some(l)),
+    };
     let pending = Pending {
         standby,
+        later,
         owner: host,
         pages,
         bytes: f.total,
@@ -673,7 +784,7 @@ pub(crate) fn patch<B>(
     };
     let patched = Patched {
         host: to,
-        ns_pid: pending.standby.ns_pid,
+        ns_pid,
         scratch,
         maps: f.maps,
         fingerprint: f.fp,
@@ -718,17 +829,24 @@ fn patch_quiet<B>(
     if let Some(d) = during.take() {
         d(seen);
     }
-    let standby = match base.take_standby() {
-        Ok(s) => s,
+    let (to, ns_pid, standby, later) = match base.take_or_defer() {
+        Ok(Taken::Ready(s)) => (s.host, s.ns_pid, Some(s), None),
+        Ok(Taken::Later(l, ns_pid, from)) => (from, ns_pid, None, Some(l)),
         Err(e) => {
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
     };
     QUIET.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template from the previous one's standby (no code ran since)");
+    tracing::debug!(
+        pid = s.ns_pid,
+        took = ?t0.elapsed(),
+        later = later.is_some(),
+        "template from the previous one's standby (no code ran since)"
+    );
     let pending = Pending {
         standby,
+        later,
         owner: host,
         pages: Pages::Read(Vec::new(), Buf::Vec(Vec::new())),
         bytes: 0,
@@ -741,8 +859,8 @@ fn patch_quiet<B>(
         extra: base.extra.take(),
     };
     let patched = Patched {
-        host: pending.standby.host,
-        ns_pid: pending.standby.ns_pid,
+        host: to,
+        ns_pid,
         scratch: base.scratch,
         maps: f.maps,
         fingerprint: f.fp,
@@ -1112,7 +1230,12 @@ fn check(
 /// jobs; the rest (registers, handlers, program break, dropped pages) by
 /// the tracer once it is done ([`Pending::finish`]).
 pub(crate) struct Pending {
-    standby: Standby,
+    /// The standby that becomes the template...
+    standby: Option<Standby>,
+    /// ...or its fork, still under way ([`Later`]): until
+    /// [`Pending::resolve`], the template's host pid is that of the
+    /// template forking it.
+    later: Option<Later>,
     /// Host pid of the process (whose holder lent its page file).
     owner: i32,
     pages: Pages,
@@ -1138,6 +1261,17 @@ enum Pages {
     Writing(std::thread::JoinHandle<(io::Result<()>, Buf)>),
     /// Taken by a failed start.
     Gone,
+}
+
+impl Pages {
+    /// The buffer, once no thread writes from it.
+    fn into_buf(self) -> Buf {
+        match self {
+            Pages::Read(_, b) => b,
+            Pages::Writing(h) => h.join().map(|(_, b)| b).unwrap_or(Buf::Vec(Vec::new())),
+            Pages::Gone => Buf::Vec(Vec::new()),
+        }
+    }
 }
 
 /// The bytes of pages read: the daemon's buffer, or the page file of the
@@ -1168,6 +1302,24 @@ impl Pending {
         self.extra.as_ref().map(|e| e.from)
     }
 
+    /// Its standby's fork is still under way ([`Later`]).
+    pub(crate) fn is_later(&self) -> bool {
+        self.later.is_some()
+    }
+
+    /// Wait for the standby's fork, if it is under way ([`Later`]):
+    /// returns the standby's host pid and pid in the sandbox.
+    pub(crate) fn resolve(&mut self) -> Result<(i32, i32)> {
+        if let Some(l) = self.later.take() {
+            self.standby = Some(l.finish()?);
+        }
+        let s = self
+            .standby
+            .as_ref()
+            .ok_or(Error::Died { pid: self.owner, how: "its template's standby is gone".into() })?;
+        Ok((s.host, s.ns_pid))
+    }
+
     /// Start writing the pages into the standby, on a thread of its own
     /// (first the dropped pages of an [`Extra`], injected here).
     pub(crate) fn start(&mut self) {
@@ -1176,13 +1328,14 @@ impl Pending {
         if !matches!(&self.pages, Pages::Read(copy, _) if !copy.is_empty() || extra_pages) {
             return;
         }
+        // (Not before the standby is there: `finish` says so.)
+        let Some((to, ns_pid)) = self.standby.as_ref().map(|s| (s.host, s.ns_pid)) else { return };
         if let Err(e) = self.zap_extra() {
-            tracing::warn!(pid = self.standby.ns_pid, "the previous template's dropped pages: {e}");
+            tracing::warn!(pid = ns_pid, "the previous template's dropped pages: {e}");
             self.pages = Pages::Gone;
             return;
         }
         let Pages::Read(copy, buf) = std::mem::replace(&mut self.pages, Pages::Gone) else { return };
-        let to = self.standby.host;
         let extra = self.extra.clone();
         let spawned = std::thread::Builder::new().name("sandtree:pages".into()).spawn(move || {
             let written = write_pages(to, extra.as_ref(), &copy, buf.bytes());
@@ -1191,7 +1344,7 @@ impl Pending {
         match spawned {
             Ok(h) => self.pages = Pages::Writing(h),
             // (`finish` says so.)
-            Err(e) => tracing::warn!(pid = self.standby.ns_pid, "no thread to write the pages: {e}"),
+            Err(e) => tracing::warn!(pid = ns_pid, "no thread to write the pages: {e}"),
         }
     }
 
@@ -1199,9 +1352,12 @@ impl Pending {
     /// dropped (once: taken).
     fn zap_extra(&mut self) -> Result<()> {
         let Some(e) = self.extra.as_mut().filter(|e| !e.zapped) else { return Ok(()) };
+        let Some(standby) = self.standby.as_mut() else {
+            return Err(Error::Died { pid: self.owner, how: "its template's standby is not forked yet".into() });
+        };
         e.zapped = true;
         for &(a, b) in &e.delta.zap {
-            self.standby.tracee.call(
+            standby.tracee.call(
                 "madvise (previous template's dropped pages)",
                 libc::SYS_madvise,
                 &[a, b - a, libc::MADV_DONTNEED as u64],
@@ -1231,8 +1387,19 @@ impl Pending {
     /// given back to `holders` (their owner's) either way.
     pub(crate) fn finish(mut self, holders: &mut [crate::holder::Holder]) -> Result<()> {
         let unstarted = matches!(&self.pages, Pages::Read(..));
-        let zapped = if unstarted { self.zap_extra() } else { Ok(()) };
-        let Pending { mut standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch, extra } = self;
+        let resolved = self.resolve();
+        let zapped = match resolved {
+            Ok(_) if unstarted => self.zap_extra(),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        let Pending { standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch, extra, .. } = self;
+        let Some(mut standby) = standby else {
+            if let Buf::File { file: f, .. } = pages.into_buf() {
+                crate::holder::give_back_file(holders, owner, f);
+            }
+            return Err(zapped.err().unwrap_or(Error::Died { pid: owner, how: "no standby".into() }));
+        };
         let to = standby.host;
         let t0 = std::time::Instant::now();
         let none = || Buf::Vec(Vec::new());

@@ -83,7 +83,10 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
-pub use incremental::{pages_copied_by_holders, prefer_older_standbys, quiet_templates, templates_from_prev};
+pub use incremental::{
+    defer_standby_forks, hold_standby_forks, pages_copied_by_holders, prefer_older_standbys, quiet_templates,
+    templates_from_forks_under_way, templates_from_prev,
+};
 pub use tracer::{
     CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
     Went, moved_early,

@@ -335,6 +335,10 @@ pub(crate) struct State {
     /// Checkpoints whose templates still need their set-up
     /// ([`crate::checkpoint::prepare_pending`], between operations).
     pub unprepared: Vec<String>,
+    /// Templates whose standby was still being forked when their
+    /// checkpoint took it: (checkpoint, host pid of the template forking
+    /// it), until [`crate::checkpoint::resolve_later`] right after the job.
+    pub later: Vec<(String, i32)>,
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
     pub repointed: Vec<crate::repoint::Reopened>,
@@ -758,6 +762,8 @@ impl Tracer {
                 };
                 if let Some(job) = job {
                     job(&mut st);
+                    // (Its reply is out: what it left for after.)
+                    crate::checkpoint::resolve_later(&mut st);
                     // (A restore steps aside to let its processes go.)
                     crate::inject::step_back();
                     // A rollback's adopted holders drop their descriptors.

@@ -634,21 +634,82 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
         let w = Workload::start_python(e, BIG_PY).await?;
         w.checkpoint(e).await?;
         sleep_ms(500).await;
-        let from_prev = sandtree_runtime::templates_from_prev();
+        let (from_prev, later) =
+            (sandtree_runtime::templates_from_prev(), sandtree_runtime::templates_from_forks_under_way());
         let mut taken = Vec::new();
         for k in 1..=8 {
             w.ask(e, "dirty").await?;
             // At once: no pause for the standby.
             taken.push((w.checkpoint_now(e).await?, k));
         }
+        let later = sandtree_runtime::templates_from_forks_under_way() - later;
         println!(
-            "  {} of 8 checkpoints started from the standby of the template before the previous one",
+            "  {} of 8 checkpoints started from the standby of the template before the previous one, {later} took a standby still being forked",
             sandtree_runtime::templates_from_prev() - from_prev
         );
         let mut c = Checks::default();
         for (ck, k) in taken.iter().rev() {
             w.rollback(e, ck).await?;
             c.eq("memory after a rollback", &w.ask(e, "check").await?, &format!("step={k} same=True"));
+        }
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
+/// Turns `sandtree_proc::hold_standby_forks` on for as long as it lives.
+struct HoldStandbyForks;
+
+impl HoldStandbyForks {
+    fn on() -> HoldStandbyForks {
+        sandtree_runtime::hold_standby_forks(true);
+        HoldStandbyForks
+    }
+}
+
+impl Drop for HoldStandbyForks {
+    fn drop(&mut self) {
+        sandtree_runtime::hold_standby_forks(false);
+    }
+}
+
+/// Checkpoints that take their previous template's standby while its fork
+/// is (as far as they know) still under way (`incremental::Later`; made
+/// certain by `hold_standby_forks`): the frozen window does not wait for
+/// it, the template stands in for its standby until the tracer collects
+/// the fork after the reply. Every checkpoint's memory comes back exactly,
+/// also after the one before was deleted, and the next checkpoints start
+/// from the standbys so taken.
+fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let _hold = HoldStandbyForks::on();
+        let w = Workload::start_python(e, BIG_PY).await?;
+        w.checkpoint(e).await?;
+        let later = sandtree_runtime::templates_from_forks_under_way();
+        let mut taken = Vec::new();
+        for k in 1..=6 {
+            w.ask(e, "dirty").await?;
+            // (The previous template's pages written, its standby's fork
+            // started: held.)
+            sleep_ms(300).await;
+            taken.push((w.checkpoint_now(e).await?, k));
+            if k == 4 {
+                let (ck3, _) = taken.remove(2);
+                e.delete_checkpoint(&ck3, true).await.context("delete checkpoint 3")?;
+            }
+        }
+        let later = sandtree_runtime::templates_from_forks_under_way() - later;
+        let mut c = Checks::default();
+        c.that(later >= 5, || format!("{later} of 6 checkpoints took a standby still being forked"));
+        let mut order: Vec<&(String, usize)> = taken.iter().rev().collect();
+        order.extend(taken.iter().step_by(2));
+        for (ck, k) in order {
+            w.rollback(e, ck).await?;
+            c.eq(
+                &format!("memory after a rollback to step {k}"),
+                &w.ask(e, "check").await?,
+                &format!("step={k} same=True"),
+            );
         }
         c.result(0)?;
         w.delete(e).await
@@ -2336,6 +2397,7 @@ fn main() {
         ("rollback_while_pages_are_written", rollback_while_pages_are_written),
         ("checkpoints_while_standbys_fork", checkpoints_while_standbys_fork),
         ("templates_from_older_standbys", templates_from_older_standbys),
+        ("standbys_taken_while_forking", standbys_taken_while_forking),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
