@@ -171,7 +171,6 @@ impl Base {
     /// wait for it ([`Later`]).
     fn take_or_defer(&mut self) -> Result<Taken> {
         if self.standby.is_none()
-            && DEFER.load(std::sync::atomic::Ordering::Relaxed)
             && let Some((mut tpl, mut f)) = self.forking.take()
         {
             let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
@@ -226,10 +225,6 @@ impl Drop for Later {
     }
 }
 
-/// Checkpoints take a standby whose fork is under way without waiting
-/// for it ([`Later`]).
-static DEFER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
 /// Checkpoints that took a standby still being forked ([`Later`]), since
 /// the daemon started.
 static LATER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -252,13 +247,6 @@ pub(crate) static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// Process-wide.
 pub fn hold_standby_forks(on: bool) {
     HOLD.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// For tests and measurements: whether checkpoints take a standby whose
-/// fork is under way without waiting for it ([`Later`]; on by default).
-/// Process-wide.
-pub fn defer_standby_forks(on: bool) {
-    DEFER.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Drop for Base {

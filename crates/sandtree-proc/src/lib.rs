@@ -84,7 +84,7 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use incremental::{
-    defer_standby_forks, hold_standby_forks, pages_copied_by_holders, prefer_older_standbys, quiet_templates,
+    hold_standby_forks, pages_copied_by_holders, prefer_older_standbys, quiet_templates,
     templates_from_forks_under_way, templates_from_prev,
 };
 pub use tracer::{

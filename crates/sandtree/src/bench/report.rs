@@ -65,6 +65,11 @@ pub struct Report {
     /// checkpoints made from the standby of the template before the
     /// previous one, templates of tracked processes made then).
     pub from_prev: Vec<(String, u64, usize)>,
+    /// Process workload: (REPL size, process templates of the right-after
+    /// checkpoints made from a standby still being forked, which the
+    /// frozen window did not wait for, templates of tracked processes
+    /// made then).
+    pub from_forks: Vec<(String, u64, usize)>,
     pub total_seconds: f64,
     /// Share of the CPUs' time that the hypervisor gave to others while
     /// this machine wanted it (`steal` in `/proc/stat`), in percent: the
@@ -176,6 +181,11 @@ impl Report {
         for (repl, prev, of) in &self.from_prev {
             println!(
                 "templates made from the standby of the template before the previous one (its own not forked yet), REPL {repl}: {prev} of {of}"
+            );
+        }
+        for (repl, later, of) in &self.from_forks {
+            println!(
+                "templates made from a standby still being forked (the frozen window did not wait for it), REPL {repl}: {later} of {of}"
             );
         }
         if !self.cpu_stolen.is_empty() {
