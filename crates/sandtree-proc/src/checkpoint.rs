@@ -1590,9 +1590,11 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     // on a thread of ours, with the tree's teardown (an overlay's: up to
     // milliseconds), not in an injected call the tracer waits for.
     let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
+    let t_open = t0.elapsed();
     let res = prepare(t);
+    let t_prepare = t0.elapsed();
     drop_later(cwd.into_iter().map(OwnedFd::from).collect());
-    tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
+    tracing::debug!(checkpoint = ck, pid = t.image.pid, ?t_open, ?t_prepare, took = ?t0.elapsed(), "template prepared");
     if let Err(e) = res {
         tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
         st.unprepared.remove(0);
@@ -1751,7 +1753,9 @@ fn prepare(t: &mut Template) -> Result<()> {
     // (PR_SET_MDWE, a seccomp or SELinux rule) gets its syscalls one at a
     // time instead.
     let rwx = rw | libc::PROT_EXEC as u64;
+    let t0 = std::time::Instant::now();
     let out = tpl.syscall(libc::SYS_mmap, &[0, SCRATCH, rwx, mflags, u64::MAX, 0])?;
+    let t_mmap = t0.elapsed();
     let (scratch, exec) = if (-4095..0).contains(&out.ret) {
         tracing::debug!(pid = image.pid, errno = -out.ret, "no executable scratch: batched calls run one at a time");
         (tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, mflags, u64::MAX, 0])?, false)
@@ -1788,6 +1792,7 @@ fn prepare(t: &mut Template) -> Result<()> {
         b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
     }
     tpl.run_batch(&mut b)?;
+    tracing::debug!(pid = image.pid, ?t_mmap, batch = ?t0.elapsed(), "template's scratch and batch");
     tpl.take_held(); // e.g. SIGCHLD meant for the original
     t.scratch = scratch;
     t.scratch_exec = exec;
