@@ -563,7 +563,10 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         let (from, extra, waits) = match (base_state, prev) {
             (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
             (Some((_, true)), _) if hold => (id.clone(), None, true),
-            (_, Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
+            // (The previous template's pages are read from it: only while
+            // it is there. Its checkpoint dropped, that host pid may be
+            // another process's, or the one before's own.)
+            (Some(_), Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
                 let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
                 (p, Some(extra), false)
             }
@@ -571,7 +574,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             // (The one before's standby made again first, `Tracking::behind`,
             // and the base's fork not started yet: that fork ends sooner
             // than one of the process would.)
-            (_, Some((p, delta))) if prev_ready.is_some_and(|(_, forking)| forking) => {
+            (Some(_), Some((p, delta))) if prev_ready.is_some_and(|(_, forking)| forking) => {
                 let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
                 (p, Some(extra), true)
             }
@@ -1723,6 +1726,14 @@ pub(crate) fn resolve_later(st: &mut State) {
             // its fork.)
             set.templates.remove(i);
             st.drop_checkpoint(&ck, true);
+            // The process's next checkpoint forks it: its base is gone,
+            // and the stand-in's pid is not its base's.
+            for tr in st.tracking.values_mut() {
+                if tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from) {
+                    tr.base = None;
+                    tr.prev = None;
+                }
+            }
             continue;
         };
         t.host = host;

@@ -208,11 +208,30 @@ pub(crate) struct Later(Option<(Tracee, crate::holder::Forking)>);
 impl Later {
     /// Wait for the standby.
     pub(crate) fn finish(mut self) -> Result<Standby> {
-        match self.0.take() {
+        let made = match self.0.take() {
             Some((mut tpl, f)) => f.finish(&mut tpl),
             None => Err(Error::Died { pid: 0, how: "its standby is gone".into() }),
+        };
+        match made {
+            Ok(s) if LOSE_NEXT.swap(false, std::sync::atomic::Ordering::Relaxed) => {
+                kill_tracee(s.host);
+                Err(Error::Died { pid: s.host, how: "lost on purpose (lose_next_standby_taken_while_forking)".into() })
+            }
+            made => made,
         }
     }
+}
+
+/// The next [`Later`]'s standby is lost once forked ([`lose_next_standby_taken_while_forking`]).
+static LOSE_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For tests: the next standby a checkpoint takes while it is still being
+/// forked ([`Later`]) dies once its fork ends, after the checkpoint's
+/// reply, as one whose fork failed would: the checkpoint's templates are
+/// dropped (it shows as evicted), the template that stood in for it is
+/// not. Process-wide.
+pub fn lose_next_standby_taken_while_forking() {
+    LOSE_NEXT.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Drop for Later {

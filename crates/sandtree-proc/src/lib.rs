@@ -84,8 +84,8 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use incremental::{
-    hold_standby_forks, pages_copied_by_holders, prefer_older_standbys, quiet_templates,
-    templates_from_forks_under_way, templates_from_prev,
+    hold_standby_forks, lose_next_standby_taken_while_forking, pages_copied_by_holders, prefer_older_standbys,
+    quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
 pub use tracer::{
     CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,

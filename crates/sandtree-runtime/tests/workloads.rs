@@ -716,6 +716,46 @@ fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A standby taken while it was still being forked that is lost once
+/// forked, after the checkpoint's reply (`lose_next_standby_taken_while_forking`,
+/// as a fork that fails): that checkpoint's templates are dropped, so it
+/// shows as evicted and a rollback to it restarts the processes and says
+/// so; the template that stood in for the standby (the checkpoint
+/// before's) is not touched, and rollbacks to that one and to the next
+/// checkpoint bring the memory back exactly.
+fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let _hold = HoldStandbyForks::on();
+        let w = Workload::start_python(e, BIG_PY).await?;
+        let ck0 = w.checkpoint(e).await?;
+        w.ask(e, "dirty").await?;
+        sleep_ms(300).await;
+        let later = sandtree_runtime::templates_from_forks_under_way();
+        sandtree_runtime::lose_next_standby_taken_while_forking();
+        let ck1 = w.checkpoint_now(e).await?;
+        let taken = sandtree_runtime::templates_from_forks_under_way() - later;
+        w.ask(e, "dirty").await?;
+        sleep_ms(300).await;
+        let ck2 = w.checkpoint_now(e).await?;
+        let mut c = Checks::default();
+        c.that(taken == 1, || format!("{taken} checkpoints took a standby still being forked, want 1"));
+        let state = e.get_checkpoint(&ck1).await?.process_state;
+        c.that(state == ProcessState::Evicted, || format!("the checkpoint whose standby was lost: {state:?}"));
+        for (ck, k) in [(&ck0, 0), (&ck2, 2)] {
+            w.rollback(e, ck).await?;
+            c.eq(
+                &format!("memory after a rollback to step {k}"),
+                &w.ask(e, "check").await?,
+                &format!("step={k} same=True"),
+            );
+        }
+        let r = e.rollback(&w.sb, RollbackRequest { checkpoint: ck1.clone() }).await.context("rollback")?;
+        c.that(r.processes_restarted && r.note.contains("evicted"), || format!("rollback to it: {}", r.note));
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
 const OLDER_STANDBY_PY: &str = r#"
 import mmap
 P = 4096
@@ -2398,6 +2438,7 @@ fn main() {
         ("checkpoints_while_standbys_fork", checkpoints_while_standbys_fork),
         ("templates_from_older_standbys", templates_from_older_standbys),
         ("standbys_taken_while_forking", standbys_taken_while_forking),
+        ("standby_lost_after_the_reply", standby_lost_after_the_reply),
         ("deleted_open_files", deleted_open_files),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", stopped_process_is_refused),
