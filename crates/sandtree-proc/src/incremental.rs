@@ -229,9 +229,9 @@ static LOSE_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// forked ([`Later`]) dies once its fork ends, after the checkpoint's
 /// reply, as one whose fork failed would: the checkpoint's templates are
 /// dropped (it shows as evicted), the template that stood in for it is
-/// not. Process-wide.
-pub fn lose_next_standby_taken_while_forking() {
-    LOSE_NEXT.store(true, std::sync::atomic::Ordering::Relaxed);
+/// not (`false`: no longer, if none was taken). Process-wide.
+pub fn lose_next_standby_taken_while_forking(on: bool) {
+    LOSE_NEXT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Drop for Later {

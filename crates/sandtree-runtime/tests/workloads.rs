@@ -731,12 +731,20 @@ fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
         w.ask(e, "dirty").await?;
         sleep_ms(300).await;
         let later = sandtree_runtime::templates_from_forks_under_way();
-        sandtree_runtime::lose_next_standby_taken_while_forking();
-        let ck1 = w.checkpoint_now(e).await?;
+        sandtree_runtime::lose_next_standby_taken_while_forking(true);
+        let ck1 = w.checkpoint_now(e).await;
         let taken = sandtree_runtime::templates_from_forks_under_way() - later;
-        w.ask(e, "dirty").await?;
-        sleep_ms(300).await;
-        let ck2 = w.checkpoint_now(e).await?;
+        // (The tracer collects the fork after the reply, before its next
+        // job: the next checkpoint's.)
+        let both = async {
+            let ck1 = ck1?;
+            w.ask(e, "dirty").await?;
+            sleep_ms(300).await;
+            Ok::<_, anyhow::Error>((ck1, w.checkpoint_now(e).await?))
+        }
+        .await;
+        sandtree_runtime::lose_next_standby_taken_while_forking(false);
+        let (ck1, ck2) = both?;
         let mut c = Checks::default();
         c.that(taken == 1, || format!("{taken} checkpoints took a standby still being forked, want 1"));
         let state = e.get_checkpoint(&ck1).await?.process_state;
