@@ -44,7 +44,9 @@
 //!
 //! When the previous template's standby is not forked yet, the standby of
 //! the template before it is taken, if it is ready: the previous
-//! template's changes over that one go into it first ([`Extra`]).
+//! template's changes over that one go into it first ([`Extra`]). A
+//! standby whose fork is still under way is taken as it is: the window does
+//! not wait for the fork, the tracer collects it after the reply ([`Later`]).
 //!
 //! A process that ran no code since its previous template (*quiet*: its
 //! registers and FPU state are the image's, no page written but by the
