@@ -460,33 +460,39 @@ pub(crate) struct Cloned {
     copier: Option<crate::holder::Copier>,
 }
 
+/// Whether a template's pending write holds its standby's fork still
+/// under way (`incremental::Later`): until [`resolve_later`], the
+/// template's host pid is the template forking it, its stand-in.
+fn is_later(to_write: &Option<crate::incremental::Pending>) -> bool {
+    to_write.as_ref().is_some_and(|p| p.is_later())
+}
+
+/// Kill template `host`, unless `host` is a stand-in ([`is_later`]): that
+/// template is another checkpoint's; this one's standby is killed once
+/// forked, when its pending write is dropped.
+fn kill_template(host: i32, later: bool) {
+    if !later {
+        kill_tracee(host);
+    }
+}
+
 impl Cloned {
-    /// Its template's standby is still being forked
-    /// (`incremental::Later`): `host` is the template forking it.
     fn deferred(&self) -> bool {
-        self.to_write.as_ref().is_some_and(|p| p.is_later())
+        is_later(&self.to_write)
     }
 
-    /// Kill its template (a standby still being forked: once it is).
     fn kill(self) {
-        if !self.deferred() {
-            kill_tracee(self.host);
-        }
+        kill_template(self.host, self.deferred());
     }
 }
 
 impl Template {
-    /// Made from a standby still being forked (`incremental::Later`):
-    /// until [`resolve_later`], `host` is the template forking it.
     pub(crate) fn deferred(&self) -> bool {
-        self.to_write.as_ref().is_some_and(|p| p.is_later())
+        is_later(&self.to_write)
     }
 
-    /// Kill it (a standby still being forked: once it is).
     fn kill(self) {
-        if !self.deferred() {
-            kill_tracee(self.host);
-        }
+        kill_template(self.host, self.deferred());
     }
 }
 
@@ -970,13 +976,6 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         let deferred = c.deferred();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        // (A template whose standby is still being forked is killed, if it
-        // must be, by dropping it: `incremental::Later`.)
-        let kill = |host: i32| {
-            if !deferred {
-                kill_tracee(host)
-            }
-        };
         match set_up(c, best_effort)
             .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
         {
@@ -993,11 +992,11 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
                 made.push(t);
             }
             Err(Error::Unsupported(u)) if best_effort => {
-                kill(host);
+                kill_template(host, deferred);
                 report.unrestorable.push(u);
             }
             Err(e) => {
-                kill(host);
+                kill_template(host, deferred);
                 failure = Some(e);
                 break;
             }
@@ -1593,11 +1592,9 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
     // on a thread of ours, with the tree's teardown (an overlay's: up to
     // milliseconds), not in an injected call the tracer waits for.
     let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
-    let t_open = t0.elapsed();
     let res = prepare(t);
-    let t_prepare = t0.elapsed();
     drop_later(cwd.into_iter().map(OwnedFd::from).collect());
-    tracing::debug!(checkpoint = ck, pid = t.image.pid, ?t_open, ?t_prepare, took = ?t0.elapsed(), "template prepared");
+    tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
     if let Err(e) = res {
         tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
         st.unprepared.remove(0);
@@ -1715,7 +1712,19 @@ pub(crate) fn resolve_later(st: &mut State) {
         let t0 = std::time::Instant::now();
         let t = &mut set.templates[i];
         let resolved = t.to_write.as_mut().map(|p| p.resolve());
-        let Some(Ok((host, ns_pid))) = resolved else {
+        let made = if let Some(Ok((host, ns_pid))) = resolved {
+            t.host = host;
+            t.ns_pid = ns_pid;
+            t.tracee = Tracee::new(host, t.tracee.saved, t.tracee.insn);
+            for p in set.pipes.iter_mut().filter(|p| p.1 == from) {
+                p.1 = host;
+            }
+            for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
+                s.1 = host;
+            }
+            tracing::debug!(checkpoint = ck, pid = ns_pid, waited = ?t0.elapsed(), "standby of a template taken once forked");
+            Some(host)
+        } else {
             tracing::warn!(
                 checkpoint = ck,
                 pid = t.image.pid,
@@ -1726,31 +1735,17 @@ pub(crate) fn resolve_later(st: &mut State) {
             // its fork.)
             set.templates.remove(i);
             st.drop_checkpoint(&ck, true);
-            // The process's next checkpoint forks it: its base is gone,
-            // and the stand-in's pid is not its base's.
-            for tr in st.tracking.values_mut() {
-                if tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from) {
-                    tr.base = None;
-                    tr.prev = None;
-                }
-            }
-            continue;
+            None
         };
-        t.host = host;
-        t.ns_pid = ns_pid;
-        t.tracee = Tracee::new(host, t.tracee.saved, t.tracee.insn);
-        for p in set.pipes.iter_mut().filter(|p| p.1 == from) {
-            p.1 = host;
-        }
-        for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
-            s.1 = host;
-        }
-        for tr in st.tracking.values_mut() {
-            if tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from) {
-                tr.base = Some((ck.clone(), host));
+        // The process's tracking counts from the standby; with none, its
+        // next checkpoint forks it (its base is gone, and the stand-in's
+        // pid is not its base's).
+        for tr in st.tracking.values_mut().filter(|tr| tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from)) {
+            tr.base = made.map(|host| (ck.clone(), host));
+            if made.is_none() {
+                tr.prev = None;
             }
         }
-        tracing::debug!(checkpoint = ck, pid = ns_pid, waited = ?t0.elapsed(), "standby of a template taken once forked");
     }
 }
 

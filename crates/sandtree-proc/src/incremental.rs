@@ -167,6 +167,18 @@ pub(crate) enum Taken {
     Later(Later, i32, i32),
 }
 
+impl Taken {
+    /// The template's host pid (the stand-in's while its standby is being
+    /// forked), its pid in the sandbox, and the standby or its fork, for a
+    /// [`Pending`].
+    fn parts(self) -> (i32, i32, Option<Standby>, Option<Later>) {
+        match self {
+            Taken::Ready(s) => (s.host, s.ns_pid, Some(s), None),
+            Taken::Later(l, ns_pid, from) => (from, ns_pid, None, Some(l)),
+        }
+    }
+}
+
 impl Base {
     /// The standby; or, when its fork is still under way and gives the
     /// child a pid of ours, the fork itself: the frozen window does not
@@ -804,10 +816,7 @@ pub(crate) fn patch<B>(
     let copied = copy.into_inner().unwrap_or_default();
     let delta = std::sync::Arc::new(Delta { pages: copied.clone(), zap: f.zap.clone() });
     let pages = Pages::Read(copied, pages);
-    let (to, ns_pid, standby, later) = match taken {
-        Taken::Ready(s) => (s.host, s.ns_pid, Some(s), None),
-        Taken::Later(l, ns_pid, from) => (from, ns_pid, None, Some(l)),
-    };
+    let (to, ns_pid, standby, later) = taken.parts();
     let pending = Pending {
         standby,
         later,
@@ -869,8 +878,7 @@ fn patch_quiet<B>(
         d(seen);
     }
     let (to, ns_pid, standby, later) = match base.take_or_defer() {
-        Ok(Taken::Ready(s)) => (s.host, s.ns_pid, Some(s), None),
-        Ok(Taken::Later(l, ns_pid, from)) => (from, ns_pid, None, Some(l)),
+        Ok(taken) => taken.parts(),
         Err(e) => {
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));

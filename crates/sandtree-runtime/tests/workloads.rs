@@ -657,22 +657,6 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// Turns `sandtree_proc::hold_standby_forks` on for as long as it lives.
-struct HoldStandbyForks;
-
-impl HoldStandbyForks {
-    fn on() -> HoldStandbyForks {
-        sandtree_runtime::hold_standby_forks(true);
-        HoldStandbyForks
-    }
-}
-
-impl Drop for HoldStandbyForks {
-    fn drop(&mut self) {
-        sandtree_runtime::hold_standby_forks(false);
-    }
-}
-
 /// Checkpoints that take their previous template's standby while its fork
 /// is (as far as they know) still under way (`incremental::Later`; made
 /// certain by `hold_standby_forks`): the frozen window does not wait for
@@ -682,7 +666,7 @@ impl Drop for HoldStandbyForks {
 /// from the standbys so taken.
 fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _hold = HoldStandbyForks::on();
+        let _hold = Switch::on(sandtree_runtime::hold_standby_forks);
         let w = Workload::start_python(e, BIG_PY).await?;
         w.checkpoint(e).await?;
         let later = sandtree_runtime::templates_from_forks_under_way();
@@ -725,7 +709,7 @@ fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
 /// checkpoint bring the memory back exactly.
 fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _hold = HoldStandbyForks::on();
+        let _hold = Switch::on(sandtree_runtime::hold_standby_forks);
         let w = Workload::start_python(e, BIG_PY).await?;
         let ck0 = w.checkpoint(e).await?;
         w.ask(e, "dirty").await?;
@@ -814,19 +798,20 @@ def handle(cmd):
 serve(handle)
 "#;
 
-/// Turns `sandtree_proc::prefer_older_standbys` on for as long as it lives.
-struct PreferOlderStandbys;
+/// A process-wide test switch of the engine (`prefer_older_standbys`,
+/// `hold_standby_forks`), on for as long as this lives.
+struct Switch(fn(bool));
 
-impl PreferOlderStandbys {
-    fn on() -> PreferOlderStandbys {
-        sandtree_runtime::prefer_older_standbys(true);
-        PreferOlderStandbys
+impl Switch {
+    fn on(set: fn(bool)) -> Switch {
+        set(true);
+        Switch(set)
     }
 }
 
-impl Drop for PreferOlderStandbys {
+impl Drop for Switch {
     fn drop(&mut self) {
-        sandtree_runtime::prefer_older_standbys(false);
+        (self.0)(false);
     }
 }
 
@@ -840,7 +825,7 @@ impl Drop for PreferOlderStandbys {
 /// one whose previous checkpoint was deleted right after it was made.
 fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _prefer = PreferOlderStandbys::on();
+        let _prefer = Switch::on(sandtree_runtime::prefer_older_standbys);
         let w = Workload::start_python(e, OLDER_STANDBY_PY).await?;
         w.checkpoint(e).await?;
         sleep_ms(300).await;
