@@ -16,35 +16,52 @@
 //! the tracer's CPU: the read then took 5.8 ms instead of 3.3, p50 of 58
 //! checkpoints each.)
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+/// A tracer thread's helper: its one-thread pool, and the thread's id
+/// (0 until it started).
+struct Helper {
+    pool: rayon_core::ThreadPool,
+    tid: std::sync::Arc<AtomicI32>,
+}
 
 thread_local! {
     /// This tracer thread's helper (`None`: it could not be made).
-    static HELPER: std::cell::OnceCell<Option<rayon_core::ThreadPool>> = const { std::cell::OnceCell::new() };
+    static HELPER: std::cell::OnceCell<Option<Helper>> = const { std::cell::OnceCell::new() };
 }
 
 /// The helper of the calling tracer thread, made at its first use (after
 /// the tracer pinned itself: it takes the other CPUs).
-fn with_helper<R>(f: impl FnOnce(Option<&rayon_core::ThreadPool>) -> R) -> R {
+fn with_helper<R>(f: impl FnOnce(Option<&Helper>) -> R) -> R {
     HELPER.with(|h| {
-        let pool = h.get_or_init(|| {
+        let helper = h.get_or_init(|| {
             let cpus = crate::inject::off_tracer_cpus();
+            let tid = std::sync::Arc::new(AtomicI32::new(0));
+            let its = tid.clone();
             let built = rayon_core::ThreadPoolBuilder::new()
                 .num_threads(1)
                 .thread_name(|_| "sandtree:beside".into())
-                .start_handler(move |_| crate::inject::pin_self(&cpus))
+                .start_handler(move |_| {
+                    crate::inject::pin_self(&cpus);
+                    its.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
+                })
                 .build();
             match built {
-                Ok(p) => Some(p),
+                Ok(pool) => Some(Helper { pool, tid }),
                 Err(e) => {
                     tracing::warn!("no helper thread (a thread per checkpoint instead): {e}");
                     None
                 }
             }
         });
-        f(pool.as_ref())
+        f(helper.as_ref())
     })
 }
+
+/// Whether the helper's jobs run at a real-time priority (see [`beside`]);
+/// off for good once the kernel refused it (a cpu cgroup without
+/// real-time runtime).
+static REAL_TIME: AtomicBool = AtomicBool::new(true);
 
 /// Run `aside` on the helper (pinned off the tracer's CPU) while `here`
 /// runs on this thread, which it is given a probe of whether `aside` is
@@ -57,23 +74,29 @@ pub(crate) fn beside<RA: Send, RH>(
 ) -> (std::thread::Result<RA>, RH) {
     let out = std::sync::Mutex::new(None);
     let done = AtomicBool::new(false);
-    let job = || {
+    let job = |real_time: bool| {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(aside));
+        if real_time {
+            let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Normal);
+        }
         *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         done.store(true, Ordering::Release);
     };
     let probe = || done.load(Ordering::Acquire);
-    let rh = with_helper(|pool| match pool {
-        Some(pool) => pool.in_place_scope(|s| {
-            s.spawn(|_| job());
-            here(&probe)
-        }),
+    let rh = with_helper(|helper| match helper {
+        Some(Helper { pool, tid }) => {
+            let real_time = real_time(tid.load(Ordering::Acquire));
+            pool.in_place_scope(|s| {
+                s.spawn(move |_| job(real_time));
+                here(&probe)
+            })
+        }
         None => {
             let cpus = crate::inject::off_tracer_cpus();
             std::thread::scope(|s| {
                 s.spawn(|| {
                     crate::inject::pin_self(&cpus);
-                    job()
+                    job(false)
                 });
                 here(&probe)
             })
@@ -81,6 +104,27 @@ pub(crate) fn beside<RA: Send, RH>(
     });
     let ra = out.into_inner().unwrap_or_else(|e| e.into_inner());
     (ra.unwrap_or_else(|| Err(Box::new("the helper's job never ran"))), rh)
+}
+
+/// Give the helper `tid` (0: not started yet) the real-time policy for
+/// its next job, which puts the normal one back when done; whether it
+/// did. A woken helper of the normal policy waited for its CPU while
+/// another cpu group's task held it: a template's standby fork (which
+/// runs off the tracer's CPU, in the sandbox's group) delayed the start
+/// of the scan by 1-2 ms in one checkpoint of ten (100 MB REPL, `perf
+/// sched` trace of the bench), while the tracer thread waited for it.
+fn real_time(tid: i32) -> bool {
+    if tid == 0 || !REAL_TIME.load(Ordering::Relaxed) {
+        return false;
+    }
+    match sandtree_sys::process::set_policy(tid, sandtree_sys::process::Policy::Fifo) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!("the helper thread runs at the normal priority: {e}");
+            REAL_TIME.store(false, Ordering::Relaxed);
+            false
+        }
+    }
 }
 
 #[cfg(test)]

@@ -598,8 +598,7 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)
         let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
         if let Err(e) = drop_descriptors(t) {
             tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
-            crate::inject::move_off_tracer(h.host);
-            let _ = ptrace::kill(h.host);
+            crate::tracer::let_die(h.host);
             dying.push((h.host, h.ns_pid));
             return false;
         }
@@ -789,9 +788,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
 pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
     holders.retain(|h| {
         if h.orphaned() {
-            crate::inject::move_off_tracer(h.host);
-            crate::restore::set_nice(h.host, BACKGROUND_NICE);
-            let _ = ptrace::kill(h.host);
+            crate::tracer::let_die(h.host);
             dying.push((h.host, h.ns_pid));
             false
         } else {

@@ -590,18 +590,9 @@ pub(crate) fn patch<B>(
     let (to_file_ref, room_ref, total_ref, scanned_ref) = (&to_file, &room, &total, &scanned_slot);
     let (found_ref, checks_aside_ref) = (&found_slot, &checks_aside);
     let sp = s.regs.rsp;
-    // Set once the program break is read (or could not be): `brk` takes
-    // the address space's lock for writing, so it would wait for the
-    // whole scan, which holds it for reading (0.3-0.6 ms), and every
-    // read of the process's memory queued behind it would too.
-    let brk_read = AtomicBool::new(false);
-    let brk_read_ref = &brk_read;
     let aside = move || {
         // (Moved in: the jobs borrow the buffers for as long as they live.)
         let (buf_ref, file_ref) = (buf_ref, file_ref);
-        while !brk_read_ref.load(Ordering::Acquire) {
-            std::hint::spin_loop();
-        }
         // The scan first: the copy starts once it is done.
         let scanned = scanned_first.unwrap_or_else(|| scan(host, base_ref, tracking, t0)).map(|r| {
             r.map(|mut sc| {
@@ -666,10 +657,7 @@ pub(crate) fn patch<B>(
         }
     };
     let here = |aside_done: &dyn Fn() -> bool| {
-        let brk = orig.call("brk (read)", libc::SYS_brk, &[0]);
-        brk_read.store(true, Ordering::Release);
         let mine = (|| -> Result<_> {
-            let brk = brk?;
             let (caught, pre) = before(orig, false)?;
             let handlers = handlers(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
@@ -680,8 +668,7 @@ pub(crate) fn patch<B>(
                     ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?
                 }
             };
-            t_inject = t0.elapsed();
-            Ok((handlers, brk, xstate, pre))
+            Ok((handlers, xstate, pre))
         })();
         while !queued.load(Ordering::Acquire) && !aside_done() {
             std::thread::yield_now();
@@ -697,6 +684,17 @@ pub(crate) fn patch<B>(
         if let Some(c) = copying.as_mut() {
             c.next(host, &queue);
         }
+        // The program break once the scan is done (and the holder's copy
+        // started): `brk` takes the address space's lock for writing, so
+        // beside the scan, which holds it for reading, it waited the scan
+        // out. Read first, before the scan started, it held the scan back
+        // by its round trip (0.1 ms, the first call injected into the
+        // process).
+        let mine = mine.and_then(|(handlers, xstate, pre)| {
+            let brk = orig.call("brk (read)", libc::SYS_brk, &[0])?;
+            t_inject = t0.elapsed();
+            Ok((handlers, brk, xstate, pre))
+        });
         if let Some(d) = during.take() {
             d(seen);
         }

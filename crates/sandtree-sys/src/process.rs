@@ -7,6 +7,7 @@
 //!   everything from a dedicated single-threaded zygote.
 //! * signal dispositions (`sigaction` is `unsafe` in nix because handlers run
 //!   asynchronously; we only ever install `SIG_IGN` / `SIG_DFL`).
+//! * [`set_policy`]: `sched_setscheduler`, which rustix does not wrap.
 //! * [`close_fds_except`]: `close_range(2)` around a keep list.
 //! * [`install_seccomp_filter`]: `seccomp(SECCOMP_SET_MODE_FILTER)` *without*
 //!   `PR_SET_NO_NEW_PRIVS`: a task that is root in its own user namespace
@@ -237,6 +238,42 @@ fn kcmp_same(tid1: i32, tid2: i32, kind: libc::c_int) -> io::Result<bool> {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no user-space state.
     unsafe { libc::_exit(code) }
+}
+
+/// A scheduling policy for [`set_policy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// `SCHED_OTHER`: the default (its nice value applies).
+    Normal,
+    /// `SCHED_IDLE`: runs only on CPU time no other task of its group
+    /// wants, and its wake-ups never preempt the task running on its CPU
+    /// (the kernel's `check_preempt_wakeup_fair` returns early for a waking
+    /// task whose policy is not `SCHED_NORMAL`). For a task killed and
+    /// left to tear its address space down in the background.
+    Idle,
+    /// `SCHED_FIFO` at the lowest real-time priority: its wake-up preempts
+    /// any task of the fair classes on its CPU, whatever their cgroup.
+    /// For short work on a critical path only.
+    Fifo,
+}
+
+/// Give task `tid` (0: the calling thread) scheduling policy `policy`.
+/// (A real-time policy fails with `EPERM` in a cpu cgroup given no
+/// real-time runtime.)
+pub fn set_policy(tid: i32, policy: Policy) -> io::Result<()> {
+    let (policy, priority) = match policy {
+        Policy::Normal => (libc::SCHED_OTHER, 0),
+        Policy::Idle => (libc::SCHED_IDLE, 0),
+        Policy::Fifo => (libc::SCHED_FIFO, 1),
+    };
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid, initialised `sched_param` that outlives
+    // the call, which only reads it; a bad tid is an error, not UB.
+    let rc = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Start time of process `pid` (`/proc/<pid>/stat` field 22, clock ticks
