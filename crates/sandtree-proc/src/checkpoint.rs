@@ -618,6 +618,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
             crate::incremental::FROM_PREV.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        let fd_flags = extra.is_none().then(|| t.image.fds.iter().map(|f| (f.fd, f.flags)).collect());
         Some(crate::incremental::Base {
             id,
             template: t.host,
@@ -626,6 +627,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             forking,
             scratch: (t.scratch, t.scratch_exec),
             maps: t.image.maps.clone(),
+            fd_flags,
             fingerprint,
             rseq: t.image.rseq,
             generation: t.generation,

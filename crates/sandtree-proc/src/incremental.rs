@@ -123,6 +123,11 @@ pub(crate) struct Base {
     pub scratch: (u64, bool),
     /// Its memory map.
     pub maps: Vec<MapImage>,
+    /// Its descriptors' flags (descriptor, `fdinfo` flags) as its image
+    /// has them, which its standby's are (a fork copies the close-on-exec
+    /// bits, and the template's set-up changes none); `None` when the
+    /// standby is of another template ([`Base::extra`]): read from it.
+    pub fd_flags: Option<Vec<(i32, u32)>>,
     /// The original's [`fingerprint`] then.
     pub fingerprint: String,
     /// The original's rseq registration then (a fork keeps it).
@@ -465,9 +470,16 @@ fn mismatch(
         if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host, fd, sb, fd).unwrap_or(false) {
             return Some(format!("descriptor {fd} changed"));
         }
-        // Close-on-exec is the descriptor table's, not the file's.
+        // Close-on-exec is the descriptor table's, not the file's. (From
+        // the image when it has them: an `fdinfo` read each, ~10 µs, on
+        // the frozen window's path.)
         let cloexec = libc::O_CLOEXEC as u32;
-        if crate::procfs::fd_flags(sb, fd).ok().map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
+        let known = base.fd_flags.as_ref().and_then(|v| v.iter().find(|(d, _)| *d == fd).map(|(_, fl)| *fl));
+        let flags = match known {
+            Some(fl) => Some(fl),
+            None => crate::procfs::fd_flags(sb, fd).ok(),
+        };
+        if flags.map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
             return Some(format!("descriptor {fd}'s close-on-exec flag changed"));
         }
     }

@@ -1674,6 +1674,49 @@ fn eventfd_counter(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// 8b. A descriptor's close-on-exec flag flipped between two checkpoints:
+// the second checkpoint cannot take the first one's standby as it is (the
+// flag is the descriptor table's, which the standby copied), and its
+// checks compare the flag with the first template's image.
+
+const CLOEXEC_PY: &str = r#"
+r, w = os.pipe()
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'inheritable=%s' % os.get_inheritable(r)
+    if cmd == 'flip':
+        os.set_inheritable(r, not os.get_inheritable(r))
+        return 'inheritable=%s' % os.get_inheritable(r)
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+fn close_on_exec_flipped_between_checkpoints(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, CLOEXEC_PY).await?;
+        let mut c = Checks::default();
+        c.eq("at the first checkpoint", &w.ask(e, "state").await?, "inheritable=False");
+        let first = w.checkpoint(e).await?;
+        c.eq("flipped", &w.ask(e, "flip").await?, "inheritable=True");
+        // (The first one's standby is made meanwhile.)
+        sleep_ms(100).await;
+        let second = w.checkpoint_once(e).await?;
+        sleep_ms(100).await;
+        // Unchanged since the second: from its standby.
+        let third = w.checkpoint_once(e).await?;
+        c.eq("flipped back", &w.ask(e, "flip").await?, "inheritable=False");
+        for (ck, want) in [(&second, "True"), (&first, "False"), (&third, "True"), (&first, "False")] {
+            w.rollback(e, ck).await?;
+            c.eq(&format!("after a rollback to {ck}"), &w.ask(e, "state").await?, &format!("inheritable={want}"));
+        }
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // 9. A sleeping loop, and a timerfd.
 
 const SLEEP_PY: &str = r#"
@@ -2420,6 +2463,7 @@ fn main() {
         ("no_writable_code", no_writable_code),
         ("unix_socketpair_and_listener", unix_socketpair_and_listener),
         ("eventfd_counter", eventfd_counter),
+        ("close_on_exec_flipped_between_checkpoints", close_on_exec_flipped_between_checkpoints),
         ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
         ("timerfd_stays_armed", timerfd_stays_armed),
         ("epoll_and_signalfd", epoll_and_signalfd),
