@@ -713,7 +713,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
     match mounts {
         Err(e) => failure = Some(e),
         Ok(mounts) => match big {
-            None => clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure),
+            None => clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure, &mut || {}),
             Some(b) => {
                 let need_holder = !st.has_holder(b.host);
                 let track = track_for(st, &b);
@@ -726,9 +726,9 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
                     &mounts,
                     &mut seen,
                     need_holder,
-                    Some(&mut |seen: &mut Seen| {
+                    Some(&mut |seen: &mut Seen, between: &mut dyn FnMut()| {
                         ran = true;
-                        clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure);
+                        clone_each(st, &mut left, &mounts, seen, best_effort, &mut failure, between);
                         if failure.is_none()
                             && st.cloned.len() == before + others
                             && let Some(f) = others_done.as_mut()
@@ -741,7 +741,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
                 let hard = keep_clone(st, &b, res, best_effort);
                 // (It failed before its copy: the others are cloned now.)
                 if !ran && hard.is_none() {
-                    clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure);
+                    clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure, &mut || {});
                 }
                 if let Some(e) = hard {
                     failure.get_or_insert(e);
@@ -762,7 +762,14 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
     Ok(())
 }
 
-/// Pass 1 for each of `left` in turn, until a failure (which stops it).
+/// The other processes' pass 1, run while the largest one's copy is made
+/// ([`clone_of`]'s `during`); it calls the hook it is given before each
+/// process (the largest one's copy starts there once its scan is done:
+/// `incremental::patch`).
+pub(crate) type During<'a> = &'a mut dyn FnMut(&mut Seen, &mut dyn FnMut());
+
+/// Pass 1 for each of `left` in turn, until a failure (which stops it);
+/// `between` runs before each.
 fn clone_each(
     st: &mut State,
     left: &mut impl Iterator<Item = Stopped>,
@@ -770,11 +777,13 @@ fn clone_each(
     seen: &mut Seen,
     best_effort: bool,
     failure: &mut Option<Error>,
+    between: &mut dyn FnMut(),
 ) {
     if failure.is_some() {
         return;
     }
     for s in left.by_ref() {
+        between();
         let need_holder = !st.has_holder(s.host);
         let track = track_for(st, &s);
         let res = clone_of(&s, mounts, seen, need_holder, None, track);
@@ -1113,7 +1122,7 @@ fn clone_of(
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     seen: &mut Seen,
     need_holder: bool,
-    mut during: Option<&mut dyn FnMut(&mut Seen)>,
+    mut during: Option<During<'_>>,
     mut track: Option<Track>,
 ) -> Result<Cloned> {
     let host = s.host;
@@ -1229,7 +1238,7 @@ fn clone_of(
                 }
                 let started = orig.start_clone(flags);
                 if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
-                    during(seen);
+                    during(seen, &mut || {});
                 }
                 if apart {
                     inject::pin_to_tracer(host);
