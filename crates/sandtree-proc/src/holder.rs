@@ -799,7 +799,18 @@ pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
 
 /// Collect the exit of killed tracees that are done dying (host pid, pid
 /// in the sandbox). Until then init cannot reap them either.
-pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>) {
+/// One still tearing its memory down 20 ms after it was first seen here
+/// goes back from `SCHED_IDLE` (`tracer::let_die`) to the normal policy
+/// at nice 19, between operations (`promote`; a policy change may preempt
+/// the task on its CPU): on a CPU the sandbox keeps busy, an idle task's
+/// teardown could hold its memory, charged to the sandbox, for seconds.
+pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>, promote: bool) {
+    thread_local! {
+        /// When each dying tracee was first seen (`None`: promoted).
+        static SEEN: std::cell::RefCell<std::collections::HashMap<i32, Option<std::time::Instant>>> =
+            Default::default();
+    }
+    const IDLE_FOR: std::time::Duration = std::time::Duration::from_millis(20);
     dying.retain(|&(host, _)| match ptrace::try_wait(host) {
         Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
         Ok(Some(_)) => {
@@ -807,6 +818,17 @@ pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>) {
             true
         }
         Ok(None) => true,
+    });
+    SEEN.with_borrow_mut(|seen| {
+        seen.retain(|host, _| dying.iter().any(|(h, _)| h == host));
+        for &(host, _) in dying.iter() {
+            let since = seen.entry(host).or_insert_with(|| Some(std::time::Instant::now()));
+            if promote && since.is_some_and(|t| t.elapsed() >= IDLE_FOR) {
+                let _ = sandtree_sys::process::set_policy(host, sandtree_sys::process::Policy::Normal);
+                crate::restore::set_nice(host, BACKGROUND_NICE);
+                *since = None;
+            }
+        }
     });
 }
 

@@ -809,7 +809,7 @@ impl Tracer {
                     holders_seen = std::time::Instant::now();
                     crate::holder::retire(&mut st.holders, &mut st.dying);
                 }
-                crate::holder::reap_dying(&mut st.dying);
+                crate::holder::reap_dying(&mut st.dying, st.ops.load(Ordering::SeqCst) == 0);
                 crate::track::close_parked(&mut st);
             }
             // Dropping the state ends the thread; EXITKILL kills the
