@@ -1399,7 +1399,7 @@ fn clone_of(
             session,
             pipe_keys,
             copier,
-            facts: session.is_some().then(|| (status.clone(), comm)),
+            facts: session.is_some().then_some((status, comm)),
         })
     };
     let mut c = match made() {
@@ -1551,8 +1551,8 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let regs = Registers::from(&c.image_regs);
     // (Read of the template: ~50-75 µs a process, after the window but on
     // the checkpoint's path.)
-    let facts = match (maps.is_some(), c.facts) {
-        (true, Some((status, comm))) => {
+    let facts = match c.facts {
+        Some((status, comm)) => {
             let tty_nr = c.session.map_or(0, |(_, _, tty)| i64::from(tty));
             Ok(procfs::TemplateFacts { status, tty_nr, comm, maps: None })
         }

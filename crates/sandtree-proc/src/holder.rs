@@ -593,13 +593,12 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
 /// Adopted holders drop their copy of the descriptor table (after the
 /// rollback's reply: a holder never runs, and the copy only keeps the
 /// same files open a moment longer). One that cannot is killed.
-pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
+pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain_mut(|h| {
         let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
         if let Err(e) = drop_descriptors(t) {
             tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
-            crate::tracer::let_die(h.host);
-            dying.push((h.host, h.ns_pid));
+            dying.push(crate::tracer::let_die(h.host, h.ns_pid));
             return false;
         }
         h.undropped = false;
@@ -785,11 +784,10 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
 
 /// SIGKILL the holders whose owner exited; they are reaped by
 /// [`reap_dying`] (their teardown must not hold the tracer).
-pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
+pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain(|h| {
         if h.orphaned() {
-            crate::tracer::let_die(h.host);
-            dying.push((h.host, h.ns_pid));
+            dying.push(crate::tracer::let_die(h.host, h.ns_pid));
             false
         } else {
             true
@@ -797,39 +795,41 @@ pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<(i32, i32)>) {
     });
 }
 
-/// Collect the exit of killed tracees that are done dying (host pid, pid
-/// in the sandbox). Until then init cannot reap them either.
-/// One still tearing its memory down 20 ms after it was first seen here
-/// goes back from `SCHED_IDLE` (`tracer::let_die`) to the normal policy
-/// at nice 19, between operations (`promote`; a policy change may preempt
+/// A killed pool process not reaped yet ([`crate::tracer::let_die`]).
+pub(crate) struct Dying {
+    /// Host pid.
+    pub host: i32,
+    /// Pid in the sandbox.
+    pub ns_pid: i32,
+    /// When it was killed, while it tears its memory down under
+    /// `SCHED_IDLE` (`None`: back at nice 19, see [`reap_dying`]).
+    pub idle_since: Option<std::time::Instant>,
+}
+
+/// Collect the exit of killed tracees that are done dying. Until then
+/// init cannot reap them either. One still tearing its memory down 20 ms
+/// after its kill goes back from `SCHED_IDLE` to the normal policy at
+/// nice 19, between operations (`promote`; a policy change may preempt
 /// the task on its CPU): on a CPU the sandbox keeps busy, an idle task's
 /// teardown could hold its memory, charged to the sandbox, for seconds.
-pub(crate) fn reap_dying(dying: &mut Vec<(i32, i32)>, promote: bool) {
-    thread_local! {
-        /// When each dying tracee was first seen (`None`: promoted).
-        static SEEN: std::cell::RefCell<std::collections::HashMap<i32, Option<std::time::Instant>>> =
-            Default::default();
-    }
+pub(crate) fn reap_dying(dying: &mut Vec<Dying>, promote: bool) {
     const IDLE_FOR: std::time::Duration = std::time::Duration::from_millis(20);
-    dying.retain(|&(host, _)| match ptrace::try_wait(host) {
+    dying.retain(|d| match ptrace::try_wait(d.host) {
         Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
         Ok(Some(_)) => {
-            let _ = ptrace::resume(host, 0);
+            let _ = ptrace::resume(d.host, 0);
             true
         }
         Ok(None) => true,
     });
-    SEEN.with_borrow_mut(|seen| {
-        seen.retain(|host, _| dying.iter().any(|(h, _)| h == host));
-        for &(host, _) in dying.iter() {
-            let since = seen.entry(host).or_insert_with(|| Some(std::time::Instant::now()));
-            if promote && since.is_some_and(|t| t.elapsed() >= IDLE_FOR) {
-                let _ = sandtree_sys::process::set_policy(host, sandtree_sys::process::Policy::Normal);
-                crate::restore::set_nice(host, BACKGROUND_NICE);
-                *since = None;
-            }
-        }
-    });
+    if !promote {
+        return;
+    }
+    for d in dying.iter_mut().filter(|d| d.idle_since.is_some_and(|t| t.elapsed() >= IDLE_FOR)) {
+        let _ = sandtree_sys::process::set_policy(d.host, sandtree_sys::process::Policy::Normal);
+        crate::restore::set_nice(d.host, BACKGROUND_NICE);
+        d.idle_since = None;
+    }
 }
 
 #[cfg(test)]

@@ -474,11 +474,11 @@ fn mismatch(
         // the image when it has them: an `fdinfo` read each, ~10 µs, on
         // the frozen window's path.)
         let cloexec = libc::O_CLOEXEC as u32;
-        let known = base.fd_flags.as_ref().and_then(|v| v.iter().find(|(d, _)| *d == fd).map(|(_, fl)| *fl));
-        let flags = match known {
-            Some(fl) => Some(fl),
-            None => crate::procfs::fd_flags(sb, fd).ok(),
-        };
+        let flags = base
+            .fd_flags
+            .as_ref()
+            .and_then(|v| v.iter().find(|(d, _)| *d == fd).map(|(_, fl)| *fl))
+            .or_else(|| crate::procfs::fd_flags(sb, fd).ok());
         if flags.map(|fl| fl & cloexec) != Some(f.flags & cloexec) {
             return Some(format!("descriptor {fd}'s close-on-exec flag changed"));
         }

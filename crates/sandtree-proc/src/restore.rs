@@ -77,9 +77,9 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             }
         }
     }
-    st.dying.retain(|&(host, ns)| {
-        if needed.contains(&ns) {
-            crate::tracer::kill_tracee(host);
+    st.dying.retain(|d| {
+        if needed.contains(&d.ns_pid) {
+            crate::tracer::kill_tracee(d.host);
             false
         } else {
             true

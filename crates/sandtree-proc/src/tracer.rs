@@ -326,8 +326,8 @@ pub(crate) struct State {
     /// no standby is made during one (init's kill list was taken, or
     /// processes are stopped).
     pub ops: Arc<AtomicU32>,
-    /// Killed holders not reaped yet (host pid, pid in the sandbox).
-    pub dying: Vec<(i32, i32)>,
+    /// Killed pool processes not reaped yet.
+    pub dying: Vec<crate::holder::Dying>,
     /// Seized tasks whose interrupt has not taken effect yet.
     pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
@@ -497,7 +497,7 @@ impl State {
         let mut v = self.template_hosts();
         v.extend(self.standbys().map(|s| s.host));
         v.extend(self.holders.iter().map(|h| h.host));
-        v.extend(self.dying.iter().map(|d| d.0));
+        v.extend(self.dying.iter().map(|d| d.host));
         v
     }
 
@@ -511,7 +511,7 @@ impl State {
         let mut v: Vec<i32> = self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect();
         v.extend(self.standbys().map(|s| s.ns_pid));
         v.extend(self.holders.iter().map(|h| h.ns_pid));
-        v.extend(self.dying.iter().map(|d| d.1));
+        v.extend(self.dying.iter().map(|d| d.ns_pid));
         // (Standbys being forked with a pid of ours.)
         v.extend(self.pools.values().flat_map(|c| &c.templates).filter_map(|t| t.forking.as_ref()?.ns_pid()));
         v
@@ -565,7 +565,7 @@ impl State {
 
 thread_local! {
     /// Tracees [`kill_later`] killed, for the tracer thread's dying list.
-    static KILLED: std::cell::RefCell<Vec<(i32, i32)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static KILLED: std::cell::RefCell<Vec<crate::holder::Dying>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// SIGKILL tracee `host` (pid `ns_pid` in the sandbox) without waiting for
@@ -573,8 +573,8 @@ thread_local! {
 /// (milliseconds for a large one): the tracer thread, whose tracee it is,
 /// collects it between jobs ([`crate::holder::reap_dying`]).
 pub(crate) fn kill_later(host: i32, ns_pid: i32) {
-    let_die(host);
-    KILLED.with(|k| k.borrow_mut().push((host, ns_pid)));
+    let dying = let_die(host, ns_pid);
+    KILLED.with(|k| k.borrow_mut().push(dying));
 }
 
 /// SIGKILL a pool process whose exit nobody waits for, after moving it off
@@ -585,11 +585,12 @@ pub(crate) fn kill_later(host: i32, ns_pid: i32) {
 /// sandbox's group competes with the daemon's as an equal: a rollback's
 /// last 50 µs, on the daemon's thread that returns it, waited 3.5 ms for
 /// two holders' teardowns while the other CPU was idle (`perf sched`
-/// trace of the bench).
-pub(crate) fn let_die(host: i32) {
+/// trace of the bench). Returns its entry for the dying list.
+pub(crate) fn let_die(host: i32, ns_pid: i32) -> crate::holder::Dying {
     crate::inject::move_off_tracer(host);
     let _ = sandtree_sys::process::set_policy(host, sandtree_sys::process::Policy::Idle);
     let _ = sandtree_sys::ptrace::kill(host);
+    crate::holder::Dying { host, ns_pid, idle_since: Some(std::time::Instant::now()) }
 }
 
 /// SIGKILL a tracee and collect its exit notification (the tracer's part;

@@ -118,7 +118,7 @@ pub(crate) fn close_parked(st: &mut crate::tracer::State) {
     let (holders, dying) = (&st.holders, &st.dying);
     let gone: Vec<OwnedFd> = st
         .parked
-        .extract_if(.., |p| !holders.iter().any(|h| h.host == p.holder) && !dying.iter().any(|d| d.0 == p.holder))
+        .extract_if(.., |p| !holders.iter().any(|h| h.host == p.holder) && !dying.iter().any(|d| d.host == p.holder))
         .map(|p| p.uffd)
         .collect();
     // (Cheap now, but a close is a syscall the tracer need not make.)
