@@ -528,7 +528,7 @@ fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::t
     if tracking.is_none() {
         *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?);
     }
-    crate::incremental::fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
+    crate::incremental::fingerprint(host, None).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
 }
 
 /// Resident pages of process `host` (0 if unknown).
@@ -1182,11 +1182,12 @@ fn clone_of(
         // ran no code since its previous template, whose image has no
         // armed interval timer: none is armed now, and its alternate stack
         // is the one then.)
-        let before = |orig: &mut Tracee, quiet: bool| -> Result<(u64, _)> {
+        let before = |orig: &mut Tracee, quiet: bool| -> Result<crate::incremental::Before<_>> {
             // Pending signals before the timers are read: a one-shot timer
             // that fires meanwhile then shows in neither rather than in
             // both (a periodic one keeps firing, see below).
-            let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+            let mut status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+            let text = std::mem::take(&mut status.text);
             let mut queued = Vec::new();
             if status.signals.pending != 0 {
                 for shared in [false, true] {
@@ -1199,7 +1200,11 @@ fn clone_of(
                 true => (Vec::new(), quiet_altstack.clone().flatten()),
                 false => timers(s, orig)?,
             };
-            Ok((status.signals.caught, (status, queued, itimers)))
+            Ok(crate::incremental::Before {
+                caught: status.signals.caught,
+                status: text,
+                rest: (status, queued, itimers),
+            })
         };
         let (patched, fds, (status, queued, (mut itimers, altstack))) = match incremental {
             Some((tracking, base, copier)) => {
@@ -1217,7 +1222,7 @@ fn clone_of(
                 )?;
                 (patched, Some(fds), pre)
             }
-            _ => (None, None, before(&mut orig, false)?.1),
+            _ => (None, None, before(&mut orig, false)?.rest),
         };
         let pending = status.signals.pending;
         // (A standby still being forked: `p.host` is the template forking

@@ -176,10 +176,10 @@ impl Taken {
     /// The template's host pid (the stand-in's while its standby is being
     /// forked), its pid in the sandbox, and the standby or its fork, for a
     /// [`Pending`].
-    fn parts(self) -> (i32, i32, Option<Standby>, Option<Later>) {
+    fn parts(self) -> (i32, i32, Becoming) {
         match self {
-            Taken::Ready(s) => (s.host, s.ns_pid, Some(s), None),
-            Taken::Later(l, ns_pid, from) => (from, ns_pid, None, Some(l)),
+            Taken::Ready(s) => (s.host, s.ns_pid, Becoming::Standby(s)),
+            Taken::Later(l, ns_pid, from) => (from, ns_pid, Becoming::Forking(l)),
         }
     }
 }
@@ -393,10 +393,19 @@ const NAMESPACES: &[&str] = &["mnt", "net", "uts", "ipc", "user", "cgroup", "pid
 
 /// What a fork of process `host` copies besides its memory, descriptors
 /// and signal handlers, as text (see the module docs).
-pub(crate) fn fingerprint(host: i32) -> io::Result<String> {
+/// (`status`: its `/proc/<host>/status`, when read already while it was
+/// stopped.)
+pub(crate) fn fingerprint(host: i32, status: Option<&str>) -> io::Result<String> {
     let base = format!("/proc/{host}");
     let mut out = String::with_capacity(2048);
-    let status = std::fs::read_to_string(format!("{base}/status"))?;
+    let read;
+    let status = match status {
+        Some(s) => s,
+        None => {
+            read = std::fs::read_to_string(format!("{base}/status"))?;
+            &read
+        }
+    };
     for line in status.lines() {
         if line.split_once(':').is_some_and(|(k, _)| STATUS_KEYS.contains(&k)) {
             out.push_str(line);
@@ -489,6 +498,18 @@ fn mismatch(
 /// Signal number and raw kernel `struct sigaction` (32 bytes).
 type Handler = (u64, Vec<u8>);
 
+/// What the tracer's own part of a process's pass 1 (`before`, in
+/// `checkpoint.rs`) returns.
+pub(crate) struct Before<B> {
+    /// Its caught signals (their handlers are read from it).
+    pub caught: u64,
+    /// Its `/proc/<pid>/status`, as read then: a quiet process's
+    /// fingerprint takes its lines from it.
+    pub status: String,
+    /// The caller's.
+    pub rest: B,
+}
+
 /// The handlers of the signals `caught` of stopped process `orig`, read by
 /// injected `rt_sigaction` into the dead space below its stack's red zone.
 fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>> {
@@ -546,7 +567,7 @@ pub(crate) fn patch<B>(
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
     mut holder: Option<&mut crate::holder::Copier>,
     quiet: Option<Vec<u8>>,
-    before: impl FnOnce(&mut Tracee, bool) -> Result<(u64, B)>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
     during: &mut Option<crate::checkpoint::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
@@ -670,7 +691,7 @@ pub(crate) fn patch<B>(
     };
     let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
-            let (caught, pre) = before(orig, false)?;
+            let Before { caught, rest: pre, .. } = before(orig, false)?;
             let handlers = handlers(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
@@ -839,10 +860,9 @@ pub(crate) fn patch<B>(
     let copied = copy.into_inner().unwrap_or_default();
     let delta = std::sync::Arc::new(Delta { pages: copied.clone(), zap: f.zap.clone() });
     let pages = Pages::Read(copied, pages);
-    let (to, ns_pid, standby, later) = taken.parts();
+    let (to, ns_pid, standby) = taken.parts();
     let pending = Pending {
         standby,
-        later,
         owner: host,
         pages,
         bytes: f.total,
@@ -881,15 +901,15 @@ fn patch_quiet<B>(
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
     (xstate, sc): (Vec<u8>, Scanned),
-    before: impl FnOnce(&mut Tracee, bool) -> Result<(u64, B)>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
     during: &mut Option<crate::checkpoint::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     let host = s.host;
     let t0 = std::time::Instant::now();
-    let (_, pre) = before(orig, true)?;
+    let Before { status, rest: pre, .. } = before(orig, true)?;
     let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-    let f = match check(host, rseq, &base, tracking, &fds, sc, t0)? {
+    let f = match check(host, Some(&status), rseq, &base, tracking, &fds, sc, t0)? {
         Ok(f) => f,
         Err(why) => {
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
@@ -900,7 +920,7 @@ fn patch_quiet<B>(
     if let Some(d) = during.take() {
         d(seen, &mut || {});
     }
-    let (to, ns_pid, standby, later) = match base.take_or_defer() {
+    let (to, ns_pid, standby) = match base.take_or_defer() {
         Ok(taken) => taken.parts(),
         Err(e) => {
             tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
@@ -911,12 +931,11 @@ fn patch_quiet<B>(
     tracing::debug!(
         pid = s.ns_pid,
         took = ?t0.elapsed(),
-        later = later.is_some(),
+        later = matches!(standby, Becoming::Forking(_)),
         "template from the previous one's standby (no code ran since)"
     );
     let pending = Pending {
         standby,
-        later,
         owner: host,
         pages: Pages::Read(Vec::new(), Buf::Vec(Vec::new())),
         bytes: 0,
@@ -1290,7 +1309,7 @@ fn find_fds(
 ) -> Result<FoundFds> {
     let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
     let found = match scanned? {
-        Ok(sc) => check(host, rseq, base, tracking, &fds, sc, t0)?,
+        Ok(sc) => check(host, None, rseq, base, tracking, &fds, sc, t0)?,
         Err(why) => Err(why),
     };
     Ok((found, fds))
@@ -1298,8 +1317,10 @@ fn find_fds(
 
 /// The checks but the scan's (see the module docs): `Ok(Err(why))` when
 /// the checkpoint must fork instead.
+#[allow(clippy::too_many_arguments)]
 fn check(
     host: i32,
+    status: Option<&str>,
     rseq: Rseq,
     base: &Base,
     tracking: &Tracking,
@@ -1307,7 +1328,7 @@ fn check(
     sc: Scanned,
     t0: std::time::Instant,
 ) -> Result<std::result::Result<Found, String>> {
-    let fp = fingerprint(host).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
+    let fp = fingerprint(host, status).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
     if let Some(why) = mismatch(host, base, (&fp, &sc.maps, rseq), tracking, fds) {
         return Ok(Err(why));
     }
@@ -1323,12 +1344,8 @@ fn check(
 /// jobs; the rest (registers, handlers, program break, dropped pages) by
 /// the tracer once it is done ([`Pending::finish`]).
 pub(crate) struct Pending {
-    /// The standby that becomes the template...
-    standby: Option<Standby>,
-    /// ...or its fork, still under way ([`Later`]): until
-    /// [`Pending::resolve`], the template's host pid is that of the
-    /// template forking it.
-    later: Option<Later>,
+    /// The standby that becomes the template.
+    standby: Becoming,
     /// Host pid of the process (whose holder lent its page file).
     owner: i32,
     pages: Pages,
@@ -1344,6 +1361,16 @@ pub(crate) struct Pending {
     /// The standby is of the template before the previous one: the
     /// previous one's changes go first.
     extra: Option<Extra>,
+}
+
+/// The standby a [`Pending`] makes its process's template.
+enum Becoming {
+    Standby(Standby),
+    /// Its fork, still under way ([`Later`]): until [`Pending::resolve`],
+    /// the template's host pid is that of the template forking it.
+    Forking(Later),
+    /// Its fork failed.
+    Gone,
 }
 
 /// Where the pages of a [`Pending`] are.
@@ -1397,20 +1424,21 @@ impl Pending {
 
     /// Its standby's fork is still under way ([`Later`]).
     pub(crate) fn is_later(&self) -> bool {
-        self.later.is_some()
+        matches!(self.standby, Becoming::Forking(_))
     }
 
     /// Wait for the standby's fork, if it is under way ([`Later`]):
     /// returns the standby's host pid and pid in the sandbox.
     pub(crate) fn resolve(&mut self) -> Result<(i32, i32)> {
-        if let Some(l) = self.later.take() {
-            self.standby = Some(l.finish()?);
+        // (A fork that fails leaves it `Gone`.)
+        self.standby = match std::mem::replace(&mut self.standby, Becoming::Gone) {
+            Becoming::Forking(l) => Becoming::Standby(l.finish()?),
+            other => other,
+        };
+        match &self.standby {
+            Becoming::Standby(s) => Ok((s.host, s.ns_pid)),
+            _ => Err(Error::Died { pid: self.owner, how: "its template's standby is gone".into() }),
         }
-        let s = self
-            .standby
-            .as_ref()
-            .ok_or(Error::Died { pid: self.owner, how: "its template's standby is gone".into() })?;
-        Ok((s.host, s.ns_pid))
     }
 
     /// Start writing the pages into the standby, on a thread of its own
@@ -1422,7 +1450,8 @@ impl Pending {
             return;
         }
         // (Not before the standby is there: `finish` says so.)
-        let Some((to, ns_pid)) = self.standby.as_ref().map(|s| (s.host, s.ns_pid)) else { return };
+        let Becoming::Standby(s) = &self.standby else { return };
+        let (to, ns_pid) = (s.host, s.ns_pid);
         if let Err(e) = self.zap_extra() {
             tracing::warn!(pid = ns_pid, "the previous template's dropped pages: {e}");
             self.pages = Pages::Gone;
@@ -1452,7 +1481,7 @@ impl Pending {
     /// dropped (once: taken).
     fn zap_extra(&mut self) -> Result<()> {
         let Some(e) = self.extra.as_mut().filter(|e| !e.zapped) else { return Ok(()) };
-        let Some(standby) = self.standby.as_mut() else {
+        let Becoming::Standby(standby) = &mut self.standby else {
             return Err(Error::Died { pid: self.owner, how: "its template's standby is not forked yet".into() });
         };
         e.zapped = true;
@@ -1494,7 +1523,7 @@ impl Pending {
             Err(e) => Err(e),
         };
         let Pending { standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch, extra, .. } = self;
-        let Some(mut standby) = standby else {
+        let Becoming::Standby(mut standby) = standby else {
             if let Buf::File { file: f, .. } = pages.into_buf() {
                 crate::holder::give_back_file(holders, owner, f);
             }

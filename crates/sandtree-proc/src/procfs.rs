@@ -41,6 +41,9 @@ pub struct Status {
     pub state: char,
     /// Tid of its tracer (0: none).
     pub tracer: i32,
+    /// The file as read (an incremental template's fingerprint takes its
+    /// lines from it rather than read it again: `incremental.rs`).
+    pub text: String,
 }
 
 fn last_num<T: std::str::FromStr>(v: &str) -> Option<T> {
@@ -89,6 +92,7 @@ pub fn status(pid: i32) -> io::Result<Status> {
         }
     }
     st.signals.pending = pending;
+    st.text = text;
     Ok(st)
 }
 
