@@ -20,7 +20,12 @@
 //! starts: plain `fork()`s of a Python holding as much in 4 KiB pages
 //! (what a template made by a fork copies: DeltaBox's path, without
 //! ptrace), which also tells how fast this machine forks at the time; the
-//! report gives the checkpoint as a multiple of it.
+//! report gives the checkpoint as a multiple of it. And a second one, for
+//! the other kind of work a checkpoint's window is made of: syscalls
+//! injected by ptrace into a stopped process on the injecting thread's
+//! CPU, ten per sample (pass 1 of this workload's three processes injects
+//! a few dozen; each is two ptrace stops, two context switches each way),
+//! which tells how fast this machine hands a CPU between two tasks then.
 
 use std::time::{Duration, Instant};
 
@@ -139,6 +144,10 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     let steal = super::report::Steal::now();
     let sb = create(engine).await?;
     let fork_ms = fork_baseline(engine, &sb, n, repl_mb).await?;
+    let inject_ms = tokio::task::spawn_blocking(move || {
+        std::thread::spawn(move || ptrace_baseline(n)).join().unwrap_or_else(|_| bail!("the ptrace baseline panicked"))
+    })
+    .await??;
     sh(engine, &sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
     let bg = |cmd: Vec<&str>, env: Vec<(String, String)>| ExecRequest {
         cmd: cmd.into_iter().map(String::from).collect(),
@@ -249,6 +258,7 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
     report.rows.push(Row::new(g, &format!("rollback in place, 100 ms later (REPL {label})"), &think_ms));
     report.rows.push(Row::new("baseline", &fork_row(&label), &fork_ms));
+    report.rows.push(Row::new("baseline", &inject_row(&label), &inject_ms));
     by_holder.sort_by(f64::total_cmp);
     report.holder_pages.push((label.clone(), super::report::percentile(&by_holder, 50.0)));
     if let (Some(s0), Some(s1)) = (steal, super::report::Steal::now()) {
@@ -262,6 +272,11 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
 /// The baseline row's name for a REPL of `label`.
 pub fn fork_row(label: &str) -> String {
     format!("fork() of a {label} process (4 KiB pages)")
+}
+
+/// The second baseline row's name, in the run of a REPL of `label`.
+pub fn inject_row(label: &str) -> String {
+    format!("10 syscalls injected by ptrace (REPL {label} run)")
 }
 
 /// [`FORK`]'s samples in sandbox `sb`.
@@ -279,5 +294,43 @@ async fn fork_baseline(engine: &Engine, sb: &str, n: usize, repl_mb: u64) -> Res
     if ms.len() != n {
         bail!("the fork baseline printed {} samples, not {n}", ms.len());
     }
+    Ok(ms)
+}
+
+/// The second baseline (see the module docs): `n` samples of ten `getppid`
+/// calls injected into a stopped `sleep`, both pinned to the CPU this
+/// (fresh, and gone with the pin once done) thread runs on, as the tracer
+/// thread and its tracees are.
+fn ptrace_baseline(n: usize) -> Result<Vec<f64>> {
+    use sandtree_proc::inject;
+    use sandtree_sys::ptrace;
+    /// The tracee, killed whatever happens.
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Child(std::process::Command::new("sleep").arg("600").spawn().context("spawn sleep")?);
+    let pid = child.0.id() as i32;
+    let cpu = rustix::thread::sched_getcpu() as u32;
+    inject::pin_self(&[cpu]);
+    inject::set_affinity(pid, &[cpu]);
+    ptrace::seize(pid).context("seize")?;
+    ptrace::interrupt(pid).context("interrupt")?;
+    inject::wait_event_stop(pid).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let regs = ptrace::regs(pid).context("registers")?;
+    let insn = inject::find_syscall_insn(pid).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut tracee = inject::Tracee::new(pid, regs, insn);
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        for _ in 0..10 {
+            tracee.call("getppid", libc::SYS_getppid, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    tracee.release(&regs).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(ms)
 }

@@ -210,6 +210,13 @@ impl Report {
                     ck / fork
                 );
             }
+            let inject = self.p50(&super::processes::inject_row(repl));
+            if inject.is_finite() {
+                println!(
+                    "a syscall injected by ptrace, REPL {repl} run: {:.1} µs p50 (the unit of a checkpoint's pass 1)",
+                    inject * 100.0
+                );
+            }
         }
     }
 }
