@@ -23,8 +23,8 @@
 //! report gives the checkpoint as a multiple of it. And a second one, for
 //! the other kind of work a checkpoint's window is made of: syscalls
 //! injected by ptrace into a stopped process on the injecting thread's
-//! CPU, ten per sample (pass 1 of this workload's three processes injects
-//! a few dozen; each is two ptrace stops, two context switches each way),
+//! CPU, ten per sample (each is two ptrace stops, a context switch each
+//! way per stop: the unit of the calls pass 1 injects one at a time),
 //! which tells how fast this machine hands a CPU between two tasks then.
 
 use std::time::{Duration, Instant};
