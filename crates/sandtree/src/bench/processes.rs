@@ -319,18 +319,18 @@ fn ptrace_baseline(n: usize) -> Result<Vec<f64>> {
     inject::set_affinity(pid, &[cpu]);
     ptrace::seize(pid).context("seize")?;
     ptrace::interrupt(pid).context("interrupt")?;
-    inject::wait_event_stop(pid).map_err(|e| anyhow::anyhow!("{e}"))?;
+    inject::wait_event_stop(pid).context("wait for the stop")?;
     let regs = ptrace::regs(pid).context("registers")?;
-    let insn = inject::find_syscall_insn(pid).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let insn = inject::find_syscall_insn(pid).context("find a syscall instruction")?;
     let mut tracee = inject::Tracee::new(pid, regs, insn);
     let mut ms = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
         for _ in 0..10 {
-            tracee.call("getppid", libc::SYS_getppid, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+            tracee.call("getppid", libc::SYS_getppid, &[])?;
         }
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    tracee.release(&regs).map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracee.release(&regs).context("release")?;
     Ok(ms)
 }
