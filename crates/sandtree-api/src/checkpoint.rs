@@ -24,6 +24,28 @@ pub enum ProcessState {
     Evicted,
 }
 
+/// What became of the checkpoint's processes in a rollback or a fork.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessOutcome {
+    /// Every process the checkpoint captured runs again with its pid and
+    /// its state (`restored_pids`); processes marked not restorable by a
+    /// best-effort checkpoint are not running (the note names them).
+    Restored,
+    /// The checkpoint holds no process but the sandbox's init (it was
+    /// taken of a stopped sandbox, or only init ran): init alone runs, as
+    /// at the checkpoint.
+    NoneCaptured,
+    /// The processes were not copied: a fork, or a rollback to a
+    /// checkpoint taken of another sandbox of the tree, starts only the
+    /// sandbox's init (processes cannot move between sandboxes yet).
+    NotCopied,
+    /// The checkpoint's processes could not be restored and the request
+    /// allowed a restart (`allow_restart`): the files were restored and
+    /// every process but init was killed.
+    Restarted,
+}
+
 /// A process a checkpoint could not capture, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct UnrestorableProcess {
@@ -102,13 +124,22 @@ pub struct CheckpointList {
 #[serde(deny_unknown_fields)]
 pub struct RollbackRequest {
     pub checkpoint: String,
+    /// When the checkpoint's processes cannot be restored (their copies
+    /// were killed, evicted from the pool, or lost in a daemon restart),
+    /// roll back the files anyway and restart the sandbox with only its
+    /// init (`processes: restarted`). Without it such a rollback fails
+    /// with `processes_lost` and changes nothing.
+    #[serde(default)]
+    pub allow_restart: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct RollbackResponse {
     pub sandbox: SandboxInfo,
     pub checkpoint: String,
-    /// True when the sandbox's processes were restarted instead of restored.
+    /// What became of the checkpoint's processes.
+    pub processes: ProcessOutcome,
+    /// True only when `processes` is `restarted`.
     pub processes_restarted: bool,
     /// Pids brought back with their live state (empty when restarted).
     #[serde(default)]
@@ -141,6 +172,12 @@ pub struct ForkResult {
 pub struct ForkResponse {
     pub checkpoint: String,
     pub results: Vec<ForkResult>,
+    /// What the forks got of the checkpoint's processes: `not_copied`
+    /// when it held any (each fork runs only its init), `none_captured`
+    /// otherwise.
+    pub processes: ProcessOutcome,
+    /// Always false: a fork's processes are not restarted, they are not
+    /// copied at all (see `processes`). Kept for older clients.
     pub processes_restarted: bool,
     pub note: String,
     pub duration_ms: f64,

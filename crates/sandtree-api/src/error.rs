@@ -36,6 +36,16 @@ pub enum ErrorCode {
     /// A process holds state the engine cannot capture yet; nothing was
     /// changed (retry with `best_effort` to checkpoint without it).
     ProcessNotRestorable,
+    /// A rollback cannot restore the checkpoint's processes (their copies
+    /// were killed, evicted or lost in a daemon restart); nothing was
+    /// changed (retry with `allow_restart` to restore the files alone).
+    ProcessesLost,
+    /// A rollback restored the files but failed to restore the processes;
+    /// the sandbox was restarted with only its init.
+    RollbackIncomplete,
+    /// The sandbox reached its limit of tasks (`limits.pids`): no process
+    /// could be started.
+    PidLimitReached,
     /// A bounded wait expired.
     Timeout,
     /// The request needs a bearer token (TCP listener).
@@ -65,7 +75,10 @@ impl ErrorCode {
             | ErrorCode::CheckpointInUse
             | ErrorCode::ImageInUse
             | ErrorCode::SandboxNotRunning
-            | ErrorCode::ProcessNotRestorable => 409,
+            | ErrorCode::ProcessNotRestorable
+            | ErrorCode::ProcessesLost => 409,
+            ErrorCode::PidLimitReached => 429,
+            ErrorCode::RollbackIncomplete => 500,
             ErrorCode::NoSpace => 507,
             ErrorCode::FreezeTimeout | ErrorCode::Timeout => 504,
             ErrorCode::Unsupported => 501,
@@ -92,6 +105,9 @@ impl ErrorCode {
             ErrorCode::NoSpace => "no_space",
             ErrorCode::FreezeTimeout => "freeze_timeout",
             ErrorCode::ProcessNotRestorable => "process_not_restorable",
+            ErrorCode::ProcessesLost => "processes_lost",
+            ErrorCode::RollbackIncomplete => "rollback_incomplete",
+            ErrorCode::PidLimitReached => "pid_limit_reached",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unsupported => "unsupported",
@@ -129,8 +145,51 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// An option that changes the outcome a refusal names, as each interface
+/// spells it. Engine messages use the HTTP spelling ([`Remedy::http`]);
+/// the CLI shows its own ([`ApiError::for_cli`]), so an error always names
+/// the option of the interface that was used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remedy {
+    /// The API's spelling (a request field or a query parameter).
+    pub http: &'static str,
+    /// The CLI's spelling (a flag).
+    pub cli: &'static str,
+}
+
+/// Checkpoint though a process cannot be captured.
+pub const BEST_EFFORT: Remedy = Remedy { http: "\"best_effort\": true", cli: "--best-effort" };
+/// Roll back the files though the processes cannot be restored.
+pub const ALLOW_RESTART: Remedy = Remedy { http: "\"allow_restart\": true", cli: "--allow-restart" };
+/// Delete a checkpoint that others depend on.
+pub const FORCE: Remedy = Remedy { http: "?force=true", cli: "--force" };
+
+const REMEDIES: [Remedy; 3] = [BEST_EFFORT, ALLOW_RESTART, FORCE];
+
+impl ApiError {
+    /// The message with each option spelled as the CLI's flag.
+    pub fn for_cli(&self) -> String {
+        REMEDIES.iter().fold(self.message.clone(), |m, r| m.replace(r.http, r.cli))
+    }
+}
+
 /// The JSON body of every error response.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ApiError,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_message_names_the_cli_flag_instead_of_the_request_field() {
+        let e = ApiError::new(
+            ErrorCode::ProcessNotRestorable,
+            format!("refused: stop that process, or pass {} to checkpoint anyway", BEST_EFFORT.http),
+        );
+        assert_eq!(e.for_cli(), "refused: stop that process, or pass --best-effort to checkpoint anyway");
+        assert!(!e.for_cli().contains("best_effort"));
+    }
 }

@@ -1002,6 +1002,7 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
                     t_orig.prev = prev;
                 }
                 report.captured.push(t.image.pid);
+                report.comms.insert(t.image.pid, t.image.comm.clone());
                 if t.image.ppid != 1 {
                     report.reparented.push(check::reparent_note(&t.image));
                 }

@@ -88,8 +88,8 @@ pub use incremental::{
     quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
 pub use tracer::{
-    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, Started, StopAndClone, StopReport, TemplateStatus, Tracer,
-    Went, moved_early,
+    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, RollbackPlan, Started, StopAndClone, StopReport,
+    TemplateStatus, Tracer, Went, moved_early,
 };
 
 /// Errors of the process engine.

@@ -62,6 +62,19 @@ fn hex(v: &str) -> u64 {
     u64::from_str_radix(v.trim(), 16).unwrap_or(0)
 }
 
+/// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
+/// zombie); `None` when the process is gone. The comm between the
+/// parentheses may hold any byte, so the letter is read after the last `)`.
+pub fn state(pid: i32) -> Option<char> {
+    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    state_of_stat(&text)
+}
+
+fn state_of_stat(text: &[u8]) -> Option<char> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    text.get(close + 1..)?.iter().map(|&b| b as char).find(|c| !c.is_whitespace())
+}
+
 /// Parse `/proc/<pid>/status`.
 pub fn status(pid: i32) -> io::Result<Status> {
     let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -764,4 +777,22 @@ pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_is_read_after_the_last_parenthesis_of_the_comm() {
+        assert_eq!(state_of_stat(b"42 (a) b) Z 1 42 42 0 -1"), Some('Z'));
+        assert_eq!(state_of_stat(b"7 (python3) t 1 7 7"), Some('t'));
+        assert_eq!(state_of_stat(b"garbage"), None);
+    }
+
+    #[test]
+    fn state_of_a_running_process_and_of_a_missing_one() {
+        assert!(matches!(state(std::process::id() as i32), Some('R' | 'S')));
+        assert_eq!(state(i32::MAX), None);
+    }
 }

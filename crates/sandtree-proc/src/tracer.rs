@@ -525,6 +525,45 @@ impl State {
         })
     }
 
+    /// Checks that the templates of `ck` and their standbys still live.
+    /// A dead standby is dropped; a dead template drops every template of
+    /// `ck` (a partial set cannot be restored exactly) and is returned.
+    pub(crate) fn drop_dead_templates(&mut self, ck: &str) -> Vec<Unrestorable> {
+        // Between operations templates and standbys sit in a ptrace stop:
+        // any other state is one woken by a SIGKILL (dying, or dead).
+        let dead = |host: i32| !matches!(crate::procfs::state(host), Some('t' | 'T'));
+        let Some(set) = self.pools.get_mut(ck) else { return Vec::new() };
+        let mut killed = Vec::new();
+        for t in set.templates.iter_mut() {
+            if t.standby.as_ref().is_some_and(|s| dead(s.host))
+                && let Some(s) = t.standby.take()
+            {
+                tracing::warn!(
+                    pid = t.image.pid,
+                    standby = s.host,
+                    "a standby was killed: the restore forks its template"
+                );
+                kill_tracee(s.host);
+            }
+            if dead(t.host) {
+                killed.push(Unrestorable {
+                    pid: t.image.pid,
+                    comm: t.image.comm.clone(),
+                    resource: "checkpoint copy".into(),
+                    reason: format!(
+                        "its checkpoint copy (pid {} in the sandbox) was killed, from inside the sandbox or by the OOM killer",
+                        t.ns_pid
+                    ),
+                });
+            }
+        }
+        if !killed.is_empty() {
+            tracing::warn!(checkpoint = ck, ?killed, "templates killed: the checkpoint's processes are lost");
+            self.drop_checkpoint(ck, true);
+        }
+        killed
+    }
+
     /// Whether live process `host` has a holder.
     pub(crate) fn has_holder(&self, host: i32) -> bool {
         self.holders.iter().any(|h| h.owner == host && !h.orphaned())
@@ -631,6 +670,10 @@ pub struct CaptureReport {
     /// another process come back as children of init.
     #[serde(default)]
     pub reparented: Vec<Unrestorable>,
+    /// The `comm` of each captured process, by in-sandbox pid (for
+    /// messages that name a process).
+    #[serde(default)]
+    pub comms: BTreeMap<i32, String>,
 }
 
 /// What [`Tracer::restore`] brought back.
@@ -641,6 +684,19 @@ pub struct RestoreReport {
     /// Checkpoints whose templates were dropped because one of them held
     /// a pid this restore needed.
     pub evicted: Vec<String>,
+}
+
+/// What a rollback needs first ([`Tracer::rollback_plan`]).
+#[derive(Clone, Debug, Default)]
+pub struct RollbackPlan {
+    /// The checkpoint's templates (`None`: it has none).
+    pub templates: Option<TemplateStatus>,
+    /// In-sandbox pids init must spare (the pool's processes).
+    pub keep: Vec<i32>,
+    /// The checkpoint's processes whose templates were found dead (killed
+    /// from inside the sandbox, or by the OOM killer): its templates were
+    /// dropped, so `templates` is `None`.
+    pub killed: Vec<Unrestorable>,
 }
 
 /// The templates a checkpoint has in the pool.
@@ -1048,7 +1104,13 @@ impl Tracer {
     /// gives a child on the old tree, which is dropped (`holder.rs`), and
     /// the restore would wait for it and then fork the template on its
     /// path (seen: 6 ms waited, then 3 ms of forks, for a 100 MB REPL).
-    pub fn rollback_plan(&self, ck: &str) -> Result<Started<(Option<TemplateStatus>, Vec<i32>)>> {
+    ///
+    /// Templates are processes of the sandbox (`ps` lists them, `kill -9
+    /// -1` reaches them): one found dead here loses the checkpoint's
+    /// processes, whose templates are then dropped and named in
+    /// [`RollbackPlan::killed`]; a dead standby is dropped (the restore
+    /// forks its template instead).
+    pub fn rollback_plan(&self, ck: &str) -> Result<Started<RollbackPlan>> {
         let ck = ck.to_string();
         self.queue(move |st| {
             crate::checkpoint::finish_pending(st);
@@ -1062,7 +1124,8 @@ impl Tracer {
                     tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
                 }
             }
-            (st.status(&ck), st.pool_pids())
+            let killed = st.drop_dead_templates(&ck);
+            RollbackPlan { templates: st.status(&ck), keep: st.pool_pids(), killed }
         })
     }
 

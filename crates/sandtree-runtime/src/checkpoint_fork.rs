@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sandtree_api::{ForkRequest, ForkResponse, ForkResult, Limits};
+use sandtree_api::{ForkRequest, ForkResponse, ForkResult, Limits, ProcessOutcome};
 use sandtree_meta::{DesiredState, SandboxRecord};
 
 use crate::{Engine, Error, Result, util};
@@ -28,7 +28,9 @@ use crate::{Engine, Error, Result, util};
 pub const MAX_FORK: u32 = 256;
 
 /// What a fork response says about processes until they are captured.
-const FORK_NOTE: &str = "filesystem copied exactly; processes are not copied (live process state is not captured yet): each fork starts with only its init running";
+const FORK_NOTE: &str = "filesystem copied exactly; the checkpoint's processes are not copied (processes cannot move between sandboxes yet): each fork runs only its init";
+const FORK_NOTE_NO_PROCESSES: &str =
+    "filesystem copied exactly; the checkpoint held no process to copy, and each fork runs its init";
 
 impl Engine {
     pub async fn fork(&self, checkpoint: &str, req: ForkRequest) -> Result<ForkResponse> {
@@ -114,11 +116,19 @@ impl Engine {
                 }
             }
         }
+        let held_processes = crate::sandbox_checkpoint::captured_of(&ck)
+            .is_some_and(|c| !c.captured.is_empty() || !c.unrestorable.is_empty());
+        let (processes, note) = if held_processes {
+            (ProcessOutcome::NotCopied, FORK_NOTE)
+        } else {
+            (ProcessOutcome::NoneCaptured, FORK_NOTE_NO_PROCESSES)
+        };
         Ok(ForkResponse {
             checkpoint: ck.id,
             results,
-            processes_restarted: true,
-            note: FORK_NOTE.into(),
+            processes,
+            processes_restarted: false,
+            note: note.into(),
             duration_ms: util::ms_since(t0),
         })
     }

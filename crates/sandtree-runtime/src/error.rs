@@ -21,7 +21,8 @@ pub enum Error {
     )]
     CheckpointNotInTree { checkpoint: String, checkpoint_tree: String, sandbox: String },
     #[error(
-        "checkpoint {checkpoint} is still needed by {dependents}: delete those first, or pass force to delete it anyway (its children are then linked to its parent)"
+        "checkpoint {checkpoint} is still needed by {dependents}: delete those first, or pass {} to delete it anyway (its children are then linked to its parent)",
+        sandtree_api::FORCE.http
     )]
     CheckpointInUse { checkpoint: String, dependents: String },
     #[error("image {image} is used by {sandboxes} sandbox(es) and {checkpoints} checkpoint(s): delete those first")]
@@ -35,9 +36,20 @@ pub enum Error {
     )]
     FreezeTimeout { sandbox: String, timeout_ms: u64, stuck: String },
     #[error(
-        "checkpoint of sandbox {sandbox} refused: {detail}; nothing was changed — stop that process, or pass best_effort to checkpoint anyway with it marked not restorable"
+        "checkpoint of sandbox {sandbox} refused: {detail}; nothing was changed — stop that process, or pass {} to checkpoint anyway with it marked not restorable",
+        sandtree_api::BEST_EFFORT.http
     )]
     ProcessNotRestorable { sandbox: String, detail: String },
+    #[error(
+        "rollback of sandbox {sandbox} to {checkpoint} refused: the checkpoint's processes cannot be restored: {processes}: {reason}; nothing was changed — pass {} to restore its files alone and restart the sandbox with only its init",
+        sandtree_api::ALLOW_RESTART.http
+    )]
+    ProcessesLost { sandbox: String, checkpoint: String, processes: String, reason: String },
+    #[error(
+        "rollback of sandbox {sandbox} to {checkpoint} restored the files but not the processes {processes}: {reason}; the sandbox was restarted with only its init, on the checkpoint's files"
+    )]
+    RollbackIncomplete { sandbox: String, checkpoint: String, processes: String, reason: String },
+
     #[error("process state: {0}")]
     Process(sandtree_proc::Error),
     #[error("sandbox {0} is not running: start it with `sandtree start {0}`")]
@@ -78,6 +90,22 @@ impl From<tokio::task::JoinError> for Error {
     }
 }
 
+/// The code of a sandbox error: each foreseeable cause its own, the rest
+/// (I/O on init's socket, a protocol mismatch, a cgroup write) internal.
+fn sandbox_code(e: &sandtree_sandbox::Error) -> ErrorCode {
+    use sandtree_sandbox::Error as E;
+    match e {
+        E::TaskLimit => ErrorCode::PidLimitReached,
+        E::Gone { .. } => ErrorCode::SandboxNotRunning,
+        E::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
+        E::NoSession(_) => ErrorCode::SessionNotFound,
+        E::SessionTimeout => ErrorCode::Timeout,
+        // A program that does not exist, a working directory that does not.
+        E::CommandNotFound { .. } | E::SpawnFailed { .. } => ErrorCode::InvalidArgument,
+        E::Io { .. } | E::Protocol(_) | E::Busy(_) | E::Cgroup(_) => ErrorCode::Internal,
+    }
+}
+
 impl Error {
     /// Wraps a state-store error of operation `op`, lifting ENOSPC to [`Error::NoSpace`].
     pub fn fs(op: &'static str, e: sandtree_fs::Error) -> Error {
@@ -99,10 +127,13 @@ impl Error {
             Error::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
             Error::NotRunning(_) => ErrorCode::SandboxNotRunning,
             Error::ProcessNotRestorable { .. } => ErrorCode::ProcessNotRestorable,
+            Error::ProcessesLost { .. } => ErrorCode::ProcessesLost,
+            Error::RollbackIncomplete { .. } => ErrorCode::RollbackIncomplete,
+
             Error::Process(_) => ErrorCode::Internal,
             Error::Fs(e) if e.is_no_space() => ErrorCode::NoSpace,
             Error::Fs(_) | Error::Meta(_) | Error::Internal(_) => ErrorCode::Internal,
-            Error::Sandbox(_) => ErrorCode::Internal,
+            Error::Sandbox(e) => sandbox_code(e),
         }
     }
 

@@ -14,12 +14,19 @@
 //!    of the new subvolume, init kills every other process but the process
 //!    templates and swaps its root for them, keeping its namespaces, cgroup,
 //!    `/proc` and `/dev`;
+//!    When the checkpoint captured processes of this sandbox but their
+//!    templates are gone (found killed by the tracer's plan, evicted, or
+//!    lost in a daemon restart), the commit is undone and the rollback
+//!    fails with `ProcessesLost`, naming them, unless the request allows a
+//!    restart (`allow_restart`);
 //! 4. when the checkpoint has templates, bring its processes back from them
 //!    (`sandtree_proc::Tracer::restore`: same pids, memory, registers, open
 //!    files reopened in the new tree, cwd, session);
 //!    when the sandbox is not running, or the swap or the restore fails, it
-//!    is stopped and booted on the new subvolume instead (processes
-//!    restarted, and the response says so);
+//!    is stopped and booted on the new subvolume instead; if that lost
+//!    processes the checkpoint held, the rollback fails with
+//!    `RollbackIncomplete` (the files are rolled back, only init runs),
+//!    unless a restart was allowed (`processes: restarted`);
 //! 5. delete the old writable subvolume in the background (its unsaved
 //!    dirty data is dropped, never written).
 //!
@@ -31,7 +38,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sandtree_api::{RollbackRequest, RollbackResponse};
+use sandtree_api::{ProcessOutcome, RollbackRequest, RollbackResponse};
 use sandtree_meta::{DesiredState, SandboxRecord};
 use sandtree_sandbox::Sandbox;
 
@@ -93,13 +100,35 @@ impl Engine {
         rec2.base_checkpoint = Some(ck.id.clone());
         rec2.base_transid = new.base_transid;
         let captured = crate::sandbox_checkpoint::captured_of(&ck);
-        // (Nothing may fail here: a tracer gone means no templates, and a
-        // restart.)
-        let (templates, keep) = match plan {
+        // (A tracer gone means no templates.)
+        let sandtree_proc::RollbackPlan { templates, keep, killed } = match plan {
             Some(Ok(started)) => crate::engine::block(|| started.wait()).unwrap_or_default(),
             _ => Default::default(),
         };
         let t_plan = t0.elapsed();
+        // The processes this rollback must bring back: those the checkpoint
+        // captured of this sandbox. Without their templates it could only
+        // restart the sandbox: refused unless the request allows it, and
+        // then undone (the old layer is still the sandbox's).
+        let wanted = wanted_processes(captured.as_ref(), ck.sandbox_id == id);
+        if !wanted.is_empty() && templates.is_none() && !req.allow_restart {
+            let undone = self.meta.set_sandbox_subvol(
+                id,
+                &rec.subvol,
+                &rec.lowers,
+                rec.base_checkpoint.as_deref(),
+                rec.base_transid,
+            );
+            drop(prepared);
+            self.discard_subvol_later(&rec2.subvol);
+            undone?;
+            return Err(Error::ProcessesLost {
+                sandbox: id.to_string(),
+                checkpoint: ck.id,
+                processes: wanted.join(", "),
+                reason: lost_reason(&killed),
+            });
+        }
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
@@ -196,8 +225,30 @@ impl Engine {
         }
         rec2.status_reason = reason;
         booted?;
+        if let Some(reason) = &restart_reason
+            && !wanted.is_empty()
+            && !req.allow_restart
+        {
+            return Err(Error::RollbackIncomplete {
+                sandbox: id.to_string(),
+                checkpoint: ck.id,
+                processes: wanted.join(", "),
+                reason: reason.clone(),
+            });
+        }
         // Rolled back once, likely again (tree search): prepare the next one.
         self.spares.want(id, &ck.id, restored.as_ref().is_some_and(|r| !r.restored.is_empty()));
+        let processes = match (&restored, &restart_reason) {
+            (Some(r), _) if !r.restored.is_empty() => ProcessOutcome::Restored,
+            _ if wanted.is_empty()
+                && ck.sandbox_id != id
+                && captured.as_ref().is_some_and(|c| !c.captured.is_empty()) =>
+            {
+                ProcessOutcome::NotCopied
+            }
+            _ if wanted.is_empty() => ProcessOutcome::NoneCaptured,
+            _ => ProcessOutcome::Restarted,
+        };
         let note = match (&restored, &restart_reason) {
             (Some(r), _) => {
                 let mut note = format!(
@@ -239,15 +290,14 @@ impl Engine {
                 "{RESTART_NOTE}: this checkpoint was taken of sandbox {}, whose processes cannot move into another sandbox yet",
                 ck.sandbox_id
             ),
-            (None, None) => format!(
-                "{RESTART_NOTE}: the process templates of this checkpoint were evicted (pool budget or daemon restart)"
-            ),
+            (None, None) => format!("{RESTART_NOTE}, as allowed: {}", lost_reason(&killed)),
         };
         tracing::debug!(sandbox = id, returned = ?t0.elapsed(), "rollback returns");
         Ok(RollbackResponse {
             sandbox: self.sandbox_info(&rec2, false)?,
             checkpoint: ck.id,
-            processes_restarted: restored.is_none(),
+            processes,
+            processes_restarted: processes == ProcessOutcome::Restarted,
             restored_pids: restored.map(|r| r.restored).unwrap_or_default(),
             note,
             duration_ms: util::ms_since(t0),
@@ -301,5 +351,33 @@ impl Engine {
     /// idle (see `reaper.rs`).
     pub(crate) fn discard_subvol_later(&self, subvol: &str) {
         self.reaper.discard(self.subvol_path(subvol), false);
+    }
+}
+
+/// `pid (comm)` of each process a rollback to the checkpoint must bring
+/// back: those it captured, when it was taken of this sandbox (processes
+/// do not move between sandboxes yet).
+fn wanted_processes(captured: Option<&sandtree_proc::CaptureReport>, same_sandbox: bool) -> Vec<String> {
+    match captured {
+        Some(c) if same_sandbox => c
+            .captured
+            .iter()
+            .map(|pid| match c.comms.get(pid) {
+                Some(comm) => format!("{pid} ({comm})"),
+                None => format!("pid {pid}"),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Why a checkpoint's templates are gone.
+fn lost_reason(killed: &[sandtree_proc::Unrestorable]) -> String {
+    if killed.is_empty() {
+        "their copies are gone (evicted from the process pool by its memory budget, or lost when the daemon restarted)"
+            .to_string()
+    } else {
+        let each: Vec<String> = killed.iter().map(|k| format!("pid {} ({}): {}", k.pid, k.comm, k.reason)).collect();
+        each.join("; ")
     }
 }

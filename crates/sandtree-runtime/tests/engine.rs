@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, Limits, RollbackRequest, SessionRunRequest,
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ForkRequest, Limits, ProcessOutcome,
+    RollbackRequest, SessionRunRequest,
 };
 use sandtree_runtime::Engine;
 
@@ -32,11 +33,11 @@ fn rollback_and_fork_restore_files(e: &Engine) -> CaseFuture<'_> {
         let ck1 = checkpoint(e, &sb).await?;
         sh(e, &sb, "echo two > /root/a && rm -r /opt/x && echo extra > /root/b").await?;
         let ck2 = checkpoint(e, &sb).await?;
-        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone(), allow_restart: false }).await?;
         // Only init ran at the checkpoint: that is exactly what comes back.
         ensure!(!r.processes_restarted && r.restored_pids.is_empty(), "{r:?}");
         ensure!(sh(e, &sb, "cat /root/a /opt/x/y; test ! -e /root/b && echo nob").await? == "one\nhi\nnob\n");
-        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         ensure!(sh(e, &sb, "cat /root/a /root/b; test ! -e /opt/x && echo nox").await? == "two\nextra\nnox\n");
         let f = e.fork(&ck1, ForkRequest { count: 3, labels: Default::default(), limits: None }).await?;
         ensure!(f.results.len() == 3);
@@ -77,7 +78,7 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
             let s = e.create_session(&sb, Default::default()).await?;
             e.session_run(&sb, &s.id, SessionRunRequest { command: "cd /tmp".into(), timeout_ms: None }).await?;
             sh(e, &sb, &format!("echo {i} > /root/f; echo junk > /tmp/junk")).await?;
-            e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(e.get_sandbox(&sb).await?.init_pid == Some(init_pid), "init was replaced");
             ensure!(sh(e, &sb, "cut -d' ' -f22 /proc/1/stat").await? == init_start, "init restarted");
             ensure!(sh(e, &sb, "cat /root/f; test ! -e /tmp/junk && echo clean").await? == "base\nclean\n");
@@ -90,7 +91,7 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
         // would pin the old layer), and /dev/shm starts empty again.
         sh(e, &sb, "mkdir /dev/shm/old /tmp/m && mount --bind /tmp /dev/shm/old && echo x > /dev/shm/f").await?;
         ensure!(sh(e, &sb, "grep -c ' /dev/shm/old ' /proc/self/mountinfo").await? == "1\n");
-        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
         ensure!(sh(e, &sb, "ls -A /dev/shm | wc -l").await? == "0\n", "/dev/shm kept old files");
         ensure!(sh(e, &sb, "wc -l < /proc/self/mountinfo").await? == mounts, "sandbox-made mounts survived");
         ensure!(sh(e, &sb, "awk '$5 == \"/\"' /proc/self/mountinfo | wc -l").await? == "1\n", "two roots visible");
@@ -124,7 +125,7 @@ fn rollback_in_place_keeps_init_and_kills_the_rest(e: &Engine) -> CaseFuture<'_>
         ensure!(e.info().await?.spare_layers >= 1, "no spare layer prepared");
         // Rolling back a stopped sandbox starts it.
         e.stop_sandbox(&sb).await?;
-        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
         ensure!(sh(e, &sb, "cat /root/f").await? == "base\n");
         e.delete_sandbox(&sb, true).await?;
         // Its spares go with it.
@@ -198,7 +199,7 @@ fn processes_come_back_after_rollback(e: &Engine) -> CaseFuture<'_> {
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             let before = counter_state(e, &sb).await?;
             let n_before: u64 = before[2].parse()?;
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted, "round {round}: {}", r.note);
             ensure!(r.restored_pids.contains(&pid), "round {round}: restored {:?}", r.restored_pids);
             tokio::time::sleep(std::time::Duration::from_millis(150)).await;
@@ -262,7 +263,7 @@ fn rollback_kills_a_fork_storm_and_spares_the_pool(e: &Engine) -> CaseFuture<'_>
             };
             e.exec(&sb, bg).await?;
             tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted, "round {round}: {}", r.note);
             ensure!(r.restored_pids == vec![pid], "round {round}: restored {:?}", r.restored_pids);
             // (Pool processes come and go meanwhile: a pid may vanish.)
@@ -392,6 +393,19 @@ fn limits_are_applied(e: &Engine) -> CaseFuture<'_> {
         let info = e.get_sandbox(&sb).await?;
         let usage = info.usage.context("usage")?;
         ensure!(usage.pids_limit == Some(32), "{usage:?}");
+        // At the task limit a spawn is refused by name, as a client error.
+        let sleep = || ExecRequest { cmd: vec!["sleep".into(), "1000".into()], background: true, ..Default::default() };
+        let mut refused = None;
+        for _ in 0..40 {
+            if let Err(err) = e.exec(&sb, sleep()).await {
+                refused = Some(err);
+                break;
+            }
+        }
+        let err = refused.context("40 processes started in a sandbox limited to 32 tasks")?;
+        let api = err.to_api();
+        ensure!(api.code == ErrorCode::PidLimitReached && api.code.http_status() == 429, "{api:?}");
+        ensure!(api.message.contains("limits.pids") && api.message.contains("--pids"), "{}", api.message);
         e.delete_sandbox(&sb, false).await?;
         Ok(())
     })
@@ -402,7 +416,11 @@ fn unknown_ids_are_not_found(e: &Engine) -> CaseFuture<'_> {
         let err = e.get_sandbox("sb-../../x").await.err().context("expected an error")?;
         ensure!(err.code() == sandtree_api::ErrorCode::SandboxNotFound);
         let sb = create(e).await?;
-        let err = e.rollback(&sb, RollbackRequest { checkpoint: "ck-zzzzzzzzzz".into() }).await.err().context("err")?;
+        let err = e
+            .rollback(&sb, RollbackRequest { checkpoint: "ck-zzzzzzzzzz".into(), allow_restart: false })
+            .await
+            .err()
+            .context("err")?;
         ensure!(err.code() == sandtree_api::ErrorCode::CheckpointNotFound);
         let out = e.exec(&sb, ExecRequest { cmd: vec!["no-such-program".into()], ..Default::default() }).await?;
         ensure!(out.exit_code == Some(127), "{out:?}");
@@ -529,7 +547,7 @@ fn checkpoint_copy_serves_the_next_rollback(e: &Engine) -> CaseFuture<'_> {
         ensure!(!report.orphans_removed.iter().any(|o| o.contains(&sb)), "gc removed {:?}", report.orphans_removed);
         // (The next layer may have been prepared since the count: one more.)
         ensure!(layers(&sb)? >= after, "{} layers after gc, {after} before", layers(&sb)?);
-        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
         ensure!(!r.processes_restarted, "{}", r.note);
         ensure!(sh(e, &sb, "cat /root/a; test ! -e /root/b && echo nob").await? == "one\nnob\n");
         // A second checkpoint, deleted: its copy goes with it.
@@ -575,10 +593,10 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
         let ck2 = checkpoint(e, &sb).await?;
         ensure!(ck_rec(&ck2)?.lowers == vec![c1.layer.clone()]);
         sh(e, &sb, "echo three > /root/a && mkdir /root/d && echo again > /root/d/g").await?;
-        e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone(), allow_restart: false }).await?;
         let state = "cat /root/a; ls /root/d; test -e /etc/hostname && echo host; test -d /etc/apt && echo apt";
         ensure!(sh(e, &sb, state).await? == "one\nf\nhost\napt\n", "{}", sh(e, &sb, state).await?);
-        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         let got = sh(e, &sb, "cat /root/a; ls /root/d 2>&1; ls /etc/hostname 2>&1; ls -d /etc/apt2").await?;
         ensure!(got.starts_with("one\ntwo\n") && got.contains("No such file") && got.ends_with("/etc/apt2\n"), "{got}");
         // Forks share the layers and diverge.
@@ -621,14 +639,14 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
         let layered = chain.iter().filter(|c| ck_rec(c).is_ok_and(|r| r.layer.starts_with("sandboxes/"))).count();
         ensure!(layered * 2 > chain.len(), "{layered} of {} checkpoints layered", chain.len());
         for i in [0, max, 2 * max + 1, 3 * max - 1] {
-            e.rollback(&sb, RollbackRequest { checkpoint: chain[i].clone() }).await?;
+            e.rollback(&sb, RollbackRequest { checkpoint: chain[i].clone(), allow_restart: false }).await?;
             let want = format!("{i}\n{i}\n");
             ensure!(
                 sh(e, &sb, &format!("cat /root/n /root/f{i}; ls /root | grep -c '^f'")).await? == format!("{want}1\n")
             );
         }
         // A mount the sandbox made would stay behind in the old tree: snapshot.
-        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t && echo kept > /mnt/t/f").await?;
         let ck3 = checkpoint(e, &sb).await?;
         ensure!(ck_rec(&ck3)?.layer == format!("checkpoints/{ck3}"));
@@ -668,7 +686,8 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
         let alone2 = checkpoint(e, &sb).await?;
         ensure!(layer_of(e, &alone2)?.starts_with("sandboxes/"));
         for round in 0..2 {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: with_process.id.clone() }).await?;
+            let r =
+                e.rollback(&sb, RollbackRequest { checkpoint: with_process.id.clone(), allow_restart: false }).await?;
             ensure!(r.restored_pids == vec![pid], "round {round}: {}", r.note);
             tokio::time::sleep(std::time::Duration::from_millis(150)).await;
             let state = counter_state(e, &sb).await?;
@@ -677,7 +696,7 @@ fn templates_survive_layered_checkpoints(e: &Engine) -> CaseFuture<'_> {
             let log = sh(e, &sb, "cat /root/work/log").await?;
             let nums: Vec<u64> = log.lines().map(|l| l.parse()).collect::<Result<_, _>>().context("log has holes")?;
             ensure!(nums.iter().enumerate().all(|(i, v)| *v == i as u64 + 1), "round {round}: log not consecutive");
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: alone.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: alone.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted && r.restored_pids.is_empty(), "round {round}: {}", r.note);
             ensure!(sh(e, &sb, "cat /root/after").await? == "1\n", "round {round}");
             // (Its template shows in /proc, stopped: nothing counts.)
@@ -727,7 +746,7 @@ fn restored_processes_share_the_new_root(e: &Engine) -> CaseFuture<'_> {
             format!("[ \"$(stat -L -c %d:%i /proc/{pid}/root/)\" = \"$(stat -L -c %d:%i /proc/self/root/)\" ]");
         for round in 0..8 {
             for ck in [&a, &b, &a] {
-                let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+                let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
                 ensure!(r.restored_pids == vec![pid], "round {round}: {}", r.note);
             }
             let out = e
@@ -774,10 +793,42 @@ fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
         let forked = sh(e, &sb, "read c < /root/forked; echo $c").await?;
         ensure!(forked.trim() == pid.to_string(), "the child got pid {forked}, not {pid}");
         let t = Instant::now();
-        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck }).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck, allow_restart: false }).await?;
         ensure!(r.restored_pids == vec![pid] && !r.processes_restarted, "{}", r.note);
         ensure!(t.elapsed() < std::time::Duration::from_secs(1), "the rollback took {:?}", t.elapsed());
         ensure!(sh(e, &sb, &format!("kill -0 {pid} && echo up")).await? == "up\n");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
+/// The checkpoint's copies of a process are processes of the sandbox:
+/// killed from inside it (`ps` lists them, `kill` reaches them), the
+/// checkpoint's processes are lost. A rollback must then refuse, name the
+/// process, and change nothing; with `allow_restart` it restores the files
+/// alone and says so.
+fn rollback_refuses_when_the_checkpoint_copies_were_killed(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = create(e).await?;
+        let pid = start_python(e, &sb, "import time\nmarker = 'copies-killed'\nwhile True: time.sleep(1)").await?;
+        let ck = checkpoint(e, &sb).await?;
+        sh(e, &sb, "echo after > /root/after").await?;
+        // Every python3 but the original: its template and standby.
+        let killed =
+            sh(e, &sb, &format!("for p in $(pgrep -x python3); do [ $p = {pid} ] || {{ kill -9 $p; echo $p; }}; done"))
+                .await?;
+        ensure!(!killed.trim().is_empty(), "no checkpoint copy of {pid} was found in the sandbox");
+        let err = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await.err();
+        let err = err.context("a rollback whose processes were killed answered success")?;
+        let msg = err.to_string();
+        ensure!(err.code() == ErrorCode::ProcessesLost, "{msg}");
+        ensure!(msg.contains(&format!("{pid} (python3)")) && msg.contains("killed"), "{msg}");
+        // Nothing changed: the process runs, the later file is there.
+        ensure!(sh(e, &sb, &format!("kill -0 {pid} && cat /root/after")).await? == "after\n");
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck, allow_restart: true }).await?;
+        ensure!(r.processes == ProcessOutcome::Restarted && r.processes_restarted, "{r:?}");
+        ensure!(r.note.contains("killed"), "{}", r.note);
+        ensure!(sh(e, &sb, "test ! -e /root/after && echo gone").await? == "gone\n");
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })
@@ -837,7 +888,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         let got = sh(e, &sb, run).await?;
         ensure!(got == want, "after the checkpoint: {got:?}");
         for round in 0..2 {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "round {round}: {}", r.note);
             let clean = "cat /root/d/a; echo; cat /root/app /root/lower-rw; echo; ls /root/d; \
                          test ! -e /root/go && test ! -e /root/done && echo clean";
@@ -909,7 +960,7 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
         let snap = checkpoint(e, &sb).await?;
         let layer = layer_of(e, &snap)?;
         ensure!(layer == format!("checkpoints/{snap}"), "not a snapshot: {layer}");
-        let r = e.rollback(&sb, RollbackRequest { checkpoint: snap }).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: snap, allow_restart: false }).await?;
         ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "{}", r.note);
         ensure!(sh(e, &sb, "cat /root/d/a").await? == "0123ABC789");
         e.delete_sandbox(&sb, true).await?;
@@ -982,7 +1033,9 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
             pages.iter().sum::<u64>()
         };
         for k in [3u64, 19, 1, 9, 10, 5, 18, 2, 11, 6, 17, 4, 8, 19, 3] {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: cks[k as usize - 1].clone() }).await?;
+            let r = e
+                .rollback(&sb, RollbackRequest { checkpoint: cks[k as usize - 1].clone(), allow_restart: false })
+                .await?;
             ensure!(!r.processes_restarted, "rollback to {k}: {}", r.note);
             sh(e, &sb, "touch /root/query").await?;
             let answer = wait_for("/root/answer").await?;
@@ -1043,7 +1096,7 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
         ensure!(quiet >= 2, "{quiet} of 3 checkpoints of an idle process made its template from a standby");
         ensure!(send("inc").await? == "2", "count after the checkpoints");
         for ck in [&cks[2], &cks[1], &cks[0], &cks[2]] {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted, "rollback to {ck}: {}", r.note);
             ensure!(send("get").await? == "1", "count after the rollback to {ck}");
         }
@@ -1188,7 +1241,7 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
         }
         ensure!(went_back, "no snapshot checkpoint had moved a process while the largest was copied");
         for ck in fallbacks.iter().rev() {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(!r.processes_restarted, "rollback to {ck}: {}", r.note);
             ensure!(ping(e, &sb).await? == "/root/d", "after the rollback to {ck}: the small process");
             ensure!(binder(e, &sb, "get").await? == format!("get {size}"), "after the rollback to {ck}: the binder");
@@ -1225,7 +1278,7 @@ fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
         let ck = checkpoint(e, &sb).await?;
         ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "after the refusal: not layered: {}", layer_of(e, &ck)?);
         ensure!(ping(e, &sb).await? == "/root/d", "after the next checkpoint: the small process");
-        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
         ensure!(!r.processes_restarted, "{}", r.note);
         ensure!(ping(e, &sb).await? == "/root/d", "after the rollback: the small process");
         ensure!(binder(e, &sb, "get").await? == format!("get {size}"), "after the rollback: the binder");
@@ -1257,6 +1310,10 @@ fn main() {
         ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
         ("restored_processes_share_the_new_root", restored_processes_share_the_new_root),
         ("restored_pid_reaped_by_the_kernel", restored_pid_reaped_by_the_kernel),
+        (
+            "rollback_refuses_when_the_checkpoint_copies_were_killed",
+            rollback_refuses_when_the_checkpoint_copies_were_killed,
+        ),
         ("long_chain_of_checkpoints_restores_each", long_chain_of_checkpoints_restores_each),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::ensure;
-use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ProcessState, RollbackRequest};
+use anyhow::{Context, ensure};
+use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ErrorCode, ProcessOutcome, ProcessState, RollbackRequest};
 use sandtree_runtime::Engine;
 
 mod common;
@@ -77,14 +77,24 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
             (1..4).contains(&evicted) && states[evicted..].iter().all(|s| *s == ProcessState::Captured),
             "not the oldest first, or not just enough of them: {states:?}"
         );
-        for (ck, restored) in [(&cks[4], true), (&cks[evicted], true), (&cks[0], false)] {
-            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone() }).await?;
-            if restored {
-                ensure!(!r.processes_restarted && r.restored_pids.len() == 1, "{ck}: {}", r.note);
-            } else {
-                ensure!(r.processes_restarted && r.note.contains("evicted"), "{ck}: {}", r.note);
-            }
+        for ck in [&cks[4], &cks[evicted]] {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
+            ensure!(r.processes == ProcessOutcome::Restored && r.restored_pids.len() == 1, "{ck}: {}", r.note);
         }
+        // An evicted checkpoint's processes cannot come back: refused, and
+        // nothing changed (the sandbox still stands on the last one) ...
+        let base = e.get_sandbox(&sb).await?.base_checkpoint;
+        let err = e.rollback(&sb, RollbackRequest { checkpoint: cks[0].clone(), allow_restart: false }).await.err();
+        let err = err.context("a rollback to an evicted checkpoint answered success")?;
+        ensure!(err.code() == ErrorCode::ProcessesLost && err.to_string().contains("evicted"), "{err}");
+        ensure!(e.get_sandbox(&sb).await?.base_checkpoint == base, "the refused rollback changed the sandbox");
+        // ... unless a restart is allowed, and then said.
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: cks[0].clone(), allow_restart: true }).await?;
+        ensure!(
+            r.processes == ProcessOutcome::Restarted && r.processes_restarted && r.note.contains("evicted"),
+            "{}",
+            r.note
+        );
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ExecRequest, ExecResponse, ProcessState, RollbackRequest,
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, ProcessState, RollbackRequest,
     SessionRunRequest,
 };
 use sandtree_runtime::Engine;
@@ -299,7 +299,10 @@ impl Workload {
     }
 
     async fn rollback_restoring(&self, e: &Engine, ck: &str, pids: &[i32]) -> Result<()> {
-        let r = e.rollback(&self.sb, RollbackRequest { checkpoint: ck.to_string() }).await.context("rollback")?;
+        let r = e
+            .rollback(&self.sb, RollbackRequest { checkpoint: ck.to_string(), allow_restart: false })
+            .await
+            .context("rollback")?;
         ensure!(!r.processes_restarted, "processes restarted instead of restored: {}", r.note);
         for pid in pids {
             ensure!(r.restored_pids.contains(pid), "pid {pid} not restored: {:?} ({})", r.restored_pids, r.note);
@@ -741,7 +744,14 @@ fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
                 &format!("step={k} same=True"),
             );
         }
-        let r = e.rollback(&w.sb, RollbackRequest { checkpoint: ck1.clone() }).await.context("rollback")?;
+        let refused = e.rollback(&w.sb, RollbackRequest { checkpoint: ck1.clone(), allow_restart: false }).await;
+        c.that(matches!(&refused, Err(err) if err.code() == ErrorCode::ProcessesLost), || {
+            format!("a rollback to it without allow_restart: {:?}", refused.as_ref().map(|r| &r.note))
+        });
+        let r = e
+            .rollback(&w.sb, RollbackRequest { checkpoint: ck1.clone(), allow_restart: true })
+            .await
+            .context("rollback")?;
         c.that(r.processes_restarted && r.note.contains("evicted"), || format!("rollback to it: {}", r.note));
         c.result(0)?;
         w.delete(e).await
@@ -2299,7 +2309,8 @@ fn bash_job_is_named_then_reparented(e: &Engine) -> CaseFuture<'_> {
         for round in 0..ROUNDS {
             let mut c = Checks::default();
             e.session_run(&sb, &s.id, run("kill %1; X=changed")).await?;
-            let rb = e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone() }).await?;
+            let rb =
+                e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone(), allow_restart: false }).await?;
             c.that(rb.restored_pids.contains(&s.pid) && rb.restored_pids.contains(&job), || format!("{rb:?}"));
             c.that(rb.note.contains("children of init"), || rb.note.clone());
             let out = e.session_run(&sb, &s.id, run("echo $X")).await?;

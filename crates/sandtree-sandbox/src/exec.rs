@@ -243,7 +243,9 @@ async fn pump(rx: pipe::Receiver, mut sink: impl FnMut(&[u8])) {
 }
 
 pub(crate) fn map_spawn_error(argv: &[String], message: String, code: Option<i32>) -> Error {
-    if code == Some(127) && message.starts_with("command not found") {
+    if message == crate::protocol::TASK_LIMIT {
+        Error::TaskLimit
+    } else if code == Some(127) && message.starts_with("command not found") {
         Error::CommandNotFound { command: argv.first().cloned().unwrap_or_default() }
     } else {
         Error::SpawnFailed { message, code }

@@ -453,7 +453,17 @@ fn spawn(
     let (err_rx, err_tx) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| (format!("pipe: {e}"), None))?;
 
-    match fork_single_threaded().map_err(|e| (format!("fork: {e}"), None))? {
+    let forked = match fork_single_threaded() {
+        // The sandbox's pids cgroup is full (or RLIMIT_NPROC): said apart,
+        // so the daemon can name the limit.
+        Err(sandtree_sys::process::Error::Sys { source, .. })
+            if source.raw_os_error() == Some(nix::errno::Errno::EAGAIN as i32) =>
+        {
+            return Err((protocol::TASK_LIMIT.to_string(), None));
+        }
+        other => other.map_err(|e| (format!("fork: {e}"), None))?,
+    };
+    match forked {
         Forked::Child => {
             drop(err_rx);
             let mut err = fs::File::from(err_tx);

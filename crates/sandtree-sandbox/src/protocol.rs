@@ -77,6 +77,10 @@ pub enum ZygoteReply {
     },
 }
 
+/// The message of a spawn's [`Reply::Error`] when init's fork failed with
+/// `EAGAIN`: the sandbox reached its task limit.
+pub const TASK_LIMIT: &str = "fork: no task can be added (the sandbox's task limit is reached)";
+
 /// How a spawned process gets stdin/stdout/stderr.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

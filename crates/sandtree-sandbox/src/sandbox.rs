@@ -62,6 +62,12 @@ pub enum Error {
         /// argv[0].
         command: String,
     },
+    /// The sandbox reached its task limit (its pids cgroup): no process
+    /// could be started.
+    #[error(
+        "the sandbox reached its task limit (`limits.pids`, shown by `sandtree info SANDBOX`), so no process could be started: wait for processes to exit or kill some, or create the sandbox with a higher limit (`sandtree create --pids N`, API `limits.pids`)"
+    )]
+    TaskLimit,
     /// Init could not start the process.
     #[error("spawn failed: {message}")]
     SpawnFailed {

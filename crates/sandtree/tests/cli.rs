@@ -72,8 +72,12 @@ fn checkpoint_rollback_fork_tree() {
         panic!()
     };
     assert_eq!((sandbox.as_str(), label.as_deref(), best_effort), ("sb-1", Some("before"), true));
-    let Command::Rollback { sandbox, checkpoint } = parse(&["rollback", "sb-1", "ck-2"]).command else { panic!() };
-    assert_eq!((sandbox.as_str(), checkpoint.as_str()), ("sb-1", "ck-2"));
+    let Command::Rollback { sandbox, checkpoint, allow_restart } =
+        parse(&["rollback", "sb-1", "ck-2", "--allow-restart"]).command
+    else {
+        panic!()
+    };
+    assert_eq!((sandbox.as_str(), checkpoint.as_str(), allow_restart), ("sb-1", "ck-2", true));
     let Command::Fork { checkpoint, count, labels } = parse(&["fork", "ck-2", "-n", "8", "--label", "k=v"]).command
     else {
         panic!()

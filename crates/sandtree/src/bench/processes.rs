@@ -205,7 +205,8 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         }
         let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
         let t = Instant::now();
-        let r = engine.rollback(&sb, RollbackRequest { checkpoint: target }).await.map_err(err)?;
+        let r =
+            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         if think {
             think_ms.push(ms);

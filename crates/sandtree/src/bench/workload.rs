@@ -102,7 +102,11 @@ async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64)> {
 }
 
 async fn rollback(engine: &Engine, sb: &str, ck: &str) -> Result<()> {
-    engine.rollback(sb, RollbackRequest { checkpoint: ck.into() }).await.map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
+    engine
+        .rollback(sb, RollbackRequest { checkpoint: ck.into(), allow_restart: false })
+        .await
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Checkpoint + rollback measurements on a sandbox holding a tree.

@@ -30,7 +30,8 @@ pub struct RemoteError(pub ApiError);
 
 impl std::fmt::Display for RemoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.message)
+        // (The daemon names request fields; the user typed flags.)
+        f.write_str(&self.0.for_cli())
     }
 }
 

@@ -87,7 +87,16 @@ pub enum Command {
         best_effort: bool,
     },
     /// Roll a sandbox back to one of its checkpoints.
-    Rollback { sandbox: String, checkpoint: String },
+    Rollback {
+        sandbox: String,
+        checkpoint: String,
+        /// When the checkpoint's processes cannot be restored (their copies
+        /// were killed, evicted or lost in a daemon restart), restore the
+        /// files alone and restart the sandbox with only its init, instead
+        /// of failing.
+        #[arg(long)]
+        allow_restart: bool,
+    },
     /// Create sandboxes from a checkpoint; prints their ids.
     Fork {
         checkpoint: String,

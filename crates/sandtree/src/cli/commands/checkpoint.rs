@@ -28,16 +28,21 @@ pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>, best_ef
     Ok(0)
 }
 
-pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str) -> Result<i32> {
-    let req = RollbackRequest { checkpoint: checkpoint.to_string() };
+pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str, allow_restart: bool) -> Result<i32> {
+    let req = RollbackRequest { checkpoint: checkpoint.to_string(), allow_restart };
     let r: RollbackResponse =
         ctx.call(Method::POST, &format!("/v1/sandboxes/{}/rollback", enc(sandbox)), Some(&req)).await?;
     if !ctx.json {
         println!("rolled {} back to {} in {}", r.sandbox.id, r.checkpoint, ms(r.duration_ms));
-        if r.processes_restarted {
-            println!("processes were restarted (the filesystem was restored; running programs were not)");
-        } else {
-            println!("processes restored: {:?}", r.restored_pids);
+        match r.processes {
+            ProcessOutcome::Restored => println!("processes restored: {:?}", r.restored_pids),
+            ProcessOutcome::NoneCaptured => println!("processes: none but init at the checkpoint"),
+            ProcessOutcome::NotCopied => {
+                println!("processes not copied: the checkpoint was taken of another sandbox; only init runs")
+            }
+            ProcessOutcome::Restarted => {
+                println!("processes NOT restored: files restored, every process but init killed (--allow-restart)")
+            }
         }
         println!("note: {}", r.note);
     }
@@ -55,7 +60,7 @@ pub async fn fork(ctx: &Ctx, checkpoint: &str, count: u32, labels: Vec<(String, 
                 (Some(s), _) => println!("{}", s.id),
                 (None, Some(e)) => {
                     failed += 1;
-                    eprintln!("error: fork {}: {}", i + 1, e.message);
+                    eprintln!("error: fork {}: {}", i + 1, e.for_cli());
                 }
                 (None, None) => {
                     failed += 1;
@@ -70,9 +75,7 @@ pub async fn fork(ctx: &Ctx, checkpoint: &str, count: u32, labels: Vec<(String, 
             r.checkpoint,
             ms(r.duration_ms)
         );
-        if r.processes_restarted {
-            eprintln!("note: {}", r.note);
-        }
+        eprintln!("note: {}", r.note);
     } else {
         failed = r.results.iter().filter(|x| x.sandbox.is_none()).count();
     }

@@ -61,7 +61,9 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
         Command::Checkpoint { sandbox, label, best_effort } => {
             checkpoint::checkpoint(&ctx, &sandbox, label, best_effort).await
         }
-        Command::Rollback { sandbox, checkpoint } => checkpoint::rollback(&ctx, &sandbox, &checkpoint).await,
+        Command::Rollback { sandbox, checkpoint, allow_restart } => {
+            checkpoint::rollback(&ctx, &sandbox, &checkpoint, allow_restart).await
+        }
         Command::Fork { checkpoint, count, labels } => checkpoint::fork(&ctx, &checkpoint, count, labels).await,
         Command::Tree { sandbox } => checkpoint::tree(&ctx, sandbox).await,
         Command::RmCheckpoint { checkpoint, force } => checkpoint::rm(&ctx, &checkpoint, force).await,
