@@ -185,7 +185,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -459,6 +459,23 @@ mod tests {
         let runs = std::fs::read_to_string(dir.path().join(RUNS)).expect("runs");
         assert!(runs.starts_with("# Runs\n\n## 2026-12-06 10:15 UTC — abc1234\n"), "{runs}");
         assert_eq!(runs.matches("## 2026-12-06").count(), 2, "{runs}");
+    }
+
+    #[test]
+    fn the_repository_is_ready_for_a_record() {
+        // The README keeps its markers and docs/benchmarks.md exists, so
+        // that `sandtree bench --record .` at the root works.
+        let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        Record::open(root).expect("the repository's README.md and docs/benchmarks.md");
+    }
+
+    #[test]
+    fn run_info_of_this_machine() {
+        let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        let i = RunInfo::collect(root, Vec::new());
+        assert!(i.cores > 0 && i.memory_bytes > 0, "{i:?}");
+        assert!(i.date.ends_with(" UTC") && i.date.len() == "2026-12-06 10:15 UTC".len(), "{i:?}");
+        assert!(!i.commit.is_empty(), "{i:?}");
     }
 
     #[test]
