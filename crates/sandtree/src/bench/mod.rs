@@ -14,17 +14,20 @@
 //! Workload: the host's Python standard library (`/usr/lib/python3.11`,
 //! about 1,400 files / 54 MB) copied into the sandbox; every step rewrites 10
 //! of its files. Results print as a table (p50 / p95 / max in ms, and the
-//! ratio of each baseline to Sandtree's checkpoint) and as JSON (`--json`).
+//! ratio of each baseline to Sandtree's checkpoint), as JSON (`--json`) or
+//! as Markdown (`--markdown`, `markdown.rs`); `--record DIR` appends the run
+//! to `DIR/docs/benchmarks.md` and puts its table in `DIR/README.md`.
 
+mod markdown;
 mod processes;
 mod report;
 mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, FromArgMatches};
 use sandtree_runtime::{Config, Engine, Zygote};
 
 #[derive(Args, Debug, Clone)]
@@ -42,8 +45,19 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Print JSON instead of tables.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "markdown")]
     pub json: bool,
+    /// Print Markdown instead of tables: a line naming the machine (cores,
+    /// memory), kernel, commit and date, then the results and targets.
+    #[arg(long)]
+    pub markdown: bool,
+    /// Record the run in the repository at DIR (e.g. `.`): append it as a
+    /// dated section to DIR/docs/benchmarks.md and replace the table between
+    /// the `<!-- bench:begin -->` and `<!-- bench:end -->` lines of
+    /// DIR/README.md. Checked before the run starts; needs a full run with
+    /// the default engine settings.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "processes_only", "no_pre_sync", "snapshot_processes"])]
+    pub record: Option<PathBuf>,
     /// Source tree of the workload.
     #[arg(long, default_value = "/usr/lib/python3.11")]
     pub tree: PathBuf,
@@ -70,6 +84,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     }
+    // A wrong directory, or a README without its markers, fails now, not
+    // after the run.
+    let record = args.record.as_deref().map(markdown::Record::open).transpose()?;
+    let info = (args.markdown || record.is_some()).then(|| {
+        let repo = args.record.clone().unwrap_or_else(|| PathBuf::from("."));
+        markdown::RunInfo::collect(&repo, args.options())
+    });
     if args.data_dir.join("btrfs").exists() {
         workload::teardown(&args.data_dir);
     }
@@ -114,10 +135,74 @@ pub fn run(args: BenchArgs) -> Result<()> {
         workload::teardown(&args.data_dir);
     }
     let report = result?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        report.print();
+    match &info {
+        _ if args.json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Some(info) if args.markdown => print!("{}", markdown::render_run(&report, info)),
+        _ => report.print(),
+    }
+    if let (Some(record), Some(info)) = (record, &info) {
+        record.write(&report, info).context("recording the run (its results are printed above)")?;
+        eprintln!("bench: recorded in {}", args.record.as_deref().unwrap_or(Path::new(".")).display());
     }
     Ok(())
+}
+
+impl BenchArgs {
+    /// The options given other than the defaults, for the Markdown header.
+    fn options(&self) -> Vec<String> {
+        let matches = BenchArgs::augment_args(clap::Command::new("bench")).get_matches_from(["bench"]);
+        let Ok(defaults) = BenchArgs::from_arg_matches(&matches) else { return Vec::new() };
+        let mut out = Vec::new();
+        for (on, flag) in [
+            (self.quick, "--quick"),
+            (self.processes_only, "--processes-only"),
+            (self.no_pre_sync, "--no-pre-sync"),
+            (self.snapshot_processes, "--snapshot-processes"),
+        ] {
+            if on {
+                out.push(flag.to_string());
+            }
+        }
+        if self.iterations != defaults.iterations {
+            out.push(format!("--iterations {}", self.iterations));
+        }
+        if self.chain != defaults.chain && !self.quick && !self.processes_only {
+            out.push(format!("--chain {}", self.chain));
+        }
+        if self.tree != defaults.tree {
+            out.push(format!("--tree {}", self.tree.display()));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, FromArgMatches};
+
+    use super::BenchArgs;
+
+    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let matches = BenchArgs::augment_args(clap::Command::new("bench")).try_get_matches_from(argv)?;
+        BenchArgs::from_arg_matches(&matches)
+    }
+
+    #[test]
+    fn record_needs_a_full_run_with_the_default_engine() {
+        let args = parse(&["bench", "--markdown", "--record", "."]).expect("full run");
+        assert_eq!(args.record.as_deref(), Some(std::path::Path::new(".")));
+        for partial in ["--quick", "--processes-only", "--no-pre-sync", "--snapshot-processes"] {
+            let err = parse(&["bench", "--record", ".", partial]).expect_err(partial);
+            assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict, "{partial}: {err}");
+        }
+        assert!(parse(&["bench", "--json", "--markdown"]).is_err());
+    }
+
+    #[test]
+    fn options_name_what_differs_from_the_defaults() {
+        assert!(parse(&["bench"]).expect("defaults").options().is_empty());
+        let args = parse(&["bench", "--quick", "--iterations", "10", "--chain", "5"]).expect("parse");
+        // (--chain means nothing in a quick run.)
+        assert_eq!(args.options(), ["--quick", "--iterations 10"]);
+    }
 }

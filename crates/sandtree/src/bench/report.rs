@@ -1,4 +1,5 @@
-//! Benchmark results: percentiles, target checks, table and JSON output.
+//! Benchmark results: percentiles, target checks, table and JSON output
+//! (Markdown: `markdown.rs`).
 
 use serde::Serialize;
 
@@ -165,39 +166,55 @@ impl Report {
         for c in &self.checks {
             println!("{:<58} {:<16} {:<16} {}", c.name, c.target, c.measured, if c.pass { "PASS" } else { "MISS" });
         }
-        println!("\nmetadata per checkpoint: {:.0} bytes", self.metadata_bytes_per_checkpoint);
+        println!();
+        for line in self.notes() {
+            println!("{line}");
+        }
+    }
+
+    /// The lines printed under the tables: the pool, the paths taken, the
+    /// CPU time stolen, other sandboxes, and how fast the machine forked
+    /// and switched tasks during the run (also in `--markdown`).
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.metadata_bytes_per_checkpoint > 0.0 {
+            out.push(format!("metadata per checkpoint: {:.0} bytes", self.metadata_bytes_per_checkpoint));
+        }
         for (repl, n, bytes) in &self.template_pool {
-            println!(
+            out.push(format!(
                 "template pool, REPL {repl}: {:.1} MB for {n} checkpoints ({:.2} MB each; 1,000 pages dirtied per step = 4.1 MB)",
                 *bytes as f64 / 1e6,
                 *bytes as f64 / 1e6 / (*n).max(1) as f64
-            );
+            ));
         }
         for (repl, pages) in &self.holder_pages {
-            println!(
+            out.push(format!(
                 "written pages copied by the holder in the frozen window, REPL {repl}: {pages:.0} a checkpoint (the rest read from the daemon)"
-            );
+            ));
         }
         for (repl, prev, of) in &self.from_prev {
-            println!(
+            out.push(format!(
                 "templates made from the standby of the template before the previous one (its own not forked yet), REPL {repl}: {prev} of {of}"
-            );
+            ));
         }
         for (repl, later, of) in &self.from_forks {
-            println!(
+            out.push(format!(
                 "templates made from a standby still being forked (the frozen window did not wait for it), REPL {repl}: {later} of {of}"
-            );
+            ));
         }
         if !self.cpu_stolen.is_empty() {
             let parts: Vec<String> = self.cpu_stolen.iter().map(|(what, p)| format!("{what} {p:.1}%")).collect();
-            println!("CPU time stolen by the hypervisor (other guests' time on these CPUs): {}", parts.join(", "));
+            out.push(format!(
+                "CPU time stolen by the hypervisor (other guests' time on these CPUs): {}",
+                parts.join(", ")
+            ));
         }
         if !self.other_sandboxes.is_empty() {
-            println!(
+            out.push(format!(
                 "warning: {} other sandbox(es) ran beside this run (init pids {:?}): its numbers are slower",
                 self.other_sandboxes.len(),
                 self.other_sandboxes
-            );
+            ));
         }
         // How fast this machine was: the same kernel work a template made
         // by a fork costs, measured in the same run.
@@ -205,19 +222,20 @@ impl Report {
             let ck = self.p50(&format!("checkpoint, REPL {repl} + http + shell"));
             let fork = self.p50(&super::processes::fork_row(repl));
             if ck.is_finite() && fork.is_finite() && fork > 0.0 {
-                println!(
+                out.push(format!(
                     "checkpoint with processes, REPL {repl}: {:.2}x a plain fork() of a {repl} process ({fork:.2} ms p50 in this run)",
                     ck / fork
-                );
+                ));
             }
             let inject = self.p50(&super::processes::inject_row(repl));
             if inject.is_finite() {
-                println!(
+                out.push(format!(
                     "a syscall injected by ptrace, REPL {repl} run: {:.1} µs p50 (the unit of a checkpoint's pass 1)",
                     inject * 100.0
-                );
+                ));
             }
         }
+        out
     }
 }
 
