@@ -190,7 +190,7 @@ pub(crate) struct Forking {
 /// background work. Nice orders the tasks of one CPU group: these run in
 /// the sandbox's, beside init and the restore's calls (at `RESTORE_NICE`),
 /// which a fork at nice 0 took CPU share from. (Against the daemon's
-/// threads, another group, nice does little: ARCHITECTURE.md.)
+/// threads, another group, nice does little: docs/architecture/process-pool.md.)
 const BACKGROUND_NICE: i32 = 19;
 
 /// What [`tend_standbys`] did.

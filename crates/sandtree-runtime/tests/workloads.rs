@@ -2225,7 +2225,7 @@ fn sqlite_open_database(e: &Engine) -> CaseFuture<'_> {
         ensure!(w.ask(e, "count").await? == "rows=3");
         // (One checkpoint: after two, the restored connection finds the
         // database file's inode number changed and turns read-only — an
-        // open bug of layered checkpoints, see ARCHITECTURE.md.)
+        // open bug of layered checkpoints, see docs/architecture/process-pool.md.)
         let ck = w.checkpoint_once(e).await?;
         for round in 0..ROUNDS {
             let mut c = Checks::default();
