@@ -22,7 +22,9 @@
 //!    still visible; `pivot_root(root, root)` + detach the old root;
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
-//!    installs the seccomp filter and reports "ok" on its socket.
+//!    makes itself not dumpable (see [`setup_init`]), installs the seccomp
+//!    filter and reports "ok" on its socket. (While C waited in the pool it
+//!    replaced its command line, the daemon's, with `sandtree:[init]`.)
 //! 6. Z waits for that result (or the error text C sent), closes its
 //!    overlay fds, replies `Spawned { pid }` + pidfd to D, and only then
 //!    pre-clones the next C.
@@ -142,6 +144,14 @@ pub fn preclone(st: &ZygoteState) -> Result<Pending> {
         Forked::Child => {
             drop(z_end);
             let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+            // The daemon's command line and environment (data dir, --tcp
+            // address, ...) are not init's to show (`/proc/1/cmdline`).
+            // Done while waiting: off the path of a create.
+            if let Err(e) = sandtree_sys::process::replace_command_line(INIT_NAME) {
+                let _ = crate::protocol::recv::<Go>(c_end.as_fd());
+                let _ = crate::protocol::send(c_end.as_fd(), &format!("hide the daemon's command line: {e}"), &[]);
+                exit_now(1)
+            }
             let Ok(Some((go, overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
             let _ = rustix::process::set_parent_process_death_signal(None);
             match setup_init(&st.cfg, &go.spec, overlays, &st.seccomp, c_end.as_raw_fd()) {
@@ -359,6 +369,12 @@ fn setup_init(
     sandtree_sys::process::close_fds_except(&[listener.as_raw_fd(), sigfd.as_fd().as_raw_fd(), result_fd])
         .map_err(|e| Error::Child(e.to_string()))?;
     let _ = rustix::thread::set_name(INIT_NAME);
+    // Not dumpable: the sandbox's root may not ptrace init or read its
+    // memory, environment, maps, descriptors or executable's host path
+    // through `/proc/1` (the daemon's memory is still in it). The change of
+    // credentials above left it so only where `fs.suid_dumpable` is 0.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(io("prctl(PR_SET_DUMPABLE)"))?;
     crate::seccomp::install(seccomp).map_err(|e| Error::Child(e.to_string()))?;
     Ok((listener, sigfd))
 }
