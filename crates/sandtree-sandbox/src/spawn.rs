@@ -10,16 +10,20 @@
 //!    `CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS` right after the
 //!    previous request, `uid_map`/`gid_map` = `0 uid_base 65536` already
 //!    written; C is pid 1 of its pid namespace and waits on a socket).
-//! 4. Z moves C into the cgroup(s), opens a pidfd for C and sends it the
-//!    spec with the overlay mount fds (`SCM_RIGHTS`).
+//! 4. Z binds `init.sock` (in the host's network namespace: a socket of
+//!    the sandbox's would show its host path in the sandbox's
+//!    `/proc/net/unix`), moves C into the cgroup(s), opens a pidfd for C
+//!    and sends it the spec with the overlay mount fds and the bound
+//!    socket (`SCM_RIGHTS`).
 //! 5. C: `unshare(CLONE_NEWCGROUP)` (its cgroup becomes its cgroup root),
 //!    `setgroups([])`, `setresgid/setresuid(0)`; makes `/` rprivate;
 //!    `move_mount`s the root overlay onto `root/`, then each further layer
 //!    onto `root/<target>`; mounts `proc` (nosuid,nodev,noexec), a `/dev`
 //!    tmpfs with bind-mounted host null/zero/full/random/urandom/tty, a
 //!    private devpts instance + `ptmx` symlink, `/dev/shm`, the fd
-//!    symlinks; binds the listening `init.sock` while the host path is
-//!    still visible; `pivot_root(root, root)` + detach the old root;
+//!    symlinks; `listen`s on `init.sock` (the daemon takes init's pid
+//!    from the peer credentials of its connection, which are those of the
+//!    listening process); `pivot_root(root, root)` + detach the old root;
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
 //!    makes itself not dumpable (see [`setup_init`]), installs the seccomp
@@ -117,7 +121,8 @@ pub struct Pending {
     ctl: OwnedFd,
 }
 
-/// What a pending init receives (with the overlay mount fds, `SCM_RIGHTS`).
+/// What a pending init receives (with the overlay mount fds and the bound
+/// control socket, last, `SCM_RIGHTS`).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Go {
     spec: SandboxSpec,
@@ -152,9 +157,15 @@ pub fn preclone(st: &ZygoteState) -> Result<Pending> {
                 let _ = crate::protocol::send(c_end.as_fd(), &format!("hide the daemon's command line: {e}"), &[]);
                 exit_now(1)
             }
-            let Ok(Some((go, overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
+            let Ok(Some((go, mut overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
             let _ = rustix::process::set_parent_process_death_signal(None);
-            match setup_init(&st.cfg, &go.spec, overlays, &st.seccomp, c_end.as_raw_fd()) {
+            // (The bound control socket comes last.)
+            let listener = if overlays.len() == go.spec.layers.len() + 1 { overlays.pop() } else { None };
+            let Some(listener) = listener else {
+                let _ = crate::protocol::send(c_end.as_fd(), &"init got no control socket".to_string(), &[]);
+                exit_now(1)
+            };
+            match setup_init(&st.cfg, &go.spec, overlays, listener, &st.seccomp, c_end.as_raw_fd()) {
                 Ok((listener, sigfd)) => {
                     let _ = crate::protocol::send(c_end.as_fd(), &"ok".to_string(), &[]);
                     drop(c_end);
@@ -213,6 +224,7 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
     for layer in &spec.layers {
         overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
     }
+    overlays.push(bind_control(&cfg.init_socket(&spec.id))?);
 
     let pending = match st.pool.pop() {
         Some(p) => p,
@@ -274,11 +286,22 @@ pub(crate) fn mount_dev_shm(shm: &Path) -> Result<()> {
     do_mount("tmpfs", shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
 }
 
+/// The control socket of a sandbox's init, bound at `path` (step 4; init
+/// listens).
+fn bind_control(path: &Path) -> Result<OwnedFd> {
+    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(io("socket"))?;
+    let addr = SocketAddrUnix::new(path).map_err(io("socket path"))?;
+    rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", path.display())))?;
+    Ok(listener)
+}
+
 /// Step 5 (runs in C). Returns the listening socket and the SIGCHLD signalfd.
 fn setup_init(
     cfg: &HostConfig,
     spec: &SandboxSpec,
     overlays: Vec<OwnedFd>,
+    listener: OwnedFd,
     seccomp: &[BpfInsn],
     result_fd: i32,
 ) -> Result<(OwnedFd, SignalFd)> {
@@ -338,13 +361,8 @@ fn setup_init(
         symlink(target, dev.join(name)).map_err(io(format!("symlink dev/{name}")))?;
     }
     mount_dev_shm(&dev.join("shm"))?;
-
-    // The control socket, bound while the host path is still reachable.
-    let sock_path = cfg.init_socket(&spec.id);
-    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-        .map_err(io("socket"))?;
-    let addr = SocketAddrUnix::new(&sock_path).map_err(io("socket path"))?;
-    rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", sock_path.display())))?;
+    // (Bound by the zygote; the peer credentials a connection gets are
+    // those of the process that listens.)
     rustix::net::listen(&listener, 16).map_err(io("listen"))?;
 
     nix::unistd::chdir(&root).map_err(io("chdir root"))?;
