@@ -68,11 +68,22 @@ impl Config {
         self.data_dir.join("meta.db")
     }
 
+    /// Where the state store is: the image under the data dir, or the
+    /// given btrfs mount.
+    pub fn volume_config(&self) -> sandtree_fs::VolumeConfig {
+        sandtree_fs::VolumeConfig {
+            data_dir: self.data_dir.clone(),
+            btrfs_mount: self.btrfs_mount.clone(),
+            image_size: self.image_size,
+        }
+    }
+
     pub fn host_config(&self) -> sandtree_sandbox::HostConfig {
         sandtree_sandbox::HostConfig {
             run_dir: self.run_dir(),
             uid_base: self.uid_base,
             cgroup_name: self.cgroup_name.clone(),
+            store_root: Some(self.volume_config().mount_point()),
         }
     }
 }

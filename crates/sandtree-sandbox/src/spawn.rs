@@ -106,6 +106,8 @@ pub struct ZygoteState {
     pub backend: Backend,
     /// Idmapped host directories.
     pub idmap: Idmapper,
+    /// How overlays name their layers.
+    pub names: crate::overlay::LayerNames,
     /// Compiled seccomp filter.
     pub seccomp: Vec<BpfInsn>,
     /// Inits cloned ahead of time (see [`preclone`]).
@@ -222,7 +224,7 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
 
     let mut overlays = Vec::new();
     for layer in &spec.layers {
-        overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
+        overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap, &st.names)?);
     }
     overlays.push(bind_control(&cfg.init_socket(&spec.id))?);
 
