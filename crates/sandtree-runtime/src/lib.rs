@@ -39,6 +39,7 @@ mod sandbox_exec;
 mod sandbox_rollback;
 mod sandbox_session;
 mod spares;
+pub mod uid_range;
 mod util;
 
 pub use config::Config;
