@@ -26,7 +26,7 @@
 //!    listening process); `pivot_root(root, root)` + detach the old root;
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
-//!    makes itself not dumpable (see [`setup_init`]), installs the seccomp
+//!    makes itself not dumpable (see `setup_init`), installs the seccomp
 //!    filter and reports "ok" on its socket. (While C waited in the pool it
 //!    replaced its command line, the daemon's, with `sandtree:[init]`.)
 //! 6. Z waits for that result (or the error text C sent), closes its
