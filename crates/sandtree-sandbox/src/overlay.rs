@@ -230,6 +230,10 @@ impl LayerNames {
                 let _ = rustix::process::chdir("/");
             }
         }
+        // (Made again if something removed them since the zygote started.)
+        if fs::symlink_metadata(self.dir.join(self.roots[0].0)).is_err() {
+            self.install()?;
+        }
         let base = Path::new(sandtree_sys::mountinfo::LAYER_NAMES);
         rustix::process::chdir(base).map_err(io_err("chdir", base))?;
         Ok(Back)
