@@ -22,7 +22,15 @@ pub struct DaemonInfo {
     pub volume: VolumeInfo,
     /// `v1` or `v2`.
     pub cgroup: String,
+    /// First host uid/gid of this daemon's range: sandboxes' ids
+    /// `0..uid_count` are the host's `uid_base..uid_base + uid_count`.
     pub uid_base: u32,
+    /// Ids in the range.
+    #[serde(default = "default_uid_count")]
+    pub uid_count: u32,
+    /// The host-wide claim file of the range (held while the daemon runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid_claim: Option<String>,
     pub sandboxes: u64,
     pub running: u64,
     pub checkpoints: u64,
@@ -40,4 +48,8 @@ pub struct DaemonInfo {
     /// since their checkpoints).
     #[serde(default)]
     pub template_bytes: u64,
+}
+
+fn default_uid_count() -> u32 {
+    65536
 }

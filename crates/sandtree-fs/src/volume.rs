@@ -55,6 +55,18 @@ impl Default for VolumeConfig {
     }
 }
 
+impl VolumeConfig {
+    /// Where the volume is (or will be) mounted: `btrfs_mount`, or
+    /// `<data_dir>/btrfs` with the data directory canonicalized (as it is
+    /// once it exists) — [`Volume::root`] of the volume opened from it.
+    pub fn mount_point(&self) -> PathBuf {
+        match &self.btrfs_mount {
+            Some(mount) => mount.clone(),
+            None => fs::canonicalize(&self.data_dir).unwrap_or_else(|_| self.data_dir.clone()).join("btrfs"),
+        }
+    }
+}
+
 /// How the volume is backed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backing {
@@ -238,7 +250,7 @@ fn mkfs(image: &Path) -> Result<()> {
 fn open_image(cfg: &VolumeConfig) -> Result<Volume> {
     mkdir(&cfg.data_dir, 0o700)?;
     let data_dir = fs::canonicalize(&cfg.data_dir).map_err(|e| Error::io("canonicalize", &cfg.data_dir, e))?;
-    let root = data_dir.join("btrfs");
+    let root = cfg.mount_point();
     let image = data_dir.join("btrfs.img");
     let vol = Volume { root: root.clone(), backing: Backing::Image(image.clone()) };
     if is_btrfs_mounted_at(&root) {

@@ -13,8 +13,11 @@ pub struct Config {
     pub btrfs_mount: Option<PathBuf>,
     /// Size of the sparse image file created on first start.
     pub image_size: u64,
-    /// First host uid/gid of the range that sandboxes' ids 0..65536 map to.
+    /// First host uid/gid of the range that sandboxes' ids 0..65536 map to
+    /// (the daemon's own: see [`crate::uid_range`]).
     pub uid_base: u32,
+    /// The host-wide claim of that range (`uid_range`), if one is held.
+    pub uid_claim: Option<PathBuf>,
     /// Name of the cgroup (under each hierarchy) that holds sandboxes' cgroups.
     pub cgroup_name: String,
     /// Limits applied when a request leaves one unset.
@@ -68,11 +71,22 @@ impl Config {
         self.data_dir.join("meta.db")
     }
 
+    /// Where the state store is: the image under the data dir, or the
+    /// given btrfs mount.
+    pub fn volume_config(&self) -> sandtree_fs::VolumeConfig {
+        sandtree_fs::VolumeConfig {
+            data_dir: self.data_dir.clone(),
+            btrfs_mount: self.btrfs_mount.clone(),
+            image_size: self.image_size,
+        }
+    }
+
     pub fn host_config(&self) -> sandtree_sandbox::HostConfig {
         sandtree_sandbox::HostConfig {
             run_dir: self.run_dir(),
             uid_base: self.uid_base,
             cgroup_name: self.cgroup_name.clone(),
+            store_root: Some(self.volume_config().mount_point()),
         }
     }
 }
@@ -83,7 +97,8 @@ impl Default for Config {
             data_dir: PathBuf::from("/var/lib/sandtree"),
             btrfs_mount: None,
             image_size: 64 << 30,
-            uid_base: 1_000_000_000,
+            uid_base: crate::uid_range::LEGACY_BASE,
+            uid_claim: None,
             cgroup_name: "sandtree".into(),
             default_limits: Limits { memory_bytes: Some(4 << 30), pids: Some(4096), cpu_millicores: None },
             freeze_timeout_ms: 2000,

@@ -92,11 +92,7 @@ impl Engine {
     /// created any thread (before the tokio runtime).
     pub async fn open(cfg: Config, zygote: Zygote) -> Result<Arc<Engine>> {
         prepare_data_dir(&cfg.data_dir)?;
-        let vcfg = sandtree_fs::VolumeConfig {
-            data_dir: cfg.data_dir.clone(),
-            btrfs_mount: cfg.btrfs_mount.clone(),
-            image_size: cfg.image_size,
-        };
+        let vcfg = cfg.volume_config();
         let volume = tokio::task::spawn_blocking(move || Volume::open(&vcfg)).await??;
         let dynmods = match sandtree_sandbox::cgroup::favor_dynamic_modifications() {
             Ok(true) => {

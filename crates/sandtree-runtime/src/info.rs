@@ -36,6 +36,8 @@ impl Engine {
             }
             .into(),
             uid_base: self.cfg.uid_base,
+            uid_count: sandtree_sandbox::config::ID_RANGE,
+            uid_claim: self.cfg.uid_claim.as_ref().map(|p| p.display().to_string()),
             sandboxes,
             running: running as u64,
             checkpoints,

@@ -6,6 +6,9 @@
 //! - `sandtree-meta`: the durable record, the commit point of every operation;
 //! - `sandtree-sandbox`: the processes (zygote, namespaces, cgroups, init).
 //!
+//! [`uid_range`]: the host uid range a data dir's sandboxes map to, its own
+//! (recorded in the data dir, claimed host-wide while its daemon runs).
+//!
 //! One verb per file: [`Engine::create_sandbox`] in `sandbox_create.rs`,
 //! [`Engine::checkpoint`] in `sandbox_checkpoint.rs`, and so on. The order of
 //! operations of each verb is documented on the verb and in ARCHITECTURE.md.
@@ -39,6 +42,7 @@ mod sandbox_exec;
 mod sandbox_rollback;
 mod sandbox_session;
 mod spares;
+pub mod uid_range;
 mod util;
 
 pub use config::Config;

@@ -14,15 +14,21 @@ pub struct HostConfig {
     pub uid_base: u32,
     /// Name of the parent cgroup (`sandtree`).
     pub cgroup_name: String,
+    /// Mount point of the state store, under which layers' host paths
+    /// are named `store/...` inside a sandbox (see [`crate::overlay`]);
+    /// `None`: layers elsewhere than `<run_dir>/lower` show their host
+    /// paths.
+    #[serde(default)]
+    pub store_root: Option<PathBuf>,
 }
 
 /// Size of the id range every sandbox maps.
 pub const ID_RANGE: u32 = 65536;
 
 impl HostConfig {
-    /// Defaults: uid_base 1_000_000_000, cgroup `sandtree`.
+    /// Defaults: uid_base 1_000_000_000, cgroup `sandtree`, no store root.
     pub fn new(run_dir: impl Into<PathBuf>) -> Self {
-        Self { run_dir: run_dir.into(), uid_base: 1_000_000_000, cgroup_name: "sandtree".into() }
+        Self { run_dir: run_dir.into(), uid_base: 1_000_000_000, cgroup_name: "sandtree".into(), store_root: None }
     }
 
     /// `<run_dir>/sandboxes/<id>`.

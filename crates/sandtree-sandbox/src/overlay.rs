@@ -15,6 +15,17 @@
 //!   user namespace mapping `0 uid_base 65536`) attached under
 //!   `<run_dir>/lower/<escaped path>`. Overlay accepts idmapped lowers, and
 //!   the attached clone survives daemon restarts (reused via mountinfo).
+//! * overlayfs shows its layers, in every mount table (`/proc/mounts`
+//!   inside the sandbox too), by the names it was given. [`LayerNames`]:
+//!   layers are given relative names, `<key>/store/<path below the store
+//!   root>` and `<key>/lower/<escaped host path>`, with the zygote's
+//!   current directory at `/run/sandtree/layers`, where
+//!   `<key>/store` and `<key>/lower` are symbolic links to the store root
+//!   and `<run_dir>/lower` (`key`: a hash of the run directory, one per
+//!   daemon). A sandbox sees `upperdir=<key>/store/sandboxes/<id>/...`,
+//!   nothing of the data directory; the daemon turns the names back into
+//!   host paths through the links (`sandtree_sys::mountinfo::layer_path`).
+//!   The mount's source is `overlay`.
 
 use std::collections::HashMap;
 use std::fs;
@@ -141,6 +152,94 @@ fn make_userns(uid_base: u32) -> Result<OwnedFd> {
     }
 }
 
+/// How overlays name their layers (see the module docs).
+#[derive(Clone, Debug)]
+pub struct LayerNames {
+    /// `LAYER_NAMES/<key>`.
+    dir: PathBuf,
+    key: String,
+    /// Label → host directory, the more specific first.
+    roots: Vec<(&'static str, PathBuf)>,
+}
+
+impl LayerNames {
+    /// The names of the daemon with configuration `cfg`.
+    pub fn new(cfg: &HostConfig) -> LayerNames {
+        use std::os::unix::ffi::OsStrExt;
+        // FNV-1a: stable across builds (the names outlive a daemon: a
+        // restarted one reads its sandboxes' mount tables).
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in cfg.run_dir.as_os_str().as_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        let key = format!("{h:016x}");
+        let mut roots = vec![("lower", cfg.lower_dir())];
+        roots.extend(cfg.store_root.clone().map(|r| ("store", r)));
+        LayerNames { dir: Path::new(sandtree_sys::mountinfo::LAYER_NAMES).join(&key), key, roots }
+    }
+
+    /// The name layer directory `path` is given: `<key>/<label>/<rest>`,
+    /// or `path` itself outside every root.
+    pub fn name(&self, path: &Path) -> PathBuf {
+        for (label, root) in &self.roots {
+            if let Ok(rest) = path.strip_prefix(root) {
+                return Path::new(&self.key).join(label).join(rest);
+            }
+        }
+        path.to_path_buf()
+    }
+
+    /// Create the links (daemon side, when the zygote starts), and remove
+    /// other daemons' whose data directory is gone.
+    pub fn install(&self) -> Result<()> {
+        let base = Path::new(sandtree_sys::mountinfo::LAYER_NAMES);
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(&self.dir).map_err(io_err("mkdir", &self.dir))?;
+        // `lower` exists from now on: a daemon starting meanwhile does not
+        // take these links for stale.
+        let lower = &self.roots[0].1;
+        if let Some(run_dir) = lower.parent() {
+            fs::DirBuilder::new().recursive(true).mode(0o711).create(run_dir).map_err(io_err("mkdir", run_dir))?;
+        }
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(lower).map_err(io_err("mkdir", lower))?;
+        for (label, target) in &self.roots {
+            let link = self.dir.join(label);
+            if fs::read_link(&link).is_ok_and(|t| t == *target) {
+                continue;
+            }
+            let tmp = self.dir.join(format!(".{label}.{}", std::process::id()));
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(target, &tmp).map_err(io_err("symlink", &tmp))?;
+            fs::rename(&tmp, &link).map_err(io_err("rename", &tmp))?;
+        }
+        for entry in fs::read_dir(base).map_err(io_err("read", base))?.flatten() {
+            let dir = entry.path();
+            // Gone: no data directory holds its `lower` any more.
+            if dir != self.dir && fs::read_link(dir.join("lower")).is_ok_and(|t| !t.exists()) {
+                let _ = fs::remove_dir_all(&dir);
+            }
+        }
+        Ok(())
+    }
+
+    /// Make the names resolvable (the current directory
+    /// `LAYER_NAMES`) until the guard is dropped (back to `/`).
+    fn enter(&self) -> Result<impl Drop> {
+        struct Back;
+        impl Drop for Back {
+            fn drop(&mut self) {
+                let _ = rustix::process::chdir("/");
+            }
+        }
+        // (Made again if something removed them since the zygote started.)
+        if fs::symlink_metadata(self.dir.join(self.roots[0].0)).is_err() {
+            self.install()?;
+        }
+        let base = Path::new(sandtree_sys::mountinfo::LAYER_NAMES);
+        rustix::process::chdir(base).map_err(io_err("chdir", base))?;
+        Ok(Back)
+    }
+}
+
 /// Whether `path` is a mount point in the current mount namespace.
 pub fn is_mount_point(path: &Path) -> bool {
     sandtree_sys::mountinfo::is_mount_point(path)
@@ -167,7 +266,7 @@ pub fn ensure_shifted_dir(dir: &Path, uid_base: u32, mode: u32) -> Result<()> {
 /// the next commit. A volatile overlay leaves `work/work/incompat/volatile`
 /// behind and refuses to mount over it; the work dir holds nothing else of
 /// value, so it is cleared before each mount.
-pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper) -> Result<OwnedFd> {
+pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper, names: &LayerNames) -> Result<OwnedFd> {
     ensure_shifted_dir(&layer.upper, cfg.uid_base, 0o755)?;
     ensure_shifted_dir(&layer.work, cfg.uid_base, 0o700)?;
     let incompat = layer.work.join("work").join("incompat");
@@ -177,12 +276,22 @@ pub fn build(layer: &OverlayLayer, cfg: &HostConfig, idmap: &mut Idmapper) -> Re
         Err(e) => return Err(io_err("clear overlay work dir", &incompat)(e)),
     }
     let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(io_err("fsopen overlay", &layer.upper))?;
-    for lower in &layer.lower {
-        let path = if lower.idmap { idmap.get(&lower.path)? } else { lower.path.clone() };
-        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &path).map_err(io_err("fsconfig lowerdir+", &path))?;
+    let lowers = layer
+        .lower
+        .iter()
+        .map(|l| if l.idmap { idmap.get(&l.path) } else { Ok(l.path.clone()) })
+        .collect::<Result<Vec<_>>>()?;
+    // (Relative names resolve from the current directory, at each call.)
+    let _back = names.enter()?;
+    for path in &lowers {
+        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", names.name(path))
+            .map_err(io_err("fsconfig lowerdir+", path))?;
     }
-    fsconfig_set_string(fs_fd.as_fd(), "upperdir", &layer.upper).map_err(io_err("fsconfig upperdir", &layer.upper))?;
-    fsconfig_set_string(fs_fd.as_fd(), "workdir", &layer.work).map_err(io_err("fsconfig workdir", &layer.work))?;
+    fsconfig_set_string(fs_fd.as_fd(), "upperdir", names.name(&layer.upper))
+        .map_err(io_err("fsconfig upperdir", &layer.upper))?;
+    fsconfig_set_string(fs_fd.as_fd(), "workdir", names.name(&layer.work))
+        .map_err(io_err("fsconfig workdir", &layer.work))?;
+    fsconfig_set_string(fs_fd.as_fd(), "source", "overlay").map_err(io_err("fsconfig source", &layer.upper))?;
     // `redirect_dir=on`: a directory of a lower layer can be renamed (else
     // EXDEV). With layered checkpoints every directory made before the last
     // checkpoint lies in a lower layer.

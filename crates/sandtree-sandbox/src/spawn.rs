@@ -10,19 +10,25 @@
 //!    `CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS` right after the
 //!    previous request, `uid_map`/`gid_map` = `0 uid_base 65536` already
 //!    written; C is pid 1 of its pid namespace and waits on a socket).
-//! 4. Z moves C into the cgroup(s), opens a pidfd for C and sends it the
-//!    spec with the overlay mount fds (`SCM_RIGHTS`).
+//! 4. Z binds `init.sock` (in the host's network namespace: a socket of
+//!    the sandbox's would show its host path in the sandbox's
+//!    `/proc/net/unix`), moves C into the cgroup(s), opens a pidfd for C
+//!    and sends it the spec with the overlay mount fds and the bound
+//!    socket (`SCM_RIGHTS`).
 //! 5. C: `unshare(CLONE_NEWCGROUP)` (its cgroup becomes its cgroup root),
 //!    `setgroups([])`, `setresgid/setresuid(0)`; makes `/` rprivate;
 //!    `move_mount`s the root overlay onto `root/`, then each further layer
 //!    onto `root/<target>`; mounts `proc` (nosuid,nodev,noexec), a `/dev`
 //!    tmpfs with bind-mounted host null/zero/full/random/urandom/tty, a
 //!    private devpts instance + `ptmx` symlink, `/dev/shm`, the fd
-//!    symlinks; binds the listening `init.sock` while the host path is
-//!    still visible; `pivot_root(root, root)` + detach the old root;
+//!    symlinks; `listen`s on `init.sock` (the daemon takes init's pid
+//!    from the peer credentials of its connection, which are those of the
+//!    listening process); `pivot_root(root, root)` + detach the old root;
 //!    sets the hostname, brings `lo` up, points fds 0-2 at `/dev/null`,
 //!    closes every other inherited fd, names itself `sandtree:[init]`,
-//!    installs the seccomp filter and reports "ok" on its socket.
+//!    makes itself not dumpable (see `setup_init`), installs the seccomp
+//!    filter and reports "ok" on its socket. (While C waited in the pool it
+//!    replaced its command line, the daemon's, with `sandtree:[init]`.)
 //! 6. Z waits for that result (or the error text C sent), closes its
 //!    overlay fds, replies `Spawned { pid }` + pidfd to D, and only then
 //!    pre-clones the next C.
@@ -100,6 +106,8 @@ pub struct ZygoteState {
     pub backend: Backend,
     /// Idmapped host directories.
     pub idmap: Idmapper,
+    /// How overlays name their layers.
+    pub names: crate::overlay::LayerNames,
     /// Compiled seccomp filter.
     pub seccomp: Vec<BpfInsn>,
     /// Inits cloned ahead of time (see [`preclone`]).
@@ -115,7 +123,8 @@ pub struct Pending {
     ctl: OwnedFd,
 }
 
-/// What a pending init receives (with the overlay mount fds, `SCM_RIGHTS`).
+/// What a pending init receives (with the overlay mount fds and the bound
+/// control socket, last, `SCM_RIGHTS`).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Go {
     spec: SandboxSpec,
@@ -142,9 +151,23 @@ pub fn preclone(st: &ZygoteState) -> Result<Pending> {
         Forked::Child => {
             drop(z_end);
             let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-            let Ok(Some((go, overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
+            // The daemon's command line and environment (data dir, --tcp
+            // address, ...) are not init's to show (`/proc/1/cmdline`).
+            // Done while waiting: off the path of a create.
+            if let Err(e) = sandtree_sys::process::replace_command_line(INIT_NAME) {
+                let _ = crate::protocol::recv::<Go>(c_end.as_fd());
+                let _ = crate::protocol::send(c_end.as_fd(), &format!("hide the daemon's command line: {e}"), &[]);
+                exit_now(1)
+            }
+            let Ok(Some((go, mut overlays))) = crate::protocol::recv::<Go>(c_end.as_fd()) else { exit_now(1) };
             let _ = rustix::process::set_parent_process_death_signal(None);
-            match setup_init(&st.cfg, &go.spec, overlays, &st.seccomp, c_end.as_raw_fd()) {
+            // (The bound control socket comes last.)
+            let listener = if overlays.len() == go.spec.layers.len() + 1 { overlays.pop() } else { None };
+            let Some(listener) = listener else {
+                let _ = crate::protocol::send(c_end.as_fd(), &"init got no control socket".to_string(), &[]);
+                exit_now(1)
+            };
+            match setup_init(&st.cfg, &go.spec, overlays, listener, &st.seccomp, c_end.as_raw_fd()) {
                 Ok((listener, sigfd)) => {
                     let _ = crate::protocol::send(c_end.as_fd(), &"ok".to_string(), &[]);
                     drop(c_end);
@@ -201,8 +224,9 @@ pub fn spawn(st: &mut ZygoteState, spec: &SandboxSpec) -> Result<(i32, OwnedFd)>
 
     let mut overlays = Vec::new();
     for layer in &spec.layers {
-        overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap)?);
+        overlays.push(crate::overlay::build(layer, &cfg, &mut st.idmap, &st.names)?);
     }
+    overlays.push(bind_control(&cfg.init_socket(&spec.id))?);
 
     let pending = match st.pool.pop() {
         Some(p) => p,
@@ -264,11 +288,22 @@ pub(crate) fn mount_dev_shm(shm: &Path) -> Result<()> {
     do_mount("tmpfs", shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
 }
 
+/// The control socket of a sandbox's init, bound at `path` (step 4; init
+/// listens).
+fn bind_control(path: &Path) -> Result<OwnedFd> {
+    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(io("socket"))?;
+    let addr = SocketAddrUnix::new(path).map_err(io("socket path"))?;
+    rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", path.display())))?;
+    Ok(listener)
+}
+
 /// Step 5 (runs in C). Returns the listening socket and the SIGCHLD signalfd.
 fn setup_init(
     cfg: &HostConfig,
     spec: &SandboxSpec,
     overlays: Vec<OwnedFd>,
+    listener: OwnedFd,
     seccomp: &[BpfInsn],
     result_fd: i32,
 ) -> Result<(OwnedFd, SignalFd)> {
@@ -328,13 +363,8 @@ fn setup_init(
         symlink(target, dev.join(name)).map_err(io(format!("symlink dev/{name}")))?;
     }
     mount_dev_shm(&dev.join("shm"))?;
-
-    // The control socket, bound while the host path is still reachable.
-    let sock_path = cfg.init_socket(&spec.id);
-    let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-        .map_err(io("socket"))?;
-    let addr = SocketAddrUnix::new(&sock_path).map_err(io("socket path"))?;
-    rustix::net::bind(&listener, &addr).map_err(io(format!("bind {}", sock_path.display())))?;
+    // (Bound by the zygote; the peer credentials a connection gets are
+    // those of the process that listens.)
     rustix::net::listen(&listener, 16).map_err(io("listen"))?;
 
     nix::unistd::chdir(&root).map_err(io("chdir root"))?;
@@ -359,6 +389,12 @@ fn setup_init(
     sandtree_sys::process::close_fds_except(&[listener.as_raw_fd(), sigfd.as_fd().as_raw_fd(), result_fd])
         .map_err(|e| Error::Child(e.to_string()))?;
     let _ = rustix::thread::set_name(INIT_NAME);
+    // Not dumpable: the sandbox's root may not ptrace init or read its
+    // memory, environment, maps, descriptors or executable's host path
+    // through `/proc/1` (the daemon's memory is still in it). The change of
+    // credentials above left it so only where `fs.suid_dumpable` is 0.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(io("prctl(PR_SET_DUMPABLE)"))?;
     crate::seccomp::install(seccomp).map_err(|e| Error::Child(e.to_string()))?;
     Ok((listener, sigfd))
 }

@@ -94,6 +94,9 @@ impl Zygote {
     /// single-threaded (forking a child process does not add a thread, so
     /// every worker is forked from a single-threaded parent).
     pub fn start(cfg: HostConfig) -> Result<Zygote> {
+        crate::overlay::LayerNames::new(&cfg)
+            .install()
+            .map_err(|e| Error::Io { op: "set up the names of overlay layers", source: io::Error::other(e) })?;
         let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, MAX_WORKERS);
         let mut workers = Vec::with_capacity(n);
         for _ in 0..n {
@@ -223,6 +226,7 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
     let mut state = crate::spawn::ZygoteState {
         backend: Backend::detect(),
         idmap: Idmapper::new(cfg.clone()),
+        names: crate::overlay::LayerNames::new(&cfg),
         cfg,
         seccomp,
         pool: Vec::new(),
@@ -245,8 +249,10 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
                 }
             },
             ZygoteRequest::BuildLayers { layers } => {
-                let built: std::result::Result<Vec<OwnedFd>, _> =
-                    layers.iter().map(|l| crate::overlay::build(l, &state.cfg, &mut state.idmap)).collect();
+                let built: std::result::Result<Vec<OwnedFd>, _> = layers
+                    .iter()
+                    .map(|l| crate::overlay::build(l, &state.cfg, &mut state.idmap, &state.names))
+                    .collect();
                 let _ = match built {
                     Ok(fds) => {
                         let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();

@@ -63,7 +63,13 @@ fn make_env() -> Result<Env> {
     let run = base.join("run");
     fs::create_dir_all(&run)?;
     fs::set_permissions(&run, fs::Permissions::from_mode(0o711))?;
-    let cfg = HostConfig { run_dir: run, uid_base: UID_BASE, cgroup_name: "sandtree-test".into() };
+    // Layers under `base` show as `<key>/store/...` inside.
+    let cfg = HostConfig {
+        run_dir: run,
+        uid_base: UID_BASE,
+        cgroup_name: "sandtree-test".into(),
+        store_root: Some(base.clone()),
+    };
     Ok(Env { _tmp: tmp, base, cfg, skeleton })
 }
 

@@ -8,9 +8,9 @@
 //! |-----------|------------------|
 //! | `btrfs`   | btrfs ioctls: subvolume create / snapshot / destroy, subvolume info, tree search |
 //! | `loopdev` | loop devices: `LOOP_CTL_GET_FREE`, `LOOP_CONFIGURE`, `LOOP_CLR_FD` |
-//! | `mountinfo` | `/proc/self/mountinfo` parsing (safe code) |
+//! | `mountinfo` | `/proc/self/mountinfo` parsing and overlay layer names (safe code) |
 //! | `mount`   | the new mount API (`fsopen`, `fsconfig`, `fsmount`, `open_tree`, `move_mount`, `mount_setattr`), `pivot_root` |
-//! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names and death signals |
+//! | `process` | `fork`, `clone` with namespace flags, `pidfd_open`, `prctl` names, death signals and `PR_SET_MM_MAP` (a command line of our own) |
 //! | `pty`     | pseudo-terminal pairs and `TIOCSCTTY` |
 //! | `fdpass`  | `SCM_RIGHTS` over unix sockets |
 //! | `handle`  | `open_by_handle_at` (inotify watches' inodes) |

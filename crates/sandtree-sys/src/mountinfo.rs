@@ -5,6 +5,19 @@
 //! Line format (proc(5)): `id parent major:minor root mount-point options
 //! [optional fields...] - fstype source super-options`. Fields escape space,
 //! tab, newline and backslash as `\NNN` octal.
+//!
+//! # Layer names
+//!
+//! overlayfs shows its layers as they were named when it was mounted, to
+//! anyone who reads a mount table, a sandbox's own processes included. A
+//! sandbox's overlays are therefore given *relative* names, resolved from
+//! [`LAYER_NAMES`] (the zygote mounts them with its current directory
+//! there): `<key>/<label>/<path below>`, where `LAYER_NAMES/<key>/<label>`
+//! is a symbolic link to the host directory the label stands for (`key`
+//! is one per daemon, `label` one per root: `store`, `lower`). Inside, a
+//! sandbox sees `upperdir=3f2a…/store/sandboxes/…/upper`, not the daemon's
+//! data directory. [`MountEntry::option`] (for `upperdir` and `workdir`)
+//! and [`MountEntry::lower_dirs`] give back host paths ([`layer_path`]).
 
 use std::ffi::OsString;
 use std::io;
@@ -25,13 +38,15 @@ pub struct MountEntry {
 }
 
 impl MountEntry {
-    /// Value of `key=value` among the filesystem options.
+    /// Value of `key=value` among the filesystem options; an overlay's
+    /// `upperdir` and `workdir` as host paths (see [`layer_path`]).
     pub fn option(&self, key: &str) -> Option<PathBuf> {
-        self.super_options.split(',').find_map(|o| o.strip_prefix(key)?.strip_prefix('=')).map(unescape)
+        let value = self.super_options.split(',').find_map(|o| o.strip_prefix(key)?.strip_prefix('=')).map(unescape)?;
+        Some(if self.fstype == "overlay" && matches!(key, "upperdir" | "workdir") { layer_path(&value) } else { value })
     }
 
     /// An overlay's lower layers, topmost first (`lowerdir=a:b` or
-    /// repeated `lowerdir+=`).
+    /// repeated `lowerdir+=`), as host paths (see [`layer_path`]).
     pub fn lower_dirs(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
         for o in self.super_options.split(',') {
@@ -41,7 +56,7 @@ impl MountEntry {
                 out.extend(v.split(':').filter(|p| !p.is_empty()).map(unescape));
             }
         }
-        out
+        out.iter().map(|p| layer_path(p)).collect()
     }
 
     /// Its device in the kernel's internal encoding (`major << 20 |
@@ -49,6 +64,31 @@ impl MountEntry {
     pub fn kernel_dev(&self) -> u64 {
         ((self.dev.0 as u64) << 20) | self.dev.1 as u64
     }
+}
+
+/// Where sandboxes' overlay layers are named from (see the module docs).
+pub const LAYER_NAMES: &str = "/run/sandtree/layers";
+
+/// The host path an overlay layer's name stands for: an absolute name is
+/// one already; `<key>/<label>/<rest>` is `<rest>` below the target of the
+/// link `LAYER_NAMES/<key>/<label>` (as the link names it: the very path
+/// the layer was given as, not a canonical one); anything else is taken
+/// relative to [`LAYER_NAMES`].
+pub fn layer_path(name: &Path) -> PathBuf {
+    if name.is_absolute() {
+        return name.to_path_buf();
+    }
+    let mut parts = name.components();
+    if let (Some(key), Some(label)) = (parts.next(), parts.next()) {
+        let link = Path::new(LAYER_NAMES).join(key).join(label);
+        if let Ok(target) = std::fs::read_link(&link)
+            && target.is_absolute()
+        {
+            let rest = parts.as_path();
+            return if rest.as_os_str().is_empty() { target } else { target.join(rest) };
+        }
+    }
+    Path::new(LAYER_NAMES).join(name)
 }
 
 /// Every mount, in mount order (the last one on a path is the visible one).
@@ -254,6 +294,30 @@ mod tests {
         })
         .join()
         .expect("test thread");
+    }
+
+    #[test]
+    fn layer_names_resolve_through_their_links() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let key = format!("test-{}", std::process::id());
+        let dir = Path::new(LAYER_NAMES).join(&key);
+        if std::fs::create_dir_all(&dir).is_err() {
+            eprintln!("SKIP: cannot create {} (not root?)", dir.display());
+            return;
+        }
+        std::os::unix::fs::symlink(tmp.path(), dir.join("store")).expect("symlink");
+        let text = format!(
+            "1 0 0:1 / / rw - overlay overlay rw,lowerdir+={key}/store/a,lowerdir+=/abs,upperdir={key}/store/u/v,workdir={key}/store/w\n"
+        );
+        let m = &parse(&text)[0];
+        let store = tmp.path();
+        assert_eq!(m.lower_dirs(), vec![store.join("a"), PathBuf::from("/abs")]);
+        assert_eq!(m.option("upperdir"), Some(store.join("u/v")));
+        assert_eq!(m.option("workdir"), Some(store.join("w")));
+        assert_eq!(layer_path(Path::new(&format!("{key}/store"))), store);
+        // A name without a link: relative to LAYER_NAMES.
+        assert_eq!(layer_path(Path::new("nokey/x")), Path::new(LAYER_NAMES).join("nokey/x"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

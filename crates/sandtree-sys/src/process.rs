@@ -13,6 +13,9 @@
 //!   `PR_SET_NO_NEW_PRIVS`: a task that is root in its own user namespace
 //!   holds `CAP_SYS_ADMIN` there, which the kernel accepts instead of NNP.
 //!   Not setting NNP keeps setuid binaries (sudo, ping) working inside.
+//! * [`replace_command_line`]: `prctl(PR_SET_MM, PR_SET_MM_MAP)` pointing
+//!   `/proc/<pid>/cmdline` at a name of our own and `/proc/<pid>/environ`
+//!   at nothing, after zeroing the strings the process was started with.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -231,6 +234,77 @@ fn kcmp_same(tid1: i32, tid2: i32, kind: libc::c_int) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     Ok(rc == 0)
+}
+
+/// Make the calling process show `name` alone as its command line
+/// (`/proc/<pid>/cmdline`, `ps`) and an empty environment
+/// (`/proc/<pid>/environ`), and wipe the argument and environment strings
+/// it inherited: a forked process (a sandbox's init is a fork of the
+/// zygote, a fork of the daemon) would otherwise show the daemon's.
+///
+/// How: the kernel serves those files from the ranges `arg_start..arg_end`
+/// and `env_start..env_end` of the process's memory descriptor (at exec
+/// they hold the strings copied onto the initial stack). The strings there
+/// are zeroed (so they cannot be read from memory either), and
+/// `PR_SET_MM_MAP` points the argument range at a leaked copy of `name`
+/// and the environment range at an empty one. `PR_SET_MM_MAP` needs no
+/// capability as long as it changes no executable (`exe_fd` = -1; the
+/// CRIU path); every other field is passed back as it is (read from
+/// `/proc/self/stat`, and the current break from `brk(0)`).
+///
+/// Call it in a single-threaded process (another thread could move the
+/// break in between). `std::env::args()` and the `environ` variables read
+/// as empty strings afterwards.
+pub fn replace_command_line(name: &std::ffi::CStr) -> Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(sys("read /proc/self/stat"))?;
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect())
+        .unwrap_or_default();
+    // `fields[0]` is field 3 of proc(5).
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    let (arg_start, arg_end, env_start, env_end) = (field(48), field(49), field(50), field(51));
+    if arg_start == 0 || arg_start > arg_end || env_start > env_end || field(26) == 0 {
+        return Err(sys("read the memory layout from /proc/self/stat")(io::Error::from(io::ErrorKind::InvalidData)));
+    }
+    // SAFETY: brk(0) never moves the break (0 is below the start of the
+    // heap): it only returns the current one.
+    let brk = unsafe { libc::syscall(libc::SYS_brk, 0 as libc::c_ulong) } as u64;
+    for (start, end) in [(arg_start, arg_end), (env_start, env_end)] {
+        // SAFETY: `start..end` is a range the kernel recorded for this
+        // process's argument or environment strings: at exec it copied
+        // them there, on the initial stack, which stays mapped writable for
+        // the life of the process. No Rust reference points into it (the
+        // standard library and libc keep raw `argv` / `environ` pointers,
+        // read on demand); zeroed, every string stays a valid, empty,
+        // NUL-terminated one.
+        unsafe { std::ptr::write_bytes(start as *mut u8, 0, (end - start) as usize) };
+    }
+    let area: &'static [u8] = Box::leak(name.to_bytes_with_nul().to_vec().into_boxed_slice());
+    let (new_start, new_end) = (area.as_ptr() as u64, area.as_ptr() as u64 + area.len() as u64);
+    let map = rustix::process::PrctlMmMap {
+        start_code: field(26),
+        end_code: field(27),
+        start_data: field(45),
+        end_data: field(46),
+        start_brk: field(47),
+        brk,
+        start_stack: field(28),
+        arg_start: new_start,
+        arg_end: new_end,
+        // An empty environment, at the end of the new command line.
+        env_start: new_end,
+        env_end: new_end,
+        auxv: std::ptr::null_mut(),
+        auxv_size: 0,
+        exe_fd: -1,
+    };
+    // SAFETY: every field but the argument and environment ranges is the
+    // process's own current value, so the memory layout the kernel keeps
+    // does not change; those two point into `area`, leaked, so valid for
+    // the life of the process. No auxv is passed (size 0) and no
+    // executable (`exe_fd` -1).
+    unsafe { rustix::process::configure_virtual_memory_map(&map) }.map_err(|e| sys("prctl(PR_SET_MM_MAP)")(e.into()))
 }
 
 /// Terminate the calling process immediately (no atexit handlers, no stdio

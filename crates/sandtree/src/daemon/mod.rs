@@ -8,6 +8,11 @@
 //! - [`openapi`]: the generated OpenAPI 3 document;
 //! - [`server`]: listeners (unix socket, TCP), logging, graceful shutdown.
 //!
+//! Host uids: each data dir has a range of its own, recorded in
+//! `<data-dir>/uid-range` and claimed host-wide while the daemon runs
+//! (`sandtree_runtime::uid_range`); a start on a range another running
+//! daemon holds is refused.
+//!
 //! Listeners: the unix socket (default `<data-dir>/sandtree.sock`, mode
 //! 0600, no token) and, with `--tcp ADDR:PORT`, a TCP listener that requires
 //! `Authorization: Bearer <token>` (token in `<data-dir>/token`).
@@ -56,9 +61,15 @@ pub struct DaemonArgs {
     /// Bearer token file for the TCP listener, generated if missing [default: <data-dir>/token].
     #[arg(long, env = "SANDTREE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// First host uid of the range sandboxes' uids 0..65536 map to.
+    /// First host uid of the range sandboxes' uids 0..65536 map to, for a
+    /// new data dir (kept in <data-dir>/uid-range; a data dir keeps its
+    /// range) [default: the first range no other data dir claims]
     #[arg(long, env = "SANDTREE_UID_BASE")]
     pub uid_base: Option<u32>,
+    /// Host-wide directory of the uid ranges' claims (one file per range,
+    /// locked by the daemon that runs on it).
+    #[arg(long, env = "SANDTREE_UID_REGISTRY", default_value = sandtree_runtime::uid_range::DEFAULT_REGISTRY)]
+    pub uid_registry: PathBuf,
     /// Name of the cgroup that holds the sandboxes' cgroups.
     #[arg(long, env = "SANDTREE_CGROUP", default_value = "sandtree")]
     pub cgroup_name: String,
@@ -114,8 +125,19 @@ pub fn main(args: DaemonArgs) -> Result<()> {
     init_logging();
     let socket = args.socket_path();
     server::check_socket_free(&socket)?;
-    let cfg = args.config();
+    let mut cfg = args.config();
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+    cfg.data_dir =
+        std::fs::canonicalize(&cfg.data_dir).with_context(|| format!("resolving {}", cfg.data_dir.display()))?;
+    // Held until the daemon exits (and by its zygote, which dies with it).
+    let uid_claim = sandtree_runtime::uid_range::claim(&cfg.data_dir, args.uid_base, &args.uid_registry)?;
+    cfg.uid_base = uid_claim.base();
+    cfg.uid_claim = Some(uid_claim.path().to_path_buf());
+    tracing::info!(
+        range = sandtree_runtime::uid_range::range_text(uid_claim.base()),
+        claim = %uid_claim.path().display(),
+        "host uid range"
+    );
     let zygote = Zygote::start(cfg.host_config()).context("starting the zygote (the daemon must run as root)")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -124,5 +146,6 @@ pub fn main(args: DaemonArgs) -> Result<()> {
         .context("building the tokio runtime")?;
     let result = rt.block_on(server::run(args, cfg, zygote));
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    drop(uid_claim);
     result
 }

@@ -72,7 +72,13 @@ pub async fn info(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
                 human_bytes(d.volume.free_bytes)
             );
             println!("cgroup:      {}", d.cgroup);
-            println!("uid base:    {}", d.uid_base);
+            let claim = d.uid_claim.as_deref().map(|c| format!("; claimed in {c}")).unwrap_or_default();
+            println!(
+                "uid range:   {}-{} ({} ids{claim})",
+                d.uid_base,
+                d.uid_base as u64 + d.uid_count as u64 - 1,
+                d.uid_count
+            );
             println!("sandboxes:   {} ({} running)", d.sandboxes, d.running);
             println!("checkpoints: {}", d.checkpoints);
             println!("images:      {}", d.images);
