@@ -90,10 +90,10 @@ fn mount_tables_name_no_host_path(e: &Engine) -> CaseFuture<'_> {
         sh(e, &sb, "echo two > /root/f").await?;
         let ck2 = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
         check_views(e, &sb, "after a checkpoint with a process", &words).await?;
-        e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck1.clone(), allow_restart: false }).await?;
         check_views(e, &sb, "after a rollback", &words).await?;
         ensure!(sh(e, &sb, "cat /root/f").await? == "one\n");
-        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone() }).await?;
+        e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         check_views(e, &sb, "after a rollback with a process", &words).await?;
         let f = e.fork(&ck2, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
         let fork = f.results[0].sandbox.as_ref().context("fork failed")?.id.clone();
