@@ -102,8 +102,15 @@ pub enum Command {
     Ls,
     /// Describe a sandbox (with usage), or the daemon without an argument.
     Info { sandbox: Option<String> },
-    /// Show checkpoints as a tree (of one sandbox, or all).
-    Tree { sandbox: Option<String> },
+    /// Show checkpoints as a tree (of one sandbox, or all); `◀ sb-…` marks
+    /// where each sandbox stands.
+    Tree {
+        sandbox: Option<String>,
+        /// Show every checkpoint of long linear runs (folded to their ends
+        /// and the checkpoints sandboxes stand on by default).
+        #[arg(long)]
+        all: bool,
+    },
     /// Delete sandboxes (ids starting with `ck-` are deleted as checkpoints).
     Rm {
         #[arg(required = true)]
