@@ -1,0 +1,184 @@
+//! Nothing left behind, and what is kept is said: `rm` and its
+//! checkpoints, `gc`'s report, `tree` on a long chain, through the real
+//! daemon and the real CLI.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use serde_json::{Value, json};
+
+/// Runs the CLI against daemon `d`: (exit code, stdout, stderr).
+fn cli(d: &Daemon, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(common::BIN).arg("--socket").arg(&d.socket).args(args).output().expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cli_ok(d: &Daemon, args: &[&str]) -> (String, String) {
+    let (code, out, err) = cli(d, args);
+    assert_eq!(code, 0, "sandtree {args:?} exited {code}\nstdout: {out}\nstderr: {err}");
+    (out, err)
+}
+
+/// Waits until the checkpoint's size is measured (in the background).
+fn measured(d: &Daemon, ck: &str) -> u64 {
+    let t = Instant::now();
+    loop {
+        let v = d.ok("GET", &format!("/v1/checkpoints/{ck}"), None);
+        if let Some(b) = v["size_bytes"].as_u64() {
+            return b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "size of {ck} never measured: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fork1(d: &Daemon, ck: &str) -> String {
+    let v = d.ok("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 1})));
+    v["results"][0]["sandbox"]["id"].as_str().unwrap_or_else(|| panic!("fork of {ck}: {v}")).to_string()
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x["id"].to_string()))
+        .collect()
+}
+
+fn kept(v: &Value) -> Vec<(String, Vec<String>)> {
+    v["checkpoints_kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["id"].as_str().unwrap().to_string(), ids(&k["needed_by"])))
+        .collect()
+}
+
+#[test]
+fn rm_says_which_checkpoints_remain_and_why_and_deletes_only_unneeded_ones() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("rmck");
+
+    // A: three checkpoints a1 <- a2 <- a3 (4 MB, then 1 MB, then nothing
+    // new), a fork standing on a1. Deleted by the API, checkpoints kept.
+    let a = d.create();
+    d.sh_ok(&a, "head -c 4000000 /dev/urandom > /root/big");
+    let a1 = d.checkpoint(&a, "a1");
+    d.sh_ok(&a, "head -c 1000000 /dev/urandom > /root/small");
+    let a2 = d.checkpoint(&a, "a2");
+    let a3 = d.checkpoint(&a, "a3");
+    let f = fork1(&d, &a1);
+    let sizes: u64 = [&a1, &a2, &a3].iter().map(|c| measured(&d, c)).sum();
+    assert!(sizes >= 5_000_000, "sizes {sizes}");
+    let v = d.ok("DELETE", &format!("/v1/sandboxes/{a}"), None);
+    assert_eq!(ids(&v["checkpoints_deleted"]), Vec::<String>::new(), "{v}");
+    assert_eq!(
+        kept(&v),
+        vec![(a3.clone(), vec![]), (a2.clone(), vec![a3.clone()]), (a1.clone(), vec![f.clone(), a2.clone()])],
+        "children first, each with what needs it: {v}"
+    );
+    assert_eq!(v["checkpoints_kept_bytes"].as_u64(), Some(sizes), "{v}");
+    let note = v["note"].as_str().unwrap();
+    assert!(
+        note.contains("3 checkpoint(s)") && note.contains("seed forks") && note.contains("checkpoints=true"),
+        "{note}"
+    );
+
+    // B: b1 <- b2 <- b3, a fork standing on b2; `rm --checkpoints` by the
+    // CLI deletes b3 and keeps b2 (the fork's base) and b1 (b2's parent).
+    let b = d.create();
+    let b1 = d.checkpoint(&b, "b1");
+    d.sh_ok(&b, "echo 2 > /root/f");
+    let b2 = d.checkpoint(&b, "b2");
+    d.sh_ok(&b, "echo 3 > /root/f");
+    let b3 = d.checkpoint(&b, "b3");
+    let g = fork1(&d, &b2);
+    let (out, err) = cli_ok(&d, &["rm", "--checkpoints", &b]);
+    assert_eq!(out, format!("{b}\n"));
+    assert!(err.contains(&format!("deleted 1 checkpoint(s) of {b} with it")) && err.contains(&b3), "{err}");
+    assert!(err.contains(&format!("kept 2 checkpoint(s) of {b}")) && err.contains("that others still need"), "{err}");
+    assert!(err.contains(&format!("  {b2}  needed by {g}\n")), "{err}");
+    assert!(err.contains(&format!("  {b1}  needed by {b2}\n")), "{err}");
+    let all = d.checkpoint_ids();
+    assert!(!all.contains(&b3) && all.contains(&b2) && all.contains(&b1), "{all:?}");
+    assert_eq!(d.ok("GET", &format!("/v1/sandboxes/{g}"), None)["base_checkpoint"], json!(b2), "the fork is untouched");
+    d.sh_ok(&g, "test \"$(cat /root/f)\" = 2");
+
+    // C: nothing needs its checkpoints: the API deletes all of them.
+    let c = d.create();
+    d.sh_ok(&c, "head -c 2000000 /dev/urandom > /root/big");
+    let c1 = d.checkpoint(&c, "c1");
+    let c2 = d.checkpoint(&c, "c2");
+    let csize = measured(&d, &c1) + measured(&d, &c2);
+    let v = d.ok("DELETE", &format!("/v1/sandboxes/{c}?checkpoints=true"), None);
+    assert_eq!(ids(&v["checkpoints_deleted"]), vec![c2.clone(), c1.clone()], "{v}");
+    assert_eq!(v["checkpoints_deleted_bytes"].as_u64(), Some(csize), "{v}");
+    assert!(kept(&v).is_empty(), "{v}");
+
+    // D: without --checkpoints the CLI says what remains and how to delete it.
+    let e = d.create();
+    let e1 = d.checkpoint(&e, "e1");
+    let e2 = d.checkpoint(&e, "e2");
+    measured(&d, &e1);
+    measured(&d, &e2);
+    let (out, err) = cli_ok(&d, &["rm", &e]);
+    assert_eq!(out, format!("{e}\n"));
+    assert!(err.contains(&format!("kept 2 checkpoint(s) of {e} (")), "{err}");
+    assert!(err.contains("they can still seed forks"), "{err}");
+    assert!(err.contains(&format!("to delete them: sandtree rm {e2} {e1} ")), "{err}");
+    // ... and that command works as printed (children first: no --force).
+    cli_ok(&d, &["rm", &e2, &e1]);
+
+    // gc deletes no checkpoint, but counts those whose sandbox is gone.
+    let (out, _) = cli_ok(&d, &["--json", "gc"]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let mut orphaned = ids(&r["checkpoints_of_deleted_sandboxes"]);
+    orphaned.sort();
+    let mut expected = vec![a1.clone(), a2.clone(), a3.clone(), b1.clone(), b2.clone()];
+    expected.sort();
+    assert_eq!(orphaned, expected, "{r}");
+    assert!(r["checkpoints_of_deleted_sandboxes_bytes"].as_u64().unwrap() >= sizes, "{r}");
+    let (out, _) = cli_ok(&d, &["gc"]);
+    assert!(out.contains("kept 5 checkpoint(s) of deleted sandboxes"), "{out}");
+}
+
+/// Makes an orphan subvolume holding `bytes` of data, as a crash between
+/// "subvolume made" and "row committed" leaves one.
+fn orphan(d: &Daemon, name: &str, bytes: usize) {
+    let path = d.dir.join("btrfs").join("checkpoints").join(name);
+    sandtree_fs::create_subvolume(&path).unwrap();
+    let data: Vec<u8> = (0..bytes).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(path.join("data"), data).unwrap();
+    sandtree_fs::sync_fs(&path).unwrap();
+}
+
+#[test]
+fn gc_reports_what_it_removed_and_the_bytes_it_freed() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("gcbytes");
+    orphan(&d, "ck-orphan1", 16 << 20);
+    let (out, _) = cli_ok(&d, &["--json", "gc"]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(ids(&r["orphans_removed"]), vec!["checkpoints/ck-orphan1".to_string()], "{r}");
+    let freed = r["bytes_freed"].as_u64().unwrap();
+    assert!((15 << 20..=24 << 20).contains(&freed), "freed {freed} bytes for a 16 MiB orphan: {r}");
+
+    orphan(&d, "ck-orphan2", 8 << 20);
+    let (out, _) = cli_ok(&d, &["gc"]);
+    let first = out.lines().next().unwrap();
+    assert!(first.starts_with("removed 1 orphaned subvolume(s) and 0 stale runtime entr(ies), freed "), "{out}");
+    let mib: f64 = first.split("freed ").nth(1).unwrap().split(" MiB").next().unwrap().parse().unwrap_or(0.0);
+    assert!((7.5..=12.0).contains(&mib), "{out}");
+    assert!(out.contains("  checkpoints/ck-orphan2\n"), "{out}");
+}
