@@ -38,6 +38,7 @@ mod sandbox_delete;
 mod sandbox_exec;
 mod sandbox_rollback;
 mod sandbox_session;
+mod shutdown;
 mod spares;
 mod util;
 
@@ -50,3 +51,4 @@ pub use sandtree_proc::{
 };
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{HostConfig, INIT_NAME, Zygote};
+pub use shutdown::{SHUTDOWN_STEP, ShutdownReport};

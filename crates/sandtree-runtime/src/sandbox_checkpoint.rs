@@ -397,7 +397,7 @@ impl Engine {
         // (Handing a job to the blocking pool took up to 0.4 ms, a thread
         // started: not on the checkpoint's path.)
         let flusher = self.flusher.clone();
-        tokio::spawn(async move {
+        self.spawn_settled(async move {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(30), flusher.flushed()).await;
             let _ = tokio::task::spawn_blocking(measure).await;
         });

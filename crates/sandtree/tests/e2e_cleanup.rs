@@ -182,3 +182,117 @@ fn gc_reports_what_it_removed_and_the_bytes_it_freed() {
     assert!((7.5..=12.0).contains(&mib), "{out}");
     assert!(out.contains("  checkpoints/ck-orphan2\n"), "{out}");
 }
+
+/// Everything on the host that names the daemon's data directory or its
+/// cgroup: mounts, loop devices, cgroup directories (v1 controllers, v2).
+fn host_leftovers(d: &Daemon) -> Vec<String> {
+    let dir = d.dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines() {
+        if line.contains(&dir) {
+            found.push(format!("mount: {line}"));
+        }
+    }
+    for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        if let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file"))
+            && backing.contains(&dir)
+        {
+            found.push(format!("loop device {:?}: {}", e.file_name(), backing.trim()));
+        }
+    }
+    let mut bases = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    bases.extend(std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    for base in bases {
+        if base.join(&d.cgroup).exists() {
+            found.push(format!("cgroup: {}", base.join(&d.cgroup).display()));
+        }
+    }
+    if d.socket.exists() {
+        found.push(format!("socket: {}", d.socket.display()));
+    }
+    found
+}
+
+fn alive(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// A clean exit leaves nothing behind, and the next start still has every
+/// sandbox and checkpoint.
+fn clean_exit_leaves_nothing(name: &str, signal: nix::sys::signal::Signal) {
+    if common::must_skip() {
+        return;
+    }
+    let mut d = Daemon::start(name);
+    let sb = d.create();
+    d.sh_ok(&sb, "echo v1 > /root/f");
+    let v =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
+    let pid = v["pid"].as_i64().unwrap();
+    let ck = d.checkpoint(&sb, "v1");
+    d.sh_ok(&sb, "echo v2 > /root/f");
+    let init = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].as_i64().unwrap();
+    let host_sleep = d.sh_ok(&sb, &format!("cat /proc/{pid}/stat >/dev/null && echo ok"));
+    assert_eq!(host_sleep, "ok\n");
+    let before = host_leftovers(&d);
+    assert!(
+        before.iter().any(|l| l.starts_with("mount")) && before.iter().any(|l| l.starts_with("loop")),
+        "{before:?}"
+    );
+    assert!(before.iter().any(|l| l.starts_with("cgroup")), "{before:?}");
+
+    let t = Instant::now();
+    let status = d.stop_with(signal, Duration::from_secs(30));
+    eprintln!("{signal}: exited in {:?} ({status})", t.elapsed());
+    assert!(status.success(), "{status}: {}", d.log());
+    let left = host_leftovers(&d);
+    assert!(left.is_empty(), "left behind after {signal}: {left:#?}\n{}", d.log());
+    assert!(!alive(init), "the sandbox's init {init} still runs");
+    assert!(!d.log().contains("left behind"), "{}", d.log());
+
+    // The next start on the same data directory has it all.
+    d.spawn();
+    assert_eq!(d.sandbox_ids(), vec![sb.clone()]);
+    assert!(d.checkpoint_ids().contains(&ck));
+    let info = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None);
+    assert_eq!(info["status"], "running", "{info}");
+    assert!(
+        info["status_reason"].as_str().unwrap_or("").contains("processes from before the restart were lost"),
+        "{info}"
+    );
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v2\n");
+    d.rollback(&sb, &ck);
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v1\n");
+}
+
+#[test]
+fn sigterm_leaves_no_mount_loop_device_or_cgroup_and_the_next_start_works() {
+    clean_exit_leaves_nothing("term", nix::sys::signal::Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_leaves_no_mount_loop_device_or_cgroup_and_the_next_start_works() {
+    clean_exit_leaves_nothing("int", nix::sys::signal::Signal::SIGINT);
+}
+
+#[test]
+fn keep_sandboxes_leaves_them_running_for_the_next_start_to_readopt() {
+    if common::must_skip() {
+        return;
+    }
+    let mut d = Daemon::start_with("keep", &["--image-size", "4G", "--keep-sandboxes"]);
+    let sb = d.create();
+    let v =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
+    let pid = v["pid"].as_i64().unwrap();
+    let init = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].clone();
+    let status = d.stop_with(nix::sys::signal::Signal::SIGTERM, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    assert!(alive(init.as_i64().unwrap()), "kept running");
+    let left = host_leftovers(&d);
+    assert!(left.iter().any(|l| l.starts_with("mount")) && !left.iter().any(|l| l.starts_with("socket")), "{left:?}");
+    d.spawn();
+    let info = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None);
+    assert_eq!(info["init_pid"], init, "re-adopted: {info}");
+    d.sh_ok(&sb, &format!("kill -0 {pid}"));
+}
