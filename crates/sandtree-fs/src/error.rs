@@ -57,9 +57,9 @@ pub enum Error {
     Busy { target: PathBuf, waited_ms: u64 },
     #[error(
         "loop device {dev} of {image} is still attached after {waited_ms} ms: something still holds the filesystem \
-         (a mount namespace of a process still running); it detaches itself when that goes, or `losetup -d {dev}`"
+         (a mount namespace of a process still running{holders}); it detaches itself when that goes, or `losetup -d {dev}`"
     )]
-    LoopStillAttached { dev: PathBuf, image: PathBuf, waited_ms: u64 },
+    LoopStillAttached { dev: PathBuf, image: PathBuf, waited_ms: u64, holders: String },
     #[error("creating subvolume {path} failed")]
     CreateSubvolume {
         path: PathBuf,

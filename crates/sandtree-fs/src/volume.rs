@@ -196,11 +196,28 @@ impl Volume {
                     if loopdev::find_attached(image).is_none() {
                         return Ok(());
                     }
-                    return Err(Error::LoopStillAttached { dev, image: image.clone(), waited_ms: waited() });
+                    let holders = holders_of(&self.root);
+                    let holders = if holders.is_empty() { String::new() } else { format!(": {}", holders.join(", ")) };
+                    return Err(Error::LoopStillAttached { dev, image: image.clone(), waited_ms: waited(), holders });
                 }
             }
         }
     }
+}
+
+/// Processes (`pid (comm)`) whose mount namespace still has `root` mounted.
+fn holders_of(root: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let holds = sandtree_sys::mountinfo::mounts_of(pid).is_ok_and(|m| m.iter().any(|m| m.target == root));
+        if holds {
+            let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            out.push(format!("{pid} ({})", comm.trim_end()));
+        }
+    }
+    out
 }
 
 fn btrfs_in_kernel() -> bool {

@@ -23,6 +23,15 @@
 //! 7. the btrfs image is unmounted and its loop device waited for (the next
 //!    start attaches and mounts it again, ~10 ms).
 //!
+//! What no daemon can remove: a process that made a mount namespace while
+//! the store was mounted holds a copy of that mount, and where its
+//! namespace belongs to another user namespace (a rootless container, or
+//! another Sandtree daemon's pre-cloned init, which waits for its next
+//! spawn with a copy of the host's mounts) the copy is locked and the
+//! host's umount does not reach it. The loop device then stays bound
+//! until that process lets go; the log names it, and the next start on
+//! this data directory mounts the same device again.
+//!
 //! With `keep_sandboxes` only 1, 3 and 4 run: sandboxes keep running, and
 //! with them the store's mount, its loop device, their cgroups and the
 //! idmapped mounts, for the next daemon on the same data directory to
@@ -35,6 +44,11 @@ use crate::Engine;
 
 /// How long each waiting step of a shutdown may take.
 pub const SHUTDOWN_STEP: Duration = Duration::from_secs(10);
+/// How long the unmount of the store may wait for it to be free, and then
+/// for its loop device to go. Our own holders are gone by then within
+/// milliseconds; what holds it longer is another process's mount namespace
+/// (see [`Engine::shutdown`]), which no wait here would end.
+const RELEASE_WAIT: Duration = Duration::from_secs(3);
 
 /// What a shutdown did, and what it had to leave behind.
 #[derive(Debug, Default)]
@@ -110,7 +124,7 @@ impl Engine {
             ));
         }
         let volume = &self.volume;
-        if let Err(e) = tokio::task::block_in_place(|| volume.release(SHUTDOWN_STEP)) {
+        if let Err(e) = tokio::task::block_in_place(|| volume.release(RELEASE_WAIT)) {
             report.left_behind.push(e.to_string());
         }
         report

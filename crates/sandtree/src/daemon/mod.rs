@@ -25,7 +25,11 @@
 //! sandboxes that were running again from their filesystems (their
 //! processes from before are gone, and their status says so); sandboxes,
 //! checkpoints and images are all kept. Whatever could not be removed is
-//! logged with what to do.
+//! logged with what to do. One thing no daemon can remove: a process that
+//! made a mount namespace in another user namespace while the store was
+//! mounted (another daemon's pre-cloned init, a rootless container) keeps
+//! a locked copy of the mount, and with it the loop device, until it lets
+//! go; the log names it.
 //!
 //! With `--keep-sandboxes` the daemon instead leaves its sandboxes running,
 //! and with them the store's mount, its loop device, their cgroups and the
