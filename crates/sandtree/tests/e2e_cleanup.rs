@@ -335,3 +335,51 @@ fn keep_sandboxes_leaves_them_running_for_the_next_start_to_readopt() {
     assert_eq!(info["init_pid"], init, "re-adopted: {info}");
     d.sh_ok(&sb, &format!("kill -0 {pid}"));
 }
+
+#[test]
+fn tree_keeps_linear_runs_in_one_column_folds_them_and_marks_sandboxes() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("tree");
+    let sb = d.create();
+    let cks: Vec<String> = (0..40).map(|i| d.checkpoint(&sb, &format!("c{i}"))).collect();
+    let f = fork1(&d, &cks[30]);
+    let f0 = d.checkpoint(&f, "f0");
+    let line_of = |text: &str, id: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(&format!("{id}  ")))
+            .unwrap_or_else(|| panic!("{id} not in\n{text}"))
+            .to_string()
+    };
+
+    // c0..c30 is one run (31 > 21: folded), then c30 branches into c31..c39 and f0.
+    let (out, err) = cli_ok(&d, &["tree"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10 + 1 + 10 + 9 + 1, "{out}");
+    assert_eq!(lines[10], "… 11 more …", "{out}");
+    assert!(err.contains("11 checkpoints of long linear runs folded") && err.contains("--all"), "{err}");
+    assert!(line_of(&out, &cks[0]).starts_with(&cks[0]));
+    assert!(line_of(&out, &cks[30]).starts_with(&cks[30]), "a run stays in column 0: {out}");
+    assert!(line_of(&out, &cks[31]).starts_with(&format!("├── {}", cks[31])), "{out}");
+    assert!(line_of(&out, &cks[39]).starts_with(&format!("│   {}", cks[39])), "{out}");
+    assert!(line_of(&out, &cks[39]).ends_with(&format!("◀ {sb}")), "where {sb} stands: {out}");
+    assert!(line_of(&out, &f0).starts_with(&format!("└── {f0}")), "{out}");
+    assert!(line_of(&out, &f0).ends_with(&format!("◀ {f}")), "where the fork stands: {out}");
+    let width = out.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(width < 100, "{width} columns:\n{out}");
+
+    let (all, err) = cli_ok(&d, &["tree", "--all"]);
+    assert_eq!(all.lines().count(), 41, "{all}");
+    assert!(!all.contains("more …") && !err.contains("folded"), "{all}\n{err}");
+    for c in &cks[..31] {
+        assert!(line_of(&all, c).starts_with(c.as_str()), "{all}");
+    }
+    let width = all.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(width < 100, "no indentation per level: {width} columns:\n{all}");
+
+    // One sandbox's tree: the same drawing.
+    let shape = |t: &str| t.lines().map(|l| l.split("  ").next().unwrap().to_string()).collect::<Vec<_>>();
+    let (own, _) = cli_ok(&d, &["tree", &sb]);
+    assert_eq!(shape(&own), shape(&out), "{own}");
+}
