@@ -112,10 +112,13 @@ pub enum Command {
         all: bool,
     },
     /// Delete sandboxes (ids starting with `ck-` are deleted as checkpoints).
+    /// A sandbox's checkpoints outlive it (they can still seed forks): rm
+    /// says how many remain, their size, and how to delete them.
     Rm {
         #[arg(required = true)]
         ids: Vec<String>,
-        /// Also delete the sandboxes' checkpoints.
+        /// Also delete the sandboxes' checkpoints, except those another
+        /// sandbox stands on (a fork's base) and their ancestors (named).
         #[arg(long)]
         checkpoints: bool,
         /// For checkpoints: delete even if others depend on them.
@@ -138,7 +141,9 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ImagesCommand>,
     },
-    /// Delete orphaned state.
+    /// Delete orphaned state (subvolumes no metadata names, runtime
+    /// leftovers of deleted sandboxes) and report the space freed; counts,
+    /// but never deletes, checkpoints of deleted sandboxes.
     Gc,
     /// List the background processes of a sandbox.
     Ps { sandbox: String },
