@@ -131,7 +131,7 @@ pub struct KeptCheckpoint {
     /// What it adds over its parent (`None`: still being measured).
     pub size_bytes: Option<u64>,
     /// What still needs it: sandboxes standing on it (`sb-…`) and child
-    /// checkpoints (`ck-…`). Empty: kept because `checkpoints=true` was not
-    /// given (it can still seed forks).
+    /// checkpoints (`ck-…`). With `checkpoints=true` a checkpoint is kept
+    /// only when this is not empty.
     pub needed_by: Vec<String>,
 }

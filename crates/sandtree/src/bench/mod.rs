@@ -69,7 +69,8 @@ pub struct BenchArgs {
     /// iterations on the process engine.
     #[arg(long)]
     pub processes_only: bool,
-    /// Keep the scratch data directory afterwards.
+    /// Keep the scratch data directory afterwards (unmounted: `sandtree
+    /// daemon --data-dir` on it mounts it again).
     #[arg(long)]
     pub keep: bool,
 }
