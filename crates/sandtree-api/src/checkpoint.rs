@@ -191,11 +191,28 @@ pub struct DeleteCheckpointResponse {
 }
 
 /// `POST /v1/gc` response.
+///
+/// GC deletes what no metadata row names; it never deletes a checkpoint
+/// (a row): checkpoints of deleted sandboxes are counted, not removed
+/// (`DELETE /v1/checkpoints/{id}` removes them).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct GcReport {
     /// Subvolumes on disk that no metadata referenced, now deleted.
     pub orphans_removed: Vec<String>,
     /// Run directories and cgroups of sandboxes that no longer exist.
     pub stale_runtime_removed: Vec<String>,
+    /// Space the volume gained: its used bytes before the deletions minus
+    /// after them, once btrfs has dropped the deleted subvolumes (waited
+    /// for up to 10 s; writes by running sandboxes meanwhile blur it).
+    #[serde(default)]
+    pub bytes_freed: u64,
+    /// Checkpoints whose sandbox was deleted, still stored (they can seed
+    /// forks), oldest first.
+    #[serde(default)]
+    pub checkpoints_of_deleted_sandboxes: Vec<String>,
+    /// What those checkpoints add over their parents (`size_bytes`; ones
+    /// still being measured count 0).
+    #[serde(default)]
+    pub checkpoints_of_deleted_sandboxes_bytes: u64,
     pub duration_ms: f64,
 }

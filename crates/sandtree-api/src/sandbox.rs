@@ -95,11 +95,43 @@ pub struct SandboxList {
 }
 
 /// `DELETE /v1/sandboxes/{id}` response.
+///
+/// The rule: a sandbox's checkpoints outlive it (each can still seed forks)
+/// unless `?checkpoints=true` asks to delete them with it. Even then a
+/// checkpoint that another sandbox stands on (a fork's base) or that a
+/// kept checkpoint descends from is kept, and `checkpoints_kept` says which
+/// and why. Sizes are what each checkpoint adds over its parent
+/// (`CheckpointInfo::size_bytes`; ones still being measured count 0).
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct DeleteSandboxResponse {
     pub id: String,
-    /// Checkpoints of this sandbox are kept (they can seed forks) unless
-    /// `?checkpoints=true` was given; this lists the ones deleted.
+    /// Checkpoints of this sandbox deleted with it (`?checkpoints=true`),
+    /// children first.
     pub checkpoints_deleted: Vec<String>,
+    /// What the deleted checkpoints added over their parents.
+    #[serde(default)]
+    pub checkpoints_deleted_bytes: u64,
+    /// Checkpoints of this sandbox still stored, children first (the order
+    /// in which `sandtree rm ck-…` deletes them without `--force`).
+    #[serde(default)]
+    pub checkpoints_kept: Vec<KeptCheckpoint>,
+    /// What the kept checkpoints add over their parents.
+    #[serde(default)]
+    pub checkpoints_kept_bytes: u64,
+    /// The above in words, with what to do.
+    #[serde(default)]
+    pub note: String,
     pub duration_ms: f64,
+}
+
+/// A checkpoint that outlives its deleted sandbox.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeptCheckpoint {
+    pub id: String,
+    /// What it adds over its parent (`None`: still being measured).
+    pub size_bytes: Option<u64>,
+    /// What still needs it: sandboxes standing on it (`sb-…`) and child
+    /// checkpoints (`ck-…`). With `checkpoints=true` a checkpoint is kept
+    /// only when this is not empty.
+    pub needed_by: Vec<String>,
 }

@@ -50,6 +50,16 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{target} is still in use after {waited_ms} ms (a process with a file or directory open in it): it was \
+         detached lazily and goes, with its loop device, when that process lets go; `fuser -vm {target}` names it"
+    )]
+    Busy { target: PathBuf, waited_ms: u64 },
+    #[error(
+        "loop device {dev} of {image} is still attached after {waited_ms} ms: something still holds the filesystem \
+         (a mount namespace of a process still running{holders}); it detaches itself when that goes, or `losetup -d {dev}`"
+    )]
+    LoopStillAttached { dev: PathBuf, image: PathBuf, waited_ms: u64, holders: String },
     #[error("creating subvolume {path} failed")]
     CreateSubvolume {
         path: PathBuf,

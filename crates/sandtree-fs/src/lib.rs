@@ -44,6 +44,6 @@ pub use image::{
 pub use squash::{Below, squash};
 pub use subvol::{
     SubvolInfo, bytes_written_since, create_subvolume, delete_subvolume, dir_size, is_subvolume, list_subvolumes,
-    set_readonly, snapshot, snapshot_many, subvolume_info, sync_fs,
+    set_readonly, settle_deletions, snapshot, snapshot_many, subvolume_info, sync_fs,
 };
 pub use volume::{Backing, Volume, VolumeConfig, VolumeUsage};

@@ -200,6 +200,37 @@ pub fn bytes_written_since(path: &Path, min_transid: u64) -> Result<u64> {
     btrfs::tree_search_extent_bytes(path, min_transid).map_err(|e| Error::io("search extents of", path, e))
 }
 
+/// Waits until the deleted subvolumes `ids` (their [`SubvolInfo::id`]s,
+/// read before the deletion) of the filesystem holding `path` are dropped,
+/// so that `statvfs` then counts the data they did not share as free.
+/// btrfs's cleaner drops them in the background, woken by a commit, and
+/// the kernel reports one gone only after a further commit: this commits
+/// (and wakes the cleaner) every 100 ms until they are, or `limit` passed.
+/// Returns whether they were all dropped in time; an error before Linux 6.8
+/// (which cannot tell).
+pub fn settle_deletions(path: &Path, ids: &[u64], limit: std::time::Duration) -> Result<bool> {
+    let t0 = std::time::Instant::now();
+    let (root, ids) = (path.to_path_buf(), ids.to_vec());
+    let (tx, rx) = std::sync::mpsc::channel();
+    // (The kernel's wait cannot be cancelled: at worst it ends at the next
+    // periodic commit, 30 s, on its own thread.)
+    std::thread::spawn(move || {
+        let r = ids.iter().try_for_each(|&id| btrfs::wait_for_deleted_subvolume(&root, id));
+        let _ = tx.send(r);
+    });
+    loop {
+        btrfs::sync_and_clean(path).map_err(|e| Error::io("sync", path, e))?;
+        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(Ok(())) => break,
+            Ok(Err(e)) => return Err(Error::io("wait for the deleted subvolumes of", path, e)),
+            Err(_) if t0.elapsed() < limit => continue,
+            Err(_) => return Ok(false),
+        }
+    }
+    sync_fs(path)?;
+    Ok(true)
+}
+
 /// Flushes and commits the filesystem holding `path`.
 pub fn sync_fs(path: &Path) -> Result<()> {
     btrfs::syncfs(path).map_err(|e| Error::io("syncfs", path, e))
@@ -242,6 +273,30 @@ mod tests {
             data.extend_from_slice(&chunk);
         }
         fs::write(path, data)
+    }
+
+    #[test]
+    fn settled_deletions_show_as_free_space() {
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
+        let sv = tv.vol().checkpoints_dir().join("big");
+        create_subvolume(&sv).unwrap();
+        write_mib(&sv.join("f"), 16).unwrap();
+        sync_fs(&sv).unwrap();
+        let before = tv.vol().usage().unwrap().used_bytes;
+        let id = subvolume_info(&sv).unwrap().id;
+        delete_subvolume(&sv).unwrap();
+        let t = Instant::now();
+        let limit = std::time::Duration::from_secs(10);
+        assert!(settle_deletions(tv.root(), &[id], limit).unwrap(), "dropped within {limit:?}");
+        let after = tv.vol().usage().unwrap().used_bytes;
+        eprintln!("settled in {:?}: {before} -> {after}", t.elapsed());
+        assert!(before - after >= 15 << 20, "{before} -> {after}");
+        // Gone already: at once.
+        let t = Instant::now();
+        assert!(settle_deletions(tv.root(), &[id], limit).unwrap());
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]

@@ -12,9 +12,14 @@
 //! happens. If the image is still bound to a loop device (e.g. mounted
 //! elsewhere) that device is reused instead of binding the file twice.
 //!
+//! [`Volume::release`] (a daemon's clean exit) unmounts an image-backed
+//! volume and waits for its loop device to go: nothing of it stays on the
+//! host, and the next open attaches and mounts it again (~10 ms).
+//!
 //! Kernel quirks: an autoclear loop device unbinds on last close, so the
 //! device fd is held until `mount(2)` returns; afterwards the mount owns it
-//! and `umount` frees the device. A half-created image (crash between
+//! and `umount` frees the device — once the filesystem's last user (another
+//! mount namespace, a detached mount, an open file) lets go of it. A half-created image (crash between
 //! `ftruncate` and `mkfs`) is detected by the missing btrfs superblock magic
 //! and formatted again.
 
@@ -162,6 +167,69 @@ impl Volume {
         }
         Ok(())
     }
+}
+
+impl Volume {
+    /// Unmounts an image-backed volume and waits (up to `limit`) until its
+    /// loop device has unbound itself; a volume on an existing mount is left
+    /// as it is. Still busy at `limit`: detached lazily ([`Error::Busy`]);
+    /// still bound ([`Error::LoopStillAttached`]): both say what holds it.
+    /// The handle stays usable for paths only.
+    pub fn release(&self, limit: std::time::Duration) -> Result<()> {
+        let Backing::Image(image) = &self.backing else {
+            return Ok(());
+        };
+        let t0 = std::time::Instant::now();
+        let waited = || t0.elapsed().as_millis() as u64;
+        if is_btrfs_mounted_at(&self.root) {
+            let _ = btrfs::syncfs(&self.root);
+            loop {
+                match rustix::mount::unmount(&self.root, UnmountFlags::empty()) {
+                    Ok(()) => break,
+                    Err(rustix::io::Errno::BUSY) if t0.elapsed() < limit => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    Err(rustix::io::Errno::BUSY) => {
+                        let _ = rustix::mount::unmount(&self.root, UnmountFlags::DETACH);
+                        return Err(Error::Busy { target: self.root.clone(), waited_ms: waited() });
+                    }
+                    Err(e) => return Err(Error::Unmount { target: self.root.clone(), source: e.into() }),
+                }
+            }
+        }
+        loop {
+            match loopdev::find_attached(image) {
+                None => return Ok(()),
+                Some(_) if t0.elapsed() < limit => std::thread::sleep(std::time::Duration::from_millis(10)),
+                Some(dev) => {
+                    // (Bound without autoclear: this unbinds it; in use:
+                    // the kernel unbinds it at the last close.)
+                    let _ = loopdev::detach(&dev);
+                    if loopdev::find_attached(image).is_none() {
+                        return Ok(());
+                    }
+                    let holders = holders_of(&self.root);
+                    let holders = if holders.is_empty() { String::new() } else { format!(": {}", holders.join(", ")) };
+                    return Err(Error::LoopStillAttached { dev, image: image.clone(), waited_ms: waited(), holders });
+                }
+            }
+        }
+    }
+}
+
+/// Processes (`pid (comm)`) whose mount namespace still has `root` mounted.
+fn holders_of(root: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let holds = sandtree_sys::mountinfo::mounts_of(pid).is_ok_and(|m| m.iter().any(|m| m.target == root));
+        if holds {
+            let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            out.push(format!("{pid} ({})", comm.trim_end()));
+        }
+    }
+    out
 }
 
 fn btrfs_in_kernel() -> bool {
@@ -333,6 +401,41 @@ mod tests {
         assert!(third.sandboxes_dir().is_dir());
         let u = third.usage().unwrap();
         assert!(u.total_bytes > 0 && u.free_bytes <= u.total_bytes);
+    }
+
+    #[test]
+    fn release_leaves_no_mount_and_no_loop_device() {
+        let Some(tv) = TestVolume::new(1 << 30) else {
+            return;
+        };
+        let cfg = tv.config.clone();
+        let image = fs::canonicalize(cfg.data_dir.join("btrfs.img")).unwrap();
+        assert!(loopdev::find_attached(&image).is_some());
+        // A file held open in it: busy until it is closed.
+        let held = File::open(tv.root().join("images")).unwrap();
+        let t = std::time::Instant::now();
+        let again = Volume::open(&cfg).unwrap();
+        match again.release(std::time::Duration::from_millis(200)) {
+            Err(Error::Busy { target, .. }) => assert_eq!(target, tv.root()),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        drop(held);
+        let t2 = std::time::Instant::now();
+        while loopdev::find_attached(&image).is_some() && t2.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(loopdev::find_attached(&image).is_none(), "the lazy detach let go at the last close");
+        // Open again, release cleanly.
+        let third = Volume::open(&cfg).unwrap();
+        fs::write(third.root().join("marker"), b"x").unwrap();
+        third.release(std::time::Duration::from_secs(5)).unwrap();
+        eprintln!("release: {:?}", t.elapsed());
+        assert!(!is_btrfs_mounted_at(third.root()));
+        assert!(loopdev::find_attached(&image).is_none());
+        assert!(!mountinfo().iter().any(|m| m.target.starts_with(&cfg.data_dir) || m.target == third.root()));
+        // The next open reattaches and finds the data.
+        let fourth = Volume::open(&cfg).unwrap();
+        assert_eq!(fs::read(fourth.root().join("marker")).unwrap(), b"x");
     }
 
     #[test]

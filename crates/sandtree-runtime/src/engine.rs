@@ -76,8 +76,7 @@ pub struct Engine {
     pub(crate) squashed: Mutex<HashMap<Vec<String>, String>>,
     /// What `sandtree_fs::squash::scan` found in a read-only layer.
     pub(crate) layer_scans: Mutex<HashMap<String, sandtree_fs::squash::LayerScan>>,
-    /// Removals of deleted sandboxes' cgroups and run directories under way
-    /// (see [`Engine::settle`]).
+    /// Background work a stopping daemon waits for (see [`Engine::settle`]).
     releasing: Mutex<tokio::task::JoinSet<()>>,
     /// The engine itself, for background tasks.
     pub(crate) this: std::sync::Weak<Engine>,
@@ -445,9 +444,7 @@ impl Engine {
     pub(crate) async fn halt_and_release(&self, id: &str) -> Result<()> {
         if let Some(sb) = self.live_set(id, None) {
             sb.stop().await?;
-            let mut releasing = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
-            while releasing.try_join_next().is_some() {}
-            releasing.spawn(async move {
+            self.spawn_settled(async move {
                 if let Err(e) = sb.release().await {
                     tracing::warn!(sandbox = sb.id(), "cannot remove cgroup or run dir: {e} (gc will retry)");
                 }
@@ -456,13 +453,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Runs `work` in the background, as work [`Engine::settle`] waits for.
+    pub(crate) fn spawn_settled(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut releasing = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
+        while releasing.try_join_next().is_some() {}
+        releasing.spawn(work);
+    }
+
     /// Waits (up to `limit`) for the background work a stopping daemon must
-    /// not cut short: the removals of deleted sandboxes' cgroups. A cgroup
-    /// whose removal is cut short stays behind (its run directory too, so
-    /// the next daemon's GC finds it, but only on the same data directory),
-    /// and a removed one whose memory charges were not dropped first lingers
-    /// in the kernel as a dying cgroup (`Cgroup::reclaim_charges`). Returns
-    /// how many were still running at `limit`.
+    /// not cut short: the removals of deleted sandboxes' cgroups, and the
+    /// measurements of new checkpoints' sizes. A cgroup whose removal is cut
+    /// short stays behind (its run directory too, so the next daemon's GC
+    /// finds it, but only on the same data directory), and a removed one
+    /// whose memory charges were not dropped first lingers in the kernel as
+    /// a dying cgroup (`Cgroup::reclaim_charges`); a checkpoint whose
+    /// measurement is cut short keeps no size. Returns how many were still
+    /// running at `limit`.
     pub async fn settle(&self, limit: std::time::Duration) -> usize {
         let mut set = std::mem::take(&mut *self.releasing.lock().unwrap_or_else(|p| p.into_inner()));
         let _ = tokio::time::timeout(limit, async { while set.join_next().await.is_some() {} }).await;

@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -30,6 +30,10 @@ pub struct Flusher {
     busy: Arc<AtomicUsize>,
     /// When the last lifecycle operation ended.
     last_done: Arc<std::sync::Mutex<std::time::Instant>>,
+    /// Flushes started so far; `flushed` holds the number of the last one
+    /// finished (see [`Flusher::flushed`]).
+    started: Arc<AtomicU64>,
+    flushed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Marks a lifecycle operation as under way while it lives.
@@ -47,7 +51,9 @@ impl Flusher {
     pub fn start(root: PathBuf) -> Flusher {
         let notify = Arc::new(Notify::new());
         let busy = Arc::new(AtomicUsize::new(0));
-        let (wake, ops) = (notify.clone(), busy.clone());
+        let started = Arc::new(AtomicU64::new(0));
+        let flushed = Arc::new(tokio::sync::watch::Sender::new(0));
+        let (wake, ops, count, done) = (notify.clone(), busy.clone(), started.clone(), flushed.clone());
         tokio::spawn(async move {
             loop {
                 wake.notified().await;
@@ -56,13 +62,30 @@ impl Flusher {
                     tokio::time::sleep(DEBOUNCE).await;
                 }
                 let root = root.clone();
-                let flushed = tokio::task::spawn_blocking(move || sandtree_fs::sync_fs(&root)).await;
-                if let Ok(Err(e)) = flushed {
+                let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                let synced = tokio::task::spawn_blocking(move || sandtree_fs::sync_fs(&root)).await;
+                if let Ok(Err(e)) = synced {
                     tracing::warn!("background flush of the state store failed: {e}");
                 }
+                done.send_replace(n);
             }
         });
-        Flusher { notify, busy, last_done: Arc::new(std::sync::Mutex::new(std::time::Instant::now())) }
+        Flusher {
+            notify,
+            busy,
+            last_done: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
+            started,
+            flushed,
+        }
+    }
+
+    /// Returns once a flush that started after this call has finished
+    /// (asking for one): whatever was written before is then on disk.
+    pub async fn flushed(&self) {
+        let want = self.started.load(Ordering::SeqCst) + 1;
+        let mut rx = self.flushed.subscribe();
+        self.poke();
+        let _ = rx.wait_for(|n| *n >= want).await;
     }
 
     /// Holds the flush back until the returned guard is dropped.

@@ -7,6 +7,16 @@
 //!   a crash, or by a delete whose subvolume removal failed);
 //! - runtime leftovers of sandboxes that no row names: their init (if still
 //!   alive after a crash), cgroup and run directory.
+//!
+//! It never deletes a checkpoint (a row): the report counts those whose
+//! sandbox was deleted, with their sizes, for the user to decide.
+//!
+//! What it frees is measured, not estimated: the volume's used bytes before
+//! the deletions and after btrfs's cleaner dropped them (deleting a
+//! subvolume only frees the data no other subvolume shares, which no
+//! per-subvolume count can tell). That wait (about a second: the kernel
+//! checks once a second) runs after the store lock is released, bounded by
+//! [`SETTLE`]; the GC of a starting daemon skips it.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -14,13 +24,26 @@ use std::time::Instant;
 
 use sandtree_api::GcReport;
 
+use crate::engine::block;
 use crate::{Engine, Result, util};
 
+/// How long `gc` waits for btrfs to drop the deleted subvolumes before it
+/// measures what it freed.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Engine {
+    /// GC, reporting the bytes it freed (see the module docs).
     pub async fn gc(&self) -> Result<GcReport> {
+        self.collect(true).await
+    }
+
+    /// GC; with `measure`, waits for btrfs's cleaner to measure the bytes
+    /// freed (start-up recovery does not wait).
+    pub(crate) async fn collect(&self, measure: bool) -> Result<GcReport> {
         let t0 = Instant::now();
-        let _store = self.store_lock.write().await;
+        let store = self.store_lock.write().await;
         let mut report = GcReport::default();
+        let used_before = measure.then(|| block(|| self.volume.usage()).ok()).flatten().map(|u| u.used_bytes);
 
         let sandboxes = self.meta.sandboxes()?;
         let known_ids: HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
@@ -45,12 +68,14 @@ impl Engine {
             }
         }
 
+        let mut removed = Removed::default();
         tokio::task::block_in_place(|| -> Result<()> {
-            sweep_sandboxes(&self.volume.sandboxes_dir(), &subvols, &known_ids, &mut report.orphans_removed)?;
-            sweep(&self.volume.checkpoints_dir(), &checkpoints, "checkpoints", &mut report.orphans_removed)?;
-            sweep(&self.volume.images_dir(), &images, "images", &mut report.orphans_removed)?;
+            sweep_sandboxes(&self.volume.sandboxes_dir(), &subvols, &known_ids, &mut removed)?;
+            sweep(&self.volume.checkpoints_dir(), &checkpoints, "checkpoints", &mut removed)?;
+            sweep(&self.volume.images_dir(), &images, "images", &mut removed)?;
             Ok(())
         })?;
+        report.orphans_removed = removed.names;
 
         // Runtime leftovers: run dirs (and the inits/cgroups behind them) of unknown sandboxes.
         let run = self.cfg.run_dir().join("sandboxes");
@@ -80,14 +105,44 @@ impl Engine {
                 report.stale_runtime_removed.push(id);
             }
         }
+        for ck in self.meta.checkpoints(None)? {
+            if !known_ids.contains(&ck.sandbox_id) {
+                report.checkpoints_of_deleted_sandboxes_bytes += ck.size_bytes.unwrap_or(0);
+                report.checkpoints_of_deleted_sandboxes.push(ck.id);
+            }
+        }
+        drop(store);
+        if let Some(before) = used_before.filter(|_| !report.orphans_removed.is_empty()) {
+            let (root, ids) = (self.volume.root().to_path_buf(), removed.ids);
+            let settled = tokio::task::spawn_blocking(move || sandtree_fs::settle_deletions(&root, &ids, SETTLE)).await;
+            match settled {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => tracing::warn!(
+                    "gc: btrfs is still dropping the deleted subvolumes after {SETTLE:?}: the bytes freed count only what it dropped so far"
+                ),
+                Ok(Err(e)) => tracing::warn!("gc: {e}: the bytes freed count only what btrfs dropped so far"),
+                Err(e) => tracing::warn!("gc: {e}"),
+            }
+            let after = block(|| self.volume.usage()).map(|u| u.used_bytes).unwrap_or(before);
+            report.bytes_freed = before.saturating_sub(after);
+        }
         report.duration_ms = util::ms_since(t0);
         Ok(report)
     }
 }
 
+/// What the sweeps deleted.
+#[derive(Default)]
+struct Removed {
+    /// Paths under the volume root (`checkpoints/<name>`, ...).
+    names: Vec<String>,
+    /// Ids of the deleted subvolumes (to wait for btrfs to drop them).
+    ids: Vec<u64>,
+}
+
 /// `sandboxes/<id>/<gen>`: deletes unreferenced generations, and the
 /// directories of sandboxes that no longer exist.
-fn sweep_sandboxes(dir: &Path, keep: &HashSet<String>, ids: &HashSet<String>, removed: &mut Vec<String>) -> Result<()> {
+fn sweep_sandboxes(dir: &Path, keep: &HashSet<String>, ids: &HashSet<String>, removed: &mut Removed) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
     for entry in entries.flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
@@ -99,21 +154,25 @@ fn sweep_sandboxes(dir: &Path, keep: &HashSet<String>, ids: &HashSet<String>, re
             keep.iter().filter_map(|s| s.strip_prefix(&format!("{id}/")).map(str::to_string)).collect();
         sweep(&path, &keep_here, &format!("sandboxes/{id}"), removed)?;
         if !ids.contains(&id) && std::fs::remove_dir(&path).is_ok() {
-            removed.push(format!("sandboxes/{id}"));
+            removed.names.push(format!("sandboxes/{id}"));
         }
     }
     Ok(())
 }
 
 /// Deletes every subvolume directly under `dir` whose name is not in `keep`.
-fn sweep(dir: &Path, keep: &HashSet<String>, kind: &str, removed: &mut Vec<String>) -> Result<()> {
+fn sweep(dir: &Path, keep: &HashSet<String>, kind: &str, removed: &mut Removed) -> Result<()> {
     let names = sandtree_fs::list_subvolumes(dir).map_err(|e| crate::Error::fs("gc", e))?;
     for name in names {
         if keep.contains(&name) {
             continue;
         }
+        let id = sandtree_fs::subvolume_info(&dir.join(&name)).map(|i| i.id);
         match sandtree_fs::delete_subvolume(&dir.join(&name)) {
-            Ok(()) => removed.push(format!("{kind}/{name}")),
+            Ok(()) => {
+                removed.names.push(format!("{kind}/{name}"));
+                removed.ids.extend(id.ok());
+            }
             Err(e) => tracing::warn!("gc: cannot delete {kind}/{name}: {e}"),
         }
     }

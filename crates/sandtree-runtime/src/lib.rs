@@ -41,6 +41,7 @@ mod sandbox_delete;
 mod sandbox_exec;
 mod sandbox_rollback;
 mod sandbox_session;
+mod shutdown;
 mod spares;
 pub mod uid_range;
 mod util;
@@ -53,4 +54,5 @@ pub use sandtree_proc::{
     prefer_older_standbys, quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
 pub use sandtree_sandbox::session::SessionIo;
-pub use sandtree_sandbox::{HostConfig, INIT_NAME, Zygote};
+pub use sandtree_sandbox::{Backend, Cgroup, HostConfig, INIT_NAME, Limits as CgroupLimits, Zygote, cgroup};
+pub use shutdown::{SHUTDOWN_STEP, ShutdownReport};

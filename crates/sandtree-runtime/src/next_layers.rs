@@ -80,6 +80,12 @@ impl Nexts {
         self.lock().remove(sandbox).map(|n| n.top.subvol)
     }
 
+    /// Drops every next layer (closing their overlay mounts): the engine
+    /// is shutting down. Returns their subvolumes.
+    pub(crate) fn clear(&self) -> Vec<String> {
+        self.lock().drain().map(|(_, n)| n.top.subvol).collect()
+    }
+
     /// Writable subvolumes held here (GC keeps them).
     pub(crate) fn subvols(&self) -> HashSet<String> {
         self.lock().values().map(|n| n.top.subvol.clone()).collect()

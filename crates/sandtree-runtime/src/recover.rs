@@ -61,7 +61,7 @@ impl Engine {
                 (None, DesiredState::Stopped) => {}
             }
         }
-        let report = self.gc().await?;
+        let report = self.collect(false).await?;
         if !report.orphans_removed.is_empty() || !report.stale_runtime_removed.is_empty() {
             tracing::info!(
                 orphans = ?report.orphans_removed,

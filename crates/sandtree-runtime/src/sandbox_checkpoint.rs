@@ -380,7 +380,9 @@ impl Engine {
     }
 
     /// What a checkpoint adds over its base (`bytes_written_since`), measured
-    /// off the hot path and stored.
+    /// off the hot path and stored, once the flusher has written the layer's
+    /// data (a layered checkpoint commits nothing: its newest files may
+    /// still be in the page cache, which the count does not see).
     pub(crate) fn measure_later(&self, ck_id: &str, layer: PathBuf, base_transid: u64) {
         let meta = self.meta.clone();
         let ck_id = ck_id.to_string();
@@ -394,7 +396,9 @@ impl Engine {
         };
         // (Handing a job to the blocking pool took up to 0.4 ms, a thread
         // started: not on the checkpoint's path.)
-        tokio::spawn(async move {
+        let flusher = self.flusher.clone();
+        self.spawn_settled(async move {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), flusher.flushed()).await;
             let _ = tokio::task::spawn_blocking(measure).await;
         });
     }

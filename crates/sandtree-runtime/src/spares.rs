@@ -190,6 +190,12 @@ impl Spares {
         out
     }
 
+    /// Drops every spare (closing their overlay mounts) and every wish:
+    /// the engine is shutting down. Returns their subvolumes.
+    pub(crate) fn clear(&self) -> Vec<String> {
+        self.drop_where(|_| true)
+    }
+
     /// Subvolumes held as spares (GC must keep them).
     pub(crate) fn subvols(&self) -> HashSet<String> {
         let st = self.lock();

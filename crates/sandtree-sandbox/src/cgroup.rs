@@ -531,6 +531,88 @@ impl Cgroup {
     }
 }
 
+/// The directories of the parent cgroup `name` (the one that holds the
+/// sandboxes' cgroups, `HostConfig::cgroup_name`) in each hierarchy of
+/// `backend` that has one of the controllers sandboxes use. Empty for a
+/// `name` that is not one plain path component (no parent to remove: ``,
+/// `.`, `..`, or with a `/`).
+pub fn parent_dirs(backend: &Backend, name: &str) -> Vec<PathBuf> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Vec::new();
+    }
+    match backend {
+        Backend::V1 { .. } => {
+            // (A sandbox id that exists in no hierarchy: only the parent's
+            // path is used.)
+            Cgroup::new(backend.clone(), name, "_")
+                .dirs
+                .into_iter()
+                .filter_map(|(_, d)| d.parent().map(Path::to_path_buf))
+                .collect()
+        }
+        Backend::V2 { root } => vec![root.join(name)],
+    }
+}
+
+/// Removes the parent cgroup `name` (see [`parent_dirs`]) in every
+/// hierarchy. Without `kill`, only where it is empty: a daemon's clean exit
+/// after removing its sandboxes' cgroups (a parent shared with another
+/// daemon's sandboxes stays). With `kill`, whatever still runs in it or
+/// under it is killed and every cgroup under it removed, deepest first (a
+/// bench that failed midway). Returns the directories still there.
+pub fn remove_parent(backend: &Backend, name: &str, kill: bool) -> Vec<PathBuf> {
+    let mut left = Vec::new();
+    for dir in parent_dirs(backend, name) {
+        if !dir.exists() {
+            continue;
+        }
+        if kill {
+            remove_tree(&dir, Instant::now() + Duration::from_secs(5));
+        } else {
+            let _ = fs::remove_dir(&dir);
+        }
+        if dir.exists() {
+            left.push(dir);
+        }
+    }
+    left
+}
+
+/// Depth first: thaw, kill the members, drop the memory charges, rmdir
+/// (retried while the kernel still reports it busy), until `deadline`.
+fn remove_tree(dir: &Path, deadline: Instant) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path(), deadline);
+            }
+        }
+    }
+    let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    let _ = fs::write(dir.join("cgroup.freeze"), "0");
+    loop {
+        let pids = read_pids(&dir.join("cgroup.procs")).unwrap_or_default();
+        for &pid in &pids {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        if pids.is_empty() {
+            let _ = fs::write(dir.join("memory.force_empty"), "0");
+            if let Ok(bytes) = read(&dir.join("memory.current")) {
+                let _ = fs::write(dir.join("memory.reclaim"), bytes.trim());
+            }
+            match fs::remove_dir(dir) {
+                Ok(()) => return,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+                Err(_) => {}
+            }
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Turns on cgroup2's `favordynmods` for the whole host, if a cgroup2
 /// hierarchy is mounted (pure v2 at `/sys/fs/cgroup`, or hybrid at
 /// `/sys/fs/cgroup/unified`). Returns whether it is on.
@@ -581,4 +663,56 @@ pub fn parse_stat(stat: &str) -> (String, String) {
     let comm = stat.get(open + 1..close).unwrap_or("").to_string();
     let state = stat.get(close + 2..close + 3).unwrap_or("?").to_string();
     (comm, state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> bool {
+        nix::unistd::Uid::effective().is_root()
+    }
+
+    #[test]
+    fn only_plain_names_have_a_parent_to_remove() {
+        let b = Backend::detect();
+        for bad in ["", ".", "..", "a/b", "/", "../x"] {
+            assert!(parent_dirs(&b, bad).is_empty(), "{bad:?}");
+            assert!(remove_parent(&b, bad, true).is_empty());
+        }
+        let v2 = Backend::V2 { root: "/sys/fs/cgroup".into() };
+        assert_eq!(parent_dirs(&v2, "sandtree-x"), vec![PathBuf::from("/sys/fs/cgroup/sandtree-x")]);
+    }
+
+    #[test]
+    fn remove_parent_keeps_a_busy_parent_unless_asked_to_kill() {
+        if !root() {
+            eprintln!("SKIP: needs root");
+            return;
+        }
+        let b = Backend::detect();
+        let name = format!("sandtree-unit-parent-{}", std::process::id());
+        let cg = Cgroup::new(b.clone(), &name, "sb-1");
+        cg.create(&Limits::default()).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+        cg.add(child.id() as i32).unwrap();
+        let dirs = parent_dirs(&b, &name);
+        assert!(!dirs.is_empty() && dirs.iter().all(|d| d.exists()), "{dirs:?}");
+
+        // Not empty: stays, and so does the process.
+        assert_eq!(remove_parent(&b, &name, false), dirs);
+        assert!(child.try_wait().unwrap().is_none());
+
+        // Kill: the process, the sandbox's cgroup and its pool, the parent.
+        assert!(cg.pool_dir().exists());
+        assert_eq!(remove_parent(&b, &name, true), Vec::<PathBuf>::new());
+        assert!(child.wait().unwrap().code().is_none(), "killed by a signal");
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?}");
+
+        // Empty: removed without killing.
+        cg.create(&Limits::default()).unwrap();
+        cg.remove().unwrap();
+        assert_eq!(remove_parent(&b, &name, false), Vec::<PathBuf>::new());
+        assert!(dirs.iter().all(|d| !d.exists()));
+    }
 }

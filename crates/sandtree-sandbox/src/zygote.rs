@@ -144,6 +144,21 @@ impl Zygote {
         &self.cfg
     }
 
+    /// Kills the workers and waits for them; the pre-cloned inits they keep
+    /// ready die with them. For a daemon's clean exit: a pre-cloned init has
+    /// a mount namespace of its own, a copy of the host's made when it was
+    /// cloned, and so holds every filesystem mounted then (the state store
+    /// included: its loop device could not go while the daemon lived).
+    /// Spawns fail afterwards ([`Error::Gone`]).
+    pub fn stop(&self) {
+        for w in &self.workers {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        for w in &self.workers {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(w.pid), None);
+        }
+    }
+
     /// Create a sandbox and start its init (blocking; call from
     /// `spawn_blocking` in async code).
     /// Takes an idle worker if there is one, else waits for the next in turn.

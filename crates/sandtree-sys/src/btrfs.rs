@@ -13,6 +13,9 @@
 //!  parent dir fd ──ioctl(SNAP_DESTROY_V2, {name})──▶ removes <parent>/<name>
 //!  subvol fd     ──ioctl(GET_SUBVOL_INFO)──▶ treeid, generation, otransid, otime …
 //!  subvol fd     ──ioctl(TREE_SEARCH_V2, tree_id 0 = fd's own tree)──▶ file extent items
+//!  any fd        ──ioctl(SYNC)──▶ commits, and wakes the cleaner (which drops deleted subvolumes)
+//!  any fd        ──ioctl(SUBVOL_SYNC_WAIT, {id, mode: FOR_ONE})──▶ returns once deleted
+//!                  subvolume `id` is dropped and that committed (Linux 6.8+)
 //! ```
 //!
 //! Kernel quirks worked around:
@@ -127,6 +130,7 @@ const _: () = assert!(size_of::<VolArgsV2>() == 4096);
 const _: () = assert!(size_of::<GetSubvolInfoArgs>() == 504);
 const _: () = assert!(size_of::<SearchKey>() == 104);
 const _: () = assert!(size_of::<SearchArgsV2Header>() == 112);
+const _: () = assert!(size_of::<SubvolWaitArgs>() == 16);
 
 const IOC_SNAP_CREATE_V2: libc::c_ulong =
     nix::request_code_write!(BTRFS_IOCTL_MAGIC, 23, size_of::<VolArgsV2>()) as libc::c_ulong;
@@ -142,6 +146,20 @@ const IOC_SUBVOL_GETFLAGS: libc::c_ulong =
     nix::request_code_read!(BTRFS_IOCTL_MAGIC, 25, size_of::<u64>()) as libc::c_ulong;
 const IOC_SUBVOL_SETFLAGS: libc::c_ulong =
     nix::request_code_write!(BTRFS_IOCTL_MAGIC, 26, size_of::<u64>()) as libc::c_ulong;
+const IOC_SYNC: libc::c_ulong = nix::request_code_none!(BTRFS_IOCTL_MAGIC, 8) as libc::c_ulong;
+const IOC_SUBVOL_SYNC_WAIT: libc::c_ulong =
+    nix::request_code_write!(BTRFS_IOCTL_MAGIC, 65, size_of::<SubvolWaitArgs>()) as libc::c_ulong;
+/// `BTRFS_SUBVOL_SYNC_WAIT_FOR_ONE`: wait until the deleted subvolume
+/// `subvolid` is gone.
+const SUBVOL_SYNC_WAIT_FOR_ONE: u32 = 0;
+
+/// `struct btrfs_ioctl_subvol_wait`.
+#[repr(C)]
+struct SubvolWaitArgs {
+    subvolid: u64,
+    mode: u32,
+    count: u32,
+}
 
 /// Facts about one subvolume, from `BTRFS_IOC_GET_SUBVOL_INFO`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,6 +327,33 @@ pub fn is_subvolume(path: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     is_btrfs(path)
+}
+
+/// `BTRFS_IOC_SYNC`: commits the transaction like `syncfs`, and wakes
+/// btrfs's cleaner thread, which drops deleted subvolumes (otherwise it
+/// runs at the next periodic commit, up to 30 s later).
+pub fn sync_and_clean(path: &Path) -> io::Result<()> {
+    let fd = open_dir(path)?;
+    // SAFETY: `BTRFS_IOC_SYNC` takes no argument; the null pointer is not read.
+    unsafe { ioctl_ptr(&fd, IOC_SYNC, std::ptr::null_mut::<u8>()) }?;
+    Ok(())
+}
+
+/// Waits until the deleted subvolume `id` of the filesystem holding `path`
+/// is gone: dropped by btrfs's cleaner, and that committed (the kernel
+/// checks once a second; nothing commits sooner unless someone does, e.g.
+/// [`sync_and_clean`]). `Ok(())` at once when no such subvolume exists;
+/// `EEXIST` when it is not deleted; `ENOTTY` before Linux 6.8.
+pub fn wait_for_deleted_subvolume(path: &Path, id: u64) -> io::Result<()> {
+    let fd = open_dir(path)?;
+    let mut args = SubvolWaitArgs { subvolid: id, mode: SUBVOL_SYNC_WAIT_FOR_ONE, count: 0 };
+    // SAFETY: `args` is a live `btrfs_ioctl_subvol_wait` (16 bytes, checked
+    // above) that the kernel reads and may write back.
+    match unsafe { ioctl_ptr(&fd, IOC_SUBVOL_SYNC_WAIT, &mut args as *mut SubvolWaitArgs) } {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// `syncfs(2)` on the filesystem holding `path` (commits the btrfs transaction).

@@ -86,8 +86,9 @@ fn checkpoint_rollback_fork_tree() {
     assert_eq!(labels.len(), 1);
     let Command::Fork { count, .. } = parse(&["fork", "ck-2"]).command else { panic!() };
     assert_eq!(count, 1);
-    assert!(matches!(parse(&["tree"]).command, Command::Tree { sandbox: None }));
-    assert!(matches!(parse(&["tree", "sb-1"]).command, Command::Tree { sandbox: Some(_) }));
+    assert!(matches!(parse(&["tree"]).command, Command::Tree { sandbox: None, all: false }));
+    assert!(matches!(parse(&["tree", "sb-1"]).command, Command::Tree { sandbox: Some(_), .. }));
+    assert!(matches!(parse(&["tree", "--all"]).command, Command::Tree { all: true, .. }));
 }
 
 #[test]

@@ -11,6 +11,15 @@
 //! | scale      | checkpoint / rollback with 10x the files, and at the end of a chain of 1,000 checkpoints; metadata bytes per checkpoint |
 //! | processes  | a session shell, a Python REPL holding 100 MB (and 1 GB) and `http.server`: checkpoint, processes' pause, rollback in place, rollback until the first HTTP answer, template pool memory (see `processes.rs`) |
 //!
+//! Each run has its own scratch data directory (`/var/tmp/sandtree-bench-<pid>`
+//! unless `--data-dir` names one) and its own parent cgroup
+//! (`sandtree-bench-<pid>`), so two runs on one host do not meet. At the
+//! end, failed or not, the engine is shut down (its sandboxes stopped, their
+//! cgroups and the parent removed, the volume unmounted) and the directory
+//! removed; a guard kills and removes whatever of the cgroup is left even
+//! if the run panics. Directories and cgroups of earlier runs whose process
+//! is gone (killed) are removed at the start.
+//!
 //! Workload: the host's Python standard library (`/usr/lib/python3.11`,
 //! about 1,400 files / 54 MB) copied into the sandbox; every step rewrites 10
 //! of its files. Results print as a table (p50 / p95 / max in ms, and the
@@ -32,9 +41,10 @@ use sandtree_runtime::{Config, Engine, Zygote};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Scratch data directory (a fresh btrfs image is created inside and removed after).
-    #[arg(long, default_value = "/var/tmp/sandtree-bench")]
-    pub data_dir: PathBuf,
+    /// Scratch data directory (a fresh btrfs image is created inside and
+    /// removed after) [default: /var/tmp/sandtree-bench-<pid>].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// Iterations per measured operation.
     #[arg(long, default_value_t = 30)]
     pub iterations: usize,
@@ -73,9 +83,70 @@ pub struct BenchArgs {
     /// iterations on the process engine.
     #[arg(long)]
     pub processes_only: bool,
-    /// Keep the scratch data directory afterwards.
+    /// Keep the scratch data directory afterwards (unmounted: `sandtree
+    /// daemon --data-dir` on it mounts it again).
     #[arg(long)]
     pub keep: bool,
+}
+
+/// Prefix of a run's cgroup and default data directory name.
+const RUN_PREFIX: &str = "sandtree-bench-";
+/// Where runs' default data directories go.
+const SCRATCH: &str = "/var/tmp";
+
+/// The name of the cgroup (and default data directory) of the run of
+/// process `pid`.
+pub fn run_name(pid: u32) -> String {
+    format!("{RUN_PREFIX}{pid}")
+}
+
+/// The pid of the run that `name` belongs to, if that process is gone.
+pub fn stale_run(name: &str) -> Option<u32> {
+    let pid: u32 = name.strip_prefix(RUN_PREFIX)?.parse().ok()?;
+    (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+/// Removes the cgroups and default data directories of earlier runs whose
+/// process is gone (killed before it could clean up).
+fn sweep_stale_runs(backend: &sandtree_runtime::Backend) {
+    let mut names: Vec<String> = Vec::new();
+    let roots =
+        sandtree_runtime::cgroup::parent_dirs(backend, "_").into_iter().filter_map(|d| d.parent().map(PathBuf::from));
+    for dir in roots.chain([PathBuf::from(SCRATCH)]) {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            names.extend(entries.flatten().filter_map(|e| e.file_name().into_string().ok()));
+        }
+    }
+    names.sort();
+    names.dedup();
+    for name in names.iter().filter(|n| stale_run(n).is_some()) {
+        eprintln!("bench: removing {name}, left by a run that was killed");
+        sandtree_runtime::cgroup::remove_parent(backend, name, true);
+        let dir = PathBuf::from(SCRATCH).join(name);
+        if dir.join("btrfs.img").exists() {
+            workload::teardown(&dir);
+        }
+    }
+}
+
+/// Kills and removes whatever is left of a run's cgroup when the run ends,
+/// however it ends (an error, a panic), and its data directory unless kept.
+struct RunGuard {
+    backend: sandtree_runtime::Backend,
+    cgroup: String,
+    data_dir: Option<PathBuf>,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        let left = sandtree_runtime::cgroup::remove_parent(&self.backend, &self.cgroup, true);
+        if !left.is_empty() {
+            eprintln!("bench: cannot remove cgroup(s) {left:?}: remove them by hand (rmdir, deepest first)");
+        }
+        if let Some(dir) = &self.data_dir {
+            workload::teardown(dir);
+        }
+    }
 }
 
 /// Runs the suite. Must be called before any thread exists (it starts the zygote).
@@ -91,9 +162,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let repo = args.record.clone().unwrap_or_else(|| PathBuf::from("."));
         markdown::RunInfo::collect(&repo, args.options())
     });
-    if args.data_dir.join("btrfs").exists() {
-        workload::teardown(&args.data_dir);
+    let backend = sandtree_runtime::Backend::detect();
+    sweep_stale_runs(&backend);
+    let name = run_name(std::process::id());
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| PathBuf::from(SCRATCH).join(&name));
+    if data_dir.join("btrfs").exists() {
+        workload::teardown(&data_dir);
     }
+    let guard = RunGuard { backend, cgroup: name.clone(), data_dir: (!args.keep).then(|| data_dir.clone()) };
     // Sandboxes of a daemon or of a test killed half-way share the CPUs
     // with the run (one test left behind a shell polling with `sleep
     // 0.01`: every process row was slower for as long as it ran).
@@ -104,9 +180,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             others.len()
         );
     }
-    let mut cfg = Config::with_data_dir(&args.data_dir);
+    let mut cfg = Config::with_data_dir(&data_dir);
     cfg.image_size = 32 << 30;
-    cfg.cgroup_name = "sandtree-bench".into();
+    cfg.cgroup_name = name;
     cfg.pre_sync = !args.no_pre_sync;
     cfg.layered_processes = !args.snapshot_processes;
     // The process workload rolls back to any of its checkpoints, each of
@@ -121,6 +197,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let engine = Engine::open(cfg.clone(), zygote).await.context("opening the engine")?;
         let report = workload::run_all(&engine, &args).await;
         let cleanup = workload::cleanup(&engine).await;
+        // Sandboxes' and the run's cgroups, the volume's mount and loop device.
+        for left in engine.shutdown(false).await.left_behind {
+            eprintln!("bench: left behind: {left}");
+        }
         let mut report = report?;
         cleanup?;
         report.other_sandboxes = others;
@@ -131,9 +211,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Ok::<_, anyhow::Error>(report)
     });
     rt.shutdown_background();
-    if !args.keep {
-        workload::teardown(&args.data_dir);
-    }
+    drop(guard);
     let report = result?;
     match &info {
         _ if args.json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -180,7 +258,7 @@ impl BenchArgs {
 mod tests {
     use clap::{Args, FromArgMatches};
 
-    use super::BenchArgs;
+    use super::*;
 
     fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
         let matches = BenchArgs::augment_args(clap::Command::new("bench")).try_get_matches_from(argv)?;
@@ -204,5 +282,40 @@ mod tests {
         let args = parse(&["bench", "--quick", "--iterations", "10", "--chain", "5"]).expect("parse");
         // (--chain means nothing in a quick run.)
         assert_eq!(args.options(), ["--quick", "--iterations 10"]);
+    }
+
+    #[test]
+    fn each_run_has_its_own_cgroup_and_a_gone_run_is_stale() {
+        let me = std::process::id();
+        assert_eq!(run_name(me), format!("sandtree-bench-{me}"));
+        assert_ne!(run_name(me), run_name(me + 1));
+        assert_eq!(stale_run(&run_name(me)), None, "this run is alive");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        assert_eq!(stale_run(&run_name(gone)), Some(gone));
+        for other in ["sandtree-bench", "sandtree", "sandtree-bench-x", "sandtree-test-1"] {
+            assert_eq!(stale_run(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_guard_kills_and_removes_the_runs_cgroup() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("SKIP: needs root");
+            return;
+        }
+        let backend = sandtree_runtime::Backend::detect();
+        let name = run_name(std::process::id());
+        // A sandbox's cgroup as a run that failed midway leaves it.
+        let cg = sandtree_runtime::Cgroup::new(backend.clone(), &name, "sb-1");
+        cg.create(&sandtree_runtime::CgroupLimits::default()).unwrap();
+        let mut sleeper = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+        cg.add(sleeper.id() as i32).unwrap();
+        let dirs = sandtree_runtime::cgroup::parent_dirs(&backend, &name);
+        assert!(dirs.iter().all(|d| d.exists()));
+        drop(RunGuard { backend, cgroup: name, data_dir: None });
+        assert!(sleeper.wait().unwrap().code().is_none(), "killed");
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?}");
     }
 }

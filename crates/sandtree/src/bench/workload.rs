@@ -496,11 +496,13 @@ pub async fn cleanup(engine: &Engine) -> Result<()> {
 /// Unmounts and removes the scratch data directory.
 pub fn teardown(data_dir: &Path) {
     let mnt = data_dir.join("btrfs");
-    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    // (Quiet: after a clean shutdown nothing is mounted any more.)
+    let umount = |p: &Path| Command::new("umount").arg("-l").arg(p).stderr(std::process::Stdio::null()).status();
+    let _ = umount(&mnt);
     // The idmapped host directories (kept by the daemon across restarts).
     if let Ok(entries) = std::fs::read_dir(data_dir.join("run").join("lower")) {
         for e in entries.flatten() {
-            let _ = Command::new("umount").arg("-l").arg(e.path()).status();
+            let _ = umount(&e.path());
         }
     }
     let _ = std::fs::remove_dir_all(data_dir);

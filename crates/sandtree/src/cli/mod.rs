@@ -111,13 +111,23 @@ pub enum Command {
     Ls,
     /// Describe a sandbox (with usage), or the daemon without an argument.
     Info { sandbox: Option<String> },
-    /// Show checkpoints as a tree (of one sandbox, or all).
-    Tree { sandbox: Option<String> },
+    /// Show checkpoints as a tree (of one sandbox, or all); `◀ sb-…` marks
+    /// where each sandbox stands.
+    Tree {
+        sandbox: Option<String>,
+        /// Show every checkpoint of long linear runs (folded to their ends
+        /// and the checkpoints sandboxes stand on by default).
+        #[arg(long)]
+        all: bool,
+    },
     /// Delete sandboxes (ids starting with `ck-` are deleted as checkpoints).
+    /// A sandbox's checkpoints outlive it (they can still seed forks): rm
+    /// says how many remain, their size, and how to delete them.
     Rm {
         #[arg(required = true)]
         ids: Vec<String>,
-        /// Also delete the sandboxes' checkpoints.
+        /// Also delete the sandboxes' checkpoints, except those another
+        /// sandbox stands on (a fork's base) and their ancestors (named).
         #[arg(long)]
         checkpoints: bool,
         /// For checkpoints: delete even if others depend on them.
@@ -140,7 +150,9 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ImagesCommand>,
     },
-    /// Delete orphaned state.
+    /// Delete orphaned state (subvolumes no metadata names, runtime
+    /// leftovers of deleted sandboxes) and report the space freed; counts,
+    /// but never deletes, checkpoints of deleted sandboxes.
     Gc,
     /// List the background processes of a sandbox.
     Ps { sandbox: String },

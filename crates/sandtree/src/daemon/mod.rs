@@ -17,10 +17,30 @@
 //! 0600, no token) and, with `--tcp ADDR:PORT`, a TCP listener that requires
 //! `Authorization: Bearer <token>` (token in `<data-dir>/token`).
 //!
+//! # Stopping
 //! On SIGTERM or SIGINT the daemon stops accepting requests, lets running
-//! ones finish (up to 10 s), lets the removals of deleted sandboxes' cgroups
-//! finish (up to 10 s more) and exits; sandboxes keep running, and the next
-//! daemon on the same data directory re-adopts them.
+//! ones finish (up to 10 s), removes its socket and closes the engine
+//! (`sandtree_runtime::Engine::shutdown`, each step bounded by 10 s): it
+//! stops every sandbox and removes its cgroup and run directory, removes
+//! its parent cgroup (`--cgroup-name`) if no other daemon's sandboxes are
+//! in it, unmounts the idmapped host directories under `<data-dir>/run/lower`,
+//! unmounts the btrfs image and waits for its loop device to go. Nothing of
+//! the data directory stays mounted, attached or in a cgroup; files on disk
+//! (image, metadata, token) stay for the next start. That start boots the
+//! sandboxes that were running again from their filesystems (their
+//! processes from before are gone, and their status says so); sandboxes,
+//! checkpoints and images are all kept. Whatever could not be removed is
+//! logged with what to do. One thing no daemon can remove: a process that
+//! made a mount namespace in another user namespace while the store was
+//! mounted (another daemon's pre-cloned init, a rootless container) keeps
+//! a locked copy of the mount, and with it the loop device, until it lets
+//! go; the log names it.
+//!
+//! With `--keep-sandboxes` the daemon instead leaves its sandboxes running,
+//! and with them the store's mount, its loop device, their cgroups and the
+//! idmapped mounts: the next daemon on the same data directory re-adopts
+//! them with their processes (e.g. to upgrade the daemon). A daemon killed
+//! with SIGKILL leaves the same, and its next start copes likewise.
 
 pub mod attach;
 pub mod auth;
@@ -82,6 +102,11 @@ pub struct DaemonArgs {
     /// Default CPU limit of a sandbox, in cores (e.g. 1.5).
     #[arg(long, env = "SANDTREE_CPUS", value_parser = units::parse_cpus)]
     pub cpus: Option<u64>,
+    /// On SIGTERM/SIGINT leave the sandboxes running (with the store mounted)
+    /// for the next daemon to re-adopt with their processes, instead of
+    /// stopping them and leaving nothing behind.
+    #[arg(long, env = "SANDTREE_KEEP_SANDBOXES")]
+    pub keep_sandboxes: bool,
 }
 
 impl DaemonArgs {

@@ -37,7 +37,7 @@ use super::routes;
     components(schemas(
         ErrorBody, ApiError, ErrorCode,
         DaemonInfo, VolumeInfo, GcReport,
-        Limits, Usage, SandboxStatus, SandboxInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse,
+        Limits, Usage, SandboxStatus, SandboxInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse, KeptCheckpoint,
         ExecRequest, ExecResponse, ExecEvent, ProcessInfo, ProcessList, ProcessOutput,
         CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,
         ProcessState, UnrestorableProcess, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,

@@ -237,7 +237,9 @@ pub async fn get_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeleteSandboxQuery {
-    /// Also delete the sandbox's checkpoints (default: keep them, they can seed forks).
+    /// Also delete the sandbox's checkpoints (default: keep them, they can
+    /// seed forks), except those another sandbox stands on and their
+    /// ancestors: the response lists what was kept and why.
     #[serde(default)]
     pub checkpoints: bool,
 }

@@ -159,13 +159,18 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         tracing::warn!("requests still running after {DRAIN:?}; exiting anyway");
     }
     let _ = std::fs::remove_file(&socket);
-    let cut = engine.settle(DRAIN).await;
-    if cut > 0 {
-        tracing::warn!(
-            "{cut} deleted sandboxes' cgroups were still being removed after {DRAIN:?}: gc removes them at the next start"
+    let report = engine.shutdown(args.keep_sandboxes).await;
+    for left in &report.left_behind {
+        tracing::warn!("left behind: {left}");
+    }
+    if args.keep_sandboxes {
+        tracing::info!("stopped; sandboxes keep running and are re-adopted on the next start");
+    } else {
+        tracing::info!(
+            sandboxes_stopped = report.sandboxes_stopped,
+            "stopped; the next start boots the sandboxes that were running again from their filesystems"
         );
     }
-    tracing::info!("stopped; sandboxes keep running and are re-adopted on the next start");
     drop(engine);
     Ok(())
 }

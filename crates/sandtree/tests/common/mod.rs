@@ -119,6 +119,24 @@ impl Daemon {
         }
     }
 
+    /// Sends `signal` and waits (up to `limit`) for the daemon to exit.
+    pub fn stop_with(&mut self, signal: nix::sys::signal::Signal, limit: Duration) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("daemon running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), signal).unwrap();
+        let t = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            if t.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("daemon did not exit within {limit:?} of {signal}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The path of this daemon's cgroup of sandbox `id` in the freezer
     /// hierarchy (v1) or of its `cgroup.freeze` (v2).
     pub fn freeze_file(&self, id: &str) -> PathBuf {
@@ -293,10 +311,12 @@ pub fn cleanup_dir(dir: &Path) {
     if !dir.exists() {
         return;
     }
-    let _ = Command::new("umount").arg("-l").arg(dir.join("btrfs")).status();
+    // (Quiet: a daemon that exited cleanly unmounted them already.)
+    let umount = |path: PathBuf| Command::new("umount").arg("-l").arg(path).stderr(Stdio::null()).status();
+    let _ = umount(dir.join("btrfs"));
     if let Ok(rd) = std::fs::read_dir(dir.join("run").join("lower")) {
         for e in rd.flatten() {
-            let _ = Command::new("umount").arg("-l").arg(e.path()).status();
+            let _ = umount(e.path());
         }
     }
     let _ = std::fs::remove_dir_all(dir);

@@ -82,7 +82,7 @@ pub async fn fork(ctx: &Ctx, checkpoint: &str, count: u32, labels: Vec<(String, 
     Ok(if failed > 0 { 1 } else { 0 })
 }
 
-pub async fn tree(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
+pub async fn tree(ctx: &Ctx, sandbox: Option<String>, all: bool) -> Result<i32> {
     let path = match &sandbox {
         Some(s) => format!("/v1/sandboxes/{}/checkpoints", enc(s)),
         None => "/v1/checkpoints".to_string(),
@@ -102,7 +102,11 @@ pub async fn tree(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
             based.entry(b).or_default().push(s.id);
         }
     }
-    print!("{}", checkpoint_tree(&l.checkpoints, &based));
+    let tree = checkpoint_tree(&l.checkpoints, &based, all);
+    print!("{}", tree.text);
+    if tree.folded > 0 {
+        eprintln!("({} checkpoints of long linear runs folded: `sandtree tree --all` shows them)", tree.folded);
+    }
     Ok(0)
 }
 

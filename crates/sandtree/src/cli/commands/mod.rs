@@ -65,7 +65,7 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
             checkpoint::rollback(&ctx, &sandbox, &checkpoint, allow_restart).await
         }
         Command::Fork { checkpoint, count, labels } => checkpoint::fork(&ctx, &checkpoint, count, labels).await,
-        Command::Tree { sandbox } => checkpoint::tree(&ctx, sandbox).await,
+        Command::Tree { sandbox, all } => checkpoint::tree(&ctx, sandbox, all).await,
         Command::RmCheckpoint { checkpoint, force } => checkpoint::rm(&ctx, &checkpoint, force).await,
         Command::Images { action } => images::images(&ctx, action).await,
     }

@@ -137,9 +137,7 @@ pub async fn rm(ctx: &Ctx, ids: Vec<String>, checkpoints: bool, force: bool) -> 
                 Ok(r) => {
                     if !ctx.json {
                         println!("{}", r.id);
-                        if !r.checkpoints_deleted.is_empty() {
-                            eprintln!("  deleted checkpoints: {}", r.checkpoints_deleted.join(", "));
-                        }
+                        eprint!("{}", deleted_checkpoints_text(&r, checkpoints));
                     }
                     Ok(0)
                 }
@@ -154,6 +152,47 @@ pub async fn rm(ctx: &Ctx, ids: Vec<String>, checkpoints: bool, force: bool) -> 
     Ok(if failed { 1 } else { 0 })
 }
 
+/// What `rm SB` did with the sandbox's checkpoints, and what to do next.
+pub fn deleted_checkpoints_text(r: &DeleteSandboxResponse, asked: bool) -> String {
+    let mut out = String::new();
+    if !r.checkpoints_deleted.is_empty() {
+        out.push_str(&format!(
+            "deleted {} checkpoint(s) of {} with it ({}): {}\n",
+            r.checkpoints_deleted.len(),
+            r.id,
+            human_bytes(r.checkpoints_deleted_bytes),
+            r.checkpoints_deleted.join(", ")
+        ));
+    }
+    if r.checkpoints_kept.is_empty() {
+        return out;
+    }
+    let pending = if r.checkpoints_kept.iter().any(|k| k.size_bytes.is_none()) { ", some still measured" } else { "" };
+    let ids: Vec<&str> = r.checkpoints_kept.iter().map(|k| k.id.as_str()).collect();
+    if asked {
+        out.push_str(&format!(
+            "kept {} checkpoint(s) of {} ({}{pending}) that others still need:\n",
+            ids.len(),
+            r.id,
+            human_bytes(r.checkpoints_kept_bytes)
+        ));
+        for k in &r.checkpoints_kept {
+            out.push_str(&format!("  {}  needed by {}\n", k.id, k.needed_by.join(", ")));
+        }
+        out.push_str("delete what needs them first, or delete them anyway with `sandtree rm --force ck-…` (their dependents are re-linked to their parents)\n");
+    } else {
+        out.push_str(&format!(
+            "kept {} checkpoint(s) of {} ({}{pending}): they can still seed forks (`sandtree fork ck-…`)\n\
+             to delete them: sandtree rm {}   (or `sandtree rm --checkpoints` with a sandbox)\n",
+            ids.len(),
+            r.id,
+            human_bytes(r.checkpoints_kept_bytes),
+            ids.join(" ")
+        ));
+    }
+    out
+}
+
 pub async fn start_stop(ctx: &Ctx, id: &str, verb: &str) -> Result<i32> {
     let s: SandboxInfo = ctx.get(Method::POST, &format!("/v1/sandboxes/{}/{verb}", enc(id))).await?;
     if !ctx.json {
@@ -165,15 +204,31 @@ pub async fn start_stop(ctx: &Ctx, id: &str, verb: &str) -> Result<i32> {
 pub async fn gc(ctx: &Ctx) -> Result<i32> {
     let r: GcReport = ctx.get(Method::POST, "/v1/gc").await?;
     if !ctx.json {
-        println!(
-            "removed {} orphaned subvolume(s), {} stale runtime entr(ies) in {}",
-            r.orphans_removed.len(),
-            r.stale_runtime_removed.len(),
-            ms(r.duration_ms)
-        );
-        for o in r.orphans_removed.iter().chain(&r.stale_runtime_removed) {
-            println!("  {o}");
-        }
+        print!("{}", gc_text(&r));
     }
     Ok(0)
+}
+
+/// `sandtree gc`'s report: what was removed and freed, and what was not.
+pub fn gc_text(r: &GcReport) -> String {
+    let mut out = format!(
+        "removed {} orphaned subvolume(s) and {} stale runtime entr(ies), freed {} in {}\n",
+        r.orphans_removed.len(),
+        r.stale_runtime_removed.len(),
+        human_bytes(r.bytes_freed),
+        ms(r.duration_ms)
+    );
+    for o in r.orphans_removed.iter().chain(&r.stale_runtime_removed) {
+        out.push_str(&format!("  {o}\n"));
+    }
+    let kept = &r.checkpoints_of_deleted_sandboxes;
+    if !kept.is_empty() {
+        out.push_str(&format!(
+            "kept {} checkpoint(s) of deleted sandboxes ({}): gc never deletes checkpoints, they can still seed forks; \
+             `sandtree tree` shows them, `sandtree rm ck-…` deletes them\n",
+            kept.len(),
+            human_bytes(r.checkpoints_of_deleted_sandboxes_bytes)
+        ));
+    }
+    out
 }
