@@ -20,7 +20,8 @@ pub enum ProcessState {
     /// of init (the others exactly).
     Partial,
     /// The processes were captured, but their templates were evicted from
-    /// the pool (memory budget, daemon restart): a rollback restarts them.
+    /// the pool (memory budget, daemon restart): a rollback fails with
+    /// `processes_lost` unless it passes `allow_restart`.
     Evicted,
 }
 

@@ -579,7 +579,10 @@ pub(crate) fn process_note(info: &CheckpointInfo) -> String {
             }
             note
         }
-        ProcessState::Evicted => "filesystem captured; the process templates were evicted (pool budget or daemon restart): a rollback restores the files and restarts the processes".to_string(),
+        ProcessState::Evicted => format!(
+            "filesystem captured; the process templates were evicted (pool budget or daemon restart): a rollback to it fails with processes_lost unless it passes {} (then it restores the files and restarts the sandbox with only its init)",
+            sandtree_api::ALLOW_RESTART.http
+        ),
     }
 }
 
