@@ -300,7 +300,12 @@ fn clean_exit_leaves_nothing(name: &str, signal: nix::sys::signal::Signal) {
         "{info}"
     );
     assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v2\n");
-    d.rollback(&sb, &ck);
+    // The checkpoint's processes went with the daemon: a rollback says so
+    // and changes nothing, unless a restart is allowed.
+    let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck})));
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("processes_lost")), "{v}");
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v2\n");
+    d.ok("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck, "allow_restart": true})));
     assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v1\n");
 }
 
