@@ -48,6 +48,9 @@ pub enum ErrorCode {
     RouteNotFound,
     /// The route exists but not with this HTTP method.
     MethodNotAllowed,
+    /// The request body is over the limit of buffered (JSON) bodies; the
+    /// message names the limit and the streaming alternative.
+    PayloadTooLarge,
 }
 
 impl ErrorCode {
@@ -72,6 +75,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::PayloadTooLarge => 413,
         }
     }
 
@@ -98,6 +102,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::RouteNotFound => "route_not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
         }
     }
 }

@@ -43,10 +43,11 @@ mod util;
 
 pub use config::Config;
 pub use engine::Engine;
+pub use sandbox_exec::{ExecIo, encode_output};
 pub use error::{Error, Result};
 pub use sandtree_proc::{
     hold_standby_forks, lose_next_standby_taken_while_forking, moved_early, pages_copied_by_holders,
     prefer_older_standbys, quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
 pub use sandtree_sandbox::session::SessionIo;
-pub use sandtree_sandbox::{HostConfig, INIT_NAME, Zygote};
+pub use sandtree_sandbox::{HostConfig, INIT_NAME, StdinStream, Zygote};

@@ -4,14 +4,16 @@
 //! ([`sandtree_api::ErrorBody`]) with the status of
 //! [`sandtree_api::ErrorCode::http_status`]. Axum's own rejections (bad JSON,
 //! a pid that is not a number, a bad query string) are turned into
-//! `invalid_argument` errors carrying serde's message.
+//! `invalid_argument` errors carrying serde's message; a JSON body over the
+//! limit ([`super::server::MAX_BODY_BYTES`]) is a 413 `payload_too_large`
+//! that names the limit and the streaming alternative.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sandtree_api::{ApiError, ErrorBody, ErrorCode};
+use sandtree_api::{ApiError, EXEC_STDIN_CONTENT_TYPE, ErrorBody, ErrorCode};
 use serde::de::DeserializeOwned;
 
 /// An error as a response.
@@ -87,13 +89,32 @@ pub struct ApiJson<T>(pub T);
 /// Like [`ApiJson`], but an empty body means `T::default()`.
 pub struct ApiJsonOrDefault<T>(pub T);
 
-async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiFailure> {
-    Bytes::from_request(req, state)
-        .await
-        .map_err(|r| ApiFailure::invalid(format!("cannot read the request body: {}", r.body_text())))
+/// The error of a JSON body over [`super::server::MAX_BODY_BYTES`].
+pub fn body_too_large() -> ApiFailure {
+    ApiFailure::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "the request body is over the {} MiB limit of JSON bodies: send large stdin as a stream \
+             (POST .../exec with Content-Type: {EXEC_STDIN_CONTENT_TYPE}: one line of ExecRequest JSON, \
+             a newline, then the raw bytes; `sandtree exec` streams its stdin this way); \
+             stdin_base64 is for small data",
+            super::server::MAX_BODY_BYTES >> 20
+        ),
+    )
 }
 
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiFailure> {
+    Bytes::from_request(req, state).await.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            body_too_large()
+        } else {
+            ApiFailure::invalid(format!("cannot read the request body: {}", r.body_text()))
+        }
+    })
+}
+
+/// `bytes` as JSON of `T`; a 400 `invalid_argument` with serde's message if not.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
     serde_json::from_slice(bytes).map_err(|e| ApiFailure::invalid(format!("invalid JSON body: {e}")))
 }
 

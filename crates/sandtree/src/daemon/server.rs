@@ -18,7 +18,9 @@ use super::DaemonArgs;
 use super::auth::{self, Token};
 use super::routes::api_router;
 
-/// Largest request body accepted (exec stdin travels in the JSON body).
+/// Largest JSON request body accepted (`stdin`/`stdin_base64` of an exec
+/// travel in it). A streamed stdin ([`sandtree_api::EXEC_STDIN_CONTENT_TYPE`])
+/// has no limit: the daemon never holds it whole.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// How long shutdown waits for in-flight requests (attached shells included).
