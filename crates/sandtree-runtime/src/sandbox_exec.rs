@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use sandtree_api::{
-    ExecEvent, ExecRequest, ExecResponse, OutputEncoding, ProcessInfo, ProcessList, ProcessOutput,
-};
+use sandtree_api::{ExecEvent, ExecRequest, ExecResponse, OutputEncoding, ProcessInfo, ProcessList, ProcessOutput};
 use sandtree_sandbox::StdinStream;
 use tokio::sync::mpsc;
 
@@ -119,7 +117,9 @@ fn process_info(p: &sandtree_sandbox::ProcessInfo) -> ProcessInfo {
 /// missing program), so callers handle it as an ordinary failed command.
 fn spawn_failure(e: sandtree_sandbox::Error, encoding: OutputEncoding) -> Result<ExecResponse> {
     let (code, stderr) = match e {
-        sandtree_sandbox::Error::CommandNotFound { command } => (127, format!("sandtree: command not found: {command}\n")),
+        sandtree_sandbox::Error::CommandNotFound { command } => {
+            (127, format!("sandtree: command not found: {command}\n"))
+        }
         sandtree_sandbox::Error::SpawnFailed { message, code: Some(code) } => (code, format!("sandtree: {message}\n")),
         other => return Err(other.into()),
     };
@@ -163,6 +163,7 @@ impl Engine {
         self.record(id)?;
         let sreq = to_request(&req, &io)?;
         let sb = self.running(id).await?;
+        let t0 = std::time::Instant::now();
         let mut stream = match io.stdin {
             Some(stdin) => sb.exec_stream_with_stdin(sreq, stdin).await?,
             None => sb.exec_stream(sreq).await?,
@@ -176,10 +177,12 @@ impl Engine {
                 let ev = match ev {
                     sandtree_sandbox::ExecEvent::Stdout(b) => ExecEvent::Stdout { data: encode_output(&b, encoding) },
                     sandtree_sandbox::ExecEvent::Stderr(b) => ExecEvent::Stderr { data: encode_output(&b, encoding) },
-                    sandtree_sandbox::ExecEvent::Exit(exit) => ExecEvent::Exit(ExecResponse {
+                    sandtree_sandbox::ExecEvent::Exit { exit, timed_out } => ExecEvent::Exit(ExecResponse {
                         pid: stream.pid,
                         exit_code: exit.code,
                         signal: exit.signal,
+                        timed_out,
+                        duration_ms: util::ms_since(t0),
                         ..Default::default()
                     }),
                 };

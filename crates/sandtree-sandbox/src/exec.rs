@@ -127,8 +127,8 @@ pub enum ExecEvent {
     Stdout(Vec<u8>),
     /// Stderr bytes.
     Stderr(Vec<u8>),
-    /// The process ended (last event).
-    Exit(ExitInfo),
+    /// The process ended (last event); `timed_out` when the timeout killed it.
+    Exit { exit: ExitInfo, timed_out: bool },
 }
 
 /// Streaming output of a command.
@@ -510,8 +510,8 @@ impl Sandbox {
         let timeout = req.timeout;
         tokio::spawn(async move {
             let res = wait_and_drain(&conn, pid, timeout, exited, drains, st.stdin_task).await;
-            let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo { code: None, signal: Some(9) });
-            let _ = tx.send(ExecEvent::Exit(exit)).await;
+            let (exit, timed_out) = res.unwrap_or((ExitInfo { code: None, signal: Some(9) }, false));
+            let _ = tx.send(ExecEvent::Exit { exit, timed_out }).await;
         });
         Ok(ExecStream { pid, rx })
     }

@@ -249,10 +249,8 @@ struct RunModes {
 fn set_modes(fd: impl AsFd, modes: RunModes) -> std::io::Result<RunModes> {
     use rustix::termios::{LocalModes, OptionalActions, OutputModes, tcgetattr, tcsetattr};
     let mut t = tcgetattr(&fd)?;
-    let was = RunModes {
-        echo: t.local_modes.contains(LocalModes::ECHO),
-        opost: t.output_modes.contains(OutputModes::OPOST),
-    };
+    let was =
+        RunModes { echo: t.local_modes.contains(LocalModes::ECHO), opost: t.output_modes.contains(OutputModes::OPOST) };
     t.local_modes.set(LocalModes::ECHO, modes.echo);
     t.output_modes.set(OutputModes::OPOST, modes.opost);
     tcsetattr(&fd, OptionalActions::Now, &t)?;

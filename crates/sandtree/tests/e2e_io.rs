@@ -19,12 +19,12 @@ use serde_json::{Value, json};
 
 const STDIN_TYPE: &str = "application/vnd.sandtree.exec+stdin";
 
-/// `n` pseudo-random bytes; from 7 bytes on they start with NUL, invalid
-/// UTF-8, `\r\n` and a lone `\n`.
+/// `n` pseudo-random bytes, starting with invalid UTF-8 (even a single
+/// byte), NUL, `\r\n` and a lone `\n`.
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v: Vec<u8> = Vec::with_capacity(n + 8);
-    v.extend_from_slice(b"\0\xff\xfe\xc3\x28\r\n\n");
+    v.extend_from_slice(b"\xff\0\xfe\xc3\x28\r\n\n");
     while v.len() < n {
         x ^= x << 13;
         x ^= x >> 7;
@@ -69,14 +69,56 @@ fn cli_exec(global: &[&str], sb: &str, cmd: &[&str], input: &Path) -> (i32, Vec<
 /// daemon may answer before it has read everything) while the answer is
 /// read. Returns the status and the (de-chunked) body.
 fn exchange(socket: &Path, head: &str, write: impl FnOnce(&mut UnixStream) + Send + 'static) -> (u16, Vec<u8>) {
+    exchange_slow(socket, head, write, Duration::ZERO)
+}
+
+/// [`exchange`] with a slow reader: `pause` after each MiB read.
+fn exchange_slow(
+    socket: &Path,
+    head: &str,
+    write: impl FnOnce(&mut UnixStream) + Send + 'static,
+    pause: Duration,
+) -> (u16, Vec<u8>) {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     s.write_all(head.as_bytes()).unwrap();
     let mut w = s.try_clone().unwrap();
     let writer = std::thread::spawn(move || write(&mut w));
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut since_pause = 0;
+    loop {
+        if since_pause >= 1 << 20 {
+            std::thread::sleep(pause);
+            since_pause = 0;
+        }
+        match s.read(&mut buf).unwrap() {
+            0 => break,
+            n => {
+                raw.extend_from_slice(&buf[..n]);
+                since_pause += n;
+            }
+        }
+    }
     let _ = writer.join();
+    parse_response(&raw)
+}
+
+/// Half duplex, as most HTTP libraries do: the whole body is sent (it must
+/// all go through), then the answer is read.
+fn half_duplex(socket: &Path, head: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).expect("the daemon reads the whole body");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
+/// (status, de-chunked body) of a raw HTTP/1.1 response.
+fn parse_response(raw: &[u8]) -> (u16, Vec<u8>) {
     let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
     let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
     let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -174,6 +216,21 @@ fn exec_stdin_and_output_are_byte_exact() {
     // A program that stops reading ends the call; the rest of stdin is not wanted.
     let (code, out, _) = cli_exec(&unix, &sb, &["head", "-c", "10"], Path::new("/dev/zero"));
     assert_eq!((code, out), (0, vec![0u8; 10]));
+    // --json: one ExecResponse, output as text; the timeout is reported.
+    let mut json_global = unix.to_vec();
+    json_global.push("--json");
+    let (code, out, _) =
+        cli_exec(&json_global, &sb, &["sh", "-c", "head -c 3; echo é; exit 4"], Path::new("/dev/zero"));
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!((code, v["exit_code"].as_i64(), v["stdout"].as_str()), (4, Some(4), Some("\0\0\0é\n")), "{v}");
+    let out = Command::new(BIN)
+        .args(["--socket", &sock, "exec", &sb, "--timeout", "300ms", "--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "{err}");
+    assert!(err.contains("timed out"), "{err}");
     // The same over TCP.
     let token = std::fs::read_to_string(d.dir.join("token")).unwrap().trim().to_string();
     let url = format!("http://{addr}");
@@ -226,10 +283,32 @@ fn exec_stdin_and_output_are_byte_exact() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["stdout"], format!("{}  -\n", sha256(&data)));
-    // … answered even when the program stops reading early (the rest is drained) …
-    let (status, body) = streamed_exec(&d.socket, &sb, "?encoding=base64", &json!({"cmd": ["head", "-c", "3"]}), data.clone());
+    // … answered even when the program stops reading early: the rest is
+    // read and dropped, so a client that sends it all before reading gets through …
+    let mut body = b"{\"cmd\":[\"head\",\"-c\",\"3\"]}\n".to_vec();
+    body.extend_from_slice(&data);
+    let head = format!(
+        "POST {exec}?encoding=base64 HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\n\
+         Content-Type: {STDIN_TYPE}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (status, body) = half_duplex(&d.socket, &head, &body);
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((status, b64(&v["stdout"])), (200, data[..3].to_vec()), "{v}");
+    // … and a streamed answer read slowly (the program held back by the
+    // bounded output channel) loses nothing.
+    let req = br#"{"cmd":["head","-c","12582912","/dev/zero"]}"#;
+    let head = format!(
+        "POST {exec}?stream=true&encoding=base64 HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        req.len()
+    );
+    let write = move |w: &mut UnixStream| {
+        let _ = w.write_all(req);
+    };
+    let (status, body) = exchange_slow(&d.socket, &head, write, Duration::from_millis(100));
+    let (out, _, exit) = events(&body);
+    assert_eq!((status, out.len(), exit["exit_code"].as_i64()), (200, 12 << 20, Some(0)), "read slowly");
     // … and refused clearly when malformed.
     for (req, needle) in [
         (json!({"cmd": ["cat"], "stdin": "x"}), "leave stdin and stdin_base64 out"),
@@ -250,17 +329,32 @@ fn exec_stdin_and_output_are_byte_exact() {
     assert_eq!(status, 400, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("ended before the newline"), "{v}");
 
-    // A JSON body over the limit: 413 naming the limit and the way out.
-    let big = 65 << 20;
+    // A body that breaks off kills the program: no truncated stdin passes for the whole.
     let head = format!(
-        "POST {exec} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        big + 40
+        "POST {exec} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\nContent-Type: {STDIN_TYPE}\r\nContent-Length: 1000000\r\n\r\n"
     );
-    let (status, body) = exchange(&d.socket, &head, move |w| {
-        let _ = w.write_all(br#"{"cmd":["cat"],"stdin_base64":""#);
-        let _ = w.write_all(&vec![b'A'; big]);
-        let _ = w.write_all(b"\"}      ");
+    let (status, body) = exchange(&d.socket, &head, |w| {
+        let _ = w.write_all(b"{\"cmd\":[\"sh\",\"-c\",\"cat > /tmp/part; echo whole > /tmp/flag\"]}\n");
+        let _ = w.write_all(&[7u8; 1000]);
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = w.shutdown(std::net::Shutdown::Write);
     });
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, v["signal"].as_i64()), (200, Some(9)), "{v}");
+    let (code, out) = d.sh(&sb, "wc -c < /tmp/part; cat /tmp/flag 2>/dev/null || echo killed");
+    assert_eq!((code, out.as_str()), (0, "1000\nkilled\n"), "the program of a broken body");
+
+    // A JSON body over the limit: 413 naming the limit and the way out.
+    // (Sent whole before the answer is read: the daemon reads the body on.)
+    let mut body = br#"{"cmd":["cat"],"stdin_base64":""#.to_vec();
+    body.resize(body.len() + (65 << 20), b'A');
+    body.extend_from_slice(b"\"}");
+    let head = format!(
+        "POST {exec} HTTP/1.1\r\nHost: sandtree\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (status, body) = half_duplex(&d.socket, &head, &body);
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((status, v["error"]["code"].as_str()), (413, Some("payload_too_large")), "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
@@ -301,7 +395,8 @@ fn background_output_and_sessions_are_byte_exact() {
     assert_eq!(out.stderr, data[..1000], "sandtree logs: stderr");
 
     // A session run: the bytes as written (no \r added), base64.
-    let sid = d.ok("POST", &format!("/v1/sandboxes/{sb}/sessions"), Some(json!({})))["id"].as_str().unwrap().to_string();
+    let sid =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/sessions"), Some(json!({})))["id"].as_str().unwrap().to_string();
     let run = format!("/v1/sandboxes/{sb}/sessions/{sid}/run");
     let v = d.ok("POST", &format!("{run}?encoding=base64"), Some(json!({"command": "cat /tmp/r"})));
     assert_eq!(v["exit_code"], 0);
@@ -324,8 +419,13 @@ fn background_output_and_sessions_are_byte_exact() {
     let v = d.ok("POST", &format!("{run}?encoding=base64"), Some(json!({"command": "cat /tmp/in"})));
     let got = b64(&v["output"]);
     let first_diff = got.iter().zip(&data[..4096]).position(|(a, b)| a != b);
-    assert!(got == data[..4096], "attach: input bytes ({} B, first difference at {first_diff:?}: {:?} vs {:?})", got.len(),
-        &got[first_diff.unwrap_or(0)..][..16.min(got.len())], &data[first_diff.unwrap_or(0)..][..16]);
+    assert!(
+        got == data[..4096],
+        "attach: input bytes ({} B, first difference at {first_diff:?}: {:?} vs {:?})",
+        got.len(),
+        &got[first_diff.unwrap_or(0)..][..16.min(got.len())],
+        &data[first_diff.unwrap_or(0)..][..16]
+    );
 }
 
 /// Over the attach websocket: types 4096 bytes of `input` into `head -c

@@ -36,7 +36,8 @@
 //! `Content-Type: application/x-ndjson`, a chunked body of one JSON object per
 //! line, each tagged by `"type"`:
 //! - exec: `started {pid}`, then any number of `stdout {data}` / `stderr {data}`,
-//!   then `exit {…ExecResponse}` (or `error {code, message}`);
+//!   then `exit {…ExecResponse}` (its `stdout`/`stderr` empty: the output
+//!   came as events) or `error {code, message}`;
 //! - import: `progress {phase, done_bytes, total_bytes, files}`…, then
 //!   `done {…ImageInfo}` or `error {code, message}`.
 //!
@@ -60,8 +61,8 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::ExtensionRejection;
-use axum::extract::{FromRequest, Request};
 use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{FromRequest, Request};
 use axum::handler::Handler;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -73,7 +74,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
-use super::error::{ApiFailure, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, error_response};
+use super::error::{ApiFailure, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, drain, error_response};
 use super::stdin;
 
 /// The engine, as a request extension (so the router itself needs no state
@@ -322,7 +323,14 @@ pub async fn exec(
     body: Request,
 ) -> ApiResult<Response> {
     if stdin::is_streamed_stdin(body.headers()) {
-        let (req, first, rest) = stdin::split(body.into_body()).await?;
+        let mut rest = body.into_body().into_data_stream();
+        let (req, first) = match stdin::split(&mut rest).await {
+            Ok(split) => split,
+            Err(e) => {
+                drain(&mut rest).await;
+                return Err(e);
+            }
+        };
         let (input, feeder) = stdin::feed(first, rest);
         let io = ExecIo { encoding: q.encoding, stdin: Some(input) };
         if q.stream {

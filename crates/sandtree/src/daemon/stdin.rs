@@ -19,7 +19,7 @@
 //! event, and a full-duplex client then ends its body (as `sandtree exec`
 //! does).
 
-use axum::body::{Body, BodyDataStream, Bytes};
+use axum::body::{BodyDataStream, Bytes};
 use axum::http::{HeaderMap, header};
 use futures_util::StreamExt;
 use sandtree_api::{EXEC_STDIN_CONTENT_TYPE, ErrorCode, ExecRequest};
@@ -43,10 +43,9 @@ pub fn is_streamed_stdin(headers: &HeaderMap) -> bool {
         .is_some_and(|t| t.trim().eq_ignore_ascii_case(EXEC_STDIN_CONTENT_TYPE))
 }
 
-/// Reads the JSON line of a streamed-stdin body; returns the request, the
-/// stdin bytes that came with the line, and the rest of the body.
-pub async fn split(body: Body) -> Result<(ExecRequest, Bytes, BodyDataStream), ApiFailure> {
-    let mut body = body.into_data_stream();
+/// Reads the JSON line of a streamed-stdin body; returns the request and
+/// the stdin bytes that came with the line (the rest stays in `body`).
+pub async fn split(body: &mut BodyDataStream) -> Result<(ExecRequest, Bytes), ApiFailure> {
     let mut line = Vec::new();
     let first = loop {
         let chunk = match body.next().await {
@@ -78,7 +77,7 @@ pub async fn split(body: Body) -> Result<(ExecRequest, Bytes, BodyDataStream), A
             ),
         ));
     }
-    Ok((parse_json(&line)?, first, body))
+    Ok((parse_json(&line)?, first))
 }
 
 /// Feeds `first`, then the rest of `body`, into the returned stream; once

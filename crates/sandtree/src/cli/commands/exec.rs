@@ -10,7 +10,7 @@ use sandtree_api::*;
 
 use super::Ctx;
 use crate::cli::ExecArgs;
-use crate::cli::client::{RemoteError, enc, read_json, read_stream};
+use crate::cli::client::{RemoteError, enc, read_stream};
 use crate::cli::output::{ago, print_json, table};
 
 /// The shell convention: the exit status, or 128 + the signal.
@@ -23,8 +23,9 @@ pub fn exit_status(r: &ExecResponse) -> i32 {
 }
 
 /// Runs a command. Stdin that is not a terminal streams to the program
-/// (any size, byte-exact); output is asked for in base64 and written out
-/// as the exact bytes.
+/// (any size, byte-exact) while the output streams back; output is asked
+/// for in base64 and written out as the exact bytes. With `--json`, the
+/// answer is one `ExecResponse` (output as text).
 pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
     let streamed_stdin = !a.background && !std::io::stdin().is_terminal();
     let req = ExecRequest {
@@ -43,17 +44,12 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
         }
         return Ok(0);
     }
-    if ctx.json {
-        let r: ExecResponse = if streamed_stdin {
-            let (resp, _stop) = ctx.client.send_stdin(&base, &req, std::io::stdin()).await?;
-            let v = read_json(resp).await?;
-            print_json(&v);
-            serde_json::from_value(v)?
-        } else {
-            ctx.call(Method::POST, &base, Some(&req)).await?
-        };
+    if ctx.json && !streamed_stdin {
+        let r: ExecResponse = ctx.call(Method::POST, &base, Some(&req)).await?;
         return Ok(exit_status(&r));
     }
+    // Streamed both ways: the answer ends when the program does, however
+    // much stdin is left (`head -c 10 < /dev/zero` ends).
     let path = format!("{base}?stream=true&encoding=base64");
     let (resp, mut stop) = if streamed_stdin {
         let (resp, stop) = ctx.client.send_stdin(&path, &req, std::io::stdin()).await?;
@@ -61,12 +57,15 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
     } else {
         (ctx.client.send(Method::POST, &path, Some(&req)).await?, None)
     };
-    let mut code = 1;
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
+    let (mut out, mut err) = (Vec::new(), Vec::new()); // kept for --json
+    let mut last = None;
     read_stream(resp, |ev: ExecEvent| {
         match ev {
             ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout { data } if ctx.json => out.extend(decode(&data)?),
+            ExecEvent::Stderr { data } if ctx.json => err.extend(decode(&data)?),
             ExecEvent::Stdout { data } => {
                 stdout.write_all(&decode(&data)?)?;
                 stdout.flush()?;
@@ -80,20 +79,22 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
                 if let Some(s) = stop.as_mut() {
                     s.stop();
                 }
-                if r.timed_out {
-                    eprintln!("sandtree: the command timed out and was killed");
-                }
-                if r.stdout_truncated || r.stderr_truncated {
-                    eprintln!("sandtree: output was truncated");
-                }
-                code = exit_status(&r);
+                last = Some(r);
             }
             ExecEvent::Error(e) => return Err(RemoteError(e).into()),
         }
         Ok(())
     })
     .await?;
-    Ok(code)
+    let mut r = last.context("the daemon's answer ended before the command did: see the daemon's log")?;
+    if ctx.json {
+        r.stdout = String::from_utf8_lossy(&out).into_owned();
+        r.stderr = String::from_utf8_lossy(&err).into_owned();
+        print_json(&serde_json::to_value(&r)?);
+    } else if r.timed_out {
+        eprintln!("sandtree: the command timed out and was killed");
+    }
+    Ok(exit_status(&r))
 }
 
 /// Output the daemon sent as base64.
