@@ -216,6 +216,12 @@ fn exec_stdin_and_output_are_byte_exact() {
     // A program that stops reading ends the call; the rest of stdin is not wanted.
     let (code, out, _) = cli_exec(&unix, &sb, &["head", "-c", "10"], Path::new("/dev/zero"));
     assert_eq!((code, out), (0, vec![0u8; 10]));
+    // No stdin at all is an empty one (Rust's runtime opens /dev/null on a closed fd 0).
+    let out = Command::new("bash")
+        .args(["-c", &format!("{BIN} --socket {sock} exec {sb} -- sh -c 'wc -c; echo hi' <&-")])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\nhi\n", "{}", String::from_utf8_lossy(&out.stderr));
     // --json: one ExecResponse, output as text; the timeout is reported.
     let mut json_global = unix.to_vec();
     json_global.push("--json");
