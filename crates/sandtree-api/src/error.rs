@@ -58,6 +58,9 @@ pub enum ErrorCode {
     RouteNotFound,
     /// The route exists but not with this HTTP method.
     MethodNotAllowed,
+    /// The request body is over the limit of buffered (JSON) bodies; the
+    /// message names the limit and the streaming alternative.
+    PayloadTooLarge,
 }
 
 impl ErrorCode {
@@ -85,6 +88,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::PayloadTooLarge => 413,
         }
     }
 
@@ -114,6 +118,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::RouteNotFound => "route_not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
         }
     }
 }

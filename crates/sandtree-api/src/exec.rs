@@ -1,4 +1,10 @@
 //! Running commands: one-shot exec (buffered or streamed) and background processes.
+//!
+//! Bytes: stdin goes in as `stdin` (UTF-8 text), `stdin_base64` (any bytes)
+//! or, for data of any size, as the raw request body after one line of
+//! `ExecRequest` JSON ([`EXEC_STDIN_CONTENT_TYPE`]). Output comes back as
+//! JSON strings in the [`OutputEncoding`] the query asks for (`?encoding=`):
+//! lossy UTF-8 text by default, or base64 for the exact bytes.
 
 use std::collections::BTreeMap;
 
@@ -17,9 +23,15 @@ pub struct ExecRequest {
     /// Working directory inside the sandbox (default `/root`).
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Bytes written to the program's stdin (UTF-8); stdin is closed afterwards.
+    /// Text written to the program's stdin (UTF-8); stdin is closed afterwards.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Bytes written to the program's stdin, base64-encoded (standard
+    /// alphabet, padded): for binary data. Exclusive with `stdin`. For more
+    /// than a few MiB, stream stdin in the body instead
+    /// (`Content-Type: application/vnd.sandtree.exec+stdin`).
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
     /// Kill the program (SIGKILL) after this many milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -33,6 +45,29 @@ pub struct ExecRequest {
     pub background: bool,
 }
 
+/// The `Content-Type` of an exec whose stdin streams in the request body:
+/// the body is one line of `ExecRequest` JSON (without `stdin`,
+/// `stdin_base64` or `background`), a newline (`\n`), then the raw stdin
+/// bytes up to the end of the body, fed to the program as they arrive (the
+/// daemon never holds the whole body). With `?stream=true` the NDJSON
+/// answer streams while the body is still being sent (full duplex: read it
+/// as you write); without, the daemon reads the body to its end and then
+/// answers one `ExecResponse`.
+pub const EXEC_STDIN_CONTENT_TYPE: &str = "application/vnd.sandtree.exec+stdin";
+
+/// How output bytes are put into JSON strings: the `?encoding=` query
+/// parameter of exec, of a background process's output and of a session run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputEncoding {
+    /// Text: the bytes decoded as UTF-8, invalid sequences replaced by
+    /// U+FFFD (lossy; fine for text, wrong for binary data).
+    #[default]
+    Utf8,
+    /// The exact bytes, base64-encoded (standard alphabet, padded).
+    Base64,
+}
+
 /// Result of a finished command.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct ExecResponse {
@@ -42,7 +77,7 @@ pub struct ExecResponse {
     pub exit_code: Option<i32>,
     /// Terminating signal, when it was killed.
     pub signal: Option<i32>,
-    /// Output decoded as UTF-8 (invalid bytes replaced).
+    /// Output in the requested `?encoding=` (default lossy UTF-8 text).
     pub stdout: String,
     pub stderr: String,
     pub stdout_truncated: bool,
@@ -51,7 +86,8 @@ pub struct ExecResponse {
     pub duration_ms: f64,
 }
 
-/// One line of a streamed exec (`?stream=true`, `application/x-ndjson`).
+/// One line of a streamed exec (`?stream=true`, `application/x-ndjson`);
+/// `data` is in the requested `?encoding=`.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecEvent {
@@ -83,6 +119,7 @@ pub struct ProcessList {
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct ProcessOutput {
     pub process: ProcessInfo,
+    /// The last MiB of output, in the requested `?encoding=`.
     pub stdout: String,
     pub stderr: String,
 }

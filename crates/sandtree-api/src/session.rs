@@ -48,7 +48,9 @@ pub struct SessionRunRequest {
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct SessionRunResponse {
-    /// What the command printed on the terminal (stdout and stderr interleaved).
+    /// What the command printed on the terminal (stdout and stderr
+    /// interleaved, the bytes as written: no `\r` added), in the requested
+    /// `?encoding=` (default lossy UTF-8 text).
     pub output: String,
     pub exit_code: Option<i32>,
     pub timed_out: bool,

@@ -3,10 +3,12 @@
 
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use sandtree_api::{CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse};
+use sandtree_api::{
+    CreateSessionRequest, OutputEncoding, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,
+};
 use sandtree_sandbox::session::{SessionId, SessionOptions};
 
-use crate::{Engine, Error, Result, util};
+use crate::{Engine, Error, Result, encode_output, util};
 
 fn session_info(sandbox: &str, s: &sandtree_sandbox::session::SessionInfo) -> SessionInfo {
     SessionInfo {
@@ -55,13 +57,24 @@ impl Engine {
     }
 
     pub async fn session_run(&self, id: &str, sid: &str, req: SessionRunRequest) -> Result<SessionRunResponse> {
+        self.session_run_as(id, sid, req, OutputEncoding::Utf8).await
+    }
+
+    /// [`Engine::session_run`] with the output in `encoding`.
+    pub async fn session_run_as(
+        &self,
+        id: &str,
+        sid: &str,
+        req: SessionRunRequest,
+        encoding: OutputEncoding,
+    ) -> Result<SessionRunResponse> {
         let (sb, sid) = self.session_of(id, sid)?;
         let t0 = Instant::now();
         let out = sb.session_run(&sid, &req.command, req.timeout_ms.map(Duration::from_millis)).await;
         self.flusher.poke();
         let out = out?;
         Ok(SessionRunResponse {
-            output: out.output,
+            output: encode_output(&out.output, encoding),
             exit_code: out.exit_code,
             timed_out: out.timed_out,
             duration_ms: util::ms_since(t0),

@@ -8,9 +8,18 @@
 //! 3. the daemon writes stdin (then closes it) and drains stdout/stderr
 //!    until EOF, keeping at most `max_output_bytes` per stream but always
 //!    reading on, so a flooding process is never blocked on a full pipe;
+//!    stdin is either bytes given up front or a [`StdinStream`] of chunks
+//!    written as they come (an `Err` chunk kills the process group: an
+//!    interrupted upload must not look like the end of the input);
 //! 4. init reports `Exited`; on timeout the daemon sends `Kill` for the
 //!    process group (`SIGKILL`) first. After the exit, output is drained for
 //!    a short grace period (a daemonised grandchild may hold the pipes).
+//!
+//! `exec_stream` hands output over through a bounded channel: a consumer
+//! slower than the process holds the process back (pipe backpressure)
+//! instead of piling output up in memory, and the grace period after the
+//! exit counts only time spent waiting on the pipes, never time spent
+//! waiting on that consumer, so no output is lost to a slow client.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
@@ -20,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::protocol::{Reply, Request, StdioSpec};
@@ -31,6 +40,22 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Output kept per background process stream.
 pub const BACKGROUND_RING: usize = 1024 * 1024;
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// Output chunks `exec_stream` holds for a slow consumer (64 KiB each).
+const STREAM_CHUNKS: usize = 16;
+
+/// Stdin fed chunk by chunk (e.g. from an HTTP request body). The end of
+/// the channel closes the program's stdin; an `Err` chunk kills the
+/// program's process group instead. The receiver is dropped as soon as the
+/// program closes its stdin or exits: the sender sees the channel closed.
+pub type StdinStream = mpsc::Receiver<std::io::Result<Vec<u8>>>;
+
+/// Where a command's stdin comes from.
+enum Stdin {
+    /// These bytes (or nothing), then end of file.
+    Bytes(Option<Vec<u8>>),
+    /// Chunks as they come.
+    Stream(StdinStream),
+}
 
 /// How a process ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,8 +127,8 @@ pub enum ExecEvent {
     Stdout(Vec<u8>),
     /// Stderr bytes.
     Stderr(Vec<u8>),
-    /// The process ended (last event).
-    Exit(ExitInfo),
+    /// The process ended (last event); `timed_out` when the timeout killed it.
+    Exit { exit: ExitInfo, timed_out: bool },
 }
 
 /// Streaming output of a command.
@@ -111,7 +136,7 @@ pub enum ExecEvent {
 pub struct ExecStream {
     /// In-sandbox pid.
     pub pid: i32,
-    rx: mpsc::UnboundedReceiver<ExecEvent>,
+    rx: mpsc::Receiver<ExecEvent>,
 }
 
 impl ExecStream {
@@ -242,6 +267,105 @@ async fn pump(rx: pipe::Receiver, mut sink: impl FnMut(&[u8])) {
     }
 }
 
+/// Where the output of a command in the foreground goes.
+enum Sink {
+    /// Kept up to `max` bytes, the rest read and dropped.
+    Capture(Arc<Mutex<Capture>>, usize),
+    /// Sent as events (stdout when `true`); once the consumer is gone, read and dropped.
+    Events(mpsc::Sender<ExecEvent>, bool),
+}
+
+impl Sink {
+    async fn put(&mut self, b: &[u8]) {
+        match self {
+            Sink::Capture(cap, max) => {
+                let mut c = cap.lock().unwrap_or_else(|e| e.into_inner());
+                let room = max.saturating_sub(c.data.len());
+                if b.len() > room {
+                    c.truncated = true;
+                }
+                c.data.extend_from_slice(&b[..room.min(b.len())]);
+            }
+            Sink::Events(tx, is_out) => {
+                if tx.is_closed() {
+                    return;
+                }
+                let ev = if *is_out { ExecEvent::Stdout(b.to_vec()) } else { ExecEvent::Stderr(b.to_vec()) };
+                let _ = tx.send(ev).await;
+            }
+        }
+    }
+}
+
+/// Reads a foreground command's output pipe to its end into `sink`. Once
+/// `exited` turns true, it stops after [`DRAIN_GRACE`] spent waiting on the
+/// pipe (a daemonised grandchild may hold it open); time spent waiting for
+/// the sink (a slow consumer) does not count.
+async fn drain(mut rx: pipe::Receiver, mut sink: Sink, mut exited: watch::Receiver<bool>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut exit_at: Option<Instant> = None;
+    let mut sink_time = Duration::ZERO;
+    loop {
+        let read = match exit_at {
+            None => tokio::select! {
+                r = rx.read(&mut buf) => r,
+                // (Reads of a pipe are cancel-safe: nothing is lost.)
+                _ = exited.wait_for(|e| *e) => {
+                    exit_at = Some(Instant::now());
+                    continue;
+                }
+            },
+            Some(t) => {
+                let Some(left) = DRAIN_GRACE.checked_sub(t.elapsed().saturating_sub(sink_time)) else {
+                    break;
+                };
+                match tokio::time::timeout(left, rx.read(&mut buf)).await {
+                    Ok(r) => r,
+                    Err(_) => break,
+                }
+            }
+        };
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let t = Instant::now();
+        sink.put(&buf[..n]).await;
+        if exit_at.is_some() {
+            sink_time += t.elapsed();
+        }
+    }
+}
+
+/// Writes `stdin` into the program's stdin pipe, then closes it.
+async fn feed(conn: Arc<Conn>, pid: i32, mut pipe: pipe::Sender, stdin: Stdin) {
+    match stdin {
+        Stdin::Bytes(None) => {}
+        Stdin::Bytes(Some(data)) => {
+            let _ = pipe.write_all(&data).await;
+        }
+        Stdin::Stream(mut rx) => {
+            while let Some(chunk) = rx.recv().await {
+                match chunk {
+                    Ok(data) => {
+                        // EPIPE: the program closed its stdin; dropping
+                        // `rx` tells the sender to stop.
+                        if pipe.write_all(&data).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(pid, "stdin stream failed ({e}): killing the process group");
+                        let _ = conn.request(Request::Kill { pid, signal: 9, group: true }, &[]).await;
+                        let _ = conn.request(Request::Kill { pid, signal: 9, group: false }, &[]).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn map_spawn_error(argv: &[String], message: String, code: Option<i32>) -> Error {
     if message == crate::protocol::TASK_LIMIT {
         Error::TaskLimit
@@ -259,7 +383,7 @@ struct Started {
     stdin_task: JoinHandle<()>,
 }
 
-async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> {
+async fn start(conn: &Arc<Conn>, req: &ExecRequest, setsid: bool, stdin: Stdin) -> Result<Started> {
     let (in_r, in_w) = pipe_pair()?;
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
@@ -278,14 +402,8 @@ async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> 
         Reply::Error { message, code } => return Err(map_spawn_error(&req.argv, message, code)),
         other => return Err(Error::Protocol(format!("unexpected spawn reply {other:?}"))),
     };
-    let stdin = pipe::Sender::from_owned_fd(in_w).map_err(io_err("stdin pipe"))?;
-    let data = req.stdin.clone();
-    let stdin_task = tokio::spawn(async move {
-        let mut stdin = stdin;
-        if let Some(data) = data {
-            let _ = stdin.write_all(&data).await;
-        }
-    });
+    let pipe = pipe::Sender::from_owned_fd(in_w).map_err(io_err("stdin pipe"))?;
+    let stdin_task = tokio::spawn(feed(conn.clone(), pid, pipe, stdin));
     Ok(Started {
         pid,
         stdout: pipe::Receiver::from_owned_fd(out_r).map_err(io_err("stdout pipe"))?,
@@ -294,28 +412,21 @@ async fn start(conn: &Conn, req: &ExecRequest, setsid: bool) -> Result<Started> 
     })
 }
 
-/// Wait for `pid`, killing its process group at `timeout`. Returns the exit
-/// and whether the timeout fired.
-/// Waits for the process (killed at the timeout), then gives its output
-/// pumps [`DRAIN_GRACE`] to read what is left in the pipes (a background
-/// child holding them open must not keep the call alive).
+/// Waits for the process (killed at the timeout), then for its output
+/// drains (see [`drain`]); stops feeding stdin. Returns the exit and
+/// whether the timeout fired.
 async fn wait_and_drain(
     conn: &Conn,
     pid: i32,
     timeout: Option<Duration>,
-    mut out_task: JoinHandle<()>,
-    mut err_task: JoinHandle<()>,
+    exited: watch::Sender<bool>,
+    drains: [JoinHandle<()>; 2],
     stdin_task: JoinHandle<()>,
 ) -> Result<(ExitInfo, bool)> {
     let res = wait_with_timeout(conn, pid, timeout).await;
-    let drained = tokio::time::timeout(DRAIN_GRACE, async {
-        let _ = (&mut out_task).await;
-        let _ = (&mut err_task).await;
-    })
-    .await;
-    if drained.is_err() {
-        out_task.abort();
-        err_task.abort();
+    let _ = exited.send(true);
+    for d in drains {
+        let _ = d.await;
     }
     stdin_task.abort();
     res
@@ -338,25 +449,29 @@ async fn wait_with_timeout(conn: &Conn, pid: i32, timeout: Option<Duration>) -> 
 impl Sandbox {
     /// Run a command to completion and capture its output.
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
+        let stdin = Stdin::Bytes(req.stdin.clone());
+        self.exec_from(req, stdin).await
+    }
+
+    /// Like [`Sandbox::exec`], with stdin fed from `stdin` as it comes
+    /// (`req.stdin` is ignored).
+    pub async fn exec_with_stdin(&self, req: ExecRequest, stdin: StdinStream) -> Result<ExecOutput> {
+        self.exec_from(req, Stdin::Stream(stdin)).await
+    }
+
+    async fn exec_from(&self, req: ExecRequest, stdin: Stdin) -> Result<ExecOutput> {
         let t0 = Instant::now();
         let conn = self.conn().clone();
-        let st = start(&conn, &req, false).await?;
+        let st = start(&conn, &req, false, stdin).await?;
         let max = req.max_output_bytes;
         let cap_out = Arc::new(Mutex::new(Capture::default()));
         let cap_err = Arc::new(Mutex::new(Capture::default()));
-        let sink = |cap: Arc<Mutex<Capture>>| {
-            move |b: &[u8]| {
-                let mut c = cap.lock().unwrap_or_else(|e| e.into_inner());
-                let room = max.saturating_sub(c.data.len());
-                if b.len() > room {
-                    c.truncated = true;
-                }
-                c.data.extend_from_slice(&b[..room.min(b.len())]);
-            }
-        };
-        let out_task = tokio::spawn(pump(st.stdout, sink(cap_out.clone())));
-        let err_task = tokio::spawn(pump(st.stderr, sink(cap_err.clone())));
-        let (exit, timed_out) = wait_and_drain(&conn, st.pid, req.timeout, out_task, err_task, st.stdin_task).await?;
+        let (exited, exit_rx) = watch::channel(false);
+        let drains = [
+            tokio::spawn(drain(st.stdout, Sink::Capture(cap_out.clone(), max), exit_rx.clone())),
+            tokio::spawn(drain(st.stderr, Sink::Capture(cap_err.clone(), max), exit_rx)),
+        ];
+        let (exit, timed_out) = wait_and_drain(&conn, st.pid, req.timeout, exited, drains, st.stdin_task).await?;
         let take = |c: &Arc<Mutex<Capture>>| std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner()));
         let (o, e) = (take(&cap_out), take(&cap_err));
         Ok(ExecOutput {
@@ -374,22 +489,31 @@ impl Sandbox {
 
     /// Run a command and stream its output.
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
+        let stdin = Stdin::Bytes(req.stdin.clone());
+        self.exec_stream_from(req, stdin).await
+    }
+
+    /// Like [`Sandbox::exec_stream`], with stdin fed from `stdin` as it
+    /// comes (`req.stdin` is ignored).
+    pub async fn exec_stream_with_stdin(&self, req: ExecRequest, stdin: StdinStream) -> Result<ExecStream> {
+        self.exec_stream_from(req, Stdin::Stream(stdin)).await
+    }
+
+    async fn exec_stream_from(&self, req: ExecRequest, stdin: Stdin) -> Result<ExecStream> {
         let conn = self.conn().clone();
-        let st = start(&conn, &req, false).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let st = start(&conn, &req, false, stdin).await?;
+        let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
         let pid = st.pid;
-        let (tx_o, tx_e) = (tx.clone(), tx.clone());
-        let out_task = tokio::spawn(pump(st.stdout, move |b| {
-            let _ = tx_o.send(ExecEvent::Stdout(b.to_vec()));
-        }));
-        let err_task = tokio::spawn(pump(st.stderr, move |b| {
-            let _ = tx_e.send(ExecEvent::Stderr(b.to_vec()));
-        }));
+        let (exited, exit_rx) = watch::channel(false);
+        let drains = [
+            tokio::spawn(drain(st.stdout, Sink::Events(tx.clone(), true), exit_rx.clone())),
+            tokio::spawn(drain(st.stderr, Sink::Events(tx.clone(), false), exit_rx)),
+        ];
         let timeout = req.timeout;
         tokio::spawn(async move {
-            let res = wait_and_drain(&conn, pid, timeout, out_task, err_task, st.stdin_task).await;
-            let exit = res.map(|(e, _)| e).unwrap_or(ExitInfo { code: None, signal: Some(9) });
-            let _ = tx.send(ExecEvent::Exit(exit));
+            let res = wait_and_drain(&conn, pid, timeout, exited, drains, st.stdin_task).await;
+            let (exit, timed_out) = res.unwrap_or((ExitInfo { code: None, signal: Some(9) }, false));
+            let _ = tx.send(ExecEvent::Exit { exit, timed_out }).await;
         });
         Ok(ExecStream { pid, rx })
     }
@@ -398,7 +522,7 @@ impl Sandbox {
     /// ring buffer of [`BACKGROUND_RING`] bytes per stream.
     pub async fn spawn_background(&self, req: ExecRequest) -> Result<ProcessInfo> {
         let conn = self.conn().clone();
-        let st = start(&conn, &req, true).await?;
+        let st = start(&conn, &req, true, Stdin::Bytes(req.stdin.clone())).await?;
         let info = ProcessInfo {
             pid: st.pid,
             argv: req.argv.clone(),

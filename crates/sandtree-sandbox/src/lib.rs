@@ -34,6 +34,6 @@ pub mod exec;
 pub mod sandbox;
 pub mod session;
 
-pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitInfo, ProcessInfo};
+pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitInfo, ProcessInfo, StdinStream};
 pub use sandbox::{Error, Result, Sandbox};
 pub use session::{SessionId, SessionInfo, SessionIo, SessionOptions, SessionRunOutput};

@@ -13,7 +13,9 @@
 //!    attached clients, and cuts the stream: the text before a start marker is
 //!    the output of the last command; the prompt up to the end marker is dropped.
 //!    When the shell exits, an empty chunk is broadcast as end of stream.
-//! 3. `session_run` turns terminal echo off, writes the command as one line
+//! 3. `session_run` turns terminal echo and output processing off (so the
+//!    output is the bytes the command wrote, no `\r` added before `\n`),
+//!    writes the command as one line
 //!    `eval $'<escaped>'` (so multi-line commands, heredocs and syntax
 //!    errors still yield exactly one prompt) and waits for the next marker;
 //!    the text before it is the command's output, the marker carries `$?`.
@@ -81,8 +83,9 @@ pub struct SessionInfo {
 /// Result of `session_run`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SessionRunOutput {
-    /// Output (stdout and stderr interleaved, `\r\n` normalised to `\n`).
-    pub output: String,
+    /// Output: stdout and stderr interleaved, the bytes as written (the
+    /// terminal's output processing is off during the run).
+    pub output: Vec<u8>,
     /// `$?` of the command (None on timeout).
     pub exit_code: Option<i32>,
     /// The timeout fired (the command got `^C`).
@@ -234,11 +237,22 @@ fn ansi_c_quote(s: &str) -> String {
     out
 }
 
-fn set_echo(fd: impl AsFd, on: bool) -> std::io::Result<bool> {
-    use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+/// Terminal modes a run switches off: echo, and output processing (which
+/// turns `\n` into `\r\n`).
+#[derive(Clone, Copy)]
+struct RunModes {
+    echo: bool,
+    opost: bool,
+}
+
+/// Sets echo and output processing; returns what they were.
+fn set_modes(fd: impl AsFd, modes: RunModes) -> std::io::Result<RunModes> {
+    use rustix::termios::{LocalModes, OptionalActions, OutputModes, tcgetattr, tcsetattr};
     let mut t = tcgetattr(&fd)?;
-    let was = t.local_modes.contains(LocalModes::ECHO);
-    t.local_modes.set(LocalModes::ECHO, on);
+    let was =
+        RunModes { echo: t.local_modes.contains(LocalModes::ECHO), opost: t.output_modes.contains(OutputModes::OPOST) };
+    t.local_modes.set(LocalModes::ECHO, modes.echo);
+    t.output_modes.set(OutputModes::OPOST, modes.opost);
     tcsetattr(&fd, OptionalActions::Now, &t)?;
     Ok(was)
 }
@@ -331,7 +345,8 @@ impl Sandbox {
         let mut prompts = shared.prompts.subscribe();
         let start = *prompts.borrow_and_update();
         shared.cut.lock().unwrap_or_else(|e| e.into_inner()).pending.clear();
-        let echo_was = set_echo(shared.master.get_ref(), false).map_err(io_err("disable echo"))?;
+        let modes_were = set_modes(shared.master.get_ref(), RunModes { echo: false, opost: false })
+            .map_err(io_err("disable terminal echo and output processing"))?;
         let line = format!("eval {}\n", ansi_c_quote(command));
         write_all(&shared, line.as_bytes()).await?;
         let wait = async { prompts.wait_for(|n| *n > start).await.map(|_| ()) };
@@ -342,8 +357,7 @@ impl Sandbox {
         let result = match done {
             Some(Ok(_)) => {
                 let cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
-                let output = String::from_utf8_lossy(&cut.last_output).replace("\r\n", "\n");
-                Ok(SessionRunOutput { output, exit_code: Some(cut.last_rc), timed_out: false })
+                Ok(SessionRunOutput { output: cut.last_output.clone(), exit_code: Some(cut.last_rc), timed_out: false })
             }
             Some(Err(_)) => Err(Error::Gone { id: self.id().to_string() }),
             None => {
@@ -358,12 +372,11 @@ impl Sandbox {
                 } else {
                     std::mem::take(&mut cut.pending)
                 };
-                let output = String::from_utf8_lossy(&raw).replace("\r\n", "\n");
-                Ok(SessionRunOutput { output, exit_code: None, timed_out: true })
+                Ok(SessionRunOutput { output: raw, exit_code: None, timed_out: true })
             }
         };
-        if echo_was {
-            let _ = set_echo(shared.master.get_ref(), true);
+        if modes_were.echo || modes_were.opost {
+            let _ = set_modes(shared.master.get_ref(), modes_were);
         }
         result
     }

@@ -272,15 +272,18 @@ async fn sessions(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let r = sb.session_run(&sid, "cd /tmp; export FOO=bar; x=5", None).await?;
     ensure!(r.exit_code == Some(0), "setup {r:?}");
     let r = sb.session_run(&sid, "pwd; echo $FOO $x", Some(Duration::from_secs(10))).await?;
-    ensure!(r.output == "/tmp\nbar 5\n" && r.exit_code == Some(0), "state {r:?}");
+    ensure!(r.output == b"/tmp\nbar 5\n" && r.exit_code == Some(0), "state {r:?}");
     let r = sb.session_run(&sid, "false", None).await?;
     ensure!(r.exit_code == Some(1) && r.output.is_empty(), "false {r:?}");
     let r = sb.session_run(&sid, "for i in 1 2; do\n echo \"l$i\"\ndone; tty", None).await?;
-    ensure!(r.output.starts_with("l1\nl2\n/dev/pts/"), "multiline {r:?}");
+    ensure!(r.output.starts_with(b"l1\nl2\n/dev/pts/"), "multiline {r:?}");
+    // The bytes as written: NUL, invalid UTF-8, a bare \n and a \r\n of its own.
+    let r = sb.session_run(&sid, r"printf 'a\000\377\n\r\n\200'", None).await?;
+    ensure!(r.output == b"a\0\xff\n\r\n\x80", "binary output {r:?}");
     let r = sb.session_run(&sid, "sleep 100", Some(Duration::from_millis(300))).await?;
     ensure!(r.timed_out, "timeout {r:?}");
     let r = sb.session_run(&sid, "echo after", Some(Duration::from_secs(10))).await?;
-    ensure!(r.output == "after\n", "after timeout {r:?}");
+    ensure!(r.output == b"after\n", "after timeout {r:?}");
     let mut io = sb.session_io(&sid)?;
     io.resize(100, 30)?;
     io.write(b"echo attached-$((40+2))\n").await?;

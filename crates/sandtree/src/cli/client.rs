@@ -4,6 +4,10 @@
 //! socket) and tokio-tungstenite for the websocket of `attach`. Responses are
 //! either one JSON document, or an `application/x-ndjson` stream read line by
 //! line; error responses (`{"error": {...}}`) become [`RemoteError`].
+//!
+//! [`Client::send_stdin`] streams a reader (the CLI's own stdin) as the body
+//! of an exec ([`sandtree_api::EXEC_STDIN_CONTENT_TYPE`]) while the answer is
+//! read: full duplex, with a few chunks in flight at most.
 
 use std::io;
 use std::path::PathBuf;
@@ -11,16 +15,19 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use anyhow::{Context, Result, anyhow, bail};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use futures_util::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use sandtree_api::{ApiError, ErrorBody, ErrorCode};
+use sandtree_api::{ApiError, EXEC_STDIN_CONTENT_TYPE, ErrorBody, ErrorCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -148,6 +155,23 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<Response<Incoming>> {
+        let (content_type, bytes) = match body {
+            Some(b) => (Some("application/json"), Bytes::from(serde_json::to_vec(b)?)),
+            None => (None, Bytes::new()),
+        };
+        let body = Full::new(bytes).map_err(|never| match never {}).boxed_unsync();
+        self.send_body(method, path, content_type, body).await
+    }
+
+    /// Sends one request with `body` (of type `content_type`). Returns the
+    /// raw response as soon as its head arrives: the body may still be sending.
+    pub async fn send_body(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: UnsyncBoxBody<Bytes, io::Error>,
+    ) -> Result<Response<Incoming>> {
         let conn = self.connect().await?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(conn))
             .await
@@ -159,16 +183,42 @@ impl Client {
         if let Some(t) = &self.token {
             req = req.header(AUTHORIZATION, format!("Bearer {t}"));
         }
-        let bytes = match body {
-            Some(b) => {
-                req = req.header(CONTENT_TYPE, "application/json");
-                Bytes::from(serde_json::to_vec(b)?)
-            }
-            None => Bytes::new(),
-        };
-        let req = req.body(Full::new(bytes))?;
+        if let Some(ct) = content_type {
+            req = req.header(CONTENT_TYPE, ct);
+        }
+        let req = req.body(body)?;
         let resp = sender.send_request(req).await.context("sending the request to the daemon")?;
         Ok(resp)
+    }
+
+    /// Starts `POST path` (an exec) whose body is `head` as one JSON line,
+    /// then everything `stdin` yields, read on a thread of its own in
+    /// chunks of [`STDIN_CHUNK`] with at most [`STDIN_CHUNKS`] in flight.
+    /// Returns the response as soon as its head arrives, and the switch
+    /// that ends the body early (once the answer is complete, the rest of
+    /// stdin is not wanted).
+    pub async fn send_stdin<B: Serialize + ?Sized>(
+        &self,
+        path: &str,
+        head: &B,
+        stdin: impl io::Read + Send + 'static,
+    ) -> Result<(Response<Incoming>, StdinStop)> {
+        let mut line = serde_json::to_vec(head)?;
+        line.push(b'\n');
+        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(STDIN_CHUNKS);
+        std::thread::Builder::new()
+            .name("stdin".into())
+            .spawn(move || pump_reader(stdin, tx))
+            .context("starting the stdin reader")?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let rest = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        let chunks = futures_util::stream::once(async move { Ok(Bytes::from(line)) })
+            .chain(rest)
+            .take_until(stopped)
+            .map(|c| c.map(Frame::data));
+        let body = StreamBody::new(chunks).boxed_unsync();
+        let resp = self.send_body(Method::POST, path, Some(EXEC_STDIN_CONTENT_TYPE), body).await?;
+        Ok((resp, StdinStop(Some(stop))))
     }
 
     /// Sends a request and returns its JSON body (`null` for 204), or the
@@ -180,15 +230,7 @@ impl Client {
         body: Option<&B>,
     ) -> Result<serde_json::Value> {
         let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.context("reading the daemon's response")?.to_bytes();
-        if !status.is_success() {
-            return Err(error_of(status, &bytes).into());
-        }
-        if bytes.is_empty() {
-            return Ok(serde_json::Value::Null);
-        }
-        serde_json::from_slice(&bytes).with_context(|| format!("the daemon answered invalid JSON ({status})"))
+        read_json(resp).await
     }
 
     /// Like [`Client::call`], decoded to `T`.
@@ -204,40 +246,14 @@ impl Client {
 
     /// Sends a request answered by an NDJSON stream; calls `on_event` for
     /// each line as it arrives. An error response becomes [`RemoteError`].
-    pub async fn stream<T, B, F>(&self, method: Method, path: &str, body: Option<&B>, mut on_event: F) -> Result<()>
+    pub async fn stream<T, B, F>(&self, method: Method, path: &str, body: Option<&B>, on_event: F) -> Result<()>
     where
         T: DeserializeOwned,
         B: Serialize + ?Sized,
         F: FnMut(T) -> Result<()>,
     {
         let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let mut body = resp.into_body();
-        if !status.is_success() {
-            let bytes = body.collect().await?.to_bytes();
-            return Err(error_of(status, &bytes).into());
-        }
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.context("reading the daemon's stream")?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            buf.extend_from_slice(&data);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                let line = &line[..line.len() - 1];
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let ev: T = serde_json::from_slice(line).context("invalid line in the daemon's stream")?;
-                on_event(ev)?;
-            }
-        }
-        if !buf.iter().all(u8::is_ascii_whitespace) {
-            on_event(serde_json::from_slice(&buf).context("invalid last line in the daemon's stream")?)?;
-        }
-        Ok(())
+        read_stream(resp, on_event).await
     }
 
     /// Opens a websocket on `path`.
@@ -257,6 +273,100 @@ impl Client {
             Err(e) => Err(anyhow!("websocket to the daemon failed: {e}")),
         }
     }
+}
+
+/// Chunk size of a streamed stdin.
+pub const STDIN_CHUNK: usize = 256 << 10;
+/// Chunks of a streamed stdin read ahead of the connection.
+pub const STDIN_CHUNKS: usize = 4;
+
+/// Ends a body started by [`Client::send_stdin`] when called or dropped.
+pub struct StdinStop(Option<oneshot::Sender<()>>);
+
+impl StdinStop {
+    pub fn stop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl Drop for StdinStop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Reads `r` to its end into `tx` (a read error is passed on: it aborts
+/// the request, so the daemon kills the program instead of giving it a
+/// truncated stdin). Stops when the receiver is gone.
+fn pump_reader(mut r: impl io::Read, tx: mpsc::Sender<io::Result<Bytes>>) {
+    loop {
+        let mut buf = vec![0u8; STDIN_CHUNK];
+        let n = match r.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(io::Error::new(e.kind(), format!("reading stdin: {e}"))));
+                return;
+            }
+        };
+        buf.truncate(n);
+        if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads an NDJSON response; calls `on_event` for each line as it arrives.
+/// An error response becomes [`RemoteError`].
+pub async fn read_stream<T, F>(resp: Response<Incoming>, mut on_event: F) -> Result<()>
+where
+    T: DeserializeOwned,
+    F: FnMut(T) -> Result<()>,
+{
+    let status = resp.status();
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let bytes = body.collect().await?.to_bytes();
+        return Err(error_of(status, &bytes).into());
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.context("reading the daemon's stream")?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let line = &line[..line.len() - 1];
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let ev: T = serde_json::from_slice(line).context("invalid line in the daemon's stream")?;
+            on_event(ev)?;
+        }
+    }
+    if !buf.iter().all(u8::is_ascii_whitespace) {
+        on_event(serde_json::from_slice(&buf).context("invalid last line in the daemon's stream")?)?;
+    }
+    Ok(())
+}
+
+/// Reads a JSON response (`null` for an empty body); an error response
+/// becomes [`RemoteError`].
+pub async fn read_json(resp: Response<Incoming>) -> Result<serde_json::Value> {
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.context("reading the daemon's response")?.to_bytes();
+    if !status.is_success() {
+        return Err(error_of(status, &bytes).into());
+    }
+    if bytes.is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_slice(&bytes).with_context(|| format!("the daemon answered invalid JSON ({status})"))
 }
 
 /// The [`RemoteError`] of an error response (JSON error body, or its status).

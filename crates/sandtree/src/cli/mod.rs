@@ -72,6 +72,9 @@ pub enum Command {
     /// Create and start a sandbox; prints its id.
     Create(CreateArgs),
     /// Run a command in a sandbox, streaming its output; exits with its exit code.
+    ///
+    /// Stdin, when it is not a terminal, streams to the command (any size);
+    /// stdin, stdout and stderr pass byte for byte.
     Exec(ExecArgs),
     /// Interactive shell in a sandbox (or run one command in a session with -c).
     Shell(ShellArgs),
@@ -156,7 +159,8 @@ pub enum Command {
     Gc,
     /// List the background processes of a sandbox.
     Ps { sandbox: String },
-    /// Print the buffered output of a background process.
+    /// Print the buffered output of a background process (its last MiB of
+    /// stdout and of stderr, byte for byte).
     Logs { sandbox: String, pid: i32 },
     /// Signal a background process.
     Kill {

@@ -6,7 +6,8 @@
 //! - [`auth`]: the bearer token of the TCP listener;
 //! - [`error`]: JSON error responses and extractors;
 //! - [`openapi`]: the generated OpenAPI 3 document;
-//! - [`server`]: listeners (unix socket, TCP), logging, graceful shutdown.
+//! - [`server`]: listeners (unix socket, TCP), logging, graceful shutdown;
+//! - [`stdin`]: the body of an exec whose stdin streams in the request.
 //!
 //! Host uids: each data dir has a range of its own, recorded in
 //! `<data-dir>/uid-range` and claimed host-wide while the daemon runs
@@ -48,6 +49,7 @@ pub mod error;
 pub mod openapi;
 pub mod routes;
 pub mod server;
+pub mod stdin;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -21,7 +21,10 @@ use super::routes;
             (the token is in `<data-dir>/token`).\n\n\
             Errors are `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}` with a stable snake_case code.\n\n\
             Streams (`POST /v1/sandboxes/{id}/exec?stream=true`, `POST /v1/images`) are `application/x-ndjson`: \
-            one JSON event per line, tagged by `type`.",
+            one JSON event per line, tagged by `type`.\n\n\
+            Bytes: output is lossy UTF-8 text unless `?encoding=base64` asks for the exact bytes; stdin is \
+            `stdin` (text) or `stdin_base64` in a JSON body (at most 64 MiB), or streams in a \
+            `Content-Type: application/vnd.sandtree.exec+stdin` body of any length.",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -38,7 +41,7 @@ use super::routes;
         ErrorBody, ApiError, ErrorCode,
         DaemonInfo, VolumeInfo, GcReport,
         Limits, Usage, SandboxStatus, SandboxInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse, KeptCheckpoint,
-        ExecRequest, ExecResponse, ExecEvent, ProcessInfo, ProcessList, ProcessOutput,
+        ExecRequest, ExecResponse, ExecEvent, OutputEncoding, ProcessInfo, ProcessList, ProcessOutput,
         CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,
         ProcessState, UnrestorableProcess, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,
         RollbackRequest, RollbackResponse, ForkRequest, ForkResult, ForkResponse, DeleteCheckpointResponse,

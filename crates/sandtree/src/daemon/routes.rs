@@ -10,13 +10,13 @@
 //! | GET    | `/v1/sandboxes/{id}` | → `SandboxInfo` (with usage) |
 //! | DELETE | `/v1/sandboxes/{id}?checkpoints=true` | → `DeleteSandboxResponse` |
 //! | POST   | `/v1/sandboxes/{id}/start`, `/stop` | → `SandboxInfo` |
-//! | POST   | `/v1/sandboxes/{id}/exec[?stream=true]` | `ExecRequest` → `ExecResponse`, or NDJSON `ExecEvent`s |
+//! | POST   | `/v1/sandboxes/{id}/exec[?stream=true][&encoding=base64]` | `ExecRequest`, or a streamed stdin (below) → `ExecResponse`, or NDJSON `ExecEvent`s |
 //! | GET    | `/v1/sandboxes/{id}/processes` | → `ProcessList` |
-//! | GET    | `/v1/sandboxes/{id}/processes/{pid}` | → `ProcessOutput` |
+//! | GET    | `/v1/sandboxes/{id}/processes/{pid}[?encoding=base64]` | → `ProcessOutput` |
 //! | DELETE | `/v1/sandboxes/{id}/processes/{pid}?signal=9` | → 204 |
 //! | POST   | `/v1/sandboxes/{id}/sessions` | `CreateSessionRequest` (optional) → 201 `SessionInfo` |
 //! | GET    | `/v1/sandboxes/{id}/sessions` | → `SessionList` |
-//! | POST   | `/v1/sandboxes/{id}/sessions/{sid}/run` | `SessionRunRequest` → `SessionRunResponse` |
+//! | POST   | `/v1/sandboxes/{id}/sessions/{sid}/run[?encoding=base64]` | `SessionRunRequest` → `SessionRunResponse` |
 //! | DELETE | `/v1/sandboxes/{id}/sessions/{sid}` | → 204 |
 //! | GET    | `/v1/sandboxes/{id}/sessions/{sid}/attach` | websocket (see [`super::attach`]) |
 //! | POST   | `/v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` (optional) → 201 `CheckpointResponse` |
@@ -36,12 +36,25 @@
 //! `Content-Type: application/x-ndjson`, a chunked body of one JSON object per
 //! line, each tagged by `"type"`:
 //! - exec: `started {pid}`, then any number of `stdout {data}` / `stderr {data}`,
-//!   then `exit {…ExecResponse}` (or `error {code, message}`);
+//!   then `exit {…ExecResponse}` (its `stdout`/`stderr` empty: the output
+//!   came as events) or `error {code, message}`;
 //! - import: `progress {phase, done_bytes, total_bytes, files}`…, then
 //!   `done {…ImageInfo}` or `error {code, message}`.
 //!
 //! Errors found before the stream starts (unknown sandbox, invalid request,
 //! an import that fails at once) are ordinary JSON error responses.
+//!
+//! # Bytes
+//! Output (exec's `stdout`/`stderr` and `data`, a background process's
+//! output, a session run's `output`) is lossy UTF-8 text by default;
+//! `?encoding=base64` gives the exact bytes, base64-encoded. Stdin is
+//! `stdin` (text) or `stdin_base64` (bytes) in the JSON body, which is
+//! limited to 64 MiB (413 `payload_too_large`), or streams: with
+//! `Content-Type: application/vnd.sandtree.exec+stdin` the body is one line
+//! of `ExecRequest` JSON, `\n`, then raw stdin of any length, fed to the
+//! program as it arrives (see [`super::stdin`]). With `?stream=true` the
+//! events stream back while the body is still being sent (full duplex);
+//! without, the daemon reads the whole body, then answers.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -49,18 +62,20 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::ExtensionRejection;
 use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{FromRequest, Request};
 use axum::handler::Handler;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Extension, Json, Router};
 use sandtree_api::*;
-use sandtree_runtime::Engine;
+use sandtree_runtime::{Engine, ExecIo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
-use super::error::{ApiFailure, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, error_response};
+use super::error::{ApiFailure, ApiJson, ApiJsonOrDefault, ApiPath, ApiQuery, ApiResult, drain, error_response};
+use super::stdin;
 
 /// The engine, as a request extension (so the router itself needs no state
 /// and the route table can be probed without a running engine).
@@ -278,26 +293,72 @@ pub struct ExecQuery {
     /// Stream `ExecEvent`s as NDJSON instead of one `ExecResponse` at the end.
     #[serde(default)]
     pub stream: bool,
+    /// Encoding of the output: `utf8` (default, lossy text) or `base64` (the exact bytes).
+    #[serde(default)]
+    pub encoding: OutputEncoding,
 }
 
 /// Runs a command (to completion, streamed, or in the background).
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec", request_body = ExecRequest,
+///
+/// The body is an `ExecRequest` (JSON, at most 64 MiB), or, with
+/// `Content-Type: application/vnd.sandtree.exec+stdin`, one line of
+/// `ExecRequest` JSON, a newline, then the raw stdin bytes to the end of
+/// the body, of any length: they are fed to the program as they arrive. With
+/// `?stream=true` the answer streams while the body is still being sent
+/// (read it as you write); without, the whole body is read, then answered.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
+    request_body(content(
+        (ExecRequest = "application/json"),
+        (String = "application/vnd.sandtree.exec+stdin",
+            example = json!("{\"cmd\":[\"sha256sum\"]}\n<raw stdin bytes to the end of the body>")),
+    )),
     params(("id" = String, Path, description = "Sandbox id"), ExecQuery),
     responses(
         (status = 200, description = "`ExecResponse`, or with `?stream=true` one `ExecEvent` per line",
             content((ExecResponse = "application/json"), (ExecEvent = "application/x-ndjson"))),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, description = "payload_too_large: a JSON body over 64 MiB (stream stdin instead)", body = ErrorBody)))]
 pub async fn exec(
     Eng(e): Eng,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<ExecQuery>,
-    ApiJson(req): ApiJson<ExecRequest>,
+    body: Request,
 ) -> ApiResult<Response> {
+    if stdin::is_streamed_stdin(body.headers()) {
+        let mut rest = body.into_body().into_data_stream();
+        let (req, first) = match stdin::split(&mut rest).await {
+            Ok(split) => split,
+            Err(e) => {
+                drain(&mut rest).await;
+                return Err(e);
+            }
+        };
+        let (input, feeder) = stdin::feed(first, rest);
+        let io = ExecIo { encoding: q.encoding, stdin: Some(input) };
+        if q.stream {
+            let rx = e.exec_stream_with(&id, req, io).await?;
+            return Ok(ndjson_response(None, rx));
+        }
+        // A buffered answer comes once the body has ended (see `stdin`).
+        let res = e.exec_with(&id, req, io).await;
+        let _ = feeder.await;
+        return Ok(Json(res?).into_response());
+    }
+    let ApiJson(req) = ApiJson::<ExecRequest>::from_request(body, &()).await?;
+    let io = ExecIo { encoding: q.encoding, stdin: None };
     if q.stream && !req.background {
-        let rx = e.exec_stream(&id, req).await?;
+        let rx = e.exec_stream_with(&id, req, io).await?;
         return Ok(ndjson_response(None, rx));
     }
-    Ok(Json(e.exec(&id, req).await?).into_response())
+    Ok(Json(e.exec_with(&id, req, io).await?).into_response())
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EncodingQuery {
+    /// Encoding of the output: `utf8` (default, lossy text) or `base64` (the exact bytes).
+    #[serde(default)]
+    pub encoding: OutputEncoding,
 }
 
 /// Lists the processes started through the API (`background: true`).
@@ -309,10 +370,15 @@ pub async fn list_processes(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiRes
 
 /// State and buffered output of a background process.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "exec",
-    params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Pid inside the sandbox")),
+    params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Pid inside the sandbox"),
+           EncodingQuery),
     responses((status = 200, body = ProcessOutput), (status = 404, body = ErrorBody)))]
-pub async fn process_output(Eng(e): Eng, ApiPath((id, pid)): ApiPath<(String, i32)>) -> ApiResult<Json<ProcessOutput>> {
-    Ok(Json(e.process_output(&id, pid).await?))
+pub async fn process_output(
+    Eng(e): Eng,
+    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiQuery(q): ApiQuery<EncodingQuery>,
+) -> ApiResult<Json<ProcessOutput>> {
+    Ok(Json(e.process_output_as(&id, pid, q.encoding).await?))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -360,14 +426,16 @@ pub async fn list_sessions(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResu
 
 /// Runs one command line in a session's shell and returns what it printed.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions/{sid}/run", tag = "sessions", request_body = SessionRunRequest,
-    params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id")),
+    params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id"),
+           EncodingQuery),
     responses((status = 200, body = SessionRunResponse), (status = 404, body = ErrorBody)))]
 pub async fn session_run(
     Eng(e): Eng,
     ApiPath((id, sid)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<EncodingQuery>,
     ApiJson(req): ApiJson<SessionRunRequest>,
 ) -> ApiResult<Json<SessionRunResponse>> {
-    Ok(Json(e.session_run(&id, &sid, req).await?))
+    Ok(Json(e.session_run_as(&id, &sid, req, q.encoding).await?))
 }
 
 /// Closes a session (kills its shell).

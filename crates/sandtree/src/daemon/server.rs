@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{Extension, Router};
@@ -18,7 +18,9 @@ use super::DaemonArgs;
 use super::auth::{self, Token};
 use super::routes::api_router;
 
-/// Largest request body accepted (exec stdin travels in the JSON body).
+/// Largest JSON request body accepted (`stdin`/`stdin_base64` of an exec
+/// travel in it). A streamed stdin ([`sandtree_api::EXEC_STDIN_CONTENT_TYPE`])
+/// has no limit: the daemon never holds it whole.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// How long shutdown waits for in-flight requests (attached shells included).
@@ -39,10 +41,11 @@ pub fn check_socket_free(socket: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The whole application: routes, engine, body limit, request log; with a
-/// token, every request must carry it.
+/// The whole application: routes, engine, request log; with a token,
+/// every request must carry it. (JSON bodies are limited by their
+/// extractor, [`super::error::ApiJson`]; a streamed stdin is not.)
 pub fn app(engine: Option<Arc<Engine>>, token: Option<Token>) -> Router {
-    let mut router = api_router().layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    let mut router = api_router();
     if let Some(engine) = engine {
         router = router.layer(Extension(engine));
     }

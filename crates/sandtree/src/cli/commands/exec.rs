@@ -1,15 +1,17 @@
 //! `exec`, `ps`, `logs`, `kill`.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, Result};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use hyper::Method;
 use sandtree_api::*;
 
 use super::Ctx;
 use crate::cli::ExecArgs;
-use crate::cli::client::{RemoteError, enc};
-use crate::cli::output::{ago, table};
+use crate::cli::client::{RemoteError, enc, read_stream};
+use crate::cli::output::{ago, print_json, table};
 
 /// The shell convention: the exit status, or 128 + the signal.
 pub fn exit_status(r: &ExecResponse) -> i32 {
@@ -20,22 +22,19 @@ pub fn exit_status(r: &ExecResponse) -> i32 {
     }
 }
 
+/// Runs a command. Stdin that is not a terminal streams to the program
+/// (any size, byte-exact) while the output streams back; output is asked
+/// for in base64 and written out as the exact bytes. With `--json`, the
+/// answer is one `ExecResponse` (output as text).
 pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
-    let stdin = if a.background || std::io::stdin().is_terminal() {
-        None
-    } else {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
-        (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
-    };
+    let streamed_stdin = !a.background && !std::io::stdin().is_terminal();
     let req = ExecRequest {
         cmd: a.cmd,
         env: a.env.into_iter().collect(),
         cwd: a.cwd,
-        stdin,
         timeout_ms: a.timeout.map(|d| d.as_millis() as u64),
-        max_output_bytes: None,
         background: a.background,
+        ..Default::default()
     };
     let base = format!("/v1/sandboxes/{}/exec", enc(&a.sandbox));
     if a.background {
@@ -45,40 +44,62 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
         }
         return Ok(0);
     }
-    if ctx.json {
+    if ctx.json && !streamed_stdin {
         let r: ExecResponse = ctx.call(Method::POST, &base, Some(&req)).await?;
         return Ok(exit_status(&r));
     }
-    let mut code = 1;
-    let mut stdout = std::io::stdout();
-    let mut stderr = std::io::stderr();
-    ctx.client
-        .stream(Method::POST, &format!("{base}?stream=true"), Some(&req), |ev: ExecEvent| {
-            match ev {
-                ExecEvent::Started { .. } => {}
-                ExecEvent::Stdout { data } => {
-                    stdout.write_all(data.as_bytes())?;
-                    stdout.flush()?;
-                }
-                ExecEvent::Stderr { data } => {
-                    stderr.write_all(data.as_bytes())?;
-                    stderr.flush()?;
-                }
-                ExecEvent::Exit(r) => {
-                    if r.timed_out {
-                        eprintln!("sandtree: the command timed out and was killed");
-                    }
-                    if r.stdout_truncated || r.stderr_truncated {
-                        eprintln!("sandtree: output was truncated");
-                    }
-                    code = exit_status(&r);
-                }
-                ExecEvent::Error(e) => return Err(RemoteError(e).into()),
+    // Streamed both ways: the answer ends when the program does, however
+    // much stdin is left (`head -c 10 < /dev/zero` ends).
+    let path = format!("{base}?stream=true&encoding=base64");
+    let (resp, mut stop) = if streamed_stdin {
+        let (resp, stop) = ctx.client.send_stdin(&path, &req, std::io::stdin()).await?;
+        (resp, Some(stop))
+    } else {
+        (ctx.client.send(Method::POST, &path, Some(&req)).await?, None)
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    let (mut out, mut err) = (Vec::new(), Vec::new()); // kept for --json
+    let mut last = None;
+    read_stream(resp, |ev: ExecEvent| {
+        match ev {
+            ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout { data } if ctx.json => out.extend(decode(&data)?),
+            ExecEvent::Stderr { data } if ctx.json => err.extend(decode(&data)?),
+            ExecEvent::Stdout { data } => {
+                stdout.write_all(&decode(&data)?)?;
+                stdout.flush()?;
             }
-            Ok(())
-        })
-        .await?;
-    Ok(code)
+            ExecEvent::Stderr { data } => {
+                stderr.write_all(&decode(&data)?)?;
+                stderr.flush()?;
+            }
+            ExecEvent::Exit(r) => {
+                // The answer is complete: the rest of stdin is not wanted.
+                if let Some(s) = stop.as_mut() {
+                    s.stop();
+                }
+                last = Some(r);
+            }
+            ExecEvent::Error(e) => return Err(RemoteError(e).into()),
+        }
+        Ok(())
+    })
+    .await?;
+    let mut r = last.context("the daemon's answer ended before the command did: see the daemon's log")?;
+    if ctx.json {
+        r.stdout = String::from_utf8_lossy(&out).into_owned();
+        r.stderr = String::from_utf8_lossy(&err).into_owned();
+        print_json(&serde_json::to_value(&r)?);
+    } else if r.timed_out {
+        eprintln!("sandtree: the command timed out and was killed");
+    }
+    Ok(exit_status(&r))
+}
+
+/// Output the daemon sent as base64.
+fn decode(data: &str) -> Result<Vec<u8>> {
+    BASE64.decode(data).context("the daemon sent output that is not base64")
 }
 
 pub async fn ps(ctx: &Ctx, sandbox: &str) -> Result<i32> {
@@ -102,12 +123,20 @@ pub async fn ps(ctx: &Ctx, sandbox: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// A background process's output, as the exact bytes (`--json`: as text).
 pub async fn logs(ctx: &Ctx, sandbox: &str, pid: i32) -> Result<i32> {
-    let o: ProcessOutput = ctx.get(Method::GET, &format!("/v1/sandboxes/{}/processes/{pid}", enc(sandbox))).await?;
-    if !ctx.json {
-        print!("{}", o.stdout);
-        eprint!("{}", o.stderr);
+    let path = format!("/v1/sandboxes/{}/processes/{pid}", enc(sandbox));
+    if ctx.json {
+        let _: ProcessOutput = ctx.get(Method::GET, &path).await?;
+        return Ok(0);
     }
+    let o: ProcessOutput = ctx.get(Method::GET, &format!("{path}?encoding=base64")).await?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(&decode(&o.stdout)?)?;
+    stdout.flush()?;
+    let mut stderr = std::io::stderr().lock();
+    stderr.write_all(&decode(&o.stderr)?)?;
+    stderr.flush()?;
     Ok(0)
 }
 

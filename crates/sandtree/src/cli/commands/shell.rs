@@ -10,6 +10,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use futures_util::{SinkExt, StreamExt};
 use hyper::Method;
 use nix::sys::termios::{self, SetArg, Termios};
@@ -140,7 +142,10 @@ async fn run_one(
         None => (new_session(ctx, sandbox).await?.id, true),
     };
     let req = SessionRunRequest { command, timeout_ms: timeout.map(|d| d.as_millis() as u64) };
-    let path = format!("/v1/sandboxes/{}/sessions/{}/run", enc(sandbox), enc(&sid));
+    let mut path = format!("/v1/sandboxes/{}/sessions/{}/run", enc(sandbox), enc(&sid));
+    if !ctx.json {
+        path.push_str("?encoding=base64"); // written out as the exact bytes
+    }
     let result: Result<SessionRunResponse> = ctx.call(Method::POST, &path, Some(&req)).await;
     if created {
         let close = format!("/v1/sandboxes/{}/sessions/{}", enc(sandbox), enc(&sid));
@@ -148,8 +153,10 @@ async fn run_one(
     }
     let r = result?;
     if !ctx.json {
-        print!("{}", r.output);
-        std::io::stdout().flush()?;
+        let output = BASE64.decode(&r.output).context("the daemon sent output that is not base64")?;
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(&output)?;
+        stdout.flush()?;
         if r.timed_out {
             eprintln!("sandtree: the command timed out");
         }
