@@ -164,11 +164,27 @@ impl Engine {
         let sreq = to_request(&req, &io)?;
         let sb = self.running(id).await?;
         let t0 = std::time::Instant::now();
-        let mut stream = match io.stdin {
-            Some(stdin) => sb.exec_stream_with_stdin(sreq, stdin).await?,
-            None => sb.exec_stream(sreq).await?,
-        };
         let encoding = io.encoding;
+        let started = match io.stdin {
+            Some(stdin) => sb.exec_stream_with_stdin(sreq, stdin).await,
+            None => sb.exec_stream(sreq).await,
+        };
+        let mut stream = match started {
+            Ok(stream) => stream,
+            // A program that could not start ends its stream as a shell
+            // would (as the buffered answer does): its message, then 127.
+            Err(e) => {
+                let failed = spawn_failure(e, encoding)?;
+                let (tx, rx) = mpsc::channel(2);
+                let _ = tx.try_send(ExecEvent::Stderr { data: failed.stderr });
+                let _ = tx.try_send(ExecEvent::Exit(ExecResponse {
+                    exit_code: failed.exit_code,
+                    duration_ms: util::ms_since(t0),
+                    ..Default::default()
+                }));
+                return Ok(rx);
+            }
+        };
         let (tx, rx) = mpsc::channel(64);
         let flusher = self.flusher.clone();
         tokio::spawn(async move {

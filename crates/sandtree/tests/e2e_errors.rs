@@ -144,3 +144,21 @@ fn task_limit_is_a_client_error_that_names_the_limit() {
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("limits.pids") && msg.contains("--pids"), "{msg}");
 }
+
+#[test]
+fn a_program_that_cannot_start_exits_as_in_a_shell() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("errors-spawn");
+    let sb = d.create();
+    // The CLI streams: the same answer as the buffered API.
+    let (code, _, err) = cli(&d, &["exec", &sb, "--", "no-such-program"]);
+    assert_eq!(code, 127, "{err}");
+    assert!(err.contains("command not found: no-such-program"), "{err}");
+    let (code, _, err) = cli(&d, &["exec", "--cwd", "/no/such/dir", &sb, "--", "true"]);
+    assert_eq!(code, 126, "{err}");
+    assert!(err.contains("/no/such/dir"), "{err}");
+    let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["no-such-program"]})));
+    assert_eq!(v["exit_code"], 127, "{v}");
+}
