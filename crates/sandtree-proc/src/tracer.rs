@@ -529,9 +529,16 @@ impl State {
     /// A dead standby is dropped; a dead template drops every template of
     /// `ck` (a partial set cannot be restored exactly) and is returned.
     pub(crate) fn drop_dead_templates(&mut self, ck: &str) -> Vec<Unrestorable> {
-        // Between operations templates and standbys sit in a ptrace stop:
-        // any other state is one woken by a SIGKILL (dying, or dead).
-        let dead = |host: i32| !matches!(crate::procfs::state(host), Some('t' | 'T'));
+        // Between operations templates and standbys sit in a ptrace stop.
+        // Dead is told positively: gone, a zombie, or out of its stop with
+        // a SIGKILL pending (dying; a frozen task shows `D`, and lives).
+        let dead = |host: i32| match crate::procfs::state(host) {
+            Some('t' | 'T') => false,
+            None | Some('Z' | 'X') => true,
+            Some(_) => {
+                crate::procfs::status(host).map_or(true, |s| s.signals.pending & (1 << (libc::SIGKILL - 1)) != 0)
+            }
+        };
         let Some(set) = self.pools.get_mut(ck) else { return Vec::new() };
         let mut killed = Vec::new();
         for t in set.templates.iter_mut() {

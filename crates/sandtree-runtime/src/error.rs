@@ -100,8 +100,11 @@ fn sandbox_code(e: &sandtree_sandbox::Error) -> ErrorCode {
         E::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
         E::NoSession(_) => ErrorCode::SessionNotFound,
         E::SessionTimeout => ErrorCode::Timeout,
-        // A program that does not exist, a working directory that does not.
-        E::CommandNotFound { .. } | E::SpawnFailed { .. } => ErrorCode::InvalidArgument,
+        // A program that does not exist, a working directory that does not
+        // (shell-style codes 127, 126); without a code it failed in init
+        // (a fork, a pipe), not in the request.
+        E::CommandNotFound { .. } | E::SpawnFailed { code: Some(_), .. } => ErrorCode::InvalidArgument,
+        E::SpawnFailed { code: None, .. } => ErrorCode::Internal,
         E::Io { .. } | E::Protocol(_) | E::Busy(_) | E::Cgroup(_) => ErrorCode::Internal,
     }
 }

@@ -6,7 +6,12 @@
 //!    `sandboxes/<id>/<new>` stacked over the checkpoint's layers
 //!    (`Config::layered`; else a writable snapshot of its layer over the
 //!    layers under it). The sandbox keeps running; a failure here changes
-//!    nothing;
+//!    nothing. Meanwhile the tracer answers the plan (the templates, the
+//!    pids to spare, templates found killed): when the checkpoint captured
+//!    processes of this sandbox but their templates are gone (killed from
+//!    inside, evicted, lost with a stop or a daemon restart), the rollback
+//!    fails here with `ProcessesLost`, naming them, unless the request
+//!    allows a restart (`allow_restart`); nothing was committed;
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the
 //!    new one; re-adoption checks which layer a surviving init runs on);
@@ -14,11 +19,6 @@
 //!    of the new subvolume, init kills every other process but the process
 //!    templates and swaps its root for them, keeping its namespaces, cgroup,
 //!    `/proc` and `/dev`;
-//!    When the checkpoint captured processes of this sandbox but their
-//!    templates are gone (found killed by the tracer's plan, evicted, or
-//!    lost in a daemon restart), the commit is undone and the rollback
-//!    fails with `ProcessesLost`, naming them, unless the request allows a
-//!    restart (`allow_restart`);
 //! 4. when the checkpoint has templates, bring its processes back from them
 //!    (`sandtree_proc::Tracer::restore`: same pids, memory, registers, open
 //!    files reopened in the new tree, cwd, session);
@@ -57,7 +57,7 @@ impl Engine {
         let _op = tracer.as_ref().map(|t| t.begin());
         // The checkpoint's templates, and the pids init spares: asked of
         // the tracer thread first, answered while the rows are read and the
-        // layer is taken and committed (the rows took ~0.1 ms). Asked for
+        // layer is taken (the rows took ~0.1 ms). Asked for
         // an id that is then refused, it only did the tracer's housekeeping.
         let plan = tracer
             .as_ref()
@@ -84,6 +84,28 @@ impl Engine {
             None => (self.rollback_layer(id, &ck).await?, None),
         };
         let t_snap = t0.elapsed();
+        let captured = crate::sandbox_checkpoint::captured_of(&ck);
+        // (A tracer gone means no templates.)
+        let sandtree_proc::RollbackPlan { templates, keep, killed } = match plan {
+            Some(Ok(started)) => crate::engine::block(|| started.wait()).unwrap_or_default(),
+            _ => Default::default(),
+        };
+        let t_plan = t0.elapsed();
+        // The processes this rollback must bring back: those the checkpoint
+        // captured of this sandbox. Without their templates it could only
+        // restart the sandbox: refused, before anything is committed,
+        // unless the request allows it.
+        let wanted = wanted_processes(captured.as_ref(), ck.sandbox_id == id);
+        if !wanted.is_empty() && templates.is_none() && !req.allow_restart {
+            drop(prepared);
+            self.discard_subvol_later(&new.subvol);
+            return Err(Error::ProcessesLost {
+                sandbox: id.to_string(),
+                checkpoint: ck.id,
+                processes: wanted.join(", "),
+                reason: lost_reason(&killed, tracer.is_some()),
+            });
+        }
         let res = self.meta.set_sandbox_subvol(id, &new.subvol, &new.lowers, Some(&ck.id), new.base_transid);
         if let Err(e) = res {
             drop(prepared);
@@ -99,36 +121,6 @@ impl Engine {
         rec2.lowers = new.lowers;
         rec2.base_checkpoint = Some(ck.id.clone());
         rec2.base_transid = new.base_transid;
-        let captured = crate::sandbox_checkpoint::captured_of(&ck);
-        // (A tracer gone means no templates.)
-        let sandtree_proc::RollbackPlan { templates, keep, killed } = match plan {
-            Some(Ok(started)) => crate::engine::block(|| started.wait()).unwrap_or_default(),
-            _ => Default::default(),
-        };
-        let t_plan = t0.elapsed();
-        // The processes this rollback must bring back: those the checkpoint
-        // captured of this sandbox. Without their templates it could only
-        // restart the sandbox: refused unless the request allows it, and
-        // then undone (the old layer is still the sandbox's).
-        let wanted = wanted_processes(captured.as_ref(), ck.sandbox_id == id);
-        if !wanted.is_empty() && templates.is_none() && !req.allow_restart {
-            let undone = self.meta.set_sandbox_subvol(
-                id,
-                &rec.subvol,
-                &rec.lowers,
-                rec.base_checkpoint.as_deref(),
-                rec.base_transid,
-            );
-            drop(prepared);
-            self.discard_subvol_later(&rec2.subvol);
-            undone?;
-            return Err(Error::ProcessesLost {
-                sandbox: id.to_string(),
-                checkpoint: ck.id,
-                processes: wanted.join(", "),
-                reason: lost_reason(&killed),
-            });
-        }
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
@@ -290,7 +282,7 @@ impl Engine {
                 "{RESTART_NOTE}: this checkpoint was taken of sandbox {}, whose processes cannot move into another sandbox yet",
                 ck.sandbox_id
             ),
-            (None, None) => format!("{RESTART_NOTE}, as allowed: {}", lost_reason(&killed)),
+            (None, None) => format!("{RESTART_NOTE}, as allowed: {}", lost_reason(&killed, tracer.is_some())),
         };
         tracing::debug!(sandbox = id, returned = ?t0.elapsed(), "rollback returns");
         Ok(RollbackResponse {
@@ -371,9 +363,13 @@ fn wanted_processes(captured: Option<&sandtree_proc::CaptureReport>, same_sandbo
     }
 }
 
-/// Why a checkpoint's templates are gone.
-fn lost_reason(killed: &[sandtree_proc::Unrestorable]) -> String {
-    if killed.is_empty() {
+/// Why a checkpoint's templates are gone (`running`: the sandbox has a
+/// tracer, so they were not lost with its processes).
+fn lost_reason(killed: &[sandtree_proc::Unrestorable], running: bool) -> String {
+    if !running {
+        "their copies lived in the sandbox's processes, which were stopped (or lost when the daemon restarted)"
+            .to_string()
+    } else if killed.is_empty() {
         "their copies are gone (evicted from the process pool by its memory budget, or lost when the daemon restarted)"
             .to_string()
     } else {

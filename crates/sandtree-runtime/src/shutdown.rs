@@ -76,10 +76,15 @@ impl Engine {
 
         if !keep_sandboxes {
             let live: Vec<_> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
-            for id in live {
+            // All at once, under one bound: the exit takes as long as the
+            // slowest sandbox, not the sum of them.
+            let kills = live.into_iter().filter_map(|id| {
                 // (Also shuts its tracer down: templates live in its pid namespace.)
-                let Some(sb) = self.live_set(&id, None) else { continue };
-                match tokio::time::timeout(SHUTDOWN_STEP, sb.kill()).await {
+                let sb = self.live_set(&id, None)?;
+                Some(async move { (tokio::time::timeout(SHUTDOWN_STEP, sb.kill()).await, id) })
+            });
+            for (killed, id) in futures_util::future::join_all(kills).await {
+                match killed {
                     Ok(Ok(())) => report.sandboxes_stopped += 1,
                     Ok(Err(e)) => {
                         report.left_behind.push(format!("sandbox {id}: {e}: gc removes it at the next start"))

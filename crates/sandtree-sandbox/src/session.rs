@@ -245,6 +245,20 @@ struct RunModes {
     opost: bool,
 }
 
+/// Puts a session's terminal modes back when dropped.
+struct ModesBack {
+    shared: Arc<Shared>,
+    was: RunModes,
+}
+
+impl Drop for ModesBack {
+    fn drop(&mut self) {
+        if self.was.echo || self.was.opost {
+            let _ = set_modes(self.shared.master.get_ref(), self.was);
+        }
+    }
+}
+
 /// Sets echo and output processing; returns what they were.
 fn set_modes(fd: impl AsFd, modes: RunModes) -> std::io::Result<RunModes> {
     use rustix::termios::{LocalModes, OptionalActions, OutputModes, tcgetattr, tcsetattr};
@@ -347,6 +361,9 @@ impl Sandbox {
         shared.cut.lock().unwrap_or_else(|e| e.into_inner()).pending.clear();
         let modes_were = set_modes(shared.master.get_ref(), RunModes { echo: false, opost: false })
             .map_err(io_err("disable terminal echo and output processing"))?;
+        // Back as they were however the run ends (an error, a cancelled
+        // request): else the next run would take "off" as the user's modes.
+        let _modes = ModesBack { shared: shared.clone(), was: modes_were };
         let line = format!("eval {}\n", ansi_c_quote(command));
         write_all(&shared, line.as_bytes()).await?;
         let wait = async { prompts.wait_for(|n| *n > start).await.map(|_| ()) };
@@ -354,7 +371,7 @@ impl Sandbox {
             Some(t) => tokio::time::timeout(t, wait).await.ok(),
             None => Some(wait.await),
         };
-        let result = match done {
+        match done {
             Some(Ok(_)) => {
                 let cut = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
                 Ok(SessionRunOutput { output: cut.last_output.clone(), exit_code: Some(cut.last_rc), timed_out: false })
@@ -374,11 +391,7 @@ impl Sandbox {
                 };
                 Ok(SessionRunOutput { output: raw, exit_code: None, timed_out: true })
             }
-        };
-        if modes_were.echo || modes_were.opost {
-            let _ = set_modes(shared.master.get_ref(), modes_were);
         }
-        result
     }
 
     /// Attach to a session: output subscription, writer, resize.

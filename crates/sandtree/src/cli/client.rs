@@ -210,12 +210,23 @@ impl Client {
             .name("stdin".into())
             .spawn(move || pump_reader(stdin, tx))
             .context("starting the stdin reader")?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let rest = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-        let chunks = futures_util::stream::once(async move { Ok(Bytes::from(line)) })
-            .chain(rest)
-            .take_until(stopped)
-            .map(|c| c.map(Frame::data));
+        // `true`: end the body cleanly; `false` (or the sender dropped):
+        // break it off, so that the daemon kills the program rather than
+        // give it a cut stdin as the whole.
+        let (stop, stopped) = oneshot::channel::<bool>();
+        let rest = futures_util::stream::unfold(Some((rx, stopped)), |state| async move {
+            let (mut rx, mut stopped) = state?;
+            tokio::select! {
+                biased;
+                clean = &mut stopped => match clean {
+                    Ok(true) => None,
+                    _ => Some((Err(io::Error::other("the CLI stopped before the end of its stdin")), None)),
+                },
+                chunk = rx.recv() => chunk.map(|c| (c, Some((rx, stopped)))),
+            }
+        });
+        let chunks =
+            futures_util::stream::once(async move { Ok(Bytes::from(line)) }).chain(rest).map(|c| c.map(Frame::data));
         let body = StreamBody::new(chunks).boxed_unsync();
         let resp = self.send_body(Method::POST, path, Some(EXEC_STDIN_CONTENT_TYPE), body).await?;
         Ok((resp, StdinStop(Some(stop))))
@@ -280,20 +291,24 @@ pub const STDIN_CHUNK: usize = 256 << 10;
 /// Chunks of a streamed stdin read ahead of the connection.
 pub const STDIN_CHUNKS: usize = 4;
 
-/// Ends a body started by [`Client::send_stdin`] when called or dropped.
-pub struct StdinStop(Option<oneshot::Sender<()>>);
+/// Ends a body started by [`Client::send_stdin`]: cleanly with
+/// [`StdinStop::stop`] (the program's answer is in), or, dropped without
+/// it (an error on the way), by breaking the body off.
+pub struct StdinStop(Option<oneshot::Sender<bool>>);
 
 impl StdinStop {
     pub fn stop(&mut self) {
         if let Some(s) = self.0.take() {
-            let _ = s.send(());
+            let _ = s.send(true);
         }
     }
 }
 
 impl Drop for StdinStop {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(s) = self.0.take() {
+            let _ = s.send(false);
+        }
     }
 }
 

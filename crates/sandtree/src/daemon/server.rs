@@ -150,19 +150,30 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         r.context("server task")??;
         bail!("a listener stopped unexpectedly");
     }
-    let drained = tokio::time::timeout(DRAIN, async {
-        while let Some(r) = servers.join_next().await {
-            if let Ok(Err(e)) = r {
-                tracing::warn!("{e:#}");
+    // A second signal cuts the clean-up short: the next start copes with
+    // what is left, as after a SIGKILL.
+    let clean_up = async {
+        let drained = tokio::time::timeout(DRAIN, async {
+            while let Some(r) = servers.join_next().await {
+                if let Ok(Err(e)) = r {
+                    tracing::warn!("{e:#}");
+                }
             }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("requests still running after {DRAIN:?}; exiting anyway");
         }
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!("requests still running after {DRAIN:?}; exiting anyway");
-    }
-    let _ = std::fs::remove_file(&socket);
-    let report = engine.shutdown(args.keep_sandboxes).await;
+        let _ = std::fs::remove_file(&socket);
+        engine.shutdown(args.keep_sandboxes).await
+    };
+    let report = tokio::select! {
+        report = clean_up => report,
+        _ = shutdown_signal() => {
+            let _ = std::fs::remove_file(&socket);
+            bail!("a second signal: exited before the clean-up ended; the next start reuses or removes what was left");
+        }
+    };
     for left in &report.left_behind {
         tracing::warn!("left behind: {left}");
     }
