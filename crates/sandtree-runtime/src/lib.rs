@@ -56,6 +56,7 @@ pub use sandtree_proc::{
 };
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{
-    Backend, Cgroup, HostConfig, INIT_NAME, Limits as CgroupLimits, StdinStream, Zygote, cgroup,
+    Backend, Cgroup, HostConfig, INIT_NAME, Limits as CgroupLimits, StdinSender, StdinStream, Zygote, cgroup,
+    stdin_channel,
 };
 pub use shutdown::{SHUTDOWN_STEP, ShutdownReport};

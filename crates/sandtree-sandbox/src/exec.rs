@@ -9,7 +9,8 @@
 //!    until EOF, keeping at most `max_output_bytes` per stream but always
 //!    reading on, so a flooding process is never blocked on a full pipe;
 //!    stdin is either bytes given up front or a [`StdinStream`] of chunks
-//!    written as they come (an `Err` chunk kills the process group: an
+//!    written as they come (a broken-off stream kills the process group,
+//!    even while a write waits on a program that does not read: an
 //!    interrupted upload must not look like the end of the input);
 //! 4. init reports `Exited`; on timeout the daemon sends `Kill` for the
 //!    process group (`SIGKILL`) first. After the exit, output is drained for
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::protocol::{Reply, Request, StdioSpec};
@@ -43,11 +44,49 @@ const DRAIN_GRACE: Duration = Duration::from_millis(200);
 /// Output chunks `exec_stream` holds for a slow consumer (64 KiB each).
 const STREAM_CHUNKS: usize = 16;
 
-/// Stdin fed chunk by chunk (e.g. from an HTTP request body). The end of
-/// the channel closes the program's stdin; an `Err` chunk kills the
-/// program's process group instead. The receiver is dropped as soon as the
-/// program closes its stdin or exits: the sender sees the channel closed.
-pub type StdinStream = mpsc::Receiver<std::io::Result<Vec<u8>>>;
+/// Stdin fed chunk by chunk (e.g. from an HTTP request body), made by
+/// [`stdin_channel`]. The end of the stream (its [`StdinSender`] dropped)
+/// closes the program's stdin; [`StdinSender::break_off`] kills the
+/// program's process group instead, at once, out of band of the chunks
+/// still queued. The stream is dropped as soon as the program closes its
+/// stdin or exits: the sender sees the channel closed.
+pub struct StdinStream {
+    chunks: mpsc::Receiver<Vec<u8>>,
+    broken: oneshot::Receiver<String>,
+}
+
+impl std::fmt::Debug for StdinStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdinStream").field("queued", &self.chunks.len()).finish_non_exhaustive()
+    }
+}
+
+/// The feeding side of a [`StdinStream`].
+pub struct StdinSender {
+    chunks: mpsc::Sender<Vec<u8>>,
+    broken: Option<oneshot::Sender<String>>,
+}
+
+/// A stream of stdin that holds at most `chunks` chunks in flight.
+pub fn stdin_channel(chunks: usize) -> (StdinSender, StdinStream) {
+    let (tx, rx) = mpsc::channel(chunks);
+    let (broke, broken) = oneshot::channel();
+    (StdinSender { chunks: tx, broken: Some(broke) }, StdinStream { chunks: rx, broken })
+}
+
+impl StdinSender {
+    /// Queues a chunk; false once the program no longer reads.
+    pub async fn send(&self, chunk: Vec<u8>) -> bool {
+        self.chunks.send(chunk).await.is_ok()
+    }
+
+    /// The input broke off (`why`): the program is killed.
+    pub fn break_off(mut self, why: String) {
+        if let Some(b) = self.broken.take() {
+            let _ = b.send(why);
+        }
+    }
+}
 
 /// Where a command's stdin comes from.
 enum Stdin {
@@ -344,23 +383,55 @@ async fn feed(conn: Arc<Conn>, pid: i32, mut pipe: pipe::Sender, stdin: Stdin) {
         Stdin::Bytes(Some(data)) => {
             let _ = pipe.write_all(&data).await;
         }
-        Stdin::Stream(mut rx) => {
-            while let Some(chunk) = rx.recv().await {
-                match chunk {
-                    Ok(data) => {
-                        // EPIPE: the program closed its stdin; dropping
-                        // `rx` tells the sender to stop.
-                        if pipe.write_all(&data).await.is_err() {
-                            return;
+        Stdin::Stream(StdinStream { mut chunks, mut broken }) => {
+            // `Some(why)`: broken off; `None`: the stream ended (its
+            // sender dropped, the queued chunks written), or the program
+            // stopped reading.
+            let why = async {
+                // (False once the sender is gone without breaking off.)
+                let mut watching = true;
+                loop {
+                    let data = tokio::select! {
+                        biased;
+                        why = &mut broken, if watching => match why {
+                            Ok(why) => return Some(why),
+                            Err(_) => {
+                                watching = false;
+                                continue;
+                            }
+                        },
+                        data = chunks.recv() => match data {
+                            Some(data) => data,
+                            None => return None,
+                        },
+                    };
+                    // The write goes on across a clean end of the sender.
+                    let write = pipe.write_all(&data);
+                    tokio::pin!(write);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            why = &mut broken, if watching => match why {
+                                Ok(why) => return Some(why),
+                                Err(_) => watching = false,
+                            },
+                            // EPIPE: the program closed its stdin; dropping
+                            // the stream tells the sender to stop.
+                            written = &mut write => {
+                                if written.is_err() {
+                                    return None;
+                                }
+                                break;
+                            }
                         }
                     }
-                    Err(e) => {
-                        tracing::debug!(pid, "stdin stream failed ({e}): killing the process group");
-                        let _ = conn.request(Request::Kill { pid, signal: 9, group: true }, &[]).await;
-                        let _ = conn.request(Request::Kill { pid, signal: 9, group: false }, &[]).await;
-                        return;
-                    }
                 }
+            }
+            .await;
+            if let Some(why) = why {
+                tracing::debug!(pid, "stdin stream broke off ({why}): killing the process group");
+                let _ = conn.request(Request::Kill { pid, signal: 9, group: true }, &[]).await;
+                let _ = conn.request(Request::Kill { pid, signal: 9, group: false }, &[]).await;
             }
         }
     }

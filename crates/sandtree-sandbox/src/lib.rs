@@ -34,6 +34,8 @@ pub mod exec;
 pub mod sandbox;
 pub mod session;
 
-pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitInfo, ProcessInfo, StdinStream};
+pub use exec::{
+    ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitInfo, ProcessInfo, StdinSender, StdinStream, stdin_channel,
+};
 pub use sandbox::{Error, Result, Sandbox};
 pub use session::{SessionId, SessionInfo, SessionIo, SessionOptions, SessionRunOutput};

@@ -24,7 +24,6 @@ use axum::http::{HeaderMap, header};
 use futures_util::StreamExt;
 use sandtree_api::{EXEC_STDIN_CONTENT_TYPE, ErrorCode, ExecRequest};
 use sandtree_runtime::StdinStream;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::error::{ApiFailure, parse_json};
@@ -84,7 +83,7 @@ pub async fn split(body: &mut BodyDataStream) -> Result<(ExecRequest, Bytes), Ap
 /// the program stops reading, reads the body on and drops it. The task ends
 /// with the body.
 pub fn feed(first: Bytes, mut body: BodyDataStream) -> (StdinStream, JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel(CHUNKS);
+    let (tx, rx) = sandtree_runtime::stdin_channel(CHUNKS);
     let task = tokio::spawn(async move {
         let mut open = true;
         let mut next = Some(first);
@@ -95,13 +94,14 @@ pub fn feed(first: Bytes, mut body: BodyDataStream) -> (StdinStream, JoinHandle<
                     None => return,
                     Some(Ok(chunk)) => chunk,
                     Some(Err(e)) => {
-                        let _ = tx.send(Err(std::io::Error::other(format!("reading the request body: {e}")))).await;
+                        // (At once, whatever is still queued.)
+                        tx.break_off(format!("reading the request body: {e}"));
                         return;
                     }
                 },
             };
             if open && !chunk.is_empty() {
-                open = tx.send(Ok(Vec::from(chunk))).await.is_ok();
+                open = tx.send(Vec::from(chunk)).await;
             }
         }
     });
