@@ -11,9 +11,10 @@
 //!
 //! A body that breaks off (the client went away) kills the program rather
 //! than giving it a truncated stdin. A program that stops reading (it closed
-//! its stdin, or exited) stops the feed, and the rest of the body is read
-//! and dropped: the daemon never closes the connection on a client that is
-//! still sending, which could lose it the answer. A buffered answer comes
+//! its stdin, or exited, or never started) stops the feed, and the rest of
+//! the body is read and dropped, up to the bound of a refused body
+//! (`error::DRAIN_MAX`): the daemon does not close the connection on a
+//! client that is still sending, which could lose it the answer. A buffered answer comes
 //! once the body has ended (for clients that send the whole body before
 //! they read: most HTTP libraries); a streamed one ends with the `exit`
 //! event, and a full-duplex client then ends its body (as `sandtree exec`
@@ -86,6 +87,7 @@ pub fn feed(first: Bytes, mut body: BodyDataStream) -> (StdinStream, JoinHandle<
     let (tx, rx) = sandtree_runtime::stdin_channel(CHUNKS);
     let task = tokio::spawn(async move {
         let mut open = true;
+        let mut dropped = 0;
         let mut next = Some(first);
         loop {
             let chunk = match next.take() {
@@ -102,6 +104,12 @@ pub fn feed(first: Bytes, mut body: BodyDataStream) -> (StdinStream, JoinHandle<
             };
             if open && !chunk.is_empty() {
                 open = tx.send(Vec::from(chunk)).await;
+            } else if !open {
+                // Read on and dropped, up to the bound a refused body gets.
+                dropped += chunk.len();
+                if dropped > super::error::DRAIN_MAX {
+                    return;
+                }
             }
         }
     });
