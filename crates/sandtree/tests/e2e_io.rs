@@ -529,3 +529,49 @@ fn a_gib_of_stdin_streams_through_in_flat_daemon_memory() {
     eprintln!("1 GiB in {elapsed:?}; daemon RSS {base} KiB before, peak {hwm} KiB");
     assert!(hwm < base + (64 << 10), "the daemon grew from {base} KiB to {hwm} KiB while 1 GiB streamed through");
 }
+
+/// `sandtree exec -n` leaves the caller's stdin alone, as `ssh -n` does: a
+/// `while read` loop keeps its input.
+#[test]
+fn no_stdin_leaves_a_read_loop_its_input() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("io-nostdin");
+    let sb = d.create();
+    let run = |flag: &str| {
+        let script = format!(
+            "printf 'a\\nb\\nc\\n' | while read l; do {BIN} --socket {} exec {flag} {sb} -- echo \"got $l\"; done",
+            d.socket.display()
+        );
+        let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(run("-n"), "got a\ngot b\ngot c\n");
+    // (Without it the first exec takes the loop's input, as `ssh` would.)
+    assert_eq!(run(""), "got a\n");
+}
+
+/// `sandtree --json exec` with a piped stdin keeps at most 1 MiB of each
+/// stream, as a buffered answer does, and says what it cut.
+#[test]
+fn json_exec_with_stdin_keeps_a_bounded_output() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("io-jsoncap");
+    let sb = d.create();
+    let input = scratch(&d, "zeros", &vec![b'z'; 3 << 20]);
+    let out = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--json", "exec", &sb, "--", "cat"])
+        .stdin(std::fs::File::open(&input).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stdout"].as_str().map(str::len), Some(1 << 20), "kept");
+    assert_eq!((v["stdout_truncated"].as_bool(), v["stderr_truncated"].as_bool()), (Some(true), Some(false)));
+}

@@ -216,6 +216,10 @@ pub struct ExecArgs {
     /// Start in the background; prints the pid (see `ps`, `logs`, `kill`).
     #[arg(long, short = 'd')]
     pub background: bool,
+    /// Give the command an empty stdin instead of this one's (as `ssh -n`:
+    /// for use inside `while read` loops, which would lose their input).
+    #[arg(long, short = 'n')]
+    pub no_stdin: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,

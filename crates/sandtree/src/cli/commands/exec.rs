@@ -27,7 +27,7 @@ pub fn exit_status(r: &ExecResponse) -> i32 {
 /// for in base64 and written out as the exact bytes. With `--json`, the
 /// answer is one `ExecResponse` (output as text).
 pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
-    let streamed_stdin = !a.background && !std::io::stdin().is_terminal();
+    let streamed_stdin = !a.background && !a.no_stdin && !std::io::stdin().is_terminal();
     let req = ExecRequest {
         cmd: a.cmd,
         env: a.env.into_iter().collect(),
@@ -59,13 +59,15 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
     };
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
-    let (mut out, mut err) = (Vec::new(), Vec::new()); // kept for --json
+    // Kept for --json, at most as much as a buffered answer keeps.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (mut out_cut, mut err_cut) = (false, false);
     let mut last = None;
     read_stream(resp, |ev: ExecEvent| {
         match ev {
             ExecEvent::Started { .. } => {}
-            ExecEvent::Stdout { data } if ctx.json => out.extend(decode(&data)?),
-            ExecEvent::Stderr { data } if ctx.json => err.extend(decode(&data)?),
+            ExecEvent::Stdout { data } if ctx.json => keep(&mut out, &mut out_cut, decode(&data)?),
+            ExecEvent::Stderr { data } if ctx.json => keep(&mut err, &mut err_cut, decode(&data)?),
             ExecEvent::Stdout { data } => {
                 stdout.write_all(&decode(&data)?)?;
                 stdout.flush()?;
@@ -90,12 +92,24 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
     if ctx.json {
         r.stdout = String::from_utf8_lossy(&out).into_owned();
         r.stderr = String::from_utf8_lossy(&err).into_owned();
+        r.stdout_truncated = out_cut;
+        r.stderr_truncated = err_cut;
         print_json(&serde_json::to_value(&r)?);
     } else if r.timed_out {
         eprintln!("sandtree: the command timed out and was killed");
     }
     Ok(exit_status(&r))
 }
+
+/// Appends `data` to `kept` up to [`JSON_KEPT`] bytes; `cut` says some was dropped.
+fn keep(kept: &mut Vec<u8>, cut: &mut bool, data: Vec<u8>) {
+    let room = JSON_KEPT.saturating_sub(kept.len());
+    *cut |= data.len() > room;
+    kept.extend_from_slice(&data[..room.min(data.len())]);
+}
+
+/// Output kept per stream for `--json` (the API's default `max_output_bytes`).
+const JSON_KEPT: usize = 1 << 20;
 
 /// Output the daemon sent as base64.
 fn decode(data: &str) -> Result<Vec<u8>> {
