@@ -428,6 +428,8 @@ pub(crate) struct Cloned {
     itimers: Vec<(i32, Vec<u8>)>,
     /// Its alternate signal stack (`stack_t`), if enabled.
     altstack: Option<Vec<u8>>,
+    /// It is a child subreaper.
+    child_subreaper: bool,
     /// Its rseq registration.
     rseq: Option<(u64, u32, u32, u32)>,
     /// The original's cwd, root and executable, read while it is stopped
@@ -612,7 +614,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         t.standby_taken = true;
         // (A process that ran no code since its previous template: the
         // standby of the one before is not it.)
-        let quiet = (extra.is_none() && t.image.itimers.is_empty() && t.image.threads == 1)
+        let quiet = (extra.is_none() && t.image.itimers.is_empty() && !t.image.child_subreaper && t.image.threads == 1)
             .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
         if extra.is_some() {
             tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
@@ -1198,7 +1200,7 @@ fn clone_of(
                 }
             }
             let itimers = match quiet {
-                true => (Vec::new(), quiet_altstack.clone().flatten()),
+                true => (Vec::new(), quiet_altstack.clone().flatten(), false),
                 false => timers(s, orig)?,
             };
             Ok(crate::incremental::Before {
@@ -1207,7 +1209,7 @@ fn clone_of(
                 rest: (status, queued, itimers),
             })
         };
-        let (patched, fds, (status, queued, (mut itimers, altstack))) = match incremental {
+        let (patched, fds, (status, queued, (mut itimers, altstack, child_subreaper))) = match incremental {
             Some((tracking, base, copier)) => {
                 let (patched, fds, pre) = crate::incremental::patch(
                     s,
@@ -1392,6 +1394,7 @@ fn clone_of(
             ghosts,
             itimers,
             altstack,
+            child_subreaper,
             rseq,
             paths,
             host: tpl,
@@ -1436,12 +1439,12 @@ fn clone_of(
     Ok(c)
 }
 
-/// The original's interval timers (all three, armed or not) and alternate
-/// signal stack, by injected calls. Interval timers are not inherited by
-/// fork: they are read into the dead space below the stack's red zone
-/// (nothing lives there while the process is stopped at a syscall or
-/// signal boundary).
-fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> {
+/// The original's interval timers (all three, armed or not), alternate
+/// signal stack and child-subreaper flag, by injected calls. Interval
+/// timers and the flag are not inherited by fork: they are read into the
+/// dead space below the stack's red zone (nothing lives there while the
+/// process is stopped at a syscall or signal boundary).
+fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, bool)> {
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
@@ -1470,8 +1473,10 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>)> 
     let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
     let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
     let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
+    let subreaper = read(libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, buf], 4)?;
+    let child_subreaper = i32::from_ne_bytes(subreaper[..4].try_into().unwrap_or_default()) != 0;
     ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
-    Ok((itimers, altstack))
+    Ok((itimers, altstack, child_subreaper))
 }
 
 /// An inotify instance is made anew per process at the restore: one that
@@ -1571,6 +1576,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.ghosts = c.ghosts;
     image.itimers = c.itimers;
     image.altstack = c.altstack;
+    image.child_subreaper = c.child_subreaper;
     image.rseq = c.rseq;
     image.robust_list = c.robust_list;
     image.threads = 1 + c.threads.len() as u32;

@@ -84,6 +84,10 @@ pub struct ProcessImage {
     /// Alternate signal stack (raw `stack_t`), if enabled.
     #[serde(default)]
     pub altstack: Option<Vec<u8>>,
+    /// It is a child subreaper (`PR_SET_CHILD_SUBREAPER`; a fork does not
+    /// inherit it).
+    #[serde(default)]
+    pub child_subreaper: bool,
     /// rseq registration (area, length, flags, signature).
     #[serde(default)]
     pub rseq: Option<(u64, u32, u32, u32)>,

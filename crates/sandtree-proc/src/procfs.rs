@@ -669,6 +669,7 @@ pub fn capture(
         ghosts: Vec::new(),
         itimers: Vec::new(),
         altstack: None,
+        child_subreaper: false,
         rseq: None,
         robust_list: None,
         other_threads: Vec::new(),

@@ -988,6 +988,11 @@ fn fix_up(
         let val = b.data(val);
         b.call("setitimer", libc::SYS_setitimer, &[Arg::Val(*which as u64), val, Arg::Val(0)]);
     }
+    // Nor the child-subreaper flag.
+    if image.child_subreaper {
+        let set = libc::PR_SET_CHILD_SUBREAPER as u64;
+        b.call("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[Arg::Val(set), Arg::Val(1)]);
+    }
     p.run_batch(&mut b)?;
     // Signals pending at the checkpoint (a fork does not inherit them),
     // queued again with their siginfo, to the thread or the process as

@@ -2050,6 +2050,51 @@ fn interval_timer_keeps_firing(e: &Engine) -> CaseFuture<'_> {
 }
 
 // ---------------------------------------------------------------------------
+// The child-subreaper flag (not inherited by fork: put back by the restore).
+
+const SUBREAPER_PY: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+def handle(cmd):
+    if cmd == 'state':
+        v = ctypes.c_int(-1)
+        libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(v), 0, 0, 0)
+        return 'subreaper=%d' % v.value
+    if cmd == 'mutate':
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        return 'cleared'
+    raise ValueError(cmd)
+
+serve(handle)
+"#;
+
+/// A child subreaper is one again after a rollback, from a template made
+/// by a fork and from one made while the process ran no code (the quiet
+/// path, which reads nothing of it).
+fn child_subreaper_survives_rollback(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, SUBREAPER_PY).await?;
+        ensure!(w.ask(e, "state").await? == "subreaper=1");
+        let ck1 = w.checkpoint(e).await?;
+        // Nothing ran in between: the second template comes from the first.
+        let ck2 = w.checkpoint(e).await?;
+        let mut c = Checks::default();
+        c.eq("after the checkpoints", &w.ask(e, "state").await?, "subreaper=1");
+        for (round, ck) in [&ck1, &ck2, &ck1].into_iter().enumerate() {
+            c.eq("cleared", &w.ask(e, "mutate").await?, "cleared");
+            w.rollback(e, ck).await?;
+            c.eq(&format!("after a rollback to {ck}"), &w.ask(e, "state").await?, "subreaper=1");
+            c.result(round)?;
+            c = Checks::default();
+        }
+        w.delete(e).await
+    })
+}
+
+// ---------------------------------------------------------------------------
 // Deleted-but-open files.
 
 const GHOST_PY: &str = r#"
@@ -2482,6 +2527,7 @@ fn main() {
         ("session_python_repl", session_python_repl),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", interval_timer_keeps_firing),
+        ("child_subreaper_survives_rollback", child_subreaper_survives_rollback),
         ("rollback_while_pages_are_written", rollback_while_pages_are_written),
         ("checkpoints_while_standbys_fork", checkpoints_while_standbys_fork),
         ("templates_from_older_standbys", templates_from_older_standbys),
