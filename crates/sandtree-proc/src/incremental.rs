@@ -413,7 +413,7 @@ pub(crate) fn fingerprint(host: i32, status: Option<&str>) -> io::Result<String>
         }
     }
     let stat = std::fs::read_to_string(format!("{base}/stat"))?;
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let fields: Vec<&str> = crate::procfs::stat_fields(&stat).collect();
     for &n in STAT_FIELDS {
         // `fields` starts at field 3.
         out.push_str(fields.get(n - 3).copied().unwrap_or("?"));

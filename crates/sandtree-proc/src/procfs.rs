@@ -62,17 +62,22 @@ fn hex(v: &str) -> u64 {
     u64::from_str_radix(v.trim(), 16).unwrap_or(0)
 }
 
-/// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
-/// zombie); `None` when the process is gone. The comm between the
-/// parentheses may hold any byte, so the letter is read after the last `)`.
-pub fn state(pid: i32) -> Option<char> {
-    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
-    state_of_stat(&text)
+/// The fields of a `/proc/<pid>/stat` line from the third (the state
+/// letter) on: the comm before them may hold any byte, spaces and
+/// parentheses included, so they start after the last `)`.
+pub(crate) fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
+    stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace()
 }
 
-fn state_of_stat(text: &[u8]) -> Option<char> {
-    let close = text.iter().rposition(|&b| b == b')')?;
-    text.get(close + 1..)?.iter().map(|&b| b as char).find(|c| !c.is_whitespace())
+/// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
+/// zombie); `None` when the process is gone.
+pub fn state(pid: i32) -> Option<char> {
+    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    state_of_stat(&String::from_utf8_lossy(&text))
+}
+
+fn state_of_stat(stat: &str) -> Option<char> {
+    stat_fields(stat).next()?.chars().next()
 }
 
 /// Parse `/proc/<pid>/status`.
@@ -112,10 +117,8 @@ pub fn status(pid: i32) -> io::Result<Status> {
 /// `tty_nr` from `/proc/<pid>/stat` (0: no controlling terminal).
 pub fn tty_nr(pid: i32) -> io::Result<i64> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // comm may contain spaces and parentheses: fields start after the last ')'.
-    let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    // rest: " state ppid pgrp session tty_nr ..."
-    Ok(rest.split_whitespace().nth(4).and_then(|v| v.parse().ok()).unwrap_or(0))
+    // state ppid pgrp session tty_nr ...
+    Ok(stat_fields(&text).nth(4).and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
 pub(crate) fn readlink(path: impl AsRef<Path>) -> io::Result<String> {
@@ -786,9 +789,9 @@ mod tests {
 
     #[test]
     fn state_is_read_after_the_last_parenthesis_of_the_comm() {
-        assert_eq!(state_of_stat(b"42 (a) b) Z 1 42 42 0 -1"), Some('Z'));
-        assert_eq!(state_of_stat(b"7 (python3) t 1 7 7"), Some('t'));
-        assert_eq!(state_of_stat(b"garbage"), None);
+        assert_eq!(state_of_stat("42 (a) b) Z 1 42 42 0 -1"), Some('Z'));
+        assert_eq!(state_of_stat("7 (python3) t 1 7 7"), Some('t'));
+        assert_eq!(state_of_stat("garbage"), None);
     }
 
     #[test]
