@@ -60,3 +60,4 @@ pub use sandtree_sandbox::{
     stdin_channel,
 };
 pub use shutdown::{SHUTDOWN_STEP, ShutdownReport};
+pub use util::rfc3339;

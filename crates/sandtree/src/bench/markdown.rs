@@ -20,7 +20,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use super::report::Report;
 
@@ -155,19 +155,9 @@ fn changed_besides_records(porcelain: &str) -> bool {
 
 /// `YYYY-MM-DD HH:MM UTC`.
 fn utc_minutes(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
+    // `YYYY-MM-DDTHH:MM:SS.mmmZ`
+    let full = sandtree_runtime::rfc3339(t);
+    format!("{} {} UTC", &full[..10], &full[11..16])
 }
 
 /// A table cell: pipes escaped, a sub-row's indent shown as `↳`.
@@ -340,6 +330,8 @@ fn write(path: &Path, text: &str) -> Result<(), RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
+
     use crate::bench::report::Row;
 
     fn info() -> RunInfo {
