@@ -233,6 +233,17 @@ fn pid_alive(pid: &str) -> bool {
         .is_some_and(|p| !matches!(rustix::process::test_kill_process(p), Err(rustix::io::Errno::SRCH)))
 }
 
+impl crate::Config {
+    /// Claims the host uid range of this config's data dir (see [`claim`])
+    /// and points the config at it: held until the claim is dropped.
+    pub fn claim_uid_range(&mut self, requested: Option<u32>, registry: &Path) -> Result<UidClaim> {
+        let held = claim(&self.data_dir, requested, registry)?;
+        self.uid_base = held.base();
+        self.uid_claim = Some(held.path().to_path_buf());
+        Ok(held)
+    }
+}
+
 /// Claim this data dir's range: the recorded one, or (first start) the
 /// one asked for or the first free one, recorded then. `data_dir` must
 /// exist. Fails if a running daemon of another data dir holds an

@@ -193,10 +193,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // made before ranges were recorded keep): held for the run, free again
     // once its data dir is removed.
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-    let uid_claim =
-        sandtree_runtime::uid_range::claim(&data_dir, None, Path::new(sandtree_runtime::uid_range::DEFAULT_REGISTRY))?;
-    cfg.uid_base = uid_claim.base();
-    cfg.uid_claim = Some(uid_claim.path().to_path_buf());
+    let _uid_claim = cfg.claim_uid_range(None, Path::new(sandtree_runtime::uid_range::DEFAULT_REGISTRY))?;
     let zygote = Zygote::start(cfg.host_config()).context("starting the zygote")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = rt.block_on(async {

@@ -157,9 +157,7 @@ pub fn main(args: DaemonArgs) -> Result<()> {
     cfg.data_dir =
         std::fs::canonicalize(&cfg.data_dir).with_context(|| format!("resolving {}", cfg.data_dir.display()))?;
     // Held until the daemon exits (and by its zygote, which dies with it).
-    let uid_claim = sandtree_runtime::uid_range::claim(&cfg.data_dir, args.uid_base, &args.uid_registry)?;
-    cfg.uid_base = uid_claim.base();
-    cfg.uid_claim = Some(uid_claim.path().to_path_buf());
+    let uid_claim = cfg.claim_uid_range(args.uid_base, &args.uid_registry)?;
     tracing::info!(
         range = sandtree_runtime::uid_range::range_text(uid_claim.base()),
         claim = %uid_claim.path().display(),
