@@ -519,8 +519,8 @@ async fn wait_with_timeout(conn: &Conn, pid: i32, timeout: Option<Duration>) -> 
 
 impl Sandbox {
     /// Run a command to completion and capture its output.
-    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
-        let stdin = Stdin::Bytes(req.stdin.clone());
+    pub async fn exec(&self, mut req: ExecRequest) -> Result<ExecOutput> {
+        let stdin = Stdin::Bytes(req.stdin.take());
         self.exec_from(req, stdin).await
     }
 
@@ -559,8 +559,8 @@ impl Sandbox {
     }
 
     /// Run a command and stream its output.
-    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
-        let stdin = Stdin::Bytes(req.stdin.clone());
+    pub async fn exec_stream(&self, mut req: ExecRequest) -> Result<ExecStream> {
+        let stdin = Stdin::Bytes(req.stdin.take());
         self.exec_stream_from(req, stdin).await
     }
 
@@ -591,9 +591,10 @@ impl Sandbox {
 
     /// Start a background process (own session); its output is kept in a
     /// ring buffer of [`BACKGROUND_RING`] bytes per stream.
-    pub async fn spawn_background(&self, req: ExecRequest) -> Result<ProcessInfo> {
+    pub async fn spawn_background(&self, mut req: ExecRequest) -> Result<ProcessInfo> {
         let conn = self.conn().clone();
-        let st = start(&conn, &req, true, Stdin::Bytes(req.stdin.clone())).await?;
+        let stdin = Stdin::Bytes(req.stdin.take());
+        let st = start(&conn, &req, true, stdin).await?;
         let info = ProcessInfo {
             pid: st.pid,
             argv: req.argv.clone(),
