@@ -463,6 +463,12 @@ impl Tracee {
     }
 }
 
+/// Size of the scratch mapping of each template: a page for the pointer
+/// arguments of single injected syscalls (paths, `clone_args`), then the
+/// area of batched ones (`batch.rs`: data, results, code). Mapped
+/// read-write-execute; a restore unmaps it from the restored process.
+pub(crate) const SCRATCH: u64 = crate::batch::BATCH_OFFSET + crate::batch::BATCH_SIZE;
+
 #[cfg(test)]
 mod tests {
     use super::*;

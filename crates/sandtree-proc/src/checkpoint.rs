@@ -1,25 +1,25 @@
 //! Checkpoint of a sandbox's processes: stop them all, capture, make
 //! templates, let them go. See the crate docs for the order.
 
+use crate::batch::SCRATCH;
+use crate::closer::drop_later;
+use crate::fdstate::Seen;
+use crate::incremental::During;
+use crate::procfs::resident_pages;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
 use crate::check::{self, Unrestorable};
+use crate::inject::kill_tracee;
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, Registers};
-use crate::tracer::{CaptureReport, CheckpointTemplates, State, StopReport, Stopped, Template, kill_tracee};
+use crate::tracer::{CaptureReport, CheckpointTemplates, State, StopReport, Stopped, Template};
 use crate::{Error, Result, procfs};
 
 /// Armed interval timers: (which, raw `struct itimerval`).
 type Itimers = Vec<(i32, Vec<u8>)>;
-
-/// Size of the scratch mapping of each template: a page for the pointer
-/// arguments of single injected syscalls (paths, `clone_args`), then the
-/// area of batched ones (`batch.rs`: data, results, code). Mapped
-/// read-write-execute; a restore unmaps it from the restored process.
-pub(crate) const SCRATCH: u64 = crate::batch::BATCH_OFFSET + crate::batch::BATCH_SIZE;
 
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
@@ -451,7 +451,7 @@ pub(crate) struct Cloned {
     to_write: Option<crate::incremental::Pending>,
     /// Made from a standby: the process's previous template and what this
     /// one changes over it (`Tracking::prev`, for the next checkpoint).
-    prev: Option<crate::incremental::Prev>,
+    prev: Option<crate::track::Prev>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
     session: Option<(i32, i32, bool)>,
@@ -531,12 +531,6 @@ fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::t
         *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?);
     }
     crate::incremental::fingerprint(host, None).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
-}
-
-/// Resident pages of process `host` (0 if unknown).
-pub(crate) fn resident_pages(host: i32) -> u64 {
-    let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// The tracking of stopped process `s`, and its base if its previous
@@ -763,12 +757,6 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
     }
     Ok(())
 }
-
-/// The other processes' pass 1, run while the largest one's copy is made
-/// ([`clone_of`]'s `during`); it calls the hook it is given before each
-/// process (the largest one's copy starts there once its scan is done:
-/// `incremental::patch`).
-pub(crate) type During<'a> = &'a mut dyn FnMut(&mut Seen, &mut dyn FnMut());
 
 /// Pass 1 for each of `left` in turn, until a failure (which stops it);
 /// `between` runs before each.
@@ -1104,15 +1092,6 @@ fn let_go(s: &Stopped) {
     }
 }
 
-/// Shared objects whose contents pass 1 captured already (from another
-/// descriptor or process): pipes and FIFOs by (device, inode), unix
-/// sockets by inode.
-#[derive(Default)]
-pub(crate) struct Seen {
-    pipes: HashSet<(u64, u64)>,
-    sockets: HashSet<u64>,
-}
-
 /// Pass 1 for one stopped original: its timers and the `clone`, then its
 /// descriptors, pipe bytes and queued signals (the fork changed nothing of
 /// them). An error after the first injected call lets the original go with
@@ -1334,7 +1313,7 @@ fn clone_of(
             }
             let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
             pipe_keys.push((f.fd, key));
-            if seen.pipes.insert(key) {
+            if seen.first_pipe(key) {
                 let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
                     pid: host,
                     what: "pipe contents",
@@ -1351,7 +1330,7 @@ fn clone_of(
         let mut sockets = Vec::new();
         for f in &fds {
             if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
-                && seen.sockets.insert(*ino)
+                && seen.first_socket(*ino)
             {
                 let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| {
                     Error::unsupported(
@@ -1646,35 +1625,6 @@ pub(crate) fn prepare_pending(st: &mut State) -> bool {
 fn open_path(path: &str) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path)
-}
-
-/// Close `files` on a low-priority thread of its own: descriptors whose
-/// last close does work the tracer must not wait for (a detached tree's
-/// teardown, see [`prepare_pending`]; a userfaultfd's unprotecting walk,
-/// see `track.rs`).
-pub(crate) fn drop_later(files: Vec<OwnedFd>) {
-    static CLOSER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<OwnedFd>>>> =
-        std::sync::OnceLock::new();
-    if files.is_empty() {
-        return;
-    }
-    let tx = CLOSER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
-        let spawned = std::thread::Builder::new().name("sandtree:closer".into()).spawn(move || {
-            // Idle, not nice 19: at nice 19 its wake-up still preempted
-            // the tracer thread on their CPU (4 ms once in a bench run).
-            let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Idle);
-            for files in rx {
-                drop(files);
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("no thread to close old trees on: {e}");
-        }
-        std::sync::Mutex::new(tx)
-    });
-    // (No thread: they close here.)
-    let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(files);
 }
 
 /// Every template of the pool set up and written, now: what a rollback

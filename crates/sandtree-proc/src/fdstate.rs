@@ -382,3 +382,24 @@ pub fn restore_anon(host: i32, fd: i32, state: &AnonState) -> io::Result<()> {
         AnonState::Epoll { .. } | AnonState::Signalfd { .. } | AnonState::Inotify { .. } => Ok(()),
     }
 }
+
+/// Shared objects whose contents pass 1 captured already (from another
+/// descriptor or process): pipes and FIFOs by (device, inode), unix
+/// sockets by inode.
+#[derive(Default)]
+pub(crate) struct Seen {
+    pipes: std::collections::HashSet<(u64, u64)>,
+    sockets: std::collections::HashSet<u64>,
+}
+
+impl Seen {
+    /// Whether pipe or FIFO `key` (device, inode) is seen here first.
+    pub(crate) fn first_pipe(&mut self, key: (u64, u64)) -> bool {
+        self.pipes.insert(key)
+    }
+
+    /// Whether unix socket `ino` is seen here first.
+    pub(crate) fn first_socket(&mut self, ino: u64) -> bool {
+        self.sockets.insert(ino)
+    }
+}

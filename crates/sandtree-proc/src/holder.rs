@@ -22,6 +22,7 @@
 //! on the tracer's next tick. Holders are spared by init's kills (they are
 //! in [`crate::Tracer::rollback_plan`]).
 
+use crate::reap::Dying;
 use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
@@ -93,7 +94,7 @@ pub(crate) struct Copier {
 /// ~1,150). One that is too small for a checkpoint's pages grows after it
 /// (the pages went through `process_vm_readv` that time).
 fn first_page_file(owner: i32) -> usize {
-    let resident = crate::checkpoint::resident_pages(owner) as usize * 4096;
+    let resident = crate::procfs::resident_pages(owner) as usize * 4096;
     (resident / 8).clamp(1 << 20, 8 << 20)
 }
 
@@ -124,7 +125,7 @@ impl Copier {
     fn make(&mut self, file: Option<sandtree_sys::pagefile::PageFile>, fd: Option<OwnedFd>) {
         let want = self.want;
         let spawned = std::thread::Builder::new().name("sandtree:pagefile".into()).spawn(move || {
-            let _ = rustix::process::setpriority_process(None, BACKGROUND_NICE);
+            let _ = rustix::process::setpriority_process(None, crate::inject::BACKGROUND_NICE);
             match (file, fd) {
                 (Some(mut f), _) => f.grow(want).map(|()| f),
                 (None, Some(fd)) => sandtree_sys::pagefile::PageFile::new(fd, want),
@@ -181,17 +182,9 @@ pub(crate) struct Forking {
     entering: bool,
     /// The template's nice value, given back to it and to the standby
     /// when the fork ends (a rollback runs forks under way at
-    /// [`BACKGROUND_NICE`]).
+    /// [`crate::inject::BACKGROUND_NICE`]).
     nice: Option<i32>,
 }
-
-/// The nice value of a standby fork under way while a rollback runs (until
-/// it ends: [`forks_to_foreground`]), and of a killed holder's teardown:
-/// background work. Nice orders the tasks of one CPU group: these run in
-/// the sandbox's, beside init and the restore's calls (at `RESTORE_NICE`),
-/// which a fork at nice 0 took CPU share from. (Against the daemon's
-/// threads, another group, nice does little: docs/architecture/process-pool.md.)
-const BACKGROUND_NICE: i32 = 19;
 
 /// What [`tend_standbys`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -266,7 +259,7 @@ pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
                 ns_pid,
                 scratch: t.scratch,
                 entering: true,
-                nice: crate::restore::nice_of(t.host),
+                nice: crate::inject::nice_of(t.host),
             })
         }
         Err(e) => failed(t, e),
@@ -354,9 +347,9 @@ fn large(t: &crate::tracer::Template) -> bool {
 fn start(t: &mut crate::tracer::Template, ns_pid: Option<i32>) -> Result<()> {
     let flags = (libc::CLONE_PARENT | libc::CLONE_FS) as u64;
     let Some(pid) = ns_pid else { return t.tracee.start_syscall_unwaited(libc::SYS_clone, &[flags, 0, 0, 0, 0]) };
-    let args = crate::restore::clone_args(t.scratch + crate::restore::SET_TID_OFFSET, flags);
-    crate::restore::write_clone_args(t.host, t.scratch, &args, pid)?;
-    t.tracee.start_syscall_unwaited(libc::SYS_clone3, &[t.scratch, crate::restore::CLONE_ARGS_SIZE])
+    let args = crate::inject::clone_args(t.scratch + crate::inject::SET_TID_OFFSET, flags);
+    crate::inject::write_clone_args(t.host, t.scratch, &args, pid)?;
+    t.tracee.start_syscall_unwaited(libc::SYS_clone3, &[t.scratch, crate::inject::CLONE_ARGS_SIZE])
 }
 
 impl Forking {
@@ -377,7 +370,7 @@ impl Forking {
         }
         // (Someone waits for it now.)
         if self.nice.is_some() {
-            crate::restore::set_nice(tpl.tid, crate::restore::RESTORE_NICE);
+            crate::inject::set_nice(tpl.tid, crate::inject::RESTORE_NICE);
         }
         // (The rest of the fork, and its exit stop.)
         let out = tpl.finish_syscall_entering(&mut self.entering).map(|mut o| {
@@ -403,9 +396,9 @@ impl Forking {
         // (The child took the template's nice value at some point of the
         // fork: both get the process's back.)
         if let Some(n) = self.nice {
-            crate::restore::set_nice(tpl.tid, n);
+            crate::inject::set_nice(tpl.tid, n);
             if let Some(c) = child {
-                crate::restore::set_nice(c, n);
+                crate::inject::set_nice(c, n);
             }
         }
         let out = match out {
@@ -413,14 +406,13 @@ impl Forking {
             Err(e) => {
                 // (The template died after the fork event told of a child.)
                 if let Some(c) = self.child {
-                    crate::tracer::kill_tracee(c);
+                    crate::inject::kill_tracee(c);
                 }
                 return Err(e);
             }
         };
         // (The same call again if a signal pending at the fork restarts it.)
-        let (clone3, clone) =
-            ([self.scratch, crate::restore::CLONE_ARGS_SIZE], [libc::CLONE_PARENT as u64, 0, 0, 0, 0]);
+        let (clone3, clone) = ([self.scratch, crate::inject::CLONE_ARGS_SIZE], [libc::CLONE_PARENT as u64, 0, 0, 0, 0]);
         let (call, what): ((i64, &[u64]), _) = match self.ns_pid {
             Some(_) => ((libc::SYS_clone3, &clone3), CLONE3_STANDBY),
             None => ((libc::SYS_clone, &clone), "clone (standby)"),
@@ -432,7 +424,7 @@ impl Forking {
         // task on that list) missed the child, which would keep the old,
         // detached tree, and so would whatever is restored from it.
         if crate::procfs::root_of(host) != crate::procfs::root_of(tpl.tid) {
-            crate::tracer::kill_later(host, ns_pid);
+            crate::reap::kill_later(host, ns_pid);
             return Err(Error::RootMoved { pid: tpl.tid });
         }
         tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
@@ -493,7 +485,7 @@ fn failed(t: &mut crate::tracer::Template, e: Error) {
     tracing::debug!(pid = t.image.pid, "no standby: {e}");
 }
 
-/// Standby forks under way run at [`BACKGROUND_NICE`] until the operation
+/// Standby forks under way run at [`crate::inject::BACKGROUND_NICE`] until the operation
 /// ends ([`forks_to_foreground`]): at a rollback every one it does not
 /// wait for, beside the restore's calls; at a checkpoint (`spare_bases`)
 /// all but the standbys of tracked processes' bases, which the checkpoint
@@ -507,13 +499,13 @@ pub(crate) fn forks_to_background(st: &crate::tracer::State, spare_bases: bool) 
             && f.nice.is_some()
             && !bases.contains(&t.host)
         {
-            crate::restore::set_nice(t.host, BACKGROUND_NICE);
+            crate::inject::set_nice(t.host, crate::inject::BACKGROUND_NICE);
         }
     }
 }
 
 /// Standby forks under way get their template's nice value back (the
-/// operation that sent them to [`BACKGROUND_NICE`] is over: at that value
+/// operation that sent them to [`crate::inject::BACKGROUND_NICE`] is over: at that value
 /// the sandbox's own processes would starve them, and the forks after
 /// them wait).
 pub(crate) fn forks_to_foreground(st: &mut crate::tracer::State) {
@@ -522,7 +514,7 @@ pub(crate) fn forks_to_foreground(st: &mut crate::tracer::State) {
     }
     for t in st.pools.values().flat_map(|c| &c.templates) {
         if let Some(n) = t.forking.as_ref().and_then(|f| f.nice) {
-            crate::restore::set_nice(t.host, n);
+            crate::inject::set_nice(t.host, n);
         }
     }
 }
@@ -572,7 +564,7 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
     let owner_fd = match owner_pidfd(owner) {
         Ok(fd) => fd,
         Err(e) => {
-            crate::tracer::kill_tracee(host);
+            crate::inject::kill_tracee(host);
             return Err(e);
         }
     };
@@ -598,7 +590,7 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
         let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
         if let Err(e) = drop_descriptors(t) {
             tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
-            dying.push(crate::tracer::let_die(h.host, h.ns_pid));
+            dying.push(crate::reap::let_die(h.host, h.ns_pid));
             return false;
         }
         h.undropped = false;
@@ -626,7 +618,7 @@ pub(crate) fn equip_next(st: &mut crate::tracer::State) -> bool {
     // (Read once for a new holder, not at each turn of the tracer's idle
     // loop: checkpoints keep it current, `note_resident`.)
     for h in st.holders.iter_mut().filter(|h| h.owner_resident.is_none() && h.copier.is_none()) {
-        h.owner_resident = Some(crate::checkpoint::resident_pages(h.owner));
+        h.owner_resident = Some(crate::procfs::resident_pages(h.owner));
     }
     let tracking = &st.tracking;
     let wanted = |h: &Holder| {
@@ -765,7 +757,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
     let (host, ns_pid, regs) = t.clone_stopped(flags, "clone (mm holder)")?;
     let mut tracee = Tracee::new(host, regs, t.insn);
     if let Err(e) = let_go_of_owner(&mut tracee) {
-        crate::tracer::kill_tracee(host);
+        crate::inject::kill_tracee(host);
         return Err(e);
     }
     Ok(Holder {
@@ -787,49 +779,12 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
 pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain(|h| {
         if h.orphaned() {
-            dying.push(crate::tracer::let_die(h.host, h.ns_pid));
+            dying.push(crate::reap::let_die(h.host, h.ns_pid));
             false
         } else {
             true
         }
     });
-}
-
-/// A killed pool process not reaped yet ([`crate::tracer::let_die`]).
-pub(crate) struct Dying {
-    /// Host pid.
-    pub host: i32,
-    /// Pid in the sandbox.
-    pub ns_pid: i32,
-    /// When it was killed, while it tears its memory down under
-    /// `SCHED_IDLE` (`None`: back at nice 19, see [`reap_dying`]).
-    pub idle_since: Option<std::time::Instant>,
-}
-
-/// Collect the exit of killed tracees that are done dying. Until then
-/// init cannot reap them either. One still tearing its memory down 20 ms
-/// after its kill goes back from `SCHED_IDLE` to the normal policy at
-/// nice 19, between operations (`promote`; a policy change may preempt
-/// the task on its CPU): on a CPU the sandbox keeps busy, an idle task's
-/// teardown could hold its memory, charged to the sandbox, for seconds.
-pub(crate) fn reap_dying(dying: &mut Vec<Dying>, promote: bool) {
-    const IDLE_FOR: std::time::Duration = std::time::Duration::from_millis(20);
-    dying.retain(|d| match ptrace::try_wait(d.host) {
-        Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
-        Ok(Some(_)) => {
-            let _ = ptrace::resume(d.host, 0);
-            true
-        }
-        Ok(None) => true,
-    });
-    if !promote {
-        return;
-    }
-    for d in dying.iter_mut().filter(|d| d.idle_since.is_some_and(|t| t.elapsed() >= IDLE_FOR)) {
-        let _ = sandtree_sys::process::set_policy(d.host, sandtree_sys::process::Policy::Normal);
-        crate::restore::set_nice(d.host, BACKGROUND_NICE);
-        d.idle_since = None;
-    }
 }
 
 #[cfg(test)]

@@ -57,16 +57,18 @@
 //! was (`MADV_DONTFORK`, `MADV_WIPEONFORK`, `MADV_HUGEPAGE`); a restored
 //! process then has its previous checkpoint's.
 
+use crate::track::{Delta, Prev};
 use std::collections::HashSet;
 use std::io;
 
 use sandtree_sys::{ptrace, uffd};
 
-use crate::checkpoint::Seen;
+use crate::fdstate::Seen;
 use crate::holder::Standby;
 use crate::inject::Tracee;
+use crate::inject::kill_tracee;
 use crate::model::{FdImage, FdKind, MapImage};
-use crate::tracer::{Stopped, kill_tracee};
+use crate::tracer::Stopped;
 use crate::track::Tracking;
 use crate::{Error, Result};
 
@@ -295,15 +297,6 @@ impl Drop for Base {
     }
 }
 
-/// What a template of a tracked process changed over the template before
-/// it: the pages the process wrote in between (page runs) and the page
-/// runs it dropped.
-#[derive(Debug, Default)]
-pub(crate) struct Delta {
-    pub pages: Vec<(u64, u64)>,
-    pub zap: Vec<(u64, u64)>,
-}
-
 /// A standby of the template before the previous one, made the new
 /// template: the previous template's [`Delta`] over it is applied first
 /// (its pages read from the previous template, `from`, which is done
@@ -355,10 +348,6 @@ pub(crate) struct Patched {
     /// (for the next checkpoint: [`Extra`]).
     pub prev: Prev,
 }
-
-/// A process's previous template (checkpoint, host pid) and what the
-/// template after it changes over it.
-pub(crate) type Prev = ((String, i32), std::sync::Arc<Delta>);
 
 /// `/proc/<pid>/status` lines a fork copies and the standby must share.
 const STATUS_KEYS: &[&str] = &[
@@ -453,7 +442,7 @@ fn mismatch(
         return Some("a mapping is not tracked".into());
     }
     let (scratch, _) = base.scratch;
-    if maps.iter().any(|m| m.start < scratch + crate::checkpoint::SCRATCH && scratch < m.end) {
+    if maps.iter().any(|m| m.start < scratch + crate::batch::SCRATCH && scratch < m.end) {
         return Some("a mapping overlaps the template's scratch page".into());
     }
     if rseq != base.rseq {
@@ -568,7 +557,7 @@ pub(crate) fn patch<B>(
     mut holder: Option<&mut crate::holder::Copier>,
     quiet: Option<Vec<u8>>,
     before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
-    during: &mut Option<crate::checkpoint::During<'_>>,
+    during: &mut Option<crate::incremental::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -902,7 +891,7 @@ fn patch_quiet<B>(
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
     (xstate, sc): (Vec<u8>, Scanned),
     before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
-    during: &mut Option<crate::checkpoint::During<'_>>,
+    during: &mut Option<crate::incremental::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     let host = s.host;
@@ -1281,7 +1270,7 @@ fn scan(
         }
     }
     let pages: u64 = copy.iter().map(|(a, b)| (b - a) / 4096).sum();
-    let resident = crate::checkpoint::resident_pages(host);
+    let resident = crate::procfs::resident_pages(host);
     if pages > 4096 && pages * 16 > resident {
         return Ok(Err(format!("{pages} of {resident} pages written: a fork is cheaper")));
     }
@@ -1659,6 +1648,12 @@ const CHUNK: usize = 128;
 /// Bytes a reading thread takes at a time, about (so that both threads
 /// share a long run of written pages).
 const JOB_BYTES: usize = 1 << 20;
+
+/// The other processes' pass 1, run while the largest one's copy is made
+/// ([`clone_of`]'s `during`); it calls the hook it is given before each
+/// process (the largest one's copy starts there once its scan is done:
+/// `incremental::patch`).
+pub(crate) type During<'a> = &'a mut dyn FnMut(&mut Seen, &mut dyn FnMut());
 
 #[cfg(test)]
 mod tests {

@@ -429,7 +429,7 @@ impl Tracee {
         match ready {
             Ok(regs) => Ok((child, out.ret as i32, regs)),
             Err(e) => {
-                crate::tracer::kill_tracee(child);
+                crate::inject::kill_tracee(child);
                 Err(e)
             }
         }
@@ -592,3 +592,69 @@ pub fn pin_to_tracer(tid: i32) {
         set_affinity(tid, &[cpu]);
     }
 }
+
+/// SIGKILL a tracee and collect its exit notification (the tracer's part;
+/// init, its real parent, reaps it).
+pub(crate) fn kill_tracee(host: i32) {
+    crate::inject::move_off_tracer(host);
+    let _ = sandtree_sys::ptrace::kill(host);
+    loop {
+        match sandtree_sys::ptrace::wait(host) {
+            Ok(sandtree_sys::ptrace::Stop::Exited(_) | sandtree_sys::ptrace::Stop::Killed(_)) | Err(_) => return,
+            Ok(_) => {
+                let _ = sandtree_sys::ptrace::resume(host, 0);
+            }
+        }
+    }
+}
+
+/// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
+pub(crate) const CLONE_ARGS_SIZE: u64 = 88;
+
+/// Where in the scratch page the `set_tid` array goes.
+pub(crate) const SET_TID_OFFSET: u64 = 128;
+
+pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
+    let fields: [u64; 11] = [
+        flags,   // CLONE_PARENT (| CLONE_VM from a standby)
+        0,       // pidfd
+        0,       // child_tid
+        0,       // parent_tid
+        0,       // exit_signal: CLONE_PARENT requires 0
+        0,       // stack
+        0,       // stack_size
+        0,       // tls
+        set_tid, // set_tid (pid_t array)
+        1,       // set_tid_size: the sandbox's namespace only
+        0,       // cgroup
+    ];
+    fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+/// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
+/// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
+pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) -> Result<()> {
+    ptrace::write_mem(pid, scratch, args)
+        .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &tid.to_ne_bytes()))
+        .map_err(ptrace_err(pid, "write clone_args"))
+}
+
+/// The nice value a restore's copy and fix-up run at (see
+/// [`restore_one`]), and a standby fork that a job waits for (`holder.rs`).
+pub(crate) const RESTORE_NICE: i32 = -10;
+
+pub(crate) fn nice_of(tid: i32) -> Option<i32> {
+    rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid)).ok()
+}
+
+pub(crate) fn set_nice(tid: i32, nice: i32) {
+    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
+}
+
+/// The nice value of a standby fork under way while a rollback runs (until
+/// it ends: [`forks_to_foreground`]), and of a killed holder's teardown:
+/// background work. Nice orders the tasks of one CPU group: these run in
+/// the sandbox's, beside init and the restore's calls (at `RESTORE_NICE`),
+/// which a fork at nice 0 took CPU share from. (Against the daemon's
+/// threads, another group, nice does little: docs/architecture/process-pool.md.)
+pub(crate) const BACKGROUND_NICE: i32 = 19;

@@ -783,6 +783,12 @@ pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
     Ok(out)
 }
 
+/// Resident pages of process `host` (0 if unknown).
+pub(crate) fn resident_pages(host: i32) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

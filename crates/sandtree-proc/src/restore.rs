@@ -2,13 +2,14 @@
 //! crate docs for the order; init has already killed every other process
 //! and swapped the root when this runs.
 
+use crate::inject::{CLONE_ARGS_SIZE, RESTORE_NICE, SET_TID_OFFSET, clone_args, nice_of, set_nice, write_clone_args};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
+use crate::batch::SCRATCH;
 use crate::batch::{Arg, Backoff, Batch};
-use crate::checkpoint::SCRATCH;
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::tracer::{RestoreReport, State, Template};
@@ -18,10 +19,6 @@ use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-/// `sizeof(struct clone_args)` up to and including `cgroup` (v2 layout).
-pub(crate) const CLONE_ARGS_SIZE: u64 = 88;
-/// Where in the scratch page the `set_tid` array goes.
-pub(crate) const SET_TID_OFFSET: u64 = 128;
 /// Where in the scratch page paths go.
 const PATH_OFFSET: u64 = 256;
 
@@ -73,13 +70,13 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
             if t.standby.as_ref().is_some_and(|s| needed.contains(&s.ns_pid))
                 && let Some(s) = t.standby.take()
             {
-                crate::tracer::kill_tracee(s.host);
+                crate::inject::kill_tracee(s.host);
             }
         }
     }
     st.dying.retain(|d| {
         if needed.contains(&d.ns_pid) {
-            crate::tracer::kill_tracee(d.host);
+            crate::inject::kill_tracee(d.host);
             false
         } else {
             true
@@ -87,7 +84,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     });
     st.holders.retain(|h| {
         if needed.contains(&h.ns_pid) {
-            crate::tracer::kill_tracee(h.host);
+            crate::inject::kill_tracee(h.host);
             false
         } else {
             true
@@ -277,31 +274,6 @@ impl Ready {
     }
 }
 
-pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
-    let fields: [u64; 11] = [
-        flags,   // CLONE_PARENT (| CLONE_VM from a standby)
-        0,       // pidfd
-        0,       // child_tid
-        0,       // parent_tid
-        0,       // exit_signal: CLONE_PARENT requires 0
-        0,       // stack
-        0,       // stack_size
-        0,       // tls
-        set_tid, // set_tid (pid_t array)
-        1,       // set_tid_size: the sandbox's namespace only
-        0,       // cgroup
-    ];
-    fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
-}
-
-/// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
-/// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
-pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) -> Result<()> {
-    ptrace::write_mem(pid, scratch, args)
-        .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &tid.to_ne_bytes()))
-        .map_err(ptrace_err(pid, "write clone_args"))
-}
-
 fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
     let mut bytes = path.as_bytes().to_vec();
     bytes.push(0);
@@ -337,7 +309,7 @@ fn restore_one(
     if let Some(s) = &standby
         && !matches!(ptrace::try_wait(s.host), Ok(None))
     {
-        crate::tracer::kill_tracee(s.host);
+        crate::inject::kill_tracee(s.host);
         standby = None;
     }
     let via_standby = standby.is_some();
@@ -452,28 +424,16 @@ fn restore_one(
             // The threads' exits first: the main thread's is reported only
             // once they are collected.
             for (t, _) in &threads {
-                crate::tracer::kill_tracee(t.tid);
+                crate::inject::kill_tracee(t.tid);
             }
-            crate::tracer::kill_tracee(child);
+            crate::inject::kill_tracee(child);
             // (The failed copy may have written into the memory it shared.)
             if let Some((old, _)) = shared {
-                crate::tracer::kill_tracee(old.tid);
+                crate::inject::kill_tracee(old.tid);
             }
             Err(e)
         }
     }
-}
-
-/// The nice value a restore's copy and fix-up run at (see
-/// [`restore_one`]), and a standby fork that a job waits for (`holder.rs`).
-pub(crate) const RESTORE_NICE: i32 = -10;
-
-pub(crate) fn nice_of(tid: i32) -> Option<i32> {
-    rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid)).ok()
-}
-
-pub(crate) fn set_nice(tid: i32, nice: i32) {
-    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
 }
 
 /// Inject `clone3` with the `clone_args` at `args` into `src` until the

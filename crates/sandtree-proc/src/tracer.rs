@@ -26,8 +26,9 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 
 use crate::check::Unrestorable;
-use crate::inject::Tracee;
+use crate::inject::{Tracee, kill_tracee};
 use crate::model::ProcessImage;
+use crate::reap::kill_later;
 use crate::{Error, Result, procfs};
 
 /// A stopped original, between [`Tracer::stop`] and [`Tracer::clone_all`].
@@ -327,7 +328,7 @@ pub(crate) struct State {
     /// processes are stopped).
     pub ops: Arc<AtomicU32>,
     /// Killed pool processes not reaped yet.
-    pub dying: Vec<crate::holder::Dying>,
+    pub dying: Vec<crate::reap::Dying>,
     /// Seized tasks whose interrupt has not taken effect yet.
     pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
@@ -609,51 +610,6 @@ impl State {
     }
 }
 
-thread_local! {
-    /// Tracees [`kill_later`] killed, for the tracer thread's dying list.
-    static KILLED: std::cell::RefCell<Vec<crate::holder::Dying>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// SIGKILL tracee `host` (pid `ns_pid` in the sandbox) without waiting for
-/// its exit, which follows the teardown of its address space
-/// (milliseconds for a large one): the tracer thread, whose tracee it is,
-/// collects it between jobs ([`crate::holder::reap_dying`]).
-pub(crate) fn kill_later(host: i32, ns_pid: i32) {
-    let dying = let_die(host, ns_pid);
-    KILLED.with(|k| k.borrow_mut().push(dying));
-}
-
-/// SIGKILL a pool process whose exit nobody waits for, after moving it off
-/// the tracer's CPU and giving it the `SCHED_IDLE` policy: its teardown
-/// (milliseconds for a large address space) then runs on CPU time nothing
-/// else wants. At nice 19 only, the wake-up of the kill preempted whatever
-/// ran on that CPU, since nice orders tasks within one cpu group and the
-/// sandbox's group competes with the daemon's as an equal: a rollback's
-/// last 50 µs, on the daemon's thread that returns it, waited 3.5 ms for
-/// two holders' teardowns while the other CPU was idle (`perf sched`
-/// trace of the bench). Returns its entry for the dying list.
-pub(crate) fn let_die(host: i32, ns_pid: i32) -> crate::holder::Dying {
-    crate::inject::move_off_tracer(host);
-    let _ = sandtree_sys::process::set_policy(host, sandtree_sys::process::Policy::Idle);
-    let _ = sandtree_sys::ptrace::kill(host);
-    crate::holder::Dying { host, ns_pid, idle_since: Some(std::time::Instant::now()) }
-}
-
-/// SIGKILL a tracee and collect its exit notification (the tracer's part;
-/// init, its real parent, reaps it).
-pub(crate) fn kill_tracee(host: i32) {
-    crate::inject::move_off_tracer(host);
-    let _ = sandtree_sys::ptrace::kill(host);
-    loop {
-        match sandtree_sys::ptrace::wait(host) {
-            Ok(sandtree_sys::ptrace::Stop::Exited(_) | sandtree_sys::ptrace::Stop::Killed(_)) | Err(_) => return,
-            Ok(_) => {
-                let _ = sandtree_sys::ptrace::resume(host, 0);
-            }
-        }
-    }
-}
-
 /// What [`Tracer::stop`] did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct StopReport {
@@ -785,7 +741,7 @@ impl Tracer {
             // (a swap changes it), and when holders were last looked at.
             let (mut mounts_stale, mut holders_seen) = (true, std::time::Instant::now());
             loop {
-                st.dying.extend(KILLED.with(|k| k.take()));
+                st.dying.extend(crate::reap::take_killed());
                 // Jobs first. Between operations, a standby at a time (so
                 // that a job waits for one fork at most), then the ticks.
                 let job = match rx.try_recv() {
@@ -873,7 +829,7 @@ impl Tracer {
                     holders_seen = std::time::Instant::now();
                     crate::holder::retire(&mut st.holders, &mut st.dying);
                 }
-                crate::holder::reap_dying(&mut st.dying, st.ops.load(Ordering::SeqCst) == 0);
+                crate::reap::reap_dying(&mut st.dying, st.ops.load(Ordering::SeqCst) == 0);
                 crate::track::close_parked(&mut st);
             }
             // Dropping the state ends the thread; EXITKILL kills the

@@ -54,7 +54,7 @@ pub(crate) struct Tracking {
     /// The template before it, and what the base changed over it, when the
     /// base was made from a standby (`incremental::Extra`): the next
     /// checkpoint may start from it, if the base's standby is not ready.
-    pub prev: Option<crate::incremental::Prev>,
+    pub prev: Option<crate::track::Prev>,
     /// The last checkpoint found the base's standby not ready (it waited
     /// for its fork, or forked the process): the standby of the template
     /// before is made again first (`holder::base_hosts`), so that the next
@@ -79,7 +79,7 @@ impl Drop for Tracking {
     /// on the closer thread instead.
     fn drop(&mut self) {
         if let Some(fd) = self.uffd.take() {
-            crate::checkpoint::drop_later(vec![fd]);
+            crate::closer::drop_later(vec![fd]);
         }
     }
 }
@@ -105,7 +105,7 @@ pub(crate) fn park(st: &mut crate::tracer::State, host: i32, mut tracking: Track
     let Some(uffd) = tracking.uffd.take() else { return };
     match st.holders.iter().find(|h| h.owner == host) {
         Some(h) => st.parked.push(Parked { holder: h.host, uffd }),
-        None => crate::checkpoint::drop_later(vec![uffd]),
+        None => crate::closer::drop_later(vec![uffd]),
     }
 }
 
@@ -122,7 +122,7 @@ pub(crate) fn close_parked(st: &mut crate::tracer::State) {
         .map(|p| p.uffd)
         .collect();
     // (Cheap now, but a close is a syscall the tracer need not make.)
-    crate::checkpoint::drop_later(gone);
+    crate::closer::drop_later(gone);
 }
 
 impl Tracking {
@@ -252,3 +252,16 @@ impl Tracking {
         Ok(out)
     }
 }
+
+/// What a template of a tracked process changed over the template before
+/// it: the pages the process wrote in between (page runs) and the page
+/// runs it dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Delta {
+    pub pages: Vec<(u64, u64)>,
+    pub zap: Vec<(u64, u64)>,
+}
+
+/// A process's previous template (checkpoint, host pid) and what the
+/// template after it changes over it.
+pub(crate) type Prev = ((String, i32), std::sync::Arc<Delta>);
