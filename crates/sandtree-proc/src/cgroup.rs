@@ -7,7 +7,7 @@
 //!
 //! A template is cloned inside its original, a holder inside its owner:
 //! both start in the sandbox's cgroup and are moved to the pool between
-//! operations ([`sweep`], and before a rollback's kill list is taken); a
+//! operations ([`PoolPlacement::sweep`], and before a rollback's kill list is taken); a
 //! standby forked from a template starts in the pool. A restored process,
 //! cloned from a template or standby, is moved back ([`PoolCgroup::to_live`])
 //! while stopped at birth, before it runs: a process left in the pool
@@ -24,8 +24,6 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
-
-use crate::tracer::State;
 
 /// The open `cgroup.procs` files of the pool and of the sandbox.
 #[derive(Debug)]
@@ -57,31 +55,52 @@ impl PoolCgroup {
     }
 }
 
-/// Move every pool process not moved yet into the pool; returns whether
-/// any was. One that cannot be moved (gone meanwhile) is not tried again.
-pub(crate) fn sweep(st: &mut State) -> bool {
-    let Some(cg) = &st.cgroup else { return false };
-    // (Called at every turn of the tracer's loop, every 0.5 ms while a
-    // standby is forked: a set of the pool's hundreds of pids built each
-    // time took a seventh of the tracer thread's CPU time in the bench.)
-    let mut count = 0;
-    if st.pool_hosts().all(|h| {
-        count += 1;
-        st.in_pool.contains(&h)
-    }) && count == st.in_pool.len()
-    {
-        return false;
+/// The pool's cgroup, if it has one, and the pool processes moved there.
+#[derive(Default)]
+pub(crate) struct PoolPlacement {
+    cgroup: Option<PoolCgroup>,
+    /// Host pids moved to the pool's cgroup (or that could not be).
+    moved: HashSet<i32>,
+}
+
+impl PoolPlacement {
+    /// With `cgroup` (`None`: the pool stays in the sandbox's cgroup).
+    pub(crate) fn new(cgroup: Option<PoolCgroup>) -> PoolPlacement {
+        PoolPlacement { cgroup, moved: HashSet::new() }
     }
-    let kept: HashSet<i32> = st.pool_hosts().collect();
-    st.in_pool.retain(|h| kept.contains(h));
-    let mut moved = false;
-    for host in kept {
-        if st.in_pool.insert(host) {
-            match cg.to_pool(host) {
-                Ok(()) => moved = true,
-                Err(e) => tracing::debug!(host, "pool process not moved to the pool's cgroup: {e}"),
+
+    /// The pool's cgroup.
+    pub(crate) fn cgroup(&self) -> Option<&PoolCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// Move every pool process (`hosts` lists their host pids) not moved
+    /// yet into the pool; returns whether any was. One that cannot be moved
+    /// (gone meanwhile) is not tried again.
+    pub(crate) fn sweep<I: Iterator<Item = i32>>(&mut self, hosts: impl Fn() -> I) -> bool {
+        let Some(cg) = &self.cgroup else { return false };
+        // (Called at every turn of the tracer's loop, every 0.5 ms while a
+        // standby is forked: a set of the pool's hundreds of pids built each
+        // time took a seventh of the tracer thread's CPU time in the bench.)
+        let mut count = 0;
+        if hosts().all(|h| {
+            count += 1;
+            self.moved.contains(&h)
+        }) && count == self.moved.len()
+        {
+            return false;
+        }
+        let kept: HashSet<i32> = hosts().collect();
+        self.moved.retain(|h| kept.contains(h));
+        let mut moved = false;
+        for host in kept {
+            if self.moved.insert(host) {
+                match cg.to_pool(host) {
+                    Ok(()) => moved = true,
+                    Err(e) => tracing::debug!(host, "pool process not moved to the pool's cgroup: {e}"),
+                }
             }
         }
+        moved
     }
-    moved
 }

@@ -207,7 +207,7 @@ pub(crate) enum Tended {
 /// which the next checkpoint needs, would wait for it). The tracer calls it
 /// between operations.
 pub(crate) fn tend_standbys(st: &mut crate::tracer::State) -> Tended {
-    if !st.stopped.is_empty() || !st.cloned.is_empty() {
+    if !st.stops.is_empty() || !st.cloned.is_empty() {
         return Tended::Idle;
     }
     let mut under_way = false;

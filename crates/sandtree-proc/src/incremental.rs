@@ -68,7 +68,7 @@ use crate::holder::Standby;
 use crate::inject::Tracee;
 use crate::inject::kill_tracee;
 use crate::model::{FdImage, FdKind, MapImage};
-use crate::tracer::Stopped;
+use crate::stop::Stopped;
 use crate::track::Tracking;
 use crate::{Error, Result};
 

@@ -79,6 +79,7 @@ mod reap;
 pub mod repoint;
 mod restore;
 mod sockdiag;
+mod stop;
 mod tracer;
 mod track;
 
@@ -89,9 +90,10 @@ pub use incremental::{
     hold_standby_forks, lose_next_standby_taken_while_forking, pages_copied_by_holders, prefer_older_standbys,
     quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
+pub use stop::StopReport;
 pub use tracer::{
-    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, RollbackPlan, Started, StopAndClone, StopReport,
-    TemplateStatus, Tracer, Went, moved_early,
+    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, RollbackPlan, Started, StopAndClone, TemplateStatus,
+    Tracer, Went, moved_early,
 };
 
 /// Errors of the process engine.

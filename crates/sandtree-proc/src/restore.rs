@@ -29,9 +29,8 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
 pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let t0 = std::time::Instant::now();
     // The killed originals' trackings end with them.
-    for (host, tracking) in std::mem::take(&mut st.tracking) {
-        crate::track::park(st, host, tracking);
-    }
+    let holders = &st.holders;
+    st.tracking.end_killed(|host| holders.iter().find(|h| h.owner == host).map(|h| h.host));
     let t_untrack = t0.elapsed();
     let mut report = RestoreReport::default();
     let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
@@ -92,7 +91,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     });
     let t_evict = t0.elapsed() - t_settle;
     let now = st.tick();
-    let cg = st.cgroup.as_ref();
+    let cg = st.placement.cgroup();
     let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
     // FIFOs on the layers are reopened by path in the rolled-back tree (in

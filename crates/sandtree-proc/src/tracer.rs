@@ -29,18 +29,8 @@ use crate::check::Unrestorable;
 use crate::inject::{Tracee, kill_tracee};
 use crate::model::ProcessImage;
 use crate::reap::kill_later;
+use crate::stop::StopReport;
 use crate::{Error, Result, procfs};
-
-/// A stopped original, between [`Tracer::stop`] and [`Tracer::clone_all`].
-pub(crate) struct Stopped {
-    pub host: i32,
-    pub ns_pid: i32,
-    pub ns_ppid: i32,
-    pub regs: sandtree_sys::ptrace::Regs,
-    /// Its other threads, stopped too: (host tid, tid in the sandbox,
-    /// registers).
-    pub threads: Vec<(i32, i32, sandtree_sys::ptrace::Regs)>,
-}
 
 /// One template: a stopped copy of a process at a checkpoint.
 pub(crate) struct Template {
@@ -314,9 +304,8 @@ pub(crate) struct CheckpointTemplates {
 /// Everything the tracer thread owns.
 #[derive(Default)]
 pub(crate) struct State {
-    pub stopped: Vec<Stopped>,
-    /// Init, when stopped with the others (host pid, registers).
-    pub init_stopped: Option<(i32, sandtree_sys::ptrace::Regs)>,
+    /// What a checkpoint's stop holds.
+    pub stops: crate::stop::Stops,
     /// Templates cloned by [`Tracer::clone_all`], not set up yet.
     pub cloned: Vec<crate::checkpoint::Cloned>,
     /// Processes refused in the first pass (best effort).
@@ -329,8 +318,6 @@ pub(crate) struct State {
     pub ops: Arc<AtomicU32>,
     /// Killed pool processes not reaped yet.
     pub dying: Vec<crate::reap::Dying>,
-    /// Seized tasks whose interrupt has not taken effect yet.
-    pub lingering: Vec<i32>,
     pub pools: BTreeMap<String, CheckpointTemplates>,
     pub clock: u64,
     /// Checkpoints whose templates still need their set-up
@@ -347,27 +334,33 @@ pub(crate) struct State {
     /// pid range (`holder.rs`); 0 until the first.
     pub next_pool_pid: i32,
     /// Written-page tracking of live processes, by host pid (`track.rs`).
-    pub tracking: std::collections::HashMap<i32, crate::track::Tracking>,
-    /// Userfaultfds of dead processes' trackings, until their memory is
-    /// gone (`track.rs`).
-    pub parked: Vec<crate::track::Parked>,
+    pub tracking: crate::track::Trackings,
     /// Processes this large (resident bytes) or more are tracked, and get
     /// incremental templates; `None`: none is.
     pub incremental_min_rss: Option<u64>,
     /// The sandbox's init (host pid), once a checkpoint named it.
     pub init_host: i32,
-    /// An init's host pid and the depth of its pid namespace (read once:
-    /// its `status` took ~60 µs of every checkpoint's stop).
-    pub init_depth: Option<(i32, usize)>,
     /// Its mount table.
     pub mounts: crate::procfs::MountCache,
     /// The templates' frames as the last measure read them.
     pub frames: Arc<Mutex<FrameCache>>,
-    /// The pool's cgroup (`cgroup.rs`); `None`: the pool stays in the
-    /// sandbox's.
-    pub cgroup: Option<crate::cgroup::PoolCgroup>,
-    /// Host pids moved to the pool's cgroup (or that could not be).
-    pub in_pool: std::collections::HashSet<i32>,
+    /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
+    /// there.
+    pub placement: crate::cgroup::PoolPlacement,
+}
+
+/// Host pids of the pool's live processes: templates, standbys, holders
+/// (what [`crate::cgroup::PoolPlacement::sweep`] moves).
+fn pool_hosts<'a>(
+    pools: &'a BTreeMap<String, CheckpointTemplates>,
+    holders: &'a [crate::holder::Holder],
+) -> impl Iterator<Item = i32> + 'a {
+    let templates = pools.values().flat_map(|c| &c.templates);
+    templates
+        .clone()
+        .map(|t| t.host)
+        .chain(templates.filter_map(|t| t.standby.as_ref()).map(|s| s.host))
+        .chain(holders.iter().map(|h| h.host))
 }
 
 /// A job's result to come from the tracer thread.
@@ -455,11 +448,36 @@ fn clone_all_kept(
     best_effort: bool,
     others_done: Option<crate::checkpoint::OthersDone<'_>>,
 ) -> Result<bool> {
-    let stopped = st.stopped.len();
+    let stopped = st.stops.len();
     crate::checkpoint::clone_all(st, best_effort, others_done).map(|()| st.cloned.len() == stopped)
 }
 
 impl State {
+    /// Step 1 of a checkpoint ([`crate::stop::Stops::stop`]), the pool's
+    /// processes spared and its standby forks under way sent to the
+    /// background.
+    fn stop(
+        &mut self,
+        list: &dyn Fn() -> std::io::Result<Vec<i32>>,
+        init_host: i32,
+        best_effort: bool,
+        timeout: std::time::Duration,
+        with_init: bool,
+    ) -> Result<StopReport> {
+        self.stops.settle_lingering();
+        crate::holder::forks_to_background(self, true);
+        self.init_host = init_host;
+        let kept: std::collections::HashSet<i32> = self.kept_hosts().into_iter().collect();
+        self.stops.stop(list, (init_host, &kept), best_effort, timeout, with_init)
+    }
+
+    /// Pool processes not moved to the pool's cgroup yet go there
+    /// ([`crate::cgroup::PoolPlacement::sweep`]).
+    fn sweep(&mut self) -> bool {
+        let (pools, holders) = (&self.pools, &self.holders);
+        self.placement.sweep(|| pool_hosts(pools, holders))
+    }
+
     pub(crate) fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
@@ -479,16 +497,6 @@ impl State {
     /// Host pids of every template.
     pub(crate) fn template_hosts(&self) -> Vec<i32> {
         self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
-    }
-
-    /// Host pids of the pool's live processes: templates, standbys,
-    /// holders (what [`crate::cgroup::sweep`] moves).
-    pub(crate) fn pool_hosts(&self) -> impl Iterator<Item = i32> + '_ {
-        self.pools
-            .values()
-            .flat_map(|c| c.templates.iter().map(|t| t.host))
-            .chain(self.standbys().map(|s| s.host))
-            .chain(self.holders.iter().map(|h| h.host))
     }
 
     /// Host pids of every process this tracer keeps (templates, holders,
@@ -610,18 +618,6 @@ impl State {
     }
 }
 
-/// What [`Tracer::stop`] did.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct StopReport {
-    /// Processes stopped.
-    pub stopped: usize,
-    /// Processes left running because they cannot be restored (best effort).
-    pub skipped: Vec<Unrestorable>,
-    /// The cgroup holds tasks from outside the sandbox's pid namespace:
-    /// only a cgroup freeze holds them (init is then not stopped).
-    pub foreign: bool,
-}
-
 /// What [`Tracer::set_up`] made.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaptureReport {
@@ -735,7 +731,8 @@ impl Tracer {
         let pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>> = Default::default();
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
-            let mut st = State { ops: thread_ops, incremental_min_rss, cgroup, ..Default::default() };
+            let placement = crate::cgroup::PoolPlacement::new(cgroup);
+            let mut st = State { ops: thread_ops, incremental_min_rss, placement, ..Default::default() };
             crate::inject::pin_tracer_thread();
             // Whether a job ran since the mount table was last looked at
             // (a swap changes it), and when holders were last looked at.
@@ -757,7 +754,7 @@ impl Tracer {
                         drop(published);
                         let idle = st.ops.load(Ordering::SeqCst) == 0;
                         let mut forking = false;
-                        if idle && crate::cgroup::sweep(&mut st) {
+                        if idle && st.sweep() {
                             continue;
                         }
                         if idle
@@ -818,7 +815,7 @@ impl Tracer {
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.
-                crate::checkpoint::settle_lingering(&mut st);
+                st.stops.settle_lingering();
                 // (During a rollback the killed originals' holders stay
                 // until its end: their teardown must not compete with it.)
                 // (Right after a job, else every few milliseconds: each
@@ -830,7 +827,8 @@ impl Tracer {
                     crate::holder::retire(&mut st.holders, &mut st.dying);
                 }
                 crate::reap::reap_dying(&mut st.dying, st.ops.load(Ordering::SeqCst) == 0);
-                crate::track::close_parked(&mut st);
+                let (holders, dying) = (&st.holders, &st.dying);
+                st.tracking.close_parked(|h| holders.iter().any(|x| x.host == h) || dying.iter().any(|d| d.host == h));
             }
             // Dropping the state ends the thread; EXITKILL kills the
             // templates, and we collect their notifications first.
@@ -879,7 +877,7 @@ impl Tracer {
         timeout: std::time::Duration,
         with_init: bool,
     ) -> Result<StopReport> {
-        self.call(move |st| crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, with_init))?
+        self.call(move |st| st.stop(&*list, init_host, best_effort, timeout, with_init))?
     }
 
     /// Pass 1 of the capture, while every process stays stopped (the
@@ -919,7 +917,7 @@ impl Tracer {
         let (checked_tx, checked_rx) = mpsc::channel();
         let moved = self.moved.clone();
         let started = self.queue(move |st| {
-            let stopped = crate::checkpoint::stop(st, &*list, init_host, best_effort, timeout, false);
+            let stopped = st.stop(&*list, init_host, best_effort, timeout, false);
             let go = matches!(&stopped, Ok(r) if !r.foreign);
             let _ = stop_tx.send(stopped);
             if go {
@@ -1079,7 +1077,7 @@ impl Tracer {
             crate::checkpoint::finish_pending(st);
             crate::holder::forks_to_background(st, false);
             // Before init lists the sandbox's cgroup to kill.
-            crate::cgroup::sweep(st);
+            st.sweep();
             if let Some(set) = st.pools.get_mut(&ck) {
                 for t in set.templates.iter_mut().filter(|t| t.forking.is_some()) {
                     let t0 = std::time::Instant::now();

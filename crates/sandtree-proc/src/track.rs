@@ -99,30 +99,94 @@ pub(crate) struct Parked {
     uffd: OwnedFd,
 }
 
-/// Ends `tracking` of process `host`, dead or killed: parked until its
-/// holder is reaped, or (no holder) closed on the closer thread.
-pub(crate) fn park(st: &mut crate::tracer::State, host: i32, mut tracking: Tracking) {
-    let Some(uffd) = tracking.uffd.take() else { return };
-    match st.holders.iter().find(|h| h.owner == host) {
-        Some(h) => st.parked.push(Parked { holder: h.host, uffd }),
-        None => crate::closer::drop_later(vec![uffd]),
-    }
+/// The written-page trackings of a sandbox's live processes, by host pid,
+/// and the parked descriptors of dead ones.
+#[derive(Default)]
+pub(crate) struct Trackings {
+    live: std::collections::HashMap<i32, Tracking>,
+    parked: Vec<Parked>,
 }
 
-/// Closes the parked descriptors whose holder is reaped (neither held nor
-/// dying any more). Called by the tracer after each reap.
-pub(crate) fn close_parked(st: &mut crate::tracer::State) {
-    if st.parked.is_empty() {
-        return;
+impl Trackings {
+    /// The tracking of process `host`.
+    pub(crate) fn get(&self, host: &i32) -> Option<&Tracking> {
+        self.live.get(host)
     }
-    let (holders, dying) = (&st.holders, &st.dying);
-    let gone: Vec<OwnedFd> = st
-        .parked
-        .extract_if(.., |p| !holders.iter().any(|h| h.host == p.holder) && !dying.iter().any(|d| d.host == p.holder))
-        .map(|p| p.uffd)
-        .collect();
-    // (Cheap now, but a close is a syscall the tracer need not make.)
-    crate::closer::drop_later(gone);
+
+    /// [`Trackings::get`], to change it.
+    pub(crate) fn get_mut(&mut self, host: &i32) -> Option<&mut Tracking> {
+        self.live.get_mut(host)
+    }
+
+    /// Whether process `host` is tracked.
+    pub(crate) fn contains_key(&self, host: &i32) -> bool {
+        self.live.contains_key(host)
+    }
+
+    /// Track process `host` with `tracking`.
+    pub(crate) fn insert(&mut self, host: i32, tracking: Tracking) {
+        self.live.insert(host, tracking);
+    }
+
+    /// Take the tracking of process `host` out (a checkpoint's pass).
+    pub(crate) fn remove(&mut self, host: &i32) -> Option<Tracking> {
+        self.live.remove(host)
+    }
+
+    /// Every tracking.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Tracking> {
+        self.live.values()
+    }
+
+    /// Every tracking, to change.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut Tracking> {
+        self.live.values_mut()
+    }
+
+    /// End the trackings of the processes not in `kept` (gone, or not
+    /// stopped this time): a dead one's userfaultfd is parked until its
+    /// memory is gone (`holder_of` its host pid gives its holder's); a
+    /// live one's closes on the closer thread (`Tracking`'s drop).
+    pub(crate) fn end_all_but(&mut self, kept: &[i32], holder_of: impl Fn(i32) -> Option<i32>) {
+        let ended: Vec<i32> = self.live.keys().filter(|h| !kept.contains(h)).copied().collect();
+        for host in ended {
+            match self.live.remove(&host) {
+                Some(tracking) if !tracking.tracks(host) => self.park(holder_of(host), tracking),
+                Some(tracking) => drop(tracking),
+                None => {}
+            }
+        }
+    }
+
+    /// End every tracking: the processes were killed (a rollback).
+    pub(crate) fn end_killed(&mut self, holder_of: impl Fn(i32) -> Option<i32>) {
+        for (host, tracking) in std::mem::take(&mut self.live) {
+            self.park(holder_of(host), tracking);
+        }
+    }
+
+    /// Ends `tracking` of a process dead or killed: parked until its
+    /// holder (host pid `holder`) is reaped, or (no holder) closed on the
+    /// closer thread.
+    fn park(&mut self, holder: Option<i32>, mut tracking: Tracking) {
+        let Some(uffd) = tracking.uffd.take() else { return };
+        match holder {
+            Some(holder) => self.parked.push(Parked { holder, uffd }),
+            None => crate::closer::drop_later(vec![uffd]),
+        }
+    }
+
+    /// Closes the parked descriptors whose holder is reaped (`alive` says
+    /// whether a host pid is still held or dying). Called by the tracer
+    /// after each reap.
+    pub(crate) fn close_parked(&mut self, alive: impl Fn(i32) -> bool) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let gone: Vec<OwnedFd> = self.parked.extract_if(.., |p| !alive(p.holder)).map(|p| p.uffd).collect();
+        // (Cheap now, but a close is a syscall the tracer need not make.)
+        crate::closer::drop_later(gone);
+    }
 }
 
 impl Tracking {
