@@ -1,12 +1,9 @@
 //! Checkpoint of a sandbox's processes: stop them all, capture, make
 //! templates, let them go. See the crate docs for the order.
 
-use crate::batch::SCRATCH;
-use crate::closer::drop_later;
 use crate::fdstate::Seen;
 use crate::incremental::During;
 use crate::procfs::resident_pages;
-use std::os::fd::OwnedFd;
 
 use sandtree_sys::ptrace;
 
@@ -15,7 +12,8 @@ use crate::inject::kill_tracee;
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, Registers};
 use crate::stop::{Stopped, let_go};
-use crate::tracer::{CaptureReport, CheckpointTemplates, State, Template};
+use crate::template::{CheckpointTemplates, Template, is_later, kill_template};
+use crate::tracer::{CaptureReport, State};
 use crate::{Error, Result, procfs};
 
 /// Armed interval timers: (which, raw `struct itimerval`).
@@ -98,34 +96,8 @@ pub(crate) struct Cloned {
     facts: Option<(procfs::Status, String)>,
 }
 
-/// Whether a template's pending write holds its standby's fork still
-/// under way (`incremental::Later`): until [`resolve_later`], the
-/// template's host pid is the template forking it, its stand-in.
-fn is_later(to_write: &Option<crate::incremental::Pending>) -> bool {
-    to_write.as_ref().is_some_and(|p| p.is_later())
-}
-
-/// Kill template `host`, unless `host` is a stand-in ([`is_later`]): that
-/// template is another checkpoint's; this one's standby is killed once
-/// forked, when its pending write is dropped.
-fn kill_template(host: i32, later: bool) {
-    if !later {
-        kill_tracee(host);
-    }
-}
-
 impl Cloned {
     fn deferred(&self) -> bool {
-        is_later(&self.to_write)
-    }
-
-    fn kill(self) {
-        kill_template(self.host, self.deferred());
-    }
-}
-
-impl Template {
-    pub(crate) fn deferred(&self) -> bool {
         is_later(&self.to_write)
     }
 
@@ -182,7 +154,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
     let behind = std::cell::Cell::new(false);
     let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
         let ready = |st: &State, id: &(String, i32)| {
-            st.template(id).map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
+            st.pool.template(id).map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
         };
         // The previous template's standby; if it is not ready (its fork is
         // under way or yet to start), the one before's, if that one is
@@ -223,7 +195,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             }
         };
         behind.set(waits && can_older);
-        let t = st.template_mut(&from)?;
+        let t = st.pool.template_mut(&from)?;
         // A chain long enough: the process is forked again (see
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {
@@ -235,7 +207,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
             return None;
         }
         let fingerprint = t.fingerprint.clone()?;
-        let forking = crate::holder::take_forking(t);
+        let forking = t.take_forking();
         t.standby_taken = true;
         // (A process that ran no code since its previous template: the
         // standby of the one before is not it.)
@@ -696,12 +668,15 @@ pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<
         }
     }
     tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
-    st.later.extend(made.iter().filter(|t| t.deferred()).map(|t| (ck.to_string(), t.host)));
-    let last_used = st.tick();
-    st.unprepared.push(ck.to_string());
-    st.pools.insert(
-        ck.to_string(),
-        CheckpointTemplates { templates: made, pipes, sockets, unrestorable: report.unrestorable.clone(), last_used },
+    st.pool.add(
+        ck,
+        CheckpointTemplates {
+            templates: made,
+            pipes,
+            sockets,
+            unrestorable: report.unrestorable.clone(),
+            last_used: 0,
+        },
     );
     Ok(report)
 }
@@ -1202,210 +1177,4 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         generation,
         to_write: c.to_write,
     })
-}
-
-/// The templates' own set-up (see [`set_up_all`]), run by the tracer
-/// thread once the checkpoint is over (not beside its last steps), one
-/// template a call (a job waits for one at most), and before a rollback
-/// uses the pool. A checkpoint one of whose templates cannot be set up
-/// loses all of them (it then shows as evicted: a partial set would bring
-/// back only some of its processes). Returns whether there was one.
-pub(crate) fn prepare_pending(st: &mut State) -> bool {
-    let Some(ck) = st.unprepared.first().cloned() else { return false };
-    // (A template made from a standby has its scratch page already.)
-    let next = st.pools.get_mut(&ck).and_then(|set| set.templates.iter_mut().find(|t| t.scratch == 0));
-    let Some(t) = next else {
-        st.unprepared.remove(0);
-        return true;
-    };
-    let t0 = std::time::Instant::now();
-    // The template's working directory, held across its `chdir`: the last
-    // reference to the checkpoint's tree (detached by the swap) then goes
-    // on a thread of ours, with the tree's teardown (an overlay's: up to
-    // milliseconds), not in an injected call the tracer waits for.
-    let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
-    let res = prepare(t);
-    drop_later(cwd.into_iter().map(OwnedFd::from).collect());
-    tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
-    if let Err(e) = res {
-        tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
-        st.unprepared.remove(0);
-        st.drop_checkpoint(&ck, true);
-    }
-    true
-}
-
-/// `path` opened `O_PATH` (a reference to its mount, nothing read).
-fn open_path(path: &str) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path)
-}
-
-/// Every template of the pool set up and written, now: what a rollback
-/// needs before it uses the pool.
-pub(crate) fn finish_pending(st: &mut State) {
-    resolve_later(st);
-    crate::holder::settle_anonymous(st);
-    while prepare_pending(st) {}
-    write_pending(st, true);
-}
-
-/// Templates made from standbys get the pages their originals wrote
-/// (`incremental.rs`): started once the checkpoint is over, on threads of
-/// their own; finished by the tracer between operations (those
-/// written, or with `wait` all of them: before a rollback uses the pool).
-/// One that reads pages from another template first
-/// (`incremental::Extra`) starts once that one is finished. A checkpoint
-/// one of whose templates cannot be written loses all of them, as in
-/// [`prepare_pending`]. Returns whether one was finished.
-pub(crate) fn write_pending(st: &mut State, wait: bool) -> bool {
-    let mut any = false;
-    loop {
-        let unwritten: std::collections::HashSet<i32> =
-            st.pools.values().flat_map(|c| &c.templates).filter(|t| t.to_write.is_some()).map(|t| t.host).collect();
-        let mut failed = Vec::new();
-        let mut finished = false;
-        for (ck, set) in st.pools.iter_mut() {
-            for t in set.templates.iter_mut() {
-                match t.to_write.as_mut() {
-                    // (Its standby first: `resolve_later`.)
-                    Some(p) if p.is_later() => continue,
-                    Some(p) if p.depends_on().is_some_and(|h| unwritten.contains(&h)) => continue,
-                    Some(p) if wait || p.written() => {}
-                    Some(p) => {
-                        p.start();
-                        continue;
-                    }
-                    None => continue,
-                }
-                let Some(p) = t.to_write.take() else { continue };
-                finished = true;
-                if let Err(e) = p.finish(&mut st.holders) {
-                    tracing::warn!(
-                        checkpoint = ck,
-                        pid = t.image.pid,
-                        "template not written, its checkpoint's templates are dropped: {e}"
-                    );
-                    failed.push(ck.clone());
-                }
-            }
-        }
-        for ck in failed {
-            st.drop_checkpoint(&ck, true);
-        }
-        any |= finished;
-        // (Waiting: until none is left, the ones that read from others
-        // after those.)
-        if !wait || !finished {
-            return any;
-        }
-    }
-}
-
-/// The templates whose standby was still being forked when their
-/// checkpoint took it (`incremental::Later`) get it: run by the tracer
-/// thread right after the job that made them, once its reply is out, and
-/// before any other job (no job sees such a template). Each takes the
-/// standby's host pid where its stand-in's was (its own, its checkpoint's
-/// pipes and socket data, its process's tracking). A fork that failed
-/// drops the checkpoint's templates, as a failed write of pages does
-/// ([`write_pending`]).
-pub(crate) fn resolve_later(st: &mut State) {
-    for (ck, from) in std::mem::take(&mut st.later) {
-        let Some(set) = st.pools.get_mut(&ck) else { continue };
-        let Some(i) = set.templates.iter().position(|t| t.host == from && t.deferred()) else { continue };
-        let t0 = std::time::Instant::now();
-        let t = &mut set.templates[i];
-        let resolved = t.to_write.as_mut().map(|p| p.resolve());
-        let made = if let Some(Ok((host, ns_pid))) = resolved {
-            t.host = host;
-            t.ns_pid = ns_pid;
-            t.tracee = Tracee::new(host, t.tracee.saved, t.tracee.insn);
-            for p in set.pipes.iter_mut().filter(|p| p.1 == from) {
-                p.1 = host;
-            }
-            for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
-                s.1 = host;
-            }
-            tracing::debug!(checkpoint = ck, pid = ns_pid, waited = ?t0.elapsed(), "standby of a template taken once forked");
-            Some(host)
-        } else {
-            tracing::warn!(
-                checkpoint = ck,
-                pid = t.image.pid,
-                "no standby for the template, its checkpoint's templates are dropped: {:?}",
-                resolved.and_then(|r| r.err())
-            );
-            // (Not the template forking it: this one's standby died with
-            // its fork.)
-            set.templates.remove(i);
-            st.drop_checkpoint(&ck, true);
-            None
-        };
-        // The process's tracking counts from the standby; with none, its
-        // next checkpoint forks it (its base is gone, and the stand-in's
-        // pid is not its base's).
-        for tr in st.tracking.values_mut().filter(|tr| tr.base.as_ref().is_some_and(|(c, h)| *c == ck && *h == from)) {
-            tr.base = made.map(|host| (ck.clone(), host));
-            if made.is_none() {
-                tr.prev = None;
-            }
-        }
-    }
-}
-
-/// A template's set-up: a scratch page, and nothing of the tree pinned.
-fn prepare(t: &mut Template) -> Result<()> {
-    let image = &t.image;
-    let tpl = &mut t.tracee;
-    let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let mflags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    // Executable for batches; a process that may not map writable code
-    // (PR_SET_MDWE, a seccomp or SELinux rule) gets its syscalls one at a
-    // time instead.
-    let rwx = rw | libc::PROT_EXEC as u64;
-    let t0 = std::time::Instant::now();
-    let out = tpl.syscall(libc::SYS_mmap, &[0, SCRATCH, rwx, mflags, u64::MAX, 0])?;
-    let t_mmap = t0.elapsed();
-    let (scratch, exec) = if (-4095..0).contains(&out.ret) {
-        tracing::debug!(pid = image.pid, errno = -out.ret, "no executable scratch: batched calls run one at a time");
-        (tpl.call("mmap (scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, mflags, u64::MAX, 0])?, false)
-    } else {
-        (out.ret as u64, true)
-    };
-    // The rest in one round trip (`batch.rs`).
-    let mut b = crate::batch::Batch::new(scratch, exec);
-    // Pin nothing of the tree this checkpoint's layer will be replaced by:
-    // cwd to "/" (pivot_root moves it with the root), layer files closed
-    // (reopened by path at restore).
-    let root = b.path("/");
-    b.call("chdir", libc::SYS_chdir, &[root]);
-    // Bound inet sockets and unix listeners too: the restore makes them
-    // anew, and a template holding them would keep a port (or a socket
-    // file of the old tree) taken after the original closed them.
-    for f in &image.fds {
-        // (Memfds stay: their numbers must stay taken while a restore
-        // holds a new memfd on a spare descriptor, see `fix_up`.)
-        if f.kind.recreated() && !matches!(f.kind, FdKind::Memfd { .. }) {
-            b.call("close", libc::SYS_close, &[crate::batch::Arg::Val(f.fd as u64)]);
-            if b.is_full() {
-                tpl.run_batch(&mut b)?;
-            }
-        }
-    }
-    // Leave the original's session / process group: while any task is in
-    // them, their id (the original's pid) stays allocated, and the restore
-    // could not have it back. The copy joins them again.
-    if image.sid == image.pid || image.ppid != 1 {
-        b.call("setsid", libc::SYS_setsid, &[]);
-    } else {
-        let zero = crate::batch::Arg::Val(0);
-        b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
-    }
-    tpl.run_batch(&mut b)?;
-    tracing::debug!(pid = image.pid, ?t_mmap, batch = ?t0.elapsed(), "template's scratch and batch");
-    tpl.take_held(); // e.g. SIGCHLD meant for the original
-    t.scratch = scratch;
-    t.scratch_exec = exec;
-    Ok(())
 }

@@ -64,10 +64,10 @@ use std::io;
 use sandtree_sys::{ptrace, uffd};
 
 use crate::fdstate::Seen;
-use crate::holder::Standby;
 use crate::inject::Tracee;
 use crate::inject::kill_tracee;
 use crate::model::{FdImage, FdKind, MapImage};
+use crate::standby::Standby;
 use crate::stop::Stopped;
 use crate::track::Tracking;
 use crate::{Error, Result};
@@ -120,7 +120,7 @@ pub(crate) struct Base {
     /// ...or the standby's fork, still under way (with a handle on the
     /// template to end it by): it ends in the frozen window, beside the
     /// read.
-    pub forking: Option<(Tracee, crate::holder::Forking)>,
+    pub forking: Option<(Tracee, crate::standby::Forking)>,
     /// Its scratch mapping (address, executable): the standby's too.
     pub scratch: (u64, bool),
     /// Its memory map.
@@ -224,7 +224,7 @@ impl Base {
 /// (`checkpoint::resolve_later`): the wait overlaps the agent's next step
 /// instead of the checkpoint. A fork that fails then drops the
 /// checkpoint's templates, as a failed write of its pages does.
-pub(crate) struct Later(Option<(Tracee, crate::holder::Forking)>);
+pub(crate) struct Later(Option<(Tracee, crate::standby::Forking)>);
 
 impl Later {
     /// Wait for the standby.

@@ -74,12 +74,15 @@ mod holder;
 mod incremental;
 pub mod inject;
 pub mod model;
+mod pool;
 pub mod procfs;
 mod reap;
 pub mod repoint;
 mod restore;
 mod sockdiag;
+mod standby;
 mod stop;
+mod template;
 mod tracer;
 mod track;
 

@@ -12,7 +12,8 @@ use crate::batch::SCRATCH;
 use crate::batch::{Arg, Backoff, Batch};
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, ProcessImage};
-use crate::tracer::{RestoreReport, State, Template};
+use crate::template::Template;
+use crate::tracer::{RestoreReport, State};
 use crate::{Error, Result};
 
 use crate::inject::ERESTARTNOINTR;
@@ -33,7 +34,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     st.tracking.end_killed(|host| holders.iter().find(|h| h.owner == host).map(|h| h.host));
     let t_untrack = t0.elapsed();
     let mut report = RestoreReport::default();
-    let Some(set) = st.pools.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
+    let Some(set) = st.pool.get(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     // A template of another checkpoint may hold a pid this one needs (its
     // process had exited by then and the pid was reused): drop that
     // checkpoint's templates first.
@@ -44,28 +45,23 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         .collect();
     // Standby forks under way (`holder.rs`) end first where the restore
     // needs the template, or the pid their child gets; the others go on.
-    for (k, set) in st.pools.iter_mut() {
+    for (k, set) in st.pool.iter_mut() {
         for t in set.templates.iter_mut() {
             let pid = t.forking.as_ref().and_then(|f| f.ns_pid());
             if k == ck || pid.is_some_and(|p| needed.contains(&p)) {
-                crate::holder::settle(t);
+                t.settle_standby();
             }
         }
     }
     let t_settle = t0.elapsed();
-    let conflicting: Vec<String> = st
-        .pools
-        .iter()
-        .filter(|(k, c)| k.as_str() != ck && c.templates.iter().any(|t| needed.contains(&t.ns_pid)))
-        .map(|(k, _)| k.clone())
-        .collect();
+    let conflicting = st.pool.holding_any(ck, &needed);
     for k in conflicting {
-        st.drop_checkpoint(&k, true);
+        st.pool.drop_checkpoint(&k, true, &mut st.holders);
         report.evicted.push(k);
     }
     // Likewise a standby, or a holder (its owner was just killed): they go now.
-    for set in st.pools.values_mut() {
-        for t in set.templates.iter_mut() {
+    {
+        for t in st.pool.templates_mut() {
             if t.standby.as_ref().is_some_and(|s| needed.contains(&s.ns_pid))
                 && let Some(s) = t.standby.take()
             {
@@ -90,9 +86,9 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
         }
     });
     let t_evict = t0.elapsed() - t_settle;
-    let now = st.tick();
+    let now = st.pool.tick();
     let cg = st.placement.cgroup();
-    let Some(set) = st.pools.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
+    let Some(set) = st.pool.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
     // FIFOs on the layers are reopened by path in the rolled-back tree (in
     // `fix_up`): a keeper opened here for reading and writing lets those

@@ -26,280 +26,9 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 
 use crate::check::Unrestorable;
-use crate::inject::{Tracee, kill_tracee};
-use crate::model::ProcessImage;
-use crate::reap::kill_later;
+use crate::inject::kill_tracee;
 use crate::stop::StopReport;
-use crate::{Error, Result, procfs};
-
-/// One template: a stopped copy of a process at a checkpoint.
-pub(crate) struct Template {
-    pub image: ProcessImage,
-    /// Host pid of the template.
-    pub host: i32,
-    /// Its pid in the sandbox.
-    pub ns_pid: i32,
-    /// The template itself, in a ptrace stop.
-    pub tracee: Tracee,
-    /// Address of its scratch mapping (0 until it is set up, once the
-    /// checkpoint is over).
-    pub scratch: u64,
-    /// The scratch mapping is executable (batches run there, `batch.rs`).
-    pub scratch_exec: bool,
-    /// A fork of the template made between operations (`holder.rs`): a restore
-    /// takes it with `CLONE_VM` (no page tables to copy) and it stays as
-    /// the restored process's holder.
-    pub standby: Option<crate::holder::Standby>,
-    /// Its standby's fork, while it runs (`holder.rs`): no other request
-    /// may be made of the template meanwhile.
-    pub forking: Option<crate::holder::Forking>,
-    /// Forking a standby failed once: restores fork the template instead.
-    pub no_standby: bool,
-    /// A checkpoint took its standby (`incremental.rs`).
-    pub standby_taken: bool,
-    /// Its standbys cannot be given a pid of ours (`clone3` with `set_tid`
-    /// refused): they fork with whatever pid comes.
-    pub any_pid: bool,
-    /// The original's fingerprint, when it is tracked (`incremental.rs`).
-    pub fingerprint: Option<String>,
-    /// Made from the previous template's standby (`incremental.rs`).
-    pub incremental: bool,
-    /// Templates made from a standby since the last fork of the process.
-    pub generation: u32,
-    /// Its pages written since the previous template and the rest, until
-    /// they are written into it after the checkpoint
-    /// ([`crate::checkpoint::write_pending`]).
-    pub to_write: Option<crate::incremental::Pending>,
-}
-
-/// What to measure of the pool (outside the tracer thread): the
-/// templates of each checkpoint, and the holders, which share the address
-/// spaces of the live processes. Standbys are left out: each maps exactly
-/// its template's pages (neither ever writes).
-#[derive(Clone)]
-pub(crate) struct Sizing {
-    checkpoints: Vec<ToSize>,
-    live: Vec<i32>,
-    /// Operations in flight ([`Tracer::begin`]): the walk waits while
-    /// there is one.
-    ops: Arc<AtomicU32>,
-    frames: Arc<Mutex<FrameCache>>,
-}
-
-/// A checkpoint (id, last used) and its templates' host pids, each with
-/// whether it is done changing (set up, its pages written).
-type ToSize = (String, u64, Vec<(i32, bool)>);
-
-/// The frames of templates done changing, by (checkpoint, host pid), as
-/// read when: a template never writes, so its frames stay what they were
-/// unless the kernel moves its pages (compaction), but for its scratch
-/// page (the arguments of the forks we inject: one page copied on write
-/// after a fork); an entry is read again after [`FRAMES_FRESH`]. Without it, each eviction check read every
-/// template again: 30 checkpoints of a 1 GB process, 2.3 s a check.
-type FrameCache = std::collections::HashMap<(String, i32), (std::time::Instant, Arc<Vec<u64>>)>;
-
-/// How long a template's frames are taken as read.
-const FRAMES_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// A hasher for page frame numbers (a multiply: they are spread evenly
-/// enough, and the default hasher was a third of a walk's time).
-#[derive(Default)]
-struct FrameHasher(u64);
-
-impl std::hash::Hasher for FrameHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-    }
-}
-
-type FrameMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<FrameHasher>>;
-type FrameSet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<FrameHasher>>;
-
-/// The frames of the live processes, as a bitmap indexed by frame number
-/// (a bit per page of the host's memory: 24 GiB, 768 KiB), with a hash set
-/// for frame numbers beyond [`LiveFrames::BITMAP_MAX`]. A walk looks every
-/// frame of every template up in it (30 checkpoints of a 1 GB process: ~8
-/// million lookups); in a hash set that made a walk take 0.5-1.2 s of CPU,
-/// beside the bench's steps and the standby forks they wait for.
-#[derive(Default)]
-struct LiveFrames {
-    bits: Vec<u64>,
-    high: FrameSet,
-}
-
-impl LiveFrames {
-    /// Frame numbers up to here (16 TiB of memory, a 512 MiB bitmap at
-    /// most, grown to the highest frame seen) go in the bitmap.
-    const BITMAP_MAX: u64 = 1 << 32;
-
-    fn insert(&mut self, f: u64) {
-        if f >= Self::BITMAP_MAX {
-            self.high.insert(f);
-            return;
-        }
-        let w = (f / 64) as usize;
-        if w >= self.bits.len() {
-            self.bits.resize(w + 1, 0);
-        }
-        self.bits[w] |= 1 << (f % 64);
-    }
-
-    fn contains(&self, f: u64) -> bool {
-        if f >= Self::BITMAP_MAX {
-            return self.high.contains(&f);
-        }
-        self.bits.get((f / 64) as usize).is_some_and(|w| w & (1 << (f % 64)) != 0)
-    }
-}
-
-/// Memory the pool holds.
-struct Sized {
-    /// Pages of templates that no live process maps.
-    total: u64,
-    /// Per checkpoint (id, last used): the pages it is the most recently
-    /// used holder of. Evicting least recently used first, that is what
-    /// each eviction frees (a page shared with an older checkpoint is
-    /// freed with the last of them).
-    own: Vec<(String, u64, u64)>,
-}
-
-impl Sizing {
-    /// [`Sizing::measure`] on a thread of its own at nice 19: it reads the
-    /// page map of every template it has not read lately (the first walk
-    /// after a bench's 30 checkpoints of a 1 GB Python: ~0.7 s of CPU; the
-    /// next ones 35-150 ms, 12-20 at 100 MB) and, at the normal
-    /// priority of a runtime thread, it held the tracer thread off its CPU
-    /// for milliseconds in the rollbacks it ran beside.
-    fn measure_aside(self) -> Sized {
-        let here = self.clone();
-        let spawned = std::thread::Builder::new().name("sandtree:sizing".into()).spawn(move || {
-            let _ = rustix::process::setpriority_process(None, 19);
-            self.measure()
-        });
-        match spawned.map(|h| h.join()) {
-            Ok(Ok(sized)) => sized,
-            // (No thread, or it panicked: here, at this thread's priority.)
-            _ => here.measure(),
-        }
-    }
-
-    /// Counts physical pages: a page a template shares with a live process
-    /// (unchanged since the checkpoint) costs nothing; one the process has
-    /// changed since is the pool's. So the figure is proportional to the
-    /// pages changed, not to the processes' size.
-    ///
-    /// The walk steps aside while a checkpoint or a rollback runs (between
-    /// reads of 4,096 entries, and between 4,096 frames counted, each well
-    /// under a millisecond): the eviction check starts once the engine has
-    /// been idle a moment, and it met the first rollback after a burst of
-    /// checkpoints, which then took 8-27 ms instead of ~3 (the walk took the
-    /// CPU, and each page-map read holds the template's memory map lock,
-    /// which a fork of it waits for). Its nice value does not keep it out
-    /// of the way: the daemon is one CPU group and the sandbox another, of
-    /// equal weight, so while the tracer waits for a call it injected, the
-    /// walk and the process share the CPU half and half (counting cached
-    /// frames without a pause, it made a 1 GB checkpoint's injected calls
-    /// take 10-27 ms instead of ~0.5).
-    fn measure(mut self) -> Sized {
-        let ops = self.ops.clone();
-        let between = move || {
-            while ops.load(Ordering::SeqCst) > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        };
-        let mut live = LiveFrames::default();
-        for host in std::mem::take(&mut self.live) {
-            for f in procfs::frames(host, &between).unwrap_or_default() {
-                live.insert(f);
-            }
-        }
-        // Templates gone since are forgotten.
-        let now = std::time::Instant::now();
-        let mut cache = std::mem::take(&mut *self.frames.lock().unwrap_or_else(|e| e.into_inner()));
-        let keep: std::collections::HashSet<(&str, i32)> = self
-            .checkpoints
-            .iter()
-            .flat_map(|(ck, _, hosts)| hosts.iter().filter(|h| h.1).map(move |h| (ck.as_str(), h.0)))
-            .collect();
-        cache.retain(|(ck, host), (at, _)| keep.contains(&(ck.as_str(), *host)) && now - *at < FRAMES_FRESH);
-        // Oldest first: a page's owner ends up its newest holder.
-        self.checkpoints.sort_by_key(|(_, used, _)| *used);
-        let mut owner: FrameMap<usize> = FrameMap::default();
-        for (i, (ck, _, hosts)) in self.checkpoints.iter().enumerate() {
-            for &(host, done) in hosts {
-                let key = (ck.clone(), host);
-                let frames = match cache.get(&key) {
-                    Some((_, f)) => f.clone(),
-                    None => {
-                        let f = Arc::new(procfs::frames(host, &between).unwrap_or_default());
-                        if done {
-                            cache.insert(key, (std::time::Instant::now(), f.clone()));
-                        }
-                        f
-                    }
-                };
-                // (Steps aside here too: at 1 GB a template is 262,144
-                // frames, ~5 ms of hashing.)
-                for chunk in frames.chunks(4096) {
-                    between();
-                    for &f in chunk {
-                        if !live.contains(f) {
-                            owner.insert(f, i);
-                        }
-                    }
-                }
-            }
-        }
-        *self.frames.lock().unwrap_or_else(|e| e.into_inner()) = cache;
-        let mut own = vec![0u64; self.checkpoints.len()];
-        for &o in owner.values() {
-            own[o] += 4096;
-        }
-        Sized {
-            total: owner.len() as u64 * 4096,
-            own: self.checkpoints.into_iter().zip(own).map(|((k, used, _), b)| (k, used, b)).collect(),
-        }
-    }
-}
-
-impl State {
-    pub(crate) fn sizing(&self) -> Sizing {
-        Sizing {
-            checkpoints: self
-                .pools
-                .iter()
-                .map(|(k, c)| {
-                    let hosts = c.templates.iter().map(|t| (t.host, t.scratch != 0 && t.to_write.is_none()));
-                    (k.clone(), c.last_used, hosts.collect())
-                })
-                .collect(),
-            live: self.holders.iter().map(|h| h.host).collect(),
-            ops: self.ops.clone(),
-            frames: self.frames.clone(),
-        }
-    }
-}
-
-/// The templates of one checkpoint.
-pub(crate) struct CheckpointTemplates {
-    pub templates: Vec<Template>,
-    /// Buffered bytes of each pipe, with a template (host pid) and fd
-    /// through which the pipe is reached at restore.
-    pub pipes: Vec<(crate::model::PipeBuffer, i32, i32)>,
-    /// Data queued on unix sockets, with a template (host pid) and fd of
-    /// the peer it is sent from again at restore.
-    pub sockets: Vec<(crate::model::SocketBuffer, i32, i32)>,
-    pub unrestorable: Vec<Unrestorable>,
-    pub last_used: u64,
-}
+use crate::{Error, Result};
 
 /// Everything the tracer thread owns.
 #[derive(Default)]
@@ -318,21 +47,11 @@ pub(crate) struct State {
     pub ops: Arc<AtomicU32>,
     /// Killed pool processes not reaped yet.
     pub dying: Vec<crate::reap::Dying>,
-    pub pools: BTreeMap<String, CheckpointTemplates>,
-    pub clock: u64,
-    /// Checkpoints whose templates still need their set-up
-    /// ([`crate::checkpoint::prepare_pending`], between operations).
-    pub unprepared: Vec<String>,
-    /// Templates whose standby was still being forked when their
-    /// checkpoint took it: (checkpoint, host pid of the template forking
-    /// it), until [`crate::checkpoint::resolve_later`] right after the job.
-    pub later: Vec<(String, i32)>,
+    /// The templates of every checkpoint (`pool/`).
+    pub pool: crate::pool::Pool,
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
     pub repointed: Vec<crate::repoint::Reopened>,
-    /// The next pid to give a standby, counting down from the top of the
-    /// pid range (`holder.rs`); 0 until the first.
-    pub next_pool_pid: i32,
     /// Written-page tracking of live processes, by host pid (`track.rs`).
     pub tracking: crate::track::Trackings,
     /// Processes this large (resident bytes) or more are tracked, and get
@@ -342,25 +61,9 @@ pub(crate) struct State {
     pub init_host: i32,
     /// Its mount table.
     pub mounts: crate::procfs::MountCache,
-    /// The templates' frames as the last measure read them.
-    pub frames: Arc<Mutex<FrameCache>>,
     /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
     /// there.
     pub placement: crate::cgroup::PoolPlacement,
-}
-
-/// Host pids of the pool's live processes: templates, standbys, holders
-/// (what [`crate::cgroup::PoolPlacement::sweep`] moves).
-fn pool_hosts<'a>(
-    pools: &'a BTreeMap<String, CheckpointTemplates>,
-    holders: &'a [crate::holder::Holder],
-) -> impl Iterator<Item = i32> + 'a {
-    let templates = pools.values().flat_map(|c| &c.templates);
-    templates
-        .clone()
-        .map(|t| t.host)
-        .chain(templates.filter_map(|t| t.standby.as_ref()).map(|s| s.host))
-        .chain(holders.iter().map(|h| h.host))
 }
 
 /// A job's result to come from the tracer thread.
@@ -465,7 +168,7 @@ impl State {
         with_init: bool,
     ) -> Result<StopReport> {
         self.stops.settle_lingering();
-        crate::holder::forks_to_background(self, true);
+        self.pool.forks_to_background(&self.tracking, true);
         self.init_host = init_host;
         let kept: std::collections::HashSet<i32> = self.kept_hosts().into_iter().collect();
         self.stops.stop(list, (init_host, &kept), best_effort, timeout, with_init)
@@ -474,147 +177,32 @@ impl State {
     /// Pool processes not moved to the pool's cgroup yet go there
     /// ([`crate::cgroup::PoolPlacement::sweep`]).
     fn sweep(&mut self) -> bool {
-        let (pools, holders) = (&self.pools, &self.holders);
-        self.placement.sweep(|| pool_hosts(pools, holders))
-    }
-
-    pub(crate) fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
-    }
-
-    /// The template of checkpoint `ck` with host pid `host`, if the pool
-    /// still has it.
-    pub(crate) fn template(&self, (ck, host): &(String, i32)) -> Option<&Template> {
-        self.pools.get(ck)?.templates.iter().find(|t| t.host == *host)
-    }
-
-    /// [`State::template`], to change it.
-    pub(crate) fn template_mut(&mut self, (ck, host): &(String, i32)) -> Option<&mut Template> {
-        self.pools.get_mut(ck)?.templates.iter_mut().find(|t| t.host == *host)
-    }
-
-    /// Host pids of every template.
-    pub(crate) fn template_hosts(&self) -> Vec<i32> {
-        self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.host)).collect()
+        let (pool, holders) = (&self.pool, &self.holders);
+        self.placement.sweep(|| pool.hosts().chain(holders.iter().map(|h| h.host)))
     }
 
     /// Host pids of every process this tracer keeps (templates, holders,
     /// killed holders still tearing down): none of them is a sandbox
     /// process to capture.
     pub(crate) fn kept_hosts(&self) -> Vec<i32> {
-        let mut v = self.template_hosts();
-        v.extend(self.standbys().map(|s| s.host));
+        let mut v: Vec<i32> = self.pool.hosts().collect();
         v.extend(self.holders.iter().map(|h| h.host));
         v.extend(self.dying.iter().map(|d| d.host));
         v
     }
 
-    fn standbys(&self) -> impl Iterator<Item = &crate::holder::Standby> {
-        self.pools.values().flat_map(|c| c.templates.iter().filter_map(|t| t.standby.as_ref()))
-    }
-
     /// In-sandbox pids of the pool's processes: templates, standbys,
     /// holders, and killed holders still tearing down.
     pub(crate) fn pool_pids(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self.pools.values().flat_map(|c| c.templates.iter().map(|t| t.ns_pid)).collect();
-        v.extend(self.standbys().map(|s| s.ns_pid));
+        let mut v: Vec<i32> = self.pool.ns_pids().collect();
         v.extend(self.holders.iter().map(|h| h.ns_pid));
         v.extend(self.dying.iter().map(|d| d.ns_pid));
-        // (Standbys being forked with a pid of ours.)
-        v.extend(self.pools.values().flat_map(|c| &c.templates).filter_map(|t| t.forking.as_ref()?.ns_pid()));
         v
-    }
-
-    /// What the pool holds for `ck`.
-    pub(crate) fn status(&self, ck: &str) -> Option<TemplateStatus> {
-        self.pools.get(ck).map(|c| TemplateStatus {
-            pids: c.templates.iter().map(|t| t.image.pid).collect(),
-            unrestorable: c.unrestorable.clone(),
-        })
-    }
-
-    /// Checks that the templates of `ck` and their standbys still live.
-    /// A dead standby is dropped; a dead template drops every template of
-    /// `ck` (a partial set cannot be restored exactly) and is returned.
-    pub(crate) fn drop_dead_templates(&mut self, ck: &str) -> Vec<Unrestorable> {
-        // Between operations templates and standbys sit in a ptrace stop.
-        // Dead is told positively: gone, a zombie, or out of its stop with
-        // a SIGKILL pending (dying; a frozen task shows `D`, and lives).
-        let dead = |host: i32| match crate::procfs::state(host) {
-            Some('t' | 'T') => false,
-            None | Some('Z' | 'X') => true,
-            Some(_) => {
-                crate::procfs::status(host).map_or(true, |s| s.signals.pending & (1 << (libc::SIGKILL - 1)) != 0)
-            }
-        };
-        let Some(set) = self.pools.get_mut(ck) else { return Vec::new() };
-        let mut killed = Vec::new();
-        for t in set.templates.iter_mut() {
-            if t.standby.as_ref().is_some_and(|s| dead(s.host))
-                && let Some(s) = t.standby.take()
-            {
-                tracing::warn!(
-                    pid = t.image.pid,
-                    standby = s.host,
-                    "a standby was killed: the restore forks its template"
-                );
-                kill_tracee(s.host);
-            }
-            if dead(t.host) {
-                killed.push(Unrestorable {
-                    pid: t.image.pid,
-                    comm: t.image.comm.clone(),
-                    resource: "checkpoint copy".into(),
-                    reason: format!(
-                        "its checkpoint copy (pid {} in the sandbox) was killed, from inside the sandbox or by the OOM killer",
-                        t.ns_pid
-                    ),
-                });
-            }
-        }
-        if !killed.is_empty() {
-            tracing::warn!(checkpoint = ck, ?killed, "templates killed: the checkpoint's processes are lost");
-            self.drop_checkpoint(ck, true);
-        }
-        killed
     }
 
     /// Whether live process `host` has a holder.
     pub(crate) fn has_holder(&self, host: i32) -> bool {
         self.holders.iter().any(|h| h.owner == host && !h.orphaned())
-    }
-
-    /// Kill the templates of `ck`. With `wait`, until they are gone (their
-    /// pids free: a restore that needs one); otherwise each tears its
-    /// memory down in its own time, off the tracer's CPU, and is collected
-    /// between jobs. (Waiting took the tracer thread for the teardown of
-    /// every template and standby: an eviction run between two
-    /// checkpoints, of 100 MB templates, made the next checkpoint's last
-    /// step wait 19 ms.)
-    pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool) {
-        let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
-        // A later template whose pages are still to be read from one of
-        // these (`incremental::Extra`) is written first: it would be lost.
-        let hosts: Vec<i32> =
-            self.pools.get(ck).map(|c| c.templates.iter().map(|t| t.host).collect()).unwrap_or_default();
-        let reads_from_these = self
-            .pools
-            .values()
-            .flat_map(|c| &c.templates)
-            .any(|t| t.to_write.as_ref().and_then(|p| p.depends_on()).is_some_and(|h| hosts.contains(&h)));
-        if reads_from_these {
-            crate::checkpoint::write_pending(self, true);
-        }
-        if let Some(set) = self.pools.remove(ck) {
-            for mut t in set.templates {
-                crate::holder::settle(&mut t);
-                kill(t.host, t.ns_pid);
-                if let Some(s) = t.standby {
-                    kill(s.host, s.ns_pid);
-                }
-            }
-        }
     }
 }
 
@@ -685,7 +273,11 @@ impl Drop for OpGuard {
         {
             // (Standby forks an operation sent to the background get their
             // priority back.)
-            let _ = tx.send(Box::new(crate::holder::forks_to_foreground));
+            let _ = tx.send(Box::new(|st: &mut State| {
+                if st.ops.load(Ordering::SeqCst) == 0 {
+                    st.pool.forks_to_foreground();
+                }
+            }));
         }
     }
 }
@@ -758,9 +350,9 @@ impl Tracer {
                             continue;
                         }
                         if idle
-                            && (crate::checkpoint::write_pending(&mut st, false)
-                                || crate::checkpoint::prepare_pending(&mut st)
-                                || crate::holder::equip_next(&mut st))
+                            && (st.pool.write_pending(false, &mut st.holders)
+                                || st.pool.prepare_pending(&mut st.holders)
+                                || crate::holder::equip_next(&mut st.holders, &st.tracking))
                         {
                             continue;
                         }
@@ -775,20 +367,19 @@ impl Tracer {
                                 continue;
                             }
                         }
-                        if idle {
-                            match crate::holder::tend_standbys(&mut st) {
-                                crate::holder::Tended::Worked => continue,
-                                crate::holder::Tended::Forking => forking = true,
-                                crate::holder::Tended::Idle => {}
+                        // (Not while a checkpoint holds processes stopped.)
+                        if idle && st.stops.is_empty() && st.cloned.is_empty() {
+                            let others: Vec<i32> =
+                                st.holders.iter().map(|h| h.ns_pid).chain(st.dying.iter().map(|d| d.ns_pid)).collect();
+                            match st.pool.tend_standbys(&st.tracking, &others) {
+                                crate::pool::Tended::Worked => continue,
+                                crate::pool::Tended::Forking => forking = true,
+                                crate::pool::Tended::Idle => {}
                             }
                         }
                         // (Pages being written, or a fork under way: back
                         // as soon as they are done.)
-                        let writing = st
-                            .pools
-                            .values()
-                            .flat_map(|c| &c.templates)
-                            .any(|t| t.to_write.as_ref().is_some_and(|p| p.writing()));
+                        let writing = st.pool.templates().any(|t| t.to_write.as_ref().is_some_and(|p| p.writing()));
                         let wait = match writing || forking {
                             true => std::time::Duration::from_micros(500),
                             false => std::time::Duration::from_millis(100),
@@ -805,7 +396,7 @@ impl Tracer {
                     mounts_stale = true;
                     job(&mut st);
                     // (Its reply is out: what it left for after.)
-                    crate::checkpoint::resolve_later(&mut st);
+                    st.pool.resolve_later(&mut st.tracking, &mut st.holders);
                     // (A restore steps aside to let its processes go.)
                     crate::inject::step_back();
                     // A rollback's adopted holders drop their descriptors.
@@ -1074,19 +665,19 @@ impl Tracer {
     pub fn rollback_plan(&self, ck: &str) -> Result<Started<RollbackPlan>> {
         let ck = ck.to_string();
         self.queue(move |st| {
-            crate::checkpoint::finish_pending(st);
-            crate::holder::forks_to_background(st, false);
+            st.pool.finish_pending(&mut st.tracking, &mut st.holders);
+            st.pool.forks_to_background(&st.tracking, false);
             // Before init lists the sandbox's cgroup to kill.
             st.sweep();
-            if let Some(set) = st.pools.get_mut(&ck) {
+            if let Some(set) = st.pool.get_mut(&ck) {
                 for t in set.templates.iter_mut().filter(|t| t.forking.is_some()) {
                     let t0 = std::time::Instant::now();
-                    crate::holder::settle(t);
+                    t.settle_standby();
                     tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
                 }
             }
-            let killed = st.drop_dead_templates(&ck);
-            RollbackPlan { templates: st.status(&ck), keep: st.pool_pids(), killed }
+            let killed = st.pool.drop_dead_templates(&ck, &mut st.holders);
+            RollbackPlan { templates: st.pool.status(&ck), keep: st.pool_pids(), killed }
         })
     }
 
@@ -1102,7 +693,7 @@ impl Tracer {
     /// What the pool holds for `ck` (`None`: no templates).
     pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
         let ck = ck.to_string();
-        self.call(move |st| st.status(&ck))
+        self.call(move |st| st.pool.status(&ck))
     }
 
     /// Rollback step: bring back the processes of `ck` (init has already
@@ -1111,7 +702,7 @@ impl Tracer {
         let ck = ck.to_string();
         self.call(move |st| {
             let t0 = std::time::Instant::now();
-            crate::checkpoint::finish_pending(st);
+            st.pool.finish_pending(&mut st.tracking, &mut st.holders);
             tracing::debug!(took = ?t0.elapsed(), "restore: pending work finished");
             crate::restore::restore(st, &ck)
         })?
@@ -1126,7 +717,7 @@ impl Tracer {
                 kill_tracee(host);
             }
             st.holders.clear();
-            st.pools.clear();
+            st.pool.clear();
             crate::checkpoint::abort(st);
             // (Its open file would keep the old init's mounts alive.)
             st.init_host = 0;
@@ -1138,12 +729,12 @@ impl Tracer {
     /// Kill the templates of `ck` (they are collected later).
     pub fn drop_checkpoint(&self, ck: &str) -> Result<()> {
         let ck = ck.to_string();
-        self.call(move |st| st.drop_checkpoint(&ck, false))
+        self.call(move |st| st.pool.drop_checkpoint(&ck, false, &mut st.holders))
     }
 
     /// How many checkpoints have templates in the pool.
     pub fn checkpoints(&self) -> Result<usize> {
-        self.call(|st| st.pools.len())
+        self.call(|st| st.pool.len())
     }
 
     /// Memory only the templates hold: physical pages they map and no live
@@ -1155,9 +746,11 @@ impl Tracer {
 
     /// The pool measured off the tracer thread ([`Sizing::measure_aside`]),
     /// for `why`.
-    fn measured(&self, why: &str) -> Result<Sized> {
+    fn measured(&self, why: &str) -> Result<crate::pool::PoolMemory> {
         let t0 = std::time::Instant::now();
-        let sized = self.call(|st| st.sizing())?.measure_aside();
+        let sized = self
+            .call(|st| st.pool.sizing(st.holders.iter().map(|h| h.host).collect(), st.ops.clone()))?
+            .measure_aside();
         tracing::debug!(why, took = ?t0.elapsed(), "pool measured");
         Ok(sized)
     }
@@ -1187,28 +780,5 @@ impl Tracer {
             evicted.push(k);
         }
         Ok(evicted)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::LiveFrames;
-
-    /// Frames in the bitmap and beyond it are found; others are not.
-    #[test]
-    fn live_frames_hold_what_was_inserted() {
-        let mut live = LiveFrames::default();
-        let inside = [0, 1, 63, 64, 6_291_455, 1 << 24];
-        let beyond = [LiveFrames::BITMAP_MAX, LiveFrames::BITMAP_MAX + 12345];
-        for f in inside.iter().chain(&beyond) {
-            live.insert(*f);
-        }
-        for f in inside.iter().chain(&beyond) {
-            assert!(live.contains(*f), "{f} inserted but not found");
-        }
-        for f in [2, 62, 65, 6_291_454, LiveFrames::BITMAP_MAX + 1, u64::MAX] {
-            assert!(!live.contains(f), "{f} found but never inserted");
-        }
-        assert_eq!(live.high.len(), beyond.len());
     }
 }
