@@ -68,6 +68,7 @@ mod beside;
 pub mod cgroup;
 pub mod check;
 mod checkpoint;
+pub use checkpoint::repoint;
 mod closer;
 pub mod fdstate;
 mod holder;
@@ -77,7 +78,6 @@ pub mod model;
 mod pool;
 pub mod procfs;
 mod reap;
-pub mod repoint;
 mod restore;
 mod sockdiag;
 mod standby;
@@ -89,15 +89,15 @@ mod track;
 use std::io;
 
 pub use check::Unrestorable;
+pub use checkpoint::CaptureReport;
 pub use incremental::{
     hold_standby_forks, lose_next_standby_taken_while_forking, pages_copied_by_holders, prefer_older_standbys,
     quiet_templates, templates_from_forks_under_way, templates_from_prev,
 };
+pub use pool::TemplateStatus;
+pub use restore::RestoreReport;
 pub use stop::StopReport;
-pub use tracer::{
-    CaptureReport, Cloning, Copied, OpGuard, RestoreReport, RollbackPlan, Started, StopAndClone, TemplateStatus,
-    Tracer, Went, moved_early,
-};
+pub use tracer::{Cloning, Copied, OpGuard, RollbackPlan, Started, StopAndClone, Tracer, Went, moved_early};
 
 /// Errors of the process engine.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,12 @@ use crate::batch::{Arg, Backoff, Batch};
 use crate::inject::{self, Tracee};
 use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::template::Template;
-use crate::tracer::{RestoreReport, State};
+use serde::{Deserialize, Serialize};
+
+use crate::holder::Holder;
+use crate::pool::Pool;
+use crate::reap::Dying;
+use crate::track::Trackings;
 use crate::{Error, Result};
 
 use crate::inject::ERESTARTNOINTR;
@@ -27,7 +32,31 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
     move |source| Error::Ptrace { pid, op, source }
 }
 
-pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
+/// The parts of the tracer thread's state a restore reads and changes.
+pub(crate) struct Parts<'a> {
+    /// The pool, which holds the checkpoint's templates.
+    pub pool: &'a mut Pool,
+    /// Holders of the live processes' address spaces.
+    pub holders: &'a mut Vec<Holder>,
+    /// Killed pool processes not reaped yet.
+    pub dying: &'a mut Vec<Dying>,
+    /// The written-page trackings of the killed processes, which end.
+    pub tracking: &'a mut Trackings,
+    /// The pool's cgroup, out of which restored processes move.
+    pub cgroup: Option<&'a crate::cgroup::PoolCgroup>,
+}
+
+/// What [`crate::Tracer::restore`] brought back.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// In-sandbox pids running again.
+    pub restored: Vec<i32>,
+    /// Checkpoints whose templates were dropped because one of them held
+    /// a pid this restore needed.
+    pub evicted: Vec<String>,
+}
+
+pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let t0 = std::time::Instant::now();
     // The killed originals' trackings end with them.
     let holders = &st.holders;
@@ -56,7 +85,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     let t_settle = t0.elapsed();
     let conflicting = st.pool.holding_any(ck, &needed);
     for k in conflicting {
-        st.pool.drop_checkpoint(&k, true, &mut st.holders);
+        st.pool.drop_checkpoint(&k, true, st.holders);
         report.evicted.push(k);
     }
     // Likewise a standby, or a holder (its owner was just killed): they go now.
@@ -87,7 +116,7 @@ pub(crate) fn restore(st: &mut State, ck: &str) -> Result<RestoreReport> {
     });
     let t_evict = t0.elapsed() - t_settle;
     let now = st.pool.tick();
-    let cg = st.placement.cgroup();
+    let cg = st.cgroup;
     let Some(set) = st.pool.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
     // FIFOs on the layers are reopened by path in the rolled-back tree (in

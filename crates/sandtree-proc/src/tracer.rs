@@ -16,17 +16,17 @@
 //! Between jobs, while no operation is in flight ([`Tracer::begin`]), the
 //! thread gives templates their standbys, one fork at a time.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use serde::{Deserialize, Serialize};
-
 use crate::check::Unrestorable;
+use crate::checkpoint::CaptureReport;
 use crate::inject::kill_tracee;
+use crate::pool::TemplateStatus;
+use crate::restore::RestoreReport;
 use crate::stop::StopReport;
 use crate::{Error, Result};
 
@@ -34,36 +34,36 @@ use crate::{Error, Result};
 #[derive(Default)]
 pub(crate) struct State {
     /// What a checkpoint's stop holds.
-    pub stops: crate::stop::Stops,
+    stops: crate::stop::Stops,
     /// Templates cloned by [`Tracer::clone_all`], not set up yet.
-    pub cloned: Vec<crate::checkpoint::Cloned>,
+    cloned: Vec<crate::checkpoint::Cloned>,
     /// Processes refused in the first pass (best effort).
-    pub refused: Vec<Unrestorable>,
+    refused: Vec<Unrestorable>,
     /// Holders of live processes' address spaces (`holder.rs`).
-    pub holders: Vec<crate::holder::Holder>,
+    holders: Vec<crate::holder::Holder>,
     /// Operations in flight ([`Tracer::begin`]), shared with the handle:
     /// no standby is made during one (init's kill list was taken, or
     /// processes are stopped).
-    pub ops: Arc<AtomicU32>,
+    ops: Arc<AtomicU32>,
     /// Killed pool processes not reaped yet.
-    pub dying: Vec<crate::reap::Dying>,
+    dying: Vec<crate::reap::Dying>,
     /// The templates of every checkpoint (`pool/`).
-    pub pool: crate::pool::Pool,
+    pool: crate::pool::Pool,
     /// Descriptors opened in stopped processes for a new tree
     /// (`repoint.rs`), until they are put in place or closed.
-    pub repointed: Vec<crate::repoint::Reopened>,
+    repointed: Vec<crate::repoint::Reopened>,
     /// Written-page tracking of live processes, by host pid (`track.rs`).
-    pub tracking: crate::track::Trackings,
+    tracking: crate::track::Trackings,
     /// Processes this large (resident bytes) or more are tracked, and get
     /// incremental templates; `None`: none is.
-    pub incremental_min_rss: Option<u64>,
+    incremental_min_rss: Option<u64>,
     /// The sandbox's init (host pid), once a checkpoint named it.
-    pub init_host: i32,
+    init_host: i32,
     /// Its mount table.
-    pub mounts: crate::procfs::MountCache,
+    mounts: crate::procfs::MountCache,
     /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
     /// there.
-    pub placement: crate::cgroup::PoolPlacement,
+    placement: crate::cgroup::PoolPlacement,
 }
 
 /// A job's result to come from the tracer thread.
@@ -147,7 +147,7 @@ pub fn moved_early() -> u64 {
 /// `checkpoint::clone_all`, and whether every process stopped kept its
 /// template.
 fn clone_all_kept(
-    st: &mut State,
+    st: &mut crate::checkpoint::Parts<'_>,
     best_effort: bool,
     others_done: Option<crate::checkpoint::OthersDone<'_>>,
 ) -> Result<bool> {
@@ -156,6 +156,22 @@ fn clone_all_kept(
 }
 
 impl State {
+    /// The parts of the state a checkpoint reads and changes.
+    fn parts(&mut self) -> crate::checkpoint::Parts<'_> {
+        crate::checkpoint::Parts {
+            stops: &mut self.stops,
+            cloned: &mut self.cloned,
+            refused: &mut self.refused,
+            repointed: &mut self.repointed,
+            pool: &mut self.pool,
+            holders: &mut self.holders,
+            tracking: &mut self.tracking,
+            init_host: self.init_host,
+            mounts: &self.mounts,
+            incremental_min_rss: self.incremental_min_rss,
+        }
+    }
+
     /// Step 1 of a checkpoint ([`crate::stop::Stops::stop`]), the pool's
     /// processes spared and its standby forks under way sent to the
     /// background.
@@ -199,38 +215,6 @@ impl State {
         v.extend(self.dying.iter().map(|d| d.ns_pid));
         v
     }
-
-    /// Whether live process `host` has a holder.
-    pub(crate) fn has_holder(&self, host: i32) -> bool {
-        self.holders.iter().any(|h| h.owner == host && !h.orphaned())
-    }
-}
-
-/// What [`Tracer::set_up`] made.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct CaptureReport {
-    /// In-sandbox pids with a template.
-    pub captured: Vec<i32>,
-    /// Processes marked not restorable (best effort only).
-    pub unrestorable: Vec<Unrestorable>,
-    /// Processes restored with a change (best effort only): children of
-    /// another process come back as children of init.
-    #[serde(default)]
-    pub reparented: Vec<Unrestorable>,
-    /// The `comm` of each captured process, by in-sandbox pid (for
-    /// messages that name a process).
-    #[serde(default)]
-    pub comms: BTreeMap<i32, String>,
-}
-
-/// What [`Tracer::restore`] brought back.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct RestoreReport {
-    /// In-sandbox pids running again.
-    pub restored: Vec<i32>,
-    /// Checkpoints whose templates were dropped because one of them held
-    /// a pid this restore needed.
-    pub evicted: Vec<String>,
 }
 
 /// What a rollback needs first ([`Tracer::rollback_plan`]).
@@ -244,15 +228,6 @@ pub struct RollbackPlan {
     /// from inside the sandbox, or by the OOM killer): its templates were
     /// dropped, so `templates` is `None`.
     pub killed: Vec<Unrestorable>,
-}
-
-/// The templates a checkpoint has in the pool.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TemplateStatus {
-    /// In-sandbox pids that a rollback brings back.
-    pub pids: Vec<i32>,
-    /// Processes that were running but are not restorable.
-    pub unrestorable: Vec<Unrestorable>,
 }
 
 type Job = Box<dyn FnOnce(&mut State) + Send>;
@@ -478,7 +453,7 @@ impl Tracer {
     /// best effort, one that cannot be restored, or whose template died, was
     /// let go).
     pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
-        self.call(move |st| clone_all_kept(st, best_effort, None))?
+        self.call(move |st| clone_all_kept(&mut st.parts(), best_effort, None))?
     }
 
     /// [`Tracer::stop`] (init left running), then at once, in the same job,
@@ -511,13 +486,14 @@ impl Tracer {
             let stopped = st.stop(&*list, init_host, best_effort, timeout, false);
             let go = matches!(&stopped, Ok(r) if !r.foreign);
             let _ = stop_tx.send(stopped);
+            let st = &mut st.parts();
             if go {
                 // The tree staged already when every process but the
                 // largest has its template (the largest one's copy runs on
                 // the other CPU): those move now, while it runs. (`None`:
                 // the caller has not said yet.)
                 let mut staged: Option<Option<String>> = None;
-                let mut early = |st: &mut State, largest: i32| {
+                let mut early = |st: &mut crate::checkpoint::Parts<'_>, largest: i32| {
                     let Some(tree) = &tree else { return };
                     // (The largest one's descriptors and cwd are read after
                     // this: not if it shares them with another process.)
@@ -600,6 +576,7 @@ impl Tracer {
     pub fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<Went> {
         let ck = ck.to_string();
         self.call(move |st| {
+            let st = &mut st.parts();
             if let Err(e) = crate::repoint::finish(st) {
                 crate::checkpoint::abort(st);
                 return Err(e);
@@ -612,26 +589,26 @@ impl Tracer {
 
     /// Let every stopped process (and init) run again, templates kept.
     pub fn release(&self) -> Result<()> {
-        self.call(crate::checkpoint::release_all)
+        self.call(|st| crate::checkpoint::release_all(&mut st.parts()))
     }
 
     /// Pass 2 of the capture: checks and template set-up; the templates
     /// join the pool as checkpoint `ck`.
     pub fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
         let ck = ck.to_string();
-        self.call(move |st| crate::checkpoint::set_up_all(st, &ck, best_effort))?
+        self.call(move |st| crate::checkpoint::set_up_all(&mut st.parts(), &ck, best_effort))?
     }
 
     /// Close what the copy's job opened through the staged tree
     /// ([`Cloning::finish`]): the tree was not swapped.
     pub fn repoint_abort(&self) -> Result<()> {
-        self.call(crate::repoint::abort)
+        self.call(|st| crate::repoint::abort(&mut st.parts()))
     }
 
     /// Let every stopped process run again and drop templates not yet in
     /// the pool (a checkpoint that failed part-way).
     pub fn resume_stopped(&self) -> Result<()> {
-        self.call(crate::checkpoint::abort)
+        self.call(|st| crate::checkpoint::abort(&mut st.parts()))
     }
 
     /// The pool's processes (templates, standbys, holders, dying holders):
@@ -704,7 +681,14 @@ impl Tracer {
             let t0 = std::time::Instant::now();
             st.pool.finish_pending(&mut st.tracking, &mut st.holders);
             tracing::debug!(took = ?t0.elapsed(), "restore: pending work finished");
-            crate::restore::restore(st, &ck)
+            let parts = crate::restore::Parts {
+                pool: &mut st.pool,
+                holders: &mut st.holders,
+                dying: &mut st.dying,
+                tracking: &mut st.tracking,
+                cgroup: st.placement.cgroup(),
+            };
+            crate::restore::restore(parts, &ck)
         })?
     }
 
@@ -718,7 +702,7 @@ impl Tracer {
             }
             st.holders.clear();
             st.pool.clear();
-            crate::checkpoint::abort(st);
+            crate::checkpoint::abort(&mut st.parts());
             // (Its open file would keep the old init's mounts alive.)
             st.init_host = 0;
             st.mounts.clear();

@@ -3,7 +3,9 @@
 //! A node is a top-level module of `src/` (a file `x.rs`, or a directory
 //! `x/` with everything under it); an edge `a -> b` is a path `crate::b`
 //! written in `a`'s code (in a `use` or an expression; comments and doc
-//! links do not count), `use crate::{b, ...}` groups included. A cycle is reported with its
+//! links do not count), `use crate::{b, ...}` groups included, and a
+//! path `crate::Item` to an item `lib.rs` re-exports from `b` (`pub use
+//! b::Item`) counts as one to `b`. A cycle is reported with its
 //! modules in order. `cargo test -p sandtree-proc --test module_graph --
 //! --nocapture` prints the graph.
 
@@ -86,8 +88,28 @@ fn references(text: &str) -> BTreeSet<String> {
     refs
 }
 
+/// The items `lib.rs` re-exports, by name: the module each comes from
+/// (`pub use m::Item;`, `pub use m::{A, B};`).
+fn reexports(lib: &str) -> BTreeMap<String, String> {
+    let mut items = BTreeMap::new();
+    for stmt in lib.split(';') {
+        let Some(path) = stmt.trim().strip_prefix("pub use ") else { continue };
+        let Some((module, rest)) = path.split_once("::") else { continue };
+        let rest = rest.trim().trim_start_matches('{').trim_end_matches('}');
+        for item in rest.split(',') {
+            let name = item.split_whitespace().last().unwrap_or("").to_string();
+            if !name.is_empty() {
+                items.insert(name, module.to_string());
+            }
+        }
+    }
+    items
+}
+
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("read lib.rs");
+    let items = reexports(&lib);
     let mut files = Vec::new();
     sources(&src, &mut files);
     let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(&src, f)).collect();
@@ -97,6 +119,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let text = std::fs::read_to_string(f).expect("read source");
         let text: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
         for r in references(&text) {
+            let r = items.get(&r).cloned().unwrap_or(r);
             if r != m && modules.contains(&r) {
                 g.get_mut(&m).expect("known module").insert(r);
             }
@@ -167,6 +190,16 @@ fn use_groups_and_paths_are_read() {
     let text = "use crate::{inject::{self, Tracee}, model, Error};\nlet x = crate::procfs::status(1);";
     let refs = references(text);
     assert_eq!(refs, ["Error", "inject", "model", "procfs"].into_iter().map(String::from).collect());
+}
+
+#[test]
+fn reexported_items_count_as_their_module() {
+    let lib = "pub use a::Item;\npub use b::{One, Two as Three};\npub use c::d;";
+    let items = reexports(lib);
+    assert_eq!(items.get("Item").map(String::as_str), Some("a"));
+    assert_eq!(items.get("One").map(String::as_str), Some("b"));
+    assert_eq!(items.get("Three").map(String::as_str), Some("b"));
+    assert_eq!(items.get("d").map(String::as_str), Some("c"));
 }
 
 #[test]

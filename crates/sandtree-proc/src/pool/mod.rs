@@ -16,15 +16,25 @@ mod standbys;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
+
 pub(crate) use sizing::PoolMemory;
 pub(crate) use standbys::Tended;
 
-use crate::TemplateStatus;
 use crate::check::Unrestorable;
 use crate::holder::Holder;
 use crate::inject::kill_tracee;
 use crate::reap::kill_later;
 use crate::template::{CheckpointTemplates, Template};
+
+/// The templates a checkpoint has in the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateStatus {
+    /// In-sandbox pids that a rollback brings back.
+    pub pids: Vec<i32>,
+    /// Processes that were running but are not restorable.
+    pub unrestorable: Vec<Unrestorable>,
+}
 
 /// The templates of every checkpoint of a sandbox, by checkpoint id.
 #[derive(Default)]

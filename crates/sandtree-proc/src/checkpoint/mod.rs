@@ -1,20 +1,85 @@
-//! Checkpoint of a sandbox's processes: stop them all, capture, make
-//! templates, let them go. See the crate docs for the order.
+//! Checkpoint of a sandbox's processes: after the stop (`stop.rs`), pass
+//! 1 captures each process and makes its template while it is stopped
+//! ([`clone_all`]), [`release_all`] lets them go, pass 2 reads the rest of
+//! each image from its template and checks it ([`set_up_all`]); the
+//! templates then join the pool. A layered checkpoint moves the stopped
+//! processes to the new tree in between (`repoint.rs`). See the crate
+//! docs for the order.
+//!
+//! The passes work on [`Parts`]: the parts of the tracer thread's state a
+//! checkpoint reads and changes.
 
-use crate::fdstate::Seen;
-use crate::incremental::During;
-use crate::procfs::resident_pages;
+pub mod repoint;
+
+use std::collections::BTreeMap;
 
 use sandtree_sys::ptrace;
+use serde::{Deserialize, Serialize};
 
 use crate::check::{self, Unrestorable};
-use crate::inject::kill_tracee;
-use crate::inject::{self, Tracee};
+use crate::fdstate::Seen;
+use crate::holder::Holder;
+use crate::incremental::During;
+use crate::inject::{self, Tracee, kill_tracee};
 use crate::model::{AnonState, FdKind, Registers};
-use crate::stop::{Stopped, let_go};
+use crate::pool::Pool;
+use crate::procfs::resident_pages;
+use crate::stop::{Stopped, Stops, let_go};
 use crate::template::{CheckpointTemplates, Template, is_later, kill_template};
-use crate::tracer::{CaptureReport, State};
+use crate::track::Trackings;
 use crate::{Error, Result, procfs};
+
+/// The parts of the tracer thread's state that a checkpoint reads and
+/// changes: what the stop holds, the templates being made, the pool they
+/// join, the live processes' holders and trackings, and what the tracer
+/// knows of the sandbox.
+pub(crate) struct Parts<'a> {
+    /// What the stop holds.
+    pub stops: &'a mut Stops,
+    /// Templates cloned by pass 1, not set up yet.
+    pub cloned: &'a mut Vec<Cloned>,
+    /// Processes refused in pass 1 (best effort).
+    pub refused: &'a mut Vec<Unrestorable>,
+    /// Descriptors opened in stopped processes for a new tree
+    /// (`repoint.rs`), until they are put in place or closed.
+    pub repointed: &'a mut Vec<repoint::Reopened>,
+    /// The template pool the templates join.
+    pub pool: &'a mut Pool,
+    /// Holders of the live processes' address spaces.
+    pub holders: &'a mut Vec<Holder>,
+    /// Written-page tracking of the live processes.
+    pub tracking: &'a mut Trackings,
+    /// The sandbox's init (host pid).
+    pub init_host: i32,
+    /// Init's mount table, kept between operations.
+    pub mounts: &'a procfs::MountCache,
+    /// Processes this large (resident bytes) or more are tracked.
+    pub incremental_min_rss: Option<u64>,
+}
+
+impl Parts<'_> {
+    /// Whether live process `host` has a holder.
+    fn has_holder(&self, host: i32) -> bool {
+        self.holders.iter().any(|h| h.owner == host && !h.orphaned())
+    }
+}
+
+/// What [`crate::Tracer::set_up`] made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CaptureReport {
+    /// In-sandbox pids with a template.
+    pub captured: Vec<i32>,
+    /// Processes marked not restorable (best effort only).
+    pub unrestorable: Vec<Unrestorable>,
+    /// Processes restored with a change (best effort only): children of
+    /// another process come back as children of init.
+    #[serde(default)]
+    pub reparented: Vec<Unrestorable>,
+    /// The `comm` of each captured process, by in-sandbox pid (for
+    /// messages that name a process).
+    #[serde(default)]
+    pub comms: BTreeMap<i32, String>,
+}
 
 /// Armed interval timers: (which, raw `struct itimerval`).
 type Itimers = Vec<(i32, Vec<u8>)>;
@@ -141,19 +206,19 @@ fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::t
 /// state for the pass (the tracking comes back with the template, its base
 /// when the checkpoint joins the pool). `None` for a process not tracked
 /// and too small to be.
-fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
+fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
     let min = st.incremental_min_rss?;
     let tracking = st.tracking.remove(&s.host).filter(|t| t.tracks(s.host));
     let resident = resident_pages(s.host);
     if tracking.is_none() && resident * 4096 < min {
         return None;
     }
-    crate::holder::note_resident(&mut st.holders, s.host, resident);
+    crate::holder::note_resident(st.holders, s.host, resident);
     // This checkpoint found the previous template's standby not ready:
     // the next one should not (see `holder::base_hosts`).
     let behind = std::cell::Cell::new(false);
     let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
-        let ready = |st: &State, id: &(String, i32)| {
+        let ready = |st: &Parts<'_>, id: &(String, i32)| {
             st.pool.template(id).map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
         };
         // The previous template's standby; if it is not ready (its fork is
@@ -239,7 +304,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
         t.behind = behind.get();
         t
     });
-    let copier = base.as_ref().and_then(|_| crate::holder::lend_copier(&mut st.holders, s.host));
+    let copier = base.as_ref().and_then(|_| crate::holder::lend_copier(st.holders, s.host));
     Some(Track { tracking, base, copier })
 }
 
@@ -258,7 +323,7 @@ fn track_for(st: &mut State, s: &Stopped) -> Option<Track> {
 
 /// What runs once every process but the largest has its template (given
 /// the largest one's host pid): see [`clone_all`].
-pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut State, i32);
+pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut Parts<'_>, i32);
 
 /// Pass 1 (see above); on error every process is let go and the
 /// templates made so far are killed.
@@ -271,7 +336,7 @@ pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut State, i32);
 /// largest has its template, while the largest one's copy may still run
 /// (a layered checkpoint moves those processes to the new tree then:
 /// `repoint.rs`).
-pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Option<OthersDone<'_>>) -> Result<()> {
+pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: Option<OthersDone<'_>>) -> Result<()> {
     let mut stopped = st.stops.take();
     // Trackings of processes gone (or not stopped this time: refused in
     // best effort, left running) end: a dead one's userfaultfd is parked
@@ -349,7 +414,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
         }
         // Processes moved to the staged tree while the largest was copied
         // go back first (they are still stopped).
-        crate::repoint::abort(st);
+        repoint::abort(st);
         abort(st);
         return Err(e);
     }
@@ -359,7 +424,7 @@ pub(crate) fn clone_all(st: &mut State, best_effort: bool, mut others_done: Opti
 /// Pass 1 for each of `left` in turn, until a failure (which stops it);
 /// `between` runs before each.
 fn clone_each(
-    st: &mut State,
+    st: &mut Parts<'_>,
     left: &mut impl Iterator<Item = Stopped>,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     seen: &mut Seen,
@@ -386,7 +451,7 @@ fn clone_each(
 /// others; in best effort a process the engine cannot restore is let go
 /// and reported; a process (or template) that died is let go; any other
 /// error is returned (the original let go).
-fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: bool) -> Option<Error> {
+fn keep_clone(st: &mut Parts<'_>, s: &Stopped, res: Result<Cloned>, best_effort: bool) -> Option<Error> {
     match res {
         Ok(mut c) => {
             if let Some(h) = c.holder.take() {
@@ -396,7 +461,7 @@ fn keep_clone(st: &mut State, s: &Stopped, res: Result<Cloned>, best_effort: boo
                 st.tracking.insert(s.host, t);
             }
             if let Some(copier) = c.copier.take() {
-                crate::holder::give_back_copier(&mut st.holders, s.host, copier);
+                crate::holder::give_back_copier(st.holders, s.host, copier);
             }
             st.cloned.push(c);
             None
@@ -427,8 +492,8 @@ fn biggest(stopped: &[Stopped]) -> Option<usize> {
 }
 
 /// Let every cloned original go (its affinity and registers back), and init.
-pub(crate) fn release_all(st: &mut State) {
-    for c in &mut st.cloned {
+pub(crate) fn release_all(st: &mut Parts<'_>) {
+    for c in st.cloned.iter_mut() {
         release_threads(std::mem::take(&mut c.thread_tracees));
         if let Some(mut orig) = c.orig.take() {
             let host = c.stopped.host;
@@ -551,7 +616,7 @@ fn rseq_abort(tid: i32, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::R
 }
 
 /// Undo a checkpoint under way: originals and init go, templates die.
-pub(crate) fn abort(st: &mut State) {
+pub(crate) fn abort(st: &mut Parts<'_>) {
     release_all(st);
     for c in st.cloned.drain(..) {
         c.kill();
@@ -561,15 +626,15 @@ pub(crate) fn abort(st: &mut State) {
 }
 
 /// Pass 2 (see above): after [`release_all`].
-pub(crate) fn set_up_all(st: &mut State, ck: &str, best_effort: bool) -> Result<CaptureReport> {
-    let mut report = CaptureReport { unrestorable: std::mem::take(&mut st.refused), ..Default::default() };
+pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+    let mut report = CaptureReport { unrestorable: std::mem::take(st.refused), ..Default::default() };
     let mut failure = None;
     let t_pass2 = std::time::Instant::now();
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
     // (bytes, the receiving process: template host, pid, comm)
     let mut captured_sockets: Vec<(crate::model::SocketBuffer, i32)> = Vec::new();
-    let mut cloned = std::mem::take(&mut st.cloned).into_iter();
+    let mut cloned = std::mem::take(st.cloned).into_iter();
     // Every pipe or FIFO descriptor of the templates, keyed once.
     let mut reachable: Vec<((u64, u64), i32, i32)> = Vec::new();
     for mut c in cloned.by_ref() {

@@ -44,8 +44,8 @@ use std::os::unix::fs::MetadataExt;
 
 use sandtree_sys::ptrace;
 
+use super::Parts;
 use crate::model::{AnonState, FdKind};
-use crate::tracer::State;
 use crate::{Error, Result};
 
 /// What one process got in step 2: (new descriptor, its number, flags),
@@ -98,17 +98,17 @@ impl Tree {
     }
 }
 
-/// Step 1: why the stopped processes (pass 1 done: [`State::cloned`],
+/// Step 1: why the stopped processes (pass 1 done: [`Parts::cloned`],
 /// whose descriptors, threads and cwd were read while they are stopped)
 /// cannot be moved to a new tree, if they cannot. On the tracer thread,
 /// at the end of the copy: ~10 µs a process (it used to read every
 /// process's `/proc` again on the caller's thread, beside the copy:
 /// 1.5-1.9 ms on a busy machine, two Python processes' `maps` alone
 /// 0.3 ms).
-pub(crate) fn check(st: &State, tree: &Tree) -> std::result::Result<(), String> {
+pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), String> {
     let root = crate::procfs::root_of(tree.init_host).ok_or("cannot read init's root")?;
     let mut layer_files: Vec<(i32, i32, &str)> = Vec::new();
-    for c in &st.cloned {
+    for c in st.cloned.iter() {
         let (host, who) = (c.stopped.host, format!("pid {}", c.stopped.ns_pid));
         if crate::procfs::root_of(host) != Some(root) {
             return Err(format!("{who} has a root of its own"));
@@ -199,10 +199,10 @@ fn kept(path: &str) -> bool {
 /// checkpoint takes it for all but the largest process while the largest
 /// one's copy runs, then for that one). On error, what was opened is
 /// closed again.
-pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
-    let mut done = std::mem::take(&mut st.repointed);
+pub(crate) fn open(st: &mut Parts<'_>, stage: &str) -> Result<()> {
+    let mut done = std::mem::take(st.repointed);
     let mut failure = None;
-    for c in &mut st.cloned {
+    for c in st.cloned.iter_mut() {
         if done.iter().any(|r| r.host == c.stopped.host) {
             continue;
         }
@@ -219,7 +219,7 @@ pub(crate) fn open(st: &mut State, stage: &str) -> Result<()> {
             }
         }
     }
-    st.repointed = done;
+    *st.repointed = done;
     match failure {
         None => Ok(()),
         Some(e) => {
@@ -310,8 +310,8 @@ fn below_red_zone(host: i32, rsp: u64, len: usize, call: &'static str) -> Result
 
 /// Undo step 2 (the caller unstages the tree): close what it opened, and
 /// `chdir` each process that moved its cwd back by the old path.
-pub(crate) fn abort(st: &mut State) {
-    for r in std::mem::take(&mut st.repointed) {
+pub(crate) fn abort(st: &mut Parts<'_>) {
+    for r in std::mem::take(st.repointed) {
         let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
         let rsp = c.stopped.regs.rsp;
         let Some(p) = c.orig.as_mut() else { continue };
@@ -341,8 +341,8 @@ fn chdir_back(p: &mut crate::inject::Tracee, rsp: u64, path: &str) -> Result<()>
 }
 
 /// Step 3, once the staged tree is the root.
-pub(crate) fn finish(st: &mut State) -> Result<()> {
-    for r in std::mem::take(&mut st.repointed) {
+pub(crate) fn finish(st: &mut Parts<'_>) -> Result<()> {
+    for r in std::mem::take(st.repointed) {
         let Some(c) = st.cloned.iter_mut().find(|c| c.stopped.host == r.host) else { continue };
         let Some(p) = c.orig.as_mut() else { continue };
         match put_in_place(p, &r) {
