@@ -97,7 +97,10 @@ pub use incremental::{
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
 pub use stop::StopReport;
-pub use tracer::{Cloning, Copied, OpGuard, RollbackPlan, Started, StopAndClone, Tracer, Went, moved_early};
+pub use tracer::{
+    Captured, Cloning, Copied, OpGuard, Released, RollbackPlan, Started, StopAndClone, Stopped, Tracer, Went,
+    moved_early,
+};
 
 /// Errors of the process engine.
 #[derive(Debug, thiserror::Error)]

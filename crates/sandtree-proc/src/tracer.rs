@@ -69,22 +69,26 @@ pub(crate) struct State {
 /// A job's result to come from the tracer thread.
 pub struct Started<R>(mpsc::Receiver<R>);
 
-/// What [`Tracer::stop_and_clone`] returns.
-pub struct StopAndClone {
+/// What [`Tracer::stop_and_clone`] returns: the processes are stopped.
+pub struct StopAndClone<'t> {
     pub report: StopReport,
     /// The templates' copy, under way (`None`: not started, the report is
-    /// `foreign`).
-    pub cloning: Option<Cloning>,
+    /// `foreign`; dropping this lets the processes go).
+    pub cloning: Option<Cloning<'t>>,
+    /// (Lets the processes go when no copy was started.)
+    _stopped: Option<Resumes<'t>>,
 }
 
-/// The copy of [`Tracer::stop_and_clone`], under way.
-pub struct Cloning {
-    done: Started<Result<Copied>>,
+/// The copy of [`Tracer::stop_and_clone`], under way. Dropped, it lets
+/// the processes go.
+pub struct Cloning<'t> {
+    done: Started<Result<CopyEnd>>,
     checked: mpsc::Receiver<std::result::Result<(), String>>,
     stage: mpsc::Sender<Option<String>>,
+    stopped: Resumes<'t>,
 }
 
-impl Cloning {
+impl<'t> Cloning<'t> {
     /// Wait for the check of whether the processes can move to a new tree
     /// (not for the end): its verdict, or `None` when there was none (no
     /// tree given, a process let go, or the copy failed: [`Cloning::finish`]
@@ -97,15 +101,26 @@ impl Cloning {
     /// and wait for its end. When the processes can move, the copy's job
     /// opens their files and cwd again through `stage` at once
     /// ([`crate::repoint`]'s step 2), with no round trip to the caller.
-    pub fn finish(self, stage: Option<&str>) -> Result<Copied> {
+    pub fn finish(self, stage: Option<&str>) -> Result<Copied<'t>> {
+        // (No receiver: the job ended already, and says why.)
         let _ = self.stage.send(stage.map(str::to_string));
-        self.done.wait()?
+        let CopyEnd { kept, movable } = self.done.wait()??;
+        Ok(Copied { kept, movable, captured: Captured { kept, stopped: self.stopped } })
     }
 }
 
-/// The end of the copy of [`Tracer::stop_and_clone`].
-#[derive(Debug)]
-pub struct Copied {
+/// What the copy's job of [`Tracer::stop_and_clone`] sends at its end.
+struct CopyEnd {
+    kept: bool,
+    movable: Option<std::result::Result<(), String>>,
+}
+
+/// The end of the copy of [`Tracer::stop_and_clone`]: every process kept
+/// stopped has its template. Next: [`Copied::finish_and_go`] once the
+/// staged tree is swapped in, or [`Copied::into_captured`] for a snapshot
+/// checkpoint; dropped, it lets the processes go (and closes what they
+/// opened through the staged tree).
+pub struct Copied<'t> {
     /// Whether every process stopped kept its template (in best effort,
     /// one that cannot be restored, or whose template died, was let go).
     pub kept: bool,
@@ -115,14 +130,159 @@ pub struct Copied {
     /// they opened their files there (step 2; on error nothing stays
     /// open).
     pub movable: Option<std::result::Result<(), String>>,
+    captured: Captured<'t>,
 }
 
-/// What [`Tracer::finish_and_go`] did.
+impl<'t> Copied<'t> {
+    /// The end of a layered checkpoint, in one job, once init moved the
+    /// staged tree to `/`: each process puts its files opened again in
+    /// place (`repoint.rs`'s step 3), every process runs again, and pass 2
+    /// follows. An error is the first step's (every process was let go
+    /// then).
+    pub fn finish_and_go(self, ck: &str, best_effort: bool) -> Result<Went> {
+        let tracer = self.captured.stopped.disarm();
+        tracer.finish_and_go(ck, best_effort)
+    }
+
+    /// The staged tree was not swapped in: what the processes opened
+    /// through it is closed, they go, and their templates are dropped.
+    pub fn abort(self) -> Result<()> {
+        self.captured.stopped.tracer.repoint_abort()?;
+        self.captured.resume()
+    }
+
+    /// The processes do not move to a new tree (a snapshot checkpoint
+    /// instead): they stay stopped with their templates. (Nothing of
+    /// theirs is open through the staged tree then: the copy's job opens
+    /// their files there only when they can move and the tree was staged,
+    /// and closes them again when they cannot.)
+    pub fn into_captured(self) -> Captured<'t> {
+        self.captured
+    }
+}
+
+/// What [`Copied::finish_and_go`] did.
 pub struct Went {
     /// When the processes were let go.
     pub at: std::time::Instant,
-    /// Pass 2 ([`Tracer::set_up`]).
+    /// Pass 2 ([`Released::set_up`]).
     pub set_up: Result<CaptureReport>,
+}
+
+// The checkpoint as a typed transaction: stop -> capture -> release ->
+// set up. Each state holds the processes as the engine left them, and
+// lets them go when dropped before the next step: no caller undoes a
+// step by hand.
+
+/// Lets the stopped processes go (and drops the templates not yet in the
+/// pool) when dropped armed: the undo of every state of a checkpoint.
+struct Resumes<'t> {
+    tracer: &'t Tracer,
+    armed: bool,
+}
+
+impl<'t> Resumes<'t> {
+    fn new(tracer: &'t Tracer) -> Resumes<'t> {
+        Resumes { tracer, armed: true }
+    }
+
+    /// The next step took over: nothing to undo here.
+    fn disarm(mut self) -> &'t Tracer {
+        self.armed = false;
+        self.tracer
+    }
+}
+
+impl Drop for Resumes<'_> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(e) = self.tracer.resume_stopped()
+        {
+            tracing::warn!("the stopped processes could not be let go: {e}");
+        }
+    }
+}
+
+/// Step 1 done ([`Tracer::stop`]): every process of the sandbox is
+/// stopped (init too, when asked). Next: [`Stopped::capture`]; dropped,
+/// the processes go.
+#[must_use = "dropping it lets the processes go"]
+pub struct Stopped<'t> {
+    report: StopReport,
+    stopped: Resumes<'t>,
+}
+
+impl<'t> Stopped<'t> {
+    /// What the stop did.
+    pub fn report(&self) -> &StopReport {
+        &self.report
+    }
+
+    /// Pass 1 of the capture, while every process stays stopped (the
+    /// caller snapshots the filesystem meanwhile). On error every process
+    /// runs again and the templates made are dropped.
+    pub fn capture(self, best_effort: bool) -> Result<Captured<'t>> {
+        let kept = self.stopped.tracer.clone_all(best_effort)?;
+        Ok(Captured { kept, stopped: self.stopped })
+    }
+
+    /// Let every process go now (dropping it does too, without the error).
+    pub fn resume(self) -> Result<()> {
+        self.stopped.disarm().resume_stopped()
+    }
+}
+
+/// Pass 1 done: every process is still stopped, with its template.
+/// Next: [`Captured::release`]; dropped, the processes go and the
+/// templates are dropped.
+#[must_use = "dropping it lets the processes go and drops their templates"]
+pub struct Captured<'t> {
+    kept: bool,
+    stopped: Resumes<'t>,
+}
+
+impl<'t> Captured<'t> {
+    /// Whether every process stopped is still stopped with its template
+    /// (in best effort, one that cannot be restored, or whose template
+    /// died, was let go).
+    pub fn kept(&self) -> bool {
+        self.kept
+    }
+
+    /// Let every process (and init) run again, templates kept: the end of
+    /// the frozen window. Next: [`Released::set_up`].
+    pub fn release(self) -> Result<Released<'t>> {
+        self.stopped.tracer.release()?;
+        let at = std::time::Instant::now();
+        Ok(Released { at, templates: self.stopped })
+    }
+
+    /// Let every process go and drop the templates now (dropping it does
+    /// too, without the error).
+    pub fn resume(self) -> Result<()> {
+        self.stopped.disarm().resume_stopped()
+    }
+}
+
+/// The processes run again; their templates wait for pass 2. Next:
+/// [`Released::set_up`]; dropped, the templates are dropped.
+#[must_use = "dropping it drops the templates"]
+pub struct Released<'t> {
+    at: std::time::Instant,
+    templates: Resumes<'t>,
+}
+
+impl Released<'_> {
+    /// When the processes were let go.
+    pub fn at(&self) -> std::time::Instant {
+        self.at
+    }
+
+    /// Pass 2 of the capture: checks and template set-up; the templates
+    /// join the pool as checkpoint `ck`.
+    pub fn set_up(self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+        self.templates.disarm().set_up(ck, best_effort)
+    }
 }
 
 impl<R> Started<R> {
@@ -442,8 +602,9 @@ impl Tracer {
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
-    ) -> Result<StopReport> {
-        self.call(move |st| st.stop(&*list, init_host, best_effort, timeout, with_init))?
+    ) -> Result<Stopped<'_>> {
+        let report = self.call(move |st| st.stop(&*list, init_host, best_effort, timeout, with_init))??;
+        Ok(Stopped { report, stopped: Resumes::new(self) })
     }
 
     /// Pass 1 of the capture, while every process stays stopped (the
@@ -452,7 +613,7 @@ impl Tracer {
     /// whether every process stopped is still stopped with its template (in
     /// best effort, one that cannot be restored, or whose template died, was
     /// let go).
-    pub fn clone_all(&self, best_effort: bool) -> Result<bool> {
+    fn clone_all(&self, best_effort: bool) -> Result<bool> {
         self.call(move |st| clone_all_kept(&mut st.parts(), best_effort, None))?
     }
 
@@ -476,7 +637,7 @@ impl Tracer {
         init_host: i32,
         (best_effort, timeout): (bool, std::time::Duration),
         tree: Option<crate::repoint::Tree>,
-    ) -> Result<StopAndClone> {
+    ) -> Result<StopAndClone<'_>> {
         let (stop_tx, stop_rx) = mpsc::channel();
         let (clone_tx, clone_rx) = mpsc::channel();
         let (stage_tx, stage_rx) = mpsc::channel::<Option<String>>();
@@ -547,7 +708,7 @@ impl Tracer {
                         // (Moved early: back to the old tree.)
                         _ => crate::repoint::abort(st),
                     }
-                    Copied { kept, movable }
+                    CopyEnd { kept, movable }
                 });
                 let _ = clone_tx.send(copied);
             }
@@ -555,9 +716,12 @@ impl Tracer {
         // (The job's end, once the copy is done too, is not waited for.)
         drop(started);
         let report = stop_rx.recv().map_err(|_| Error::TracerGone)??;
-        let cloning =
-            (!report.foreign).then_some(Cloning { done: Started(clone_rx), checked: checked_rx, stage: stage_tx });
-        Ok(StopAndClone { report, cloning })
+        if report.foreign {
+            return Ok(StopAndClone { report, cloning: None, _stopped: Some(Resumes::new(self)) });
+        }
+        let stopped = Resumes::new(self);
+        let cloning = Cloning { done: Started(clone_rx), checked: checked_rx, stage: stage_tx, stopped };
+        Ok(StopAndClone { report, cloning: Some(cloning), _stopped: None })
     }
 
     /// Whether the last check of whether the processes can move to a new
@@ -573,7 +737,7 @@ impl Tracer {
     /// opened again in place (`repoint.rs`'s step 3), every process runs
     /// again, and pass 2 ([`Tracer::set_up`]) follows. An error is the
     /// first step's (every process was let go then).
-    pub fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<Went> {
+    fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<Went> {
         let ck = ck.to_string();
         self.call(move |st| {
             let st = &mut st.parts();
@@ -588,26 +752,26 @@ impl Tracer {
     }
 
     /// Let every stopped process (and init) run again, templates kept.
-    pub fn release(&self) -> Result<()> {
+    fn release(&self) -> Result<()> {
         self.call(|st| crate::checkpoint::release_all(&mut st.parts()))
     }
 
     /// Pass 2 of the capture: checks and template set-up; the templates
     /// join the pool as checkpoint `ck`.
-    pub fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
+    fn set_up(&self, ck: &str, best_effort: bool) -> Result<CaptureReport> {
         let ck = ck.to_string();
         self.call(move |st| crate::checkpoint::set_up_all(&mut st.parts(), &ck, best_effort))?
     }
 
     /// Close what the copy's job opened through the staged tree
     /// ([`Cloning::finish`]): the tree was not swapped.
-    pub fn repoint_abort(&self) -> Result<()> {
+    fn repoint_abort(&self) -> Result<()> {
         self.call(|st| crate::repoint::abort(&mut st.parts()))
     }
 
     /// Let every stopped process run again and drop templates not yet in
     /// the pool (a checkpoint that failed part-way).
-    pub fn resume_stopped(&self) -> Result<()> {
+    fn resume_stopped(&self) -> Result<()> {
         self.call(|st| crate::checkpoint::abort(&mut st.parts()))
     }
 

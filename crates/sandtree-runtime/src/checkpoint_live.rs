@@ -125,8 +125,8 @@ impl Engine {
         let (stop, cloning) = match stopped {
             Ok(sandtree_proc::StopAndClone { report, cloning: Some(c), .. }) => (report, c),
             Ok(_) => {
-                // Tasks from outside the pid namespace: nothing was copied.
-                let _ = block(|| tracer.resume_stopped());
+                // Tasks from outside the pid namespace: nothing was copied
+                // (the processes went when the stop was dropped).
                 put_back(top, fds);
                 return Ok(None);
             }
@@ -170,7 +170,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        let movable = match copied.movable {
+        let movable = match copied.movable.clone() {
             _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
             Some(m) => m,
             // In best effort, a process that cannot be restored (or whose
@@ -194,7 +194,11 @@ impl Engine {
         if let Err(why) = moved {
             tracing::debug!(sandbox = id, "no layered checkpoint: {why}");
             unused(top, fds);
-            return self.snapshot_stopped(rec, req, ck_id, &tracer, (t0, t_stop), stop.skipped).await.map(Some);
+            let captured = copied.into_captured();
+            return self
+                .snapshot_stopped(rec, req, ck_id, (&tracer, captured), (t0, t_stop), stop.skipped)
+                .await
+                .map(Some);
         }
         let (fresh, lowers) = (top.subvol, top.lowers);
 
@@ -206,18 +210,20 @@ impl Engine {
         let went = match sb.swap_staged().await {
             Ok(()) => {
                 t_swapped = Instant::now();
-                block(|| tracer.finish_and_go(ck_id, best_effort)).map_err(Error::from)
+                block(|| copied.finish_and_go(ck_id, best_effort)).map_err(Error::from)
             }
             Err(e) => {
-                let _ = block(|| tracer.repoint_abort());
+                if let Err(a) = block(|| copied.abort()) {
+                    tracing::warn!(sandbox = id, "the stopped processes could not be let go: {a}");
+                }
                 Err(e.into())
             }
         };
         let went = match went {
             Ok(w) => w,
             Err(e) => {
+                // (Every process was let go by then.)
                 tracing::warn!(sandbox = id, "layered checkpoint failed part-way, restarting the sandbox: {e}");
-                let _ = block(|| tracer.resume_stopped());
                 self.discard_subvol_later(&fresh);
                 let _ = self.restart(rec).await;
                 return Err(e);
@@ -273,20 +279,21 @@ impl Engine {
         rec: &SandboxRecord,
         req: &CheckpointRequest,
         ck_id: &str,
-        tracer: &Tracer,
+        (tracer, captured): (&Tracer, sandtree_proc::Captured<'_>),
         (t0, t_stop): (Instant, Instant),
         skipped: Vec<sandtree_proc::Unrestorable>,
     ) -> Result<CheckpointResponse> {
         let id = rec.id.as_str();
         let (src, dst) = (self.subvol_path(&rec.subvol), self.checkpoint_path(ck_id));
         if let Err(e) = block(|| sandtree_fs::snapshot(&src, &dst, true)) {
-            let _ = block(|| tracer.resume_stopped());
+            // (Dropped: the processes go, their templates are dropped.)
+            drop(captured);
             return Err(Error::fs("checkpoint", e));
         }
-        let released = block(|| tracer.release()).map_err(Error::from);
+        let released = block(|| captured.release()).map_err(Error::from);
         let frozen_ms = util::ms_since(t_stop);
-        let captured = released
-            .and_then(|()| block(|| tracer.set_up(ck_id, req.best_effort)).map_err(|e| self.process_error(id, e)));
+        let captured =
+            released.and_then(|r| block(|| r.set_up(ck_id, req.best_effort)).map_err(|e| self.process_error(id, e)));
         let captured = match captured {
             Ok(mut c) => {
                 c.unrestorable.extend(skipped);

@@ -111,31 +111,32 @@ impl Engine {
             };
             let cg = sb.cgroup().clone();
             let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
-            let stop = t
+            let stopped = t
                 .stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), true)
                 .map_err(|e| self.process_error(id, e))?;
+            let skipped = stopped.report().skipped.clone();
             // When the processes run again: the templates' set-up comes after.
             let mut resumed_at = None;
-            let captured = if stop.foreign {
+            // (Each state of the checkpoint lets the processes go when
+            // dropped: an early return undoes the stop.)
+            let captured = if stopped.report().foreign {
                 // Tasks from outside the sandbox's pid namespace joined its
                 // cgroup: only a freeze holds them (and init is running).
                 let frozen_at = Instant::now();
                 if let Err(e) = sb.freeze(self.freeze_timeout()) {
-                    let _ = t.resume_stopped();
                     return Err(self.freeze_error(id, e));
                 }
                 let snap = sandtree_fs::snapshot(&src, &dst, true);
                 let thawed = sb.thaw();
                 tracing::debug!(sandbox = id, cgroup_ms = util::ms_since(frozen_at), "frozen for foreign tasks");
                 if let Err(e) = snap.map_err(|e| Error::fs("checkpoint", e)).and(thawed.map_err(Error::from)) {
-                    let _ = t.resume_stopped();
+                    drop(stopped);
                     let _ = sandtree_fs::delete_subvolume(&dst);
                     return Err(e);
                 }
-                t.clone_all(best_effort).and_then(|_| {
-                    t.release()?;
-                    resumed_at = Some(Instant::now());
-                    t.set_up(&ck_id, best_effort)
+                stopped.capture(best_effort).and_then(|c| c.release()).and_then(|r| {
+                    resumed_at = Some(r.at());
+                    r.set_up(&ck_id, best_effort)
                 })
             } else {
                 // Everything in the sandbox, init included, is stopped: the
@@ -150,20 +151,20 @@ impl Engine {
                     let (src3, path) = (src.clone(), path.clone());
                     std::thread::spawn(move || sandtree_fs::snapshot(&src3, &path, false))
                 });
-                let cloned = t.clone_all(best_effort);
+                let cloned = stopped.capture(best_effort);
                 let snap = snap
                     .join()
                     .map_err(|_| Error::Internal("the snapshot thread panicked".into()))
                     .and_then(|r| r.map_err(|e| Error::fs("checkpoint", e)));
                 spare_made = spare.is_some_and(|h| matches!(h.join(), Ok(Ok(()))));
                 match (cloned, snap) {
-                    (Ok(_), Ok(())) => {
-                        t.release()?;
-                        resumed_at = Some(Instant::now());
-                        t.set_up(&ck_id, best_effort)
-                    }
+                    (Ok(captured), Ok(())) => captured.release().and_then(|r| {
+                        resumed_at = Some(r.at());
+                        r.set_up(&ck_id, best_effort)
+                    }),
                     (cloned, snap) => {
-                        let _ = t.resume_stopped();
+                        // (A capture made is dropped here: the processes go.)
+                        let cloned = cloned.map(drop);
                         if snap.is_ok() {
                             let _ = sandtree_fs::delete_subvolume(&dst);
                         }
@@ -174,7 +175,7 @@ impl Engine {
             };
             let captured = match captured {
                 Ok(mut c) => {
-                    c.unrestorable.extend(stop.skipped);
+                    c.unrestorable.extend(skipped);
                     c
                 }
                 Err(e) => {
