@@ -69,16 +69,22 @@ pub(crate) fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
     stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace()
 }
 
-/// The text of a file of `/proc`.
+/// The text of a file of `/proc`. Names in it (a comm, a path) are the
+/// kernel's bytes, which need not be UTF-8: a comm is cut at 15 bytes,
+/// possibly inside a character, and a file name is any bytes. They are
+/// read lossily (U+FFFD) rather than failing the whole file.
 fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
-    fs::read_to_string(path)
+    Ok(text_of(fs::read(path)?))
+}
+
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
 /// zombie); `None` when the process is gone.
 pub fn state(pid: i32) -> Option<char> {
-    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
-    state_of_stat(&String::from_utf8_lossy(&text))
+    state_of_stat(&read_text(format!("/proc/{pid}/stat")).ok()?)
 }
 
 fn state_of_stat(stat: &str) -> Option<char> {

@@ -27,6 +27,10 @@ const MAPPER_MAPS: &str = fixture!("mapper.maps");
 const MAPPER_AUXV: &[u8] = include_bytes!("../../tests/fixtures/procfs/mapper.auxv");
 const MAPPER_TIMERS: &str = fixture!("mapper.timers");
 const FD_LINKS: &str = fixture!("fd-links");
+// (Not UTF-8: a comm cut inside a character, a Latin-1 file name.)
+const CUT_COMM_STAT: &[u8] = include_bytes!("../../tests/fixtures/procfs/cut-comm.stat");
+const CUT_COMM_STATUS: &[u8] = include_bytes!("../../tests/fixtures/procfs/cut-comm.status");
+const CUT_COMM_MAPS: &[u8] = include_bytes!("../../tests/fixtures/procfs/cut-comm.maps");
 const OVERLAY_LINKS: &str = fixture!("overlay-links");
 
 /// `fdinfo/<name>` of the process that holds one descriptor of each kind.
@@ -262,6 +266,29 @@ fn status_of_a_process_in_a_child_pid_namespace_gives_its_ids_there() {
     assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid), (2, 2, 1));
     assert_eq!(st.ns_depth, 2);
     assert_eq!(st.host_ppid, 10451);
+}
+
+#[test]
+fn stat_status_and_maps_that_are_not_utf8_are_read() {
+    // Arrange: a process named `sync-für-Größe`, cut by the kernel to 15
+    // bytes inside the `ß`, mapping a file named `caf\xe9.bin`.
+    let (stat, status, maps) = (CUT_COMM_STAT.to_vec(), CUT_COMM_STATUS.to_vec(), CUT_COMM_MAPS.to_vec());
+    assert!(std::str::from_utf8(&status).is_err());
+
+    // Act
+    let stat = text_of(stat);
+    let st = parse_status(text_of(status));
+    let maps = parse_maps(&text_of(maps));
+
+    // Assert
+    assert_eq!(state_of_stat(&stat), Some('S'));
+    assert_eq!(parse_tty_nr(&stat), 0);
+    assert_eq!((st.state, st.ns_pid, st.host_ppid, st.threads), ('S', 10426, 10423, 1));
+    assert!(st.text.starts_with("Name:\tsync-für-Grö\u{fffd}\n"), "{:?}", &st.text[..30]);
+    let latin1 = maps.iter().find(|m| m.inode == 10035235).expect("the Latin-1 file");
+    assert_eq!(latin1.path.as_deref(), Some("/tmp/sandtree-fixtures/caf\u{fffd}.bin"));
+    assert_eq!((latin1.perms.as_str(), latin1.end - latin1.start), ("r--s", 4096));
+    assert_eq!(maps.len(), 81);
 }
 
 // ------------------------------------------------------------------ maps
@@ -1036,6 +1063,48 @@ fn garbled_fixtures_parse_without_panicking() {
 fn state_of_a_running_process_and_of_a_missing_one() {
     assert!(matches!(state(std::process::id() as i32), Some('R' | 'S')));
     assert_eq!(state(i32::MAX), None);
+}
+
+#[test]
+fn readers_of_a_process_whose_executable_has_a_latin1_name_read_it() {
+    // Arrange: `sleep` copied beside this test binary as `sl\xe9ep-<pid>`
+    // (its comm and the path in its maps are not UTF-8), and run.
+    use std::os::unix::ffi::OsStrExt;
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).expect("sleep");
+    let dir = std::env::current_exe().expect("test binary").parent().expect("its directory").to_path_buf();
+    let name = [&b"sl\xe9ep-"[..], std::process::id().to_string().as_bytes()].concat();
+    let exe = dir.join(std::ffi::OsStr::from_bytes(&name));
+    fs::copy(sleep, &exe).expect("copy sleep");
+    let mut child = std::process::Command::new(&exe).arg("30").spawn().expect("run the copy");
+    let pid = child.id() as i32;
+    // (spawn returns once the exec is under way: wait for the sleep.)
+    for _ in 0..500 {
+        if state(pid) == Some('S') {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    // Act
+    let st = status(pid);
+    let tty = tty_nr(pid);
+    let group = tgid(pid);
+    let facts = template_facts(pid, true);
+    let cow = frames(pid, &|| ());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = fs::remove_file(&exe);
+
+    // Assert
+    let lossy = String::from_utf8_lossy(&name).into_owned();
+    assert_eq!(st.expect("status").ns_pid, pid);
+    assert_eq!(tty.expect("tty_nr"), tty_nr(std::process::id() as i32).expect("tty_nr of this process"));
+    assert_eq!(group.expect("tgid"), pid);
+    let facts = facts.expect("template facts");
+    assert_eq!(facts.comm, String::from_utf8_lossy(&name[..name.len().min(15)]));
+    let path = format!("{}/{lossy}", dir.display());
+    assert!(facts.maps.expect("maps").iter().any(|m| m.path.as_deref() == Some(path.as_str())), "{path} mapped");
+    assert!(cow.is_ok());
 }
 
 #[test]
