@@ -69,11 +69,22 @@ pub(crate) fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
     stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace()
 }
 
+/// The text of a file of `/proc`. Names in it (a comm, a path) are the
+/// kernel's bytes, which need not be UTF-8: a comm is cut at 15 bytes,
+/// possibly inside a character, and a file name is any bytes. They are
+/// read lossily (U+FFFD) rather than failing the whole file.
+fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
+    Ok(text_of(fs::read(path)?))
+}
+
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
 /// zombie); `None` when the process is gone.
 pub fn state(pid: i32) -> Option<char> {
-    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
-    state_of_stat(&String::from_utf8_lossy(&text))
+    state_of_stat(&read_text(format!("/proc/{pid}/stat")).ok()?)
 }
 
 fn state_of_stat(stat: &str) -> Option<char> {
@@ -82,7 +93,11 @@ fn state_of_stat(stat: &str) -> Option<char> {
 
 /// Parse `/proc/<pid>/status`.
 pub fn status(pid: i32) -> io::Result<Status> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(parse_status(read_text(format!("/proc/{pid}/status"))?))
+}
+
+/// The fields of a `/proc/<pid>/status` text, which it keeps.
+fn parse_status(text: String) -> Status {
     let mut st = Status::default();
     let mut pending = 0;
     for line in text.lines() {
@@ -111,14 +126,17 @@ pub fn status(pid: i32) -> io::Result<Status> {
     }
     st.signals.pending = pending;
     st.text = text;
-    Ok(st)
+    st
 }
 
 /// `tty_nr` from `/proc/<pid>/stat` (0: no controlling terminal).
 pub fn tty_nr(pid: i32) -> io::Result<i64> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    Ok(parse_tty_nr(&read_text(format!("/proc/{pid}/stat"))?))
+}
+
+fn parse_tty_nr(stat: &str) -> i64 {
     // state ppid pgrp session tty_nr ...
-    Ok(stat_fields(&text).nth(4).and_then(|v| v.parse().ok()).unwrap_or(0))
+    stat_fields(stat).nth(4).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 pub(crate) fn readlink(path: impl AsRef<Path>) -> io::Result<String> {
@@ -134,8 +152,20 @@ struct FdInfo {
     text: String,
 }
 
+impl FdInfo {
+    /// Whether a lock is held on the open file (`lock:` lines: `flock`,
+    /// POSIX and OFD locks).
+    fn locked(&self) -> bool {
+        self.text.lines().any(|l| l.starts_with("lock:"))
+    }
+}
+
 fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
-    let text = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
+    Ok(parse_fdinfo(read_text(format!("/proc/{pid}/fdinfo/{fd}"))?))
+}
+
+/// The fields of a `/proc/<pid>/fdinfo/<fd>` text, which it keeps.
+fn parse_fdinfo(text: String) -> FdInfo {
     let mut info = FdInfo { pos: 0, flags: 0, mnt_id: -1, text: String::new() };
     for line in text.lines() {
         let Some((k, v)) = line.split_once(':') else { continue };
@@ -147,7 +177,7 @@ fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
         }
     }
     info.text = text;
-    Ok(info)
+    info
 }
 
 /// The open flags of descriptor `fd` of `pid` (`O_CLOEXEC` included when
@@ -168,9 +198,6 @@ fn timespec_ns(v: &str) -> u64 {
     s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
-/// The state an anonymous-inode object holds, from its fdinfo (and, for a
-/// timerfd, `timerfd_gettime` on a duplicate: fdinfo shows an expired
-/// periodic timer that nobody read as disarmed).
 /// A memfd's size, inode and seals (through a duplicate of the
 /// descriptor, `pidfd_getfd`).
 fn memfd_kind(pidfd: Option<&OwnedFd>, fd: i32, name: &str, link: &Path) -> FdKind {
@@ -190,29 +217,37 @@ fn memfd_kind(pidfd: Option<&OwnedFd>, fd: i32, name: &str, link: &Path) -> FdKi
     }
 }
 
+/// The state an anonymous-inode object holds, from its fdinfo (and, for a
+/// timerfd, `timerfd_gettime` on a duplicate: fdinfo shows an expired
+/// periodic timer that nobody read as disarmed).
 fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Option<AnonState> {
     let ns = |t: rustix::time::Timespec| (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64;
+    let mut state = parse_anon_state(what, text);
+    if let Some(AnonState::Timerfd { value_ns, interval_ns, .. }) = &mut state {
+        let current = pidfd
+            .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
+            .and_then(|dup| rustix::time::timerfd_gettime(&dup).ok());
+        if let Some(c) = current {
+            (*value_ns, *interval_ns) = (ns(c.it_value), ns(c.it_interval));
+        }
+    }
+    state
+}
+
+/// The state of an anonymous-inode object of kind `what` (the link's
+/// `anon_inode:[what]`) as its fdinfo `text` shows it; `None` for kinds
+/// without one here (inotify: [`inotify_state`]).
+fn parse_anon_state(what: &str, text: &str) -> Option<AnonState> {
     match what {
         "eventfd" => Some(AnonState::Eventfd {
             count: field(text, "eventfd-count").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
         }),
-        "timerfd" => {
-            let current = pidfd
-                .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
-                .and_then(|dup| rustix::time::timerfd_gettime(&dup).ok());
-            Some(AnonState::Timerfd {
-                clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),
-                value_ns: match &current {
-                    Some(c) => ns(c.it_value),
-                    None => field(text, "it_value").map(timespec_ns).unwrap_or(0),
-                },
-                interval_ns: match &current {
-                    Some(c) => ns(c.it_interval),
-                    None => field(text, "it_interval").map(timespec_ns).unwrap_or(0),
-                },
-                ticks: field(text, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
-            })
-        }
+        "timerfd" => Some(AnonState::Timerfd {
+            clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),
+            value_ns: field(text, "it_value").map(timespec_ns).unwrap_or(0),
+            interval_ns: field(text, "it_interval").map(timespec_ns).unwrap_or(0),
+            ticks: field(text, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+        }),
         "eventpoll" => Some(AnonState::Epoll { watches: epoll_watches(text) }),
         "signalfd" => Some(AnonState::Signalfd {
             mask: field(text, "sigmask").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
@@ -245,17 +280,11 @@ fn inotify_state(
     let mut unresolved =
         pending.is_none().then(|| "the unread events of an inotify instance could not be counted".into());
     let pending = pending.unwrap_or(0);
-    for line in text.lines().filter(|l| l.starts_with("inotify ")) {
-        let kv: HashMap<&str, &str> = line.split_whitespace().skip(1).filter_map(|f| f.split_once(':')).collect();
-        let hex = |k: &str| kv.get(k).and_then(|v| u64::from_str_radix(v, 16).ok());
-        let handle = kv.get("f_handle").and_then(|h| decode_hex(h));
-        let located = match (hex("wd"), hex("sdev"), hex("mask"), hex("ino")) {
-            (Some(wd), Some(sdev), Some(mask), Some(ino)) => {
-                locate_watch(pid, (sdev, ino), hex("fhandle-type"), handle.as_deref(), mounts)
-                    .map(|(path, dont_follow)| InotifyWatch { wd: wd as i32, mask: mask as u32, path, dont_follow })
-            }
-            _ => Err(format!("an inotify watch could not be parsed ({line})")),
-        };
+    for line in parse_inotify_watches(text) {
+        let located = line.and_then(|w| {
+            locate_watch(pid, (w.sdev, w.ino), w.handle_type, w.handle.as_deref(), mounts)
+                .map(|(path, dont_follow)| InotifyWatch { wd: w.wd, mask: w.mask, path, dont_follow })
+        });
         match located {
             Ok(w) => watches.push(w),
             Err(why) => {
@@ -265,6 +294,41 @@ fn inotify_state(
     }
     watches.sort_by_key(|w| w.wd);
     AnonState::Inotify { watches, pending, unresolved }
+}
+
+/// A watch of an inotify instance, as its fdinfo line shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WatchLine {
+    wd: i32,
+    /// The watched inode and its filesystem's device (`major << 20 |
+    /// minor`).
+    ino: u64,
+    sdev: u64,
+    mask: u32,
+    /// Its file handle (`fhandle-type`, `f_handle`), absent when the
+    /// filesystem gives none.
+    handle_type: Option<u64>,
+    handle: Option<Vec<u8>>,
+}
+
+/// The watches of an inotify instance's fdinfo `text`, in its order (an
+/// error for a line that lacks a field).
+fn parse_inotify_watches(text: &str) -> impl Iterator<Item = Result<WatchLine, String>> + '_ {
+    text.lines().filter(|l| l.starts_with("inotify ")).map(|line| {
+        let kv: HashMap<&str, &str> = line.split_whitespace().skip(1).filter_map(|f| f.split_once(':')).collect();
+        let hex = |k: &str| kv.get(k).and_then(|v| u64::from_str_radix(v, 16).ok());
+        match (hex("wd"), hex("sdev"), hex("mask"), hex("ino")) {
+            (Some(wd), Some(sdev), Some(mask), Some(ino)) => Ok(WatchLine {
+                wd: wd as i32,
+                ino,
+                sdev,
+                mask: mask as u32,
+                handle_type: hex("fhandle-type"),
+                handle: kv.get("f_handle").and_then(|h| decode_hex(h)),
+            }),
+            _ => Err(format!("an inotify watch could not be parsed ({line})")),
+        }
+    })
 }
 
 fn decode_hex(h: &str) -> Option<Vec<u8>> {
@@ -292,18 +356,9 @@ fn locate_watch(
             m.fstype
         ));
     }
-    // OVL_FILEID_V1 (0xf8) has 3 bytes of padding before the ovl_fb;
-    // OVL_FILEID_V0 (0xfb) has none.
-    let fb = match (handle_type, handle) {
-        (Some(0xf8), Some(h)) => h.get(3..),
-        (Some(0xfb), Some(h)) => Some(h),
-        _ => None,
-    };
-    let fb = fb.filter(|fb| fb.len() > 21 && fb[1] == 0xfb && (fb[2] as usize) <= fb.len() && fb[2] > 21);
-    let Some(fb) = fb else {
+    let Some(OverlayHandle { upper, inner_type, inner }) = parse_overlay_handle(handle_type, handle) else {
         return Err(format!("an inotify watch on {place} has no overlay file handle to locate its inode with"));
     };
-    let (upper, inner_type, inner) = (fb[3] & 4 != 0, fb[4] as i32, &fb[21..fb[2] as usize]);
     let dirs: Vec<std::path::PathBuf> = if upper { m.option("upperdir").into_iter().collect() } else { m.lower_dirs() };
     for dir in dirs {
         let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
@@ -333,6 +388,30 @@ fn locate_watch(
         return Ok((path, symlink));
     }
     Err(format!("the inode of an inotify watch on {place} could not be located on its layers"))
+}
+
+/// What an overlayfs file handle holds (see [`inotify_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OverlayHandle<'a> {
+    /// The inode is on the upper layer (else on a lower one).
+    upper: bool,
+    /// The handle of the layer's own filesystem: its type and bytes.
+    inner_type: i32,
+    inner: &'a [u8],
+}
+
+/// The overlayfs handle of type `handle_type` in `handle` (`None`: not
+/// one, or malformed).
+fn parse_overlay_handle(handle_type: Option<u64>, handle: Option<&[u8]>) -> Option<OverlayHandle<'_>> {
+    // OVL_FILEID_V1 (0xf8) has 3 bytes of padding before the ovl_fb;
+    // OVL_FILEID_V0 (0xfb) has none.
+    let fb = match (handle_type, handle) {
+        (Some(0xf8), Some(h)) => h.get(3..),
+        (Some(0xfb), Some(h)) => Some(h),
+        _ => None,
+    };
+    let fb = fb.filter(|fb| fb.len() > 21 && fb[1] == 0xfb && (fb[2] as usize) <= fb.len() && fb[2] > 21)?;
+    Some(OverlayHandle { upper: fb[3] & 4 != 0, inner_type: fb[4] as i32, inner: &fb[21..fb[2] as usize] })
 }
 
 /// The watch list in an epoll's fdinfo: `tfd: N events: X data: Y ...`.
@@ -461,6 +540,39 @@ fn inode_of(link: &str, prefix: &str) -> Option<u64> {
     link.strip_prefix(prefix)?.strip_suffix(']')?.parse().ok()
 }
 
+/// What the target of a `/proc/<pid>/fd/<n>` link names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link<'a> {
+    /// `pipe:[ino]`.
+    Pipe(u64),
+    /// `socket:[ino]`.
+    Socket(u64),
+    /// `anon_inode:[what]` (or `anon_inode:what`: inotify's).
+    Anon(&'a str),
+    /// `/memfd:<name> (deleted)`: the name.
+    Memfd(&'a str),
+    /// `<path> (deleted)`: the path.
+    Deleted(&'a str),
+    /// A path (or another pseudo name).
+    Path,
+}
+
+fn parse_fd_link(link: &str) -> Link<'_> {
+    if let Some(ino) = inode_of(link, "pipe:[") {
+        Link::Pipe(ino)
+    } else if let Some(ino) = inode_of(link, "socket:[") {
+        Link::Socket(ino)
+    } else if let Some(what) = link.strip_prefix("anon_inode:") {
+        Link::Anon(what.trim_matches(|c| c == '[' || c == ']'))
+    } else if let Some(name) = link.strip_prefix("/memfd:") {
+        Link::Memfd(name.trim_end_matches(" (deleted)"))
+    } else if let Some(path) = link.strip_suffix(" (deleted)") {
+        Link::Deleted(path)
+    } else {
+        Link::Path
+    }
+}
+
 /// The mounts a process sees, by id.
 pub fn mounts(pid: i32) -> io::Result<HashMap<i32, MountEntry>> {
     Ok(mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect())
@@ -540,45 +652,44 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
         let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(link) = readlink(entry.path()) else { continue }; // closed meanwhile
         let Ok(info) = fdinfo(pid, fd) else { continue };
-        let kind = if let Some(ino) = inode_of(&link, "pipe:[") {
-            FdKind::Pipe { ino }
-        } else if let Some(ino) = inode_of(&link, "socket:[") {
-            socket_kind(pid, pidfd.as_ref(), fd, ino)
-        } else if let Some(what) = link.strip_prefix("anon_inode:") {
-            let what = what.trim_matches(|c| c == '[' || c == ']').to_string();
-            let state = match what.as_str() {
-                "inotify" => Some(inotify_state(pid, &info.text, pidfd.as_ref(), fd, mounts)),
-                _ => anon_state(&what, &info.text, pidfd.as_ref(), fd),
-            };
-            FdKind::AnonInode { what, state }
-        } else if let Some(name) = link.strip_prefix("/memfd:") {
-            memfd_kind(pidfd.as_ref(), fd, name.trim_end_matches(" (deleted)"), &entry.path())
-        } else if let Some(path) = link.strip_suffix(" (deleted)") {
-            let meta = fs::metadata(entry.path()).ok();
-            let regular = meta.as_ref().is_some_and(|m| m.is_file());
-            let on_layer = regular && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
-            FdKind::Deleted { path: path.to_string(), on_layer, size: meta.map(|m| m.len()).unwrap_or(0) }
-        } else {
-            let meta = fs::metadata(entry.path()).ok();
-            let fifo = meta.as_ref().is_some_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
-            match mounts.get(&info.mnt_id) {
-                // A named pipe: its bytes are saved like a pipe's, and on a
-                // layer it is reopened by path at the restore.
-                _ if fifo => {
-                    let mount = mounts.get(&info.mnt_id);
-                    FdKind::Fifo {
-                        path: link,
-                        on_layer: mount.is_some_and(|m| m.fstype == "overlay"),
-                        kept: mount.is_some_and(kept_mount),
+        let kind = match parse_fd_link(&link) {
+            Link::Pipe(ino) => FdKind::Pipe { ino },
+            Link::Socket(ino) => socket_kind(pid, pidfd.as_ref(), fd, ino),
+            Link::Anon(what) => {
+                let state = match what {
+                    "inotify" => Some(inotify_state(pid, &info.text, pidfd.as_ref(), fd, mounts)),
+                    _ => anon_state(what, &info.text, pidfd.as_ref(), fd),
+                };
+                FdKind::AnonInode { what: what.to_string(), state }
+            }
+            Link::Memfd(name) => memfd_kind(pidfd.as_ref(), fd, name, &entry.path()),
+            Link::Deleted(path) => {
+                let meta = fs::metadata(entry.path()).ok();
+                let regular = meta.as_ref().is_some_and(|m| m.is_file());
+                let on_layer = regular && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
+                FdKind::Deleted { path: path.to_string(), on_layer, size: meta.map(|m| m.len()).unwrap_or(0) }
+            }
+            Link::Path => {
+                let meta = fs::metadata(entry.path()).ok();
+                let fifo = meta.as_ref().is_some_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
+                match mounts.get(&info.mnt_id) {
+                    // A named pipe: its bytes are saved like a pipe's, and on a
+                    // layer it is reopened by path at the restore.
+                    _ if fifo => {
+                        let mount = mounts.get(&info.mnt_id);
+                        FdKind::Fifo {
+                            path: link,
+                            on_layer: mount.is_some_and(|m| m.fstype == "overlay"),
+                            kept: mount.is_some_and(kept_mount),
+                        }
                     }
+                    Some(m) if m.fstype == "overlay" => {
+                        let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
+                        FdKind::LayerFile { path: link, directory, locked: info.locked() }
+                    }
+                    Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
+                    _ => FdKind::OtherMount { path: link },
                 }
-                Some(m) if m.fstype == "overlay" => {
-                    let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
-                    let locked = info.text.lines().any(|l| l.starts_with("lock:"));
-                    FdKind::LayerFile { path: link, directory, locked }
-                }
-                Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
-                _ => FdKind::OtherMount { path: link },
             }
         };
         out.push(FdImage { fd, flags: info.flags, pos: info.pos, mnt_id: info.mnt_id, kind, same_as: None });
@@ -606,7 +717,11 @@ fn mark_dups(pid: i32, fds: &mut [FdImage]) {
 
 /// The memory map of `pid`.
 pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
-    let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(parse_maps(&read_text(format!("/proc/{pid}/maps"))?))
+}
+
+/// The mappings of a `/proc/<pid>/maps` text.
+fn parse_maps(text: &str) -> Vec<MapImage> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut f = line.splitn(6, ' ');
@@ -628,7 +743,7 @@ pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
             inode,
         });
     }
-    Ok(out)
+    out
 }
 
 /// The image of a process from its template (a fork made at the
@@ -695,26 +810,41 @@ pub fn template_facts(template: i32, with_maps: bool) -> io::Result<TemplateFact
     Ok(TemplateFacts {
         status: status(template)?,
         tty_nr: tty_nr(template)?,
-        comm: fs::read_to_string(format!("/proc/{template}/comm"))?.trim_end().to_string(),
+        comm: read_text(format!("/proc/{template}/comm"))?.trim_end().to_string(),
         maps: if with_maps { Some(maps(template)?) } else { None },
     })
 }
 
 /// The thread group (process) of task `tid`.
 pub fn tgid(tid: i32) -> io::Result<i32> {
-    let text = fs::read_to_string(format!("/proc/{tid}/status"))?;
-    field(&text, "Tgid").and_then(|v| v.parse().ok()).ok_or_else(|| io::Error::other("no Tgid in status"))
+    parse_tgid(&read_text(format!("/proc/{tid}/status"))?).ok_or_else(|| io::Error::other("no Tgid in status"))
+}
+
+/// `Tgid` of a `/proc/<tid>/status` text.
+fn parse_tgid(status: &str) -> Option<i32> {
+    field(status, "Tgid").and_then(|v| v.parse().ok())
 }
 
 /// Whether `pid` has POSIX timers (`timer_create`; `/proc/pid/timers`).
 pub fn has_posix_timers(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/timers")).map(|t| t.lines().any(|l| l.starts_with("ID:"))).unwrap_or(false)
+    read_text(format!("/proc/{pid}/timers")).is_ok_and(|t| parse_has_posix_timers(&t))
+}
+
+/// Whether a `/proc/<pid>/timers` text lists a timer.
+fn parse_has_posix_timers(timers: &str) -> bool {
+    timers.lines().any(|l| l.starts_with("ID:"))
 }
 
 /// Base address of the vDSO of `pid` (`AT_SYSINFO_EHDR` in its auxv).
 pub fn vdso_base(pid: i32) -> io::Result<u64> {
+    parse_vdso_base(&fs::read(format!("/proc/{pid}/auxv"))?)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
+}
+
+/// `AT_SYSINFO_EHDR` of a `/proc/<pid>/auxv` (native-endian 64-bit key and
+/// value pairs).
+fn parse_vdso_base(auxv: &[u8]) -> Option<u64> {
     const AT_SYSINFO_EHDR: u64 = 33;
-    let auxv = fs::read(format!("/proc/{pid}/auxv"))?;
     auxv.chunks_exact(16)
         .map(|c| {
             (
@@ -724,7 +854,6 @@ pub fn vdso_base(pid: i32) -> io::Result<u64> {
         })
         .find(|(k, _)| *k == AT_SYSINFO_EHDR)
         .map(|(_, v)| v)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
 }
 
 /// Physical frame numbers of the resident pages of the private writable
@@ -736,33 +865,14 @@ pub fn vdso_base(pid: i32) -> io::Result<u64> {
 /// `between` runs before each read of up to 4,096 entries (a caller that
 /// must stay out of another's way waits there).
 pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
-    /// Larger mappings are address-space reservations, not memory.
-    const MAX_MAPPING: u64 = 1 << 40;
     use std::os::unix::fs::FileExt;
     const PRESENT: u64 = 1 << 63;
     const PFN: u64 = (1 << 55) - 1;
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let maps = read_text(format!("/proc/{pid}/maps"))?;
     let pagemap = fs::File::open(format!("/proc/{pid}/pagemap"))?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 8 * 4096];
-    for line in maps.lines() {
-        if line.ends_with("[vsyscall]") {
-            continue;
-        }
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
-        // Pages a template holds alone are copies made by copy-on-write:
-        // only in private writable mappings (code and shared files are the
-        // page cache of everyone).
-        if !perms.starts_with("rw") || !perms.ends_with('p') {
-            continue;
-        }
-        let Some((a, b)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
-        // Reservations of terabytes (sanitizer shadows) are not read.
-        if end - start > MAX_MAPPING {
-            continue;
-        }
+    for (start, end) in parse_cow_ranges(&maps) {
         let mut page = start / 4096;
         while page < end / 4096 {
             let n = ((end / 4096 - page) as usize).min(4096);
@@ -789,20 +899,29 @@ pub(crate) fn resident_pages(host: i32) -> u64 {
     statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_is_read_after_the_last_parenthesis_of_the_comm() {
-        assert_eq!(state_of_stat("42 (a) b) Z 1 42 42 0 -1"), Some('Z'));
-        assert_eq!(state_of_stat("7 (python3) t 1 7 7"), Some('t'));
-        assert_eq!(state_of_stat("garbage"), None);
-    }
-
-    #[test]
-    fn state_of_a_running_process_and_of_a_missing_one() {
-        assert!(matches!(state(std::process::id() as i32), Some('R' | 'S')));
-        assert_eq!(state(i32::MAX), None);
-    }
+/// The address ranges (start, end) of a `/proc/<pid>/maps` text whose
+/// pages [`frames`] reads.
+fn parse_cow_ranges(maps: &str) -> impl Iterator<Item = (u64, u64)> + '_ {
+    /// Larger mappings are address-space reservations, not memory.
+    const MAX_MAPPING: u64 = 1 << 40;
+    maps.lines().filter_map(|line| {
+        if line.ends_with("[vsyscall]") {
+            return None;
+        }
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?);
+        // Pages a template holds alone are copies made by copy-on-write:
+        // only in private writable mappings (code and shared files are the
+        // page cache of everyone).
+        if !perms.starts_with("rw") || !perms.ends_with('p') {
+            return None;
+        }
+        let (a, b) = range.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+        // Reservations of terabytes (sanitizer shadows) are not read.
+        end.checked_sub(start).is_some_and(|len| len <= MAX_MAPPING).then_some((start, end))
+    })
 }
+
+#[cfg(test)]
+mod tests;

@@ -89,9 +89,14 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
     let kind = u16_at(msg, 4).ok_or_else(bad)?;
     if kind == NLMSG_ERROR {
         let errno = u32_at(msg, 16).ok_or_else(bad)? as i32;
-        return Err(io::Error::from_raw_os_error(-errno));
+        // (wrapping: a garbled i32::MIN must not panic.)
+        return Err(io::Error::from_raw_os_error(errno.wrapping_neg()));
     }
-    // Attributes follow the 16-byte header and the 16-byte unix_diag_msg.
+    // Attributes follow the 16-byte header and the 16-byte unix_diag_msg:
+    // an answer cut before their end is no answer (not one without a peer).
+    if len.min(msg.len()) < 32 {
+        return Err(bad());
+    }
     let mut state = UnixState { peer: None, rcv_shutdown: false };
     let mut at = 32;
     while at + 4 <= len.min(msg.len()) {
@@ -113,6 +118,110 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Answers captured from the kernel to `unix_state`'s request
+    // (tests/fixtures/procfs/capture.py; native-endian, from x86_64), for
+    // a socketpair whose ends are inodes 1665396 (a) and 1665397 (b).
+    const PEER: &[u8] = include_bytes!("../tests/fixtures/procfs/sockdiag/peer.bin");
+    const SHUTDOWN: &[u8] = include_bytes!("../tests/fixtures/procfs/sockdiag/shutdown.bin");
+    const ENOENT: &[u8] = include_bytes!("../tests/fixtures/procfs/sockdiag/enoent.bin");
+    const INODES: &str = include_str!("../tests/fixtures/procfs/sockdiag/inodes");
+
+    fn inode(end: &str) -> u64 {
+        INODES.lines().find_map(|l| l.strip_prefix(end)?.strip_prefix('\t')?.parse().ok()).expect("inodes")
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn answer_for_one_end_of_a_socketpair_gives_its_peer() {
+        // Arrange: the answer for a: its unix_diag_msg, UNIX_DIAG_PEER and
+        // UNIX_DIAG_SHUTDOWN (0)
+        let answer = PEER;
+
+        // Act
+        let state = parse_state(answer).expect("an answer");
+
+        // Assert
+        assert_eq!(state, UnixState { peer: Some(1665397), rcv_shutdown: false });
+        assert_eq!(state.peer, Some(inode("b")));
+        assert_eq!(u32_at(answer, 20).map(u64::from), Some(inode("a")));
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn answer_for_the_end_whose_peer_shut_down_writing_says_it_cannot_receive() {
+        // Arrange: the answer for b once a did shutdown(SHUT_WR)
+        let answer = SHUTDOWN;
+
+        // Act
+        let state = parse_state(answer).expect("an answer");
+
+        // Assert
+        assert_eq!(state, UnixState { peer: Some(inode("a")), rcv_shutdown: true });
+        assert_eq!(state.peer, Some(1665396));
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn answer_for_an_inode_that_is_no_socket_is_enoent() {
+        // Arrange: NLMSG_ERROR with -ENOENT, and the request echoed
+        let answer = ENOENT;
+
+        // Act
+        let err = parse_state(answer).expect_err("an error answer");
+
+        // Assert
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn answers_cut_short_or_garbled_give_an_error_or_a_state_without_panicking() {
+        // Arrange
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+
+        for answer in [PEER, SHUTDOWN, ENOENT] {
+            // Act & Assert: every prefix (one cut inside the headers is an
+            // error, not a socket without a peer)
+            for end in 0..=answer.len() {
+                let parsed = std::panic::catch_unwind(|| parse_state(&answer[..end]));
+                assert!(parsed.as_ref().is_ok(), "cut at {end}");
+                if end < 32 {
+                    assert!(parsed.is_ok_and(|p| p.is_err()), "cut at {end}");
+                }
+            }
+            // ... and 500 garblings of a few bytes each
+            for round in 0..500 {
+                let mut garbled = answer.to_vec();
+                for _ in 0..1 + next(6) {
+                    let at = next(garbled.len());
+                    garbled[at] = [0, 1, 2, 3, 4, 6, 0x7f, 0x80, 0xff][next(9)];
+                }
+                let parsed = std::panic::catch_unwind(|| parse_state(&garbled));
+                assert!(parsed.is_ok(), "garbling {round}: {garbled:02x?}");
+            }
+        }
+    }
+
+    #[test]
+    fn error_answer_with_the_most_negative_errno_is_an_error() {
+        // Arrange: the ENOENT answer with i32::MIN as its error
+        let mut answer = ENOENT.to_vec();
+        answer[16..20].copy_from_slice(&i32::MIN.to_ne_bytes());
+
+        // Act
+        let parsed = std::panic::catch_unwind(|| parse_state(&answer));
+
+        // Assert
+        let err = parsed.expect("no panic").expect_err("an error answer");
+        assert_eq!(err.raw_os_error(), Some(i32::MIN));
+    }
 
     #[test]
     fn socketpair_peers_are_found() {
