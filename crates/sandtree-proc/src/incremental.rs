@@ -2,7 +2,7 @@
 //! (`track.rs`) made from its previous template instead of by a fork.
 //!
 //! The previous template's *standby* (a fork of it, made between
-//! operations, `holder.rs`) holds the process's memory as it was at the
+//! operations, `memory_holder.rs`) holds the process's memory as it was at the
 //! previous checkpoint. In the frozen window the process's pages written
 //! since (one `PAGEMAP_SCAN`) are copied by the process's holder, which
 //! shares its address space, into its page file (`holder::Copier`: an
@@ -44,9 +44,9 @@
 //!
 //! When the previous template's standby is not forked yet, the standby of
 //! the template before it is taken, if it is ready: the previous
-//! template's changes over that one go into it first ([`Extra`]). A
+//! template's changes over that one go into it first ([`OlderStandby`]). A
 //! standby whose fork is still under way is taken as it is: the window does
-//! not wait for the fork, the tracer collects it after the reply ([`Later`]).
+//! not wait for the fork, the tracer collects it after the reply ([`ForkingStandby`]).
 //!
 //! A process that ran no code since its previous template (*quiet*: its
 //! registers and FPU state are the image's, no page written but by the
@@ -57,7 +57,7 @@
 //! was (`MADV_DONTFORK`, `MADV_WIPEONFORK`, `MADV_HUGEPAGE`); a restored
 //! process then has its previous checkpoint's.
 
-use crate::track::{Delta, Prev};
+use crate::track::{Delta, PreviousTemplate};
 use std::collections::HashSet;
 use std::io;
 
@@ -102,7 +102,7 @@ pub(crate) fn max_generation(resident: u64) -> u32 {
 }
 
 /// The previous template of a tracked process, for an incremental one
-/// (or the one before it: [`Extra`]).
+/// (or the one before it: [`OlderStandby`]).
 pub(crate) struct Base {
     /// The process's previous template (checkpoint, host pid): what the
     /// pages written count from. The template the standby is of, unless
@@ -113,7 +113,7 @@ pub(crate) struct Base {
     /// The standby is of the template before the previous one, which had
     /// no standby ready in time: what the previous one changed over it
     /// goes into the standby first.
-    pub extra: Option<Extra>,
+    pub extra: Option<OlderStandby>,
     /// Its standby, which becomes the new template (killed with the
     /// `Base` if it does not)...
     pub standby: Option<Standby>,
@@ -165,23 +165,23 @@ impl Base {
 }
 
 /// The standby a checkpoint takes: ready, or still being forked
-/// ([`Later`]).
-pub(crate) enum Taken {
+/// ([`ForkingStandby`]).
+pub(crate) enum TakenStandby {
     Ready(Standby),
     /// With the standby's pid in the sandbox (given by us) and the host
     /// pid of the template forking it (the template's stand-in until the
     /// fork ends: `checkpoint::resolve_later`).
-    Later(Later, i32, i32),
+    Forking(ForkingStandby, i32, i32),
 }
 
-impl Taken {
+impl TakenStandby {
     /// The template's host pid (the stand-in's while its standby is being
     /// forked), its pid in the sandbox, and the standby or its fork, for a
     /// [`Pending`].
-    fn parts(self) -> (i32, i32, Becoming) {
+    fn parts(self) -> (i32, i32, NextTemplate) {
         match self {
-            Taken::Ready(s) => (s.host, s.ns_pid, Becoming::Standby(s)),
-            Taken::Later(l, ns_pid, from) => (from, ns_pid, Becoming::Forking(l)),
+            TakenStandby::Ready(s) => (s.host, s.ns_pid, NextTemplate::Standby(s)),
+            TakenStandby::Forking(l, ns_pid, from) => (from, ns_pid, NextTemplate::Forking(l)),
         }
     }
 }
@@ -189,23 +189,23 @@ impl Taken {
 impl Base {
     /// The standby; or, when its fork is still under way and gives the
     /// child a pid of ours, the fork itself: the frozen window does not
-    /// wait for it ([`Later`]).
-    fn take_or_defer(&mut self) -> Result<Taken> {
+    /// wait for it ([`ForkingStandby`]).
+    fn take_or_defer(&mut self) -> Result<TakenStandby> {
         if self.standby.is_none()
             && let Some((mut tpl, mut f)) = self.forking.take()
         {
             let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
             match (if hold { None } else { f.poll(&mut tpl) }, f.ns_pid()) {
-                (Some(done), _) => return done.map(Taken::Ready),
+                (Some(done), _) => return done.map(TakenStandby::Ready),
                 (None, Some(ns_pid)) => {
                     LATER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let from = tpl.tid;
-                    return Ok(Taken::Later(Later(Some((tpl, f))), ns_pid, from));
+                    return Ok(TakenStandby::Forking(ForkingStandby(Some((tpl, f))), ns_pid, from));
                 }
                 (None, None) => self.forking = Some((tpl, f)),
             }
         }
-        self.take_standby().map(Taken::Ready)
+        self.take_standby().map(TakenStandby::Ready)
     }
 }
 
@@ -224,9 +224,9 @@ impl Base {
 /// (`checkpoint::resolve_later`): the wait overlaps the agent's next step
 /// instead of the checkpoint. A fork that fails then drops the
 /// checkpoint's templates, as a failed write of its pages does.
-pub(crate) struct Later(Option<(Tracee, crate::standby::Forking)>);
+pub(crate) struct ForkingStandby(Option<(Tracee, crate::standby::Forking)>);
 
-impl Later {
+impl ForkingStandby {
     /// Wait for the standby.
     pub(crate) fn finish(mut self) -> Result<Standby> {
         let made = match self.0.take() {
@@ -243,11 +243,11 @@ impl Later {
     }
 }
 
-/// The next [`Later`]'s standby is lost once forked ([`lose_next_standby_taken_while_forking`]).
+/// The next [`ForkingStandby`]'s standby is lost once forked ([`lose_next_standby_taken_while_forking`]).
 static LOSE_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// For tests: the next standby a checkpoint takes while it is still being
-/// forked ([`Later`]) dies once its fork ends, after the checkpoint's
+/// forked ([`ForkingStandby`]) dies once its fork ends, after the checkpoint's
 /// reply, as one whose fork failed would: the checkpoint's templates are
 /// dropped (it shows as evicted), the template that stood in for it is
 /// not (`false`: no longer, if none was taken). Process-wide.
@@ -255,7 +255,7 @@ pub fn lose_next_standby_taken_while_forking(on: bool) {
     LOSE_NEXT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-impl Drop for Later {
+impl Drop for ForkingStandby {
     fn drop(&mut self) {
         if let Some((mut tpl, f)) = self.0.take()
             && let Ok(s) = f.finish(&mut tpl)
@@ -265,12 +265,12 @@ impl Drop for Later {
     }
 }
 
-/// Checkpoints that took a standby still being forked ([`Later`]), since
+/// Checkpoints that took a standby still being forked ([`ForkingStandby`]), since
 /// the daemon started.
 static LATER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Templates of tracked processes made from a standby whose fork was still
-/// under way when their checkpoint took it ([`Later`]: the window did not
+/// under way when their checkpoint took it ([`ForkingStandby`]: the window did not
 /// wait for it), since the start: for the bench's report and the tests.
 pub fn templates_from_forks_under_way() -> u64 {
     LATER.load(std::sync::atomic::Ordering::Relaxed)
@@ -283,7 +283,7 @@ pub(crate) static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// For tests: the standby fork of a template a tracked process's next
 /// checkpoint starts from is not collected between operations, even once
 /// it is done, and the checkpoint takes it as if it were still under way
-/// ([`Later`]). The path then does not hang on the timing of forks.
+/// ([`ForkingStandby`]). The path then does not hang on the timing of forks.
 /// Process-wide.
 pub fn hold_standby_forks(on: bool) {
     HOLD.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -310,7 +310,7 @@ impl Drop for Base {
 /// window waited for the fork. The template before the previous one had
 /// a whole step more for its standby's fork.
 #[derive(Clone)]
-pub(crate) struct Extra {
+pub(crate) struct OlderStandby {
     pub from: i32,
     pub delta: std::sync::Arc<Delta>,
     /// Its dropped pages are dropped in the standby already.
@@ -318,7 +318,7 @@ pub(crate) struct Extra {
 }
 
 /// Resident bytes from which a process's checkpoints may start from the
-/// standby of the template before the previous one ([`Extra`]). Below, the
+/// standby of the template before the previous one ([`OlderStandby`]). Below, the
 /// previous template's standby fork takes a few milliseconds (100 MB:
 /// 2-3), within an agent's step, and the copies of the previous template's
 /// pages that the older standby's template keeps (its own, ~4 MB a
@@ -345,8 +345,8 @@ pub(crate) struct Patched {
     /// Its base's generation and one.
     pub generation: u32,
     /// The process's previous template and what this one changes over it
-    /// (for the next checkpoint: [`Extra`]).
-    pub prev: Prev,
+    /// (for the next checkpoint: [`OlderStandby`]).
+    pub prev: PreviousTemplate,
 }
 
 /// `/proc/<pid>/status` lines a fork copies and the standby must share.
@@ -489,7 +489,7 @@ type Handler = (u64, Vec<u8>);
 
 /// What the tracer's own part of a process's pass 1 (`before`, in
 /// `checkpoint.rs`) returns.
-pub(crate) struct Before<B> {
+pub(crate) struct StoppedReads<B> {
     /// Its caught signals (their handlers are read from it).
     pub caught: u64,
     /// Its `/proc/<pid>/status`, as read then: a quiet process's
@@ -533,7 +533,7 @@ fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>>
 /// pass 1, which returns its caught-signal mask and what it read) and
 /// reads the handlers and FPU state; once the scan is
 /// done, it has the process's holder copy the pages (`copier`,
-/// `holder.rs`: a `pwritev` of up to 1,024 page runs into its page file,
+/// `memory_holder.rs`: a `pwritev` of up to 1,024 page runs into its page file,
 /// single-stepped over so that it runs whole on the other CPU with no
 /// entry stop to wait for), runs `during` (the other processes' pass 1;
 /// taken when it ran), then takes the descriptors and the checks of the
@@ -554,9 +554,9 @@ pub(crate) fn patch<B>(
     tracking: &Tracking,
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
-    mut holder: Option<&mut crate::holder::Copier>,
+    mut holder: Option<&mut crate::memory_holder::Copier>,
     quiet: Option<Vec<u8>>,
-    before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<StoppedReads<B>>,
     during: &mut Option<crate::incremental::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
@@ -680,7 +680,7 @@ pub(crate) fn patch<B>(
     };
     let here = |aside_done: &dyn Fn() -> bool| {
         let mine = (|| -> Result<_> {
-            let Before { caught, rest: pre, .. } = before(orig, false)?;
+            let StoppedReads { caught, rest: pre, .. } = before(orig, false)?;
             let handlers = handlers(s, orig, caught)?;
             // A restored process takes its template's FPU / SSE / AVX
             // registers.
@@ -772,7 +772,7 @@ pub(crate) fn patch<B>(
         }
         (mine, found, helped.and_then(|()| read_from_back()))
     };
-    let (aside, (mine, found, helped)) = crate::beside::beside(aside, here);
+    let (aside, (mine, found, helped)) = crate::helper_thread::beside(aside, here);
     let read = aside.unwrap_or_else(|_| Err(io::Error::other("the reading thread panicked"))).and(helped);
     let t_read = t0.elapsed();
     let total = total.into_inner();
@@ -842,7 +842,7 @@ pub(crate) fn patch<B>(
         ?t_during,
         ?t_read,
         standby_wait = ?t_fork.saturating_sub(t_read),
-        later = matches!(taken, Taken::Later(..)),
+        later = matches!(taken, TakenStandby::Forking(..)),
         "template patched from the previous one (pages read)"
     );
     let scratch = base.scratch;
@@ -890,13 +890,13 @@ fn patch_quiet<B>(
     mut base: Base,
     (rseq, mounts): (Rseq, &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>),
     (xstate, sc): (Vec<u8>, Scanned),
-    before: impl FnOnce(&mut Tracee, bool) -> Result<Before<B>>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<StoppedReads<B>>,
     during: &mut Option<crate::incremental::During<'_>>,
     seen: &mut Seen,
 ) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
     let host = s.host;
     let t0 = std::time::Instant::now();
-    let Before { status, rest: pre, .. } = before(orig, true)?;
+    let StoppedReads { status, rest: pre, .. } = before(orig, true)?;
     let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
     let f = match check(host, Some(&status), rseq, &base, tracking, &fds, sc, t0)? {
         Ok(f) => f,
@@ -920,7 +920,7 @@ fn patch_quiet<B>(
     tracing::debug!(
         pid = s.ns_pid,
         took = ?t0.elapsed(),
-        later = matches!(standby, Becoming::Forking(_)),
+        later = matches!(standby, NextTemplate::Forking(_)),
         "template from the previous one's standby (no code ran since)"
     );
     let pending = Pending {
@@ -999,11 +999,11 @@ pub fn quiet_templates() -> u64 {
 }
 
 /// Checkpoints that started from the standby of the template before the
-/// previous one ([`Extra`]), since the daemon started.
+/// previous one ([`OlderStandby`]), since the daemon started.
 pub(crate) static FROM_PREV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Checkpoints of tracked processes that started from the standby of the
-/// template before the previous one ([`Extra`]: the previous one's was
+/// template before the previous one ([`OlderStandby`]: the previous one's was
 /// not forked yet), since the start: for the bench's report and the tests.
 pub fn templates_from_prev() -> u64 {
     FROM_PREV.load(std::sync::atomic::Ordering::Relaxed)
@@ -1015,7 +1015,7 @@ pub(crate) static PREFER_PREV: std::sync::atomic::AtomicBool = std::sync::atomic
 
 /// For tests: every checkpoint of a tracked process starts from the
 /// standby of the template before the previous one when that one is ready
-/// ([`Extra`]), even if the previous template's is (which it takes
+/// ([`OlderStandby`]), even if the previous template's is (which it takes
 /// otherwise), and the former's standby is made again first. The path then
 /// does not hang on the timing of forks. Process-wide.
 pub fn prefer_older_standbys(on: bool) {
@@ -1045,11 +1045,11 @@ const HOLDER_LIST_GAP: u64 = 512;
 
 /// The holder's copy under way in a frozen window (see [`patch`]).
 struct Copying<'c> {
-    h: &'c mut crate::holder::Copier,
+    h: &'c mut crate::memory_holder::Copier,
     /// Dead space of the shared address space for the lists of runs:
     /// from, to (below the stack pointer of the stopped process).
     room: (u64, u64),
-    run: Option<Run>,
+    run: Option<PageRun>,
     /// What the lists of runs wrote over, from the address given up to
     /// the room's end: put back once the copy is done.
     saved: Option<(u64, Vec<u8>)>,
@@ -1057,7 +1057,7 @@ struct Copying<'c> {
 
 /// One `pwritev` of the holder: its jobs' runs, contiguous in the page
 /// file.
-struct Run {
+struct PageRun {
     t0: std::time::Instant,
     jobs: Vec<(usize, usize)>,
     bytes: usize,
@@ -1098,7 +1098,7 @@ impl Copying<'_> {
             .map_err(|e| Error::Ptrace { pid: host, op: "write the holder's runs", source: e })
             .and_then(|()| self.h.tracee.start_stepped(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
         match started {
-            Ok(()) => self.run = Some(Run { t0: std::time::Instant::now(), jobs, bytes }),
+            Ok(()) => self.run = Some(PageRun { t0: std::time::Instant::now(), jobs, bytes }),
             Err(e) => {
                 tracing::debug!(holder = self.h.tracee.tid, "the holder copies no more pages: {e}");
                 untake(&mut q, &jobs);
@@ -1209,7 +1209,7 @@ struct Scanned {
 }
 
 /// What [`check`] found: the standby can be used, with these pages.
-struct Found {
+struct ScanResult {
     maps: Vec<MapImage>,
     fp: String,
     total: usize,
@@ -1283,7 +1283,7 @@ fn scan(
 
 /// The process's descriptors and what [`check`] finds of the scan's
 /// result.
-type FoundFds = (std::result::Result<Found, String>, Vec<FdImage>);
+type FoundFds = (std::result::Result<ScanResult, String>, Vec<FdImage>);
 
 /// The descriptors of stopped process `host`, then [`check`] (unless the
 /// scan already said why the checkpoint must fork).
@@ -1316,13 +1316,13 @@ fn check(
     fds: &[FdImage],
     sc: Scanned,
     t0: std::time::Instant,
-) -> Result<std::result::Result<Found, String>> {
+) -> Result<std::result::Result<ScanResult, String>> {
     let fp = fingerprint(host, status).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
     if let Some(why) = mismatch(host, base, (&fp, &sc.maps, rseq), tracking, fds) {
         return Ok(Err(why));
     }
     let Scanned { maps, total, zap, t_scan, .. } = sc;
-    Ok(Ok(Found { maps, fp, total, zap, t_scan, t_check: t0.elapsed() }))
+    Ok(Ok(ScanResult { maps, fp, total, zap, t_scan, t_check: t0.elapsed() }))
 }
 
 /// What makes a standby its process's new template, read from the process
@@ -1334,7 +1334,7 @@ fn check(
 /// the tracer once it is done ([`Pending::finish`]).
 pub(crate) struct Pending {
     /// The standby that becomes the template.
-    standby: Becoming,
+    standby: NextTemplate,
     /// Host pid of the process (whose holder lent its page file).
     owner: i32,
     pages: Pages,
@@ -1349,15 +1349,15 @@ pub(crate) struct Pending {
     scratch: u64,
     /// The standby is of the template before the previous one: the
     /// previous one's changes go first.
-    extra: Option<Extra>,
+    extra: Option<OlderStandby>,
 }
 
 /// The standby a [`Pending`] makes its process's template.
-enum Becoming {
+enum NextTemplate {
     Standby(Standby),
-    /// Its fork, still under way ([`Later`]): until [`Pending::resolve`],
+    /// Its fork, still under way ([`ForkingStandby`]): until [`Pending::resolve`],
     /// the template's host pid is that of the template forking it.
-    Forking(Later),
+    Forking(ForkingStandby),
     /// Its fork failed.
     Gone,
 }
@@ -1405,33 +1405,33 @@ impl Buf {
 }
 
 impl Pending {
-    /// The template whose pages this one reads first ([`Extra`]): it must
+    /// The template whose pages this one reads first ([`OlderStandby`]): it must
     /// be done changing before this one starts.
     pub(crate) fn depends_on(&self) -> Option<i32> {
         self.extra.as_ref().map(|e| e.from)
     }
 
-    /// Its standby's fork is still under way ([`Later`]).
+    /// Its standby's fork is still under way ([`ForkingStandby`]).
     pub(crate) fn is_later(&self) -> bool {
-        matches!(self.standby, Becoming::Forking(_))
+        matches!(self.standby, NextTemplate::Forking(_))
     }
 
-    /// Wait for the standby's fork, if it is under way ([`Later`]):
+    /// Wait for the standby's fork, if it is under way ([`ForkingStandby`]):
     /// returns the standby's host pid and pid in the sandbox.
     pub(crate) fn resolve(&mut self) -> Result<(i32, i32)> {
         // (A fork that fails leaves it `Gone`.)
-        self.standby = match std::mem::replace(&mut self.standby, Becoming::Gone) {
-            Becoming::Forking(l) => Becoming::Standby(l.finish()?),
+        self.standby = match std::mem::replace(&mut self.standby, NextTemplate::Gone) {
+            NextTemplate::Forking(l) => NextTemplate::Standby(l.finish()?),
             other => other,
         };
         match &self.standby {
-            Becoming::Standby(s) => Ok((s.host, s.ns_pid)),
+            NextTemplate::Standby(s) => Ok((s.host, s.ns_pid)),
             _ => Err(Error::Died { pid: self.owner, how: "its template's standby is gone".into() }),
         }
     }
 
     /// Start writing the pages into the standby, on a thread of its own
-    /// (first the dropped pages of an [`Extra`], injected here).
+    /// (first the dropped pages of an [`OlderStandby`], injected here).
     pub(crate) fn start(&mut self) {
         // (No pages: `finish` has nothing to wait for.)
         let extra_pages = self.extra.as_ref().is_some_and(|e| !e.delta.pages.is_empty());
@@ -1439,7 +1439,7 @@ impl Pending {
             return;
         }
         // (Not before the standby is there: `finish` says so.)
-        let Becoming::Standby(s) = &self.standby else { return };
+        let NextTemplate::Standby(s) = &self.standby else { return };
         let (to, ns_pid) = (s.host, s.ns_pid);
         if let Err(e) = self.zap_extra() {
             tracing::warn!(pid = ns_pid, "the previous template's dropped pages: {e}");
@@ -1466,11 +1466,11 @@ impl Pending {
         }
     }
 
-    /// Drop in the standby the pages of [`Extra`] the previous template
+    /// Drop in the standby the pages of [`OlderStandby`] the previous template
     /// dropped (once: taken).
     fn zap_extra(&mut self) -> Result<()> {
         let Some(e) = self.extra.as_mut().filter(|e| !e.zapped) else { return Ok(()) };
-        let Becoming::Standby(standby) = &mut self.standby else {
+        let NextTemplate::Standby(standby) = &mut self.standby else {
             return Err(Error::Died { pid: self.owner, how: "its template's standby is not forked yet".into() });
         };
         e.zapped = true;
@@ -1503,7 +1503,7 @@ impl Pending {
     /// thread. An error leaves the standby half-made: the caller drops its
     /// checkpoint's templates. A page file lent by the process's holder is
     /// given back to `holders` (their owner's) either way.
-    pub(crate) fn finish(mut self, holders: &mut [crate::holder::Holder]) -> Result<()> {
+    pub(crate) fn finish(mut self, holders: &mut [crate::memory_holder::Holder]) -> Result<()> {
         let unstarted = matches!(&self.pages, Pages::Read(..));
         let resolved = self.resolve();
         let zapped = match resolved {
@@ -1512,9 +1512,9 @@ impl Pending {
             Err(e) => Err(e),
         };
         let Pending { standby, owner, pages, bytes, zap, handlers, brk, xstate, scratch, extra, .. } = self;
-        let Becoming::Standby(mut standby) = standby else {
+        let NextTemplate::Standby(mut standby) = standby else {
             if let Buf::File { file: f, .. } = pages.into_buf() {
-                crate::holder::give_back_file(holders, owner, f);
+                crate::memory_holder::give_back_file(holders, owner, f);
             }
             return Err(zapped.err().unwrap_or(Error::Died { pid: owner, how: "no standby".into() }));
         };
@@ -1535,7 +1535,7 @@ impl Pending {
         };
         match buf {
             Buf::Vec(v) => give_buffer(v),
-            Buf::File { file: f, .. } => crate::holder::give_back_file(holders, owner, f),
+            Buf::File { file: f, .. } => crate::memory_holder::give_back_file(holders, owner, f),
         }
         written.map_err(|e| Error::Ptrace { pid: to, op: "write the pages written", source: e })?;
         let sb = &mut standby.tracee;
@@ -1560,7 +1560,7 @@ impl Pending {
 
 /// Write into standby `to` the pages of `extra` (if any), then the
 /// checkpoint's own: runs `copy`, their bytes one after the other.
-fn write_pages(to: i32, extra: Option<&Extra>, copy: &[(u64, u64)], bytes: &[u8]) -> io::Result<()> {
+fn write_pages(to: i32, extra: Option<&OlderStandby>, copy: &[(u64, u64)], bytes: &[u8]) -> io::Result<()> {
     write_extra(to, extra)?;
     if copy.is_empty() {
         return Ok(());
@@ -1568,9 +1568,9 @@ fn write_pages(to: i32, extra: Option<&Extra>, copy: &[(u64, u64)], bytes: &[u8]
     uffd::PageWriter::open(to)?.write(copy, bytes)
 }
 
-/// The pages of [`Extra`], read from the previous template and written
+/// The pages of [`OlderStandby`], read from the previous template and written
 /// into standby `to` (before its own pages: those of the checkpoint win).
-fn write_extra(to: i32, extra: Option<&Extra>) -> io::Result<()> {
+fn write_extra(to: i32, extra: Option<&OlderStandby>) -> io::Result<()> {
     let Some(e) = extra.filter(|e| !e.delta.pages.is_empty()) else { return Ok(()) };
     let len: u64 = e.delta.pages.iter().map(|(a, b)| b - a).sum();
     let mut buf = take_buffer(len as usize);

@@ -640,7 +640,7 @@ pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) ->
 }
 
 /// The nice value a restore's copy and fix-up run at (see
-/// [`restore_one`]), and a standby fork that a job waits for (`holder.rs`).
+/// [`restore_one`]), and a standby fork that a job waits for (`memory_holder.rs`).
 pub(crate) const RESTORE_NICE: i32 = -10;
 
 pub(crate) fn nice_of(tid: i32) -> Option<i32> {

@@ -52,7 +52,7 @@
 //!    re-create deleted files and bound sockets, epoll watch lists and
 //!    signalfd masks, `setsid` + `TIOCSCTTY` for a session leader with a
 //!    terminal (or `setpgid`), itimers, queued signals, unmap the scratch
-//!    page; give it a holder (`holder.rs`);
+//!    page; give it a holder (`memory_holder.rs`);
 //! 4. set the checkpoint's registers and signal mask in signal context and
 //!    detach: an interrupted syscall restarts as the kernel decides (the
 //!    restart block of `-ERESTART_RESTARTBLOCK` is copied by fork), and
@@ -64,16 +64,16 @@
 #![forbid(unsafe_code)]
 
 mod batch;
-mod beside;
 pub mod cgroup;
 pub mod check;
 mod checkpoint;
+mod helper_thread;
 pub use checkpoint::repoint;
 mod closer;
 pub mod fdstate;
-mod holder;
 mod incremental;
 pub mod inject;
+mod memory_holder;
 pub mod model;
 mod pool;
 pub mod procfs;
@@ -98,7 +98,7 @@ pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
 pub use stop::StopReport;
 pub use tracer::{
-    Captured, Cloning, Copied, OpGuard, Released, RollbackPlan, Started, StopAndClone, Stopped, Tracer, Went,
+    Captured, Cloning, Copied, LayeredEnd, OpGuard, Released, RollbackPlan, Started, StopAndClone, Stopped, Tracer,
     moved_early,
 };
 

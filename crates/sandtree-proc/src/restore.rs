@@ -15,7 +15,7 @@ use crate::model::{AnonState, FdKind, ProcessImage};
 use crate::template::Template;
 use serde::{Deserialize, Serialize};
 
-use crate::holder::Holder;
+use crate::memory_holder::Holder;
 use crate::pool::Pool;
 use crate::reap::Dying;
 use crate::track::Trackings;
@@ -72,7 +72,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         .iter()
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
         .collect();
-    // Standby forks under way (`holder.rs`) end first where the restore
+    // Standby forks under way (`memory_holder.rs`) end first where the restore
     // needs the template, or the pid their child gets; the others go on.
     for (k, set) in st.pool.iter_mut() {
         for t in set.templates.iter_mut() {
@@ -312,7 +312,7 @@ fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
 /// memory, for the next rollback), still stopped: the caller lets it go
 /// ([`Ready::release`]).
 ///
-/// With a standby (a fork of the template made ahead, `holder.rs`), the
+/// With a standby (a fork of the template made ahead, `memory_holder.rs`), the
 /// process takes the *standby's* address space (`CLONE_VM` from it: no
 /// page tables to copy), and the standby stays as its holder; the
 /// template stays as it is. (Taking the template's instead, with the
@@ -326,7 +326,7 @@ fn restore_one(
     t: &mut Template,
     wait: bool,
     cg: Option<&crate::cgroup::PoolCgroup>,
-) -> Result<(Option<crate::holder::Holder>, Ready)> {
+) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -425,8 +425,8 @@ fn restore_one(
     match fixed {
         Ok(mut p) => {
             let holder = match shared {
-                Some(old) => crate::holder::adopt(old, child),
-                None => crate::holder::make(&mut p, true),
+                Some(old) => crate::memory_holder::adopt(old, child),
+                None => crate::memory_holder::make(&mut p, true),
             };
             let holder = match holder {
                 Ok(h) => Some(h),

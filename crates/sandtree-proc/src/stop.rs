@@ -171,7 +171,7 @@ impl Stops {
                     continue;
                 }
                 // Traced by us: a standby being forked between operations
-                // (`holder.rs`; its pid is ours once the fork returns), or a task
+                // (`memory_holder.rs`; its pid is ours once the fork returns), or a task
                 // an earlier checkpoint seized that never reached its stop.
                 if status.tracer == me {
                     if st.lingering.contains(&host) {

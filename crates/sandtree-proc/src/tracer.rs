@@ -39,8 +39,8 @@ pub(crate) struct State {
     cloned: Vec<crate::checkpoint::Cloned>,
     /// Processes refused in the first pass (best effort).
     refused: Vec<Unrestorable>,
-    /// Holders of live processes' address spaces (`holder.rs`).
-    holders: Vec<crate::holder::Holder>,
+    /// Holders of live processes' address spaces (`memory_holder.rs`).
+    holders: Vec<crate::memory_holder::Holder>,
     /// Operations in flight ([`Tracer::begin`]), shared with the handle:
     /// no standby is made during one (init's kill list was taken, or
     /// processes are stopped).
@@ -139,7 +139,7 @@ impl<'t> Copied<'t> {
     /// place (`repoint.rs`'s step 3), every process runs again, and pass 2
     /// follows. An error is the first step's (every process was let go
     /// then).
-    pub fn finish_and_go(self, ck: &str, best_effort: bool) -> Result<Went> {
+    pub fn finish_and_go(self, ck: &str, best_effort: bool) -> Result<LayeredEnd> {
         let tracer = self.captured.stopped.disarm();
         tracer.finish_and_go(ck, best_effort)
     }
@@ -162,7 +162,7 @@ impl<'t> Copied<'t> {
 }
 
 /// What [`Copied::finish_and_go`] did.
-pub struct Went {
+pub struct LayeredEnd {
     /// When the processes were let go.
     pub at: std::time::Instant,
     /// Pass 2 ([`Released::set_up`]).
@@ -487,7 +487,7 @@ impl Tracer {
                         if idle
                             && (st.pool.write_pending(false, &mut st.holders)
                                 || st.pool.prepare_pending(&mut st.holders)
-                                || crate::holder::equip_next(&mut st.holders, &st.tracking))
+                                || crate::memory_holder::equip_next(&mut st.holders, &st.tracking))
                         {
                             continue;
                         }
@@ -507,9 +507,9 @@ impl Tracer {
                             let others: Vec<i32> =
                                 st.holders.iter().map(|h| h.ns_pid).chain(st.dying.iter().map(|d| d.ns_pid)).collect();
                             match st.pool.tend_standbys(&st.tracking, &others) {
-                                crate::pool::Tended::Worked => continue,
-                                crate::pool::Tended::Forking => forking = true,
-                                crate::pool::Tended::Idle => {}
+                                crate::pool::StandbyWork::Worked => continue,
+                                crate::pool::StandbyWork::Forking => forking = true,
+                                crate::pool::StandbyWork::Idle => {}
                             }
                         }
                         // (Pages being written, or a fork under way: back
@@ -537,7 +537,7 @@ impl Tracer {
                     // A rollback's adopted holders drop their descriptors.
                     // (A checkpoint's templates are set up between
                     // operations.)
-                    crate::holder::drop_pending(&mut st.holders, &mut st.dying);
+                    crate::memory_holder::drop_pending(&mut st.holders, &mut st.dying);
                 }
                 // A task that was stuck when a checkpoint stopped it reaches
                 // its stop later: let it go as soon as it does.
@@ -550,7 +550,7 @@ impl Tracer {
                     && (ran || holders_seen.elapsed() >= std::time::Duration::from_millis(5))
                 {
                     holders_seen = std::time::Instant::now();
-                    crate::holder::retire(&mut st.holders, &mut st.dying);
+                    crate::memory_holder::retire(&mut st.holders, &mut st.dying);
                 }
                 crate::reap::reap_dying(&mut st.dying, st.ops.load(Ordering::SeqCst) == 0);
                 let (holders, dying) = (&st.holders, &st.dying);
@@ -737,7 +737,7 @@ impl Tracer {
     /// opened again in place (`repoint.rs`'s step 3), every process runs
     /// again, and pass 2 ([`Tracer::set_up`]) follows. An error is the
     /// first step's (every process was let go then).
-    fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<Went> {
+    fn finish_and_go(&self, ck: &str, best_effort: bool) -> Result<LayeredEnd> {
         let ck = ck.to_string();
         self.call(move |st| {
             let st = &mut st.parts();
@@ -747,7 +747,7 @@ impl Tracer {
             }
             crate::checkpoint::release_all(st);
             let at = std::time::Instant::now();
-            Ok(Went { at, set_up: crate::checkpoint::set_up_all(st, &ck, best_effort) })
+            Ok(LayeredEnd { at, set_up: crate::checkpoint::set_up_all(st, &ck, best_effort) })
         })?
     }
 
@@ -794,7 +794,7 @@ impl Tracer {
     ///
     /// A standby fork of one of `ck`'s templates under way ends here,
     /// before the sandbox's root moves: a fork that the move overtakes
-    /// gives a child on the old tree, which is dropped (`holder.rs`), and
+    /// gives a child on the old tree, which is dropped (`memory_holder.rs`), and
     /// the restore would wait for it and then fork the template on its
     /// path (seen: 6 ms waited, then 3 ms of forks, for a 100 MB REPL).
     ///
@@ -826,7 +826,7 @@ impl Tracer {
     /// their memory is torn down in the background). Queued: the caller
     /// does not wait for it.
     pub fn retire_holders(&self) -> Result<()> {
-        let job: Job = Box::new(|st| crate::holder::retire(&mut st.holders, &mut st.dying));
+        let job: Job = Box::new(|st| crate::memory_holder::retire(&mut st.holders, &mut st.dying));
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(Error::TracerGone)?;
         tx.send(job).map_err(|_| Error::TracerGone)
     }

@@ -52,9 +52,9 @@ pub(crate) struct Tracking {
     /// template host pid).
     pub base: Option<(String, i32)>,
     /// The template before it, and what the base changed over it, when the
-    /// base was made from a standby (`incremental::Extra`): the next
+    /// base was made from a standby (`incremental::OlderStandby`): the next
     /// checkpoint may start from it, if the base's standby is not ready.
-    pub prev: Option<crate::track::Prev>,
+    pub prev: Option<crate::track::PreviousTemplate>,
     /// The last checkpoint found the base's standby not ready (it waited
     /// for its fork, or forked the process): the standby of the template
     /// before is made again first (`holder::base_hosts`), so that the next
@@ -91,7 +91,7 @@ impl Drop for Tracking {
 /// Python, which competed with the first rollback after a burst of
 /// checkpoints, the one that kills the tracked original), while closing it
 /// afterwards finds no address space and does nothing. The memory outlives
-/// the process while its holder (`holder.rs`) lives: the descriptor closes
+/// the process while its holder (`memory_holder.rs`) lives: the descriptor closes
 /// once that holder is reaped.
 pub(crate) struct Parked {
     /// Host pid of the holder sharing the process's memory.
@@ -328,4 +328,4 @@ pub(crate) struct Delta {
 
 /// A process's previous template (checkpoint, host pid) and what the
 /// template after it changes over it.
-pub(crate) type Prev = ((String, i32), std::sync::Arc<Delta>);
+pub(crate) type PreviousTemplate = ((String, i32), std::sync::Arc<Delta>);

@@ -87,7 +87,7 @@ impl Engine {
 
         // Unused (nothing was stopped, or the checkpoint is a snapshot):
         // the sandbox goes on writing to the subvolume it stacks on.
-        let put_back = |top: crate::engine::Top, layers| {
+        let put_back = |top: crate::engine::LayerStack, layers| {
             let next = crate::next_layers::Next { over: rec.subvol.clone(), top, layers };
             if let Some(old) = self.nexts.put_back(id, next) {
                 self.discard_subvol_later(&old);

@@ -17,7 +17,7 @@ use crate::{Config, Error, Result, util};
 
 /// A sandbox's writable subvolume and the read-only layers under it.
 #[derive(Clone, Debug)]
-pub(crate) struct Top {
+pub(crate) struct LayerStack {
     /// `<sandbox-id>/<gen>` under `sandboxes/`.
     pub subvol: String,
     /// Layers under it, top first (paths under the volume root).
@@ -65,7 +65,7 @@ pub struct Engine {
     /// Runs of layers being squashed (`layer_squash.rs`).
     pub(crate) squashing: Mutex<std::collections::HashSet<Vec<String>>>,
     /// Prepared next layers of layered sandboxes (`next_layers.rs`).
-    pub(crate) nexts: crate::next_layers::Nexts,
+    pub(crate) nexts: crate::next_layers::NextLayers,
     /// Lower layers of images, by name (see [`Engine::image_layers`]).
     pub(crate) image_layers: Mutex<HashMap<String, Vec<StoredLayer>>>,
     /// Layers pinned by operations in flight, with their pin counts.
@@ -375,17 +375,17 @@ impl Engine {
     /// one; else, layered, a new empty subvolume over the checkpoint's
     /// layers; else a writable snapshot of its layer over the layers under
     /// it. A half-made one is queued for deletion on failure.
-    pub(crate) async fn rollback_layer(&self, id: &str, ck: &sandtree_meta::CheckpointRecord) -> Result<Top> {
+    pub(crate) async fn rollback_layer(&self, id: &str, ck: &sandtree_meta::CheckpointRecord) -> Result<LayerStack> {
         if let Some(subvol) = self.spares.take_made(id, &ck.id) {
-            return Ok(Top { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid });
+            return Ok(LayerStack { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid });
         }
         if self.cfg.layered {
-            return Ok(Top { subvol: self.fresh_layer(id)?, lowers: ck.stack(), base_transid: 0 });
+            return Ok(LayerStack { subvol: self.fresh_layer(id)?, lowers: ck.stack(), base_transid: 0 });
         }
         let subvol = self.new_layer_name(id)?;
         let (src, dst) = (self.volume.root().join(&ck.layer), self.subvol_path(&subvol));
         match tokio::task::spawn_blocking(move || sandtree_fs::snapshot(&src, &dst, false)).await? {
-            Ok(()) => Ok(Top { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid }),
+            Ok(()) => Ok(LayerStack { subvol, lowers: ck.lowers.clone(), base_transid: ck.transid }),
             Err(e) => {
                 self.discard_subvol_later(&subvol);
                 Err(Error::fs("writable copy of a checkpoint", e))

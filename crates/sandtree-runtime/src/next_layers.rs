@@ -28,7 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use crate::engine::Top;
+use crate::engine::LayerStack;
 use crate::{Engine, Result};
 
 /// Layers made in a row for one sandbox, each over a writable subvolume a
@@ -41,20 +41,20 @@ pub(crate) struct Next {
     /// The sandbox's writable subvolume it stacks on.
     pub over: String,
     /// The new writable subvolume and the layers under it (`over` first).
-    pub top: Top,
+    pub top: LayerStack,
     /// Its overlay mounts, one per layer of the image, `/` first.
     pub layers: Vec<OwnedFd>,
 }
 
 /// The prepared next layers, by sandbox.
 #[derive(Default)]
-pub(crate) struct Nexts {
+pub(crate) struct NextLayers {
     ready: Mutex<HashMap<String, Next>>,
     /// Sandboxes whose next layer is being made.
     making: Mutex<HashSet<String>>,
 }
 
-impl Nexts {
+impl NextLayers {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Next>> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -102,7 +102,7 @@ impl Engine {
     /// over its current one and its lowers (a squashed run in place of its
     /// layers, when there is one; `layer_squash.rs`), and its overlays. A
     /// half-made one is queued for deletion on failure.
-    pub(crate) async fn build_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(Top, Vec<OwnedFd>)> {
+    pub(crate) async fn build_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(LayerStack, Vec<OwnedFd>)> {
         let lowers: Vec<String> =
             std::iter::once(Engine::subvol_layer(&rec.subvol)).chain(self.compact(&rec.lowers)).collect();
         let subvol = self.fresh_layer(&rec.id)?;
@@ -114,7 +114,7 @@ impl Engine {
             Err(e) => Err(e),
         };
         match built {
-            Ok(layers) => Ok((Top { subvol, lowers, base_transid: 0 }, layers)),
+            Ok(layers) => Ok((LayerStack { subvol, lowers, base_transid: 0 }, layers)),
             Err(e) => {
                 self.discard_subvol_later(&subvol);
                 Err(e)
@@ -125,7 +125,7 @@ impl Engine {
     /// The next layer of `rec` for a checkpoint now: the prepared one if it
     /// stacks on the sandbox's writable subvolume (a stale one is
     /// discarded), else one built now.
-    pub(crate) async fn take_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(Top, Vec<OwnedFd>)> {
+    pub(crate) async fn take_next(&self, rec: &sandtree_meta::SandboxRecord) -> Result<(LayerStack, Vec<OwnedFd>)> {
         let prepared = match self.nexts.take(&rec.id, &rec.subvol) {
             Ok(next) => next,
             Err(stale) => {

@@ -75,7 +75,7 @@ type Key = (String, String);
 /// A prepared writable copy of a checkpoint with its overlay mounts.
 pub(crate) struct Spare {
     /// The writable subvolume and the layers under it.
-    pub top: crate::engine::Top,
+    pub top: crate::engine::LayerStack,
     /// Detached overlay mounts, one per layer of the sandbox's image.
     pub layers: Vec<OwnedFd>,
 }

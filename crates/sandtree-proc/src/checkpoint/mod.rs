@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{self, Unrestorable};
 use crate::fdstate::Seen;
-use crate::holder::Holder;
 use crate::incremental::During;
 use crate::inject::{self, Tracee, kill_tracee};
+use crate::memory_holder::Holder;
 use crate::model::{AnonState, FdKind, Registers};
 use crate::pool::Pool;
 use crate::procfs::resident_pages;
@@ -91,7 +91,7 @@ fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Erro
 /// A template cloned (its original still stopped until [`release_all`]).
 pub(crate) struct Cloned {
     /// A new holder of the original's memory.
-    holder: Option<crate::holder::Holder>,
+    holder: Option<crate::memory_holder::Holder>,
     /// The original, still stopped until [`release_all`].
     pub(crate) orig: Option<Tracee>,
     pub(crate) stopped: Stopped,
@@ -145,7 +145,7 @@ pub(crate) struct Cloned {
     to_write: Option<crate::incremental::Pending>,
     /// Made from a standby: the process's previous template and what this
     /// one changes over it (`Tracking::prev`, for the next checkpoint).
-    prev: Option<crate::track::Prev>,
+    prev: Option<crate::track::PreviousTemplate>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
     session: Option<(i32, i32, bool)>,
@@ -153,7 +153,7 @@ pub(crate) struct Cloned {
     /// template made from a standby has closed FIFOs of the tree).
     pipe_keys: Vec<(i32, (u64, u64))>,
     /// The copier its holder lent for the pass, to give back.
-    copier: Option<crate::holder::Copier>,
+    copier: Option<crate::memory_holder::Copier>,
     /// Made from a standby: the original's status and name, read while
     /// it was stopped, which are the template's (the fingerprint, name,
     /// credentials and signal dispositions included, matched the
@@ -177,7 +177,7 @@ pub(crate) struct Track {
     pub base: Option<crate::incremental::Base>,
     /// The copier of the process's holder, lent for the pass when there is
     /// a base (back with the template, `Cloned::copier`).
-    pub copier: Option<crate::holder::Copier>,
+    pub copier: Option<crate::memory_holder::Copier>,
 }
 
 /// After a template was forked from tracked-worthy process `host`: start
@@ -213,7 +213,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
     if tracking.is_none() && resident * 4096 < min {
         return None;
     }
-    crate::holder::note_resident(st.holders, s.host, resident);
+    crate::memory_holder::note_resident(st.holders, s.host, resident);
     // This checkpoint found the previous template's standby not ready:
     // the next one should not (see `holder::base_hosts`).
     let behind = std::cell::Cell::new(false);
@@ -223,7 +223,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         };
         // The previous template's standby; if it is not ready (its fork is
         // under way or yet to start), the one before's, if that one is
-        // (`incremental::Extra`); else the fork under way's (the previous
+        // (`incremental::OlderStandby`); else the fork under way's (the previous
         // template's or the one before's), which ends beside the read,
         // sooner than a fork of the process would.
         // (Only for a large process: see `incremental::OLDER_STANDBY_MIN_RSS`.)
@@ -242,7 +242,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
             // it is there. Its checkpoint dropped, that host pid may be
             // another process's, or the one before's own.)
             (Some(_), Some((p, delta))) if prev_ready.is_some_and(|(r, _)| r) => {
-                let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
+                let extra = crate::incremental::OlderStandby { from: id.1, delta, zapped: false };
                 (p, Some(extra), false)
             }
             (Some((_, true)), _) => (id.clone(), None, true),
@@ -250,7 +250,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
             // and the base's fork not started yet: that fork ends sooner
             // than one of the process would.)
             (Some(_), Some((p, delta))) if prev_ready.is_some_and(|(_, forking)| forking) => {
-                let extra = crate::incremental::Extra { from: id.1, delta, zapped: false };
+                let extra = crate::incremental::OlderStandby { from: id.1, delta, zapped: false };
                 (p, Some(extra), true)
             }
             _ => {
@@ -304,7 +304,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         t.behind = behind.get();
         t
     });
-    let copier = base.as_ref().and_then(|_| crate::holder::lend_copier(st.holders, s.host));
+    let copier = base.as_ref().and_then(|_| crate::memory_holder::lend_copier(st.holders, s.host));
     Some(Track { tracking, base, copier })
 }
 
@@ -461,7 +461,7 @@ fn keep_clone(st: &mut Parts<'_>, s: &Stopped, res: Result<Cloned>, best_effort:
                 st.tracking.insert(s.host, t);
             }
             if let Some(copier) = c.copier.take() {
-                crate::holder::give_back_copier(st.holders, s.host, copier);
+                crate::memory_holder::give_back_copier(st.holders, s.host, copier);
             }
             st.cloned.push(c);
             None
@@ -818,7 +818,7 @@ fn clone_of(
         // ran no code since its previous template, whose image has no
         // armed interval timer: none is armed now, and its alternate stack
         // is the one then.)
-        let before = |orig: &mut Tracee, quiet: bool| -> Result<crate::incremental::Before<_>> {
+        let before = |orig: &mut Tracee, quiet: bool| -> Result<crate::incremental::StoppedReads<_>> {
             // Pending signals before the timers are read: a one-shot timer
             // that fires meanwhile then shows in neither rather than in
             // both (a periodic one keeps firing, see below).
@@ -836,7 +836,7 @@ fn clone_of(
                 true => (Vec::new(), quiet_altstack.clone().flatten(), false),
                 false => timers(s, orig)?,
             };
-            Ok(crate::incremental::Before {
+            Ok(crate::incremental::StoppedReads {
                 caught: status.signals.caught,
                 status: text,
                 rest: (status, queued, itimers),
@@ -1061,9 +1061,9 @@ fn clone_of(
     };
     c.thread_tracees = thread_tracees;
     // Its first checkpoint: a holder of its memory, so that a rollback's
-    // kill of it does not wait for the teardown (`holder.rs`).
+    // kill of it does not wait for the teardown (`memory_holder.rs`).
     if need_holder {
-        match crate::holder::make(&mut orig, s.ns_ppid == 1) {
+        match crate::memory_holder::make(&mut orig, s.ns_ppid == 1) {
             Ok(h) => c.holder = Some(h),
             Err(e) => tracing::warn!(pid = s.ns_pid, "no mm holder: {e}"),
         }

@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use sizing::PoolMemory;
-pub(crate) use standbys::Tended;
+pub(crate) use standbys::StandbyWork;
 
 use crate::check::Unrestorable;
-use crate::holder::Holder;
 use crate::inject::kill_tracee;
+use crate::memory_holder::Holder;
 use crate::reap::kill_later;
 use crate::template::{CheckpointTemplates, Template};
 
@@ -214,7 +214,7 @@ impl Pool {
     pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool, holders: &mut [Holder]) {
         let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
         // A later template whose pages are still to be read from one of
-        // these (`incremental::Extra`) is written first: it would be lost.
+        // these (`incremental::OlderStandby`) is written first: it would be lost.
         let hosts: Vec<i32> =
             self.checkpoints.get(ck).map(|c| c.templates.iter().map(|t| t.host).collect()).unwrap_or_default();
         let reads_from_these = self

@@ -5,8 +5,8 @@
 use std::os::fd::OwnedFd;
 
 use crate::closer::drop_later;
-use crate::holder::Holder;
 use crate::inject::Tracee;
+use crate::memory_holder::Holder;
 use crate::track::Trackings;
 
 use super::Pool;
@@ -58,7 +58,7 @@ impl Pool {
     /// their own; finished by the tracer between operations (those
     /// written, or with `wait` all of them: before a rollback uses the pool).
     /// One that reads pages from another template first
-    /// (`incremental::Extra`) starts once that one is finished. A checkpoint
+    /// (`incremental::OlderStandby`) starts once that one is finished. A checkpoint
     /// one of whose templates cannot be written loses all of them, as in
     /// [`Pool::prepare_pending`]. Returns whether one was finished.
     pub(crate) fn write_pending(&mut self, wait: bool, holders: &mut [Holder]) -> bool {
@@ -112,7 +112,7 @@ impl Pool {
     }
 
     /// The templates whose standby was still being forked when their
-    /// checkpoint took it (`incremental::Later`) get it: run by the tracer
+    /// checkpoint took it (`incremental::ForkingStandby`) get it: run by the tracer
     /// thread right after the job that made them, once its reply is out, and
     /// before any other job (no job sees such a template). Each takes the
     /// standby's host pid where its stand-in's was (its own, its checkpoint's

@@ -8,7 +8,7 @@ use super::Pool;
 
 /// What [`Pool::tend_standbys`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Tended {
+pub(crate) enum StandbyWork {
     /// Nothing to do.
     Idle,
     /// A fork is under way (poll again soon).
@@ -27,7 +27,7 @@ impl Pool {
     /// template's pages are being written, no other fork starts (the base's,
     /// which the next checkpoint needs, would wait for it). The tracer calls it
     /// between operations.
-    pub(crate) fn tend_standbys(&mut self, tracking: &Trackings, others_taken: &[i32]) -> Tended {
+    pub(crate) fn tend_standbys(&mut self, tracking: &Trackings, others_taken: &[i32]) -> StandbyWork {
         let st = self;
         let mut under_way = false;
         // (A test's: `incremental::hold_standby_forks`.)
@@ -44,12 +44,12 @@ impl Pool {
                 continue;
             }
             match t.poll_standby() {
-                Some(()) => return Tended::Worked,
+                Some(()) => return StandbyWork::Worked,
                 None => under_way = true,
             }
         }
         if under_way {
-            return Tended::Forking;
+            return StandbyWork::Forking;
         }
         let bases = st.base_hosts(tracking);
         let writing =
@@ -63,11 +63,13 @@ impl Pool {
             .max_by_key(|(_, used, _, t)| (bases.contains(&t.host), t.large(), *used))
             .map(|(ck, _, i, _)| (ck.clone(), i))
         else {
-            return Tended::Idle;
+            return StandbyWork::Idle;
         };
         let taken: std::collections::HashSet<i32> = st.ns_pids().chain(others_taken.iter().copied()).collect();
         let next = &mut st.next_pool_pid;
-        let Some(t) = st.checkpoints.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else { return Tended::Idle };
+        let Some(t) = st.checkpoints.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else {
+            return StandbyWork::Idle;
+        };
         let ns_pid = (!t.any_pid).then(|| pool_pid(next, &taken));
         // (Off the tracer's CPU for the fork: see `start`.)
         crate::inject::move_off_tracer(t.host);
@@ -75,11 +77,11 @@ impl Pool {
             Ok(()) => t.forking = Some(Forking::started(ns_pid, t.scratch, crate::inject::nice_of(t.host))),
             Err(e) => t.failed(e),
         }
-        Tended::Worked
+        StandbyWork::Worked
     }
 
     /// The templates tracked processes' next checkpoints start from (host
-    /// pids), and the ones before them (`incremental::Extra`) whose standby is
+    /// pids), and the ones before them (`incremental::OlderStandby`) whose standby is
     /// still to come: their standbys are the ones a checkpoint takes. (The
     /// one before whose standby a checkpoint took already is made again only
     /// when the last checkpoint was *behind*, `Tracking::behind`: else its

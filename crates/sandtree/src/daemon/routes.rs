@@ -79,16 +79,16 @@ use super::stdin;
 
 /// The engine, as a request extension (so the router itself needs no state
 /// and the route table can be probed without a running engine).
-pub struct Eng(pub Arc<Engine>);
+pub struct EngineState(pub Arc<Engine>);
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Eng {
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for EngineState {
     type Rejection = ApiFailure;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiFailure> {
         let Extension(engine) = Extension::<Arc<Engine>>::from_request_parts(parts, state)
             .await
             .map_err(|e: ExtensionRejection| ApiFailure::new(ErrorCode::Internal, format!("no engine: {e}")))?;
-        Ok(Eng(engine))
+        Ok(EngineState(engine))
     }
 }
 
@@ -203,7 +203,7 @@ fn ndjson_response<T: Serialize + Send + 'static>(first: Option<T>, rx: mpsc::Re
 /// Daemon version, state store and counts.
 #[utoipa::path(get, path = "/v1/info", tag = "daemon",
     responses((status = 200, body = DaemonInfo), (status = 500, body = ErrorBody)))]
-pub async fn info(Eng(e): Eng) -> ApiResult<Json<DaemonInfo>> {
+pub async fn info(EngineState(e): EngineState) -> ApiResult<Json<DaemonInfo>> {
     Ok(Json(e.info().await?))
 }
 
@@ -219,7 +219,7 @@ pub async fn openapi_json() -> Response {
 /// Deletes orphaned subvolumes and stale runtime state.
 #[utoipa::path(post, path = "/v1/gc", tag = "daemon",
     responses((status = 200, body = GcReport), (status = 500, body = ErrorBody)))]
-pub async fn gc(Eng(e): Eng) -> ApiResult<Json<GcReport>> {
+pub async fn gc(EngineState(e): EngineState) -> ApiResult<Json<GcReport>> {
     Ok(Json(detached(async move { e.gc().await }).await?))
 }
 
@@ -230,7 +230,7 @@ pub async fn gc(Eng(e): Eng) -> ApiResult<Json<GcReport>> {
     responses((status = 201, body = CreateSandboxResponse), (status = 400, body = ErrorBody),
               (status = 404, description = "image_not_found", body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn create_sandbox(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<CreateSandboxResponse>)> {
     Ok((StatusCode::CREATED, Json(detached(async move { e.create_sandbox(req).await }).await?)))
@@ -238,14 +238,14 @@ pub async fn create_sandbox(
 
 /// Lists sandboxes.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = SandboxList)))]
-pub async fn list_sandboxes(Eng(e): Eng) -> ApiResult<Json<SandboxList>> {
+pub async fn list_sandboxes(EngineState(e): EngineState) -> ApiResult<Json<SandboxList>> {
     Ok(Json(e.list_sandboxes().await?))
 }
 
 /// Describes a sandbox, with its resource usage.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
-pub async fn get_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+pub async fn get_sandbox(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(e.get_sandbox(&id).await?))
 }
 
@@ -264,7 +264,7 @@ pub struct DeleteSandboxQuery {
     params(("id" = String, Path, description = "Sandbox id"), DeleteSandboxQuery),
     responses((status = 200, body = DeleteSandboxResponse), (status = 404, body = ErrorBody)))]
 pub async fn delete_sandbox(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteSandboxQuery>,
 ) -> ApiResult<Json<DeleteSandboxResponse>> {
@@ -274,14 +274,14 @@ pub async fn delete_sandbox(
 /// Starts a stopped sandbox from its filesystem state.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
-pub async fn start_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+pub async fn start_sandbox(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(detached(async move { e.start_sandbox(&id).await }).await?))
 }
 
 /// Stops a sandbox's processes; its filesystem stays.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
-pub async fn stop_sandbox(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
+pub async fn stop_sandbox(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(detached(async move { e.stop_sandbox(&id).await }).await?))
 }
 
@@ -319,7 +319,7 @@ pub struct ExecQuery {
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 413, description = "payload_too_large: a JSON body over 64 MiB (stream stdin instead)", body = ErrorBody)))]
 pub async fn exec(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<ExecQuery>,
     body: Request,
@@ -364,7 +364,7 @@ pub struct EncodingQuery {
 /// Lists the processes started through the API (`background: true`).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "exec", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
-pub async fn list_processes(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ProcessList>> {
+pub async fn list_processes(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<ProcessList>> {
     Ok(Json(e.processes(&id).await?))
 }
 
@@ -374,7 +374,7 @@ pub async fn list_processes(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiRes
            EncodingQuery),
     responses((status = 200, body = ProcessOutput), (status = 404, body = ErrorBody)))]
 pub async fn process_output(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath((id, pid)): ApiPath<(String, i32)>,
     ApiQuery(q): ApiQuery<EncodingQuery>,
 ) -> ApiResult<Json<ProcessOutput>> {
@@ -394,7 +394,7 @@ pub struct KillQuery {
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Pid inside the sandbox"), KillQuery),
     responses((status = 204, description = "Signal sent"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn kill_process(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath((id, pid)): ApiPath<(String, i32)>,
     ApiQuery(q): ApiQuery<KillQuery>,
 ) -> ApiResult<StatusCode> {
@@ -409,7 +409,7 @@ pub async fn kill_process(
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 201, body = SessionInfo), (status = 404, body = ErrorBody)))]
 pub async fn create_session(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CreateSessionRequest>,
 ) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
@@ -420,7 +420,7 @@ pub async fn create_session(
 /// Lists a sandbox's sessions.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/sessions", tag = "sessions", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = SessionList), (status = 404, body = ErrorBody)))]
-pub async fn list_sessions(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SessionList>> {
+pub async fn list_sessions(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SessionList>> {
     Ok(Json(e.list_sessions(&id).await?))
 }
 
@@ -430,7 +430,7 @@ pub async fn list_sessions(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResu
            EncodingQuery),
     responses((status = 200, body = SessionRunResponse), (status = 404, body = ErrorBody)))]
 pub async fn session_run(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath((id, sid)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<EncodingQuery>,
     ApiJson(req): ApiJson<SessionRunRequest>,
@@ -442,7 +442,10 @@ pub async fn session_run(
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/sessions/{sid}", tag = "sessions",
     params(("id" = String, Path, description = "Sandbox id"), ("sid" = String, Path, description = "Session id")),
     responses((status = 204, description = "Closed"), (status = 404, body = ErrorBody)))]
-pub async fn close_session(Eng(e): Eng, ApiPath((id, sid)): ApiPath<(String, String)>) -> ApiResult<StatusCode> {
+pub async fn close_session(
+    EngineState(e): EngineState,
+    ApiPath((id, sid)): ApiPath<(String, String)>,
+) -> ApiResult<StatusCode> {
     e.close_session(&id, &sid).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -457,7 +460,7 @@ pub async fn close_session(Eng(e): Eng, ApiPath((id, sid)): ApiPath<(String, Str
     responses((status = 101, description = "Switching to the websocket protocol"),
               (status = 400, description = "Not a websocket request", body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn attach_session(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath((id, sid)): ApiPath<(String, String)>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
@@ -474,7 +477,7 @@ pub async fn attach_session(
     responses((status = 201, body = CheckpointResponse), (status = 404, body = ErrorBody),
               (status = 504, description = "freeze_timeout", body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn create_checkpoint(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiJsonOrDefault(req): ApiJsonOrDefault<CheckpointRequest>,
 ) -> ApiResult<(StatusCode, Json<CheckpointResponse>)> {
@@ -484,7 +487,10 @@ pub async fn create_checkpoint(
 /// The checkpoint tree of one sandbox.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = CheckpointList), (status = 404, body = ErrorBody)))]
-pub async fn sandbox_checkpoints(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<CheckpointList>> {
+pub async fn sandbox_checkpoints(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<CheckpointList>> {
     Ok(Json(e.list_checkpoints(Some(&id)).await?))
 }
 
@@ -493,7 +499,7 @@ pub async fn sandbox_checkpoints(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> A
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = RollbackResponse), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn rollback(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RollbackRequest>,
 ) -> ApiResult<Json<RollbackResponse>> {
@@ -502,14 +508,17 @@ pub async fn rollback(
 
 /// Every checkpoint, as a forest (parents first).
 #[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = CheckpointList)))]
-pub async fn list_checkpoints(Eng(e): Eng) -> ApiResult<Json<CheckpointList>> {
+pub async fn list_checkpoints(EngineState(e): EngineState) -> ApiResult<Json<CheckpointList>> {
     Ok(Json(e.list_checkpoints(None).await?))
 }
 
 /// Describes a checkpoint.
 #[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id")),
     responses((status = 200, body = CheckpointInfo), (status = 404, body = ErrorBody)))]
-pub async fn get_checkpoint(Eng(e): Eng, ApiPath(id): ApiPath<String>) -> ApiResult<Json<CheckpointInfo>> {
+pub async fn get_checkpoint(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<CheckpointInfo>> {
     Ok(Json(e.get_checkpoint(&id).await?))
 }
 
@@ -526,7 +535,7 @@ pub struct DeleteCheckpointQuery {
     params(("id" = String, Path, description = "Checkpoint id"), DeleteCheckpointQuery),
     responses((status = 200, body = DeleteCheckpointResponse), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn delete_checkpoint(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteCheckpointQuery>,
 ) -> ApiResult<Json<DeleteCheckpointResponse>> {
@@ -538,7 +547,7 @@ pub async fn delete_checkpoint(
     params(("id" = String, Path, description = "Checkpoint id")),
     responses((status = 200, body = ForkResponse), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn fork(
-    Eng(e): Eng,
+    EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> ApiResult<Json<ForkResponse>> {
@@ -549,7 +558,7 @@ pub async fn fork(
 
 /// Lists images.
 #[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = ImageList)))]
-pub async fn list_images(Eng(e): Eng) -> ApiResult<Json<ImageList>> {
+pub async fn list_images(EngineState(e): EngineState) -> ApiResult<Json<ImageList>> {
     Ok(Json(e.images().await?))
 }
 
@@ -558,7 +567,10 @@ pub async fn list_images(Eng(e): Eng) -> ApiResult<Json<ImageList>> {
     responses((status = 200, description = "One `ImportEvent` per line: `progress`…, then `done` or `error`",
                   body = ImportEvent, content_type = "application/x-ndjson"),
               (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn import_image(Eng(e): Eng, ApiJson(req): ApiJson<ImportImageRequest>) -> ApiResult<Response> {
+pub async fn import_image(
+    EngineState(e): EngineState,
+    ApiJson(req): ApiJson<ImportImageRequest>,
+) -> ApiResult<Response> {
     let (tx, mut rx) = mpsc::channel(256);
     let done = tx.clone();
     tokio::spawn(async move {
@@ -579,7 +591,7 @@ pub async fn import_image(Eng(e): Eng, ApiJson(req): ApiJson<ImportImageRequest>
 /// Deletes an image no sandbox or checkpoint uses.
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name")),
     responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn delete_image(Eng(e): Eng, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
+pub async fn delete_image(EngineState(e): EngineState, ApiPath(name): ApiPath<String>) -> ApiResult<StatusCode> {
     e.delete_image(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

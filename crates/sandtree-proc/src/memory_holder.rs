@@ -1,4 +1,4 @@
-//! mm holders: keeping a killed process's memory teardown out of a
+//! Memory holders: keeping a killed process's memory teardown out of a
 //! rollback's way.
 //!
 //! A rollback must kill the running copy of a process before it can give

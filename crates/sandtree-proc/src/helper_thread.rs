@@ -1,4 +1,4 @@
-//! Work beside the tracer thread, on the other CPU, on a thread kept
+//! The helper thread: work beside the tracer thread, on the other CPU, on a thread kept
 //! between operations.
 //!
 //! An incremental template's checks, scan and read run on another thread
