@@ -57,6 +57,7 @@
 //! was (`MADV_DONTFORK`, `MADV_WIPEONFORK`, `MADV_HUGEPAGE`); a restored
 //! process then has its previous checkpoint's.
 
+use crate::stats::{Counter, Instruments};
 use crate::track::{Delta, PreviousTemplate};
 use std::collections::HashSet;
 use std::io;
@@ -140,6 +141,8 @@ pub(crate) struct Base {
     /// `None` when the image holds state that moves on by itself (armed
     /// interval timers) or more threads than one.
     pub quiet: Option<Quiet>,
+    /// The engine's counters and test switches.
+    pub instruments: std::sync::Arc<Instruments>,
 }
 
 /// What the image of the previous template says of a process that ran no
@@ -194,13 +197,14 @@ impl Base {
         if self.standby.is_none()
             && let Some((mut tpl, mut f)) = self.forking.take()
         {
-            let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
+            let hold = self.instruments.switches.holding_standby_forks();
             match (if hold { None } else { f.poll(&mut tpl) }, f.ns_pid()) {
                 (Some(done), _) => return done.map(TakenStandby::Ready),
                 (None, Some(ns_pid)) => {
-                    LATER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.instruments.count(Counter::FromForksUnderWay, 1);
                     let from = tpl.tid;
-                    return Ok(TakenStandby::Forking(ForkingStandby(Some((tpl, f))), ns_pid, from));
+                    let standby = ForkingStandby(Some((tpl, f)), self.instruments.clone());
+                    return Ok(TakenStandby::Forking(standby, ns_pid, from));
                 }
                 (None, None) => self.forking = Some((tpl, f)),
             }
@@ -224,7 +228,7 @@ impl Base {
 /// (`checkpoint::resolve_later`): the wait overlaps the agent's next step
 /// instead of the checkpoint. A fork that fails then drops the
 /// checkpoint's templates, as a failed write of its pages does.
-pub(crate) struct ForkingStandby(Option<(Tracee, crate::standby::Forking)>);
+pub(crate) struct ForkingStandby(Option<(Tracee, crate::standby::Forking)>, std::sync::Arc<Instruments>);
 
 impl ForkingStandby {
     /// Wait for the standby.
@@ -234,25 +238,13 @@ impl ForkingStandby {
             None => Err(Error::Died { pid: 0, how: "its standby is gone".into() }),
         };
         match made {
-            Ok(s) if LOSE_NEXT.swap(false, std::sync::atomic::Ordering::Relaxed) => {
+            Ok(s) if self.1.switches.take_lose_next_standby() => {
                 kill_tracee(s.host);
                 Err(Error::Died { pid: s.host, how: "lost on purpose (lose_next_standby_taken_while_forking)".into() })
             }
             made => made,
         }
     }
-}
-
-/// The next [`ForkingStandby`]'s standby is lost once forked ([`lose_next_standby_taken_while_forking`]).
-static LOSE_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// For tests: the next standby a checkpoint takes while it is still being
-/// forked ([`ForkingStandby`]) dies once its fork ends, after the checkpoint's
-/// reply, as one whose fork failed would: the checkpoint's templates are
-/// dropped (it shows as evicted), the template that stood in for it is
-/// not (`false`: no longer, if none was taken). Process-wide.
-pub fn lose_next_standby_taken_while_forking(on: bool) {
-    LOSE_NEXT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Drop for ForkingStandby {
@@ -263,30 +255,6 @@ impl Drop for ForkingStandby {
             kill_tracee(s.host);
         }
     }
-}
-
-/// Checkpoints that took a standby still being forked ([`ForkingStandby`]), since
-/// the daemon started.
-static LATER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Templates of tracked processes made from a standby whose fork was still
-/// under way when their checkpoint took it ([`ForkingStandby`]: the window did not
-/// wait for it), since the start: for the bench's report and the tests.
-pub fn templates_from_forks_under_way() -> u64 {
-    LATER.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Standby forks of the templates checkpoints start from are left
-/// uncollected between operations ([`hold_standby_forks`]).
-pub(crate) static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// For tests: the standby fork of a template a tracked process's next
-/// checkpoint starts from is not collected between operations, even once
-/// it is done, and the checkpoint takes it as if it were still under way
-/// ([`ForkingStandby`]). The path then does not hang on the timing of forks.
-/// Process-wide.
-pub fn hold_standby_forks(on: bool) {
-    HOLD.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Drop for Base {
@@ -563,6 +531,7 @@ pub(crate) fn patch<B>(
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let host = s.host;
     let t0 = std::time::Instant::now();
+    let instruments = base.instruments.clone();
     // Registers and FPU state as they were: if no page was written either,
     // the process ran no code since (see the module docs).
     // (Else the scan and the FPU state, read already, serve below.)
@@ -715,7 +684,7 @@ pub(crate) fn patch<B>(
             }
             copying = match (&mine, lender.take(), room.get()) {
                 (Ok(_), Some(h), Some(&room)) if to_file.load(Ordering::Acquire) => {
-                    Some(Copying { h, room, run: None, saved: None })
+                    Some(Copying { h, room, run: None, saved: None, instruments: &instruments })
                 }
                 _ => None,
             };
@@ -916,7 +885,7 @@ fn patch_quiet<B>(
             return Ok((None, fds, pre));
         }
     };
-    QUIET.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    base.instruments.count(Counter::QuietTemplates, 1);
     tracing::debug!(
         pid = s.ns_pid,
         took = ?t0.elapsed(),
@@ -986,53 +955,6 @@ fn as_they_were(host: i32, template: i32, written: &[(u64, u64)], rseq: Rseq) ->
     now.iter().zip(&then).enumerate().all(|(i, (x, y))| x == y || refreshed.iter().any(|r| r.contains(&i)))
 }
 
-/// Templates made for processes that ran no code since their previous one
-/// ([`patch_quiet`]), since the daemon started.
-static QUIET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Templates of processes that ran no code since their previous
-/// checkpoint, made from its standby without a copy or an injected call,
-/// since the start: for the bench's report, and the tests that the path
-/// is taken.
-pub fn quiet_templates() -> u64 {
-    QUIET.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Checkpoints that started from the standby of the template before the
-/// previous one ([`OlderStandby`]), since the daemon started.
-pub(crate) static FROM_PREV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Checkpoints of tracked processes that started from the standby of the
-/// template before the previous one ([`OlderStandby`]: the previous one's was
-/// not forked yet), since the start: for the bench's report and the tests.
-pub fn templates_from_prev() -> u64 {
-    FROM_PREV.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Checkpoints start from the standby of the template before the previous
-/// one whenever it is ready ([`prefer_older_standbys`]).
-pub(crate) static PREFER_PREV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// For tests: every checkpoint of a tracked process starts from the
-/// standby of the template before the previous one when that one is ready
-/// ([`OlderStandby`]), even if the previous template's is (which it takes
-/// otherwise), and the former's standby is made again first. The path then
-/// does not hang on the timing of forks. Process-wide.
-pub fn prefer_older_standbys(on: bool) {
-    PREFER_PREV.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Pages that holders copied in frozen windows, since the daemon started.
-static HOLDER_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Pages of tracked processes that their holders copied in checkpoints'
-/// frozen windows since the start (the others were read with
-/// `process_vm_readv`): for the bench's report, and the tests that the
-/// path is taken.
-pub fn pages_copied_by_holders() -> u64 {
-    HOLDER_PAGES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// A holder's page file grows to this at most (a 1 GB process may write
 /// a 16th of its pages before a checkpoint forks it instead: the rest is
 /// read from the daemon).
@@ -1053,6 +975,8 @@ struct Copying<'c> {
     /// What the lists of runs wrote over, from the address given up to
     /// the room's end: put back once the copy is done.
     saved: Option<(u64, Vec<u8>)>,
+    /// Where the pages copied are counted.
+    instruments: &'c Instruments,
 }
 
 /// One `pwritev` of the holder: its jobs' runs, contiguous in the page
@@ -1148,7 +1072,7 @@ impl Copying<'_> {
         match out {
             Ok(n) if n == r.bytes as i64 => {
                 tracing::debug!(holder = self.h.tracee.tid, bytes = r.bytes, took = ?r.t0.elapsed(), "pages copied by the holder");
-                HOLDER_PAGES.fetch_add((r.bytes / 4096) as u64, std::sync::atomic::Ordering::Relaxed);
+                self.instruments.count(Counter::PagesCopiedByHolders, (r.bytes / 4096) as u64);
                 q.retain(|j| !(j.taken && r.jobs.contains(&(j.at, j.out.len()))));
                 Some(r.bytes)
             }

@@ -81,6 +81,7 @@ mod reap;
 mod restore;
 mod sockdiag;
 mod standby;
+mod stats;
 mod stop;
 mod template;
 mod tracer;
@@ -90,16 +91,12 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use checkpoint::CaptureReport;
-pub use incremental::{
-    hold_standby_forks, lose_next_standby_taken_while_forking, pages_copied_by_holders, prefer_older_standbys,
-    quiet_templates, templates_from_forks_under_way, templates_from_prev,
-};
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
+pub use stats::{Instruments, ProcessStats, TestSwitches};
 pub use stop::StopReport;
 pub use tracer::{
     Captured, Cloning, Copied, LayeredEnd, OpGuard, Released, RollbackPlan, Started, StopAndClone, Stopped, Tracer,
-    moved_early,
 };
 
 /// Errors of the process engine.

@@ -64,6 +64,8 @@ pub(crate) struct State {
     /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
     /// there.
     placement: crate::cgroup::PoolPlacement,
+    /// The engine's counters and test switches (`stats.rs`).
+    instruments: Arc<crate::stats::Instruments>,
 }
 
 /// A job's result to come from the tracer thread.
@@ -292,18 +294,6 @@ impl<R> Started<R> {
     }
 }
 
-/// Checkpoints whose processes but the largest moved to the staged tree
-/// while the largest one's copy ran ([`Tracer::stop_and_clone`]).
-static MOVED_EARLY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Checkpoints since the start whose processes but the largest moved to
-/// the staged tree while the largest one was copied (the checkpoint is
-/// layered, or they moved back when it became a snapshot): for the tests
-/// that the path is taken.
-pub fn moved_early() -> u64 {
-    MOVED_EARLY.load(Ordering::Relaxed)
-}
-
 /// `checkpoint::clone_all`, and whether every process stopped kept its
 /// template.
 fn clone_all_kept(
@@ -329,6 +319,7 @@ impl State {
             init_host: self.init_host,
             mounts: &self.mounts,
             incremental_min_rss: self.incremental_min_rss,
+            instruments: &self.instruments,
         }
     }
 
@@ -344,7 +335,7 @@ impl State {
         with_init: bool,
     ) -> Result<StopReport> {
         self.stops.settle_lingering();
-        self.pool.forks_to_background(&self.tracking, true);
+        self.pool.forks_to_background(&self.tracking, &self.instruments.switches, true);
         self.init_host = init_host;
         let kept: std::collections::HashSet<i32> = self.kept_hosts().into_iter().collect();
         self.stops.stop(list, (init_host, &kept), best_effort, timeout, with_init)
@@ -447,10 +438,12 @@ impl Drop for Tracer {
 impl Tracer {
     /// Start the thread. Processes with `incremental_min_rss` resident
     /// bytes or more get their pages written tracked and incremental
-    /// templates (`None`: no process does).
+    /// templates (`None`: no process does). `instruments` counts what it
+    /// does and holds the switches tests set (shared by an engine's tracers).
     pub fn start(
         incremental_min_rss: Option<u64>,
         cgroup: Option<crate::cgroup::PoolCgroup>,
+        instruments: Arc<crate::stats::Instruments>,
     ) -> std::io::Result<Tracer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
@@ -459,7 +452,7 @@ impl Tracer {
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let placement = crate::cgroup::PoolPlacement::new(cgroup);
-            let mut st = State { ops: thread_ops, incremental_min_rss, placement, ..Default::default() };
+            let mut st = State { ops: thread_ops, incremental_min_rss, placement, instruments, ..Default::default() };
             crate::inject::pin_tracer_thread();
             // Whether a job ran since the mount table was last looked at
             // (a swap changes it), and when holders were last looked at.
@@ -506,7 +499,7 @@ impl Tracer {
                         if idle && st.stops.is_empty() && st.cloned.is_empty() {
                             let others: Vec<i32> =
                                 st.holders.iter().map(|h| h.ns_pid).chain(st.dying.iter().map(|d| d.ns_pid)).collect();
-                            match st.pool.tend_standbys(&st.tracking, &others) {
+                            match st.pool.tend_standbys(&st.tracking, &others, &st.instruments.switches) {
                                 crate::pool::StandbyWork::Worked => continue,
                                 crate::pool::StandbyWork::Forking => forking = true,
                                 crate::pool::StandbyWork::Idle => {}
@@ -670,7 +663,7 @@ impl Tracer {
                         if let Some(at) = &stage {
                             match crate::repoint::open(st, at) {
                                 Ok(()) => {
-                                    MOVED_EARLY.fetch_add(1, Ordering::Relaxed);
+                                    st.instruments.count(crate::stats::Counter::MovedEarly, 1);
                                     tracing::debug!(moved = st.repointed.len(), "moved while the copy runs");
                                 }
                                 Err(e) => {
@@ -807,7 +800,7 @@ impl Tracer {
         let ck = ck.to_string();
         self.queue(move |st| {
             st.pool.finish_pending(&mut st.tracking, &mut st.holders);
-            st.pool.forks_to_background(&st.tracking, false);
+            st.pool.forks_to_background(&st.tracking, &st.instruments.switches, false);
             // Before init lists the sandbox's cgroup to kill.
             st.sweep();
             if let Some(set) = st.pool.get_mut(&ck) {

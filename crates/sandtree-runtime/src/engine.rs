@@ -59,6 +59,8 @@ pub struct Engine {
     /// Process tracers (and their templates) by sandbox id; one belongs to
     /// one init: a new init (boot) or none (halt) drops it.
     pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
+    /// What the tracers count, and the switches tests set (shared by all).
+    pub(crate) instruments: Arc<sandtree_proc::Instruments>,
     /// Sandboxes with a template eviction pending or running, and whether
     /// a checkpoint since its measurement began asks for another run.
     pub(crate) evicting: Mutex<std::collections::HashMap<String, bool>>,
@@ -126,6 +128,7 @@ impl Engine {
             reaper,
             spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
             tracers: Mutex::new(HashMap::new()),
+            instruments: Default::default(),
             evicting: Mutex::new(Default::default()),
             squashing: Mutex::new(Default::default()),
             nexts: Default::default(),
@@ -198,13 +201,24 @@ impl Engine {
     }
 
     /// The tracer of a running sandbox (started on first use).
+    /// What the process engine counted since this engine started
+    /// (templates made each way, pages copied by holders, ...).
+    pub fn process_stats(&self) -> sandtree_proc::ProcessStats {
+        self.instruments.stats()
+    }
+
+    /// Switches that force the process engine's rare paths, for tests.
+    pub fn test_switches(&self) -> &sandtree_proc::TestSwitches {
+        &self.instruments.switches
+    }
+
     pub(crate) fn tracer(&self, id: &str) -> Result<Arc<sandtree_proc::Tracer>> {
         let mut tracers = self.tracers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = tracers.get(id) {
             return Ok(t.clone());
         }
         let t = Arc::new(
-            sandtree_proc::Tracer::start(self.cfg.incremental_min_rss, self.pool_cgroup(id))
+            sandtree_proc::Tracer::start(self.cfg.incremental_min_rss, self.pool_cgroup(id), self.instruments.clone())
                 .map_err(|e| Error::Internal(format!("start the tracer thread: {e}")))?,
         );
         tracers.insert(id.to_string(), t.clone());

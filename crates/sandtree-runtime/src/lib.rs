@@ -50,10 +50,7 @@ pub use config::Config;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandbox_exec::{ExecIo, encode_output};
-pub use sandtree_proc::{
-    hold_standby_forks, lose_next_standby_taken_while_forking, moved_early, pages_copied_by_holders,
-    prefer_older_standbys, quiet_templates, templates_from_forks_under_way, templates_from_prev,
-};
+pub use sandtree_proc::{ProcessStats, TestSwitches};
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{
     Backend, Cgroup, HostConfig, INIT_NAME, Limits as CgroupLimits, StdinSender, StdinStream, Zygote, cgroup,

@@ -1020,7 +1020,7 @@ fn long_chain_of_checkpoints_restores_each(e: &Engine) -> CaseFuture<'_> {
         // Its holder copied the pages written in the frozen windows (or
         // this test would not see that path): not all through
         // process_vm_readv.
-        let by_holders = sandtree_proc::pages_copied_by_holders();
+        let by_holders = e.process_stats().pages_copied_by_holders;
         ensure!(by_holders >= 1000, "holders copied {by_holders} pages in 19 checkpoints");
         // The sum the process computes after step k, by the same writes.
         let expected = |k: u64| {
@@ -1083,7 +1083,7 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
             }
         };
         ensure!(send("inc").await? == "1", "first count");
-        let before = sandtree_proc::quiet_templates();
+        let before = e.process_stats().quiet_templates;
         let mut cks = Vec::new();
         for _ in 0..3 {
             // (Standbys are made between operations.)
@@ -1092,7 +1092,7 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
             ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Captured, "{r:?}");
             cks.push(r.checkpoint.id);
         }
-        let quiet = sandtree_proc::quiet_templates() - before;
+        let quiet = e.process_stats().quiet_templates - before;
         ensure!(quiet >= 2, "{quiet} of 3 checkpoints of an idle process made its template from a standby");
         ensure!(send("inc").await? == "2", "count after the checkpoints");
         for ck in [&cks[2], &cks[1], &cks[0], &cks[2]] {
@@ -1177,7 +1177,7 @@ async fn arm_round(e: &Engine, sb: &str, round: usize, (undo, arm): (&str, &str)
     let ck = checkpoint(e, sb).await?;
     ensure!(layer_of(e, &ck)?.starts_with("sandboxes/"), "round {round}: not layered: {}", layer_of(e, &ck)?);
     ensure!(binder(e, sb, arm).await? == format!("{arm} {size}"), "{arm}");
-    Ok(sandtree_runtime::moved_early())
+    Ok(e.process_stats().moved_early)
 }
 
 /// [`PONGER`]'s answer to a ping: its cwd.
@@ -1234,7 +1234,7 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
             );
             ensure!(ping(e, &sb).await? == "/root/d", "round {round}: the small process lost its cwd");
             fallbacks.push(ck);
-            if sandtree_runtime::moved_early() > before {
+            if e.process_stats().moved_early > before {
                 went_back = true;
                 break;
             }
@@ -1268,7 +1268,7 @@ fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
             let Err(err) = refused else { anyhow::bail!("round {round}: a descriptor in flight was checkpointed") };
             ensure!(err.to_string().contains("in flight"), "round {round}: {err}");
             ensure!(ping(e, &sb).await? == "/root/d", "round {round}: the small process lost its cwd");
-            if sandtree_runtime::moved_early() > before {
+            if e.process_stats().moved_early > before {
                 went_back = true;
                 break;
             }

@@ -628,7 +628,7 @@ serve(handle)
 /// to fork: each finds the previous template's standby still being forked
 /// (the fork, and the child it makes in the sandbox, run beside the
 /// checkpoint, `holder.rs`), and takes it once it is done, or starts from
-/// the standby of the template before (`incremental::Extra`: the pages the
+/// the standby of the template before (`incremental::OlderStandby`: the pages the
 /// step before wrote are read from the previous template); every
 /// checkpoint's memory comes back exactly, the pages each step wrote and
 /// the ones it left as the step before wrote them.
@@ -638,17 +638,17 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
         w.checkpoint(e).await?;
         sleep_ms(500).await;
         let (from_prev, later) =
-            (sandtree_runtime::templates_from_prev(), sandtree_runtime::templates_from_forks_under_way());
+            (e.process_stats().templates_from_older_standbys, e.process_stats().templates_from_forks_under_way);
         let mut taken = Vec::new();
         for k in 1..=8 {
             w.ask(e, "dirty").await?;
             // At once: no pause for the standby.
             taken.push((w.checkpoint_now(e).await?, k));
         }
-        let later = sandtree_runtime::templates_from_forks_under_way() - later;
+        let later = e.process_stats().templates_from_forks_under_way - later;
         println!(
             "  {} of 8 checkpoints started from the standby of the template before the previous one, {later} took a standby still being forked",
-            sandtree_runtime::templates_from_prev() - from_prev
+            e.process_stats().templates_from_older_standbys - from_prev
         );
         let mut c = Checks::default();
         for (ck, k) in taken.iter().rev() {
@@ -661,7 +661,7 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
 }
 
 /// Checkpoints that take their previous template's standby while its fork
-/// is (as far as they know) still under way (`incremental::Later`; made
+/// is (as far as they know) still under way (`incremental::ForkingStandby`; made
 /// certain by `hold_standby_forks`): the frozen window does not wait for
 /// it, the template stands in for its standby until the tracer collects
 /// the fork after the reply. Every checkpoint's memory comes back exactly,
@@ -669,10 +669,10 @@ fn checkpoints_while_standbys_fork(e: &Engine) -> CaseFuture<'_> {
 /// from the standbys so taken.
 fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _hold = Switch::on(sandtree_runtime::hold_standby_forks);
+        let _hold = Switch::on(e, sandtree_runtime::TestSwitches::hold_standby_forks);
         let w = Workload::start_python(e, BIG_PY).await?;
         w.checkpoint(e).await?;
-        let later = sandtree_runtime::templates_from_forks_under_way();
+        let later = e.process_stats().templates_from_forks_under_way;
         let mut taken = Vec::new();
         for k in 1..=6 {
             w.ask(e, "dirty").await?;
@@ -685,7 +685,7 @@ fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
                 e.delete_checkpoint(&ck3, true).await.context("delete checkpoint 3")?;
             }
         }
-        let later = sandtree_runtime::templates_from_forks_under_way() - later;
+        let later = e.process_stats().templates_from_forks_under_way - later;
         let mut c = Checks::default();
         c.that(later >= 5, || format!("{later} of 6 checkpoints took a standby still being forked"));
         let mut order: Vec<&(String, usize)> = taken.iter().rev().collect();
@@ -712,15 +712,15 @@ fn standbys_taken_while_forking(e: &Engine) -> CaseFuture<'_> {
 /// checkpoint bring the memory back exactly.
 fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _hold = Switch::on(sandtree_runtime::hold_standby_forks);
+        let _hold = Switch::on(e, sandtree_runtime::TestSwitches::hold_standby_forks);
         let w = Workload::start_python(e, BIG_PY).await?;
         let ck0 = w.checkpoint(e).await?;
         w.ask(e, "dirty").await?;
         sleep_ms(300).await;
-        let later = sandtree_runtime::templates_from_forks_under_way();
-        sandtree_runtime::lose_next_standby_taken_while_forking(true);
+        let later = e.process_stats().templates_from_forks_under_way;
+        e.test_switches().lose_next_standby_taken_while_forking(true);
         let ck1 = w.checkpoint_now(e).await;
-        let taken = sandtree_runtime::templates_from_forks_under_way() - later;
+        let taken = e.process_stats().templates_from_forks_under_way - later;
         // (The tracer collects the fork after the reply, before its next
         // job: the next checkpoint's.)
         let both = async {
@@ -730,7 +730,7 @@ fn standby_lost_after_the_reply(e: &Engine) -> CaseFuture<'_> {
             Ok::<_, anyhow::Error>((ck1, w.checkpoint_now(e).await?))
         }
         .await;
-        sandtree_runtime::lose_next_standby_taken_while_forking(false);
+        e.test_switches().lose_next_standby_taken_while_forking(false);
         let (ck1, ck2) = both?;
         let mut c = Checks::default();
         c.that(taken == 1, || format!("{taken} checkpoints took a standby still being forked, want 1"));
@@ -810,23 +810,23 @@ serve(handle)
 
 /// A process-wide test switch of the engine (`prefer_older_standbys`,
 /// `hold_standby_forks`), on for as long as this lives.
-struct Switch(fn(bool));
+struct Switch<'e>(&'e sandtree_runtime::TestSwitches, fn(&sandtree_runtime::TestSwitches, bool));
 
-impl Switch {
-    fn on(set: fn(bool)) -> Switch {
-        set(true);
-        Switch(set)
+impl<'e> Switch<'e> {
+    fn on(e: &'e Engine, set: fn(&sandtree_runtime::TestSwitches, bool)) -> Switch<'e> {
+        set(e.test_switches(), true);
+        Switch(e.test_switches(), set)
     }
 }
 
-impl Drop for Switch {
+impl Drop for Switch<'_> {
     fn drop(&mut self) {
-        (self.0)(false);
+        (self.1)(self.0, false);
     }
 }
 
 /// Templates made from the standby of the template before the previous one
-/// (`incremental::Extra`, taken here whenever it is ready): the previous
+/// (`incremental::OlderStandby`, taken here whenever it is ready): the previous
 /// template's changes (the pages the step before wrote, read from it, and
 /// the pages it dropped) go into the standby before the checkpoint's own.
 /// Every checkpoint's memory comes back exactly: pages each step wrote,
@@ -835,11 +835,11 @@ impl Drop for Switch {
 /// one whose previous checkpoint was deleted right after it was made.
 fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        let _prefer = Switch::on(sandtree_runtime::prefer_older_standbys);
+        let _prefer = Switch::on(e, sandtree_runtime::TestSwitches::prefer_older_standbys);
         let w = Workload::start_python(e, OLDER_STANDBY_PY).await?;
         w.checkpoint(e).await?;
         sleep_ms(300).await;
-        let from_prev = sandtree_runtime::templates_from_prev();
+        let from_prev = e.process_stats().templates_from_older_standbys;
         let mut taken = Vec::new();
         for k in 1..=8 {
             w.ask(e, "dirty").await?;
@@ -853,7 +853,7 @@ fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
             // (The pages written into the templates, and the standbys forked.)
             sleep_ms(200).await;
         }
-        let used = sandtree_runtime::templates_from_prev() - from_prev;
+        let used = e.process_stats().templates_from_older_standbys - from_prev;
         let mut c = Checks::default();
         // From the second on: the first's previous template was a fork.
         c.that(used >= 6, || format!("{used} of 8 checkpoints started from the older standby"));

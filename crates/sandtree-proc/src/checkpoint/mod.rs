@@ -55,6 +55,8 @@ pub(crate) struct Parts<'a> {
     pub mounts: &'a procfs::MountCache,
     /// Processes this large (resident bytes) or more are tracked.
     pub incremental_min_rss: Option<u64>,
+    /// The engine's counters and test switches.
+    pub instruments: &'a std::sync::Arc<crate::stats::Instruments>,
 }
 
 impl Parts<'_> {
@@ -227,14 +229,14 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         // template's or the one before's), which ends beside the read,
         // sooner than a fork of the process would.
         // (Only for a large process: see `incremental::OLDER_STANDBY_MIN_RSS`.)
-        let prefer = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed);
+        let prefer = st.instruments.switches.preferring_older_standbys();
         let prev = prev.filter(|_| prefer || resident * 4096 >= crate::incremental::OLDER_STANDBY_MIN_RSS);
         let (prev_ready, base_state) = (prev.as_ref().and_then(|(p, _)| ready(st, p)), ready(st, &id));
         let prefer_prev = prefer && prev_ready.is_some_and(|(r, _)| r);
         // (Behind matters only to a process that can take the older standby.)
         let can_older = prev.is_some();
         // (A test's: `incremental::hold_standby_forks`.)
-        let hold = crate::incremental::HOLD.load(std::sync::atomic::Ordering::Relaxed);
+        let hold = st.instruments.switches.holding_standby_forks();
         let (from, extra, waits) = match (base_state, prev) {
             (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
             (Some((_, true)), _) if hold => (id.clone(), None, true),
@@ -280,7 +282,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
             .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
         if extra.is_some() {
             tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
-            crate::incremental::FROM_PREV.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            st.instruments.count(crate::stats::Counter::FromOlderStandbys, 1);
         }
         let fd_flags = extra.is_none().then(|| t.image.fds.iter().map(|f| (f.fd, f.flags)).collect());
         Some(crate::incremental::Base {
@@ -296,6 +298,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
             rseq: t.image.rseq,
             generation: t.generation,
             quiet,
+            instruments: st.instruments.clone(),
         })
     });
     let tracking = tracking.map(|mut t| {

@@ -2,6 +2,7 @@
 //! (`standby.rs`): one fork at a time, between operations.
 
 use crate::standby::Forking;
+use crate::stats::TestSwitches;
 use crate::track::Trackings;
 
 use super::Pool;
@@ -27,11 +28,16 @@ impl Pool {
     /// template's pages are being written, no other fork starts (the base's,
     /// which the next checkpoint needs, would wait for it). The tracer calls it
     /// between operations.
-    pub(crate) fn tend_standbys(&mut self, tracking: &Trackings, others_taken: &[i32]) -> StandbyWork {
+    pub(crate) fn tend_standbys(
+        &mut self,
+        tracking: &Trackings,
+        others_taken: &[i32],
+        switches: &TestSwitches,
+    ) -> StandbyWork {
         let st = self;
         let mut under_way = false;
         // (A test's: `incremental::hold_standby_forks`.)
-        let held: Vec<i32> = match crate::incremental::HOLD.load(std::sync::atomic::Ordering::Relaxed) {
+        let held: Vec<i32> = match switches.holding_standby_forks() {
             true => tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect(),
             false => Vec::new(),
         };
@@ -51,7 +57,7 @@ impl Pool {
         if under_way {
             return StandbyWork::Forking;
         }
-        let bases = st.base_hosts(tracking);
+        let bases = st.base_hosts(tracking, switches);
         let writing =
             st.checkpoints.values().flat_map(|c| &c.templates).any(|t| t.to_write.is_some() && bases.contains(&t.host));
         let Some((ck, i)) = st
@@ -87,11 +93,11 @@ impl Pool {
     /// when the last checkpoint was *behind*, `Tracking::behind`: else its
     /// fork would double the forks of large processes, and the base's, a
     /// 1 GB one's 10-20 ms, would wait for it.)
-    fn base_hosts(&self, tracking: &Trackings) -> Vec<i32> {
+    fn base_hosts(&self, tracking: &Trackings, switches: &TestSwitches) -> Vec<i32> {
         let st = self;
         let taken = |id: &(String, i32)| st.template(id).is_none_or(|t| t.standby_taken);
         let prev = |t: &crate::track::Tracking| {
-            let always = crate::incremental::PREFER_PREV.load(std::sync::atomic::Ordering::Relaxed);
+            let always = switches.preferring_older_standbys();
             t.prev.as_ref().filter(|(id, _)| always || t.behind || !taken(id)).map(|((_, host), _)| *host)
         };
         tracking.values().flat_map(|t| [t.base.as_ref().map(|b| b.1), prev(t)]).flatten().collect()
@@ -104,9 +110,9 @@ impl Pool {
     /// takes. (They run off the tracer's CPU, where every call of a restore or
     /// a capture is injected, from their start: `Template::start_standby`. A 1 GB fork there
     /// made a 0.3 ms restore take 3-6 ms.)
-    pub(crate) fn forks_to_background(&self, tracking: &Trackings, spare_bases: bool) {
+    pub(crate) fn forks_to_background(&self, tracking: &Trackings, switches: &TestSwitches, spare_bases: bool) {
         let st = self;
-        let bases = if spare_bases { st.base_hosts(tracking) } else { Vec::new() };
+        let bases = if spare_bases { st.base_hosts(tracking, switches) } else { Vec::new() };
         for t in st.checkpoints.values().flat_map(|c| &c.templates) {
             if let Some(f) = &t.forking
                 && f.nice().is_some()

@@ -179,20 +179,21 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     };
     let (mut ck_ms, mut paused, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     let mut by_holder = Vec::new();
-    let from_prev = sandtree_runtime::templates_from_prev();
-    let from_forks = sandtree_runtime::templates_from_forks_under_way();
+    let from_prev = engine.process_stats().templates_from_older_standbys;
+    let from_forks = engine.process_stats().templates_from_forks_under_way;
     for i in 0..n {
         bash(engine, &sb, &step(i)).await?;
-        let copied = sandtree_runtime::pages_copied_by_holders();
+        let copied = engine.process_stats().pages_copied_by_holders;
         let (id, ms, frozen) = checkpoint(engine, &sb).await?;
-        by_holder.push((sandtree_runtime::pages_copied_by_holders() - copied) as f64);
+        by_holder.push((engine.process_stats().pages_copied_by_holders - copied) as f64);
         ck_ms.push(ms);
         paused.push(frozen);
         ids.push(id);
     }
     // (The REPL, the server and the shell are tracked.)
-    report.from_prev.push((label.clone(), sandtree_runtime::templates_from_prev() - from_prev, 3 * n));
-    report.from_forks.push((label.clone(), sandtree_runtime::templates_from_forks_under_way() - from_forks, 3 * n));
+    let stats = engine.process_stats();
+    report.from_prev.push((label.clone(), stats.templates_from_older_standbys - from_prev, 3 * n));
+    report.from_forks.push((label.clone(), stats.templates_from_forks_under_way - from_forks, 3 * n));
     let pool = engine.template_memory(&sb).map_err(err)?;
     let (mut rb_ms, mut first_ms, mut think_ms) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..2 * n {
