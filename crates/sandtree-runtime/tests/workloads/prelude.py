@@ -1,0 +1,76 @@
+# Prelude of every Python workload: the harness runs `python3 -c <this file,
+# then the program> [args]` in the sandbox (the test's files are not visible
+# there). `serve(handle, extra, idle)` answers one command per connection on
+# 127.0.0.1:7000 (`ping` -> `pong`, any other -> `handle(cmd)`, an exception
+# -> `error ...`) and closes the connection before taking the next one;
+# `extra` maps more listening sockets to their accept callbacks; `idle`, when
+# given, runs between non-blocking polls (otherwise the loop blocks in
+# `select`). `avail(fd)`: bytes waiting on a pipe or FIFO; `drain_fd(fd)`:
+# what a non-blocking `fd` holds; `status(key)`: a field of /proc/self/status.
+import errno, fcntl, os, select, signal, socket, struct, sys, termios, time
+
+def _readline(c):
+    buf = b''
+    while not buf.endswith(b'\n'):
+        d = c.recv(4096)
+        if not d:
+            break
+        buf += d
+    return buf.decode().strip()
+
+def _answer(c, handle):
+    try:
+        c.settimeout(5)
+        cmd = _readline(c)
+        if cmd == 'ping':
+            out = 'pong'
+        else:
+            try:
+                out = str(handle(cmd))
+            except Exception as ex:
+                out = 'error %s: %r' % (cmd, ex)
+        c.sendall(out.encode() + b'\n')
+    except OSError:
+        pass
+    finally:
+        c.close()
+
+def serve(handle, extra=(), idle=None):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(('127.0.0.1', 7000))
+    srv.listen(16)
+    others = dict(extra)
+    while True:
+        if idle is not None:
+            idle()
+        ready = select.select([srv] + list(others), [], [], 0 if idle is not None else None)[0]
+        for s in ready:
+            if s is srv:
+                c, _ = srv.accept()
+                _answer(c, handle)
+            else:
+                others[s](s)
+
+def avail(fd):
+    """Bytes waiting to be read on pipe or FIFO `fd`."""
+    return struct.unpack('i', fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0'))[0]
+
+def drain_fd(fd):
+    """Read what non-blocking `fd` holds."""
+    got = b''
+    while True:
+        try:
+            d = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        got += d
+    return got
+
+def status(key):
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return line.split()[1]
