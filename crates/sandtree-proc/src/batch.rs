@@ -469,6 +469,25 @@ impl Tracee {
 /// read-write-execute; a restore unmaps it from the restored process.
 pub(crate) const SCRATCH: u64 = crate::batch::BATCH_OFFSET + crate::batch::BATCH_SIZE;
 
+/// Where in the scratch page paths go.
+const PATH_OFFSET: u64 = 256;
+
+/// Write `path` (and its ending zero) into the scratch page of stopped
+/// process `pid` at `scratch`: the address of a path argument.
+pub(crate) fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
+    let mut bytes = path.as_bytes().to_vec();
+    bytes.push(0);
+    if bytes.len() as u64 > BATCH_OFFSET - PATH_OFFSET {
+        return Err(Error::unsupported(pid, "", "path", format!("path too long to reopen: {path}")));
+    }
+    ptrace::write_mem(pid, scratch + PATH_OFFSET, &bytes).map_err(|source| Error::Ptrace {
+        pid,
+        op: "write path",
+        source,
+    })?;
+    Ok(scratch + PATH_OFFSET)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

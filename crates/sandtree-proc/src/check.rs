@@ -7,16 +7,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AnonState, FdKind, ProcessImage};
+use crate::model::ProcessImage;
 
 /// `CAP_SYS_ADMIN`: `clone3` with `set_tid` needs it in the sandbox's user
 /// namespace to give a restored process its old pid.
 const CAP_SYS_ADMIN: u64 = 1 << 21;
-
-/// Anonymous-inode objects the template path restores exactly: eventfd
-/// and timerfd state is put back (`fdstate.rs`); an epoll's watch list, a
-/// signalfd's mask and a pidfd are configuration the template keeps.
-pub(crate) const KEPT_ANON: &[&str] = &["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd"];
 
 /// Highest inotify watch descriptor captured: each watch's inode is
 /// located while the process is stopped (one `open_by_handle_at` each),
@@ -84,8 +79,9 @@ pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32, reparent: boo
     Ok(())
 }
 
-/// Every check of the template path on a captured image.
-pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
+/// The checks of a captured image's process state (its descriptors' are
+/// their kinds', `kinds/`; its memory's [`check_memory`]).
+pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
     check_status(p.pid, &p.comm, p.threads, p.ppid, reparent)?;
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
     if p.cap_eff & CAP_SYS_ADMIN == 0 {
@@ -106,103 +102,12 @@ pub fn check(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
     if p.cwd.ends_with(" (deleted)") {
         return Err(no("cwd".into(), format!("working directory {} was deleted", p.cwd)));
     }
-    for f in &p.fds {
-        let fd = || format!("fd {}", f.fd);
-        match &f.kind {
-            FdKind::Deleted { path, on_layer: false, .. } => {
-                return Err(no(
-                    fd(),
-                    format!("open file {path} was deleted and is not a regular file on the sandbox's layers"),
-                ));
-            }
-            FdKind::Deleted { path, size, .. } if *size > GHOST_MAX => {
-                return Err(no(
-                    fd(),
-                    format!(
-                        "open file {path} was deleted and holds {size} bytes (deleted-but-open files are copied at a checkpoint, up to {GHOST_MAX} bytes)"
-                    ),
-                ));
-            }
-            FdKind::Memfd { name, probed: false, .. } => {
-                return Err(no(fd(), format!("memfd {name}: its size, seals or file system could not be read")));
-            }
-            FdKind::Memfd { name, hugetlb: true, .. } => {
-                return Err(no(fd(), format!("memfd {name} on huge pages (MFD_HUGETLB is not captured yet)")));
-            }
-            FdKind::Memfd { name, size, .. } if *size > GHOST_MAX => {
-                return Err(no(
-                    fd(),
-                    format!(
-                        "memfd {name} holds {size} bytes (memfds are copied at a checkpoint, up to {GHOST_MAX} bytes)"
-                    ),
-                ));
-            }
-            FdKind::Fifo { path, on_layer: false, kept: false } => {
-                return Err(no(
-                    fd(),
-                    format!(
-                        "named pipe {path} is on a mount that rollback replaces (only FIFOs on the sandbox's layers, /dev and /proc are handled)"
-                    ),
-                ));
-            }
-            FdKind::LayerFile { path, locked: true, .. } => {
-                return Err(no(fd(), format!("a lock is held on {path} (file locks are not captured yet)")));
-            }
-            FdKind::AnonInode { state: Some(AnonState::Inotify { watches, pending, unresolved }), .. } => {
-                if let Some(why) = unresolved {
-                    return Err(no(fd(), why.clone()));
-                }
-                if *pending > 0 {
-                    return Err(no(
-                        fd(),
-                        format!(
-                            "an inotify instance with {pending} bytes of events not read yet (reading them would take them from the process; checkpoint once they are read)"
-                        ),
-                    ));
-                }
-                if watches.last().is_some_and(|w| w.wd > INOTIFY_MAX_WD) {
-                    return Err(no(
-                        fd(),
-                        format!(
-                            "an inotify instance with watch descriptors above {INOTIFY_MAX_WD} (only small watch sets are captured yet)"
-                        ),
-                    ));
-                }
-            }
-            FdKind::AnonInode { what, .. } if !KEPT_ANON.contains(&what.as_str()) => {
-                return Err(no(
-                    fd(),
-                    format!("{what} (not captured yet: its state points into the replaced tree or the kernel)"),
-                ));
-            }
-            FdKind::OtherMount { path } => {
-                return Err(no(
-                    fd(),
-                    format!(
-                        "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
-                    ),
-                ));
-            }
-            FdKind::Socket { family, queued: true, peer: None, .. } if family == "unix" => {
-                return Err(no(
-                    fd(),
-                    "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
-                ));
-            }
-            FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {
-                return Err(no(fd(), format!("a unix socket listening on relative path {path}")));
-            }
-            FdKind::Socket { family, stream: true, connected: true, .. } if family.starts_with("inet") => {
-                return Err(no(
-                    fd(),
-                    format!(
-                        "an open {family} connection (listening and unconnected sockets are kept; connections are not captured yet)"
-                    ),
-                ));
-            }
-            _ => {}
-        }
-    }
+    Ok(())
+}
+
+/// The checks of a captured image's memory map.
+pub fn check_memory(p: &ProcessImage) -> Result<(), Unrestorable> {
+    let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
     if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:"))) {
         return Err(no(
             format!("mapping {:x}-{:x}", m.start, m.end),

@@ -73,6 +73,7 @@ mod closer;
 pub mod fdstate;
 mod incremental;
 pub mod inject;
+mod kinds;
 mod memory_holder;
 pub mod model;
 mod pool;

@@ -3,15 +3,14 @@
 //! and swapped the root when this runs.
 
 use crate::inject::{CLONE_ARGS_SIZE, RESTORE_NICE, SET_TID_OFFSET, clone_args, nice_of, set_nice, write_clone_args};
-use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
+use std::collections::HashSet;
 
 use sandtree_sys::ptrace;
 
 use crate::batch::SCRATCH;
 use crate::batch::{Arg, Backoff, Batch};
 use crate::inject::{self, Tracee};
-use crate::model::{AnonState, FdKind, ProcessImage};
+use crate::model::{FdKind, ProcessImage};
 use crate::template::Template;
 use serde::{Deserialize, Serialize};
 
@@ -25,9 +24,6 @@ use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Where in the scratch page paths go.
-const PATH_OFFSET: u64 = 256;
-
 fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
@@ -119,71 +115,11 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let cg = st.cgroup;
     let Some(set) = st.pool.get_mut(ck) else { return Err(Error::NoTemplates(ck.to_string())) };
     set.last_used = now;
-    // FIFOs on the layers are reopened by path in the rolled-back tree (in
-    // `fix_up`): a keeper opened here for reading and writing lets those
-    // non-blocking opens succeed whatever their mode, and takes the saved
-    // bytes. The keepers close once every process is back.
-    let mut fifos: HashMap<String, OwnedFd> = HashMap::new();
-    for t in &set.templates {
-        for f in &t.image.fds {
-            if let FdKind::Fifo { path, on_layer: true, .. } = &f.kind
-                && !fifos.contains_key(path)
-            {
-                let keeper = crate::fdstate::open_fifo(t.host, path).map_err(|e| Error::Proc {
-                    pid: t.host,
-                    what: "named pipe in the rolled-back tree",
-                    source: e,
-                })?;
-                fifos.insert(path.clone(), keeper);
-            }
-        }
-    }
-    // Objects the templates share with the killed originals: put their
-    // checkpoint state back before anything runs.
-    for (pipe, host, fd) in &set.pipes {
-        let layer_fifo =
-            set.templates.iter().filter(|t| t.host == *host).flat_map(|t| &t.image.fds).find_map(|f| match &f.kind {
-                FdKind::Fifo { path, on_layer: true, .. } if f.fd == *fd => Some(path),
-                _ => None,
-            });
-        let filled = match layer_fifo.and_then(|path| fifos.get(path)) {
-            Some(keeper) => crate::fdstate::fill_pipe(keeper, &pipe.bytes, pipe.size),
-            None => crate::fdstate::restore_pipe(*host, *fd, &pipe.bytes),
-        };
-        filled.map_err(|e| Error::Proc { pid: *host, what: "pipe contents", source: e })?;
-    }
-    for t in &set.templates {
-        for f in &t.image.fds {
-            if let FdKind::Socket { family, connected: true, .. } = &f.kind
-                && family == "unix"
-            {
-                // Empty at the checkpoint (checked then): drop what came since.
-                crate::fdstate::drain_socket(t.host, f.fd).map_err(|e| Error::Proc {
-                    pid: t.host,
-                    what: "unix socket queue",
-                    source: e,
-                })?;
-            }
-            if let FdKind::AnonInode { state: Some(state), what } = &f.kind
-                && !f.kind.recreated()
-            {
-                crate::fdstate::restore_anon(t.host, f.fd, state).map_err(|e| Error::Proc {
-                    pid: t.host,
-                    what: if what == "eventfd" { "eventfd counter" } else { "timerfd setting" },
-                    source: e,
-                })?;
-            }
-        }
-    }
-    // After every drain: data queued at the checkpoint on unix sockets,
-    // sent again by their peers.
-    for (buf, host, fd) in &set.sockets {
-        crate::fdstate::fill_socket(*host, *fd, &buf.messages, buf.stream).map_err(|e| Error::Proc {
-            pid: *host,
-            what: "unix socket data",
-            source: e,
-        })?;
-    }
+    // Objects the templates share with the killed originals: their
+    // checkpoint state goes back before anything runs. FIFOs on the layers
+    // are reopened by path in the rolled-back tree (in `fix_up`): their
+    // keepers close once every process is back.
+    let fifos = crate::kinds::put_back_shared(set)?;
     tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down. One
@@ -296,16 +232,6 @@ impl Ready {
         }
         released
     }
-}
-
-fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
-    let mut bytes = path.as_bytes().to_vec();
-    bytes.push(0);
-    if bytes.len() as u64 > crate::batch::BATCH_OFFSET - PATH_OFFSET {
-        return Err(Error::unsupported(pid, "", "path", format!("path too long to reopen: {path}")));
-    }
-    ptrace::write_mem(pid, scratch + PATH_OFFSET, &bytes).map_err(ptrace_err(pid, "write path"))?;
-    Ok(scratch + PATH_OFFSET)
 }
 
 /// Bring back one process from its template (and give it a holder of its
@@ -539,255 +465,6 @@ fn make_threads(
     Ok(())
 }
 
-/// A unix listener is bound to a socket inode of the replaced tree: the
-/// rolled-back tree has only a dead copy of that file, and `connect` to it
-/// would be refused. Bind a new listener at the same path (same type and
-/// flags, the file's mode kept) and put it on the old descriptor number.
-/// Connections queued on the old one are dropped (their clients were
-/// killed by the rollback, or came after the checkpoint).
-fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bool, path: &str) -> Result<()> {
-    let pid = p.tid;
-    let addr = write_path(pid, scratch, path)?;
-    let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
-    let mut stat = [0u8; 144];
-    let keep_mode = if mode.ret == 0 {
-        ptrace::read_mem(pid, scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
-        Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
-    } else {
-        None
-    };
-    let _ = p.syscall(libc::SYS_unlink, &[addr])?;
-    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET }, flags);
-    let new = p.call("socket (unix listener)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
-    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
-    sun.extend_from_slice(path.as_bytes());
-    sun.push(0);
-    ptrace::write_mem(pid, scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
-    p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
-    p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
-    move_fd(p, new, fd, flags)?;
-    if let Some(m) = keep_mode {
-        p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
-    }
-    Ok(())
-}
-
-/// Make the epoll instance behind `epfd` (shared with the template, so
-/// changed by the original after the checkpoint) watch exactly `watches`
-/// again, by `epoll_ctl` in the restored process. A watched signalfd is
-/// always added again: epoll waits for it on the signal queue of the task
-/// that added it, the dead original's.
-/// The restored instance has the checkpoint's watch descriptors (what
-/// `fdstate::fill_inotify` relies on, checked rather than assumed).
-fn check_inotify(pid: i32, comm: &str, fd: i32, watches: &[crate::model::InotifyWatch]) -> Result<()> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|e| Error::Proc {
-        pid,
-        what: "inotify fdinfo",
-        source: e,
-    })?;
-    let mut got: Vec<i32> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("inotify wd:")?.split_whitespace().next())
-        .filter_map(|wd| i32::from_str_radix(wd, 16).ok())
-        .collect();
-    got.sort_unstable();
-    let want: Vec<i32> = watches.iter().map(|w| w.wd).collect();
-    if got != want {
-        return Err(Error::unsupported(
-            pid,
-            comm,
-            "inotify",
-            format!("the restored inotify instance has watches {got:?} instead of {want:?}"),
-        ));
-    }
-    Ok(())
-}
-
-fn restore_epoll(
-    p: &mut Tracee,
-    scratch: u64,
-    template: i32,
-    epfd: i32,
-    watches: &[(i32, u32, u64)],
-    signalfds: &[i32],
-    recreated: &[i32],
-) -> Result<()> {
-    let pid = p.tid;
-    let now = crate::procfs::epoll_watches_of(template, epfd).map_err(|e| Error::Proc {
-        pid: template,
-        what: "epoll fdinfo",
-        source: e,
-    })?;
-    let event = |p: &mut Tracee, events: u32, data: u64| -> Result<u64> {
-        let mut ev = events.to_ne_bytes().to_vec();
-        ev.extend_from_slice(&data.to_ne_bytes());
-        ptrace::write_mem(p.tid, scratch + 1024, &ev).map_err(ptrace_err(pid, "write epoll_event"))?;
-        Ok(scratch + 1024)
-    };
-    for &(tfd, events, data) in &now {
-        if !watches.iter().any(|w| w.0 == tfd) || signalfds.contains(&tfd) {
-            let ev = event(p, events, data)?;
-            // Not ours to fail on: the watched file may be gone already.
-            let _ = p.syscall(libc::SYS_epoll_ctl, &[epfd as u64, libc::EPOLL_CTL_DEL as u64, tfd as u64, ev])?;
-        }
-    }
-    for &(tfd, events, data) in watches {
-        let op = match now.iter().find(|w| w.0 == tfd) {
-            _ if signalfds.contains(&tfd) => libc::EPOLL_CTL_ADD,
-            // A new file on that number: an entry seen there is the old
-            // file's (its last holder, the killed original, may not be
-            // gone yet), keyed by that file, so the new one is added.
-            _ if recreated.contains(&tfd) => libc::EPOLL_CTL_ADD,
-            Some(&(_, e, d)) if e == events && d == data => continue,
-            Some(_) => libc::EPOLL_CTL_MOD,
-            None => libc::EPOLL_CTL_ADD,
-        };
-        let ev = event(p, events, data)?;
-        p.call("epoll_ctl", libc::SYS_epoll_ctl, &[epfd as u64, op as u64, tfd as u64, ev])?;
-    }
-    Ok(())
-}
-
-/// A deleted-but-open file: an unnamed file (`O_TMPFILE`) in its old
-/// directory (or `/tmp`) of the rolled-back tree, filled with the
-/// checkpoint's copy, opened again with the old flags at the old offset.
-fn recreate_ghost(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, path: &str, bytes: &[u8]) -> Result<()> {
-    let pid = p.tid;
-    let dir = std::path::Path::new(path).parent().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut tmp = None;
-    for d in [dir.as_str(), "/tmp", "/"] {
-        if d.is_empty() {
-            continue;
-        }
-        let addr = write_path(pid, scratch, d)?;
-        let out = p.syscall(libc::SYS_open, &[addr, (libc::O_TMPFILE | libc::O_RDWR) as u64, 0o600])?;
-        if out.ret >= 0 {
-            tmp = Some(out.ret as u64);
-            break;
-        }
-    }
-    let tmp = tmp.ok_or_else(|| {
-        Error::unsupported(pid, "", format!("fd {}", f.fd), format!("cannot make an unnamed file for deleted {path}"))
-    })?;
-    crate::fdstate::fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc {
-        pid,
-        what: "deleted file contents",
-        source: e,
-    })?;
-    // `tmp` may have the number the file had (closed by the template's
-    // set-up): closed before the new descriptor moves there.
-    reopen_unnamed(p, scratch, f, tmp, true)
-}
-
-/// A memfd named `name` holding `bytes` (`size` long, mode bits `mode`)
-/// with `seals`, on a new descriptor of the process (closed by the caller).
-fn make_memfd(
-    p: &mut Tracee,
-    scratch: u64,
-    name: &str,
-    bytes: &[u8],
-    (size, mode): (u64, u32),
-    seals: u32,
-) -> Result<u64> {
-    let pid = p.tid;
-    let addr = write_path(pid, scratch, name)?;
-    let tmp = p.call("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_ALLOW_SEALING as u64])?;
-    crate::fdstate::fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc {
-        pid,
-        what: "memfd contents",
-        source: e,
-    })?;
-    if size != bytes.len() as u64 {
-        p.call("ftruncate (memfd)", libc::SYS_ftruncate, &[tmp, size])?;
-    }
-    if mode != 0o777 {
-        p.call("fchmod (memfd)", libc::SYS_fchmod, &[tmp, mode as u64])?;
-    }
-    if seals != 0 {
-        p.call("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[tmp, libc::F_ADD_SEALS as u64, seals as u64])?;
-    }
-    Ok(tmp)
-}
-
-/// Open the unnamed file on descriptor `tmp` again with `f`'s flags (its
-/// access mode included) at `f`'s offset, on `f`'s number (closing `tmp`
-/// first if `close_tmp`).
-fn reopen_unnamed(p: &mut Tracee, scratch: u64, f: &crate::model::FdImage, tmp: u64, close_tmp: bool) -> Result<()> {
-    // An O_TMPFILE keeps O_TMPFILE (which includes O_DIRECTORY) in its
-    // flags; O_NOFOLLOW would refuse the /proc/self/fd magic link.
-    let strip =
-        (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_TMPFILE | libc::O_NOFOLLOW) as u32;
-    let again = write_path(p.tid, scratch, &format!("/proc/self/fd/{tmp}"))?;
-    let fd = p.call("open (unnamed file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
-    if close_tmp {
-        p.call("close", libc::SYS_close, &[tmp])?;
-    }
-    if f.pos > 0 {
-        p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
-    }
-    move_fd(p, fd, f.fd, f.flags)
-}
-
-/// Put descriptor `new` (opened with the flags `flags`, close-on-exec
-/// included) on number `fd`.
-fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
-    if new == fd as u64 {
-        return Ok(());
-    }
-    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
-    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, cloexec])?;
-    p.call("close", libc::SYS_close, &[new])?;
-    Ok(())
-}
-
-/// `socket()` type bits for a socket that had the open flags `flags`.
-fn socket_type(kind: i32, flags: u32) -> u64 {
-    let mut ty = kind as u64;
-    if flags & libc::O_NONBLOCK as u32 != 0 {
-        ty |= libc::SOCK_NONBLOCK as u64;
-    }
-    if flags & libc::O_CLOEXEC as u32 != 0 {
-        ty |= libc::SOCK_CLOEXEC as u64;
-    }
-    ty
-}
-
-/// A bound inet socket (a listener, or a bound datagram socket) made anew
-/// with its address and options, on its old descriptor number (added to
-/// `b`).
-fn rebind_inet(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool, bind: &crate::model::InetBinding) {
-    let family = u16::from_ne_bytes([bind.sockaddr[0], bind.sockaddr[1]]) as u64;
-    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }, flags);
-    let new = b.call("socket (inet)", libc::SYS_socket, &[Arg::Val(family), Arg::Val(ty), Arg::Val(0)]);
-    let mut opts = Vec::new();
-    if bind.reuse_addr {
-        opts.push((libc::SOL_SOCKET, libc::SO_REUSEADDR));
-    }
-    if bind.reuse_port {
-        opts.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
-    }
-    if bind.v6only && family == libc::AF_INET6 as u64 {
-        opts.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
-    }
-    let one = b.data(&1i32.to_ne_bytes());
-    for (level, name) in opts {
-        let args = [new, Arg::Val(level as u64), Arg::Val(name as u64), one, Arg::Val(4)];
-        b.call("setsockopt", libc::SYS_setsockopt, &args);
-    }
-    let addr = b.data(&bind.sockaddr);
-    // A process killed by this rollback may still hold the port: it closes
-    // its descriptors only after its memory is torn down (milliseconds for
-    // a large one): the bind is retried for a while. (A port still in use
-    // past that is someone else's, e.g. a listener shared with a process
-    // restored just before, which is not supported: the rollback then
-    // restarts.)
-    b.call_retrying_in_use("bind (inet)", libc::SYS_bind, &[new, addr, Arg::Val(bind.sockaddr.len() as u64)]);
-    if listening {
-        b.call("listen", libc::SYS_listen, &[new, Arg::Val(libc::SOMAXCONN as u64)]);
-    }
-    b.move_fd(new, fd, flags);
-}
-
 fn fix_up(
     p: &mut Tracee,
     image: &ProcessImage,
@@ -798,125 +475,15 @@ fn fix_up(
 ) -> Result<()> {
     // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
     // inet sockets. Then one at a time what needs the daemon between calls
-    // (deleted files and memfds filled through /proc, unix listeners, epoll
-    // watch lists); then the rest batched again.
+    // (deleted files and memfds filled through /proc, unix listeners,
+    // inotify instances), dups and signalfd masks batched, epoll watch
+    // lists (`kinds::fix_up_descriptors`); then the rest batched again.
     let mut b = Batch::new(scratch, exec);
     let cwd = b.path(&image.cwd);
     b.call("chdir", libc::SYS_chdir, &[cwd]);
-    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
-    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
-        match &f.kind {
-            FdKind::LayerFile { path, .. } => {
-                let path = b.path(path);
-                let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
-                if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
-                    b.call("lseek", libc::SYS_lseek, &[fd, Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)]);
-                }
-                b.move_fd(fd, f.fd, f.flags);
-            }
-            FdKind::Fifo { path, on_layer: true, .. } => {
-                // Non-blocking, so that the open does not wait for a peer
-                // (the restore holds the other end open); the mode as it
-                // was after.
-                let path = b.path(path);
-                let flags = (f.flags & !strip) | libc::O_NONBLOCK as u32;
-                let fd = b.call("open (named pipe)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
-                if f.flags & libc::O_NONBLOCK as u32 == 0 {
-                    let args = [fd, Arg::Val(libc::F_SETFL as u64), Arg::Val((f.flags & !strip) as u64)];
-                    b.call("fcntl(F_SETFL)", libc::SYS_fcntl, &args);
-                }
-                b.move_fd(fd, f.fd, f.flags);
-            }
-            FdKind::Socket { inet: Some(bind), stream, listening, .. } => {
-                rebind_inet(&mut b, f.fd, f.flags, *stream, *listening, bind);
-            }
-            _ => continue,
-        }
-        if b.is_full() {
-            p.run_batch(&mut b)?;
-        }
-    }
-    p.run_batch(&mut b)?;
-    let ghost = |fd: i32| image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
-    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
-        if let FdKind::Deleted { path, .. } = &f.kind {
-            recreate_ghost(p, scratch, f, path, ghost(f.fd))?;
-        }
-    }
-    // Memfds: one new memfd per inode (same name, the checkpoint's contents
-    // and seals), opened again for each of its descriptors.
-    let mut memfds: Vec<(u64, u64)> = Vec::new();
-    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
-        let FdKind::Memfd { name, ino, size, seals, mode, .. } = &f.kind else { continue };
-        let made = memfds.iter().find(|(i, _)| i == ino).map(|(_, fd)| *fd);
-        let tmp = match made {
-            Some(tmp) => tmp,
-            None => {
-                let tmp = make_memfd(p, scratch, name, ghost(f.fd), (*size, *mode), *seals)?;
-                memfds.push((*ino, tmp));
-                tmp
-            }
-        };
-        reopen_unnamed(p, scratch, f, tmp, false)?;
-    }
-    for (_, tmp) in memfds {
-        p.call("close", libc::SYS_close, &[tmp])?;
-    }
-    for f in &image.fds {
-        if let FdKind::Socket { listening: true, bound: Some(path), stream, inet: None, .. } = &f.kind
-            && !path.starts_with("/proc/")
-        {
-            rebind_listener(p, scratch, f.fd, f.flags, *stream, path)?;
-        }
-    }
-    // Inotify instances after the other descriptors (whose re-making would
-    // show as events): a new instance in the process at its number, then
-    // its watches added by the daemon through a duplicate (`fdstate.rs`).
-    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
-        if let FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } = &f.kind {
-            let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::IN_CLOEXEC } else { 0 };
-            let args = [Arg::Val((libc::IN_NONBLOCK | cloexec) as u64)];
-            let ifd = b.call("inotify_init1", libc::SYS_inotify_init1, &args);
-            b.move_fd(ifd, f.fd, f.flags);
-            p.run_batch(&mut b)?;
-            crate::fdstate::fill_inotify(p.tid, f.fd, watches, f.flags).map_err(|e| Error::Proc {
-                pid: p.tid,
-                what: "inotify watches",
-                source: e,
-            })?;
-            check_inotify(p.tid, &image.comm, f.fd, watches)?;
-        }
-    }
-    // Dups of descriptors made anew: the same open file again (one offset).
-    for f in &image.fds {
-        if let Some(src) = f.same_as {
-            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
-            b.call("dup3 (dup)", libc::SYS_dup3, &[Arg::Val(src as u64), Arg::Val(f.fd as u64), Arg::Val(cloexec)]);
-        }
-    }
-    // Watch lists after the descriptors they name exist again.
-    let recreated: Vec<i32> = image.fds.iter().filter(|f| f.kind.recreated()).map(|f| f.fd).collect();
-    let signalfds: Vec<i32> = image
-        .fds
-        .iter()
-        .filter(|f| matches!(f.kind, FdKind::AnonInode { state: Some(AnonState::Signalfd { .. }), .. }))
-        .map(|f| f.fd)
-        .collect();
-    for f in &image.fds {
-        if let FdKind::AnonInode { state: Some(AnonState::Signalfd { mask }), .. } = &f.kind {
-            let mask = b.data(&mask.to_ne_bytes());
-            b.call("signalfd4 (mask)", libc::SYS_signalfd4, &[Arg::Val(f.fd as u64), mask, Arg::Val(8), Arg::Val(0)]);
-            if b.is_full() {
-                p.run_batch(&mut b)?;
-            }
-        }
-    }
-    p.run_batch(&mut b)?;
-    for f in &image.fds {
-        if let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind {
-            restore_epoll(p, scratch, template, f.fd, watches, &signalfds, &recreated)?;
-        }
-    }
+    // Every descriptor (`kinds/`): reopened in this batch, made anew,
+    // dup'd, configured, linked.
+    crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template))?;
     if image.ppid != 1 {
         // Best effort for a child of another process: a child of init now,
         // in a session of its own (the template left the parent's).

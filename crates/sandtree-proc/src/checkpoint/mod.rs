@@ -21,7 +21,7 @@ use crate::fdstate::Seen;
 use crate::incremental::During;
 use crate::inject::{self, Tracee, kill_tracee};
 use crate::memory_holder::Holder;
-use crate::model::{AnonState, FdKind, Registers};
+use crate::model::{FdKind, Registers};
 use crate::pool::Pool;
 use crate::procfs::resident_pages;
 use crate::stop::{Stopped, Stops, let_go};
@@ -648,9 +648,11 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         let deferred = c.deferred();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        match set_up(c, best_effort)
-            .and_then(|t| memfds_own(&t, &made).and_then(|()| inotify_own(&t, &made)).map(|()| t))
-        {
+        match set_up(c, best_effort).and_then(|t| {
+            crate::kinds::memfd_shared_with(&t, &made)
+                .and_then(|()| crate::kinds::inotify_shared_with(&t, &made))
+                .map(|()| t)
+        }) {
             Ok(t) => {
                 // The tracked original's writes count from this template.
                 if let Some(t_orig) = tracked.and_then(|h| st.tracking.get_mut(&h)) {
@@ -942,64 +944,14 @@ fn clone_of(
             }
         }
         itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));
-        let mut ghosts = Vec::new();
-        // (A dup's contents are its twin's: restored by `dup3`.)
-        for f in fds.iter().filter(|f| f.same_as.is_none()) {
-            let size = match &f.kind {
-                FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => {
-                    Some(*size)
-                }
-                _ => None,
-            };
-            if let Some(size) = size
-                && size <= check::GHOST_MAX
-            {
-                let bytes = crate::fdstate::capture_ghost(host, f.fd, size).map_err(|e| Error::Proc {
-                    pid: host,
-                    what: "deleted file or memfd contents",
-                    source: e,
-                })?;
-                ghosts.push((f.fd, bytes));
-            }
-        }
-        let mut pipes = Vec::new();
-        let mut pipe_keys = Vec::new();
-        for f in &fds {
-            if !matches!(f.kind, FdKind::Pipe { .. } | FdKind::Fifo { .. }) {
-                continue;
-            }
-            let key = pipe_key(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "pipe inode", source: e })?;
-            pipe_keys.push((f.fd, key));
-            if seen.first_pipe(key) {
-                let (bytes, size) = crate::fdstate::capture_pipe(host, f.fd).map_err(|e| Error::Proc {
-                    pid: host,
-                    what: "pipe contents",
-                    source: e,
-                })?;
-                pipes.push(crate::model::PipeBuffer { dev: key.0, ino: key.1, bytes, size });
-            }
-        }
+        let ghosts = crate::kinds::capture_contents(host, &fds)?;
+        let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         let robust_list = ptrace::robust_list(host).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
             threads.push(capture_thread(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
         }
-        let mut sockets = Vec::new();
-        for f in &fds {
-            if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
-                && seen.first_socket(*ino)
-            {
-                let (messages, stream) = crate::fdstate::capture_socket(host, f.fd).map_err(|e| {
-                    Error::unsupported(
-                        s.ns_pid,
-                        &comm_now(),
-                        format!("fd {}", f.fd),
-                        format!("a unix socket with data in flight that cannot be captured: {e}"),
-                    )
-                })?;
-                sockets.push(crate::model::SocketBuffer { ino: *ino, peer: *peer, stream, messages });
-            }
-        }
+        let sockets = crate::kinds::capture_unix_queue(host, &fds, seen, (s.ns_pid, &comm_now))?;
         let link = |what: &str| procfs::readlink(format!("/proc/{host}/{what}"));
         let paths = (link("cwd"), link("root"), link("exe").unwrap_or_default());
         let paths = match paths {
@@ -1115,74 +1067,6 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, b
     Ok((itimers, altstack, child_subreaper))
 }
 
-/// An inotify instance is made anew per process at the restore: one that
-/// another process shares (inherited over a fork) would come back as two,
-/// each reporting every event.
-fn inotify_own(t: &Template, made: &[Template]) -> Result<()> {
-    let mine = |t: &Template| -> Vec<i32> {
-        t.image
-            .fds
-            .iter()
-            .filter(|f| matches!(f.kind, FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. }))
-            .map(|f| f.fd)
-            .collect()
-    };
-    for fd in mine(t) {
-        for other in made {
-            if mine(other)
-                .into_iter()
-                .any(|o| sandtree_sys::process::same_open_file(t.host, fd, other.host, o).unwrap_or(false))
-            {
-                return Err(Error::unsupported(
-                    t.image.pid,
-                    &t.image.comm,
-                    format!("fd {fd}"),
-                    format!(
-                        "an inotify instance shared with process {} (made anew per process at a restore, it would come back as two)",
-                        other.image.pid
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A memfd is made anew per process at the restore: one that another
-/// process shares (inherited, or passed) would come back as two.
-fn memfds_own(t: &Template, made: &[Template]) -> Result<()> {
-    let inos = |t: &Template| -> Vec<(u64, String)> {
-        t.image
-            .fds
-            .iter()
-            .filter_map(|f| match &f.kind {
-                FdKind::Memfd { ino, name, .. } => Some((*ino, name.clone())),
-                _ => None,
-            })
-            .collect()
-    };
-    let mine = inos(t);
-    for other in made {
-        if let Some((_, name)) = inos(other).into_iter().find(|(ino, _)| mine.iter().any(|(i, _)| i == ino)) {
-            return Err(Error::unsupported(
-                t.image.pid,
-                &t.image.comm,
-                "memfd",
-                format!("memfd {name} is shared with process {} (memfds are restored per process)", other.image.pid),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// (device, inode) of the pipe or FIFO behind descriptor `fd` of `host`:
-/// the two kinds' inode numbers come from different filesystems.
-fn pipe_key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(format!("/proc/{host}/fd/{fd}"))?;
-    Ok((m.dev(), m.ino()))
-}
-
 /// Pass 2 for one template: image and checks ([`prepare`] follows once
 /// the checkpoint is over).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
@@ -1225,7 +1109,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.sid = sid;
         image.has_tty = tty;
     }
-    check::check(&image, reparent).map_err(Error::Unsupported)?;
+    check_image(&image, reparent).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
     Ok(Template {
@@ -1245,4 +1129,17 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         generation,
         to_write: c.to_write,
     })
+}
+
+/// Every check of the template path on a captured image: the process's
+/// own state, each descriptor's (`kinds/`), then its memory.
+fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::Result<(), Unrestorable> {
+    check::check_process(p, reparent)?;
+    crate::kinds::check(&p.fds).map_err(|(resource, reason)| Unrestorable {
+        pid: p.pid,
+        comm: p.comm.clone(),
+        resource,
+        reason,
+    })?;
+    check::check_memory(p)
 }

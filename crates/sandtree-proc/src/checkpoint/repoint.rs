@@ -45,7 +45,7 @@ use std::os::unix::fs::MetadataExt;
 use sandtree_sys::ptrace;
 
 use super::Parts;
-use crate::model::{AnonState, FdKind};
+use crate::model::FdKind;
 use crate::{Error, Result};
 
 /// What one process got in step 2: (new descriptor, its number, flags),
@@ -124,33 +124,13 @@ pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), Stri
             return Err(format!("{who}: its cwd was deleted"));
         }
         for f in &c.fds {
-            let refused = match &f.kind {
-                FdKind::Deleted { on_layer: true, .. } => Some("a deleted file of the tree is open"),
-                FdKind::Fifo { on_layer: true, .. } => Some("a named pipe of the tree is open"),
-                // (A relative name is the tree's too.)
-                FdKind::Socket { bound: Some(path), .. } if !path.starts_with('@') && !kept(path) => {
-                    Some("a unix socket is bound in the tree")
-                }
-                FdKind::Socket { family, queued: true, peer: None, .. } if family == "unix" => {
-                    Some("a unix socket holds data (maybe descriptors) in flight")
-                }
-                FdKind::AnonInode { state: Some(AnonState::Inotify { watches, .. }), .. } if !watches.is_empty() => {
-                    Some("inotify watches")
-                }
-                // (io_uring and the like may hold files of the tree.)
-                FdKind::AnonInode { what, .. } if !crate::check::KEPT_ANON.contains(&what.as_str()) => {
-                    Some("a kernel object that may hold files of the tree")
-                }
-                FdKind::OtherMount { .. } => Some("a file of another mount"),
-                FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
-                FdKind::LayerFile { path, .. } if f.same_as.is_none() => {
-                    layer_files.push((host, f.fd, path));
-                    None
-                }
-                _ => None,
-            };
-            if let Some(why) = refused {
+            if let Some(why) = crate::kinds::of(&f.kind).cannot_move(f) {
                 return Err(format!("{who}: fd {}: {why}", f.fd));
+            }
+            if let FdKind::LayerFile { path, .. } = &f.kind
+                && f.same_as.is_none()
+            {
+                layer_files.push((host, f.fd, path));
             }
         }
         // A shared mapping of a file of the writable layer would keep
@@ -186,12 +166,7 @@ fn shared_file_maps(host: i32) -> std::io::Result<Vec<String>> {
 
 /// A path of the tree (absolute, not of the kept `/proc` and `/dev`).
 fn on_tree(path: &str) -> bool {
-    path.starts_with('/') && !kept(path)
-}
-
-/// A path on the kept `/proc` or `/dev`.
-fn kept(path: &str) -> bool {
-    ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
+    path.starts_with('/') && !crate::kinds::kept_path(path)
 }
 
 /// Step 2, through the tree staged at `stage` (a path in the sandbox),

@@ -1,0 +1,48 @@
+//! Regular files and directories opened by path (`FdKind::LayerFile`,
+//! `KeptFile`, `OtherMount`). One on the sandbox's layers belongs to the
+//! replaced tree: reopened at the restore by path in the rolled-back tree,
+//! with its flags (less the creating ones) at its offset, onto its number.
+//! One on a mount that rollback keeps (`/dev`, `/proc`, devpts) is kept
+//! from the template. Refused: a file of another mount that rollback
+//! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
+
+use super::Kind;
+use crate::batch::{Arg, Batch};
+use crate::model::{FdImage, FdKind};
+
+/// Files opened by path.
+pub(crate) struct File;
+
+impl Kind for File {
+    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+        match &f.kind {
+            FdKind::LayerFile { path, locked: true, .. } => {
+                Err(format!("a lock is held on {path} (file locks are not captured yet)"))
+            }
+            FdKind::OtherMount { path } => Err(format!(
+                "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn cannot_move(&self, f: &FdImage) -> Option<&'static str> {
+        match &f.kind {
+            FdKind::OtherMount { .. } => Some("a file of another mount"),
+            FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
+            _ => None,
+        }
+    }
+
+    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+        let FdKind::LayerFile { path, .. } = &f.kind else { return false };
+        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
+        let path = b.path(path);
+        let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
+        if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
+            b.call("lseek", libc::SYS_lseek, &[fd, Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)]);
+        }
+        b.move_fd(fd, f.fd, f.flags);
+        true
+    }
+}

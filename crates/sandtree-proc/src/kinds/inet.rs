@@ -1,0 +1,65 @@
+//! Inet sockets (`FdKind::Socket`, families `inet` and `inet6`). A
+//! listener or a bound datagram socket is made anew at the restore with its
+//! address and options (a template holding it would keep its port taken
+//! after the original closed it); an unbound one is kept. Refused: an open
+//! connection (TCP state is not captured yet).
+
+use super::{Kind, socket_type};
+use crate::batch::{Arg, Batch};
+use crate::model::{FdImage, FdKind, InetBinding};
+
+/// Inet sockets.
+pub(crate) struct Inet;
+
+impl Kind for Inet {
+    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+        match &f.kind {
+            FdKind::Socket { family, stream: true, connected: true, .. } => Err(format!(
+                "an open {family} connection (listening and unconnected sockets are kept; connections are not captured yet)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+        let FdKind::Socket { inet: Some(bind), stream, listening, .. } = &f.kind else { return false };
+        rebind(b, f.fd, f.flags, *stream, *listening, bind);
+        true
+    }
+}
+
+/// A bound inet socket (a listener, or a bound datagram socket) made anew
+/// with its address and options, on its old descriptor number (added to
+/// `b`).
+fn rebind(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool, bind: &InetBinding) {
+    let family = u16::from_ne_bytes([bind.sockaddr[0], bind.sockaddr[1]]) as u64;
+    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }, flags);
+    let new = b.call("socket (inet)", libc::SYS_socket, &[Arg::Val(family), Arg::Val(ty), Arg::Val(0)]);
+    let mut opts = Vec::new();
+    if bind.reuse_addr {
+        opts.push((libc::SOL_SOCKET, libc::SO_REUSEADDR));
+    }
+    if bind.reuse_port {
+        opts.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
+    }
+    if bind.v6only && family == libc::AF_INET6 as u64 {
+        opts.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
+    }
+    let one = b.data(&1i32.to_ne_bytes());
+    for (level, name) in opts {
+        let args = [new, Arg::Val(level as u64), Arg::Val(name as u64), one, Arg::Val(4)];
+        b.call("setsockopt", libc::SYS_setsockopt, &args);
+    }
+    let addr = b.data(&bind.sockaddr);
+    // A process killed by this rollback may still hold the port: it closes
+    // its descriptors only after its memory is torn down (milliseconds for
+    // a large one): the bind is retried for a while. (A port still in use
+    // past that is someone else's, e.g. a listener shared with a process
+    // restored just before, which is not supported: the rollback then
+    // restarts.)
+    b.call_retrying_in_use("bind (inet)", libc::SYS_bind, &[new, addr, Arg::Val(bind.sockaddr.len() as u64)]);
+    if listening {
+        b.call("listen", libc::SYS_listen, &[new, Arg::Val(libc::SOMAXCONN as u64)]);
+    }
+    b.move_fd(new, fd, flags);
+}

@@ -1,0 +1,303 @@
+//! One module per kind of kernel object a descriptor can name, each behind
+//! [`Kind`]: the hooks the passes call for it. The saved state of each is
+//! a variant of [`FdKind`] (`model.rs`); what /proc says of it is parsed
+//! by `procfs.rs`; the rest is here.
+//!
+//! | kind | module | kept from the template, or made anew at a restore |
+//! |---|---|---|
+//! | regular files, directories (layers, kept mounts, other mounts) | `file` | reopened by path (layers), kept (`/dev`, `/proc`), refused (other mounts) |
+//! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
+//! | memfds | `memfd` | made anew, contents and seals copied |
+//! | pipes | `pipe` | kept; buffered bytes put back |
+//! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
+//! | unix sockets | `unix` | kept; listeners bound anew; queued data sent again |
+//! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
+//! | other sockets (netlink, ...) | `other_socket` | kept |
+//! | eventfd | `eventfd` | kept; counter put back |
+//! | timerfd | `timerfd` | kept; setting put back |
+//! | signalfd | `signalfd` | kept; mask set again |
+//! | epoll | `epoll` | kept; watch list set again |
+//! | inotify | `inotify` | made anew, watches added again |
+//! | pidfd | `pidfd` | kept |
+//! | other anonymous inodes (io_uring, fanotify, ...) | `anon` | refused |
+//!
+//! The hooks, in the order of a checkpoint and a restore:
+//! - [`Kind::check`] (pass 2): restorable, or the reason it is refused;
+//! - [`Kind::cannot_move`] (a layered checkpoint's step 1): why a process
+//!   holding it cannot move to a new tree;
+//! - [`Kind::reopen`], [`Kind::remake`], [`Kind::configure`],
+//!   [`Kind::link`]: the restore's fix-up, in that order over every
+//!   descriptor (see [`fix_up_descriptors`]).
+//!
+//! Which descriptors a template closes at its set-up (the ones made anew)
+//! is [`FdKind::recreated`]. The contents of shared objects (pipe bytes,
+//! socket queues, eventfd counters, timerfd settings) are captured in pass
+//! 1 and put back before the processes are cloned: each kind's module has
+//! its functions, called by `checkpoint/` and [`put_back_shared`].
+//!
+//! Adding a kind: its variant in [`FdKind`], a module here with a unit
+//! struct implementing [`Kind`], its line in [`of`] (and in
+//! [`REMAKE_ORDER`] if it is made anew one call at a time), a workload case.
+
+mod anon;
+mod deleted;
+mod epoll;
+mod eventfd;
+mod fifo;
+mod file;
+mod inet;
+mod inotify;
+mod memfd;
+mod other_socket;
+mod pidfd;
+mod pipe;
+mod signalfd;
+mod timerfd;
+mod unix;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use crate::batch::write_path;
+use crate::batch::{Arg, Batch};
+use crate::inject::Tracee;
+use crate::model::{FdImage, FdKind, ProcessImage};
+use crate::template::CheckpointTemplates;
+use crate::{Error, Result};
+
+pub(crate) use deleted::capture_contents;
+pub(crate) use inotify::shared_with as inotify_shared_with;
+pub(crate) use memfd::shared_with as memfd_shared_with;
+pub(crate) use pipe::capture as capture_pipe;
+pub(crate) use unix::capture_queue as capture_unix_queue;
+
+/// The hooks of one kind of kernel object (see the module docs). Each has
+/// a default that does nothing: a kind implements what concerns it.
+pub(crate) trait Kind: Sync {
+    /// Pass 2: `Err(reason)` when a descriptor of this kind cannot be
+    /// restored exactly.
+    fn check(&self, _f: &FdImage) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    /// A layered checkpoint: why a process holding it cannot move to a new
+    /// tree (`None`: it can, as it is or reopened by path).
+    fn cannot_move(&self, _f: &FdImage) -> Option<&'static str> {
+        None
+    }
+
+    /// Restore, step 1 (batched with every kind's): open it again in the
+    /// restored process, onto its number. Returns whether it added calls.
+    fn reopen(&self, _f: &FdImage, _b: &mut Batch) -> bool {
+        false
+    }
+
+    /// Restore, step 2 (one call at a time, kind by kind in
+    /// [`REMAKE_ORDER`]): make it anew in the restored process.
+    fn remake(&self, _f: &FdImage, _cx: &mut Remake<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// After step 2 for every descriptor of this kind.
+    fn remade_all(&self, _cx: &mut Remake<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Restore, step 4 (batched), once every descriptor exists again (dups
+    /// are step 3): set what it holds of the process. Returns whether it
+    /// added calls.
+    fn configure(&self, _f: &FdImage, _b: &mut Batch) -> bool {
+        false
+    }
+
+    /// Restore, step 5: what names other descriptors (an epoll's watches).
+    fn link(&self, _f: &FdImage, _cx: &mut Remake<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What a kind's restore works in: the restored process, its scratch
+/// area, its image, its template.
+pub(crate) struct Remake<'a> {
+    /// The restored process, stopped.
+    pub p: &'a mut Tracee,
+    /// Its scratch mapping (pointer arguments go there).
+    pub scratch: u64,
+    /// Its batch (for kinds that batch a call or two).
+    pub batch: &'a mut Batch,
+    /// Its image.
+    pub image: &'a ProcessImage,
+    /// Its template (host pid): the objects it still shares.
+    pub template: i32,
+    /// Memfds made so far, by inode: (inode, the new memfd's descriptor).
+    pub memfds: Vec<(u64, u64)>,
+}
+
+impl Remake<'_> {
+    /// The contents captured for descriptor `fd` (deleted files, memfds).
+    pub fn contents(&self, fd: i32) -> &[u8] {
+        self.image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[])
+    }
+}
+
+/// The kinds made anew one call at a time, in this order: deleted files,
+/// memfds, unix listeners, then inotify instances (after the other
+/// descriptors, whose making would show as events).
+const REMAKE_ORDER: [&dyn Kind; 4] = [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &inotify::Inotify];
+
+/// The kind of a descriptor.
+pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
+    match kind {
+        FdKind::LayerFile { .. } | FdKind::KeptFile { .. } | FdKind::OtherMount { .. } => &file::File,
+        FdKind::Deleted { .. } => &deleted::Deleted,
+        FdKind::Memfd { .. } => &memfd::Memfd,
+        FdKind::Pipe { .. } => &pipe::Pipe,
+        FdKind::Fifo { .. } => &fifo::Fifo,
+        FdKind::Socket { family, .. } if family == "unix" => &unix::Unix,
+        FdKind::Socket { family, .. } if family.starts_with("inet") => &inet::Inet,
+        FdKind::Socket { .. } => &other_socket::OtherSocket,
+        FdKind::AnonInode { what, .. } => match what.as_str() {
+            "eventfd" => &eventfd::Eventfd,
+            "timerfd" => &timerfd::Timerfd,
+            "signalfd" => &signalfd::Signalfd,
+            "eventpoll" => &epoll::Epoll,
+            "inotify" => &inotify::Inotify,
+            "pidfd" => &pidfd::Pidfd,
+            _ => &anon::OtherAnon,
+        },
+    }
+}
+
+/// Pass 2's check of every descriptor: the first refused, as (resource,
+/// reason).
+pub(crate) fn check(fds: &[FdImage]) -> std::result::Result<(), (String, String)> {
+    for f in fds {
+        of(&f.kind).check(f).map_err(|why| (format!("fd {}", f.fd), why))?;
+    }
+    Ok(())
+}
+
+/// The restore's fix-up of every descriptor of `image`, in the restored
+/// process `p` (after its `chdir`, which is in `b` already): files and
+/// inet sockets reopened in one batch, then what is made anew one call at a
+/// time, the dups, the batched configuration, the links.
+pub(crate) fn fix_up_descriptors(
+    p: &mut Tracee,
+    b: &mut Batch,
+    image: &ProcessImage,
+    (scratch, template): (u64, i32),
+) -> Result<()> {
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
+        if of(&f.kind).reopen(f, b) && b.is_full() {
+            p.run_batch(b)?;
+        }
+    }
+    p.run_batch(b)?;
+    let mut cx = Remake { p, scratch, batch: b, image, template, memfds: Vec::new() };
+    for kind in REMAKE_ORDER {
+        for f in &image.fds {
+            if std::ptr::addr_eq(of(&f.kind), kind) {
+                kind.remake(f, &mut cx)?;
+            }
+        }
+        kind.remade_all(&mut cx)?;
+    }
+    let Remake { p, batch: b, .. } = cx;
+    // Dups of descriptors made anew: the same open file again (one offset).
+    for f in &image.fds {
+        if let Some(src) = f.same_as {
+            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
+            b.call("dup3 (dup)", libc::SYS_dup3, &[Arg::Val(src as u64), Arg::Val(f.fd as u64), Arg::Val(cloexec)]);
+        }
+    }
+    for f in &image.fds {
+        if of(&f.kind).configure(f, b) && b.is_full() {
+            p.run_batch(b)?;
+        }
+    }
+    p.run_batch(b)?;
+    let mut cx = Remake { p, scratch, batch: b, image, template, memfds: Vec::new() };
+    for f in &image.fds {
+        of(&f.kind).link(f, &mut cx)?;
+    }
+    Ok(())
+}
+
+/// Before any process is cloned at a restore: the state of the objects the
+/// templates share with the killed originals goes back (pipe bytes,
+/// eventfd counters, timerfd settings; unix socket queues drained, then
+/// filled again by their peers). FIFOs on the layers get a keeper each
+/// (see `fifo.rs`), returned: they must stay open until every process is
+/// back.
+pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<HashMap<String, OwnedFd>> {
+    let keepers = fifo::open_keepers(set)?;
+    pipe::put_back(set, &keepers)?;
+    for t in &set.templates {
+        for f in &t.image.fds {
+            unix::drain(t.host, f)?;
+            eventfd::put_back(t.host, f)?;
+            timerfd::put_back(t.host, f)?;
+        }
+    }
+    // After every drain.
+    unix::put_back_queues(set)?;
+    Ok(keepers)
+}
+
+/// A path on the kept `/proc` or `/dev` (mounts a rollback keeps).
+pub(crate) fn kept_path(path: &str) -> bool {
+    ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
+}
+
+fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Ptrace { pid, op, source }
+}
+
+/// Open the unnamed file on descriptor `tmp` again with `f`'s flags (its
+/// access mode included) at `f`'s offset, on `f`'s number (closing `tmp`
+/// first if `close_tmp`).
+pub(crate) fn reopen_unnamed(
+    p: &mut Tracee,
+    scratch: u64,
+    f: &crate::model::FdImage,
+    tmp: u64,
+    close_tmp: bool,
+) -> Result<()> {
+    // An O_TMPFILE keeps O_TMPFILE (which includes O_DIRECTORY) in its
+    // flags; O_NOFOLLOW would refuse the /proc/self/fd magic link.
+    let strip =
+        (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_TMPFILE | libc::O_NOFOLLOW) as u32;
+    let again = write_path(p.tid, scratch, &format!("/proc/self/fd/{tmp}"))?;
+    let fd = p.call("open (unnamed file)", libc::SYS_open, &[again, (f.flags & !strip) as u64, 0])?;
+    if close_tmp {
+        p.call("close", libc::SYS_close, &[tmp])?;
+    }
+    if f.pos > 0 {
+        p.call("lseek", libc::SYS_lseek, &[fd, f.pos, libc::SEEK_SET as u64])?;
+    }
+    move_fd(p, fd, f.fd, f.flags)
+}
+
+/// Put descriptor `new` (opened with the flags `flags`, close-on-exec
+/// included) on number `fd`.
+pub(crate) fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
+    if new == fd as u64 {
+        return Ok(());
+    }
+    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
+    p.call("dup3", libc::SYS_dup3, &[new, fd as u64, cloexec])?;
+    p.call("close", libc::SYS_close, &[new])?;
+    Ok(())
+}
+
+/// `socket()` type bits for a socket that had the open flags `flags`.
+pub(crate) fn socket_type(kind: i32, flags: u32) -> u64 {
+    let mut ty = kind as u64;
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        ty |= libc::SOCK_NONBLOCK as u64;
+    }
+    if flags & libc::O_CLOEXEC as u32 != 0 {
+        ty |= libc::SOCK_CLOEXEC as u64;
+    }
+    ty
+}

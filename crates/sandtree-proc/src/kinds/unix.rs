@@ -1,0 +1,253 @@
+//! Unix sockets (`FdKind::Socket`, family `unix`). The template holds the
+//! same socket as the running original: kept. What is queued on a
+//! connected socket at the checkpoint (bytes or messages, without
+//! descriptors in flight) is peeked in pass 1 and, at the restore, the
+//! socket is drained and its peer sends the data again. A listener bound
+//! to a path is bound anew at that path in the rolled-back tree (the old
+//! socket file is a dead copy there). Refused: data in flight that cannot
+//! be captured (descriptors passed, or no captured peer to send it), a
+//! listener on a relative path. A process holding one bound in the tree,
+//! or with data in flight, cannot move to a new tree.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use rustix::io::Errno;
+use sandtree_sys::ptrace;
+
+use super::{Kind, Remake, kept_path, move_fd, ptrace_err, socket_type};
+use crate::batch::write_path;
+use crate::fdstate::{Seen, dup_from};
+use crate::inject::Tracee;
+use crate::model::{FdImage, FdKind, SocketBuffer};
+use crate::template::CheckpointTemplates;
+use crate::{Error, Result};
+
+/// Unix sockets.
+pub(crate) struct Unix;
+
+impl Kind for Unix {
+    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+        match &f.kind {
+            FdKind::Socket { queued: true, peer: None, .. } => Err(
+                "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
+            ),
+            FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {
+                Err(format!("a unix socket listening on relative path {path}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn cannot_move(&self, f: &FdImage) -> Option<&'static str> {
+        match &f.kind {
+            // (A relative name is the tree's too.)
+            FdKind::Socket { bound: Some(path), .. } if !path.starts_with('@') && !kept_path(path) => {
+                Some("a unix socket is bound in the tree")
+            }
+            FdKind::Socket { queued: true, peer: None, .. } => {
+                Some("a unix socket holds data (maybe descriptors) in flight")
+            }
+            _ => None,
+        }
+    }
+
+    fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
+        match &f.kind {
+            FdKind::Socket { listening: true, bound: Some(path), stream, inet: None, .. }
+                if !path.starts_with("/proc/") =>
+            {
+                rebind_listener(cx.p, cx.scratch, f.fd, f.flags, *stream, path)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Pass 1 for stopped process `host`: what is queued on its connected
+/// unix sockets among `fds` not `seen` yet. `who` names the process in a
+/// refusal (pid in the sandbox, and its name, asked only then).
+pub(crate) fn capture_queue(
+    host: i32,
+    fds: &[FdImage],
+    seen: &mut Seen,
+    who: (i32, &dyn Fn() -> String),
+) -> Result<Vec<SocketBuffer>> {
+    let mut sockets = Vec::new();
+    for f in fds {
+        if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
+            && seen.first_socket(*ino)
+        {
+            let (messages, stream) = read_queue(host, f.fd).map_err(|e| {
+                Error::unsupported(
+                    who.0,
+                    &who.1(),
+                    format!("fd {}", f.fd),
+                    format!("a unix socket with data in flight that cannot be captured: {e}"),
+                )
+            })?;
+            sockets.push(SocketBuffer { ino: *ino, peer: *peer, stream, messages });
+        }
+    }
+    Ok(sockets)
+}
+
+/// At a restore: a connected unix socket of template `host` loses what
+/// came since the checkpoint (it was empty then, or its data is sent again
+/// by [`put_back_queues`]).
+pub(crate) fn drain(host: i32, f: &FdImage) -> Result<()> {
+    match &f.kind {
+        FdKind::Socket { family, connected: true, .. } if family == "unix" => {
+            drain_queue(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "unix socket queue", source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// At a restore, after every [`drain`]: the data queued at the checkpoint,
+/// sent again by each socket's peer.
+pub(crate) fn put_back_queues(set: &CheckpointTemplates) -> Result<()> {
+    for (buf, host, fd) in &set.sockets {
+        send_again(*host, *fd, &buf.messages, buf.stream).map_err(|e| Error::Proc {
+            pid: *host,
+            what: "unix socket data",
+            source: e,
+        })?;
+    }
+    Ok(())
+}
+
+/// A unix listener is bound to a socket inode of the replaced tree: the
+/// rolled-back tree has only a dead copy of that file, and `connect` to it
+/// would be refused. Bind a new listener at the same path (same type and
+/// flags, the file's mode kept) and put it on the old descriptor number.
+/// Connections queued on the old one are dropped (their clients were
+/// killed by the rollback, or came after the checkpoint).
+fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bool, path: &str) -> Result<()> {
+    let pid = p.tid;
+    let addr = write_path(pid, scratch, path)?;
+    let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
+    let mut stat = [0u8; 144];
+    let keep_mode = if mode.ret == 0 {
+        ptrace::read_mem(pid, scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
+        Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
+    } else {
+        None
+    };
+    let _ = p.syscall(libc::SYS_unlink, &[addr])?;
+    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET }, flags);
+    let new = p.call("socket (unix listener)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
+    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    sun.extend_from_slice(path.as_bytes());
+    sun.push(0);
+    ptrace::write_mem(pid, scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
+    p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
+    p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+    move_fd(p, new, fd, flags)?;
+    if let Some(m) = keep_mode {
+        p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
+    }
+    Ok(())
+}
+
+/// Drop whatever is queued for reading on the socket behind `fd` of `host`.
+fn drain_queue(host: i32, fd: i32) -> io::Result<()> {
+    let sock = dup_from(host, fd)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    for _ in 0..4096 {
+        match rustix::net::recv(&sock, &mut buf[..], rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) | Err(Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::other("socket does not drain"))
+}
+
+/// What is queued for reading on unix socket `sock`, without consuming
+/// it (`MSG_PEEK`): a stream socket's bytes as one piece, a datagram or
+/// seqpacket socket's messages one by one (peeked from `SO_PEEK_OFF` 0
+/// on, which each peek moves past the message; the socket's own offset is
+/// put back). An error if descriptors are in flight with them, or if a
+/// stream's bytes cannot be read in one piece (from several writers).
+pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>> {
+    let peek = |buf: &mut [u8]| -> io::Result<(usize, bool)> {
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::TRUNC;
+        let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut control, flags)?;
+        // Descriptors passed with the bytes were installed here by the
+        // peek: dropping them closes our copies.
+        if control.drain().any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_))) {
+            return Err(io::Error::other("descriptors are in flight with the bytes"));
+        }
+        Ok((got.bytes, got.flags.contains(rustix::net::ReturnFlags::TRUNC)))
+    };
+    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
+    if stream {
+        // A peek starts at (and moves) the socket's own offset, if set.
+        if saved >= 0 {
+            sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
+        }
+        let n = rustix::io::ioctl_fionread(sock)? as usize;
+        let mut buf = vec![0u8; n.max(1)];
+        let peeked = peek(&mut buf);
+        if saved >= 0 {
+            sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+        }
+        let (got, _) = peeked?;
+        if got != n {
+            return Err(io::Error::other(format!("{got} of {n} queued bytes could be read in one piece")));
+        }
+        buf.truncate(n);
+        return Ok(vec![buf]);
+    }
+    sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let peeked = loop {
+        match peek(&mut buf) {
+            Ok((_, true)) => break Err(io::Error::other("a queued message is larger than 256 KiB")),
+            Ok((n, false)) if out.len() < 4096 => out.push(buf[..n].to_vec()),
+            Ok(_) => break Err(io::Error::other("more than 4096 messages queued")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(out),
+            Err(e) => break Err(e),
+        }
+    };
+    sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+    peeked
+}
+
+/// What is queued on unix socket `fd` of `host` ([`socket_messages`]), and
+/// whether it is a byte stream.
+fn read_queue(host: i32, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
+    let sock = dup_from(host, fd)?;
+    let stream = rustix::net::sockopt::socket_type(&sock)? == rustix::net::SocketType::STREAM;
+    Ok((socket_messages(&sock, stream)?, stream))
+}
+
+/// Queue `messages` again on the peer of socket `fd` of `host`, by sending
+/// them from that socket (the restore drained the peer beforehand): a
+/// stream's bytes in full, a datagram or seqpacket message per send.
+fn send_again(host: i32, fd: i32, messages: &[Vec<u8>], stream: bool) -> io::Result<()> {
+    let sock = dup_from(host, fd)?;
+    let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+    for m in messages {
+        let mut sent = 0;
+        loop {
+            match rustix::net::send(&sock, &m[sent..], flags) {
+                Ok(n) if stream => {
+                    sent += n;
+                    if sent >= m.len() {
+                        break;
+                    }
+                }
+                Ok(n) if n == m.len() => break,
+                Ok(_) => return Err(io::Error::other("a message was cut")),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
