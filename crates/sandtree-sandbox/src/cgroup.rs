@@ -382,7 +382,10 @@ impl Cgroup {
         // entered the refrigerator yet; report every task not sleeping in it.
         let mut out = Vec::new();
         for pid in self.procs().unwrap_or_default() {
-            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            // (Read lossily: the name in it may be cut inside a UTF-8
+            // character.)
+            let Ok(stat) = fs::read(format!("/proc/{pid}/stat")).map(|b| String::from_utf8_lossy(&b).into_owned())
+            else {
                 continue;
             };
             let (comm, state) = parse_stat(&stat);

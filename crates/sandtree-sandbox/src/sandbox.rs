@@ -470,9 +470,12 @@ impl Sandbox {
     /// Host pid of in-sandbox pid `pid` (via `NSpid` of the cgroup members).
     pub fn host_pid(&self, pid: i32) -> Option<i32> {
         for hp in self.inner.cgroup.procs().ok()? {
-            let Ok(status) = std::fs::read_to_string(format!("/proc/{hp}/status")) else {
+            // (Bytes, read lossily: a name cut at 15 bytes may end inside a
+            // UTF-8 character, and must not hide the process.)
+            let Ok(status) = std::fs::read(format!("/proc/{hp}/status")) else {
                 continue;
             };
+            let status = String::from_utf8_lossy(&status);
             let ns = status.lines().find_map(|l| l.strip_prefix("NSpid:"));
             if ns.and_then(|v| v.split_whitespace().last()).and_then(|v| v.parse::<i32>().ok()) == Some(pid) {
                 return Some(hp);

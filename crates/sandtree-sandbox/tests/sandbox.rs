@@ -155,6 +155,21 @@ async fn identity(_cx: &Ctx<'_>, sb: &Sandbox) -> Result<()> {
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("");
     ensure!(uid_line.split_whitespace().nth(1) == Some(&UID_BASE.to_string()), "host uid: {uid_line}");
     sb.kill_process(bg.pid, 9).await?;
+    // A name the kernel cuts at 15 bytes inside a UTF-8 character: its
+    // /proc status is not UTF-8, and the process must still be found.
+    let cut = "cp /bin/sleep /tmp/aaaaaaaaaaaaaa\u{e9} && exec /tmp/aaaaaaaaaaaaaa\u{e9} 100";
+    let bg = sb.spawn_background(ExecRequest::new(["sh", "-c", cut])).await?;
+    let mut found = None;
+    for _ in 0..200 {
+        let comm = fs::read(format!("/proc/{}/comm", sb.host_pid(bg.pid).unwrap_or(0))).unwrap_or_default();
+        if comm.starts_with(b"aaaa") {
+            found = sb.host_pid(bg.pid);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    ensure!(found.is_some(), "a process whose name is cut inside a UTF-8 character is not found");
+    sb.kill_process(bg.pid, 9).await?;
     let o = sb.exec(ExecRequest::new(["hostname"])).await?;
     ensure!(out(&o) == format!("sb-{}", sb.id()), "hostname {o:?}");
     let o = sb.exec(ExecRequest::new(["cat", "/proc/1/comm"])).await?;
