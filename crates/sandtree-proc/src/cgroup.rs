@@ -7,13 +7,15 @@
 //!
 //! A template is cloned inside its original, a holder inside its owner:
 //! both start in the sandbox's cgroup and are moved to the pool between
-//! operations ([`PoolPlacement::sweep`], and before a rollback's kill list is taken); a
-//! standby forked from a template starts in the pool. A restored process,
-//! cloned from a template or standby, is moved back ([`PoolCgroup::to_live`])
-//! while stopped at birth, before it runs: a process left in the pool
-//! would survive the next rollback's kill. Until a pool process is moved it
-//! is listed with the others, and spared all the same: init's kill list
-//! excludes every pool pid the daemon names, the cgroup only shortens it.
+//! operations (`PoolPlacement::sweep`, and before a rollback's kill list
+//! is taken); a standby forked from a template starts in the pool. A
+//! restored process, cloned from a template or standby, is moved back
+//! (`PoolCgroup::to_live`) while stopped at birth, before it runs: a
+//! process left in the pool would survive the next rollback's kill. Until
+//! a pool process is moved it is listed with the others, and spared all
+//! the same: init's kill list excludes every pool pid the daemon names,
+//! the cgroup only shortens it. [`PoolCgroup`] is the two `cgroup.procs`
+//! files; `PoolPlacement`, the tracer's part, holds it and the pids moved.
 //!
 //! A move writes the host pid to the destination's `cgroup.procs` (one
 //! write, the thread group moves; ~10 µs with cgroup2's `favordynmods`,

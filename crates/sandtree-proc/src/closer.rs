@@ -1,5 +1,6 @@
-//! The closer thread: descriptors whose last close does work the tracer
-//! must not wait for close on a low-priority thread of their own.
+//! The closer thread (`sandtree:closer`, `SCHED_IDLE`): descriptors whose
+//! last close does work the tracer must not wait for (a detached tree's
+//! teardown, a userfaultfd's walk of its pages) close there.
 
 use std::os::fd::OwnedFd;
 

@@ -13,34 +13,40 @@
 //! `PTRACE_O_EXITKILL` they die with the tracer), as children of the
 //! sandbox init.
 //!
-//! Order at a checkpoint (`checkpoint.rs`):
-//! 1. [`Tracer::stop`]: `PTRACE_SEIZE` + `PTRACE_INTERRUPT` every process of
-//!    the sandbox but the templates (and their holders and standbys), again
-//!    until no new one appears (a stopped process cannot fork), then init:
-//!    the consistency point; nothing in the sandbox runs from here;
+//! Order at a checkpoint (`stop.rs`, then `checkpoint/`), as a typed
+//! transaction: each state lets the processes go when dropped before its
+//! next step, so a caller never undoes a step by hand.
+//! 1. [`Tracer::stop`] gives a [`Stopped`]: `PTRACE_SEIZE` +
+//!    `PTRACE_INTERRUPT` every process of the sandbox but the pool
+//!    (templates, standbys, holders), again until no new one appears (a
+//!    stopped process cannot fork), then init: the consistency point;
+//!    nothing in the sandbox runs from here;
 //! 2. the caller snapshots the filesystem on another thread while
-//!    [`Tracer::clone_all`] reads, per process, what must be read while it
-//!    is stopped (descriptors and offsets, pipe bytes, deleted files, queued
-//!    signals, mask, itimers) and injects the `clone` that makes its
-//!    template (no cgroup freeze: a syscall injected into a frozen task
-//!    would never complete);
+//!    [`Stopped::capture`] (pass 1) reads, per process, what must be read
+//!    while it is stopped (descriptors and offsets, pipe bytes, deleted
+//!    files, queued signals, mask, itimers) and injects the `clone` that
+//!    makes its template (no cgroup freeze: a syscall injected into a
+//!    frozen task would never complete), giving a [`Captured`];
 //!    (A layered checkpoint, with init running, moves the stopped
-//!    processes to the new tree here: `repoint.rs`; it takes steps 1 and 2,
-//!    the check of whether they can move and the reopening of their files
-//!    in one tracer job, [`Tracer::stop_and_clone`], and the files' move,
-//!    step 3 and step 4 in another, [`Tracer::finish_and_go`].)
-//! 3. [`Tracer::release`]: every process gets its registers and mask back
-//!    in signal context (see `inject.rs`) and runs again;
-//! 4. [`Tracer::set_up`]: per template, the rest of the
-//!    [`model::ProcessImage`] from its `/proc` (read ahead on another
-//!    thread from the end of step 2) and the checks ([`check`]);
-//!    once the checkpoint is over (between operations, or first thing in a
-//!    rollback), the tracer thread does the templates' set-up: a scratch page, `chdir("/")`, close what the restore
-//!    re-opens or re-creates (files on the sandbox's layers, bound sockets),
-//!    leave the original's session.
+//!    processes to the new tree here: `checkpoint/repoint.rs`. It takes
+//!    steps 1 and 2, the check of whether they can move and the reopening
+//!    of their files in one tracer job, [`Tracer::stop_and_clone`] and
+//!    [`Cloning::finish`], which give a [`Copied`]; and the files' move,
+//!    step 3 and step 4 in another, [`Copied::finish_and_go`].)
+//! 3. [`Captured::release`]: every process gets its registers and mask
+//!    back in signal context (see `inject.rs`) and runs again, giving a
+//!    [`Released`];
+//! 4. [`Released::set_up`] (pass 2): per template, the rest of the
+//!    [`model::ProcessImage`] from its `/proc` and the checks ([`check`],
+//!    and each descriptor's kind, `kinds/`); the templates join the pool
+//!    (`pool/`). Once the checkpoint is over (between operations, or first
+//!    thing in a rollback), the tracer thread does the templates' set-up:
+//!    a scratch page, `chdir("/")`, close what the restore reopens or
+//!    makes anew (files on the sandbox's layers, bound sockets), leave the
+//!    original's session.
 //!
 //! Order at a rollback in place (`restore.rs`), after init swapped the root
-//! and killed everything but the templates, holders and standbys:
+//! and killed everything but the pool:
 //! 1. put back the state of objects the templates share with the killed
 //!    originals (pipe bytes, eventfd counters, timerfd settings);
 //! 2. into each template inject `clone3(CLONE_PARENT, set_tid = [old pid],
@@ -50,9 +56,10 @@
 //! 3. into the copy: `chdir(cwd)`, reopen the layer files by path in the
 //!    new tree at their flags and offsets (`dup3` onto their numbers),
 //!    re-create deleted files and bound sockets, epoll watch lists and
-//!    signalfd masks, `setsid` + `TIOCSCTTY` for a session leader with a
-//!    terminal (or `setpgid`), itimers, queued signals, unmap the scratch
-//!    page; give it a holder (`memory_holder.rs`);
+//!    signalfd masks (each descriptor by its kind, `kinds/`), `setsid` +
+//!    `TIOCSCTTY` for a session leader with a terminal (or `setpgid`),
+//!    itimers, queued signals, unmap the scratch page; give it a holder
+//!    (`memory_holder.rs`);
 //! 4. set the checkpoint's registers and signal mask in signal context and
 //!    detach: an interrupted syscall restarts as the kernel decides (the
 //!    restart block of `-ERESTART_RESTARTBLOCK` is copied by fork), and
@@ -60,6 +67,10 @@
 //!
 //! What the template path cannot do yet is refused at capture with the
 //! process, the resource and the reason ([`Error::Unsupported`]).
+//!
+//! The modules form levels with no import cycle (`tests/module_graph.rs`);
+//! `docs/architecture/process-engine.md` draws them, and the glossary
+//! explains every module and type name.
 
 #![forbid(unsafe_code)]
 

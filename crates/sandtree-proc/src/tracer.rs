@@ -1,4 +1,5 @@
-//! The tracer thread of one sandbox and its template pool.
+//! The tracer thread of one sandbox, the state it owns, and the
+//! checkpoint's states.
 //!
 //! ptrace is per thread: every request for a tracee must come from the
 //! thread that attached it, and templates stay attached for as long as they
@@ -7,14 +8,23 @@
 //! the answer (from `block_in_place` in async code). When the [`Tracer`] is
 //! dropped the thread ends and `PTRACE_O_EXITKILL` kills the templates.
 //!
-//! Pool: templates are grouped by checkpoint. Eviction drops a whole
-//! checkpoint's templates, least recently used first
-//! ([`Tracer::evict_to`]); its info then says its processes were evicted.
-//! Memory is counted in physical pages ([`procfs::frames`]): those of
-//! templates that no live process maps.
+//! Everything the thread owns is its [`State`], whose fields are private
+//! to this file: the stop (`stop.rs`), the template pool (`pool/`), the
+//! holders of live processes, their trackings, the dying list, the pool's
+//! cgroup. The passes take the parts they use ([`crate::checkpoint::Parts`],
+//! [`crate::restore::Parts`]).
+//!
+//! A checkpoint is a typed transaction: [`Tracer::stop`] gives a
+//! [`Stopped`], whose [`Stopped::capture`] gives a [`Captured`], whose
+//! [`Captured::release`] gives a [`Released`], whose [`Released::set_up`]
+//! ends it; a layered one goes through [`Tracer::stop_and_clone`],
+//! [`Cloning::finish`] and a [`Copied`]. Each state lets the processes go
+//! (and drops the templates not yet in the pool) when dropped before its
+//! next step (`Resumes`).
 //!
 //! Between jobs, while no operation is in flight ([`Tracer::begin`]), the
-//! thread gives templates their standbys, one fork at a time.
+//! thread does the pool's work: pages to write, set-ups, standbys (one
+//! fork at a time).
 
 use std::sync::Arc;
 use std::sync::Mutex;

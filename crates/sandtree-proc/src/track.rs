@@ -4,11 +4,12 @@
 //! checkpoint costs milliseconds (a 100 MB Python whose huge pages
 //! copy-on-write split: ~4 ms per fork; 1 GB: ~15 ms), or any process at
 //! all (a small one that ran no code since needs no fork either:
-//! `incremental.rs`), is *tracked* from its first checkpoint on: a userfaultfd in asynchronous write-protect mode
-//! covers its private mappings (see `sandtree_sys::uffd`). The next
-//! checkpoint then asks which pages were written since (one `PAGEMAP_SCAN`,
-//! which protects them again) and makes its template from the previous
-//! one (`incremental.rs`) instead of forking the process.
+//! `incremental.rs`), is *tracked* from its first checkpoint on: a
+//! userfaultfd in asynchronous write-protect mode covers its private
+//! mappings (see `sandtree_sys::uffd`). The next checkpoint then asks
+//! which pages were written since (one `PAGEMAP_SCAN`, which protects them
+//! again) and makes its template from the previous one (`incremental.rs`)
+//! instead of forking the process.
 //!
 //! Making the userfaultfd: `userfaultfd(O_CLOEXEC | O_NONBLOCK |
 //! UFFD_USER_MODE_ONLY)` is injected into the stopped process with its
@@ -23,6 +24,11 @@
 //! the process's at the last scan. It has none until a checkpoint made that
 //! template and joined the pool (any failure leaves it without one: the
 //! next checkpoint forks).
+//!
+//! [`Trackings`] holds the trackings of a sandbox's live processes and the
+//! userfaultfds of dead ones, [`Parked`] until their memory is gone.
+//! [`Delta`] is what a template changed over the one before it, kept with
+//! that one ([`PreviousTemplate`]) for `incremental::OlderStandby`.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
