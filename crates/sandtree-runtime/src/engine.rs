@@ -200,7 +200,6 @@ impl Engine {
         }
     }
 
-    /// The tracer of a running sandbox (started on first use).
     /// What the process engine counted since this engine started
     /// (templates made each way, pages copied by holders, ...).
     pub fn process_stats(&self) -> sandtree_proc::ProcessStats {
@@ -212,6 +211,7 @@ impl Engine {
         &self.instruments.switches
     }
 
+    /// The tracer of a running sandbox (started on first use).
     pub(crate) fn tracer(&self, id: &str) -> Result<Arc<sandtree_proc::Tracer>> {
         let mut tracers = self.tracers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = tracers.get(id) {
