@@ -76,6 +76,7 @@ pub mod inject;
 mod kinds;
 mod memory_holder;
 pub mod model;
+pub mod pid;
 mod pool;
 pub mod procfs;
 mod reap;
@@ -92,6 +93,7 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use checkpoint::CaptureReport;
+pub use pid::{HostPid, SandboxPid};
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
 pub use stats::{Instruments, ProcessStats, TestSwitches};
