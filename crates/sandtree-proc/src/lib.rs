@@ -109,7 +109,7 @@ pub enum Error {
     #[error("ptrace {op} of pid {pid}: {source}")]
     Ptrace {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Request.
         op: &'static str,
         /// Error.
@@ -119,7 +119,7 @@ pub enum Error {
     #[error("{call} inside pid {pid} failed: {errno}")]
     Remote {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Syscall.
         call: &'static str,
         /// Its error.
@@ -129,7 +129,7 @@ pub enum Error {
     #[error("read {what} of pid {pid}: {source}")]
     Proc {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// File.
         what: &'static str,
         /// Error.
@@ -139,7 +139,7 @@ pub enum Error {
     #[error("pid {pid} {how}")]
     Died {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Exit description.
         how: String,
     },
@@ -166,7 +166,7 @@ pub enum Error {
     #[error("the sandbox's root moved while pid {pid} forked: its child kept the old tree")]
     RootMoved {
         /// Host pid of the process that forked.
-        pid: i32,
+        pid: HostPid,
     },
 }
 
@@ -178,6 +178,14 @@ impl Error {
             resource: resource.into(),
             reason: reason.into(),
         })
+    }
+
+    /// [`Error::unsupported`] of a process known here by its host pid
+    /// only (the vDSO lookup, a batch, the restore's fix-up): the host pid
+    /// stands in for its pid in the sandbox in the report, as it always
+    /// did.
+    fn unsupported_by_host(host: HostPid, comm: &str, resource: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::unsupported(host.raw(), comm, resource, reason)
     }
 }
 

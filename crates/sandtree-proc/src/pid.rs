@@ -29,15 +29,16 @@
 use serde::{Deserialize, Serialize};
 
 /// A pid (or tid) in the host's pid namespace: the daemon's view (see the
-/// module docs).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// module docs). (Its default, 0, is no process: "none", "not known yet".)
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(transparent)]
 #[serde(transparent)]
 pub struct HostPid(pub i32);
 
 /// A pid (or tid) in the sandbox's pid namespace: the sandbox's own view,
-/// which its images and reports keep (see the module docs).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// which its images and reports keep (see the module docs). (Its default,
+/// 0, is no process.)
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(transparent)]
 #[serde(transparent)]
 pub struct SandboxPid(pub i32);

@@ -18,13 +18,13 @@ use crate::memory_holder::Holder;
 use crate::pool::Pool;
 use crate::reap::Dying;
 use crate::track::Trackings;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
 
@@ -257,7 +257,7 @@ fn restore_one(
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
     if let Some(s) = &standby
-        && !matches!(ptrace::try_wait(s.host), Ok(None))
+        && !matches!(ptrace::try_wait(s.host.raw()), Ok(None))
     {
         crate::inject::kill_tracee(s.host);
         standby = None;
@@ -441,7 +441,7 @@ fn make_threads(
         inject::wait_event_stop(tid)?;
         out.push((Tracee::new(tid, regs, p.insn).with_mask(th.blocked), regs));
         let t = &mut out.last_mut().expect("just pushed").0;
-        ptrace::set_xstate(tid, &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
+        ptrace::set_xstate(tid.raw(), &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
         if th.robust_list.0 != 0 {
             t.call("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list.0, th.robust_list.1])?;
         }
@@ -450,14 +450,14 @@ fn make_threads(
             t.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
         }
         if let Some(ss) = &th.altstack {
-            ptrace::write_mem(tid, scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
+            ptrace::write_mem(tid.raw(), scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
             t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
         }
         // Its name: only a thread of the group may write its comm.
         let mut name = th.comm.as_bytes().to_vec();
         name.truncate(15);
         name.push(0);
-        ptrace::write_mem(tid, scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
+        ptrace::write_mem(tid.raw(), scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
         const PR_SET_NAME: u64 = 15;
         t.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, scratch + 1024])?;
         crate::inject::set_affinity(tid, &th.affinity);
@@ -469,7 +469,7 @@ fn fix_up(
     p: &mut Tracee,
     image: &ProcessImage,
     (scratch, exec): (u64, bool),
-    template: i32,
+    template: HostPid,
     (via_standby, incremental): (bool, bool),
     threads: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<()> {
@@ -553,7 +553,7 @@ fn fix_up(
     make_threads(p, image, scratch, threads)?;
     for q in &image.queued_signals {
         let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(p.tid, scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
+        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
         let me = image.pid as u64;
         if q.shared {
             p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;

@@ -5,7 +5,7 @@
 //! (`pool/standbys.rs`).
 
 use crate::inject::Tracee;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// A stopped fork of a template, waiting to become a restored process's
 /// address space.
@@ -13,7 +13,7 @@ pub(crate) struct Standby {
     /// It, in a ptrace stop.
     pub tracee: Tracee,
     /// Host pid.
-    pub host: i32,
+    pub host: HostPid,
     /// Pid in the sandbox.
     pub ns_pid: i32,
 }
@@ -22,8 +22,8 @@ pub(crate) struct Standby {
 /// (for a 1 GB process, 10-60 ms of copying page tables) while the tracer
 /// serves other jobs; [`tend_standbys`] collects it.
 pub(crate) struct Forking {
-    /// The child, once the fork event told it.
-    child: Option<i32>,
+    /// The child (host pid), once the fork event told it.
+    child: Option<HostPid>,
     t0: std::time::Instant,
     /// The child's pid in the sandbox, given by us (`clone3` with
     /// `set_tid`): known from the start, so that a rollback's kill list
@@ -130,7 +130,7 @@ impl Forking {
             crate::reap::kill_later(host, ns_pid);
             return Err(Error::RootMoved { pid: tpl.tid });
         }
-        tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
+        tracing::debug!(template = tpl.tid.raw(), standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }
 }

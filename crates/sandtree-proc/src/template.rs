@@ -9,13 +9,13 @@ use crate::check::Unrestorable;
 use crate::inject::{Tracee, kill_tracee};
 use crate::model::{FdKind, ProcessImage};
 use crate::standby::{CLONE3_STANDBY, Forking, Standby};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// One template: a stopped copy of a process at a checkpoint.
 pub(crate) struct Template {
     pub image: ProcessImage,
     /// Host pid of the template.
-    pub host: i32,
+    pub host: HostPid,
     /// Its pid in the sandbox.
     pub ns_pid: i32,
     /// The template itself, in a ptrace stop.
@@ -56,10 +56,10 @@ pub(crate) struct CheckpointTemplates {
     pub templates: Vec<Template>,
     /// Buffered bytes of each pipe, with a template (host pid) and fd
     /// through which the pipe is reached at restore.
-    pub pipes: Vec<(crate::model::PipeBuffer, i32, i32)>,
+    pub pipes: Vec<(crate::model::PipeBuffer, HostPid, i32)>,
     /// Data queued on unix sockets, with a template (host pid) and fd of
     /// the peer it is sent from again at restore.
-    pub sockets: Vec<(crate::model::SocketBuffer, i32, i32)>,
+    pub sockets: Vec<(crate::model::SocketBuffer, HostPid, i32)>,
     pub unrestorable: Vec<Unrestorable>,
     pub last_used: u64,
 }
@@ -74,7 +74,7 @@ pub(crate) fn is_later(to_write: &Option<crate::incremental::Pending>) -> bool {
 /// Kill template `host`, unless `host` is a stand-in ([`is_later`]): that
 /// template is another checkpoint's; this one's standby is killed once
 /// forked, when its pending write is dropped.
-pub(crate) fn kill_template(host: i32, later: bool) {
+pub(crate) fn kill_template(host: HostPid, later: bool) {
     if !later {
         kill_tracee(host);
     }

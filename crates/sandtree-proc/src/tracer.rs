@@ -28,7 +28,7 @@ use crate::inject::kill_tracee;
 use crate::pool::TemplateStatus;
 use crate::restore::RestoreReport;
 use crate::stop::StopReport;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Everything the tracer thread owns.
 #[derive(Default)]
@@ -58,7 +58,7 @@ pub(crate) struct State {
     /// incremental templates; `None`: none is.
     incremental_min_rss: Option<u64>,
     /// The sandbox's init (host pid), once a checkpoint named it.
-    init_host: i32,
+    init_host: HostPid,
     /// Its mount table.
     mounts: crate::procfs::MountCache,
     /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
@@ -328,8 +328,8 @@ impl State {
     /// background.
     fn stop(
         &mut self,
-        list: &dyn Fn() -> std::io::Result<Vec<i32>>,
-        init_host: i32,
+        list: &dyn Fn() -> std::io::Result<Vec<HostPid>>,
+        init_host: HostPid,
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
@@ -337,7 +337,7 @@ impl State {
         self.stops.settle_lingering();
         self.pool.forks_to_background(&self.tracking, &self.instruments.switches, true);
         self.init_host = init_host;
-        let kept: std::collections::HashSet<i32> = self.kept_hosts().into_iter().collect();
+        let kept: std::collections::HashSet<HostPid> = self.kept_hosts().into_iter().collect();
         self.stops.stop(list, (init_host, &kept), best_effort, timeout, with_init)
     }
 
@@ -351,8 +351,8 @@ impl State {
     /// Host pids of every process this tracer keeps (templates, holders,
     /// killed holders still tearing down): none of them is a sandbox
     /// process to capture.
-    pub(crate) fn kept_hosts(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self.pool.hosts().collect();
+    pub(crate) fn kept_hosts(&self) -> Vec<HostPid> {
+        let mut v: Vec<HostPid> = self.pool.hosts().collect();
         v.extend(self.holders.iter().map(|h| h.host));
         v.extend(self.dying.iter().map(|d| d.host));
         v
@@ -417,7 +417,7 @@ pub struct Tracer {
     /// the processes could move to a new tree (none yet: `false`).
     moved: Arc<AtomicBool>,
     /// The pool's pids ([`Tracer::pool`]), published by the thread.
-    pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>>,
+    pool: Arc<Mutex<(Vec<i32>, Vec<HostPid>)>>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -448,7 +448,7 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
-        let pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>> = Default::default();
+        let pool: Arc<Mutex<(Vec<i32>, Vec<HostPid>)>> = Default::default();
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let placement = crate::cgroup::PoolPlacement::new(cgroup);
@@ -489,7 +489,7 @@ impl Tracer {
                         // (Only after a job: looking costs two calls, at
                         // every turn. A table changed meanwhile by the
                         // sandbox is read by the checkpoint itself.)
-                        if idle && mounts_stale && st.init_host > 0 {
+                        if idle && mounts_stale && st.init_host.raw() > 0 {
                             mounts_stale = false;
                             if st.mounts.refresh(st.init_host) {
                                 continue;
@@ -590,8 +590,8 @@ impl Tracer {
     /// and nothing stays stopped.
     pub fn stop(
         &self,
-        list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
-        init_host: i32,
+        list: Box<dyn Fn() -> std::io::Result<Vec<HostPid>> + Send>,
+        init_host: HostPid,
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
@@ -626,8 +626,8 @@ impl Tracer {
     /// a call to the tracer thread costs 0.07-0.2 ms here).
     pub fn stop_and_clone(
         &self,
-        list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
-        init_host: i32,
+        list: Box<dyn Fn() -> std::io::Result<Vec<HostPid>> + Send>,
+        init_host: HostPid,
         (best_effort, timeout): (bool, std::time::Duration),
         tree: Option<crate::repoint::Tree>,
     ) -> Result<StopAndClone<'_>> {
@@ -647,12 +647,12 @@ impl Tracer {
                 // the other CPU): those move now, while it runs. (`None`:
                 // the caller has not said yet.)
                 let mut staged: Option<Option<String>> = None;
-                let mut early = |st: &mut crate::checkpoint::Parts<'_>, largest: i32| {
+                let mut early = |st: &mut crate::checkpoint::Parts<'_>, largest: HostPid| {
                     let Some(tree) = &tree else { return };
                     // (The largest one's descriptors and cwd are read after
                     // this: not if it shares them with another process.)
                     let shared = |c: &crate::checkpoint::Cloned| {
-                        sandtree_sys::process::shares_files_or_fs(largest, c.stopped.host).unwrap_or(true)
+                        sandtree_sys::process::shares_files_or_fs(largest.raw(), c.stopped.host.raw()).unwrap_or(true)
                     };
                     if st.cloned.iter().any(shared) || crate::repoint::check(st, tree).is_err() {
                         return;
@@ -775,7 +775,7 @@ impl Tracer {
     /// before a checkpoint's stop. One that became a pool process since is
     /// taken for a sandbox process: the stop skips it (its tracer is ours),
     /// and init's own check refuses a restack it would spoil.
-    pub fn pool(&self) -> Result<(Vec<i32>, Vec<i32>)> {
+    pub fn pool(&self) -> Result<(Vec<i32>, Vec<HostPid>)> {
         Ok(self.pool.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
@@ -861,7 +861,7 @@ impl Tracer {
             st.pool.clear();
             crate::checkpoint::abort(&mut st.parts());
             // (Its open file would keep the old init's mounts alive.)
-            st.init_host = 0;
+            st.init_host = HostPid(0);
             st.mounts.clear();
         });
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();

@@ -41,7 +41,7 @@ use sandtree_api::{
     CheckpointInfo, CheckpointList, CheckpointRequest, CheckpointResponse, ProcessState, UnrestorableProcess,
 };
 use sandtree_meta::{CheckpointRecord, SandboxRecord};
-use sandtree_proc::{CaptureReport, Unrestorable};
+use sandtree_proc::{CaptureReport, HostPid, Unrestorable};
 
 use crate::{Engine, Error, Result, util};
 
@@ -110,9 +110,11 @@ impl Engine {
                 return Ok((0.0, None));
             };
             let cg = sb.cgroup().clone();
-            let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+            let list = Box::new(move || {
+                cg.procs().map(|pids| pids.into_iter().map(HostPid).collect()).map_err(std::io::Error::other)
+            });
             let stopped = t
-                .stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), true)
+                .stop(list, HostPid(sb.init_pid()), best_effort, self.freeze_timeout(), true)
                 .map_err(|e| self.process_error(id, e))?;
             let skipped = stopped.report().skipped.clone();
             // When the processes run again: the templates' set-up comes after.
@@ -529,9 +531,9 @@ fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> Chec
 /// clearly not), and every task of the cgroup lives in the sandbox's pid
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
-fn init_alone(sb: &sandtree_sandbox::Sandbox, procs: Option<&[i32]>, pool: &[i32]) -> bool {
+fn init_alone(sb: &sandtree_sandbox::Sandbox, procs: Option<&[i32]>, pool: &[HostPid]) -> bool {
     procs.is_some_and(|pids| {
-        let others: Vec<i32> = pids.iter().copied().filter(|p| !pool.contains(p)).collect();
+        let others: Vec<i32> = pids.iter().copied().filter(|p| !pool.contains(&HostPid(*p))).collect();
         others.len() <= 1 && one_pid_namespace(sb, &others)
     })
 }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) use sizing::PoolMemory;
 pub(crate) use standbys::StandbyWork;
 
+use crate::HostPid;
 use crate::check::Unrestorable;
 use crate::inject::kill_tracee;
 use crate::memory_holder::Holder;
@@ -48,7 +49,7 @@ pub(crate) struct Pool {
     /// Templates whose standby was still being forked when their
     /// checkpoint took it: (checkpoint, host pid of the template forking
     /// it), until [`Pool::resolve_later`] right after the job.
-    later: Vec<(String, i32)>,
+    later: Vec<(String, HostPid)>,
     /// The next pid to give a standby, counting down from the top of the
     /// pid range (`standbys.rs`); 0 until the first.
     next_pool_pid: i32,
@@ -109,7 +110,7 @@ impl Pool {
     }
 
     /// Host pids of the pool's templates and standbys.
-    pub(crate) fn hosts(&self) -> impl Iterator<Item = i32> + '_ {
+    pub(crate) fn hosts(&self) -> impl Iterator<Item = HostPid> + '_ {
         self.templates().map(|t| t.host).chain(self.standbys().map(|s| s.host))
     }
 
@@ -136,12 +137,12 @@ impl Pool {
 
     /// The template of checkpoint `ck` with host pid `host`, if the pool
     /// still has it.
-    pub(crate) fn template(&self, (ck, host): &(String, i32)) -> Option<&Template> {
+    pub(crate) fn template(&self, (ck, host): &(String, HostPid)) -> Option<&Template> {
         self.checkpoints.get(ck)?.templates.iter().find(|t| t.host == *host)
     }
 
     /// [`Pool::template`], to change it.
-    pub(crate) fn template_mut(&mut self, (ck, host): &(String, i32)) -> Option<&mut Template> {
+    pub(crate) fn template_mut(&mut self, (ck, host): &(String, HostPid)) -> Option<&mut Template> {
         self.checkpoints.get_mut(ck)?.templates.iter_mut().find(|t| t.host == *host)
     }
 
@@ -165,7 +166,7 @@ impl Pool {
         // Between operations templates and standbys sit in a ptrace stop.
         // Dead is told positively: gone, a zombie, or out of its stop with
         // a SIGKILL pending (dying; a frozen task shows `D`, and lives).
-        let dead = |host: i32| match crate::procfs::state(host) {
+        let dead = |host: HostPid| match crate::procfs::state(host) {
             Some('t' | 'T') => false,
             None | Some('Z' | 'X') => true,
             Some(_) => {
@@ -180,7 +181,7 @@ impl Pool {
             {
                 tracing::warn!(
                     pid = t.image.pid,
-                    standby = s.host,
+                    standby = s.host.raw(),
                     "a standby was killed: the restore forks its template"
                 );
                 kill_tracee(s.host);
@@ -212,10 +213,10 @@ impl Pool {
     /// checkpoints, of 100 MB templates, made the next checkpoint's last
     /// step wait 19 ms.)
     pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool, holders: &mut [Holder]) {
-        let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
+        let kill = |host: HostPid, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
         // A later template whose pages are still to be read from one of
         // these (`incremental::OlderStandby`) is written first: it would be lost.
-        let hosts: Vec<i32> =
+        let hosts: Vec<HostPid> =
             self.checkpoints.get(ck).map(|c| c.templates.iter().map(|t| t.host).collect()).unwrap_or_default();
         let reads_from_these = self
             .checkpoints

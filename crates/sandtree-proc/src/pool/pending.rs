@@ -65,7 +65,7 @@ impl Pool {
         let st = self;
         let mut any = false;
         loop {
-            let unwritten: std::collections::HashSet<i32> = st
+            let unwritten: std::collections::HashSet<crate::HostPid> = st
                 .checkpoints
                 .values()
                 .flat_map(|c| &c.templates)

@@ -1,6 +1,7 @@
 //! Which template gets a standby next, and the standby forks under way
 //! (`standby.rs`): one fork at a time, between operations.
 
+use crate::HostPid;
 use crate::standby::Forking;
 use crate::stats::TestSwitches;
 use crate::track::Trackings;
@@ -37,7 +38,7 @@ impl Pool {
         let st = self;
         let mut under_way = false;
         // (A test's: `incremental::hold_standby_forks`.)
-        let held: Vec<i32> = match switches.holding_standby_forks() {
+        let held: Vec<HostPid> = match switches.holding_standby_forks() {
             true => tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect(),
             false => Vec::new(),
         };
@@ -93,9 +94,9 @@ impl Pool {
     /// when the last checkpoint was *behind*, `Tracking::behind`: else its
     /// fork would double the forks of large processes, and the base's, a
     /// 1 GB one's 10-20 ms, would wait for it.)
-    fn base_hosts(&self, tracking: &Trackings, switches: &TestSwitches) -> Vec<i32> {
+    fn base_hosts(&self, tracking: &Trackings, switches: &TestSwitches) -> Vec<HostPid> {
         let st = self;
-        let taken = |id: &(String, i32)| st.template(id).is_none_or(|t| t.standby_taken);
+        let taken = |id: &(String, HostPid)| st.template(id).is_none_or(|t| t.standby_taken);
         let prev = |t: &crate::track::Tracking| {
             let always = switches.preferring_older_standbys();
             t.prev.as_ref().filter(|(id, _)| always || t.behind || !taken(id)).map(|((_, host), _)| *host)
