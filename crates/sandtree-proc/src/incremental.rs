@@ -71,7 +71,7 @@ use crate::model::{FdImage, FdKind, MapImage};
 use crate::standby::Standby;
 use crate::stop::Stopped;
 use crate::track::Tracking;
-use crate::{Error, HostPid, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Templates made from standbys in a row before a checkpoint forks the
 /// process again. Every standby is a fork of the template before it, and
@@ -174,14 +174,14 @@ pub(crate) enum TakenStandby {
     /// With the standby's pid in the sandbox (given by us) and the host
     /// pid of the template forking it (the template's stand-in until the
     /// fork ends: `checkpoint::resolve_later`).
-    Forking(ForkingStandby, i32, HostPid),
+    Forking(ForkingStandby, SandboxPid, HostPid),
 }
 
 impl TakenStandby {
     /// The template's host pid (the stand-in's while its standby is being
     /// forked), its pid in the sandbox, and the standby or its fork, for a
     /// [`Pending`].
-    fn parts(self) -> (HostPid, i32, NextTemplate) {
+    fn parts(self) -> (HostPid, SandboxPid, NextTemplate) {
         match self {
             TakenStandby::Ready(s) => (s.host, s.ns_pid, NextTemplate::Standby(s)),
             TakenStandby::Forking(l, ns_pid, from) => (from, ns_pid, NextTemplate::Forking(l)),
@@ -302,7 +302,7 @@ type Rseq = Option<(u64, u32, u32, u32)>;
 /// A template made from a standby.
 pub(crate) struct Patched {
     pub host: HostPid,
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     pub scratch: (u64, bool),
     /// The memory map (the process's; the standby's has the scratch page).
     pub maps: Vec<MapImage>,
@@ -798,7 +798,7 @@ pub(crate) fn patch<B>(
         Ok(f) => f,
         Err(why) => {
             give_back(pages);
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: {why}");
             return Ok((None, fds, pre));
         }
     };
@@ -806,13 +806,13 @@ pub(crate) fn patch<B>(
         Ok(t) => t,
         Err(e) => {
             give_back(pages);
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
     };
     let t_fork = t0.elapsed();
     tracing::debug!(
-        pid = s.ns_pid,
+        pid = s.ns_pid.raw(),
         pages = f.total / 4096,
         by_holder = by_holder / 4096,
         dropped = f.zap.len(),
@@ -881,7 +881,7 @@ fn patch_quiet<B>(
     let f = match check(host, Some(&status), rseq, &base, tracking, &fds, sc, t0)? {
         Ok(f) => f,
         Err(why) => {
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: {why}");
             return Ok((None, fds, pre));
         }
     };
@@ -892,13 +892,13 @@ fn patch_quiet<B>(
     let (to, ns_pid, standby) = match base.take_or_defer() {
         Ok(taken) => taken.parts(),
         Err(e) => {
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
     };
     base.instruments.count(Counter::QuietTemplates, 1);
     tracing::debug!(
-        pid = s.ns_pid,
+        pid = s.ns_pid.raw(),
         took = ?t0.elapsed(),
         later = matches!(standby, NextTemplate::Forking(_)),
         "template from the previous one's standby (no code ran since)"
@@ -1356,7 +1356,7 @@ impl Pending {
 
     /// Wait for the standby's fork, if it is under way ([`ForkingStandby`]):
     /// returns the standby's host pid and pid in the sandbox.
-    pub(crate) fn resolve(&mut self) -> Result<(HostPid, i32)> {
+    pub(crate) fn resolve(&mut self) -> Result<(HostPid, SandboxPid)> {
         // (A fork that fails leaves it `Gone`.)
         self.standby = match std::mem::replace(&mut self.standby, NextTemplate::Gone) {
             NextTemplate::Forking(l) => NextTemplate::Standby(l.finish()?),
@@ -1380,7 +1380,7 @@ impl Pending {
         let NextTemplate::Standby(s) = &self.standby else { return };
         let (to, ns_pid) = (s.host, s.ns_pid);
         if let Err(e) = self.zap_extra() {
-            tracing::warn!(pid = ns_pid, "the previous template's dropped pages: {e}");
+            tracing::warn!(pid = ns_pid.raw(), "the previous template's dropped pages: {e}");
             self.pages = Pages::Gone;
             return;
         }
@@ -1400,7 +1400,7 @@ impl Pending {
         match spawned {
             Ok(h) => self.pages = Pages::Writing(h),
             // (`finish` says so.)
-            Err(e) => tracing::warn!(pid = ns_pid, "no thread to write the pages: {e}"),
+            Err(e) => tracing::warn!(pid = ns_pid.raw(), "no thread to write the pages: {e}"),
         }
     }
 
@@ -1495,7 +1495,7 @@ impl Pending {
         for &(a, b) in &zap {
             sb.call("madvise (dropped pages)", libc::SYS_madvise, &[a, b - a, libc::MADV_DONTNEED as u64])?;
         }
-        tracing::debug!(pid = standby.ns_pid, kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
+        tracing::debug!(pid = standby.ns_pid.raw(), kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ use std::io;
 
 use sandtree_sys::ptrace::{self, EVENT_CLONE, EVENT_FORK, EVENT_STOP, EVENT_VFORK, Regs, Stop};
 
-use crate::{Error, HostPid, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// A tracee in a ptrace stop, with the registers to give back.
 #[derive(Debug)]
@@ -395,7 +395,7 @@ impl Tracee {
     /// child once it sits in its first stop with `PTRACE_O_EXITKILL`: its
     /// host pid, its pid in the sandbox and its registers. `what` names the
     /// call in errors; a child that cannot be readied is killed.
-    pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, i32, Regs)> {
+    pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, SandboxPid, Regs)> {
         self.start_clone(flags)?;
         self.finish_clone(flags, what)
     }
@@ -407,7 +407,7 @@ impl Tracee {
     }
 
     /// See [`Tracee::start_clone`].
-    pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, i32, Regs)> {
+    pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, SandboxPid, Regs)> {
         let out = self.finish_syscall()?;
         self.cloned(out, (libc::SYS_clone, &[flags, 0, 0, 0, 0]), what)
     }
@@ -420,7 +420,7 @@ impl Tracee {
         mut out: Outcome,
         (nr, args): (i64, &[u64]),
         what: &'static str,
-    ) -> Result<(HostPid, i32, Regs)> {
+    ) -> Result<(HostPid, SandboxPid, Regs)> {
         for _ in 0..5 {
             if out.ret != ERESTARTNOINTR {
                 break;
@@ -438,7 +438,7 @@ impl Tracee {
             .and_then(|_| ptrace::set_exit_kill(child.raw(), true).map_err(ptrace_err(child, "SETOPTIONS")))
             .and_then(|_| ptrace::regs(child.raw()).map_err(ptrace_err(child, "GETREGS")));
         match ready {
-            Ok(regs) => Ok((child, out.ret as i32, regs)),
+            Ok(regs) => Ok((child, SandboxPid(out.ret as i32), regs)),
             Err(e) => {
                 crate::inject::kill_tracee(child);
                 Err(e)
@@ -644,9 +644,9 @@ pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
 
 /// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
 /// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
-pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: i32) -> Result<()> {
+pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: SandboxPid) -> Result<()> {
     ptrace::write_mem(pid.raw(), scratch, args)
-        .and_then(|_| ptrace::write_mem(pid.raw(), scratch + SET_TID_OFFSET, &tid.to_ne_bytes()))
+        .and_then(|_| ptrace::write_mem(pid.raw(), scratch + SET_TID_OFFSET, &tid.raw().to_ne_bytes()))
         .map_err(ptrace_err(pid, "write clone_args"))
 }
 

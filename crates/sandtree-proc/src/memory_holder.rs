@@ -28,14 +28,14 @@ use std::os::fd::OwnedFd;
 use sandtree_sys::ptrace;
 
 use crate::inject::Tracee;
-use crate::{Error, HostPid, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// A process sharing its owner's address space.
 pub(crate) struct Holder {
     /// Host pid.
     pub host: HostPid,
     /// Pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     /// Host pid of the owner.
     pub owner: HostPid,
     /// pidfd of the owner: readable once it exited.
@@ -184,7 +184,7 @@ fn drop_descriptors(h: &mut Tracee) -> Result<()> {
 /// becomes that process's holder (`restore.rs`). Its set-up already took
 /// it out of the original's session or group; its copy of the descriptor
 /// table goes.
-pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: HostPid) -> Result<Holder> {
+pub(crate) fn adopt((t, ns_pid): (Tracee, SandboxPid), owner: HostPid) -> Result<Holder> {
     let host = t.tid;
     let owner_fd = match owner_pidfd(owner) {
         Ok(fd) => fd,
@@ -214,7 +214,7 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain_mut(|h| {
         let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
         if let Err(e) = drop_descriptors(t) {
-            tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
+            tracing::warn!(pid = h.ns_pid.raw(), "holder kept descriptors, killed: {e}");
             dying.push(crate::reap::let_die(h.host, h.ns_pid));
             return false;
         }
@@ -272,7 +272,7 @@ pub(crate) fn equip_next(holders: &mut [Holder], tracking: &crate::track::Tracki
             None => match sandtree_sys::uffd::take_fd(h.host.raw(), c.fd) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
-                    tracing::debug!(pid = h.ns_pid, "the holder's page file is gone: {e}");
+                    tracing::debug!(pid = h.ns_pid.raw(), "the holder's page file is gone: {e}");
                     h.copier = None;
                     h.no_copier = true;
                     return true;
@@ -284,7 +284,7 @@ pub(crate) fn equip_next(holders: &mut [Holder], tracking: &crate::track::Tracki
         return true;
     }
     if let Err(e) = equip(h) {
-        tracing::debug!(pid = h.ns_pid, "the holder copies no pages: {e}");
+        tracing::debug!(pid = h.ns_pid.raw(), "the holder copies no pages: {e}");
         h.no_copier = true;
     }
     true

@@ -51,6 +51,10 @@ impl HostPid {
 }
 
 impl SandboxPid {
+    /// The sandbox's init: pid 1 of its namespace (a process whose parent
+    /// it is has this `ppid`).
+    pub const INIT: SandboxPid = SandboxPid(1);
+
     /// The number, for a call made inside the sandbox (`set_tid`, an
     /// injected `rt_sigqueueinfo`) or a message to its init.
     pub const fn raw(self) -> i32 {

@@ -14,21 +14,21 @@ use std::path::Path;
 
 use sandtree_sys::mountinfo::{self, MountEntry};
 
-use crate::HostPid;
-
 use crate::model::{
     AnonState, FdImage, FdKind, InetBinding, InotifyWatch, MapImage, ProcessImage, Registers, SignalMasks,
 };
+use crate::{HostPid, SandboxPid};
 
 /// The fields of `/proc/pid/status` this engine uses.
 #[derive(Debug, Clone, Default)]
 pub struct Status {
     /// Host pid of the parent.
     pub host_ppid: HostPid,
-    /// Pid, process group and session in the innermost pid namespace.
-    pub ns_pid: i32,
-    pub ns_pgid: i32,
-    pub ns_sid: i32,
+    /// Pid, process group and session in the innermost pid namespace
+    /// (the sandbox's, for a task of the sandbox).
+    pub ns_pid: SandboxPid,
+    pub ns_pgid: SandboxPid,
+    pub ns_sid: SandboxPid,
     /// Pid namespace depth (number of `NSpid` fields): a task that joined
     /// the sandbox's cgroup from outside its pid namespace has another.
     pub ns_depth: usize,
@@ -109,11 +109,11 @@ fn parse_status(text: String) -> Status {
             "PPid" => st.host_ppid = HostPid(v.trim().parse().unwrap_or(0)),
             "TracerPid" => st.tracer = HostPid(v.trim().parse().unwrap_or(0)),
             "NSpid" => {
-                st.ns_pid = last_num(v).unwrap_or(0);
+                st.ns_pid = SandboxPid(last_num(v).unwrap_or(0));
                 st.ns_depth = v.split_whitespace().count();
             }
-            "NSpgid" => st.ns_pgid = last_num(v).unwrap_or(0),
-            "NSsid" => st.ns_sid = last_num(v).unwrap_or(0),
+            "NSpgid" => st.ns_pgid = SandboxPid(last_num(v).unwrap_or(0)),
+            "NSsid" => st.ns_sid = SandboxPid(last_num(v).unwrap_or(0)),
             "Threads" => st.threads = v.trim().parse().unwrap_or(0),
             "Uid" => st.uids = four(v),
             "Gid" => st.gids = four(v),
@@ -756,7 +756,7 @@ fn parse_maps(text: &str) -> Vec<MapImage> {
 /// executable (a layered checkpoint detaches the tree the template's point
 /// into, where paths on a sub-layer read wrong).
 pub fn capture(
-    (pid, ppid): (i32, i32),
+    (pid, ppid): (SandboxPid, SandboxPid),
     regs: Registers,
     fds: Vec<FdImage>,
     (cwd, root, exe): (String, String, String),

@@ -3,7 +3,7 @@
 
 use sandtree_sys::ptrace;
 
-use crate::HostPid;
+use crate::{HostPid, SandboxPid};
 
 thread_local! {
     /// Tracees [`kill_later`] killed, for the tracer thread's dying list.
@@ -19,7 +19,7 @@ pub(crate) fn take_killed() -> Vec<Dying> {
 /// its exit, which follows the teardown of its address space
 /// (milliseconds for a large one): the tracer thread, whose tracee it is,
 /// collects it between jobs ([`reap_dying`]).
-pub(crate) fn kill_later(host: HostPid, ns_pid: i32) {
+pub(crate) fn kill_later(host: HostPid, ns_pid: SandboxPid) {
     let dying = let_die(host, ns_pid);
     KILLED.with(|k| k.borrow_mut().push(dying));
 }
@@ -33,7 +33,7 @@ pub(crate) fn kill_later(host: HostPid, ns_pid: i32) {
 /// last 50 µs, on the daemon's thread that returns it, waited 3.5 ms for
 /// two holders' teardowns while the other CPU was idle (`perf sched`
 /// trace of the bench). Returns its entry for the dying list.
-pub(crate) fn let_die(host: HostPid, ns_pid: i32) -> Dying {
+pub(crate) fn let_die(host: HostPid, ns_pid: SandboxPid) -> Dying {
     crate::inject::move_off_tracer(host);
     let _ = sandtree_sys::process::set_policy(host.raw(), sandtree_sys::process::Policy::Idle);
     let _ = sandtree_sys::ptrace::kill(host.raw());
@@ -45,7 +45,7 @@ pub(crate) struct Dying {
     /// Host pid.
     pub host: HostPid,
     /// Pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     /// When it was killed, while it tears its memory down under
     /// `SCHED_IDLE` (`None`: back at nice 19, see [`reap_dying`]).
     pub idle_since: Option<std::time::Instant>,

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{self, Unrestorable};
 use crate::inject::{self, Tracee};
-use crate::{Error, HostPid, Result, procfs};
+use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
 fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
@@ -44,12 +44,12 @@ pub(crate) struct Stops {
 /// A stopped original, between [`crate::Tracer::stop`] and [`crate::Tracer::clone_all`].
 pub(crate) struct Stopped {
     pub host: HostPid,
-    pub ns_pid: i32,
-    pub ns_ppid: i32,
+    pub ns_pid: SandboxPid,
+    pub ns_ppid: SandboxPid,
     pub regs: sandtree_sys::ptrace::Regs,
     /// Its other threads, stopped too: (host tid, tid in the sandbox,
     /// registers).
-    pub threads: Vec<(HostPid, i32, sandtree_sys::ptrace::Regs)>,
+    pub threads: Vec<(HostPid, SandboxPid, sandtree_sys::ptrace::Regs)>,
 }
 
 /// What [`crate::Tracer::stop`] did.
@@ -358,11 +358,11 @@ impl Stops {
     }
 }
 
-fn ns_ppid(init_host: HostPid, host_ppid: HostPid) -> i32 {
+fn ns_ppid(init_host: HostPid, host_ppid: HostPid) -> SandboxPid {
     if host_ppid == init_host {
-        return 1;
+        return SandboxPid::INIT;
     }
-    procfs::status(host_ppid).map(|s| s.ns_pid).unwrap_or(0)
+    procfs::status(host_ppid).map(|s| s.ns_pid).unwrap_or(SandboxPid(0))
 }
 
 /// Stop every thread of process `host` but the main one (stopped
@@ -374,8 +374,8 @@ fn stop_threads(
     host: HostPid,
     deadline: std::time::Instant,
     lingering: &mut Vec<HostPid>,
-) -> Result<Vec<(HostPid, i32, ptrace::Regs)>> {
-    let mut done: Vec<(HostPid, i32, ptrace::Regs)> = Vec::new();
+) -> Result<Vec<(HostPid, SandboxPid, ptrace::Regs)>> {
+    let mut done: Vec<(HostPid, SandboxPid, ptrace::Regs)> = Vec::new();
     // Seized and not stopped yet: on an error they are left to
     // `settle_lingering`, which detaches each once it stops.
     let mut waiting: Vec<HostPid> = Vec::new();
@@ -443,7 +443,7 @@ fn stop_threads(
 
 /// Let stopped threads (host tid, tid in the sandbox, registers) go,
 /// registers untouched.
-pub(crate) fn let_go_threads(threads: &[(HostPid, i32, ptrace::Regs)]) {
+pub(crate) fn let_go_threads(threads: &[(HostPid, SandboxPid, ptrace::Regs)]) {
     for (tid, _, regs) in threads {
         let _ = ptrace::set_regs((*tid).raw(), regs);
         let _ = ptrace::detach((*tid).raw(), 0);

@@ -28,7 +28,7 @@ use crate::inject::kill_tracee;
 use crate::pool::TemplateStatus;
 use crate::restore::RestoreReport;
 use crate::stop::StopReport;
-use crate::{Error, HostPid, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Everything the tracer thread owns.
 #[derive(Default)]
@@ -360,8 +360,8 @@ impl State {
 
     /// In-sandbox pids of the pool's processes: templates, standbys,
     /// holders, and killed holders still tearing down.
-    pub(crate) fn pool_pids(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self.pool.ns_pids().collect();
+    pub(crate) fn pool_pids(&self) -> Vec<SandboxPid> {
+        let mut v: Vec<SandboxPid> = self.pool.ns_pids().collect();
         v.extend(self.holders.iter().map(|h| h.ns_pid));
         v.extend(self.dying.iter().map(|d| d.ns_pid));
         v
@@ -374,7 +374,7 @@ pub struct RollbackPlan {
     /// The checkpoint's templates (`None`: it has none).
     pub templates: Option<TemplateStatus>,
     /// In-sandbox pids init must spare (the pool's processes).
-    pub keep: Vec<i32>,
+    pub keep: Vec<SandboxPid>,
     /// The checkpoint's processes whose templates were found dead (killed
     /// from inside the sandbox, or by the OOM killer): its templates were
     /// dropped, so `templates` is `None`.
@@ -417,7 +417,7 @@ pub struct Tracer {
     /// the processes could move to a new tree (none yet: `false`).
     moved: Arc<AtomicBool>,
     /// The pool's pids ([`Tracer::pool`]), published by the thread.
-    pool: Arc<Mutex<(Vec<i32>, Vec<HostPid>)>>,
+    pool: Arc<Mutex<(Vec<SandboxPid>, Vec<HostPid>)>>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -448,7 +448,7 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
-        let pool: Arc<Mutex<(Vec<i32>, Vec<HostPid>)>> = Default::default();
+        let pool: Arc<Mutex<(Vec<SandboxPid>, Vec<HostPid>)>> = Default::default();
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let placement = crate::cgroup::PoolPlacement::new(cgroup);
@@ -497,7 +497,7 @@ impl Tracer {
                         }
                         // (Not while a checkpoint holds processes stopped.)
                         if idle && st.stops.is_empty() && st.cloned.is_empty() {
-                            let others: Vec<i32> =
+                            let others: Vec<SandboxPid> =
                                 st.holders.iter().map(|h| h.ns_pid).chain(st.dying.iter().map(|d| d.ns_pid)).collect();
                             match st.pool.tend_standbys(&st.tracking, &others, &st.instruments.switches) {
                                 crate::pool::StandbyWork::Worked => continue,
@@ -775,7 +775,7 @@ impl Tracer {
     /// before a checkpoint's stop. One that became a pool process since is
     /// taken for a sandbox process: the stop skips it (its tracer is ours),
     /// and init's own check refuses a restack it would spoil.
-    pub fn pool(&self) -> Result<(Vec<i32>, Vec<HostPid>)> {
+    pub fn pool(&self) -> Result<(Vec<SandboxPid>, Vec<HostPid>)> {
         Ok(self.pool.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
@@ -807,7 +807,7 @@ impl Tracer {
                 for t in set.templates.iter_mut().filter(|t| t.forking.is_some()) {
                     let t0 = std::time::Instant::now();
                     t.settle_standby();
-                    tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
+                    tracing::debug!(pid = t.image.pid.raw(), took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
                 }
             }
             let killed = st.pool.drop_dead_templates(&ck, &mut st.holders);

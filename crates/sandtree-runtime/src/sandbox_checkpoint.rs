@@ -75,7 +75,7 @@ impl Engine {
             // (Read once: the checkpoint's stop lists them again.)
             let procs = sb.cgroup().procs().ok();
             if init_alone(sb, procs.as_deref(), &pool) {
-                if let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await? {
+                if let Some(done) = self.checkpoint_restack(&rec, sb, util::raw_pids(keep), &ck_id, &req, t0).await? {
                     return Ok(done);
                 }
             } else if self.cfg.layered_processes
@@ -552,7 +552,12 @@ pub(crate) fn captured_of(c: &CheckpointRecord) -> Option<CaptureReport> {
 }
 
 fn unrestorable_api(u: &Unrestorable) -> UnrestorableProcess {
-    UnrestorableProcess { pid: u.pid, comm: u.comm.clone(), resource: u.resource.clone(), reason: u.reason.clone() }
+    UnrestorableProcess {
+        pid: u.pid.raw(),
+        comm: u.comm.clone(),
+        resource: u.resource.clone(),
+        reason: u.reason.clone(),
+    }
 }
 
 /// `process_state` explained in words, for responses.
@@ -611,7 +616,7 @@ impl Engine {
         };
         let (processes, unrestorable, reparented) = match captured {
             Some(cap) => (
-                cap.captured,
+                util::raw_pids(cap.captured),
                 cap.unrestorable.iter().map(unrestorable_api).collect(),
                 cap.reparented.iter().map(unrestorable_api).collect(),
             ),

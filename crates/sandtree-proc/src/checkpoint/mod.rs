@@ -27,7 +27,7 @@ use crate::procfs::resident_pages;
 use crate::stop::{Stopped, Stops, let_go};
 use crate::template::{CheckpointTemplates, Template, is_later, kill_template};
 use crate::track::Trackings;
-use crate::{Error, HostPid, Result, procfs};
+use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
 /// The parts of the tracer thread's state that a checkpoint reads and
 /// changes: what the stop holds, the templates being made, the pool they
@@ -70,7 +70,7 @@ impl Parts<'_> {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaptureReport {
     /// In-sandbox pids with a template.
-    pub captured: Vec<i32>,
+    pub captured: Vec<SandboxPid>,
     /// Processes marked not restorable (best effort only).
     pub unrestorable: Vec<Unrestorable>,
     /// Processes restored with a change (best effort only): children of
@@ -80,7 +80,7 @@ pub struct CaptureReport {
     /// The `comm` of each captured process, by in-sandbox pid (for
     /// messages that name a process).
     #[serde(default)]
-    pub comms: BTreeMap<i32, String>,
+    pub comms: BTreeMap<SandboxPid, String>,
 }
 
 /// Armed interval timers: (which, raw `struct itimerval`).
@@ -133,7 +133,7 @@ pub(crate) struct Cloned {
     /// before pass 2; paths on a sub-layer then read wrong).
     pub(crate) paths: (String, String, String),
     pub(crate) host: HostPid,
-    pub(crate) ns_pid: i32,
+    pub(crate) ns_pid: SandboxPid,
     insn: u64,
     /// Written-page tracking of the original (`track.rs`), back to the
     /// state when the original is kept.
@@ -150,7 +150,7 @@ pub(crate) struct Cloned {
     prev: Option<crate::track::PreviousTemplate>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
-    session: Option<(i32, i32, bool)>,
+    session: Option<(SandboxPid, SandboxPid, bool)>,
     /// (descriptor, pipe key) of each pipe and FIFO descriptor (a
     /// template made from a standby has closed FIFOs of the tree).
     pipe_keys: Vec<(i32, (u64, u64))>,
@@ -256,7 +256,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
                 (p, Some(extra), true)
             }
             _ => {
-                tracing::debug!(pid = s.ns_pid, "the previous template has no standby yet");
+                tracing::debug!(pid = s.ns_pid.raw(), "the previous template has no standby yet");
                 behind.set(can_older);
                 return None;
             }
@@ -267,7 +267,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {
             tracing::debug!(
-                pid = s.ns_pid,
+                pid = s.ns_pid.raw(),
                 generation = t.generation,
                 "checkpoint forks: the chain of standbys is long"
             );
@@ -281,7 +281,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         let quiet = (extra.is_none() && t.image.itimers.is_empty() && !t.image.child_subreaper && t.image.threads == 1)
             .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
         if extra.is_some() {
-            tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
+            tracing::debug!(pid = s.ns_pid.raw(), "from the standby of the template before the previous one");
             st.instruments.count(crate::stats::Counter::FromOlderStandbys, 1);
         }
         let fd_flags = extra.is_none().then(|| t.image.fds.iter().map(|f| (f.fd, f.flags)).collect());
@@ -535,7 +535,7 @@ fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
 /// signal stack. Its tracee joins `tracees` as soon as a call is injected.
 fn capture_thread(
     s: &Stopped,
-    (tid, ns_tid, regs): (HostPid, i32, ptrace::Regs),
+    (tid, ns_tid, regs): (HostPid, SandboxPid, ptrace::Regs),
     insn: u64,
     tracees: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<crate::model::ThreadImage> {
@@ -661,7 +661,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 }
                 report.captured.push(t.image.pid);
                 report.comms.insert(t.image.pid, t.image.comm.clone());
-                if t.image.ppid != 1 {
+                if t.image.ppid != SandboxPid::INIT {
                     report.reparented.push(check::reparent_note(&t.image));
                 }
                 made.push(t);
@@ -909,7 +909,7 @@ fn clone_of(
                 Ok(fp) => fingerprint = Some(fp),
                 Err(e @ Error::Died { .. }) => return Err(e),
                 Err(e) => {
-                    tracing::debug!(pid = s.ns_pid, "not tracked: {e}");
+                    tracing::debug!(pid = s.ns_pid.raw(), "not tracked: {e}");
                     tk.tracking = None;
                 }
             }
@@ -958,7 +958,7 @@ fn clone_of(
             (Ok(cwd), Ok(root), exe) => (cwd, root, exe),
             (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
         };
-        tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
+        tracing::debug!(pid = s.ns_pid.raw(), ?t_clone, all = ?t0.elapsed(), "template cloned");
         let (patched, to_write, prev) = match patched {
             Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending), Some(p.prev)),
             None => (None, None, None),
@@ -1018,9 +1018,9 @@ fn clone_of(
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`memory_holder.rs`).
     if need_holder {
-        match crate::memory_holder::make(&mut orig, s.ns_ppid == 1) {
+        match crate::memory_holder::make(&mut orig, s.ns_ppid == SandboxPid::INIT) {
             Ok(h) => c.holder = Some(h),
-            Err(e) => tracing::warn!(pid = s.ns_pid, "no mm holder: {e}"),
+            Err(e) => tracing::warn!(pid = s.ns_pid.raw(), "no mm holder: {e}"),
         }
     }
     c.orig = Some(orig);
@@ -1110,7 +1110,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.has_tty = tty;
     }
     check_image(&image, reparent).map_err(Error::Unsupported)?;
-    tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
+    tracing::debug!(pid = s.ns_pid.raw(), took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
     Ok(Template {
         image,

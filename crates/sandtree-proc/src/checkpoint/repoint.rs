@@ -311,7 +311,7 @@ pub(crate) fn abort(st: &mut Parts<'_>) {
         if let Some(cwd) = r.cwd
             && let Err(e) = chdir_back(p, rsp, &cwd)
         {
-            tracing::warn!(pid = c.stopped.ns_pid, "cwd not moved back from the staged tree: {e}");
+            tracing::warn!(pid = c.stopped.ns_pid.raw(), "cwd not moved back from the staged tree: {e}");
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::fdstate::{Seen, dup_from};
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind, SocketBuffer};
 use crate::template::CheckpointTemplates;
-use crate::{Error, HostPid, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Unix sockets.
 pub(crate) struct Unix;
@@ -71,7 +71,7 @@ pub(crate) fn capture_queue(
     host: HostPid,
     fds: &[FdImage],
     seen: &mut Seen,
-    who: (i32, &dyn Fn() -> String),
+    who: (SandboxPid, &dyn Fn() -> String),
 ) -> Result<Vec<SocketBuffer>> {
     let mut sockets = Vec::new();
     for f in fds {

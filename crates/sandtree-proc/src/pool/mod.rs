@@ -21,18 +21,18 @@ use serde::{Deserialize, Serialize};
 pub(crate) use sizing::PoolMemory;
 pub(crate) use standbys::StandbyWork;
 
-use crate::HostPid;
 use crate::check::Unrestorable;
 use crate::inject::kill_tracee;
 use crate::memory_holder::Holder;
 use crate::reap::kill_later;
 use crate::template::{CheckpointTemplates, Template};
+use crate::{HostPid, SandboxPid};
 
 /// The templates a checkpoint has in the pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplateStatus {
     /// In-sandbox pids that a rollback brings back.
-    pub pids: Vec<i32>,
+    pub pids: Vec<SandboxPid>,
     /// Processes that were running but are not restorable.
     pub unrestorable: Vec<Unrestorable>,
 }
@@ -52,7 +52,7 @@ pub(crate) struct Pool {
     later: Vec<(String, HostPid)>,
     /// The next pid to give a standby, counting down from the top of the
     /// pid range (`standbys.rs`); 0 until the first.
-    next_pool_pid: i32,
+    next_pool_pid: SandboxPid,
     /// The templates' frames as the last measure read them.
     frames: Arc<Mutex<sizing::FrameCache>>,
 }
@@ -90,7 +90,7 @@ impl Pool {
 
     /// The checkpoints (other than `ck`) one of whose templates has one of
     /// `pids` (in the sandbox).
-    pub(crate) fn holding_any(&self, ck: &str, pids: &std::collections::HashSet<i32>) -> Vec<String> {
+    pub(crate) fn holding_any(&self, ck: &str, pids: &std::collections::HashSet<SandboxPid>) -> Vec<String> {
         self.checkpoints
             .iter()
             .filter(|(k, c)| k.as_str() != ck && c.templates.iter().any(|t| pids.contains(&t.ns_pid)))
@@ -116,7 +116,7 @@ impl Pool {
 
     /// In-sandbox pids of the pool's templates and standbys, those being
     /// forked with a pid of ours included.
-    pub(crate) fn ns_pids(&self) -> impl Iterator<Item = i32> + '_ {
+    pub(crate) fn ns_pids(&self) -> impl Iterator<Item = SandboxPid> + '_ {
         self.templates()
             .map(|t| t.ns_pid)
             .chain(self.standbys().map(|s| s.ns_pid))
@@ -180,7 +180,7 @@ impl Pool {
                 && let Some(s) = t.standby.take()
             {
                 tracing::warn!(
-                    pid = t.image.pid,
+                    pid = t.image.pid.raw(),
                     standby = s.host.raw(),
                     "a standby was killed: the restore forks its template"
                 );
@@ -213,7 +213,7 @@ impl Pool {
     /// checkpoints, of 100 MB templates, made the next checkpoint's last
     /// step wait 19 ms.)
     pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool, holders: &mut [Holder]) {
-        let kill = |host: HostPid, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
+        let kill = |host: HostPid, ns_pid: SandboxPid| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
         // A later template whose pages are still to be read from one of
         // these (`incremental::OlderStandby`) is written first: it would be lost.
         let hosts: Vec<HostPid> =

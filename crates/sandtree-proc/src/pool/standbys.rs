@@ -1,10 +1,10 @@
 //! Which template gets a standby next, and the standby forks under way
 //! (`standby.rs`): one fork at a time, between operations.
 
-use crate::HostPid;
 use crate::standby::Forking;
 use crate::stats::TestSwitches;
 use crate::track::Trackings;
+use crate::{HostPid, SandboxPid};
 
 use super::Pool;
 
@@ -32,7 +32,7 @@ impl Pool {
     pub(crate) fn tend_standbys(
         &mut self,
         tracking: &Trackings,
-        others_taken: &[i32],
+        others_taken: &[SandboxPid],
         switches: &TestSwitches,
     ) -> StandbyWork {
         let st = self;
@@ -72,7 +72,7 @@ impl Pool {
         else {
             return StandbyWork::Idle;
         };
-        let taken: std::collections::HashSet<i32> = st.ns_pids().chain(others_taken.iter().copied()).collect();
+        let taken: std::collections::HashSet<SandboxPid> = st.ns_pids().chain(others_taken.iter().copied()).collect();
         let next = &mut st.next_pool_pid;
         let Some(t) = st.checkpoints.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else {
             return StandbyWork::Idle;
@@ -152,45 +152,49 @@ impl Pool {
 /// A pid for a standby: the highest free one below the last given (from
 /// the top of the range, where the kernel, counting up from 1, gives pids
 /// last), none of the pool's.
-fn pool_pid(next: &mut i32, taken: &std::collections::HashSet<i32>) -> i32 {
+fn pool_pid(next: &mut SandboxPid, taken: &std::collections::HashSet<SandboxPid>) -> SandboxPid {
     static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     let max = *PID_MAX.get_or_init(|| {
         std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
     });
     let floor = max / 2;
-    let mut pid = if *next <= floor || *next >= max { max - 1 } else { *next };
+    let next_raw = next.raw();
+    let mut pid = if next_raw <= floor || next_raw >= max { max - 1 } else { next_raw };
     // (At most once round the upper half: a pool that held all of it would
     // get a taken pid, and its clone3 EEXIST.)
     for _ in floor..max {
-        if !taken.contains(&pid) {
+        if !taken.contains(&SandboxPid(pid)) {
             break;
         }
         pid = if pid - 1 <= floor { max - 1 } else { pid - 1 };
     }
-    *next = pid - 1;
-    pid
+    *next = SandboxPid(pid - 1);
+    SandboxPid(pid)
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
+    use crate::SandboxPid;
+
     #[test]
     fn standby_pids_count_down_from_the_top_and_skip_the_pools() {
         let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
-        let mut next = 0;
+        let pid = SandboxPid;
+        let mut next = pid(0);
         let none = HashSet::new();
-        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
-        assert_eq!(super::pool_pid(&mut next, &none), max - 2);
-        let taken: HashSet<i32> = [max - 3, max - 4].into();
-        assert_eq!(super::pool_pid(&mut next, &taken), max - 5);
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 1));
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 2));
+        let taken: HashSet<SandboxPid> = [pid(max - 3), pid(max - 4)].into();
+        assert_eq!(super::pool_pid(&mut next, &taken), pid(max - 5));
         // Down to the middle of the range, then from the top again.
-        next = max / 2 + 1;
-        assert_eq!(super::pool_pid(&mut next, &none), max / 2 + 1);
-        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
-        let top: HashSet<i32> = [max - 1].into();
-        next = max / 2 + 1;
+        next = pid(max / 2 + 1);
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max / 2 + 1));
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 1));
+        let top: HashSet<SandboxPid> = [pid(max - 1)].into();
+        next = pid(max / 2 + 1);
         super::pool_pid(&mut next, &none);
-        assert_eq!(super::pool_pid(&mut next, &top), max - 2);
+        assert_eq!(super::pool_pid(&mut next, &top), pid(max - 2));
     }
 }

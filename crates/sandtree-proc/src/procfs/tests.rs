@@ -173,7 +173,10 @@ fn status_of_a_comm_with_parentheses_and_spaces_gives_its_ids_masks_and_umask() 
     // Assert
     assert_eq!(st.state, 'S');
     assert_eq!(st.host_ppid, HostPid(10423));
-    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid, st.ns_depth), (10424, 10422, 27341, 1));
+    assert_eq!(
+        (st.ns_pid, st.ns_pgid, st.ns_sid, st.ns_depth),
+        (SandboxPid(10424), SandboxPid(10422), SandboxPid(27341), 1)
+    );
     assert_eq!(st.threads, 1);
     assert_eq!(st.uids, [0, 0, 0, 0]);
     assert_eq!(st.gids, [2000, 2001, 2002, 2001]);
@@ -200,7 +203,7 @@ fn status_of_a_thread_gives_its_own_pid_its_tgid_and_the_thread_count() {
     let tgid = parse_tgid(text);
 
     // Assert
-    assert_eq!(st.ns_pid, 10428);
+    assert_eq!(st.ns_pid, SandboxPid(10428));
     assert_eq!(tgid, Some(10427));
     assert_eq!(st.threads, 2);
     assert_eq!(st.state, 'S');
@@ -217,7 +220,7 @@ fn status_of_a_zombie_gives_z_and_its_ids() {
 
     // Assert
     assert_eq!(st.state, 'Z');
-    assert_eq!((st.ns_pid, st.host_ppid, st.threads), (10429, HostPid(10423), 1));
+    assert_eq!((st.ns_pid, st.host_ppid, st.threads), (SandboxPid(10429), HostPid(10423), 1));
     assert_eq!(st.umask, 0);
     assert_eq!(parse_tgid(text), Some(10429));
 }
@@ -263,7 +266,7 @@ fn status_of_a_process_in_a_child_pid_namespace_gives_its_ids_there() {
     let st = parse_status(text);
 
     // Assert
-    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid), (2, 2, 1));
+    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid), (SandboxPid(2), SandboxPid(2), SandboxPid::INIT));
     assert_eq!(st.ns_depth, 2);
     assert_eq!(st.host_ppid, HostPid(10451));
 }
@@ -283,7 +286,7 @@ fn stat_status_and_maps_that_are_not_utf8_are_read() {
     // Assert
     assert_eq!(state_of_stat(&stat), Some('S'));
     assert_eq!(parse_tty_nr(&stat), 0);
-    assert_eq!((st.state, st.ns_pid, st.host_ppid, st.threads), ('S', 10426, HostPid(10423), 1));
+    assert_eq!((st.state, st.ns_pid, st.host_ppid, st.threads), ('S', SandboxPid(10426), HostPid(10423), 1));
     assert!(st.text.starts_with("Name:\tsync-für-Grö\u{fffd}\n"), "{:?}", &st.text[..30]);
     let latin1 = maps.iter().find(|m| m.inode == 10035235).expect("the Latin-1 file");
     assert_eq!(latin1.path.as_deref(), Some("/tmp/sandtree-fixtures/caf\u{fffd}.bin"));
@@ -1098,7 +1101,7 @@ fn readers_of_a_process_whose_executable_has_a_latin1_name_read_it() {
     // Assert
     let lossy = String::from_utf8_lossy(&name).into_owned();
     // (No pid namespace of its own: its pid there is the host's.)
-    assert_eq!(st.expect("status").ns_pid, pid.raw());
+    assert_eq!(st.expect("status").ns_pid, SandboxPid(pid.raw()));
     assert_eq!(tty.expect("tty_nr"), tty_nr(HostPid(std::process::id() as i32)).expect("tty_nr of this process"));
     assert_eq!(group.expect("tgid"), pid);
     let facts = facts.expect("template facts");
@@ -1120,7 +1123,7 @@ fn readers_of_this_process_give_what_it_knows_of_itself() {
 
     // Assert
     // (No pid namespace of its own: its pid there is the host's.)
-    assert_eq!(st.ns_pid, me.raw());
+    assert_eq!(st.ns_pid, SandboxPid(me.raw()));
     assert_eq!(tgid(me).expect("tgid"), me);
     assert!(st.threads >= 1);
     assert!(maps.iter().any(|m| m.path.as_deref() == Some("[stack]")));
