@@ -18,19 +18,22 @@
 //! follow each other: a restore gives a process its old [`SandboxPid`]
 //! (`clone3` with `set_tid`), while its [`HostPid`] is a new one, whatever
 //! the host's namespace had free. So an image or a report keeps sandbox
-//! pids only, and the host pid of a process is looked up anew each time it
-//! is reached.
+//! pids only; a host pid is good for as long as the engine holds that very
+//! process (a template, a holder, an original stopped for a checkpoint),
+//! and a restored process's is learnt from the clone that made it.
 //!
 //! Both are plain numbers at the syscall boundary ([`HostPid::raw`],
-//! [`SandboxPid::raw`], or `.0`), print as the number, and serialize as
-//! the number (`serde(transparent)`): saved images and reports read as
-//! they did with bare `i32`s.
+//! [`SandboxPid::raw`], or `.0`), print as the number (`Display` and
+//! `Debug` alike: a message or a log that shows a pid, or a list of them,
+//! reads as it did), and serialize as the number (`serde(transparent)`):
+//! saved images and reports read as they did with bare `i32`s. (The type
+//! says which kind a pid is; its text does not.)
 
 use serde::{Deserialize, Serialize};
 
 /// A pid (or tid) in the host's pid namespace: the daemon's view (see the
 /// module docs). (Its default, 0, is no process: "none", "not known yet".)
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Copy, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(transparent)]
 #[serde(transparent)]
 pub struct HostPid(pub i32);
@@ -38,7 +41,7 @@ pub struct HostPid(pub i32);
 /// A pid (or tid) in the sandbox's pid namespace: the sandbox's own view,
 /// which its images and reports keep (see the module docs). (Its default,
 /// 0, is no process.)
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Copy, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(transparent)]
 #[serde(transparent)]
 pub struct SandboxPid(pub i32);
@@ -76,6 +79,20 @@ impl std::fmt::Display for SandboxPid {
     }
 }
 
+impl std::fmt::Debug for HostPid {
+    /// Just the number, as `Display`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Debug for SandboxPid {
+    /// Just the number, as `Display`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -109,10 +126,13 @@ mod tests {
         assert_eq!(serde_json::from_str::<Saved>(&json).expect("deserialize"), saved);
     }
 
-    /// Display is the number, with the formatter's width and alignment.
+    /// Display and Debug are the number, with the formatter's width and
+    /// alignment: a list of pids reads as a list of numbers.
     #[test]
     fn pids_display_as_the_number() {
         assert_eq!(format!("pid {} of {}", SandboxPid(3), HostPid(4021)), "pid 3 of 4021");
         assert_eq!(format!("[{:>5}]", HostPid(12)), "[   12]");
+        assert_eq!(format!("pids {:?}", [SandboxPid(2), SandboxPid(7)]), "pids [2, 7]");
+        assert_eq!(format!("{:?}", Some(HostPid(4021))), "Some(4021)");
     }
 }

@@ -246,7 +246,7 @@ impl Engine {
                 let mut note = format!(
                     "filesystem and {} process(es) restored exactly in place (pids {:?})",
                     r.restored.len(),
-                    r.restored.iter().map(|p| p.raw()).collect::<Vec<_>>()
+                    r.restored
                 );
                 if let Some(cap) = &captured
                     && !cap.unrestorable.is_empty()
