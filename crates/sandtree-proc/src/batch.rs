@@ -32,7 +32,7 @@
 use sandtree_sys::ptrace;
 
 use crate::inject::Tracee;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Where the batch area starts in the scratch mapping.
 pub(crate) const BATCH_OFFSET: u64 = 4096;
@@ -360,15 +360,15 @@ impl Tracee {
             let (code, stop) = batch.assemble(from);
             let code_addr = batch.code_addr();
             if code_addr + code.len() as u64 > batch.base + BATCH_SIZE {
-                return Err(Error::unsupported(tid, "", "restore", "too many calls in one batch (a bug)"));
+                return Err(Error::unsupported_by_host(tid, "", "restore", "too many calls in one batch (a bug)"));
             }
-            ptrace::write_mem(tid, batch.base, &batch.data).map_err(werr)?;
+            ptrace::write_mem(tid.raw(), batch.base, &batch.data).map_err(werr)?;
             let zeros = vec![0u8; 8 * (batch.calls - from)];
-            ptrace::write_mem(tid, batch.results_addr() + 8 * from as u64, &zeros).map_err(werr)?;
-            ptrace::write_mem(tid, code_addr, &code).map_err(werr)?;
+            ptrace::write_mem(tid.raw(), batch.results_addr() + 8 * from as u64, &zeros).map_err(werr)?;
+            ptrace::write_mem(tid.raw(), code_addr, &code).map_err(werr)?;
             self.run_code(code_addr, code_addr + stop as u64)?;
             let mut raw = vec![0u8; 8 * batch.calls];
-            ptrace::read_mem(tid, batch.results_addr(), &mut raw).map_err(|e| Error::Ptrace {
+            ptrace::read_mem(tid.raw(), batch.results_addr(), &mut raw).map_err(|e| Error::Ptrace {
                 pid: tid,
                 op: "read batch results",
                 source: e,
@@ -406,7 +406,7 @@ impl Tracee {
     /// on its own (data written to the area first).
     fn run_one_by_one(&mut self, batch: &mut Batch) -> Result<()> {
         let tid = self.tid;
-        ptrace::write_mem(tid, batch.base, &batch.data).map_err(|e| Error::Ptrace {
+        ptrace::write_mem(tid.raw(), batch.base, &batch.data).map_err(|e| Error::Ptrace {
             pid: tid,
             op: "write batch data",
             source: e,
@@ -474,13 +474,13 @@ const PATH_OFFSET: u64 = 256;
 
 /// Write `path` (and its ending zero) into the scratch page of stopped
 /// process `pid` at `scratch`: the address of a path argument.
-pub(crate) fn write_path(pid: i32, scratch: u64, path: &str) -> Result<u64> {
+pub(crate) fn write_path(pid: HostPid, scratch: u64, path: &str) -> Result<u64> {
     let mut bytes = path.as_bytes().to_vec();
     bytes.push(0);
     if bytes.len() as u64 > BATCH_OFFSET - PATH_OFFSET {
-        return Err(Error::unsupported(pid, "", "path", format!("path too long to reopen: {path}")));
+        return Err(Error::unsupported_by_host(pid, "", "path", format!("path too long to reopen: {path}")));
     }
-    ptrace::write_mem(pid, scratch + PATH_OFFSET, &bytes).map_err(|source| Error::Ptrace {
+    ptrace::write_mem(pid.raw(), scratch + PATH_OFFSET, &bytes).map_err(|source| Error::Ptrace {
         pid,
         op: "write path",
         source,

@@ -27,6 +27,8 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
+use crate::HostPid;
+
 /// The open `cgroup.procs` files of the pool and of the sandbox.
 #[derive(Debug)]
 pub struct PoolCgroup {
@@ -47,12 +49,12 @@ impl PoolCgroup {
     }
 
     /// Move process `host` (host pid) into the pool.
-    pub(crate) fn to_pool(&self, host: i32) -> io::Result<()> {
+    pub(crate) fn to_pool(&self, host: HostPid) -> io::Result<()> {
         (&self.pool).write_all(host.to_string().as_bytes())
     }
 
     /// Move process `host` (host pid) back into the sandbox's cgroup.
-    pub(crate) fn to_live(&self, host: i32) -> io::Result<()> {
+    pub(crate) fn to_live(&self, host: HostPid) -> io::Result<()> {
         (&self.live).write_all(host.to_string().as_bytes())
     }
 }
@@ -62,7 +64,7 @@ impl PoolCgroup {
 pub(crate) struct PoolPlacement {
     cgroup: Option<PoolCgroup>,
     /// Host pids moved to the pool's cgroup (or that could not be).
-    moved: HashSet<i32>,
+    moved: HashSet<HostPid>,
 }
 
 impl PoolPlacement {
@@ -79,7 +81,7 @@ impl PoolPlacement {
     /// Move every pool process (`hosts` lists their host pids) not moved
     /// yet into the pool; returns whether any was. One that cannot be moved
     /// (gone meanwhile) is not tried again.
-    pub(crate) fn sweep<I: Iterator<Item = i32>>(&mut self, hosts: impl Fn() -> I) -> bool {
+    pub(crate) fn sweep<I: Iterator<Item = HostPid>>(&mut self, hosts: impl Fn() -> I) -> bool {
         let Some(cg) = &self.cgroup else { return false };
         // (Called at every turn of the tracer's loop, every 0.5 ms while a
         // standby is forked: a set of the pool's hundreds of pids built each
@@ -92,14 +94,14 @@ impl PoolPlacement {
         {
             return false;
         }
-        let kept: HashSet<i32> = hosts().collect();
+        let kept: HashSet<HostPid> = hosts().collect();
         self.moved.retain(|h| kept.contains(h));
         let mut moved = false;
         for host in kept {
             if self.moved.insert(host) {
                 match cg.to_pool(host) {
                     Ok(()) => moved = true,
-                    Err(e) => tracing::debug!(host, "pool process not moved to the pool's cgroup: {e}"),
+                    Err(e) => tracing::debug!(host = host.raw(), "pool process not moved to the pool's cgroup: {e}"),
                 }
             }
         }

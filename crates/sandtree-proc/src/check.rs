@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::SandboxPid;
 use crate::model::ProcessImage;
 
 /// `CAP_SYS_ADMIN`: `clone3` with `set_tid` needs it in the sandbox's user
@@ -40,7 +41,7 @@ pub fn reparent_note(p: &ProcessImage) -> Unrestorable {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unrestorable {
     /// Pid in the sandbox.
-    pub pid: i32,
+    pub pid: SandboxPid,
     /// Its `comm`.
     pub comm: String,
     /// The resource in question (`threads`, `fd 5`, `parent`, ...).
@@ -58,7 +59,13 @@ impl std::fmt::Display for Unrestorable {
 /// Checks that need only the process's own status (before it is stopped).
 /// `reparent`: best effort may restore a child of another process as a
 /// child of init, in its own session (see [`reparent_note`]).
-pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32, reparent: bool) -> Result<(), Unrestorable> {
+pub fn check_status(
+    pid: SandboxPid,
+    comm: &str,
+    threads: u32,
+    ppid: SandboxPid,
+    reparent: bool,
+) -> Result<(), Unrestorable> {
     let no = |resource: &str, reason: String| Unrestorable {
         pid,
         comm: comm.to_string(),
@@ -68,7 +75,7 @@ pub fn check_status(pid: i32, comm: &str, threads: u32, ppid: i32, reparent: boo
     // (Threads: the fork copies the calling one; the others are captured
     // one by one and made again at the restore.)
     let _ = threads;
-    if ppid != 1 && !reparent {
+    if ppid != SandboxPid::INIT && !reparent {
         return Err(no(
             "parent",
             format!(
@@ -90,7 +97,7 @@ pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorabl
             "no CAP_SYS_ADMIN in the sandbox, which clone3 needs to give the restored process its pid".into(),
         ));
     }
-    if p.pgid != p.pid && p.ppid == 1 {
+    if p.pgid != p.pid && p.ppid == SandboxPid::INIT {
         return Err(no(
             "process group".into(),
             format!("member of process group {} led by another process (templates restore group leaders)", p.pgid),

@@ -9,21 +9,23 @@ use std::os::fd::OwnedFd;
 
 use rustix::fs::{Mode, OFlags};
 
+use crate::HostPid;
+
 /// A duplicate of descriptor `fd` of process `host` (`pidfd_getfd`): the
 /// same open file, not a new open of it.
-pub(crate) fn dup_from(host: i32, fd: i32) -> io::Result<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| io::Error::other("bad pid"))?;
+pub(crate) fn dup_from(host: HostPid, fd: i32) -> io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(host.raw()).ok_or_else(|| io::Error::other("bad pid"))?;
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
     Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?)
 }
 
-pub(crate) fn open_proc_fd(host: i32, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {
+pub(crate) fn open_proc_fd(host: HostPid, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(format!("/proc/{host}/fd/{fd}"), flags | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())?)
 }
 
 /// The root of process `host`'s tree (`/proc/<host>/root`), to open
 /// paths of the sandbox in with [`open_in`].
-pub fn tree_root(host: i32) -> io::Result<OwnedFd> {
+pub fn tree_root(host: HostPid) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(
         format!("/proc/{host}/root"),
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,

@@ -18,8 +18,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-/// A tracer thread's helper: its one-thread pool, and the thread's id
-/// (0 until it started).
+use crate::HostPid;
+
+/// A tracer thread's helper: its one-thread pool, and the thread's host
+/// tid (0 until it started).
 struct Helper {
     pool: rayon_core::ThreadPool,
     tid: std::sync::Arc<AtomicI32>,
@@ -85,7 +87,7 @@ pub(crate) fn beside<RA: Send, RH>(
     let probe = || done.load(Ordering::Acquire);
     let rh = with_helper(|helper| match helper {
         Some(Helper { pool, tid }) => {
-            let real_time = real_time(tid.load(Ordering::Acquire));
+            let real_time = real_time(HostPid(tid.load(Ordering::Acquire)));
             pool.in_place_scope(|s| {
                 s.spawn(move |_| job(real_time));
                 here(&probe)
@@ -113,11 +115,11 @@ pub(crate) fn beside<RA: Send, RH>(
 /// runs off the tracer's CPU, in the sandbox's group) delayed the start
 /// of the scan by 1-2 ms in one checkpoint of ten (100 MB REPL, `perf
 /// sched` trace of the bench), while the tracer thread waited for it.
-fn real_time(tid: i32) -> bool {
-    if tid == 0 || !REAL_TIME.load(Ordering::Relaxed) {
+fn real_time(tid: HostPid) -> bool {
+    if tid == HostPid(0) || !REAL_TIME.load(Ordering::Relaxed) {
         return false;
     }
-    match sandtree_sys::process::set_policy(tid, sandtree_sys::process::Policy::Fifo) {
+    match sandtree_sys::process::set_policy(tid.raw(), sandtree_sys::process::Policy::Fifo) {
         Ok(()) => true,
         Err(e) => {
             tracing::debug!("the helper thread runs at the normal priority: {e}");

@@ -71,7 +71,7 @@ use crate::model::{FdImage, FdKind, MapImage};
 use crate::standby::Standby;
 use crate::stop::Stopped;
 use crate::track::Tracking;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Templates made from standbys in a row before a checkpoint forks the
 /// process again. Every standby is a fork of the template before it, and
@@ -108,9 +108,9 @@ pub(crate) struct Base {
     /// The process's previous template (checkpoint, host pid): what the
     /// pages written count from. The template the standby is of, unless
     /// [`Base::extra`] says otherwise.
-    pub id: (String, i32),
+    pub id: (String, HostPid),
     /// Its host pid (the standby's template).
-    pub template: i32,
+    pub template: HostPid,
     /// The standby is of the template before the previous one, which had
     /// no standby ready in time: what the previous one changed over it
     /// goes into the standby first.
@@ -174,14 +174,14 @@ pub(crate) enum TakenStandby {
     /// With the standby's pid in the sandbox (given by us) and the host
     /// pid of the template forking it (the template's stand-in until the
     /// fork ends: `checkpoint::resolve_later`).
-    Forking(ForkingStandby, i32, i32),
+    Forking(ForkingStandby, SandboxPid, HostPid),
 }
 
 impl TakenStandby {
     /// The template's host pid (the stand-in's while its standby is being
     /// forked), its pid in the sandbox, and the standby or its fork, for a
     /// [`Pending`].
-    fn parts(self) -> (i32, i32, NextTemplate) {
+    fn parts(self) -> (HostPid, SandboxPid, NextTemplate) {
         match self {
             TakenStandby::Ready(s) => (s.host, s.ns_pid, NextTemplate::Standby(s)),
             TakenStandby::Forking(l, ns_pid, from) => (from, ns_pid, NextTemplate::Forking(l)),
@@ -235,7 +235,7 @@ impl ForkingStandby {
     pub(crate) fn finish(mut self) -> Result<Standby> {
         let made = match self.0.take() {
             Some((mut tpl, f)) => f.finish(&mut tpl),
-            None => Err(Error::Died { pid: 0, how: "its standby is gone".into() }),
+            None => Err(Error::Died { pid: HostPid(0), how: "its standby is gone".into() }),
         };
         match made {
             Ok(s) if self.1.switches.take_lose_next_standby() => {
@@ -279,7 +279,7 @@ impl Drop for Base {
 /// a whole step more for its standby's fork.
 #[derive(Clone)]
 pub(crate) struct OlderStandby {
-    pub from: i32,
+    pub from: HostPid,
     pub delta: std::sync::Arc<Delta>,
     /// Its dropped pages are dropped in the standby already.
     pub zapped: bool,
@@ -301,8 +301,8 @@ type Rseq = Option<(u64, u32, u32, u32)>;
 
 /// A template made from a standby.
 pub(crate) struct Patched {
-    pub host: i32,
-    pub ns_pid: i32,
+    pub host: HostPid,
+    pub ns_pid: SandboxPid,
     pub scratch: (u64, bool),
     /// The memory map (the process's; the standby's has the scratch page).
     pub maps: Vec<MapImage>,
@@ -352,7 +352,7 @@ const NAMESPACES: &[&str] = &["mnt", "net", "uts", "ipc", "user", "cgroup", "pid
 /// and signal handlers, as text (see the module docs).
 /// (`status`: its `/proc/<host>/status`, when read already while it was
 /// stopped.)
-pub(crate) fn fingerprint(host: i32, status: Option<&str>) -> io::Result<String> {
+pub(crate) fn fingerprint(host: HostPid, status: Option<&str>) -> io::Result<String> {
     let base = format!("/proc/{host}");
     let mut out = String::with_capacity(2048);
     let read;
@@ -394,7 +394,7 @@ pub(crate) fn fingerprint(host: i32, status: Option<&str>) -> io::Result<String>
 /// and `rseq` are the process's fingerprint, memory map and rseq
 /// registration now.
 fn mismatch(
-    host: i32,
+    host: HostPid,
     base: &Base,
     (fp, maps, rseq): (&str, &[MapImage], Rseq),
     tracking: &Tracking,
@@ -433,7 +433,8 @@ fn mismatch(
     }
     for f in kept {
         let fd = f.fd;
-        if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host, fd, sb, fd).unwrap_or(false) {
+        if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host.raw(), fd, sb.raw(), fd).unwrap_or(false)
+        {
             return Some(format!("descriptor {fd} changed"));
         }
         // Close-on-exec is the descriptor table's, not the file's. (From
@@ -473,7 +474,11 @@ fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>>
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|e| Error::Ptrace { pid: host, op: "read stack", source: e })?;
+    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(|e| Error::Ptrace {
+        pid: host,
+        op: "read stack",
+        source: e,
+    })?;
     let mut out = Vec::new();
     // (SIGCHLD always: SA_NOCLDWAIT / SA_NOCLDSTOP count with its default
     // disposition too.)
@@ -481,10 +486,14 @@ fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>>
     for sig in (1..=64u64).filter(|sig| wanted & (1 << (sig - 1)) != 0) {
         orig.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[sig, 0, buf, 8])?;
         let mut act = vec![0u8; 32];
-        ptrace::read_mem(host, buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
+        ptrace::read_mem(host.raw(), buf, &mut act).map_err(|e| Error::Ptrace { pid: host, op: "read", source: e })?;
         out.push((sig, act));
     }
-    ptrace::write_mem(host, buf, &saved).map_err(|e| Error::Ptrace { pid: host, op: "restore stack", source: e })?;
+    ptrace::write_mem(host.raw(), buf, &saved).map_err(|e| Error::Ptrace {
+        pid: host,
+        op: "restore stack",
+        source: e,
+    })?;
     Ok(out)
 }
 
@@ -573,7 +582,7 @@ pub(crate) fn patch<B>(
         loop {
             let job = pop_back(&queue);
             let Some(job) = job else { return Ok(()) };
-            uffd::read_pages(host, job.ranges, job.out)?;
+            uffd::read_pages(host.raw(), job.ranges, job.out)?;
         }
     };
     let (buf_ref, file_ref, copy_ref, queue_ref, queued_ref, base_ref) =
@@ -655,9 +664,11 @@ pub(crate) fn patch<B>(
             // registers.
             let xstate = match xstate_read.take() {
                 Some(x) => x,
-                None => {
-                    ptrace::xstate(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGSET xstate", source: e })?
-                }
+                None => ptrace::xstate(host.raw()).map_err(|e| Error::Ptrace {
+                    pid: host,
+                    op: "GETREGSET xstate",
+                    source: e,
+                })?,
             };
             Ok((handlers, xstate, pre))
         })();
@@ -730,7 +741,7 @@ pub(crate) fn patch<B>(
                 None => {
                     let job = if helped.is_ok() { pop_back(&queue) } else { None };
                     match job {
-                        Some(j) => helped = uffd::read_pages(host, j.ranges, j.out),
+                        Some(j) => helped = uffd::read_pages(host.raw(), j.ranges, j.out),
                         None => std::thread::yield_now(),
                     }
                 }
@@ -787,7 +798,7 @@ pub(crate) fn patch<B>(
         Ok(f) => f,
         Err(why) => {
             give_back(pages);
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: {why}");
             return Ok((None, fds, pre));
         }
     };
@@ -795,13 +806,13 @@ pub(crate) fn patch<B>(
         Ok(t) => t,
         Err(e) => {
             give_back(pages);
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
     };
     let t_fork = t0.elapsed();
     tracing::debug!(
-        pid = s.ns_pid,
+        pid = s.ns_pid.raw(),
         pages = f.total / 4096,
         by_holder = by_holder / 4096,
         dropped = f.zap.len(),
@@ -870,7 +881,7 @@ fn patch_quiet<B>(
     let f = match check(host, Some(&status), rseq, &base, tracking, &fds, sc, t0)? {
         Ok(f) => f,
         Err(why) => {
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: {why}");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: {why}");
             return Ok((None, fds, pre));
         }
     };
@@ -881,13 +892,13 @@ fn patch_quiet<B>(
     let (to, ns_pid, standby) = match base.take_or_defer() {
         Ok(taken) => taken.parts(),
         Err(e) => {
-            tracing::debug!(pid = s.ns_pid, "checkpoint forks: no standby ({e})");
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: no standby ({e})");
             return Ok((None, fds, pre));
         }
     };
     base.instruments.count(Counter::QuietTemplates, 1);
     tracing::debug!(
-        pid = s.ns_pid,
+        pid = s.ns_pid.raw(),
         took = ?t0.elapsed(),
         later = matches!(standby, NextTemplate::Forking(_)),
         "template from the previous one's standby (no code ran since)"
@@ -930,13 +941,15 @@ const QUIET_PAGES: usize = 16;
 /// pages written: by the kernel, which stores a `poll`'s results again
 /// when the call it interrupted restarts, and the CPU it runs on into the
 /// rseq area.
-fn as_they_were(host: i32, template: i32, written: &[(u64, u64)], rseq: Rseq) -> bool {
+fn as_they_were(host: HostPid, template: HostPid, written: &[(u64, u64)], rseq: Rseq) -> bool {
     let len: usize = written.iter().map(|(a, b)| (b - a) as usize).sum();
     if len > QUIET_PAGES * 4096 {
         return false;
     }
     let (mut now, mut then) = (vec![0u8; len], vec![0u8; len]);
-    if uffd::read_pages(host, written, &mut now).is_err() || uffd::read_pages(template, written, &mut then).is_err() {
+    if uffd::read_pages(host.raw(), written, &mut now).is_err()
+        || uffd::read_pages(template.raw(), written, &mut then).is_err()
+    {
         return false;
     }
     // (Offsets in the buffers of the refreshed fields: `cpu_id_start`,
@@ -992,7 +1005,7 @@ impl Copying<'_> {
     /// as one `pwritev` takes (and fit in the dead space): their jobs stay
     /// in the queue's front, marked taken. `run` stays `None` when there
     /// is none left (or the holder cannot).
-    fn next(&mut self, host: i32, queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob>>) {
+    fn next(&mut self, host: HostPid, queue: &std::sync::Mutex<std::collections::VecDeque<ReadJob>>) {
         let max = (((self.room.1 - self.room.0) / 16) as usize).min(uffd::IOV_MAX);
         let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
         let (mut n, mut bytes, mut jobs) = (0, 0, Vec::new());
@@ -1018,13 +1031,13 @@ impl Copying<'_> {
         let fd = self.h.fd as u64;
         let started = self
             .save(host, list)
-            .and_then(|()| ptrace::write_mem(host, list, &iov))
+            .and_then(|()| ptrace::write_mem(host.raw(), list, &iov))
             .map_err(|e| Error::Ptrace { pid: host, op: "write the holder's runs", source: e })
             .and_then(|()| self.h.tracee.start_stepped(libc::SYS_pwritev, &[fd, list, n as u64, at as u64, 0]));
         match started {
             Ok(()) => self.run = Some(PageRun { t0: std::time::Instant::now(), jobs, bytes }),
             Err(e) => {
-                tracing::debug!(holder = self.h.tracee.tid, "the holder copies no more pages: {e}");
+                tracing::debug!(holder = self.h.tracee.tid.raw(), "the holder copies no more pages: {e}");
                 untake(&mut q, &jobs);
                 self.room = (0, 0);
             }
@@ -1033,13 +1046,13 @@ impl Copying<'_> {
 
     /// Keep what is at `from` up to the room's end (beyond what is kept
     /// already).
-    fn save(&mut self, host: i32, from: u64) -> io::Result<()> {
+    fn save(&mut self, host: HostPid, from: u64) -> io::Result<()> {
         let kept = self.saved.as_ref().map_or(self.room.1, |(at, _)| *at);
         if from >= kept {
             return Ok(());
         }
         let mut more = vec![0u8; (kept - from) as usize];
-        ptrace::read_mem(host, from, &mut more)?;
+        ptrace::read_mem(host.raw(), from, &mut more)?;
         if let Some((_, old)) = self.saved.take() {
             more.extend_from_slice(&old);
         }
@@ -1049,11 +1062,11 @@ impl Copying<'_> {
 
     /// Put back what the lists of runs wrote over (dead space below the
     /// stack pointer, as the tracer's injected calls do).
-    fn put_back(&mut self, host: i32) {
+    fn put_back(&mut self, host: HostPid) {
         if let Some((at, bytes)) = self.saved.take()
-            && let Err(e) = ptrace::write_mem(host, at, &bytes)
+            && let Err(e) = ptrace::write_mem(host.raw(), at, &bytes)
         {
-            tracing::debug!(pid = host, "the stack below the holder's lists not put back: {e}");
+            tracing::debug!(pid = host.raw(), "the stack below the holder's lists not put back: {e}");
         }
     }
 
@@ -1071,13 +1084,13 @@ impl Copying<'_> {
         let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
         match out {
             Ok(n) if n == r.bytes as i64 => {
-                tracing::debug!(holder = self.h.tracee.tid, bytes = r.bytes, took = ?r.t0.elapsed(), "pages copied by the holder");
+                tracing::debug!(holder = self.h.tracee.tid.raw(), bytes = r.bytes, took = ?r.t0.elapsed(), "pages copied by the holder");
                 self.instruments.count(Counter::PagesCopiedByHolders, (r.bytes / 4096) as u64);
                 q.retain(|j| !(j.taken && r.jobs.contains(&(j.at, j.out.len()))));
                 Some(r.bytes)
             }
             out => {
-                tracing::debug!(holder = self.h.tracee.tid, ?out, bytes = r.bytes, "the holder's copy failed");
+                tracing::debug!(holder = self.h.tracee.tid.raw(), ?out, bytes = r.bytes, "the holder's copy failed");
                 untake(&mut q, &r.jobs);
                 self.room = (0, 0);
                 Some(0)
@@ -1146,13 +1159,14 @@ struct ScanResult {
 /// from it; the other checks, [`check`], run beside the copy):
 /// `Ok(Err(why))` when the checkpoint must fork instead.
 fn scan(
-    host: i32,
+    host: HostPid,
     base: &Base,
     tracking: &Tracking,
     t0: std::time::Instant,
 ) -> Result<std::result::Result<Scanned, String>> {
     // The memory map, where it is the base's, without formatting a path.
-    let same = sandtree_sys::process::map_ranges(host).ok().flatten().is_some_and(|now| same_map(&now, &base.maps));
+    let same =
+        sandtree_sys::process::map_ranges(host.raw()).ok().flatten().is_some_and(|now| same_map(&now, &base.maps));
     let maps = match same {
         true => base.maps.clone(),
         false => crate::procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
@@ -1212,7 +1226,7 @@ type FoundFds = (std::result::Result<ScanResult, String>, Vec<FdImage>);
 /// The descriptors of stopped process `host`, then [`check`] (unless the
 /// scan already said why the checkpoint must fork).
 fn find_fds(
-    host: i32,
+    host: HostPid,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     rseq: Rseq,
     base: &Base,
@@ -1232,7 +1246,7 @@ fn find_fds(
 /// the checkpoint must fork instead.
 #[allow(clippy::too_many_arguments)]
 fn check(
-    host: i32,
+    host: HostPid,
     status: Option<&str>,
     rseq: Rseq,
     base: &Base,
@@ -1260,7 +1274,7 @@ pub(crate) struct Pending {
     /// The standby that becomes the template.
     standby: NextTemplate,
     /// Host pid of the process (whose holder lent its page file).
-    owner: i32,
+    owner: HostPid,
     pages: Pages,
     /// Bytes written.
     bytes: usize,
@@ -1331,7 +1345,7 @@ impl Buf {
 impl Pending {
     /// The template whose pages this one reads first ([`OlderStandby`]): it must
     /// be done changing before this one starts.
-    pub(crate) fn depends_on(&self) -> Option<i32> {
+    pub(crate) fn depends_on(&self) -> Option<HostPid> {
         self.extra.as_ref().map(|e| e.from)
     }
 
@@ -1342,7 +1356,7 @@ impl Pending {
 
     /// Wait for the standby's fork, if it is under way ([`ForkingStandby`]):
     /// returns the standby's host pid and pid in the sandbox.
-    pub(crate) fn resolve(&mut self) -> Result<(i32, i32)> {
+    pub(crate) fn resolve(&mut self) -> Result<(HostPid, SandboxPid)> {
         // (A fork that fails leaves it `Gone`.)
         self.standby = match std::mem::replace(&mut self.standby, NextTemplate::Gone) {
             NextTemplate::Forking(l) => NextTemplate::Standby(l.finish()?),
@@ -1366,7 +1380,7 @@ impl Pending {
         let NextTemplate::Standby(s) = &self.standby else { return };
         let (to, ns_pid) = (s.host, s.ns_pid);
         if let Err(e) = self.zap_extra() {
-            tracing::warn!(pid = ns_pid, "the previous template's dropped pages: {e}");
+            tracing::warn!(pid = ns_pid.raw(), "the previous template's dropped pages: {e}");
             self.pages = Pages::Gone;
             return;
         }
@@ -1386,7 +1400,7 @@ impl Pending {
         match spawned {
             Ok(h) => self.pages = Pages::Writing(h),
             // (`finish` says so.)
-            Err(e) => tracing::warn!(pid = ns_pid, "no thread to write the pages: {e}"),
+            Err(e) => tracing::warn!(pid = ns_pid.raw(), "no thread to write the pages: {e}"),
         }
     }
 
@@ -1463,9 +1477,13 @@ impl Pending {
         }
         written.map_err(|e| Error::Ptrace { pid: to, op: "write the pages written", source: e })?;
         let sb = &mut standby.tracee;
-        ptrace::set_xstate(to, &xstate).map_err(|e| Error::Ptrace { pid: to, op: "SETREGSET xstate", source: e })?;
+        ptrace::set_xstate(to.raw(), &xstate).map_err(|e| Error::Ptrace {
+            pid: to,
+            op: "SETREGSET xstate",
+            source: e,
+        })?;
         for (sig, act) in &handlers {
-            ptrace::write_mem(to, scratch, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
+            ptrace::write_mem(to.raw(), scratch, act).map_err(|e| Error::Ptrace { pid: to, op: "write", source: e })?;
             sb.call("rt_sigaction", libc::SYS_rt_sigaction, &[*sig, scratch, 0, 8])?;
         }
         if let Some(brk) = brk
@@ -1477,29 +1495,29 @@ impl Pending {
         for &(a, b) in &zap {
             sb.call("madvise (dropped pages)", libc::SYS_madvise, &[a, b - a, libc::MADV_DONTNEED as u64])?;
         }
-        tracing::debug!(pid = standby.ns_pid, kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
+        tracing::debug!(pid = standby.ns_pid.raw(), kib = bytes / 1024, waited = ?t0.elapsed(), "template patched (pages written)");
         Ok(())
     }
 }
 
 /// Write into standby `to` the pages of `extra` (if any), then the
 /// checkpoint's own: runs `copy`, their bytes one after the other.
-fn write_pages(to: i32, extra: Option<&OlderStandby>, copy: &[(u64, u64)], bytes: &[u8]) -> io::Result<()> {
+fn write_pages(to: HostPid, extra: Option<&OlderStandby>, copy: &[(u64, u64)], bytes: &[u8]) -> io::Result<()> {
     write_extra(to, extra)?;
     if copy.is_empty() {
         return Ok(());
     }
-    uffd::PageWriter::open(to)?.write(copy, bytes)
+    uffd::PageWriter::open(to.raw())?.write(copy, bytes)
 }
 
 /// The pages of [`OlderStandby`], read from the previous template and written
 /// into standby `to` (before its own pages: those of the checkpoint win).
-fn write_extra(to: i32, extra: Option<&OlderStandby>) -> io::Result<()> {
+fn write_extra(to: HostPid, extra: Option<&OlderStandby>) -> io::Result<()> {
     let Some(e) = extra.filter(|e| !e.delta.pages.is_empty()) else { return Ok(()) };
     let len: u64 = e.delta.pages.iter().map(|(a, b)| b - a).sum();
     let mut buf = take_buffer(len as usize);
-    let r = uffd::read_pages(e.from, &e.delta.pages, &mut buf[..len as usize])
-        .and_then(|()| uffd::PageWriter::open(to)?.write(&e.delta.pages, &buf[..len as usize]));
+    let r = uffd::read_pages(e.from.raw(), &e.delta.pages, &mut buf[..len as usize])
+        .and_then(|()| uffd::PageWriter::open(to.raw())?.write(&e.delta.pages, &buf[..len as usize]));
     give_buffer(buf);
     r
 }
@@ -1609,8 +1627,8 @@ mod tests {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
         let ranges = sandtree_sys::process::map_ranges(pid).expect("PROCMAP_QUERY");
-        let maps = crate::procfs::maps(pid).expect("maps");
-        let own = crate::procfs::maps(std::process::id() as i32).expect("own maps");
+        let maps = crate::procfs::maps(crate::HostPid(pid)).expect("maps");
+        let own = crate::procfs::maps(crate::HostPid(std::process::id() as i32)).expect("own maps");
         let _ = child.kill();
         let _ = child.wait();
         let Some(ranges) = ranges else {

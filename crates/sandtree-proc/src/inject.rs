@@ -25,13 +25,13 @@ use std::io;
 
 use sandtree_sys::ptrace::{self, EVENT_CLONE, EVENT_FORK, EVENT_STOP, EVENT_VFORK, Regs, Stop};
 
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// A tracee in a ptrace stop, with the registers to give back.
 #[derive(Debug)]
 pub struct Tracee {
     /// Host tid.
-    pub tid: i32,
+    pub tid: HostPid,
     /// Registers at the checkpoint (restored on release).
     pub saved: Regs,
     /// Address of a `syscall` instruction in its vDSO.
@@ -46,12 +46,18 @@ pub struct Tracee {
     affinity: Option<Vec<u32>>,
 }
 
-fn died(tid: i32, how: &str) -> Error {
+fn died(tid: HostPid, how: &str) -> Error {
     Error::Died { pid: tid, how: how.to_string() }
 }
 
-fn ptrace_err(tid: i32, op: &'static str) -> impl FnOnce(io::Error) -> Error {
+fn ptrace_err(tid: HostPid, op: &'static str) -> impl FnOnce(io::Error) -> Error {
     move |source| Error::Ptrace { pid: tid, op, source }
+}
+
+/// The child that a fork event of `tid` names (`PTRACE_GETEVENTMSG`: its
+/// host pid).
+fn fork_child(tid: HostPid) -> Result<HostPid> {
+    Ok(HostPid(ptrace::event_msg(tid.raw()).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32))
 }
 
 /// Wait for `tid`'s `PTRACE_EVENT_STOP` (after `PTRACE_INTERRUPT`, or the
@@ -59,10 +65,10 @@ fn ptrace_err(tid: i32, op: &'static str) -> impl FnOnce(io::Error) -> Error {
 /// delivered (they would have been delivered before the stop anyway);
 /// fork events of a task that was forking name children that must be
 /// stopped too (returned).
-pub fn wait_event_stop(tid: i32) -> Result<Vec<i32>> {
+pub fn wait_event_stop(tid: HostPid) -> Result<Vec<HostPid>> {
     let mut children = Vec::new();
     loop {
-        let stop = ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))?;
+        let stop = ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))?;
         if step_to_event_stop(tid, stop, &mut children)? {
             return Ok(children);
         }
@@ -72,11 +78,11 @@ pub fn wait_event_stop(tid: i32) -> Result<Vec<i32>> {
 /// [`wait_event_stop`] bounded by `deadline`: `Ok(None)` when the task did
 /// not stop in time (it sits in an uninterruptible wait; the interrupt
 /// stays pending and takes effect when the wait ends).
-pub fn wait_event_stop_until(tid: i32, deadline: std::time::Instant) -> Result<Option<Vec<i32>>> {
+pub fn wait_event_stop_until(tid: HostPid, deadline: std::time::Instant) -> Result<Option<Vec<HostPid>>> {
     let mut children = Vec::new();
     let mut nap = std::time::Duration::from_micros(5);
     loop {
-        let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? else {
+        let Some(stop) = ptrace::try_wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? else {
             if std::time::Instant::now() >= deadline {
                 return Ok(None);
             }
@@ -92,15 +98,15 @@ pub fn wait_event_stop_until(tid: i32, deadline: std::time::Instant) -> Result<O
 
 /// One stop on the way to `PTRACE_EVENT_STOP`: `true` once there; other
 /// stops are let go (signals delivered, fork events' children recorded).
-fn step_to_event_stop(tid: i32, stop: Stop, children: &mut Vec<i32>) -> Result<bool> {
+fn step_to_event_stop(tid: HostPid, stop: Stop, children: &mut Vec<HostPid>) -> Result<bool> {
     match stop {
         Stop::Event { event: EVENT_STOP, .. } => return Ok(true),
         Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
-            children.push(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
-            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+            children.push(fork_child(tid)?);
+            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
         }
-        Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?,
-        Stop::Signal(sig) => ptrace::resume(tid, sig).map_err(ptrace_err(tid, "cont"))?,
+        Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?,
+        Stop::Signal(sig) => ptrace::resume(tid.raw(), sig).map_err(ptrace_err(tid, "cont"))?,
         Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
         Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
     }
@@ -112,21 +118,21 @@ fn step_to_event_stop(tid: i32, stop: Stop, children: &mut Vec<i32>) -> Result<b
 static SYSCALL_OFFSET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// Address of a `syscall` instruction (`0f 05`) in the vDSO of `pid`.
-pub fn find_syscall_insn(pid: i32) -> Result<u64> {
+pub fn find_syscall_insn(pid: HostPid) -> Result<u64> {
     let base = crate::procfs::vdso_base(pid).map_err(|e| Error::Proc { pid, what: "auxv", source: e })?;
     if let Some(off) = SYSCALL_OFFSET.get() {
         return Ok(base + off);
     }
     let maps = crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e })?;
     let vdso = maps.iter().find(|m| m.start == base).ok_or_else(|| {
-        Error::unsupported(pid, "", "vdso", "the process has no vDSO to borrow a syscall instruction from")
+        Error::unsupported_by_host(pid, "", "vdso", "the process has no vDSO to borrow a syscall instruction from")
     })?;
     let mut buf = vec![0u8; (vdso.end - vdso.start) as usize];
-    ptrace::read_mem(pid, vdso.start, &mut buf).map_err(ptrace_err(pid, "read vdso"))?;
+    ptrace::read_mem(pid.raw(), vdso.start, &mut buf).map_err(ptrace_err(pid, "read vdso"))?;
     let off = buf
         .windows(2)
         .position(|w| w == [0x0f, 0x05])
-        .ok_or_else(|| Error::unsupported(pid, "", "vdso", "no syscall instruction in the vDSO"))?;
+        .ok_or_else(|| Error::unsupported_by_host(pid, "", "vdso", "no syscall instruction in the vDSO"))?;
     Ok(base + *SYSCALL_OFFSET.get_or_init(|| off as u64))
 }
 
@@ -138,13 +144,13 @@ pub(crate) const ERESTARTNOINTR: i64 = -513;
 pub struct Outcome {
     /// Raw return value (`-errno` on failure).
     pub ret: i64,
-    /// Child created by it (fork / clone), auto-attached.
-    pub child: Option<i32>,
+    /// Child created by it (fork / clone), auto-attached (host pid).
+    pub child: Option<HostPid>,
 }
 
 impl Tracee {
     /// A tracee in a stop whose registers are `saved`.
-    pub fn new(tid: i32, saved: Regs, insn: u64) -> Tracee {
+    pub fn new(tid: HostPid, saved: Regs, insn: u64) -> Tracee {
         Tracee { tid, saved, insn, held: Vec::new(), mask: None, affinity: None }
     }
 
@@ -167,9 +173,9 @@ impl Tracee {
     fn block_signals(&mut self) -> Result<()> {
         if self.mask.is_none() {
             let tid = self.tid;
-            self.mask = Some(ptrace::sigmask(tid).map_err(ptrace_err(tid, "GETSIGMASK"))?);
+            self.mask = Some(ptrace::sigmask(tid.raw()).map_err(ptrace_err(tid, "GETSIGMASK"))?);
         }
-        ptrace::set_sigmask(self.tid, u64::MAX).map_err(ptrace_err(self.tid, "SETSIGMASK"))
+        ptrace::set_sigmask(self.tid.raw(), u64::MAX).map_err(ptrace_err(self.tid, "SETSIGMASK"))
     }
 
     /// Run syscall `nr` with `args`; returns the raw result.
@@ -187,16 +193,16 @@ impl Tracee {
         self.start_syscall_unwaited(nr, args)?;
         // Past the entry stop, so that the call itself runs from here on.
         loop {
-            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
                 Stop::Syscall => break,
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } => {}
             }
-            ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+            ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))?;
         }
-        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
+        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))
     }
 
     /// Start syscall `nr` with `args` single-stepping over the `syscall`
@@ -208,7 +214,7 @@ impl Tracee {
     /// instruction again before the stop).
     pub(crate) fn start_stepped(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.set_call(nr, args)?;
-        ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))
+        ptrace::resume_step(tid.raw(), 0).map_err(ptrace_err(tid, "singlestep"))
     }
 
     /// The result of a call started by [`Tracee::start_stepped`], without
@@ -222,7 +228,7 @@ impl Tracee {
     /// again, such as holders (whose table is their own).
     pub(crate) fn poll_stepped(&mut self) -> Result<Option<i64>> {
         let tid = self.tid;
-        while let Some(stop) = ptrace::try_wait(tid).map_err(ptrace_err(tid, "wait"))? {
+        while let Some(stop) = ptrace::try_wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
             let sig = match stop {
                 Stop::Signal(sig) => sig,
                 Stop::Event { .. } | Stop::Syscall => 0,
@@ -235,11 +241,11 @@ impl Tracee {
             if sig != 0 && sig != libc::SIGTRAP {
                 self.held.push(sig);
             }
-            let r = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+            let r = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
             if r.rip == self.insn + 2 {
                 return Ok(Some(r.rax as i64));
             }
-            ptrace::resume_step(tid, 0).map_err(ptrace_err(tid, "singlestep"))?;
+            ptrace::resume_step(tid.raw(), 0).map_err(ptrace_err(tid, "singlestep"))?;
         }
         Ok(None)
     }
@@ -254,13 +260,13 @@ impl Tracee {
     /// entry stop.
     pub(crate) fn start_syscall_unwaited(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.set_call(nr, args)?;
-        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))
+        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))
     }
 
     /// Every signal blocked, and the registers of syscall `nr` with `args`
     /// on the vDSO's `syscall` instruction set, for the resume that runs
     /// it; the tid.
-    fn set_call(&mut self, nr: i64, args: &[u64]) -> Result<i32> {
+    fn set_call(&mut self, nr: i64, args: &[u64]) -> Result<HostPid> {
         let tid = self.tid;
         self.block_signals()?;
         let mut r = self.saved;
@@ -271,7 +277,7 @@ impl Tracee {
         for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
             *slot = v;
         }
-        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::set_regs(tid.raw(), &r).map_err(ptrace_err(tid, "SETREGS"))?;
         Ok(tid)
     }
 
@@ -286,7 +292,7 @@ impl Tracee {
     pub(crate) fn finish_syscall_entering(&mut self, entering: &mut bool) -> Result<Outcome> {
         let mut child = None;
         loop {
-            let stop = ptrace::wait(self.tid).map_err(ptrace_err(self.tid, "wait"))?;
+            let stop = ptrace::wait(self.tid.raw()).map_err(ptrace_err(self.tid, "wait"))?;
             if let Some(out) = self.on_syscall_stop(stop, &mut child, entering)? {
                 return Ok(out);
             }
@@ -297,8 +303,8 @@ impl Tracee {
     /// the call runs. `child` keeps what the stops seen so far told (a
     /// fork's child pid) from one poll to the next, `entering` whether the
     /// entry stop is still to come.
-    pub(crate) fn poll_syscall(&mut self, child: &mut Option<i32>, entering: &mut bool) -> Result<Option<Outcome>> {
-        while let Some(stop) = ptrace::try_wait(self.tid).map_err(ptrace_err(self.tid, "wait"))? {
+    pub(crate) fn poll_syscall(&mut self, child: &mut Option<HostPid>, entering: &mut bool) -> Result<Option<Outcome>> {
+        while let Some(stop) = ptrace::try_wait(self.tid.raw()).map_err(ptrace_err(self.tid, "wait"))? {
             if let Some(out) = self.on_syscall_stop(stop, child, entering)? {
                 return Ok(Some(out));
             }
@@ -308,23 +314,28 @@ impl Tracee {
 
     /// One stop of a tracee running an injected call: the outcome at the
     /// syscall-exit stop; otherwise it is resumed.
-    fn on_syscall_stop(&mut self, stop: Stop, child: &mut Option<i32>, entering: &mut bool) -> Result<Option<Outcome>> {
+    fn on_syscall_stop(
+        &mut self,
+        stop: Stop,
+        child: &mut Option<HostPid>,
+        entering: &mut bool,
+    ) -> Result<Option<Outcome>> {
         let tid = self.tid;
         match stop {
             Stop::Syscall if *entering => *entering = false,
             Stop::Syscall => {
-                let out = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+                let out = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
                 return Ok(Some(Outcome { ret: out.rax as i64, child: *child }));
             }
             Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
-                *child = Some(ptrace::event_msg(tid).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32);
+                *child = Some(fork_child(tid)?);
             }
             Stop::Event { .. } => {}
             Stop::Signal(sig) => self.held.push(sig),
             Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
             Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
         }
-        ptrace::resume_syscall(tid, 0).map_err(ptrace_err(tid, "syscall"))?;
+        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))?;
         Ok(None)
     }
 
@@ -339,12 +350,12 @@ impl Tracee {
         let mut r = self.saved;
         r.rip = entry;
         r.orig_rax = u64::MAX;
-        ptrace::set_regs(tid, &r).map_err(ptrace_err(tid, "SETREGS"))?;
-        ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        ptrace::set_regs(tid.raw(), &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
         loop {
-            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
                 Stop::Signal(sig) if sig == libc::SIGSTOP => {
-                    if ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?.rip == stop_at {
+                    if ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?.rip == stop_at {
                         return Ok(());
                     }
                     self.held.push(sig);
@@ -355,7 +366,7 @@ impl Tracee {
                     if [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS]
                         .contains(&sig) =>
                 {
-                    let rip = ptrace::regs(tid).map(|r| r.rip).unwrap_or(0);
+                    let rip = ptrace::regs(tid.raw()).map(|r| r.rip).unwrap_or(0);
                     return Err(died(tid, &format!("signal {sig} in injected code at {rip:#x}")));
                 }
                 Stop::Signal(sig) => self.held.push(sig),
@@ -363,7 +374,7 @@ impl Tracee {
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } | Stop::Syscall => {}
             }
-            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
         }
     }
 
@@ -384,7 +395,7 @@ impl Tracee {
     /// child once it sits in its first stop with `PTRACE_O_EXITKILL`: its
     /// host pid, its pid in the sandbox and its registers. `what` names the
     /// call in errors; a child that cannot be readied is killed.
-    pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
+    pub(crate) fn clone_stopped(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, SandboxPid, Regs)> {
         self.start_clone(flags)?;
         self.finish_clone(flags, what)
     }
@@ -396,7 +407,7 @@ impl Tracee {
     }
 
     /// See [`Tracee::start_clone`].
-    pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(i32, i32, Regs)> {
+    pub(crate) fn finish_clone(&mut self, flags: u64, what: &'static str) -> Result<(HostPid, SandboxPid, Regs)> {
         let out = self.finish_syscall()?;
         self.cloned(out, (libc::SYS_clone, &[flags, 0, 0, 0, 0]), what)
     }
@@ -409,7 +420,7 @@ impl Tracee {
         mut out: Outcome,
         (nr, args): (i64, &[u64]),
         what: &'static str,
-    ) -> Result<(i32, i32, Regs)> {
+    ) -> Result<(HostPid, SandboxPid, Regs)> {
         for _ in 0..5 {
             if out.ret != ERESTARTNOINTR {
                 break;
@@ -424,10 +435,10 @@ impl Tracee {
             });
         };
         let ready = wait_event_stop(child)
-            .and_then(|_| ptrace::set_exit_kill(child, true).map_err(ptrace_err(child, "SETOPTIONS")))
-            .and_then(|_| ptrace::regs(child).map_err(ptrace_err(child, "GETREGS")));
+            .and_then(|_| ptrace::set_exit_kill(child.raw(), true).map_err(ptrace_err(child, "SETOPTIONS")))
+            .and_then(|_| ptrace::regs(child.raw()).map_err(ptrace_err(child, "GETREGS")));
         match ready {
-            Ok(regs) => Ok((child, out.ret as i32, regs)),
+            Ok(regs) => Ok((child, SandboxPid(out.ret as i32), regs)),
             Err(e) => {
                 crate::inject::kill_tracee(child);
                 Err(e)
@@ -439,17 +450,17 @@ impl Tracee {
     /// whatever stop it is in.
     pub fn park(&mut self) -> Result<()> {
         let tid = self.tid;
-        ptrace::interrupt(tid).map_err(ptrace_err(tid, "interrupt"))?;
-        ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+        ptrace::interrupt(tid.raw()).map_err(ptrace_err(tid, "interrupt"))?;
+        ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
         loop {
-            match ptrace::wait(tid).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
                 Stop::Event { event: EVENT_STOP, .. } => return Ok(()),
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } | Stop::Syscall => {}
             }
-            ptrace::resume(tid, 0).map_err(ptrace_err(tid, "cont"))?;
+            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
         }
     }
 
@@ -474,16 +485,16 @@ impl Tracee {
     /// at once.
     pub fn release_parked(self, regs: &Regs) -> Result<()> {
         let tid = self.tid;
-        ptrace::set_regs(tid, regs).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::set_regs(tid.raw(), regs).map_err(ptrace_err(tid, "SETREGS"))?;
         if let Some(mask) = self.mask {
-            ptrace::set_sigmask(tid, mask).map_err(ptrace_err(tid, "SETSIGMASK"))?;
+            ptrace::set_sigmask(tid.raw(), mask).map_err(ptrace_err(tid, "SETSIGMASK"))?;
         }
         if let Some(cpus) = &self.affinity {
             set_affinity(tid, cpus);
         }
-        ptrace::detach(tid, 0).map_err(ptrace_err(tid, "detach"))?;
+        ptrace::detach(tid.raw(), 0).map_err(ptrace_err(tid, "detach"))?;
         for &again in &self.held {
-            if let Some(pid) = rustix::process::Pid::from_raw(tid)
+            if let Some(pid) = rustix::process::Pid::from_raw(tid.raw())
                 && let Some(s) = rustix::process::Signal::from_named_raw(again)
             {
                 let _ = rustix::process::kill_process(pid, s);
@@ -494,8 +505,8 @@ impl Tracee {
 }
 
 /// CPU affinity, as a list of CPUs.
-pub fn affinity(tid: i32) -> Vec<u32> {
-    let Some(pid) = rustix::process::Pid::from_raw(tid) else { return Vec::new() };
+pub fn affinity(tid: HostPid) -> Vec<u32> {
+    let Some(pid) = rustix::process::Pid::from_raw(tid.raw()) else { return Vec::new() };
     match rustix::thread::sched_getaffinity(Some(pid)) {
         Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).filter(|c| set.is_set(*c)).map(|c| c as u32).collect(),
         Err(_) => Vec::new(),
@@ -505,12 +516,12 @@ pub fn affinity(tid: i32) -> Vec<u32> {
 /// Pin the calling thread to `cpus` (no-op for an empty list): a thread
 /// that works beside the tracer, off its CPU.
 pub fn pin_self(cpus: &[u32]) {
-    set_affinity(rustix::thread::gettid().as_raw_nonzero().get(), cpus);
+    set_affinity(HostPid(rustix::thread::gettid().as_raw_nonzero().get()), cpus);
 }
 
 /// Set the CPU affinity of `tid` to `cpus` (no-op for an empty list).
-pub fn set_affinity(tid: i32, cpus: &[u32]) {
-    let Some(pid) = rustix::process::Pid::from_raw(tid) else { return };
+pub fn set_affinity(tid: HostPid, cpus: &[u32]) {
+    let Some(pid) = rustix::process::Pid::from_raw(tid.raw()) else { return };
     if cpus.is_empty() {
         return;
     }
@@ -570,7 +581,7 @@ pub fn step_back() {
 /// (template, standby, holder) is pinned there, and its death tears its
 /// memory down in its own context, which would hold the tracer's CPU for
 /// milliseconds (a 100 MB address space: 2-4 ms).
-pub fn move_off_tracer(tid: i32) {
+pub fn move_off_tracer(tid: HostPid) {
     if TRACER_CPU.with(|c| c.get()).is_some() {
         set_affinity(tid, &off_tracer_cpus());
     }
@@ -579,7 +590,7 @@ pub fn move_off_tracer(tid: i32) {
 /// The CPUs other than the tracer's (all of them when it is not pinned,
 /// or is the only one).
 pub fn off_tracer_cpus() -> Vec<u32> {
-    let all = affinity(std::process::id() as i32);
+    let all = affinity(HostPid(std::process::id() as i32));
     let Some(cpu) = TRACER_CPU.with(|c| c.get()) else { return all };
     let others: Vec<u32> = all.iter().copied().filter(|c| *c != cpu).collect();
     if others.is_empty() { all } else { others }
@@ -587,7 +598,7 @@ pub fn off_tracer_cpus() -> Vec<u32> {
 
 /// Run `tid` on the tracer's CPU while we inject into it (the caller puts
 /// its own affinity back before letting it go).
-pub fn pin_to_tracer(tid: i32) {
+pub fn pin_to_tracer(tid: HostPid) {
     if let Some(cpu) = TRACER_CPU.with(|c| c.get()) {
         set_affinity(tid, &[cpu]);
     }
@@ -595,14 +606,14 @@ pub fn pin_to_tracer(tid: i32) {
 
 /// SIGKILL a tracee and collect its exit notification (the tracer's part;
 /// init, its real parent, reaps it).
-pub(crate) fn kill_tracee(host: i32) {
+pub(crate) fn kill_tracee(host: HostPid) {
     crate::inject::move_off_tracer(host);
-    let _ = sandtree_sys::ptrace::kill(host);
+    let _ = sandtree_sys::ptrace::kill(host.raw());
     loop {
-        match sandtree_sys::ptrace::wait(host) {
+        match sandtree_sys::ptrace::wait(host.raw()) {
             Ok(sandtree_sys::ptrace::Stop::Exited(_) | sandtree_sys::ptrace::Stop::Killed(_)) | Err(_) => return,
             Ok(_) => {
-                let _ = sandtree_sys::ptrace::resume(host, 0);
+                let _ = sandtree_sys::ptrace::resume(host.raw(), 0);
             }
         }
     }
@@ -633,9 +644,9 @@ pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
 
 /// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
 /// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
-pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) -> Result<()> {
-    ptrace::write_mem(pid, scratch, args)
-        .and_then(|_| ptrace::write_mem(pid, scratch + SET_TID_OFFSET, &tid.to_ne_bytes()))
+pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: SandboxPid) -> Result<()> {
+    ptrace::write_mem(pid.raw(), scratch, args)
+        .and_then(|_| ptrace::write_mem(pid.raw(), scratch + SET_TID_OFFSET, &tid.raw().to_ne_bytes()))
         .map_err(ptrace_err(pid, "write clone_args"))
 }
 
@@ -643,12 +654,12 @@ pub(crate) fn write_clone_args(pid: i32, scratch: u64, args: &[u8], tid: i32) ->
 /// [`restore_one`]), and a standby fork that a job waits for (`memory_holder.rs`).
 pub(crate) const RESTORE_NICE: i32 = -10;
 
-pub(crate) fn nice_of(tid: i32) -> Option<i32> {
-    rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid)).ok()
+pub(crate) fn nice_of(tid: HostPid) -> Option<i32> {
+    rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid.raw())).ok()
 }
 
-pub(crate) fn set_nice(tid: i32, nice: i32) {
-    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
+pub(crate) fn set_nice(tid: HostPid, nice: i32) {
+    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid.raw()), nice);
 }
 
 /// The nice value of a standby fork under way while a rollback runs (until

@@ -87,6 +87,7 @@ pub mod inject;
 mod kinds;
 mod memory_holder;
 pub mod model;
+pub mod pid;
 mod pool;
 pub mod procfs;
 mod reap;
@@ -103,6 +104,7 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use checkpoint::CaptureReport;
+pub use pid::{HostPid, SandboxPid};
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
 pub use stats::{Instruments, ProcessStats, TestSwitches};
@@ -118,7 +120,7 @@ pub enum Error {
     #[error("ptrace {op} of pid {pid}: {source}")]
     Ptrace {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Request.
         op: &'static str,
         /// Error.
@@ -128,7 +130,7 @@ pub enum Error {
     #[error("{call} inside pid {pid} failed: {errno}")]
     Remote {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Syscall.
         call: &'static str,
         /// Its error.
@@ -138,7 +140,7 @@ pub enum Error {
     #[error("read {what} of pid {pid}: {source}")]
     Proc {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// File.
         what: &'static str,
         /// Error.
@@ -148,7 +150,7 @@ pub enum Error {
     #[error("pid {pid} {how}")]
     Died {
         /// Host pid.
-        pid: i32,
+        pid: HostPid,
         /// Exit description.
         how: String,
     },
@@ -175,12 +177,12 @@ pub enum Error {
     #[error("the sandbox's root moved while pid {pid} forked: its child kept the old tree")]
     RootMoved {
         /// Host pid of the process that forked.
-        pid: i32,
+        pid: HostPid,
     },
 }
 
 impl Error {
-    fn unsupported(pid: i32, comm: &str, resource: impl Into<String>, reason: impl Into<String>) -> Error {
+    fn unsupported(pid: SandboxPid, comm: &str, resource: impl Into<String>, reason: impl Into<String>) -> Error {
         Error::Unsupported(Unrestorable {
             pid,
             comm: comm.to_string(),
@@ -188,7 +190,66 @@ impl Error {
             reason: reason.into(),
         })
     }
+
+    /// [`Error::unsupported`] of a process known here by its host pid
+    /// only (the vDSO lookup, a batch, the restore's fix-up): the host pid
+    /// stands in for its pid in the sandbox in the report, as it always
+    /// did.
+    fn unsupported_by_host(host: HostPid, comm: &str, resource: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::unsupported(SandboxPid(host.raw()), comm, resource, reason)
+    }
 }
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use crate::{CaptureReport, Error, HostPid, RestoreReport, SandboxPid, StopReport, TemplateStatus, Unrestorable};
+
+    fn refused(pid: SandboxPid) -> Unrestorable {
+        Unrestorable { pid, comm: "sleep".into(), resource: "parent".into(), reason: "its parent is pid 5".into() }
+    }
+
+    /// The reports the metadata DB and the API keep have the JSON they had
+    /// with bare `i32` pids (saved ones read back the same), and an
+    /// unrestorable process prints as it did.
+    #[test]
+    fn reports_keep_their_json() {
+        let capture = CaptureReport {
+            captured: vec![SandboxPid(2), SandboxPid(7)],
+            unrestorable: vec![refused(SandboxPid(9))],
+            reparented: Vec::new(),
+            comms: [(SandboxPid(2), "sh".to_string()), (SandboxPid(7), "python3".to_string())].into(),
+        };
+        let unrestorable = r#"{"pid":9,"comm":"sleep","resource":"parent","reason":"its parent is pid 5"}"#;
+        let json = format!(
+            r#"{{"captured":[2,7],"unrestorable":[{unrestorable}],"reparented":[],"comms":{{"2":"sh","7":"python3"}}}}"#
+        );
+        assert_eq!(serde_json::to_string(&capture).expect("capture report"), json);
+        let back: CaptureReport = serde_json::from_str(&json).expect("saved capture report");
+        assert_eq!((back.captured, back.comms), (capture.captured, capture.comms));
+        let restore = RestoreReport { restored: vec![SandboxPid(2)], evicted: vec!["ck-1".into()] };
+        assert_eq!(serde_json::to_string(&restore).expect("restore report"), r#"{"restored":[2],"evicted":["ck-1"]}"#);
+        let status = TemplateStatus { pids: vec![SandboxPid(7)], unrestorable: vec![refused(SandboxPid(9))] };
+        let json = format!(r#"{{"pids":[7],"unrestorable":[{unrestorable}]}}"#);
+        assert_eq!(serde_json::to_string(&status).expect("template status"), json);
+        assert_eq!(serde_json::from_str::<TemplateStatus>(&json).expect("saved template status"), status);
+        let stop = StopReport { stopped: 1, skipped: vec![refused(SandboxPid(9))], foreign: false };
+        let json = format!(r#"{{"stopped":1,"skipped":[{unrestorable}],"foreign":false}}"#);
+        assert_eq!(serde_json::to_string(&stop).expect("stop report"), json);
+        assert_eq!(refused(SandboxPid(9)).to_string(), "pid 9 (sleep) cannot be restored: parent: its parent is pid 5");
+    }
+
+    /// The errors print a host pid as the number, as they did.
+    #[test]
+    fn errors_print_the_host_pid() {
+        let gone = || std::io::Error::from_raw_os_error(libc::ESRCH);
+        let e = Error::Ptrace { pid: HostPid(4021), op: "seize", source: gone() };
+        assert_eq!(e.to_string(), format!("ptrace seize of pid 4021: {}", gone()));
+        let e = Error::Died { pid: HostPid(4021), how: "exited with 0".into() };
+        assert_eq!(e.to_string(), "pid 4021 exited with 0");
+        let e = Error::RootMoved { pid: HostPid(4021) };
+        assert_eq!(e.to_string(), "the sandbox's root moved while pid 4021 forked: its child kept the old tree");
+    }
+}

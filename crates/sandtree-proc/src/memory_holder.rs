@@ -28,16 +28,16 @@ use std::os::fd::OwnedFd;
 use sandtree_sys::ptrace;
 
 use crate::inject::Tracee;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// A process sharing its owner's address space.
 pub(crate) struct Holder {
     /// Host pid.
-    pub host: i32,
+    pub host: HostPid,
     /// Pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     /// Host pid of the owner.
-    pub owner: i32,
+    pub owner: HostPid,
     /// pidfd of the owner: readable once it exited.
     owner_fd: OwnedFd,
     /// A template adopted as holder still has its copy of the descriptor
@@ -93,7 +93,7 @@ pub(crate) struct Copier {
 /// memory, between 1 and 8 MiB (2,048 pages; the bench's steps write
 /// ~1,150). One that is too small for a checkpoint's pages grows after it
 /// (the pages went through `process_vm_readv` that time).
-fn first_page_file(owner: i32) -> usize {
+fn first_page_file(owner: HostPid) -> usize {
     let resident = crate::procfs::resident_pages(owner) as usize * 4096;
     (resident / 8).clamp(1 << 20, 8 << 20)
 }
@@ -108,11 +108,11 @@ impl Copier {
             match m.join() {
                 Ok(Ok(f)) => self.file = Some(f),
                 Ok(Err(e)) => {
-                    tracing::debug!(holder = self.tracee.tid, "no page file: {e}");
+                    tracing::debug!(holder = self.tracee.tid.raw(), "no page file: {e}");
                     self.failed = true;
                 }
                 Err(_) => {
-                    tracing::debug!(holder = self.tracee.tid, "the page file's thread panicked");
+                    tracing::debug!(holder = self.tracee.tid.raw(), "the page file's thread panicked");
                     self.failed = true;
                 }
             }
@@ -135,7 +135,7 @@ impl Copier {
         match spawned {
             Ok(h) => self.making = Some(h),
             Err(e) => {
-                tracing::debug!(holder = self.tracee.tid, "no thread to make the page file: {e}");
+                tracing::debug!(holder = self.tracee.tid.raw(), "no thread to make the page file: {e}");
                 self.failed = true;
             }
         }
@@ -148,13 +148,15 @@ impl Holder {
     pub(crate) fn orphaned(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(&self.owner_fd, rustix::event::PollFlags::IN)];
         let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
-        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0) || !ptrace::same_mm(self.owner, self.host)
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+            || !ptrace::same_mm(self.owner.raw(), self.host.raw())
     }
 }
 
 /// A pidfd of `owner`, the process a holder keeps the memory of.
-fn owner_pidfd(owner: i32) -> Result<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(owner).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
+fn owner_pidfd(owner: HostPid) -> Result<OwnedFd> {
+    let pid =
+        rustix::process::Pid::from_raw(owner.raw()).ok_or(Error::Died { pid: owner, how: "has no pid".into() })?;
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(|e| Error::Ptrace {
         pid: owner,
         op: "pidfd_open",
@@ -182,7 +184,7 @@ fn drop_descriptors(h: &mut Tracee) -> Result<()> {
 /// becomes that process's holder (`restore.rs`). Its set-up already took
 /// it out of the original's session or group; its copy of the descriptor
 /// table goes.
-pub(crate) fn adopt((t, ns_pid): (Tracee, i32), owner: i32) -> Result<Holder> {
+pub(crate) fn adopt((t, ns_pid): (Tracee, SandboxPid), owner: HostPid) -> Result<Holder> {
     let host = t.tid;
     let owner_fd = match owner_pidfd(owner) {
         Ok(fd) => fd,
@@ -212,7 +214,7 @@ pub(crate) fn drop_pending(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain_mut(|h| {
         let Some(t) = h.tracee.as_mut().filter(|_| h.undropped) else { return true };
         if let Err(e) = drop_descriptors(t) {
-            tracing::warn!(pid = h.ns_pid, "holder kept descriptors, killed: {e}");
+            tracing::warn!(pid = h.ns_pid.raw(), "holder kept descriptors, killed: {e}");
             dying.push(crate::reap::let_die(h.host, h.ns_pid));
             return false;
         }
@@ -227,7 +229,7 @@ const COPIER_MIN_RSS: u64 = 32 << 20;
 
 /// The resident pages of `owner`, as a checkpoint just read them: whether
 /// its holder gets a page file ([`equip_next`]) follows its size.
-pub(crate) fn note_resident(holders: &mut [Holder], owner: i32, pages: u64) {
+pub(crate) fn note_resident(holders: &mut [Holder], owner: HostPid, pages: u64) {
     for h in holders.iter_mut().filter(|h| h.owner == owner) {
         h.owner_resident = Some(pages);
     }
@@ -267,10 +269,10 @@ pub(crate) fn equip_next(holders: &mut [Holder], tracking: &crate::track::Tracki
         // (Lost with its template: the holder's descriptor again.)
         let fd = match file {
             Some(_) => None,
-            None => match sandtree_sys::uffd::take_fd(h.host, c.fd) {
+            None => match sandtree_sys::uffd::take_fd(h.host.raw(), c.fd) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
-                    tracing::debug!(pid = h.ns_pid, "the holder's page file is gone: {e}");
+                    tracing::debug!(pid = h.ns_pid.raw(), "the holder's page file is gone: {e}");
                     h.copier = None;
                     h.no_copier = true;
                     return true;
@@ -282,7 +284,7 @@ pub(crate) fn equip_next(holders: &mut [Holder], tracking: &crate::track::Tracki
         return true;
     }
     if let Err(e) = equip(h) {
-        tracing::debug!(pid = h.ns_pid, "the holder copies no pages: {e}");
+        tracing::debug!(pid = h.ns_pid.raw(), "the holder copies no pages: {e}");
         h.no_copier = true;
     }
     true
@@ -302,7 +304,8 @@ fn equip(h: &mut Holder) -> Result<()> {
             let t = match t {
                 Some(t) => t,
                 None => {
-                    let regs = ptrace::regs(host).map_err(|e| Error::Ptrace { pid: host, op: "GETREGS", source: e })?;
+                    let regs =
+                        ptrace::regs(host.raw()).map_err(|e| Error::Ptrace { pid: host, op: "GETREGS", source: e })?;
                     Tracee::new(host, regs, crate::inject::find_syscall_insn(host)?)
                 }
             };
@@ -310,8 +313,11 @@ fn equip(h: &mut Holder) -> Result<()> {
         }
         (None, None) => return Ok(()),
     };
-    let file =
-        sandtree_sys::uffd::take_fd(host, fd).map_err(|e| Error::Ptrace { pid: host, op: "pidfd_getfd", source: e })?;
+    let file = sandtree_sys::uffd::take_fd(host.raw(), fd).map_err(|e| Error::Ptrace {
+        pid: host,
+        op: "pidfd_getfd",
+        source: e,
+    })?;
     crate::inject::move_off_tracer(host);
     let want = first_page_file(h.owner);
     let mut c = Copier { tracee: t, fd, file: None, making: None, want, lent: None, failed: false };
@@ -330,7 +336,11 @@ fn make_page_file(h: &mut Holder, mut t: Tracee) -> Result<(Tracee, i32)> {
     // whatever its owner does meanwhile.
     let name = base + 9;
     let mut zero = [1u8];
-    ptrace::read_mem(host, name, &mut zero).map_err(|e| Error::Ptrace { pid: host, op: "read vdso", source: e })?;
+    ptrace::read_mem(host.raw(), name, &mut zero).map_err(|e| Error::Ptrace {
+        pid: host,
+        op: "read vdso",
+        source: e,
+    })?;
     if zero[0] != 0 {
         return Err(Error::unsupported(h.ns_pid, "", "vdso", "no zero byte in the vDSO's ELF header"));
     }
@@ -343,14 +353,14 @@ fn make_page_file(h: &mut Holder, mut t: Tracee) -> Result<(Tracee, i32)> {
 
 /// Lend the copier of `owner`'s holder to its checkpoint (`None` when it
 /// has none, or none ready).
-pub(crate) fn lend_copier(holders: &mut [Holder], owner: i32) -> Option<Copier> {
+pub(crate) fn lend_copier(holders: &mut [Holder], owner: HostPid) -> Option<Copier> {
     holders.iter_mut().find(|h| h.owner == owner && h.copier.is_some())?.copier.take()
 }
 
 /// The copier lent by [`lend_copier`], back to its holder (or dropped, if
 /// the holder is gone). One lost with a failed checkpoint is made again
 /// between operations ([`equip_next`]).
-pub(crate) fn give_back_copier(holders: &mut [Holder], owner: i32, copier: Copier) {
+pub(crate) fn give_back_copier(holders: &mut [Holder], owner: HostPid, copier: Copier) {
     if let Some(h) = holders.iter_mut().find(|h| h.owner == owner && h.copier.is_none() && h.tracee.is_none()) {
         h.copier = Some(copier);
     }
@@ -358,7 +368,7 @@ pub(crate) fn give_back_copier(holders: &mut [Holder], owner: i32, copier: Copie
 
 /// A page file lent to a template's pending write, back to the copier of
 /// `owner`'s holder once its pages are written.
-pub(crate) fn give_back_file(holders: &mut [Holder], owner: i32, file: sandtree_sys::pagefile::PageFile) {
+pub(crate) fn give_back_file(holders: &mut [Holder], owner: HostPid, file: sandtree_sys::pagefile::PageFile) {
     if let Some(c) = holders.iter_mut().find(|h| h.owner == owner).and_then(|h| h.copier.as_mut())
         && c.file.is_none()
         && c.making.is_none()

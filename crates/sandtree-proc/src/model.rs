@@ -16,6 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::SandboxPid;
+
 /// Format version of [`ProcessTreeImage`]; a reader refuses other versions.
 pub const IMAGE_VERSION: u32 = 1;
 
@@ -32,13 +34,13 @@ pub struct ProcessTreeImage {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessImage {
     /// Pid in the sandbox's pid namespace.
-    pub pid: i32,
+    pub pid: SandboxPid,
     /// Parent pid (1 = the sandbox init).
-    pub ppid: i32,
-    /// Process group id.
-    pub pgid: i32,
-    /// Session id.
-    pub sid: i32,
+    pub ppid: SandboxPid,
+    /// Process group id (in the sandbox).
+    pub pgid: SandboxPid,
+    /// Session id (in the sandbox).
+    pub sid: SandboxPid,
     /// Whether it has a controlling terminal.
     pub has_tty: bool,
     /// `comm`.
@@ -105,7 +107,7 @@ pub struct ProcessImage {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ThreadImage {
     /// Thread id in the sandbox's pid namespace.
-    pub tid: i32,
+    pub tid: SandboxPid,
     /// General registers (`fs_base` is its TLS).
     pub regs: Registers,
     /// CPU affinity.

@@ -17,16 +17,18 @@ use sandtree_sys::mountinfo::{self, MountEntry};
 use crate::model::{
     AnonState, FdImage, FdKind, InetBinding, InotifyWatch, MapImage, ProcessImage, Registers, SignalMasks,
 };
+use crate::{HostPid, SandboxPid};
 
 /// The fields of `/proc/pid/status` this engine uses.
 #[derive(Debug, Clone, Default)]
 pub struct Status {
     /// Host pid of the parent.
-    pub host_ppid: i32,
-    /// Pid, process group and session in the innermost pid namespace.
-    pub ns_pid: i32,
-    pub ns_pgid: i32,
-    pub ns_sid: i32,
+    pub host_ppid: HostPid,
+    /// Pid, process group and session in the innermost pid namespace
+    /// (the sandbox's, for a task of the sandbox).
+    pub ns_pid: SandboxPid,
+    pub ns_pgid: SandboxPid,
+    pub ns_sid: SandboxPid,
     /// Pid namespace depth (number of `NSpid` fields): a task that joined
     /// the sandbox's cgroup from outside its pid namespace has another.
     pub ns_depth: usize,
@@ -39,8 +41,8 @@ pub struct Status {
     pub signals: SignalMasks,
     /// `State:` letter.
     pub state: char,
-    /// Tid of its tracer (0: none).
-    pub tracer: i32,
+    /// Host tid of its tracer (0: none).
+    pub tracer: HostPid,
     /// The file as read (an incremental template's fingerprint takes its
     /// lines from it rather than read it again: `incremental.rs`).
     pub text: String,
@@ -83,7 +85,7 @@ fn text_of(bytes: Vec<u8>) -> String {
 
 /// The state letter of `/proc/<pid>/stat` (`t` in a ptrace stop, `Z` a
 /// zombie); `None` when the process is gone.
-pub fn state(pid: i32) -> Option<char> {
+pub fn state(pid: HostPid) -> Option<char> {
     state_of_stat(&read_text(format!("/proc/{pid}/stat")).ok()?)
 }
 
@@ -92,7 +94,7 @@ fn state_of_stat(stat: &str) -> Option<char> {
 }
 
 /// Parse `/proc/<pid>/status`.
-pub fn status(pid: i32) -> io::Result<Status> {
+pub fn status(pid: HostPid) -> io::Result<Status> {
     Ok(parse_status(read_text(format!("/proc/{pid}/status"))?))
 }
 
@@ -104,14 +106,14 @@ fn parse_status(text: String) -> Status {
         let Some((k, v)) = line.split_once(':') else { continue };
         match k {
             "State" => st.state = v.trim().chars().next().unwrap_or('?'),
-            "PPid" => st.host_ppid = v.trim().parse().unwrap_or(0),
-            "TracerPid" => st.tracer = v.trim().parse().unwrap_or(0),
+            "PPid" => st.host_ppid = HostPid(v.trim().parse().unwrap_or(0)),
+            "TracerPid" => st.tracer = HostPid(v.trim().parse().unwrap_or(0)),
             "NSpid" => {
-                st.ns_pid = last_num(v).unwrap_or(0);
+                st.ns_pid = SandboxPid(last_num(v).unwrap_or(0));
                 st.ns_depth = v.split_whitespace().count();
             }
-            "NSpgid" => st.ns_pgid = last_num(v).unwrap_or(0),
-            "NSsid" => st.ns_sid = last_num(v).unwrap_or(0),
+            "NSpgid" => st.ns_pgid = SandboxPid(last_num(v).unwrap_or(0)),
+            "NSsid" => st.ns_sid = SandboxPid(last_num(v).unwrap_or(0)),
             "Threads" => st.threads = v.trim().parse().unwrap_or(0),
             "Uid" => st.uids = four(v),
             "Gid" => st.gids = four(v),
@@ -130,7 +132,7 @@ fn parse_status(text: String) -> Status {
 }
 
 /// `tty_nr` from `/proc/<pid>/stat` (0: no controlling terminal).
-pub fn tty_nr(pid: i32) -> io::Result<i64> {
+pub fn tty_nr(pid: HostPid) -> io::Result<i64> {
     Ok(parse_tty_nr(&read_text(format!("/proc/{pid}/stat"))?))
 }
 
@@ -160,7 +162,7 @@ impl FdInfo {
     }
 }
 
-fn fdinfo(pid: i32, fd: i32) -> io::Result<FdInfo> {
+fn fdinfo(pid: HostPid, fd: i32) -> io::Result<FdInfo> {
     Ok(parse_fdinfo(read_text(format!("/proc/{pid}/fdinfo/{fd}"))?))
 }
 
@@ -182,7 +184,7 @@ fn parse_fdinfo(text: String) -> FdInfo {
 
 /// The open flags of descriptor `fd` of `pid` (`O_CLOEXEC` included when
 /// set on the descriptor).
-pub(crate) fn fd_flags(pid: i32, fd: i32) -> io::Result<u32> {
+pub(crate) fn fd_flags(pid: HostPid, fd: i32) -> io::Result<u32> {
     fdinfo(pid, fd).map(|i| i.flags)
 }
 
@@ -267,7 +269,7 @@ fn parse_anon_state(what: &str, text: &str) -> Option<AnonState> {
 /// opened with `open_by_handle_at` on the layer's directory: the path it
 /// has there, below the layer's root, is its path in the sandbox.
 fn inotify_state(
-    pid: i32,
+    pid: HostPid,
     text: &str,
     pidfd: Option<&OwnedFd>,
     fd: i32,
@@ -340,7 +342,7 @@ fn decode_hex(h: &str) -> Option<Vec<u8>> {
 /// checked to lead to the watched inode in the process's tree (an overlay
 /// handle names a copied-up file's lower origin, whose path may be stale).
 fn locate_watch(
-    pid: i32,
+    pid: HostPid,
     (sdev, watched_ino): (u64, u64),
     handle_type: Option<u64>,
     handle: Option<&[u8]>,
@@ -428,14 +430,14 @@ pub fn epoll_watches(text: &str) -> Vec<(i32, u32, u64)> {
 }
 
 /// The current watch list of epoll `fd` of `pid`.
-pub fn epoll_watches_of(pid: i32, fd: i32) -> io::Result<Vec<(i32, u32, u64)>> {
+pub fn epoll_watches_of(pid: HostPid, fd: i32) -> io::Result<Vec<(i32, u32, u64)>> {
     Ok(epoll_watches(&fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?))
 }
 
 /// What a socket is, asked of the socket itself (a duplicate taken with
 /// `pidfd_getfd`): far cheaper than `/proc/net/tcp`, which walks the
 /// whole connection hash table.
-fn socket_kind(pid: i32, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
+fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let unknown = FdKind::Socket {
         ino,
@@ -574,8 +576,8 @@ fn parse_fd_link(link: &str) -> Link<'_> {
 }
 
 /// The mounts a process sees, by id.
-pub fn mounts(pid: i32) -> io::Result<HashMap<i32, MountEntry>> {
-    Ok(mountinfo::mounts_of(pid)?.into_iter().map(|m| (m.id, m)).collect())
+pub fn mounts(pid: HostPid) -> io::Result<HashMap<i32, MountEntry>> {
+    Ok(mountinfo::mounts_of(pid.raw())?.into_iter().map(|m| (m.id, m)).collect())
 }
 
 /// A sandbox's mounts by id as its init sees them, kept by the tracer
@@ -594,12 +596,12 @@ pub type Mounts = std::sync::Arc<HashMap<i32, MountEntry>>;
 impl MountCache {
     /// The table of `pid` (a sandbox's init), read now if it may have
     /// changed.
-    pub fn of(&self, pid: i32) -> io::Result<Mounts> {
+    pub fn of(&self, pid: HostPid) -> io::Result<Mounts> {
         let mut cached = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match cached.as_ref() {
             // (`changed` reports a change once: the table is read again
             // right away, under the lock.)
-            Some((watched, by_id)) if !watched.changed(pid) => Ok(by_id.clone()),
+            Some((watched, by_id)) if !watched.changed(pid.raw()) => Ok(by_id.clone()),
             _ => Self::read(&mut cached, pid),
         }
     }
@@ -612,19 +614,19 @@ impl MountCache {
 
     /// Read the table of `pid` again if it changed (between operations);
     /// whether it did.
-    pub(crate) fn refresh(&self, pid: i32) -> bool {
+    pub(crate) fn refresh(&self, pid: HostPid) -> bool {
         let mut cached = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if cached.as_ref().is_some_and(|(w, _)| !w.changed(pid)) {
+        if cached.as_ref().is_some_and(|(w, _)| !w.changed(pid.raw())) {
             return false;
         }
         Self::read(&mut cached, pid).is_ok()
     }
 
-    fn read(cached: &mut Option<(mountinfo::Watched, Mounts)>, pid: i32) -> io::Result<Mounts> {
+    fn read(cached: &mut Option<(mountinfo::Watched, Mounts)>, pid: HostPid) -> io::Result<Mounts> {
         *cached = None;
         let t0 = std::time::Instant::now();
-        let watched = mountinfo::Watched::read(pid)?;
-        tracing::debug!(pid, took = ?t0.elapsed(), "mount table read");
+        let watched = mountinfo::Watched::read(pid.raw())?;
+        tracing::debug!(pid = pid.raw(), took = ?t0.elapsed(), "mount table read");
         let by_id: Mounts = std::sync::Arc::new(watched.entries().iter().map(|m| (m.id, m.clone())).collect());
         *cached = Some((watched, by_id.clone()));
         Ok(by_id)
@@ -634,7 +636,7 @@ impl MountCache {
 /// The root directory of process `pid`: mount and inode of
 /// `/proc/<pid>/root` (two processes with the same one see the same mount
 /// points).
-pub fn root_of(pid: i32) -> Option<(u64, u64)> {
+pub fn root_of(pid: HostPid) -> Option<(u64, u64)> {
     let mask = rustix::fs::StatxFlags::MNT_ID | rustix::fs::StatxFlags::INO;
     let path = format!("/proc/{pid}/root");
     let sx = rustix::fs::statx(rustix::fs::CWD, path.as_str(), rustix::fs::AtFlags::empty(), mask).ok()?;
@@ -643,8 +645,8 @@ pub fn root_of(pid: i32) -> Option<(u64, u64)> {
 
 /// The open descriptors of `pid` (`mounts`: [`mounts`] of a process of the
 /// same mount namespace).
-pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImage>> {
-    let pidfd = rustix::process::Pid::from_raw(pid)
+pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImage>> {
+    let pidfd = rustix::process::Pid::from_raw(pid.raw())
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let mut out = Vec::new();
     for entry in fs::read_dir(format!("/proc/{pid}/fd"))? {
@@ -701,7 +703,7 @@ pub fn fds(pid: i32, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<FdImag
 
 /// Mark the descriptors of `fds` (of process `pid`, sorted by number)
 /// that are `dup`s of lower ones, for the kinds made anew at a restore.
-fn mark_dups(pid: i32, fds: &mut [FdImage]) {
+fn mark_dups(pid: HostPid, fds: &mut [FdImage]) {
     for i in 0..fds.len() {
         if !fds[i].kind.reopened_file() {
             continue;
@@ -709,14 +711,14 @@ fn mark_dups(pid: i32, fds: &mut [FdImage]) {
         let twin = (0..i).find(|&j| {
             fds[j].same_as.is_none()
                 && fds[j].kind == fds[i].kind
-                && sandtree_sys::process::same_open_file(pid, fds[j].fd, pid, fds[i].fd).unwrap_or(false)
+                && sandtree_sys::process::same_open_file(pid.raw(), fds[j].fd, pid.raw(), fds[i].fd).unwrap_or(false)
         });
         fds[i].same_as = twin.map(|j| fds[j].fd);
     }
 }
 
 /// The memory map of `pid`.
-pub fn maps(pid: i32) -> io::Result<Vec<MapImage>> {
+pub fn maps(pid: HostPid) -> io::Result<Vec<MapImage>> {
     Ok(parse_maps(&read_text(format!("/proc/{pid}/maps"))?))
 }
 
@@ -754,7 +756,7 @@ fn parse_maps(text: &str) -> Vec<MapImage> {
 /// executable (a layered checkpoint detaches the tree the template's point
 /// into, where paths on a sub-layer read wrong).
 pub fn capture(
-    (pid, ppid): (i32, i32),
+    (pid, ppid): (SandboxPid, SandboxPid),
     regs: Registers,
     fds: Vec<FdImage>,
     (cwd, root, exe): (String, String, String),
@@ -806,7 +808,7 @@ pub struct TemplateFacts {
 }
 
 /// Read [`TemplateFacts`] of `template`.
-pub fn template_facts(template: i32, with_maps: bool) -> io::Result<TemplateFacts> {
+pub fn template_facts(template: HostPid, with_maps: bool) -> io::Result<TemplateFacts> {
     Ok(TemplateFacts {
         status: status(template)?,
         tty_nr: tty_nr(template)?,
@@ -816,8 +818,10 @@ pub fn template_facts(template: i32, with_maps: bool) -> io::Result<TemplateFact
 }
 
 /// The thread group (process) of task `tid`.
-pub fn tgid(tid: i32) -> io::Result<i32> {
-    parse_tgid(&read_text(format!("/proc/{tid}/status"))?).ok_or_else(|| io::Error::other("no Tgid in status"))
+pub fn tgid(tid: HostPid) -> io::Result<HostPid> {
+    parse_tgid(&read_text(format!("/proc/{tid}/status"))?)
+        .map(HostPid)
+        .ok_or_else(|| io::Error::other("no Tgid in status"))
 }
 
 /// `Tgid` of a `/proc/<tid>/status` text.
@@ -826,7 +830,7 @@ fn parse_tgid(status: &str) -> Option<i32> {
 }
 
 /// Whether `pid` has POSIX timers (`timer_create`; `/proc/pid/timers`).
-pub fn has_posix_timers(pid: i32) -> bool {
+pub fn has_posix_timers(pid: HostPid) -> bool {
     read_text(format!("/proc/{pid}/timers")).is_ok_and(|t| parse_has_posix_timers(&t))
 }
 
@@ -836,7 +840,7 @@ fn parse_has_posix_timers(timers: &str) -> bool {
 }
 
 /// Base address of the vDSO of `pid` (`AT_SYSINFO_EHDR` in its auxv).
-pub fn vdso_base(pid: i32) -> io::Result<u64> {
+pub fn vdso_base(pid: HostPid) -> io::Result<u64> {
     parse_vdso_base(&fs::read(format!("/proc/{pid}/auxv"))?)
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no vDSO in auxv"))
 }
@@ -864,7 +868,7 @@ fn parse_vdso_base(auxv: &[u8]) -> Option<u64> {
 /// Reading a 1 GB process takes a few milliseconds: not on a hot path.
 /// `between` runs before each read of up to 4,096 entries (a caller that
 /// must stay out of another's way waits there).
-pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
+pub fn frames(pid: HostPid, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
     const PRESENT: u64 = 1 << 63;
     const PFN: u64 = (1 << 55) - 1;
@@ -894,7 +898,7 @@ pub fn frames(pid: i32, between: &dyn Fn()) -> std::io::Result<Vec<u64>> {
 }
 
 /// Resident pages of process `host` (0 if unknown).
-pub(crate) fn resident_pages(host: i32) -> u64 {
+pub(crate) fn resident_pages(host: HostPid) -> u64 {
     let statm = std::fs::read_to_string(format!("/proc/{host}/statm")).unwrap_or_default();
     statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
 }

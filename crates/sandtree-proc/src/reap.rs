@@ -3,6 +3,8 @@
 
 use sandtree_sys::ptrace;
 
+use crate::{HostPid, SandboxPid};
+
 thread_local! {
     /// Tracees [`kill_later`] killed, for the tracer thread's dying list.
     static KILLED: std::cell::RefCell<Vec<Dying>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -17,7 +19,7 @@ pub(crate) fn take_killed() -> Vec<Dying> {
 /// its exit, which follows the teardown of its address space
 /// (milliseconds for a large one): the tracer thread, whose tracee it is,
 /// collects it between jobs ([`reap_dying`]).
-pub(crate) fn kill_later(host: i32, ns_pid: i32) {
+pub(crate) fn kill_later(host: HostPid, ns_pid: SandboxPid) {
     let dying = let_die(host, ns_pid);
     KILLED.with(|k| k.borrow_mut().push(dying));
 }
@@ -31,19 +33,19 @@ pub(crate) fn kill_later(host: i32, ns_pid: i32) {
 /// last 50 µs, on the daemon's thread that returns it, waited 3.5 ms for
 /// two holders' teardowns while the other CPU was idle (`perf sched`
 /// trace of the bench). Returns its entry for the dying list.
-pub(crate) fn let_die(host: i32, ns_pid: i32) -> Dying {
+pub(crate) fn let_die(host: HostPid, ns_pid: SandboxPid) -> Dying {
     crate::inject::move_off_tracer(host);
-    let _ = sandtree_sys::process::set_policy(host, sandtree_sys::process::Policy::Idle);
-    let _ = sandtree_sys::ptrace::kill(host);
+    let _ = sandtree_sys::process::set_policy(host.raw(), sandtree_sys::process::Policy::Idle);
+    let _ = sandtree_sys::ptrace::kill(host.raw());
     Dying { host, ns_pid, idle_since: Some(std::time::Instant::now()) }
 }
 
 /// A killed pool process not reaped yet ([`crate::reap::let_die`]).
 pub(crate) struct Dying {
     /// Host pid.
-    pub host: i32,
+    pub host: HostPid,
     /// Pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     /// When it was killed, while it tears its memory down under
     /// `SCHED_IDLE` (`None`: back at nice 19, see [`reap_dying`]).
     pub idle_since: Option<std::time::Instant>,
@@ -57,10 +59,10 @@ pub(crate) struct Dying {
 /// teardown could hold its memory, charged to the sandbox, for seconds.
 pub(crate) fn reap_dying(dying: &mut Vec<Dying>, promote: bool) {
     const IDLE_FOR: std::time::Duration = std::time::Duration::from_millis(20);
-    dying.retain(|d| match ptrace::try_wait(d.host) {
+    dying.retain(|d| match ptrace::try_wait(d.host.raw()) {
         Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
         Ok(Some(_)) => {
-            let _ = ptrace::resume(d.host, 0);
+            let _ = ptrace::resume(d.host.raw(), 0);
             true
         }
         Ok(None) => true,
@@ -69,7 +71,7 @@ pub(crate) fn reap_dying(dying: &mut Vec<Dying>, promote: bool) {
         return;
     }
     for d in dying.iter_mut().filter(|d| d.idle_since.is_some_and(|t| t.elapsed() >= IDLE_FOR)) {
-        let _ = sandtree_sys::process::set_policy(d.host, sandtree_sys::process::Policy::Normal);
+        let _ = sandtree_sys::process::set_policy(d.host.raw(), sandtree_sys::process::Policy::Normal);
         crate::inject::set_nice(d.host, crate::inject::BACKGROUND_NICE);
         d.idle_since = None;
     }

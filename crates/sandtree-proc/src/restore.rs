@@ -18,13 +18,13 @@ use crate::memory_holder::Holder;
 use crate::pool::Pool;
 use crate::reap::Dying;
 use crate::track::Trackings;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 use crate::inject::ERESTARTNOINTR;
 const EEXIST: i64 = -(libc::EEXIST as i64);
 /// How long a restore waits for the killed original to release its pid.
 const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
 
@@ -46,7 +46,7 @@ pub(crate) struct Parts<'a> {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RestoreReport {
     /// In-sandbox pids running again.
-    pub restored: Vec<i32>,
+    pub restored: Vec<SandboxPid>,
     /// Checkpoints whose templates were dropped because one of them held
     /// a pid this restore needed.
     pub evicted: Vec<String>,
@@ -63,7 +63,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // A template of another checkpoint may hold a pid this one needs (its
     // process had exited by then and the pid was reused): drop that
     // checkpoint's templates first.
-    let needed: HashSet<i32> = set
+    let needed: HashSet<SandboxPid> = set
         .templates
         .iter()
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
@@ -144,7 +144,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             order.push((i, true));
             continue;
         }
-        tracing::debug!(pid = t.image.pid, comm = t.image.comm, took = ?t0.elapsed(), "process restored");
+        tracing::debug!(pid = t.image.pid.raw(), comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         let failed = match res {
             Ok((holder, mut ready)) => {
                 report.restored.push(t.image.pid);
@@ -257,7 +257,7 @@ fn restore_one(
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
     if let Some(s) = &standby
-        && !matches!(ptrace::try_wait(s.host), Ok(None))
+        && !matches!(ptrace::try_wait(s.host.raw()), Ok(None))
     {
         crate::inject::kill_tracee(s.host);
         standby = None;
@@ -336,7 +336,7 @@ fn restore_one(
         fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads)?;
         Ok(p)
     })();
-    tracing::debug!(pid = image.pid, via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
+    tracing::debug!(pid = image.pid.raw(), via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
     // (Before its holder is made from it: a holder's teardown, after the
     // next rollback, must not run ahead of anything.)
     if let Some(n) = nice {
@@ -357,7 +357,7 @@ fn restore_one(
             let holder = match holder {
                 Ok(h) => Some(h),
                 Err(e) => {
-                    tracing::warn!(pid = image.pid, "no mm holder: {e}");
+                    tracing::warn!(pid = image.pid.raw(), "no mm holder: {e}");
                     None
                 }
             };
@@ -441,7 +441,7 @@ fn make_threads(
         inject::wait_event_stop(tid)?;
         out.push((Tracee::new(tid, regs, p.insn).with_mask(th.blocked), regs));
         let t = &mut out.last_mut().expect("just pushed").0;
-        ptrace::set_xstate(tid, &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
+        ptrace::set_xstate(tid.raw(), &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
         if th.robust_list.0 != 0 {
             t.call("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list.0, th.robust_list.1])?;
         }
@@ -450,14 +450,14 @@ fn make_threads(
             t.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
         }
         if let Some(ss) = &th.altstack {
-            ptrace::write_mem(tid, scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
+            ptrace::write_mem(tid.raw(), scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
             t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
         }
         // Its name: only a thread of the group may write its comm.
         let mut name = th.comm.as_bytes().to_vec();
         name.truncate(15);
         name.push(0);
-        ptrace::write_mem(tid, scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
+        ptrace::write_mem(tid.raw(), scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
         const PR_SET_NAME: u64 = 15;
         t.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, scratch + 1024])?;
         crate::inject::set_affinity(tid, &th.affinity);
@@ -469,7 +469,7 @@ fn fix_up(
     p: &mut Tracee,
     image: &ProcessImage,
     (scratch, exec): (u64, bool),
-    template: i32,
+    template: HostPid,
     (via_standby, incremental): (bool, bool),
     threads: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<()> {
@@ -484,7 +484,7 @@ fn fix_up(
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
     crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template))?;
-    if image.ppid != 1 {
+    if image.ppid != SandboxPid::INIT {
         // Best effort for a child of another process: a child of init now,
         // in a session of its own (the template left the parent's).
         b.call("setsid", libc::SYS_setsid, &[]);
@@ -553,8 +553,8 @@ fn fix_up(
     make_threads(p, image, scratch, threads)?;
     for q in &image.queued_signals {
         let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(p.tid, scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
-        let me = image.pid as u64;
+        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
+        let me = image.pid.raw() as u64;
         if q.shared {
             p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
         } else {

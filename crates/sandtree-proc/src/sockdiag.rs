@@ -17,6 +17,8 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
+use crate::HostPid;
+
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
@@ -35,7 +37,7 @@ pub struct UnixState {
 }
 
 /// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.
-pub fn diag_socket(pid: i32) -> io::Result<OwnedFd> {
+pub fn diag_socket(pid: HostPid) -> io::Result<OwnedFd> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<OwnedFd> {
@@ -233,7 +235,7 @@ mod tests {
         )
         .expect("socketpair");
         let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("fstat").st_ino;
-        let diag = diag_socket(std::process::id() as i32).expect("sock_diag socket");
+        let diag = diag_socket(crate::HostPid(std::process::id() as i32)).expect("sock_diag socket");
         assert_eq!(unix_state(&diag, ino(&a)).expect("query"), UnixState { peer: Some(ino(&b)), rcv_shutdown: false });
         rustix::net::shutdown(&a, rustix::net::Shutdown::Write).expect("shutdown");
         assert_eq!(unix_state(&diag, ino(&b)).expect("query"), UnixState { peer: Some(ino(&a)), rcv_shutdown: true });

@@ -5,7 +5,7 @@
 //! (`pool/standbys.rs`).
 
 use crate::inject::Tracee;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// A stopped fork of a template, waiting to become a restored process's
 /// address space.
@@ -13,23 +13,23 @@ pub(crate) struct Standby {
     /// It, in a ptrace stop.
     pub tracee: Tracee,
     /// Host pid.
-    pub host: i32,
+    pub host: HostPid,
     /// Pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
 }
 
 /// A standby's fork under way: the template runs the injected `clone`
 /// (for a 1 GB process, 10-60 ms of copying page tables) while the tracer
 /// serves other jobs; [`tend_standbys`] collects it.
 pub(crate) struct Forking {
-    /// The child, once the fork event told it.
-    child: Option<i32>,
+    /// The child (host pid), once the fork event told it.
+    child: Option<HostPid>,
     t0: std::time::Instant,
     /// The child's pid in the sandbox, given by us (`clone3` with
     /// `set_tid`): known from the start, so that a rollback's kill list
     /// spares the child without waiting for the fork to end. `None`: a
     /// plain `clone`, whatever pid comes.
-    ns_pid: Option<i32>,
+    ns_pid: Option<SandboxPid>,
     /// The template's scratch page, which holds the `clone3` arguments.
     scratch: u64,
     /// The call's entry stop is still to come (the call is started
@@ -46,7 +46,7 @@ impl Forking {
     /// `scratch` holds the `clone3` arguments (`ns_pid`: the pid it gives
     /// the child; `None`, a plain `clone`); `nice` is the template's nice
     /// value.
-    pub(crate) fn started(ns_pid: Option<i32>, scratch: u64, nice: Option<i32>) -> Forking {
+    pub(crate) fn started(ns_pid: Option<SandboxPid>, scratch: u64, nice: Option<i32>) -> Forking {
         Forking { child: None, t0: std::time::Instant::now(), ns_pid, scratch, entering: true, nice }
     }
 
@@ -84,7 +84,7 @@ impl Forking {
     }
 
     /// The child's pid in the sandbox, if we gave it.
-    pub(crate) fn ns_pid(&self) -> Option<i32> {
+    pub(crate) fn ns_pid(&self) -> Option<SandboxPid> {
         self.ns_pid
     }
 
@@ -130,7 +130,7 @@ impl Forking {
             crate::reap::kill_later(host, ns_pid);
             return Err(Error::RootMoved { pid: tpl.tid });
         }
-        tracing::debug!(template = tpl.tid, standby = ns_pid, took = ?self.t0.elapsed(), "standby made");
+        tracing::debug!(template = tpl.tid.raw(), standby = ns_pid.raw(), took = ?self.t0.elapsed(), "standby made");
         Ok(Standby { tracee: Tracee::new(host, regs, tpl.insn), host, ns_pid })
     }
 }

@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{self, Unrestorable};
 use crate::inject::{self, Tracee};
-use crate::{Error, Result, procfs};
+use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
-fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
 
@@ -33,23 +33,23 @@ fn is_gone(e: &std::io::Error) -> bool {
 pub(crate) struct Stops {
     stopped: Vec<Stopped>,
     /// Init, when stopped with the others (host pid, registers).
-    init: Option<(i32, ptrace::Regs)>,
+    init: Option<(HostPid, ptrace::Regs)>,
     /// Seized tasks whose interrupt has not taken effect yet.
-    lingering: Vec<i32>,
+    lingering: Vec<HostPid>,
     /// An init's host pid and the depth of its pid namespace (read once:
     /// its `status` took ~60 µs of every checkpoint's stop).
-    init_depth: Option<(i32, usize)>,
+    init_depth: Option<(HostPid, usize)>,
 }
 
 /// A stopped original, between [`crate::Tracer::stop`] and [`crate::Tracer::clone_all`].
 pub(crate) struct Stopped {
-    pub host: i32,
-    pub ns_pid: i32,
-    pub ns_ppid: i32,
+    pub host: HostPid,
+    pub ns_pid: SandboxPid,
+    pub ns_ppid: SandboxPid,
     pub regs: sandtree_sys::ptrace::Regs,
     /// Its other threads, stopped too: (host tid, tid in the sandbox,
     /// registers).
-    pub threads: Vec<(i32, i32, sandtree_sys::ptrace::Regs)>,
+    pub threads: Vec<(HostPid, SandboxPid, sandtree_sys::ptrace::Regs)>,
 }
 
 /// What [`crate::Tracer::stop`] did.
@@ -86,8 +86,8 @@ impl Stops {
     /// one is an error and nothing stays stopped.
     pub(crate) fn stop(
         &mut self,
-        list: &dyn Fn() -> std::io::Result<Vec<i32>>,
-        (init_host, kept): (i32, &HashSet<i32>),
+        list: &dyn Fn() -> std::io::Result<Vec<HostPid>>,
+        (init_host, kept): (HostPid, &HashSet<HostPid>),
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
@@ -111,11 +111,11 @@ impl Stops {
     /// Seized tasks that never reached their stop (they were in an
     /// uninterruptible wait): detach each once it finally stops.
     pub(crate) fn settle_lingering(&mut self) {
-        self.lingering.retain(|&host| match ptrace::try_wait(host) {
+        self.lingering.retain(|&host| match ptrace::try_wait(host.raw()) {
             Ok(None) => true,
             Ok(Some(ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_))) | Err(_) => false,
             Ok(Some(_)) => {
-                let _ = ptrace::detach(host, 0);
+                let _ = ptrace::detach(host.raw(), 0);
                 false
             }
         });
@@ -123,8 +123,8 @@ impl Stops {
 
     fn stop_inner(
         &mut self,
-        list: &dyn Fn() -> std::io::Result<Vec<i32>>,
-        (init_host, templates): (i32, &HashSet<i32>),
+        list: &dyn Fn() -> std::io::Result<Vec<HostPid>>,
+        (init_host, templates): (HostPid, &HashSet<HostPid>),
         best_effort: bool,
         timeout: std::time::Duration,
     ) -> Result<StopReport> {
@@ -140,12 +140,12 @@ impl Stops {
                 depth
             }
         };
-        let me = rustix::thread::gettid().as_raw_nonzero().get();
-        let mut seen: HashSet<i32> = HashSet::new();
+        let me = HostPid(rustix::thread::gettid().as_raw_nonzero().get());
+        let mut seen: HashSet<HostPid> = HashSet::new();
         let mut report = StopReport::default();
         loop {
             let procs = list().map_err(|e| Error::Proc { pid: init_host, what: "cgroup.procs", source: e })?;
-            let new: Vec<i32> =
+            let new: Vec<HostPid> =
                 procs.into_iter().filter(|p| *p != init_host && !templates.contains(p) && !seen.contains(p)).collect();
             if new.is_empty() {
                 break;
@@ -223,7 +223,7 @@ impl Stops {
                     failure = Some(Error::Unsupported(u));
                     break;
                 }
-                match ptrace::seize(host) {
+                match ptrace::seize(host.raw()) {
                     Ok(()) => {}
                     Err(e) if is_gone(&e) => continue,
                     Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
@@ -245,8 +245,8 @@ impl Stops {
                         break;
                     }
                 }
-                if let Err(e) = ptrace::interrupt(host) {
-                    let _ = ptrace::detach(host, 0);
+                if let Err(e) = ptrace::interrupt(host.raw()) {
+                    let _ = ptrace::detach(host.raw(), 0);
                     if is_gone(&e) {
                         continue;
                     }
@@ -272,20 +272,20 @@ impl Stops {
                         // are refused or skipped there).
                         for c in children {
                             let _ = inject::wait_event_stop(c);
-                            let _ = ptrace::detach(c, 0);
+                            let _ = ptrace::detach(c.raw(), 0);
                         }
                     }
                     Err(Error::Died { .. }) => continue,
                     Err(e) => {
-                        let _ = ptrace::detach(host, 0);
+                        let _ = ptrace::detach(host.raw(), 0);
                         failure.get_or_insert(e);
                         continue;
                     }
                 }
-                let regs = match ptrace::regs(host) {
+                let regs = match ptrace::regs(host.raw()) {
                     Ok(regs) => regs,
                     Err(e) => {
-                        let _ = ptrace::detach(host, 0);
+                        let _ = ptrace::detach(host.raw(), 0);
                         failure.get_or_insert(Error::Ptrace { pid: host, op: "GETREGS", source: e });
                         continue;
                     }
@@ -296,8 +296,8 @@ impl Stops {
                         report.stopped += 1;
                     }
                     Err(e) => {
-                        let _ = ptrace::set_regs(host, &regs);
-                        let _ = ptrace::detach(host, 0);
+                        let _ = ptrace::set_regs(host.raw(), &regs);
+                        let _ = ptrace::detach(host.raw(), 0);
                         failure.get_or_insert(e);
                     }
                 }
@@ -316,8 +316,8 @@ impl Stops {
     pub(crate) fn resume_all(&mut self) {
         for s in self.stopped.drain(..) {
             let_go_threads(&s.threads);
-            let _ = ptrace::set_regs(s.host, &s.regs);
-            let _ = ptrace::detach(s.host, 0);
+            let _ = ptrace::set_regs(s.host.raw(), &s.regs);
+            let _ = ptrace::detach(s.host.raw(), 0);
         }
         self.resume_init();
     }
@@ -325,26 +325,26 @@ impl Stops {
     /// Let init go (it was stopped with the others, untouched).
     pub(crate) fn resume_init(&mut self) {
         if let Some((host, regs)) = self.init.take() {
-            let _ = ptrace::set_regs(host, &regs);
-            let _ = ptrace::detach(host, 0);
+            let _ = ptrace::set_regs(host.raw(), &regs);
+            let _ = ptrace::detach(host.raw(), 0);
         }
     }
 
     /// Stop init too (it is not captured): nothing in the sandbox then runs,
     /// so the filesystem snapshot needs no cgroup freeze and can be taken while
     /// the templates are made.
-    fn stop_init(&mut self, init_host: i32, deadline: std::time::Instant) -> Result<()> {
+    fn stop_init(&mut self, init_host: HostPid, deadline: std::time::Instant) -> Result<()> {
         let st = self;
-        ptrace::seize(init_host).map_err(ptrace_err(init_host, "seize init"))?;
-        if let Err(e) = ptrace::interrupt(init_host) {
-            let _ = ptrace::detach(init_host, 0);
+        ptrace::seize(init_host.raw()).map_err(ptrace_err(init_host, "seize init"))?;
+        if let Err(e) = ptrace::interrupt(init_host.raw()) {
+            let _ = ptrace::detach(init_host.raw(), 0);
             return Err(Error::Ptrace { pid: init_host, op: "interrupt init", source: e });
         }
         match inject::wait_event_stop_until(init_host, deadline)? {
             Some(children) => {
                 for c in children {
                     let _ = inject::wait_event_stop(c);
-                    let _ = ptrace::detach(c, 0);
+                    let _ = ptrace::detach(c.raw(), 0);
                 }
             }
             None => {
@@ -352,17 +352,17 @@ impl Stops {
                 return Err(Error::StopTimeout { timeout_ms: 0, stuck: format!("init (pid {init_host})") });
             }
         }
-        let regs = ptrace::regs(init_host).map_err(ptrace_err(init_host, "GETREGS"))?;
+        let regs = ptrace::regs(init_host.raw()).map_err(ptrace_err(init_host, "GETREGS"))?;
         st.init = Some((init_host, regs));
         Ok(())
     }
 }
 
-fn ns_ppid(init_host: i32, host_ppid: i32) -> i32 {
+fn ns_ppid(init_host: HostPid, host_ppid: HostPid) -> SandboxPid {
     if host_ppid == init_host {
-        return 1;
+        return SandboxPid::INIT;
     }
-    procfs::status(host_ppid).map(|s| s.ns_pid).unwrap_or(0)
+    procfs::status(host_ppid).map(|s| s.ns_pid).unwrap_or(SandboxPid(0))
 }
 
 /// Stop every thread of process `host` but the main one (stopped
@@ -371,27 +371,27 @@ fn ns_ppid(init_host: i32, host_ppid: i32) -> i32 {
 /// attached at once and reported by its stop). On error, every thread
 /// stopped here is let go.
 fn stop_threads(
-    host: i32,
+    host: HostPid,
     deadline: std::time::Instant,
-    lingering: &mut Vec<i32>,
-) -> Result<Vec<(i32, i32, ptrace::Regs)>> {
-    let mut done: Vec<(i32, i32, ptrace::Regs)> = Vec::new();
+    lingering: &mut Vec<HostPid>,
+) -> Result<Vec<(HostPid, SandboxPid, ptrace::Regs)>> {
+    let mut done: Vec<(HostPid, SandboxPid, ptrace::Regs)> = Vec::new();
     // Seized and not stopped yet: on an error they are left to
     // `settle_lingering`, which detaches each once it stops.
-    let mut waiting: Vec<i32> = Vec::new();
+    let mut waiting: Vec<HostPid> = Vec::new();
     let result = (|| -> Result<()> {
         loop {
-            let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{host}/task"))
+            let tids: Vec<HostPid> = std::fs::read_dir(format!("/proc/{host}/task"))
                 .map_err(|e| Error::Proc { pid: host, what: "tasks", source: e })?
                 .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter_map(|e| e.file_name().to_str()?.parse().ok().map(HostPid))
                 .filter(|t| *t != host && !done.iter().any(|(d, ..)| d == t))
                 .collect();
             if tids.is_empty() {
                 return Ok(());
             }
             for tid in tids {
-                match ptrace::seize(tid).and_then(|()| ptrace::interrupt(tid)) {
+                match ptrace::seize(tid.raw()).and_then(|()| ptrace::interrupt(tid.raw())) {
                     Ok(()) => waiting.push(tid),
                     Err(e) if is_gone(&e) => {}
                     // Attached already: made by a thread we stopped.
@@ -410,7 +410,7 @@ fn stop_threads(
                                 waiting.push(c);
                             } else {
                                 let _ = inject::wait_event_stop(c);
-                                let _ = ptrace::detach(c, 0);
+                                let _ = ptrace::detach(c.raw(), 0);
                             }
                         }
                     }
@@ -426,7 +426,7 @@ fn stop_threads(
                     what: "thread status",
                     source: e,
                 })?;
-                let regs = ptrace::regs(tid).map_err(ptrace_err(tid, "GETREGS"))?;
+                let regs = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
                 done.push((tid, ns_tid, regs));
             }
         }
@@ -443,10 +443,10 @@ fn stop_threads(
 
 /// Let stopped threads (host tid, tid in the sandbox, registers) go,
 /// registers untouched.
-pub(crate) fn let_go_threads(threads: &[(i32, i32, ptrace::Regs)]) {
+pub(crate) fn let_go_threads(threads: &[(HostPid, SandboxPid, ptrace::Regs)]) {
     for (tid, _, regs) in threads {
-        let _ = ptrace::set_regs(*tid, regs);
-        let _ = ptrace::detach(*tid, 0);
+        let _ = ptrace::set_regs((*tid).raw(), regs);
+        let _ = ptrace::detach((*tid).raw(), 0);
     }
 }
 
@@ -457,7 +457,7 @@ pub(crate) fn let_go_threads(threads: &[(i32, i32, ptrace::Regs)]) {
 pub(crate) fn let_go(s: &Stopped) {
     let_go_threads(&s.threads);
     if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
-        let _ = ptrace::set_regs(s.host, &s.regs);
-        let _ = ptrace::detach(s.host, 0);
+        let _ = ptrace::set_regs(s.host.raw(), &s.regs);
+        let _ = ptrace::detach(s.host.raw(), 0);
     }
 }

@@ -9,15 +9,15 @@ use crate::check::Unrestorable;
 use crate::inject::{Tracee, kill_tracee};
 use crate::model::{FdKind, ProcessImage};
 use crate::standby::{CLONE3_STANDBY, Forking, Standby};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// One template: a stopped copy of a process at a checkpoint.
 pub(crate) struct Template {
     pub image: ProcessImage,
     /// Host pid of the template.
-    pub host: i32,
+    pub host: HostPid,
     /// Its pid in the sandbox.
-    pub ns_pid: i32,
+    pub ns_pid: SandboxPid,
     /// The template itself, in a ptrace stop.
     pub tracee: Tracee,
     /// Address of its scratch mapping (0 until it is set up, once the
@@ -56,10 +56,10 @@ pub(crate) struct CheckpointTemplates {
     pub templates: Vec<Template>,
     /// Buffered bytes of each pipe, with a template (host pid) and fd
     /// through which the pipe is reached at restore.
-    pub pipes: Vec<(crate::model::PipeBuffer, i32, i32)>,
+    pub pipes: Vec<(crate::model::PipeBuffer, HostPid, i32)>,
     /// Data queued on unix sockets, with a template (host pid) and fd of
     /// the peer it is sent from again at restore.
-    pub sockets: Vec<(crate::model::SocketBuffer, i32, i32)>,
+    pub sockets: Vec<(crate::model::SocketBuffer, HostPid, i32)>,
     pub unrestorable: Vec<Unrestorable>,
     pub last_used: u64,
 }
@@ -74,7 +74,7 @@ pub(crate) fn is_later(to_write: &Option<crate::incremental::Pending>) -> bool {
 /// Kill template `host`, unless `host` is a stand-in ([`is_later`]): that
 /// template is another checkpoint's; this one's standby is killed once
 /// forked, when its pending write is dropped.
-pub(crate) fn kill_template(host: i32, later: bool) {
+pub(crate) fn kill_template(host: HostPid, later: bool) {
     if !later {
         kill_tracee(host);
     }
@@ -109,7 +109,7 @@ impl Template {
         let t_mmap = t0.elapsed();
         let (scratch, exec) = if (-4095..0).contains(&out.ret) {
             tracing::debug!(
-                pid = image.pid,
+                pid = image.pid.raw(),
                 errno = -out.ret,
                 "no executable scratch: batched calls run one at a time"
             );
@@ -140,14 +140,14 @@ impl Template {
         // Leave the original's session / process group: while any task is in
         // them, their id (the original's pid) stays allocated, and the restore
         // could not have it back. The copy joins them again.
-        if image.sid == image.pid || image.ppid != 1 {
+        if image.sid == image.pid || image.ppid != SandboxPid::INIT {
             b.call("setsid", libc::SYS_setsid, &[]);
         } else {
             let zero = crate::batch::Arg::Val(0);
             b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
         }
         tpl.run_batch(&mut b)?;
-        tracing::debug!(pid = image.pid, ?t_mmap, batch = ?t0.elapsed(), "template's scratch and batch");
+        tracing::debug!(pid = image.pid.raw(), ?t_mmap, batch = ?t0.elapsed(), "template's scratch and batch");
         tpl.take_held(); // e.g. SIGCHLD meant for the original
         t.scratch = scratch;
         t.scratch_exec = exec;
@@ -194,7 +194,7 @@ impl Template {
     /// from the start, alternating per fork in another run: 100 MB 4.1
     /// against 5.4 ms, 1 GB 13.2 against 15.0 (the time from the
     /// checkpoint's start to the stop, p90, 0.1 against 0.7-3 ms).
-    pub(crate) fn start_standby(&mut self, ns_pid: Option<i32>) -> Result<()> {
+    pub(crate) fn start_standby(&mut self, ns_pid: Option<SandboxPid>) -> Result<()> {
         let t = self;
         let flags = (libc::CLONE_PARENT | libc::CLONE_FS) as u64;
         let Some(pid) = ns_pid else { return t.tracee.start_syscall_unwaited(libc::SYS_clone, &[flags, 0, 0, 0, 0]) };
@@ -237,16 +237,16 @@ impl Template {
             Ok(s) => t.standby = Some(s),
             Err(Error::Remote { call: CLONE3_STANDBY, errno, .. }) => match errno.raw_os_error() {
                 // The pid was taken meanwhile: another one next time.
-                Some(libc::EEXIST) => tracing::debug!(pid = t.image.pid, "standby pid taken"),
+                Some(libc::EEXIST) => tracing::debug!(pid = t.image.pid.raw(), "standby pid taken"),
                 // No pid of ours for it (no CAP_SYS_ADMIN over the sandbox's
                 // pid namespace): whatever pid comes, from now on.
                 _ => {
-                    tracing::debug!(pid = t.image.pid, "standby without a pid of ours: {errno}");
+                    tracing::debug!(pid = t.image.pid.raw(), "standby without a pid of ours: {errno}");
                     t.any_pid = true;
                 }
             },
             // (Made again next time, from the template's root.)
-            Err(e @ Error::RootMoved { .. }) => tracing::debug!(pid = t.image.pid, "standby dropped: {e}"),
+            Err(e @ Error::RootMoved { .. }) => tracing::debug!(pid = t.image.pid.raw(), "standby dropped: {e}"),
             Err(e) => t.failed(e),
         }
     }
@@ -255,6 +255,6 @@ impl Template {
         let t = self;
         // Not again for this template (a restore forks it instead).
         t.no_standby = true;
-        tracing::debug!(pid = t.image.pid, "no standby: {e}");
+        tracing::debug!(pid = t.image.pid.raw(), "no standby: {e}");
     }
 }

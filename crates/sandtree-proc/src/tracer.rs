@@ -38,7 +38,7 @@ use crate::inject::kill_tracee;
 use crate::pool::TemplateStatus;
 use crate::restore::RestoreReport;
 use crate::stop::StopReport;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Everything the tracer thread owns.
 #[derive(Default)]
@@ -68,7 +68,7 @@ pub(crate) struct State {
     /// incremental templates; `None`: none is.
     incremental_min_rss: Option<u64>,
     /// The sandbox's init (host pid), once a checkpoint named it.
-    init_host: i32,
+    init_host: HostPid,
     /// Its mount table.
     mounts: crate::procfs::MountCache,
     /// The pool's cgroup (`cgroup.rs`), if it has one, and what was moved
@@ -338,8 +338,8 @@ impl State {
     /// background.
     fn stop(
         &mut self,
-        list: &dyn Fn() -> std::io::Result<Vec<i32>>,
-        init_host: i32,
+        list: &dyn Fn() -> std::io::Result<Vec<HostPid>>,
+        init_host: HostPid,
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
@@ -347,7 +347,7 @@ impl State {
         self.stops.settle_lingering();
         self.pool.forks_to_background(&self.tracking, &self.instruments.switches, true);
         self.init_host = init_host;
-        let kept: std::collections::HashSet<i32> = self.kept_hosts().into_iter().collect();
+        let kept: std::collections::HashSet<HostPid> = self.kept_hosts().into_iter().collect();
         self.stops.stop(list, (init_host, &kept), best_effort, timeout, with_init)
     }
 
@@ -361,8 +361,8 @@ impl State {
     /// Host pids of every process this tracer keeps (templates, holders,
     /// killed holders still tearing down): none of them is a sandbox
     /// process to capture.
-    pub(crate) fn kept_hosts(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self.pool.hosts().collect();
+    pub(crate) fn kept_hosts(&self) -> Vec<HostPid> {
+        let mut v: Vec<HostPid> = self.pool.hosts().collect();
         v.extend(self.holders.iter().map(|h| h.host));
         v.extend(self.dying.iter().map(|d| d.host));
         v
@@ -370,8 +370,8 @@ impl State {
 
     /// In-sandbox pids of the pool's processes: templates, standbys,
     /// holders, and killed holders still tearing down.
-    pub(crate) fn pool_pids(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self.pool.ns_pids().collect();
+    pub(crate) fn pool_pids(&self) -> Vec<SandboxPid> {
+        let mut v: Vec<SandboxPid> = self.pool.ns_pids().collect();
         v.extend(self.holders.iter().map(|h| h.ns_pid));
         v.extend(self.dying.iter().map(|d| d.ns_pid));
         v
@@ -384,7 +384,7 @@ pub struct RollbackPlan {
     /// The checkpoint's templates (`None`: it has none).
     pub templates: Option<TemplateStatus>,
     /// In-sandbox pids init must spare (the pool's processes).
-    pub keep: Vec<i32>,
+    pub keep: Vec<SandboxPid>,
     /// The checkpoint's processes whose templates were found dead (killed
     /// from inside the sandbox, or by the OOM killer): its templates were
     /// dropped, so `templates` is `None`.
@@ -427,7 +427,7 @@ pub struct Tracer {
     /// the processes could move to a new tree (none yet: `false`).
     moved: Arc<AtomicBool>,
     /// The pool's pids ([`Tracer::pool`]), published by the thread.
-    pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>>,
+    pool: Arc<Mutex<(Vec<SandboxPid>, Vec<HostPid>)>>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -458,7 +458,7 @@ impl Tracer {
         let (tx, rx) = mpsc::channel::<Job>();
         let ops = Arc::new(AtomicU32::new(0));
         let thread_ops = ops.clone();
-        let pool: Arc<Mutex<(Vec<i32>, Vec<i32>)>> = Default::default();
+        let pool: Arc<Mutex<(Vec<SandboxPid>, Vec<HostPid>)>> = Default::default();
         let thread_pool = pool.clone();
         let thread = std::thread::Builder::new().name("sandtree:tracer".into()).spawn(move || {
             let placement = crate::cgroup::PoolPlacement::new(cgroup);
@@ -499,7 +499,7 @@ impl Tracer {
                         // (Only after a job: looking costs two calls, at
                         // every turn. A table changed meanwhile by the
                         // sandbox is read by the checkpoint itself.)
-                        if idle && mounts_stale && st.init_host > 0 {
+                        if idle && mounts_stale && st.init_host.raw() > 0 {
                             mounts_stale = false;
                             if st.mounts.refresh(st.init_host) {
                                 continue;
@@ -507,7 +507,7 @@ impl Tracer {
                         }
                         // (Not while a checkpoint holds processes stopped.)
                         if idle && st.stops.is_empty() && st.cloned.is_empty() {
-                            let others: Vec<i32> =
+                            let others: Vec<SandboxPid> =
                                 st.holders.iter().map(|h| h.ns_pid).chain(st.dying.iter().map(|d| d.ns_pid)).collect();
                             match st.pool.tend_standbys(&st.tracking, &others, &st.instruments.switches) {
                                 crate::pool::StandbyWork::Worked => continue,
@@ -600,8 +600,8 @@ impl Tracer {
     /// and nothing stays stopped.
     pub fn stop(
         &self,
-        list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
-        init_host: i32,
+        list: Box<dyn Fn() -> std::io::Result<Vec<HostPid>> + Send>,
+        init_host: HostPid,
         best_effort: bool,
         timeout: std::time::Duration,
         with_init: bool,
@@ -636,8 +636,8 @@ impl Tracer {
     /// a call to the tracer thread costs 0.07-0.2 ms here).
     pub fn stop_and_clone(
         &self,
-        list: Box<dyn Fn() -> std::io::Result<Vec<i32>> + Send>,
-        init_host: i32,
+        list: Box<dyn Fn() -> std::io::Result<Vec<HostPid>> + Send>,
+        init_host: HostPid,
         (best_effort, timeout): (bool, std::time::Duration),
         tree: Option<crate::repoint::Tree>,
     ) -> Result<StopAndClone<'_>> {
@@ -657,12 +657,12 @@ impl Tracer {
                 // the other CPU): those move now, while it runs. (`None`:
                 // the caller has not said yet.)
                 let mut staged: Option<Option<String>> = None;
-                let mut early = |st: &mut crate::checkpoint::Parts<'_>, largest: i32| {
+                let mut early = |st: &mut crate::checkpoint::Parts<'_>, largest: HostPid| {
                     let Some(tree) = &tree else { return };
                     // (The largest one's descriptors and cwd are read after
                     // this: not if it shares them with another process.)
                     let shared = |c: &crate::checkpoint::Cloned| {
-                        sandtree_sys::process::shares_files_or_fs(largest, c.stopped.host).unwrap_or(true)
+                        sandtree_sys::process::shares_files_or_fs(largest.raw(), c.stopped.host.raw()).unwrap_or(true)
                     };
                     if st.cloned.iter().any(shared) || crate::repoint::check(st, tree).is_err() {
                         return;
@@ -785,7 +785,7 @@ impl Tracer {
     /// before a checkpoint's stop. One that became a pool process since is
     /// taken for a sandbox process: the stop skips it (its tracer is ours),
     /// and init's own check refuses a restack it would spoil.
-    pub fn pool(&self) -> Result<(Vec<i32>, Vec<i32>)> {
+    pub fn pool(&self) -> Result<(Vec<SandboxPid>, Vec<HostPid>)> {
         Ok(self.pool.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
@@ -817,7 +817,7 @@ impl Tracer {
                 for t in set.templates.iter_mut().filter(|t| t.forking.is_some()) {
                     let t0 = std::time::Instant::now();
                     t.settle_standby();
-                    tracing::debug!(pid = t.image.pid, took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
+                    tracing::debug!(pid = t.image.pid.raw(), took = ?t0.elapsed(), standby = t.standby.is_some(), "rollback: the target's standby fork ended first");
                 }
             }
             let killed = st.pool.drop_dead_templates(&ck, &mut st.holders);
@@ -871,7 +871,7 @@ impl Tracer {
             st.pool.clear();
             crate::checkpoint::abort(&mut st.parts());
             // (Its open file would keep the old init's mounts alive.)
-            st.init_host = 0;
+            st.init_host = HostPid(0);
             st.mounts.clear();
         });
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();

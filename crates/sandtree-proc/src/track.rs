@@ -37,7 +37,7 @@ use sandtree_sys::{ptrace, uffd};
 
 use crate::inject::Tracee;
 use crate::model::MapImage;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// How far below the stack pointer the checkpoint writes into a stopped
 /// process, at most: injected calls' results (192 bytes), the holder's
@@ -56,7 +56,7 @@ pub(crate) struct Tracking {
     ranges: Vec<(u64, u64)>,
     /// The template the written pages are counted from: (checkpoint,
     /// template host pid).
-    pub base: Option<(String, i32)>,
+    pub base: Option<(String, HostPid)>,
     /// The template before it, and what the base changed over it, when the
     /// base was made from a standby (`incremental::OlderStandby`): the next
     /// checkpoint may start from it, if the base's standby is not ready.
@@ -101,7 +101,7 @@ impl Drop for Tracking {
 /// once that holder is reaped.
 pub(crate) struct Parked {
     /// Host pid of the holder sharing the process's memory.
-    holder: i32,
+    holder: HostPid,
     uffd: OwnedFd,
 }
 
@@ -109,33 +109,33 @@ pub(crate) struct Parked {
 /// and the parked descriptors of dead ones.
 #[derive(Default)]
 pub(crate) struct Trackings {
-    live: std::collections::HashMap<i32, Tracking>,
+    live: std::collections::HashMap<HostPid, Tracking>,
     parked: Vec<Parked>,
 }
 
 impl Trackings {
     /// The tracking of process `host`.
-    pub(crate) fn get(&self, host: &i32) -> Option<&Tracking> {
+    pub(crate) fn get(&self, host: &HostPid) -> Option<&Tracking> {
         self.live.get(host)
     }
 
     /// [`Trackings::get`], to change it.
-    pub(crate) fn get_mut(&mut self, host: &i32) -> Option<&mut Tracking> {
+    pub(crate) fn get_mut(&mut self, host: &HostPid) -> Option<&mut Tracking> {
         self.live.get_mut(host)
     }
 
     /// Whether process `host` is tracked.
-    pub(crate) fn contains_key(&self, host: &i32) -> bool {
+    pub(crate) fn contains_key(&self, host: &HostPid) -> bool {
         self.live.contains_key(host)
     }
 
     /// Track process `host` with `tracking`.
-    pub(crate) fn insert(&mut self, host: i32, tracking: Tracking) {
+    pub(crate) fn insert(&mut self, host: HostPid, tracking: Tracking) {
         self.live.insert(host, tracking);
     }
 
     /// Take the tracking of process `host` out (a checkpoint's pass).
-    pub(crate) fn remove(&mut self, host: &i32) -> Option<Tracking> {
+    pub(crate) fn remove(&mut self, host: &HostPid) -> Option<Tracking> {
         self.live.remove(host)
     }
 
@@ -153,8 +153,8 @@ impl Trackings {
     /// stopped this time): a dead one's userfaultfd is parked until its
     /// memory is gone (`holder_of` its host pid gives its holder's); a
     /// live one's closes on the closer thread (`Tracking`'s drop).
-    pub(crate) fn end_all_but(&mut self, kept: &[i32], holder_of: impl Fn(i32) -> Option<i32>) {
-        let ended: Vec<i32> = self.live.keys().filter(|h| !kept.contains(h)).copied().collect();
+    pub(crate) fn end_all_but(&mut self, kept: &[HostPid], holder_of: impl Fn(HostPid) -> Option<HostPid>) {
+        let ended: Vec<HostPid> = self.live.keys().filter(|h| !kept.contains(h)).copied().collect();
         for host in ended {
             match self.live.remove(&host) {
                 Some(tracking) if !tracking.tracks(host) => self.park(holder_of(host), tracking),
@@ -165,7 +165,7 @@ impl Trackings {
     }
 
     /// End every tracking: the processes were killed (a rollback).
-    pub(crate) fn end_killed(&mut self, holder_of: impl Fn(i32) -> Option<i32>) {
+    pub(crate) fn end_killed(&mut self, holder_of: impl Fn(HostPid) -> Option<HostPid>) {
         for (host, tracking) in std::mem::take(&mut self.live) {
             self.park(holder_of(host), tracking);
         }
@@ -174,7 +174,7 @@ impl Trackings {
     /// Ends `tracking` of a process dead or killed: parked until its
     /// holder (host pid `holder`) is reaped, or (no holder) closed on the
     /// closer thread.
-    fn park(&mut self, holder: Option<i32>, mut tracking: Tracking) {
+    fn park(&mut self, holder: Option<HostPid>, mut tracking: Tracking) {
         let Some(uffd) = tracking.uffd.take() else { return };
         match holder {
             Some(holder) => self.parked.push(Parked { holder, uffd }),
@@ -185,7 +185,7 @@ impl Trackings {
     /// Closes the parked descriptors whose holder is reaped (`alive` says
     /// whether a host pid is still held or dying). Called by the tracer
     /// after each reap.
-    pub(crate) fn close_parked(&mut self, alive: impl Fn(i32) -> bool) {
+    pub(crate) fn close_parked(&mut self, alive: impl Fn(HostPid) -> bool) {
         if self.parked.is_empty() {
             return;
         }
@@ -210,21 +210,25 @@ impl Tracking {
 
     /// Whether this still tracks process `host` (not a process that reused
     /// its pid, nor one that exec'd: its mappings would be others).
-    pub(crate) fn tracks(&self, host: i32) -> bool {
-        sandtree_sys::process::start_time(host) == Some(self.start_time)
+    pub(crate) fn tracks(&self, host: HostPid) -> bool {
+        sandtree_sys::process::start_time(host.raw()) == Some(self.start_time)
     }
 
     /// Start tracking stopped process `host` (`orig`, being injected into)
     /// with memory map `maps`: every page counts as unwritten from here.
-    pub(crate) fn arm(orig: &mut Tracee, host: i32, maps: &[MapImage]) -> Result<Tracking> {
+    pub(crate) fn arm(orig: &mut Tracee, host: HostPid, maps: &[MapImage]) -> Result<Tracking> {
         let start_time =
-            sandtree_sys::process::start_time(host).ok_or(Error::Died { pid: host, how: "is gone".into() })?;
-        ptrace::set_options(host, true, true).map_err(|e| Error::Ptrace { pid: host, op: "SETOPTIONS", source: e })?;
+            sandtree_sys::process::start_time(host.raw()).ok_or(Error::Died { pid: host, how: "is gone".into() })?;
+        ptrace::set_options(host.raw(), true, true).map_err(|e| Error::Ptrace {
+            pid: host,
+            op: "SETOPTIONS",
+            source: e,
+        })?;
         let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY;
         let made = orig.call("userfaultfd", libc::SYS_userfaultfd, &[flags]);
-        let back = ptrace::set_options(host, true, false);
+        let back = ptrace::set_options(host.raw(), true, false);
         let fd = made? as i32;
-        let taken = uffd::take_fd(host, fd);
+        let taken = uffd::take_fd(host.raw(), fd);
         let closed = orig.call("close", libc::SYS_close, &[fd as u64]);
         back.map_err(|e| Error::Ptrace { pid: host, op: "SETOPTIONS", source: e })?;
         closed?;
@@ -312,7 +316,7 @@ impl Tracking {
         }
     }
 
-    pub(crate) fn take_written(&self, host: i32) -> Result<Vec<uffd::PageRegion>> {
+    pub(crate) fn take_written(&self, host: HostPid) -> Result<Vec<uffd::PageRegion>> {
         let mut out = Vec::new();
         uffd::take_written(self.pagemap.as_fd(), &self.ranges, &mut out).map_err(|e| Error::Proc {
             pid: host,
@@ -334,4 +338,4 @@ pub(crate) struct Delta {
 
 /// A process's previous template (checkpoint, host pid) and what the
 /// template after it changes over it.
-pub(crate) type PreviousTemplate = ((String, i32), std::sync::Arc<Delta>);
+pub(crate) type PreviousTemplate = ((String, HostPid), std::sync::Arc<Delta>);

@@ -48,7 +48,7 @@ use std::time::Instant;
 
 use sandtree_api::{CheckpointRequest, CheckpointResponse};
 use sandtree_meta::SandboxRecord;
-use sandtree_proc::Tracer;
+use sandtree_proc::{HostPid, Tracer};
 use sandtree_sandbox::Sandbox;
 
 use crate::engine::block;
@@ -63,7 +63,7 @@ impl Engine {
         &self,
         rec: &SandboxRecord,
         sb: &std::sync::Arc<Sandbox>,
-        (procs, pool): (Option<&[i32]>, &[i32]),
+        (procs, pool): (Option<&[i32]>, &[HostPid]),
         ck_id: &str,
         req: &CheckpointRequest,
         t0: Instant,
@@ -71,7 +71,7 @@ impl Engine {
         let id = rec.id.as_str();
         // (The pool's processes are the tracer's own: not read again; with
         // a pool of 100 it would take a millisecond.)
-        let ours = |p: &i32| !pool.contains(p);
+        let ours = |p: &i32| !pool.contains(&HostPid(*p));
         let pids = procs.map(|pids| pids.iter().copied().filter(ours).collect::<Vec<_>>());
         if !pids.is_some_and(|pids| crate::sandbox_checkpoint::one_pid_namespace(sb, &pids)) {
             return Ok(None);
@@ -101,16 +101,16 @@ impl Engine {
         // The stop's first list is the caller's, read a moment ago (on a
         // sandbox with a large template pool a read takes ~0.5 µs per
         // task); the stop lists again until no process is new.
-        let first = std::sync::Mutex::new(procs.map(|p| p.to_vec()));
+        let first = std::sync::Mutex::new(procs.map(|p| p.iter().copied().map(HostPid).collect::<Vec<_>>()));
         let list = Box::new(move || match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
             Some(pids) => Ok(pids),
-            None => cg.procs().map_err(std::io::Error::other),
+            None => cg.procs().map(|pids| pids.into_iter().map(HostPid).collect()).map_err(std::io::Error::other),
         });
         // Step 5's check runs on the tracer thread at the end of the copy,
         // on what pass 1 read (the layers' upper directories: where a file
         // mapped shared would be the writable layer's).
         let tree = sandtree_proc::repoint::Tree {
-            init_host: sb.init_pid(),
+            init_host: HostPid(sb.init_pid()),
             uppers: targets
                 .iter()
                 .enumerate()
@@ -120,8 +120,9 @@ impl Engine {
                 })
                 .collect(),
         };
-        let stopped =
-            block(|| tracer.stop_and_clone(list, sb.init_pid(), (best_effort, self.freeze_timeout()), Some(tree)));
+        let stopped = block(|| {
+            tracer.stop_and_clone(list, HostPid(sb.init_pid()), (best_effort, self.freeze_timeout()), Some(tree))
+        });
         let (stop, cloning) = match stopped {
             Ok(sandtree_proc::StopAndClone { report, cloning: Some(c), .. }) => (report, c),
             Ok(_) => {

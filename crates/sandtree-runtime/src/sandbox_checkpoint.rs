@@ -41,7 +41,7 @@ use sandtree_api::{
     CheckpointInfo, CheckpointList, CheckpointRequest, CheckpointResponse, ProcessState, UnrestorableProcess,
 };
 use sandtree_meta::{CheckpointRecord, SandboxRecord};
-use sandtree_proc::{CaptureReport, Unrestorable};
+use sandtree_proc::{CaptureReport, HostPid, Unrestorable};
 
 use crate::{Engine, Error, Result, util};
 
@@ -75,7 +75,7 @@ impl Engine {
             // (Read once: the checkpoint's stop lists them again.)
             let procs = sb.cgroup().procs().ok();
             if init_alone(sb, procs.as_deref(), &pool) {
-                if let Some(done) = self.checkpoint_restack(&rec, sb, keep, &ck_id, &req, t0).await? {
+                if let Some(done) = self.checkpoint_restack(&rec, sb, util::raw_pids(keep), &ck_id, &req, t0).await? {
                     return Ok(done);
                 }
             } else if self.cfg.layered_processes
@@ -110,9 +110,11 @@ impl Engine {
                 return Ok((0.0, None));
             };
             let cg = sb.cgroup().clone();
-            let list = Box::new(move || cg.procs().map_err(std::io::Error::other));
+            let list = Box::new(move || {
+                cg.procs().map(|pids| pids.into_iter().map(HostPid).collect()).map_err(std::io::Error::other)
+            });
             let stopped = t
-                .stop(list, sb.init_pid(), best_effort, self.freeze_timeout(), true)
+                .stop(list, HostPid(sb.init_pid()), best_effort, self.freeze_timeout(), true)
                 .map_err(|e| self.process_error(id, e))?;
             let skipped = stopped.report().skipped.clone();
             // When the processes run again: the templates' set-up comes after.
@@ -529,9 +531,9 @@ fn new_record(rec: &SandboxRecord, req: &CheckpointRequest, ck_id: &str) -> Chec
 /// clearly not), and every task of the cgroup lives in the sandbox's pid
 /// namespace: a task that joined from outside is invisible to init's check
 /// and is held only by a freeze (the snapshot path).
-fn init_alone(sb: &sandtree_sandbox::Sandbox, procs: Option<&[i32]>, pool: &[i32]) -> bool {
+fn init_alone(sb: &sandtree_sandbox::Sandbox, procs: Option<&[i32]>, pool: &[HostPid]) -> bool {
     procs.is_some_and(|pids| {
-        let others: Vec<i32> = pids.iter().copied().filter(|p| !pool.contains(p)).collect();
+        let others: Vec<i32> = pids.iter().copied().filter(|p| !pool.contains(&HostPid(*p))).collect();
         others.len() <= 1 && one_pid_namespace(sb, &others)
     })
 }
@@ -550,7 +552,12 @@ pub(crate) fn captured_of(c: &CheckpointRecord) -> Option<CaptureReport> {
 }
 
 fn unrestorable_api(u: &Unrestorable) -> UnrestorableProcess {
-    UnrestorableProcess { pid: u.pid, comm: u.comm.clone(), resource: u.resource.clone(), reason: u.reason.clone() }
+    UnrestorableProcess {
+        pid: u.pid.raw(),
+        comm: u.comm.clone(),
+        resource: u.resource.clone(),
+        reason: u.reason.clone(),
+    }
 }
 
 /// `process_state` explained in words, for responses.
@@ -609,7 +616,7 @@ impl Engine {
         };
         let (processes, unrestorable, reparented) = match captured {
             Some(cap) => (
-                cap.captured,
+                util::raw_pids(cap.captured),
                 cap.unrestorable.iter().map(unrestorable_api).collect(),
                 cap.reparented.iter().map(unrestorable_api).collect(),
             ),

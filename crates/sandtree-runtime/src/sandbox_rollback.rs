@@ -125,10 +125,10 @@ impl Engine {
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => {
-                let restore = templates.as_ref().map(|s| s.pids.clone()).unwrap_or_default();
+                let restore = templates.as_ref().map(|s| s.pids.iter().map(|p| p.raw()).collect()).unwrap_or_default();
                 let in_place = async {
                     let t_reroot = Instant::now();
-                    self.reroot(&sb, &rec2, prepared, keep, restore).await?;
+                    self.reroot(&sb, &rec2, prepared, util::raw_pids(keep), restore).await?;
                     let t_restore = Instant::now();
                     // The killed processes die in the background of the swap
                     // and the restore; none may show once the rollback
@@ -290,7 +290,7 @@ impl Engine {
             checkpoint: ck.id,
             processes,
             processes_restarted: processes == ProcessOutcome::Restarted,
-            restored_pids: restored.map(|r| r.restored).unwrap_or_default(),
+            restored_pids: restored.map(|r| util::raw_pids(r.restored)).unwrap_or_default(),
             note,
             duration_ms: util::ms_since(t0),
         })

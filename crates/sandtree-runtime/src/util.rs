@@ -1,4 +1,4 @@
-//! Small helpers: ids, timestamps, durations.
+//! Small helpers: ids, timestamps, durations, pids.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -62,6 +62,12 @@ pub fn ms(d: Duration) -> f64 {
 
 pub fn ms_since(t: Instant) -> f64 {
     ms(t.elapsed())
+}
+
+/// Sandbox pids (the process engine's `SandboxPid`s) as bare numbers, as
+/// init's protocol and the API carry them (in the same buffer: no copy).
+pub(crate) fn raw_pids(pids: Vec<sandtree_proc::SandboxPid>) -> Vec<i32> {
+    pids.into_iter().map(sandtree_proc::SandboxPid::raw).collect()
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::procfs::resident_pages;
 use crate::stop::{Stopped, Stops, let_go};
 use crate::template::{CheckpointTemplates, Template, is_later, kill_template};
 use crate::track::Trackings;
-use crate::{Error, Result, procfs};
+use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
 /// The parts of the tracer thread's state that a checkpoint reads and
 /// changes: what the stop holds, the templates being made, the pool they
@@ -50,7 +50,7 @@ pub(crate) struct Parts<'a> {
     /// Written-page tracking of the live processes.
     pub tracking: &'a mut Trackings,
     /// The sandbox's init (host pid).
-    pub init_host: i32,
+    pub init_host: HostPid,
     /// Init's mount table, kept between operations.
     pub mounts: &'a procfs::MountCache,
     /// Processes this large (resident bytes) or more are tracked.
@@ -61,7 +61,7 @@ pub(crate) struct Parts<'a> {
 
 impl Parts<'_> {
     /// Whether live process `host` has a holder.
-    fn has_holder(&self, host: i32) -> bool {
+    fn has_holder(&self, host: HostPid) -> bool {
         self.holders.iter().any(|h| h.owner == host && !h.orphaned())
     }
 }
@@ -70,7 +70,7 @@ impl Parts<'_> {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaptureReport {
     /// In-sandbox pids with a template.
-    pub captured: Vec<i32>,
+    pub captured: Vec<SandboxPid>,
     /// Processes marked not restorable (best effort only).
     pub unrestorable: Vec<Unrestorable>,
     /// Processes restored with a change (best effort only): children of
@@ -80,13 +80,13 @@ pub struct CaptureReport {
     /// The `comm` of each captured process, by in-sandbox pid (for
     /// messages that name a process).
     #[serde(default)]
-    pub comms: BTreeMap<i32, String>,
+    pub comms: BTreeMap<SandboxPid, String>,
 }
 
 /// Armed interval timers: (which, raw `struct itimerval`).
 type Itimers = Vec<(i32, Vec<u8>)>;
 
-fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
 
@@ -132,8 +132,8 @@ pub(crate) struct Cloned {
     /// (a layered checkpoint detaches the tree the template's point into
     /// before pass 2; paths on a sub-layer then read wrong).
     pub(crate) paths: (String, String, String),
-    pub(crate) host: i32,
-    pub(crate) ns_pid: i32,
+    pub(crate) host: HostPid,
+    pub(crate) ns_pid: SandboxPid,
     insn: u64,
     /// Written-page tracking of the original (`track.rs`), back to the
     /// state when the original is kept.
@@ -150,7 +150,7 @@ pub(crate) struct Cloned {
     prev: Option<crate::track::PreviousTemplate>,
     /// Made from a standby: the original's process group, session and
     /// whether it has a terminal (the standby has left them).
-    session: Option<(i32, i32, bool)>,
+    session: Option<(SandboxPid, SandboxPid, bool)>,
     /// (descriptor, pipe key) of each pipe and FIFO descriptor (a
     /// template made from a standby has closed FIFOs of the tree).
     pipe_keys: Vec<(i32, (u64, u64))>,
@@ -185,7 +185,7 @@ pub(crate) struct Track {
 /// After a template was forked from tracked-worthy process `host`: start
 /// tracking it, or count its pages as unwritten from here (and cover
 /// mappings new since). Returns its fingerprint.
-fn track_after_fork(host: i32, orig: &mut Tracee, tracking: &mut Option<crate::track::Tracking>) -> Result<String> {
+fn track_after_fork(host: HostPid, orig: &mut Tracee, tracking: &mut Option<crate::track::Tracking>) -> Result<String> {
     let maps = procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
     // (A tracking that no longer covers the map, or cannot be read — the
     // process exec'd, or remapped a range — is made anew.)
@@ -220,7 +220,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
     // the next one should not (see `holder::base_hosts`).
     let behind = std::cell::Cell::new(false);
     let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
-        let ready = |st: &Parts<'_>, id: &(String, i32)| {
+        let ready = |st: &Parts<'_>, id: &(String, HostPid)| {
             st.pool.template(id).map(|t| (t.scratch != 0 && t.standby.is_some(), t.scratch != 0 && t.forking.is_some()))
         };
         // The previous template's standby; if it is not ready (its fork is
@@ -256,7 +256,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
                 (p, Some(extra), true)
             }
             _ => {
-                tracing::debug!(pid = s.ns_pid, "the previous template has no standby yet");
+                tracing::debug!(pid = s.ns_pid.raw(), "the previous template has no standby yet");
                 behind.set(can_older);
                 return None;
             }
@@ -267,7 +267,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         // `incremental::max_generation`); the template keeps its standby.
         if t.generation >= crate::incremental::max_generation(resident) {
             tracing::debug!(
-                pid = s.ns_pid,
+                pid = s.ns_pid.raw(),
                 generation = t.generation,
                 "checkpoint forks: the chain of standbys is long"
             );
@@ -281,7 +281,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         let quiet = (extra.is_none() && t.image.itimers.is_empty() && !t.image.child_subreaper && t.image.threads == 1)
             .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
         if extra.is_some() {
-            tracing::debug!(pid = s.ns_pid, "from the standby of the template before the previous one");
+            tracing::debug!(pid = s.ns_pid.raw(), "from the standby of the template before the previous one");
             st.instruments.count(crate::stats::Counter::FromOlderStandbys, 1);
         }
         let fd_flags = extra.is_none().then(|| t.image.fds.iter().map(|f| (f.fd, f.flags)).collect());
@@ -326,7 +326,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
 
 /// What runs once every process but the largest has its template (given
 /// the largest one's host pid): see [`clone_all`].
-pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut Parts<'_>, i32);
+pub(crate) type OthersDone<'a> = &'a mut dyn FnMut(&mut Parts<'_>, HostPid);
 
 /// Pass 1 (see above); on error every process is let go and the
 /// templates made so far are killed.
@@ -346,14 +346,14 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
     // until its memory is gone; a live one's closes on the closer thread
     // (`Tracking`'s drop: soon, and its mappings are free again for a
     // tracking armed anew).
-    let kept: Vec<i32> = stopped.iter().map(|s| s.host).collect();
+    let kept: Vec<HostPid> = stopped.iter().map(|s| s.host).collect();
     let holders = &st.holders;
     st.tracking.end_all_but(&kept, |host| holders.iter().find(|h| h.owner == host).map(|h| h.host));
     // (Init's table, kept between operations, when the processes see
     // the tree as init does.)
     let mounts = match stopped.first() {
         Some(s)
-            if st.init_host > 0
+            if st.init_host.raw() > 0
                 && procfs::root_of(s.host).is_some_and(|r| procfs::root_of(st.init_host) == Some(r)) =>
         {
             st.mounts.of(st.init_host).map_err(|e| Error::Proc { pid: st.init_host, what: "mountinfo", source: e })
@@ -503,7 +503,7 @@ pub(crate) fn release_all(st: &mut Parts<'_>) {
             if let Some(t) = st.tracking.get(&host) {
                 t.protect_own_writes(c.stopped.regs.rsp);
             }
-            let _ = ptrace::set_exit_kill(host, false);
+            let _ = ptrace::set_exit_kill(host.raw(), false);
             // (Its own CPUs from the detach: parked on the tracer's.)
             orig.affinity_on_release(&c.affinity);
             if orig.release(&c.stopped.regs).is_err() {
@@ -520,10 +520,10 @@ pub(crate) fn release_all(st: &mut Parts<'_>) {
 fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
     for (t, regs) in tracees {
         let tid = t.tid;
-        let _ = ptrace::set_exit_kill(tid, false);
+        let _ = ptrace::set_exit_kill(tid.raw(), false);
         if t.release(&regs).is_err() {
-            let _ = ptrace::set_regs(tid, &regs);
-            let _ = ptrace::detach(tid, 0);
+            let _ = ptrace::set_regs(tid.raw(), &regs);
+            let _ = ptrace::detach(tid.raw(), 0);
         }
     }
 }
@@ -535,13 +535,13 @@ fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
 /// signal stack. Its tracee joins `tracees` as soon as a call is injected.
 fn capture_thread(
     s: &Stopped,
-    (tid, ns_tid, regs): (i32, i32, ptrace::Regs),
+    (tid, ns_tid, regs): (HostPid, SandboxPid, ptrace::Regs),
     insn: u64,
     tracees: &mut Vec<(Tracee, ptrace::Regs)>,
 ) -> Result<crate::model::ThreadImage> {
     let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
     let comm = comm.trim_end().to_string();
-    if !ptrace::pending_siginfo(tid, false).map_err(ptrace_err(tid, "PEEKSIGINFO"))?.is_empty() {
+    if !ptrace::pending_siginfo(tid.raw(), false).map_err(ptrace_err(tid, "PEEKSIGINFO"))?.is_empty() {
         return Err(Error::unsupported(
             s.ns_pid,
             &comm,
@@ -557,28 +557,28 @@ fn capture_thread(
     if image_regs.rax == ERESTART_RESTARTBLOCK && (image_regs.orig_rax as i64) >= 0 {
         image_regs.rax = (-(libc::EINTR as i64)) as u64;
     }
-    let xstate = ptrace::xstate(tid).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
-    let blocked = ptrace::sigmask(tid).map_err(ptrace_err(tid, "GETSIGMASK"))?;
-    let rseq = ptrace::rseq_configuration(tid).ok().flatten();
+    let xstate = ptrace::xstate(tid.raw()).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
+    let blocked = ptrace::sigmask(tid.raw()).map_err(ptrace_err(tid, "GETSIGMASK"))?;
+    let rseq = ptrace::rseq_configuration(tid.raw()).ok().flatten();
     rseq_abort(tid, rseq, &mut image_regs);
     let affinity = inject::affinity(tid);
-    let robust_list = ptrace::robust_list(tid).map_err(ptrace_err(tid, "get_robust_list"))?;
-    ptrace::set_exit_kill(tid, true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
+    let robust_list = ptrace::robust_list(tid.raw()).map_err(ptrace_err(tid, "get_robust_list"))?;
+    ptrace::set_exit_kill(tid.raw(), true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
     tracees.push((Tracee::new(tid, regs, insn), regs));
     let t = &mut tracees.last_mut().expect("just pushed").0;
     let buf = (regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
-    ptrace::read_mem(tid, buf, &mut saved).map_err(|e| {
+    ptrace::read_mem(tid.raw(), buf, &mut saved).map_err(|e| {
         Error::unsupported(s.ns_pid, &comm, "stack", format!("no room below thread {ns_tid}'s stack pointer ({e})"))
     })?;
     const PR_GET_TID_ADDRESS: u64 = 40;
     t.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, buf])?;
     let mut addr = [0u8; 8];
-    ptrace::read_mem(tid, buf, &mut addr).map_err(ptrace_err(tid, "read result"))?;
+    ptrace::read_mem(tid.raw(), buf, &mut addr).map_err(ptrace_err(tid, "read result"))?;
     t.call("sigaltstack", libc::SYS_sigaltstack, &[0, buf])?;
     let mut ss = vec![0u8; 24];
-    ptrace::read_mem(tid, buf, &mut ss).map_err(ptrace_err(tid, "read result"))?;
-    ptrace::write_mem(tid, buf, &saved).map_err(ptrace_err(tid, "restore stack"))?;
+    ptrace::read_mem(tid.raw(), buf, &mut ss).map_err(ptrace_err(tid, "read result"))?;
+    ptrace::write_mem(tid.raw(), buf, &saved).map_err(ptrace_err(tid, "restore stack"))?;
     let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
     Ok(crate::model::ThreadImage {
         tid: ns_tid,
@@ -600,15 +600,15 @@ fn capture_thread(
 /// kernel's view of it). `struct rseq` holds the current `rseq_cs`
 /// pointer at offset 8; `struct rseq_cs { u32 version, flags; u64
 /// start_ip, post_commit_offset, abort_ip }`.
-fn rseq_abort(tid: i32, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::Regs) {
+fn rseq_abort(tid: HostPid, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::Regs) {
     let Some((area, ..)) = rseq else { return };
     let mut ptr = [0u8; 8];
-    if ptrace::read_mem(tid, area + 8, &mut ptr).is_err() {
+    if ptrace::read_mem(tid.raw(), area + 8, &mut ptr).is_err() {
         return;
     }
     let cs = u64::from_ne_bytes(ptr);
     let mut desc = [0u8; 32];
-    if cs == 0 || ptrace::read_mem(tid, cs, &mut desc).is_err() {
+    if cs == 0 || ptrace::read_mem(tid.raw(), cs, &mut desc).is_err() {
         return;
     }
     let word = |i: usize| u64::from_ne_bytes(desc[i..i + 8].try_into().unwrap_or_default());
@@ -636,10 +636,10 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     let mut made: Vec<Template> = Vec::new();
     let mut captured_pipes: Vec<crate::model::PipeBuffer> = Vec::new();
     // (bytes, the receiving process: template host, pid, comm)
-    let mut captured_sockets: Vec<(crate::model::SocketBuffer, i32)> = Vec::new();
+    let mut captured_sockets: Vec<(crate::model::SocketBuffer, HostPid)> = Vec::new();
     let mut cloned = std::mem::take(st.cloned).into_iter();
     // Every pipe or FIFO descriptor of the templates, keyed once.
-    let mut reachable: Vec<((u64, u64), i32, i32)> = Vec::new();
+    let mut reachable: Vec<((u64, u64), HostPid, i32)> = Vec::new();
     for mut c in cloned.by_ref() {
         let host = c.host;
         reachable.extend(std::mem::take(&mut c.pipe_keys).into_iter().map(|(fd, key)| (key, host, fd)));
@@ -661,7 +661,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 }
                 report.captured.push(t.image.pid);
                 report.comms.insert(t.image.pid, t.image.comm.clone());
-                if t.image.ppid != 1 {
+                if t.image.ppid != SandboxPid::INIT {
                     report.reparented.push(check::reparent_note(&t.image));
                 }
                 made.push(t);
@@ -770,7 +770,7 @@ fn clone_of(
     let t0 = std::time::Instant::now();
     let comm_now = || std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default().trim_end().to_string();
     // Before any injected call (they run with every signal blocked).
-    let blocked = ptrace::sigmask(host).map_err(ptrace_err(host, "GETSIGMASK"))?;
+    let blocked = ptrace::sigmask(host.raw()).map_err(ptrace_err(host, "GETSIGMASK"))?;
     let insn = inject::find_syscall_insn(host)?;
     let affinity = inject::affinity(host);
     if procfs::has_posix_timers(host) {
@@ -786,7 +786,7 @@ fn clone_of(
     inject::pin_to_tracer(host);
     // Killed rather than left running with injected registers if the
     // daemon dies while we work in it.
-    if let Err(e) = ptrace::set_exit_kill(host, true) {
+    if let Err(e) = ptrace::set_exit_kill(host.raw(), true) {
         inject::set_affinity(host, &affinity);
         return Err(ptrace_err(host, "SETOPTIONS")(e));
     }
@@ -796,7 +796,7 @@ fn clone_of(
     // with their own masks by `release_all`, or below on an error.
     let mut thread_tracees: Vec<(Tracee, ptrace::Regs)> = Vec::new();
     let made = || -> Result<Cloned> {
-        let rseq = ptrace::rseq_configuration(host).ok().flatten();
+        let rseq = ptrace::rseq_configuration(host.raw()).ok().flatten();
         let mut image_regs = s.regs;
         rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
@@ -810,8 +810,8 @@ fn clone_of(
             .and_then(|(_, base, _)| Some((base.template, base.quiet.as_ref()?)))
             .filter(|(_, q)| s.threads.is_empty() && q.regs == Registers::from(&image_regs))
             .and_then(|(template, q)| {
-                let now = ptrace::xstate(host).ok()?;
-                (ptrace::xstate(template).ok()? == now).then(|| (now, q.altstack.clone()))
+                let now = ptrace::xstate(host.raw()).ok()?;
+                (ptrace::xstate(template.raw()).ok()? == now).then(|| (now, q.altstack.clone()))
             });
         let (quiet, quiet_altstack) = match quiet {
             Some((xstate, altstack)) => (Some(xstate), Some(altstack)),
@@ -832,7 +832,7 @@ fn clone_of(
             let mut queued = Vec::new();
             if status.signals.pending != 0 {
                 for shared in [false, true] {
-                    for info in ptrace::pending_siginfo(host, shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+                    for info in ptrace::pending_siginfo(host.raw(), shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
                         queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
                     }
                 }
@@ -909,7 +909,7 @@ fn clone_of(
                 Ok(fp) => fingerprint = Some(fp),
                 Err(e @ Error::Died { .. }) => return Err(e),
                 Err(e) => {
-                    tracing::debug!(pid = s.ns_pid, "not tracked: {e}");
+                    tracing::debug!(pid = s.ns_pid.raw(), "not tracked: {e}");
                     tk.tracking = None;
                 }
             }
@@ -946,7 +946,7 @@ fn clone_of(
         itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));
         let ghosts = crate::kinds::capture_contents(host, &fds)?;
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
-        let robust_list = ptrace::robust_list(host).ok();
+        let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
             threads.push(capture_thread(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
@@ -958,7 +958,7 @@ fn clone_of(
             (Ok(cwd), Ok(root), exe) => (cwd, root, exe),
             (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
         };
-        tracing::debug!(pid = s.ns_pid, ?t_clone, all = ?t0.elapsed(), "template cloned");
+        tracing::debug!(pid = s.ns_pid.raw(), ?t_clone, all = ?t0.elapsed(), "template cloned");
         let (patched, to_write, prev) = match patched {
             Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending), Some(p.prev)),
             None => (None, None, None),
@@ -1005,7 +1005,7 @@ fn clone_of(
             // Let the original go with its own mask and held signals (the
             // caller's `let_go` then finds it running), the template die.
             inject::set_affinity(host, &affinity);
-            let _ = ptrace::set_exit_kill(host, false);
+            let _ = ptrace::set_exit_kill(host.raw(), false);
             let _ = orig.release(&s.regs);
             release_threads(std::mem::take(&mut thread_tracees));
             if let Some(tpl) = child {
@@ -1018,9 +1018,9 @@ fn clone_of(
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`memory_holder.rs`).
     if need_holder {
-        match crate::memory_holder::make(&mut orig, s.ns_ppid == 1) {
+        match crate::memory_holder::make(&mut orig, s.ns_ppid == SandboxPid::INIT) {
             Ok(h) => c.holder = Some(h),
-            Err(e) => tracing::warn!(pid = s.ns_pid, "no mm holder: {e}"),
+            Err(e) => tracing::warn!(pid = s.ns_pid.raw(), "no mm holder: {e}"),
         }
     }
     c.orig = Some(orig);
@@ -1036,7 +1036,7 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, b
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|e| {
+    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(|e| {
         let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
         Error::unsupported(
             s.ns_pid,
@@ -1048,7 +1048,7 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, b
     let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
         orig.call("timers / sigaltstack", nr, args)?;
         let mut val = vec![0u8; len];
-        ptrace::read_mem(host, buf, &mut val).map_err(ptrace_err(host, "read result"))?;
+        ptrace::read_mem(host.raw(), buf, &mut val).map_err(ptrace_err(host, "read result"))?;
         Ok(val)
     };
     let mut itimers = Vec::new();
@@ -1063,7 +1063,7 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, b
     let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
     let subreaper = read(libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, buf], 4)?;
     let child_subreaper = i32::from_ne_bytes(subreaper[..4].try_into().unwrap_or_default()) != 0;
-    ptrace::write_mem(host, buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+    ptrace::write_mem(host.raw(), buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
     Ok((itimers, altstack, child_subreaper))
 }
 
@@ -1110,7 +1110,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.has_tty = tty;
     }
     check_image(&image, reparent).map_err(Error::Unsupported)?;
-    tracing::debug!(pid = s.ns_pid, took = ?t0.elapsed(), "template image read");
+    tracing::debug!(pid = s.ns_pid.raw(), took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
     Ok(Template {
         image,

@@ -46,14 +46,14 @@ use sandtree_sys::ptrace;
 
 use super::Parts;
 use crate::model::FdKind;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// What one process got in step 2: (new descriptor, its number, flags),
 /// dups to make after them (from, to, flags), and, when it moved its cwd
 /// into the staged tree, its old cwd's path (to go back to on abort).
 #[derive(Default)]
 pub(crate) struct Reopened {
-    host: i32,
+    host: HostPid,
     files: Vec<(i32, i32, u32)>,
     dups: Vec<(i32, i32, u32)>,
     cwd: Option<String>,
@@ -68,8 +68,8 @@ const PATH_MAX: usize = 4096;
 /// What step 1 needs to know of the sandbox.
 #[derive(Debug, Clone)]
 pub struct Tree {
-    /// Its init, whose root the processes must share.
-    pub init_host: i32,
+    /// Its init (host pid), whose root the processes must share.
+    pub init_host: HostPid,
     /// Each overlay's mount point in the sandbox (`/` first or not: the
     /// longest that holds a path is its) and its writable upper directory
     /// on the host.
@@ -107,7 +107,7 @@ impl Tree {
 /// 0.3 ms).
 pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), String> {
     let root = crate::procfs::root_of(tree.init_host).ok_or("cannot read init's root")?;
-    let mut layer_files: Vec<(i32, i32, &str)> = Vec::new();
+    let mut layer_files: Vec<(HostPid, i32, &str)> = Vec::new();
     for c in st.cloned.iter() {
         let (host, who) = (c.stopped.host, format!("pid {}", c.stopped.ns_pid));
         if crate::procfs::root_of(host) != Some(root) {
@@ -116,7 +116,7 @@ pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), Stri
         // Calls go to the main thread: every thread must share its
         // descriptor table and filesystem context.
         for &(tid, ..) in &c.stopped.threads {
-            if !sandtree_sys::process::same_files_and_fs(host, tid).unwrap_or(false) {
+            if !sandtree_sys::process::same_files_and_fs(host.raw(), tid.raw()).unwrap_or(false) {
                 return Err(format!("{who}: thread {tid} has a descriptor table or cwd of its own"));
             }
         }
@@ -146,7 +146,10 @@ pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), Stri
     // One open file of the tree in two processes: each would get its own.
     for (i, (h1, fd1, p1)) in layer_files.iter().enumerate() {
         for (h2, fd2, p2) in &layer_files[i + 1..] {
-            if h1 != h2 && p1 == p2 && sandtree_sys::process::same_open_file(*h1, *fd1, *h2, *fd2).unwrap_or(true) {
+            if h1 != h2
+                && p1 == p2
+                && sandtree_sys::process::same_open_file(h1.raw(), *fd1, h2.raw(), *fd2).unwrap_or(true)
+            {
                 return Err(format!("{p1} is one open file of two processes"));
             }
         }
@@ -156,8 +159,8 @@ pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), Stri
 
 /// The paths of `host`'s shared file mappings: asked of the kernel
 /// (`PROCMAP_QUERY`), or read from `maps` where it cannot be.
-fn shared_file_maps(host: i32) -> std::io::Result<Vec<String>> {
-    if let Some(paths) = sandtree_sys::process::shared_file_maps(host)? {
+fn shared_file_maps(host: HostPid) -> std::io::Result<Vec<String>> {
+    if let Some(paths) = sandtree_sys::process::shared_file_maps(host.raw())? {
         return Ok(paths);
     }
     let maps = crate::procfs::maps(host)?;
@@ -225,7 +228,11 @@ fn reopen(
     let put = |path: &str| -> Result<u64> {
         let mut bytes = format!("{stage}{path}").into_bytes();
         bytes.push(0);
-        ptrace::write_mem(host, buf, &bytes).map_err(|source| Error::Ptrace { pid: host, op: "write path", source })?;
+        ptrace::write_mem(host.raw(), buf, &bytes).map_err(|source| Error::Ptrace {
+            pid: host,
+            op: "write path",
+            source,
+        })?;
         Ok(buf)
     };
     let res = (|| -> Result<()> {
@@ -266,20 +273,28 @@ fn reopen(
         }
         Ok(())
     })();
-    ptrace::write_mem(host, buf, &saved).map_err(|source| Error::Ptrace { pid: host, op: "restore stack", source })?;
+    ptrace::write_mem(host.raw(), buf, &saved).map_err(|source| Error::Ptrace {
+        pid: host,
+        op: "restore stack",
+        source,
+    })?;
     res
 }
 
 /// Room for a path of `len` bytes (its NUL included) below stopped
 /// process `host`'s red zone, its stack pointer being `rsp`: the address,
 /// and the bytes there now, to put back.
-fn below_red_zone(host: i32, rsp: u64, len: usize, call: &'static str) -> Result<(u64, Vec<u8>)> {
+fn below_red_zone(host: HostPid, rsp: u64, len: usize, call: &'static str) -> Result<(u64, Vec<u8>)> {
     if len > PATH_MAX {
         return Err(Error::Remote { pid: host, call, errno: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG) });
     }
     let buf = (rsp - 128 - len as u64) & !15;
     let mut saved = vec![0u8; len];
-    ptrace::read_mem(host, buf, &mut saved).map_err(|source| Error::Ptrace { pid: host, op: "read stack", source })?;
+    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(|source| Error::Ptrace {
+        pid: host,
+        op: "read stack",
+        source,
+    })?;
     Ok((buf, saved))
 }
 
@@ -296,7 +311,7 @@ pub(crate) fn abort(st: &mut Parts<'_>) {
         if let Some(cwd) = r.cwd
             && let Err(e) = chdir_back(p, rsp, &cwd)
         {
-            tracing::warn!(pid = c.stopped.ns_pid, "cwd not moved back from the staged tree: {e}");
+            tracing::warn!(pid = c.stopped.ns_pid.raw(), "cwd not moved back from the staged tree: {e}");
         }
     }
 }
@@ -308,10 +323,14 @@ fn chdir_back(p: &mut crate::inject::Tracee, rsp: u64, path: &str) -> Result<()>
     let (buf, saved) = below_red_zone(host, rsp, path.len() + 1, "chdir (old tree)")?;
     let mut bytes = path.as_bytes().to_vec();
     bytes.push(0);
-    let res = ptrace::write_mem(host, buf, &bytes)
+    let res = ptrace::write_mem(host.raw(), buf, &bytes)
         .map_err(|source| Error::Ptrace { pid: host, op: "write path", source })
         .and_then(|()| p.call("chdir (old tree)", libc::SYS_chdir, &[buf]).map(drop));
-    ptrace::write_mem(host, buf, &saved).map_err(|source| Error::Ptrace { pid: host, op: "restore stack", source })?;
+    ptrace::write_mem(host.raw(), buf, &saved).map_err(|source| Error::Ptrace {
+        pid: host,
+        op: "restore stack",
+        source,
+    })?;
     res
 }
 

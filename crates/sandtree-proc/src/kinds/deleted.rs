@@ -18,7 +18,7 @@ use crate::check::GHOST_MAX;
 use crate::fdstate::open_proc_fd;
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Deleted-but-open files.
 pub(crate) struct Deleted;
@@ -53,7 +53,7 @@ impl Kind for Deleted {
 
 /// Pass 1: the contents of the deleted files and memfds among `fds` of
 /// stopped process `host` (a dup's are its twin's), by descriptor.
-pub(crate) fn capture_contents(host: i32, fds: &[FdImage]) -> Result<Vec<(i32, Vec<u8>)>> {
+pub(crate) fn capture_contents(host: HostPid, fds: &[FdImage]) -> Result<Vec<(i32, Vec<u8>)>> {
     let mut out = Vec::new();
     for f in fds.iter().filter(|f| f.same_as.is_none()) {
         let size = match &f.kind {
@@ -93,7 +93,12 @@ fn recreate(p: &mut Tracee, scratch: u64, f: &FdImage, path: &str, bytes: &[u8])
         }
     }
     let tmp = tmp.ok_or_else(|| {
-        Error::unsupported(pid, "", format!("fd {}", f.fd), format!("cannot make an unnamed file for deleted {path}"))
+        Error::unsupported_by_host(
+            pid,
+            "",
+            format!("fd {}", f.fd),
+            format!("cannot make an unnamed file for deleted {path}"),
+        )
     })?;
     fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc { pid, what: "deleted file contents", source: e })?;
     // `tmp` may have the number the file had (closed by the template's
@@ -103,7 +108,7 @@ fn recreate(p: &mut Tracee, scratch: u64, f: &FdImage, path: &str, bytes: &[u8])
 
 /// The contents of a deleted-but-open file (fd `fd` of `host`), read
 /// without moving its offset.
-fn read_contents(host: i32, fd: i32, size: u64) -> io::Result<Vec<u8>> {
+fn read_contents(host: HostPid, fd: i32, size: u64) -> io::Result<Vec<u8>> {
     let f = open_proc_fd(host, fd, OFlags::RDONLY)?;
     let mut out = vec![0u8; size as usize];
     let mut got = 0;
@@ -121,6 +126,6 @@ fn read_contents(host: i32, fd: i32, size: u64) -> io::Result<Vec<u8>> {
 
 /// Write `bytes` into the file behind fd `fd` of `host` (a fresh
 /// `O_TMPFILE` of a restored process).
-pub(crate) fn fill_file(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn fill_file(host: HostPid, fd: i32, bytes: &[u8]) -> io::Result<()> {
     std::fs::File::from(open_proc_fd(host, fd, OFlags::WRONLY)?).write_all_at(bytes, 0)
 }

@@ -9,7 +9,7 @@ use sandtree_sys::ptrace;
 use super::{Kind, Remake, ptrace_err};
 use crate::inject::Tracee;
 use crate::model::{AnonState, FdImage, FdKind};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Epoll instances.
 pub(crate) struct Epoll;
@@ -36,7 +36,7 @@ impl Kind for Epoll {
 fn set_watches(
     p: &mut Tracee,
     scratch: u64,
-    template: i32,
+    template: HostPid,
     epfd: i32,
     watches: &[(i32, u32, u64)],
     signalfds: &[i32],
@@ -51,7 +51,7 @@ fn set_watches(
     let event = |p: &mut Tracee, events: u32, data: u64| -> Result<u64> {
         let mut ev = events.to_ne_bytes().to_vec();
         ev.extend_from_slice(&data.to_ne_bytes());
-        ptrace::write_mem(p.tid, scratch + 1024, &ev).map_err(ptrace_err(pid, "write epoll_event"))?;
+        ptrace::write_mem(p.tid.raw(), scratch + 1024, &ev).map_err(ptrace_err(pid, "write epoll_event"))?;
         Ok(scratch + 1024)
     };
     for &(tfd, events, data) in &now {

@@ -11,7 +11,7 @@ use rustix::io::Errno;
 use super::Kind;
 use crate::fdstate::dup_from;
 use crate::model::{AnonState, FdImage, FdKind};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Eventfds.
 pub(crate) struct Eventfd;
@@ -20,12 +20,12 @@ impl Kind for Eventfd {}
 
 /// At a restore: the counter of eventfd `f` of template `host` back to the
 /// checkpoint's.
-pub(crate) fn put_back(host: i32, f: &FdImage) -> Result<()> {
+pub(crate) fn put_back(host: HostPid, f: &FdImage) -> Result<()> {
     let FdKind::AnonInode { state: Some(AnonState::Eventfd { count }), .. } = &f.kind else { return Ok(()) };
     set_count(host, f.fd, *count).map_err(|e| Error::Proc { pid: host, what: "eventfd counter", source: e })
 }
 
-fn set_count(host: i32, fd: i32, count: u64) -> io::Result<()> {
+fn set_count(host: HostPid, fd: i32, count: u64) -> io::Result<()> {
     let obj = dup_from(host, fd)?;
     // The status flags belong to the shared open file: set
     // O_NONBLOCK only while draining, then put them back.

@@ -19,7 +19,7 @@ use crate::batch::{Arg, Batch};
 use crate::fdstate::{open_in, tree_root};
 use crate::model::{FdImage, FdKind};
 use crate::template::CheckpointTemplates;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Named pipes.
 pub(crate) struct Fifo;
@@ -80,7 +80,7 @@ pub(crate) fn open_keepers(set: &CheckpointTemplates) -> Result<HashMap<String, 
 /// reading and writing, without blocking (a FIFO's keeper at a restore).
 /// The path resolves inside that tree only (`RESOLVE_IN_ROOT`): a symlink
 /// of the sandbox's cannot lead the daemon out of it.
-fn open_keeper(host: i32, path: &str) -> io::Result<OwnedFd> {
+fn open_keeper(host: HostPid, path: &str) -> io::Result<OwnedFd> {
     let fd = open_in(&tree_root(host)?, path, OFlags::RDWR | OFlags::NONBLOCK | OFlags::NOFOLLOW)?;
     if rustix::fs::fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFIFO {
         return Err(io::Error::other(format!("{path} is not a named pipe in the rolled-back tree")));

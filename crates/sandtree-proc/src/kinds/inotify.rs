@@ -18,7 +18,7 @@ use crate::check::INOTIFY_MAX_WD;
 use crate::fdstate::{dup_from, open_in, tree_root};
 use crate::model::{AnonState, FdImage, FdKind, InotifyWatch};
 use crate::template::Template;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Inotify instances.
 pub(crate) struct Inotify;
@@ -80,7 +80,7 @@ impl Kind for Inotify {
 
 /// The restored instance has the checkpoint's watch descriptors (what
 /// [`fill`] relies on, checked rather than assumed).
-fn check_restored(pid: i32, comm: &str, fd: i32, watches: &[InotifyWatch]) -> Result<()> {
+fn check_restored(pid: HostPid, comm: &str, fd: i32, watches: &[InotifyWatch]) -> Result<()> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|e| Error::Proc {
         pid,
         what: "inotify fdinfo",
@@ -94,7 +94,7 @@ fn check_restored(pid: i32, comm: &str, fd: i32, watches: &[InotifyWatch]) -> Re
     got.sort_unstable();
     let want: Vec<i32> = watches.iter().map(|w| w.wd).collect();
     if got != want {
-        return Err(Error::unsupported(
+        return Err(Error::unsupported_by_host(
             pid,
             comm,
             "inotify",
@@ -119,7 +119,7 @@ fn check_restored(pid: i32, comm: &str, fd: i32, watches: &[InotifyWatch]) -> Re
 /// mask. Paths resolve in the process's tree (`RESOLVE_IN_ROOT`), and the
 /// watch is added on `/proc/self/fd/N` of the opened inode (a symbolic
 /// link itself when the watch was made with `IN_DONT_FOLLOW`).
-fn fill(host: i32, fd: i32, watches: &[InotifyWatch], flags: u32) -> io::Result<()> {
+fn fill(host: HostPid, fd: i32, watches: &[InotifyWatch], flags: u32) -> io::Result<()> {
     use rustix::fs::inotify::{WatchFlags, add_watch, remove_watch};
     const IN_DONT_FOLLOW: u32 = 0x0200_0000;
     let inotify = dup_from(host, fd)?;
@@ -191,7 +191,7 @@ pub(crate) fn shared_with(t: &Template, made: &[Template]) -> Result<()> {
         for other in made {
             if mine(other)
                 .into_iter()
-                .any(|o| sandtree_sys::process::same_open_file(t.host, fd, other.host, o).unwrap_or(false))
+                .any(|o| sandtree_sys::process::same_open_file(t.host.raw(), fd, other.host.raw(), o).unwrap_or(false))
             {
                 return Err(Error::unsupported(
                     t.image.pid,

@@ -63,7 +63,7 @@ use crate::batch::{Arg, Batch};
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::template::CheckpointTemplates;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 pub(crate) use deleted::capture_contents;
 pub(crate) use inotify::shared_with as inotify_shared_with;
@@ -128,7 +128,7 @@ pub(crate) struct Remake<'a> {
     /// Its image.
     pub image: &'a ProcessImage,
     /// Its template (host pid): the objects it still shares.
-    pub template: i32,
+    pub template: HostPid,
     /// Memfds made so far, by inode: (inode, the new memfd's descriptor).
     pub memfds: Vec<(u64, u64)>,
 }
@@ -185,7 +185,7 @@ pub(crate) fn fix_up_descriptors(
     p: &mut Tracee,
     b: &mut Batch,
     image: &ProcessImage,
-    (scratch, template): (u64, i32),
+    (scratch, template): (u64, HostPid),
 ) -> Result<()> {
     for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         if of(&f.kind).reopen(f, b) && b.is_full() {
@@ -249,7 +249,7 @@ pub(crate) fn kept_path(path: &str) -> bool {
     ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
 }
 
-fn ptrace_err(pid: i32, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
 

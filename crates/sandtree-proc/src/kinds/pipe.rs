@@ -20,7 +20,7 @@ use super::Kind;
 use crate::fdstate::{Seen, open_proc_fd};
 use crate::model::{FdImage, FdKind, PipeBuffer};
 use crate::template::CheckpointTemplates;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Pipes.
 pub(crate) struct Pipe;
@@ -34,7 +34,7 @@ pub(crate) type PipeKey = (i32, (u64, u64));
 /// Pass 1 for stopped process `host`: the bytes of each pipe and FIFO among
 /// `fds` not `seen` yet, and the key (device, inode) of each pipe and
 /// FIFO descriptor.
-pub(crate) fn capture(host: i32, fds: &[FdImage], seen: &mut Seen) -> Result<(Vec<PipeBuffer>, Vec<PipeKey>)> {
+pub(crate) fn capture(host: HostPid, fds: &[FdImage], seen: &mut Seen) -> Result<(Vec<PipeBuffer>, Vec<PipeKey>)> {
     let mut pipes = Vec::new();
     let mut keys = Vec::new();
     for f in fds {
@@ -72,7 +72,7 @@ pub(crate) fn put_back(set: &CheckpointTemplates, keepers: &HashMap<String, Owne
 
 /// The bytes buffered in the pipe that `fd` of process `host` refers to,
 /// without consuming them, and the pipe's capacity.
-fn read_buffered(host: i32, fd: i32) -> io::Result<(Vec<u8>, usize)> {
+fn read_buffered(host: HostPid, fd: i32) -> io::Result<(Vec<u8>, usize)> {
     let src = open_proc_fd(host, fd, OFlags::RDONLY)?;
     let size = rustix::pipe::fcntl_getpipe_size(&src)?;
     let (copy_r, copy_w) =
@@ -98,7 +98,7 @@ fn read_buffered(host: i32, fd: i32) -> io::Result<(Vec<u8>, usize)> {
 }
 
 /// Make the pipe behind `fd` of `host` hold exactly `bytes`.
-fn refill(host: i32, fd: i32, bytes: &[u8]) -> io::Result<()> {
+fn refill(host: HostPid, fd: i32, bytes: &[u8]) -> io::Result<()> {
     let rd = open_proc_fd(host, fd, OFlags::RDONLY)?;
     drain(&rd)?;
     if bytes.is_empty() {
@@ -123,7 +123,7 @@ pub(crate) fn drain(rd: &OwnedFd) -> io::Result<()> {
 
 /// (device, inode) of the pipe or FIFO behind descriptor `fd` of `host`:
 /// the two kinds' inode numbers come from different filesystems.
-pub(crate) fn key(host: i32, fd: i32) -> std::io::Result<(u64, u64)> {
+pub(crate) fn key(host: HostPid, fd: i32) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(format!("/proc/{host}/fd/{fd}"))?;
     Ok((m.dev(), m.ino()))

@@ -8,7 +8,7 @@ use std::io;
 use super::Kind;
 use crate::fdstate::dup_from;
 use crate::model::{AnonState, FdImage, FdKind};
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result};
 
 /// Timerfds.
 pub(crate) struct Timerfd;
@@ -17,7 +17,7 @@ impl Kind for Timerfd {}
 
 /// At a restore: the setting of timerfd `f` of template `host` back to the
 /// checkpoint's.
-pub(crate) fn put_back(host: i32, f: &FdImage) -> Result<()> {
+pub(crate) fn put_back(host: HostPid, f: &FdImage) -> Result<()> {
     let FdKind::AnonInode { state: Some(AnonState::Timerfd { value_ns, interval_ns, ticks, .. }), .. } = &f.kind else {
         return Ok(());
     };
@@ -28,7 +28,7 @@ pub(crate) fn put_back(host: i32, f: &FdImage) -> Result<()> {
     })
 }
 
-fn set(host: i32, fd: i32, (value_ns, interval_ns, ticks): (u64, u64, u64)) -> io::Result<()> {
+fn set(host: HostPid, fd: i32, (value_ns, interval_ns, ticks): (u64, u64, u64)) -> io::Result<()> {
     let obj = dup_from(host, fd)?;
     let ts =
         |ns: u64| rustix::time::Timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };

@@ -21,7 +21,7 @@ use crate::fdstate::{Seen, dup_from};
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind, SocketBuffer};
 use crate::template::CheckpointTemplates;
-use crate::{Error, Result};
+use crate::{Error, HostPid, Result, SandboxPid};
 
 /// Unix sockets.
 pub(crate) struct Unix;
@@ -68,10 +68,10 @@ impl Kind for Unix {
 /// unix sockets among `fds` not `seen` yet. `who` names the process in a
 /// refusal (pid in the sandbox, and its name, asked only then).
 pub(crate) fn capture_queue(
-    host: i32,
+    host: HostPid,
     fds: &[FdImage],
     seen: &mut Seen,
-    who: (i32, &dyn Fn() -> String),
+    who: (SandboxPid, &dyn Fn() -> String),
 ) -> Result<Vec<SocketBuffer>> {
     let mut sockets = Vec::new();
     for f in fds {
@@ -95,7 +95,7 @@ pub(crate) fn capture_queue(
 /// At a restore: a connected unix socket of template `host` loses what
 /// came since the checkpoint (it was empty then, or its data is sent again
 /// by [`put_back_queues`]).
-pub(crate) fn drain(host: i32, f: &FdImage) -> Result<()> {
+pub(crate) fn drain(host: HostPid, f: &FdImage) -> Result<()> {
     match &f.kind {
         FdKind::Socket { family, connected: true, .. } if family == "unix" => {
             drain_queue(host, f.fd).map_err(|e| Error::Proc { pid: host, what: "unix socket queue", source: e })
@@ -129,7 +129,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
     let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
     let mut stat = [0u8; 144];
     let keep_mode = if mode.ret == 0 {
-        ptrace::read_mem(pid, scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
+        ptrace::read_mem(pid.raw(), scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
         Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
     } else {
         None
@@ -140,7 +140,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
     let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     sun.extend_from_slice(path.as_bytes());
     sun.push(0);
-    ptrace::write_mem(pid, scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
+    ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
     p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
     p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
     move_fd(p, new, fd, flags)?;
@@ -151,7 +151,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
 }
 
 /// Drop whatever is queued for reading on the socket behind `fd` of `host`.
-fn drain_queue(host: i32, fd: i32) -> io::Result<()> {
+fn drain_queue(host: HostPid, fd: i32) -> io::Result<()> {
     let sock = dup_from(host, fd)?;
     let mut buf = vec![0u8; 64 * 1024];
     for _ in 0..4096 {
@@ -220,7 +220,7 @@ pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>>
 
 /// What is queued on unix socket `fd` of `host` ([`socket_messages`]), and
 /// whether it is a byte stream.
-fn read_queue(host: i32, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
+fn read_queue(host: HostPid, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
     let sock = dup_from(host, fd)?;
     let stream = rustix::net::sockopt::socket_type(&sock)? == rustix::net::SocketType::STREAM;
     Ok((socket_messages(&sock, stream)?, stream))
@@ -229,7 +229,7 @@ fn read_queue(host: i32, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
 /// Queue `messages` again on the peer of socket `fd` of `host`, by sending
 /// them from that socket (the restore drained the peer beforehand): a
 /// stream's bytes in full, a datagram or seqpacket message per send.
-fn send_again(host: i32, fd: i32, messages: &[Vec<u8>], stream: bool) -> io::Result<()> {
+fn send_again(host: HostPid, fd: i32, messages: &[Vec<u8>], stream: bool) -> io::Result<()> {
     let sock = dup_from(host, fd)?;
     let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
     for m in messages {

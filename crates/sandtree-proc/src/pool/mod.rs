@@ -26,12 +26,13 @@ use crate::inject::kill_tracee;
 use crate::memory_holder::Holder;
 use crate::reap::kill_later;
 use crate::template::{CheckpointTemplates, Template};
+use crate::{HostPid, SandboxPid};
 
 /// The templates a checkpoint has in the pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplateStatus {
     /// In-sandbox pids that a rollback brings back.
-    pub pids: Vec<i32>,
+    pub pids: Vec<SandboxPid>,
     /// Processes that were running but are not restorable.
     pub unrestorable: Vec<Unrestorable>,
 }
@@ -48,10 +49,10 @@ pub(crate) struct Pool {
     /// Templates whose standby was still being forked when their
     /// checkpoint took it: (checkpoint, host pid of the template forking
     /// it), until [`Pool::resolve_later`] right after the job.
-    later: Vec<(String, i32)>,
+    later: Vec<(String, HostPid)>,
     /// The next pid to give a standby, counting down from the top of the
     /// pid range (`standbys.rs`); 0 until the first.
-    next_pool_pid: i32,
+    next_pool_pid: SandboxPid,
     /// The templates' frames as the last measure read them.
     frames: Arc<Mutex<sizing::FrameCache>>,
 }
@@ -89,7 +90,7 @@ impl Pool {
 
     /// The checkpoints (other than `ck`) one of whose templates has one of
     /// `pids` (in the sandbox).
-    pub(crate) fn holding_any(&self, ck: &str, pids: &std::collections::HashSet<i32>) -> Vec<String> {
+    pub(crate) fn holding_any(&self, ck: &str, pids: &std::collections::HashSet<SandboxPid>) -> Vec<String> {
         self.checkpoints
             .iter()
             .filter(|(k, c)| k.as_str() != ck && c.templates.iter().any(|t| pids.contains(&t.ns_pid)))
@@ -109,13 +110,13 @@ impl Pool {
     }
 
     /// Host pids of the pool's templates and standbys.
-    pub(crate) fn hosts(&self) -> impl Iterator<Item = i32> + '_ {
+    pub(crate) fn hosts(&self) -> impl Iterator<Item = HostPid> + '_ {
         self.templates().map(|t| t.host).chain(self.standbys().map(|s| s.host))
     }
 
     /// In-sandbox pids of the pool's templates and standbys, those being
     /// forked with a pid of ours included.
-    pub(crate) fn ns_pids(&self) -> impl Iterator<Item = i32> + '_ {
+    pub(crate) fn ns_pids(&self) -> impl Iterator<Item = SandboxPid> + '_ {
         self.templates()
             .map(|t| t.ns_pid)
             .chain(self.standbys().map(|s| s.ns_pid))
@@ -136,12 +137,12 @@ impl Pool {
 
     /// The template of checkpoint `ck` with host pid `host`, if the pool
     /// still has it.
-    pub(crate) fn template(&self, (ck, host): &(String, i32)) -> Option<&Template> {
+    pub(crate) fn template(&self, (ck, host): &(String, HostPid)) -> Option<&Template> {
         self.checkpoints.get(ck)?.templates.iter().find(|t| t.host == *host)
     }
 
     /// [`Pool::template`], to change it.
-    pub(crate) fn template_mut(&mut self, (ck, host): &(String, i32)) -> Option<&mut Template> {
+    pub(crate) fn template_mut(&mut self, (ck, host): &(String, HostPid)) -> Option<&mut Template> {
         self.checkpoints.get_mut(ck)?.templates.iter_mut().find(|t| t.host == *host)
     }
 
@@ -165,7 +166,7 @@ impl Pool {
         // Between operations templates and standbys sit in a ptrace stop.
         // Dead is told positively: gone, a zombie, or out of its stop with
         // a SIGKILL pending (dying; a frozen task shows `D`, and lives).
-        let dead = |host: i32| match crate::procfs::state(host) {
+        let dead = |host: HostPid| match crate::procfs::state(host) {
             Some('t' | 'T') => false,
             None | Some('Z' | 'X') => true,
             Some(_) => {
@@ -179,8 +180,8 @@ impl Pool {
                 && let Some(s) = t.standby.take()
             {
                 tracing::warn!(
-                    pid = t.image.pid,
-                    standby = s.host,
+                    pid = t.image.pid.raw(),
+                    standby = s.host.raw(),
                     "a standby was killed: the restore forks its template"
                 );
                 kill_tracee(s.host);
@@ -212,10 +213,10 @@ impl Pool {
     /// checkpoints, of 100 MB templates, made the next checkpoint's last
     /// step wait 19 ms.)
     pub(crate) fn drop_checkpoint(&mut self, ck: &str, wait: bool, holders: &mut [Holder]) {
-        let kill = |host: i32, ns_pid: i32| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
+        let kill = |host: HostPid, ns_pid: SandboxPid| if wait { kill_tracee(host) } else { kill_later(host, ns_pid) };
         // A later template whose pages are still to be read from one of
         // these (`incremental::OlderStandby`) is written first: it would be lost.
-        let hosts: Vec<i32> =
+        let hosts: Vec<HostPid> =
             self.checkpoints.get(ck).map(|c| c.templates.iter().map(|t| t.host).collect()).unwrap_or_default();
         let reads_from_these = self
             .checkpoints

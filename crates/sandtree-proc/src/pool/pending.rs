@@ -35,7 +35,7 @@ impl Pool {
         let cwd = open_path(&format!("/proc/{}/cwd", t.host)).ok();
         let res = t.prepare();
         drop_later(cwd.into_iter().map(OwnedFd::from).collect());
-        tracing::debug!(checkpoint = ck, pid = t.image.pid, took = ?t0.elapsed(), "template prepared");
+        tracing::debug!(checkpoint = ck, pid = t.image.pid.raw(), took = ?t0.elapsed(), "template prepared");
         if let Err(e) = res {
             tracing::warn!(checkpoint = ck, "template set-up failed, its templates are dropped: {e}");
             st.unprepared.remove(0);
@@ -65,7 +65,7 @@ impl Pool {
         let st = self;
         let mut any = false;
         loop {
-            let unwritten: std::collections::HashSet<i32> = st
+            let unwritten: std::collections::HashSet<crate::HostPid> = st
                 .checkpoints
                 .values()
                 .flat_map(|c| &c.templates)
@@ -92,7 +92,7 @@ impl Pool {
                     if let Err(e) = p.finish(holders) {
                         tracing::warn!(
                             checkpoint = ck,
-                            pid = t.image.pid,
+                            pid = t.image.pid.raw(),
                             "template not written, its checkpoint's templates are dropped: {e}"
                         );
                         failed.push(ck.clone());
@@ -137,12 +137,12 @@ impl Pool {
                 for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
                     s.1 = host;
                 }
-                tracing::debug!(checkpoint = ck, pid = ns_pid, waited = ?t0.elapsed(), "standby of a template taken once forked");
+                tracing::debug!(checkpoint = ck, pid = ns_pid.raw(), waited = ?t0.elapsed(), "standby of a template taken once forked");
                 Some(host)
             } else {
                 tracing::warn!(
                     checkpoint = ck,
-                    pid = t.image.pid,
+                    pid = t.image.pid.raw(),
                     "no standby for the template, its checkpoint's templates are dropped: {:?}",
                     resolved.and_then(|r| r.err())
                 );

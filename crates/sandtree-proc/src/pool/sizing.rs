@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::procfs;
+use crate::{HostPid, procfs};
 
 /// What to measure of the pool (outside the tracer thread): the
 /// templates of each checkpoint, and the holders, which share the address
@@ -13,7 +13,7 @@ use crate::procfs;
 #[derive(Clone)]
 pub(crate) struct Sizing {
     checkpoints: Vec<ToSize>,
-    live: Vec<i32>,
+    live: Vec<HostPid>,
     /// Operations in flight ([`Tracer::begin`]): the walk waits while
     /// there is one.
     ops: Arc<AtomicU32>,
@@ -22,7 +22,7 @@ pub(crate) struct Sizing {
 
 /// A checkpoint (id, last used) and its templates' host pids, each with
 /// whether it is done changing (set up, its pages written).
-type ToSize = (String, u64, Vec<(i32, bool)>);
+type ToSize = (String, u64, Vec<(HostPid, bool)>);
 
 /// The frames of templates done changing, by (checkpoint, host pid), as
 /// read when: a template never writes, so its frames stay what they were
@@ -30,7 +30,7 @@ type ToSize = (String, u64, Vec<(i32, bool)>);
 /// page (the arguments of the forks we inject: one page copied on write
 /// after a fork); an entry is read again after [`FRAMES_FRESH`]. Without it, each eviction check read every
 /// template again: 30 checkpoints of a 1 GB process, 2.3 s a check.
-pub(crate) type FrameCache = std::collections::HashMap<(String, i32), (std::time::Instant, Arc<Vec<u64>>)>;
+pub(crate) type FrameCache = std::collections::HashMap<(String, HostPid), (std::time::Instant, Arc<Vec<u64>>)>;
 
 /// How long a template's frames are taken as read.
 const FRAMES_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
@@ -159,7 +159,7 @@ impl Sizing {
         // Templates gone since are forgotten.
         let now = std::time::Instant::now();
         let mut cache = std::mem::take(&mut *self.frames.lock().unwrap_or_else(|e| e.into_inner()));
-        let keep: std::collections::HashSet<(&str, i32)> = self
+        let keep: std::collections::HashSet<(&str, HostPid)> = self
             .checkpoints
             .iter()
             .flat_map(|(ck, _, hosts)| hosts.iter().filter(|h| h.1).map(move |h| (ck.as_str(), h.0)))
@@ -206,7 +206,7 @@ impl Sizing {
 }
 
 impl super::Pool {
-    pub(crate) fn sizing(&self, live: Vec<i32>, ops: Arc<AtomicU32>) -> Sizing {
+    pub(crate) fn sizing(&self, live: Vec<HostPid>, ops: Arc<AtomicU32>) -> Sizing {
         Sizing {
             checkpoints: self
                 .checkpoints

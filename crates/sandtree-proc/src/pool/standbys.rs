@@ -4,6 +4,7 @@
 use crate::standby::Forking;
 use crate::stats::TestSwitches;
 use crate::track::Trackings;
+use crate::{HostPid, SandboxPid};
 
 use super::Pool;
 
@@ -31,13 +32,13 @@ impl Pool {
     pub(crate) fn tend_standbys(
         &mut self,
         tracking: &Trackings,
-        others_taken: &[i32],
+        others_taken: &[SandboxPid],
         switches: &TestSwitches,
     ) -> StandbyWork {
         let st = self;
         let mut under_way = false;
         // (A test's: `incremental::hold_standby_forks`.)
-        let held: Vec<i32> = match switches.holding_standby_forks() {
+        let held: Vec<HostPid> = match switches.holding_standby_forks() {
             true => tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect(),
             false => Vec::new(),
         };
@@ -71,7 +72,7 @@ impl Pool {
         else {
             return StandbyWork::Idle;
         };
-        let taken: std::collections::HashSet<i32> = st.ns_pids().chain(others_taken.iter().copied()).collect();
+        let taken: std::collections::HashSet<SandboxPid> = st.ns_pids().chain(others_taken.iter().copied()).collect();
         let next = &mut st.next_pool_pid;
         let Some(t) = st.checkpoints.get_mut(&ck).and_then(|c| c.templates.get_mut(i)) else {
             return StandbyWork::Idle;
@@ -93,9 +94,9 @@ impl Pool {
     /// when the last checkpoint was *behind*, `Tracking::behind`: else its
     /// fork would double the forks of large processes, and the base's, a
     /// 1 GB one's 10-20 ms, would wait for it.)
-    fn base_hosts(&self, tracking: &Trackings, switches: &TestSwitches) -> Vec<i32> {
+    fn base_hosts(&self, tracking: &Trackings, switches: &TestSwitches) -> Vec<HostPid> {
         let st = self;
-        let taken = |id: &(String, i32)| st.template(id).is_none_or(|t| t.standby_taken);
+        let taken = |id: &(String, HostPid)| st.template(id).is_none_or(|t| t.standby_taken);
         let prev = |t: &crate::track::Tracking| {
             let always = switches.preferring_older_standbys();
             t.prev.as_ref().filter(|(id, _)| always || t.behind || !taken(id)).map(|((_, host), _)| *host)
@@ -151,45 +152,49 @@ impl Pool {
 /// A pid for a standby: the highest free one below the last given (from
 /// the top of the range, where the kernel, counting up from 1, gives pids
 /// last), none of the pool's.
-fn pool_pid(next: &mut i32, taken: &std::collections::HashSet<i32>) -> i32 {
+fn pool_pid(next: &mut SandboxPid, taken: &std::collections::HashSet<SandboxPid>) -> SandboxPid {
     static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     let max = *PID_MAX.get_or_init(|| {
         std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
     });
     let floor = max / 2;
-    let mut pid = if *next <= floor || *next >= max { max - 1 } else { *next };
+    let next_raw = next.raw();
+    let mut pid = if next_raw <= floor || next_raw >= max { max - 1 } else { next_raw };
     // (At most once round the upper half: a pool that held all of it would
     // get a taken pid, and its clone3 EEXIST.)
     for _ in floor..max {
-        if !taken.contains(&pid) {
+        if !taken.contains(&SandboxPid(pid)) {
             break;
         }
         pid = if pid - 1 <= floor { max - 1 } else { pid - 1 };
     }
-    *next = pid - 1;
-    pid
+    *next = SandboxPid(pid - 1);
+    SandboxPid(pid)
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
+    use crate::SandboxPid;
+
     #[test]
     fn standby_pids_count_down_from_the_top_and_skip_the_pools() {
         let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
-        let mut next = 0;
+        let pid = SandboxPid;
+        let mut next = pid(0);
         let none = HashSet::new();
-        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
-        assert_eq!(super::pool_pid(&mut next, &none), max - 2);
-        let taken: HashSet<i32> = [max - 3, max - 4].into();
-        assert_eq!(super::pool_pid(&mut next, &taken), max - 5);
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 1));
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 2));
+        let taken: HashSet<SandboxPid> = [pid(max - 3), pid(max - 4)].into();
+        assert_eq!(super::pool_pid(&mut next, &taken), pid(max - 5));
         // Down to the middle of the range, then from the top again.
-        next = max / 2 + 1;
-        assert_eq!(super::pool_pid(&mut next, &none), max / 2 + 1);
-        assert_eq!(super::pool_pid(&mut next, &none), max - 1);
-        let top: HashSet<i32> = [max - 1].into();
-        next = max / 2 + 1;
+        next = pid(max / 2 + 1);
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max / 2 + 1));
+        assert_eq!(super::pool_pid(&mut next, &none), pid(max - 1));
+        let top: HashSet<SandboxPid> = [pid(max - 1)].into();
+        next = pid(max / 2 + 1);
         super::pool_pid(&mut next, &none);
-        assert_eq!(super::pool_pid(&mut next, &top), max - 2);
+        assert_eq!(super::pool_pid(&mut next, &top), pid(max - 2));
     }
 }

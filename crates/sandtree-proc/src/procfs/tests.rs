@@ -172,8 +172,11 @@ fn status_of_a_comm_with_parentheses_and_spaces_gives_its_ids_masks_and_umask() 
 
     // Assert
     assert_eq!(st.state, 'S');
-    assert_eq!(st.host_ppid, 10423);
-    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid, st.ns_depth), (10424, 10422, 27341, 1));
+    assert_eq!(st.host_ppid, HostPid(10423));
+    assert_eq!(
+        (st.ns_pid, st.ns_pgid, st.ns_sid, st.ns_depth),
+        (SandboxPid(10424), SandboxPid(10422), SandboxPid(27341), 1)
+    );
     assert_eq!(st.threads, 1);
     assert_eq!(st.uids, [0, 0, 0, 0]);
     assert_eq!(st.gids, [2000, 2001, 2002, 2001]);
@@ -186,7 +189,7 @@ fn status_of_a_comm_with_parentheses_and_spaces_gives_its_ids_masks_and_umask() 
         (1 << (libc::SIGUSR2 - 1)) | (1 << (libc::SIGPIPE - 1)) | (1 << (libc::SIGXFSZ - 1))
     );
     assert_eq!(st.signals.caught, (1 << (libc::SIGINT - 1)) | (1 << (libc::SIGTERM - 1)));
-    assert_eq!(st.tracer, 0);
+    assert_eq!(st.tracer, HostPid(0));
     assert_eq!(st.text, ODD_COMM_STATUS);
 }
 
@@ -200,7 +203,7 @@ fn status_of_a_thread_gives_its_own_pid_its_tgid_and_the_thread_count() {
     let tgid = parse_tgid(text);
 
     // Assert
-    assert_eq!(st.ns_pid, 10428);
+    assert_eq!(st.ns_pid, SandboxPid(10428));
     assert_eq!(tgid, Some(10427));
     assert_eq!(st.threads, 2);
     assert_eq!(st.state, 'S');
@@ -217,7 +220,7 @@ fn status_of_a_zombie_gives_z_and_its_ids() {
 
     // Assert
     assert_eq!(st.state, 'Z');
-    assert_eq!((st.ns_pid, st.host_ppid, st.threads), (10429, 10423, 1));
+    assert_eq!((st.ns_pid, st.host_ppid, st.threads), (SandboxPid(10429), HostPid(10423), 1));
     assert_eq!(st.umask, 0);
     assert_eq!(parse_tgid(text), Some(10429));
 }
@@ -235,7 +238,7 @@ fn status_of_a_stopped_process_gives_t_and_its_uids_without_capabilities() {
     assert_eq!(st.uids, [1000, 1001, 1002, 1001]);
     assert_eq!(st.gids, [0, 0, 0, 0]);
     assert_eq!(st.cap_eff, 0);
-    assert_eq!(st.tracer, 0);
+    assert_eq!(st.tracer, HostPid(0));
 }
 
 #[test]
@@ -248,8 +251,8 @@ fn status_of_a_traced_process_gives_its_tracer() {
 
     // Assert
     assert_eq!(st.state, 't');
-    assert_eq!(st.tracer, 10423);
-    assert_eq!(st.host_ppid, 10423);
+    assert_eq!(st.tracer, HostPid(10423));
+    assert_eq!(st.host_ppid, HostPid(10423));
 }
 
 #[test]
@@ -263,9 +266,9 @@ fn status_of_a_process_in_a_child_pid_namespace_gives_its_ids_there() {
     let st = parse_status(text);
 
     // Assert
-    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid), (2, 2, 1));
+    assert_eq!((st.ns_pid, st.ns_pgid, st.ns_sid), (SandboxPid(2), SandboxPid(2), SandboxPid::INIT));
     assert_eq!(st.ns_depth, 2);
-    assert_eq!(st.host_ppid, 10451);
+    assert_eq!(st.host_ppid, HostPid(10451));
 }
 
 #[test]
@@ -283,7 +286,7 @@ fn stat_status_and_maps_that_are_not_utf8_are_read() {
     // Assert
     assert_eq!(state_of_stat(&stat), Some('S'));
     assert_eq!(parse_tty_nr(&stat), 0);
-    assert_eq!((st.state, st.ns_pid, st.host_ppid, st.threads), ('S', 10426, 10423, 1));
+    assert_eq!((st.state, st.ns_pid, st.host_ppid, st.threads), ('S', SandboxPid(10426), HostPid(10423), 1));
     assert!(st.text.starts_with("Name:\tsync-für-Grö\u{fffd}\n"), "{:?}", &st.text[..30]);
     let latin1 = maps.iter().find(|m| m.inode == 10035235).expect("the Latin-1 file");
     assert_eq!(latin1.path.as_deref(), Some("/tmp/sandtree-fixtures/caf\u{fffd}.bin"));
@@ -1061,8 +1064,8 @@ fn garbled_fixtures_parse_without_panicking() {
 
 #[test]
 fn state_of_a_running_process_and_of_a_missing_one() {
-    assert!(matches!(state(std::process::id() as i32), Some('R' | 'S')));
-    assert_eq!(state(i32::MAX), None);
+    assert!(matches!(state(HostPid(std::process::id() as i32)), Some('R' | 'S')));
+    assert_eq!(state(HostPid(i32::MAX)), None);
 }
 
 #[test]
@@ -1076,7 +1079,7 @@ fn readers_of_a_process_whose_executable_has_a_latin1_name_read_it() {
     let exe = dir.join(std::ffi::OsStr::from_bytes(&name));
     fs::copy(sleep, &exe).expect("copy sleep");
     let mut child = std::process::Command::new(&exe).arg("30").spawn().expect("run the copy");
-    let pid = child.id() as i32;
+    let pid = HostPid(child.id() as i32);
     // (spawn returns once the exec is under way: wait for the sleep.)
     for _ in 0..500 {
         if state(pid) == Some('S') {
@@ -1097,8 +1100,9 @@ fn readers_of_a_process_whose_executable_has_a_latin1_name_read_it() {
 
     // Assert
     let lossy = String::from_utf8_lossy(&name).into_owned();
-    assert_eq!(st.expect("status").ns_pid, pid);
-    assert_eq!(tty.expect("tty_nr"), tty_nr(std::process::id() as i32).expect("tty_nr of this process"));
+    // (No pid namespace of its own: its pid there is the host's.)
+    assert_eq!(st.expect("status").ns_pid, SandboxPid(pid.raw()));
+    assert_eq!(tty.expect("tty_nr"), tty_nr(HostPid(std::process::id() as i32)).expect("tty_nr of this process"));
     assert_eq!(group.expect("tgid"), pid);
     let facts = facts.expect("template facts");
     assert_eq!(facts.comm, String::from_utf8_lossy(&name[..name.len().min(15)]));
@@ -1110,7 +1114,7 @@ fn readers_of_a_process_whose_executable_has_a_latin1_name_read_it() {
 #[test]
 fn readers_of_this_process_give_what_it_knows_of_itself() {
     // Arrange
-    let me = std::process::id() as i32;
+    let me = HostPid(std::process::id() as i32);
 
     // Act
     let st = status(me).expect("status");
@@ -1118,7 +1122,8 @@ fn readers_of_this_process_give_what_it_knows_of_itself() {
     let vdso = vdso_base(me).expect("vdso");
 
     // Assert
-    assert_eq!(st.ns_pid, me);
+    // (No pid namespace of its own: its pid there is the host's.)
+    assert_eq!(st.ns_pid, SandboxPid(me.raw()));
     assert_eq!(tgid(me).expect("tgid"), me);
     assert!(st.threads >= 1);
     assert!(maps.iter().any(|m| m.path.as_deref() == Some("[stack]")));

@@ -315,14 +315,14 @@ fn ptrace_baseline(n: usize) -> Result<Vec<f64>> {
         }
     }
     let child = Child(std::process::Command::new("sleep").arg("600").spawn().context("spawn sleep")?);
-    let pid = child.0.id() as i32;
+    let pid = sandtree_proc::HostPid(child.0.id() as i32);
     let cpu = rustix::thread::sched_getcpu() as u32;
     inject::pin_self(&[cpu]);
     inject::set_affinity(pid, &[cpu]);
-    ptrace::seize(pid).context("seize")?;
-    ptrace::interrupt(pid).context("interrupt")?;
+    ptrace::seize(pid.raw()).context("seize")?;
+    ptrace::interrupt(pid.raw()).context("interrupt")?;
     inject::wait_event_stop(pid).context("wait for the stop")?;
-    let regs = ptrace::regs(pid).context("registers")?;
+    let regs = ptrace::regs(pid.raw()).context("registers")?;
     let insn = inject::find_syscall_insn(pid).context("find a syscall instruction")?;
     let mut tracee = inject::Tracee::new(pid, regs, insn);
     let mut ms = Vec::with_capacity(n);
