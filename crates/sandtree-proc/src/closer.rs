@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 
 /// Close `files` on a low-priority thread of its own: descriptors whose
 /// last close does work the tracer must not wait for (a detached tree's
-/// teardown, see [`prepare_pending`]; a userfaultfd's unprotecting walk,
+/// teardown, see `Pool::prepare_pending`; a userfaultfd's unprotecting walk,
 /// see `track.rs`).
 pub(crate) fn drop_later(files: Vec<OwnedFd>) {
     static CLOSER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<OwnedFd>>>> =

@@ -1,7 +1,7 @@
 //! Descriptors of other processes, reached from the daemon: a duplicate
 //! of one (`pidfd_getfd`, the same open file), a new open of one through
 //! `/proc/<pid>/fd/<n>`, a process's root to resolve paths in; and which
-//! shared objects a checkpoint captured already ([`Seen`]). What each kind
+//! shared objects a checkpoint captured already (`Seen`). What each kind
 //! of object holds, and how it is put back, is its module's in `kinds/`.
 
 use std::io;

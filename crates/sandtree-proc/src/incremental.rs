@@ -2,10 +2,10 @@
 //! (`track.rs`) made from its previous template instead of by a fork.
 //!
 //! The previous template's *standby* (a fork of it, made between
-//! operations, `memory_holder.rs`) holds the process's memory as it was at the
+//! operations, `standby.rs`) holds the process's memory as it was at the
 //! previous checkpoint. In the frozen window the process's pages written
 //! since (one `PAGEMAP_SCAN`) are copied by the process's holder, which
-//! shares its address space, into its page file (`holder::Copier`: an
+//! shares its address space, into its page file (`memory_holder::Copier`: an
 //! injected `pwritev`, on the other CPU while the tracer clones the
 //! sandbox's other processes), or read into a daemon buffer
 //! (`process_vm_readv`) when it has none; the standby becomes the new
@@ -69,7 +69,7 @@ use crate::inject::Tracee;
 use crate::inject::kill_tracee;
 use crate::model::{FdImage, FdKind, MapImage};
 use crate::standby::Standby;
-use crate::stop::Stopped;
+use crate::stop::StoppedProcess;
 use crate::track::Tracking;
 use crate::{Error, HostPid, Result, SandboxPid};
 
@@ -173,7 +173,7 @@ pub(crate) enum TakenStandby {
     Ready(Standby),
     /// With the standby's pid in the sandbox (given by us) and the host
     /// pid of the template forking it (the template's stand-in until the
-    /// fork ends: `checkpoint::resolve_later`).
+    /// fork ends: `Pool::resolve_later`).
     Forking(ForkingStandby, SandboxPid, HostPid),
 }
 
@@ -225,7 +225,7 @@ impl Base {
 /// the checkpoint's template is set up with that template as its stand-in
 /// (its `/proc` facts are the standby's), the reply goes out, and the
 /// tracer thread then waits for the fork before any other job
-/// (`checkpoint::resolve_later`): the wait overlaps the agent's next step
+/// (`Pool::resolve_later`): the wait overlaps the agent's next step
 /// instead of the checkpoint. A fork that fails then drops the
 /// checkpoint's templates, as a failed write of its pages does.
 pub(crate) struct ForkingStandby(Option<(Tracee, crate::standby::Forking)>, std::sync::Arc<Instruments>);
@@ -268,7 +268,7 @@ impl Drop for Base {
 /// A standby of the template before the previous one, made the new
 /// template: the previous template's [`Delta`] over it is applied first
 /// (its pages read from the previous template, `from`, which is done
-/// changing by then: `checkpoint::write_pending` writes it first).
+/// changing by then: `Pool::write_pending` writes it first).
 ///
 /// Why: each checkpoint takes the previous template's standby, and that
 /// standby can only be forked once the template's pages are written. For
@@ -470,7 +470,7 @@ pub(crate) struct StoppedReads<B> {
 
 /// The handlers of the signals `caught` of stopped process `orig`, read by
 /// injected `rt_sigaction` into the dead space below its stack's red zone.
-fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>> {
+fn handlers(s: &StoppedProcess, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>> {
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
@@ -526,7 +526,7 @@ fn handlers(s: &Stopped, orig: &mut Tracee, caught: u64) -> Result<Vec<Handler>>
 /// once the copy is done.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
-    s: &Stopped,
+    s: &StoppedProcess,
     orig: &mut Tracee,
     tracking: &Tracking,
     mut base: Base,
@@ -864,7 +864,7 @@ pub(crate) fn patch<B>(
 /// priority, the files it shares, its pipes.
 #[allow(clippy::too_many_arguments)]
 fn patch_quiet<B>(
-    s: &Stopped,
+    s: &StoppedProcess,
     orig: &mut Tracee,
     tracking: &Tracking,
     mut base: Base,
@@ -1146,7 +1146,7 @@ struct Scanned {
 }
 
 /// What [`check`] found: the standby can be used, with these pages.
-struct ScanResult {
+struct StandbyUsable {
     maps: Vec<MapImage>,
     fp: String,
     total: usize,
@@ -1221,7 +1221,7 @@ fn scan(
 
 /// The process's descriptors and what [`check`] finds of the scan's
 /// result.
-type FoundFds = (std::result::Result<ScanResult, String>, Vec<FdImage>);
+type FoundFds = (std::result::Result<StandbyUsable, String>, Vec<FdImage>);
 
 /// The descriptors of stopped process `host`, then [`check`] (unless the
 /// scan already said why the checkpoint must fork).
@@ -1254,13 +1254,13 @@ fn check(
     fds: &[FdImage],
     sc: Scanned,
     t0: std::time::Instant,
-) -> Result<std::result::Result<ScanResult, String>> {
+) -> Result<std::result::Result<StandbyUsable, String>> {
     let fp = fingerprint(host, status).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })?;
     if let Some(why) = mismatch(host, base, (&fp, &sc.maps, rseq), tracking, fds) {
         return Ok(Err(why));
     }
     let Scanned { maps, total, zap, t_scan, .. } = sc;
-    Ok(Ok(ScanResult { maps, fp, total, zap, t_scan, t_check: t0.elapsed() }))
+    Ok(Ok(StandbyUsable { maps, fp, total, zap, t_scan, t_check: t0.elapsed() }))
 }
 
 /// What makes a standby its process's new template, read from the process
@@ -1592,7 +1592,7 @@ const CHUNK: usize = 128;
 const JOB_BYTES: usize = 1 << 20;
 
 /// The other processes' pass 1, run while the largest one's copy is made
-/// ([`clone_of`]'s `during`); it calls the hook it is given before each
+/// (`checkpoint::clone_of`'s `during`); it calls the hook it is given before each
 /// process (the largest one's copy starts there once its scan is done:
 /// `incremental::patch`).
 pub(crate) type During<'a> = &'a mut dyn FnMut(&mut Seen, &mut dyn FnMut());

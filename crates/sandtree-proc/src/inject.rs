@@ -651,7 +651,7 @@ pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: San
 }
 
 /// The nice value a restore's copy and fix-up run at (see
-/// [`restore_one`]), and a standby fork that a job waits for (`memory_holder.rs`).
+/// `restore::restore_one`), and a standby fork that a job waits for (`memory_holder.rs`).
 pub(crate) const RESTORE_NICE: i32 = -10;
 
 pub(crate) fn nice_of(tid: HostPid) -> Option<i32> {
@@ -663,7 +663,7 @@ pub(crate) fn set_nice(tid: HostPid, nice: i32) {
 }
 
 /// The nice value of a standby fork under way while a rollback runs (until
-/// it ends: [`forks_to_foreground`]), and of a killed holder's teardown:
+/// it ends: `Pool::forks_to_foreground`), and of a killed holder's teardown:
 /// background work. Nice orders the tasks of one CPU group: these run in
 /// the sandbox's, beside init and the restore's calls (at `RESTORE_NICE`),
 /// which a fork at nice 0 took CPU share from. (Against the daemon's

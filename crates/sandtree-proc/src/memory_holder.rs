@@ -407,7 +407,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by
-/// [`reap_dying`] (their teardown must not hold the tracer).
+/// `reap::reap_dying` (their teardown must not hold the tracer).
 pub(crate) fn retire(holders: &mut Vec<Holder>, dying: &mut Vec<Dying>) {
     holders.retain(|h| {
         if h.orphaned() {

@@ -68,7 +68,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         .iter()
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
         .collect();
-    // Standby forks under way (`memory_holder.rs`) end first where the restore
+    // Standby forks under way (`standby.rs`) end first where the restore
     // needs the template, or the pid their child gets; the others go on.
     for (k, set) in st.pool.iter_mut() {
         for t in set.templates.iter_mut() {
@@ -238,7 +238,7 @@ impl Ready {
 /// memory, for the next rollback), still stopped: the caller lets it go
 /// ([`Ready::release`]).
 ///
-/// With a standby (a fork of the template made ahead, `memory_holder.rs`), the
+/// With a standby (a fork of the template made ahead, `standby.rs`), the
 /// process takes the *standby's* address space (`CLONE_VM` from it: no
 /// page tables to copy), and the standby stays as its holder; the
 /// template stays as it is. (Taking the template's instead, with the

@@ -20,7 +20,7 @@ pub(crate) struct Standby {
 
 /// A standby's fork under way: the template runs the injected `clone`
 /// (for a 1 GB process, 10-60 ms of copying page tables) while the tracer
-/// serves other jobs; [`tend_standbys`] collects it.
+/// serves other jobs; `Pool::tend_standbys` collects it.
 pub(crate) struct Forking {
     /// The child (host pid), once the fork event told it.
     child: Option<HostPid>,

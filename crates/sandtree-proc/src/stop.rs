@@ -31,7 +31,7 @@ fn is_gone(e: &std::io::Error) -> bool {
 /// stopped too, and tasks seized that never reached their stop.
 #[derive(Default)]
 pub(crate) struct Stops {
-    stopped: Vec<Stopped>,
+    stopped: Vec<StoppedProcess>,
     /// Init, when stopped with the others (host pid, registers).
     init: Option<(HostPid, ptrace::Regs)>,
     /// Seized tasks whose interrupt has not taken effect yet.
@@ -42,7 +42,7 @@ pub(crate) struct Stops {
 }
 
 /// A stopped original, between [`crate::Tracer::stop`] and [`crate::Tracer::clone_all`].
-pub(crate) struct Stopped {
+pub(crate) struct StoppedProcess {
     pub host: HostPid,
     pub ns_pid: SandboxPid,
     pub ns_ppid: SandboxPid,
@@ -76,7 +76,7 @@ impl Stops {
     }
 
     /// The stopped processes, for the capture (which lets each go).
-    pub(crate) fn take(&mut self) -> Vec<Stopped> {
+    pub(crate) fn take(&mut self) -> Vec<StoppedProcess> {
         std::mem::take(&mut self.stopped)
     }
 
@@ -292,7 +292,7 @@ impl Stops {
                 };
                 match stop_threads(host, deadline, &mut st.lingering) {
                     Ok(threads) => {
-                        st.stopped.push(Stopped { host, ns_pid, ns_ppid: ppid, regs, threads });
+                        st.stopped.push(StoppedProcess { host, ns_pid, ns_ppid: ppid, regs, threads });
                         report.stopped += 1;
                     }
                     Err(e) => {
@@ -454,7 +454,7 @@ pub(crate) fn let_go_threads(threads: &[(HostPid, SandboxPid, ptrace::Regs)]) {
 /// stop it is in (in signal context, so an interrupted syscall restarts).
 /// Its affinity may still be the tracer's pin: callers that pinned it put
 /// it back first.
-pub(crate) fn let_go(s: &Stopped) {
+pub(crate) fn let_go(s: &StoppedProcess) {
     let_go_threads(&s.threads);
     if Tracee::new(s.host, s.regs, 0).release(&s.regs).is_err() {
         let _ = ptrace::set_regs(s.host.raw(), &s.regs);

@@ -65,7 +65,7 @@ pub(crate) struct CheckpointTemplates {
 }
 
 /// Whether a template's pending write holds its standby's fork still
-/// under way (`incremental::ForkingStandby`): until [`resolve_later`], the
+/// under way (`incremental::ForkingStandby`): until `Pool::resolve_later`, the
 /// template's host pid is the template forking it, its stand-in.
 pub(crate) fn is_later(to_write: &Option<crate::incremental::Pending>) -> bool {
     to_write.as_ref().is_some_and(|p| p.is_later())

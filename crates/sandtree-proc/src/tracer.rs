@@ -117,7 +117,9 @@ impl<'t> Cloning<'t> {
         // (No receiver: the job ended already, and says why.)
         let _ = self.stage.send(stage.map(str::to_string));
         let CopyEnd { kept, movable } = self.done.wait()??;
-        Ok(Copied { kept, movable, captured: Captured { kept, stopped: self.stopped } })
+        let mut stopped = self.stopped;
+        stopped.reopened = true;
+        Ok(Copied { kept, movable, captured: Captured { kept, stopped } })
     }
 }
 
@@ -129,9 +131,9 @@ struct CopyEnd {
 
 /// The end of the copy of [`Tracer::stop_and_clone`]: every process kept
 /// stopped has its template. Next: [`Copied::finish_and_go`] once the
-/// staged tree is swapped in, or [`Copied::into_captured`] for a snapshot
-/// checkpoint; dropped, it lets the processes go (and closes what they
-/// opened through the staged tree).
+/// staged tree is swapped in, [`Copied::abort`] when it was not, or
+/// [`Copied::into_captured`] for a snapshot checkpoint; dropped, it closes
+/// what the processes opened through the staged tree and lets them go.
 pub struct Copied<'t> {
     /// Whether every process stopped kept its template (in best effort,
     /// one that cannot be restored, or whose template died, was let go).
@@ -159,8 +161,9 @@ impl<'t> Copied<'t> {
     /// The staged tree was not swapped in: what the processes opened
     /// through it is closed, they go, and their templates are dropped.
     pub fn abort(self) -> Result<()> {
-        self.captured.stopped.tracer.repoint_abort()?;
-        self.captured.resume()
+        let tracer = self.captured.stopped.disarm();
+        tracer.repoint_abort()?;
+        tracer.resume_stopped()
     }
 
     /// The processes do not move to a new tree (a snapshot checkpoint
@@ -169,7 +172,9 @@ impl<'t> Copied<'t> {
     /// their files there only when they can move and the tree was staged,
     /// and closes them again when they cannot.)
     pub fn into_captured(self) -> Captured<'t> {
-        self.captured
+        let mut captured = self.captured;
+        captured.stopped.reopened = false;
+        captured
     }
 }
 
@@ -191,11 +196,14 @@ pub struct LayeredEnd {
 struct Resumes<'t> {
     tracer: &'t Tracer,
     armed: bool,
+    /// The processes may hold descriptors opened through a staged tree
+    /// (`repoint.rs`'s step 2): closed first.
+    reopened: bool,
 }
 
 impl<'t> Resumes<'t> {
     fn new(tracer: &'t Tracer) -> Resumes<'t> {
-        Resumes { tracer, armed: true }
+        Resumes { tracer, armed: true, reopened: false }
     }
 
     /// The next step took over: nothing to undo here.
@@ -207,9 +215,15 @@ impl<'t> Resumes<'t> {
 
 impl Drop for Resumes<'_> {
     fn drop(&mut self) {
-        if self.armed
-            && let Err(e) = self.tracer.resume_stopped()
+        if !self.armed {
+            return;
+        }
+        if self.reopened
+            && let Err(e) = self.tracer.repoint_abort()
         {
+            tracing::warn!("what the stopped processes opened through the staged tree could not be closed: {e}");
+        }
+        if let Err(e) = self.tracer.resume_stopped() {
             tracing::warn!("the stopped processes could not be let go: {e}");
         }
     }
@@ -621,7 +635,7 @@ impl Tracer {
     }
 
     /// [`Tracer::stop`] (init left running), then at once, in the same job,
-    /// [`Tracer::clone_all`] — unless the stop failed or found tasks from
+    /// the capture (`Stopped::capture`) — unless the stop failed or found tasks from
     /// outside the sandbox's pid namespace — then, given a `tree`, the
     /// check of whether the processes can move to a new one and, once the
     /// caller says where init staged it ([`Cloning::finish`]), the reopening
@@ -895,7 +909,7 @@ impl Tracer {
         Ok(self.measured("info")?.total)
     }
 
-    /// The pool measured off the tracer thread ([`Sizing::measure_aside`]),
+    /// The pool measured off the tracer thread (`Sizing::measure_aside`),
     /// for `why`.
     fn measured(&self, why: &str) -> Result<crate::pool::PoolMemory> {
         let t0 = std::time::Instant::now();

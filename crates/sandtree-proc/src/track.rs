@@ -63,7 +63,7 @@ pub(crate) struct Tracking {
     pub prev: Option<crate::track::PreviousTemplate>,
     /// The last checkpoint found the base's standby not ready (it waited
     /// for its fork, or forked the process): the standby of the template
-    /// before is made again first (`holder::base_hosts`), so that the next
+    /// before is made again first (`Pool::base_hosts`), so that the next
     /// checkpoint can start from that one.
     pub behind: bool,
 }

@@ -28,7 +28,7 @@
 //!    (`Sandbox::swap_staged`: the frozen layer is the checkpoint's from
 //!    here; a `..` reaching `/` would cross into the old root while it
 //!    stays on top of the new one); then in one tracer job
-//!    (`Tracer::finish_and_go`) each process puts its new descriptors in
+//!    (`Copied::finish_and_go`) each process puts its new descriptors in
 //!    place (its cwd moved with the staged tree), every process runs
 //!    again, and
 //! 8. the templates' images and checks (pass 2; their paths were read in

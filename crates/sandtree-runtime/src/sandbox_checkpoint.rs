@@ -13,8 +13,10 @@
 //! 1. `syncfs` the writable layer while the sandbox still runs, so dirty data
 //!    is on disk before anything is frozen (a btrfs snapshot must otherwise
 //!    write it inside its transaction commit, i.e. inside the frozen window);
-//! 2. stop every process, init last, with ptrace (`sandtree_proc::Tracer::stop`):
-//!    the consistency point. A process the engine cannot restore fails the
+//! 2. stop every process, init last, with ptrace (`sandtree_proc::Tracer::stop`,
+//!    which gives a `Stopped`: each state of the checkpoint lets the
+//!    processes go if it is dropped before the next step): the consistency
+//!    point. A process the engine cannot restore fails the
 //!    checkpoint here (nothing changed), or, with `best_effort`, is left
 //!    running and marked not restorable. (Tasks that joined the cgroup from
 //!    outside the sandbox's pid namespace are held by a cgroup freeze
@@ -22,11 +24,11 @@
 //! 3. on other threads at once, read-only snapshot `sandboxes/<subvol>` →
 //!    `checkpoints/<ck-id>` and writable snapshot → `sandboxes/<id>/<new>`
 //!    (the spare-to-be, `spares.rs`; the two usually share a commit), while
-//!    `sandtree_proc::Tracer::clone_all` captures each process and makes its
-//!    template;
-//! 4. let every process go: the pause is steps 2-4 (`frozen_ms`);
+//!    `Stopped::capture` captures each process and makes its template;
+//! 4. let every process go (`Captured::release`): the pause is steps 2-4
+//!    (`frozen_ms`);
 //! 5. the rest of each process image and its checks
-//!    (`sandtree_proc::Tracer::set_up`; the templates' own set-up follows on
+//!    (`Released::set_up`; the templates' own set-up follows on
 //!    the tracer thread after the reply);
 //! 6. commit the checkpoint row (with what was captured) and re-base the
 //!    sandbox on it (one transaction);

@@ -24,7 +24,7 @@ use crate::memory_holder::Holder;
 use crate::model::{FdKind, Registers};
 use crate::pool::Pool;
 use crate::procfs::resident_pages;
-use crate::stop::{Stopped, Stops, let_go};
+use crate::stop::{StoppedProcess, Stops, let_go};
 use crate::template::{CheckpointTemplates, Template, is_later, kill_template};
 use crate::track::Trackings;
 use crate::{Error, HostPid, Result, SandboxPid, procfs};
@@ -66,7 +66,7 @@ impl Parts<'_> {
     }
 }
 
-/// What [`crate::Tracer::set_up`] made.
+/// What pass 2 made ([`crate::Released::set_up`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaptureReport {
     /// In-sandbox pids with a template.
@@ -96,7 +96,7 @@ pub(crate) struct Cloned {
     holder: Option<crate::memory_holder::Holder>,
     /// The original, still stopped until [`release_all`].
     pub(crate) orig: Option<Tracee>,
-    pub(crate) stopped: Stopped,
+    pub(crate) stopped: StoppedProcess,
     pub(crate) fds: Vec<crate::model::FdImage>,
     /// Pending signals of the original (a fork does not inherit them).
     pending: u64,
@@ -208,7 +208,7 @@ fn track_after_fork(host: HostPid, orig: &mut Tracee, tracking: &mut Option<crat
 /// state for the pass (the tracking comes back with the template, its base
 /// when the checkpoint joins the pool). `None` for a process not tracked
 /// and too small to be.
-fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
+fn track_for(st: &mut Parts<'_>, s: &StoppedProcess) -> Option<Track> {
     let min = st.incremental_min_rss?;
     let tracking = st.tracking.remove(&s.host).filter(|t| t.tracks(s.host));
     let resident = resident_pages(s.host);
@@ -217,7 +217,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
     }
     crate::memory_holder::note_resident(st.holders, s.host, resident);
     // This checkpoint found the previous template's standby not ready:
-    // the next one should not (see `holder::base_hosts`).
+    // the next one should not (see `Pool::base_hosts`).
     let behind = std::cell::Cell::new(false);
     let base = tracking.as_ref().and_then(|t| Some((t.base.clone()?, t.prev.clone()))).and_then(|(id, prev)| {
         let ready = |st: &Parts<'_>, id: &(String, HostPid)| {
@@ -235,7 +235,7 @@ fn track_for(st: &mut Parts<'_>, s: &Stopped) -> Option<Track> {
         let prefer_prev = prefer && prev_ready.is_some_and(|(r, _)| r);
         // (Behind matters only to a process that can take the older standby.)
         let can_older = prev.is_some();
-        // (A test's: `incremental::hold_standby_forks`.)
+        // (A test's: `TestSwitches::hold_standby_forks`.)
         let hold = st.instruments.switches.holding_standby_forks();
         let (from, extra, waits) = match (base_state, prev) {
             (Some((true, _)), _) if !prefer_prev => (id.clone(), None, false),
@@ -428,7 +428,7 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
 /// `between` runs before each.
 fn clone_each(
     st: &mut Parts<'_>,
-    left: &mut impl Iterator<Item = Stopped>,
+    left: &mut impl Iterator<Item = StoppedProcess>,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     seen: &mut Seen,
     best_effort: bool,
@@ -454,7 +454,7 @@ fn clone_each(
 /// others; in best effort a process the engine cannot restore is let go
 /// and reported; a process (or template) that died is let go; any other
 /// error is returned (the original let go).
-fn keep_clone(st: &mut Parts<'_>, s: &Stopped, res: Result<Cloned>, best_effort: bool) -> Option<Error> {
+fn keep_clone(st: &mut Parts<'_>, s: &StoppedProcess, res: Result<Cloned>, best_effort: bool) -> Option<Error> {
     match res {
         Ok(mut c) => {
             if let Some(h) = c.holder.take() {
@@ -489,7 +489,7 @@ fn keep_clone(st: &mut Parts<'_>, s: &Stopped, res: Result<Cloned>, best_effort:
 
 /// The process whose copy costs most (the most resident memory), if it is
 /// worth copying apart: 16 MiB or more.
-fn biggest(stopped: &[Stopped]) -> Option<usize> {
+fn biggest(stopped: &[StoppedProcess]) -> Option<usize> {
     let (i, pages) = stopped.iter().enumerate().map(|(i, s)| (i, resident_pages(s.host))).max_by_key(|(_, p)| *p)?;
     (pages * 4096 >= 16 << 20).then_some(i)
 }
@@ -534,7 +534,7 @@ fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
 /// space below its stack's red zone — its `clear_child_tid` and alternate
 /// signal stack. Its tracee joins `tracees` as soon as a call is injected.
 fn capture_thread(
-    s: &Stopped,
+    s: &StoppedProcess,
     (tid, ns_tid, regs): (HostPid, SandboxPid, ptrace::Regs),
     insn: u64,
     tracees: &mut Vec<(Tracee, ptrace::Regs)>,
@@ -759,7 +759,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
 /// With `during`, the copy is made on another CPU while `during` runs
 /// (see [`clone_all`]).
 fn clone_of(
-    s: &Stopped,
+    s: &StoppedProcess,
     mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
     seen: &mut Seen,
     need_holder: bool,
@@ -967,7 +967,13 @@ fn clone_of(
         Ok(Cloned {
             holder: None,
             orig: None,
-            stopped: Stopped { host, ns_pid: s.ns_pid, ns_ppid: s.ns_ppid, regs: s.regs, threads: s.threads.clone() },
+            stopped: StoppedProcess {
+                host,
+                ns_pid: s.ns_pid,
+                ns_ppid: s.ns_ppid,
+                regs: s.regs,
+                threads: s.threads.clone(),
+            },
             threads,
             thread_tracees: Vec::new(),
             robust_list,
@@ -1032,7 +1038,7 @@ fn clone_of(
 /// timers and the flag are not inherited by fork: they are read into the
 /// dead space below the stack's red zone (nothing lives there while the
 /// process is stopped at a syscall or signal boundary).
-fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, bool)> {
+fn timers(s: &StoppedProcess, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, bool)> {
     let host = s.host;
     let buf = (s.regs.rsp - 128 - 64) & !15;
     let mut saved = [0u8; 32];
@@ -1067,7 +1073,7 @@ fn timers(s: &Stopped, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, b
     Ok((itimers, altstack, child_subreaper))
 }
 
-/// Pass 2 for one template: image and checks ([`prepare`] follows once
+/// Pass 2 for one template: image and checks (`Template::prepare` follows once
 /// the checkpoint is over).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let child = c.host;

@@ -33,7 +33,7 @@
 //! 3. init moves the staged tree to `/` (the descriptors opened through it
 //!    and the cwds in it follow the mount) and `finish` puts each new
 //!    descriptor on its number (`dup3`, which closes the old one) and its
-//!    dups after it ([`crate::Tracer::finish_and_go`]).
+//!    dups after it (`Copied::finish_and_go`).
 //!
 //! Calls are injected into each process's main thread (the descriptor table
 //! and cwd are shared by its threads); paths are written below its stack

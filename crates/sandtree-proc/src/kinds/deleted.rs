@@ -17,7 +17,7 @@ use crate::batch::write_path;
 use crate::check::GHOST_MAX;
 use crate::fdstate::open_proc_fd;
 use crate::inject::Tracee;
-use crate::model::{FdImage, FdKind};
+use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::{Error, HostPid, Result};
 
 /// Deleted-but-open files.
@@ -44,7 +44,7 @@ impl Kind for Deleted {
         match &f.kind {
             FdKind::Deleted { path, .. } if f.same_as.is_none() => {
                 let bytes = cx.contents(f.fd).to_vec();
-                recreate(cx.p, cx.scratch, f, path, &bytes)
+                recreate(cx.p, (cx.scratch, cx.image), f, path, &bytes)
             }
             _ => Ok(()),
         }
@@ -77,7 +77,13 @@ pub(crate) fn capture_contents(host: HostPid, fds: &[FdImage]) -> Result<Vec<(i3
 /// A deleted-but-open file: an unnamed file (`O_TMPFILE`) in its old
 /// directory (or `/tmp`) of the rolled-back tree, filled with the
 /// checkpoint's copy, opened again with the old flags at the old offset.
-fn recreate(p: &mut Tracee, scratch: u64, f: &FdImage, path: &str, bytes: &[u8]) -> Result<()> {
+fn recreate(
+    p: &mut Tracee,
+    (scratch, image): (u64, &ProcessImage),
+    f: &FdImage,
+    path: &str,
+    bytes: &[u8],
+) -> Result<()> {
     let pid = p.tid;
     let dir = std::path::Path::new(path).parent().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
     let mut tmp = None;
@@ -93,9 +99,9 @@ fn recreate(p: &mut Tracee, scratch: u64, f: &FdImage, path: &str, bytes: &[u8])
         }
     }
     let tmp = tmp.ok_or_else(|| {
-        Error::unsupported_by_host(
-            pid,
-            "",
+        Error::unsupported(
+            image.pid,
+            &image.comm,
             format!("fd {}", f.fd),
             format!("cannot make an unnamed file for deleted {path}"),
         )

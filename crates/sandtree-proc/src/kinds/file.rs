@@ -11,9 +11,9 @@ use crate::batch::{Arg, Batch};
 use crate::model::{FdImage, FdKind};
 
 /// Files opened by path.
-pub(crate) struct File;
+pub(crate) struct PathFile;
 
-impl Kind for File {
+impl Kind for PathFile {
     fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::LayerFile { path, locked: true, .. } => {

@@ -16,7 +16,7 @@ use super::{Kind, Remake};
 use crate::batch::Arg;
 use crate::check::INOTIFY_MAX_WD;
 use crate::fdstate::{dup_from, open_in, tree_root};
-use crate::model::{AnonState, FdImage, FdKind, InotifyWatch};
+use crate::model::{AnonState, FdImage, FdKind, InotifyWatch, ProcessImage};
 use crate::template::Template;
 use crate::{Error, HostPid, Result};
 
@@ -74,13 +74,13 @@ impl Kind for Inotify {
             what: "inotify watches",
             source: e,
         })?;
-        check_restored(cx.p.tid, &cx.image.comm, f.fd, watches)
+        check_restored(cx.p.tid, cx.image, f.fd, watches)
     }
 }
 
 /// The restored instance has the checkpoint's watch descriptors (what
 /// [`fill`] relies on, checked rather than assumed).
-fn check_restored(pid: HostPid, comm: &str, fd: i32, watches: &[InotifyWatch]) -> Result<()> {
+fn check_restored(pid: HostPid, image: &ProcessImage, fd: i32, watches: &[InotifyWatch]) -> Result<()> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|e| Error::Proc {
         pid,
         what: "inotify fdinfo",
@@ -94,9 +94,9 @@ fn check_restored(pid: HostPid, comm: &str, fd: i32, watches: &[InotifyWatch]) -
     got.sort_unstable();
     let want: Vec<i32> = watches.iter().map(|w| w.wd).collect();
     if got != want {
-        return Err(Error::unsupported_by_host(
-            pid,
-            comm,
+        return Err(Error::unsupported(
+            image.pid,
+            &image.comm,
             "inotify",
             format!("the restored inotify instance has watches {got:?} instead of {want:?}"),
         ));

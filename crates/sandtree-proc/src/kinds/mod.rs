@@ -148,7 +148,7 @@ const REMAKE_ORDER: [&dyn Kind; 4] = [&deleted::Deleted, &memfd::Memfd, &unix::U
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
     match kind {
-        FdKind::LayerFile { .. } | FdKind::KeptFile { .. } | FdKind::OtherMount { .. } => &file::File,
+        FdKind::LayerFile { .. } | FdKind::KeptFile { .. } | FdKind::OtherMount { .. } => &file::PathFile,
         FdKind::Deleted { .. } => &deleted::Deleted,
         FdKind::Memfd { .. } => &memfd::Memfd,
         FdKind::Pipe { .. } => &pipe::Pipe,

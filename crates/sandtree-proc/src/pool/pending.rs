@@ -12,7 +12,7 @@ use crate::track::Trackings;
 use super::Pool;
 
 impl Pool {
-    /// The templates' own set-up (see [`set_up_all`]), run by the tracer
+    /// The templates' own set-up (see `checkpoint::set_up_all`), run by the tracer
     /// thread once the checkpoint is over (not beside its last steps), one
     /// template a call (a job waits for one at most), and before a rollback
     /// uses the pool. A checkpoint one of whose templates cannot be set up

@@ -14,7 +14,7 @@ use crate::{HostPid, procfs};
 pub(crate) struct Sizing {
     checkpoints: Vec<ToSize>,
     live: Vec<HostPid>,
-    /// Operations in flight ([`Tracer::begin`]): the walk waits while
+    /// Operations in flight ([`crate::Tracer::begin`]): the walk waits while
     /// there is one.
     ops: Arc<AtomicU32>,
     frames: Arc<Mutex<FrameCache>>,

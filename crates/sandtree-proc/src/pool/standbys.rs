@@ -37,7 +37,7 @@ impl Pool {
     ) -> StandbyWork {
         let st = self;
         let mut under_way = false;
-        // (A test's: `incremental::hold_standby_forks`.)
+        // (A test's: `TestSwitches::hold_standby_forks`.)
         let held: Vec<HostPid> = match switches.holding_standby_forks() {
             true => tracking.values().filter_map(|t| t.base.as_ref().map(|b| b.1)).collect(),
             false => Vec::new(),
