@@ -87,7 +87,7 @@ pub fn check_status(
 }
 
 /// The checks of a captured image's process state (its descriptors' are
-/// their kinds', `kinds/`; its memory's [`check_memory`]).
+/// their kinds', `kinds/`; its memory's `process::memory::check`).
 pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
     check_status(p.pid, &p.comm, p.threads, p.ppid, reparent)?;
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
@@ -108,28 +108,6 @@ pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorabl
     }
     if p.cwd.ends_with(" (deleted)") {
         return Err(no("cwd".into(), format!("working directory {} was deleted", p.cwd)));
-    }
-    Ok(())
-}
-
-/// The checks of a captured image's memory map.
-pub fn check_memory(p: &ProcessImage) -> Result<(), Unrestorable> {
-    let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
-    if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:"))) {
-        return Err(no(
-            format!("mapping {:x}-{:x}", m.start, m.end),
-            format!(
-                "mapping of {}: its pages would be the running process's memfd, not the checkpoint's copy",
-                m.path.as_deref().unwrap_or("a memfd")
-            ),
-        ));
-    }
-    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw")) {
-        let what = m.path.clone().unwrap_or_else(|| "anonymous memory".into());
-        return Err(no(
-            format!("mapping {:x}-{:x}", m.start, m.end),
-            format!("writable shared mapping of {what}: a template would share it with the running process"),
-        ));
     }
     Ok(())
 }

@@ -89,6 +89,7 @@ mod memory_holder;
 pub mod model;
 pub mod pid;
 mod pool;
+mod process;
 pub mod procfs;
 mod reap;
 mod restore;

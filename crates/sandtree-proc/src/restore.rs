@@ -2,31 +2,20 @@
 //! crate docs for the order; init has already killed every other process
 //! and swapped the root when this runs.
 
-use crate::inject::{CLONE_ARGS_SIZE, RESTORE_NICE, SET_TID_OFFSET, clone_args, nice_of, set_nice, write_clone_args};
 use std::collections::HashSet;
 
 use sandtree_sys::ptrace;
-
-use crate::batch::SCRATCH;
-use crate::batch::{Arg, Backoff, Batch};
-use crate::inject::{self, Tracee};
-use crate::model::{FdKind, ProcessImage};
-use crate::template::Template;
 use serde::{Deserialize, Serialize};
 
+use crate::batch::{Batch, SCRATCH};
+use crate::inject::{self, RESTORE_NICE, SET_TID_OFFSET, Tracee, clone_args, nice_of, set_nice, write_clone_args};
 use crate::memory_holder::Holder;
+use crate::model::ProcessImage;
 use crate::pool::Pool;
 use crate::reap::Dying;
+use crate::template::Template;
 use crate::track::Trackings;
 use crate::{Error, HostPid, Result, SandboxPid};
-
-use crate::inject::ERESTARTNOINTR;
-const EEXIST: i64 = -(libc::EEXIST as i64);
-/// How long a restore waits for the killed original to release its pid.
-const PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
 
 /// The parts of the tracer thread's state a restore reads and changes.
 pub(crate) struct Parts<'a> {
@@ -291,7 +280,7 @@ fn restore_one(
     if nice.is_some() {
         set_nice(src_host, RESTORE_NICE);
     }
-    let out = clone3_when_free(src, t.scratch, &mut busy, wait);
+    let out = crate::process::clone3_when_free(src, t.scratch, &mut busy, wait);
     if let Some(n) = nice {
         set_nice(src_host, n);
     }
@@ -386,85 +375,6 @@ fn restore_one(
     }
 }
 
-/// Inject `clone3` with the `clone_args` at `args` into `src` until the
-/// pid (or tid) it asks for is free: the killed original's is busy until
-/// init reaps it (or the thread is gone). A retry is one injected syscall
-/// (~10 µs): poll finely. `busy` counts the retries.
-fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32, wait: bool) -> Result<crate::inject::Outcome> {
-    let mut backoff = Backoff::new(20, 100, PID_WAIT);
-    let mut out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
-    for _ in 0..100_000 {
-        match out.ret {
-            ERESTARTNOINTR => {}
-            EEXIST if wait && backoff.snooze() => *busy += 1,
-            _ => break,
-        }
-        out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
-    }
-    Ok(out)
-}
-
-/// The process's other threads again, each with its tid (`clone3` with
-/// `set_tid`, `CLONE_THREAD`, its TLS), injected into the main thread; in
-/// each new thread (stopped at birth): its XSAVE area, robust list,
-/// `clear_child_tid`, rseq, alternate stack and name. Their tracees go to
-/// `out`, to be let go with their registers and masks after the main one.
-fn make_threads(
-    p: &mut Tracee,
-    image: &ProcessImage,
-    scratch: u64,
-    out: &mut Vec<(Tracee, ptrace::Regs)>,
-) -> Result<()> {
-    const FLAGS: u64 = (libc::CLONE_VM
-        | libc::CLONE_FS
-        | libc::CLONE_FILES
-        | libc::CLONE_SIGHAND
-        | libc::CLONE_THREAD
-        | libc::CLONE_SYSVSEM
-        | libc::CLONE_SETTLS) as u64;
-    let pid = p.tid;
-    for th in &image.other_threads {
-        let regs = th.regs.to_sys();
-        let mut args = clone_args(scratch + SET_TID_OFFSET, FLAGS);
-        // struct clone_args: tls is the 8th field.
-        args[56..64].copy_from_slice(&regs.fs_base.to_ne_bytes());
-        write_clone_args(pid, scratch, &args, th.tid)?;
-        // A killed thread's tid is free once it is gone.
-        let made = clone3_when_free(p, scratch, &mut 0, true)?;
-        let (Some(tid), true) = (made.child, made.ret > 0) else {
-            return Err(Error::Remote {
-                pid,
-                call: "clone3 (thread)",
-                errno: std::io::Error::from_raw_os_error((-made.ret) as i32),
-            });
-        };
-        inject::wait_event_stop(tid)?;
-        out.push((Tracee::new(tid, regs, p.insn).with_mask(th.blocked), regs));
-        let t = &mut out.last_mut().expect("just pushed").0;
-        ptrace::set_xstate(tid.raw(), &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
-        if th.robust_list.0 != 0 {
-            t.call("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list.0, th.robust_list.1])?;
-        }
-        t.call("set_tid_address", libc::SYS_set_tid_address, &[th.clear_child_tid])?;
-        if let Some((area, len, _, sig)) = th.rseq {
-            t.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
-        }
-        if let Some(ss) = &th.altstack {
-            ptrace::write_mem(tid.raw(), scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
-            t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
-        }
-        // Its name: only a thread of the group may write its comm.
-        let mut name = th.comm.as_bytes().to_vec();
-        name.truncate(15);
-        name.push(0);
-        ptrace::write_mem(tid.raw(), scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
-        const PR_SET_NAME: u64 = 15;
-        t.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, scratch + 1024])?;
-        crate::inject::set_affinity(tid, &th.affinity);
-    }
-    Ok(())
-}
-
 fn fix_up(
     p: &mut Tracee,
     image: &ProcessImage,
@@ -484,83 +394,13 @@ fn fix_up(
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
     crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template))?;
-    if image.ppid != SandboxPid::INIT {
-        // Best effort for a child of another process: a child of init now,
-        // in a session of its own (the template left the parent's).
-        b.call("setsid", libc::SYS_setsid, &[]);
-    } else if image.sid == image.pid {
-        // The session of the template is the dead original's: start a new
-        // one under the same number, and take the terminal back.
-        b.call("setsid", libc::SYS_setsid, &[]);
-        if image.has_tty
-            && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
-                FdKind::KeptFile { path } => path.starts_with("/dev/pts/") || path == "/dev/console",
-                _ => false,
-            })
-        {
-            let args = [Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSCTTY), Arg::Val(0)];
-            b.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &args);
-        }
-    } else if image.pgid == image.pid {
-        b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
-    }
-    // What a CLONE_VM child does not keep: the alternate signal stack and
-    // the rseq registration (a plain fork keeps both; but a template made
-    // from a standby has the previous checkpoint's stack, `incremental.rs`;
-    // its rseq registration was checked equal).
-    if via_standby || incremental {
-        match &image.altstack {
-            Some(ss) => {
-                let ss = b.data(ss);
-                b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
-            }
-            None if incremental => {
-                // stack_t { ss_sp, ss_flags = SS_DISABLE, ss_size }.
-                let mut off = [0u8; 24];
-                off[8..12].copy_from_slice(&libc::SS_DISABLE.to_ne_bytes());
-                let ss = b.data(&off);
-                b.call("sigaltstack", libc::SYS_sigaltstack, &[ss, Arg::Val(0)]);
-            }
-            None => {}
-        }
-    }
-    if via_standby && let Some((area, len, _, sig)) = image.rseq {
-        let args = [Arg::Val(area), Arg::Val(len as u64), Arg::Val(0), Arg::Val(sig as u64)];
-        b.call("rseq", libc::SYS_rseq, &args);
-    }
-    // Neither keeps the robust futex list.
-    if let Some((head, len)) = image.robust_list
-        && head != 0
-    {
-        b.call("set_robust_list", libc::SYS_set_robust_list, &[Arg::Val(head), Arg::Val(len)]);
-    }
-    // Interval timers (a fork does not inherit them either).
-    for (which, val) in &image.itimers {
-        let val = b.data(val);
-        b.call("setitimer", libc::SYS_setitimer, &[Arg::Val(*which as u64), val, Arg::Val(0)]);
-    }
-    // Nor the child-subreaper flag.
-    if image.child_subreaper {
-        let set = libc::PR_SET_CHILD_SUBREAPER as u64;
-        b.call("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[Arg::Val(set), Arg::Val(1)]);
-    }
+    crate::process::session::restore(&mut b, image);
+    crate::process::signals::restore_altstack(&mut b, image, (via_standby, incremental));
+    crate::process::threads::restore_registrations(&mut b, image, via_standby);
+    crate::process::timers::restore(&mut b, image);
     p.run_batch(&mut b)?;
-    // Signals pending at the checkpoint (a fork does not inherit them),
-    // queued again with their siginfo, to the thread or the process as
-    // they were (a process may queue any siginfo to itself). One at a time,
-    // after the batches: a batch ends with a SIGSTOP, which would discard
-    // a pending SIGCONT.
-    make_threads(p, image, scratch, threads)?;
-    for q in &image.queued_signals {
-        let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
-        let me = image.pid.raw() as u64;
-        if q.shared {
-            p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
-        } else {
-            p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, scratch + 1024])?;
-        }
-    }
+    crate::process::threads::restore(p, image, scratch, threads)?;
+    crate::process::signals::requeue(p, image, scratch)?;
     // Not in a batch: the batch's code is in the scratch mapping.
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
     Ok(())

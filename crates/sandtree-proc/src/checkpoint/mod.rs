@@ -83,9 +83,6 @@ pub struct CaptureReport {
     pub comms: BTreeMap<SandboxPid, String>,
 }
 
-/// Armed interval timers: (which, raw `struct itimerval`).
-type Itimers = Vec<(i32, Vec<u8>)>;
-
 fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Ptrace { pid, op, source }
 }
@@ -528,96 +525,6 @@ fn release_threads(tracees: Vec<(Tracee, ptrace::Regs)>) {
     }
 }
 
-/// What a fork does not copy of a thread other than the main one: its
-/// registers (general ones from the stop, the XSAVE area), mask, rseq,
-/// robust list, name, and — read by calls injected into it, into the dead
-/// space below its stack's red zone — its `clear_child_tid` and alternate
-/// signal stack. Its tracee joins `tracees` as soon as a call is injected.
-fn capture_thread(
-    s: &StoppedProcess,
-    (tid, ns_tid, regs): (HostPid, SandboxPid, ptrace::Regs),
-    insn: u64,
-    tracees: &mut Vec<(Tracee, ptrace::Regs)>,
-) -> Result<crate::model::ThreadImage> {
-    let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
-    let comm = comm.trim_end().to_string();
-    if !ptrace::pending_siginfo(tid.raw(), false).map_err(ptrace_err(tid, "PEEKSIGINFO"))?.is_empty() {
-        return Err(Error::unsupported(
-            s.ns_pid,
-            &comm,
-            "threads",
-            format!("a signal is pending for thread {ns_tid} alone (not captured yet)"),
-        ));
-    }
-    // Its `restart_block` (an interrupted nanosleep's or futex wait's
-    // deadline) is not copied to the thread made at the restore: it gets
-    // EINTR instead of a restart, which callers of those calls handle.
-    const ERESTART_RESTARTBLOCK: u64 = (-516i64) as u64;
-    let mut image_regs = regs;
-    if image_regs.rax == ERESTART_RESTARTBLOCK && (image_regs.orig_rax as i64) >= 0 {
-        image_regs.rax = (-(libc::EINTR as i64)) as u64;
-    }
-    let xstate = ptrace::xstate(tid.raw()).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
-    let blocked = ptrace::sigmask(tid.raw()).map_err(ptrace_err(tid, "GETSIGMASK"))?;
-    let rseq = ptrace::rseq_configuration(tid.raw()).ok().flatten();
-    rseq_abort(tid, rseq, &mut image_regs);
-    let affinity = inject::affinity(tid);
-    let robust_list = ptrace::robust_list(tid.raw()).map_err(ptrace_err(tid, "get_robust_list"))?;
-    ptrace::set_exit_kill(tid.raw(), true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
-    tracees.push((Tracee::new(tid, regs, insn), regs));
-    let t = &mut tracees.last_mut().expect("just pushed").0;
-    let buf = (regs.rsp - 128 - 64) & !15;
-    let mut saved = [0u8; 32];
-    ptrace::read_mem(tid.raw(), buf, &mut saved).map_err(|e| {
-        Error::unsupported(s.ns_pid, &comm, "stack", format!("no room below thread {ns_tid}'s stack pointer ({e})"))
-    })?;
-    const PR_GET_TID_ADDRESS: u64 = 40;
-    t.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, buf])?;
-    let mut addr = [0u8; 8];
-    ptrace::read_mem(tid.raw(), buf, &mut addr).map_err(ptrace_err(tid, "read result"))?;
-    t.call("sigaltstack", libc::SYS_sigaltstack, &[0, buf])?;
-    let mut ss = vec![0u8; 24];
-    ptrace::read_mem(tid.raw(), buf, &mut ss).map_err(ptrace_err(tid, "read result"))?;
-    ptrace::write_mem(tid.raw(), buf, &saved).map_err(ptrace_err(tid, "restore stack"))?;
-    let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
-    Ok(crate::model::ThreadImage {
-        tid: ns_tid,
-        regs: Registers::from(&image_regs),
-        affinity,
-        xstate,
-        blocked,
-        rseq,
-        robust_list,
-        clear_child_tid: u64::from_ne_bytes(addr),
-        altstack: (flags & libc::SS_DISABLE == 0).then_some(ss),
-        comm,
-    })
-}
-
-/// A thread stopped inside an rseq critical section resumes at its abort
-/// handler when restored (the kernel would have sent it there had it been
-/// preempted; our injected calls, made outside the section, clear the
-/// kernel's view of it). `struct rseq` holds the current `rseq_cs`
-/// pointer at offset 8; `struct rseq_cs { u32 version, flags; u64
-/// start_ip, post_commit_offset, abort_ip }`.
-fn rseq_abort(tid: HostPid, rseq: Option<(u64, u32, u32, u32)>, regs: &mut ptrace::Regs) {
-    let Some((area, ..)) = rseq else { return };
-    let mut ptr = [0u8; 8];
-    if ptrace::read_mem(tid.raw(), area + 8, &mut ptr).is_err() {
-        return;
-    }
-    let cs = u64::from_ne_bytes(ptr);
-    let mut desc = [0u8; 32];
-    if cs == 0 || ptrace::read_mem(tid.raw(), cs, &mut desc).is_err() {
-        return;
-    }
-    let word = |i: usize| u64::from_ne_bytes(desc[i..i + 8].try_into().unwrap_or_default());
-    let (start, len, abort) = (word(8), word(16), word(24));
-    if regs.rip >= start && regs.rip < start.saturating_add(len) {
-        regs.rip = abort;
-    }
-}
-
 /// Undo a checkpoint under way: originals and init go, templates die.
 pub(crate) fn abort(st: &mut Parts<'_>) {
     release_all(st);
@@ -798,7 +705,7 @@ fn clone_of(
     let made = || -> Result<Cloned> {
         let rseq = ptrace::rseq_configuration(host.raw()).ok().flatten();
         let mut image_regs = s.regs;
-        rseq_abort(host, rseq, &mut image_regs);
+        crate::process::threads::rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
         // one's standby, if it can be (`incremental.rs`).
         let incremental =
@@ -829,17 +736,10 @@ fn clone_of(
             // both (a periodic one keeps firing, see below).
             let mut status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
             let text = std::mem::take(&mut status.text);
-            let mut queued = Vec::new();
-            if status.signals.pending != 0 {
-                for shared in [false, true] {
-                    for info in ptrace::pending_siginfo(host.raw(), shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
-                        queued.push(crate::model::QueuedSignal { shared, siginfo: info.to_vec() });
-                    }
-                }
-            }
+            let queued = crate::process::signals::capture_pending(host, status.signals.pending)?;
             let itimers = match quiet {
                 true => (Vec::new(), quiet_altstack.clone().flatten(), false),
-                false => timers(s, orig)?,
+                false => crate::process::timers::capture(s, orig)?,
             };
             Ok(crate::incremental::StoppedReads {
                 caught: status.signals.caught,
@@ -930,26 +830,14 @@ fn clone_of(
         // Threads made after the first check (it is stopped now: final).
         let comm = comm_now();
         check::check_status(s.ns_pid, &comm, status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
-        // A periodic real timer that expired while its SIGALRM waits to be
-        // dequeued reads as value 0 (the kernel re-arms it at the dequeue;
-        // a disarmed one has no interval either): setting that would
-        // disarm it, so arm it for one interval. Its SIGALRM is among the
-        // queued signals if it expired before they were read; if it
-        // expired since (the timer fires while the process is stopped),
-        // that one tick is lost, not the timer.
-        for (which, val) in &mut itimers {
-            let interval: [u8; 16] = val[..16].try_into().unwrap_or_default();
-            if *which == libc::ITIMER_REAL && val[16..].iter().all(|b| *b == 0) && interval.iter().any(|b| *b != 0) {
-                val[16..].copy_from_slice(&interval);
-            }
-        }
-        itimers.retain(|(_, val)| val[16..].iter().any(|b| *b != 0));
+        // (A periodic timer expired while stopped is armed for one interval.)
+        crate::process::timers::normalize(&mut itimers);
         let ghosts = crate::kinds::capture_contents(host, &fds)?;
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
-            threads.push(capture_thread(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
+            threads.push(crate::process::threads::capture(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
         }
         let sockets = crate::kinds::capture_unix_queue(host, &fds, seen, (s.ns_pid, &comm_now))?;
         let link = |what: &str| procfs::readlink(format!("/proc/{host}/{what}"));
@@ -1033,46 +921,6 @@ fn clone_of(
     Ok(c)
 }
 
-/// The original's interval timers (all three, armed or not), alternate
-/// signal stack and child-subreaper flag, by injected calls. Interval
-/// timers and the flag are not inherited by fork: they are read into the
-/// dead space below the stack's red zone (nothing lives there while the
-/// process is stopped at a syscall or signal boundary).
-fn timers(s: &StoppedProcess, orig: &mut Tracee) -> Result<(Itimers, Option<Vec<u8>>, bool)> {
-    let host = s.host;
-    let buf = (s.regs.rsp - 128 - 64) & !15;
-    let mut saved = [0u8; 32];
-    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(|e| {
-        let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
-        Error::unsupported(
-            s.ns_pid,
-            comm.trim_end(),
-            "stack",
-            format!("no room below its stack pointer to read timers into ({e})"),
-        )
-    })?;
-    let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
-        orig.call("timers / sigaltstack", nr, args)?;
-        let mut val = vec![0u8; len];
-        ptrace::read_mem(host.raw(), buf, &mut val).map_err(ptrace_err(host, "read result"))?;
-        Ok(val)
-    };
-    let mut itimers = Vec::new();
-    for which in [libc::ITIMER_REAL, libc::ITIMER_VIRTUAL, libc::ITIMER_PROF] {
-        // struct itimerval { it_interval, it_value }.
-        itimers.push((which, read(libc::SYS_getitimer, &[which as u64, buf], 32)?));
-    }
-    // stack_t { ss_sp, ss_flags, ss_size }: a fork keeps it, but a
-    // restore that shares a standby's memory (CLONE_VM) does not.
-    let ss = read(libc::SYS_sigaltstack, &[0, buf], 24)?;
-    let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
-    let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
-    let subreaper = read(libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, buf], 4)?;
-    let child_subreaper = i32::from_ne_bytes(subreaper[..4].try_into().unwrap_or_default()) != 0;
-    ptrace::write_mem(host.raw(), buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
-    Ok((itimers, altstack, child_subreaper))
-}
-
 /// Pass 2 for one template: image and checks (`Template::prepare` follows once
 /// the checkpoint is over).
 fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
@@ -1147,5 +995,5 @@ fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::R
         resource,
         reason,
     })?;
-    check::check_memory(p)
+    crate::process::memory::check(p)
 }

@@ -1,0 +1,38 @@
+//! A process's place in the process tree: its session, process group and
+//! controlling terminal, and its child-subreaper flag. A template left the
+//! original's session and group at its set-up (their ids, the original's
+//! pid, would otherwise stay taken); the restored process joins them again
+//! as their leader, and takes its terminal back. A fork does not copy the
+//! child-subreaper flag: it is set again.
+
+use crate::batch::{Arg, Batch};
+use crate::model::{FdKind, ProcessImage};
+use crate::pid::SandboxPid;
+
+/// At the restore (in `b`): session, group, terminal, child-subreaper flag.
+pub(crate) fn restore(b: &mut Batch, image: &ProcessImage) {
+    if image.ppid != SandboxPid::INIT {
+        // Best effort for a child of another process: a child of init now,
+        // in a session of its own (the template left the parent's).
+        b.call("setsid", libc::SYS_setsid, &[]);
+    } else if image.sid == image.pid {
+        // The session of the template is the dead original's: start a new
+        // one under the same number, and take the terminal back.
+        b.call("setsid", libc::SYS_setsid, &[]);
+        if image.has_tty
+            && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
+                FdKind::KeptFile { path } => path.starts_with("/dev/pts/") || path == "/dev/console",
+                _ => false,
+            })
+        {
+            let args = [Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSCTTY), Arg::Val(0)];
+            b.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &args);
+        }
+    } else if image.pgid == image.pid {
+        b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
+    }
+    if image.child_subreaper {
+        let set = libc::PR_SET_CHILD_SUBREAPER as u64;
+        b.call("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[Arg::Val(set), Arg::Val(1)]);
+    }
+}
