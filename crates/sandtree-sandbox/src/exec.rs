@@ -225,6 +225,8 @@ struct Background {
     incarnation: u64,
     stdout: Ring,
     stderr: Ring,
+    /// How many of its two output pumps have ended (their pipe closed).
+    pumped: watch::Receiver<u8>,
 }
 
 /// Background processes of one sandbox handle.
@@ -243,6 +245,14 @@ fn watch_exit(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let exit = conn.wait_pid(pid).await.unwrap_or(ExitInfo { code: None, signal: None });
+        // The exit is reported once its output is in the rings: a client
+        // that polls until the process exited, then reads its output, gets
+        // all of it. (Bounded: a child that inherited the pipes keeps them
+        // open after the process exits.)
+        let pumped = procs.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).map(|bg| bg.pumped.clone());
+        if let Some(mut pumped) = pumped {
+            let _ = tokio::time::timeout(DRAIN_GRACE, pumped.wait_for(|n| *n >= 2)).await;
+        }
         if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid)
             && bg.incarnation == incarnation
         {
@@ -602,9 +612,10 @@ impl Sandbox {
             exit: None,
         };
         let table = &self.inner.background;
+        let (pumped_tx, pumped) = watch::channel(0u8);
         table.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
             st.pid,
-            Background { info: info.clone(), incarnation: 0, stdout: Ring::default(), stderr: Ring::default() },
+            Background { info: info.clone(), incarnation: 0, stdout: Ring::default(), stderr: Ring::default(), pumped },
         );
         let pid = st.pid;
         let ring_sink = |procs: Arc<Mutex<HashMap<i32, Background>>>, is_out: bool| {
@@ -614,8 +625,16 @@ impl Sandbox {
                 }
             }
         };
-        let out = tokio::spawn(pump(st.stdout, ring_sink(table.procs.clone(), true)));
-        let err = tokio::spawn(pump(st.stderr, ring_sink(table.procs.clone(), false)));
+        let pumped_tx = Arc::new(pumped_tx);
+        let pump_to = |rx, is_out: bool| {
+            let (sink, done) = (ring_sink(table.procs.clone(), is_out), pumped_tx.clone());
+            async move {
+                pump(rx, sink).await;
+                done.send_modify(|n| *n += 1);
+            }
+        };
+        let out = tokio::spawn(pump_to(st.stdout, true));
+        let err = tokio::spawn(pump_to(st.stderr, false));
         let waiter = watch_exit(conn, table.procs.clone(), pid, 0);
         let mut tasks = table.tasks.lock().unwrap_or_else(|e| e.into_inner());
         tasks.retain(|t| !t.is_finished());

@@ -185,11 +185,13 @@ impl Conn {
         match msg {
             FromInit::Reply { id, reply } => {
                 if let Reply::Spawned { pid } = &reply {
-                    self.exits
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .entry(*pid)
-                        .or_insert(ExitSlot::Waiting(Vec::new()));
+                    // Init sends `Spawned` before the child's `Exited`: an
+                    // exit already there is an earlier process's with the
+                    // same pid (nobody waited for it), not this one's.
+                    let mut exits = self.exits.lock().unwrap_or_else(|e| e.into_inner());
+                    if !matches!(exits.get(pid), Some(ExitSlot::Waiting(_))) {
+                        exits.insert(*pid, ExitSlot::Waiting(Vec::new()));
+                    }
                 }
                 if let Some(tx) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
                     let _ = tx.send((reply, fds));
