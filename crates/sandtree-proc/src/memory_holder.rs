@@ -143,6 +143,24 @@ impl Copier {
 }
 
 impl Holder {
+    /// A holder (`tracee`, pid `ns_pid` in the sandbox) of the memory of
+    /// `owner` (host pid, and a pidfd of it); `undropped`: it still has its
+    /// copy of the descriptor table. No copier, no page file yet.
+    fn new((tracee, ns_pid): (Tracee, SandboxPid), (owner, owner_fd): (HostPid, OwnedFd), undropped: bool) -> Holder {
+        Holder {
+            host: tracee.tid,
+            ns_pid,
+            owner,
+            owner_fd,
+            undropped,
+            tracee: Some(tracee),
+            copier: None,
+            no_copier: false,
+            page_fd: None,
+            owner_resident: None,
+        }
+    }
+
     /// Whether the owner has exited, or exec'd (a new address space: the
     /// holder then keeps only the old one alive).
     pub(crate) fn orphaned(&self) -> bool {
@@ -193,18 +211,7 @@ pub(crate) fn adopt((t, ns_pid): (Tracee, SandboxPid), owner: HostPid) -> Result
             return Err(e);
         }
     };
-    Ok(Holder {
-        host,
-        ns_pid,
-        owner,
-        owner_fd,
-        undropped: true,
-        tracee: Some(t),
-        copier: None,
-        no_copier: false,
-        page_fd: None,
-        owner_resident: None,
-    })
+    Ok(Holder::new((t, ns_pid), (owner, owner_fd), true))
 }
 
 /// Adopted holders drop their copy of the descriptor table (after the
@@ -392,18 +399,7 @@ pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
         crate::inject::kill_tracee(host);
         return Err(e);
     }
-    Ok(Holder {
-        host,
-        ns_pid,
-        owner,
-        owner_fd,
-        undropped: false,
-        tracee: Some(tracee),
-        copier: None,
-        no_copier: false,
-        page_fd: None,
-        owner_resident: None,
-    })
+    Ok(Holder::new((tracee, ns_pid), (owner, owner_fd), false))
 }
 
 /// SIGKILL the holders whose owner exited; they are reaped by

@@ -273,11 +273,7 @@ fn reopen(
         }
         Ok(())
     })();
-    ptrace::write_mem(host.raw(), buf, &saved).map_err(|source| Error::Ptrace {
-        pid: host,
-        op: "restore stack",
-        source,
-    })?;
+    put_back_below_red_zone(host, buf, &saved)?;
     res
 }
 
@@ -316,6 +312,11 @@ pub(crate) fn abort(st: &mut Parts<'_>) {
     }
 }
 
+/// What [`below_red_zone`] saved, written back at `buf`.
+fn put_back_below_red_zone(host: HostPid, buf: u64, saved: &[u8]) -> Result<()> {
+    ptrace::write_mem(host.raw(), buf, saved).map_err(|source| Error::Ptrace { pid: host, op: "restore stack", source })
+}
+
 /// `chdir(path)` in stopped process `p`, the path written below its red
 /// zone (and what was there put back).
 fn chdir_back(p: &mut crate::inject::Tracee, rsp: u64, path: &str) -> Result<()> {
@@ -326,11 +327,7 @@ fn chdir_back(p: &mut crate::inject::Tracee, rsp: u64, path: &str) -> Result<()>
     let res = ptrace::write_mem(host.raw(), buf, &bytes)
         .map_err(|source| Error::Ptrace { pid: host, op: "write path", source })
         .and_then(|()| p.call("chdir (old tree)", libc::SYS_chdir, &[buf]).map(drop));
-    ptrace::write_mem(host.raw(), buf, &saved).map_err(|source| Error::Ptrace {
-        pid: host,
-        op: "restore stack",
-        source,
-    })?;
+    put_back_below_red_zone(host, buf, &saved)?;
     res
 }
 
