@@ -309,6 +309,19 @@ impl Stops {
                 return Err(Error::StopTimeout { timeout_ms: timeout.as_millis() as u64, stuck: stuck.join(", ") });
             }
         }
+        // Children that exited and that their parent (a stopped process,
+        // not init, which reaps its own) has not waited for yet (zombies;
+        // not in the cgroup's list): a restore would not bring them back (a
+        // fork copies no child), and the parent's wait would find none.
+        // Read once every process is stopped: no child can exit any more.
+        for s in &st.stopped {
+            for u in zombie_children(s) {
+                if !best_effort {
+                    return Err(Error::Unsupported(u));
+                }
+                report.skipped.push(u);
+            }
+        }
         Ok(report)
     }
 
@@ -460,4 +473,31 @@ pub(crate) fn let_go(s: &StoppedProcess) {
         let _ = ptrace::set_regs(s.host.raw(), &s.regs);
         let _ = ptrace::detach(s.host.raw(), 0);
     }
+}
+
+/// The children of stopped process `s` (of each of its threads) that
+/// exited and that it has not waited for yet, as refusals that name them.
+fn zombie_children(s: &StoppedProcess) -> Vec<Unrestorable> {
+    let mut out = Vec::new();
+    let tids = std::iter::once(s.host).chain(s.threads.iter().map(|t| t.0));
+    for tid in tids {
+        let Ok(list) = std::fs::read_to_string(format!("/proc/{}/task/{tid}/children", s.host)) else { continue };
+        for child in list.split_whitespace().filter_map(|c| c.parse().ok()).map(HostPid) {
+            let Ok(status) = procfs::status(child) else { continue };
+            if status.state != 'Z' {
+                continue;
+            }
+            let comm = std::fs::read(format!("/proc/{child}/comm")).unwrap_or_default();
+            out.push(Unrestorable {
+                pid: status.ns_pid,
+                comm: String::from_utf8_lossy(&comm).trim_end().to_string(),
+                resource: "exit status".into(),
+                reason: format!(
+                    "it exited and its parent, pid {}, has not waited for it yet (a zombie); a restore would lose it and its exit status (checkpoint once it is waited for)",
+                    s.ns_pid
+                ),
+            });
+        }
+    }
+    out
 }

@@ -859,6 +859,21 @@ static STOPPED_PROCESS_IS_REFUSED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A child that exited and that its parent has not waited for (a zombie)
+/// would be lost by a restore, with its exit status: the checkpoint is
+/// refused, naming it; once waited for, the program is checkpointed and
+/// restored as usual (issue 36, class 2).
+static UNREAPED_CHILD_IS_REFUSED: Spec = Spec {
+    program: program!("unreaped_child_is_refused.py"),
+    setup: &[
+        Ask("spawn", Like(|r| r.ends_with("state=Z"))),
+        Refused(None, &["has not waited for it yet", "exit status"]),
+        Ask("reap", Is("status=7")),
+    ],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1561,6 +1576,7 @@ fn main() {
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", declared!(STOPPED_PROCESS_IS_REFUSED)),
+        ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),
