@@ -432,6 +432,14 @@ pub struct InetBinding {
     pub reuse_port: bool,
     /// `IPV6_V6ONLY` (inet6).
     pub v6only: bool,
+    /// Its protocol (`SO_PROTOCOL`: TCP, UDP, UDP-Lite, ...; 0 in images
+    /// of before it was saved).
+    #[serde(default)]
+    pub protocol: i32,
+    /// The other options it had, set again before its `bind` (level,
+    /// name, raw value): see `kinds::inet::OPTIONS`.
+    #[serde(default)]
+    pub options: Vec<(i32, i32, Vec<u8>)>,
 }
 
 /// State held by an anonymous-inode object.

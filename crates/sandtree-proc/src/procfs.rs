@@ -521,13 +521,80 @@ fn inet_binding(sock: &OwnedFd) -> Option<InetBinding> {
         b.extend_from_slice(&v6.scope_id().to_ne_bytes());
         b
     };
+    let int = |v: Vec<u8>| i32::from_ne_bytes(v.get(..4)?.try_into().ok()?).into();
+    let protocol = sandtree_sys::sockopt::get_raw(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL, 4).ok().and_then(int);
+    // (Multicast options read on a stream socket, but cannot be set on one.)
+    let stream = sockopt::socket_type(sock).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
+    let options = INET_OPTIONS
+        .iter()
+        .filter(|(level, name)| !(stream && MULTICAST.contains(&(*level, *name))))
+        // (UDP-Lite's options read on a UDP socket too, but are UDP-Lite's.)
+        .filter(|(level, _)| *level != libc::IPPROTO_UDPLITE || protocol == Some(libc::IPPROTO_UDPLITE))
+        .filter_map(|&(level, name)| Some((level, name, sandtree_sys::sockopt::get_raw(sock, level, name, 16).ok()?)))
+        .collect();
     Some(InetBinding {
         sockaddr,
         reuse_addr: sockopt::socket_reuseaddr(sock).unwrap_or(false),
         reuse_port: sockopt::socket_reuseport(sock).unwrap_or(false),
         v6only: sockopt::ipv6_v6only(sock).unwrap_or(false),
+        protocol: protocol.unwrap_or(0),
+        options,
     })
 }
+
+/// The multicast options of [`INET_OPTIONS`].
+const MULTICAST: &[(i32, i32)] = &[
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP),
+];
+
+/// The options of a bound inet socket that a checkpoint saves, and the
+/// restore sets again (from the first to the last, before the `bind`: an
+/// address bound with `IP_FREEBIND` may not be on any interface) on the
+/// socket it makes anew. Each is one whose current value, set again,
+/// changes nothing: buffer sizes are left out (setting one turns its
+/// autotuning off), and so is `TCP_MAXSEG` (set, it clamps). An option a
+/// socket's protocol does not have fails to read and is not saved.
+const INET_OPTIONS: &[(i32, i32)] = &[
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_DONTROUTE),
+    (libc::IPPROTO_IP, libc::IP_TTL),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+    (libc::IPPROTO_IP, libc::IP_FREEBIND),
+    (libc::IPPROTO_IP, libc::IP_RECVERR),
+    (libc::IPPROTO_IP, libc::IP_PKTINFO),
+    (libc::IPPROTO_IP, libc::IP_RECVTOS),
+    (libc::IPPROTO_IP, libc::IP_RECVTTL),
+    (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
+    (libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT),
+    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS),
+    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVERR),
+    (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT),
+    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN),
+    (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT),
+    // UDP-Lite's checksum coverage (`UDPLITE_SEND_CSCOV`, `UDPLITE_RECV_CSCOV`).
+    (libc::IPPROTO_UDPLITE, 10),
+    (libc::IPPROTO_UDPLITE, 11),
+];
 
 /// Whether a mount keeps its identity across a rollback in place (`/proc`
 /// and `/dev` with its binds and devpts are moved into the new tree;

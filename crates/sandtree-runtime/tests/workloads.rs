@@ -874,6 +874,18 @@ static UNREAPED_CHILD_IS_REFUSED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Inet sockets made anew at the restore keep their protocol (UDP-Lite is
+/// not UDP), their options (TCP_NODELAY, SO_KEEPALIVE, TCP_KEEPIDLE,
+/// IP_TTL, IP_TOS, UDP-Lite's checksum coverage) and an address bound with
+/// IP_FREEBIND that no interface has (issue 36, classes 3 and 4).
+static INET_SOCKET_OPTIONS: Spec = Spec {
+    program: program!("inet_socket_options.py"),
+    at_ck: &[("opts", Is("tcp=6,1,1,77,33,16 lite=136,20,20 free=17,1,10.253.0.7:7003"))],
+    mutate: &[&[Ask("change", Is("tcp=6,0,1,99,44,16 lite=136,30,20 free=17,1,10.253.0.7:7003"))]],
+    after: &[Ask("reach", Is("tcp=ok lite=ok"))],
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1577,6 +1589,7 @@ fn main() {
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_is_refused", declared!(STOPPED_PROCESS_IS_REFUSED)),
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
+        ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

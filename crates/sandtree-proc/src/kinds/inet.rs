@@ -1,7 +1,7 @@
 //! Inet sockets (`FdKind::Socket`, families `inet` and `inet6`). A
 //! listener or a bound datagram socket is made anew at the restore with its
-//! address and options (a template holding it would keep its port taken
-//! after the original closed it); an unbound one is kept. Refused: an open
+//! protocol, address and options (a template holding it would keep its
+//! port taken after the original closed it); an unbound one is kept. Refused: an open
 //! connection (TCP state is not captured yet).
 
 use super::{Kind, socket_type};
@@ -34,7 +34,16 @@ impl Kind for Inet {
 fn rebind(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool, bind: &InetBinding) {
     let family = u16::from_ne_bytes([bind.sockaddr[0], bind.sockaddr[1]]) as u64;
     let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }, flags);
-    let new = b.call("socket (inet)", libc::SYS_socket, &[Arg::Val(family), Arg::Val(ty), Arg::Val(0)]);
+    // (Its protocol: UDP-Lite is a datagram socket too.)
+    let protocol = Arg::Val(bind.protocol.max(0) as u64);
+    let new = b.call("socket (inet)", libc::SYS_socket, &[Arg::Val(family), Arg::Val(ty), protocol]);
+    // Its other options, as they were (`procfs::INET_OPTIONS`), before the
+    // bind: `IP_FREEBIND` lets it bind an address no interface has.
+    for (level, name, value) in &bind.options {
+        let v = b.data(value);
+        let args = [new, Arg::Val(*level as u64), Arg::Val(*name as u64), v, Arg::Val(value.len() as u64)];
+        b.call("setsockopt", libc::SYS_setsockopt, &args);
+    }
     let mut opts = Vec::new();
     if bind.reuse_addr {
         opts.push((libc::SOL_SOCKET, libc::SO_REUSEADDR));
