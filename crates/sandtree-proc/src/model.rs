@@ -284,6 +284,8 @@ impl FdKind {
             FdKind::Socket { inet: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
+            // (One of a process that had exited at the checkpoint stays.)
+            FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } => pid.raw() > 0,
             _ => false,
         }
     }
@@ -446,6 +448,14 @@ pub struct InetBinding {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AnonState {
+    /// A pidfd: the process it refers to, by its pid in the sandbox (the
+    /// innermost of `fdinfo`'s `NSpid`; -1 when it had exited). Made anew
+    /// at the restore (`pidfd_open`): the template's refers to the process
+    /// the rollback kills.
+    Pidfd {
+        /// Pid in the sandbox.
+        pid: SandboxPid,
+    },
     /// An eventfd's counter.
     Eventfd {
         /// `eventfd-count`.

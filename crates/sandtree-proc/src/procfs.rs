@@ -251,6 +251,9 @@ fn parse_anon_state(what: &str, text: &str) -> Option<AnonState> {
             ticks: field(text, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
         }),
         "eventpoll" => Some(AnonState::Epoll { watches: epoll_watches(text) }),
+        "pidfd" => Some(AnonState::Pidfd {
+            pid: SandboxPid(field(text, "NSpid").and_then(|v| v.split_whitespace().last()?.parse().ok()).unwrap_or(-1)),
+        }),
         "signalfd" => Some(AnonState::Signalfd {
             mask: field(text, "sigmask").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
         }),

@@ -886,6 +886,15 @@ static INET_SOCKET_OPTIONS: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Pidfds of the process itself and of init: after rollback the process's
+/// pidfds of itself refer to it, not to the original the rollback killed
+/// (issue 36, class 6).
+static PIDFD_OF_ITSELF: Spec = Spec {
+    program: program!("pidfd_of_itself.py"),
+    at_ck: &[("state", Is("me=self again=self init=1 inheritable=False,True live=yes,yes"))],
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1590,6 +1599,7 @@ fn main() {
         ("stopped_process_is_refused", declared!(STOPPED_PROCESS_IS_REFUSED)),
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
+        ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

@@ -989,7 +989,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
 /// own state, each descriptor's (`kinds/`), then its memory.
 fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::Result<(), Unrestorable> {
     check::check_process(p, reparent)?;
-    crate::kinds::check(&p.fds).map_err(|(resource, reason)| Unrestorable {
+    crate::kinds::check(p).map_err(|(resource, reason)| Unrestorable {
         pid: p.pid,
         comm: p.comm.clone(),
         resource,

@@ -4,13 +4,13 @@
 //! the tree).
 
 use super::Kind;
-use crate::model::{FdImage, FdKind};
+use crate::model::{FdImage, FdKind, ProcessImage};
 
 /// Anonymous inodes the engine does not capture.
 pub(crate) struct OtherAnon;
 
 impl Kind for OtherAnon {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         let what = match &f.kind {
             FdKind::AnonInode { what, .. } => what.as_str(),
             _ => "an anonymous inode",

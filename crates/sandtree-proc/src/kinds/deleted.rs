@@ -24,7 +24,7 @@ use crate::{Error, HostPid, Result};
 pub(crate) struct Deleted;
 
 impl Kind for Deleted {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::Deleted { path, on_layer: false, .. } => {
                 Err(format!("open file {path} was deleted and is not a regular file on the sandbox's layers"))

@@ -17,7 +17,7 @@ use rustix::fs::OFlags;
 use super::Kind;
 use crate::batch::{Arg, Batch};
 use crate::fdstate::{open_in, tree_root};
-use crate::model::{FdImage, FdKind};
+use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::template::CheckpointTemplates;
 use crate::{Error, HostPid, Result};
 
@@ -25,7 +25,7 @@ use crate::{Error, HostPid, Result};
 pub(crate) struct Fifo;
 
 impl Kind for Fifo {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::Fifo { path, on_layer: false, kept: false } => Err(format!(
                 "named pipe {path} is on a mount that rollback replaces (only FIFOs on the sandbox's layers, /dev and /proc are handled)"

@@ -8,13 +8,13 @@
 
 use super::Kind;
 use crate::batch::{Arg, Batch};
-use crate::model::{FdImage, FdKind};
+use crate::model::{FdImage, FdKind, ProcessImage};
 
 /// Files opened by path.
 pub(crate) struct PathFile;
 
 impl Kind for PathFile {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::LayerFile { path, locked: true, .. } => {
                 Err(format!("a lock is held on {path} (file locks are not captured yet)"))

@@ -6,13 +6,13 @@
 
 use super::{Kind, socket_type};
 use crate::batch::{Arg, Batch};
-use crate::model::{FdImage, FdKind, InetBinding};
+use crate::model::{FdImage, FdKind, InetBinding, ProcessImage};
 
 /// Inet sockets.
 pub(crate) struct Inet;
 
 impl Kind for Inet {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::Socket { family, stream: true, connected: true, .. } => Err(format!(
                 "an open {family} connection (listening and unconnected sockets are kept; connections are not captured yet)"

@@ -24,7 +24,7 @@ use crate::{Error, HostPid, Result};
 pub(crate) struct Inotify;
 
 impl Kind for Inotify {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::AnonInode { state: Some(AnonState::Inotify { watches, pending, unresolved }), .. } => {
                 if let Some(why) = unresolved {
@@ -42,7 +42,7 @@ impl Kind for Inotify {
                 }
                 Ok(())
             }
-            _ => super::anon::OtherAnon.check(f),
+            _ => super::anon::OtherAnon.check(f, _p),
         }
     }
 

@@ -10,7 +10,7 @@ use super::{Kind, Remake, reopen_unnamed};
 use crate::batch::write_path;
 use crate::check::GHOST_MAX;
 use crate::inject::Tracee;
-use crate::model::{FdImage, FdKind};
+use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::template::Template;
 use crate::{Error, Result};
 
@@ -18,7 +18,7 @@ use crate::{Error, Result};
 pub(crate) struct Memfd;
 
 impl Kind for Memfd {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::Memfd { name, probed: false, .. } => {
                 Err(format!("memfd {name}: its size, seals or file system could not be read"))

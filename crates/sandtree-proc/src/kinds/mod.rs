@@ -76,7 +76,7 @@ pub(crate) use unix::capture_queue as capture_unix_queue;
 pub(crate) trait Kind: Sync {
     /// Pass 2: `Err(reason)` when a descriptor of this kind cannot be
     /// restored exactly.
-    fn check(&self, _f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, _f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         Ok(())
     }
 
@@ -142,8 +142,8 @@ impl Remake<'_> {
 
 /// The kinds made anew one call at a time, in this order: deleted files,
 /// memfds, unix listeners, then inotify instances (after the other
-/// descriptors, whose making would show as events).
-const REMAKE_ORDER: [&dyn Kind; 4] = [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &inotify::Inotify];
+/// descriptors, whose making would show as events), pidfds.
+const REMAKE_ORDER: [&dyn Kind; 5] = [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &inotify::Inotify, &pidfd::Pidfd];
 
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
@@ -168,11 +168,11 @@ pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
     }
 }
 
-/// Pass 2's check of every descriptor: the first refused, as (resource,
-/// reason).
-pub(crate) fn check(fds: &[FdImage]) -> std::result::Result<(), (String, String)> {
-    for f in fds {
-        of(&f.kind).check(f).map_err(|why| (format!("fd {}", f.fd), why))?;
+/// Pass 2's check of every descriptor of process `p`: the first refused,
+/// as (resource, reason).
+pub(crate) fn check(p: &ProcessImage) -> std::result::Result<(), (String, String)> {
+    for f in &p.fds {
+        of(&f.kind).check(f, p).map_err(|why| (format!("fd {}", f.fd), why))?;
     }
     Ok(())
 }

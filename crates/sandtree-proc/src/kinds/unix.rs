@@ -19,7 +19,7 @@ use super::{Kind, Remake, kept_path, move_fd, ptrace_err, socket_type};
 use crate::batch::write_path;
 use crate::fdstate::{Seen, dup_from};
 use crate::inject::Tracee;
-use crate::model::{FdImage, FdKind, SocketBuffer};
+use crate::model::{FdImage, FdKind, ProcessImage, SocketBuffer};
 use crate::template::CheckpointTemplates;
 use crate::{Error, HostPid, Result, SandboxPid};
 
@@ -27,7 +27,7 @@ use crate::{Error, HostPid, Result, SandboxPid};
 pub(crate) struct Unix;
 
 impl Kind for Unix {
-    fn check(&self, f: &FdImage) -> std::result::Result<(), String> {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::Socket { queued: true, peer: None, .. } => Err(
                 "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),

@@ -787,7 +787,7 @@ fn fdinfo_of_a_fanotify_has_no_inotify_watch_and_no_state() {
 }
 
 #[test]
-fn fdinfo_of_a_pidfd_gives_its_pid_and_no_state() {
+fn fdinfo_of_a_pidfd_gives_its_pid_as_its_state() {
     // Arrange: pidfd_open of the capture's parent, 10423
     let text = fdinfo_text("pidfd");
 
@@ -798,7 +798,8 @@ fn fdinfo_of_a_pidfd_gives_its_pid_and_no_state() {
     assert_eq!((info.flags, info.mnt_id), ((libc::O_RDWR | libc::O_CLOEXEC) as u32, 4));
     assert_eq!(field(text, "Pid"), Some("10423"));
     assert_eq!(parse_tgid(text), None);
-    assert_eq!(parse_anon_state("pidfd", text), None);
+    // (The capture ran in the host's pid namespace: NSpid has one pid.)
+    assert_eq!(parse_anon_state("pidfd", text), Some(AnonState::Pidfd { pid: SandboxPid(10423) }));
     assert_eq!(parse_fd_link(fd_link("pidfd").1), Link::Anon("pidfd"));
 }
 
