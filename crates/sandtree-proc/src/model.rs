@@ -329,6 +329,21 @@ pub enum FdKind {
         /// Its size.
         #[serde(default)]
         size: u64,
+        /// Its permission bits (`st_mode & 0o7777`; `None` in images of
+        /// before they were saved).
+        #[serde(default)]
+        mode: Option<u32>,
+        /// Its access and modification times, ns since the epoch.
+        #[serde(default)]
+        times: Option<(i64, i64)>,
+        /// Links it still has under other names (then refused).
+        #[serde(default)]
+        nlink: u64,
+        /// Its data segments (offset, length), the rest holes: the saved
+        /// contents are these segments one after the other (empty in
+        /// images of before: the contents are the whole file).
+        #[serde(default)]
+        segments: Vec<(u64, u64)>,
     },
     /// A file on a mount that rollback replaces but that is not a layer
     /// (`/dev/shm`, a mount the sandbox made).

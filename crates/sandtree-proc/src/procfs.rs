@@ -739,7 +739,19 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                 let meta = fs::metadata(entry.path()).ok();
                 let regular = meta.as_ref().is_some_and(|m| m.is_file());
                 let on_layer = regular && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
-                FdKind::Deleted { path: path.to_string(), on_layer, size: meta.map(|m| m.len()).unwrap_or(0) }
+                use std::os::unix::fs::MetadataExt;
+                FdKind::Deleted {
+                    path: path.to_string(),
+                    on_layer,
+                    size: meta.as_ref().map(|m| m.len()).unwrap_or(0),
+                    mode: meta.as_ref().map(|m| m.mode() & 0o7777),
+                    times: meta.as_ref().map(|m| {
+                        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+                        (ns(m.atime(), m.atime_nsec()), ns(m.mtime(), m.mtime_nsec()))
+                    }),
+                    nlink: meta.as_ref().map(|m| m.nlink()).unwrap_or(0),
+                    segments: Vec::new(),
+                }
             }
             Link::Path => {
                 let meta = fs::metadata(entry.path()).ok();

@@ -895,6 +895,22 @@ static PIDFD_OF_ITSELF: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A deleted-but-open file comes back with its mode, modification time,
+/// size and holes (it was a 0600 file, filled in full); one still linked
+/// under another name is refused (a copy would be another file; issue 36,
+/// class 5).
+static DELETED_FILE_IDENTITY: Spec = Spec {
+    program: program!("deleted_file_identity.py"),
+    setup: &[
+        Ask("linked", Is("linked")),
+        Refused(None, &["still linked under another name"]),
+        Ask("unlinked", Is("unlinked")),
+    ],
+    at_ck: &[("state", Is("mode=645 size=1048580 segments=0+4096,1048576+4 mtime=1000000001987654321"))],
+    mutate: &[&[Ask("mutate", Like(|r| r.starts_with("mode=600 size=1048580") && r.contains("524288+")))]],
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1600,6 +1616,7 @@ fn main() {
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
+        ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

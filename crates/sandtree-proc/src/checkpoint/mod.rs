@@ -823,7 +823,7 @@ fn clone_of(
             false => None,
         };
 
-        let fds = match fds {
+        let mut fds = match fds {
             Some(fds) => fds,
             None => procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?,
         };
@@ -832,7 +832,7 @@ fn clone_of(
         check::check_status(s.ns_pid, &comm, status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
         // (A periodic timer expired while stopped is armed for one interval.)
         crate::process::timers::normalize(&mut itimers);
-        let ghosts = crate::kinds::capture_contents(host, &fds)?;
+        let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();

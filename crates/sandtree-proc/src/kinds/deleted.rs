@@ -1,10 +1,13 @@
 //! Deleted-but-open files (`FdKind::Deleted`): a regular file of the
-//! sandbox's layers whose last name was removed. Its contents (up to
-//! [`GHOST_MAX`]) are copied in pass 1, with memfds' (`memfd.rs`); at the
-//! restore it is made anew as an unnamed file (`O_TMPFILE`) in its old
-//! directory of the rolled-back tree, filled, and opened again with its
-//! flags at its offset. Refused: one that is not a regular file of the
-//! layers, one larger than [`GHOST_MAX`].
+//! sandbox's layers whose last name was removed. Its data segments (up to
+//! [`GHOST_MAX`] bytes of file) are copied in pass 1, with memfds'
+//! contents (`memfd.rs`); at the restore it is made anew as an unnamed file
+//! (`O_TMPFILE`) in its old directory of the rolled-back tree, its
+//! segments written at their offsets (holes stay holes), its size, mode
+//! and access and modification times set back, and it is opened again
+//! with its flags at its offset. Refused: one that is not a regular file of
+//! the layers, one still linked under another name (a copy would be
+//! another file), one larger than [`GHOST_MAX`].
 
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -29,6 +32,9 @@ impl Kind for Deleted {
             FdKind::Deleted { path, on_layer: false, .. } => {
                 Err(format!("open file {path} was deleted and is not a regular file on the sandbox's layers"))
             }
+            FdKind::Deleted { path, nlink, .. } if *nlink > 0 => Err(format!(
+                "open file {path} was deleted, but is still linked under another name (a copy would not be that file)"
+            )),
             FdKind::Deleted { path, size, .. } if *size > GHOST_MAX => Err(format!(
                 "open file {path} was deleted and holds {size} bytes (deleted-but-open files are copied at a checkpoint, up to {GHOST_MAX} bytes)"
             )),
@@ -52,26 +58,65 @@ impl Kind for Deleted {
 }
 
 /// Pass 1: the contents of the deleted files and memfds among `fds` of
-/// stopped process `host` (a dup's are its twin's), by descriptor.
-pub(crate) fn capture_contents(host: HostPid, fds: &[FdImage]) -> Result<Vec<(i32, Vec<u8>)>> {
+/// stopped process `host` (a dup's are its twin's), by descriptor. A
+/// deleted file's are its data segments only (which its kind then lists:
+/// the holes stay holes at the restore).
+pub(crate) fn capture_contents(host: HostPid, fds: &mut [FdImage]) -> Result<Vec<(i32, Vec<u8>)>> {
     let mut out = Vec::new();
-    for f in fds.iter().filter(|f| f.same_as.is_none()) {
-        let size = match &f.kind {
-            FdKind::Deleted { on_layer: true, size, .. } | FdKind::Memfd { size, hugetlb: false, .. } => Some(*size),
-            _ => None,
-        };
-        if let Some(size) = size
-            && size <= GHOST_MAX
-        {
-            let bytes = read_contents(host, f.fd, size).map_err(|e| Error::Proc {
-                pid: host,
-                what: "deleted file or memfd contents",
-                source: e,
-            })?;
-            out.push((f.fd, bytes));
+    for f in fds.iter_mut().filter(|f| f.same_as.is_none()) {
+        let err = |e| Error::Proc { pid: host, what: "deleted file or memfd contents", source: e };
+        match &mut f.kind {
+            FdKind::Deleted { on_layer: true, size, segments, .. } if *size <= GHOST_MAX => {
+                let (bytes, segs) = read_segments(host, f.fd, *size).map_err(err)?;
+                *segments = segs;
+                out.push((f.fd, bytes));
+            }
+            FdKind::Memfd { size, hugetlb: false, .. } if *size <= GHOST_MAX => {
+                out.push((f.fd, read_contents(host, f.fd, *size).map_err(err)?));
+            }
+            _ => {}
         }
     }
     Ok(out)
+}
+
+/// Data segments of a file: (offset, length).
+type Segments = Vec<(u64, u64)>;
+
+/// The data segments (offset, length) of the file behind fd `fd` of
+/// `host` (`SEEK_DATA`/`SEEK_HOLE` on a new open of it: the process's
+/// offset does not move), and their bytes one after the other.
+fn read_segments(host: HostPid, fd: i32, size: u64) -> io::Result<(Vec<u8>, Segments)> {
+    use rustix::fs::SeekFrom;
+    let f = open_proc_fd(host, fd, OFlags::RDONLY)?;
+    let (mut bytes, mut segments, mut at) = (Vec::new(), Vec::new(), 0u64);
+    while at < size {
+        let start = match rustix::fs::seek(&f, SeekFrom::Data(at)) {
+            Ok(s) => s,
+            // (No data from here on: the rest is a hole.)
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(&f, SeekFrom::Hole(start))?.min(size);
+        if end <= start {
+            break;
+        }
+        let mut seg = vec![0u8; (end - start) as usize];
+        let mut got = 0;
+        while got < seg.len() {
+            match rustix::io::pread(&f, &mut seg[got..], start + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        seg.truncate(got);
+        segments.push((start, seg.len() as u64));
+        bytes.extend_from_slice(&seg);
+        at = end;
+    }
+    Ok((bytes, segments))
 }
 
 /// A deleted-but-open file: an unnamed file (`O_TMPFILE`) in its old
@@ -106,7 +151,31 @@ fn recreate(
             format!("cannot make an unnamed file for deleted {path}"),
         )
     })?;
-    fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc { pid, what: "deleted file contents", source: e })?;
+    let FdKind::Deleted { size, mode, times, segments, .. } = &f.kind else { return Ok(()) };
+    let filled = if segments.is_empty() {
+        fill_file(pid, tmp as i32, bytes)
+    } else {
+        fill_segments(pid, tmp as i32, bytes, segments)
+    };
+    filled.map_err(|e| Error::Proc { pid, what: "deleted file contents", source: e })?;
+    // Its size (a hole at the end), mode and times, as they were.
+    p.call("ftruncate (deleted file)", libc::SYS_ftruncate, &[tmp, *size])?;
+    if let Some(mode) = mode {
+        p.call("fchmod (deleted file)", libc::SYS_fchmod, &[tmp, *mode as u64])?;
+    }
+    if let Some((atime, mtime)) = times {
+        let mut ts = Vec::with_capacity(32);
+        for t in [atime, mtime] {
+            ts.extend_from_slice(&t.div_euclid(1_000_000_000).to_ne_bytes());
+            ts.extend_from_slice(&t.rem_euclid(1_000_000_000).to_ne_bytes());
+        }
+        sandtree_sys::ptrace::write_mem(pid.raw(), scratch + 1024, &ts).map_err(|source| Error::Ptrace {
+            pid,
+            op: "write timespec",
+            source,
+        })?;
+        p.call("utimensat (deleted file)", libc::SYS_utimensat, &[tmp, 0, scratch + 1024, 0])?;
+    }
     // `tmp` may have the number the file had (closed by the template's
     // set-up): closed before the new descriptor moves there.
     reopen_unnamed(p, scratch, f, tmp, true)
@@ -128,6 +197,19 @@ fn read_contents(host: HostPid, fd: i32, size: u64) -> io::Result<Vec<u8>> {
     }
     out.truncate(got);
     Ok(out)
+}
+
+/// Write `bytes`, the data of `segments` (offset, length) one after the
+/// other, at their offsets into the file behind fd `fd` of `host`.
+fn fill_segments(host: HostPid, fd: i32, bytes: &[u8], segments: &[(u64, u64)]) -> io::Result<()> {
+    let file = std::fs::File::from(open_proc_fd(host, fd, OFlags::WRONLY)?);
+    let mut from = 0usize;
+    for &(at, len) in segments {
+        let to = from + len as usize;
+        file.write_all_at(bytes.get(from..to).ok_or_else(|| io::Error::other("segments past the bytes"))?, at)?;
+        from = to;
+    }
+    Ok(())
 }
 
 /// Write `bytes` into the file behind fd `fd` of `host` (a fresh
