@@ -385,6 +385,10 @@ pub enum FdKind {
         /// A unix socket's filesystem address (bound path), if any.
         #[serde(default)]
         bound: Option<String>,
+        /// Its socket file (at an absolute `bound` path) is no longer in
+        /// the tree: removed since the bind.
+        #[serde(default)]
+        bound_gone: bool,
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,

@@ -449,6 +449,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
         listening: false,
         connected: false,
         bound: None,
+        bound_gone: false,
         queued: false,
         peer: None,
         inet: None,
@@ -496,7 +497,13 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
         .and_then(|diag| crate::sockdiag::unix_state(&diag, ino).ok())
         .filter(|s| !s.rcv_shutdown)
         .and_then(|s| s.peer);
-    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, queued, peer, inet }
+    // (Looked up in the process's tree: a socket file there, or none.)
+    let bound_gone = bound.as_deref().is_some_and(|p| {
+        p.starts_with('/')
+            && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    });
+    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, bound_gone, queued, peer, inet }
 }
 
 /// The bound address and options of an inet socket (`None`: not bound).

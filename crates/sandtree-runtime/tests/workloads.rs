@@ -911,6 +911,21 @@ static DELETED_FILE_IDENTITY: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A unix listener whose socket file (and its directory) was removed after
+/// the bind is refused by name: a restore would bind it again at its path
+/// (the rollback failed with ENOENT; issue 36, class 3). Closed, the
+/// program is checkpointed and rolled back as usual.
+static UNIX_LISTENER_FILE_REMOVED: Spec = Spec {
+    program: program!("unix_listener_file_removed.py"),
+    setup: &[
+        Ask("listen", Is("listening")),
+        Refused(None, &["whose socket file was removed"]),
+        Ask("close", Is("closed")),
+    ],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1617,6 +1632,7 @@ fn main() {
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
+        ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

@@ -6,7 +6,8 @@
 //! to a path is bound anew at that path in the rolled-back tree (the old
 //! socket file is a dead copy there). Refused: data in flight that cannot
 //! be captured (descriptors passed, or no captured peer to send it), a
-//! listener on a relative path. A process holding one bound in the tree,
+//! listener on a relative path, a listener whose socket file was removed
+//! since its bind. A process holding one bound in the tree,
 //! or with data in flight, cannot move to a new tree.
 
 use std::io;
@@ -35,6 +36,9 @@ impl Kind for Unix {
             FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {
                 Err(format!("a unix socket listening on relative path {path}"))
             }
+            FdKind::Socket { listening: true, bound: Some(path), bound_gone: true, .. } => Err(format!(
+                "a unix socket listening on {path}, whose socket file was removed since (bound again, it would be reachable there again)"
+            )),
             _ => Ok(()),
         }
     }
