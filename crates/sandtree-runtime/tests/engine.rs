@@ -953,11 +953,25 @@ fn layered_checkpoint_moves_open_files(e: &Engine) -> CaseFuture<'_> {
             "a file of the writable layer mapped shared, yet layered: {layer}"
         );
         e.delete_sandbox(&mapped, true).await?;
-        // A mount the sandbox made: init refuses to stage (it would stay
-        // behind in the old tree), and the checkpoint of the stopped
-        // processes is a snapshot; a rollback to it brings the process back.
+        // A mount the sandbox made: a rollback would lose it, so a
+        // checkpoint with processes is refused, naming it; with best
+        // effort it is taken, the mount named as not restorable, and init
+        // refuses to stage (the mount would stay behind in the old tree):
+        // the checkpoint of the stopped processes is a snapshot, and a
+        // rollback to it brings the process back.
         sh(e, &sb, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t").await?;
-        let snap = checkpoint(e, &sb).await?;
+        let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
+        ensure!(
+            refused.as_ref().is_err_and(|err| err.to_string().contains("mount /mnt/t")),
+            "a checkpoint with a mount of the sandbox's not refused: {refused:?}"
+        );
+        let taken = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
+        ensure!(
+            taken.checkpoint.unrestorable.iter().any(|u| u.resource == "mount /mnt/t"),
+            "the mount is not named: {:?}",
+            taken.checkpoint.unrestorable
+        );
+        let snap = taken.checkpoint.id;
         let layer = layer_of(e, &snap)?;
         ensure!(layer == format!("checkpoints/{snap}"), "not a snapshot: {layer}");
         let r = e.rollback(&sb, RollbackRequest { checkpoint: snap, allow_restart: false }).await?;

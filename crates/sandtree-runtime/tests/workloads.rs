@@ -926,6 +926,24 @@ static UNIX_LISTENER_FILE_REMOVED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Mounts the sandbox made in its tree (a tmpfs, a bind mount) are refused
+/// by name, since a rollback would lose them while saying it restored
+/// exactly (issue 36, class 7); unmounted, the program is checkpointed and
+/// rolled back as usual.
+static MOUNT_IN_THE_SANDBOX: Spec = Spec {
+    program: program!("mount_in_the_sandbox.py"),
+    setup: &[
+        Ask("tmpfs", Is("mounted")),
+        Refused(None, &["mount /root/m", "tmpfs"]),
+        Ask("umount", Is("unmounted")),
+        Ask("bind", Is("mounted")),
+        Refused(None, &["mount /root/b", "bind mount"]),
+        Ask("umount", Is("unmounted")),
+    ],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1633,6 +1651,7 @@ fn main() {
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
+        ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

@@ -363,13 +363,25 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
         None => Ok(Default::default()),
     };
     let mut failure = None;
+    // Mounts the sandbox made in its tree: a rollback replaces the tree,
+    // and they would be gone.
+    if let (Ok(m), false) = (&mounts, stopped.is_empty())
+        && let Some(u) = sandbox_mount(m)
+    {
+        match best_effort {
+            true => st.refused.push(u),
+            false => failure = Some(Error::Unsupported(u)),
+        }
+    }
     let mut seen = Seen::default();
     let big = match (&mounts, stopped.len()) {
+        _ if failure.is_some() => None,
         (Ok(_), 2..) => biggest(&stopped).map(|i| stopped.remove(i)),
         _ => None,
     };
     let mut left = stopped.into_iter();
     match mounts {
+        _ if failure.is_some() => {}
         Err(e) => failure = Some(e),
         Ok(mounts) => match big {
             None => clone_each(st, &mut left, &mounts, &mut seen, best_effort, &mut failure, &mut || {}),
@@ -996,4 +1008,49 @@ fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::R
         reason,
     })?;
     crate::process::memory::check(p)
+}
+
+/// A mount the sandbox made in its tree (not under the kept `/proc` and
+/// `/dev`, whose own are init's), as a refusal: a filesystem other than the
+/// layers' overlays, a second mount of a layer (a bind mount: the same
+/// upper directory, mounted later), or a layer remounted read-only. Named
+/// as init's: mounts are the sandbox's, not a process's. (Mounts under
+/// `/proc` and `/dev` that the sandbox made are detached by a rollback
+/// too, and not refused yet.)
+fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> Option<Unrestorable> {
+    let kept = |t: &std::path::Path| t.starts_with("/proc") || t.starts_with("/dev");
+    let mut ids: Vec<&i32> = mounts.keys().collect();
+    ids.sort();
+    let mut uppers: Vec<std::path::PathBuf> = Vec::new();
+    for m in ids.into_iter().map(|id| &mounts[id]) {
+        if kept(&m.target) {
+            continue;
+        }
+        let what = match m.fstype.as_str() {
+            "overlay" => {
+                let upper = m.option("upperdir").unwrap_or_default();
+                if uppers.contains(&upper) {
+                    Some("a bind mount of the sandbox's tree".to_string())
+                } else if m.super_options.split(',').any(|o| o == "ro") {
+                    Some("a layer of the sandbox's tree remounted read-only".to_string())
+                } else {
+                    uppers.push(upper);
+                    None
+                }
+            }
+            other => Some(format!("a {other} file system")),
+        };
+        if let Some(what) = what {
+            return Some(Unrestorable {
+                pid: SandboxPid::INIT,
+                comm: "sandtree:[init]".into(),
+                resource: format!("mount {}", m.target.display()),
+                reason: format!(
+                    "{what} mounted on {} by the sandbox: a rollback replaces the tree and would lose it (mounts are not captured yet; unmount it, or checkpoint with best effort)",
+                    m.target.display()
+                ),
+            });
+        }
+    }
+    None
 }
