@@ -496,6 +496,12 @@ pub enum AnonState {
     Epoll {
         /// (watched fd, events, data).
         watches: Vec<(i32, u32, u64)>,
+        /// Watched descriptor numbers that no longer name the watched file
+        /// (the descriptor was closed, or dup'd and closed, or its number
+        /// reused): the watch is keyed by a number the restore cannot
+        /// re-create it under (refused).
+        #[serde(default)]
+        stale: Vec<i32>,
     },
     /// A signalfd's signal mask.
     Signalfd {

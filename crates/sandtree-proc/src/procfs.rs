@@ -250,7 +250,7 @@ fn parse_anon_state(what: &str, text: &str) -> Option<AnonState> {
             interval_ns: field(text, "it_interval").map(timespec_ns).unwrap_or(0),
             ticks: field(text, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
         }),
-        "eventpoll" => Some(AnonState::Epoll { watches: epoll_watches(text) }),
+        "eventpoll" => Some(AnonState::Epoll { watches: epoll_watches(text), stale: Vec::new() }),
         "pidfd" => Some(AnonState::Pidfd {
             pid: SandboxPid(field(text, "NSpid").and_then(|v| v.split_whitespace().last()?.parse().ok()).unwrap_or(-1)),
         }),
@@ -787,7 +787,42 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
     }
     out.sort_by_key(|f| f.fd);
     mark_dups(pid, &mut out);
+    mark_stale_watches(pid, &mut out);
     Ok(out)
+}
+
+/// For each epoll of `fds`: the watched descriptor numbers whose watched
+/// file (`ino:` in the epoll's fdinfo) is not the file that number names
+/// now (closed, or dup'd and closed, or reused).
+fn mark_stale_watches(pid: HostPid, fds: &mut [FdImage]) {
+    use std::os::unix::fs::MetadataExt;
+    for f in fds.iter_mut() {
+        let FdKind::AnonInode { state: Some(AnonState::Epoll { watches, stale }), .. } = &mut f.kind else { continue };
+        if watches.is_empty() {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", f.fd)) else { continue };
+        for (tfd, ino) in epoll_watch_inodes(&text) {
+            let now = fs::metadata(format!("/proc/{pid}/fd/{tfd}")).map(|m| m.ino()).ok();
+            if now != Some(ino) {
+                stale.push(tfd);
+            }
+        }
+    }
+}
+
+/// (watched descriptor, inode of the watched file) of each watch in an
+/// epoll's fdinfo (`tfd: N ... ino:<hex> sdev:<hex>`).
+fn epoll_watch_inodes(text: &str) -> Vec<(i32, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == "tfd:").then_some(())?;
+            let tfd = f.next()?.parse().ok()?;
+            let ino = f.find_map(|w| w.strip_prefix("ino:"))?;
+            Some((tfd, u64::from_str_radix(ino, 16).ok()?))
+        })
+        .collect()
 }
 
 /// Mark the descriptors of `fds` (of process `pid`, sorted by number)

@@ -944,6 +944,35 @@ static MOUNT_IN_THE_SANDBOX: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A unix stream pair with one end shut down for writing, and a seqpacket
+/// pair with messages queued: after each rollback, the end of the stream,
+/// the EPIPE and the messages are the checkpoint's. (Issue 36, class 3,
+/// reported EPIPE and ECONNRESET at rollbacks of such sockets; in this
+/// shape, one process holding both ends, they come back exactly: this case
+/// pins that.)
+static UNIX_SHUTDOWN: Spec = Spec {
+    program: program!("unix_shutdown.py"),
+    at_ck: &[("state", Is("stream=eof send=errno32 seqpacket=one"))],
+    mutate: &[&[Ask("drain", Is("stream=read after=eof"))]],
+    ..Spec::DEFAULT
+};
+
+/// Epoll watches keyed by descriptor numbers that no longer name the
+/// watched files (dup'd, then closed) are refused by name: the restore
+/// cannot re-create them under those numbers (before, the rollback failed
+/// with EBADF, or watched another file with the old data; issue 36,
+/// classes 3 and 6). Closed, the program is checkpointed as usual.
+static EPOLL_WATCH_OF_A_CLOSED_NUMBER: Spec = Spec {
+    program: program!("epoll_watch_of_a_closed_number.py"),
+    setup: &[
+        Ask("watch", Is("watching")),
+        Refused(None, &["no longer name the watched files"]),
+        Ask("unwatch", Is("unwatched")),
+    ],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1652,6 +1681,8 @@ fn main() {
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
+        ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
+        ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

@@ -8,15 +8,24 @@ use sandtree_sys::ptrace;
 
 use super::{Kind, Remake, ptrace_err};
 use crate::inject::Tracee;
-use crate::model::{AnonState, FdImage, FdKind};
+use crate::model::{AnonState, FdImage, FdKind, ProcessImage};
 use crate::{Error, HostPid, Result};
 
 /// Epoll instances.
 pub(crate) struct Epoll;
 
 impl Kind for Epoll {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
+        match &f.kind {
+            FdKind::AnonInode { state: Some(AnonState::Epoll { stale, .. }), .. } if !stale.is_empty() => Err(format!(
+                "an epoll instance with watches keyed by descriptors {stale:?}, which no longer name the watched files (closed, or dup'd and closed): not captured yet"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn link(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
-        let FdKind::AnonInode { state: Some(AnonState::Epoll { watches }), .. } = &f.kind else { return Ok(()) };
+        let FdKind::AnonInode { state: Some(AnonState::Epoll { watches, .. }), .. } = &f.kind else { return Ok(()) };
         let fds = &cx.image.fds;
         let recreated: Vec<i32> = fds.iter().filter(|f| f.kind.recreated()).map(|f| f.fd).collect();
         let signalfds: Vec<i32> = fds

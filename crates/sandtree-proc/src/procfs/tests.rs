@@ -662,7 +662,7 @@ fn fdinfo_of_an_epoll_gives_its_watches() {
         ]
     );
     assert_eq!(watches[0].0, 13);
-    assert_eq!(parse_anon_state("eventpoll", text), Some(AnonState::Epoll { watches }));
+    assert_eq!(parse_anon_state("eventpoll", text), Some(AnonState::Epoll { watches, stale: Vec::new() }));
     assert_eq!(parse_fd_link(fd_link("epoll").1), Link::Anon("eventpoll"));
 }
 
@@ -1129,4 +1129,16 @@ fn readers_of_this_process_give_what_it_knows_of_itself() {
     assert!(st.threads >= 1);
     assert!(maps.iter().any(|m| m.path.as_deref() == Some("[stack]")));
     assert_eq!(maps.iter().find(|m| m.path.as_deref() == Some("[vdso]")).map(|m| m.start), Some(vdso));
+}
+
+#[test]
+fn epoll_watch_inodes_are_read_from_each_tfd_line() {
+    // Arrange
+    let text = fdinfo_text("epoll");
+
+    // Act
+    let inos = epoll_watch_inodes(text);
+
+    // Assert: the fixture's three watches, with their files' inodes.
+    assert_eq!(inos, vec![(13, 0x40e), (10, 0x196937), (18, 0x40e)]);
 }
