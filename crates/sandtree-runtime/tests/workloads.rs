@@ -973,6 +973,11 @@ static EPOLL_WATCH_OF_A_CLOSED_NUMBER: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Memfds holding a program run through their descriptor (fexecve): after
+/// rollback they still run (issue 36, class 6, reported ETXTBSY).
+static MEMFD_EXEC: Spec =
+    Spec { program: program!("memfd_exec.py"), at_ck: &[("run", Is("plain=0 sealed=0"))], ..Spec::DEFAULT };
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -1683,6 +1688,7 @@ fn main() {
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
+        ("memfd_exec", declared!(MEMFD_EXEC)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),

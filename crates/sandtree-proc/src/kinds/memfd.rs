@@ -6,7 +6,7 @@
 //! larger than [`GHOST_MAX`], one shared by two processes (it would come
 //! back as two).
 
-use super::{Kind, Remake, reopen_unnamed};
+use super::{Kind, Remake, move_fd, reopen_unnamed};
 use crate::batch::write_path;
 use crate::check::GHOST_MAX;
 use crate::inject::Tracee;
@@ -40,22 +40,42 @@ impl Kind for Memfd {
         if f.same_as.is_some() {
             return Ok(());
         }
-        let made = cx.memfds.iter().find(|(i, _)| i == ino).map(|(_, fd)| *fd);
-        let tmp = match made {
-            Some(tmp) => tmp,
-            None => {
-                let bytes = cx.contents(f.fd).to_vec();
-                let tmp = make(cx.p, cx.scratch, name, &bytes, (*size, *mode), *seals)?;
-                cx.memfds.push((*ino, tmp));
-                tmp
-            }
-        };
-        reopen_unnamed(cx.p, cx.scratch, f, tmp, false)
+        if let Some(&(_, source, _)) = cx.memfds.iter().find(|(i, ..)| i == ino) {
+            return reopen_unnamed(cx.p, cx.scratch, f, source, false);
+        }
+        let bytes = cx.contents(f.fd).to_vec();
+        let tmp = make(cx.p, cx.scratch, name, &bytes, (*size, *mode), *seals)?;
+        // The descriptor memfd_create gave (read-write) is the memfd's own
+        // open file, which, unlike a new open through /proc, does not count
+        // as a writer: a process that runs the memfd's program through it
+        // (fexecve) would otherwise fail with ETXTBSY. So a read-write
+        // descriptor becomes that one; another one opens it again.
+        if f.flags & libc::O_ACCMODE as u32 != libc::O_RDWR as u32 {
+            cx.memfds.push((*ino, tmp, true));
+            return reopen_unnamed(cx.p, cx.scratch, f, tmp, false);
+        }
+        let p = &mut *cx.p;
+        let status = (f.flags & !(libc::O_ACCMODE | libc::O_CLOEXEC | libc::O_LARGEFILE) as u32) as u64;
+        if status != 0 {
+            p.call("fcntl(F_SETFL) (memfd)", libc::SYS_fcntl, &[tmp, libc::F_SETFL as u64, status])?;
+        }
+        if f.pos > 0 {
+            p.call("lseek (memfd)", libc::SYS_lseek, &[tmp, f.pos, libc::SEEK_SET as u64])?;
+        }
+        move_fd(p, tmp, f.fd, f.flags)?;
+        // (When `tmp` was already that number, close-on-exec is still
+        // memfd_create's: none.)
+        let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
+        p.call("fcntl(F_SETFD) (memfd)", libc::SYS_fcntl, &[f.fd as u64, libc::F_SETFD as u64, cloexec])?;
+        cx.memfds.push((*ino, f.fd as u64, false));
+        Ok(())
     }
 
     fn remade_all(&self, cx: &mut Remake<'_>) -> Result<()> {
-        for (_, tmp) in std::mem::take(&mut cx.memfds) {
-            cx.p.call("close", libc::SYS_close, &[tmp])?;
+        for (_, tmp, spare) in std::mem::take(&mut cx.memfds) {
+            if spare {
+                cx.p.call("close", libc::SYS_close, &[tmp])?;
+            }
         }
         Ok(())
     }

@@ -129,8 +129,10 @@ pub(crate) struct Remake<'a> {
     pub image: &'a ProcessImage,
     /// Its template (host pid): the objects it still shares.
     pub template: HostPid,
-    /// Memfds made so far, by inode: (inode, the new memfd's descriptor).
-    pub memfds: Vec<(u64, u64)>,
+    /// Memfds made so far, by inode: (inode, a descriptor of the new
+    /// memfd to open it again through, whether that one is a spare to close
+    /// once every memfd is made).
+    pub memfds: Vec<(u64, u64, bool)>,
 }
 
 impl Remake<'_> {
