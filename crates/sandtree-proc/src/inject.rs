@@ -50,14 +50,10 @@ fn died(tid: HostPid, how: &str) -> Error {
     Error::Died { pid: tid, how: how.to_string() }
 }
 
-fn ptrace_err(tid: HostPid, op: &'static str) -> impl FnOnce(io::Error) -> Error {
-    move |source| Error::Ptrace { pid: tid, op, source }
-}
-
 /// The child that a fork event of `tid` names (`PTRACE_GETEVENTMSG`: its
 /// host pid).
 fn fork_child(tid: HostPid) -> Result<HostPid> {
-    Ok(HostPid(ptrace::event_msg(tid.raw()).map_err(ptrace_err(tid, "GETEVENTMSG"))? as i32))
+    Ok(HostPid(ptrace::event_msg(tid.raw()).map_err(Error::ptrace(tid, "GETEVENTMSG"))? as i32))
 }
 
 /// Wait for `tid`'s `PTRACE_EVENT_STOP` (after `PTRACE_INTERRUPT`, or the
@@ -68,7 +64,7 @@ fn fork_child(tid: HostPid) -> Result<HostPid> {
 pub fn wait_event_stop(tid: HostPid) -> Result<Vec<HostPid>> {
     let mut children = Vec::new();
     loop {
-        let stop = ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))?;
+        let stop = ptrace::wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))?;
         if step_to_event_stop(tid, stop, &mut children)? {
             return Ok(children);
         }
@@ -82,7 +78,7 @@ pub fn wait_event_stop_until(tid: HostPid, deadline: std::time::Instant) -> Resu
     let mut children = Vec::new();
     let mut nap = std::time::Duration::from_micros(5);
     loop {
-        let Some(stop) = ptrace::try_wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? else {
+        let Some(stop) = ptrace::try_wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? else {
             if std::time::Instant::now() >= deadline {
                 return Ok(None);
             }
@@ -103,10 +99,10 @@ fn step_to_event_stop(tid: HostPid, stop: Stop, children: &mut Vec<HostPid>) -> 
         Stop::Event { event: EVENT_STOP, .. } => return Ok(true),
         Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
             children.push(fork_child(tid)?);
-            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
+            ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?;
         }
-        Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?,
-        Stop::Signal(sig) => ptrace::resume(tid.raw(), sig).map_err(ptrace_err(tid, "cont"))?,
+        Stop::Event { .. } | Stop::Syscall => ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?,
+        Stop::Signal(sig) => ptrace::resume(tid.raw(), sig).map_err(Error::ptrace(tid, "cont"))?,
         Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
         Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
     }
@@ -128,7 +124,7 @@ pub fn find_syscall_insn(pid: HostPid) -> Result<u64> {
         Error::unsupported_by_host(pid, "", "vdso", "the process has no vDSO to borrow a syscall instruction from")
     })?;
     let mut buf = vec![0u8; (vdso.end - vdso.start) as usize];
-    ptrace::read_mem(pid.raw(), vdso.start, &mut buf).map_err(ptrace_err(pid, "read vdso"))?;
+    ptrace::read_mem(pid.raw(), vdso.start, &mut buf).map_err(Error::ptrace(pid, "read vdso"))?;
     let off = buf
         .windows(2)
         .position(|w| w == [0x0f, 0x05])
@@ -173,9 +169,9 @@ impl Tracee {
     fn block_signals(&mut self) -> Result<()> {
         if self.mask.is_none() {
             let tid = self.tid;
-            self.mask = Some(ptrace::sigmask(tid.raw()).map_err(ptrace_err(tid, "GETSIGMASK"))?);
+            self.mask = Some(ptrace::sigmask(tid.raw()).map_err(Error::ptrace(tid, "GETSIGMASK"))?);
         }
-        ptrace::set_sigmask(self.tid.raw(), u64::MAX).map_err(ptrace_err(self.tid, "SETSIGMASK"))
+        ptrace::set_sigmask(self.tid.raw(), u64::MAX).map_err(Error::ptrace(self.tid, "SETSIGMASK"))
     }
 
     /// Run syscall `nr` with `args`; returns the raw result.
@@ -193,16 +189,16 @@ impl Tracee {
         self.start_syscall_unwaited(nr, args)?;
         // Past the entry stop, so that the call itself runs from here on.
         loop {
-            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? {
                 Stop::Syscall => break,
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } => {}
             }
-            ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))?;
+            ptrace::resume_syscall(tid.raw(), 0).map_err(Error::ptrace(tid, "syscall"))?;
         }
-        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))
+        ptrace::resume_syscall(tid.raw(), 0).map_err(Error::ptrace(tid, "syscall"))
     }
 
     /// Start syscall `nr` with `args` single-stepping over the `syscall`
@@ -214,7 +210,7 @@ impl Tracee {
     /// instruction again before the stop).
     pub(crate) fn start_stepped(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.set_call(nr, args)?;
-        ptrace::resume_step(tid.raw(), 0).map_err(ptrace_err(tid, "singlestep"))
+        ptrace::resume_step(tid.raw(), 0).map_err(Error::ptrace(tid, "singlestep"))
     }
 
     /// The result of a call started by [`Tracee::start_stepped`], without
@@ -228,7 +224,7 @@ impl Tracee {
     /// again, such as holders (whose table is their own).
     pub(crate) fn poll_stepped(&mut self) -> Result<Option<i64>> {
         let tid = self.tid;
-        while let Some(stop) = ptrace::try_wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
+        while let Some(stop) = ptrace::try_wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? {
             let sig = match stop {
                 Stop::Signal(sig) => sig,
                 Stop::Event { .. } | Stop::Syscall => 0,
@@ -241,11 +237,11 @@ impl Tracee {
             if sig != 0 && sig != libc::SIGTRAP {
                 self.held.push(sig);
             }
-            let r = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
+            let r = ptrace::regs(tid.raw()).map_err(Error::ptrace(tid, "GETREGS"))?;
             if r.rip == self.insn + 2 {
                 return Ok(Some(r.rax as i64));
             }
-            ptrace::resume_step(tid.raw(), 0).map_err(ptrace_err(tid, "singlestep"))?;
+            ptrace::resume_step(tid.raw(), 0).map_err(Error::ptrace(tid, "singlestep"))?;
         }
         Ok(None)
     }
@@ -260,7 +256,7 @@ impl Tracee {
     /// entry stop.
     pub(crate) fn start_syscall_unwaited(&mut self, nr: i64, args: &[u64]) -> Result<()> {
         let tid = self.set_call(nr, args)?;
-        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))
+        ptrace::resume_syscall(tid.raw(), 0).map_err(Error::ptrace(tid, "syscall"))
     }
 
     /// Every signal blocked, and the registers of syscall `nr` with `args`
@@ -277,7 +273,7 @@ impl Tracee {
         for (slot, v) in regs.into_iter().zip(args.iter().copied().chain(std::iter::repeat(0))) {
             *slot = v;
         }
-        ptrace::set_regs(tid.raw(), &r).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::set_regs(tid.raw(), &r).map_err(Error::ptrace(tid, "SETREGS"))?;
         Ok(tid)
     }
 
@@ -292,7 +288,7 @@ impl Tracee {
     pub(crate) fn finish_syscall_entering(&mut self, entering: &mut bool) -> Result<Outcome> {
         let mut child = None;
         loop {
-            let stop = ptrace::wait(self.tid.raw()).map_err(ptrace_err(self.tid, "wait"))?;
+            let stop = ptrace::wait(self.tid.raw()).map_err(Error::ptrace(self.tid, "wait"))?;
             if let Some(out) = self.on_syscall_stop(stop, &mut child, entering)? {
                 return Ok(out);
             }
@@ -304,7 +300,7 @@ impl Tracee {
     /// fork's child pid) from one poll to the next, `entering` whether the
     /// entry stop is still to come.
     pub(crate) fn poll_syscall(&mut self, child: &mut Option<HostPid>, entering: &mut bool) -> Result<Option<Outcome>> {
-        while let Some(stop) = ptrace::try_wait(self.tid.raw()).map_err(ptrace_err(self.tid, "wait"))? {
+        while let Some(stop) = ptrace::try_wait(self.tid.raw()).map_err(Error::ptrace(self.tid, "wait"))? {
             if let Some(out) = self.on_syscall_stop(stop, child, entering)? {
                 return Ok(Some(out));
             }
@@ -324,7 +320,7 @@ impl Tracee {
         match stop {
             Stop::Syscall if *entering => *entering = false,
             Stop::Syscall => {
-                let out = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
+                let out = ptrace::regs(tid.raw()).map_err(Error::ptrace(tid, "GETREGS"))?;
                 return Ok(Some(Outcome { ret: out.rax as i64, child: *child }));
             }
             Stop::Event { event: EVENT_FORK | EVENT_VFORK | EVENT_CLONE, .. } => {
@@ -335,7 +331,7 @@ impl Tracee {
             Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
             Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
         }
-        ptrace::resume_syscall(tid.raw(), 0).map_err(ptrace_err(tid, "syscall"))?;
+        ptrace::resume_syscall(tid.raw(), 0).map_err(Error::ptrace(tid, "syscall"))?;
         Ok(None)
     }
 
@@ -350,12 +346,12 @@ impl Tracee {
         let mut r = self.saved;
         r.rip = entry;
         r.orig_rax = u64::MAX;
-        ptrace::set_regs(tid.raw(), &r).map_err(ptrace_err(tid, "SETREGS"))?;
-        ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
+        ptrace::set_regs(tid.raw(), &r).map_err(Error::ptrace(tid, "SETREGS"))?;
+        ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?;
         loop {
-            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? {
                 Stop::Signal(sig) if sig == libc::SIGSTOP => {
-                    if ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?.rip == stop_at {
+                    if ptrace::regs(tid.raw()).map_err(Error::ptrace(tid, "GETREGS"))?.rip == stop_at {
                         return Ok(());
                     }
                     self.held.push(sig);
@@ -374,7 +370,7 @@ impl Tracee {
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } | Stop::Syscall => {}
             }
-            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
+            ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?;
         }
     }
 
@@ -435,8 +431,8 @@ impl Tracee {
             });
         };
         let ready = wait_event_stop(child)
-            .and_then(|_| ptrace::set_exit_kill(child.raw(), true).map_err(ptrace_err(child, "SETOPTIONS")))
-            .and_then(|_| ptrace::regs(child.raw()).map_err(ptrace_err(child, "GETREGS")));
+            .and_then(|_| ptrace::set_exit_kill(child.raw(), true).map_err(Error::ptrace(child, "SETOPTIONS")))
+            .and_then(|_| ptrace::regs(child.raw()).map_err(Error::ptrace(child, "GETREGS")));
         match ready {
             Ok(regs) => Ok((child, SandboxPid(out.ret as i32), regs)),
             Err(e) => {
@@ -450,17 +446,17 @@ impl Tracee {
     /// whatever stop it is in.
     pub fn park(&mut self) -> Result<()> {
         let tid = self.tid;
-        ptrace::interrupt(tid.raw()).map_err(ptrace_err(tid, "interrupt"))?;
-        ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
+        ptrace::interrupt(tid.raw()).map_err(Error::ptrace(tid, "interrupt"))?;
+        ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?;
         loop {
-            match ptrace::wait(tid.raw()).map_err(ptrace_err(tid, "wait"))? {
+            match ptrace::wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? {
                 Stop::Event { event: EVENT_STOP, .. } => return Ok(()),
                 Stop::Signal(sig) => self.held.push(sig),
                 Stop::Exited(code) => return Err(died(tid, &format!("exited with {code}"))),
                 Stop::Killed(sig) => return Err(died(tid, &format!("killed by signal {sig}"))),
                 Stop::Event { .. } | Stop::Syscall => {}
             }
-            ptrace::resume(tid.raw(), 0).map_err(ptrace_err(tid, "cont"))?;
+            ptrace::resume(tid.raw(), 0).map_err(Error::ptrace(tid, "cont"))?;
         }
     }
 
@@ -485,14 +481,14 @@ impl Tracee {
     /// at once.
     pub fn release_parked(self, regs: &Regs) -> Result<()> {
         let tid = self.tid;
-        ptrace::set_regs(tid.raw(), regs).map_err(ptrace_err(tid, "SETREGS"))?;
+        ptrace::set_regs(tid.raw(), regs).map_err(Error::ptrace(tid, "SETREGS"))?;
         if let Some(mask) = self.mask {
-            ptrace::set_sigmask(tid.raw(), mask).map_err(ptrace_err(tid, "SETSIGMASK"))?;
+            ptrace::set_sigmask(tid.raw(), mask).map_err(Error::ptrace(tid, "SETSIGMASK"))?;
         }
         if let Some(cpus) = &self.affinity {
             set_affinity(tid, cpus);
         }
-        ptrace::detach(tid.raw(), 0).map_err(ptrace_err(tid, "detach"))?;
+        ptrace::detach(tid.raw(), 0).map_err(Error::ptrace(tid, "detach"))?;
         for &again in &self.held {
             if let Some(pid) = rustix::process::Pid::from_raw(tid.raw())
                 && let Some(s) = rustix::process::Signal::from_named_raw(again)
@@ -647,7 +643,7 @@ pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
 pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: SandboxPid) -> Result<()> {
     ptrace::write_mem(pid.raw(), scratch, args)
         .and_then(|_| ptrace::write_mem(pid.raw(), scratch + SET_TID_OFFSET, &tid.raw().to_ne_bytes()))
-        .map_err(ptrace_err(pid, "write clone_args"))
+        .map_err(Error::ptrace(pid, "write clone_args"))
 }
 
 /// The nice value a restore's copy and fix-up run at (see

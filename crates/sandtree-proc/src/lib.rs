@@ -192,6 +192,12 @@ impl Error {
         })
     }
 
+    /// A failed ptrace request `op` of `pid`, from its `io::Error`: for
+    /// `map_err`.
+    pub(crate) fn ptrace(pid: HostPid, op: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Ptrace { pid, op, source }
+    }
+
     /// [`Error::unsupported`] of a process known here by its host pid
     /// only (the vDSO lookup, a batch, the restore's fix-up): the host pid
     /// stands in for its pid in the sandbox in the report, as it always

@@ -19,10 +19,6 @@ use crate::check::{self, Unrestorable};
 use crate::inject::{self, Tracee};
 use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
-
 fn is_gone(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT))
 }
@@ -348,7 +344,7 @@ impl Stops {
     /// the templates are made.
     fn stop_init(&mut self, init_host: HostPid, deadline: std::time::Instant) -> Result<()> {
         let st = self;
-        ptrace::seize(init_host.raw()).map_err(ptrace_err(init_host, "seize init"))?;
+        ptrace::seize(init_host.raw()).map_err(Error::ptrace(init_host, "seize init"))?;
         if let Err(e) = ptrace::interrupt(init_host.raw()) {
             let _ = ptrace::detach(init_host.raw(), 0);
             return Err(Error::Ptrace { pid: init_host, op: "interrupt init", source: e });
@@ -365,7 +361,7 @@ impl Stops {
                 return Err(Error::StopTimeout { timeout_ms: 0, stuck: format!("init (pid {init_host})") });
             }
         }
-        let regs = ptrace::regs(init_host.raw()).map_err(ptrace_err(init_host, "GETREGS"))?;
+        let regs = ptrace::regs(init_host.raw()).map_err(Error::ptrace(init_host, "GETREGS"))?;
         st.init = Some((init_host, regs));
         Ok(())
     }
@@ -439,7 +435,7 @@ fn stop_threads(
                     what: "thread status",
                     source: e,
                 })?;
-                let regs = ptrace::regs(tid.raw()).map_err(ptrace_err(tid, "GETREGS"))?;
+                let regs = ptrace::regs(tid.raw()).map_err(Error::ptrace(tid, "GETREGS"))?;
                 done.push((tid, ns_tid, regs));
             }
         }

@@ -83,10 +83,6 @@ pub struct CaptureReport {
     pub comms: BTreeMap<SandboxPid, String>,
 }
 
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
-
 /// A template cloned (its original still stopped until [`release_all`]).
 pub(crate) struct Cloned {
     /// A new holder of the original's memory.
@@ -689,7 +685,7 @@ fn clone_of(
     let t0 = std::time::Instant::now();
     let comm_now = || std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default().trim_end().to_string();
     // Before any injected call (they run with every signal blocked).
-    let blocked = ptrace::sigmask(host.raw()).map_err(ptrace_err(host, "GETSIGMASK"))?;
+    let blocked = ptrace::sigmask(host.raw()).map_err(Error::ptrace(host, "GETSIGMASK"))?;
     let insn = inject::find_syscall_insn(host)?;
     let affinity = inject::affinity(host);
     if procfs::has_posix_timers(host) {
@@ -707,7 +703,7 @@ fn clone_of(
     // daemon dies while we work in it.
     if let Err(e) = ptrace::set_exit_kill(host.raw(), true) {
         inject::set_affinity(host, &affinity);
-        return Err(ptrace_err(host, "SETOPTIONS")(e));
+        return Err(Error::ptrace(host, "SETOPTIONS")(e));
     }
     let mut orig = Tracee::new(host, s.regs, insn);
     let mut child = None;

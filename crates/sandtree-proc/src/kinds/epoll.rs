@@ -6,7 +6,7 @@
 
 use sandtree_sys::ptrace;
 
-use super::{Kind, Remake, ptrace_err};
+use super::{Kind, Remake};
 use crate::inject::Tracee;
 use crate::model::{AnonState, FdImage, FdKind, ProcessImage};
 use crate::{Error, HostPid, Result};
@@ -60,7 +60,7 @@ fn set_watches(
     let event = |p: &mut Tracee, events: u32, data: u64| -> Result<u64> {
         let mut ev = events.to_ne_bytes().to_vec();
         ev.extend_from_slice(&data.to_ne_bytes());
-        ptrace::write_mem(p.tid.raw(), scratch + 1024, &ev).map_err(ptrace_err(pid, "write epoll_event"))?;
+        ptrace::write_mem(p.tid.raw(), scratch + 1024, &ev).map_err(Error::ptrace(pid, "write epoll_event"))?;
         Ok(scratch + 1024)
     };
     for &(tfd, events, data) in &now {

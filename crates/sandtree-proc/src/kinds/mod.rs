@@ -63,7 +63,7 @@ use crate::batch::{Arg, Batch};
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::template::CheckpointTemplates;
-use crate::{Error, HostPid, Result};
+use crate::{HostPid, Result};
 
 pub(crate) use deleted::capture_contents;
 pub(crate) use inotify::shared_with as inotify_shared_with;
@@ -249,10 +249,6 @@ pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<HashMap<Strin
 /// A path on the kept `/proc` or `/dev` (mounts a rollback keeps).
 pub(crate) fn kept_path(path: &str) -> bool {
     ["/proc", "/dev"].iter().any(|k| path == *k || path.starts_with(&format!("{k}/")))
-}
-
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
 }
 
 /// Open the unnamed file on descriptor `tmp` again with `f`'s flags (its

@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
-use super::{Kind, Remake, kept_path, move_fd, ptrace_err, socket_type};
+use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
 use crate::fdstate::{Seen, dup_from};
 use crate::inject::Tracee;
@@ -133,7 +133,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
     let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
     let mut stat = [0u8; 144];
     let keep_mode = if mode.ret == 0 {
-        ptrace::read_mem(pid.raw(), scratch + 2048, &mut stat).map_err(ptrace_err(pid, "read stat"))?;
+        ptrace::read_mem(pid.raw(), scratch + 2048, &mut stat).map_err(Error::ptrace(pid, "read stat"))?;
         Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
     } else {
         None
@@ -144,7 +144,7 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
     let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     sun.extend_from_slice(path.as_bytes());
     sun.push(0);
-    ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(ptrace_err(pid, "write sockaddr"))?;
+    ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
     p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
     p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
     move_fd(p, new, fd, flags)?;

@@ -11,17 +11,13 @@ use crate::model::{ProcessImage, QueuedSignal};
 use crate::pid::HostPid;
 use crate::{Error, Result};
 
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
-
 /// Pass 1: the signals pending for stopped process `host` (`pending`: the
 /// mask of them), with their `siginfo_t`, thread-directed ones first.
 pub(crate) fn capture_pending(host: HostPid, pending: u64) -> Result<Vec<QueuedSignal>> {
     let mut queued = Vec::new();
     if pending != 0 {
         for shared in [false, true] {
-            for info in ptrace::pending_siginfo(host.raw(), shared).map_err(ptrace_err(host, "PEEKSIGINFO"))? {
+            for info in ptrace::pending_siginfo(host.raw(), shared).map_err(Error::ptrace(host, "PEEKSIGINFO"))? {
                 queued.push(QueuedSignal { shared, siginfo: info.to_vec() });
             }
         }
@@ -60,7 +56,7 @@ pub(crate) fn restore_altstack(b: &mut Batch, image: &ProcessImage, (via_standby
 pub(crate) fn requeue(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
     for q in &image.queued_signals {
         let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(ptrace_err(p.tid, "write siginfo"))?;
+        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(Error::ptrace(p.tid, "write siginfo"))?;
         let me = image.pid.raw() as u64;
         if q.shared {
             p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;

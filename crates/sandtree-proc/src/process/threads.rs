@@ -16,10 +16,6 @@ use crate::pid::{HostPid, SandboxPid};
 use crate::stop::StoppedProcess;
 use crate::{Error, Result};
 
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
-
 /// What a fork does not copy of a thread other than the main one: its
 /// registers (general ones from the stop, the XSAVE area), mask, rseq,
 /// robust list, name, and — read by calls injected into it, into the dead
@@ -33,7 +29,7 @@ pub(crate) fn capture(
 ) -> Result<crate::model::ThreadImage> {
     let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
     let comm = comm.trim_end().to_string();
-    if !ptrace::pending_siginfo(tid.raw(), false).map_err(ptrace_err(tid, "PEEKSIGINFO"))?.is_empty() {
+    if !ptrace::pending_siginfo(tid.raw(), false).map_err(Error::ptrace(tid, "PEEKSIGINFO"))?.is_empty() {
         return Err(Error::unsupported(
             s.ns_pid,
             &comm,
@@ -49,13 +45,13 @@ pub(crate) fn capture(
     if image_regs.rax == ERESTART_RESTARTBLOCK && (image_regs.orig_rax as i64) >= 0 {
         image_regs.rax = (-(libc::EINTR as i64)) as u64;
     }
-    let xstate = ptrace::xstate(tid.raw()).map_err(ptrace_err(tid, "GETREGSET (xstate)"))?;
-    let blocked = ptrace::sigmask(tid.raw()).map_err(ptrace_err(tid, "GETSIGMASK"))?;
+    let xstate = ptrace::xstate(tid.raw()).map_err(Error::ptrace(tid, "GETREGSET (xstate)"))?;
+    let blocked = ptrace::sigmask(tid.raw()).map_err(Error::ptrace(tid, "GETSIGMASK"))?;
     let rseq = ptrace::rseq_configuration(tid.raw()).ok().flatten();
     rseq_abort(tid, rseq, &mut image_regs);
     let affinity = inject::affinity(tid);
-    let robust_list = ptrace::robust_list(tid.raw()).map_err(ptrace_err(tid, "get_robust_list"))?;
-    ptrace::set_exit_kill(tid.raw(), true).map_err(ptrace_err(tid, "SETOPTIONS"))?;
+    let robust_list = ptrace::robust_list(tid.raw()).map_err(Error::ptrace(tid, "get_robust_list"))?;
+    ptrace::set_exit_kill(tid.raw(), true).map_err(Error::ptrace(tid, "SETOPTIONS"))?;
     tracees.push((Tracee::new(tid, regs, insn), regs));
     let t = &mut tracees.last_mut().expect("just pushed").0;
     let buf = (regs.rsp - 128 - 64) & !15;
@@ -66,11 +62,11 @@ pub(crate) fn capture(
     const PR_GET_TID_ADDRESS: u64 = 40;
     t.call("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, buf])?;
     let mut addr = [0u8; 8];
-    ptrace::read_mem(tid.raw(), buf, &mut addr).map_err(ptrace_err(tid, "read result"))?;
+    ptrace::read_mem(tid.raw(), buf, &mut addr).map_err(Error::ptrace(tid, "read result"))?;
     t.call("sigaltstack", libc::SYS_sigaltstack, &[0, buf])?;
     let mut ss = vec![0u8; 24];
-    ptrace::read_mem(tid.raw(), buf, &mut ss).map_err(ptrace_err(tid, "read result"))?;
-    ptrace::write_mem(tid.raw(), buf, &saved).map_err(ptrace_err(tid, "restore stack"))?;
+    ptrace::read_mem(tid.raw(), buf, &mut ss).map_err(Error::ptrace(tid, "read result"))?;
+    ptrace::write_mem(tid.raw(), buf, &saved).map_err(Error::ptrace(tid, "restore stack"))?;
     let flags = i32::from_ne_bytes(ss[8..12].try_into().unwrap_or_default());
     Ok(crate::model::ThreadImage {
         tid: ns_tid,
@@ -147,7 +143,7 @@ pub(crate) fn restore(
         inject::wait_event_stop(tid)?;
         out.push((Tracee::new(tid, regs, p.insn).with_mask(th.blocked), regs));
         let t = &mut out.last_mut().expect("just pushed").0;
-        ptrace::set_xstate(tid.raw(), &th.xstate).map_err(ptrace_err(tid, "SETREGSET (xstate)"))?;
+        ptrace::set_xstate(tid.raw(), &th.xstate).map_err(Error::ptrace(tid, "SETREGSET (xstate)"))?;
         if th.robust_list.0 != 0 {
             t.call("set_robust_list", libc::SYS_set_robust_list, &[th.robust_list.0, th.robust_list.1])?;
         }
@@ -156,14 +152,14 @@ pub(crate) fn restore(
             t.call("rseq", libc::SYS_rseq, &[area, len as u64, 0, sig as u64])?;
         }
         if let Some(ss) = &th.altstack {
-            ptrace::write_mem(tid.raw(), scratch + 1024, ss).map_err(ptrace_err(tid, "write stack_t"))?;
+            ptrace::write_mem(tid.raw(), scratch + 1024, ss).map_err(Error::ptrace(tid, "write stack_t"))?;
             t.call("sigaltstack", libc::SYS_sigaltstack, &[scratch + 1024, 0])?;
         }
         // Its name: only a thread of the group may write its comm.
         let mut name = th.comm.as_bytes().to_vec();
         name.truncate(15);
         name.push(0);
-        ptrace::write_mem(tid.raw(), scratch + 1024, &name).map_err(ptrace_err(tid, "write name"))?;
+        ptrace::write_mem(tid.raw(), scratch + 1024, &name).map_err(Error::ptrace(tid, "write name"))?;
         const PR_SET_NAME: u64 = 15;
         t.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, scratch + 1024])?;
         crate::inject::set_affinity(tid, &th.affinity);

@@ -9,13 +9,8 @@ use sandtree_sys::ptrace;
 use crate::batch::{Arg, Batch};
 use crate::inject::Tracee;
 use crate::model::ProcessImage;
-use crate::pid::HostPid;
 use crate::stop::StoppedProcess;
 use crate::{Error, Result};
-
-fn ptrace_err(pid: HostPid, op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Ptrace { pid, op, source }
-}
 
 /// Armed interval timers: (which, raw `struct itimerval`).
 pub(crate) type Itimers = Vec<(i32, Vec<u8>)>;
@@ -41,7 +36,7 @@ pub(crate) fn capture(s: &StoppedProcess, orig: &mut Tracee) -> Result<(Itimers,
     let mut read = |nr: i64, args: &[u64], len: usize| -> Result<Vec<u8>> {
         orig.call("timers / sigaltstack", nr, args)?;
         let mut val = vec![0u8; len];
-        ptrace::read_mem(host.raw(), buf, &mut val).map_err(ptrace_err(host, "read result"))?;
+        ptrace::read_mem(host.raw(), buf, &mut val).map_err(Error::ptrace(host, "read result"))?;
         Ok(val)
     };
     let mut itimers = Vec::new();
@@ -56,7 +51,7 @@ pub(crate) fn capture(s: &StoppedProcess, orig: &mut Tracee) -> Result<(Itimers,
     let altstack = (flags & libc::SS_DISABLE == 0).then_some(ss);
     let subreaper = read(libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, buf], 4)?;
     let child_subreaper = i32::from_ne_bytes(subreaper[..4].try_into().unwrap_or_default()) != 0;
-    ptrace::write_mem(host.raw(), buf, &saved).map_err(ptrace_err(host, "restore stack"))?;
+    ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "restore stack"))?;
     Ok((itimers, altstack, child_subreaper))
 }
 
