@@ -6,7 +6,7 @@
 //! larger than [`GHOST_MAX`], one shared by two processes (it would come
 //! back as two).
 
-use super::{Kind, Remake, move_fd, reopen_unnamed};
+use super::{Kind, Remake, move_fd_setting_cloexec, reopen_unnamed};
 use crate::batch::write_path;
 use crate::check::GHOST_MAX;
 use crate::inject::Tracee;
@@ -62,11 +62,8 @@ impl Kind for Memfd {
         if f.pos > 0 {
             p.call("lseek (memfd)", libc::SYS_lseek, &[tmp, f.pos, libc::SEEK_SET as u64])?;
         }
-        move_fd(p, tmp, f.fd, f.flags)?;
-        // (When `tmp` was already that number, close-on-exec is still
-        // memfd_create's: none.)
-        let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
-        p.call("fcntl(F_SETFD) (memfd)", libc::SYS_fcntl, &[f.fd as u64, libc::F_SETFD as u64, cloexec])?;
+        // (memfd_create set no close-on-exec.)
+        move_fd_setting_cloexec(p, tmp, f.fd, f.flags)?;
         cx.memfds.push((*ino, f.fd as u64, false));
         Ok(())
     }

@@ -288,6 +288,18 @@ pub(crate) fn move_fd(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<(
     Ok(())
 }
 
+/// [`move_fd`] for a descriptor made by a call that does not take the
+/// close-on-exec flag, or always sets it (`memfd_create`, `pidfd_open`):
+/// when `new` is already number `fd`, no `dup3` sets the flag, so it is
+/// set to `flags`' there.
+pub(crate) fn move_fd_setting_cloexec(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
+    if new != fd as u64 {
+        return move_fd(p, new, fd, flags);
+    }
+    let cloexec = if flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
+    p.call("fcntl(F_SETFD)", libc::SYS_fcntl, &[fd as u64, libc::F_SETFD as u64, cloexec]).map(drop)
+}
+
 /// `socket()` type bits for a socket that had the open flags `flags`.
 pub(crate) fn socket_type(kind: i32, flags: u32) -> u64 {
     let mut ty = kind as u64;

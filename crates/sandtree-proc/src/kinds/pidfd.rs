@@ -7,7 +7,7 @@
 //! Refused: a pidfd of another process of the sandbox (the processes are
 //! restored one at a time: it may not exist yet when this one's is made).
 
-use super::{Kind, Remake, move_fd};
+use super::{Kind, Remake, move_fd_setting_cloexec};
 use crate::Result;
 use crate::model::{AnonState, FdImage, FdKind, ProcessImage};
 use crate::pid::SandboxPid;
@@ -37,9 +37,7 @@ impl Kind for Pidfd {
         let Some(pid) = target(f).filter(|_| f.same_as.is_none()) else { return Ok(()) };
         let nonblock = if f.flags & libc::O_NONBLOCK as u32 != 0 { libc::O_NONBLOCK as u64 } else { 0 };
         let new = cx.p.call("pidfd_open", libc::SYS_pidfd_open, &[pid.raw() as u64, nonblock])?;
-        move_fd(cx.p, new, f.fd, f.flags)?;
-        // (pidfd_open sets close-on-exec; the number may have been free.)
-        let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
-        cx.p.call("fcntl(F_SETFD)", libc::SYS_fcntl, &[f.fd as u64, libc::F_SETFD as u64, cloexec]).map(drop)
+        // (pidfd_open sets close-on-exec.)
+        move_fd_setting_cloexec(cx.p, new, f.fd, f.flags)
     }
 }
