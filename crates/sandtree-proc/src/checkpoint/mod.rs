@@ -1014,12 +1014,11 @@ fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::R
 /// `/proc` and `/dev` that the sandbox made are detached by a rollback
 /// too, and not refused yet.)
 fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> Option<Unrestorable> {
-    let kept = |t: &std::path::Path| t.starts_with("/proc") || t.starts_with("/dev");
     let mut ids: Vec<&i32> = mounts.keys().collect();
     ids.sort();
     let mut uppers: Vec<std::path::PathBuf> = Vec::new();
     for m in ids.into_iter().map(|id| &mounts[id]) {
-        if kept(&m.target) {
+        if crate::kinds::kept_path(&m.target.to_string_lossy()) {
             continue;
         }
         let what = match m.fstype.as_str() {
