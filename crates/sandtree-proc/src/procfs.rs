@@ -465,7 +465,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
         Ok(AddressFamily::NETLINK) => "netlink",
         _ => "other",
     };
-    let stream = matches!(sockopt::socket_type(&dup), Ok(SocketType::STREAM) | Ok(SocketType::SEQPACKET));
+    let ty = sockopt::socket_type(&dup);
+    let stream = matches!(ty, Ok(SocketType::STREAM) | Ok(SocketType::SEQPACKET));
     let listening = sockopt::socket_acceptconn(&dup).unwrap_or(false);
     let connected = !listening && matches!(rustix::net::getpeername(&dup), Ok(Some(_)));
     let bound = (family == "unix")
@@ -483,8 +484,9 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
             || (sandtree_sys::sockopt::peek_offset(&dup).is_ok_and(|o| o < 0)
                 && matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0))
     };
-    let inet =
-        (family.starts_with("inet") && (listening || (!stream && !connected))).then(|| inet_binding(&dup)).flatten();
+    let inet = (family.starts_with("inet") && (listening || (!stream && !connected)))
+        .then(|| inet_binding(&dup, matches!(ty, Ok(SocketType::STREAM))))
+        .flatten();
     // Data queued on a connected unix socket is captured when no
     // descriptor is in flight with it, its receiver does not take the
     // sender's credentials (SO_PASSCRED: the restore sends as the daemon),
@@ -507,7 +509,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
 }
 
 /// The bound address and options of an inet socket (`None`: not bound).
-fn inet_binding(sock: &OwnedFd) -> Option<InetBinding> {
+fn inet_binding(sock: &OwnedFd, stream: bool) -> Option<InetBinding> {
     use rustix::net::{SocketAddrV4, SocketAddrV6, sockopt};
     let addr = rustix::net::getsockname(sock).ok()?;
     let sockaddr = if let Ok(v4) = SocketAddrV4::try_from(addr.clone()) {
@@ -534,7 +536,6 @@ fn inet_binding(sock: &OwnedFd) -> Option<InetBinding> {
     let int = |v: Vec<u8>| i32::from_ne_bytes(v.get(..4)?.try_into().ok()?).into();
     let protocol = sandtree_sys::sockopt::get_raw(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL, 4).ok().and_then(int);
     // (Multicast options read on a stream socket, but cannot be set on one.)
-    let stream = sockopt::socket_type(sock).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
     let options = INET_OPTIONS
         .iter()
         .filter(|(level, name)| !(stream && MULTICAST.contains(&(*level, *name))))
@@ -735,10 +736,13 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             Link::Pipe(ino) => FdKind::Pipe { ino },
             Link::Socket(ino) => socket_kind(pid, pidfd.as_ref(), fd, ino),
             Link::Anon(what) => {
-                let state = match what {
+                let mut state = match what {
                     "inotify" => Some(inotify_state(pid, &info.text, pidfd.as_ref(), fd, mounts)),
                     _ => anon_state(what, &info.text, pidfd.as_ref(), fd),
                 };
+                if let Some(AnonState::Epoll { stale, .. }) = &mut state {
+                    *stale = stale_watches(pid, &info.text);
+                }
                 FdKind::AnonInode { what: what.to_string(), state }
             }
             Link::Memfd(name) => memfd_kind(pidfd.as_ref(), fd, name, &entry.path()),
@@ -787,28 +791,19 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
     }
     out.sort_by_key(|f| f.fd);
     mark_dups(pid, &mut out);
-    mark_stale_watches(pid, &mut out);
     Ok(out)
 }
 
-/// For each epoll of `fds`: the watched descriptor numbers whose watched
-/// file (`ino:` in the epoll's fdinfo) is not the file that number names
-/// now (closed, or dup'd and closed, or reused).
-fn mark_stale_watches(pid: HostPid, fds: &mut [FdImage]) {
+/// The watched descriptor numbers of an epoll of process `pid` (its
+/// fdinfo `text`) whose watched file (`ino:`) is not the file that number
+/// names now (closed, or dup'd and closed, or reused).
+fn stale_watches(pid: HostPid, text: &str) -> Vec<i32> {
     use std::os::unix::fs::MetadataExt;
-    for f in fds.iter_mut() {
-        let FdKind::AnonInode { state: Some(AnonState::Epoll { watches, stale }), .. } = &mut f.kind else { continue };
-        if watches.is_empty() {
-            continue;
-        }
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", f.fd)) else { continue };
-        for (tfd, ino) in epoll_watch_inodes(&text) {
-            let now = fs::metadata(format!("/proc/{pid}/fd/{tfd}")).map(|m| m.ino()).ok();
-            if now != Some(ino) {
-                stale.push(tfd);
-            }
-        }
-    }
+    epoll_watch_inodes(text)
+        .into_iter()
+        .filter(|&(tfd, ino)| fs::metadata(format!("/proc/{pid}/fd/{tfd}")).map(|m| m.ino()).ok() != Some(ino))
+        .map(|(tfd, _)| tfd)
+        .collect()
 }
 
 /// (watched descriptor, inode of the watched file) of each watch in an
