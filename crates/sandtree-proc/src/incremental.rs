@@ -30,10 +30,11 @@
 //!   controls, locked memory, nice and scheduling policy, the mm's code,
 //!   data, argument and environment bounds, limits, OOM score, personality,
 //!   timer slack, namespaces, `comm`;
-//! - the descriptors the template keeps (pipes, sockets, ptys, eventfds,
-//!   epolls, memfds...: every kind the restore does not reopen or make
-//!   anew) are the very same open files at the same numbers (`kcmp`), and
-//!   the standby holds no other.
+//! - the descriptors the template keeps (sockets, ptys, eventfds, epolls,
+//!   memfds...: every kind the restore does not reopen or make anew) are
+//!   the very same open files at the same numbers (`kcmp`), each pipe end's
+//!   number holds an `O_PATH` of the same pipe, and the standby holds no
+//!   other.
 //!
 //! What may differ is set in the standby: the handlers of caught signals
 //! (read from the process by injected `rt_sigaction`, set in the standby),
@@ -422,8 +423,8 @@ fn mismatch(
     // (A fork copies the template's table: while the standby's fork runs,
     // the template's.)
     let sb = base.standby.as_ref().map(|s| s.host).unwrap_or(base.template);
-    let kept: Vec<&FdImage> =
-        fds.iter().filter(|f| !f.kind.recreated() || matches!(f.kind, FdKind::Memfd { .. })).collect();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let kept: Vec<&FdImage> = fds.iter().filter(|f| template_holds(f)).collect();
     let held: HashSet<i32> = match std::fs::read_dir(format!("/proc/{sb}/fd")) {
         Ok(dir) => dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
         Err(e) => return Some(format!("the standby's descriptors: {e}")),
@@ -433,8 +434,13 @@ fn mismatch(
     }
     for f in kept {
         let fd = f.fd;
-        if !held.contains(&fd) || !sandtree_sys::process::same_open_file(host.raw(), fd, sb.raw(), fd).unwrap_or(false)
-        {
+        // (A pipe end's number holds an `O_PATH` of the pipe's inode.)
+        let same = match f.kind {
+            FdKind::Pipe { ino } => std::fs::metadata(format!("/proc/{sb}/fd/{fd}"))
+                .is_ok_and(|m| m.ino() == ino && m.file_type().is_fifo()),
+            _ => sandtree_sys::process::same_open_file(host.raw(), fd, sb.raw(), fd).unwrap_or(false),
+        };
+        if !held.contains(&fd) || !same {
             return Some(format!("descriptor {fd} changed"));
         }
         // Close-on-exec is the descriptor table's, not the file's. (From
@@ -451,6 +457,17 @@ fn mismatch(
         }
     }
     None
+}
+
+/// Whether a template holds a descriptor at `f`'s number after its set-up
+/// (`Template::prepare`): one of a kind it keeps, a memfd, or the `O_PATH`
+/// of a pipe end (a dup's number is closed).
+fn template_holds(f: &FdImage) -> bool {
+    match f.kind {
+        FdKind::Memfd { .. } => true,
+        FdKind::Pipe { .. } => f.same_as.is_none(),
+        ref k => !k.recreated(),
+    }
 }
 
 /// Signal number and raw kernel `struct sigaction` (32 bytes).

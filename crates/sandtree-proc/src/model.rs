@@ -279,7 +279,7 @@ impl FdKind {
     /// rather than kept from the template.
     pub fn recreated(&self) -> bool {
         match self {
-            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } => true,
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
@@ -351,7 +351,10 @@ pub enum FdKind {
         /// Path inside the sandbox.
         path: String,
     },
-    /// A pipe or FIFO.
+    /// An anonymous pipe's end. The template keeps an `O_PATH` descriptor
+    /// of the pipe's inode on its number (not an end: the pipe's readers
+    /// and writers are the running processes' alone); the restore opens
+    /// the end again through it (`kinds/pipe.rs`).
     Pipe {
         /// Inode number.
         ino: u64,
@@ -552,6 +555,24 @@ pub struct PipeBuffer {
     /// Its capacity (`F_GETPIPE_SZ`): a FIFO made anew gets it back.
     #[serde(default)]
     pub size: usize,
+    /// An anonymous pipe with an end held outside the checkpoint's
+    /// processes at the checkpoint (a reader with no captured reader, or a
+    /// writer with no captured writer): the daemon's output pipe of a
+    /// background process, the input of a command still being fed. The
+    /// restore leaves what it holds as it is: that stream belongs to the
+    /// outside end, which a rollback does not rewind.
+    #[serde(default)]
+    pub outside: bool,
+    /// The lengths of the messages `bytes` is made of, when the pipe holds
+    /// more than one written in packet mode (`O_DIRECT`); empty for a
+    /// byte stream.
+    #[serde(default)]
+    pub packets: Vec<u32>,
+    /// An anonymous pipe had (a reader, a writer) at the checkpoint,
+    /// anywhere: what `outside` is worked out from, once every process's
+    /// ends are known.
+    #[serde(skip)]
+    pub ends: (bool, bool),
 }
 
 /// What was queued for reading on a connected unix socket at the

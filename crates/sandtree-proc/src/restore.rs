@@ -108,7 +108,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // checkpoint state goes back before anything runs. FIFOs on the layers
     // are reopened by path in the rolled-back tree (in `fix_up`): their
     // keepers close once every process is back.
-    let fifos = crate::kinds::put_back_shared(set)?;
+    let keepers = crate::kinds::put_back_shared(set)?;
     tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down. One
@@ -154,6 +154,9 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
     }
     st.holders.extend(holders);
+    // Every process is back with its pipe ends: the pipes' readers and
+    // writers are theirs alone from now on.
+    drop(keepers.pipes);
     let t_rel = std::time::Instant::now();
     // (Back on its CPU once the rollback has its answer.)
     crate::inject::step_aside();
@@ -164,7 +167,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             released = res;
         }
     }
-    drop(fifos);
+    drop(keepers.fifos);
     tracing::debug!(release = ?t_rel.elapsed(), "restore released");
     released?;
     Ok(report)

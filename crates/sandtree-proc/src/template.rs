@@ -127,14 +127,30 @@ impl Template {
         // Bound inet sockets and unix listeners too: the restore makes them
         // anew, and a template holding them would keep a port (or a socket
         // file of the old tree) taken after the original closed them.
+        // A pipe end becomes an `O_PATH` descriptor of the pipe's inode on
+        // its number (`kinds/pipe.rs`): the pipe's ends are the running
+        // processes' alone, and the restore opens them again through it.
+        use crate::batch::Arg;
         for f in &image.fds {
-            // (Memfds stay: their numbers must stay taken while a restore
-            // holds a new memfd on a spare descriptor, see `fix_up`.)
-            if f.kind.recreated() && !matches!(f.kind, FdKind::Memfd { .. }) {
-                b.call("close", libc::SYS_close, &[crate::batch::Arg::Val(f.fd as u64)]);
-                if b.is_full() {
-                    tpl.run_batch(&mut b)?;
+            match &f.kind {
+                FdKind::Pipe { .. } if f.same_as.is_none() => {
+                    let path = b.path(&format!("/proc/self/fd/{}", f.fd));
+                    let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+                    let o = b.call("open (O_PATH of a pipe)", libc::SYS_open, &[path, Arg::Val(flags), Arg::Val(0)]);
+                    let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
+                    b.call("dup3 (O_PATH of a pipe)", libc::SYS_dup3, &[o, Arg::Val(f.fd as u64), Arg::Val(cloexec)]);
+                    b.call("close", libc::SYS_close, &[o]);
                 }
+                // (Memfds stay: their numbers must stay taken while a restore
+                // holds a new memfd on a spare descriptor, see `fix_up`.)
+                FdKind::Memfd { .. } => continue,
+                k if k.recreated() => {
+                    b.call("close", libc::SYS_close, &[Arg::Val(f.fd as u64)]);
+                }
+                _ => continue,
+            }
+            if b.is_full() {
+                tpl.run_batch(&mut b)?;
             }
         }
         // Leave the original's session / process group: while any task is in

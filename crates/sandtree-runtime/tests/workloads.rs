@@ -641,6 +641,21 @@ static PIPE_KEEPS_BUFFERED_BYTES: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A checkpoint leaves a pipe's ends to the running processes alone: after
+/// a mere checkpoint, closing every write end gives the reader the end of
+/// file, closing the read end breaks the pipe for the writer (before, the
+/// templates held ends of every pipe: the reader waited forever; issue 36,
+/// class 1). The rollback brings the ends back open, with their flags, one
+/// pipe per pair, a packet-mode pipe's messages whole.
+static PIPE_ENDS_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
+    program: program!("pipe_ends_closed_after_a_checkpoint.py"),
+    at_ck: &[("state", Is("ends=r+nb,w,w,r,w+nb,r+nb,w+nb+direct pair=same pipe3=7"))],
+    // (Round 2 starts from round 1's `after`, which closed them.)
+    mutate: &[&[Ask("close", Is("read=eof write=broken"))], &[]],
+    after: &[Ask("messages", Is("got=b'one',b'two!'")), Ask("close", Is("read=eof write=broken"))],
+    ..Spec::DEFAULT
+};
+
 /// A FIFO on the layer comes back with its bytes, reopened in the
 /// rolled-back tree: both ends are the inode at its path (a writer from
 /// outside reaches the restored reader) and keep their modes, and an epoll
@@ -1655,6 +1670,7 @@ fn main() {
         ("file_offset", declared!(FILE_OFFSET)),
         ("dup_shares_offset", declared!(DUP_SHARES_OFFSET)),
         ("pipe_keeps_buffered_bytes", declared!(PIPE_KEEPS_BUFFERED_BYTES)),
+        ("pipe_ends_closed_after_a_checkpoint", declared!(PIPE_ENDS_CLOSED_AFTER_A_CHECKPOINT)),
         ("fifo_on_layer", declared!(FIFO_ON_LAYER)),
         ("memfd_state", declared!(MEMFD_STATE)),
         ("inotify_watches", declared!(INOTIFY_WATCHES)),

@@ -227,6 +227,15 @@ struct Background {
     stderr: Ring,
     /// How many of its two output pumps have ended (their pipe closed).
     pumped: watch::Receiver<u8>,
+    /// Its output pipes (stdout, stderr), named without being opened
+    /// (`O_PATH`): a rollback that restores the process opens their read
+    /// ends again through them (see [`Sandbox::revive_background`]).
+    outputs: Option<[OwnedFd; 2]>,
+    /// Its output pumps, ended by a rollback that restores it.
+    pumps: Vec<tokio::task::AbortHandle>,
+    /// The read ends opened again by a rollback, pumped once the process
+    /// is back ([`Sandbox::resume_background_output`]).
+    reopened: Option<[OwnedFd; 2]>,
 }
 
 /// Background processes of one sandbox handle.
@@ -262,6 +271,31 @@ fn watch_exit(
 }
 
 impl BackgroundTable {
+    /// Pump background process `pid`'s output pipes into its rings, from
+    /// now on (a new count of ended pumps).
+    fn pump_output(&self, pid: i32, stdout: pipe::Receiver, stderr: pipe::Receiver) -> [JoinHandle<()>; 2] {
+        let (pumped_tx, pumped) = watch::channel(0u8);
+        let pumped_tx = Arc::new(pumped_tx);
+        let pump_to = |rx, is_out: bool| {
+            let (procs, done) = (self.procs.clone(), pumped_tx.clone());
+            let sink = move |b: &[u8]| {
+                if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
+                    if is_out { bg.stdout.push(b) } else { bg.stderr.push(b) }
+                }
+            };
+            tokio::spawn(async move {
+                pump(rx, sink).await;
+                done.send_modify(|n| *n += 1);
+            })
+        };
+        let pumps = [pump_to(stdout, true), pump_to(stderr, false)];
+        if let Some(bg) = self.procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
+            bg.pumped = pumped;
+            bg.pumps = pumps.iter().map(|p| p.abort_handle()).collect();
+        }
+        pumps
+    }
+
     pub(crate) fn abort_all(&self) {
         for t in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             t.abort();
@@ -301,8 +335,16 @@ fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)>
     env
 }
 
-fn pipe_pair() -> Result<(OwnedFd, OwnedFd)> {
-    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io_err("pipe")(e.into()))
+/// A pipe for a program's stdio, owned by the sandbox's root (host uid
+/// `owner`), as if the sandbox had made it: the process engine opens a pipe
+/// end again inside the sandbox at a restore (through `/proc/self/fd`),
+/// which a pipe of the host's root (unmapped there) would refuse.
+fn pipe_pair(owner: u32) -> Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io_err("pipe")(e.into()))?;
+    let id = Some(rustix::process::Uid::from_raw(owner));
+    let gid = Some(rustix::process::Gid::from_raw(owner));
+    rustix::fs::fchown(&r, id, gid).map_err(|e| io_err("chown of a pipe")(e.into()))?;
+    Ok((r, w))
 }
 
 async fn pump(rx: pipe::Receiver, mut sink: impl FnMut(&[u8])) {
@@ -464,10 +506,10 @@ struct Started {
     stdin_task: JoinHandle<()>,
 }
 
-async fn start(conn: &Arc<Conn>, req: &ExecRequest, setsid: bool, stdin: Stdin) -> Result<Started> {
-    let (in_r, in_w) = pipe_pair()?;
-    let (out_r, out_w) = pipe_pair()?;
-    let (err_r, err_w) = pipe_pair()?;
+async fn start(conn: &Arc<Conn>, owner: u32, req: &ExecRequest, setsid: bool, stdin: Stdin) -> Result<Started> {
+    let (in_r, in_w) = pipe_pair(owner)?;
+    let (out_r, out_w) = pipe_pair(owner)?;
+    let (err_r, err_w) = pipe_pair(owner)?;
     let spawn = Request::Spawn {
         argv: req.argv.clone(),
         env: build_env(req, &[]),
@@ -543,7 +585,7 @@ impl Sandbox {
     async fn exec_from(&self, req: ExecRequest, stdin: Stdin) -> Result<ExecOutput> {
         let t0 = Instant::now();
         let conn = self.conn().clone();
-        let st = start(&conn, &req, false, stdin).await?;
+        let st = start(&conn, self.inner.cfg.uid_base, &req, false, stdin).await?;
         let max = req.max_output_bytes;
         let cap_out = Arc::new(Mutex::new(Capture::default()));
         let cap_err = Arc::new(Mutex::new(Capture::default()));
@@ -582,7 +624,7 @@ impl Sandbox {
 
     async fn exec_stream_from(&self, req: ExecRequest, stdin: Stdin) -> Result<ExecStream> {
         let conn = self.conn().clone();
-        let st = start(&conn, &req, false, stdin).await?;
+        let st = start(&conn, self.inner.cfg.uid_base, &req, false, stdin).await?;
         let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
         let pid = st.pid;
         let (exited, exit_rx) = watch::channel(false);
@@ -604,7 +646,7 @@ impl Sandbox {
     pub async fn spawn_background(&self, mut req: ExecRequest) -> Result<ProcessInfo> {
         let conn = self.conn().clone();
         let stdin = Stdin::Bytes(req.stdin.take());
-        let st = start(&conn, &req, true, stdin).await?;
+        let st = start(&conn, self.inner.cfg.uid_base, &req, true, stdin).await?;
         let info = ProcessInfo {
             pid: st.pid,
             argv: req.argv.clone(),
@@ -612,38 +654,49 @@ impl Sandbox {
             exit: None,
         };
         let table = &self.inner.background;
-        let (pumped_tx, pumped) = watch::channel(0u8);
+        let name = |rx: &pipe::Receiver| {
+            use std::os::fd::AsRawFd;
+            let path = format!("/proc/self/fd/{}", rx.as_raw_fd());
+            rustix::fs::open(path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        };
+        // (Without them, a rollback cannot give a restored process its
+        // output back: it is then restarted, see `reroot`.)
+        let outputs = match (name(&st.stdout), name(&st.stderr)) {
+            (Ok(o), Ok(e)) => Some([o, e]),
+            _ => None,
+        };
+        let (_, pumped) = watch::channel(2u8);
         table.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
             st.pid,
-            Background { info: info.clone(), incarnation: 0, stdout: Ring::default(), stderr: Ring::default(), pumped },
+            Background {
+                info: info.clone(),
+                incarnation: 0,
+                stdout: Ring::default(),
+                stderr: Ring::default(),
+                pumped,
+                outputs,
+                pumps: Vec::new(),
+                reopened: None,
+            },
         );
         let pid = st.pid;
-        let ring_sink = |procs: Arc<Mutex<HashMap<i32, Background>>>, is_out: bool| {
-            move |b: &[u8]| {
-                if let Some(bg) = procs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&pid) {
-                    if is_out { bg.stdout.push(b) } else { bg.stderr.push(b) }
-                }
-            }
-        };
-        let pumped_tx = Arc::new(pumped_tx);
-        let pump_to = |rx, is_out: bool| {
-            let (sink, done) = (ring_sink(table.procs.clone(), is_out), pumped_tx.clone());
-            async move {
-                pump(rx, sink).await;
-                done.send_modify(|n| *n += 1);
-            }
-        };
-        let out = tokio::spawn(pump_to(st.stdout, true));
-        let err = tokio::spawn(pump_to(st.stderr, false));
+        let pumps = table.pump_output(pid, st.stdout, st.stderr);
         let waiter = watch_exit(conn, table.procs.clone(), pid, 0);
         let mut tasks = table.tasks.lock().unwrap_or_else(|e| e.into_inner());
         tasks.retain(|t| !t.is_finished());
-        tasks.extend([out, err, waiter, st.stdin_task]);
+        tasks.extend(pumps.into_iter().chain([waiter, st.stdin_task]));
         Ok(info)
     }
 
-    /// A background process was restored from a template with its pid: it
-    /// runs again (its output pipes are the ones the template kept open).
+    /// A background process is about to be restored from a template with
+    /// its pid, by a rollback that kills the running one: it runs again.
+    /// Its output pipes get read ends of ours again, opened now, before the
+    /// kill (the old pumps end here): with a reader always there, the
+    /// restored process's writes never break the pipe, and the pumps
+    /// started once it is back ([`Sandbox::resume_background_output`]) never
+    /// read an end of file meant for the killed one. (The process engine
+    /// gives the restored process its write ends again through the same
+    /// pipes, `sandtree_proc`'s `kinds/pipe.rs`.)
     pub(crate) fn revive_background(&self, pid: i32) {
         let table = &self.inner.background;
         let incarnation = {
@@ -651,10 +704,50 @@ impl Sandbox {
             let Some(bg) = procs.get_mut(&pid) else { return };
             bg.incarnation += 1;
             bg.info.exit = None;
+            for p in bg.pumps.drain(..) {
+                p.abort();
+            }
+            let reopen = |o: &OwnedFd| {
+                use std::os::fd::AsRawFd;
+                let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
+                rustix::fs::open(format!("/proc/self/fd/{}", o.as_raw_fd()), flags, rustix::fs::Mode::empty())
+            };
+            bg.reopened = match &bg.outputs {
+                Some([o, e]) => match (reopen(o), reopen(e)) {
+                    (Ok(o), Ok(e)) => Some([o, e]),
+                    (Err(err), _) | (_, Err(err)) => {
+                        tracing::warn!(pid, "output of a restored background process lost: {err}");
+                        None
+                    }
+                },
+                None => None,
+            };
             bg.incarnation
         };
         let waiter = watch_exit(self.conn().clone(), table.procs.clone(), pid, incarnation);
         table.tasks.lock().unwrap_or_else(|e| e.into_inner()).push(waiter);
+    }
+
+    /// The restored background processes are back: their output is read
+    /// again (see [`Sandbox::revive_background`]).
+    pub fn resume_background_output(&self) {
+        let table = &self.inner.background;
+        let reopened: Vec<(i32, [OwnedFd; 2])> = {
+            let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());
+            procs.iter_mut().filter_map(|(pid, bg)| Some((*pid, bg.reopened.take()?))).collect()
+        };
+        let mut tasks = Vec::new();
+        for (pid, [o, e]) in reopened {
+            match (pipe::Receiver::from_owned_fd(o), pipe::Receiver::from_owned_fd(e)) {
+                (Ok(o), Ok(e)) => tasks.extend(table.pump_output(pid, o, e)),
+                (Err(err), _) | (_, Err(err)) => {
+                    tracing::warn!(pid, "output of a restored background process lost: {err}")
+                }
+            }
+        }
+        let mut all = table.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|t| !t.is_finished());
+        all.extend(tasks);
     }
 
     /// Background processes started through this handle.

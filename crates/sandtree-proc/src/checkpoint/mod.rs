@@ -647,8 +647,9 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     // been refused).
     let mut pipes = Vec::new();
     reachable.retain(|(_, host, _)| made.iter().any(|t| t.host == *host));
-    for pipe in captured_pipes {
+    for mut pipe in captured_pipes {
         if let Some(&(_, host, fd)) = reachable.iter().find(|(key, ..)| *key == (pipe.dev, pipe.ino)) {
+            pipe.outside = end_outside(&pipe, &made);
             pipes.push((pipe, host, fd));
         }
     }
@@ -664,6 +665,21 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         },
     );
     Ok(report)
+}
+
+/// Whether anonymous pipe `pipe` had an end at the checkpoint that none of
+/// the captured processes (`made`) holds: a reader, or a writer, outside.
+fn end_outside(pipe: &crate::model::PipeBuffer, made: &[Template]) -> bool {
+    let (readers, writers) = pipe.ends;
+    let ends =
+        made.iter().flat_map(|t| &t.image.fds).filter(|f| matches!(f.kind, FdKind::Pipe { ino } if ino == pipe.ino));
+    let (mut read, mut write) = (false, false);
+    for f in ends {
+        let mode = f.flags & libc::O_ACCMODE as u32;
+        read |= mode != libc::O_WRONLY as u32;
+        write |= mode != libc::O_RDONLY as u32;
+    }
+    (readers && !read) || (writers && !write)
 }
 
 /// Pass 1 for one stopped original: its timers and the `clone`, then its

@@ -8,7 +8,7 @@
 //! | regular files, directories (layers, kept mounts, other mounts) | `file` | reopened by path (layers), kept (`/dev`, `/proc`), refused (other mounts) |
 //! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
 //! | memfds | `memfd` | made anew, contents and seals copied |
-//! | pipes | `pipe` | kept; buffered bytes put back |
+//! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
 //! | unix sockets | `unix` | kept; listeners bound anew; queued data sent again |
 //! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
@@ -30,7 +30,8 @@
 //!   descriptor (see [`fix_up_descriptors`]).
 //!
 //! Which descriptors a template closes at its set-up (the ones made anew)
-//! is [`FdKind::recreated`]. The contents of shared objects (pipe bytes,
+//! is [`FdKind::recreated`] (a pipe end becomes an `O_PATH` descriptor
+//! instead, a memfd stays). The contents of shared objects (pipe bytes,
 //! socket queues, eventfd counters, timerfd settings) are captured in pass
 //! 1 and put back before the processes are cloned: each kind's module has
 //! its functions, called by `checkpoint/` and [`put_back_shared`].
@@ -225,15 +226,23 @@ pub(crate) fn fix_up_descriptors(
     Ok(())
 }
 
+/// What a restore holds open while the processes come back: keepers of
+/// the pipes (see `pipe.rs`), closed once every process is back, before
+/// any runs; keepers of the FIFOs on the layers, by path (see `fifo.rs`),
+/// closed once they run.
+pub(crate) struct Keepers {
+    pub pipes: Vec<OwnedFd>,
+    pub fifos: HashMap<String, OwnedFd>,
+}
+
 /// Before any process is cloned at a restore: the state of the objects the
-/// templates share with the killed originals goes back (pipe bytes,
-/// eventfd counters, timerfd settings; unix socket queues drained, then
-/// filled again by their peers). FIFOs on the layers get a keeper each
-/// (see `fifo.rs`), returned: they must stay open until every process is
-/// back.
-pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<HashMap<String, OwnedFd>> {
-    let keepers = fifo::open_keepers(set)?;
-    pipe::put_back(set, &keepers)?;
+/// templates share with the killed originals goes back (eventfd counters,
+/// timerfd settings; unix socket queues drained, then filled again by
+/// their peers), and the pipes are opened again and filled (their keepers
+/// returned).
+pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<Keepers> {
+    let fifos = fifo::open_keepers(set)?;
+    let pipes = pipe::put_back(set, &fifos)?;
     for t in &set.templates {
         for f in &t.image.fds {
             unix::drain(t.host, f)?;
@@ -243,7 +252,7 @@ pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<HashMap<Strin
     }
     // After every drain.
     unix::put_back_queues(set)?;
-    Ok(keepers)
+    Ok(Keepers { pipes, fifos })
 }
 
 /// A path on the kept `/proc` or `/dev` (mounts a rollback keeps).
