@@ -281,7 +281,7 @@ impl FdKind {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
             FdKind::Fifo { on_layer, .. } => *on_layer,
-            FdKind::Socket { inet: Some(_), .. } => true,
+            FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
             // (One of a process that had exited at the checkpoint stays.)
@@ -406,6 +406,11 @@ pub enum FdKind {
         /// port taken after the original closed it).
         #[serde(default)]
         inet: Option<InetBinding>,
+        /// One end of a pair of unnamed unix sockets (`socketpair`) whose
+        /// other end is alive: made anew at the restore (see
+        /// [`UnixPair`]).
+        #[serde(default)]
+        pair: Option<UnixPair>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -540,6 +545,26 @@ pub struct InotifyWatch {
     /// The inode is a symbolic link (added again with `IN_DONT_FOLLOW`).
     #[serde(default)]
     pub dont_follow: bool,
+}
+
+/// One end of a pair of unnamed unix sockets (`socketpair`), connected to
+/// a live peer. A template holds no end of one (a peer's close must show
+/// as the end of the stream, checkpoint or not): the restore makes the
+/// pair anew in the first restored process that holds an end and hands
+/// the ends to the others (`kinds/unix.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixPair {
+    /// The peer's inode.
+    pub peer: u64,
+    /// `SOCK_STREAM`, `SOCK_DGRAM` or `SOCK_SEQPACKET`.
+    pub sock_type: i32,
+    /// It was shut down for sending (`shutdown(SHUT_WR)` here, or
+    /// `SHUT_RD` by the peer of a connection-oriented pair).
+    pub send_shutdown: bool,
+    /// It was shut down for receiving.
+    pub rcv_shutdown: bool,
+    /// `SO_PASSCRED` was set.
+    pub passcred: bool,
 }
 
 /// The bytes a pipe (or FIFO) held at the checkpoint.

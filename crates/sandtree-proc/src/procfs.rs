@@ -440,7 +440,7 @@ pub fn epoll_watches_of(pid: HostPid, fd: i32) -> io::Result<Vec<(i32, u32, u64)
 /// What a socket is, asked of the socket itself (a duplicate taken with
 /// `pidfd_getfd`): far cheaper than `/proc/net/tcp`, which walks the
 /// whole connection hash table.
-fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKind {
+fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>, fd: i32, ino: u64) -> FdKind {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let unknown = FdKind::Socket {
         ino,
@@ -453,6 +453,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
         queued: false,
         peer: None,
         inet: None,
+        pair: None,
     };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
@@ -493,19 +494,61 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32, ino: u64) -> FdKi
     // and it can still receive, through the peer that sent it.
     // (The data itself is peeked once, by the checkpoint's first pass,
     // which refuses the process if descriptors travel with it.)
-    let peer = (queued && connected && family == "unix" && !sockopt::socket_passcred(&dup).unwrap_or(true))
-        .then(|| crate::sockdiag::diag_socket(pid).ok())
-        .flatten()
-        .and_then(|diag| crate::sockdiag::unix_state(&diag, ino).ok())
-        .filter(|s| !s.rcv_shutdown)
-        .and_then(|s| s.peer);
+    let passcred = sockopt::socket_passcred(&dup).unwrap_or(true);
+    // (One `NETLINK_SOCK_DIAG` socket per process, made at the first ask.)
+    let mut state = || {
+        if diag.is_none() {
+            *diag = crate::sockdiag::diag_socket(pid).ok();
+        }
+        crate::sockdiag::unix_state(diag.as_ref()?, ino).ok()
+    };
+    let unix_connected = connected && family == "unix";
+    // An unnamed pair: neither end has an address.
+    let unnamed = unix_connected
+        && bound.is_none()
+        && rustix::net::getpeername(&dup)
+            .ok()
+            .flatten()
+            // (An unnamed address is the family alone.)
+            .is_some_and(|a| a.addr_len() as usize <= std::mem::size_of::<libc::sa_family_t>());
+    let diag_state = (unix_connected && (queued || unnamed)).then(&mut state).flatten();
+    let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);
+    let pair = diag_state.filter(|_| unnamed).and_then(|s| {
+        let sock_type = match ty {
+            Ok(SocketType::STREAM) => libc::SOCK_STREAM,
+            Ok(SocketType::SEQPACKET) => libc::SOCK_SEQPACKET,
+            Ok(SocketType::DGRAM) => libc::SOCK_DGRAM,
+            _ => return None,
+        };
+        // (0: the peer was released.)
+        let peer = s.peer.filter(|&p| p != 0)?;
+        Some(crate::model::UnixPair {
+            peer,
+            sock_type,
+            send_shutdown: s.send_shutdown,
+            rcv_shutdown: s.rcv_shutdown,
+            passcred,
+        })
+    });
     // (Looked up in the process's tree: a socket file there, or none.)
     let bound_gone = bound.as_deref().is_some_and(|p| {
         p.starts_with('/')
             && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
-    FdKind::Socket { ino, family: family.into(), stream, listening, connected, bound, bound_gone, queued, peer, inet }
+    FdKind::Socket {
+        ino,
+        family: family.into(),
+        stream,
+        listening,
+        connected,
+        bound,
+        bound_gone,
+        queued,
+        peer,
+        inet,
+        pair,
+    }
 }
 
 /// The bound address and options of an inet socket (`None`: not bound).
@@ -727,6 +770,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
     let pidfd = rustix::process::Pid::from_raw(pid.raw())
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let mut out = Vec::new();
+    let mut diag = None;
     for entry in fs::read_dir(format!("/proc/{pid}/fd"))? {
         let entry = entry?;
         let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
@@ -734,7 +778,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
         let Ok(info) = fdinfo(pid, fd) else { continue };
         let kind = match parse_fd_link(&link) {
             Link::Pipe(ino) => FdKind::Pipe { ino },
-            Link::Socket(ino) => socket_kind(pid, pidfd.as_ref(), fd, ino),
+            Link::Socket(ino) => socket_kind(pid, pidfd.as_ref(), &mut diag, fd, ino),
             Link::Anon(what) => {
                 let mut state = match what {
                     "inotify" => Some(inotify_state(pid, &info.text, pidfd.as_ref(), fd, mounts)),

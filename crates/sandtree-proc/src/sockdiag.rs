@@ -34,6 +34,9 @@ pub struct UnixState {
     /// It can no longer receive (`shutdown(SHUT_RD)` here or `SHUT_WR` by
     /// the peer): nothing can be queued on it again.
     pub rcv_shutdown: bool,
+    /// It can no longer send (`shutdown(SHUT_WR)` here or `SHUT_RD` by the
+    /// peer).
+    pub send_shutdown: bool,
 }
 
 /// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.
@@ -99,7 +102,7 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
     if len.min(msg.len()) < 32 {
         return Err(bad());
     }
-    let mut state = UnixState { peer: None, rcv_shutdown: false };
+    let mut state = UnixState { peer: None, rcv_shutdown: false, send_shutdown: false };
     let mut at = 32;
     while at + 4 <= len.min(msg.len()) {
         let alen = u16_at(msg, at).ok_or_else(bad)? as usize;
@@ -109,7 +112,11 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
         }
         match atype {
             UNIX_DIAG_PEER => state.peer = Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64),
-            UNIX_DIAG_SHUTDOWN => state.rcv_shutdown = msg.get(at + 4).ok_or_else(bad)? & 1 != 0,
+            UNIX_DIAG_SHUTDOWN => {
+                let bits = msg.get(at + 4).ok_or_else(bad)?;
+                state.rcv_shutdown = bits & 1 != 0;
+                state.send_shutdown = bits & 2 != 0;
+            }
             _ => {}
         }
         at += alen.next_multiple_of(4);
@@ -144,7 +151,7 @@ mod tests {
         let state = parse_state(answer).expect("an answer");
 
         // Assert
-        assert_eq!(state, UnixState { peer: Some(1665397), rcv_shutdown: false });
+        assert_eq!(state, UnixState { peer: Some(1665397), rcv_shutdown: false, send_shutdown: false });
         assert_eq!(state.peer, Some(inode("b")));
         assert_eq!(u32_at(answer, 20).map(u64::from), Some(inode("a")));
     }
@@ -159,7 +166,7 @@ mod tests {
         let state = parse_state(answer).expect("an answer");
 
         // Assert
-        assert_eq!(state, UnixState { peer: Some(inode("a")), rcv_shutdown: true });
+        assert_eq!(state, UnixState { peer: Some(inode("a")), rcv_shutdown: true, send_shutdown: false });
         assert_eq!(state.peer, Some(1665396));
     }
 
@@ -236,8 +243,14 @@ mod tests {
         .expect("socketpair");
         let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("fstat").st_ino;
         let diag = diag_socket(crate::HostPid(std::process::id() as i32)).expect("sock_diag socket");
-        assert_eq!(unix_state(&diag, ino(&a)).expect("query"), UnixState { peer: Some(ino(&b)), rcv_shutdown: false });
+        assert_eq!(
+            unix_state(&diag, ino(&a)).expect("query"),
+            UnixState { peer: Some(ino(&b)), rcv_shutdown: false, send_shutdown: false }
+        );
         rustix::net::shutdown(&a, rustix::net::Shutdown::Write).expect("shutdown");
-        assert_eq!(unix_state(&diag, ino(&b)).expect("query"), UnixState { peer: Some(ino(&a)), rcv_shutdown: true });
+        assert_eq!(
+            unix_state(&diag, ino(&b)).expect("query"),
+            UnixState { peer: Some(ino(&a)), rcv_shutdown: true, send_shutdown: false }
+        );
     }
 }

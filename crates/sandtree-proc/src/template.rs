@@ -60,6 +60,9 @@ pub(crate) struct CheckpointTemplates {
     /// Data queued on unix sockets, with a template (host pid) and fd of
     /// the peer it is sent from again at restore.
     pub sockets: Vec<(crate::model::SocketBuffer, HostPid, i32)>,
+    /// Data queued on the ends of unix socket pairs, which the restore
+    /// makes anew (`kinds/unix.rs`).
+    pub pair_data: Vec<crate::model::SocketBuffer>,
     pub unrestorable: Vec<Unrestorable>,
     pub last_used: u64,
 }

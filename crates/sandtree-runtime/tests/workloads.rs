@@ -972,6 +972,20 @@ static UNIX_SHUTDOWN: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A unix socket pair between a program and its child: after a mere
+/// checkpoint, the child's exit gives the program the end of the stream
+/// (before, the child's template held its end: the program waited
+/// forever; issue 36, class 1). After a rollback the pair is made anew,
+/// its ends in both restored processes, and works.
+static SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
+    program: program!("socketpair_peer_closed_after_a_checkpoint.py"),
+    at_ck: &[("state", Is("child=pong timeout=3.0"))],
+    // (Round 2 starts from round 1's `after`, whose child quit.)
+    mutate: &[&[Ask("close", Is("peer=eof"))], &[]],
+    after: &[Ask("close", Is("peer=eof"))],
+    ..Spec::DEFAULT
+};
+
 /// Epoll watches keyed by descriptor numbers that no longer name the
 /// watched files (dup'd, then closed) are refused by name: the restore
 /// cannot re-create them under those numbers (before, the rollback failed
@@ -1703,6 +1717,7 @@ fn main() {
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
+        ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),

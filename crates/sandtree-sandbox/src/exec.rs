@@ -689,12 +689,13 @@ impl Sandbox {
     }
 
     /// A background process is about to be restored from a template with
-    /// its pid, by a rollback that kills the running one: it runs again.
-    /// Its output pipes get read ends of ours again, opened now, before the
-    /// kill (the old pumps end here): with a reader always there, the
-    /// restored process's writes never break the pipe, and the pumps
-    /// started once it is back ([`Sandbox::resume_background_output`]) never
-    /// read an end of file meant for the killed one. (The process engine
+    /// its pid, by a rollback that killed the running one: it runs again.
+    /// Its output pipes get read ends of ours again, opened now, once init
+    /// swapped the tree and before the engine's restore (the old pumps end
+    /// here): with a reader always there, the restored process's writes
+    /// never break the pipe, and the pumps started once it is back
+    /// ([`Sandbox::resume_background_output`]) never read an end of file
+    /// meant for the killed one. (The process engine
     /// gives the restored process its write ends again through the same
     /// pipes, `sandtree_proc`'s `kinds/pipe.rs`.)
     pub(crate) fn revive_background(&self, pid: i32) {

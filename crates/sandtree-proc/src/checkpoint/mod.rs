@@ -11,7 +11,7 @@
 
 pub mod repoint;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use sandtree_sys::ptrace;
 use serde::{Deserialize, Serialize};
@@ -601,6 +601,52 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         }
         return Err(e);
     }
+    // An end of a unix socket pair is made anew at the restore, with its
+    // other end: a captured process must hold that one too.
+    loop {
+        let held: HashSet<u64> = made
+            .iter()
+            .flat_map(|t| &t.image.fds)
+            .filter_map(|f| match f.kind {
+                FdKind::Socket { ino, .. } => Some(ino),
+                _ => None,
+            })
+            .collect();
+        let lone = made.iter().enumerate().find_map(|(i, t)| {
+            t.image.fds.iter().find_map(|f| match &f.kind {
+                FdKind::Socket { pair: Some(p), .. } if !held.contains(&p.peer) => Some((i, f.fd)),
+                _ => None,
+            })
+        });
+        let Some((i, fd)) = lone else { break };
+        let t = &made[i];
+        let u = Unrestorable {
+            pid: t.image.pid,
+            comm: t.image.comm.clone(),
+            resource: format!("fd {fd}"),
+            reason: "one end of a unix socket pair whose other end no captured process holds (made anew at a restore, a pair needs both)".into(),
+        };
+        if !best_effort {
+            for t in made {
+                t.kill();
+            }
+            return Err(Error::Unsupported(u));
+        }
+        made.remove(i).kill();
+        report.captured.retain(|p| *p != u.pid);
+        report.reparented.retain(|r| r.pid != u.pid);
+        report.unrestorable.push(u);
+    }
+    // Data queued on an end of a pair goes into the new pair at the
+    // restore.
+    let is_pair = |ino: u64, made: &[Template]| {
+        made.iter()
+            .flat_map(|t| &t.image.fds)
+            .any(|f| matches!(f.kind, FdKind::Socket { ino: i, pair: Some(_), .. } if i == ino))
+    };
+    let (pair_data, captured_sockets): (Vec<_>, Vec<_>) =
+        captured_sockets.into_iter().partition(|(b, _)| is_pair(b.ino, &made));
+    let pair_data: Vec<crate::model::SocketBuffer> = pair_data.into_iter().map(|(b, _)| b).collect();
     // Data queued on a unix socket goes back through its peer, which
     // a template must hold (another process's or its own).
     let sockets = loop {
@@ -660,6 +706,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
             templates: made,
             pipes,
             sockets,
+            pair_data,
             unrestorable: report.unrestorable.clone(),
             last_used: 0,
         },

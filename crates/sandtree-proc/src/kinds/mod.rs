@@ -10,7 +10,7 @@
 //! | memfds | `memfd` | made anew, contents and seals copied |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
-//! | unix sockets | `unix` | kept; listeners bound anew; queued data sent again |
+//! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs made anew, their ends handed between processes; queued data sent again |
 //! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
 //! | other sockets (netlink, ...) | `other_socket` | kept |
 //! | eventfd | `eventfd` | kept; counter put back |
@@ -70,6 +70,7 @@ pub(crate) use deleted::capture_contents;
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
+pub(crate) use unix::Pairs;
 pub(crate) use unix::capture_queue as capture_unix_queue;
 
 /// The hooks of one kind of kernel object (see the module docs). Each has
@@ -134,6 +135,13 @@ pub(crate) struct Remake<'a> {
     /// memfd to open it again through, whether that one is a spare to close
     /// once every memfd is made).
     pub memfds: Vec<(u64, u64, bool)>,
+    /// The restore's unix socket pairs (`unix.rs`).
+    pub pairs: &'a mut Pairs,
+    /// Pair ends placed in this process: (inode, descriptor).
+    pub placed: Vec<(u64, i32)>,
+    /// Pair ends of this process another one made: (inode, descriptor,
+    /// flags), handed over once all are known.
+    pub wanted: Vec<(u64, i32, u32)>,
 }
 
 impl Remake<'_> {
@@ -189,6 +197,7 @@ pub(crate) fn fix_up_descriptors(
     b: &mut Batch,
     image: &ProcessImage,
     (scratch, template): (u64, HostPid),
+    pairs: &mut Pairs,
 ) -> Result<()> {
     for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         if of(&f.kind).reopen(f, b) && b.is_full() {
@@ -196,7 +205,17 @@ pub(crate) fn fix_up_descriptors(
         }
     }
     p.run_batch(b)?;
-    let mut cx = Remake { p, scratch, batch: b, image, template, memfds: Vec::new() };
+    let mut cx = Remake {
+        p,
+        scratch,
+        batch: b,
+        image,
+        template,
+        memfds: Vec::new(),
+        pairs,
+        placed: Vec::new(),
+        wanted: Vec::new(),
+    };
     for kind in REMAKE_ORDER {
         for f in &image.fds {
             if std::ptr::addr_eq(of(&f.kind), kind) {
@@ -205,7 +224,7 @@ pub(crate) fn fix_up_descriptors(
         }
         kind.remade_all(&mut cx)?;
     }
-    let Remake { p, batch: b, .. } = cx;
+    let Remake { p, batch: b, pairs, .. } = cx;
     // Dups of descriptors made anew: the same open file again (one offset).
     for f in &image.fds {
         if let Some(src) = f.same_as {
@@ -219,7 +238,17 @@ pub(crate) fn fix_up_descriptors(
         }
     }
     p.run_batch(b)?;
-    let mut cx = Remake { p, scratch, batch: b, image, template, memfds: Vec::new() };
+    let mut cx = Remake {
+        p,
+        scratch,
+        batch: b,
+        image,
+        template,
+        memfds: Vec::new(),
+        pairs,
+        placed: Vec::new(),
+        wanted: Vec::new(),
+    };
     for f in &image.fds {
         of(&f.kind).link(f, &mut cx)?;
     }
