@@ -280,6 +280,7 @@ impl FdKind {
     pub fn recreated(&self) -> bool {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
+            k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
@@ -287,6 +288,17 @@ impl FdKind {
             // (One of a process that had exited at the checkpoint stays.)
             FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } => pid.raw() > 0,
             _ => false,
+        }
+    }
+
+    /// The index of the pseudo-terminal whose slave this is (`/dev/pts/N`).
+    /// A template holds no terminal's slave: the terminal hangs up (its
+    /// master reads `EIO`) once the running processes closed theirs,
+    /// checkpoint or not; the restore opens it again by path.
+    pub fn terminal(&self) -> Option<u32> {
+        match self {
+            FdKind::KeptFile { path } => path.strip_prefix("/dev/pts/")?.parse().ok(),
+            _ => None,
         }
     }
 

@@ -141,7 +141,7 @@ impl Engine {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
-                        sb.resume_background_output();
+                        sb.resume_restored_io();
                     } else if captured.as_ref().is_some_and(|c| c.captured.is_empty() && c.reparented.is_empty()) {
                         // Only init ran at the checkpoint (of any sandbox of
                         // the tree): with the others killed, that is exact.

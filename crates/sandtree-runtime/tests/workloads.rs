@@ -1466,6 +1466,50 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A session's shell that exits after a checkpoint ends the session's
+/// output (its terminal hangs up: before, the shell's template held the
+/// terminal's slave and the session waited forever; issue 36, class 1).
+/// A rollback brings the shell back on the same terminal, which runs
+/// commands again.
+fn session_shell_exits_after_a_checkpoint(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        use tokio::sync::broadcast::error::RecvError;
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb: sb.clone(), pid: s.pid };
+        let run = |cmd: &'static str| {
+            let (sb, sid) = (sb.clone(), s.id.clone());
+            async move {
+                let req = SessionRunRequest { command: cmd.to_string(), timeout_ms: Some(10_000) };
+                let out = e.session_run(&sb, &sid, req).await?;
+                ensure!(!out.timed_out, "`{cmd}` timed out: {}", out.output);
+                Ok::<_, anyhow::Error>(out.output.trim().to_string())
+            }
+        };
+        ensure!(run("export MARK=at-ck; echo ok").await? == "ok", "session");
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let mut io = e.session_io(&sb, &s.id).await?;
+            io.write(b"exit\r").await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            let ended = loop {
+                match tokio::time::timeout_at(deadline, io.output.recv()).await {
+                    Ok(Ok(chunk)) if chunk.is_empty() => break "ended",
+                    Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => continue,
+                    Ok(Err(RecvError::Closed)) => break "closed",
+                    Err(_) => break "still open after 5 s",
+                }
+            };
+            c.eq("session output after `exit`", ended, "ended");
+            w.rollback(e, &ck).await?;
+            c.eq("shell after rollback", &run("echo $MARK").await?, "at-ck");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
 /// Types `line` into a session and returns what follows `want` in its
 /// output, up to the end of that line.
 async fn type_line(e: &Engine, sb: &str, sid: &str, line: &str, want: &str) -> Result<String> {
@@ -1724,6 +1768,7 @@ fn main() {
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),
         ("git_repo_in_session", git_repo_in_session),
+        ("session_shell_exits_after_a_checkpoint", session_shell_exits_after_a_checkpoint),
     ];
     // Every process tracked: the second of each case's two checkpoints
     // makes its template from the first's where it can (`incremental.rs`),

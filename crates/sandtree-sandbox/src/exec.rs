@@ -234,7 +234,7 @@ struct Background {
     /// Its output pumps, ended by a rollback that restores it.
     pumps: Vec<tokio::task::AbortHandle>,
     /// The read ends opened again by a rollback, pumped once the process
-    /// is back ([`Sandbox::resume_background_output`]).
+    /// is back ([`Sandbox::resume_restored_io`]).
     reopened: Option<[OwnedFd; 2]>,
 }
 
@@ -694,7 +694,7 @@ impl Sandbox {
     /// swapped the tree and before the engine's restore (the old pumps end
     /// here): with a reader always there, the restored process's writes
     /// never break the pipe, and the pumps started once it is back
-    /// ([`Sandbox::resume_background_output`]) never read an end of file
+    /// ([`Sandbox::resume_restored_io`]) never read an end of file
     /// meant for the killed one. (The process engine
     /// gives the restored process its write ends again through the same
     /// pipes, `sandtree_proc`'s `kinds/pipe.rs`.)
@@ -729,9 +729,12 @@ impl Sandbox {
         table.tasks.lock().unwrap_or_else(|e| e.into_inner()).push(waiter);
     }
 
-    /// The restored background processes are back: their output is read
-    /// again (see [`Sandbox::revive_background`]).
-    pub fn resume_background_output(&self) {
+    /// The processes of a rollback are back: the output of restored
+    /// background processes is read again (see
+    /// [`Sandbox::revive_background`]), and their sessions' terminals are
+    /// theirs alone again.
+    pub fn resume_restored_io(&self) {
+        self.inner.sessions.resume();
         let table = &self.inner.background;
         let reopened: Vec<(i32, [OwnedFd; 2])> = {
             let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());

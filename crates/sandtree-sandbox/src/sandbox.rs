@@ -558,6 +558,7 @@ impl Sandbox {
         let sessions: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
         let mut pids = self.inner.background.pids();
         pids.retain(|p| !restore.contains(p));
+        self.inner.sessions.hold_terminals(&restore);
         let members = self.members_dir();
         let fds: Vec<_> = layers.iter().chain(members.iter()).map(|f| f.as_fd()).collect();
         let req = Request::Reroot { targets, keep, restore: restore.clone(), members: members.is_some() };

@@ -3,7 +3,8 @@
 //! replaced tree: reopened at the restore by path in the rolled-back tree,
 //! with its flags (less the creating ones) at its offset, onto its number.
 //! One on a mount that rollback keeps (`/dev`, `/proc`, devpts) is kept
-//! from the template. Refused: a file of another mount that rollback
+//! from the template, but a terminal's slave (`/dev/pts/N`, see
+//! [`FdKind::terminal`]): opened again by path. Refused: a file of another mount that rollback
 //! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
 
 use super::Kind;
@@ -35,6 +36,17 @@ impl Kind for PathFile {
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+        if f.kind.terminal().is_some()
+            && let FdKind::KeptFile { path } = &f.kind
+        {
+            // (Not the terminal of whatever session the process is in
+            // before its own is restored.)
+            let flags = (f.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32) | libc::O_NOCTTY as u32;
+            let path = b.path(path);
+            let fd = b.call("open (terminal)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
+            b.move_fd(fd, f.fd, f.flags);
+            return true;
+        }
         let FdKind::LayerFile { path, .. } = &f.kind else { return false };
         let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
         let path = b.path(path);
