@@ -281,6 +281,7 @@ impl FdKind {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
             k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
+            FdKind::PtyMaster { .. } => true,
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
@@ -297,7 +298,7 @@ impl FdKind {
     /// checkpoint or not; the restore opens it again by path.
     pub fn terminal(&self) -> Option<u32> {
         match self {
-            FdKind::KeptFile { path } => path.strip_prefix("/dev/pts/")?.parse().ok(),
+            FdKind::KeptFile { path, .. } => path.strip_prefix("/dev/pts/")?.parse().ok(),
             _ => None,
         }
     }
@@ -330,6 +331,19 @@ pub enum FdKind {
     KeptFile {
         /// Path inside the sandbox.
         path: String,
+        /// A terminal's slave ([`FdKind::terminal`]): bytes of input
+        /// waiting to be read on it.
+        #[serde(default)]
+        unread: u32,
+    },
+    /// The master of a pseudo-terminal of the sandbox's devpts
+    /// (`/dev/pts/ptmx`). A template holds none (its close must hang the
+    /// terminal up, checkpoint or not): the restore makes the terminal
+    /// anew, with the same index and settings (`kinds/pty.rs`).
+    PtyMaster {
+        /// What it held, if it could be read.
+        #[serde(default)]
+        state: Option<PtyState>,
     },
     /// A file whose last name was removed.
     Deleted {
@@ -557,6 +571,26 @@ pub struct InotifyWatch {
     /// The inode is a symbolic link (added again with `IN_DONT_FOLLOW`).
     #[serde(default)]
     pub dont_follow: bool,
+}
+
+/// A pseudo-terminal, as its master holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyState {
+    /// Its index: the slave is `/dev/pts/<index>`.
+    pub index: u32,
+    /// Its settings (a raw `struct termios2`).
+    pub termios: Vec<u8>,
+    /// Its window size: rows, columns, width and height in pixels.
+    pub winsize: [u16; 4],
+    /// The slave is locked (`unlockpt` not done yet).
+    pub locked: bool,
+    /// Packet mode.
+    pub packet: bool,
+    /// Bytes of output waiting for the master to read.
+    pub unread: u32,
+    /// The slave's owner (uid, gid, host ids) and mode bits.
+    #[serde(default)]
+    pub slave_owner: (u32, u32, u32),
 }
 
 /// One end of a pair of unnamed unix sockets (`socketpair`), connected to

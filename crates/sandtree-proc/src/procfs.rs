@@ -551,6 +551,35 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     }
 }
 
+/// The state of the pty whose master is `fd` (asked of the same open file,
+/// taken with `pidfd_getfd`: opening the master again would make another
+/// pty).
+fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::model::PtyState> {
+    use sandtree_sys::pty::master;
+    use std::os::unix::fs::MetadataExt;
+    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    let w = rustix::termios::tcgetwinsize(&dup).ok()?;
+    let index = master::index(&dup).ok()?;
+    // (The slave's node in the process's devpts, looked at without opening it.)
+    let slave = fs::metadata(format!("/proc/{pid}/root/dev/pts/{index}")).ok()?;
+    Some(crate::model::PtyState {
+        index,
+        slave_owner: (slave.uid(), slave.gid(), slave.mode() & 0o7777),
+        termios: master::termios(&dup).ok()?,
+        winsize: [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
+        locked: master::locked(&dup).ok()?,
+        packet: master::packet_mode(&dup).ok()?,
+        unread: rustix::io::ioctl_fionread(&dup).ok()? as u32,
+    })
+}
+
+/// Bytes waiting to be read on descriptor `fd` (`FIONREAD` of the same
+/// open file).
+fn unread_on(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
+    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    Some(rustix::io::ioctl_fionread(&dup).ok()? as u32)
+}
+
 /// The bound address and options of an inet socket (`None`: not bound).
 fn inet_binding(sock: &OwnedFd, stream: bool) -> Option<InetBinding> {
     use rustix::net::{SocketAddrV4, SocketAddrV6, sockopt};
@@ -826,7 +855,18 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                         let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
                         FdKind::LayerFile { path: link, directory, locked: info.locked() }
                     }
-                    Some(m) if kept_mount(m) => FdKind::KeptFile { path: link },
+                    Some(_) if link == "/dev/pts/ptmx" || link == "/dev/ptmx" => {
+                        FdKind::PtyMaster { state: pty_state(pid, pidfd.as_ref(), fd) }
+                    }
+                    Some(m) if kept_mount(m) => {
+                        let mut kept = FdKind::KeptFile { path: link, unread: 0 };
+                        if kept.terminal().is_some()
+                            && let FdKind::KeptFile { unread, .. } = &mut kept
+                        {
+                            *unread = unread_on(pidfd.as_ref(), fd).unwrap_or(u32::MAX);
+                        }
+                        kept
+                    }
                     _ => FdKind::OtherMount { path: link },
                 }
             }

@@ -108,8 +108,8 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // checkpoint state goes back before anything runs. FIFOs on the layers
     // are reopened by path in the rolled-back tree (in `fix_up`): their
     // keepers close once every process is back.
-    let keepers = crate::kinds::put_back_shared(set)?;
-    let mut pairs = crate::kinds::Pairs::of(set);
+    let mut handed = crate::kinds::Handed::of(set);
+    let keepers = crate::kinds::put_back_shared(set, &mut handed)?;
     tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
     // Small processes first: the big ones take longest to tear down. One
@@ -126,7 +126,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         next += 1;
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
-        let res = restore_one(t, wait, cg, &mut pairs);
+        let res = restore_one(t, wait, cg, &mut handed);
         if !wait
             && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
             && errno.raw_os_error() == Some(libc::EEXIST)
@@ -158,7 +158,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // Every process is back with its pipe ends: the pipes' readers and
     // writers are theirs alone from now on.
     drop(keepers.pipes);
-    drop(pairs);
+    drop(handed);
     let t_rel = std::time::Instant::now();
     // (Back on its CPU once the rollback has its answer.)
     crate::inject::step_aside();
@@ -246,7 +246,7 @@ fn restore_one(
     t: &mut Template,
     wait: bool,
     cg: Option<&crate::cgroup::PoolCgroup>,
-    pairs: &mut crate::kinds::Pairs,
+    handed: &mut crate::kinds::Handed,
 ) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
@@ -328,7 +328,7 @@ fn restore_one(
             })?;
         }
         let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads, pairs)?;
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads, handed)?;
         Ok(p)
     })();
     tracing::debug!(pid = image.pid.raw(), via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
@@ -388,7 +388,7 @@ fn fix_up(
     template: HostPid,
     (via_standby, incremental): (bool, bool),
     threads: &mut Vec<(Tracee, ptrace::Regs)>,
-    pairs: &mut crate::kinds::Pairs,
+    handed: &mut crate::kinds::Handed,
 ) -> Result<()> {
     // Batched (one round trip, `batch.rs`): cwd, files reopened by path,
     // inet sockets. Then one at a time what needs the daemon between calls
@@ -400,7 +400,7 @@ fn fix_up(
     b.call("chdir", libc::SYS_chdir, &[cwd]);
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
-    crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template), pairs)?;
+    crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template), handed)?;
     crate::process::session::restore(&mut b, image);
     crate::process::signals::restore_altstack(&mut b, image, (via_standby, incremental));
     crate::process::threads::restore_registrations(&mut b, image, via_standby);

@@ -986,6 +986,20 @@ static SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A pty the program made, its slave the terminal of a process it
+/// started: after a mere checkpoint, closing the master hangs the terminal
+/// up and the process dies of SIGHUP (before, the program's template held
+/// the master: nothing happened; issue 36, class 1). After a rollback the
+/// pty is made anew with its index, size and settings, and both ends work.
+static PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
+    program: program!("pty_master_closed_after_a_checkpoint.py"),
+    at_ck: &[("state", Like(|a| a.starts_with("tty=/dev/pts/") && a.ends_with(" size=33x77 echo=off child=pong")))],
+    // (Round 2 starts from round 1's `after`, which closed it.)
+    mutate: &[&[Ask("close", Is("child=gone"))], &[]],
+    after: &[Ask("close", Is("child=gone"))],
+    ..Spec::DEFAULT
+};
+
 /// Epoll watches keyed by descriptor numbers that no longer name the
 /// watched files (dup'd, then closed) are refused by name: the restore
 /// cannot re-create them under those numbers (before, the rollback failed
@@ -1761,6 +1775,7 @@ fn main() {
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
+        ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),

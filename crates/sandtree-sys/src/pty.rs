@@ -44,3 +44,85 @@ pub fn set_size(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
     tcsetwinsize(fd, Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 })?;
     Ok(())
 }
+
+/// The state of a pty that its master holds, read and set through any
+/// descriptor of the master (for a checkpoint of a pty made inside a
+/// sandbox, and its restore).
+///
+/// - `TIOCGPTN`: its index (the slave is `/dev/pts/<index>`);
+/// - `TCGETS2` / `TCSETS2`: the terminal's settings, a raw `struct
+///   termios2` (44 bytes on x86_64; on a master they are the slave's);
+/// - `TIOCGPTLCK` / `TIOCSPTLCK`: the slave locked (`unlockpt` not done);
+/// - `TIOCGPKT` / `TIOCPKT`: packet mode.
+pub mod master {
+    use std::io;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    /// Size of `struct termios2`.
+    pub const TERMIOS2_SIZE: usize = std::mem::size_of::<libc::termios2>();
+
+    fn get_int(fd: impl AsFd, req: libc::c_ulong) -> io::Result<i32> {
+        let mut v: libc::c_int = 0;
+        // SAFETY: the request writes one int into `v`, which outlives the call.
+        let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), req, &mut v as *mut libc::c_int) };
+        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(v) }
+    }
+
+    fn set_int(fd: impl AsFd, req: libc::c_ulong, v: i32) -> io::Result<()> {
+        let v: libc::c_int = v;
+        // SAFETY: the request reads one int from `v`, which outlives the call.
+        let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), req, &v as *const libc::c_int) };
+        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// Its index.
+    pub fn index(fd: impl AsFd) -> io::Result<u32> {
+        Ok(get_int(fd, libc::TIOCGPTN)? as u32)
+    }
+
+    /// Whether its slave is locked.
+    pub fn locked(fd: impl AsFd) -> io::Result<bool> {
+        Ok(get_int(fd, libc::TIOCGPTLCK)? != 0)
+    }
+
+    /// Lock or unlock its slave.
+    pub fn set_locked(fd: impl AsFd, locked: bool) -> io::Result<()> {
+        set_int(fd, libc::TIOCSPTLCK, i32::from(locked))
+    }
+
+    /// Whether it is in packet mode.
+    pub fn packet_mode(fd: impl AsFd) -> io::Result<bool> {
+        Ok(get_int(fd, libc::TIOCGPKT)? != 0)
+    }
+
+    /// Packet mode on or off.
+    pub fn set_packet_mode(fd: impl AsFd, on: bool) -> io::Result<()> {
+        set_int(fd, libc::TIOCPKT, i32::from(on))
+    }
+
+    /// The terminal's settings, raw.
+    pub fn termios(fd: impl AsFd) -> io::Result<Vec<u8>> {
+        let mut t = std::mem::MaybeUninit::<libc::termios2>::zeroed();
+        // SAFETY: TCGETS2 writes one `struct termios2` into `t`.
+        let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TCGETS2, t.as_mut_ptr()) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: zeroed, then filled by the kernel: every byte is initialised.
+        let bytes = unsafe { std::slice::from_raw_parts(t.as_ptr() as *const u8, TERMIOS2_SIZE) };
+        Ok(bytes.to_vec())
+    }
+
+    /// Set the terminal's settings from raw `bytes` (as [`termios`] gave).
+    pub fn set_termios(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
+        if bytes.len() != TERMIOS2_SIZE {
+            return Err(io::Error::other(format!("terminal settings of {} bytes, not {TERMIOS2_SIZE}", bytes.len())));
+        }
+        let mut t = std::mem::MaybeUninit::<libc::termios2>::zeroed();
+        // SAFETY: `bytes` has exactly the size of `t`; termios2 is plain data.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.as_mut_ptr() as *mut u8, TERMIOS2_SIZE) };
+        // SAFETY: TCSETS2 reads one `struct termios2` from `t`.
+        let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TCSETS2, t.as_ptr()) };
+        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+}

@@ -20,6 +20,10 @@ impl Kind for PathFile {
             FdKind::LayerFile { path, locked: true, .. } => {
                 Err(format!("a lock is held on {path} (file locks are not captured yet)"))
             }
+            FdKind::KeptFile { path, unread } if f.kind.terminal().is_some() && *unread > 0 => Err(match *unread {
+                u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
+                n => format!("terminal {path} with {n} bytes of input not read yet: checkpoint once it is read"),
+            }),
             FdKind::OtherMount { path } => Err(format!(
                 "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
             )),
@@ -37,7 +41,7 @@ impl Kind for PathFile {
 
     fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
         if f.kind.terminal().is_some()
-            && let FdKind::KeptFile { path } = &f.kind
+            && let FdKind::KeptFile { path, .. } = &f.kind
         {
             // (Not the terminal of whatever session the process is in
             // before its own is restored.)

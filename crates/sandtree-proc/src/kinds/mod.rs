@@ -46,12 +46,14 @@ mod epoll;
 mod eventfd;
 mod fifo;
 mod file;
+mod hand_over;
 mod inet;
 mod inotify;
 mod memfd;
 mod other_socket;
 mod pidfd;
 mod pipe;
+mod pty;
 mod signalfd;
 mod timerfd;
 mod unix;
@@ -67,10 +69,10 @@ use crate::template::CheckpointTemplates;
 use crate::{HostPid, Result};
 
 pub(crate) use deleted::capture_contents;
+pub(crate) use hand_over::Handed;
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
-pub(crate) use unix::Pairs;
 pub(crate) use unix::capture_queue as capture_unix_queue;
 
 /// The hooks of one kind of kernel object (see the module docs). Each has
@@ -135,13 +137,14 @@ pub(crate) struct Remake<'a> {
     /// memfd to open it again through, whether that one is a spare to close
     /// once every memfd is made).
     pub memfds: Vec<(u64, u64, bool)>,
-    /// The restore's unix socket pairs (`unix.rs`).
-    pub pairs: &'a mut Pairs,
-    /// Pair ends placed in this process: (inode, descriptor).
-    pub placed: Vec<(u64, i32)>,
-    /// Pair ends of this process another one made: (inode, descriptor,
-    /// flags), handed over once all are known.
-    pub wanted: Vec<(u64, i32, u32)>,
+    /// What the restore made to give to several processes
+    /// (`hand_over.rs`).
+    pub handed: &'a mut Handed,
+    /// Of those, what this process made and placed: (key, descriptor).
+    pub placed: Vec<(hand_over::Key, i32)>,
+    /// Of those, what this process holds that another made: (key,
+    /// descriptor, flags), handed over once all are known.
+    pub wanted: Vec<(hand_over::Key, i32, u32)>,
 }
 
 impl Remake<'_> {
@@ -152,9 +155,11 @@ impl Remake<'_> {
 }
 
 /// The kinds made anew one call at a time, in this order: deleted files,
-/// memfds, unix listeners, then inotify instances (after the other
+/// memfds, unix listeners and socket pairs, pty masters, then inotify
+/// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 5] = [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &inotify::Inotify, &pidfd::Pidfd];
+const REMAKE_ORDER: [&dyn Kind; 6] =
+    [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &pty::PtyMaster, &inotify::Inotify, &pidfd::Pidfd];
 
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
@@ -163,6 +168,7 @@ pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
         FdKind::Deleted { .. } => &deleted::Deleted,
         FdKind::Memfd { .. } => &memfd::Memfd,
         FdKind::Pipe { .. } => &pipe::Pipe,
+        FdKind::PtyMaster { .. } => &pty::PtyMaster,
         FdKind::Fifo { .. } => &fifo::Fifo,
         FdKind::Socket { family, .. } if family == "unix" => &unix::Unix,
         FdKind::Socket { family, .. } if family.starts_with("inet") => &inet::Inet,
@@ -197,7 +203,7 @@ pub(crate) fn fix_up_descriptors(
     b: &mut Batch,
     image: &ProcessImage,
     (scratch, template): (u64, HostPid),
-    pairs: &mut Pairs,
+    handed: &mut Handed,
 ) -> Result<()> {
     for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         if of(&f.kind).reopen(f, b) && b.is_full() {
@@ -212,7 +218,7 @@ pub(crate) fn fix_up_descriptors(
         image,
         template,
         memfds: Vec::new(),
-        pairs,
+        handed,
         placed: Vec::new(),
         wanted: Vec::new(),
     };
@@ -224,7 +230,8 @@ pub(crate) fn fix_up_descriptors(
         }
         kind.remade_all(&mut cx)?;
     }
-    let Remake { p, batch: b, pairs, .. } = cx;
+    hand_over::hand_over(&mut cx)?;
+    let Remake { p, batch: b, handed, .. } = cx;
     // Dups of descriptors made anew: the same open file again (one offset).
     for f in &image.fds {
         if let Some(src) = f.same_as {
@@ -245,7 +252,7 @@ pub(crate) fn fix_up_descriptors(
         image,
         template,
         memfds: Vec::new(),
-        pairs,
+        handed,
         placed: Vec::new(),
         wanted: Vec::new(),
     };
@@ -267,9 +274,11 @@ pub(crate) struct Keepers {
 /// Before any process is cloned at a restore: the state of the objects the
 /// templates share with the killed originals goes back (eventfd counters,
 /// timerfd settings; unix socket queues drained, then filled again by
-/// their peers), and the pipes are opened again and filled (their keepers
-/// returned).
-pub(crate) fn put_back_shared(set: &CheckpointTemplates) -> Result<Keepers> {
+/// their peers), the pipes are opened again and filled (their keepers
+/// returned), the ptys whose masters processes held are made anew (in
+/// `handed`).
+pub(crate) fn put_back_shared(set: &CheckpointTemplates, handed: &mut Handed) -> Result<Keepers> {
+    pty::make_all(set, handed)?;
     let fifos = fifo::open_keepers(set)?;
     let pipes = pipe::put_back(set, &fifos)?;
     for t in &set.templates {

@@ -10,13 +10,13 @@
 //! since its bind. A process holding one bound in the tree,
 //! or with data in flight, cannot move to a new tree.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 
 use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
+use super::hand_over::{Handed, Key, clear_of, place, take_copy};
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
 use crate::fdstate::{Seen, dup_from};
@@ -68,41 +68,6 @@ impl Kind for Unix {
             _ => Ok(()),
         }
     }
-
-    fn remade_all(&self, cx: &mut Remake<'_>) -> Result<()> {
-        hand_over(cx)
-    }
-}
-
-/// The ends of the unix socket pairs a restore made so far (see
-/// [`crate::model::UnixPair`]), daemon copies by inode at the checkpoint,
-/// and what each end held then. Dropped once every process is back,
-/// before any runs: the pairs' ends are theirs alone from then on.
-#[derive(Default)]
-pub(crate) struct Pairs {
-    /// Daemon copies (`pidfd_getfd`) of the ends made, by inode.
-    ends: HashMap<u64, OwnedFd>,
-    /// Each end's state, by inode.
-    states: HashMap<u64, UnixPair>,
-    /// Data queued on an end at the checkpoint, by inode.
-    queued: HashMap<u64, SocketBuffer>,
-}
-
-impl Pairs {
-    /// For the restore of `set`'s processes.
-    pub(crate) fn of(set: &CheckpointTemplates) -> Pairs {
-        let states = set
-            .templates
-            .iter()
-            .flat_map(|t| &t.image.fds)
-            .filter_map(|f| match &f.kind {
-                FdKind::Socket { ino, pair: Some(pair), .. } => Some((*ino, pair.clone())),
-                _ => None,
-            })
-            .collect();
-        let queued = set.pair_data.iter().map(|b| (b.ino, b.clone())).collect();
-        Pairs { ends: HashMap::new(), states, queued }
-    }
 }
 
 /// An end of a unix socket pair, for restored process `cx.p`: a dup of the
@@ -111,15 +76,15 @@ impl Pairs {
 /// too if this process holds it, and set as at the checkpoint (queued
 /// data, shutdown, `SO_PASSCRED`).
 fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) -> Result<()> {
-    if let Some(&(_, at)) = cx.placed.iter().find(|(i, _)| *i == ino) {
+    if let Some(&(_, at)) = cx.placed.iter().find(|(i, _)| *i == Key::Socket(ino)) {
         if at != f.fd {
             let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
             cx.p.call("dup3 (socket pair end)", libc::SYS_dup3, &[at as u64, f.fd as u64, cloexec])?;
         }
         return Ok(());
     }
-    if cx.pairs.ends.contains_key(&ino) {
-        cx.wanted.push((ino, f.fd, f.flags));
+    if cx.handed.ends.contains_key(&Key::Socket(ino)) {
+        cx.wanted.push((Key::Socket(ino), f.fd, f.flags));
         return Ok(());
     }
     let p = &mut *cx.p;
@@ -129,65 +94,47 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
     p.call("socketpair (unix pair)", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, out])?;
     let mut two = [0u8; 8];
     ptrace::read_mem(pid.raw(), out, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
-    let a = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default());
-    let b = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default());
+    let a = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default()) as u64;
+    let b = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default()) as u64;
+    let [a, b] = clear_of(p, [a, b], cx.image)?;
+    let (a, b) = (a as i32, b as i32);
     let copy = |fd: i32| {
         take_copy(pid, fd).map_err(|e| Error::Proc { pid, what: "a copy of a remade socket pair's end", source: e })
     };
     let (a_copy, b_copy) = (copy(a)?, copy(b)?);
     place(p, a as u64, f.fd, f.flags)?;
-    cx.placed.push((ino, f.fd));
+    cx.placed.push((Key::Socket(ino), f.fd));
     // The other end: here too, or kept by the daemon for its process.
     let peer_here = cx.image.fds.iter().find(|g| matches!(&g.kind, FdKind::Socket { ino: i, .. } if *i == pair.peer));
     match peer_here {
         Some(g) => {
             place(p, b as u64, g.fd, g.flags)?;
-            cx.placed.push((pair.peer, g.fd));
+            cx.placed.push((Key::Socket(pair.peer), g.fd));
         }
         None => {
             p.call("close", libc::SYS_close, &[b as u64])?;
         }
     }
-    set_up_pair(cx.pairs, (ino, &a_copy), (pair.peer, &b_copy)).map_err(|e| Error::Proc {
+    set_up_pair(cx.handed, (ino, &a_copy), (pair.peer, &b_copy)).map_err(|e| Error::Proc {
         pid,
         what: "a remade socket pair's state",
         source: e,
     })?;
-    cx.pairs.ends.insert(ino, a_copy);
-    cx.pairs.ends.insert(pair.peer, b_copy);
+    cx.handed.ends.insert(Key::Socket(ino), a_copy);
+    cx.handed.ends.insert(Key::Socket(pair.peer), b_copy);
     Ok(())
-}
-
-/// Put descriptor `new` of `p` on number `fd` with `flags`' close-on-exec
-/// and non-blocking flags.
-fn place(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
-    move_fd(p, new, fd, flags)?;
-    if flags & libc::O_NONBLOCK as u32 != 0 {
-        let args = [fd as u64, libc::F_SETFL as u64, libc::O_NONBLOCK as u64];
-        p.call("fcntl(F_SETFL) (socket pair end)", libc::SYS_fcntl, &args)?;
-    }
-    Ok(())
-}
-
-/// A copy of descriptor `fd` of process `pid`, for the daemon.
-fn take_copy(pid: HostPid, fd: i32) -> io::Result<OwnedFd> {
-    let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_raw(pid.raw()).ok_or_else(|| io::Error::other("pid 0"))?,
-        rustix::process::PidfdFlags::empty(),
-    )?;
-    Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?)
 }
 
 /// A new pair's ends as at the checkpoint: the data queued on each sent
 /// again from the other, then shutdowns, then `SO_PASSCRED`.
-fn set_up_pair(pairs: &Pairs, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Result<()> {
+fn set_up_pair(pairs: &Handed, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Result<()> {
     for ((ino, _), (_, from)) in [(a, b), (b, a)] {
-        if let Some(buf) = pairs.queued.get(&ino) {
+        if let Some(buf) = pairs.pair_queued.get(&ino) {
             send_on(from, &buf.messages, buf.stream)?;
         }
     }
     for (ino, sock) in [a, b] {
-        let Some(st) = pairs.states.get(&ino) else { continue };
+        let Some(st) = pairs.pair_states.get(&ino) else { continue };
         if st.send_shutdown {
             rustix::net::shutdown(sock, rustix::net::Shutdown::Write)?;
         }
@@ -200,93 +147,6 @@ fn set_up_pair(pairs: &Pairs, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Res
         }
     }
     Ok(())
-}
-
-/// The pair ends restored process `cx.p` holds that other processes made
-/// (`cx.wanted`): sent by the daemon (`SCM_RIGHTS`) over a datagram pair
-/// made in the process, one of whose ends the daemon took, then put on
-/// their numbers (a second descriptor of one end: a dup).
-fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
-    let wanted = std::mem::take(&mut cx.wanted);
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    let mut first: Vec<(u64, i32, u32)> = Vec::new();
-    let mut dups: Vec<(i32, i32, u32)> = Vec::new();
-    for (ino, fd, flags) in wanted {
-        match first.iter().find(|(i, ..)| *i == ino) {
-            Some(&(_, at, _)) => dups.push((at, fd, flags)),
-            None => first.push((ino, fd, flags)),
-        }
-    }
-    let p = &mut *cx.p;
-    let pid = p.tid;
-    let area = cx.scratch + 1024;
-    let ty = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
-    p.call("socketpair (hand-over)", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, area])?;
-    let mut two = [0u8; 8];
-    ptrace::read_mem(pid.raw(), area, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
-    let ours = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default()) as u64;
-    let theirs = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default());
-    let sender = take_copy(pid, theirs).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
-    p.call("close", libc::SYS_close, &[theirs as u64])?;
-    let sender = sender?;
-    for chunk in first.chunks(HAND_OVER_MAX) {
-        let fds: Vec<std::os::fd::BorrowedFd<'_>> =
-            chunk.iter().filter_map(|(ino, ..)| cx.pairs.ends.get(ino).map(std::os::fd::AsFd::as_fd)).collect();
-        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
-        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
-            .map_err(|e| Error::Proc { pid, what: "sending socket pair ends", source: e.into() })?;
-        let got = receive(p, area, ours, fds.len())?;
-        for (tmp, &(_, fd, flags)) in got.into_iter().zip(chunk) {
-            place(p, tmp as u64, fd, flags)?;
-        }
-    }
-    for (at, fd, flags) in dups {
-        let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
-        p.call("dup3 (socket pair end)", libc::SYS_dup3, &[at as u64, fd as u64, cloexec])?;
-    }
-    p.call("close", libc::SYS_close, &[ours])?;
-    Ok(())
-}
-
-/// Descriptors sent at once in a hand-over (the kernel's `SCM_MAX_FD` is
-/// 253).
-const HAND_OVER_MAX: usize = 64;
-
-/// `recvmsg` of `n` descriptors on `sock` of `p` (`MSG_CMSG_CLOEXEC`),
-/// its message header and buffers at `area`: the numbers they got.
-fn receive(p: &mut Tracee, area: u64, sock: u64, n: usize) -> Result<Vec<i32>> {
-    let pid = p.tid;
-    // msghdr (56 bytes) | iovec (16) | 1 byte | control (cmsghdr 16 + fds)
-    let (iov, byte, control) = (area + 64, area + 80, area + 96);
-    let control_len = 16 + 4 * n as u64;
-    let mut hdr = Vec::with_capacity(56);
-    for v in [0u64, 0, iov, 1, control, control_len.next_multiple_of(8), 0] {
-        hdr.extend_from_slice(&v.to_ne_bytes());
-    }
-    hdr.extend_from_slice(&byte.to_ne_bytes());
-    hdr.extend_from_slice(&1u64.to_ne_bytes());
-    ptrace::write_mem(pid.raw(), area, &hdr).map_err(Error::ptrace(pid, "write msghdr"))?;
-    let flags = libc::MSG_CMSG_CLOEXEC as u64;
-    p.call("recvmsg (hand-over)", libc::SYS_recvmsg, &[sock, area, flags])?;
-    let mut got = vec![0u8; control_len as usize];
-    ptrace::read_mem(pid.raw(), control, &mut got).map_err(Error::ptrace(pid, "read control message"))?;
-    let len = u64::from_ne_bytes(got[..8].try_into().unwrap_or_default());
-    let (level, ty) = (
-        i32::from_ne_bytes(got[8..12].try_into().unwrap_or_default()),
-        i32::from_ne_bytes(got[12..16].try_into().unwrap_or_default()),
-    );
-    if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS || len != control_len {
-        return Err(Error::Proc {
-            pid,
-            what: "handed-over socket pair ends",
-            source: io::Error::other(format!("{n} descriptors sent, control message of {len} bytes received")),
-        });
-    }
-    Ok(got[16..].chunks(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap_or_default())).collect())
 }
 
 /// Pass 1 for stopped process `host`: what is queued on its connected

@@ -21,7 +21,7 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage) {
         b.call("setsid", libc::SYS_setsid, &[]);
         if image.has_tty
             && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
-                FdKind::KeptFile { path } => path.starts_with("/dev/pts/") || path == "/dev/console",
+                FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
                 _ => false,
             })
         {

@@ -1,0 +1,194 @@
+//! Objects a restore makes once and gives to several restored processes:
+//! the ends of unix socket pairs (`unix.rs`) and pty masters (`pty.rs`).
+//! The daemon keeps a copy of each ([`Handed`]), taken with `pidfd_getfd`
+//! from the process that made it, or made by itself; a process that holds
+//! one it did not make gets it by `SCM_RIGHTS` ([`hand_over`]): over a
+//! datagram pair made in the process, one end of which the daemon takes,
+//! then `recvmsg` in the process and each descriptor put on its number. The
+//! copies close once every process is back, before any runs: the objects'
+//! holders are the restored processes alone from then on.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+
+use sandtree_sys::ptrace;
+
+use super::{Remake, move_fd};
+use crate::inject::Tracee;
+use crate::model::{FdKind, ProcessImage, SocketBuffer, UnixPair};
+use crate::template::CheckpointTemplates;
+use crate::{Error, HostPid, Result};
+
+/// What a handed object is, at the checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    /// An end of a unix socket pair, by inode.
+    Socket(u64),
+    /// A pty master, by index.
+    Terminal(u32),
+}
+
+/// The objects a restore made so far, and what the socket pairs' ends
+/// held at the checkpoint.
+#[derive(Default)]
+pub(crate) struct Handed {
+    /// Daemon copies of the objects made.
+    pub ends: HashMap<Key, OwnedFd>,
+    /// Each socket pair end's state, by inode.
+    pub pair_states: HashMap<u64, UnixPair>,
+    /// Data queued on a socket pair end at the checkpoint, by inode.
+    pub pair_queued: HashMap<u64, SocketBuffer>,
+}
+
+impl Handed {
+    /// For the restore of `set`'s processes.
+    pub(crate) fn of(set: &CheckpointTemplates) -> Handed {
+        let pair_states = set
+            .templates
+            .iter()
+            .flat_map(|t| &t.image.fds)
+            .filter_map(|f| match &f.kind {
+                FdKind::Socket { ino, pair: Some(pair), .. } => Some((*ino, pair.clone())),
+                _ => None,
+            })
+            .collect();
+        let pair_queued = set.pair_data.iter().map(|b| (b.ino, b.clone())).collect();
+        Handed { ends: HashMap::new(), pair_states, pair_queued }
+    }
+}
+
+/// Put descriptor `new` of `p` on number `fd` with `flags`' close-on-exec
+/// and non-blocking flags.
+pub(crate) fn place(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()> {
+    move_fd(p, new, fd, flags)?;
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        let args = [fd as u64, libc::F_SETFL as u64, libc::O_NONBLOCK as u64];
+        p.call("fcntl(F_SETFL) (handed over)", libc::SYS_fcntl, &args)?;
+    }
+    Ok(())
+}
+
+/// A copy of descriptor `fd` of process `pid`, for the daemon.
+pub(crate) fn take_copy(pid: HostPid, fd: i32) -> io::Result<OwnedFd> {
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid.raw()).ok_or_else(|| io::Error::other("pid 0"))?,
+        rustix::process::PidfdFlags::empty(),
+    )?;
+    Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?)
+}
+
+/// The objects restored process `cx.p` holds that others made
+/// (`cx.wanted`): sent by the daemon (see the module docs), then put on
+/// their numbers (a second descriptor of one: a dup).
+pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
+    let wanted = std::mem::take(&mut cx.wanted);
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let mut first: Vec<(Key, i32, u32)> = Vec::new();
+    let mut dups: Vec<(i32, i32, u32)> = Vec::new();
+    for (ino, fd, flags) in wanted {
+        match first.iter().find(|(i, ..)| *i == ino) {
+            Some(&(_, at, _)) => dups.push((at, fd, flags)),
+            None => first.push((ino, fd, flags)),
+        }
+    }
+    let p = &mut *cx.p;
+    let pid = p.tid;
+    let area = cx.scratch + 1024;
+    let ty = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
+    p.call("socketpair (hand-over)", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, area])?;
+    let mut two = [0u8; 8];
+    ptrace::read_mem(pid.raw(), area, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
+    let ours = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default()) as u64;
+    let theirs = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default());
+    let [ours] = clear_of(p, [ours], cx.image)?;
+    let sender = take_copy(pid, theirs).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
+    p.call("close", libc::SYS_close, &[theirs as u64])?;
+    let sender = sender?;
+    for chunk in first.chunks(HAND_OVER_MAX) {
+        let fds: Vec<std::os::fd::BorrowedFd<'_>> =
+            chunk.iter().filter_map(|(key, ..)| cx.handed.ends.get(key).map(std::os::fd::AsFd::as_fd)).collect();
+        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
+            .map_err(|e| Error::Proc { pid, what: "sending descriptors to a restored process", source: e.into() })?;
+        if fds.len() != chunk.len() {
+            return Err(Error::Proc {
+                pid,
+                what: "handed-over descriptors",
+                source: io::Error::other("one was not made"),
+            });
+        }
+        let got = receive(p, area, ours, fds.len())?;
+        let mut lifted = Vec::with_capacity(got.len());
+        for tmp in got {
+            let [tmp] = clear_of(p, [tmp as u64], cx.image)?;
+            lifted.push(tmp);
+        }
+        for (tmp, &(_, fd, flags)) in lifted.into_iter().zip(chunk) {
+            place(p, tmp, fd, flags)?;
+        }
+    }
+    for (at, fd, flags) in dups {
+        let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
+        p.call("dup3 (handed over)", libc::SYS_dup3, &[at as u64, fd as u64, cloexec])?;
+    }
+    p.call("close", libc::SYS_close, &[ours])?;
+    Ok(())
+}
+
+/// Descriptors `fds` of `p`, just made, moved above every number of its
+/// image where one of them sits on such a number: another descriptor put
+/// on that number before the one there is placed would close it.
+pub(crate) fn clear_of<const N: usize>(p: &mut Tracee, mut fds: [u64; N], image: &ProcessImage) -> Result<[u64; N]> {
+    let floor = image.fds.iter().map(|f| f.fd).max().unwrap_or(2) + 1;
+    for fd in fds.iter_mut() {
+        if image.fds.iter().any(|f| f.fd as u64 == *fd) {
+            let args = [*fd, libc::F_DUPFD_CLOEXEC as u64, floor as u64];
+            let above = p.call("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &args)?;
+            p.call("close", libc::SYS_close, &[*fd])?;
+            *fd = above;
+        }
+    }
+    Ok(fds)
+}
+
+/// Descriptors sent at once in a hand-over (the kernel's `SCM_MAX_FD` is
+/// 253).
+const HAND_OVER_MAX: usize = 64;
+
+/// `recvmsg` of `n` descriptors on `sock` of `p` (`MSG_CMSG_CLOEXEC`),
+/// its message header and buffers at `area`: the numbers they got.
+fn receive(p: &mut Tracee, area: u64, sock: u64, n: usize) -> Result<Vec<i32>> {
+    let pid = p.tid;
+    // msghdr (56 bytes) | iovec (16) | 1 byte | control (cmsghdr 16 + fds)
+    let (iov, byte, control) = (area + 64, area + 80, area + 96);
+    let control_len = 16 + 4 * n as u64;
+    let mut hdr = Vec::with_capacity(56);
+    for v in [0u64, 0, iov, 1, control, control_len.next_multiple_of(8), 0] {
+        hdr.extend_from_slice(&v.to_ne_bytes());
+    }
+    hdr.extend_from_slice(&byte.to_ne_bytes());
+    hdr.extend_from_slice(&1u64.to_ne_bytes());
+    ptrace::write_mem(pid.raw(), area, &hdr).map_err(Error::ptrace(pid, "write msghdr"))?;
+    let flags = libc::MSG_CMSG_CLOEXEC as u64;
+    p.call("recvmsg (hand-over)", libc::SYS_recvmsg, &[sock, area, flags])?;
+    let mut got = vec![0u8; control_len as usize];
+    ptrace::read_mem(pid.raw(), control, &mut got).map_err(Error::ptrace(pid, "read control message"))?;
+    let len = u64::from_ne_bytes(got[..8].try_into().unwrap_or_default());
+    let (level, ty) = (
+        i32::from_ne_bytes(got[8..12].try_into().unwrap_or_default()),
+        i32::from_ne_bytes(got[12..16].try_into().unwrap_or_default()),
+    );
+    if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS || len != control_len {
+        return Err(Error::Proc {
+            pid,
+            what: "handed-over descriptors",
+            source: io::Error::other(format!("{n} descriptors sent, control message of {len} bytes received")),
+        });
+    }
+    Ok(got[16..].chunks(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap_or_default())).collect())
+}

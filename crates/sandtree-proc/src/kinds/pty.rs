@@ -1,0 +1,135 @@
+//! Pty masters (`FdKind::PtyMaster`): pseudo-terminals a process of the
+//! sandbox made (`/dev/pts/ptmx` of the sandbox's own devpts: `script`,
+//! `tmux`, `pexpect`...).
+//!
+//! A template holds no end of a pty (`FdKind::recreated`; its slaves,
+//! [`FdKind::terminal`], neither): closing the master hangs the terminal
+//! up (`SIGHUP` to its session), closing the last slave makes the master
+//! read `EIO`, checkpoint or not. Pass 1 reads the pty's state through the
+//! master's own open file (`pidfd_getfd`): index, settings (`termios2`),
+//! window size, lock, packet mode, and the bytes waiting on each side.
+//!
+//! At the restore, before any process is cloned, the daemon makes each
+//! pty anew in the sandbox's devpts: it opens `ptmx` there until it gets
+//! the same index (lower free ones are taken meanwhile and let go; the
+//! killed processes' pty may still be closing: waited for a while), and
+//! sets the state back. The processes that held the master get that open
+//! file (`hand_over.rs`); those that held a slave open `/dev/pts/<index>`
+//! again by path (`file.rs`).
+//!
+//! Refused: bytes waiting on either side (reading them would take them
+//! from the running processes), a state that could not be read.
+//! Not kept: the terminal's foreground process group (the restored session
+//! leader takes the terminal back, its own group in the foreground), a
+//! line being typed in canonical mode and not yet ended.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::OFlags;
+use sandtree_sys::pty::master;
+
+use super::hand_over::{Handed, Key};
+use super::{Kind, Remake};
+use crate::fdstate::{open_in, tree_root};
+use crate::model::{FdImage, FdKind, ProcessImage, PtyState};
+use crate::template::CheckpointTemplates;
+use crate::{Error, HostPid, Result};
+
+/// Pty masters.
+pub(crate) struct PtyMaster;
+
+impl Kind for PtyMaster {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
+        let FdKind::PtyMaster { state } = &f.kind else { return Ok(()) };
+        let Some(st) = state else { return Err("a pty master whose state could not be read".into()) };
+        if st.unread > 0 {
+            return Err(format!(
+                "a pty master with {} bytes of output not read yet (/dev/pts/{}): checkpoint once it is read",
+                st.unread, st.index
+            ));
+        }
+        Ok(())
+    }
+
+    fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
+        let FdKind::PtyMaster { state: Some(st) } = &f.kind else { return Ok(()) };
+        cx.wanted.push((Key::Terminal(st.index), f.fd, f.flags));
+        Ok(())
+    }
+}
+
+/// At a restore, before any process is cloned: each pty whose master a
+/// process of `set` held, made anew with its index and state, into
+/// `handed`.
+pub(crate) fn make_all(set: &CheckpointTemplates, handed: &mut Handed) -> Result<()> {
+    for t in &set.templates {
+        for f in &t.image.fds {
+            let FdKind::PtyMaster { state: Some(st) } = &f.kind else { continue };
+            if handed.ends.contains_key(&Key::Terminal(st.index)) {
+                continue;
+            }
+            let made = make(t.host, st).map_err(|e| Error::Proc {
+                pid: t.host,
+                what: "a pty made anew",
+                source: io::Error::new(e.kind(), format!("/dev/pts/{}: {e}", st.index)),
+            })?;
+            handed.ends.insert(Key::Terminal(st.index), made);
+        }
+    }
+    Ok(())
+}
+
+/// How long a restore waits for the pty index it needs to be free (the
+/// killed processes that held it may still be exiting).
+const INDEX_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A new pty in the devpts of `host`'s tree with `st`'s index and state.
+fn make(host: HostPid, st: &PtyState) -> io::Result<OwnedFd> {
+    let root = tree_root(host)?;
+    let deadline = std::time::Instant::now() + INDEX_WAIT;
+    let mut taken = Vec::new();
+    let made = loop {
+        let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
+        let index = master::index(&m)?;
+        if index == st.index {
+            break m;
+        }
+        if index < st.index {
+            // (Let go once ours is made.)
+            taken.push(m);
+            continue;
+        }
+        // Ours is still taken: every lower one is ours now; try again.
+        drop(m);
+        taken.clear();
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::other("that index is still taken"));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    };
+    drop(taken);
+    // (A new pty's slave is locked: unlocked to be opened, locked again
+    // below if it was.)
+    master::set_locked(&made, false)?;
+    // The slave's node is the daemon's (made by its open): the owner and
+    // mode it had. (Through a slave of ours, closed at once: a restored
+    // process that held one opens it again, which ends the hang-up that
+    // this last close begins.)
+    let slave = rustix::pty::ioctl_tiocgptpeer(
+        &made,
+        rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC,
+    )?;
+    let (uid, gid, mode) = st.slave_owner;
+    rustix::fs::fchown(&slave, Some(rustix::process::Uid::from_raw(uid)), Some(rustix::process::Gid::from_raw(gid)))?;
+    rustix::fs::fchmod(&slave, rustix::fs::Mode::from_raw_mode(mode))?;
+    drop(slave);
+    master::set_termios(&made, &st.termios)?;
+    let [ws_row, ws_col, ws_xpixel, ws_ypixel] = st.winsize;
+    rustix::termios::tcsetwinsize(&made, rustix::termios::Winsize { ws_row, ws_col, ws_xpixel, ws_ypixel })?;
+    master::set_locked(&made, st.locked)?;
+    if st.packet {
+        master::set_packet_mode(&made, true)?;
+    }
+    Ok(made)
+}
