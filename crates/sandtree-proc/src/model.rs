@@ -285,6 +285,10 @@ impl FdKind {
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
+            // A datagram socket bound to a path of the tree, not connected.
+            FdKind::Socket { listening: false, stream: false, connected: false, bound: Some(path), .. } => {
+                path.starts_with('/') && !path.starts_with("/proc/")
+            }
             FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
             // (One of a process that had exited at the checkpoint stays.)
             FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } => pid.raw() > 0,

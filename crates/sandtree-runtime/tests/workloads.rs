@@ -1000,6 +1000,17 @@ static PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A unix datagram socket bound to a path of the tree still receives what
+/// is sent to that path after a rollback, with the file's mode (before,
+/// the rolled-back tree's file was a dead copy: the send was refused;
+/// issue 36, class 4).
+static UNIX_DATAGRAM_BOUND_TO_A_PATH: Spec = Spec {
+    program: program!("unix_datagram_bound_to_a_path.py"),
+    at_ck: &[("state", Is("mode=0o660 name=/root/dgram.sock nonblocking=True"))],
+    after: &[Ask("roundtrip", Is("got=hello"))],
+    ..Spec::DEFAULT
+};
+
 /// Epoll watches keyed by descriptor numbers that no longer name the
 /// watched files (dup'd, then closed) are refused by name: the restore
 /// cannot re-create them under those numbers (before, the rollback failed
@@ -1775,6 +1786,7 @@ fn main() {
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
+        ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),

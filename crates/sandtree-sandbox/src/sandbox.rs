@@ -492,6 +492,7 @@ impl Sandbox {
     /// are brought back by the daemon, their old exits are not reported).
     pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
         self.thaw_if_frozen()?;
+        self.inner.sessions.hold_terminals(&restore);
         let members = self.members_dir();
         let req = Request::KillAll { keep, restore, members: members.is_some() };
         let fds: Vec<_> = members.iter().map(|f| f.as_fd()).collect();

@@ -120,7 +120,7 @@ pub(crate) struct SessionTable {
     /// Slaves of the terminals of sessions a rollback restores, held by
     /// the daemon from before the kill until the shells are back
     /// ([`SessionTable::hold_terminals`]).
-    held: Mutex<Vec<OwnedFd>>,
+    held: Mutex<Vec<(i32, OwnedFd)>>,
 }
 
 impl SessionTable {
@@ -143,15 +143,20 @@ impl SessionTable {
     /// templates, which hold no end of their terminals (`sandtree_proc`'s
     /// `FdKind::terminal`): a slave of ours keeps each terminal from hanging
     /// up (the reader from reading `EIO`) until they are back
-    /// ([`SessionTable::resume`]).
+    /// ([`SessionTable::resume`]). Called before the kill (by
+    /// `Sandbox::kill_all`, or `Sandbox::reroot` when it kills); a second
+    /// call holds nothing more.
     pub(crate) fn hold_terminals(&self, pids: &[i32]) {
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let flags =
             rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC;
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         for s in sessions.values().filter(|s| pids.contains(&s.info.pid)) {
+            if held.iter().any(|(pid, _)| *pid == s.info.pid) {
+                continue;
+            }
             match rustix::pty::ioctl_tiocgptpeer(s.shared.master.get_ref(), flags) {
-                Ok(fd) => held.push(fd),
+                Ok(fd) => held.push((s.info.pid, fd)),
                 Err(e) => tracing::warn!(pid = s.info.pid, "terminal of a session not held across a rollback: {e}"),
             }
         }

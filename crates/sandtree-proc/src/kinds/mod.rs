@@ -8,6 +8,8 @@
 //! | regular files, directories (layers, kept mounts, other mounts) | `file` | reopened by path (layers), kept (`/dev`, `/proc`), refused (other mounts) |
 //! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
 //! | memfds | `memfd` | made anew, contents and seals copied |
+//! | pty masters (`/dev/pts/ptmx`) | `pty` | made anew by the daemon (same index and settings), handed to their processes |
+//! | terminal slaves (`/dev/pts/N`) | `file` | opened again by path |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
 //! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs made anew, their ends handed between processes; queued data sent again |

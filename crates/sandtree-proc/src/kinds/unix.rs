@@ -1,14 +1,27 @@
-//! Unix sockets (`FdKind::Socket`, family `unix`). The template holds the
-//! same socket as the running original: kept. What is queued on a
-//! connected socket at the checkpoint (bytes or messages, without
-//! descriptors in flight) is peeked in pass 1 and, at the restore, the
-//! socket is drained and its peer sends the data again. A listener bound
-//! to a path is bound anew at that path in the rolled-back tree (the old
-//! socket file is a dead copy there). Refused: data in flight that cannot
-//! be captured (descriptors passed, or no captured peer to send it), a
-//! listener on a relative path, a listener whose socket file was removed
-//! since its bind. A process holding one bound in the tree,
-//! or with data in flight, cannot move to a new tree.
+//! Unix sockets (`FdKind::Socket`, family `unix`).
+//!
+//! - An end of an unnamed pair (`socketpair`) with a live peer
+//!   ([`crate::model::UnixPair`]) is not held by the template (a peer's
+//!   close must show as the end of the stream, checkpoint or not): the
+//!   restore makes the pair anew in the first restored process that holds
+//!   an end, and hands the other ends to the processes that hold them
+//!   (`hand_over.rs`); data queued at the checkpoint is sent again, then
+//!   shutdowns and `SO_PASSCRED` are set. Refused: a pair whose other end no
+//!   captured process holds.
+//! - A listener bound to a path, or a datagram socket bound to one and not
+//!   connected, is bound anew at that path in the rolled-back tree (the old
+//!   socket file is a dead copy there).
+//! - Any other (a connection made through a listener, one to a socket
+//!   outside the sandbox) is held by the template as it is: a peer's close
+//!   after a checkpoint does not show there yet. What is queued on a
+//!   connected one at the checkpoint (bytes or messages, without
+//!   descriptors in flight) is peeked in pass 1 and, at the restore, the
+//!   socket is drained and its peer sends the data again.
+//!
+//! Refused: data in flight that cannot be captured (descriptors passed, or
+//! no captured peer to send it), a listener or bound datagram socket on a
+//! relative path, or whose socket file was removed since its bind. A process holding one
+//! bound in the tree, or with data in flight, cannot move to a new tree.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -40,6 +53,12 @@ impl Kind for Unix {
             FdKind::Socket { listening: true, bound: Some(path), bound_gone: true, .. } => Err(format!(
                 "a unix socket listening on {path}, whose socket file was removed since (bound again, it would be reachable there again)"
             )),
+            FdKind::Socket { stream: false, connected: false, bound: Some(path), .. } if !path.starts_with('/') => {
+                Err(format!("a unix datagram socket bound to relative path {path}"))
+            }
+            FdKind::Socket { stream: false, connected: false, bound: Some(path), bound_gone: true, .. } => Err(format!(
+                "a unix datagram socket bound to {path}, whose socket file was removed since (bound again, it would be reachable there again)"
+            )),
             _ => Ok(()),
         }
     }
@@ -62,7 +81,13 @@ impl Kind for Unix {
             FdKind::Socket { listening: true, bound: Some(path), stream, inet: None, .. }
                 if !path.starts_with("/proc/") =>
             {
-                rebind_listener(cx.p, cx.scratch, f.fd, f.flags, *stream, path)
+                let ty = if *stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET };
+                rebind(cx.p, cx.scratch, (f.fd, f.flags), (ty, true), path)
+            }
+            k @ FdKind::Socket { listening: false, stream: false, bound: Some(path), inet: None, .. }
+                if k.recreated() =>
+            {
+                rebind(cx.p, cx.scratch, (f.fd, f.flags), (libc::SOCK_DGRAM, false), path)
             }
             FdKind::Socket { ino, pair: Some(pair), .. } => remake_pair_end(cx, f, *ino, pair),
             _ => Ok(()),
@@ -202,13 +227,14 @@ pub(crate) fn put_back_queues(set: &CheckpointTemplates) -> Result<()> {
     Ok(())
 }
 
-/// A unix listener is bound to a socket inode of the replaced tree: the
-/// rolled-back tree has only a dead copy of that file, and `connect` to it
-/// would be refused. Bind a new listener at the same path (same type and
-/// flags, the file's mode kept) and put it on the old descriptor number.
-/// Connections queued on the old one are dropped (their clients were
-/// killed by the rollback, or came after the checkpoint).
-fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bool, path: &str) -> Result<()> {
+/// A unix listener, or a datagram socket, is bound to a socket inode of
+/// the replaced tree: the rolled-back tree has only a dead copy of that
+/// file, and `connect` or a send to it would be refused. Bind a new socket
+/// of type `ty` at the same path (same flags, the file's mode kept; a
+/// listener listening) and put it on the old descriptor number. Connections
+/// queued on an old listener are dropped (their clients were killed by the
+/// rollback, or came after the checkpoint).
+fn rebind(p: &mut Tracee, scratch: u64, (fd, flags): (i32, u32), (ty, listen): (i32, bool), path: &str) -> Result<()> {
     let pid = p.tid;
     let addr = write_path(pid, scratch, path)?;
     let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
@@ -220,14 +246,16 @@ fn rebind_listener(p: &mut Tracee, scratch: u64, fd: i32, flags: u32, stream: bo
         None
     };
     let _ = p.syscall(libc::SYS_unlink, &[addr])?;
-    let ty = socket_type(if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET }, flags);
-    let new = p.call("socket (unix listener)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
+    let ty = socket_type(ty, flags);
+    let new = p.call("socket (unix, bound again)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
     let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     sun.extend_from_slice(path.as_bytes());
     sun.push(0);
     ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
-    p.call("bind (unix listener)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
-    p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+    p.call("bind (unix, bound again)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
+    if listen {
+        p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
+    }
     move_fd(p, new, fd, flags)?;
     if let Some(m) = keep_mode {
         p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
