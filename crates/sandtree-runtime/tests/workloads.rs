@@ -1491,6 +1491,27 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A mount made by a command that exited (the sandbox's init alone runs)
+/// is refused by name too: a rollback would lose it while saying the
+/// sandbox came back exactly (issue 36, class 7). Unmounted, the
+/// checkpoint is taken.
+fn mount_with_only_init_running(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        sh(e, &sb, "mkdir -p /root/m && mount -t tmpfs scratch /root/m").await?;
+        let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
+        let msg = match refused {
+            Ok(r) => bail!("checkpoint with a tmpfs on /root/m accepted: {}", r.note),
+            Err(err) => err.to_string(),
+        };
+        ensure!(msg.contains("mount /root/m") && msg.contains("tmpfs"), "refused, but with {msg:?}");
+        sh(e, &sb, "umount /root/m").await?;
+        e.checkpoint(&sb, CheckpointRequest::default()).await.context("checkpoint once unmounted")?;
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// A session's shell that exits after a checkpoint ends the session's
 /// output (its terminal hangs up: before, the shell's template held the
 /// terminal's slave and the session waited forever; issue 36, class 1).
@@ -1785,6 +1806,7 @@ fn main() {
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
+        ("mount_with_only_init_running", mount_with_only_init_running),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),

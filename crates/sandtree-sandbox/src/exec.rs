@@ -271,6 +271,32 @@ fn watch_exit(
 }
 
 impl BackgroundTable {
+    /// A rollback is about to kill background processes `pids` and restore
+    /// them: read ends of their output pipes, opened again through the
+    /// `O_PATH`s kept for them (see [`Sandbox::revive_background`]). A
+    /// second call opens nothing more.
+    pub(crate) fn hold_output(&self, pids: &[i32]) {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        for pid in pids {
+            let Some(bg) = procs.get_mut(pid).filter(|bg| bg.reopened.is_none()) else { continue };
+            let reopen = |o: &OwnedFd| {
+                use std::os::fd::AsRawFd;
+                let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
+                rustix::fs::open(format!("/proc/self/fd/{}", o.as_raw_fd()), flags, rustix::fs::Mode::empty())
+            };
+            bg.reopened = match &bg.outputs {
+                Some([o, e]) => match (reopen(o), reopen(e)) {
+                    (Ok(o), Ok(e)) => Some([o, e]),
+                    (Err(err), _) | (_, Err(err)) => {
+                        tracing::warn!(pid, "output of a restored background process lost: {err}");
+                        None
+                    }
+                },
+                None => None,
+            };
+        }
+    }
+
     /// Pump background process `pid`'s output pipes into its rings, from
     /// now on (a new count of ended pumps).
     fn pump_output(&self, pid: i32, stdout: pipe::Receiver, stderr: pipe::Receiver) -> [JoinHandle<()>; 2] {
@@ -688,18 +714,19 @@ impl Sandbox {
         Ok(info)
     }
 
-    /// A background process is about to be restored from a template with
-    /// its pid, by a rollback that killed the running one: it runs again.
-    /// Its output pipes get read ends of ours again, opened now, once init
-    /// swapped the tree and before the engine's restore (the old pumps end
-    /// here): with a reader always there, the restored process's writes
-    /// never break the pipe, and the pumps started once it is back
-    /// ([`Sandbox::resume_restored_io`]) never read an end of file
-    /// meant for the killed one. (The process engine
-    /// gives the restored process its write ends again through the same
-    /// pipes, `sandtree_proc`'s `kinds/pipe.rs`.)
+    /// A background process was restored from a template with its pid (a
+    /// rollback killed the running one): it runs again, its old pumps end.
+    /// Its output pipes have read ends of ours again, opened before the kill
+    /// ([`BackgroundTable::hold_output`]; here if that failed): with a
+    /// reader always there, the restored process's writes never break the
+    /// pipe, nothing the killed one wrote last is lost, and the pumps
+    /// started once it is back ([`Sandbox::resume_restored_io`]) never read
+    /// an end of file meant for the killed one. (The process engine gives
+    /// the restored process its write ends again through the same pipes,
+    /// `sandtree_proc`'s `kinds/pipe.rs`.)
     pub(crate) fn revive_background(&self, pid: i32) {
         let table = &self.inner.background;
+        table.hold_output(&[pid]);
         let incarnation = {
             let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());
             let Some(bg) = procs.get_mut(&pid) else { return };
@@ -708,21 +735,6 @@ impl Sandbox {
             for p in bg.pumps.drain(..) {
                 p.abort();
             }
-            let reopen = |o: &OwnedFd| {
-                use std::os::fd::AsRawFd;
-                let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
-                rustix::fs::open(format!("/proc/self/fd/{}", o.as_raw_fd()), flags, rustix::fs::Mode::empty())
-            };
-            bg.reopened = match &bg.outputs {
-                Some([o, e]) => match (reopen(o), reopen(e)) {
-                    (Ok(o), Ok(e)) => Some([o, e]),
-                    (Err(err), _) | (_, Err(err)) => {
-                        tracing::warn!(pid, "output of a restored background process lost: {err}");
-                        None
-                    }
-                },
-                None => None,
-            };
             bg.incarnation
         };
         let waiter = watch_exit(self.conn().clone(), table.procs.clone(), pid, incarnation);

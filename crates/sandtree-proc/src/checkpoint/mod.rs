@@ -356,12 +356,17 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
             what: "mountinfo",
             source: e,
         }),
+        // Init alone: its table, for the check below (a mount an exec made
+        // outlives it).
+        None if st.init_host.raw() > 0 => {
+            st.mounts.of(st.init_host).map_err(|e| Error::Proc { pid: st.init_host, what: "mountinfo", source: e })
+        }
         None => Ok(Default::default()),
     };
     let mut failure = None;
     // Mounts the sandbox made in its tree: a rollback replaces the tree,
-    // and they would be gone.
-    if let (Ok(m), false) = (&mounts, stopped.is_empty())
+    // and they would be gone (with processes or not).
+    if let Ok(m) = &mounts
         && let Some(u) = sandbox_mount(m)
     {
         match best_effort {
@@ -1073,9 +1078,10 @@ fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::R
 /// `/dev`, whose own are init's), as a refusal: a filesystem other than the
 /// layers' overlays, a second mount of a layer (a bind mount: the same
 /// upper directory, mounted later), or a layer remounted read-only. Named
-/// as init's: mounts are the sandbox's, not a process's. (Mounts under
-/// `/proc` and `/dev` that the sandbox made are detached by a rollback
-/// too, and not refused yet.)
+/// as init's: mounts are the sandbox's, not a process's. Checked with
+/// processes or without (a mount outlives the command that made it).
+/// (Mounts under `/proc` and `/dev` that the sandbox made are detached by
+/// a rollback too, and not refused yet.)
 fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> Option<Unrestorable> {
     let mut ids: Vec<&i32> = mounts.keys().collect();
     ids.sort();

@@ -109,18 +109,21 @@ pub(crate) fn capture(host: HostPid, fds: &[FdImage], seen: &mut Seen) -> Result
 /// put in through a keeper (an anonymous pipe's, opened again through a
 /// template's `O_PATH` descriptor, returned: open until every process is
 /// back), a layer FIFO's keeper (`fifo_keepers`), or the template that
-/// holds a kept FIFO. A pipe with an end outside is left as it is.
+/// holds a kept FIFO. A pipe with an end outside is left as it is, and
+/// needs no keeper: it lives on through that end (the daemon's output
+/// pipes: opened again by the daemon before the kill, see
+/// `sandtree_sandbox`'s `Sandbox::revive_background`).
 pub(crate) fn put_back(set: &CheckpointTemplates, fifo_keepers: &HashMap<String, OwnedFd>) -> Result<Vec<OwnedFd>> {
     let mut keepers = Vec::new();
     for (pipe, host, fd) in &set.pipes {
         let kind = set.templates.iter().filter(|t| t.host == *host).flat_map(|t| &t.image.fds).find(|f| f.fd == *fd);
         let filled = match kind.map(|f| &f.kind) {
+            // (One with an end outside lives on through that end.)
+            Some(FdKind::Pipe { .. }) if pipe.outside => Ok(()),
             Some(FdKind::Pipe { .. }) => open_proc_fd(*host, *fd, OFlags::RDWR).and_then(|keeper| {
-                if !pipe.outside {
-                    let stream: &[u8] = if pipe.packets.is_empty() { &pipe.bytes } else { &[] };
-                    super::fifo::fill(&keeper, stream, pipe.size)?;
-                    write_packets(&keeper, pipe)?;
-                }
+                let stream: &[u8] = if pipe.packets.is_empty() { &pipe.bytes } else { &[] };
+                super::fifo::fill(&keeper, stream, pipe.size)?;
+                write_packets(&keeper, pipe)?;
                 keepers.push(keeper);
                 Ok(())
             }),
