@@ -366,6 +366,9 @@ pub enum FdKind {
         /// Its access and modification times, ns since the epoch.
         #[serde(default)]
         times: Option<(i64, i64)>,
+        /// Its owner (uid, gid: host ids).
+        #[serde(default)]
+        owner: Option<(u32, u32)>,
         /// Links it still has under other names (then refused).
         #[serde(default)]
         nlink: u64,

@@ -43,6 +43,8 @@ pub struct Status {
     pub state: char,
     /// Host tid of its tracer (0: none).
     pub tracer: HostPid,
+    /// `VmSize:`, in kB: the size of its memory map.
+    pub vm_size_kb: u64,
     /// The file as read (an incremental template's fingerprint takes its
     /// lines from it rather than read it again: `incremental.rs`).
     pub text: String,
@@ -115,6 +117,7 @@ fn parse_status(text: String) -> Status {
             "NSpgid" => st.ns_pgid = SandboxPid(last_num(v).unwrap_or(0)),
             "NSsid" => st.ns_sid = SandboxPid(last_num(v).unwrap_or(0)),
             "Threads" => st.threads = v.trim().parse().unwrap_or(0),
+            "VmSize" => st.vm_size_kb = v.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0),
             "Uid" => st.uids = four(v),
             "Gid" => st.gids = four(v),
             "CapEff" => st.cap_eff = hex(v),
@@ -833,6 +836,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                         let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
                         (ns(m.atime(), m.atime_nsec()), ns(m.mtime(), m.mtime_nsec()))
                     }),
+                    owner: meta.as_ref().map(|m| (m.uid(), m.gid())),
                     nlink: meta.as_ref().map(|m| m.nlink()).unwrap_or(0),
                     segments: Vec::new(),
                 }

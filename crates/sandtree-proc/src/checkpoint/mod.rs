@@ -147,6 +147,9 @@ pub(crate) struct Cloned {
     /// (descriptor, pipe key) of each pipe and FIFO descriptor (a
     /// template made from a standby has closed FIFOs of the tree).
     pipe_keys: Vec<(i32, (u64, u64))>,
+    /// The original's memory map size (`VmSize`, kB) in the frozen window:
+    /// a forked template's smaller one lacks mappings fork does not copy.
+    vm_size_kb: u64,
     /// The copier its holder lent for the pass, to give back.
     copier: Option<crate::memory_holder::Copier>,
     /// Made from a standby: the original's status and name, read while
@@ -842,6 +845,7 @@ fn clone_of(
             _ => (None, None, before(&mut orig, false)?.rest),
         };
         let pending = status.signals.pending;
+        let vm_size_kb = status.vm_size_kb;
         // (A standby still being forked: `p.host` is the template forking
         // it, which is not this checkpoint's to kill.)
         let deferred = patched.as_ref().is_some_and(|p| p.pending.is_later());
@@ -965,6 +969,7 @@ fn clone_of(
             patched,
             session,
             pipe_keys,
+            vm_size_kb,
             copier,
             facts: session.is_some().then_some((status, comm)),
         })
@@ -1012,6 +1017,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     let regs = Registers::from(&c.image_regs);
     // (Read of the template: ~50-75 µs a process, after the window but on
     // the checkpoint's path.)
+    let forked = c.facts.is_none();
     let facts = match c.facts {
         Some((status, comm)) => {
             let tty_nr = c.session.map_or(0, |(_, _, tty)| i64::from(tty));
@@ -1019,6 +1025,22 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         }
         _ => procfs::template_facts(child, maps.is_none()),
     };
+    // A forked template lacks the mappings fork does not copy
+    // (`MADV_DONTFORK`): its map is smaller than the original's was.
+    if let Ok(f) = &facts
+        && forked
+        && f.status.vm_size_kb < c.vm_size_kb
+    {
+        let missing = c.vm_size_kb - f.status.vm_size_kb;
+        return Err(Error::unsupported(
+            s.ns_pid,
+            &f.comm,
+            "memory",
+            format!(
+                "{missing} kB of its memory is mapped with MADV_DONTFORK, which a copy by fork leaves out (not captured yet)"
+            ),
+        ));
+    }
     let mut image = facts
         .and_then(|f| procfs::capture((s.ns_pid, s.ns_ppid), regs, c.fds, c.paths, f, maps))
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;

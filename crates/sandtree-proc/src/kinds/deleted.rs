@@ -3,8 +3,8 @@
 //! [`GHOST_MAX`] bytes of file) are copied in pass 1, with memfds'
 //! contents (`memfd.rs`); at the restore it is made anew as an unnamed file
 //! (`O_TMPFILE`) in its old directory of the rolled-back tree, its
-//! segments written at their offsets (holes stay holes), its size, mode
-//! and access and modification times set back, and it is opened again
+//! segments written at their offsets (holes stay holes), its size, owner,
+//! mode and access and modification times set back, and it is opened again
 //! with its flags at its offset. Refused: one that is not a regular file of
 //! the layers, one still linked under another name (a copy would be
 //! another file), one larger than [`GHOST_MAX`].
@@ -151,15 +151,21 @@ fn recreate(
             format!("cannot make an unnamed file for deleted {path}"),
         )
     })?;
-    let FdKind::Deleted { size, mode, times, segments, .. } = &f.kind else { return Ok(()) };
+    let FdKind::Deleted { size, mode, times, owner, segments, .. } = &f.kind else { return Ok(()) };
     let filled = if segments.is_empty() {
         fill_file(pid, tmp as i32, bytes)
     } else {
         fill_segments(pid, tmp as i32, bytes, segments)
     };
     filled.map_err(|e| Error::Proc { pid, what: "deleted file contents", source: e })?;
-    // Its size (a hole at the end), mode and times, as they were.
+    // Its size (a hole at the end), owner, mode and times, as they were.
     p.call("ftruncate (deleted file)", libc::SYS_ftruncate, &[tmp, *size])?;
+    // (The owner by the daemon, in host ids, through the new file's magic
+    // link; before the mode, which a change of owner may strip of its
+    // set-id bits.)
+    if let Some((uid, gid)) = *owner {
+        set_owner(pid, tmp as i32, uid, gid).map_err(|e| Error::Proc { pid, what: "deleted file owner", source: e })?;
+    }
     if let Some(mode) = mode {
         p.call("fchmod (deleted file)", libc::SYS_fchmod, &[tmp, *mode as u64])?;
     }
@@ -179,6 +185,26 @@ fn recreate(
     // `tmp` may have the number the file had (closed by the template's
     // set-up): closed before the new descriptor moves there.
     reopen_unnamed(p, scratch, f, tmp, true)
+}
+
+/// Give the file behind descriptor `fd` of `pid` owner `uid`:`gid` (host
+/// ids), unless it has them.
+fn set_owner(pid: HostPid, fd: i32, uid: u32, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let file =
+        rustix::fs::open(format!("/proc/{pid}/fd/{fd}"), OFlags::PATH | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+    let now = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)))?;
+    if (now.uid(), now.gid()) == (uid, gid) {
+        return Ok(());
+    }
+    rustix::fs::chownat(
+        &file,
+        "",
+        Some(rustix::process::Uid::from_raw(uid)),
+        Some(rustix::process::Gid::from_raw(gid)),
+        rustix::fs::AtFlags::EMPTY_PATH,
+    )?;
+    Ok(())
 }
 
 /// The contents of a deleted-but-open file (fd `fd` of `host`), read

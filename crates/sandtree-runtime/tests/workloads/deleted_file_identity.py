@@ -1,8 +1,8 @@
-# State: a deleted-but-open file with an identity of its own: mode 0645,
-# its modification time set, data at its start and its end and a hole of
+# State: a deleted-but-open file with an identity of its own: owner
+# 1234:1235, mode 0645, its modification time set, data at its start and its end and a hole of
 # 1 MiB between (sparse). And, on `linked`, a file deleted under one name
 # but still linked under another (which a copy would not be).
-# Commands: `state` -> `mode=<octal> size=<n> segments=<off+len,...>
+# Commands: `state` -> `owner=<uid>:<gid> mode=<octal> size=<n> segments=<off+len,...>
 # mtime=<ns>` (read without reading the file: its access time is left
 # alone); `mutate` changes all of them; `linked` / `unlinked` open and
 # close the file still linked elsewhere.
@@ -12,6 +12,7 @@ f.write(b'head')
 f.seek(1 << 20)
 f.write(b'tail')
 f.flush()
+os.chown('/root/sparse.bin', 1234, 1235)
 os.chmod('/root/sparse.bin', 0o645)
 os.utime('/root/sparse.bin', ns=(1_000_000_000_123_456_789, 1_000_000_001_987_654_321))
 os.unlink('/root/sparse.bin')
@@ -39,8 +40,10 @@ def handle(cmd):
         pos = f.tell()
         segs = segments(f.fileno())
         f.seek(pos)
-        return 'mode=%o size=%d segments=%s mtime=%d' % (st.st_mode & 0o7777, st.st_size, segs, st.st_mtime_ns)
+        return 'owner=%d:%d mode=%o size=%d segments=%s mtime=%d' % (
+            st.st_uid, st.st_gid, st.st_mode & 0o7777, st.st_size, segs, st.st_mtime_ns)
     if cmd == 'mutate':
+        os.fchown(f.fileno(), 4321, 4321)
         os.fchmod(f.fileno(), 0o600)
         f.seek(1 << 19)
         f.write(b'middle')

@@ -1,0 +1,30 @@
+# mapping_not_copied_by_fork: 1 MiB of anonymous memory holding a pattern,
+# which `dontfork` marks MADV_DONTFORK: a copy by fork leaves it out, so
+# a restore from a template would lose it (issue 36, class 2); `dofork`
+# takes the mark back.
+# Commands: `state` -> `sum=<sum of the bytes> len=<len>`; `dontfork` /
+# `dofork` -> `marked` / `unmarked`; `mutate` writes other bytes.
+import mmap
+
+mem = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for i in range(0, 1 << 20, 4096):
+    mem[i:i + 4] = b'page'
+
+
+def handle(cmd):
+    if cmd == 'state':
+        return 'sum=%d len=%d' % (sum(mem[i] for i in range(0, 1 << 20, 4096)), len(mem))
+    if cmd == 'dontfork':
+        mem.madvise(mmap.MADV_DONTFORK)
+        return 'marked'
+    if cmd == 'dofork':
+        mem.madvise(mmap.MADV_DOFORK)
+        return 'unmarked'
+    if cmd == 'mutate':
+        for i in range(0, 1 << 20, 4096):
+            mem[i:i + 4] = b'MUTE'
+        return handle('state')
+    raise ValueError(cmd)
+
+
+serve(handle)
