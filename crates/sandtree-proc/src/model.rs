@@ -280,7 +280,7 @@ impl FdKind {
     pub fn recreated(&self) -> bool {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
-            k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
+            k @ FdKind::KeptFile { master_captured: true, .. } => k.terminal().is_some(),
             FdKind::PtyMaster { .. } => true,
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
@@ -297,9 +297,12 @@ impl FdKind {
     }
 
     /// The index of the pseudo-terminal whose slave this is (`/dev/pts/N`).
-    /// A template holds no terminal's slave: the terminal hangs up (its
-    /// master reads `EIO`) once the running processes closed theirs,
-    /// checkpoint or not; the restore opens it again by path.
+    /// A template holds no slave of a pty whose master a captured process
+    /// holds (`master_captured`): the restore makes that pty anew
+    /// (`kinds/pty.rs`), its index free again, and opens the slave again by
+    /// path. A slave of a terminal whose master is outside (a session's,
+    /// the daemon's) is kept by the template as it is: the daemon may have
+    /// closed that terminal since, or given its index to another.
     pub fn terminal(&self) -> Option<u32> {
         match self {
             FdKind::KeptFile { path, .. } => path.strip_prefix("/dev/pts/")?.parse().ok(),
@@ -339,6 +342,10 @@ pub enum FdKind {
         /// waiting to be read on it.
         #[serde(default)]
         unread: u32,
+        /// A terminal's slave whose master a captured process holds (see
+        /// [`FdKind::terminal`]).
+        #[serde(default)]
+        master_captured: bool,
     },
     /// The master of a pseudo-terminal of the sandbox's devpts
     /// (`/dev/pts/ptmx`). A template holds none (its close must hang the

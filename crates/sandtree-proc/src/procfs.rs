@@ -506,9 +506,13 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         crate::sockdiag::unix_state(diag.as_ref()?, ino).ok()
     };
     let unix_connected = connected && family == "unix";
-    // An unnamed pair: neither end has an address.
+    // An unnamed pair: neither end has an address (an abstract one
+    // included: an accepted connection has its listener's).
+    let no_address = |a: Option<rustix::net::SocketAddrAny>| {
+        a.is_some_and(|a| a.addr_len() as usize <= std::mem::size_of::<libc::sa_family_t>())
+    };
     let unnamed = unix_connected
-        && bound.is_none()
+        && no_address(rustix::net::getsockname(&dup).ok())
         && rustix::net::getpeername(&dup)
             .ok()
             .flatten()
@@ -863,7 +867,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                         FdKind::PtyMaster { state: pty_state(pid, pidfd.as_ref(), fd) }
                     }
                     Some(m) if kept_mount(m) => {
-                        let mut kept = FdKind::KeptFile { path: link, unread: 0 };
+                        let mut kept = FdKind::KeptFile { path: link, unread: 0, master_captured: false };
                         if kept.terminal().is_some()
                             && let FdKind::KeptFile { unread, .. } = &mut kept
                         {

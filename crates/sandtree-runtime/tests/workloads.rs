@@ -1533,44 +1533,40 @@ fn mount_with_only_init_running(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// A session's shell that exits after a checkpoint ends the session's
-/// output (its terminal hangs up: before, the shell's template held the
-/// terminal's slave and the session waited forever; issue 36, class 1).
-/// A rollback brings the shell back on the same terminal, which runs
-/// commands again.
-fn session_shell_exits_after_a_checkpoint(e: &Engine) -> CaseFuture<'_> {
+/// A process that inherited the daemon's output pipe of a background
+/// process (a server its shell started; the shell gone) keeps a reader
+/// there across a rollback: restored, it goes on writing (before the
+/// daemon held read ends of every background process's pipes across the
+/// kill, the pipe had none after it, and the restored writer died of
+/// SIGPIPE).
+fn orphan_writes_to_the_daemons_pipe(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
-        use tokio::sync::broadcast::error::RecvError;
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
-        let s = e.create_session(&sb, Default::default()).await?;
-        let w = Workload { sb: sb.clone(), pid: s.pid };
-        let run = |cmd: &'static str| {
-            let (sb, sid) = (sb.clone(), s.id.clone());
-            async move {
-                let req = SessionRunRequest { command: cmd.to_string(), timeout_ms: Some(10_000) };
-                let out = e.session_run(&sb, &sid, req).await?;
-                ensure!(!out.timed_out, "`{cmd}` timed out: {}", out.output);
-                Ok::<_, anyhow::Error>(out.output.trim().to_string())
-            }
-        };
-        ensure!(run("export MARK=at-ck; echo ok").await? == "ok", "session");
-        let ck = w.checkpoint(e).await?;
+        let script = program!("orphan_writes_to_the_daemons_pipe.sh");
+        exec(e, &sb, ExecRequest { cmd: argv(&["sh", "-c", script]), background: true, ..Default::default() }).await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sh(e, &sb, "cat /root/orphan.pid 2>/dev/null || true").await?.is_empty() {
+            ensure!(Instant::now() < deadline, "the loop did not start");
+            sleep_ms(50).await;
+        }
+        let pid: i32 = sh(e, &sb, "cat /root/orphan.pid").await?.trim().parse()?;
+        sleep_ms(200).await;
+        let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
+        let w = Workload { sb: sb.clone(), pid };
         for round in 0..ROUNDS {
             let mut c = Checks::default();
-            let mut io = e.session_io(&sb, &s.id).await?;
-            io.write(b"exit\r").await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            let ended = loop {
-                match tokio::time::timeout_at(deadline, io.output.recv()).await {
-                    Ok(Ok(chunk)) if chunk.is_empty() => break "ended",
-                    Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => continue,
-                    Ok(Err(RecvError::Closed)) => break "closed",
-                    Err(_) => break "still open after 5 s",
-                }
-            };
-            c.eq("session output after `exit`", ended, "ended");
+            sleep_ms(100).await;
             w.rollback(e, &ck).await?;
-            c.eq("shell after rollback", &run("echo $MARK").await?, "at-ck");
+            sleep_ms(400).await;
+            let alive = sh(
+                e,
+                &sb,
+                &format!(
+                    "kill -0 {pid} 2>/dev/null && echo alive || echo gone; cat /root/orphan.err 2>/dev/null || true"
+                ),
+            )
+            .await?;
+            c.eq("the loop after the rollback", alive.trim(), "alive");
             c.result(round)?;
         }
         w.delete(e).await
@@ -1829,6 +1825,7 @@ fn main() {
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("mount_with_only_init_running", mount_with_only_init_running),
+        ("orphan_writes_to_the_daemons_pipe", orphan_writes_to_the_daemons_pipe),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
@@ -1839,7 +1836,6 @@ fn main() {
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("bash_job_is_named_then_reparented", bash_job_is_named_then_reparented),
         ("git_repo_in_session", git_repo_in_session),
-        ("session_shell_exits_after_a_checkpoint", session_shell_exits_after_a_checkpoint),
     ];
     // Every process tracked: the second of each case's two checkpoints
     // makes its template from the first's where it can (`incremental.rs`),

@@ -243,6 +243,21 @@ struct Background {
 pub(crate) struct BackgroundTable {
     procs: Arc<Mutex<HashMap<i32, Background>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Output pipes of background processes a rollback forgot
+    /// ([`BackgroundTable::forget`]), still read (and dropped).
+    detached: Mutex<Vec<Detached>>,
+}
+
+/// An output pipe of a forgotten background process, which a process of a
+/// checkpoint may have inherited: read and dropped, and held across each
+/// rollback like a background process's ([`BackgroundTable::hold_output`]).
+struct Detached {
+    /// The pipe, named (`O_PATH`).
+    path: OwnedFd,
+    /// Its read end held by a rollback, pumped once the restore is over.
+    reopened: Option<OwnedFd>,
+    /// Its pump.
+    pump: Option<tokio::task::AbortHandle>,
 }
 
 /// Record the exit of background `pid` (of this incarnation).
@@ -271,21 +286,28 @@ fn watch_exit(
 }
 
 impl BackgroundTable {
-    /// A rollback is about to kill background processes `pids` and restore
-    /// them: read ends of their output pipes, opened again through the
-    /// `O_PATH`s kept for them (see [`Sandbox::revive_background`]). A
-    /// second call opens nothing more.
+    /// A rollback is about to kill background processes `pids` (every one:
+    /// one it does not restore may have passed its pipes on to one it
+    /// does): read ends of their output pipes, opened again through the
+    /// `O_PATH`s kept for them (see [`Sandbox::revive_background`]), and
+    /// the old pumps ended (what the process writes from now on waits in
+    /// the pipe for the new ones; the old ones would only wake up to read
+    /// the end of file of the kill, on the rollback's CPUs). A second call
+    /// opens nothing more.
     pub(crate) fn hold_output(&self, pids: &[i32]) {
+        for d in self.detached.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            if d.reopened.is_none() {
+                d.reopened = reopen_output(&d.path).ok();
+                if let Some(p) = d.pump.take().filter(|_| d.reopened.is_some()) {
+                    p.abort();
+                }
+            }
+        }
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         for pid in pids {
             let Some(bg) = procs.get_mut(pid).filter(|bg| bg.reopened.is_none()) else { continue };
-            let reopen = |o: &OwnedFd| {
-                use std::os::fd::AsRawFd;
-                let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
-                rustix::fs::open(format!("/proc/self/fd/{}", o.as_raw_fd()), flags, rustix::fs::Mode::empty())
-            };
             bg.reopened = match &bg.outputs {
-                Some([o, e]) => match (reopen(o), reopen(e)) {
+                Some([o, e]) => match (reopen_output(o), reopen_output(e)) {
                     (Ok(o), Ok(e)) => Some([o, e]),
                     (Err(err), _) | (_, Err(err)) => {
                         tracing::warn!(pid, "output of a restored background process lost: {err}");
@@ -294,6 +316,12 @@ impl BackgroundTable {
                 },
                 None => None,
             };
+            // (Only once ours are open: with none, the old ones go on.)
+            if bg.reopened.is_some() {
+                for p in bg.pumps.drain(..) {
+                    p.abort();
+                }
+            }
         }
     }
 
@@ -333,11 +361,23 @@ impl BackgroundTable {
     }
 
     /// Forgets these processes (they were killed). Their output pumps end
-    /// by themselves when the pipes close.
+    /// by themselves when the pipes close. Read ends a rollback held for
+    /// them ([`BackgroundTable::hold_output`]) stay held, and are read and
+    /// dropped once the restore is over ([`Sandbox::resume_restored_io`]):
+    /// a process of the checkpoint that inherited the pipes (a server its
+    /// shell started, the shell gone) may be restored and write to them.
+    /// (Read before, they would end at once, the killed writer gone, and
+    /// the restored one would find no reader.)
     pub(crate) fn forget(&self, pids: &[i32]) {
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
         for pid in pids {
-            procs.remove(pid);
+            let Some(bg) = procs.remove(pid) else { continue };
+            if let (Some(paths), Some(reopened)) = (bg.outputs, bg.reopened) {
+                for (path, fd) in paths.into_iter().zip(reopened) {
+                    detached.push(Detached { path, reopened: Some(fd), pump: None });
+                }
+            }
         }
     }
 }
@@ -359,6 +399,13 @@ fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)>
         env.push((k.clone(), v.clone()));
     }
     env
+}
+
+/// A read end of the pipe `path` names (`O_PATH`), opened again.
+fn reopen_output(path: &OwnedFd) -> rustix::io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
+    rustix::fs::open(format!("/proc/self/fd/{}", path.as_raw_fd()), flags, rustix::fs::Mode::empty())
 }
 
 /// A pipe for a program's stdio, owned by the sandbox's root (host uid
@@ -753,6 +800,13 @@ impl Sandbox {
             procs.iter_mut().filter_map(|(pid, bg)| Some((*pid, bg.reopened.take()?))).collect()
         };
         let mut tasks = Vec::new();
+        for d in table.detached.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            if let Some(rx) = d.reopened.take().and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) {
+                let t = tokio::spawn(pump(rx, |_| {}));
+                d.pump = Some(t.abort_handle());
+                tasks.push(t);
+            }
+        }
         for (pid, [o, e]) in reopened {
             match (pipe::Receiver::from_owned_fd(o), pipe::Receiver::from_owned_fd(e)) {
                 (Ok(o), Ok(e)) => tasks.extend(table.pump_output(pid, o, e)),

@@ -493,7 +493,7 @@ impl Sandbox {
     pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
         self.thaw_if_frozen()?;
         self.inner.sessions.hold_terminals(&restore);
-        self.inner.background.hold_output(&restore);
+        self.inner.background.hold_output(&self.inner.background.pids());
         let members = self.members_dir();
         let req = Request::KillAll { keep, restore, members: members.is_some() };
         let fds: Vec<_> = members.iter().map(|f| f.as_fd()).collect();
@@ -561,7 +561,7 @@ impl Sandbox {
         let mut pids = self.inner.background.pids();
         pids.retain(|p| !restore.contains(p));
         self.inner.sessions.hold_terminals(&restore);
-        self.inner.background.hold_output(&restore);
+        self.inner.background.hold_output(&self.inner.background.pids());
         let members = self.members_dir();
         let fds: Vec<_> = layers.iter().chain(members.iter()).map(|f| f.as_fd()).collect();
         let req = Request::Reroot { targets, keep, restore: restore.clone(), members: members.is_some() };

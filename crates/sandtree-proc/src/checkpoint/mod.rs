@@ -620,9 +620,22 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 _ => None,
             })
             .collect();
+        // (And whose other end is an end of the same pair.)
+        let pairs: HashSet<(u64, u64)> = made
+            .iter()
+            .flat_map(|t| &t.image.fds)
+            .filter_map(|f| match &f.kind {
+                FdKind::Socket { ino, pair: Some(p), .. } => Some((*ino, p.peer)),
+                _ => None,
+            })
+            .collect();
         let lone = made.iter().enumerate().find_map(|(i, t)| {
             t.image.fds.iter().find_map(|f| match &f.kind {
-                FdKind::Socket { pair: Some(p), .. } if !held.contains(&p.peer) => Some((i, f.fd)),
+                FdKind::Socket { ino, pair: Some(p), .. }
+                    if !held.contains(&p.peer) || !pairs.contains(&(p.peer, *ino)) =>
+                {
+                    Some((i, f.fd))
+                }
                 _ => None,
             })
         });
@@ -644,6 +657,24 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         report.captured.retain(|p| *p != u.pid);
         report.reparented.retain(|r| r.pid != u.pid);
         report.unrestorable.push(u);
+    }
+    // A terminal slave whose pty master a captured process holds: the
+    // restore makes the pty anew, the template must not hold the slave.
+    let masters: HashSet<u32> = made
+        .iter()
+        .flat_map(|t| &t.image.fds)
+        .filter_map(|f| match &f.kind {
+            FdKind::PtyMaster { state: Some(st) } => Some(st.index),
+            _ => None,
+        })
+        .collect();
+    for t in made.iter_mut() {
+        for f in t.image.fds.iter_mut() {
+            let index = f.kind.terminal();
+            if let FdKind::KeptFile { master_captured, .. } = &mut f.kind {
+                *master_captured = index.is_some_and(|i| masters.contains(&i));
+            }
+        }
     }
     // Data queued on an end of a pair goes into the new pair at the
     // restore.
@@ -1030,6 +1061,10 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     if let Ok(f) = &facts
         && forked
         && f.status.vm_size_kb < c.vm_size_kb
+        // (The kernel's own `[uprobes]` page is not copied either; it is
+        // made again at the next probe hit. Looked for only now, in the
+        // original's map.)
+        && c.vm_size_kb - f.status.vm_size_kb > uprobes_kb(s.host)
     {
         let missing = c.vm_size_kb - f.status.vm_size_kb;
         return Err(Error::unsupported(
@@ -1081,6 +1116,16 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         generation,
         to_write: c.to_write,
     })
+}
+
+/// The size (kB) of the kernel's `[uprobes]` mapping in `host`'s map, if
+/// it has one.
+fn uprobes_kb(host: HostPid) -> u64 {
+    procfs::maps(host)
+        .map(|maps| {
+            maps.iter().filter(|m| m.path.as_deref() == Some("[uprobes]")).map(|m| (m.end - m.start) / 1024).sum()
+        })
+        .unwrap_or(0)
 }
 
 /// Every check of the template path on a captured image: the process's

@@ -3,8 +3,9 @@
 //! replaced tree: reopened at the restore by path in the rolled-back tree,
 //! with its flags (less the creating ones) at its offset, onto its number.
 //! One on a mount that rollback keeps (`/dev`, `/proc`, devpts) is kept
-//! from the template, but a terminal's slave (`/dev/pts/N`, see
-//! [`FdKind::terminal`]): opened again by path. Refused: a file of another mount that rollback
+//! from the template, but the slave (`/dev/pts/N`, see
+//! [`FdKind::terminal`]) of a pty whose master a captured process holds:
+//! opened again by path. Refused: a file of another mount that rollback
 //! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
 
 use super::Kind;
@@ -20,7 +21,7 @@ impl Kind for PathFile {
             FdKind::LayerFile { path, locked: true, .. } => {
                 Err(format!("a lock is held on {path} (file locks are not captured yet)"))
             }
-            FdKind::KeptFile { path, unread } if f.kind.terminal().is_some() && *unread > 0 => Err(match *unread {
+            FdKind::KeptFile { path, unread, master_captured: true } if *unread > 0 => Err(match *unread {
                 u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
                 n => format!("terminal {path} with {n} bytes of input not read yet: checkpoint once it is read"),
             }),
@@ -41,7 +42,7 @@ impl Kind for PathFile {
 
     fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
         if f.kind.terminal().is_some()
-            && let FdKind::KeptFile { path, .. } = &f.kind
+            && let FdKind::KeptFile { path, master_captured: true, .. } = &f.kind
         {
             // (Not the terminal of whatever session the process is in
             // before its own is restored.)

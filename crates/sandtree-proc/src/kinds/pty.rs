@@ -2,9 +2,9 @@
 //! sandbox made (`/dev/pts/ptmx` of the sandbox's own devpts: `script`,
 //! `tmux`, `pexpect`...).
 //!
-//! A template holds no end of a pty (`FdKind::recreated`; its slaves,
-//! [`FdKind::terminal`], neither): closing the master hangs the terminal
-//! up (`SIGHUP` to its session), closing the last slave makes the master
+//! A template holds no end of such a pty (`FdKind::recreated`; its slaves,
+//! [`FdKind::terminal`], neither, marked in pass 2): closing the master
+//! hangs the terminal up (`SIGHUP` to its session), closing the last slave makes the master
 //! read `EIO`, checkpoint or not. Pass 1 reads the pty's state through the
 //! master's own open file (`pidfd_getfd`): index, settings (`termios2`),
 //! window size, lock, packet mode, and the bytes waiting on each side.
