@@ -286,9 +286,14 @@ impl FdKind {
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             // A datagram socket bound to a path of the tree, not connected.
-            FdKind::Socket { listening: false, stream: false, connected: false, bound: Some(path), .. } => {
-                path.starts_with('/') && !path.starts_with("/proc/")
-            }
+            FdKind::Socket {
+                listening: false,
+                stream: false,
+                connected: false,
+                bound: Some(path),
+                has_clients: false,
+                ..
+            } => path.starts_with('/') && !path.starts_with("/proc/"),
             FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
             // (One of a process that had exited at the checkpoint stays.)
             FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } => pid.raw() > 0,
@@ -451,6 +456,14 @@ pub enum FdKind {
         /// [`UnixPair`]).
         #[serde(default)]
         pair: Option<UnixPair>,
+        /// A connected unix datagram socket: the path it is connected to.
+        #[serde(default)]
+        peer_path: Option<String>,
+        /// A unix datagram socket bound to a path that a captured datagram
+        /// socket is connected to (set in pass 2): kept by the template, not
+        /// bound again at the restore (the connection is to this socket).
+        #[serde(default)]
+        has_clients: bool,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).

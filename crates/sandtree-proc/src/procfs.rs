@@ -457,6 +457,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         peer: None,
         inet: None,
         pair: None,
+        peer_path: None,
+        has_clients: false,
     };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
@@ -543,6 +545,12 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
+    let peer_path = (unix_connected && !stream)
+        .then(|| rustix::net::getpeername(&dup).ok().flatten())
+        .flatten()
+        .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
+        .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
+        .filter(|p| !p.is_empty());
     FdKind::Socket {
         ino,
         family: family.into(),
@@ -555,6 +563,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         peer,
         inet,
         pair,
+        peer_path,
+        has_clients: false,
     }
 }
 

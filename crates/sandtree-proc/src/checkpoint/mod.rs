@@ -676,6 +676,23 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
             }
         }
     }
+    // A datagram socket bound to a path that a captured one is connected
+    // to stays the template's: bound again, the connection would be lost.
+    let connected_to: HashSet<String> = made
+        .iter()
+        .flat_map(|t| &t.image.fds)
+        .filter_map(|f| match &f.kind {
+            FdKind::Socket { peer_path: Some(p), .. } => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    for t in made.iter_mut() {
+        for f in t.image.fds.iter_mut() {
+            if let FdKind::Socket { stream: false, bound: Some(path), has_clients, .. } = &mut f.kind {
+                *has_clients = connected_to.contains(path.as_str());
+            }
+        }
+    }
     // Data queued on an end of a pair goes into the new pair at the
     // restore.
     let is_pair = |ino: u64, made: &[Template]| {

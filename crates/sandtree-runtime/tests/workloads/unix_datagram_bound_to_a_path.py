@@ -2,14 +2,22 @@
 # /root/dgram.sock (mode 0660), receiving what others send to that path
 # (issue 36, class 4: after a rollback the path was a dead copy of the old
 # tree's socket file, and a send to it was refused).
+# A second one, bound to /root/dgram2.sock, has a client connected to it
+# (connect()): it stays the one the client reaches.
 # Commands: `state` -> `mode=<file mode> name=<its bound name>
 # nonblocking=<flag>`; `roundtrip` -> sends `hello` to the path from a
-# fresh socket, then reads it on the bound one: `got=hello`.
+# fresh socket, then reads it on the bound one: `got=hello`; `client` ->
+# the client sends `hi`, the second one reads it: `client=hi`.
 
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 sock.bind('/root/dgram.sock')
 os.chmod('/root/dgram.sock', 0o660)
 sock.setblocking(False)
+second = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+second.bind('/root/dgram2.sock')
+second.setblocking(False)
+client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+client.connect('/root/dgram2.sock')
 
 
 def handle(cmd):
@@ -29,6 +37,16 @@ def handle(cmd):
             return 'got=%s' % sock.recv(64).decode()
         except BlockingIOError:
             return 'got=nothing'
+    if cmd == 'client':
+        try:
+            client.send(b'hi')
+        except OSError as e:
+            return 'client=errno%d' % e.errno
+        select.select([second], [], [], 2)
+        try:
+            return 'client=%s' % second.recv(64).decode()
+        except BlockingIOError:
+            return 'client=nothing'
     raise ValueError(cmd)
 
 
