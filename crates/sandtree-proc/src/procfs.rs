@@ -474,7 +474,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     let ty = sockopt::socket_type(&dup);
     let stream = matches!(ty, Ok(SocketType::STREAM) | Ok(SocketType::SEQPACKET));
     let listening = sockopt::socket_acceptconn(&dup).unwrap_or(false);
-    let connected = !listening && matches!(rustix::net::getpeername(&dup), Ok(Some(_)));
+    let peer_addr = rustix::net::getpeername(&dup).ok().flatten();
+    let connected = !listening && peer_addr.is_some();
     let bound = (family == "unix")
         .then(|| rustix::net::getsockname(&dup).ok())
         .flatten()
@@ -510,16 +511,12 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     let unix_connected = connected && family == "unix";
     // An unnamed pair: neither end has an address (an abstract one
     // included: an accepted connection has its listener's).
-    let no_address = |a: Option<rustix::net::SocketAddrAny>| {
+    // (An unnamed address is the family alone.)
+    let no_address = |a: Option<&rustix::net::SocketAddrAny>| {
         a.is_some_and(|a| a.addr_len() as usize <= std::mem::size_of::<libc::sa_family_t>())
     };
-    let unnamed = unix_connected
-        && no_address(rustix::net::getsockname(&dup).ok())
-        && rustix::net::getpeername(&dup)
-            .ok()
-            .flatten()
-            // (An unnamed address is the family alone.)
-            .is_some_and(|a| a.addr_len() as usize <= std::mem::size_of::<libc::sa_family_t>());
+    let unnamed =
+        unix_connected && no_address(rustix::net::getsockname(&dup).ok().as_ref()) && no_address(peer_addr.as_ref());
     let diag_state = (unix_connected && (queued || unnamed)).then(&mut state).flatten();
     let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);
     let pair = diag_state.filter(|_| unnamed).and_then(|s| {
@@ -545,9 +542,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
-    let peer_path = (unix_connected && !stream)
-        .then(|| rustix::net::getpeername(&dup).ok().flatten())
-        .flatten()
+    let peer_path = peer_addr
+        .filter(|_| unix_connected && !stream)
         .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
         .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
         .filter(|p| !p.is_empty());

@@ -140,9 +140,7 @@ impl Template {
                     let path = b.path(&format!("/proc/self/fd/{}", f.fd));
                     let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
                     let o = b.call("open (O_PATH of a pipe)", libc::SYS_open, &[path, Arg::Val(flags), Arg::Val(0)]);
-                    let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
-                    b.call("dup3 (O_PATH of a pipe)", libc::SYS_dup3, &[o, Arg::Val(f.fd as u64), Arg::Val(cloexec)]);
-                    b.call("close", libc::SYS_close, &[o]);
+                    b.move_fd(o, f.fd, f.flags);
                 }
                 // (Memfds stay: their numbers must stay taken while a restore
                 // holds a new memfd on a spare descriptor, see `fix_up`.)

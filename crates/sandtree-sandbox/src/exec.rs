@@ -401,11 +401,17 @@ fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)>
     env
 }
 
+/// The file behind descriptor `fd` of ours opened again with `flags`
+/// (close-on-exec), through `/proc/self/fd`: an `O_PATH` naming a pipe,
+/// or a read end of the pipe an `O_PATH` names.
+fn open_again(fd: &impl std::os::fd::AsRawFd, flags: rustix::fs::OFlags) -> rustix::io::Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::open(path, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+}
+
 /// A read end of the pipe `path` names (`O_PATH`), opened again.
 fn reopen_output(path: &OwnedFd) -> rustix::io::Result<OwnedFd> {
-    use std::os::fd::AsRawFd;
-    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC;
-    rustix::fs::open(format!("/proc/self/fd/{}", path.as_raw_fd()), flags, rustix::fs::Mode::empty())
+    open_again(path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK)
 }
 
 /// A pipe for a program's stdio, owned by the sandbox's root (host uid
@@ -727,11 +733,7 @@ impl Sandbox {
             exit: None,
         };
         let table = &self.inner.background;
-        let name = |rx: &pipe::Receiver| {
-            use std::os::fd::AsRawFd;
-            let path = format!("/proc/self/fd/{}", rx.as_raw_fd());
-            rustix::fs::open(path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        };
+        let name = |rx: &pipe::Receiver| open_again(rx, rustix::fs::OFlags::PATH);
         // (Without them, a rollback cannot give a restored process its
         // output back: it is then restarted, see `reroot`.)
         let outputs = match (name(&st.stdout), name(&st.stderr)) {

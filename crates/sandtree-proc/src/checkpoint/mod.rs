@@ -640,23 +640,8 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
             })
         });
         let Some((i, fd)) = lone else { break };
-        let t = &made[i];
-        let u = Unrestorable {
-            pid: t.image.pid,
-            comm: t.image.comm.clone(),
-            resource: format!("fd {fd}"),
-            reason: "one end of a unix socket pair whose other end no captured process holds (made anew at a restore, a pair needs both)".into(),
-        };
-        if !best_effort {
-            for t in made {
-                t.kill();
-            }
-            return Err(Error::Unsupported(u));
-        }
-        made.remove(i).kill();
-        report.captured.retain(|p| *p != u.pid);
-        report.reparented.retain(|r| r.pid != u.pid);
-        report.unrestorable.push(u);
+        let reason = "one end of a unix socket pair whose other end no captured process holds (made anew at a restore, a pair needs both)";
+        refuse_template(&mut made, i, (format!("fd {fd}"), reason), best_effort, &mut report)?;
     }
     // A terminal slave whose pty master a captured process holds: the
     // restore makes the pty anew, the template must not hold the slave.
@@ -695,13 +680,16 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     }
     // Data queued on an end of a pair goes into the new pair at the
     // restore.
-    let is_pair = |ino: u64, made: &[Template]| {
-        made.iter()
-            .flat_map(|t| &t.image.fds)
-            .any(|f| matches!(f.kind, FdKind::Socket { ino: i, pair: Some(_), .. } if i == ino))
-    };
+    let pair_ends: HashSet<u64> = made
+        .iter()
+        .flat_map(|t| &t.image.fds)
+        .filter_map(|f| match f.kind {
+            FdKind::Socket { ino, pair: Some(_), .. } => Some(ino),
+            _ => None,
+        })
+        .collect();
     let (pair_data, captured_sockets): (Vec<_>, Vec<_>) =
-        captured_sockets.into_iter().partition(|(b, _)| is_pair(b.ino, &made));
+        captured_sockets.into_iter().partition(|(b, _)| pair_ends.contains(&b.ino));
     let pair_data: Vec<crate::model::SocketBuffer> = pair_data.into_iter().map(|(b, _)| b).collect();
     // Data queued on a unix socket goes back through its peer, which
     // a template must hold (another process's or its own).
@@ -726,23 +714,8 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 .collect::<Vec<_>>();
         };
         let Some(i) = made.iter().position(|t| t.host == host) else { continue };
-        let t = &made[i];
-        let u = Unrestorable {
-            pid: t.image.pid,
-            comm: t.image.comm.clone(),
-            resource: "unix socket".into(),
-            reason: "data in flight whose sender is not a captured process of the sandbox".into(),
-        };
-        if !best_effort {
-            for t in made {
-                t.kill();
-            }
-            return Err(Error::Unsupported(u));
-        }
-        made.remove(i).kill();
-        report.captured.retain(|p| *p != u.pid);
-        report.reparented.retain(|r| r.pid != u.pid);
-        report.unrestorable.push(u);
+        let reason = "data in flight whose sender is not a captured process of the sandbox";
+        refuse_template(&mut made, i, ("unix socket".into(), reason), best_effort, &mut report)?;
     };
     // Each pipe's bytes go back through a template that holds the pipe
     // (not necessarily the process it was first seen in, which may have
@@ -768,6 +741,31 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         },
     );
     Ok(report)
+}
+
+/// Pass 2 refuses template `made[i]` for `(resource, reason)`: the whole
+/// checkpoint (every template killed), or with `best_effort` that one
+/// (killed, and reported as not restorable instead of captured).
+fn refuse_template(
+    made: &mut Vec<Template>,
+    i: usize,
+    (resource, reason): (String, &str),
+    best_effort: bool,
+    report: &mut CaptureReport,
+) -> Result<()> {
+    let t = &made[i];
+    let u = Unrestorable { pid: t.image.pid, comm: t.image.comm.clone(), resource, reason: reason.into() };
+    if !best_effort {
+        for t in made.drain(..) {
+            t.kill();
+        }
+        return Err(Error::Unsupported(u));
+    }
+    made.remove(i).kill();
+    report.captured.retain(|p| *p != u.pid);
+    report.reparented.retain(|r| r.pid != u.pid);
+    report.unrestorable.push(u);
+    Ok(())
 }
 
 /// Whether anonymous pipe `pipe` had an end at the checkpoint that none of

@@ -190,11 +190,9 @@ fn recreate(
 /// Give the file behind descriptor `fd` of `pid` owner `uid`:`gid` (host
 /// ids), unless it has them.
 fn set_owner(pid: HostPid, fd: i32, uid: u32, gid: u32) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let file =
-        rustix::fs::open(format!("/proc/{pid}/fd/{fd}"), OFlags::PATH | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
-    let now = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)))?;
-    if (now.uid(), now.gid()) == (uid, gid) {
+    let file = open_proc_fd(pid, fd, OFlags::PATH)?;
+    let now = rustix::fs::fstat(&file)?;
+    if (now.st_uid, now.st_gid) == (uid, gid) {
         return Ok(());
     }
     rustix::fs::chownat(

@@ -41,9 +41,8 @@ impl Kind for PathFile {
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
-        if f.kind.terminal().is_some()
-            && let FdKind::KeptFile { path, master_captured: true, .. } = &f.kind
-        {
+        // (Marked only on a terminal's slave.)
+        if let FdKind::KeptFile { path, master_captured: true, .. } = &f.kind {
             // (Not the terminal of whatever session the process is in
             // before its own is restored.)
             let flags = (f.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32) | libc::O_NOCTTY as u32;

@@ -69,6 +69,25 @@ pub(crate) fn place(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()>
     Ok(())
 }
 
+/// Descriptor `at` of `p` again on number `fd` (a dup: the same open
+/// file), with `flags`' close-on-exec.
+pub(crate) fn dup_onto(p: &mut Tracee, at: i32, fd: i32, flags: u32) -> Result<()> {
+    let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
+    p.call("dup3 (same open file)", libc::SYS_dup3, &[at as u64, fd as u64, cloexec]).map(drop)
+}
+
+/// A `socketpair` of type `ty` (close-on-exec) made in `p`, its two
+/// descriptors written at `area` of its memory first.
+pub(crate) fn socketpair_in(p: &mut Tracee, area: u64, ty: i32) -> Result<(u64, u64)> {
+    let pid = p.tid;
+    let ty = (ty | libc::SOCK_CLOEXEC) as u64;
+    p.call("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, area])?;
+    let mut two = [0u8; 8];
+    ptrace::read_mem(pid.raw(), area, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
+    let fd = |b: &[u8]| i32::from_ne_bytes(b.try_into().unwrap_or_default()) as u64;
+    Ok((fd(&two[..4]), fd(&two[4..])))
+}
+
 /// A copy of descriptor `fd` of process `pid`, for the daemon.
 pub(crate) fn take_copy(pid: HostPid, fd: i32) -> io::Result<OwnedFd> {
     let pidfd = rustix::process::pidfd_open(
@@ -97,24 +116,15 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
     let p = &mut *cx.p;
     let pid = p.tid;
     let area = cx.scratch + 1024;
-    let ty = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
-    p.call("socketpair (hand-over)", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, area])?;
-    let mut two = [0u8; 8];
-    ptrace::read_mem(pid.raw(), area, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
-    let ours = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default()) as u64;
-    let theirs = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default());
+    let (ours, theirs) = socketpair_in(p, area, libc::SOCK_DGRAM)?;
     let [ours] = clear_of(p, [ours], cx.image)?;
-    let sender = take_copy(pid, theirs).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
-    p.call("close", libc::SYS_close, &[theirs as u64])?;
+    let sender =
+        take_copy(pid, theirs as i32).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
+    p.call("close", libc::SYS_close, &[theirs])?;
     let sender = sender?;
     for chunk in first.chunks(HAND_OVER_MAX) {
         let fds: Vec<std::os::fd::BorrowedFd<'_>> =
             chunk.iter().filter_map(|(key, ..)| cx.handed.ends.get(key).map(std::os::fd::AsFd::as_fd)).collect();
-        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
-        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
-            .map_err(|e| Error::Proc { pid, what: "sending descriptors to a restored process", source: e.into() })?;
         if fds.len() != chunk.len() {
             return Err(Error::Proc {
                 pid,
@@ -122,6 +132,11 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
                 source: io::Error::other("one was not made"),
             });
         }
+        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
+            .map_err(|e| Error::Proc { pid, what: "sending descriptors to a restored process", source: e.into() })?;
         let got = receive(p, area, ours, fds.len())?;
         let mut lifted = Vec::with_capacity(got.len());
         for tmp in got {
@@ -133,8 +148,7 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
         }
     }
     for (at, fd, flags) in dups {
-        let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
-        p.call("dup3 (handed over)", libc::SYS_dup3, &[at as u64, fd as u64, cloexec])?;
+        dup_onto(p, at, fd, flags)?;
     }
     p.call("close", libc::SYS_close, &[ours])?;
     Ok(())

@@ -9,7 +9,7 @@
 //! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
 //! | memfds | `memfd` | made anew, contents and seals copied |
 //! | pty masters (`/dev/pts/ptmx`) | `pty` | made anew by the daemon (same index and settings), handed to their processes |
-//! | terminal slaves (`/dev/pts/N`) | `file` | opened again by path |
+//! | terminal slaves (`/dev/pts/N`) | `file` | of a pty whose master a captured process holds: opened again by path; else kept |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
 //! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs made anew, their ends handed between processes; queued data sent again |
@@ -149,7 +149,28 @@ pub(crate) struct Remake<'a> {
     pub wanted: Vec<(hand_over::Key, i32, u32)>,
 }
 
-impl Remake<'_> {
+impl<'a> Remake<'a> {
+    /// One for restored process `p`, nothing made in it yet.
+    fn new(
+        p: &'a mut Tracee,
+        batch: &'a mut Batch,
+        image: &'a ProcessImage,
+        (scratch, template): (u64, HostPid),
+        handed: &'a mut Handed,
+    ) -> Remake<'a> {
+        Remake {
+            p,
+            scratch,
+            batch,
+            image,
+            template,
+            memfds: Vec::new(),
+            handed,
+            placed: Vec::new(),
+            wanted: Vec::new(),
+        }
+    }
+
     /// The contents captured for descriptor `fd` (deleted files, memfds).
     pub fn contents(&self, fd: i32) -> &[u8] {
         self.image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[])
@@ -213,17 +234,7 @@ pub(crate) fn fix_up_descriptors(
         }
     }
     p.run_batch(b)?;
-    let mut cx = Remake {
-        p,
-        scratch,
-        batch: b,
-        image,
-        template,
-        memfds: Vec::new(),
-        handed,
-        placed: Vec::new(),
-        wanted: Vec::new(),
-    };
+    let mut cx = Remake::new(p, b, image, (scratch, template), handed);
     for kind in REMAKE_ORDER {
         for f in &image.fds {
             if std::ptr::addr_eq(of(&f.kind), kind) {
@@ -247,17 +258,7 @@ pub(crate) fn fix_up_descriptors(
         }
     }
     p.run_batch(b)?;
-    let mut cx = Remake {
-        p,
-        scratch,
-        batch: b,
-        image,
-        template,
-        memfds: Vec::new(),
-        handed,
-        placed: Vec::new(),
-        wanted: Vec::new(),
-    };
+    let mut cx = Remake::new(p, b, image, (scratch, template), handed);
     for f in &image.fds {
         of(&f.kind).link(f, &mut cx)?;
     }

@@ -29,7 +29,7 @@ use std::os::fd::OwnedFd;
 use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
-use super::hand_over::{Handed, Key, clear_of, place, take_copy};
+use super::hand_over::{Handed, Key, clear_of, dup_onto, place, socketpair_in, take_copy};
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
 use crate::fdstate::{Seen, dup_from};
@@ -103,8 +103,7 @@ impl Kind for Unix {
 fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) -> Result<()> {
     if let Some(&(_, at)) = cx.placed.iter().find(|(i, _)| *i == Key::Socket(ino)) {
         if at != f.fd {
-            let cloexec = (f.flags & libc::O_CLOEXEC as u32) as u64;
-            cx.p.call("dup3 (socket pair end)", libc::SYS_dup3, &[at as u64, f.fd as u64, cloexec])?;
+            dup_onto(cx.p, at, f.fd, f.flags)?;
         }
         return Ok(());
     }
@@ -114,13 +113,7 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
     }
     let p = &mut *cx.p;
     let pid = p.tid;
-    let out = cx.scratch + 1024;
-    let ty = (pair.sock_type | libc::SOCK_CLOEXEC) as u64;
-    p.call("socketpair (unix pair)", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, out])?;
-    let mut two = [0u8; 8];
-    ptrace::read_mem(pid.raw(), out, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
-    let a = i32::from_ne_bytes(two[..4].try_into().unwrap_or_default()) as u64;
-    let b = i32::from_ne_bytes(two[4..].try_into().unwrap_or_default()) as u64;
+    let (a, b) = socketpair_in(p, cx.scratch + 1024, pair.sock_type)?;
     let [a, b] = clear_of(p, [a, b], cx.image)?;
     let (a, b) = (a as i32, b as i32);
     let copy = |fd: i32| {
