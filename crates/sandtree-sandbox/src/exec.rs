@@ -764,9 +764,10 @@ impl Sandbox {
     }
 
     /// A background process was restored from a template with its pid (a
-    /// rollback killed the running one): it runs again, its old pumps end.
-    /// Its output pipes have read ends of ours again, opened before the kill
-    /// ([`BackgroundTable::hold_output`]; here if that failed): with a
+    /// rollback killed the running one): it runs again. Its output pipes
+    /// have read ends of ours again, opened before the kill, its old pumps
+    /// ended then ([`BackgroundTable::hold_output`]; here if that failed,
+    /// and if it fails again the old pumps go on): with a
     /// reader always there, the restored process's writes never break the
     /// pipe, nothing the killed one wrote last is lost, and the pumps
     /// started once it is back ([`Sandbox::resume_restored_io`]) never read
@@ -781,9 +782,6 @@ impl Sandbox {
             let Some(bg) = procs.get_mut(&pid) else { return };
             bg.incarnation += 1;
             bg.info.exit = None;
-            for p in bg.pumps.drain(..) {
-                p.abort();
-            }
             bg.incarnation
         };
         let waiter = watch_exit(self.conn().clone(), table.procs.clone(), pid, incarnation);
@@ -792,10 +790,8 @@ impl Sandbox {
 
     /// The processes of a rollback are back: the output of restored
     /// background processes is read again (see
-    /// [`Sandbox::revive_background`]), and their sessions' terminals are
-    /// theirs alone again.
+    /// [`Sandbox::revive_background`]).
     pub fn resume_restored_io(&self) {
-        self.inner.sessions.resume();
         let table = &self.inner.background;
         let reopened: Vec<(i32, [OwnedFd; 2])> = {
             let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());
