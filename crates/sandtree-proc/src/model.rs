@@ -426,6 +426,9 @@ pub enum FdKind {
         family: String,
         /// Stream or seqpacket (connection-oriented).
         stream: bool,
+        /// Seqpacket (a listener is bound again with its type).
+        #[serde(default)]
+        seqpacket: bool,
         /// Listening.
         listening: bool,
         /// Has a peer.
@@ -620,11 +623,14 @@ pub struct PtyState {
     pub slave_owner: (u32, u32, u32),
 }
 
-/// One end of a pair of unnamed unix sockets (`socketpair`), connected to
-/// a live peer. A template holds no end of one (a peer's close must show
-/// as the end of the stream, checkpoint or not): the restore makes the
-/// pair anew in the first restored process that holds an end and hands
-/// the ends to the others (`kinds/unix.rs`).
+/// One end of a pair of connected unix sockets whose peer is alive: an
+/// unnamed pair (`socketpair`), or a connection made through a listener
+/// bound to a path (`through`). A template holds no end of one (a peer's
+/// close must show as the end of the stream, checkpoint or not): the
+/// restore makes the pair anew (a `socketpair` in the first restored
+/// process that holds an end; a `connect` by the process that connected,
+/// accepted by the daemon) and hands the ends to the processes that hold
+/// them (`kinds/unix.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnixPair {
     /// The peer's inode.
@@ -638,6 +644,24 @@ pub struct UnixPair {
     pub rcv_shutdown: bool,
     /// `SO_PASSCRED` was set.
     pub passcred: bool,
+    /// A connection made through a listener, not an unnamed pair.
+    #[serde(default)]
+    pub through: Option<Listened>,
+}
+
+/// How a unix connection made through a listener bound to a path was made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listened {
+    /// The listener's path: this end's own address if it is the accepted
+    /// end, else its peer's.
+    pub path: String,
+    /// This end is the accepted one (the listener's side).
+    pub accepted: bool,
+    /// Of the accepted end: the process that connected (the pid its
+    /// `SO_PEERCRED` names), which makes the connection again at a restore
+    /// (its peer credentials are then the same); `None` if it is not in
+    /// the sandbox any more.
+    pub connector: Option<SandboxPid>,
 }
 
 /// The bytes a pipe (or FIFO) held at the checkpoint.

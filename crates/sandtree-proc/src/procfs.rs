@@ -449,6 +449,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         ino,
         family: "unknown".into(),
         stream: false,
+        seqpacket: false,
         listening: false,
         connected: false,
         bound: None,
@@ -476,12 +477,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     let listening = sockopt::socket_acceptconn(&dup).unwrap_or(false);
     let peer_addr = rustix::net::getpeername(&dup).ok().flatten();
     let connected = !listening && peer_addr.is_some();
-    let bound = (family == "unix")
-        .then(|| rustix::net::getsockname(&dup).ok())
-        .flatten()
-        .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
-        .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
-        .filter(|p| !p.is_empty());
+    let own_addr = (family == "unix").then(|| rustix::net::getsockname(&dup).ok()).flatten();
+    let bound = unix_path(own_addr.clone());
     // (FIONREAD first, not a peek: a peek would start at, and move, the
     // socket's own SO_PEEK_OFF; a datagram socket counts the next one.)
     let queued = !listening && {
@@ -515,11 +512,21 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     let no_address = |a: Option<&rustix::net::SocketAddrAny>| {
         a.is_some_and(|a| a.addr_len() as usize <= std::mem::size_of::<libc::sa_family_t>())
     };
-    let unnamed =
-        unix_connected && no_address(rustix::net::getsockname(&dup).ok().as_ref()) && no_address(peer_addr.as_ref());
-    let diag_state = (unix_connected && (queued || unnamed)).then(&mut state).flatten();
+    let unnamed = unix_connected && no_address(own_addr.as_ref()) && no_address(peer_addr.as_ref());
+    // A connection made through a listener bound to a path: the accepted
+    // end has the listener's path as its own address, the other end (not
+    // bound itself) as its peer's.
+    let listened = (unix_connected && stream)
+        .then(|| match (unix_path(own_addr.clone()), unix_path(peer_addr.clone())) {
+            (Some(path), None) if no_address(peer_addr.as_ref()) => Some((path, true)),
+            (None, Some(path)) if no_address(own_addr.as_ref()) => Some((path, false)),
+            _ => None,
+        })
+        .flatten()
+        .filter(|(path, _)| path.starts_with('/'));
+    let diag_state = (unix_connected && (queued || unnamed || listened.is_some())).then(&mut state).flatten();
     let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);
-    let pair = diag_state.filter(|_| unnamed).and_then(|s| {
+    let pair = diag_state.filter(|_| unnamed || listened.is_some()).and_then(|s| {
         let sock_type = match ty {
             Ok(SocketType::STREAM) => libc::SOCK_STREAM,
             Ok(SocketType::SEQPACKET) => libc::SOCK_SEQPACKET,
@@ -528,12 +535,24 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         };
         // (0: the peer was released.)
         let peer = s.peer.filter(|&p| p != 0)?;
+        // (Of the accepted end: who connected, as the sandbox names it.)
+        let through = listened.clone().map(|(path, accepted)| crate::model::Listened {
+            connector: accepted
+                .then(|| sockopt::socket_peercred(&dup).ok())
+                .flatten()
+                .and_then(|c| status(HostPid(c.pid.as_raw_nonzero().get())).ok())
+                .filter(|st| st.ns_depth > 1)
+                .map(|st| st.ns_pid),
+            path,
+            accepted,
+        });
         Some(crate::model::UnixPair {
             peer,
             sock_type,
             send_shutdown: s.send_shutdown,
             rcv_shutdown: s.rcv_shutdown,
             passcred,
+            through,
         })
     });
     // (Looked up in the process's tree: a socket file there, or none.)
@@ -542,15 +561,12 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
-    let peer_path = peer_addr
-        .filter(|_| unix_connected && !stream)
-        .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
-        .and_then(|a| a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()))
-        .filter(|p| !p.is_empty());
+    let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
     FdKind::Socket {
         ino,
         family: family.into(),
         stream,
+        seqpacket: matches!(ty, Ok(SocketType::SEQPACKET)),
         listening,
         connected,
         bound,
@@ -562,6 +578,12 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         peer_path,
         has_clients: false,
     }
+}
+
+/// The filesystem path of unix socket address `a`, if it has one.
+fn unix_path(a: Option<rustix::net::SocketAddrAny>) -> Option<String> {
+    let a = rustix::net::SocketAddrUnix::try_from(a?).ok()?;
+    a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()).filter(|p| !p.is_empty())
 }
 
 /// The state of the pty whose master is `fd` (asked of the same open file,

@@ -112,26 +112,43 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let keepers = crate::kinds::put_back_shared(set, &mut handed)?;
     tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
-    // Small processes first: the big ones take longest to tear down. One
+    // Small processes first: the big ones take longest to tear down (unix
+    // connections through listeners aside: `kinds::restore_order`). One
     // whose pid is not free yet (its killed original still exiting: a
     // session leader's terminal hangup takes a while) waits until the
-    // others are back.
-    let mut order: Vec<(usize, bool)> = (0..set.templates.len()).map(|i| (i, false)).collect();
-    order.sort_by_key(|&(i, _)| set.templates[i].image.maps.iter().map(|m| m.end - m.start).sum::<u64>());
+    // others are back, or at once if others wait for it.
+    let images: Vec<&crate::model::ProcessImage> = set.templates.iter().map(|t| &t.image).collect();
+    let sorted = crate::kinds::restore_order(&images).map_err(|i| Error::Proc {
+        pid: set.templates[i].host,
+        what: "the order of a restore",
+        source: std::io::Error::other("unix connections made through listeners wait for each other"),
+    })?;
+    let mut others_wait = vec![false; set.templates.len()];
+    for &(i, w) in &sorted {
+        others_wait[i] = w;
+    }
+    let mut order: Vec<(usize, bool)> = sorted.into_iter().map(|(i, _)| (i, false)).collect();
     let mut next = 0;
     // Each process goes once all are back (see [`Ready`]).
     let mut waiting: Vec<Ready> = Vec::new();
     while next < order.len() {
         let (i, wait) = order[next];
         next += 1;
+        // (The processes whose connections through listeners it makes
+        // again, cloned first: `kinds/unix.rs`.)
+        let early = clone_connectors(set, i, &mut handed);
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
-        let res = restore_one(t, wait, cg, &mut handed);
+        let res = early.and_then(|()| restore_one(t, wait, cg, &mut handed));
         if !wait
             && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
             && errno.raw_os_error() == Some(libc::EEXIST)
         {
-            order.push((i, true));
+            if others_wait[i] {
+                order.insert(next, (i, true));
+            } else {
+                order.push((i, true));
+            }
             continue;
         }
         tracing::debug!(pid = t.image.pid.raw(), comm = t.image.comm, took = ?t0.elapsed(), "process restored");
@@ -146,6 +163,9 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             Err(e) => Some(e),
         };
         if let Some(e) = failed {
+            for (_, c) in handed.cloned_early.drain() {
+                c.kill();
+            }
             st.holders.extend(holders);
             // (The sandbox is restarted: those back go as they were.)
             for r in waiting {
@@ -248,6 +268,90 @@ fn restore_one(
     cg: Option<&crate::cgroup::PoolCgroup>,
     handed: &mut crate::kinds::Handed,
 ) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
+    let cloned = match handed.cloned_early.remove(&t.image.pid) {
+        Some(c) => c,
+        None => clone_one(t, wait)?,
+    };
+    let Cloned { tracee: mut p, standby, nice, t_start, .. } = cloned;
+    let child = p.tid;
+    let via_standby = standby.is_some();
+    let image = &t.image;
+    let regs = image.regs.to_sys();
+    let t_clone = t_start.elapsed();
+    let mut threads = Vec::new();
+    let fixed = (|| -> Result<()> {
+        // Out of the pool's cgroup, before it runs (its threads, made
+        // below, start where it is).
+        if let Some(cg) = cg {
+            cg.to_live(child).map_err(|e| Error::Proc {
+                pid: child,
+                what: "move into the sandbox's cgroup",
+                source: e,
+            })?;
+        }
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads, handed)
+    })();
+    finish_one(t, (p, fixed.map(|()| regs)), standby, nice, threads, t_clone)
+}
+
+/// The processes that connect through listeners that the restore of
+/// `set.templates[i]` binds again (see [`crate::kinds::restore_order`]),
+/// cloned now unless they are already.
+fn clone_connectors(
+    set: &mut crate::template::CheckpointTemplates,
+    i: usize,
+    handed: &mut crate::kinds::Handed,
+) -> Result<()> {
+    let maker = set.templates[i].image.pid;
+    let connectors: Vec<SandboxPid> = handed
+        .connections
+        .iter()
+        .filter(|c| c.maker == Some(maker) && c.connector != maker && !handed.cloned_early.contains_key(&c.connector))
+        .map(|c| c.connector)
+        .collect();
+    for pid in connectors {
+        if handed.cloned_early.contains_key(&pid) {
+            continue;
+        }
+        let Some(t) = set.templates.iter_mut().find(|t| t.image.pid == pid) else { continue };
+        // (Its pid may be busy still: it is needed now.)
+        let cloned = clone_one(t, true)?;
+        handed.cloned_early.insert(pid, cloned);
+    }
+    Ok(())
+}
+
+/// A process cloned from its template (or its standby) and stopped in its
+/// first event stop, not fixed up yet: the first step of
+/// [`restore_one`], taken early for a process that must connect to a
+/// listener while another is restored (`kinds/unix.rs`).
+pub(crate) struct Cloned {
+    /// It (its signal mask to give back: its image's).
+    pub tracee: Tracee,
+    /// Its scratch area (its template's address).
+    pub scratch: u64,
+    /// Its image's descriptor numbers.
+    pub fds: Vec<i32>,
+    /// The standby whose address space it took: its holder from then on.
+    standby: Option<crate::standby::Standby>,
+    /// Its nice value, given back once it is fixed up.
+    nice: Option<i32>,
+    t_start: std::time::Instant,
+}
+
+impl Cloned {
+    /// Undone (a restore that failed): it dies, with the standby whose
+    /// memory it may have written.
+    pub(crate) fn kill(self) {
+        crate::inject::kill_tracee(self.tracee.tid);
+        if let Some(s) = self.standby {
+            crate::inject::kill_tracee(s.tracee.tid);
+        }
+    }
+}
+
+/// The first step of [`restore_one`] (see [`Cloned`]).
+pub(crate) fn clone_one(t: &mut Template, wait: bool) -> Result<Cloned> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -314,24 +418,36 @@ fn restore_one(
     // block of `-ERESTART_RESTARTBLOCK` (nanosleep's deadline) is copied
     // by fork, from the original through the template.
     let regs = image.regs.to_sys();
-    let t_clone = t_start.elapsed();
-    let mut threads = Vec::new();
-    let fixed = (|| -> Result<Tracee> {
-        inject::wait_event_stop(child)?;
-        // Out of the pool's cgroup, before it runs (its threads, made
-        // below, start where it is).
-        if let Some(cg) = cg {
-            cg.to_live(child).map_err(|e| Error::Proc {
-                pid: child,
-                what: "move into the sandbox's cgroup",
-                source: e,
-            })?;
+    let tracee = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
+    let fds = image.fds.iter().map(|f| f.fd).collect();
+    let cloned = Cloned { tracee, scratch: t.scratch, fds, standby, nice, t_start };
+    if busy > 0 {
+        tracing::debug!(pid = image.pid.raw(), busy, "pid was busy");
+    }
+    match inject::wait_event_stop(child) {
+        Ok(_) => Ok(cloned),
+        Err(e) => {
+            cloned.kill();
+            Err(e)
         }
-        let mut p = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads, handed)?;
-        Ok(p)
-    })();
-    tracing::debug!(pid = image.pid.raw(), via_standby, busy, ?t_clone, t_fix = ?t_start.elapsed() - t_clone, "restore steps");
+    }
+}
+
+/// The end of [`restore_one`]: process `p`, fixed up (with the registers
+/// it goes on with) or not, made ready or killed.
+fn finish_one(
+    t: &Template,
+    (p, fixed): (Tracee, Result<sandtree_sys::ptrace::Regs>),
+    standby: Option<crate::standby::Standby>,
+    nice: Option<i32>,
+    threads: Vec<(Tracee, sandtree_sys::ptrace::Regs)>,
+    t_clone: std::time::Duration,
+) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
+    let image = &t.image;
+    let child = p.tid;
+    let via_standby = standby.is_some();
+    let fixed = fixed.map(|regs| (p, regs));
+    tracing::debug!(pid = image.pid.raw(), via_standby, ?t_clone, "restore steps");
     // (Before its holder is made from it: a holder's teardown, after the
     // next rollback, must not run ahead of anything.)
     if let Some(n) = nice {
@@ -344,7 +460,7 @@ fn restore_one(
     // its holder, whatever happens next.
     let shared = standby.map(|s| (s.tracee, s.ns_pid));
     match fixed {
-        Ok(mut p) => {
+        Ok((mut p, regs)) => {
             let holder = match shared {
                 Some(old) => crate::memory_holder::adopt(old, child),
                 None => crate::memory_holder::make(&mut p, true),

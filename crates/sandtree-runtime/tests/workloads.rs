@@ -1007,6 +1007,23 @@ static SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Unix connections (stream and seqpacket) made through listeners of a
+/// process the program started: after a mere checkpoint, the server's
+/// close of its end shows as the end of the stream (before, the server's
+/// template held that end: the program waited in vain; issue 36, class 1).
+/// After a rollback the connections are made anew with the same addresses
+/// and peer credentials, and each listener keeps its type.
+static UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
+    program: program!("unix_connection_closed_after_a_checkpoint.py"),
+    at_ck: &[(
+        "state",
+        Is("stream=pong,peer=/root/conn.sock,name='',creds=ok seqpacket=pong,peer=/root/seq.sock,name='',creds=ok"),
+    )],
+    mutate: &[&[Ask("close", Is("stream=eof seqpacket=eof"))]],
+    after: &[Ask("close", Is("stream=eof seqpacket=eof"))],
+    ..Spec::DEFAULT
+};
+
 /// A pty the program made, its slave the terminal of a process it
 /// started: after a mere checkpoint, closing the master hangs the terminal
 /// up and the process dies of SIGHUP (before, the program's template held
@@ -1831,6 +1848,7 @@ fn main() {
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
+        ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),

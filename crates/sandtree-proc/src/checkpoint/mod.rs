@@ -609,8 +609,9 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         }
         return Err(e);
     }
-    // An end of a unix socket pair is made anew at the restore, with its
-    // other end: a captured process must hold that one too.
+    // An end of a unix socket pair (or connection) is made anew at the
+    // restore, with its other end: a captured process must hold that one
+    // too.
     loop {
         let held: HashSet<u64> = made
             .iter()
@@ -639,7 +640,14 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 _ => None,
             })
         });
-        let Some((i, fd)) = lone else { break };
+        let Some((i, fd)) = lone else {
+            // A connection made through a listener is made again by the
+            // process that connected, through the listener bound again.
+            let images: Vec<&crate::model::ProcessImage> = made.iter().map(|t| &t.image).collect();
+            let Some((i, resource, reason)) = crate::kinds::connection_refusal(&images) else { break };
+            refuse_template(&mut made, i, (resource, &reason), best_effort, &mut report)?;
+            continue;
+        };
         let reason = "one end of a unix socket pair whose other end no captured process holds (made anew at a restore, a pair needs both)";
         refuse_template(&mut made, i, (format!("fd {fd}"), reason), best_effort, &mut report)?;
     }

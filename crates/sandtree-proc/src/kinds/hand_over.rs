@@ -39,6 +39,68 @@ pub(crate) struct Handed {
     pub pair_states: HashMap<u64, UnixPair>,
     /// Data queued on a socket pair end at the checkpoint, by inode.
     pub pair_queued: HashMap<u64, SocketBuffer>,
+    /// The unix connections made through listeners, to make again.
+    pub connections: Vec<Connection>,
+    /// Daemon copies of the listeners bound again that those go through,
+    /// by path (the last bound at each: the daemon accepts on them).
+    pub listeners: HashMap<String, OwnedFd>,
+    /// Processes cloned ahead of their turn, to connect through a listener
+    /// while the process that holds it is restored (see
+    /// [`crate::kinds::restore_order`]), by pid.
+    pub cloned_early: HashMap<crate::SandboxPid, crate::restore::Cloned>,
+}
+
+/// A unix connection made through a listener, as a restore makes it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Connection {
+    /// The accepted end's inode.
+    pub accepted: u64,
+    /// The connecting end's inode.
+    pub connecting: u64,
+    /// The listener's path.
+    pub path: String,
+    /// `SOCK_STREAM` or `SOCK_SEQPACKET`.
+    pub sock_type: i32,
+    /// The process that connects (see [`crate::model::Listened`]).
+    pub connector: crate::SandboxPid,
+    /// The process whose restore makes it, once it bound the listener
+    /// again: the holder of the accepted end if it holds a listener at the
+    /// path, else the first that does (`None`: none does).
+    pub maker: Option<crate::SandboxPid>,
+}
+
+impl Connection {
+    /// The connections made through listeners among `images`' descriptors
+    /// (one per accepted end whose connector is known).
+    pub(crate) fn all_of(images: &[&ProcessImage]) -> Vec<Connection> {
+        let mut out: Vec<Connection> = Vec::new();
+        for (image, f) in images.iter().flat_map(|i| i.fds.iter().map(move |f| (i, f))) {
+            if let FdKind::Socket { ino, pair: Some(pair), .. } = &f.kind
+                && let Some(l) = &pair.through
+                && let (true, Some(connector)) = (l.accepted, l.connector)
+                && !out.iter().any(|c| c.accepted == *ino)
+            {
+                let seq = pair.sock_type == libc::SOCK_SEQPACKET;
+                let listens = |i: &ProcessImage| {
+                    i.fds.iter().any(|g| {
+                        matches!(&g.kind, FdKind::Socket { listening: true, bound: Some(p), seqpacket, .. }
+                            if *p == l.path && *seqpacket == seq)
+                    })
+                };
+                let maker =
+                    if listens(image) { Some(image.pid) } else { images.iter().find(|i| listens(i)).map(|i| i.pid) };
+                out.push(Connection {
+                    accepted: *ino,
+                    connecting: pair.peer,
+                    path: l.path.clone(),
+                    sock_type: pair.sock_type,
+                    connector,
+                    maker,
+                });
+            }
+        }
+        out
+    }
 }
 
 impl Handed {
@@ -54,7 +116,16 @@ impl Handed {
             })
             .collect();
         let pair_queued = set.pair_data.iter().map(|b| (b.ino, b.clone())).collect();
-        Handed { ends: HashMap::new(), pair_states, pair_queued }
+        let images: Vec<&ProcessImage> = set.templates.iter().map(|t| &t.image).collect();
+        let connections = Connection::all_of(&images);
+        Handed {
+            ends: HashMap::new(),
+            pair_states,
+            pair_queued,
+            connections,
+            listeners: HashMap::new(),
+            cloned_early: HashMap::new(),
+        }
     }
 }
 
@@ -157,10 +228,16 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
 /// Descriptors `fds` of `p`, just made, moved above every number of its
 /// image where one of them sits on such a number: another descriptor put
 /// on that number before the one there is placed would close it.
-pub(crate) fn clear_of<const N: usize>(p: &mut Tracee, mut fds: [u64; N], image: &ProcessImage) -> Result<[u64; N]> {
-    let floor = image.fds.iter().map(|f| f.fd).max().unwrap_or(2) + 1;
+pub(crate) fn clear_of<const N: usize>(p: &mut Tracee, fds: [u64; N], image: &ProcessImage) -> Result<[u64; N]> {
+    let numbers: Vec<i32> = image.fds.iter().map(|f| f.fd).collect();
+    clear_of_numbers(p, fds, &numbers)
+}
+
+/// [`clear_of`] the descriptor numbers `numbers`.
+pub(crate) fn clear_of_numbers<const N: usize>(p: &mut Tracee, mut fds: [u64; N], numbers: &[i32]) -> Result<[u64; N]> {
+    let floor = numbers.iter().copied().max().unwrap_or(2) + 1;
     for fd in fds.iter_mut() {
-        if image.fds.iter().any(|f| f.fd as u64 == *fd) {
+        if numbers.iter().any(|&n| n as u64 == *fd) {
             let args = [*fd, libc::F_DUPFD_CLOEXEC as u64, floor as u64];
             let above = p.call("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &args)?;
             p.call("close", libc::SYS_close, &[*fd])?;

@@ -12,7 +12,7 @@
 //! | terminal slaves (`/dev/pts/N`) | `file` | of a pty whose master a captured process holds: opened again by path; else kept |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
-//! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs made anew, their ends handed between processes; queued data sent again |
+//! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs and connections through listeners made anew, their ends handed between processes; queued data sent again |
 //! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
 //! | other sockets (netlink, ...) | `other_socket` | kept |
 //! | eventfd | `eventfd` | kept; counter put back |
@@ -76,6 +76,7 @@ pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
 pub(crate) use unix::capture_queue as capture_unix_queue;
+pub(crate) use unix::{connection_refusal, restore_order};
 
 /// The hooks of one kind of kernel object (see the module docs). Each has
 /// a default that does nothing: a kind implements what concerns it.

@@ -8,10 +8,26 @@
 //!   (`hand_over.rs`); data queued at the checkpoint is sent again, then
 //!   shutdowns and `SO_PASSCRED` are set. Refused: a pair whose other end no
 //!   captured process holds.
+//! - A connection made through a listener bound to a path (stream or
+//!   seqpacket; the connecting end not bound itself) is not held by the
+//!   template either. The restore makes it again through the listener,
+//!   bound again, so that both ends have their addresses and peer
+//!   credentials back (`SO_PEERCRED` of the accepted end names the process
+//!   that connects, that of the other end the one that listened): during
+//!   the restore of its *maker* ([`Connection::maker`]: the holder of the
+//!   accepted end if it holds the listener, else a holder of the
+//!   listener), right after the listener is bound again, the process that
+//!   connected at first connects again (cloned ahead of its turn if it is
+//!   another, `restore.rs`'s `Cloned`), the daemon accepts on its copy of
+//!   the listener, and the ends are handed over like a pair's.
+//!   [`restore_order`] brings the maker back before that process and every
+//!   holder of an end. Refused: the connecting process exited, no captured
+//!   process holds the listener, or makers wait for each other.
 //! - A listener bound to a path, or a datagram socket bound to one and not
 //!   connected, is bound anew at that path in the rolled-back tree (the old
-//!   socket file is a dead copy there).
-//! - Any other (a connection made through a listener, one to a socket
+//!   socket file is a dead copy there), with its type.
+//! - Any other (a connection through an abstract-namespace listener, one
+//!   whose connecting end is bound, one not accepted yet, one to a socket
 //!   outside the sandbox) is held by the template as it is: a peer's close
 //!   after a checkpoint does not show there yet. What is queued on a
 //!   connected one at the checkpoint (bytes or messages, without
@@ -29,7 +45,9 @@ use std::os::fd::OwnedFd;
 use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
-use super::hand_over::{Handed, Key, clear_of, dup_onto, place, socketpair_in, take_copy};
+use super::hand_over::{
+    Connection, Handed, Key, clear_of, clear_of_numbers, dup_onto, place, socketpair_in, take_copy,
+};
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
 use crate::fdstate::{Seen, dup_from};
@@ -78,21 +96,121 @@ impl Kind for Unix {
 
     fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
         match &f.kind {
-            FdKind::Socket { listening: true, bound: Some(path), stream, inet: None, .. }
+            FdKind::Socket { listening: true, bound: Some(path), seqpacket, inet: None, .. }
                 if !path.starts_with("/proc/") =>
             {
-                let ty = if *stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET };
-                rebind(cx.p, cx.scratch, (f.fd, f.flags), (ty, true), path)
+                let ty = if *seqpacket { libc::SOCK_SEQPACKET } else { libc::SOCK_STREAM };
+                rebind(cx.p, cx.scratch, (f.fd, f.flags), (ty, true), path)?;
+                // (A connection made through it is made again through the
+                // new one, accepted by the daemon.)
+                if cx.handed.connections.iter().any(|c| c.path == *path) {
+                    let pid = cx.p.tid;
+                    let copy = take_copy(pid, f.fd).map_err(|e| Error::Proc {
+                        pid,
+                        what: "a copy of a listener bound again",
+                        source: e,
+                    })?;
+                    cx.handed.listeners.insert(path.clone(), copy);
+                }
+                Ok(())
             }
             k @ FdKind::Socket { listening: false, stream: false, bound: Some(path), inet: None, .. }
                 if k.recreated() =>
             {
                 rebind(cx.p, cx.scratch, (f.fd, f.flags), (libc::SOCK_DGRAM, false), path)
             }
-            FdKind::Socket { ino, pair: Some(pair), .. } => remake_pair_end(cx, f, *ino, pair),
+            FdKind::Socket { ino, pair: Some(pair), .. } if pair.through.is_none() => {
+                remake_pair_end(cx, f, *ino, pair)
+            }
+            // (Made by the process that connected: [`Kind::remade_all`].)
+            FdKind::Socket { ino, pair: Some(_), .. } => {
+                cx.wanted.push((Key::Socket(*ino), f.fd, f.flags));
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
+
+    /// The connections through the listeners this process bound again
+    /// that it makes (see [`Connection::maker`]), made again: their ends
+    /// are handed over to their holders, this process included.
+    fn remade_all(&self, cx: &mut Remake<'_>) -> Result<()> {
+        let mine: Vec<Connection> = cx
+            .handed
+            .connections
+            .iter()
+            .filter(|c| c.maker == Some(cx.image.pid) && !cx.handed.ends.contains_key(&Key::Socket(c.accepted)))
+            .cloned()
+            .collect();
+        for c in &mine {
+            if c.connector == cx.image.pid {
+                let numbers: Vec<i32> = cx.image.fds.iter().map(|f| f.fd).collect();
+                connect_again(cx.p, (cx.scratch, &numbers), cx.handed, c)?;
+            } else {
+                let mut early = cx.handed.cloned_early.remove(&c.connector).ok_or_else(|| Error::Proc {
+                    pid: cx.p.tid,
+                    what: "a unix connection made again",
+                    source: io::Error::other(format!("its connecting process {} is not cloned yet", c.connector)),
+                })?;
+                let numbers = early.fds.clone();
+                let made = connect_again(&mut early.tracee, (early.scratch, &numbers), cx.handed, c);
+                cx.handed.cloned_early.insert(c.connector, early);
+                made?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Unix connection `c`, made again: a socket made in `p` (the process
+/// that connected at first, whose scratch area and image's descriptor
+/// numbers are `scratch` and `numbers`: the peer credentials of the
+/// accepted end name it again) connects to the listener at `c.path` (just
+/// bound again), the daemon accepts it on its copy of that listener (whose
+/// credentials the connecting end's name, as before) and keeps both ends
+/// to hand them over; their state is set as at the checkpoint.
+fn connect_again(p: &mut Tracee, (scratch, numbers): (u64, &[i32]), handed: &mut Handed, c: &Connection) -> Result<()> {
+    let pid = p.tid;
+    let failed = |what: &'static str| move |e: io::Error| Error::Proc { pid, what, source: e };
+    let sock = p.call(
+        "socket (unix, connecting again)",
+        libc::SYS_socket,
+        &[libc::AF_UNIX as u64, (c.sock_type | libc::SOCK_CLOEXEC) as u64, 0],
+    )?;
+    let [sock] = clear_of_numbers(p, [sock], numbers)?;
+    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    sun.extend_from_slice(c.path.as_bytes());
+    sun.push(0);
+    ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
+    let connected = p.call(
+        "connect (unix, through its listener again)",
+        libc::SYS_connect,
+        &[sock, scratch + 1024, sun.len() as u64],
+    );
+    let copy = connected.and_then(|_| take_copy(pid, sock as i32).map_err(failed("a copy of a connection made again")));
+    p.call("close", libc::SYS_close, &[sock])?;
+    let connecting = copy?;
+    let listener = handed.listeners.get(&c.path).ok_or_else(|| {
+        failed("a unix connection made again")(io::Error::other(format!("its listener {} was not bound again", c.path)))
+    })?;
+    let accepted = accept_within(listener, std::time::Duration::from_secs(1))
+        .map_err(failed("accepting a unix connection made again"))?;
+    set_up_pair(handed, (c.connecting, &connecting), (c.accepted, &accepted))
+        .map_err(failed("a unix connection's state"))?;
+    handed.ends.insert(Key::Socket(c.connecting), connecting);
+    handed.ends.insert(Key::Socket(c.accepted), accepted);
+    Ok(())
+}
+
+/// The next connection queued on `listener`, waiting at most `limit` (the
+/// listener may be a blocking one).
+fn accept_within(listener: &OwnedFd, limit: std::time::Duration) -> io::Result<OwnedFd> {
+    let mut fds = [rustix::event::PollFd::new(listener, rustix::event::PollFlags::IN)];
+    let timeout = rustix::time::Timespec { tv_sec: limit.as_secs() as i64, tv_nsec: limit.subsec_nanos() as i64 };
+    if rustix::event::poll(&mut fds, Some(&timeout))? == 0 {
+        return Err(io::Error::other("no connection queued"));
+    }
+    Ok(rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC)?)
 }
 
 /// An end of a unix socket pair, for restored process `cx.p`: a dup of the
@@ -361,4 +479,77 @@ fn send_on(sock: &OwnedFd, messages: &[Vec<u8>], stream: bool) -> io::Result<()>
         }
     }
     Ok(())
+}
+
+/// The order a restore brings back `images`' processes in: smallest memory
+/// first, except that a unix connection made through a listener is made
+/// again during the restore of its maker ([`Connection::maker`], which
+/// binds the listener again), by the process that connected (cloned ahead
+/// of its turn if need be): the maker comes before that process and every
+/// other holder of its ends (they get them handed over). Each index with
+/// whether others wait for it. `Err(i)`: process `i` waits in a cycle (it
+/// cannot be restored).
+pub(crate) fn restore_order(images: &[&ProcessImage]) -> std::result::Result<Vec<(usize, bool)>, usize> {
+    let size = |i: usize| images[i].maps.iter().map(|m| m.end - m.start).sum::<u64>();
+    let holding = |i: usize, want: &dyn Fn(&FdKind) -> bool| images[i].fds.iter().any(|f| want(&f.kind));
+    let mut edges: Vec<(usize, usize)> = Vec::new();
+    for c in Connection::all_of(images) {
+        let Some(m) = images.iter().position(|i| Some(i.pid) == c.maker) else { continue };
+        let ends = |k: &FdKind| matches!(k, FdKind::Socket { ino, .. } if *ino == c.accepted || *ino == c.connecting);
+        edges.extend((0..images.len()).filter(|&h| holding(h, &ends)).map(|h| (m, h)));
+        // (The connecting process is cloned early if need be, but not
+        // after it was restored whole.)
+        if let Some(x) = images.iter().position(|i| i.pid == c.connector) {
+            edges.push((m, x));
+        }
+    }
+    edges.retain(|(a, b)| a != b);
+    edges.sort_unstable();
+    edges.dedup();
+    let mut left: Vec<usize> = (0..images.len()).collect();
+    left.sort_by_key(|&i| size(i));
+    let mut order = Vec::with_capacity(images.len());
+    while !left.is_empty() {
+        let free = left.iter().position(|&i| !edges.iter().any(|&(a, b)| b == i && left.contains(&a)));
+        let Some(at) = free else { return Err(left[0]) };
+        let i = left.remove(at);
+        order.push((i, edges.iter().any(|&(a, _)| a == i)));
+    }
+    Ok(order)
+}
+
+/// Pass 2, once every template is made: the first of `images` whose unix
+/// connection through a listener could not be made again, as (index,
+/// resource, reason): its connecting process or its listener is not
+/// captured, or the processes wait for each other ([`restore_order`]).
+pub(crate) fn connection_refusal(images: &[&ProcessImage]) -> Option<(usize, String, String)> {
+    let captured = |pid: Option<crate::SandboxPid>| pid.is_some_and(|p| images.iter().any(|i| i.pid == p));
+    for (i, image) in images.iter().enumerate() {
+        for f in &image.fds {
+            let FdKind::Socket { pair: Some(UnixPair { through: Some(l), sock_type, .. }), .. } = &f.kind else {
+                continue;
+            };
+            if !l.accepted {
+                continue;
+            }
+            let path = &l.path;
+            if !captured(l.connector) {
+                let why = format!(
+                    "a unix connection accepted from listener {path} whose connecting process has exited (made anew at a restore by the process that connected: its peer credentials name it)"
+                );
+                return Some((i, format!("fd {}", f.fd), why));
+            }
+            let seq = *sock_type == libc::SOCK_SEQPACKET;
+            let listens = |k: &FdKind| matches!(k, FdKind::Socket { listening: true, bound: Some(p), seqpacket, .. } if p == path && *seqpacket == seq);
+            if !images.iter().any(|j| j.fds.iter().any(|g| listens(&g.kind))) {
+                let why = format!(
+                    "a unix connection accepted from listener {path}, which no captured process holds any more (made anew at a restore, it goes through that listener)"
+                );
+                return Some((i, format!("fd {}", f.fd), why));
+            }
+        }
+    }
+    let cycle = restore_order(images).err()?;
+    let why = "unix connections made through listeners whose processes wait for each other at a restore";
+    Some((cycle, "unix connections".into(), why.into()))
 }
