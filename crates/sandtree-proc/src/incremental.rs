@@ -466,6 +466,7 @@ fn template_holds(f: &FdImage) -> bool {
     match f.kind {
         FdKind::Memfd { .. } => true,
         FdKind::Pipe { .. } => f.same_as.is_none(),
+        ref k @ FdKind::KeptFile { .. } if k.terminal().is_some() => f.same_as.is_none(),
         ref k => !k.recreated(),
     }
 }

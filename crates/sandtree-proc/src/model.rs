@@ -280,7 +280,7 @@ impl FdKind {
     pub fn recreated(&self) -> bool {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
-            k @ FdKind::KeptFile { master_captured: true, .. } => k.terminal().is_some(),
+            k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
             FdKind::PtyMaster { .. } => true,
             FdKind::Fifo { on_layer, .. } => *on_layer,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
@@ -302,12 +302,14 @@ impl FdKind {
     }
 
     /// The index of the pseudo-terminal whose slave this is (`/dev/pts/N`).
-    /// A template holds no slave of a pty whose master a captured process
-    /// holds (`master_captured`): the restore makes that pty anew
-    /// (`kinds/pty.rs`), its index free again, and opens the slave again by
-    /// path. A slave of a terminal whose master is outside (a session's,
-    /// the daemon's) is kept by the template as it is: the daemon may have
-    /// closed that terminal since, or given its index to another.
+    /// A template holds no slave (a terminal hangs up when its last slave
+    /// closes, checkpoint or not): it turns each into an `O_PATH` descriptor
+    /// of the slave's devpts node instead. A pty whose master a captured
+    /// process holds (`master_captured`) is made anew at the restore
+    /// (`kinds/pty.rs`) and its slave opened again by path; one whose
+    /// master is outside (a session's, the daemon's) is opened again
+    /// through that `O_PATH`, which fails (`EIO`) if that pty was closed
+    /// since, even if another took its index.
     pub fn terminal(&self) -> Option<u32> {
         match self {
             FdKind::KeptFile { path, .. } => path.strip_prefix("/dev/pts/")?.parse().ok(),

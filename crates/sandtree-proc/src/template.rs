@@ -133,13 +133,20 @@ impl Template {
         // A pipe end becomes an `O_PATH` descriptor of the pipe's inode on
         // its number (`kinds/pipe.rs`): the pipe's ends are the running
         // processes' alone, and the restore opens them again through it.
+        // A terminal slave likewise (`FdKind::terminal`).
         use crate::batch::Arg;
         for f in &image.fds {
             match &f.kind {
-                FdKind::Pipe { .. } if f.same_as.is_none() => {
+                k @ (FdKind::Pipe { .. } | FdKind::KeptFile { .. })
+                    if f.same_as.is_none() && (k.terminal().is_some() || matches!(k, FdKind::Pipe { .. })) =>
+                {
                     let path = b.path(&format!("/proc/self/fd/{}", f.fd));
                     let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
-                    let o = b.call("open (O_PATH of a pipe)", libc::SYS_open, &[path, Arg::Val(flags), Arg::Val(0)]);
+                    let o = b.call(
+                        "open (O_PATH of a pipe or terminal)",
+                        libc::SYS_open,
+                        &[path, Arg::Val(flags), Arg::Val(0)],
+                    );
                     b.move_fd(o, f.fd, f.flags);
                 }
                 // (Memfds stay: their numbers must stay taken while a restore

@@ -1530,6 +1530,51 @@ fn session_shell_state(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A session's shell that exits after a checkpoint ends the session's
+/// output (its terminal hangs up: before, the shell's template held the
+/// terminal's slave, and the output never ended; issue 36, class 1). A
+/// rollback brings the shell back on the same terminal, and the session
+/// runs commands again.
+fn session_ends_when_its_shell_exits(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb: sb.clone(), pid: s.pid };
+        let run = |cmd: &'static str| {
+            let (sb, sid) = (sb.clone(), s.id.clone());
+            async move {
+                let req = SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
+                let out = e.session_run(&sb, &sid, req).await?;
+                ensure!(!out.timed_out, "`{cmd}` timed out: {}", out.output);
+                Ok::<_, anyhow::Error>(out.output.trim().to_string())
+            }
+        };
+        run("cd /root && T=kept").await?;
+        let ck = w.checkpoint(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            let mut io = e.session_io(&sb, &s.id).await?;
+            io.write(b"exit\n").await?;
+            let ended = tokio::time::timeout(Duration::from_secs(3), async {
+                loop {
+                    match io.output.recv().await {
+                        Ok(bytes) if bytes.is_empty() => return true,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return true,
+                    }
+                }
+            })
+            .await
+            .unwrap_or(false);
+            c.eq("session output after `exit`", if ended { "ended" } else { "still open" }, "ended");
+            w.rollback(e, &ck).await?;
+            c.eq("shell after rollback", &run("echo \"$PWD $T\"").await?, "/root kept");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
 /// A mount made by a command that exited (the sandbox's init alone runs)
 /// is refused by name too: a rollback would lose it while saying the
 /// sandbox came back exactly (issue 36, class 7). Unmounted, the
@@ -1824,6 +1869,7 @@ fn main() {
         ("epoll_and_signalfd", declared!(EPOLL_AND_SIGNALFD)),
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
+        ("session_ends_when_its_shell_exits", session_ends_when_its_shell_exits),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", declared!(INTERVAL_TIMER_KEEPS_FIRING)),
         ("child_subreaper_survives_rollback", child_subreaper_survives_rollback),

@@ -790,8 +790,10 @@ impl Sandbox {
 
     /// The processes of a rollback are back: the output of restored
     /// background processes is read again (see
-    /// [`Sandbox::revive_background`]).
+    /// [`Sandbox::revive_background`]), and their sessions' terminals are
+    /// theirs alone again.
     pub fn resume_restored_io(&self) {
+        self.inner.sessions.resume();
         let table = &self.inner.background;
         let reopened: Vec<(i32, [OwnedFd; 2])> = {
             let mut procs = table.procs.lock().unwrap_or_else(|e| e.into_inner());

@@ -492,6 +492,7 @@ impl Sandbox {
     /// are brought back by the daemon, their old exits are not reported).
     pub async fn kill_all(&self, keep: Vec<i32>, restore: Vec<i32>) -> Result<()> {
         self.thaw_if_frozen()?;
+        self.inner.sessions.hold_terminals(&restore);
         self.inner.background.hold_output(&self.inner.background.pids());
         let members = self.members_dir();
         let req = Request::KillAll { keep, restore, members: members.is_some() };
@@ -559,6 +560,7 @@ impl Sandbox {
         let sessions: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
         let mut pids = self.inner.background.pids();
         pids.retain(|p| !restore.contains(p));
+        self.inner.sessions.hold_terminals(&restore);
         self.inner.background.hold_output(&self.inner.background.pids());
         let members = self.members_dir();
         let fds: Vec<_> = layers.iter().chain(members.iter()).map(|f| f.as_fd()).collect();

@@ -117,6 +117,10 @@ struct Session {
 #[derive(Default)]
 pub(crate) struct SessionTable {
     sessions: Mutex<HashMap<String, Session>>,
+    /// Slaves of the terminals of sessions a rollback restores, held by
+    /// the daemon from before the kill until the shells are back
+    /// ([`SessionTable::hold_terminals`]).
+    held: Mutex<Vec<(i32, OwnedFd)>>,
 }
 
 impl SessionTable {
@@ -132,6 +136,39 @@ impl SessionTable {
             if let Some(s) = sessions.remove(id) {
                 s.reader.abort();
             }
+        }
+    }
+
+    /// A rollback is about to kill the shells `pids` and restore them from
+    /// templates, which hold no end of their terminals (`sandtree_proc`'s
+    /// `FdKind::terminal`): a slave of ours keeps each terminal from hanging
+    /// up (the reader from reading `EIO`) until they are back
+    /// ([`SessionTable::resume`]). Called before the kill (by
+    /// `Sandbox::kill_all`, or `Sandbox::reroot` when it kills); a second
+    /// call holds nothing more.
+    pub(crate) fn hold_terminals(&self, pids: &[i32]) {
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let flags =
+            rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC;
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        for s in sessions.values().filter(|s| pids.contains(&s.info.pid)) {
+            if held.iter().any(|(pid, _)| *pid == s.info.pid) {
+                continue;
+            }
+            match rustix::pty::ioctl_tiocgptpeer(s.shared.master.get_ref(), flags) {
+                Ok(fd) => held.push((s.info.pid, fd)),
+                Err(e) => tracing::warn!(pid = s.info.pid, "terminal of a session not held across a rollback: {e}"),
+            }
+        }
+    }
+
+    /// The shells are back: the held slaves go, and a session whose reader
+    /// ended (its shell had exited since the checkpoint) reads again.
+    pub(crate) fn resume(&self) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for s in sessions.values_mut().filter(|s| s.reader.is_finished()) {
+            s.reader = tokio::spawn(read_loop(s.shared.clone()));
         }
     }
 

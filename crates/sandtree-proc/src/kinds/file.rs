@@ -3,9 +3,10 @@
 //! replaced tree: reopened at the restore by path in the rolled-back tree,
 //! with its flags (less the creating ones) at its offset, onto its number.
 //! One on a mount that rollback keeps (`/dev`, `/proc`, devpts) is kept
-//! from the template, but the slave (`/dev/pts/N`, see
-//! [`FdKind::terminal`]) of a pty whose master a captured process holds:
-//! opened again by path. Refused: a file of another mount that rollback
+//! from the template, but a terminal's slave (`/dev/pts/N`, see
+//! [`FdKind::terminal`]): opened again by path if a captured process holds
+//! its master (the pty is made anew), else through the template's `O_PATH`
+//! of its node. Refused: a file of another mount that rollback
 //! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
 
 use super::Kind;
@@ -41,13 +42,19 @@ impl Kind for PathFile {
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
-        // (Marked only on a terminal's slave.)
-        if let FdKind::KeptFile { path, master_captured: true, .. } = &f.kind {
+        if let k @ FdKind::KeptFile { path, master_captured, .. } = &f.kind
+            && k.terminal().is_some()
+        {
             // (Not the terminal of whatever session the process is in
             // before its own is restored.)
             let flags = (f.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32) | libc::O_NOCTTY as u32;
-            let path = b.path(path);
-            let fd = b.call("open (terminal)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
+            // A pty made anew by path; one that lived on (a session's)
+            // through the template's O_PATH of its node: that pty alone.
+            let (path, what) = match master_captured {
+                true => (b.path(path), "open (terminal)"),
+                false => (b.path(&format!("/proc/self/fd/{}", f.fd)), "open (terminal, through its O_PATH)"),
+            };
+            let fd = b.call(what, libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
             b.move_fd(fd, f.fd, f.flags);
             return true;
         }
