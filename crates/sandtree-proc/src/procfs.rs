@@ -608,6 +608,14 @@ fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::mo
     })
 }
 
+/// The index of the pty that descriptor `fd` (a `/dev/tty`) reaches, if
+/// it is a pty's slave (major 136).
+fn controlling_pty(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
+    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    let dev = sandtree_sys::pty::device_of(&dup).ok()?;
+    (libc::major(dev) == 136).then(|| libc::minor(dev))
+}
+
 /// Bytes waiting to be read on descriptor `fd` (`FIONREAD` of the same
 /// open file).
 fn unread_on(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
@@ -895,6 +903,14 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                         FdKind::PtyMaster { state: pty_state(pid, pidfd.as_ref(), fd) }
                     }
                     Some(m) if kept_mount(m) => {
+                        // `/dev/tty` of a pty is that pty's slave (what a
+                        // template must not hold, and what the restore
+                        // opens again: the restored process may not have
+                        // that controlling terminal when it opens it).
+                        let link = match link.as_str() {
+                            "/dev/tty" => controlling_pty(pidfd.as_ref(), fd).map_or(link, |i| format!("/dev/pts/{i}")),
+                            _ => link,
+                        };
                         let mut kept = FdKind::KeptFile { path: link, unread: 0, master_captured: false };
                         if kept.terminal().is_some()
                             && let FdKind::KeptFile { unread, .. } = &mut kept

@@ -140,7 +140,12 @@ impl Template {
                 k @ (FdKind::Pipe { .. } | FdKind::KeptFile { .. })
                     if f.same_as.is_none() && (k.terminal().is_some() || matches!(k, FdKind::Pipe { .. })) =>
                 {
-                    let path = b.path(&format!("/proc/self/fd/{}", f.fd));
+                    // (A terminal by its path: a `/dev/tty` descriptor's
+                    // magic link names `/dev/tty`, not the slave's node.)
+                    let path = match k {
+                        FdKind::KeptFile { path, .. } => b.path(path),
+                        _ => b.path(&format!("/proc/self/fd/{}", f.fd)),
+                    };
                     let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
                     let o = b.call(
                         "open (O_PATH of a pipe or terminal)",

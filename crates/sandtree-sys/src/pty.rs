@@ -7,7 +7,7 @@
 //! `setsid()`.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use rustix::fs::{Mode, OFlags, open};
 use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
@@ -43,6 +43,16 @@ pub fn make_controlling(fd: impl AsFd) -> io::Result<()> {
 pub fn set_size(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
     tcsetwinsize(fd, Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 })?;
     Ok(())
+}
+
+/// The device number (`dev_t`, as `stat` gives) of the terminal that
+/// descriptor `fd` of a terminal reaches (`TIOCGDEV`): for `/dev/tty`, the
+/// process's controlling terminal it was opened on.
+pub fn device_of(fd: impl AsFd) -> io::Result<u64> {
+    let mut dev: libc::c_uint = 0;
+    // SAFETY: TIOCGDEV writes one unsigned int into `dev`, which outlives the call.
+    let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCGDEV, &mut dev as *mut libc::c_uint) };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(u64::from(dev)) }
 }
 
 /// The state of a pty that its master holds, read and set through any

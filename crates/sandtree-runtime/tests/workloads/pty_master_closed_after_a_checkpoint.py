@@ -1,8 +1,8 @@
 # pty_master_closed_after_a_checkpoint: a pseudo-terminal this program
 # made (os.openpty), its slave the controlling terminal of a process it
 # started (forked twice, a session leader: a child of init, as templates
-# need), which answers each line `ping` with `pong`. The terminal has a
-# window size of its own and echo off. Closing the master must hang the
+# need), which answers each line `ping` with `pong`, written to /dev/tty.
+# The terminal has a window size of its own and echo off. Closing the master must hang the
 # terminal up, checkpoint or not (issue 36, class 1): the process then gets
 # SIGHUP and dies.
 # Commands: `state` -> `tty=<slave's name> size=<rows>x<cols> echo=<on|off>
@@ -23,6 +23,9 @@ if os.fork() == 0:
     os.setsid()
     os.close(master)
     fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    # (Its answers go out through /dev/tty: that descriptor names the pty
+    # too, and must not keep it from being made anew.)
+    devtty = os.open('/dev/tty', os.O_RDWR)
     os.write(w, str(os.getpid()).encode())
     os.close(w)
     os.close(r)
@@ -31,7 +34,7 @@ if os.fork() == 0:
         line = tty.readline()
         if not line:
             os._exit(0)
-        tty.write(b'pong\n' if line.strip() == b'ping' else b'what\n')
+        os.write(devtty, b'pong\n' if line.strip() == b'ping' else b'what\n')
 os.close(w)
 child = int(os.read(r, 32))
 os.close(r)
