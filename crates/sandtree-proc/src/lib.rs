@@ -78,6 +78,7 @@ mod batch;
 pub mod cgroup;
 pub mod check;
 mod checkpoint;
+mod cloned;
 mod helper_thread;
 pub use checkpoint::repoint;
 mod closer;

@@ -317,6 +317,19 @@ impl FdKind {
         }
     }
 
+    /// A unix socket bound to a path that a restore binds again (a
+    /// listener, or a datagram socket not connected): its inode.
+    pub fn bound_again(&self) -> Option<u64> {
+        match self {
+            FdKind::Socket { ino, family, inet: None, bound: Some(_), pair: None, .. }
+                if family == "unix" && self.recreated() =>
+            {
+                Some(*ino)
+            }
+            _ => None,
+        }
+    }
+
     /// A file made anew by opening (not a socket): a `dup` of one is
     /// restored as a `dup`.
     pub fn reopened_file(&self) -> bool {
@@ -469,6 +482,11 @@ pub enum FdKind {
         /// bound again at the restore (the connection is to this socket).
         #[serde(default)]
         has_clients: bool,
+        /// A unix listener bound to a path: the process that called
+        /// `listen` (its `SO_PEERCRED`, which a client's takes), if it is
+        /// in the sandbox.
+        #[serde(default)]
+        listened_by: Option<SandboxPid>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).

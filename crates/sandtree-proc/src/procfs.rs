@@ -460,6 +460,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         pair: None,
         peer_path: None,
         has_clients: false,
+        listened_by: None,
     };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
@@ -537,12 +538,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         let peer = s.peer.filter(|&p| p != 0)?;
         // (Of the accepted end: who connected, as the sandbox names it.)
         let through = listened.clone().map(|(path, accepted)| crate::model::Listened {
-            connector: accepted
-                .then(|| sockopt::socket_peercred(&dup).ok())
-                .flatten()
-                .and_then(|c| status(HostPid(c.pid.as_raw_nonzero().get())).ok())
-                .filter(|st| st.ns_depth > 1)
-                .map(|st| st.ns_pid),
+            connector: accepted.then(|| sandbox_pid_of_peer(&dup)).flatten(),
             path,
             accepted,
         });
@@ -562,6 +558,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
     let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
+    let listened_by = (listening && bound.is_some()).then(|| sandbox_pid_of_peer(&dup)).flatten();
     FdKind::Socket {
         ino,
         family: family.into(),
@@ -577,7 +574,17 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         pair,
         peer_path,
         has_clients: false,
+        listened_by,
     }
+}
+
+/// The sandbox's pid of the process that socket `sock`'s `SO_PEERCRED`
+/// names (a connection's peer; a listener's own, of its `listen`), if it
+/// is in the sandbox.
+fn sandbox_pid_of_peer(sock: &OwnedFd) -> Option<SandboxPid> {
+    let c = rustix::net::sockopt::socket_peercred(sock).ok()?;
+    let st = status(HostPid(c.pid.as_raw_nonzero().get())).ok()?;
+    (st.ns_depth > 1).then_some(st.ns_pid)
 }
 
 /// The filesystem path of unix socket address `a`, if it has one.

@@ -8,6 +8,7 @@ use sandtree_sys::ptrace;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{Batch, SCRATCH};
+use crate::cloned::Cloned;
 use crate::inject::{self, RESTORE_NICE, SET_TID_OFFSET, Tracee, clone_args, nice_of, set_nice, write_clone_args};
 use crate::memory_holder::Holder;
 use crate::model::ProcessImage;
@@ -319,35 +320,6 @@ fn clone_connectors(
         handed.cloned_early.insert(pid, cloned);
     }
     Ok(())
-}
-
-/// A process cloned from its template (or its standby) and stopped in its
-/// first event stop, not fixed up yet: the first step of
-/// [`restore_one`], taken early for a process that must connect to a
-/// listener while another is restored (`kinds/unix.rs`).
-pub(crate) struct Cloned {
-    /// It (its signal mask to give back: its image's).
-    pub tracee: Tracee,
-    /// Its scratch area (its template's address).
-    pub scratch: u64,
-    /// Its image's descriptor numbers.
-    pub fds: Vec<i32>,
-    /// The standby whose address space it took: its holder from then on.
-    standby: Option<crate::standby::Standby>,
-    /// Its nice value, given back once it is fixed up.
-    nice: Option<i32>,
-    t_start: std::time::Instant,
-}
-
-impl Cloned {
-    /// Undone (a restore that failed): it dies, with the standby whose
-    /// memory it may have written.
-    pub(crate) fn kill(self) {
-        crate::inject::kill_tracee(self.tracee.tid);
-        if let Some(s) = self.standby {
-            crate::inject::kill_tracee(s.tracee.tid);
-        }
-    }
 }
 
 /// The first step of [`restore_one`] (see [`Cloned`]).

@@ -1,5 +1,6 @@
 //! Objects a restore makes once and gives to several restored processes:
-//! the ends of unix socket pairs (`unix.rs`) and pty masters (`pty.rs`).
+//! the ends of unix socket pairs and connections, unix sockets bound to a
+//! path (`unix.rs`), and pty masters (`pty.rs`).
 //! The daemon keeps a copy of each ([`Handed`]), taken with `pidfd_getfd`
 //! from the process that made it, or made by itself; a process that holds
 //! one it did not make gets it by `SCM_RIGHTS` ([`hand_over`]): over a
@@ -23,7 +24,8 @@ use crate::{Error, HostPid, Result};
 /// What a handed object is, at the checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Key {
-    /// An end of a unix socket pair, by inode.
+    /// An end of a unix socket pair or connection, or a unix socket bound
+    /// again, by inode.
     Socket(u64),
     /// A pty master, by index.
     Terminal(u32),
@@ -41,13 +43,16 @@ pub(crate) struct Handed {
     pub pair_queued: HashMap<u64, SocketBuffer>,
     /// The unix connections made through listeners, to make again.
     pub connections: Vec<Connection>,
-    /// Daemon copies of the listeners bound again that those go through,
-    /// by path (the last bound at each: the daemon accepts on them).
-    pub listeners: HashMap<String, OwnedFd>,
+    /// The listeners bound again, by path: their inodes at the checkpoint
+    /// (the daemon accepts those connections on its copies, in `ends`).
+    pub listeners: HashMap<String, u64>,
+    /// The process that binds each socket bound again ([`binder`]), by
+    /// inode.
+    pub binders: HashMap<u64, crate::SandboxPid>,
     /// Processes cloned ahead of their turn, to connect through a listener
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
-    pub cloned_early: HashMap<crate::SandboxPid, crate::restore::Cloned>,
+    pub cloned_early: HashMap<crate::SandboxPid, crate::cloned::Cloned>,
 }
 
 /// A unix connection made through a listener, as a restore makes it again.
@@ -63,10 +68,27 @@ pub(crate) struct Connection {
     pub sock_type: i32,
     /// The process that connects (see [`crate::model::Listened`]).
     pub connector: crate::SandboxPid,
-    /// The process whose restore makes it, once it bound the listener
-    /// again: the holder of the accepted end if it holds a listener at the
-    /// path, else the first that does (`None`: none does).
+    /// The process whose restore makes it: the one that binds its
+    /// listener again ([`binder`]; `None`: no captured process holds one).
     pub maker: Option<crate::SandboxPid>,
+}
+
+/// The process among `images` that binds socket `ino` again at a restore
+/// ([`FdKind::bound_again`]; the others that hold it get it handed over):
+/// the one that listened on it if it holds it (clients' peer credentials
+/// name it again), else the first that holds it.
+pub(crate) fn binder(images: &[&ProcessImage], ino: u64) -> Option<crate::SandboxPid> {
+    let mut holders = images.iter().filter_map(|i| {
+        i.fds.iter().find_map(|f| match &f.kind {
+            k @ FdKind::Socket { ino: n, listened_by, .. } if *n == ino && k.bound_again().is_some() => {
+                Some((i.pid, *listened_by))
+            }
+            _ => None,
+        })
+    });
+    let first = holders.next()?;
+    let by = first.1;
+    Some(std::iter::once(first).chain(holders).find(|(pid, _)| Some(*pid) == by).unwrap_or(first).0)
 }
 
 impl Connection {
@@ -74,21 +96,22 @@ impl Connection {
     /// (one per accepted end whose connector is known).
     pub(crate) fn all_of(images: &[&ProcessImage]) -> Vec<Connection> {
         let mut out: Vec<Connection> = Vec::new();
-        for (image, f) in images.iter().flat_map(|i| i.fds.iter().map(move |f| (i, f))) {
+        for f in images.iter().flat_map(|i| &i.fds) {
             if let FdKind::Socket { ino, pair: Some(pair), .. } = &f.kind
                 && let Some(l) = &pair.through
                 && let (true, Some(connector)) = (l.accepted, l.connector)
                 && !out.iter().any(|c| c.accepted == *ino)
             {
                 let seq = pair.sock_type == libc::SOCK_SEQPACKET;
-                let listens = |i: &ProcessImage| {
-                    i.fds.iter().any(|g| {
-                        matches!(&g.kind, FdKind::Socket { listening: true, bound: Some(p), seqpacket, .. }
-                            if *p == l.path && *seqpacket == seq)
-                    })
-                };
-                let maker =
-                    if listens(image) { Some(image.pid) } else { images.iter().find(|i| listens(i)).map(|i| i.pid) };
+                let listener = images.iter().flat_map(|i| &i.fds).find_map(|g| match &g.kind {
+                    FdKind::Socket { ino, listening: true, bound: Some(p), seqpacket, .. }
+                        if *p == l.path && *seqpacket == seq =>
+                    {
+                        Some(*ino)
+                    }
+                    _ => None,
+                });
+                let maker = listener.and_then(|ino| binder(images, ino));
                 out.push(Connection {
                     accepted: *ino,
                     connecting: pair.peer,
@@ -118,12 +141,19 @@ impl Handed {
         let pair_queued = set.pair_data.iter().map(|b| (b.ino, b.clone())).collect();
         let images: Vec<&ProcessImage> = set.templates.iter().map(|t| &t.image).collect();
         let connections = Connection::all_of(&images);
+        let binders = images
+            .iter()
+            .flat_map(|i| &i.fds)
+            .filter_map(|f| f.kind.bound_again())
+            .filter_map(|ino| Some((ino, binder(&images, ino)?)))
+            .collect();
         Handed {
             ends: HashMap::new(),
             pair_states,
             pair_queued,
             connections,
             listeners: HashMap::new(),
+            binders,
             cloned_early: HashMap::new(),
         }
     }
@@ -225,24 +255,53 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Descriptors `fds` of `p`, just made, moved above every number of its
-/// image where one of them sits on such a number: another descriptor put
-/// on that number before the one there is placed would close it.
+/// Descriptors `fds` of `p`, just made, moved off the numbers of its image
+/// where one of them sits on such a number ([`clear_of_numbers`]): another
+/// descriptor put on that number before the one there is placed would
+/// close it.
 pub(crate) fn clear_of<const N: usize>(p: &mut Tracee, fds: [u64; N], image: &ProcessImage) -> Result<[u64; N]> {
     let numbers: Vec<i32> = image.fds.iter().map(|f| f.fd).collect();
     clear_of_numbers(p, fds, &numbers)
 }
 
 /// [`clear_of`] the descriptor numbers `numbers`.
+/// Above every number of the image; where the limit on descriptors
+/// (`RLIMIT_NOFILE`) leaves no room there (bash's 255 under `ulimit -n
+/// 256`), the lowest free number that is none of them.
 pub(crate) fn clear_of_numbers<const N: usize>(p: &mut Tracee, mut fds: [u64; N], numbers: &[i32]) -> Result<[u64; N]> {
-    let floor = numbers.iter().copied().max().unwrap_or(2) + 1;
+    let floor = numbers.iter().copied().max().unwrap_or(2) as u64 + 1;
     for fd in fds.iter_mut() {
-        if numbers.iter().any(|&n| n as u64 == *fd) {
-            let args = [*fd, libc::F_DUPFD_CLOEXEC as u64, floor as u64];
-            let above = p.call("fcntl(F_DUPFD_CLOEXEC)", libc::SYS_fcntl, &args)?;
-            p.call("close", libc::SYS_close, &[*fd])?;
-            *fd = above;
+        if !numbers.iter().any(|&n| n as u64 == *fd) {
+            continue;
         }
+        // (Numbers of the image found free on the way stay taken until the
+        // search ends, so that the next try skips them.)
+        let mut passed = Vec::new();
+        let mut from = floor;
+        let found = loop {
+            let out = p.syscall(libc::SYS_fcntl, &[*fd, libc::F_DUPFD_CLOEXEC as u64, from])?;
+            match out.ret {
+                r if r >= 0 && !numbers.contains(&(r as i32)) => break Ok(r as u64),
+                r if r >= 0 => {
+                    passed.push(r as u64);
+                    from = r as u64 + 1;
+                }
+                r if from == floor && (r == -(libc::EINVAL as i64) || r == -(libc::EMFILE as i64)) => from = 0,
+                r => {
+                    break Err(Error::Remote {
+                        pid: p.tid,
+                        call: "fcntl(F_DUPFD_CLOEXEC)",
+                        errno: io::Error::from_raw_os_error(-r as i32),
+                    });
+                }
+            }
+        };
+        for t in passed {
+            p.call("close", libc::SYS_close, &[t])?;
+        }
+        let above = found?;
+        p.call("close", libc::SYS_close, &[*fd])?;
+        *fd = above;
     }
     Ok(fds)
 }

@@ -46,7 +46,7 @@ use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
 use super::hand_over::{
-    Connection, Handed, Key, clear_of, clear_of_numbers, dup_onto, place, socketpair_in, take_copy,
+    Connection, Handed, Key, binder, clear_of, clear_of_numbers, dup_onto, place, socketpair_in, take_copy,
 };
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
@@ -96,28 +96,16 @@ impl Kind for Unix {
 
     fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
         match &f.kind {
-            FdKind::Socket { listening: true, bound: Some(path), seqpacket, inet: None, .. }
+            FdKind::Socket { ino, listening: true, bound: Some(path), seqpacket, inet: None, .. }
                 if !path.starts_with("/proc/") =>
             {
                 let ty = if *seqpacket { libc::SOCK_SEQPACKET } else { libc::SOCK_STREAM };
-                rebind(cx.p, cx.scratch, (f.fd, f.flags), (ty, true), path)?;
-                // (A connection made through it is made again through the
-                // new one, accepted by the daemon.)
-                if cx.handed.connections.iter().any(|c| c.path == *path) {
-                    let pid = cx.p.tid;
-                    let copy = take_copy(pid, f.fd).map_err(|e| Error::Proc {
-                        pid,
-                        what: "a copy of a listener bound again",
-                        source: e,
-                    })?;
-                    cx.handed.listeners.insert(path.clone(), copy);
-                }
-                Ok(())
+                bind_once(cx, f, *ino, (ty, true), path)
             }
-            k @ FdKind::Socket { listening: false, stream: false, bound: Some(path), inet: None, .. }
+            k @ FdKind::Socket { ino, listening: false, stream: false, bound: Some(path), inet: None, .. }
                 if k.recreated() =>
             {
-                rebind(cx.p, cx.scratch, (f.fd, f.flags), (libc::SOCK_DGRAM, false), path)
+                bind_once(cx, f, *ino, (libc::SOCK_DGRAM, false), path)
             }
             FdKind::Socket { ino, pair: Some(pair), .. } if pair.through.is_none() => {
                 remake_pair_end(cx, f, *ino, pair)
@@ -162,6 +150,38 @@ impl Kind for Unix {
     }
 }
 
+/// A listener (or datagram socket) bound to `path`, descriptor `f` of
+/// socket `ino`, for restored process `cx.p`: bound again ([`rebind`]) by
+/// its binder ([`super::hand_over::binder`], restored before the others
+/// that hold it), the daemon keeping a copy; a dup of it in that process,
+/// handed over to the others ([`hand_over`]): one socket again, reachable
+/// at its path, however many hold it.
+fn bind_once(cx: &mut Remake<'_>, f: &FdImage, ino: u64, (ty, listen): (i32, bool), path: &str) -> Result<()> {
+    let key = Key::Socket(ino);
+    if let Some(&(_, at)) = cx.placed.iter().find(|(k, _)| *k == key) {
+        if at != f.fd {
+            dup_onto(cx.p, at, f.fd, f.flags)?;
+        }
+        return Ok(());
+    }
+    if cx.handed.ends.contains_key(&key) || cx.handed.binders.get(&ino).is_some_and(|&b| b != cx.image.pid) {
+        cx.wanted.push((key, f.fd, f.flags));
+        return Ok(());
+    }
+    rebind(cx.p, cx.scratch, (f.fd, f.flags), (ty, listen), path)?;
+    let pid = cx.p.tid;
+    let copy =
+        take_copy(pid, f.fd).map_err(|e| Error::Proc { pid, what: "a copy of a socket bound again", source: e })?;
+    cx.handed.ends.insert(key, copy);
+    cx.placed.push((key, f.fd));
+    // (A connection made through it is made again through this one,
+    // accepted by the daemon.)
+    if listen {
+        cx.handed.listeners.insert(path.to_string(), ino);
+    }
+    Ok(())
+}
+
 /// Unix connection `c`, made again: a socket made in `p` (the process
 /// that connected at first, whose scratch area and image's descriptor
 /// numbers are `scratch` and `numbers`: the peer credentials of the
@@ -190,9 +210,13 @@ fn connect_again(p: &mut Tracee, (scratch, numbers): (u64, &[i32]), handed: &mut
     let copy = connected.and_then(|_| take_copy(pid, sock as i32).map_err(failed("a copy of a connection made again")));
     p.call("close", libc::SYS_close, &[sock])?;
     let connecting = copy?;
-    let listener = handed.listeners.get(&c.path).ok_or_else(|| {
-        failed("a unix connection made again")(io::Error::other(format!("its listener {} was not bound again", c.path)))
-    })?;
+    let listener =
+        handed.listeners.get(&c.path).and_then(|ino| handed.ends.get(&Key::Socket(*ino))).ok_or_else(|| {
+            failed("a unix connection made again")(io::Error::other(format!(
+                "its listener {} was not bound again",
+                c.path
+            )))
+        })?;
     let accepted = accept_within(listener, std::time::Duration::from_secs(1))
         .map_err(failed("accepting a unix connection made again"))?;
     set_up_pair(handed, (c.connecting, &connecting), (c.accepted, &accepted))
@@ -493,6 +517,13 @@ pub(crate) fn restore_order(images: &[&ProcessImage]) -> std::result::Result<Vec
     let size = |i: usize| images[i].maps.iter().map(|m| m.end - m.start).sum::<u64>();
     let holding = |i: usize, want: &dyn Fn(&FdKind) -> bool| images[i].fds.iter().any(|f| want(&f.kind));
     let mut edges: Vec<(usize, usize)> = Vec::new();
+    let at = |pid: crate::SandboxPid| images.iter().position(|i| i.pid == pid);
+    // A socket bound again: its binder first.
+    for ino in images.iter().flat_map(|i| &i.fds).filter_map(|f| f.kind.bound_again()) {
+        let Some(b) = binder(images, ino).and_then(at) else { continue };
+        let holds = |k: &FdKind| matches!(k, FdKind::Socket { ino: n, .. } if *n == ino);
+        edges.extend((0..images.len()).filter(|&h| holding(h, &holds)).map(|h| (b, h)));
+    }
     for c in Connection::all_of(images) {
         let Some(m) = images.iter().position(|i| Some(i.pid) == c.maker) else { continue };
         let ends = |k: &FdKind| matches!(k, FdKind::Socket { ino, .. } if *ino == c.accepted || *ino == c.connecting);

@@ -2,31 +2,34 @@
 # listeners (`connect` here, `accept` there), to a process this program
 # started (forked twice: a child of init and a session leader, as templates
 # need) that listens on /root/conn.sock (stream) and /root/seq.sock
-# (seqpacket). On each connection it answers `ping` with `pong`, `cred` with
-# the pid its connection's SO_PEERCRED names, and closes its end on `bye`
-# (it goes on listening). A checkpoint must not keep that end open (issue
+# (seqpacket), listeners this program made and holds too. On each
+# connection it answers `ping` with `pong`, `cred` with the pid its
+# connection's SO_PEERCRED names, `listener` with the inode of its stream
+# listener, and closes its end on `bye` (it goes on listening). A checkpoint must not keep that end open (issue
 # 36, class 1): this program then reads the end of the stream. After a
 # rollback the connections are made anew with the same addresses and peer
 # credentials, and both listeners take new connections of their type.
 # Children are reaped by the kernel (SIGCHLD ignored).
 # Commands: `state` -> per connection `<kind>=<answer to ping>,<addresses>,
-# <creds>`; `close` -> `bye` on both, then waits (at most 3 s each) for the
+# <creds>,one_listener=<the stream listener is one socket in both>`; `close` -> `bye` on both, then waits (at most 3 s each) for the
 # end of the stream: `<kind>=eof` when it came; then connects again.
 
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 KINDS = (('stream', '/root/conn.sock', socket.SOCK_STREAM), ('seqpacket', '/root/seq.sock', socket.SOCK_SEQPACKET))
+# (Made here, and held by both processes: one socket each, after a
+# rollback too.)
+listeners = []
+for _, path, ty in KINDS:
+    l = socket.socket(socket.AF_UNIX, ty)
+    l.bind(path)
+    l.listen(4)
+    listeners.append(l)
 ready_r, ready_w = os.pipe()
 if os.fork() == 0:
     if os.fork() != 0:
         os._exit(0)
     os.setsid()
     os.close(ready_r)
-    listeners = []
-    for _, path, ty in KINDS:
-        l = socket.socket(socket.AF_UNIX, ty)
-        l.bind(path)
-        l.listen(4)
-        listeners.append(l)
     os.write(ready_w, b'%d' % os.getpid())
     os.close(ready_w)
     conns = []
@@ -41,6 +44,8 @@ if os.fork() == 0:
                 s.close()
             elif got == b'ping':
                 s.sendall(b'pong')
+            elif got == b'listener':
+                s.sendall(b'%d' % os.fstat(listeners[0].fileno()).st_ino)
             elif got == b'cred':
                 pid, _, _ = struct.unpack('3i', s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
                 s.sendall(b'%d' % pid)
@@ -70,8 +75,11 @@ def describe(kind, c):
     c.sendall(b'cred')
     theirs = int(c.recv(64))
     mine = struct.unpack('3i', c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-    creds = 'creds=ok' if (theirs, mine) == (os.getpid(), server) else 'creds=%d,%d' % (theirs, mine)
-    return '%s=%s,peer=%s,name=%r,%s' % (kind, pong, c.getpeername(), c.getsockname(), creds)
+    # (This program listened: a client's SO_PEERCRED names it.)
+    creds = 'creds=ok' if (theirs, mine) == (os.getpid(), os.getpid()) else 'creds=%d,%d' % (theirs, mine)
+    c.sendall(b'listener')
+    same = int(c.recv(64)) == os.fstat(listeners[0].fileno()).st_ino
+    return '%s=%s,peer=%s,name=%r,%s,one_listener=%s' % (kind, pong, c.getpeername(), c.getsockname(), creds, same)
 
 
 def handle(cmd):
