@@ -3,7 +3,8 @@
 # init and a session leader, as templates need); that process answers `ping` with `pong` and
 # exits on `quit`, closing its end. A checkpoint must not keep that end
 # open (issue 36, class 1): the program then reads the end of the stream.
-# Children are reaped by the kernel (SIGCHLD ignored).
+# Children are reaped by the kernel (SIGCHLD ignored). Descriptor 255 is
+# open, under a limit of 256.
 # Commands: `state` -> `child=<its answer to ping> nonblocking=<the end's
 # flag>`; `close` -> asks the child to quit, then waits (at most 3 s) for
 # the end of the stream: `peer=eof` when it came.
@@ -21,6 +22,12 @@ if os.fork() == 0:
             os._exit(0)
         theirs.sendall(b'pong' if got == b'ping' else b'what')
 theirs.close()
+# A descriptor on the highest number the limit allows (as bash's 255
+# under `ulimit -n 256`): the restore has no room above this process's
+# numbers for the new pair, made on numbers of its image.
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+os.dup2(os.open('/dev/null', os.O_RDONLY), 255)
 mine.settimeout(3)
 
 
