@@ -638,6 +638,10 @@ pub struct PtyState {
     pub packet: bool,
     /// Bytes of output waiting for the master to read.
     pub unread: u32,
+    /// Those bytes (read in pass 1 and queued again at once, as at the
+    /// restore; empty if they could not be: in packet mode, a locked slave).
+    #[serde(default)]
+    pub output: Vec<u8>,
     /// The slave's owner (uid, gid, host ids) and mode bits.
     #[serde(default)]
     pub slave_owner: (u32, u32, u32),

@@ -602,6 +602,8 @@ fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::mo
     let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
     let w = rustix::termios::tcgetwinsize(&dup).ok()?;
     let index = master::index(&dup).ok()?;
+    let (locked, packet) = (master::locked(&dup).ok()?, master::packet_mode(&dup).ok()?);
+    let unread = rustix::io::ioctl_fionread(&dup).ok()? as u32;
     // (The slave's node in the process's devpts, looked at without opening it.)
     let slave = fs::metadata(format!("/proc/{pid}/root/dev/pts/{index}")).ok()?;
     Some(crate::model::PtyState {
@@ -609,9 +611,15 @@ fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::mo
         slave_owner: (slave.uid(), slave.gid(), slave.mode() & 0o7777),
         termios: master::termios(&dup).ok()?,
         winsize: [w.ws_row, w.ws_col, w.ws_xpixel, w.ws_ypixel],
-        locked: master::locked(&dup).ok()?,
-        packet: master::packet_mode(&dup).ok()?,
-        unread: rustix::io::ioctl_fionread(&dup).ok()? as u32,
+        locked,
+        packet,
+        unread,
+        // (Every process of the sandbox is stopped: reading it and queuing
+        // it again changes nothing they see.)
+        output: match unread > 0 && !packet && !locked {
+            true => master::take_output(&dup).unwrap_or_default(),
+            false => Vec::new(),
+        },
     })
 }
 

@@ -1007,6 +1007,18 @@ static SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Output of a pty made in the sandbox that the master has not read yet
+/// at the checkpoint (`pexpect` between two calls) is still there after
+/// it and after a rollback (before, the checkpoint was refused).
+static PTY_OUTPUT_NOT_READ_YET: Spec = Spec {
+    program: program!("pty_master_closed_after_a_checkpoint.py"),
+    setup: &[Ask("leave", Is("waiting=6"))],
+    at_ck: &[("waiting", Is("waiting=6"))],
+    mutate: &[&[Ask("collect", Is("got=pong"))], &[]],
+    after: &[Ask("collect", Is("got=pong")), Ask("waiting", Is("waiting=0"))],
+    ..Spec::DEFAULT
+};
+
 /// Unix connections (stream and seqpacket) made through listeners of a
 /// process the program started: after a mere checkpoint, the server's
 /// close of its end shows as the end of the stream (before, the server's
@@ -1898,6 +1910,7 @@ fn main() {
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),
+        ("pty_output_not_read_yet", declared!(PTY_OUTPUT_NOT_READ_YET)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),

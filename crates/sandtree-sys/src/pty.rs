@@ -66,7 +66,7 @@ pub fn device_of(fd: impl AsFd) -> io::Result<u64> {
 /// - `TIOCGPKT` / `TIOCPKT`: packet mode.
 pub mod master {
     use std::io;
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
     /// Size of `struct termios2`.
     pub const TERMIOS2_SIZE: usize = std::mem::size_of::<libc::termios2>();
@@ -134,5 +134,70 @@ pub mod master {
         // SAFETY: TCSETS2 reads one `struct termios2` from `t`.
         let rc = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TCSETS2, t.as_ptr()) };
         if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// Queue `bytes` for the master to read, as output of the terminal
+    /// written as they are ([`with_raw_slave`]).
+    pub fn queue_output(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
+        with_raw_slave(&fd, |slave| write_all(slave, bytes))
+    }
+
+    /// The output waiting for the master to read (not in packet mode),
+    /// read and queued again as it was ([`with_raw_slave`]; the slave is
+    /// opened first: if it cannot be, nothing was read). Every process
+    /// that holds the terminal must be stopped.
+    pub fn take_output(fd: impl AsFd) -> io::Result<Vec<u8>> {
+        with_raw_slave(&fd, |slave| {
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            // (Blocking or not, the master's open file is its process's:
+            // read only what is there.)
+            loop {
+                let mut ready = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+                let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+                if rustix::event::poll(&mut ready, Some(&zero))? == 0 || rustix::io::ioctl_fionread(&fd)? == 0 {
+                    break;
+                }
+                match rustix::io::read(&fd, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            write_all(slave, &out)?;
+            Ok(out)
+        })
+    }
+
+    /// `f` with a slave of the pty whose master is `fd` (`TIOCGPTPEER`,
+    /// non-blocking, closed after), its output processing (`OPOST`) off
+    /// meanwhile: what `f` writes there is queued for the master as it is.
+    fn with_raw_slave<T>(fd: impl AsFd, f: impl FnOnce(&OwnedFd) -> io::Result<T>) -> io::Result<T> {
+        use rustix::pty::OpenptFlags;
+        let slave =
+            rustix::pty::ioctl_tiocgptpeer(&fd, OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+        rustix::fs::fcntl_setfl(&slave, rustix::fs::OFlags::NONBLOCK)?;
+        let settings = termios(&slave)?;
+        let mut raw = settings.clone();
+        // (`c_oflag`, the second field of `struct termios2`.)
+        let oflag = u32::from_ne_bytes(raw[4..8].try_into().map_err(|_| io::Error::other("short termios"))?);
+        raw[4..8].copy_from_slice(&(oflag & !(libc::OPOST as u32)).to_ne_bytes());
+        set_termios(&slave, &raw)?;
+        let done = f(&slave);
+        set_termios(&slave, &settings)?;
+        done
+    }
+
+    fn write_all(slave: &OwnedFd, mut left: &[u8]) -> io::Result<()> {
+        while !left.is_empty() {
+            match rustix::io::write(slave, left) {
+                Ok(0) => return Err(io::Error::other("the terminal takes no more output")),
+                Ok(n) => left = &left[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@
 //! hangs the terminal up (`SIGHUP` to its session), closing the last slave makes the master
 //! read `EIO`, checkpoint or not. Pass 1 reads the pty's state through the
 //! master's own open file (`pidfd_getfd`): index, settings (`termios2`),
-//! window size, lock, packet mode, and the bytes waiting on each side.
+//! window size, lock, packet mode, the output waiting for the master.
 //!
 //! At the restore, before any process is cloned, the daemon makes each
 //! pty anew in the sandbox's devpts: it opens `ptmx` there until it gets
@@ -17,8 +17,13 @@
 //! file (`hand_over.rs`); those that held a slave open `/dev/pts/<index>`
 //! again by path (`file.rs`).
 //!
-//! Refused: bytes waiting on either side (reading them would take them
-//! from the running processes), a state that could not be read.
+//! Output the master had not read yet is read in pass 1 (every process of
+//! the sandbox is stopped) and queued again at once through a slave of
+//! the daemon's with output processing off, and so again at the restore:
+//! `pexpect` leaves output unread between its calls.
+//!
+//! Refused: input waiting on the slave side (`file.rs`), output waiting in
+//! packet mode or behind a locked slave, a state that could not be read.
 //! Not kept: the terminal's foreground process group (the restored session
 //! leader takes the terminal back, its own group in the foreground), a
 //! line being typed in canonical mode and not yet ended.
@@ -43,10 +48,18 @@ impl Kind for PtyMaster {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         let FdKind::PtyMaster { state } = &f.kind else { return Ok(()) };
         let Some(st) = state else { return Err("a pty master whose state could not be read".into()) };
-        if st.unread > 0 {
+        if st.output.len() < st.unread as usize {
             return Err(format!(
-                "a pty master with {} bytes of output not read yet (/dev/pts/{}): checkpoint once it is read",
-                st.unread, st.index
+                "a pty master with {} bytes of output not read yet (/dev/pts/{}) that could not be taken ({}): checkpoint once it is read",
+                st.unread,
+                st.index,
+                if st.packet {
+                    "packet mode"
+                } else if st.locked {
+                    "its slave is locked"
+                } else {
+                    "reading them failed"
+                }
             ));
         }
         Ok(())
@@ -127,6 +140,10 @@ fn make(host: HostPid, st: &PtyState) -> io::Result<OwnedFd> {
     master::set_termios(&made, &st.termios)?;
     let [ws_row, ws_col, ws_xpixel, ws_ypixel] = st.winsize;
     rustix::termios::tcsetwinsize(&made, rustix::termios::Winsize { ws_row, ws_col, ws_xpixel, ws_ypixel })?;
+    // (Output the master had not read: queued again, as it was written.)
+    if !st.output.is_empty() {
+        master::queue_output(&made, &st.output)?;
+    }
     master::set_locked(&made, st.locked)?;
     if st.packet {
         master::set_packet_mode(&made, true)?;

@@ -6,7 +6,9 @@
 # terminal up, checkpoint or not (issue 36, class 1): the process then gets
 # SIGHUP and dies.
 # Commands: `state` -> `tty=<slave's name> size=<rows>x<cols> echo=<on|off>
-# child=<its answer>`; `close` -> closes the master and waits (at most 3 s)
+# child=<its answer>`; `leave` -> `ping`s the process and lets its answer
+# wait unread on the master: `waiting=<bytes>`; `waiting` -> the same,
+# without a ping; `collect` -> reads what waits: `got=<it>`; `close` -> closes the master and waits (at most 3 s)
 # for the process to be gone: `child=gone`.
 
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -56,6 +58,19 @@ def handle(cmd):
         rows, cols, _, _ = struct.unpack('HHHH', fcntl.ioctl(master, termios.TIOCGWINSZ, b'\0' * 8))
         echo = 'on' if termios.tcgetattr(master)[3] & termios.ECHO else 'off'
         return 'tty=%s size=%dx%d echo=%s child=%s' % (name, rows, cols, echo, answer())
+    if cmd == 'leave':
+        os.write(master, b'ping\n')
+        deadline = time.time() + 3
+        while avail(master) < 5 and time.time() < deadline:
+            time.sleep(0.01)
+        return 'waiting=%d' % avail(master)
+    if cmd == 'waiting':
+        return 'waiting=%d' % avail(master)
+    if cmd == 'collect':
+        got = b''
+        while avail(master) > 0:
+            got += os.read(master, 64)
+        return 'got=%s' % got.decode().strip()
     if cmd == 'close':
         os.close(master)
         deadline = time.time() + 3
