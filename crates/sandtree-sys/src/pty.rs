@@ -182,7 +182,7 @@ pub mod master {
         let mut raw = settings.clone();
         // (`c_oflag`, the second field of `struct termios2`.)
         let oflag = u32::from_ne_bytes(raw[4..8].try_into().map_err(|_| io::Error::other("short termios"))?);
-        raw[4..8].copy_from_slice(&(oflag & !(libc::OPOST as u32)).to_ne_bytes());
+        raw[4..8].copy_from_slice(&(oflag & !libc::OPOST).to_ne_bytes());
         set_termios(&slave, &raw)?;
         let done = f(&slave);
         set_termios(&slave, &settings)?;
