@@ -434,10 +434,13 @@ fn mismatch(
     }
     for f in kept {
         let fd = f.fd;
-        // (A pipe end's number holds an `O_PATH` of the pipe's inode.)
+        // (A pipe end's number holds an `O_PATH` of the pipe's inode; a
+        // terminal slave's, one of the slave's node.)
+        let node = |pid: HostPid| std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).map(|m| (m.dev(), m.ino()));
         let same = match f.kind {
             FdKind::Pipe { ino } => std::fs::metadata(format!("/proc/{sb}/fd/{fd}"))
                 .is_ok_and(|m| m.ino() == ino && m.file_type().is_fifo()),
+            ref k if k.terminal().is_some() => node(host).ok().is_some_and(|n| node(sb).ok() == Some(n)),
             _ => sandtree_sys::process::same_open_file(host.raw(), fd, sb.raw(), fd).unwrap_or(false),
         };
         if !held.contains(&fd) || !same {
@@ -461,7 +464,7 @@ fn mismatch(
 
 /// Whether a template holds a descriptor at `f`'s number after its set-up
 /// (`Template::prepare`): one of a kind it keeps, a memfd, or the `O_PATH`
-/// of a pipe end (a dup's number is closed).
+/// of a pipe end or terminal slave (a dup's number is closed).
 fn template_holds(f: &FdImage) -> bool {
     match f.kind {
         FdKind::Memfd { .. } => true,
@@ -1207,6 +1210,11 @@ fn scan(
         Err(e) => return Ok(Err(format!("{e}"))),
     };
     let t_scan = t0.elapsed();
+    // A guard region installed since: a standby has the page there, a
+    // fork copies the guard.
+    if written.iter().any(|r| r.categories & uffd::PAGE_IS_GUARD != 0) {
+        return Ok(Err("guard regions were installed: a fork copies them".into()));
+    }
     let private = |a: u64, b: u64| maps.iter().any(|m| !m.shared() && m.start <= a && b <= m.end);
     let mut copy = Vec::new();
     let mut zap = Vec::new();

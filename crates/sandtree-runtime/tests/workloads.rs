@@ -1590,6 +1590,29 @@ fn session_ends_when_its_shell_exits(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A guard region installed between two checkpoints is in the second's
+/// restore, whose template is made from the first's standby (issue 36,
+/// class 2).
+fn guard_region_between_checkpoints(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, program!("guard_region_between_checkpoints.py")).await?;
+        ensure!(w.ask(e, "probe").await? == "faults=none", "probe before");
+        w.checkpoint_once(e).await?;
+        // (The tracer makes the first one's standby meanwhile.)
+        sleep_ms(100).await;
+        ensure!(w.ask(e, "guard").await? == "guarded", "guard");
+        ensure!(w.ask(e, "probe").await? == "faults=1", "probe after guard");
+        let ck = w.checkpoint_once(e).await?;
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            w.rollback(e, &ck).await?;
+            c.eq("guard pages after rollback", &w.ask(e, "probe").await?, "faults=1");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
 /// A mount made by a command that exited (the sandbox's init alone runs)
 /// is refused by name too: a rollback would lose it while saying the
 /// sandbox came back exactly (issue 36, class 7). Unmounted, the
@@ -1885,6 +1908,7 @@ fn main() {
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
         ("session_ends_when_its_shell_exits", session_ends_when_its_shell_exits),
+        ("guard_region_between_checkpoints", guard_region_between_checkpoints),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", declared!(INTERVAL_TIMER_KEEPS_FIRING)),
         ("child_subreaper_survives_rollback", child_subreaper_survives_rollback),

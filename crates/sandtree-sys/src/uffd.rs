@@ -28,8 +28,10 @@ use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
 /// `PAGE_IS_PRESENT`: mapped in memory.
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
-/// `PAGE_IS_SWAPPED`: swapped out (or a migration entry).
+/// `PAGE_IS_SWAPPED`: swapped out (or a migration entry, or a marker).
 pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// `PAGE_IS_GUARD`: a guard region's page (`MADV_GUARD_INSTALL`, 6.15+).
+pub const PAGE_IS_GUARD: u64 = 1 << 8;
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
@@ -127,8 +129,9 @@ pub fn protect(uffd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
 }
 
 /// The pages of each range `[start, end)` of `ranges` written since they
-/// were protected, as runs split by `PAGE_IS_PRESENT` and
-/// `PAGE_IS_SWAPPED`, appended to `out`; they are protected again in the
+/// were protected, as runs split by `PAGE_IS_PRESENT`, `PAGE_IS_SWAPPED`
+/// and `PAGE_IS_GUARD` (a guard installed replaced the page), appended to
+/// `out`; they are protected again in the
 /// same walk. `pagemap` is the process's `/proc/<pid>/pagemap`. (One
 /// buffer of 24 KiB for the kernel's answers, not one made and zeroed per
 /// range.)
@@ -161,7 +164,7 @@ fn take_written_in(
             category_inverted: 0,
             category_mask: PAGE_IS_WRITTEN,
             category_anyof_mask: 0,
-            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_GUARD,
         };
         // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at
         // most `vec_len` page_regions into `buf`, which has that many.
