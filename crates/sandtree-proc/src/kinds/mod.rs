@@ -8,11 +8,11 @@
 //! | regular files, directories (layers, kept mounts, other mounts) | `file` | reopened by path (layers), kept (`/dev`, `/proc`), refused (other mounts) |
 //! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
 //! | memfds | `memfd` | made anew, contents and seals copied |
-//! | pty masters (`/dev/pts/ptmx`) | `pty` | made anew by the daemon (same index and settings), handed to their processes |
-//! | terminal slaves (`/dev/pts/N`) | `file` | of a pty whose master a captured process holds: opened again by path; else kept |
+//! | pty masters (`/dev/pts/ptmx`) | `pty` | made anew by the daemon (same index, settings, unread output), handed to their processes |
+//! | terminal slaves (`/dev/pts/N`, `/dev/tty` of a pty) | `file` | the template holds an `O_PATH` of the node; opened again by path (pty made anew) or through that `O_PATH` (a session's) |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
-//! | unix sockets | `unix` | kept; listeners bound anew; unnamed pairs and connections through listeners made anew, their ends handed between processes; queued data sent again |
+//! | unix sockets | `unix` | kept; listeners and bound datagram sockets bound anew once; unnamed pairs and connections through listeners made anew; handed between processes; queued data sent again |
 //! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
 //! | other sockets (netlink, ...) | `other_socket` | kept |
 //! | eventfd | `eventfd` | kept; counter put back |

@@ -14,9 +14,8 @@
 //!   bound again, so that both ends have their addresses and peer
 //!   credentials back (`SO_PEERCRED` of the accepted end names the process
 //!   that connects, that of the other end the one that listened): during
-//!   the restore of its *maker* ([`Connection::maker`]: the holder of the
-//!   accepted end if it holds the listener, else a holder of the
-//!   listener), right after the listener is bound again, the process that
+//!   the restore of its *maker* ([`Connection::maker`]: the listener's
+//!   binder, below), right after the listener is bound again, the process that
 //!   connected at first connects again (cloned ahead of its turn if it is
 //!   another, `restore.rs`'s `Cloned`), the daemon accepts on its copy of
 //!   the listener, and the ends are handed over like a pair's.
@@ -25,7 +24,10 @@
 //!   process holds the listener, or makers wait for each other.
 //! - A listener bound to a path, or a datagram socket bound to one and not
 //!   connected, is bound anew at that path in the rolled-back tree (the old
-//!   socket file is a dead copy there), with its type.
+//!   socket file is a dead copy there), with its type, once: by its
+//!   *binder* ([`super::hand_over::binder`]: the process that listened on
+//!   it if it holds it, else the first holder), restored before the other
+//!   holders, which get it handed over.
 //! - Any other (a connection through an abstract-namespace listener, one
 //!   whose connecting end is bound, one not accepted yet, one to a socket
 //!   outside the sandbox) is held by the template as it is: a peer's close
