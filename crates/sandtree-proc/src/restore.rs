@@ -489,7 +489,7 @@ fn fix_up(
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
     crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template), handed)?;
-    crate::process::session::restore(&mut b, image);
+    crate::process::session::restore(&mut b, image, &|index| handed.hung_up(index));
     crate::process::signals::restore_altstack(&mut b, image, (via_standby, incremental));
     crate::process::threads::restore_registrations(&mut b, image, via_standby);
     crate::process::timers::restore(&mut b, image);

@@ -1590,6 +1590,36 @@ fn session_ends_when_its_shell_exits(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A session closed after a checkpoint (its terminal gone): a rollback
+/// still restores its shell, on a hung-up terminal in place of its own
+/// (before templates held no slave, theirs was that terminal, hung up),
+/// and the shell ends as it would have had it run on (before this, the
+/// rollback failed: the terminal could not be opened again, EIO).
+fn session_closed_since_the_checkpoint(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let w = Workload { sb: sb.clone(), pid: s.pid };
+        let req = SessionRunRequest { command: "cd /root".into(), timeout_ms: Some(10_000) };
+        e.session_run(&sb, &s.id, req).await?;
+        let ck = w.checkpoint(e).await?;
+        e.close_session(&sb, &s.id).await?;
+        for round in 0..ROUNDS {
+            w.rollback(e, &ck).await?;
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let gone = loop {
+                let running = e.processes(&sb).await?.processes.iter().any(|p| p.pid == w.pid && p.running);
+                if !running || Instant::now() > deadline {
+                    break !running;
+                }
+                sleep_ms(50).await;
+            };
+            ensure!(gone, "round {round}: the restored shell did not end on its hung-up terminal");
+        }
+        w.delete(e).await
+    })
+}
+
 /// A guard region installed between two checkpoints is in the second's
 /// restore, whose template is made from the first's standby (issue 36,
 /// class 2).
@@ -1909,6 +1939,7 @@ fn main() {
         ("session_python_repl", session_python_repl),
         ("session_ends_when_its_shell_exits", session_ends_when_its_shell_exits),
         ("guard_region_between_checkpoints", guard_region_between_checkpoints),
+        ("session_closed_since_the_checkpoint", session_closed_since_the_checkpoint),
         ("restored_process_exit_is_reported", restored_process_exit_is_reported),
         ("interval_timer_keeps_firing", declared!(INTERVAL_TIMER_KEEPS_FIRING)),
         ("child_subreaper_survives_rollback", child_subreaper_survives_rollback),

@@ -38,7 +38,7 @@ impl Kind for Fifo {
         matches!(f.kind, FdKind::Fifo { on_layer: true, .. }).then_some("a named pipe of the tree is open")
     }
 
-    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+    fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
         let FdKind::Fifo { path, on_layer: true, .. } = &f.kind else { return false };
         let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
         // Non-blocking, so that the open does not wait for a peer (the

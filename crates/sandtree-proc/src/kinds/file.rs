@@ -9,7 +9,9 @@
 //! of its node. Refused: a file of another mount that rollback
 //! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
 
-use super::Kind;
+use super::hand_over::{Handed, Key};
+use super::{Kind, Remake};
+use crate::Result;
 use crate::batch::{Arg, Batch};
 use crate::model::{FdImage, FdKind, ProcessImage};
 
@@ -41,10 +43,14 @@ impl Kind for PathFile {
         }
     }
 
-    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+    fn reopen(&self, f: &FdImage, b: &mut Batch, handed: &Handed) -> bool {
         if let k @ FdKind::KeptFile { path, master_captured, .. } = &f.kind
-            && k.terminal().is_some()
+            && let Some(index) = k.terminal()
         {
+            // (A session's terminal closed since: handed over, `remake`.)
+            if !master_captured && handed.ends.contains_key(&Key::Slave(index)) {
+                return false;
+            }
             // (Not the terminal of whatever session the process is in
             // before its own is restored.)
             let flags = (f.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32) | libc::O_NOCTTY as u32;
@@ -67,5 +73,19 @@ impl Kind for PathFile {
         }
         b.move_fd(fd, f.fd, f.flags);
         true
+    }
+
+    /// The slave of a session's terminal closed since the checkpoint: a
+    /// hung-up terminal in its place (`pty.rs`), as the template's held
+    /// slave was before templates held none.
+    fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
+        if let k @ FdKind::KeptFile { master_captured: false, .. } = &f.kind
+            && let Some(index) = k.terminal()
+            && f.same_as.is_none()
+            && cx.handed.ends.contains_key(&Key::Slave(index))
+        {
+            cx.wanted.push((Key::Slave(index), f.fd, f.flags));
+        }
+        Ok(())
     }
 }

@@ -29,6 +29,9 @@ pub(crate) enum Key {
     Socket(u64),
     /// A pty master, by index.
     Terminal(u32),
+    /// A hung-up terminal's slave, in place of that of a session's terminal
+    /// (by index) closed since the checkpoint.
+    Slave(u32),
 }
 
 /// The objects a restore made so far, and what the socket pairs' ends
@@ -127,6 +130,12 @@ impl Connection {
 }
 
 impl Handed {
+    /// Whether the terminal `/dev/pts/<index>` of a session was closed
+    /// since the checkpoint (a hung-up one is handed over in its place).
+    pub(crate) fn hung_up(&self, index: u32) -> bool {
+        self.ends.contains_key(&Key::Slave(index))
+    }
+
     /// For the restore of `set`'s processes.
     pub(crate) fn of(set: &CheckpointTemplates) -> Handed {
         let pair_states = set

@@ -21,7 +21,7 @@ impl Kind for Inet {
         }
     }
 
-    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+    fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
         let FdKind::Socket { inet: Some(bind), stream, listening, .. } = &f.kind else { return false };
         rebind(b, f.fd, f.flags, *stream, *listening, bind);
         true

@@ -95,7 +95,7 @@ pub(crate) trait Kind: Sync {
 
     /// Restore, step 1 (batched with every kind's): open it again in the
     /// restored process, onto its number. Returns whether it added calls.
-    fn reopen(&self, _f: &FdImage, _b: &mut Batch) -> bool {
+    fn reopen(&self, _f: &FdImage, _b: &mut Batch, _handed: &Handed) -> bool {
         false
     }
 
@@ -179,11 +179,12 @@ impl<'a> Remake<'a> {
 }
 
 /// The kinds made anew one call at a time, in this order: deleted files,
-/// memfds, unix listeners and socket pairs, pty masters, then inotify
+/// memfds, unix listeners and socket pairs, pty masters, terminals of
+/// sessions closed since the checkpoint (handed over), then inotify
 /// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 6] =
-    [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &pty::PtyMaster, &inotify::Inotify, &pidfd::Pidfd];
+const REMAKE_ORDER: [&dyn Kind; 7] =
+    [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &pty::PtyMaster, &file::PathFile, &inotify::Inotify, &pidfd::Pidfd];
 
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
@@ -230,7 +231,7 @@ pub(crate) fn fix_up_descriptors(
     handed: &mut Handed,
 ) -> Result<()> {
     for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
-        if of(&f.kind).reopen(f, b) && b.is_full() {
+        if of(&f.kind).reopen(f, b, handed) && b.is_full() {
             p.run_batch(b)?;
         }
     }
@@ -283,6 +284,7 @@ pub(crate) struct Keepers {
 /// `handed`).
 pub(crate) fn put_back_shared(set: &CheckpointTemplates, handed: &mut Handed) -> Result<Keepers> {
     pty::make_all(set, handed)?;
+    pty::hung_up_in_place_of_gone(set, handed)?;
     let fifos = fifo::open_keepers(set)?;
     let pipes = pipe::put_back(set, &fifos)?;
     for t in &set.templates {

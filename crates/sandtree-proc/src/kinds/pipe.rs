@@ -53,7 +53,7 @@ use crate::{Error, HostPid, Result};
 pub(crate) struct Pipe;
 
 impl Kind for Pipe {
-    fn reopen(&self, f: &FdImage, b: &mut Batch) -> bool {
+    fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
         if !matches!(f.kind, FdKind::Pipe { .. }) {
             return false;
         }

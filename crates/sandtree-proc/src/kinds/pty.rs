@@ -36,7 +36,7 @@ use sandtree_sys::pty::master;
 
 use super::hand_over::{Handed, Key};
 use super::{Kind, Remake};
-use crate::fdstate::{open_in, tree_root};
+use crate::fdstate::{open_in, open_proc_fd, tree_root};
 use crate::model::{FdImage, FdKind, ProcessImage, PtyState};
 use crate::template::CheckpointTemplates;
 use crate::{Error, HostPid, Result};
@@ -91,6 +91,54 @@ pub(crate) fn make_all(set: &CheckpointTemplates, handed: &mut Handed) -> Result
         }
     }
     Ok(())
+}
+
+/// At a restore, before any process is cloned: for each terminal of a
+/// session (its master outside) that `set`'s processes held and that was
+/// closed since the checkpoint (opening it again through a template's
+/// `O_PATH` of its node fails), a hung-up terminal's slave into `handed`,
+/// handed over in its place (`file.rs`): the restored process finds its
+/// terminal hung up, as it would have been had it run on. (Before
+/// templates held no slave, theirs was that hung-up terminal.)
+pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut Handed) -> Result<()> {
+    for t in &set.templates {
+        for f in &t.image.fds {
+            let Some(index) = f.kind.terminal() else { continue };
+            let FdKind::KeptFile { master_captured: false, .. } = &f.kind else { continue };
+            if f.same_as.is_some() || handed.ends.contains_key(&Key::Slave(index)) {
+                continue;
+            }
+            let again = open_proc_fd(t.host, f.fd, OFlags::RDWR | OFlags::NOCTTY | OFlags::NONBLOCK);
+            match again {
+                Ok(_) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EIO) => {}
+                Err(e) => {
+                    return Err(Error::Proc { pid: t.host, what: "a session's terminal", source: e });
+                }
+            }
+            let hung_up = hung_up_slave(t.host).map_err(|e| Error::Proc {
+                pid: t.host,
+                what: "a hung-up terminal in place of a closed one",
+                source: e,
+            })?;
+            handed.ends.insert(Key::Slave(index), hung_up);
+        }
+    }
+    Ok(())
+}
+
+/// The slave of a new pty of the devpts of `host`'s tree whose master is
+/// closed: hung up.
+fn hung_up_slave(host: HostPid) -> io::Result<OwnedFd> {
+    let root = tree_root(host)?;
+    let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
+    master::set_locked(&m, false)?;
+    let slave = rustix::pty::ioctl_tiocgptpeer(
+        &m,
+        rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC,
+    )?;
+    drop(m);
+    Ok(slave)
 }
 
 /// How long a restore waits for the pty index it needs to be free (the

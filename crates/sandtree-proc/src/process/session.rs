@@ -10,7 +10,9 @@ use crate::model::{FdKind, ProcessImage};
 use crate::pid::SandboxPid;
 
 /// At the restore (in `b`): session, group, terminal, child-subreaper flag.
-pub(crate) fn restore(b: &mut Batch, image: &ProcessImage) {
+/// A terminal that `hung_up` (by index: a session's closed since the
+/// checkpoint, a hung-up one in its place) is not taken back.
+pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32) -> bool) {
     if image.ppid != SandboxPid::INIT {
         // Best effort for a child of another process: a child of init now,
         // in a session of its own (the template left the parent's).
@@ -24,6 +26,7 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage) {
                 FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
                 _ => false,
             })
+            && !tty.kind.terminal().is_some_and(hung_up)
         {
             let args = [Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSCTTY), Arg::Val(0)];
             b.call("ioctl(TIOCSCTTY)", libc::SYS_ioctl, &args);
