@@ -487,6 +487,10 @@ pub enum FdKind {
         /// in the sandbox.
         #[serde(default)]
         listened_by: Option<SandboxPid>,
+        /// A unix connection to a listener not accepted yet (its peer is
+        /// still in the listener's queue).
+        #[serde(default)]
+        not_accepted: bool,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).

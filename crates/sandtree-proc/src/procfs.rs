@@ -461,6 +461,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         peer_path: None,
         has_clients: false,
         listened_by: None,
+        not_accepted: false,
     };
     let Some(pidfd) = pidfd else { return unknown };
     let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
@@ -559,6 +560,10 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     });
     let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
     let listened_by = (listening && bound.is_some()).then(|| sandbox_pid_of_peer(&dup)).flatten();
+    // (The peer of a connection not accepted yet has no inode, like a
+    // released one; but a released peer shut this end down.)
+    let not_accepted = listened.as_ref().is_some_and(|(_, accepted)| !accepted)
+        && diag_state.is_some_and(|s| s.peer == Some(0) && !s.rcv_shutdown && !s.send_shutdown);
     FdKind::Socket {
         ino,
         family: family.into(),
@@ -575,6 +580,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         peer_path,
         has_clients: false,
         listened_by,
+        not_accepted,
     }
 }
 

@@ -1026,8 +1026,16 @@ static PTY_OUTPUT_NOT_READ_YET: Spec = Spec {
 /// After a rollback the connections are made anew with the same addresses
 /// and peer credentials, and each listener keeps its type and is one
 /// socket in the two processes that hold it (before, each bound its own).
+/// A connection its listener has not accepted yet is refused by name
+/// (before, the restored client found it reset).
 static UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     program: program!("unix_connection_closed_after_a_checkpoint.py"),
+    setup: &[
+        Ask("pending", Is("pending")),
+        Sleep(50),
+        Refused(Some(ErrorCode::ProcessNotRestorable), &["has not accepted yet"]),
+        Ask("unpending", Is("closed")),
+    ],
     at_ck: &[(
         "state",
         Is(

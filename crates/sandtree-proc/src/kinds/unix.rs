@@ -36,8 +36,10 @@
 //!   descriptors in flight) is peeked in pass 1 and, at the restore, the
 //!   socket is drained and its peer sends the data again.
 //!
-//! Refused: data in flight that cannot be captured (descriptors passed, or
-//! no captured peer to send it), a listener or bound datagram socket on a
+//! Refused: a connection its listener has not accepted yet (the listener
+//! is made anew: the pending connection would be lost), data in flight
+//! that cannot be captured (descriptors passed, or no captured peer to
+//! send it), a listener or bound datagram socket on a
 //! relative path, or whose socket file was removed since its bind. A process holding one
 //! bound in the tree, or with data in flight, cannot move to a new tree.
 
@@ -64,6 +66,9 @@ pub(crate) struct Unix;
 impl Kind for Unix {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
+            FdKind::Socket { not_accepted: true, .. } => Err(
+                "a unix connection its listener has not accepted yet (made anew at a restore, it would be lost): checkpoint once it is accepted".into(),
+            ),
             FdKind::Socket { queued: true, peer: None, .. } => Err(
                 "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
             ),

@@ -5,14 +5,18 @@
 # (seqpacket), listeners this program made and holds too. On each
 # connection it answers `ping` with `pong`, `cred` with the pid its
 # connection's SO_PEERCRED names, `listener` with the inode of its stream
-# listener, and closes its end on `bye` (it goes on listening). A checkpoint must not keep that end open (issue
-# 36, class 1): this program then reads the end of the stream. After a
-# rollback the connections are made anew with the same addresses and peer
-# credentials, and both listeners take new connections of their type.
-# Children are reaped by the kernel (SIGCHLD ignored).
+# listener, and closes its end on `bye` (it goes on listening). A
+# checkpoint must not keep that end open (issue 36, class 1): this program
+# then reads the end of the stream. After a rollback the connections are
+# made anew with the same addresses and peer credentials, and both
+# listeners take new connections of their type. Children are reaped by
+# the kernel (SIGCHLD ignored).
 # Commands: `state` -> per connection `<kind>=<answer to ping>,<addresses>,
-# <creds>,one_listener=<the stream listener is one socket in both>`; `close` -> `bye` on both, then waits (at most 3 s each) for the
-# end of the stream: `<kind>=eof` when it came; then connects again.
+# <creds>,one_listener=<the stream listener is one socket in both>`;
+# `close` -> `bye` on both, then waits (at most 3 s each) for the end of
+# the stream: `<kind>=eof` when it came; then connects again; `pending` ->
+# connects to /root/idle.sock, a listener of this program's that nobody
+# accepts on: `pending`; `unpending` -> closes that: `closed`.
 
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 KINDS = (('stream', '/root/conn.sock', socket.SOCK_STREAM), ('seqpacket', '/root/seq.sock', socket.SOCK_SEQPACKET))
@@ -24,6 +28,11 @@ for _, path, ty in KINDS:
     l.bind(path)
     l.listen(4)
     listeners.append(l)
+# (One that nobody accepts on: `pending`.)
+idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+idle.bind('/root/idle.sock')
+idle.listen(4)
+waiting = None
 ready_r, ready_w = os.pipe()
 if os.fork() == 0:
     if os.fork() != 0:
@@ -83,7 +92,15 @@ def describe(kind, c):
 
 
 def handle(cmd):
-    global conns
+    global conns, waiting
+    if cmd == 'pending':
+        waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        waiting.connect('/root/idle.sock')
+        return 'pending'
+    if cmd == 'unpending':
+        waiting.close()
+        waiting = None
+        return 'closed'
     if cmd == 'state':
         return ' '.join(describe(kind, c) for kind, c in conns.items())
     if cmd == 'close':
