@@ -675,6 +675,11 @@ pub struct UnixPair {
     /// A connection made through a listener, not an unnamed pair.
     #[serde(default)]
     pub through: Option<Listened>,
+    /// Its socket options set again on the new end, raw (level, name,
+    /// value): buffer sizes and timeouts (`kinds/unix.rs`'s
+    /// `PAIR_OPTIONS`).
+    #[serde(default)]
+    pub options: Vec<(i32, i32, Vec<u8>)>,
 }
 
 /// How a unix connection made through a listener bound to a path was made.

@@ -550,6 +550,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             rcv_shutdown: s.rcv_shutdown,
             passcred,
             through,
+            options: pair_options(&dup),
         })
     });
     // (Looked up in the process's tree: a socket file there, or none.)
@@ -591,6 +592,24 @@ fn sandbox_pid_of_peer(sock: &OwnedFd) -> Option<SandboxPid> {
     let c = rustix::net::sockopt::socket_peercred(sock).ok()?;
     let st = status(HostPid(c.pid.as_raw_nonzero().get())).ok()?;
     (st.ns_depth > 1).then_some(st.ns_pid)
+}
+
+/// The options of a unix socket pair's or connection's end that its new
+/// end gets again (`kinds/unix.rs`): buffer sizes (as `getsockopt` gives
+/// them: twice what was asked) and timeouts, raw.
+pub(crate) const PAIR_OPTIONS: [(i32, i32); 4] = [
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
+];
+
+/// [`PAIR_OPTIONS`] of socket `sock` (those it could read).
+fn pair_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
+    PAIR_OPTIONS
+        .iter()
+        .filter_map(|&(level, name)| Some((level, name, sandtree_sys::sockopt::get_raw(sock, level, name, 16).ok()?)))
+        .collect()
 }
 
 /// The filesystem path of unix socket address `a`, if it has one.

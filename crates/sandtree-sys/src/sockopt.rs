@@ -57,3 +57,13 @@ pub fn get_raw(fd: impl AsFd, level: i32, name: i32, max: usize) -> io::Result<V
     buf.truncate(len as usize);
     Ok(buf)
 }
+
+/// Set option `name` of level `level` of socket `fd` to the raw `value`.
+pub fn set_raw(fd: impl AsFd, level: i32, name: i32, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `fd` is borrowed for the call; the option value points at
+    // `value`, live for the call, and its length is passed.
+    let r = unsafe {
+        libc::setsockopt(fd.as_fd().as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}

@@ -292,9 +292,16 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
     Ok(())
 }
 
-/// A new pair's ends as at the checkpoint: the data queued on each sent
-/// again from the other, then shutdowns, then `SO_PASSCRED`.
+/// A new pair's ends as at the checkpoint: buffer sizes and timeouts,
+/// the data queued on each sent again from the other, then shutdowns and
+/// `SO_PASSCRED`.
 fn set_up_pair(pairs: &Handed, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Result<()> {
+    // (Buffer sizes first: the data may need them.)
+    for (ino, sock) in [a, b] {
+        for (level, name, value) in pairs.pair_states.get(&ino).map(|st| &st.options[..]).unwrap_or_default() {
+            set_option(sock, (*level, *name), value)?;
+        }
+    }
     for ((ino, _), (_, from)) in [(a, b), (b, a)] {
         if let Some(buf) = pairs.pair_queued.get(&ino) {
             send_on(from, &buf.messages, buf.stream)?;
@@ -314,6 +321,26 @@ fn set_up_pair(pairs: &Handed, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Re
         }
     }
     Ok(())
+}
+
+/// Option `(level, name)` of a new socket pair's end `sock` set to
+/// `value`, as `getsockopt` gave it on the old end. A buffer size was
+/// doubled by the kernel when set: half of it is set again, forced (the
+/// daemon may go past `wmem_max`/`rmem_max`, as root in the sandbox could
+/// with `SO_SNDBUFFORCE`).
+fn set_option(sock: &OwnedFd, (level, name): (i32, i32), value: &[u8]) -> io::Result<()> {
+    let forced = match name {
+        libc::SO_SNDBUF if level == libc::SOL_SOCKET => Some(libc::SO_SNDBUFFORCE),
+        libc::SO_RCVBUF if level == libc::SOL_SOCKET => Some(libc::SO_RCVBUFFORCE),
+        _ => None,
+    };
+    match (forced, <[u8; 4]>::try_from(value)) {
+        (Some(force), Ok(v)) => {
+            let half = (i32::from_ne_bytes(v) / 2).to_ne_bytes();
+            sandtree_sys::sockopt::set_raw(sock, level, force, &half)
+        }
+        _ => sandtree_sys::sockopt::set_raw(sock, level, name, value),
+    }
 }
 
 /// Pass 1 for stopped process `host`: what is queued on its connected

@@ -5,9 +5,10 @@
 # open (issue 36, class 1): the program then reads the end of the stream.
 # Children are reaped by the kernel (SIGCHLD ignored). Descriptor 255 is
 # open, under a limit of 256.
-# Commands: `state` -> `child=<its answer to ping> nonblocking=<the end's
-# flag>`; `close` -> asks the child to quit, then waits (at most 3 s) for
-# the end of the stream: `peer=eof` when it came.
+# Commands: `state` -> `child=<its answer to ping> timeout=<the end's>
+# rcvbuf=<SO_RCVBUF> sndtimeo=<SO_SNDTIMEO>`; `close` -> asks the child
+# to quit, then waits (at most 3 s) for the end of the stream: `peer=eof`
+# when it came.
 
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -28,13 +29,19 @@ theirs.close()
 import resource
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 os.dup2(os.open('/dev/null', os.O_RDONLY), 255)
+# A receive buffer and a send timeout of its own (the kernel doubles the
+# size asked), kept by the pair made anew.
+mine.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 12345)
+mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 2, 500000))
 mine.settimeout(3)
 
 
 def handle(cmd):
     if cmd == 'state':
         mine.sendall(b'ping')
-        return 'child=%s timeout=%s' % (mine.recv(64).decode(), mine.gettimeout())
+        sndtimeo = struct.unpack('ll', mine.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))
+        return 'child=%s timeout=%s rcvbuf=%d sndtimeo=%d.%06d' % (
+            mine.recv(64).decode(), mine.gettimeout(), mine.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), *sndtimeo)
     if cmd == 'close':
         mine.sendall(b'quit')
         try:
