@@ -1164,21 +1164,51 @@ fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::R
     crate::process::memory::check(p)
 }
 
-/// A mount the sandbox made in its tree (not under the kept `/proc` and
-/// `/dev`, whose own are init's), as a refusal: a filesystem other than the
-/// layers' overlays, a second mount of a layer (a bind mount: the same
-/// upper directory, mounted later), or a layer remounted read-only. Named
-/// as init's: mounts are the sandbox's, not a process's. Checked with
-/// processes or without (a mount outlives the command that made it).
-/// (Mounts under `/proc` and `/dev` that the sandbox made are detached by
-/// a rollback too, and not refused yet.)
+/// Whether a mount on `target` of type `fstype` is one the sandbox's setup
+/// makes under the kept `/proc` and `/dev` (`sandtree-sandbox`'s
+/// `spawn.rs`; its rollback keeps those alone, `reroot.rs`'s
+/// `setup_mount`): `proc`, the `/dev` tmpfs, devpts, `/dev/shm`, and the
+/// host's device nodes bound into `/dev`.
+fn setup_mount(target: &str, fstype: &str) -> bool {
+    const NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+    match target {
+        "/proc" => fstype == "proc",
+        "/dev" | "/dev/shm" => fstype == "tmpfs",
+        "/dev/pts" => fstype == "devpts",
+        t => t.strip_prefix("/dev/").is_some_and(|n| NODES.contains(&n)),
+    }
+}
+
+/// A mount the sandbox made, as a refusal: in its tree, a filesystem other
+/// than the layers' overlays, a second mount of a layer (a bind mount: the
+/// same upper directory, mounted later), or a layer remounted read-only;
+/// under the kept `/proc` and `/dev`, any but setup's ([`setup_mount`],
+/// once each: a rollback detaches the others). Named as init's: mounts are
+/// the sandbox's, not a process's. Checked with processes or without (a
+/// mount outlives the command that made it).
 fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> Option<Unrestorable> {
     let mut ids: Vec<&i32> = mounts.keys().collect();
     ids.sort();
     let mut uppers: Vec<std::path::PathBuf> = Vec::new();
+    let mut kept_seen: Vec<&std::path::Path> = Vec::new();
     for m in ids.into_iter().map(|id| &mounts[id]) {
-        if crate::kinds::kept_path(&m.target.to_string_lossy()) {
-            continue;
+        let target = m.target.to_string_lossy();
+        if crate::kinds::kept_path(&target) {
+            // Under the kept /proc and /dev, what setup mounted stays; a
+            // rollback detaches anything else there (and stacked on those).
+            if setup_mount(&target, &m.fstype) && !kept_seen.contains(&m.target.as_path()) {
+                kept_seen.push(&m.target);
+                continue;
+            }
+            return Some(Unrestorable {
+                pid: SandboxPid::INIT,
+                comm: "sandtree:[init]".into(),
+                resource: format!("mount {target}"),
+                reason: format!(
+                    "a {} file system mounted on {target} by the sandbox: a rollback detaches the sandbox's mounts under /proc and /dev and would lose it (mounts are not captured yet; unmount it, or checkpoint with best effort)",
+                    m.fstype
+                ),
+            });
         }
         let what = match m.fstype.as_str() {
             "overlay" => {
