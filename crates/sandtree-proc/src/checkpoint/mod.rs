@@ -1179,11 +1179,19 @@ fn setup_mount(target: &str, fstype: &str) -> bool {
     }
 }
 
+/// A mount of the daemon's under the kept `/dev` (`sandtree-sandbox`'s
+/// `reroot.rs`, `STAGE` and `OLD`: the next layer's tree staged for a
+/// layered checkpoint, the old tree being detached), which may stack.
+fn daemons_mount(target: &str) -> bool {
+    ["/dev/.sandtree-next", "/dev/.sandtree-old"].iter().any(|d| target == *d || target.starts_with(&format!("{d}/")))
+}
+
 /// A mount the sandbox made, as a refusal: in its tree, a filesystem other
 /// than the layers' overlays, a second mount of a layer (a bind mount: the
 /// same upper directory, mounted later), or a layer remounted read-only;
 /// under the kept `/proc` and `/dev`, any but setup's ([`setup_mount`],
-/// once each: a rollback detaches the others). Named as init's: mounts are
+/// once each: a rollback detaches the others) and the daemon's
+/// ([`daemons_mount`]). Named as init's: mounts are
 /// the sandbox's, not a process's. Checked with processes or without (a
 /// mount outlives the command that made it).
 fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>) -> Option<Unrestorable> {
@@ -1196,7 +1204,7 @@ fn sandbox_mount(mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo
         if crate::kinds::kept_path(&target) {
             // Under the kept /proc and /dev, what setup mounted stays; a
             // rollback detaches anything else there (and stacked on those).
-            if setup_mount(&target, &m.fstype) && !kept_seen.contains(&m.target.as_path()) {
+            if daemons_mount(&target) || (setup_mount(&target, &m.fstype) && !kept_seen.contains(&m.target.as_path())) {
                 kept_seen.push(&m.target);
                 continue;
             }
