@@ -203,12 +203,18 @@ fn timespec_ns(v: &str) -> u64 {
     s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
+/// A duplicate of descriptor `fd` of the process of `pidfd`
+/// (`pidfd_getfd`: the same open file), to ask it things.
+fn dup_of(pidfd: Option<&OwnedFd>, fd: i32) -> Option<OwnedFd> {
+    rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()
+}
+
 /// A memfd's size, inode and seals (through a duplicate of the
 /// descriptor, `pidfd_getfd`).
 fn memfd_kind(pidfd: Option<&OwnedFd>, fd: i32, name: &str, link: &Path) -> FdKind {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(link).ok();
-    let dup = pidfd.and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok());
+    let dup = dup_of(pidfd, fd);
     let seals = dup.as_ref().and_then(|d| rustix::fs::fcntl_get_seals(d).ok()).map(|s| s.bits());
     let fs = dup.as_ref().and_then(|d| rustix::fs::fstatfs(d).ok());
     FdKind::Memfd {
@@ -229,9 +235,7 @@ fn anon_state(what: &str, text: &str, pidfd: Option<&OwnedFd>, fd: i32) -> Optio
     let ns = |t: rustix::time::Timespec| (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64;
     let mut state = parse_anon_state(what, text);
     if let Some(AnonState::Timerfd { value_ns, interval_ns, .. }) = &mut state {
-        let current = pidfd
-            .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
-            .and_then(|dup| rustix::time::timerfd_gettime(&dup).ok());
+        let current = dup_of(pidfd, fd).and_then(|dup| rustix::time::timerfd_gettime(&dup).ok());
         if let Some(c) = current {
             (*value_ns, *interval_ns) = (ns(c.it_value), ns(c.it_interval));
         }
@@ -281,9 +285,7 @@ fn inotify_state(
     fd: i32,
     mounts: &HashMap<i32, MountEntry>,
 ) -> AnonState {
-    let pending = pidfd
-        .and_then(|p| rustix::process::pidfd_getfd(p, fd, rustix::process::PidfdGetfdFlags::empty()).ok())
-        .and_then(|dup| rustix::io::ioctl_fionread(&dup).ok());
+    let pending = dup_of(pidfd, fd).and_then(|dup| rustix::io::ioctl_fionread(&dup).ok());
     let mut watches = Vec::new();
     let mut unresolved =
         pending.is_none().then(|| "the unread events of an inotify instance could not be counted".into());
@@ -463,10 +465,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         listened_by: None,
         not_accepted: false,
     };
-    let Some(pidfd) = pidfd else { return unknown };
-    let Ok(dup) = rustix::process::pidfd_getfd(pidfd, fd, rustix::process::PidfdGetfdFlags::empty()) else {
-        return unknown;
-    };
+    let Some(dup) = dup_of(pidfd, fd) else { return unknown };
     let family = match sockopt::socket_domain(&dup) {
         Ok(AddressFamily::UNIX) => "unix",
         Ok(AddressFamily::INET) => "inet",
@@ -624,7 +623,7 @@ fn unix_path(a: Option<rustix::net::SocketAddrAny>) -> Option<String> {
 fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::model::PtyState> {
     use sandtree_sys::pty::master;
     use std::os::unix::fs::MetadataExt;
-    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    let dup = dup_of(pidfd, fd)?;
     let w = rustix::termios::tcgetwinsize(&dup).ok()?;
     let index = master::index(&dup).ok()?;
     let (locked, packet) = (master::locked(&dup).ok()?, master::packet_mode(&dup).ok()?);
@@ -651,7 +650,7 @@ fn pty_state(pid: HostPid, pidfd: Option<&OwnedFd>, fd: i32) -> Option<crate::mo
 /// The index of the pty that descriptor `fd` (a `/dev/tty`) reaches, if
 /// it is a pty's slave (major 136).
 fn controlling_pty(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
-    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    let dup = dup_of(pidfd, fd)?;
     let dev = sandtree_sys::pty::device_of(&dup).ok()?;
     (libc::major(dev) == 136).then(|| libc::minor(dev))
 }
@@ -659,7 +658,7 @@ fn controlling_pty(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
 /// Bytes waiting to be read on descriptor `fd` (`FIONREAD` of the same
 /// open file).
 fn unread_on(pidfd: Option<&OwnedFd>, fd: i32) -> Option<u32> {
-    let dup = rustix::process::pidfd_getfd(pidfd?, fd, rustix::process::PidfdGetfdFlags::empty()).ok()?;
+    let dup = dup_of(pidfd, fd)?;
     Some(rustix::io::ioctl_fionread(&dup).ok()? as u32)
 }
 

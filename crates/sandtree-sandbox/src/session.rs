@@ -148,14 +148,12 @@ impl SessionTable {
     /// call holds nothing more.
     pub(crate) fn hold_terminals(&self, pids: &[i32]) {
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        let flags =
-            rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC;
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         for s in sessions.values().filter(|s| pids.contains(&s.info.pid)) {
             if held.iter().any(|(pid, _)| *pid == s.info.pid) {
                 continue;
             }
-            match rustix::pty::ioctl_tiocgptpeer(s.shared.master.get_ref(), flags) {
+            match sandtree_sys::pty::master::open_slave(s.shared.master.get_ref()) {
                 Ok(fd) => held.push((s.info.pid, fd)),
                 Err(e) => tracing::warn!(pid = s.info.pid, "terminal of a session not held across a rollback: {e}"),
             }

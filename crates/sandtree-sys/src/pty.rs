@@ -170,13 +170,19 @@ pub mod master {
         })
     }
 
-    /// `f` with a slave of the pty whose master is `fd` (`TIOCGPTPEER`,
+    /// A slave of the pty whose master is `fd`, opened through the master
+    /// (`TIOCGPTPEER`: that pty's, whatever devpts node has its index;
+    /// read-write, not a controlling terminal, close-on-exec).
+    pub fn open_slave(fd: impl AsFd) -> io::Result<OwnedFd> {
+        use rustix::pty::OpenptFlags;
+        Ok(rustix::pty::ioctl_tiocgptpeer(fd, OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?)
+    }
+
+    /// `f` with a slave of the pty whose master is `fd` ([`open_slave`],
     /// non-blocking, closed after), its output processing (`OPOST`) off
     /// meanwhile: what `f` writes there is queued for the master as it is.
     fn with_raw_slave<T>(fd: impl AsFd, f: impl FnOnce(&OwnedFd) -> io::Result<T>) -> io::Result<T> {
-        use rustix::pty::OpenptFlags;
-        let slave =
-            rustix::pty::ioctl_tiocgptpeer(&fd, OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+        let slave = open_slave(&fd)?;
         rustix::fs::fcntl_setfl(&slave, rustix::fs::OFlags::NONBLOCK)?;
         let settings = termios(&slave)?;
         let mut raw = settings.clone();

@@ -48,7 +48,7 @@ impl Kind for PathFile {
             && let Some(index) = k.terminal()
         {
             // (A session's terminal closed since: handed over, `remake`.)
-            if !master_captured && handed.ends.contains_key(&Key::Slave(index)) {
+            if !master_captured && handed.hung_up(index) {
                 return false;
             }
             // (Not the terminal of whatever session the process is in
@@ -82,7 +82,7 @@ impl Kind for PathFile {
         if let k @ FdKind::KeptFile { master_captured: false, .. } = &f.kind
             && let Some(index) = k.terminal()
             && f.same_as.is_none()
-            && cx.handed.ends.contains_key(&Key::Slave(index))
+            && cx.handed.hung_up(index)
         {
             cx.wanted.push((Key::Slave(index), f.fd, f.flags));
         }

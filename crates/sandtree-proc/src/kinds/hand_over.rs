@@ -94,6 +94,18 @@ pub(crate) fn binder(images: &[&ProcessImage], ino: u64) -> Option<crate::Sandbo
     Some(std::iter::once(first).chain(holders).find(|(pid, _)| Some(*pid) == by).unwrap_or(first).0)
 }
 
+/// The inode of the listener among `images`' descriptors bound to `path`
+/// with socket type `sock_type` (a connection's, made through it).
+pub(crate) fn listener_of(images: &[&ProcessImage], path: &str, sock_type: i32) -> Option<u64> {
+    let seq = sock_type == libc::SOCK_SEQPACKET;
+    images.iter().flat_map(|i| &i.fds).find_map(|g| match &g.kind {
+        FdKind::Socket { ino, listening: true, bound: Some(p), seqpacket, .. } if p == path && *seqpacket == seq => {
+            Some(*ino)
+        }
+        _ => None,
+    })
+}
+
 impl Connection {
     /// The connections made through listeners among `images`' descriptors
     /// (one per accepted end whose connector is known).
@@ -105,16 +117,7 @@ impl Connection {
                 && let (true, Some(connector)) = (l.accepted, l.connector)
                 && !out.iter().any(|c| c.accepted == *ino)
             {
-                let seq = pair.sock_type == libc::SOCK_SEQPACKET;
-                let listener = images.iter().flat_map(|i| &i.fds).find_map(|g| match &g.kind {
-                    FdKind::Socket { ino, listening: true, bound: Some(p), seqpacket, .. }
-                        if *p == l.path && *seqpacket == seq =>
-                    {
-                        Some(*ino)
-                    }
-                    _ => None,
-                });
-                let maker = listener.and_then(|ino| binder(images, ino));
+                let maker = listener_of(images, &l.path, pair.sock_type).and_then(|ino| binder(images, ino));
                 out.push(Connection {
                     accepted: *ino,
                     connecting: pair.peer,

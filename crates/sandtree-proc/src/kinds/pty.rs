@@ -133,10 +133,7 @@ fn hung_up_slave(host: HostPid) -> io::Result<OwnedFd> {
     let root = tree_root(host)?;
     let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
     master::set_locked(&m, false)?;
-    let slave = rustix::pty::ioctl_tiocgptpeer(
-        &m,
-        rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC,
-    )?;
+    let slave = master::open_slave(&m)?;
     drop(m);
     Ok(slave)
 }
@@ -177,10 +174,7 @@ fn make(host: HostPid, st: &PtyState) -> io::Result<OwnedFd> {
     // mode it had. (Through a slave of ours, closed at once: a restored
     // process that held one opens it again, which ends the hang-up that
     // this last close begins.)
-    let slave = rustix::pty::ioctl_tiocgptpeer(
-        &made,
-        rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC,
-    )?;
+    let slave = master::open_slave(&made)?;
     let (uid, gid, mode) = st.slave_owner;
     rustix::fs::fchown(&slave, Some(rustix::process::Uid::from_raw(uid)), Some(rustix::process::Gid::from_raw(gid)))?;
     rustix::fs::fchmod(&slave, rustix::fs::Mode::from_raw_mode(mode))?;

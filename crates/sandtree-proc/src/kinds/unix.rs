@@ -50,7 +50,7 @@ use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
 use super::hand_over::{
-    Connection, Handed, Key, binder, clear_of, clear_of_numbers, dup_onto, place, socketpair_in, take_copy,
+    Connection, Handed, Key, binder, clear_of, clear_of_numbers, dup_onto, listener_of, place, socketpair_in, take_copy,
 };
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
@@ -165,13 +165,10 @@ impl Kind for Unix {
 /// at its path, however many hold it.
 fn bind_once(cx: &mut Remake<'_>, f: &FdImage, ino: u64, (ty, listen): (i32, bool), path: &str) -> Result<()> {
     let key = Key::Socket(ino);
-    if let Some(&(_, at)) = cx.placed.iter().find(|(k, _)| *k == key) {
-        if at != f.fd {
-            dup_onto(cx.p, at, f.fd, f.flags)?;
-        }
+    if made_already(cx, key, f)? {
         return Ok(());
     }
-    if cx.handed.ends.contains_key(&key) || cx.handed.binders.get(&ino).is_some_and(|&b| b != cx.image.pid) {
+    if cx.handed.binders.get(&ino).is_some_and(|&b| b != cx.image.pid) {
         cx.wanted.push((key, f.fd, f.flags));
         return Ok(());
     }
@@ -250,14 +247,7 @@ fn accept_within(listener: &OwnedFd, limit: std::time::Duration) -> io::Result<O
 /// too if this process holds it, and set as at the checkpoint (queued
 /// data, shutdown, `SO_PASSCRED`).
 fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) -> Result<()> {
-    if let Some(&(_, at)) = cx.placed.iter().find(|(i, _)| *i == Key::Socket(ino)) {
-        if at != f.fd {
-            dup_onto(cx.p, at, f.fd, f.flags)?;
-        }
-        return Ok(());
-    }
-    if cx.handed.ends.contains_key(&Key::Socket(ino)) {
-        cx.wanted.push((Key::Socket(ino), f.fd, f.flags));
+    if made_already(cx, Key::Socket(ino), f)? {
         return Ok(());
     }
     let p = &mut *cx.p;
@@ -290,6 +280,23 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
     cx.handed.ends.insert(Key::Socket(ino), a_copy);
     cx.handed.ends.insert(Key::Socket(pair.peer), b_copy);
     Ok(())
+}
+
+/// Whether object `key` of descriptor `f` was made already: by this
+/// process (then `f` is a dup of the descriptor it was placed on), or by
+/// another (then it is wanted, handed over later).
+fn made_already(cx: &mut Remake<'_>, key: Key, f: &FdImage) -> Result<bool> {
+    if let Some(&(_, at)) = cx.placed.iter().find(|(k, _)| *k == key) {
+        if at != f.fd {
+            dup_onto(cx.p, at, f.fd, f.flags)?;
+        }
+        return Ok(true);
+    }
+    if cx.handed.ends.contains_key(&key) {
+        cx.wanted.push((key, f.fd, f.flags));
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// A new pair's ends as at the checkpoint: buffer sizes and timeouts,
@@ -604,9 +611,7 @@ pub(crate) fn connection_refusal(images: &[&ProcessImage]) -> Option<(usize, Str
                 );
                 return Some((i, format!("fd {}", f.fd), why));
             }
-            let seq = *sock_type == libc::SOCK_SEQPACKET;
-            let listens = |k: &FdKind| matches!(k, FdKind::Socket { listening: true, bound: Some(p), seqpacket, .. } if p == path && *seqpacket == seq);
-            if !images.iter().any(|j| j.fds.iter().any(|g| listens(&g.kind))) {
+            if listener_of(images, path, *sock_type).is_none() {
                 let why = format!(
                     "a unix connection accepted from listener {path}, which no captured process holds any more (made anew at a restore, it goes through that listener)"
                 );
