@@ -112,7 +112,7 @@ impl Error {
     }
 
     /// Builds an error for `op` on `path`, turning ENOSPC into [`Error::NoSpace`].
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
         let path = path.into();
         if is_enospc(&source) { Error::NoSpace { op, path } } else { Error::Io { op, path, source } }
     }

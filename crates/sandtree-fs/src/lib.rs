@@ -25,8 +25,10 @@
 //! | `volume` | create / loop-mount / re-open the volume, usage |
 //! | `subvol` | subvolume create, snapshot (one or many), delete, info, list, bytes written since a transaction |
 //! | `image`  | build the default image, import a directory or tarball with ownership shift |
+//! | `copy_tree` | copy a tree between file systems with its attributes, links and holes (`/dev/shm`) |
 //! | `squash` | merge a run of read-only overlay layers into one with the same view |
 
+pub mod copy_tree;
 mod error;
 pub mod image;
 pub mod squash;
@@ -36,6 +38,7 @@ pub mod volume;
 #[cfg(test)]
 mod testutil;
 
+pub use copy_tree::{Copied, copy_tree, is_empty_dir, open_dir_beneath};
 pub use error::{Error, Result};
 pub use image::{
     DEFAULT_IMAGE, LowerLayer, LowerSource, Progress, build_default_image, default_image_layers, import_dir,

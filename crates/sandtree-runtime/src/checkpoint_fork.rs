@@ -87,10 +87,16 @@ impl Engine {
             tokio::task::spawn_blocking(move || sandtree_fs::snapshot_many(&pairs, false)).await?
         };
 
+        let ck_layer = self.volume.root().join(&ck.layer);
+        let ck_layer = &ck_layer;
         let boots = records.iter().zip(snaps).map(|(rec, snap)| async move {
             match snap {
                 Err(e) => Err(Error::fs("fork", e)),
-                Ok(()) => self.boot(rec).await.map(|_| ()),
+                Ok(()) => {
+                    let sb = self.boot(rec).await?;
+                    // (A failed copy fails this fork: its sandbox is discarded.)
+                    crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), ck_layer))
+                }
             }
         });
         let outcomes: Vec<Result<()>> = futures_util::future::join_all(boots).await;

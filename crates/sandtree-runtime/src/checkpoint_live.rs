@@ -136,6 +136,9 @@ impl Engine {
                 return Err(self.process_error(id, e));
             }
         };
+        // Nothing writes to `/dev/shm` now: its files into the layer.
+        let shm =
+            block(|| crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol)));
         // Steps 3-5: the templates are being copied (the largest on the
         // other CPU) and checked while init stages the new tree (checking
         // only the mounts: every process is held, and the templates
@@ -171,6 +174,16 @@ impl Engine {
                 return Err(e);
             }
         };
+        if let Err(e) = shm {
+            if staged.is_some() {
+                let _ = sb.unstage().await;
+            }
+            if let Err(a) = block(|| copied.abort()) {
+                tracing::warn!(sandbox = id, "the stopped processes could not be let go: {a}");
+            }
+            unused(top, fds);
+            return Err(e);
+        }
         let movable = match copied.movable.clone() {
             _ if !stop.skipped.is_empty() => Err("a process was left running (best effort)".to_string()),
             Some(m) => m,

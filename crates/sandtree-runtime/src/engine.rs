@@ -328,6 +328,11 @@ impl Engine {
         });
     }
 
+    /// The host uid and gid of a sandbox's root.
+    pub(crate) fn sandbox_root_ids(&self) -> (u32, u32) {
+        (self.cfg.uid_base, self.cfg.uid_base)
+    }
+
     pub(crate) fn checkpoint_path(&self, id: &str) -> PathBuf {
         self.volume.checkpoints_dir().join(id)
     }

@@ -24,6 +24,7 @@ mod checkpoint_delete;
 mod checkpoint_fork;
 mod checkpoint_live;
 mod config;
+mod dev_shm;
 mod engine;
 mod error;
 mod flusher;

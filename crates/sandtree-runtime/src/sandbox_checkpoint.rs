@@ -21,7 +21,8 @@
 //!    running and marked not restorable. (Tasks that joined the cgroup from
 //!    outside the sandbox's pid namespace are held by a cgroup freeze
 //!    instead, around the snapshot only.)
-//! 3. on other threads at once, read-only snapshot `sandboxes/<subvol>` →
+//! 3. copy `/dev/shm` into the writable subvolume (`dev_shm.rs`), then
+//!    on other threads at once, read-only snapshot `sandboxes/<subvol>` →
 //!    `checkpoints/<ck-id>` and writable snapshot → `sandboxes/<id>/<new>`
 //!    (the spare-to-be, `spares.rs`; the two usually share a commit), while
 //!    `Stopped::capture` captures each process and makes its template;
@@ -107,7 +108,8 @@ impl Engine {
             let paused_at = Instant::now();
             let t_sync = t0.elapsed();
             let (Some(sb), Some(t)) = (&live, &tracer) else {
-                // Not running: nothing to stop or capture.
+                // Not running: nothing to stop or capture, no `/dev/shm`.
+                crate::dev_shm::discard(&src)?;
                 sandtree_fs::snapshot(&src, &dst, true).map_err(|e| Error::fs("checkpoint", e))?;
                 return Ok((0.0, None));
             };
@@ -119,6 +121,8 @@ impl Engine {
                 .stop(list, HostPid(sb.init_pid()), best_effort, self.freeze_timeout(), true)
                 .map_err(|e| self.process_error(id, e))?;
             let skipped = stopped.report().skipped.clone();
+            // (Dropped on error: the processes go.)
+            crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &src)?;
             // When the processes run again: the templates' set-up comes after.
             let mut resumed_at = None;
             // (Each state of the checkpoint lets the processes go when
@@ -302,7 +306,19 @@ impl Engine {
         let (fresh, lowers) = (top.subvol, top.lowers);
         let fresh_ms = util::ms_since(t_fresh);
         let t_swap = Instant::now();
-        match sb.restack(targets, fds, keep).await {
+        // Init alone, and no spawn until the tree is swapped: `/dev/shm`
+        // cannot change between its copy and the swap.
+        let spawns = sb.hold_spawns().await;
+        if let Err(e) = crate::engine::block(|| {
+            crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
+        }) {
+            drop(spawns);
+            self.discard_subvol_later(&fresh);
+            return Err(e);
+        }
+        let restacked = sb.restack(targets, fds, keep).await;
+        drop(spawns);
+        match restacked {
             Ok(()) => {}
             Err(sandtree_sandbox::Error::Busy(why)) => {
                 tracing::debug!(sandbox = id, "no layered checkpoint: {why}");

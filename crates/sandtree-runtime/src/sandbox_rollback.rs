@@ -19,6 +19,8 @@
 //!    of the new subvolume, init kills every other process but the process
 //!    templates and swaps its root for them, keeping its namespaces, cgroup,
 //!    `/proc` and `/dev`;
+//!    then copy the checkpoint's `/dev/shm` files into the fresh one
+//!    (`dev_shm.rs`; also after a boot instead);
 //! 4. when the checkpoint has templates, bring its processes back from them
 //!    (`sandtree_proc::Tracer::restore`: same pids, memory, registers, open
 //!    files reopened in the new tree, cwd, session);
@@ -121,6 +123,7 @@ impl Engine {
         rec2.lowers = new.lowers;
         rec2.base_checkpoint = Some(ck.id.clone());
         rec2.base_transid = new.base_transid;
+        let ck_layer = self.volume.root().join(&ck.layer);
         let mut restored: Option<sandtree_proc::RestoreReport> = None;
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
@@ -129,6 +132,8 @@ impl Engine {
                 let in_place = async {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, util::raw_pids(keep), restore).await?;
+                    // The checkpoint's `/dev/shm` before any process runs.
+                    crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), &ck_layer))?;
                     let t_restore = Instant::now();
                     // The killed processes die in the background of the swap
                     // and the restore; none may show once the rollback
@@ -180,13 +185,13 @@ impl Engine {
                         restored = None;
                         restart_reason =
                             Some(format!("the rollback in place failed ({e}), so the sandbox was restarted"));
-                        self.restart(&rec2).await
+                        self.restart_onto(&rec2, &ck_layer).await
                     }
                 }
             }
             None => {
                 drop(prepared); // its mounts must be gone before boot mounts the same directories
-                self.restart(&rec2).await
+                self.restart_onto(&rec2, &ck_layer).await
             }
         };
         tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, planned = ?t_plan, done = ?t0.elapsed(), spare, "rolled back");
@@ -338,6 +343,14 @@ impl Engine {
     pub(crate) async fn restart(&self, rec: &SandboxRecord) -> Result<()> {
         self.halt(&rec.id).await?;
         self.boot(rec).await.map(|_| ())
+    }
+
+    /// Stop (if running) and boot again on the sandbox's current subvolume,
+    /// with the `/dev/shm` of the checkpoint whose layer is `layer`.
+    async fn restart_onto(&self, rec: &SandboxRecord, layer: &std::path::Path) -> Result<()> {
+        self.halt(&rec.id).await?;
+        let sb = self.boot(rec).await?;
+        crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), layer))
     }
 
     /// Deletes an unreferenced writable subvolume later, when the engine is

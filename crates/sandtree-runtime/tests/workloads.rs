@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, ProcessState, RollbackRequest,
-    SessionRunRequest,
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, ForkRequest, ProcessState,
+    RollbackRequest, SessionRunRequest,
 };
 use sandtree_runtime::Engine;
 
@@ -1680,6 +1680,60 @@ fn mount_with_only_init_running(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Files left in `/dev/shm` (a tmpfs of its own, which a rollback in place
+/// replaces and a fork boots without) come back as they were at the
+/// checkpoint: contents, holes, mode, owner, times, hard and symbolic
+/// links, FIFOs, and the directory's own mode; files made since are gone.
+/// Once with init alone (a layered checkpoint by restack), once beside a
+/// running process (moved to the new layer), once beside a process holding
+/// a deleted file (which cannot move: a snapshot checkpoint).
+fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let make = "cd /dev/shm && mkdir d && printf kept > d/f && ln d/f hard && ln -s d/f sym && mkfifo -m 640 p \
+                    && printf x | dd of=sparse bs=1 seek=1048575 2>/dev/null && chmod 645 d/f && chown 1000:1001 d/f \
+                    && touch -d @1000000 d/f d && chmod 1770 /dev/shm";
+        let state =
+            "cd /dev/shm && stat -c '%n %F %a %u %g %s %h %Y' $(find . | sort) && cat d/f && echo && du -k sparse";
+        let besides: [(&str, Option<&str>); 3] = [
+            ("init alone", None),
+            ("beside a process", Some("echo $$ > /root/bg.pid; exec sleep 1000")),
+            (
+                "beside a deleted file",
+                Some("exec 3>/root/gone; rm /root/gone; echo $$ > /root/bg.pid; exec sleep 1000"),
+            ),
+        ];
+        for (round, (what, beside)) in besides.into_iter().enumerate() {
+            let mut c = Checks::default();
+            if let Some(cmd) = beside {
+                let req = ExecRequest { cmd: argv(&["sh", "-c", cmd]), background: true, ..Default::default() };
+                exec(e, &sb, req).await?;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while sh(e, &sb, "cat /root/bg.pid 2>/dev/null || true").await?.trim().is_empty() {
+                    ensure!(Instant::now() < deadline, "{what}: the process did not start");
+                    sleep_ms(20).await;
+                }
+            }
+            sh(e, &sb, make).await.with_context(|| what.to_string())?;
+            let before = sh(e, &sb, state).await?;
+            let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
+            sh(e, &sb, "cd /dev/shm && rm -r d sparse && echo new > new && chmod 1777 /dev/shm").await?;
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
+            c.that(!r.processes_restarted, || format!("{what}: processes restarted: {}", r.note));
+            c.eq(&format!("{what}: /dev/shm after the rollback"), &sh(e, &sb, state).await?, &before);
+            let forked = e.fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
+            let fork = forked.results[0].sandbox.as_ref().context("the fork failed")?.id.clone();
+            c.eq(&format!("{what}: /dev/shm in a fork"), &sh(e, &fork, state).await?, &before);
+            e.delete_sandbox(&fork, true).await?;
+            sh(e, &sb, "kill $(cat /root/bg.pid 2>/dev/null) 2>/dev/null; rm -f /root/bg.pid; rm -rf /dev/shm/* && chmod 1777 /dev/shm")
+                .await?;
+            c.result(round)?;
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// A process that inherited the daemon's output pipe of a background
 /// process (a server its shell started; the shell gone) keeps a reader
 /// there across a rollback: restored, it goes on writing (before the
@@ -1975,6 +2029,7 @@ fn main() {
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("mount_with_only_init_running", mount_with_only_init_running),
+        ("dev_shm_files_come_back", dev_shm_files_come_back),
         ("orphan_writes_to_the_daemons_pipe", orphan_writes_to_the_daemons_pipe),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),

@@ -8,6 +8,8 @@
 //! * signal dispositions (`sigaction` is `unsafe` in nix because handlers run
 //!   asynchronously; we only ever install `SIG_IGN` / `SIG_DFL`).
 //! * [`set_policy`]: `sched_setscheduler`, which rustix does not wrap.
+//! * [`act_as_file_owner`]: a thread's filesystem ids (`setfsuid`), which
+//!   rustix does not wrap.
 //! * [`close_fds_except`]: `close_range(2)` around a keep list.
 //! * [`install_seccomp_filter`]: `seccomp(SECCOMP_SET_MODE_FILTER)` *without*
 //!   `PR_SET_NO_NEW_PRIVS`: a task that is root in its own user namespace
@@ -19,6 +21,33 @@
 
 use std::io;
 use std::os::fd::RawFd;
+
+/// Makes the calling thread create files as `uid:gid` (its filesystem
+/// ids, `setfsuid`/`setfsgid`) and keep its file capabilities, which a
+/// change of the filesystem uid from 0 clears from the effective set
+/// (`CAP_CHOWN`, `CAP_FOWNER`, `CAP_DAC_OVERRIDE`, ...): they are raised
+/// again from the permitted set. Thread-local, like both calls: for a
+/// thread of its own that ends after its work. Used to create files in a
+/// file system mounted in a sandbox's user namespace, where a creator
+/// whose ids it does not map gets `EOVERFLOW`.
+pub fn act_as_file_owner(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: `setfsgid`/`setfsuid` take integers and touch no memory;
+    // they return the previous id and never fail (an id refused leaves it
+    // as it was, which the read-back below catches).
+    let (now_gid, now_uid) = unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+        // (-1 is never a valid id: these only read.)
+        (libc::syscall(libc::SYS_setfsgid, u32::MAX), libc::syscall(libc::SYS_setfsuid, u32::MAX))
+    };
+    if (now_uid as u32, now_gid as u32) != (uid, gid) {
+        return Err(io::Error::other(format!("filesystem ids stayed {now_uid}:{now_gid}, not {uid}:{gid}")));
+    }
+    let mut caps = rustix::thread::capabilities(None)?;
+    caps.effective = caps.permitted;
+    rustix::thread::set_capabilities(None, caps)?;
+    Ok(())
+}
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
