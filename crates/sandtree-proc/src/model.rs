@@ -491,6 +491,13 @@ pub enum FdKind {
         /// still in the listener's queue).
         #[serde(default)]
         not_accepted: bool,
+        /// A unix stream or seqpacket connection with its peer alive that
+        /// a restore does not make again (made through a listener of the
+        /// abstract namespace, or from a connecting end bound itself): a
+        /// template would hold it, and a peer's close after the checkpoint
+        /// would never show. Refused.
+        #[serde(default)]
+        held_connection: bool,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).

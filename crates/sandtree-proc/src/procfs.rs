@@ -464,6 +464,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         has_clients: false,
         listened_by: None,
         not_accepted: false,
+        held_connection: false,
     };
     let Some(dup) = dup_of(pidfd, fd) else { return unknown };
     let family = match sockopt::socket_domain(&dup) {
@@ -525,7 +526,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         })
         .flatten()
         .filter(|(path, _)| path.starts_with('/'));
-    let diag_state = (unix_connected && (queued || unnamed || listened.is_some())).then(&mut state).flatten();
+    // (Every connection's, which a template would otherwise hold.)
+    let diag_state = (unix_connected && (queued || unnamed || stream)).then(&mut state).flatten();
     let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);
     let pair = diag_state.filter(|_| unnamed || listened.is_some()).and_then(|s| {
         let sock_type = match ty {
@@ -564,6 +566,10 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     // released one; but a released peer shut this end down.)
     let not_accepted = listened.as_ref().is_some_and(|(_, accepted)| !accepted)
         && diag_state.is_some_and(|s| s.peer == Some(0) && !s.rcv_shutdown && !s.send_shutdown);
+    let held_connection = unix_connected
+        && stream
+        && pair.is_none()
+        && diag_state.is_some_and(|s| s.peer.is_some_and(|p| p != 0) && !(s.rcv_shutdown && s.send_shutdown));
     FdKind::Socket {
         ino,
         family: family.into(),
@@ -581,6 +587,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         has_clients: false,
         listened_by,
         not_accepted,
+        held_connection,
     }
 }
 

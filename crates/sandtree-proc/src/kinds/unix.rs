@@ -69,6 +69,13 @@ impl Kind for Unix {
             FdKind::Socket { not_accepted: true, .. } => Err(
                 "a unix connection its listener has not accepted yet (made anew at a restore, it would be lost): checkpoint once it is accepted".into(),
             ),
+            FdKind::Socket { held_connection: true, bound, .. } => Err(format!(
+                "a unix connection ({}) made through a listener of the abstract namespace or from a bound socket, which a restore cannot make again yet (a copy the checkpoint held would hide this end's close from its peer)",
+                match bound {
+                    Some(address) => format!("address {address}"),
+                    None => "the connecting end".to_string(),
+                }
+            )),
             FdKind::Socket { queued: true, peer: None, .. } => Err(
                 "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
             ),
