@@ -440,7 +440,9 @@ fn mismatch(
         let same = match f.kind {
             FdKind::Pipe { ino } => std::fs::metadata(format!("/proc/{sb}/fd/{fd}"))
                 .is_ok_and(|m| m.ino() == ino && m.file_type().is_fifo()),
-            ref k if k.terminal().is_some() => node(host).ok().is_some_and(|n| node(sb).ok() == Some(n)),
+            ref k if k.terminal().is_some() || k.held_as_o_path() => {
+                node(host).ok().is_some_and(|n| node(sb).ok() == Some(n))
+            }
             _ => sandtree_sys::process::same_open_file(host.raw(), fd, sb.raw(), fd).unwrap_or(false),
         };
         if !held.contains(&fd) || !same {
@@ -468,7 +470,7 @@ fn mismatch(
 fn template_holds(f: &FdImage) -> bool {
     match f.kind {
         FdKind::Memfd { .. } => true,
-        FdKind::Pipe { .. } => f.same_as.is_none(),
+        ref k if k.held_as_o_path() => f.same_as.is_none(),
         ref k @ FdKind::KeptFile { .. } if k.terminal().is_some() => f.same_as.is_none(),
         ref k => !k.recreated(),
     }

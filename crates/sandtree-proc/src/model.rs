@@ -275,6 +275,12 @@ pub struct FdImage {
 }
 
 impl FdKind {
+    /// A pipe end, or a FIFO's on a mount a rollback keeps: the template
+    /// holds an `O_PATH` of its inode instead (`kinds/pipe.rs`).
+    pub fn held_as_o_path(&self) -> bool {
+        matches!(self, FdKind::Pipe { .. } | FdKind::Fifo { kept: true, on_layer: false, .. })
+    }
+
     /// Made anew at a restore (reopened or recreated in the process),
     /// rather than kept from the template.
     pub fn recreated(&self) -> bool {
@@ -282,7 +288,7 @@ impl FdKind {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
             k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
             FdKind::PtyMaster { .. } => true,
-            FdKind::Fifo { on_layer, .. } => *on_layer,
+            FdKind::Fifo { on_layer, kept, .. } => *on_layer || *kept,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             // A datagram socket bound to a path of the tree, not connected.

@@ -130,15 +130,16 @@ impl Template {
         // Bound inet sockets and unix listeners too: the restore makes them
         // anew, and a template holding them would keep a port (or a socket
         // file of the old tree) taken after the original closed them.
-        // A pipe end becomes an `O_PATH` descriptor of the pipe's inode on
-        // its number (`kinds/pipe.rs`): the pipe's ends are the running
-        // processes' alone, and the restore opens them again through it.
+        // A pipe end (or a FIFO's on a kept mount) becomes an `O_PATH`
+        // descriptor of the pipe's inode on its number (`kinds/pipe.rs`):
+        // the pipe's ends are the running processes' alone, and the
+        // restore opens them again through it.
         // A terminal slave likewise (`FdKind::terminal`).
         use crate::batch::Arg;
         for f in &image.fds {
             match &f.kind {
-                k @ (FdKind::Pipe { .. } | FdKind::KeptFile { .. })
-                    if f.same_as.is_none() && (k.terminal().is_some() || matches!(k, FdKind::Pipe { .. })) =>
+                k @ (FdKind::Pipe { .. } | FdKind::KeptFile { .. } | FdKind::Fifo { .. })
+                    if f.same_as.is_none() && (k.terminal().is_some() || k.held_as_o_path()) =>
                 {
                     // (A terminal by its path: a `/dev/tty` descriptor's
                     // magic link names `/dev/tty`, not the slave's node.)

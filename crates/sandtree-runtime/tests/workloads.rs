@@ -656,6 +656,21 @@ static PIPE_ENDS_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A FIFO on `/dev` (a mount a rollback keeps, and the FIFO's inode with
+/// it) is left to the running processes alone, like a pipe: after a mere
+/// checkpoint, closing its writer gives the reader its bytes and the end
+/// of file, closing its reader breaks it for the writer (before, the
+/// templates held its ends; issue 36, class 1). The rollback opens the
+/// ends again on the same inode, with their flags and its bytes.
+static FIFO_ON_DEV: Spec = Spec {
+    program: program!("fifo_on_dev.py"),
+    at_ck: &[("state", Is("ends=r+nb,w,r+nb,w+nb avail=6 at_path=True"))],
+    // (Round 2 starts from round 1's `after`, which closed them.)
+    mutate: &[&[Ask("close", Is("read=eof write=broken got=b'queued'"))], &[]],
+    after: &[Ask("close", Is("read=eof write=broken got=b'queued'"))],
+    ..Spec::DEFAULT
+};
+
 /// A FIFO on the layer comes back with its bytes, reopened in the
 /// rolled-back tree: both ends are the inode at its path (a writer from
 /// outside reaches the restored reader) and keep their modes, and an epoll
@@ -2056,6 +2071,7 @@ fn main() {
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_not_made_again", declared!(UNIX_CONNECTION_NOT_MADE_AGAIN)),
+        ("fifo_on_dev", declared!(FIFO_ON_DEV)),
         ("pty_output_not_read_yet", declared!(PTY_OUTPUT_NOT_READ_YET)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),

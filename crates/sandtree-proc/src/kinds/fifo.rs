@@ -3,8 +3,9 @@
 //! inode is the one later openers of the path reach), non-blocking so that
 //! the open does not wait for a peer, its mode set back after; a *keeper*
 //! the daemon opens there read-write first lets those opens succeed and
-//! takes the saved bytes (`pipe.rs`). On a kept mount (`/dev`) the
-//! template's descriptor is kept. Refused: a FIFO on a mount that rollback
+//! takes the saved bytes (`pipe.rs`). On a kept mount (`/dev`) its inode
+//! lives on: it is a pipe's (`pipe.rs`), the template holding an `O_PATH`
+//! of it and no end, opened again through it. Refused: a FIFO on a mount that rollback
 //! replaces but that is not a layer. A process holding one of the tree
 //! cannot move to a new tree.
 
@@ -39,6 +40,10 @@ impl Kind for Fifo {
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
+        if f.kind.held_as_o_path() {
+            super::pipe::reopen_through_o_path(f, b);
+            return true;
+        }
         let FdKind::Fifo { path, on_layer: true, .. } = &f.kind else { return false };
         let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
         // Non-blocking, so that the open does not wait for a peer (the

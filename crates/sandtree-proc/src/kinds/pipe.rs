@@ -54,21 +54,28 @@ pub(crate) struct Pipe;
 
 impl Kind for Pipe {
     fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
-        if !matches!(f.kind, FdKind::Pipe { .. }) {
+        if !f.kind.held_as_o_path() {
             return false;
         }
-        // (`O_DIRECT`, a packet-mode pipe's, is refused by `open` and taken
-        // by `F_SETFL`.)
-        let open_flags = libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        let path = b.path(&format!("/proc/self/fd/{}", f.fd));
-        let args = [path, Arg::Val((f.flags & open_flags as u32) as u64), Arg::Val(0)];
-        let fd = b.call("open (pipe end, through its O_PATH)", libc::SYS_open, &args);
-        if f.flags & libc::O_DIRECT as u32 != 0 {
-            b.call("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, Arg::Val(libc::F_SETFL as u64), Arg::Val(f.flags as u64)]);
-        }
-        b.move_fd(fd, f.fd, f.flags);
+        reopen_through_o_path(f, b);
         true
     }
+}
+
+/// Opens end `f` of a pipe (or of a FIFO on a kept mount) again through
+/// the `O_PATH` on its number, onto that number, with its flags. (The
+/// keeper holds both ends: a FIFO's open does not wait for a peer.)
+pub(crate) fn reopen_through_o_path(f: &FdImage, b: &mut Batch) {
+    // (`O_DIRECT`, a packet-mode pipe's, is refused by `open` and taken
+    // by `F_SETFL`.)
+    let open_flags = libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let path = b.path(&format!("/proc/self/fd/{}", f.fd));
+    let args = [path, Arg::Val((f.flags & open_flags as u32) as u64), Arg::Val(0)];
+    let fd = b.call("open (pipe end, through its O_PATH)", libc::SYS_open, &args);
+    if f.flags & libc::O_DIRECT as u32 != 0 {
+        b.call("fcntl(F_SETFL)", libc::SYS_fcntl, &[fd, Arg::Val(libc::F_SETFL as u64), Arg::Val(f.flags as u64)]);
+    }
+    b.move_fd(fd, f.fd, f.flags);
 }
 
 /// A pipe or FIFO descriptor and its pipe's key: (descriptor, (device,
@@ -120,7 +127,7 @@ pub(crate) fn put_back(set: &CheckpointTemplates, fifo_keepers: &HashMap<String,
         let filled = match kind.map(|f| &f.kind) {
             // (One with an end outside lives on through that end.)
             Some(FdKind::Pipe { .. }) if pipe.outside => Ok(()),
-            Some(FdKind::Pipe { .. }) => open_proc_fd(*host, *fd, OFlags::RDWR).and_then(|keeper| {
+            Some(k) if k.held_as_o_path() => open_proc_fd(*host, *fd, OFlags::RDWR).and_then(|keeper| {
                 let stream: &[u8] = if pipe.packets.is_empty() { &pipe.bytes } else { &[] };
                 super::fifo::fill(&keeper, stream, pipe.size)?;
                 write_packets(&keeper, pipe)?;
