@@ -150,6 +150,10 @@ pub(crate) struct Cloned {
     /// The original's memory map size (`VmSize`, kB) in the frozen window:
     /// a forked template's smaller one lacks mappings fork does not copy.
     vm_size_kb: u64,
+    /// A forked template: a mapping (start, end) of the original that the
+    /// fork left empty although the original had pages there: marked
+    /// `MADV_WIPEONFORK` (`process::memory::wiped_by_fork`).
+    wiped: Option<(u64, u64)>,
     /// The copier its holder lent for the pass, to give back.
     copier: Option<crate::memory_holder::Copier>,
     /// Made from a standby: the original's status and name, read while
@@ -181,7 +185,11 @@ pub(crate) struct Track {
 /// After a template was forked from tracked-worthy process `host`: start
 /// tracking it, or count its pages as unwritten from here (and cover
 /// mappings new since). Returns its fingerprint.
-fn track_after_fork(host: HostPid, orig: &mut Tracee, tracking: &mut Option<crate::track::Tracking>) -> Result<String> {
+fn track_after_fork(
+    host: HostPid,
+    orig: &mut Tracee,
+    tracking: &mut Option<crate::track::Tracking>,
+) -> Result<(String, Vec<crate::model::MapImage>)> {
     let maps = procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?;
     // (A tracking that no longer covers the map, or cannot be read — the
     // process exec'd, or remapped a range — is made anew.)
@@ -196,7 +204,12 @@ fn track_after_fork(host: HostPid, orig: &mut Tracee, tracking: &mut Option<crat
     if tracking.is_none() {
         *tracking = Some(crate::track::Tracking::arm(orig, host, &maps)?);
     }
-    crate::incremental::fingerprint(host, None).map_err(|e| Error::Proc { pid: host, what: "fingerprint", source: e })
+    let fingerprint = crate::incremental::fingerprint(host, None).map_err(|e| Error::Proc {
+        pid: host,
+        what: "fingerprint",
+        source: e,
+    })?;
+    Ok((fingerprint, maps))
 }
 
 /// The tracking of stopped process `s`, and its base if its previous
@@ -936,11 +949,15 @@ fn clone_of(
         // Tracking: armed at a process's first fork; after any fork the
         // pages count as unwritten from here (the fork has them all).
         let mut fingerprint = patched.as_ref().map(|p| p.fingerprint.clone());
+        let mut forked_maps = None;
         if patched.is_none()
             && let Some(tk) = track.as_mut()
         {
             match track_after_fork(host, &mut orig, &mut tk.tracking) {
-                Ok(fp) => fingerprint = Some(fp),
+                Ok((fp, maps)) => {
+                    fingerprint = Some(fp);
+                    forked_maps = Some(maps);
+                }
                 Err(e @ Error::Died { .. }) => return Err(e),
                 Err(e) => {
                     tracing::debug!(pid = s.ns_pid.raw(), "not tracked: {e}");
@@ -948,6 +965,22 @@ fn clone_of(
                 }
             }
         }
+        // A forked template: memory the fork left empty that the original
+        // has pages in (`MADV_WIPEONFORK`), asked while it is stopped.
+        let wiped = match patched.is_none() {
+            true => {
+                let maps = match forked_maps {
+                    Some(maps) => maps,
+                    None => procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
+                };
+                crate::process::memory::wiped_by_fork(host, tpl, &maps).map_err(|e| Error::Proc {
+                    pid: host,
+                    what: "memory the fork left out",
+                    source: e,
+                })?
+            }
+            false => None,
+        };
         let session = match patched.is_some() {
             true => Some((
                 status.ns_pgid,
@@ -1024,6 +1057,7 @@ fn clone_of(
             session,
             pipe_keys,
             vm_size_kb,
+            wiped,
             copier,
             facts: session.is_some().then_some((status, comm)),
         })
@@ -1096,6 +1130,17 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
             "memory",
             format!(
                 "{missing} kB of its memory is mapped with MADV_DONTFORK, which a copy by fork leaves out (not captured yet)"
+            ),
+        ));
+    }
+    if let (Ok(f), Some((start, end))) = (&facts, c.wiped) {
+        return Err(Error::unsupported(
+            s.ns_pid,
+            &f.comm,
+            "memory",
+            format!(
+                "mapping {start:x}-{end:x} is marked MADV_WIPEONFORK: a copy by fork gets it zeroed, and its {} kB would be lost (not captured yet)",
+                (end - start) / 1024
             ),
         ));
     }
