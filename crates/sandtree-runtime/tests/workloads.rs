@@ -967,6 +967,26 @@ static MAPPING_NOT_COPIED_BY_FORK: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A private mapping of a file the process holds open for writing (on the
+/// layer, and deleted) is refused by name: the template's mapping stayed
+/// on the old inode, whose later writes its pages showed, and it no longer
+/// saw the restored descriptor's writes (issue 36, class 5). With the
+/// writable descriptors closed, the mappings come back.
+static PRIVATE_MAPPING_OF_A_WRITTEN_FILE: Spec = Spec {
+    program: program!("private_mapping_of_a_written_file.py"),
+    setup: &[
+        Ask("layer", Is("mapped")),
+        Refused(None, &["private mapping of /root/mapped", "open for writing"]),
+        Ask("close", Is("closed")),
+        Ask("deleted", Is("mapped")),
+        Refused(None, &["private mapping of /root/gone", "open for writing"]),
+        Ask("close", Is("closed")),
+    ],
+    at_ck: &[("state", Is("gone=g mapped=m"))],
+    mutate: &[&[Ask("mutate", Is("gone=X mapped=X"))]],
+    ..Spec::DEFAULT
+};
+
 /// Unix connections that a restore cannot make again yet (through a
 /// listener of the abstract namespace; from a connecting end bound to a
 /// path) are refused by name: the checkpoint's templates held their ends
@@ -2077,6 +2097,7 @@ fn main() {
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_not_made_again", declared!(UNIX_CONNECTION_NOT_MADE_AGAIN)),
         ("fifo_on_dev", declared!(FIFO_ON_DEV)),
+        ("private_mapping_of_a_written_file", declared!(PRIVATE_MAPPING_OF_A_WRITTEN_FILE)),
         ("pty_output_not_read_yet", declared!(PTY_OUTPUT_NOT_READ_YET)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),

@@ -1,7 +1,8 @@
 //! A process's memory. A template shares it copy-on-write (the fork copies
 //! the page tables, or a standby's are patched: `incremental.rs`); what a
 //! template cannot hold apart from the running process is refused here:
-//! a mapping of a memfd, a writable shared mapping; and, for a template
+//! a mapping of a memfd, a writable shared mapping, a private mapping of
+//! a file the process holds open for writing; and, for a template
 //! made by fork, what the fork does not copy ([`wiped_by_fork`]; mappings
 //! marked `MADV_DONTFORK` are found by the map's size, `checkpoint/`).
 
@@ -48,6 +49,11 @@ pub(crate) fn wiped_by_fork(orig: HostPid, template: HostPid, maps: &[MapImage])
     Ok(None)
 }
 
+/// The path a mapping's file had (` (deleted)` taken off).
+fn mapped_path(m: &MapImage) -> Option<&str> {
+    m.path.as_deref().map(|p| p.strip_suffix(" (deleted)").unwrap_or(p))
+}
+
 /// The checks of a captured image's memory map.
 pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
@@ -57,6 +63,35 @@ pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
             format!(
                 "mapping of {}: its pages would be the running process's memfd, not the checkpoint's copy",
                 m.path.as_deref().unwrap_or("a memfd")
+            ),
+        ));
+    }
+    // A private mapping of a file the process holds open for writing: the
+    // restore opens the file again in the rolled-back tree (or a copy of a
+    // deleted one), while the template's mapping stays on the old inode,
+    // which the running process may write after the checkpoint. Its pages
+    // not copied yet would show those writes, and no longer the restored
+    // descriptor's. (A file mapped and closed, or open read-only, is not
+    // looked at: written later by path, it is not seen.)
+    let writable = |f: &&crate::model::FdImage| f.flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
+    let written: std::collections::HashSet<&str> = p
+        .fds
+        .iter()
+        .filter(writable)
+        .filter_map(|f| match &f.kind {
+            crate::model::FdKind::LayerFile { path, .. } | crate::model::FdKind::Deleted { path, .. } => {
+                Some(path.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    if let Some((m, path)) =
+        p.maps.iter().filter(|m| !m.shared()).find_map(|m| Some((m, mapped_path(m).filter(|p| written.contains(p))?)))
+    {
+        return Err(no(
+            format!("mapping {:x}-{:x}", m.start, m.end),
+            format!(
+                "private mapping of {path}, which it holds open for writing: the mapping would stay on the file as it is, not as the checkpoint saw it, and would no longer see writes through the restored descriptor (not captured yet)"
             ),
         ));
     }
