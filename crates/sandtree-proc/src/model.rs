@@ -693,6 +693,12 @@ pub struct UnixPair {
     /// `PAIR_OPTIONS`).
     #[serde(default)]
     pub options: Vec<(i32, i32, Vec<u8>)>,
+    /// Of an unnamed pair: the process that made it (the pid both ends'
+    /// `SO_PEERCRED` names), if it is in the sandbox. When it holds an
+    /// end, the restore makes the pair in it, so that the credentials name
+    /// it again (`kinds/unix.rs`'s `restore_order`).
+    #[serde(default)]
+    pub creator: Option<SandboxPid>,
 }
 
 /// How a unix connection made through a listener bound to a path was made.

@@ -552,6 +552,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             passcred,
             through,
             options: pair_options(&dup),
+            creator: unnamed.then(|| sandbox_pid_of_peer(&dup)).flatten(),
         })
     });
     // (Looked up in the process's tree: a socket file there, or none.)

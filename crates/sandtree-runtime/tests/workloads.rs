@@ -1059,7 +1059,7 @@ static UNIX_SHUTDOWN: Spec = Spec {
 /// its ends in both restored processes, and works.
 static SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT: Spec = Spec {
     program: program!("socketpair_peer_closed_after_a_checkpoint.py"),
-    at_ck: &[("state", Is("child=pong timeout=3.0 rcvbuf=24690 sndtimeo=2.500000"))],
+    at_ck: &[("state", Is("child=pong timeout=3.0 rcvbuf=24690 sndtimeo=2.500000 creds=mine"))],
     // (Round 2 starts from round 1's `after`, whose child quit.)
     mutate: &[&[Ask("close", Is("peer=eof"))], &[]],
     after: &[Ask("close", Is("peer=eof"))],

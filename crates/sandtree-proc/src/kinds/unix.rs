@@ -558,10 +558,18 @@ fn send_on(sock: &OwnedFd, messages: &[Vec<u8>], stream: bool) -> io::Result<()>
 /// again during the restore of its maker ([`Connection::maker`], which
 /// binds the listener again), by the process that connected (cloned ahead
 /// of its turn if need be): the maker comes before that process and every
-/// other holder of its ends (they get them handed over). Each index with
-/// whether others wait for it. `Err(i)`: process `i` waits in a cycle (it
-/// cannot be restored).
+/// other holder of its ends (they get them handed over). An unnamed pair
+/// is made by the first of its holders restored: its creator, when that
+/// holds an end, comes before the others, so that the ends' `SO_PEERCRED`
+/// names it again (unless that would make processes wait for each other:
+/// then not). Each index with whether others wait for it. `Err(i)`:
+/// process `i` waits in a cycle (it cannot be restored).
 pub(crate) fn restore_order(images: &[&ProcessImage]) -> std::result::Result<Vec<(usize, bool)>, usize> {
+    order_by(images, true).or_else(|_| order_by(images, false))
+}
+
+/// [`restore_order`], with or without the pairs' creators first.
+fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec<(usize, bool)>, usize> {
     let size = |i: usize| images[i].maps.iter().map(|m| m.end - m.start).sum::<u64>();
     let holding = |i: usize, want: &dyn Fn(&FdKind) -> bool| images[i].fds.iter().any(|f| want(&f.kind));
     let mut edges: Vec<(usize, usize)> = Vec::new();
@@ -581,6 +589,18 @@ pub(crate) fn restore_order(images: &[&ProcessImage]) -> std::result::Result<Vec
         if let Some(x) = images.iter().position(|i| i.pid == c.connector) {
             edges.push((m, x));
         }
+    }
+    // A pair's creator before the other holders of its ends.
+    for (c, f) in images.iter().enumerate().flat_map(|(c, i)| i.fds.iter().map(move |f| (c, f))).filter(|_| creators) {
+        let FdKind::Socket { ino, pair: Some(UnixPair { through: None, creator: Some(pid), peer, .. }), .. } = &f.kind
+        else {
+            continue;
+        };
+        if images[c].pid != *pid {
+            continue;
+        }
+        let ends = |k: &FdKind| matches!(k, FdKind::Socket { ino: n, .. } if n == ino || n == peer);
+        edges.extend((0..images.len()).filter(|&h| holding(h, &ends)).map(|h| (c, h)));
     }
     edges.retain(|(a, b)| a != b);
     edges.sort_unstable();

@@ -6,7 +6,8 @@
 # Children are reaped by the kernel (SIGCHLD ignored). Descriptor 255 is
 # open, under a limit of 256.
 # Commands: `state` -> `child=<its answer to ping> timeout=<the end's>
-# rcvbuf=<SO_RCVBUF> sndtimeo=<SO_SNDTIMEO>`; `close` -> asks the child
+# rcvbuf=<SO_RCVBUF> sndtimeo=<SO_SNDTIMEO> creds=<mine if SO_PEERCRED
+# names this program>`; `close` -> asks the child
 # to quit, then waits (at most 3 s) for the end of the stream: `peer=eof`
 # when it came.
 
@@ -23,6 +24,9 @@ if os.fork() == 0:
             os._exit(0)
         theirs.sendall(b'pong' if got == b'ping' else b'what')
 theirs.close()
+# Larger than the child (a restore brings the smaller back first): the
+# pair's credentials must still name this program, which made it.
+ballast = bytearray(16 << 20)
 # A descriptor on the highest number the limit allows (as bash's 255
 # under `ulimit -n 256`): the restore has no room above this process's
 # numbers for the new pair, made on numbers of its image.
@@ -40,8 +44,10 @@ def handle(cmd):
     if cmd == 'state':
         mine.sendall(b'ping')
         sndtimeo = struct.unpack('ll', mine.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))
-        return 'child=%s timeout=%s rcvbuf=%d sndtimeo=%d.%06d' % (
-            mine.recv(64).decode(), mine.gettimeout(), mine.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), *sndtimeo)
+        pid = struct.unpack('3i', mine.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        return 'child=%s timeout=%s rcvbuf=%d sndtimeo=%d.%06d creds=%s' % (
+            mine.recv(64).decode(), mine.gettimeout(), mine.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), *sndtimeo,
+            'mine' if pid == os.getpid() else 'pid %d' % pid)
     if cmd == 'close':
         mine.sendall(b'quit')
         try:
