@@ -95,7 +95,7 @@ impl Engine {
                 Ok(()) => {
                     let sb = self.boot(rec).await?;
                     // (A failed copy fails this fork: its sandbox is discarded.)
-                    crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), ck_layer))
+                    crate::dev_shm::load(sb.init_pid(), ck_layer)
                 }
             }
         });

@@ -137,8 +137,7 @@ impl Engine {
             }
         };
         // Nothing writes to `/dev/shm` now: its files into the layer.
-        let shm =
-            block(|| crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol)));
+        let shm = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol));
         // Steps 3-5: the templates are being copied (the largest on the
         // other CPU) and checked while init stages the new tree (checking
         // only the mounts: every process is held, and the templates

@@ -17,6 +17,9 @@
 //! times, extended attributes and hard links; socket files are left out
 //! (a bound socket's name, which the process holding it binds again).
 //!
+//! Both calls are cheap when there is nothing to copy (a few syscalls:
+//! no blocking section); the copy itself runs in one.
+//!
 //! When: at a checkpoint, once nothing in the sandbox can write to
 //! `/dev/shm` (every process stopped, or init alone with spawns held), into
 //! the writable subvolume that becomes the checkpoint's layer or is
@@ -56,7 +59,8 @@ pub(crate) fn save(init: i32, root: (u32, u32), subvol: &Path) -> Result<u64> {
     std::fs::create_dir(&saved).map_err(|e| Error::fs("checkpoint", sandtree_fs::Error::io("mkdir", &saved, e)))?;
     let to =
         std::fs::File::open(&saved).map_err(|e| Error::fs("checkpoint", sandtree_fs::Error::io("open", &saved, e)))?;
-    let copied = sandtree_fs::copy_tree(live.as_fd(), to.as_fd(), &saved).map_err(|e| Error::fs("checkpoint", e))?;
+    let copied = crate::engine::block(|| sandtree_fs::copy_tree(live.as_fd(), to.as_fd(), &saved))
+        .map_err(|e| Error::fs("checkpoint", e))?;
     tracing::debug!(entries = copied.entries, bytes = copied.bytes, sockets = copied.sockets, "/dev/shm saved");
     Ok(copied.bytes)
 }
@@ -89,15 +93,17 @@ pub(crate) fn load(init: i32, layer: &Path) -> Result<()> {
     // root is unmapped and may not create files (`EOVERFLOW`): a thread
     // creates them as the sandbox's root, who mounted it and owns it.
     let st = rustix::fs::fstat(&live).map_err(|e| Error::Internal(format!("stat /dev/shm: {e}")))?;
-    let copied = std::thread::scope(|s| {
-        s.spawn(|| {
-            sandtree_sys::process::act_as_file_owner(st.st_uid, st.st_gid)
-                .map_err(|e| Error::Internal(format!("create files in /dev/shm as its owner: {e}")))?;
-            sandtree_fs::copy_tree(from.as_fd(), live.as_fd(), Path::new("/dev/shm"))
-                .map_err(|e| Error::fs("rollback", e))
+    let copied = crate::engine::block(|| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                sandtree_sys::process::act_as_file_owner(st.st_uid, st.st_gid)
+                    .map_err(|e| Error::Internal(format!("create files in /dev/shm as its owner: {e}")))?;
+                sandtree_fs::copy_tree(from.as_fd(), live.as_fd(), Path::new("/dev/shm"))
+                    .map_err(|e| Error::fs("rollback", e))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("the /dev/shm copy panicked".into())))
         })
-        .join()
-        .unwrap_or_else(|_| Err(Error::Internal("the /dev/shm copy panicked".into())))
     })?;
     tracing::debug!(entries = copied.entries, bytes = copied.bytes, "/dev/shm loaded");
     Ok(())

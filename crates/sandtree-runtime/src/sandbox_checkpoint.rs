@@ -309,9 +309,7 @@ impl Engine {
         // Init alone, and no spawn until the tree is swapped: `/dev/shm`
         // cannot change between its copy and the swap.
         let spawns = sb.hold_spawns().await;
-        if let Err(e) = crate::engine::block(|| {
-            crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
-        }) {
+        if let Err(e) = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol)) {
             drop(spawns);
             self.discard_subvol_later(&fresh);
             return Err(e);

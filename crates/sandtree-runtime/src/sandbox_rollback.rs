@@ -133,7 +133,7 @@ impl Engine {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, util::raw_pids(keep), restore).await?;
                     // The checkpoint's `/dev/shm` before any process runs.
-                    crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), &ck_layer))?;
+                    crate::dev_shm::load(sb.init_pid(), &ck_layer)?;
                     let t_restore = Instant::now();
                     // The killed processes die in the background of the swap
                     // and the restore; none may show once the rollback
@@ -350,7 +350,7 @@ impl Engine {
     async fn restart_onto(&self, rec: &SandboxRecord, layer: &std::path::Path) -> Result<()> {
         self.halt(&rec.id).await?;
         let sb = self.boot(rec).await?;
-        crate::engine::block(|| crate::dev_shm::load(sb.init_pid(), layer))
+        crate::dev_shm::load(sb.init_pid(), layer)
     }
 
     /// Deletes an unreferenced writable subvolume later, when the engine is
