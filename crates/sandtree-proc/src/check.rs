@@ -10,6 +10,14 @@ use serde::{Deserialize, Serialize};
 use crate::SandboxPid;
 use crate::model::ProcessImage;
 
+/// Whether process `p` may choose the pid of the process it makes (and
+/// the tid of a thread): `clone3`'s `set_tid` needs `CAP_SYS_ADMIN` in the
+/// sandbox's user namespace. One that may not is restored through the
+/// sandbox's `ns_last_pid` ([`crate::LastPid`]).
+pub(crate) fn may_choose_pid(p: &ProcessImage) -> bool {
+    p.cap_eff & CAP_SYS_ADMIN != 0
+}
+
 /// `CAP_SYS_ADMIN`: `clone3` with `set_tid` needs it in the sandbox's user
 /// namespace to give a restored process its old pid.
 const CAP_SYS_ADMIN: u64 = 1 << 21;
@@ -91,12 +99,6 @@ pub fn check_status(
 pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
     check_status(p.pid, &p.comm, p.threads, p.ppid, reparent)?;
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
-    if p.cap_eff & CAP_SYS_ADMIN == 0 {
-        return Err(no(
-            "capabilities".into(),
-            "no CAP_SYS_ADMIN in the sandbox, which clone3 needs to give the restored process its pid".into(),
-        ));
-    }
     if p.pgid != p.pid && p.ppid == SandboxPid::INIT {
         return Err(no(
             "process group".into(),
@@ -105,6 +107,15 @@ pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorabl
     }
     if p.root != "/" {
         return Err(no("root".into(), format!("chroot to {}", p.root)));
+    }
+    if p.cwd_denied {
+        return Err(no(
+            "cwd".into(),
+            format!(
+                "working directory {} is not searchable by its user (uid {}): a restore, done as that user, could not enter it",
+                p.cwd, p.uids[1]
+            ),
+        ));
     }
     if p.cwd.ends_with(" (deleted)") {
         return Err(no("cwd".into(), format!("working directory {} was deleted", p.cwd)));

@@ -211,6 +211,14 @@ impl Error {
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Sets the sandbox's `ns_last_pid` (its init writes
+/// `/proc/sys/kernel/ns_last_pid`): the next process made in the sandbox
+/// gets the pid after the one given, if that one is free. A restore brings
+/// a process that may not choose its pid (`clone3`'s `set_tid` needs
+/// `CAP_SYS_ADMIN` in the sandbox: a process of a user other than root)
+/// back on its pid this way ([`Tracer::restore`]).
+pub type LastPid = Box<dyn FnMut(SandboxPid) -> std::io::Result<()> + Send>;
+
 #[cfg(test)]
 mod tests {
     use crate::{CaptureReport, Error, HostPid, RestoreReport, SandboxPid, StopReport, TemplateStatus, Unrestorable};

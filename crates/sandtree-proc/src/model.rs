@@ -70,6 +70,11 @@ pub struct ProcessImage {
     pub regs: Registers,
     /// Working directory (path inside the sandbox).
     pub cwd: String,
+    /// Its user may not search the working directory (or a directory
+    /// above it), which a restore, done as that user, must `chdir` into:
+    /// refused (`check.rs`).
+    #[serde(default)]
+    pub cwd_denied: bool,
     /// Root directory (path inside the sandbox).
     pub root: String,
     /// Open file descriptors.

@@ -30,6 +30,8 @@ pub(crate) struct Parts<'a> {
     pub tracking: &'a mut Trackings,
     /// The pool's cgroup, out of which restored processes move.
     pub cgroup: Option<&'a crate::cgroup::PoolCgroup>,
+    /// How a process that may not choose its pid gets it back.
+    pub last_pid: Option<crate::LastPid>,
 }
 
 /// What [`crate::Tracer::restore`] brought back.
@@ -110,6 +112,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // are reopened by path in the rolled-back tree (in `fix_up`): their
     // keepers close once every process is back.
     let mut handed = crate::kinds::Handed::of(set);
+    handed.last_pid = st.last_pid;
     let keepers = crate::kinds::put_back_shared(set, &mut handed)?;
     tracing::debug!(?t_untrack, ?t_settle, ?t_evict, t_objects = ?t0.elapsed() - t_settle - t_evict, "restore prelude");
     let mut holders = Vec::new();
@@ -271,7 +274,7 @@ fn restore_one(
 ) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
     let cloned = match handed.cloned_early.remove(&t.image.pid) {
         Some(c) => c,
-        None => clone_one(t, wait)?,
+        None => clone_one(t, wait, handed.last_pid.as_mut())?,
     };
     let Cloned { tracee: mut p, standby, nice, t_start, .. } = cloned;
     let child = p.tid;
@@ -316,14 +319,14 @@ fn clone_connectors(
         }
         let Some(t) = set.templates.iter_mut().find(|t| t.image.pid == pid) else { continue };
         // (Its pid may be busy still: it is needed now.)
-        let cloned = clone_one(t, true)?;
+        let cloned = clone_one(t, true, handed.last_pid.as_mut())?;
         handed.cloned_early.insert(pid, cloned);
     }
     Ok(())
 }
 
 /// The first step of [`restore_one`] (see [`Cloned`]).
-pub(crate) fn clone_one(t: &mut Template, wait: bool) -> Result<Cloned> {
+pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crate::LastPid>) -> Result<Cloned> {
     let mut standby = t.standby.take();
     // A standby killed behind our back (by the sandbox, or the OOM killer)
     // is collected and not used.
@@ -343,7 +346,24 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool) -> Result<Cloned> {
         None => &mut t.tracee,
     };
     let src_host = src.tid;
-    let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
+    // A process that may not choose its pid (`set_tid`) gets it through
+    // the sandbox's `ns_last_pid`.
+    let by_last_pid = match (crate::check::may_choose_pid(image), last_pid) {
+        (true, _) => None,
+        (false, Some(set)) => Some(set),
+        (false, None) => {
+            t.standby = standby;
+            return Err(Error::Remote {
+                pid: src_host,
+                call: "clone3 (restore)",
+                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
+            });
+        }
+    };
+    let mut args = clone_args(t.scratch + SET_TID_OFFSET, flags);
+    if by_last_pid.is_some() {
+        crate::inject::without_set_tid(&mut args);
+    }
     let written = write_clone_args(src_host, t.scratch, &args, image.pid);
     // (Until the clone succeeds the template is as it was, its standby too.)
     if let Err(e) = written {
@@ -362,7 +382,10 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool) -> Result<Cloned> {
     if nice.is_some() {
         set_nice(src_host, RESTORE_NICE);
     }
-    let out = crate::process::clone3_when_free(src, t.scratch, &mut busy, wait);
+    let out = match by_last_pid {
+        None => crate::process::clone3_when_free(src, t.scratch, &mut busy, wait),
+        Some(set) => crate::process::clone3_at_last_pid(src, t.scratch, image.pid, set, &mut busy, wait),
+    };
     if let Some(n) = nice {
         set_nice(src_host, n);
     }
@@ -494,7 +517,7 @@ fn fix_up(
     crate::process::threads::restore_registrations(&mut b, image, via_standby);
     crate::process::timers::restore(&mut b, image);
     p.run_batch(&mut b)?;
-    crate::process::threads::restore(p, image, scratch, threads)?;
+    crate::process::threads::restore(p, image, scratch, threads, handed.last_pid.as_mut())?;
     crate::process::signals::requeue(p, image, scratch)?;
     // Not in a batch: the batch's code is in the scratch mapping.
     p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;

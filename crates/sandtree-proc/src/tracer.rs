@@ -856,7 +856,7 @@ impl Tracer {
 
     /// Rollback step: bring back the processes of `ck` (init has already
     /// killed the others and swapped the root).
-    pub fn restore(&self, ck: &str) -> Result<RestoreReport> {
+    pub fn restore(&self, ck: &str, last_pid: Option<crate::LastPid>) -> Result<RestoreReport> {
         let ck = ck.to_string();
         self.call(move |st| {
             let t0 = std::time::Instant::now();
@@ -868,6 +868,7 @@ impl Tracer {
                 dying: &mut st.dying,
                 tracking: &mut st.tracking,
                 cgroup: st.placement.cgroup(),
+                last_pid,
             };
             crate::restore::restore(parts, &ck)
         })?

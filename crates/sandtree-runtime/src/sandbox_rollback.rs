@@ -145,7 +145,8 @@ impl Engine {
                     if let (Some(t), Some(_)) = (&tracer, &templates) {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
-                        restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id))?);
+                        let last_pid = last_pid_of(&sb);
+                        restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id, Some(last_pid)))?);
                         sb.resume_restored_io();
                     } else if captured.as_ref().is_some_and(|c| c.captured.is_empty() && c.reparented.is_empty()) {
                         // Only init ran at the checkpoint (of any sandbox of
@@ -390,4 +391,12 @@ fn lost_reason(killed: &[sandtree_proc::Unrestorable], running: bool) -> String 
         let each: Vec<String> = killed.iter().map(|k| format!("pid {} ({}): {}", k.pid, k.comm, k.reason)).collect();
         each.join("; ")
     }
+}
+
+/// How the restore sets sandbox `sb`'s `ns_last_pid` (for a process that
+/// may not choose its pid): a request to its init, made from the tracer's
+/// thread, which is not one of the runtime's.
+fn last_pid_of(sb: &Arc<Sandbox>) -> sandtree_proc::LastPid {
+    let (sb, handle) = (sb.clone(), tokio::runtime::Handle::current());
+    Box::new(move |pid| handle.block_on(sb.set_last_pid(pid.raw())).map_err(std::io::Error::other))
 }

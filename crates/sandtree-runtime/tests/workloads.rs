@@ -987,6 +987,21 @@ static PRIVATE_MAPPING_OF_A_WRITTEN_FILE: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A process of a user other than root (no capabilities in the sandbox),
+/// with a second thread, comes back on its pid and tid through the
+/// sandbox's `ns_last_pid` (`clone3`'s `set_tid` needs `CAP_SYS_ADMIN`),
+/// with its credentials and files (issue 38; before, the checkpoint
+/// refused it: "no CAP_SYS_ADMIN in the sandbox"). A working directory its
+/// user may not enter (it dropped root's rights in /root) is refused by
+/// name: the restore, done as that user, could not `chdir` there.
+static NON_ROOT_USER: Spec = Spec {
+    program: program!("non_root_user.py"),
+    setup: &[Refused(None, &["working directory /root is not searchable by its user"]), Ask("leave", Is("left"))],
+    at_ck: &[("state", Is("n=0 uid=1000,1000 gid=1000 cap=0000000000000000 pos=3 threads=2 tid=True"))],
+    mutate: &[&[Ask("mutate", Is("n=1 uid=1000,1000 gid=1000 cap=0000000000000000 pos=4 threads=2 tid=True"))]],
+    ..Spec::DEFAULT
+};
+
 /// Unix connections that a restore cannot make again yet (through a
 /// listener of the abstract namespace; from a connecting end bound to a
 /// path) are refused by name: the checkpoint's templates held their ends
@@ -2098,6 +2113,7 @@ fn main() {
         ("unix_connection_not_made_again", declared!(UNIX_CONNECTION_NOT_MADE_AGAIN)),
         ("fifo_on_dev", declared!(FIFO_ON_DEV)),
         ("private_mapping_of_a_written_file", declared!(PRIVATE_MAPPING_OF_A_WRITTEN_FILE)),
+        ("non_root_user", declared!(NON_ROOT_USER)),
         ("pty_output_not_read_yet", declared!(PTY_OUTPUT_NOT_READ_YET)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),

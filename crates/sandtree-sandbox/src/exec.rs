@@ -417,12 +417,16 @@ fn reopen_output(path: &OwnedFd) -> rustix::io::Result<OwnedFd> {
 /// A pipe for a program's stdio, owned by the sandbox's root (host uid
 /// `owner`), as if the sandbox had made it: the process engine opens a pipe
 /// end again inside the sandbox at a restore (through `/proc/self/fd`),
-/// which a pipe of the host's root (unmapped there) would refuse.
+/// which a pipe of the host's root (unmapped there) would refuse. Mode
+/// 0666, so that a program that runs as another user (or drops to one)
+/// may open it again too: only a process that may look into the fd table
+/// of one holding the pipe reaches it there.
 fn pipe_pair(owner: u32) -> Result<(OwnedFd, OwnedFd)> {
     let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io_err("pipe")(e.into()))?;
     let id = Some(rustix::process::Uid::from_raw(owner));
     let gid = Some(rustix::process::Gid::from_raw(owner));
     rustix::fs::fchown(&r, id, gid).map_err(|e| io_err("chown of a pipe")(e.into()))?;
+    rustix::fs::fchmod(&r, rustix::fs::Mode::from_raw_mode(0o666)).map_err(|e| io_err("chmod of a pipe")(e.into()))?;
     Ok((r, w))
 }
 

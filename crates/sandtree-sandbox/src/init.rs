@@ -218,7 +218,7 @@ impl Init {
         let id = msg.id;
         // (Always `WaitGone` after a `Reroot`; anything else finishes the
         // swap first.)
-        if !matches!(msg.req, Request::WaitGone) {
+        if !matches!(msg.req, Request::WaitGone | Request::SetLastPid { .. }) {
             self.finish_swap();
         }
         match msg.req {
@@ -232,6 +232,13 @@ impl Init {
                 }
             }
             Request::Ping => self.send(FromInit::Reply { id, reply: Reply::Pong }, &[]),
+            Request::SetLastPid { pid } => {
+                let reply = match std::fs::write("/proc/sys/kernel/ns_last_pid", pid.to_string()) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => Reply::Error { message: format!("write ns_last_pid: {e}"), code: e.raw_os_error() },
+                };
+                self.send(FromInit::Reply { id, reply }, &[]);
+            }
             Request::Reroot { targets, keep, restore, members } => {
                 let mut layers = fds;
                 let members = if members { layers.pop() } else { None };

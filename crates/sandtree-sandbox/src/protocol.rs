@@ -132,6 +132,13 @@ pub enum Request {
     },
     /// Liveness check.
     Ping,
+    /// Write `pid` to the sandbox's `/proc/sys/kernel/ns_last_pid`: the
+    /// next process made in the sandbox gets the next free pid after it
+    /// (a restore of a process that may not choose its pid itself).
+    SetLastPid {
+        /// In-sandbox pid.
+        pid: i32,
+    },
     /// Send SIGKILL to every process but init and `keep` (the first half
     /// of a rollback in place, while the daemon builds the new layers);
     /// answers `Ok` at once: the victims die and are reaped meanwhile.

@@ -428,6 +428,15 @@ impl Sandbox {
         let _ = rx.wait_for(|alive| !*alive).await;
     }
 
+    /// Have init set the sandbox's `ns_last_pid` ([`Request::SetLastPid`]).
+    pub async fn set_last_pid(&self, pid: i32) -> Result<()> {
+        match self.inner.conn.request(Request::SetLastPid { pid }, &[]).await? {
+            (Reply::Ok, _) => Ok(()),
+            (Reply::Error { message, .. }, _) => Err(Error::Protocol(message)),
+            (other, _) => Err(Error::Protocol(format!("unexpected ns_last_pid reply {other:?}"))),
+        }
+    }
+
     /// Round-trip to init.
     pub async fn ping(&self) -> Result<()> {
         match self.inner.conn.request(Request::Ping, &[]).await? {

@@ -1152,6 +1152,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.itimers = c.itimers;
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;
+    image.cwd_denied = procfs::cwd_denied(child, &image.cwd, image.cap_eff);
     image.rseq = c.rseq;
     image.robust_list = c.robust_list;
     image.threads = 1 + c.threads.len() as u32;

@@ -56,6 +56,10 @@ pub(crate) struct Handed {
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
     pub cloned_early: HashMap<crate::SandboxPid, crate::cloned::Cloned>,
+    /// How a process that may not choose its pid (or thread id) gets it
+    /// back ([`crate::LastPid`]). (Not handed over: the restore's means,
+    /// kept here because every step of it has this at hand.)
+    pub last_pid: Option<crate::LastPid>,
 }
 
 /// A unix connection made through a listener, as a restore makes it again.
@@ -167,6 +171,7 @@ impl Handed {
             listeners: HashMap::new(),
             binders,
             cloned_early: HashMap::new(),
+            last_pid: None,
         }
     }
 }

@@ -13,9 +13,9 @@ pub(crate) mod signals;
 pub(crate) mod threads;
 pub(crate) mod timers;
 
-use crate::Result;
 use crate::batch::Backoff;
 use crate::inject::{CLONE_ARGS_SIZE, ERESTARTNOINTR, Outcome, Tracee};
+use crate::{Error, Result, SandboxPid};
 
 /// `clone3`'s error when the pid (or tid) asked for is taken.
 const EEXIST: i64 = -(libc::EEXIST as i64);
@@ -39,4 +39,44 @@ pub(crate) fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32, wait
         out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
     }
     Ok(out)
+}
+
+/// [`clone3_when_free`] for a process that may not choose its pid (no
+/// `CAP_SYS_ADMIN` in the sandbox, which `set_tid` needs): `last_pid` sets
+/// the sandbox's `ns_last_pid` to the one before `want`, then `clone3`
+/// without `set_tid` (`args`) takes the next free pid. A child that got
+/// another (`want` was busy: its killed original not reaped yet) is killed
+/// and the clone tried again, as long as `wait` allows; else `EEXIST`, as
+/// `set_tid` gives. Nothing else makes processes in the sandbox meanwhile:
+/// the restored ones wait stopped until all are back.
+pub(crate) fn clone3_at_last_pid(
+    src: &mut Tracee,
+    args: u64,
+    want: SandboxPid,
+    last_pid: &mut crate::LastPid,
+    busy: &mut u32,
+    wait: bool,
+) -> Result<Outcome> {
+    let mut backoff = Backoff::new(20, 100, PID_WAIT);
+    for _ in 0..100_000 {
+        last_pid(SandboxPid(want.raw() - 1)).map_err(|e| Error::Proc {
+            pid: src.tid,
+            what: "the sandbox's ns_last_pid",
+            source: e,
+        })?;
+        let out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
+        match out.ret {
+            ERESTARTNOINTR => continue,
+            r if r <= 0 || r == i64::from(want.raw()) => return Ok(out),
+            _ => {}
+        }
+        if let Some(child) = out.child {
+            crate::inject::kill_tracee(child);
+        }
+        if !(wait && backoff.snooze()) {
+            return Ok(Outcome { ret: EEXIST, child: None });
+        }
+        *busy += 1;
+    }
+    Ok(Outcome { ret: EEXIST, child: None })
 }

@@ -116,6 +116,7 @@ pub(crate) fn restore(
     image: &ProcessImage,
     scratch: u64,
     out: &mut Vec<(Tracee, ptrace::Regs)>,
+    mut last_pid: Option<&mut crate::LastPid>,
 ) -> Result<()> {
     const FLAGS: u64 = (libc::CLONE_VM
         | libc::CLONE_FS
@@ -130,9 +131,17 @@ pub(crate) fn restore(
         let mut args = clone_args(scratch + SET_TID_OFFSET, FLAGS);
         // struct clone_args: tls is the 8th field.
         args[56..64].copy_from_slice(&regs.fs_base.to_ne_bytes());
+        // (A process that may not choose a tid: through `ns_last_pid`.)
+        let by_last_pid = last_pid.as_deref_mut().filter(|_| !crate::check::may_choose_pid(image));
+        if by_last_pid.is_some() {
+            crate::inject::without_set_tid(&mut args);
+        }
         write_clone_args(pid, scratch, &args, th.tid)?;
         // A killed thread's tid is free once it is gone.
-        let made = super::clone3_when_free(p, scratch, &mut 0, true)?;
+        let made = match by_last_pid {
+            Some(set) => super::clone3_at_last_pid(p, scratch, th.tid, set, &mut 0, true)?,
+            None => super::clone3_when_free(p, scratch, &mut 0, true)?,
+        };
         let (Some(tid), true) = (made.child, made.ret > 0) else {
             return Err(Error::Remote {
                 pid,
