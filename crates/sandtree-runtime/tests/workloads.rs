@@ -997,8 +997,14 @@ static PRIVATE_MAPPING_OF_A_WRITTEN_FILE: Spec = Spec {
 static NON_ROOT_USER: Spec = Spec {
     program: program!("non_root_user.py"),
     setup: &[Refused(None, &["working directory /root is not searchable by its user"]), Ask("leave", Is("left"))],
-    at_ck: &[("state", Is("n=0 uid=1000,1000 gid=1000 cap=0000000000000000 pos=3 threads=2 tid=True"))],
-    mutate: &[&[Ask("mutate", Is("n=1 uid=1000,1000 gid=1000 cap=0000000000000000 pos=4 threads=2 tid=True"))]],
+    at_ck: &[(
+        "state",
+        Is("n=0 uid=1000,1000 gid=1000 cap=0000000000000000 pos=3 threads=2 tid=True pipe=5 pair=paired"),
+    )],
+    mutate: &[&[Ask(
+        "mutate",
+        Is("n=1 uid=1000,1000 gid=1000 cap=0000000000000000 pos=4 threads=2 tid=True pipe=9 pair=pairedmore"),
+    )]],
     ..Spec::DEFAULT
 };
 

@@ -20,6 +20,11 @@ n = 0
 f = open('/tmp/non_root_user.txt', 'w+')
 f.write('abc')
 f.flush()
+# A pipe and a socket pair of its own, holding bytes.
+r, w = os.pipe()
+os.write(w, b'piped')
+a, b = socket.socketpair()
+a.send(b'paired')
 tid = []
 
 
@@ -38,8 +43,9 @@ def handle(cmd):
     global n
     if cmd == 'state':
         own = os.path.exists('/proc/self/task/%d' % tid[0])
-        return 'n=%d uid=%d,%d gid=%d cap=%s pos=%d threads=%d tid=%s' % (
-            n, os.getuid(), os.geteuid(), os.getgid(), status('CapEff'), f.tell(), threading.active_count(), own)
+        return 'n=%d uid=%d,%d gid=%d cap=%s pos=%d threads=%d tid=%s pipe=%d pair=%s' % (
+            n, os.getuid(), os.geteuid(), os.getgid(), status('CapEff'), f.tell(), threading.active_count(), own,
+            avail(r), b.recv(64, socket.MSG_PEEK).decode())
     if cmd == 'leave':
         os.chdir('/tmp')
         return 'left'
@@ -47,6 +53,8 @@ def handle(cmd):
         n += 1
         f.write('x')
         f.flush()
+        os.write(w, b'more')
+        a.send(b'more')
         return handle('state')
     raise ValueError(cmd)
 
