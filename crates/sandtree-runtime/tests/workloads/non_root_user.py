@@ -7,9 +7,11 @@
 # /root (mode 0700, root's), which it may no longer enter: a restore, done
 # as that user, could not chdir there, so the checkpoint refuses it until
 # `leave` takes it to /tmp.
-# Commands: `leave` -> `left`; `state` -> `n=<counter> uid=<real>,<effective> gid=<gid>
-# cap=<CapEff> pos=<file offset> threads=<count> tid=<the thread's tid is
-# its own>`; `mutate` adds one to n and writes a byte.
+# Commands: `leave` -> `left`; `state` -> `n=<counter>
+# uid=<real>,<effective> gid=<gid> cap=<CapEff> pos=<file offset>
+# threads=<count> tid=<the thread's tid is its own> pipe=<bytes in its
+# pipe> pair=<bytes on its socket pair>`; `mutate` adds one to n, writes a
+# byte to the file and more into the pipe and the pair.
 import threading
 
 os.chdir("/root")
