@@ -1008,6 +1008,17 @@ static NON_ROOT_USER: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A thread running with other credentials than the main thread (a raw
+/// `setresuid` switches one thread's alone) is refused by name: a thread
+/// made again at the restore takes the main thread's (issue 38, any
+/// user). With the same credentials again, it comes back.
+static THREAD_WITH_ITS_OWN_USER: Spec = Spec {
+    program: program!("thread_with_its_own_user.py"),
+    setup: &[Refused(None, &["runs with other user ids than the main thread"]), Ask("same", Is("same"))],
+    at_ck: &[("state", Is("threads=2 euid=0"))],
+    ..Spec::DEFAULT
+};
+
 /// Unix connections that a restore cannot make again yet (through a
 /// listener of the abstract namespace; from a connecting end bound to a
 /// path) are refused by name: the checkpoint's templates held their ends
@@ -2120,6 +2131,7 @@ fn main() {
         ("fifo_on_dev", declared!(FIFO_ON_DEV)),
         ("private_mapping_of_a_written_file", declared!(PRIVATE_MAPPING_OF_A_WRITTEN_FILE)),
         ("non_root_user", declared!(NON_ROOT_USER)),
+        ("thread_with_its_own_user", declared!(THREAD_WITH_ITS_OWN_USER)),
         ("pty_output_not_read_yet", declared!(PTY_OUTPUT_NOT_READ_YET)),
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),

@@ -29,6 +29,17 @@ pub(crate) fn capture(
 ) -> Result<crate::model::ThreadImage> {
     let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
     let comm = comm.trim_end().to_string();
+    // A thread made at the restore takes the main thread's credentials.
+    if let Some(what) = own_credentials(s.host, tid) {
+        return Err(Error::unsupported(
+            s.ns_pid,
+            &comm,
+            "threads",
+            format!(
+                "thread {ns_tid} runs with other {what} than the main thread (set for that thread alone): a thread made again at the restore takes the main thread's (not captured yet)"
+            ),
+        ));
+    }
     if !ptrace::pending_siginfo(tid.raw(), false).map_err(Error::ptrace(tid, "PEEKSIGINFO"))?.is_empty() {
         return Err(Error::unsupported(
             s.ns_pid,
@@ -104,6 +115,28 @@ pub(crate) fn rseq_abort(tid: HostPid, rseq: Option<(u64, u32, u32, u32)>, regs:
     if regs.rip >= start && regs.rip < start.saturating_add(len) {
         regs.rip = abort;
     }
+}
+
+/// What of thread `tid`'s credentials differs from the main thread's
+/// (process `host`): user ids, group ids, supplementary groups or
+/// capabilities (raw `setresuid` and the like change one thread's alone;
+/// glibc's change every thread's). `None` when they are the same, or
+/// cannot be read.
+fn own_credentials(host: HostPid, tid: HostPid) -> Option<&'static str> {
+    let read = |t: HostPid| std::fs::read_to_string(format!("/proc/{host}/task/{t}/status")).ok();
+    let (main, thread) = (read(host)?, read(tid)?);
+    let line = |text: &str, key: &str| text.lines().find(|l| l.starts_with(key)).map(str::to_string);
+    [
+        ("Uid:", "user ids"),
+        ("Gid:", "group ids"),
+        ("Groups:", "groups"),
+        ("CapEff:", "capabilities"),
+        ("CapPrm:", "capabilities"),
+        ("CapInh:", "capabilities"),
+    ]
+    .into_iter()
+    .find(|(key, _)| line(&main, key) != line(&thread, key))
+    .map(|(_, what)| what)
 }
 
 /// The process's other threads again, each with its tid (`clone3` with
