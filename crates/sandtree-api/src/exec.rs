@@ -17,12 +17,20 @@ use utoipa::ToSchema;
 pub struct ExecRequest {
     /// Program and arguments; the program is looked up in `PATH`.
     pub cmd: Vec<String>,
-    /// Environment added to the sandbox default (PATH, HOME=/root, LANG).
+    /// Environment added to the sandbox default (PATH, HOME=/root, LANG;
+    /// with `user`, HOME, USER and LOGNAME are the user's).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Working directory inside the sandbox (default `/root`).
+    /// Working directory inside the sandbox (default `/root`, or the
+    /// home directory of `user`).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Run as this user of the sandbox: a name from its `/etc/passwd`, or
+    /// a numeric uid (its group then the same number unless `/etc/passwd`
+    /// names one). Its groups are those `/etc/group` lists it in. Default:
+    /// root.
+    #[serde(default)]
+    pub user: Option<String>,
     /// Text written to the program's stdin (UTF-8); stdin is closed afterwards.
     #[serde(default)]
     pub stdin: Option<String>,

@@ -82,6 +82,14 @@ fn to_request(req: &ExecRequest, io: &ExecIo) -> Result<sandtree_sandbox::ExecRe
         argv: req.cmd.clone(),
         env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         cwd: req.cwd.clone(),
+        user: match req.user.as_deref() {
+            Some(u) if u.is_empty() || u.contains(['\0', ':', '\n']) => {
+                return Err(Error::InvalidArgument(format!(
+                    "user {u:?} is not a user name or uid (no ':', newline or NUL)"
+                )));
+            }
+            u => u.map(str::to_string),
+        },
         stdin: stdin_bytes(req, io)?,
         timeout: req.timeout_ms.map(Duration::from_millis),
         max_output_bytes: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),

@@ -1825,6 +1825,54 @@ fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// `exec`'s `user`: a command runs as a user of the sandbox (by name from
+/// its `/etc/passwd`, or by uid), with its groups, HOME, USER and LOGNAME,
+/// in its home (`/` when that does not exist); an unknown name exits 126
+/// saying so, as a command that cannot start. A background process started so is checkpointed and comes back
+/// on its pid, as that user, with its memory (issue 38, any user).
+fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        sh(e, &sb, "useradd -m -G users agent").await?;
+        let as_user = |user: &str, script: &str| ExecRequest {
+            cmd: argv(&["sh", "-c", script]),
+            user: Some(user.to_string()),
+            ..Default::default()
+        };
+        let who = "id -un; id -Gn; echo $HOME $USER $LOGNAME; pwd; touch mine; stat -c %U mine";
+        let out = exec(e, &sb, as_user("agent", who)).await?;
+        ensure!(
+            out.stdout == "agent\nagent users\n/home/agent agent agent\n/home/agent\nagent\n",
+            "as agent: {:?} {:?}",
+            out.stdout,
+            out.stderr
+        );
+        let out = exec(e, &sb, as_user("nobody", "id -u; pwd")).await?;
+        ensure!(out.stdout == "65534\n/\n", "as nobody: {:?} {:?}", out.stdout, out.stderr);
+        let out = exec(e, &sb, as_user("4242", "id -u; id -g")).await?;
+        ensure!(out.stdout == "4242\n4242\n", "as uid 4242: {:?} {:?}", out.stdout, out.stderr);
+        // (As a command that cannot start: exit 126, the reason on stderr.)
+        let unknown = exec(e, &sb, as_user("ghost", "true")).await?;
+        ensure!(
+            unknown.exit_code == Some(126) && unknown.stderr.contains("no user \"ghost\""),
+            "unknown user: {unknown:?}"
+        );
+        // In the background, checkpointed, changed, rolled back.
+        let counter = "exec python3 -c 'import time\nwhile True: time.sleep(0.05)'";
+        let bg = exec(e, &sb, ExecRequest { background: true, ..as_user("agent", counter) }).await?;
+        sleep_ms(200).await;
+        let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+        ensure!(ck.checkpoint.processes.contains(&bg.pid), "not captured: {}", ck.note);
+        sleep_ms(300).await;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.checkpoint.id, allow_restart: false }).await?;
+        ensure!(r.restored_pids.contains(&bg.pid), "not restored: {}", r.note);
+        let owner = sh(e, &sb, &format!("stat -c %U /proc/{}", bg.pid)).await?;
+        ensure!(owner.trim() == "agent", "restored as {owner:?}");
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// A process that inherited the daemon's output pipe of a background
 /// process (a server its shell started; the shell gone) keeps a reader
 /// there across a rollback: restored, it goes on writing (before the
@@ -2121,6 +2169,7 @@ fn main() {
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("mount_with_only_init_running", mount_with_only_init_running),
         ("dev_shm_files_come_back", dev_shm_files_come_back),
+        ("exec_as_a_user", exec_as_a_user),
         ("orphan_writes_to_the_daemons_pipe", orphan_writes_to_the_daemons_pipe),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),

@@ -112,8 +112,11 @@ pub struct ExecRequest {
     pub argv: Vec<String>,
     /// Environment overrides on top of the defaults.
     pub env: Vec<(String, String)>,
-    /// Working directory (default `/root`).
+    /// Working directory (default `/root`, or `user`'s home).
     pub cwd: Option<String>,
+    /// The user to run as (a name or a uid, looked up by init in the
+    /// sandbox's `/etc/passwd`; default root).
+    pub user: Option<String>,
     /// Data for stdin (None = empty stdin).
     pub stdin: Option<Vec<u8>>,
     /// Kill the process group after this long.
@@ -129,6 +132,7 @@ impl ExecRequest {
             argv: argv.into_iter().map(Into::into).collect(),
             env: Vec::new(),
             cwd: None,
+            user: None,
             stdin: None,
             timeout: None,
             max_output_bytes: 1024 * 1024,
@@ -389,8 +393,12 @@ struct Capture {
 }
 
 fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [("PATH", DEFAULT_PATH), ("HOME", "/root"), ("LANG", "C.UTF-8")]
+    // (Another user's HOME, USER and LOGNAME come from init, which looks
+    // the user up.)
+    let home: &[(&str, &str)] = if req.user.is_some() { &[] } else { &[("HOME", "/root")] };
+    let mut env: Vec<(String, String)> = [("PATH", DEFAULT_PATH), ("LANG", "C.UTF-8")]
         .iter()
+        .chain(home)
         .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
@@ -596,10 +604,12 @@ async fn start(conn: &Arc<Conn>, owner: u32, req: &ExecRequest, setsid: bool, st
     let spawn = Request::Spawn {
         argv: req.argv.clone(),
         env: build_env(req, &[]),
-        cwd: req.cwd.clone().unwrap_or_else(|| "/root".into()),
+        // (Empty with a user: its home.)
+        cwd: req.cwd.clone().unwrap_or_else(|| if req.user.is_some() { String::new() } else { "/root".into() }),
         stdio: StdioSpec::Fds,
         setsid,
         pgid: !setsid,
+        user: req.user.clone(),
     };
     let reply = conn.request(spawn, &[in_r.as_fd(), out_w.as_fd(), err_w.as_fd()]).await;
     drop((in_r, out_w, err_w));

@@ -312,8 +312,8 @@ impl Init {
                 };
                 self.send(FromInit::Reply { id, reply }, &[]);
             }
-            Request::Spawn { argv, env, cwd, stdio, setsid, pgid } => {
-                match spawn(&argv, &env, &cwd, &stdio, setsid, pgid, fds) {
+            Request::Spawn { argv, env, cwd, stdio, setsid, pgid, user } => {
+                match spawn(&argv, &env, &cwd, &stdio, (setsid, pgid, user.as_deref()), fds) {
                     Ok((pid, master)) => {
                         self.tracked.insert(pid);
                         let fds: Vec<_> = master.iter().map(|m| m.as_fd()).collect();
@@ -426,8 +426,7 @@ fn spawn(
     env: &[(String, String)],
     cwd: &str,
     stdio: &StdioSpec,
-    setsid: bool,
-    pgid: bool,
+    (setsid, pgid, user): (bool, bool, Option<&str>),
     mut fds: Vec<OwnedFd>,
 ) -> SpawnResult {
     let name = argv.first().ok_or_else(|| ("empty argv".to_string(), Some(127)))?;
@@ -435,6 +434,21 @@ fn spawn(
     let prog = resolve(name, path_var).ok_or_else(|| (format!("command not found: {name}"), Some(127)))?;
     let prog_c = cstr(prog.to_str().unwrap_or(name))?;
     let argv_c = argv.iter().map(|a| cstr(a)).collect::<Result<Vec<_>, _>>()?;
+    let account = user.map(crate::users::look_up).transpose().map_err(|e| (e, Some(126)))?;
+    let mut env = env.to_vec();
+    let home = account.is_some() && cwd.is_empty();
+    let cwd = match &account {
+        Some(a) => {
+            // The user's HOME, USER and LOGNAME, unless the request set them.
+            for (k, v) in [("HOME", &a.home), ("USER", &a.name), ("LOGNAME", &a.name)] {
+                if !env.iter().any(|(ek, _)| ek == k) {
+                    env.push((k.to_string(), v.clone()));
+                }
+            }
+            if cwd.is_empty() { a.home.as_str() } else { cwd }
+        }
+        None => cwd,
+    };
     let env_c = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
     let cwd_c = cstr(cwd)?;
 
@@ -494,7 +508,18 @@ fn spawn(
             {
                 fail(&mut err, "dup2 stdio failed".into());
             }
-            if let Err(e) = nix::unistd::chdir(cwd_c.as_c_str()) {
+            // The user's groups and ids, before the working directory
+            // (entered with its rights).
+            if let Some(a) = &account
+                && let Err(e) = crate::users::become_user(a)
+            {
+                fail(&mut err, format!("run as user {}: {e}", a.name));
+            }
+            // (A home that does not exist, as `nobody`'s `/nonexistent`:
+            // `/`, as `su` does.)
+            if let Err(e) = nix::unistd::chdir(cwd_c.as_c_str())
+                && !(home && nix::unistd::chdir("/").is_ok())
+            {
                 fail(&mut err, format!("chdir {cwd}: {}", e.desc().to_lowercase()));
             }
             sandtree_sys::process::reset_all_signals();

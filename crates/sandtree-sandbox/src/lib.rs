@@ -15,6 +15,7 @@
 //! | `sandbox`  | daemon-side live handle |
 //! | `exec`     | running commands and background processes |
 //! | `session`  | pty-backed interactive shells |
+//! | `users`    | the sandbox's accounts, for a command run as one (`exec`'s `user`) |
 
 pub mod cgroup;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod protocol;
 pub mod reroot;
 pub mod seccomp;
 pub mod spawn;
+pub mod users;
 pub mod zygote;
 
 pub use cgroup::{Backend, Cgroup, StuckTask, Usage};

@@ -120,6 +120,10 @@ pub enum Request {
         setsid: bool,
         /// Otherwise start a new process group (so timeouts kill the group).
         pgid: bool,
+        /// Run as this user (a name or a uid), looked up in the sandbox's
+        /// `/etc/passwd` and `/etc/group`; an empty `cwd` is then its home.
+        #[serde(default)]
+        user: Option<String>,
     },
     /// Send a signal.
     Kill {

@@ -328,6 +328,7 @@ impl Sandbox {
             argv: argv.clone(),
             env,
             cwd: opts.cwd.clone().unwrap_or_else(|| "/root".into()),
+            user: None,
             stdio: StdioSpec::Pty { cols: opts.cols, rows: opts.rows },
             setsid: true,
             pgid: false,

@@ -210,6 +210,9 @@ pub struct ExecArgs {
     /// Working directory inside the sandbox.
     #[arg(long)]
     pub cwd: Option<String>,
+    /// Run as this user of the sandbox (a name or a uid; default root).
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
     /// Kill the command after this long (e.g. 10s, 500ms).
     #[arg(long, value_parser = units::parse_duration)]
     pub timeout: Option<std::time::Duration>,

@@ -32,6 +32,7 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> Result<i32> {
         cmd: a.cmd,
         env: a.env.into_iter().collect(),
         cwd: a.cwd,
+        user: a.user,
         timeout_ms: a.timeout.map(|d| d.as_millis() as u64),
         background: a.background,
         ..Default::default()
