@@ -26,16 +26,6 @@ def flags(fd):
     return mode + ('+nb' if fl & os.O_NONBLOCK else '')
 
 
-def waited(fd, what):
-    p = select.poll()
-    p.register(fd, 0)
-    deadline = time.time() + 3
-    while time.time() < deadline:
-        if any(ev & what for _, ev in p.poll(100)):
-            return True
-    return False
-
-
 def handle(cmd):
     if cmd == 'state':
         at_path = all(os.fstat(fd).st_ino == os.stat(paths[i // 2]).st_ino for i, fd in enumerate((r1, w1, r2, w2)))

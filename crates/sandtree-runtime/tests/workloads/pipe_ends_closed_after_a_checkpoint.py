@@ -29,16 +29,6 @@ def ends():
     return ','.join(flags(fd) for fd in (r1, w1, w1b, r2, w2, r3, w3))
 
 
-def waited(fd, what):
-    p = select.poll()
-    p.register(fd, 0)
-    deadline = time.time() + 3
-    while time.time() < deadline:
-        if any(ev & what for _, ev in p.poll(100)):
-            return True
-    return False
-
-
 def handle(cmd):
     if cmd == 'state':
         same = os.fstat(r1).st_ino == os.fstat(w1).st_ino and os.fstat(r1).st_ino != os.fstat(r2).st_ino

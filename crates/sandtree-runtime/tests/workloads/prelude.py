@@ -6,7 +6,8 @@
 # `extra` maps more listening sockets to their accept callbacks; `idle`, when
 # given, runs between non-blocking polls (otherwise the loop blocks in
 # `select`). `avail(fd)`: bytes waiting on a pipe or FIFO; `drain_fd(fd)`:
-# what a non-blocking `fd` holds; `status(key)`: a field of /proc/self/status.
+# what a non-blocking `fd` holds; `status(key)`: a field of /proc/self/status;
+# `waited(fd, events)`: whether `poll` reported any of `events` within 3 s.
 import errno, fcntl, os, select, signal, socket, struct, sys, termios, time
 
 def _readline(c):
@@ -51,6 +52,16 @@ def serve(handle, extra=(), idle=None):
                 _answer(c, handle)
             else:
                 others[s](s)
+
+def waited(fd, what):
+    """Whether `poll` of `fd` reported any of `what` within 3 s."""
+    p = select.poll()
+    p.register(fd, 0)
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        if any(ev & what for _, ev in p.poll(100)):
+            return True
+    return False
 
 def avail(fd):
     """Bytes waiting to be read on pipe or FIFO `fd`."""
