@@ -112,8 +112,8 @@ pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorabl
         return Err(no(
             "cwd".into(),
             format!(
-                "working directory {} is not searchable by its user (uid {}): a restore, done as that user, could not enter it",
-                p.cwd, p.uids[1]
+                "working directory {} is not searchable by its user: a restore, done as that user, could not enter it",
+                p.cwd
             ),
         ));
     }

@@ -77,7 +77,7 @@ pub(crate) fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
 /// kernel's bytes, which need not be UTF-8: a comm is cut at 15 bytes,
 /// possibly inside a character, and a file name is any bytes. They are
 /// read lossily (U+FFFD) rather than failing the whole file.
-fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
+pub(crate) fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
     Ok(text_of(fs::read(path)?))
 }
 
@@ -1232,50 +1232,3 @@ fn parse_cow_ranges(maps: &str) -> impl Iterator<Item = (u64, u64)> + '_ {
 
 #[cfg(test)]
 mod tests;
-
-/// Whether process `host` (a template: the original's credentials) may not
-/// search its working directory `cwd` (a path in its tree) or a directory
-/// above it: a restore, done as its user, must `chdir` there. Asked only
-/// of a process without `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH`
-/// (`cap_eff`), by the permission bits (not ACLs) against its filesystem
-/// uid, gid and groups (host ids, as `status` shows them to the daemon and
-/// `stat` the files).
-pub(crate) fn cwd_denied(host: HostPid, cwd: &str, cap_eff: u64) -> bool {
-    const DAC: u64 = (1 << 1) | (1 << 2);
-    if cap_eff & DAC != 0 || !cwd.starts_with('/') {
-        return false;
-    }
-    let Ok(text) = read_text(format!("/proc/{host}/status")) else { return false };
-    let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("");
-    let fs_id = |key: &str| field(key).split_whitespace().nth(3).and_then(|v| v.parse::<u32>().ok());
-    let (Some(uid), Some(gid)) = (fs_id("Uid:"), fs_id("Gid:")) else { return false };
-    let groups: Vec<u32> = field("Groups:").split_whitespace().filter_map(|g| g.parse().ok()).collect();
-    let searchable = |m: &fs::Metadata| {
-        use std::os::unix::fs::MetadataExt;
-        let bit = if m.uid() == uid {
-            0o100
-        } else if m.gid() == gid || groups.contains(&m.gid()) {
-            0o010
-        } else {
-            0o001
-        };
-        m.mode() & bit != 0
-    };
-    // Each directory from the root down to `cwd`, through the template's
-    // root (its tree).
-    let mut dirs = vec!["/".to_string()];
-    let mut at = String::new();
-    for part in cwd.split('/').filter(|p| !p.is_empty()) {
-        at.push('/');
-        at.push_str(part);
-        dirs.push(at.clone());
-    }
-    for dir in dirs {
-        match fs::metadata(format!("/proc/{host}/root{dir}")) {
-            Ok(m) if !searchable(&m) => return true,
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-    }
-    false
-}

@@ -991,12 +991,18 @@ static PRIVATE_MAPPING_OF_A_WRITTEN_FILE: Spec = Spec {
 /// with a second thread, comes back on its pid and tid through the
 /// sandbox's `ns_last_pid` (`clone3`'s `set_tid` needs `CAP_SYS_ADMIN`),
 /// with its credentials and files (issue 38; before, the checkpoint
-/// refused it: "no CAP_SYS_ADMIN in the sandbox"). A working directory its
-/// user may not enter (it dropped root's rights in /root) is refused by
-/// name: the restore, done as that user, could not `chdir` there.
+/// refused it: "no CAP_SYS_ADMIN in the sandbox"). A file it holds that its
+/// user may not open (opened as root before the switch) and a working
+/// directory its user may not enter (it switched in /root) are refused by
+/// name: the restore, done as that user, could not open or enter them.
 static NON_ROOT_USER: Spec = Spec {
     program: program!("non_root_user.py"),
-    setup: &[Refused(None, &["working directory /root is not searchable by its user"]), Ask("leave", Is("left"))],
+    setup: &[
+        Refused(None, &["/tmp/rootonly was opened with rights its user does not have"]),
+        Ask("forget", Is("closed")),
+        Refused(None, &["working directory /root is not searchable by its user"]),
+        Ask("leave", Is("left")),
+    ],
     at_ck: &[(
         "state",
         Is("n=0 uid=1000,1000 gid=1000 cap=0000000000000000 pos=3 threads=2 tid=True pipe=5 pair=paired"),

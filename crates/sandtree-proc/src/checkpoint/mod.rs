@@ -1152,7 +1152,17 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.itimers = c.itimers;
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;
-    image.cwd_denied = procfs::cwd_denied(child, &image.cwd, image.cap_eff);
+    image.cwd_denied = crate::process::access::cwd_denied(child, &image);
+    if let Some((fd, what)) = crate::process::access::fd_denied(s.host, child, &image) {
+        return Err(Error::unsupported(
+            s.ns_pid,
+            &image.comm,
+            format!("fd {fd}"),
+            format!(
+                "{what} was opened with rights its user does not have (opened before it changed users?): a restore, done as that user, could not open it again"
+            ),
+        ));
+    }
     image.rseq = c.rseq;
     image.robust_list = c.robust_list;
     image.threads = 1 + c.threads.len() as u32;

@@ -7,6 +7,7 @@
 //! the calling thread, FPU state, handlers, mask, credentials, limits,
 //! umask) needs nothing here but its checks.
 
+pub(crate) mod access;
 pub(crate) mod memory;
 pub(crate) mod session;
 pub(crate) mod signals;

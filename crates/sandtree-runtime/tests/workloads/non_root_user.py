@@ -4,16 +4,22 @@
 # a process (or thread) its pid with clone3's set_tid (it needs
 # CAP_SYS_ADMIN in the sandbox): it comes back through the sandbox's
 # ns_last_pid instead (before, the checkpoint refused it). It starts in
-# /root (mode 0700, root's), which it may no longer enter: a restore, done
-# as that user, could not chdir there, so the checkpoint refuses it until
-# `leave` takes it to /tmp.
-# Commands: `leave` -> `left`; `state` -> `n=<counter>
+# /root (mode 0700, root's), which it may no longer enter, and holds a file
+# only root may read, opened before: a restore, done as that user, could
+# neither chdir there nor open the file again, so the checkpoint refuses
+# it until `forget` closes the file and `leave` takes it to /tmp.
+# Commands: `forget` -> `closed`; `leave` -> `left`; `state` -> `n=<counter>
 # uid=<real>,<effective> gid=<gid> cap=<CapEff> pos=<file offset>
 # threads=<count> tid=<the thread's tid is its own> pipe=<bytes in its
 # pipe> pair=<bytes on its socket pair>`; `mutate` adds one to n, writes a
 # byte to the file and more into the pipe and the pair.
 import threading
 
+# A file only root may read, opened before the switch.
+with open('/tmp/rootonly', 'w') as secret:
+    secret.write('secret')
+os.chmod('/tmp/rootonly', 0o600)
+secret = open('/tmp/rootonly')
 os.chdir("/root")
 os.setgroups([])
 os.setgid(1000)
@@ -48,6 +54,9 @@ def handle(cmd):
         return 'n=%d uid=%d,%d gid=%d cap=%s pos=%d threads=%d tid=%s pipe=%d pair=%s' % (
             n, os.getuid(), os.geteuid(), os.getgid(), status('CapEff'), f.tell(), threading.active_count(), own,
             avail(r), b.recv(64, socket.MSG_PEEK).decode())
+    if cmd == 'forget':
+        secret.close()
+        return 'closed'
     if cmd == 'leave':
         os.chdir('/tmp')
         return 'left'

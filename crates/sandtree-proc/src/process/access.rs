@@ -1,0 +1,117 @@
+//! What a process of a user other than root may open again. A restore
+//! runs as the process's own user (it is a fork of its template): it
+//! `chdir`s to the working directory and opens files again by path (or a
+//! pipe or terminal through its `O_PATH`) with that user's rights. A
+//! process that got a descriptor or a working directory with rights it
+//! no longer has (it opened them as root, then changed users) would fail
+//! there: the checkpoint refuses it by name instead.
+//!
+//! Asked only of a process without `CAP_DAC_OVERRIDE` and
+//! `CAP_DAC_READ_SEARCH`, by the permission bits (not ACLs), against its
+//! filesystem uid, gid and groups: host ids, as the template's `status`
+//! shows them to the daemon and `stat` the files.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use crate::HostPid;
+use crate::model::{FdImage, FdKind, ProcessImage};
+
+/// `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH`.
+const DAC: u64 = (1 << 1) | (1 << 2);
+
+/// A process's filesystem credentials.
+struct Credentials {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+impl Credentials {
+    /// Of process `host` (a template: its original's), from its `status`.
+    fn of(host: HostPid) -> Option<Credentials> {
+        let text = crate::procfs::read_text(format!("/proc/{host}/status")).ok()?;
+        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("");
+        let fs_id = |key: &str| field(key).split_whitespace().nth(3).and_then(|v| v.parse::<u32>().ok());
+        let groups = field("Groups:").split_whitespace().filter_map(|g| g.parse().ok()).collect();
+        Some(Credentials { uid: fs_id("Uid:")?, gid: fs_id("Gid:")?, groups })
+    }
+
+    /// Whether these credentials get all of `want` (`0o4` read, `0o2`
+    /// write, `0o1` search) on the file `m` describes.
+    fn may(&self, m: &fs::Metadata, want: u32) -> bool {
+        let shift = if m.uid() == self.uid {
+            6
+        } else if m.gid() == self.gid || self.groups.contains(&m.gid()) {
+            3
+        } else {
+            0
+        };
+        (m.mode() >> shift) & want == want
+    }
+
+    /// Whether these credentials may walk to `path` (absolute, in the tree
+    /// of process `host`): search on `/` and each directory above it.
+    fn may_walk_to(&self, host: HostPid, path: &str) -> bool {
+        let mut at = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            let dir = fs::metadata(format!("/proc/{host}/root{at}/"));
+            if dir.is_ok_and(|m| !self.may(&m, 0o1)) {
+                return false;
+            }
+            at.push('/');
+            at.push_str(part);
+        }
+        true
+    }
+}
+
+/// Whether `p` (its template `template`) is of a user that may not enter
+/// its working directory.
+pub(crate) fn cwd_denied(template: HostPid, p: &ProcessImage) -> bool {
+    if p.cap_eff & DAC != 0 || !p.cwd.starts_with('/') {
+        return false;
+    }
+    let Some(c) = Credentials::of(template) else { return false };
+    let dir = fs::metadata(format!("/proc/{template}/root{}", p.cwd));
+    !c.may_walk_to(template, &p.cwd) || dir.is_ok_and(|m| !c.may(&m, 0o1))
+}
+
+/// The first descriptor of `p` (its template `template`, its original
+/// `orig`) that its user may not open again as the restore does, with
+/// what it names: a file of the tree (by path: every directory above it
+/// searchable, the file readable or writable as its access mode asks), a
+/// pipe or terminal (through its `O_PATH`: the inode alone).
+pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &ProcessImage) -> Option<(i32, String)> {
+    if p.cap_eff & DAC != 0 {
+        return None;
+    }
+    let c = Credentials::of(template)?;
+    let want = |f: &FdImage| match f.flags & libc::O_ACCMODE as u32 {
+        a if a == libc::O_WRONLY as u32 => 0o2,
+        a if a == libc::O_RDWR as u32 => 0o6,
+        _ => 0o4,
+    };
+    for f in p.fds.iter().filter(|f| f.same_as.is_none() && f.flags & libc::O_PATH as u32 == 0) {
+        let denied = match &f.kind {
+            FdKind::LayerFile { path, .. } | FdKind::Fifo { path, on_layer: true, .. } => {
+                Some(path.clone()).filter(|path| {
+                    let file = fs::metadata(format!("/proc/{template}/root{path}"));
+                    !c.may_walk_to(template, path) || file.is_ok_and(|m| !c.may(&m, want(f)))
+                })
+            }
+            k if k.held_as_o_path() || k.terminal().is_some() => {
+                let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
+                node.is_ok_and(|m| !c.may(&m, want(f))).then(|| match k {
+                    FdKind::Fifo { path, .. } | FdKind::KeptFile { path, .. } => path.clone(),
+                    _ => "a pipe".to_string(),
+                })
+            }
+            _ => None,
+        };
+        if let Some(what) = denied {
+            return Some((f.fd, what));
+        }
+    }
+    None
+}
