@@ -9,8 +9,13 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
+    /// Working directory (default `/root`, or the home of `user`).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Run the shell as this user of the sandbox (as `ExecRequest::user`;
+    /// default root).
+    #[serde(default)]
+    pub user: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]

@@ -69,6 +69,16 @@ fn stdin_bytes(req: &ExecRequest, io: &ExecIo) -> Result<Option<Vec<u8>>> {
     }
 }
 
+/// A request's `user`, checked: a name or a uid (init looks it up).
+pub(crate) fn user_name(user: Option<&str>) -> Result<Option<String>> {
+    match user {
+        Some(u) if u.is_empty() || u.contains(['\0', ':', '\n']) => {
+            Err(Error::InvalidArgument(format!("user {u:?} is not a user name or uid (no ':', newline or NUL)")))
+        }
+        u => Ok(u.map(str::to_string)),
+    }
+}
+
 fn to_request(req: &ExecRequest, io: &ExecIo) -> Result<sandtree_sandbox::ExecRequest> {
     if req.cmd.is_empty() || req.cmd[0].is_empty() {
         return Err(Error::InvalidArgument("cmd must name a program, e.g. [\"ls\", \"-l\"]".into()));
@@ -82,14 +92,7 @@ fn to_request(req: &ExecRequest, io: &ExecIo) -> Result<sandtree_sandbox::ExecRe
         argv: req.cmd.clone(),
         env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         cwd: req.cwd.clone(),
-        user: match req.user.as_deref() {
-            Some(u) if u.is_empty() || u.contains(['\0', ':', '\n']) => {
-                return Err(Error::InvalidArgument(format!(
-                    "user {u:?} is not a user name or uid (no ':', newline or NUL)"
-                )));
-            }
-            u => u.map(str::to_string),
-        },
+        user: user_name(req.user.as_deref())?,
         stdin: stdin_bytes(req, io)?,
         timeout: req.timeout_ms.map(Duration::from_millis),
         max_output_bytes: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),

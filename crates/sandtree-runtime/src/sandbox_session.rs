@@ -26,6 +26,7 @@ impl Engine {
         self.record(id)?;
         let sb = self.running(id).await?;
         let opts = SessionOptions {
+            user: crate::sandbox_exec::user_name(req.user.as_deref())?,
             cwd: req.cwd,
             env: req.env.into_iter().collect(),
             cols: req.cols.unwrap_or(120),

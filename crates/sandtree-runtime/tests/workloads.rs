@@ -1831,7 +1831,7 @@ fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// `exec`'s `user`: a command runs as a user of the sandbox (by name from
+/// `exec`'s `user` (and a session's): a command runs as a user of the sandbox (by name from
 /// its `/etc/passwd`, or by uid), with its groups, HOME, USER and LOGNAME,
 /// in its home (`/` when that does not exist); an unknown name exits 126
 /// saying so, as a command that cannot start. A background process started so is checkpointed and comes back
@@ -1863,6 +1863,12 @@ fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
             unknown.exit_code == Some(126) && unknown.stderr.contains("no user \"ghost\""),
             "unknown user: {unknown:?}"
         );
+        // A session's shell, as the user.
+        let req = sandtree_api::CreateSessionRequest { user: Some("agent".into()), ..Default::default() };
+        let sid = e.create_session(&sb, req).await?.id;
+        let run = SessionRunRequest { command: "echo \"$(id -un) $(pwd) $HOME\"".into(), timeout_ms: Some(10_000) };
+        let out = e.session_run(&sb, &sid, run).await?;
+        ensure!(out.output.contains("agent /home/agent /home/agent"), "session as agent: {:?}", out.output);
         // In the background, checkpointed, changed, rolled back.
         let counter = "exec python3 -c 'import time\nwhile True: time.sleep(0.05)'";
         let bg = exec(e, &sb, ExecRequest { background: true, ..as_user("agent", counter) }).await?;

@@ -465,6 +465,12 @@ fn spawn(
         StdioSpec::Pty { cols, rows } => {
             let pair = sandtree_sys::pty::open_pair().map_err(|e| (format!("open pty: {e}"), None))?;
             let _ = sandtree_sys::pty::set_size(&pair.master, *cols, *rows);
+            // The terminal of a user's shell is the user's (as `login`
+            // makes it): it may open it again, as a restore does.
+            if let Some(a) = &account {
+                let (u, g) = (Some(rustix::fs::Uid::from_raw(a.uid)), Some(rustix::fs::Gid::from_raw(a.gid)));
+                rustix::fs::fchown(&pair.slave, u, g).map_err(|e| (format!("chown of the pty: {e}"), None))?;
+            }
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| (format!("dup pty: {e}"), None));
             let (a, b) = (dup(&pair.slave)?, dup(&pair.slave)?);
             (Some(pair.master), [pair.slave, a, b])

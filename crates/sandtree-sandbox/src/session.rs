@@ -59,13 +59,15 @@ pub struct SessionOptions {
     pub rows: u16,
     /// Extra environment.
     pub env: Vec<(String, String)>,
-    /// Working directory.
+    /// Working directory (default `/root`, or `user`'s home).
     pub cwd: Option<String>,
+    /// The user the shell runs as (a name or a uid; default root).
+    pub user: Option<String>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { cols: 120, rows: 40, env: Vec::new(), cwd: None }
+        SessionOptions { cols: 120, rows: 40, env: Vec::new(), cwd: None, user: None }
     }
 }
 
@@ -311,13 +313,16 @@ impl Sandbox {
     pub async fn open_session(&self, opts: SessionOptions) -> Result<SessionId> {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), DEFAULT_PATH.into()),
-            ("HOME".into(), "/root".into()),
             ("LANG".into(), "C.UTF-8".into()),
             ("TERM".into(), "xterm-256color".into()),
             ("PS1".into(), PS1.into()),
             ("PS2".into(), String::new()),
             ("PROMPT_COMMAND".into(), PROMPT_COMMAND.into()),
         ];
+        // (Another user's HOME comes from init, which looks the user up.)
+        if opts.user.is_none() {
+            env.push(("HOME".into(), "/root".into()));
+        }
         for (k, v) in &opts.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
@@ -327,8 +332,9 @@ impl Sandbox {
         let req = Request::Spawn {
             argv: argv.clone(),
             env,
-            cwd: opts.cwd.clone().unwrap_or_else(|| "/root".into()),
-            user: None,
+            // (Empty with a user: its home.)
+            cwd: opts.cwd.clone().unwrap_or_else(|| if opts.user.is_some() { String::new() } else { "/root".into() }),
+            user: opts.user.clone(),
             stdio: StdioSpec::Pty { cols: opts.cols, rows: opts.rows },
             setsid: true,
             pgid: false,

@@ -240,6 +240,10 @@ pub struct ShellArgs {
     /// Timeout of -c (e.g. 30s).
     #[arg(long, value_parser = units::parse_duration)]
     pub timeout: Option<std::time::Duration>,
+    /// Run a new session's shell as this user of the sandbox (a name or a
+    /// uid; default root).
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
 }
 
 /// Parses `k=v`.

@@ -55,15 +55,15 @@ fn resize_frame(cols: u16, rows: u16) -> Message {
     Message::Text(serde_json::json!({ "resize": [cols, rows] }).to_string().into())
 }
 
-async fn new_session(ctx: &Ctx, sandbox: &str) -> Result<SessionInfo> {
+async fn new_session(ctx: &Ctx, sandbox: &str, user: Option<String>) -> Result<SessionInfo> {
     let (cols, rows) = term_size().map(|(c, r)| (Some(c), Some(r))).unwrap_or((None, None));
-    let req = CreateSessionRequest { cols, rows, ..Default::default() };
+    let req = CreateSessionRequest { cols, rows, user, ..Default::default() };
     ctx.client.call_as(Method::POST, &format!("/v1/sandboxes/{}/sessions", enc(sandbox)), Some(&req)).await
 }
 
 pub async fn shell(ctx: &Ctx, a: ShellArgs) -> Result<i32> {
     if let Some(command) = a.command {
-        return run_one(ctx, &a.sandbox, a.session, command, a.timeout).await;
+        return run_one(ctx, &a.sandbox, (a.session, a.user), command, a.timeout).await;
     }
     if !std::io::stdin().is_terminal() {
         anyhow::bail!(
@@ -72,7 +72,7 @@ pub async fn shell(ctx: &Ctx, a: ShellArgs) -> Result<i32> {
     }
     let (sid, created) = match a.session {
         Some(s) => (s, false),
-        None => (new_session(ctx, &a.sandbox).await?.id, true),
+        None => (new_session(ctx, &a.sandbox, a.user.clone()).await?.id, true),
     };
     let path = format!("/v1/sandboxes/{}/sessions/{}/attach", enc(&a.sandbox), enc(&sid));
     let ws = ctx.client.websocket(&path).await?;
@@ -133,13 +133,13 @@ pub async fn shell(ctx: &Ctx, a: ShellArgs) -> Result<i32> {
 async fn run_one(
     ctx: &Ctx,
     sandbox: &str,
-    session: Option<String>,
+    (session, user): (Option<String>, Option<String>),
     command: String,
     timeout: Option<Duration>,
 ) -> Result<i32> {
     let (sid, created) = match session {
         Some(s) => (s, false),
-        None => (new_session(ctx, sandbox).await?.id, true),
+        None => (new_session(ctx, sandbox, user).await?.id, true),
     };
     let req = SessionRunRequest { command, timeout_ms: timeout.map(|d| d.as_millis() as u64) };
     let mut path = format!("/v1/sandboxes/{}/sessions/{}/run", enc(sandbox), enc(&sid));
