@@ -20,10 +20,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{
@@ -80,7 +78,7 @@ pub fn is_empty_dir(dir: BorrowedFd<'_>) -> io::Result<bool> {
 struct Copy<'a> {
     copied: Copied,
     /// Inodes with more than one name: (device, inode) → the path copied
-    /// first, relative to the root, and the destination root to link in.
+    /// first, relative to the root.
     links: HashMap<(u64, u64), PathBuf>,
     where_to: &'a Path,
 }
@@ -178,7 +176,6 @@ impl Copy<'_> {
     /// Copies the data segments of `src` (holes stay holes); returns the
     /// bytes copied.
     fn data(&self, src: &OwnedFd, dst: &OwnedFd, size: u64, rel: &Path) -> Result<u64> {
-        let (src_file, dst_file) = (File::from(src.try_clone().map_err(|e| Error::io("dup", rel, e))?), dst);
         let mut buf = vec![0u8; 256 << 10];
         let mut at = 0u64;
         let mut copied = 0u64;
@@ -192,11 +189,15 @@ impl Copy<'_> {
             let mut off = start;
             while off < end {
                 let want = ((end - off) as usize).min(buf.len());
-                let n = src_file.read_at(&mut buf[..want], off).map_err(|e| Error::io("read", rel, e))?;
+                let n = rustix::io::pread(src, &mut buf[..want], off).map_err(|e| self.err("read", rel, e))?;
                 if n == 0 {
                     break;
                 }
-                rustix::io::pwrite(dst_file, &buf[..n], off).map_err(|e| self.err("write", rel, e))?;
+                let mut written = 0;
+                while written < n {
+                    written += rustix::io::pwrite(dst, &buf[written..n], off + written as u64)
+                        .map_err(|e| self.err("write", rel, e))?;
+                }
                 off += n as u64;
                 copied += n as u64;
             }

@@ -638,14 +638,6 @@ pub(crate) fn clone_args(set_tid: u64, flags: u64) -> Vec<u8> {
     fields.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 
-/// `args` ([`clone_args`]) without its `set_tid` array (`set_tid_size` 0):
-/// the kernel picks the pid.
-pub(crate) fn without_set_tid(args: &mut [u8]) {
-    // struct clone_args: set_tid and set_tid_size are the 9th and 10th
-    // fields (one without the other is EINVAL).
-    args[64..80].copy_from_slice(&[0u8; 16]);
-}
-
 /// Write `args` ([`clone_args`]) at `scratch` of stopped process `pid`, and
 /// `tid` as its one-entry `set_tid` array, for an injected `clone3`.
 pub(crate) fn write_clone_args(pid: HostPid, scratch: u64, args: &[u8], tid: SandboxPid) -> Result<()> {

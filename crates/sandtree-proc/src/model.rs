@@ -49,10 +49,14 @@ pub struct ProcessImage {
     pub exe: String,
     /// Number of threads.
     pub threads: u32,
-    /// Real, effective, saved and filesystem uid (as seen inside).
+    /// Real, effective, saved and filesystem uid (host ids: as the
+    /// daemon reads them in `status`).
     pub uids: [u32; 4],
-    /// Real, effective, saved and filesystem gid.
+    /// Real, effective, saved and filesystem gid (host ids).
     pub gids: [u32; 4],
+    /// Supplementary groups (host ids).
+    #[serde(default)]
+    pub groups: Vec<u32>,
     /// Effective capabilities.
     pub cap_eff: u64,
     /// File mode creation mask.

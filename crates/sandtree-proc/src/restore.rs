@@ -360,10 +360,7 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crat
             });
         }
     };
-    let mut args = clone_args(t.scratch + SET_TID_OFFSET, flags);
-    if by_last_pid.is_some() {
-        crate::inject::without_set_tid(&mut args);
-    }
+    let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
     let written = write_clone_args(src_host, t.scratch, &args, image.pid);
     // (Until the clone succeeds the template is as it was, its standby too.)
     if let Err(e) = written {
@@ -382,10 +379,7 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crat
     if nice.is_some() {
         set_nice(src_host, RESTORE_NICE);
     }
-    let out = match by_last_pid {
-        None => crate::process::clone3_when_free(src, t.scratch, &mut busy, wait),
-        Some(set) => crate::process::clone3_at_last_pid(src, t.scratch, image.pid, set, &mut busy, wait),
-    };
+    let out = crate::process::clone3_as(src, t.scratch, image.pid, by_last_pid, &mut busy, wait);
     if let Some(n) = nice {
         set_nice(src_host, n);
     }

@@ -392,13 +392,26 @@ struct Capture {
     truncated: bool,
 }
 
+/// Root's HOME, the default of a process started as root; none as another
+/// `user`, whose HOME (with USER and LOGNAME) init sets from its account.
+pub(crate) fn default_home(user: Option<&String>) -> Option<(&'static str, &'static str)> {
+    user.is_none().then_some(("HOME", "/root"))
+}
+
+/// The working directory a spawn asks for: `cwd`, else `/root`, or, as
+/// another `user`, nothing (init takes the user's home).
+pub(crate) fn spawn_cwd(cwd: Option<&String>, user: Option<&String>) -> String {
+    match (cwd, user) {
+        (Some(cwd), _) => cwd.clone(),
+        (None, Some(_)) => String::new(),
+        (None, None) => "/root".into(),
+    }
+}
+
 fn build_env(req: &ExecRequest, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    // (Another user's HOME, USER and LOGNAME come from init, which looks
-    // the user up.)
-    let home: &[(&str, &str)] = if req.user.is_some() { &[] } else { &[("HOME", "/root")] };
     let mut env: Vec<(String, String)> = [("PATH", DEFAULT_PATH), ("LANG", "C.UTF-8")]
         .iter()
-        .chain(home)
+        .chain(default_home(req.user.as_ref()).as_slice())
         .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
@@ -604,8 +617,7 @@ async fn start(conn: &Arc<Conn>, owner: u32, req: &ExecRequest, setsid: bool, st
     let spawn = Request::Spawn {
         argv: req.argv.clone(),
         env: build_env(req, &[]),
-        // (Empty with a user: its home.)
-        cwd: req.cwd.clone().unwrap_or_else(|| if req.user.is_some() { String::new() } else { "/root".into() }),
+        cwd: spawn_cwd(req.cwd.as_ref(), req.user.as_ref()),
         stdio: StdioSpec::Fds,
         setsid,
         pgid: !setsid,

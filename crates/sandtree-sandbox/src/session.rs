@@ -319,9 +319,8 @@ impl Sandbox {
             ("PS2".into(), String::new()),
             ("PROMPT_COMMAND".into(), PROMPT_COMMAND.into()),
         ];
-        // (Another user's HOME comes from init, which looks the user up.)
-        if opts.user.is_none() {
-            env.push(("HOME".into(), "/root".into()));
+        if let Some((k, v)) = crate::exec::default_home(opts.user.as_ref()) {
+            env.push((k.into(), v.into()));
         }
         for (k, v) in &opts.env {
             env.retain(|(ek, _)| ek != k);
@@ -332,8 +331,7 @@ impl Sandbox {
         let req = Request::Spawn {
             argv: argv.clone(),
             env,
-            // (Empty with a user: its home.)
-            cwd: opts.cwd.clone().unwrap_or_else(|| if opts.user.is_some() { String::new() } else { "/root".into() }),
+            cwd: crate::exec::spawn_cwd(opts.cwd.as_ref(), opts.user.as_ref()),
             user: opts.user.clone(),
             stdio: StdioSpec::Pty { cols: opts.cols, rows: opts.rows },
             setsid: true,

@@ -26,10 +26,14 @@ use nix::sys::uio::{RemoteIoVec, process_vm_readv, process_vm_writev};
 
 /// `PAGE_IS_WRITTEN`: written since it was last protected.
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+/// `PAGE_IS_FILE`: a page of a file (or of shared memory).
+pub const PAGE_IS_FILE: u64 = 1 << 2;
 /// `PAGE_IS_PRESENT`: mapped in memory.
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
 /// `PAGE_IS_SWAPPED`: swapped out (or a migration entry, or a marker).
 pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// `PAGE_IS_PFNZERO`: the shared zero page (a read of memory never written).
+pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
 /// `PAGE_IS_GUARD`: a guard region's page (`MADV_GUARD_INSTALL`, 6.15+).
 pub const PAGE_IS_GUARD: u64 = 1 << 8;
 
@@ -177,11 +181,6 @@ fn take_written_in(
     }
     Ok(())
 }
-
-/// `PAGE_IS_FILE`: a page of a file (or of shared memory).
-pub const PAGE_IS_FILE: u64 = 1 << 2;
-/// `PAGE_IS_PFNZERO`: the shared zero page (a read of memory never written).
-pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 /// Whether range `[start, end)` of the process whose `/proc/<pid>/pagemap`
 /// is `pagemap` holds a page of its own: an anonymous page present (or,

@@ -1,6 +1,6 @@
-use std::fs;
+use std::fs::{self, File};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, symlink};
 
 use super::*;
 

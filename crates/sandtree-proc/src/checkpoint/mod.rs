@@ -880,8 +880,10 @@ fn clone_of(
             // Pending signals before the timers are read: a one-shot timer
             // that fires meanwhile then shows in neither rather than in
             // both (a periodic one keeps firing, see below).
-            let mut status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
-            let text = std::mem::take(&mut status.text);
+            let status = procfs::status(host).map_err(|e| Error::Proc { pid: host, what: "status", source: e })?;
+            // (Kept in `status` too: each other thread's credentials are
+            // compared with its lines, `process::threads::capture`.)
+            let text = status.text.clone();
             let queued = crate::process::signals::capture_pending(host, status.signals.pending)?;
             let itimers = match quiet {
                 true => (Vec::new(), quiet_altstack.clone().flatten(), false),
@@ -1004,7 +1006,13 @@ fn clone_of(
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
-            threads.push(crate::process::threads::capture(s, (tid, ns_tid, regs), insn, &mut thread_tracees)?);
+            threads.push(crate::process::threads::capture(
+                s,
+                &status.text,
+                (tid, ns_tid, regs),
+                insn,
+                &mut thread_tracees,
+            )?);
         }
         let sockets = crate::kinds::capture_unix_queue(host, &fds, seen, (s.ns_pid, &comm_now))?;
         let link = |what: &str| procfs::readlink(format!("/proc/{host}/{what}"));

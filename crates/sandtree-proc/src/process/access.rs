@@ -8,8 +8,8 @@
 //!
 //! Asked only of a process without `CAP_DAC_OVERRIDE` and
 //! `CAP_DAC_READ_SEARCH`, by the permission bits (not ACLs), against its
-//! filesystem uid, gid and groups: host ids, as the template's `status`
-//! shows them to the daemon and `stat` the files.
+//! filesystem uid, gid and groups: host ids, as its image holds them
+//! (read in `status` by the daemon) and `stat` shows the files'.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -28,13 +28,9 @@ struct Credentials {
 }
 
 impl Credentials {
-    /// Of process `host` (a template: its original's), from its `status`.
-    fn of(host: HostPid) -> Option<Credentials> {
-        let text = crate::procfs::read_text(format!("/proc/{host}/status")).ok()?;
-        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("");
-        let fs_id = |key: &str| field(key).split_whitespace().nth(3).and_then(|v| v.parse::<u32>().ok());
-        let groups = field("Groups:").split_whitespace().filter_map(|g| g.parse().ok()).collect();
-        Some(Credentials { uid: fs_id("Uid:")?, gid: fs_id("Gid:")?, groups })
+    /// Of process `p` (its filesystem ids and groups).
+    fn of(p: &ProcessImage) -> Credentials {
+        Credentials { uid: p.uids[3], gid: p.gids[3], groups: p.groups.clone() }
     }
 
     /// Whether these credentials get all of `want` (`0o4` read, `0o2`
@@ -72,7 +68,7 @@ pub(crate) fn cwd_denied(template: HostPid, p: &ProcessImage) -> bool {
     if p.cap_eff & DAC != 0 || !p.cwd.starts_with('/') {
         return false;
     }
-    let Some(c) = Credentials::of(template) else { return false };
+    let c = Credentials::of(p);
     let dir = fs::metadata(format!("/proc/{template}/root{}", p.cwd));
     !c.may_walk_to(template, &p.cwd) || dir.is_ok_and(|m| !c.may(&m, 0o1))
 }
@@ -86,7 +82,7 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &ProcessImage) -> O
     if p.cap_eff & DAC != 0 {
         return None;
     }
-    let c = Credentials::of(template)?;
+    let c = Credentials::of(p);
     let want = |f: &FdImage| match f.flags & libc::O_ACCMODE as u32 {
         a if a == libc::O_WRONLY as u32 => 0o2,
         a if a == libc::O_RDWR as u32 => 0o6,

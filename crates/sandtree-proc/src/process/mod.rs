@@ -42,15 +42,35 @@ pub(crate) fn clone3_when_free(src: &mut Tracee, args: u64, busy: &mut u32, wait
     Ok(out)
 }
 
+/// The `clone3` whose `clone_args` are at `args` in `src` (written with
+/// `want` as their `set_tid`, [`crate::inject::write_clone_args`]), until
+/// the child gets `want`: by `set_tid` ([`clone3_when_free`]), or, given
+/// `last_pid` (a process that may not choose its pid), through the
+/// sandbox's `ns_last_pid` ([`clone3_at_last_pid`]).
+pub(crate) fn clone3_as(
+    src: &mut Tracee,
+    args: u64,
+    want: SandboxPid,
+    last_pid: Option<&mut crate::LastPid>,
+    busy: &mut u32,
+    wait: bool,
+) -> Result<Outcome> {
+    match last_pid {
+        None => clone3_when_free(src, args, busy, wait),
+        Some(set) => clone3_at_last_pid(src, args, want, set, busy, wait),
+    }
+}
+
 /// [`clone3_when_free`] for a process that may not choose its pid (no
-/// `CAP_SYS_ADMIN` in the sandbox, which `set_tid` needs): `last_pid` sets
-/// the sandbox's `ns_last_pid` to the one before `want`, then `clone3`
-/// without `set_tid` (`args`) takes the next free pid. A child that got
-/// another (`want` was busy: its killed original not reaped yet) is killed
-/// and the clone tried again, as long as `wait` allows; else `EEXIST`, as
-/// `set_tid` gives. Nothing else makes processes in the sandbox meanwhile:
-/// the restored ones wait stopped until all are back.
-pub(crate) fn clone3_at_last_pid(
+/// `CAP_SYS_ADMIN` in the sandbox, which `set_tid` needs): the `set_tid`
+/// array is taken out of the `clone_args` at `args`, `last_pid` sets the
+/// sandbox's `ns_last_pid` to the one before `want`, and `clone3` takes the
+/// next free pid. A child that got another (`want` was busy: its killed
+/// original not reaped yet) is killed and the clone tried again, as long
+/// as `wait` allows; else `EEXIST`, as `set_tid` gives. Nothing else makes
+/// processes in the sandbox meanwhile: the restored ones wait stopped
+/// until all are back.
+fn clone3_at_last_pid(
     src: &mut Tracee,
     args: u64,
     want: SandboxPid,
@@ -58,6 +78,10 @@ pub(crate) fn clone3_at_last_pid(
     busy: &mut u32,
     wait: bool,
 ) -> Result<Outcome> {
+    // struct clone_args: set_tid and set_tid_size are its 9th and 10th
+    // fields (one without the other is EINVAL).
+    sandtree_sys::ptrace::write_mem(src.tid.raw(), args + 64, &[0u8; 16])
+        .map_err(Error::ptrace(src.tid, "write clone_args"))?;
     let mut backoff = Backoff::new(20, 100, PID_WAIT);
     for _ in 0..100_000 {
         last_pid(SandboxPid(want.raw() - 1)).map_err(|e| Error::Proc {

@@ -21,8 +21,11 @@ use crate::{Error, Result};
 /// robust list, name, and — read by calls injected into it, into the dead
 /// space below its stack's red zone — its `clear_child_tid` and alternate
 /// signal stack. Its tracee joins `tracees` as soon as a call is injected.
+/// `main_status`: the process's `status` (its main thread's), read in the
+/// pass already.
 pub(crate) fn capture(
     s: &StoppedProcess,
+    main_status: &str,
     (tid, ns_tid, regs): (HostPid, SandboxPid, ptrace::Regs),
     insn: u64,
     tracees: &mut Vec<(Tracee, ptrace::Regs)>,
@@ -30,7 +33,7 @@ pub(crate) fn capture(
     let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.host)).unwrap_or_default();
     let comm = comm.trim_end().to_string();
     // A thread made at the restore takes the main thread's credentials.
-    if let Some(what) = own_credentials(s.host, tid) {
+    if let Some(what) = own_credentials(main_status, s.host, tid) {
         return Err(Error::unsupported(
             s.ns_pid,
             &comm,
@@ -117,14 +120,16 @@ pub(crate) fn rseq_abort(tid: HostPid, rseq: Option<(u64, u32, u32, u32)>, regs:
     }
 }
 
-/// What of thread `tid`'s credentials differs from the main thread's
-/// (process `host`): user ids, group ids, supplementary groups or
-/// capabilities (raw `setresuid` and the like change one thread's alone;
-/// glibc's change every thread's). `None` when they are the same, or
-/// cannot be read.
-fn own_credentials(host: HostPid, tid: HostPid) -> Option<&'static str> {
-    let read = |t: HostPid| std::fs::read_to_string(format!("/proc/{host}/task/{t}/status")).ok();
-    let (main, thread) = (read(host)?, read(tid)?);
+/// What of thread `tid`'s credentials (of process `host`) differs from
+/// the main thread's, whose `status` is `main`: user ids, group ids,
+/// supplementary groups or capabilities (raw `setresuid` and the like
+/// change one thread's alone; glibc's change every thread's). `None` when
+/// they are the same, or cannot be read.
+fn own_credentials(main: &str, host: HostPid, tid: HostPid) -> Option<&'static str> {
+    if main.is_empty() {
+        return None;
+    }
+    let thread = std::fs::read_to_string(format!("/proc/{host}/task/{tid}/status")).ok()?;
     let line = |text: &str, key: &str| text.lines().find(|l| l.starts_with(key)).map(str::to_string);
     [
         ("Uid:", "user ids"),
@@ -135,7 +140,7 @@ fn own_credentials(host: HostPid, tid: HostPid) -> Option<&'static str> {
         ("CapInh:", "capabilities"),
     ]
     .into_iter()
-    .find(|(key, _)| line(&main, key) != line(&thread, key))
+    .find(|(key, _)| line(main, key) != line(&thread, key))
     .map(|(_, what)| what)
 }
 
@@ -164,17 +169,11 @@ pub(crate) fn restore(
         let mut args = clone_args(scratch + SET_TID_OFFSET, FLAGS);
         // struct clone_args: tls is the 8th field.
         args[56..64].copy_from_slice(&regs.fs_base.to_ne_bytes());
-        // (A process that may not choose a tid: through `ns_last_pid`.)
-        let by_last_pid = last_pid.as_deref_mut().filter(|_| !crate::check::may_choose_pid(image));
-        if by_last_pid.is_some() {
-            crate::inject::without_set_tid(&mut args);
-        }
         write_clone_args(pid, scratch, &args, th.tid)?;
-        // A killed thread's tid is free once it is gone.
-        let made = match by_last_pid {
-            Some(set) => super::clone3_at_last_pid(p, scratch, th.tid, set, &mut 0, true)?,
-            None => super::clone3_when_free(p, scratch, &mut 0, true)?,
-        };
+        // A killed thread's tid is free once it is gone. (A process that
+        // may not choose a tid: through `ns_last_pid`.)
+        let by_last_pid = last_pid.as_deref_mut().filter(|_| !crate::check::may_choose_pid(image));
+        let made = super::clone3_as(p, scratch, th.tid, by_last_pid, &mut 0, true)?;
         let (Some(tid), true) = (made.child, made.ret > 0) else {
             return Err(Error::Remote {
                 pid,
