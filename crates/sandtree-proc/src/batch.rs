@@ -208,6 +208,16 @@ impl Batch {
         Arg::Data(off)
     }
 
+    /// The address in the tracee of bytes added with [`Batch::data`] (or
+    /// [`Batch::path`]): where a call of the batch writes what it returns
+    /// through a pointer, to read once the batch ran.
+    pub(crate) fn address(&self, arg: Arg) -> u64 {
+        match arg {
+            Arg::Data(off) => self.base + off as u64,
+            _ => panic!("the address of an argument not in the data area"),
+        }
+    }
+
     /// A NUL-terminated path in the data area.
     pub(crate) fn path(&mut self, path: &str) -> Arg {
         let mut bytes = path.as_bytes().to_vec();
@@ -344,10 +354,11 @@ impl Batch {
 
 impl Tracee {
     /// Run `batch` (see the module docs); the first failing call is an
-    /// error naming it.
-    pub(crate) fn run_batch(&mut self, batch: &mut Batch) -> Result<()> {
+    /// error naming it. Its calls' results, by index (the batch is empty
+    /// again).
+    pub(crate) fn run_batch(&mut self, batch: &mut Batch) -> Result<Vec<i64>> {
         if batch.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         if !batch.exec {
             return self.run_one_by_one(batch);
@@ -377,7 +388,7 @@ impl Tracee {
                 raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
             let Some(failed) = (from..batch.calls).find(|&i| results[i] < 0) else {
                 batch.clear();
-                return Ok(());
+                return Ok(results);
             };
             let (what, retry) = batch
                 .ops
@@ -404,7 +415,7 @@ impl Tracee {
 impl Tracee {
     /// [`Tracee::run_batch`] without an executable area: each call injected
     /// on its own (data written to the area first).
-    fn run_one_by_one(&mut self, batch: &mut Batch) -> Result<()> {
+    fn run_one_by_one(&mut self, batch: &mut Batch) -> Result<Vec<i64>> {
         let tid = self.tid;
         ptrace::write_mem(tid.raw(), batch.base, &batch.data).map_err(|e| Error::Ptrace {
             pid: tid,
@@ -459,7 +470,7 @@ impl Tracee {
             }
         }
         batch.clear();
-        Ok(())
+        Ok(results)
     }
 }
 

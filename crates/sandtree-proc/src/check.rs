@@ -31,8 +31,8 @@ pub const INOTIFY_MAX_WD: i32 = 1024;
 /// read while the processes are stopped).
 pub const GHOST_MAX: u64 = 16 << 20;
 
-/// What changes for a process whose parent is not init when best effort
-/// restores it anyway.
+/// What changes for a process whose parent is not captured (left running
+/// by a best-effort checkpoint) when best effort restores it anyway.
 pub fn reparent_note(p: &ProcessImage) -> Unrestorable {
     Unrestorable {
         pid: p.pid,
@@ -64,40 +64,9 @@ impl std::fmt::Display for Unrestorable {
     }
 }
 
-/// Checks that need only the process's own status (before it is stopped).
-/// `reparent`: best effort may restore a child of another process as a
-/// child of init, in its own session (see [`reparent_note`]).
-pub fn check_status(
-    pid: SandboxPid,
-    comm: &str,
-    threads: u32,
-    ppid: SandboxPid,
-    reparent: bool,
-) -> Result<(), Unrestorable> {
-    let no = |resource: &str, reason: String| Unrestorable {
-        pid,
-        comm: comm.to_string(),
-        resource: resource.to_string(),
-        reason,
-    };
-    // (Threads: the fork copies the calling one; the others are captured
-    // one by one and made again at the restore.)
-    let _ = threads;
-    if ppid != SandboxPid::INIT && !reparent {
-        return Err(no(
-            "parent",
-            format!(
-                "its parent is pid {ppid}; templates restore children of the sandbox init only (run it from a session or as a background process)"
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// The checks of a captured image's process state (its descriptors' are
 /// their kinds', `kinds/`; its memory's `process::memory::check`).
-pub fn check_process(p: &ProcessImage, reparent: bool) -> Result<(), Unrestorable> {
-    check_status(p.pid, &p.comm, p.threads, p.ppid, reparent)?;
+pub fn check_process(p: &ProcessImage) -> Result<(), Unrestorable> {
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
     if p.pgid != p.pid && p.ppid == SandboxPid::INIT {
         return Err(no(

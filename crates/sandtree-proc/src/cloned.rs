@@ -20,6 +20,9 @@ pub(crate) struct Cloned {
     pub nice: Option<i32>,
     /// When the clone began.
     pub t_start: std::time::Instant,
+    /// Made by its restored parent (`transplant.rs`), not by a clone of
+    /// its template: it has no holder.
+    pub by_parent: bool,
 }
 
 impl Cloned {

@@ -101,6 +101,7 @@ mod stop;
 mod template;
 mod tracer;
 mod track;
+mod transplant;
 
 use std::io;
 

@@ -109,6 +109,16 @@ pub struct ProcessImage {
     /// Its threads other than the main one (made again at the restore).
     #[serde(default)]
     pub other_threads: Vec<ThreadImage>,
+    /// The signal its parent gets when it ends (`SIGCHLD` but for
+    /// `clone`s made otherwise; 0 for none). Read for a child of another
+    /// process than init, which its parent makes again at a restore
+    /// (`transplant.rs`).
+    #[serde(default = "sigchld")]
+    pub exit_signal: i32,
+}
+
+fn sigchld() -> i32 {
+    libc::SIGCHLD
 }
 
 /// A thread other than a process's main thread: what a fork does not

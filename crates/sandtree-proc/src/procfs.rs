@@ -142,6 +142,15 @@ pub fn tty_nr(pid: HostPid) -> io::Result<i64> {
     Ok(parse_tty_nr(&read_text(format!("/proc/{pid}/stat"))?))
 }
 
+/// The signal the parent of `pid` gets when it ends (`stat` field 38).
+pub fn exit_signal(pid: HostPid) -> io::Result<i32> {
+    let stat = read_text(format!("/proc/{pid}/stat"))?;
+    stat_fields(&stat)
+        .nth(38 - 3)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| io::Error::other("no exit_signal in stat"))
+}
+
 fn parse_tty_nr(stat: &str) -> i64 {
     // state ppid pgrp session tty_nr ...
     stat_fields(stat).nth(4).and_then(|v| v.parse().ok()).unwrap_or(0)
@@ -1100,6 +1109,7 @@ pub fn capture(
         rseq: None,
         robust_list: None,
         other_threads: Vec::new(),
+        exit_signal: libc::SIGCHLD,
     })
 }
 

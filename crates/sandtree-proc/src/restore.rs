@@ -156,11 +156,16 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             continue;
         }
         tracing::debug!(pid = t.image.pid.raw(), comm = t.image.comm, took = ?t0.elapsed(), "process restored");
+        let parent = (t.image.pid, t.scratch, crate::check::may_choose_pid(&t.image));
         let failed = match res {
             Ok((holder, mut ready)) => {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
-                let parked = ready.park();
+                // Its children, which it makes again; then its scratch
+                // mapping goes.
+                let parked = make_children(set, parent, &mut ready.main, &mut handed)
+                    .and_then(|()| ready.main.call("munmap (scratch)", libc::SYS_munmap, &[parent.1, SCRATCH]))
+                    .and_then(|_| ready.park());
                 waiting.push(ready);
                 parked.err()
             }
@@ -276,9 +281,11 @@ fn restore_one(
         Some(c) => c,
         None => clone_one(t, wait, handed.last_pid.as_mut())?,
     };
-    let Cloned { tracee: mut p, standby, nice, t_start, .. } = cloned;
+    let Cloned { tracee: mut p, standby, nice, t_start, by_parent, .. } = cloned;
     let child = p.tid;
-    let via_standby = standby.is_some();
+    // (A child made by its parent lost its alternate stack and rseq
+    // registration as a process that took a standby's memory did.)
+    let via_standby = standby.is_some() || by_parent;
     let image = &t.image;
     let regs = image.regs.to_sys();
     let t_clone = t_start.elapsed();
@@ -293,9 +300,30 @@ fn restore_one(
                 source: e,
             })?;
         }
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, (via_standby, t.incremental), &mut threads, handed)
+        let how = (via_standby, t.incremental, by_parent);
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, how, &mut threads, handed)
     })();
-    finish_one(t, (p, fixed.map(|()| regs)), standby, nice, threads, t_clone)
+    finish_one(t, (p, fixed.map(|()| regs)), (standby, by_parent), nice, threads, t_clone)
+}
+
+/// The children of the process `(pid, scratch, may_choose_pid)` just
+/// restored (`parent`, fixed up, still stopped), made again by it
+/// (`transplant.rs`) and kept in `handed.cloned_early` for their turn.
+fn make_children(
+    set: &mut crate::template::CheckpointTemplates,
+    (pid, scratch, may_choose_pid): (SandboxPid, u64, bool),
+    parent: &mut Tracee,
+    handed: &mut crate::kinds::Handed,
+) -> Result<()> {
+    if pid == SandboxPid::INIT {
+        return Ok(());
+    }
+    for t in set.templates.iter_mut().filter(|t| t.image.ppid == pid) {
+        let parent = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid };
+        let child = crate::transplant::child_of(parent, t, handed.last_pid.as_mut())?;
+        handed.cloned_early.insert(t.image.pid, child);
+    }
+    Ok(())
 }
 
 /// The processes that connect through listeners that the restore of
@@ -315,6 +343,12 @@ fn clone_connectors(
         .collect();
     for pid in connectors {
         if handed.cloned_early.contains_key(&pid) {
+            continue;
+        }
+        // (One made by its parent is made at its parent's turn, which
+        // comes before: `kinds::restore_order`.)
+        let ppid = set.templates.iter().find(|t| t.image.pid == pid).map(|t| t.image.ppid);
+        if ppid.is_some_and(|ppid| ppid != SandboxPid::INIT && set.templates.iter().any(|p| p.image.pid == ppid)) {
             continue;
         }
         let Some(t) = set.templates.iter_mut().find(|t| t.image.pid == pid) else { continue };
@@ -409,7 +443,7 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crat
     let regs = image.regs.to_sys();
     let tracee = Tracee::new(child, regs, t.tracee.insn).with_mask(image.signals.blocked);
     let fds = image.fds.iter().map(|f| f.fd).collect();
-    let cloned = Cloned { tracee, scratch: t.scratch, fds, standby, nice, t_start };
+    let cloned = Cloned { tracee, scratch: t.scratch, fds, standby, nice, t_start, by_parent: false };
     if busy > 0 {
         tracing::debug!(pid = image.pid.raw(), busy, "pid was busy");
     }
@@ -427,7 +461,7 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crat
 fn finish_one(
     t: &Template,
     (p, fixed): (Tracee, Result<sandtree_sys::ptrace::Regs>),
-    standby: Option<crate::standby::Standby>,
+    (standby, by_parent): (Option<crate::standby::Standby>, bool),
     nice: Option<i32>,
     threads: Vec<(Tracee, sandtree_sys::ptrace::Regs)>,
     t_clone: std::time::Duration,
@@ -450,12 +484,20 @@ fn finish_one(
     let shared = standby.map(|s| (s.tracee, s.ns_pid));
     match fixed {
         Ok((mut p, regs)) => {
+            // (None for a child made by its parent: a holder is a child
+            // of the process it holds, which would see it.)
             let holder = match shared {
                 Some(old) => crate::memory_holder::adopt(old, child),
+                None if by_parent => Err(Error::Proc {
+                    pid: child,
+                    what: "a holder",
+                    source: std::io::Error::other("none for a child of another process"),
+                }),
                 None => crate::memory_holder::make(&mut p, true),
             };
             let holder = match holder {
                 Ok(h) => Some(h),
+                Err(_) if by_parent => None,
                 Err(e) => {
                     tracing::warn!(pid = image.pid.raw(), "no mm holder: {e}");
                     None
@@ -491,7 +533,7 @@ fn fix_up(
     image: &ProcessImage,
     (scratch, exec): (u64, bool),
     template: HostPid,
-    (via_standby, incremental): (bool, bool),
+    (via_standby, incremental, by_parent): (bool, bool, bool),
     threads: &mut Vec<(Tracee, ptrace::Regs)>,
     handed: &mut crate::kinds::Handed,
 ) -> Result<()> {
@@ -506,14 +548,13 @@ fn fix_up(
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
     crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template), handed)?;
-    crate::process::session::restore(&mut b, image, &|index| handed.hung_up(index));
+    crate::process::session::restore(&mut b, image, &|index| handed.hung_up(index), by_parent);
     crate::process::signals::restore_altstack(&mut b, image, (via_standby, incremental));
     crate::process::threads::restore_registrations(&mut b, image, via_standby);
     crate::process::timers::restore(&mut b, image);
     p.run_batch(&mut b)?;
     crate::process::threads::restore(p, image, scratch, threads, handed.last_pid.as_mut())?;
     crate::process::signals::requeue(p, image, scratch)?;
-    // Not in a batch: the batch's code is in the scratch mapping.
-    p.call("munmap (scratch)", libc::SYS_munmap, &[scratch, SCRATCH])?;
+    // (Its scratch mapping goes once it made its children: `restore`.)
     Ok(())
 }

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use sandtree_sys::ptrace;
 use serde::{Deserialize, Serialize};
 
-use crate::check::{self, Unrestorable};
+use crate::check::Unrestorable;
 use crate::inject::{self, Tracee};
 use crate::{Error, HostPid, Result, SandboxPid, procfs};
 
@@ -190,27 +190,26 @@ impl Stops {
                 }
                 let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
                 let ppid = ns_ppid(init_host, status.host_ppid);
-                let checked = check::check_status(status.ns_pid, comm.trim_end(), status.threads, ppid, best_effort)
-                    .and_then(|()| {
-                        if status.state == 'Z' {
-                            return Err(Unrestorable {
-                                pid: status.ns_pid,
-                                comm: comm.trim_end().to_string(),
-                                resource: "threads".into(),
-                                reason: "its main thread exited while other threads run (not captured yet)".into(),
-                            });
-                        }
-                        if status.state == 'T' {
-                            return Err(Unrestorable {
-                                pid: status.ns_pid,
-                                comm: comm.trim_end().to_string(),
-                                resource: "job control".into(),
-                                reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet"
-                                    .into(),
-                            });
-                        }
-                        Ok(())
-                    });
+                let checked = (|| {
+                    if status.state == 'Z' {
+                        return Err(Unrestorable {
+                            pid: status.ns_pid,
+                            comm: comm.trim_end().to_string(),
+                            resource: "threads".into(),
+                            reason: "its main thread exited while other threads run (not captured yet)".into(),
+                        });
+                    }
+                    if status.state == 'T' {
+                        return Err(Unrestorable {
+                            pid: status.ns_pid,
+                            comm: comm.trim_end().to_string(),
+                            resource: "job control".into(),
+                            reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet"
+                                .into(),
+                        });
+                    }
+                    Ok(())
+                })();
                 if let Err(u) = checked {
                     if best_effort {
                         report.skipped.push(u);

@@ -279,6 +279,42 @@ pub fn set_options(tid: i32, exit_kill: bool, suspend_seccomp: bool) -> io::Resu
     ptrace::setoptions(pid(tid), opts).map_err(err)
 }
 
+/// [`set_exit_kill`] on, plus `PTRACE_O_TRACEEXEC`: an `execve` of the
+/// tracee stops it in a `PTRACE_EVENT_EXEC` stop instead of queueing a
+/// `SIGTRAP` for it (which, held back by a blocked mask, would be delivered
+/// once it runs). For a process the engine makes `execve` itself.
+pub fn trace_exec(tid: i32) -> io::Result<()> {
+    let opts = Options::PTRACE_O_TRACESYSGOOD
+        | Options::PTRACE_O_TRACECLONE
+        | Options::PTRACE_O_TRACEFORK
+        | Options::PTRACE_O_TRACEVFORK
+        | Options::PTRACE_O_EXITKILL
+        | Options::PTRACE_O_TRACEEXEC;
+    ptrace::setoptions(pid(tid), opts).map_err(err)
+}
+
+/// Give process `to` the resource limits of process `from`
+/// (`prlimit64`, each resource read from one and set in the other).
+pub fn copy_limits(from: i32, to: i32) -> io::Result<()> {
+    // (x86-64 has 16 resources, RLIMIT_CPU to RLIMIT_RTTIME.)
+    for resource in 0..16 {
+        let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit64 with a null new limit only writes the current
+        // one into `limit`, a live local of the right type.
+        let r = unsafe { libc::prlimit64(from, resource as _, std::ptr::null(), &mut limit) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: prlimit64 reads the new limit from `limit` (live) and
+        // writes no old one (null).
+        let r = unsafe { libc::prlimit64(to, resource as _, &limit, std::ptr::null_mut()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// `PTRACE_GET_RSEQ_CONFIGURATION`.
 const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
 

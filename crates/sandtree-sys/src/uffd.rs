@@ -212,6 +212,48 @@ pub fn has_own_page(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), swapped: 
     Ok(n > 0)
 }
 
+/// The pages of range `[start, end)` that the process whose
+/// `/proc/<pid>/pagemap` is `pagemap` holds of its own: anonymous pages
+/// present or swapped out (a private file mapping's pages written since it
+/// was mapped among them), neither a file's page nor the zero page; as
+/// runs appended to `out`. What a copy of that memory must carry: the
+/// rest reads as zeros, or from the mapped file.
+pub fn own_pages(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    let mut buf = vec![PageRegion::default(); 1024];
+    let mut at = start;
+    while at < end {
+        let anyof = PAGE_IS_PRESENT | PAGE_IS_SWAPPED;
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: 0,
+            start: at,
+            end,
+            walk_end: 0,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: buf.len() as u64,
+            max_pages: 0,
+            category_inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
+            category_mask: PAGE_IS_FILE | PAGE_IS_PFNZERO,
+            category_anyof_mask: anyof,
+            return_mask: anyof,
+        };
+        // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at
+        // most `vec_len` page_regions into `buf`, which has that many.
+        let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
+        for r in &buf[..n.min(buf.len())] {
+            match out.last_mut() {
+                Some(last) if last.1 == r.start => last.1 = r.end,
+                _ => out.push((r.start, r.end)),
+            }
+        }
+        if arg.walk_end <= at {
+            return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
+        }
+        at = arg.walk_end;
+    }
+    Ok(())
+}
+
 /// Most ranges one `process_vm_readv` takes (`IOV_MAX`).
 pub const IOV_MAX: usize = 1024;
 

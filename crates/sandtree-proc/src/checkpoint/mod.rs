@@ -161,6 +161,8 @@ pub(crate) struct Cloned {
     /// credentials and signal dispositions included, matched the
     /// standby's): pass 2 reads nothing of the template.
     facts: Option<(procfs::Status, String)>,
+    /// The signal its parent gets when it ends.
+    exit_signal: i32,
 }
 
 impl Cloned {
@@ -584,7 +586,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         let deferred = c.deferred();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        match set_up(c, best_effort).and_then(|t| {
+        match set_up(c).and_then(|t| {
             crate::kinds::memfd_shared_with(&t, &made)
                 .and_then(|()| crate::kinds::inotify_shared_with(&t, &made))
                 .map(|()| t)
@@ -597,9 +599,6 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
                 }
                 report.captured.push(t.image.pid);
                 report.comms.insert(t.image.pid, t.image.comm.clone());
-                if t.image.ppid != SandboxPid::INIT {
-                    report.reparented.push(check::reparent_note(&t.image));
-                }
                 made.push(t);
             }
             Err(Error::Unsupported(u)) if best_effort => {
@@ -663,6 +662,21 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         };
         let reason = "one end of a unix socket pair whose other end no captured process holds (made anew at a restore, a pair needs both)";
         refuse_template(&mut made, i, (format!("fd {fd}"), reason), best_effort, &mut report)?;
+    }
+    // A child of a captured process is made again by its parent
+    // (`transplant.rs`): what that cannot give is refused.
+    loop {
+        let images: Vec<(&crate::model::ProcessImage, HostPid)> = made.iter().map(|t| (&t.image, t.host)).collect();
+        let Some((i, resource, reason)) = crate::process::tree::refusal(&images) else { break };
+        refuse_template(&mut made, i, (resource, &reason), best_effort, &mut report)?;
+    }
+    // One whose parent is not captured (left running in best effort)
+    // comes back as a child of init.
+    let captured: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
+    for t in &made {
+        if t.image.ppid != SandboxPid::INIT && !captured.contains(&t.image.ppid) {
+            report.reparented.push(check::reparent_note(&t.image));
+        }
     }
     // A terminal slave whose pty master a captured process holds: the
     // restore makes the pty anew, the template must not hold the slave.
@@ -920,6 +934,28 @@ fn clone_of(
         let deferred = patched.as_ref().is_some_and(|p| p.pending.is_later());
         let (tpl, ns_pid) = match &patched {
             Some(p) => (p.host, p.ns_pid),
+            // A child of another process: its template is made init's
+            // child in two steps (`process::tree`).
+            None if s.ns_ppid != SandboxPid::INIT => {
+                let apart = during.is_some();
+                if apart {
+                    inject::move_off_tracer(host);
+                }
+                let mut between = || {
+                    if let Some(during) = during.as_mut() {
+                        during(seen, &mut || {});
+                    }
+                };
+                let made = crate::process::tree::template_of_child(&mut orig, (s.ns_pid, &queued), &mut between);
+                if apart {
+                    inject::pin_to_tracer(host);
+                }
+                let (tpl, ns_pid) = made?;
+                if apart {
+                    inject::pin_to_tracer(tpl);
+                }
+                (tpl, ns_pid)
+            }
             None => {
                 // No exit signal: the parent's plain `wait` never sees the
                 // template (init reaps with __WALL).
@@ -998,7 +1034,10 @@ fn clone_of(
         };
         // Threads made after the first check (it is stopped now: final).
         let comm = comm_now();
-        check::check_status(s.ns_pid, &comm, status.threads, s.ns_ppid, true).map_err(Error::Unsupported)?;
+        let exit_signal = match s.ns_ppid == SandboxPid::INIT {
+            true => libc::SIGCHLD,
+            false => procfs::exit_signal(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?,
+        };
         // (A periodic timer expired while stopped is armed for one interval.)
         crate::process::timers::normalize(&mut itimers);
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
@@ -1068,6 +1107,7 @@ fn clone_of(
             wiped,
             copier,
             facts: session.is_some().then_some((status, comm)),
+            exit_signal,
         })
     };
     let mut c = match made() {
@@ -1088,8 +1128,11 @@ fn clone_of(
     c.thread_tracees = thread_tracees;
     // Its first checkpoint: a holder of its memory, so that a rollback's
     // kill of it does not wait for the teardown (`memory_holder.rs`).
-    if need_holder {
-        match crate::memory_holder::make(&mut orig, s.ns_ppid == SandboxPid::INIT) {
+    // (Not for a child of another process: the holder, a child of the
+    // process it holds, would show to it. Its restore, by its parent, does
+    // not need one either: `transplant.rs`.)
+    if need_holder && s.ns_ppid == SandboxPid::INIT {
+        match crate::memory_holder::make(&mut orig, true) {
             Ok(h) => c.holder = Some(h),
             Err(e) => tracing::warn!(pid = s.ns_pid.raw(), "no mm holder: {e}"),
         }
@@ -1100,7 +1143,7 @@ fn clone_of(
 
 /// Pass 2 for one template: image and checks (`Template::prepare` follows once
 /// the checkpoint is over).
-fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
+fn set_up(c: Cloned) -> Result<Template> {
     let child = c.host;
     let s = &c.stopped;
     let t0 = std::time::Instant::now();
@@ -1160,6 +1203,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
     image.itimers = c.itimers;
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;
+    image.exit_signal = c.exit_signal;
     image.cwd_denied = crate::process::access::cwd_denied(child, &image);
     if let Some((fd, what)) = crate::process::access::fd_denied(s.host, child, &image) {
         return Err(Error::unsupported(
@@ -1183,7 +1227,7 @@ fn set_up(c: Cloned, reparent: bool) -> Result<Template> {
         image.sid = sid;
         image.has_tty = tty;
     }
-    check_image(&image, reparent).map_err(Error::Unsupported)?;
+    check_image(&image).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid.raw(), took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
     Ok(Template {
@@ -1217,8 +1261,8 @@ fn uprobes_kb(host: HostPid) -> u64 {
 
 /// Every check of the template path on a captured image: the process's
 /// own state, each descriptor's (`kinds/`), then its memory.
-fn check_image(p: &crate::model::ProcessImage, reparent: bool) -> std::result::Result<(), Unrestorable> {
-    check::check_process(p, reparent)?;
+fn check_image(p: &crate::model::ProcessImage) -> std::result::Result<(), Unrestorable> {
+    check::check_process(p)?;
     crate::kinds::check(p).map_err(|(resource, reason)| Unrestorable {
         pid: p.pid,
         comm: p.comm.clone(),

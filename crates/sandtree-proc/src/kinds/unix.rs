@@ -585,9 +585,26 @@ fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec
         let ends = |k: &FdKind| matches!(k, FdKind::Socket { ino, .. } if *ino == c.accepted || *ino == c.connecting);
         edges.extend((0..images.len()).filter(|&h| holding(h, &ends)).map(|h| (m, h)));
         // (The connecting process is cloned early if need be, but not
-        // after it was restored whole.)
+        // after it was restored whole. One made by its parent is made at
+        // its parent's turn: the parent comes before the maker.)
         if let Some(x) = images.iter().position(|i| i.pid == c.connector) {
             edges.push((m, x));
+            if let Some(p) = by_parent(images, x) {
+                edges.push((p, m));
+            }
+        }
+    }
+    // A child after its parent, which makes it again (`transplant.rs`); a
+    // member of another's process group after that group's leader.
+    for (c, image) in images.iter().enumerate() {
+        if let Some(p) = by_parent(images, c) {
+            edges.push((p, c));
+            if image.pgid != image.pid
+                && image.sid != image.pid
+                && let Some(l) = at(image.pgid)
+            {
+                edges.push((l, c));
+            }
         }
     }
     // A pair's creator before the other holders of its ends.
@@ -615,6 +632,13 @@ fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec
         order.push((i, edges.iter().any(|&(a, _)| a == i)));
     }
     Ok(order)
+}
+
+/// The index of the parent of `images[c]` among `images`, when it has
+/// one there (other than init): it makes `c` again at a restore.
+pub(crate) fn by_parent(images: &[&ProcessImage], c: usize) -> Option<usize> {
+    let ppid = images[c].ppid;
+    (ppid != crate::SandboxPid::INIT).then(|| images.iter().position(|i| i.pid == ppid)).flatten()
 }
 
 /// Pass 2, once every template is made: the first of `images` whose unix

@@ -13,6 +13,7 @@ pub(crate) mod session;
 pub(crate) mod signals;
 pub(crate) mod threads;
 pub(crate) mod timers;
+pub(crate) mod tree;
 
 use crate::batch::Backoff;
 use crate::inject::{CLONE_ARGS_SIZE, ERESTARTNOINTR, Outcome, Tracee};

@@ -11,11 +11,14 @@ use crate::pid::SandboxPid;
 
 /// At the restore (in `b`): session, group, terminal, child-subreaper flag.
 /// A terminal that `hung_up` (by index: a session's closed since the
-/// checkpoint, a hung-up one in its place) is not taken back.
-pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32) -> bool) {
-    if image.ppid != SandboxPid::INIT {
-        // Best effort for a child of another process: a child of init now,
-        // in a session of its own (the template left the parent's).
+/// checkpoint, a hung-up one in its place) is not taken back. `by_parent`:
+/// the process was made by its restored parent (`transplant.rs`), in the
+/// parent's session and group.
+pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32) -> bool, by_parent: bool) {
+    if image.ppid != SandboxPid::INIT && !by_parent {
+        // Best effort for a child of a process not captured: a child of
+        // init now, in a session of its own (the template left the
+        // parent's).
         b.call("setsid", libc::SYS_setsid, &[]);
     } else if image.sid == image.pid {
         // The session of the template is the dead original's: start a new
@@ -33,6 +36,11 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
         }
     } else if image.pgid == image.pid {
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
+    } else if by_parent {
+        // Its parent's group, or another's of the session whose leader is
+        // back already (`kinds::restore_order`): joining the group it is
+        // in changes nothing.
+        b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(image.pgid.raw() as u64)]);
     }
     if image.child_subreaper {
         let set = libc::PR_SET_CHILD_SUBREAPER as u64;

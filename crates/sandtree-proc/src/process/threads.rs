@@ -51,14 +51,8 @@ pub(crate) fn capture(
             format!("a signal is pending for thread {ns_tid} alone (not captured yet)"),
         ));
     }
-    // Its `restart_block` (an interrupted nanosleep's or futex wait's
-    // deadline) is not copied to the thread made at the restore: it gets
-    // EINTR instead of a restart, which callers of those calls handle.
-    const ERESTART_RESTARTBLOCK: u64 = (-516i64) as u64;
     let mut image_regs = regs;
-    if image_regs.rax == ERESTART_RESTARTBLOCK && (image_regs.orig_rax as i64) >= 0 {
-        image_regs.rax = (-(libc::EINTR as i64)) as u64;
-    }
+    restart_block_lost(&mut image_regs);
     let xstate = ptrace::xstate(tid.raw()).map_err(Error::ptrace(tid, "GETREGSET (xstate)"))?;
     let blocked = ptrace::sigmask(tid.raw()).map_err(Error::ptrace(tid, "GETSIGMASK"))?;
     let rseq = ptrace::rseq_configuration(tid.raw()).ok().flatten();
@@ -221,5 +215,18 @@ pub(crate) fn restore_registrations(b: &mut Batch, image: &ProcessImage, via_sta
         && head != 0
     {
         b.call("set_robust_list", libc::SYS_set_robust_list, &[Arg::Val(head), Arg::Val(len)]);
+    }
+}
+
+/// Registers `regs` of a thread made again other than by a fork of its
+/// own (a process's other threads; a child made by its parent,
+/// `transplant.rs`): its `restart_block` (an interrupted nanosleep's or
+/// futex wait's deadline) is not copied to it, so a call interrupted with
+/// `-ERESTART_RESTARTBLOCK` returns `EINTR` instead of a restart, which
+/// callers of those calls handle.
+pub(crate) fn restart_block_lost(regs: &mut ptrace::Regs) {
+    const ERESTART_RESTARTBLOCK: u64 = (-516i64) as u64;
+    if regs.rax == ERESTART_RESTARTBLOCK && (regs.orig_rax as i64) >= 0 {
+        regs.rax = (-(libc::EINTR as i64)) as u64;
     }
 }

@@ -1,0 +1,221 @@
+//! A process whose parent is another captured process (a shell's job, a
+//! build's compiler, a server's worker): its template, made a child of
+//! init, and what its restore by its parent (`transplant.rs`) cannot give,
+//! refused at the checkpoint.
+//!
+//! **Its template.** A template is a `clone(CLONE_PARENT)` of its process:
+//! a child of the process's parent. For a child of init that is init's
+//! child; for any other, the parent would see the template in its
+//! children, and, once the template is dropped, keep it as a zombie it
+//! never reaps (a template has no exit signal). So the template of such a
+//! process is made in two steps: a first copy sharing its memory
+//! (`clone(CLONE_VM)`, a child of the process, with `SIGCHLD` as its exit
+//! signal), which forks the template (a copy of that memory), then exits:
+//! the template, orphaned, becomes init's child. Meanwhile the process
+//! ignores `SIGCHLD`, so that the kernel reaps the first copy itself and
+//! the process never sees it; its handler is put back after, and a
+//! `SIGCHLD` it had pending (which ignoring discards) is queued again with
+//! its `siginfo`. The process is stopped throughout.
+
+use sandtree_sys::ptrace;
+
+use crate::inject::Tracee;
+use crate::model::{ProcessImage, QueuedSignal};
+use crate::{Error, HostPid, Result, SandboxPid};
+
+/// Bytes below the process's stack pointer (past the red zone) used for
+/// the calls' arguments: two `struct kernel_sigaction` and a `siginfo_t`,
+/// put back after.
+const ROOM: u64 = 256;
+
+/// The template of `orig`, a stopped process of pid `pid` whose parent is
+/// not init (see the module docs), with `queued` its pending signals:
+/// the template's host pid and its pid in the sandbox. `between` runs
+/// while the template's fork copies the memory.
+pub(crate) fn template_of_child(
+    orig: &mut Tracee,
+    (pid, queued): (SandboxPid, &[QueuedSignal]),
+    between: &mut dyn FnMut(),
+) -> Result<(HostPid, SandboxPid)> {
+    let host = orig.tid;
+    let buf = (orig.saved.rsp - 128 - ROOM) & !15;
+    let mut saved = [0u8; ROOM as usize];
+    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
+    // struct kernel_sigaction { handler = SIG_IGN, flags, restorer, mask }.
+    let mut ignore = [0u8; 32];
+    ignore[..8].copy_from_slice(&(libc::SIG_IGN as u64).to_ne_bytes());
+    ptrace::write_mem(host.raw(), buf, &ignore).map_err(Error::ptrace(host, "write sigaction"))?;
+    let sigchld = libc::SIGCHLD as u64;
+    orig.call("rt_sigaction (SIGCHLD ignored)", libc::SYS_rt_sigaction, &[sigchld, buf, buf + 32, 8])?;
+    let made = two_steps(orig, between);
+    // Its handler back, and a SIGCHLD it had pending.
+    let back = orig
+        .call("rt_sigaction (SIGCHLD back)", libc::SYS_rt_sigaction, &[sigchld, buf + 32, 0, 8])
+        .and_then(|_| requeue_sigchld(orig, (pid, queued), buf + 64));
+    let put_back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
+    match (made, back.and(put_back)) {
+        (Ok(t), Ok(())) => Ok(t),
+        (Ok((tpl, _)), Err(e)) => {
+            crate::inject::kill_tracee(tpl);
+            Err(e)
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// The first copy, the template forked by it, the first copy's exit; the
+/// template must be init's child then.
+fn two_steps(orig: &mut Tracee, between: &mut dyn FnMut()) -> Result<(HostPid, SandboxPid)> {
+    let flags = (libc::CLONE_VM | libc::SIGCHLD) as u64;
+    let (first, _, regs) = orig.clone_stopped(flags, "clone (a first copy)")?;
+    let mut first = Tracee::new(first, regs, orig.insn);
+    // No exit signal: its parent's plain `wait` never sees the template
+    // (init reaps with __WALL).
+    let forked = first.start_clone(0).and_then(|()| {
+        between();
+        first.finish_clone(0, "clone (template)")
+    });
+    let ended = end(&mut first);
+    let (tpl, ns_pid, _) = forked?;
+    let parent = ended.and_then(|()| {
+        let status = crate::procfs::status(tpl).map_err(|e| Error::Proc { pid: tpl, what: "status", source: e })?;
+        crate::procfs::status(status.host_ppid).map_err(|e| Error::Proc { pid: tpl, what: "parent", source: e })
+    });
+    match parent {
+        Ok(p) if p.ns_pid == SandboxPid::INIT => Ok((tpl, ns_pid)),
+        Ok(p) => {
+            crate::inject::kill_tracee(tpl);
+            Err(Error::unsupported_by_host(
+                orig.tid,
+                "",
+                "parent",
+                format!(
+                    "its template, orphaned, went to pid {} rather than init: a process above it is a child subreaper (not captured yet)",
+                    p.ns_pid
+                ),
+            ))
+        }
+        Err(e) => {
+            crate::inject::kill_tracee(tpl);
+            Err(e)
+        }
+    }
+}
+
+/// The first copy exits (the kernel reaps it: its parent ignores
+/// `SIGCHLD`); collected by the tracer.
+fn end(first: &mut Tracee) -> Result<()> {
+    let tid = first.tid;
+    first.start_syscall(libc::SYS_exit, &[0])?;
+    loop {
+        match ptrace::wait(tid.raw()).map_err(Error::ptrace(tid, "wait"))? {
+            ptrace::Stop::Exited(_) | ptrace::Stop::Killed(_) => return Ok(()),
+            _ => ptrace::resume_syscall(tid.raw(), 0).map_err(Error::ptrace(tid, "syscall"))?,
+        }
+    }
+}
+
+/// Queue again the `SIGCHLD` that ignoring it discarded, if `queued` has
+/// one (`at`: room for its `siginfo_t` below the stack).
+fn requeue_sigchld(orig: &mut Tracee, (pid, queued): (SandboxPid, &[QueuedSignal]), at: u64) -> Result<()> {
+    let sigchld = |q: &&QueuedSignal| q.siginfo.get(..4) == Some(&libc::SIGCHLD.to_ne_bytes()[..]);
+    for q in queued.iter().filter(sigchld) {
+        ptrace::write_mem(orig.tid.raw(), at, &q.siginfo).map_err(Error::ptrace(orig.tid, "write siginfo"))?;
+        let (me, sig) = (pid.raw() as u64, libc::SIGCHLD as u64);
+        match q.shared {
+            true => orig.call("rt_sigqueueinfo (SIGCHLD)", libc::SYS_rt_sigqueueinfo, &[me, sig, at])?,
+            false => orig.call("rt_tgsigqueueinfo (SIGCHLD)", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, at])?,
+        };
+    }
+    Ok(())
+}
+
+/// Pass 2: the first of `images` (with each template's host pid) whose
+/// restore by its parent could not be exact, as (index, resource,
+/// reason). Children whose parent is not captured are not this check's
+/// (best effort restores them as children of init, `check::reparent_note`).
+pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, String, String)> {
+    let at = |pid: SandboxPid| images.iter().position(|(i, _)| i.pid == pid);
+    for (c, (image, host)) in images.iter().enumerate() {
+        if image.ppid == SandboxPid::INIT {
+            continue;
+        }
+        let Some(p) = at(image.ppid) else { continue };
+        let (parent, parent_host) = images[p];
+        if let Some(m) = image.maps.iter().find(|m| !transplantable(m)) {
+            let what = m.path.as_deref().unwrap_or("anonymous memory");
+            let why = format!(
+                "mapping {:x}-{:x} ({what}, {}): its parent makes it again at a restore and gives it a copy of its memory, which such a mapping cannot be (not captured yet)",
+                m.start, m.end, m.perms
+            );
+            return Some((c, "memory".into(), why));
+        }
+        if (image.uids, image.gids, &image.groups, image.cap_eff)
+            != (parent.uids, parent.gids, &parent.groups, parent.cap_eff)
+            || credentials(*host) != credentials(parent_host)
+        {
+            let why = format!(
+                "it runs with other credentials, capabilities or seccomp filters than its parent (pid {}), which makes it again at a restore (not captured yet)",
+                parent.pid
+            );
+            return Some((c, "credentials".into(), why));
+        }
+        if let Some(why) = session_refusal(image, parent, &at) {
+            return Some((c, "session".into(), why));
+        }
+    }
+    None
+}
+
+/// Whether a transplant makes mapping `m` again (`transplant.rs`).
+/// (A shared mapping of a file is made again on the file: the same
+/// pages. Shared memory of no file is not.)
+fn transplantable(m: &crate::model::MapImage) -> bool {
+    match m.path.as_deref() {
+        Some(p) if p.starts_with('/') => !p.ends_with(" (deleted)"),
+        _ if m.shared() => false,
+        None => true,
+        Some(p) => {
+            ["[heap]", "[stack]", "[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]"].contains(&p)
+                || (p.starts_with("[anon:") && p.ends_with(']'))
+        }
+    }
+}
+
+/// The `status` lines a fork copies that a transplant does not set:
+/// capabilities, securebits-dependent sets, `no_new_privs`, seccomp.
+fn credentials(host: HostPid) -> Option<Vec<String>> {
+    const KEYS: &[&str] = &["CapInh", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters"];
+    let text = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.split_once(':').is_some_and(|(k, _)| KEYS.contains(&k)))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// Why `image`, made again by `parent` (whose session and group it starts
+/// in), could not take its own session and group back, if it could not.
+fn session_refusal(
+    image: &ProcessImage,
+    parent: &ProcessImage,
+    at: &dyn Fn(SandboxPid) -> Option<usize>,
+) -> Option<String> {
+    if image.sid == image.pid {
+        return None;
+    }
+    if image.sid != parent.sid {
+        return Some(format!(
+            "it is in session {}, neither its own nor its parent's ({}): made again by its parent, it could not join it",
+            image.sid, parent.sid
+        ));
+    }
+    if image.pgid == image.pid || image.pgid == parent.pgid || at(image.pgid).is_some() {
+        return None;
+    }
+    Some(format!(
+        "it is in process group {}, whose leader is not captured: made again by its parent, it could not join that group",
+        image.pgid
+    ))
+}

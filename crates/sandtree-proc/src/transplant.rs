@@ -1,0 +1,558 @@
+//! A child brought back by its parent: how a process whose parent is
+//! another captured process is restored as that parent's child.
+//!
+//! A template restores a process by a `clone(CLONE_PARENT)` of itself,
+//! which makes a child of the template's parent, init. A process whose
+//! parent is not init must be made by its restored parent instead (the
+//! kernel gives a new process no other parent, and moves one only to an
+//! ancestor when its parent dies). So, once the parent is fixed up and
+//! before it runs, the restore *transplants* the template into a new child
+//! of it:
+//!
+//! 1. **clone**: `clone3(CLONE_VM, exit_signal, set_tid = [pid])` injected
+//!    into the parent (or through `ns_last_pid`): the child, with its pid,
+//!    shares the parent's memory for the next step only (nothing copied);
+//! 2. **exec**: `execve("/proc/<template>/exe")` in it: its own, empty
+//!    address space, and the template's executable (deleted or not) as
+//!    its `/proc/<pid>/exe`; a `PTRACE_EVENT_EXEC` stop, no `SIGTRAP`;
+//! 3. **memory map**: the template's scratch mapping at its address; every
+//!    mapping the `execve` made is unmapped but the kernel's `[vdso]` and
+//!    `[vvar]`s, which move to the template's addresses (`mremap`); each
+//!    mapping of the template is made again (anonymous, or a private
+//!    mapping of the same file opened by path, at its offset; `[stack]`
+//!    grows down; an anonymous mapping's name is set again); then
+//!    `PR_SET_MM_MAP` gives it the template's code, data, heap, stack,
+//!    argument and environment bounds and auxiliary vector (`[heap]`,
+//!    `cmdline` and `environ` follow), in one batch;
+//! 4. **contents**: the template's own pages (anonymous, present or swapped
+//!    out, not the zero page: `PAGEMAP_SCAN`, [`sandtree_sys::uffd::own_pages`])
+//!    are copied from the template into the child by the daemon
+//!    (`process_vm_readv`, then `process_vm_writev`, or `/proc/<pid>/mem`
+//!    where protections forbid); a file's pages never written stay the
+//!    file's;
+//! 5. **the rest a fork copies**: the FPU state; the signal handlers, the
+//!    dumpable flag, the parent-death signal, the THP switch, the program
+//!    break and the personality (read in the template with one batch);
+//!    umask and name; resource limits, OOM score and timer slack (by the
+//!    daemon); and the descriptor table: every descriptor closed, then
+//!    each of the template's taken with `pidfd_getfd` onto its number with
+//!    its close-on-exec flag (the very same open files, as a fork shares);
+//! 6. **check**: the child's fingerprint (credentials, capabilities,
+//!    seccomp, dispositions, bounds, limits, namespaces, ...:
+//!    `incremental::fingerprint`) must be the template's; a difference
+//!    fails the restore, naming the line.
+//!
+//! The child is then what a clone of its template would have been, but
+//! for its parent: the restore fixes it up the same way (`restore.rs`, as
+//! a process that took a standby's memory, whose alternate stack and rseq
+//! registration are gone). It gets no holder (a holder is a child of the
+//! process it holds: its parent would see it). An interrupted call that
+//! restarts through the kernel's restart block (nanosleep, poll or a futex
+//! wait with a timeout) returns `EINTR` instead, as in a thread made
+//! again: that block is copied by a fork only.
+//!
+//! What a transplant cannot give is refused at the checkpoint
+//! (`process::tree`): shared mappings, mappings of deleted files, other
+//! credentials than the parent's, a session or group the child cannot
+//! join again.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+
+use sandtree_sys::ptrace;
+
+use crate::batch::{Arg, Batch, SCRATCH};
+use crate::cloned::Cloned;
+use crate::inject::{self, SET_TID_OFFSET, Tracee, clone_args, write_clone_args};
+use crate::model::MapImage;
+use crate::template::Template;
+use crate::{Error, HostPid, Result};
+
+/// Mappings the kernel makes at `execve` and a transplant moves to the
+/// template's addresses rather than making.
+const MOVED: &[&str] = &["[vdso]", "[vvar]", "[vvar_vclock]"];
+
+/// Where the `execve` argument vector goes in the parent's scratch page
+/// (between the `set_tid` array and the paths, `batch.rs`).
+const ARGV_OFFSET: u64 = 192;
+
+/// `prctl(PR_SET_MM)` and its `PR_SET_MM_MAP` option, with the size of
+/// `struct prctl_mm_map` (eleven addresses, the auxv pointer, its size
+/// and `exe_fd`).
+const PR_SET_MM: u64 = 35;
+const PR_SET_MM_MAP: u64 = 14;
+const PRCTL_MM_MAP_SIZE: usize = 104;
+
+/// `prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, ...)`.
+const PR_SET_VMA: u64 = 0x53564d41;
+
+/// At most this many bytes of pages are read before they are written.
+const COPY_CHUNK: usize = 32 << 20;
+
+/// The parent, restored and fixed up, still stopped: its tracee, scratch
+/// mapping and whether it may choose the pid of the process it makes.
+pub(crate) struct Parent<'a> {
+    pub tracee: &'a mut Tracee,
+    pub scratch: u64,
+    pub may_choose_pid: bool,
+}
+
+/// Make the process of template `t` again as a child of `parent` (see
+/// the module docs), stopped and not fixed up: what [`crate::restore`]
+/// makes of a template by a clone, for a process whose parent is not init.
+pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&mut crate::LastPid>) -> Result<Cloned> {
+    let t_start = std::time::Instant::now();
+    let pid = t.image.pid;
+    let Parent { tracee: parent, scratch: parent_scratch, may_choose_pid } = parent;
+    let mut args = clone_args(parent_scratch + SET_TID_OFFSET, libc::CLONE_VM as u64);
+    // (`exit_signal`, the fifth field.)
+    args[32..40].copy_from_slice(&(t.image.exit_signal as u64).to_ne_bytes());
+    write_clone_args(parent.tid, parent_scratch, &args, pid)?;
+    let by_last_pid = match (may_choose_pid, last_pid) {
+        (true, _) => None,
+        (false, Some(set)) => Some(set),
+        (false, None) => {
+            return Err(Error::Remote {
+                pid: parent.tid,
+                call: "clone3 (a child, by its parent)",
+                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
+            });
+        }
+    };
+    let mut busy = 0;
+    let out = crate::process::clone3_as(parent, parent_scratch, pid, by_last_pid, &mut busy, true)?;
+    let (Some(host), true) = (out.child, out.ret > 0) else {
+        return Err(Error::Remote {
+            pid: parent.tid,
+            call: "clone3 (a child, by its parent)",
+            errno: std::io::Error::from_raw_os_error((-out.ret) as i32),
+        });
+    };
+    let made = (|| -> Result<Cloned> {
+        inject::wait_event_stop(host)?;
+        ptrace::trace_exec(host.raw()).map_err(Error::ptrace(host, "SETOPTIONS"))?;
+        let regs = ptrace::regs(host.raw()).map_err(Error::ptrace(host, "GETREGS"))?;
+        let mut c = Tracee::new(host, regs, parent.insn);
+        exec(&mut c, parent_scratch, t)?;
+        let fork_copies = read_fork_copies(t)?;
+        lay_out(&mut c, t, fork_copies.brk)?;
+        copy_pages((t.host, t.scratch), host)?;
+        ptrace::set_xstate(host.raw(), &ptrace::xstate(t.host.raw()).map_err(Error::ptrace(t.host, "GETREGSET"))?)
+            .map_err(Error::ptrace(host, "SETREGSET"))?;
+        let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
+        ptrace::copy_limits(t.host.raw(), host.raw()).map_err(proc_err("resource limits"))?;
+        for file in ["oom_score_adj", "timerslack_ns"] {
+            let value =
+                std::fs::read(format!("/proc/{}/{file}", t.host)).map_err(proc_err("oom score, timer slack"))?;
+            std::fs::write(format!("/proc/{host}/{file}"), value).map_err(proc_err("oom score, timer slack"))?;
+        }
+        set_the_rest(&mut c, t, &fork_copies)?;
+        let nice = inject::nice_of(t.host);
+        if let Some(n) = nice {
+            inject::set_nice(host, n);
+        }
+        same_as_template(t.host, host)?;
+        let mut regs = t.image.regs.to_sys();
+        crate::process::threads::restart_block_lost(&mut regs);
+        let tracee = Tracee::new(host, regs, c.insn).with_mask(t.image.signals.blocked);
+        let fds = t.image.fds.iter().map(|f| f.fd).collect();
+        Ok(Cloned { tracee, scratch: t.scratch, fds, standby: None, nice, t_start, by_parent: true })
+    })();
+    if busy > 0 {
+        tracing::debug!(pid = pid.raw(), busy, "pid was busy");
+    }
+    match made {
+        Ok(c) => {
+            tracing::debug!(pid = pid.raw(), took = ?t_start.elapsed(), "child transplanted");
+            Ok(c)
+        }
+        Err(e) => {
+            inject::kill_tracee(host);
+            Err(e)
+        }
+    }
+}
+
+/// Step 2: `execve` of the template's executable, through its `/proc`
+/// link (the path is written in the parent's scratch page, which the
+/// child shares until then).
+fn exec(c: &mut Tracee, parent_scratch: u64, t: &Template) -> Result<()> {
+    let path = format!("/proc/{}/exe", t.ns_pid);
+    let path_at = crate::batch::write_path(c.tid, parent_scratch, &path)?;
+    let argv: Vec<u8> = [path_at, 0u64].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    ptrace::write_mem(c.tid.raw(), parent_scratch + ARGV_OFFSET, &argv).map_err(Error::ptrace(c.tid, "write argv"))?;
+    c.call("execve (the template's executable)", libc::SYS_execve, &[path_at, parent_scratch + ARGV_OFFSET, 0])?;
+    c.insn = inject::find_syscall_insn(c.tid)?;
+    Ok(())
+}
+
+/// What a fork copies that only the template itself can tell: its signal
+/// handlers (raw `struct kernel_sigaction`, by signal) and a few
+/// settings read with `prctl`, and its program break.
+struct ForkCopies {
+    handlers: Vec<(u64, Vec<u8>)>,
+    dumpable: u64,
+    death_signal: u64,
+    thp_disabled: u64,
+    personality: u64,
+    brk: u64,
+}
+
+/// Read [`ForkCopies`] in the template (one batch in its scratch area;
+/// the template is otherwise left as it is).
+fn read_fork_copies(t: &mut Template) -> Result<ForkCopies> {
+    let mut b = Batch::new(t.scratch, t.scratch_exec);
+    let mut handlers = Vec::new();
+    for sig in 1..=64u64 {
+        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 {
+            continue;
+        }
+        let act = b.data(&[0u8; 32]);
+        b.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[Arg::Val(sig), Arg::Val(0), act, Arg::Val(8)]);
+        handlers.push((sig, b.address(act)));
+    }
+    let death = b.data(&[0u8; 8]);
+    let death_at = b.address(death);
+    let prctl = |b: &mut Batch, what: &'static str, option: i32, arg: Arg| {
+        b.call(what, libc::SYS_prctl, &[Arg::Val(option as u64), arg, Arg::Val(0), Arg::Val(0), Arg::Val(0)])
+    };
+    let dumpable = prctl(&mut b, "prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, Arg::Val(0));
+    prctl(&mut b, "prctl(PR_GET_PDEATHSIG)", libc::PR_GET_PDEATHSIG, death);
+    let thp = prctl(&mut b, "prctl(PR_GET_THP_DISABLE)", libc::PR_GET_THP_DISABLE, Arg::Val(0));
+    let persona = b.call("personality (read)", libc::SYS_personality, &[Arg::Val(0xffff_ffff)]);
+    let brk = b.call("brk (read)", libc::SYS_brk, &[Arg::Val(0)]);
+    let results = t.tracee.run_batch(&mut b)?;
+    let result = |arg: Arg| match arg {
+        Arg::Ret(i) => results.get(i).copied().unwrap_or(0) as u64,
+        _ => 0,
+    };
+    let read = |at: u64, len: usize| -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        ptrace::read_mem(t.host.raw(), at, &mut buf).map_err(Error::ptrace(t.host, "read the handlers"))?;
+        Ok(buf)
+    };
+    let handlers = handlers.into_iter().map(|(sig, at)| Ok((sig, read(at, 32)?))).collect::<Result<Vec<_>>>()?;
+    let death_signal = u64::from(u32::from_ne_bytes(read(death_at, 4)?.try_into().unwrap_or_default()));
+    Ok(ForkCopies {
+        handlers,
+        dumpable: result(dumpable),
+        death_signal,
+        thp_disabled: result(thp),
+        personality: result(persona),
+        brk: result(brk),
+    })
+}
+
+/// Step 3: the child's memory map made the template's (see the module
+/// docs); `brk` is the template's program break.
+fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
+    let maps_of = |pid: HostPid| crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e });
+    let theirs = maps_of(t.host)?;
+    let scratch_end = t.scratch + SCRATCH;
+    let overlaps = |m: &MapImage, start: u64, end: u64| m.start < end && start < m.end;
+    let is_moved = |m: &MapImage| m.path.as_deref().is_some_and(|p| MOVED.contains(&p));
+    let tid = c.tid;
+    let unsupported = move |what: String| Error::unsupported_by_host(tid, "", "memory", what);
+    if maps_of(c.tid)?.iter().any(|m| is_moved(m) && overlaps(m, t.scratch, scratch_end)) {
+        return Err(unsupported("the template's scratch mapping lies on the new process's vDSO".into()));
+    }
+    let scratch_prot = theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, prot);
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+    c.call("mmap (scratch)", libc::SYS_mmap, &[t.scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
+    let ours = maps_of(c.tid)?;
+    let mut b = Batch::new(t.scratch, t.scratch_exec);
+    for m in &ours {
+        if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
+            continue;
+        }
+        b.call("munmap", libc::SYS_munmap, &[Arg::Val(m.start), Arg::Val(m.end - m.start)]);
+    }
+    // The kernel's mappings, each moved where no other still has to leave.
+    let mut moves = Vec::new();
+    for name in MOVED {
+        let from = ours.iter().find(|m| m.path.as_deref() == Some(name));
+        let to = theirs.iter().find(|m| m.path.as_deref() == Some(name));
+        match (from, to) {
+            (None, None) => {}
+            (Some(f), Some(to)) if f.end - f.start == to.end - to.start => {
+                if f.start != to.start {
+                    moves.push((name, f.start, to.start, f.end - f.start));
+                }
+            }
+            _ => return Err(unsupported(format!("its {name} mapping differs from the kernel's at an execve"))),
+        }
+    }
+    while !moves.is_empty() {
+        let free = |&(_, _, to, len): &(&&str, u64, u64, u64)| {
+            !moves.iter().any(|&(_, from, dest, l)| dest != to && from < to + len && to < from + l)
+        };
+        let Some(i) = moves.iter().position(free) else {
+            return Err(unsupported("its vDSO and the new process's lie across each other".into()));
+        };
+        let (_, from, to, len) = moves.remove(i);
+        let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+        let args = [Arg::Val(from), Arg::Val(len), Arg::Val(len), Arg::Val(flags), Arg::Val(to)];
+        b.call("mremap (vDSO)", libc::SYS_mremap, &args);
+    }
+    for m in &theirs {
+        if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
+            continue;
+        }
+        map_again(&mut b, m).map_err(&unsupported)?;
+        if b.is_full() {
+            c.run_batch(&mut b)?;
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", t.host)).map_err(|e| Error::Proc {
+        pid: t.host,
+        what: "stat",
+        source: e,
+    })?;
+    let fields: Vec<u64> = crate::procfs::stat_fields(&stat).map(|f| f.parse().unwrap_or(0)).collect();
+    // (`fields[0]` is field 3 of proc(5).)
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    let auxv = std::fs::read(format!("/proc/{}/auxv", t.host)).map_err(|e| Error::Proc {
+        pid: t.host,
+        what: "auxv",
+        source: e,
+    })?;
+    let auxv_at = b.data(&auxv);
+    let mut map = Vec::with_capacity(PRCTL_MM_MAP_SIZE);
+    // start_code, end_code, start_data, end_data, start_brk, brk,
+    // start_stack, arg_start, arg_end, env_start, env_end.
+    for v in [field(26), field(27), field(45), field(46), field(47), brk, field(28)] {
+        map.extend_from_slice(&v.to_ne_bytes());
+    }
+    for v in [field(48), field(49), field(50), field(51), b.address(auxv_at)] {
+        map.extend_from_slice(&v.to_ne_bytes());
+    }
+    map.extend_from_slice(&(auxv.len() as u32).to_ne_bytes());
+    map.extend_from_slice(&u32::MAX.to_ne_bytes());
+    let map_at = b.data(&map);
+    let args = [Arg::Val(PR_SET_MM), Arg::Val(PR_SET_MM_MAP), map_at, Arg::Val(PRCTL_MM_MAP_SIZE as u64), Arg::Val(0)];
+    b.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &args);
+    c.run_batch(&mut b)?;
+    // (Its vDSO is the template's now.)
+    c.insn = inject::find_syscall_insn(c.tid)?;
+    Ok(())
+}
+
+/// `PROT_*` of a mapping's `rwxp`.
+fn prot(m: &MapImage) -> i32 {
+    let p = m.perms.as_bytes();
+    let mut prot = libc::PROT_NONE;
+    for (i, bit) in [(0, libc::PROT_READ), (1, libc::PROT_WRITE), (2, libc::PROT_EXEC)] {
+        if p.get(i).is_some_and(|c| *c != b'-') {
+            prot |= bit;
+        }
+    }
+    prot
+}
+
+/// Add to `b` the calls that make mapping `m` again, empty (its pages are
+/// copied after); what cannot be made so, as a reason.
+fn map_again(b: &mut Batch, m: &MapImage) -> std::result::Result<(), String> {
+    let (start, len) = (m.start, m.end - m.start);
+    let prot = prot(m) as u64;
+    let file = m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"));
+    if m.shared() && file.is_none() {
+        return Err(format!("mapping {:x}-{:x} is shared memory", m.start, m.end));
+    }
+    let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+    let fixed = |v: u64| Arg::Val(v);
+    match m.path.as_deref() {
+        None | Some("[heap]") => {
+            b.call(
+                "mmap",
+                libc::SYS_mmap,
+                &[fixed(start), fixed(len), fixed(prot), fixed(anon), fixed(u64::MAX), fixed(0)],
+            );
+        }
+        Some("[stack]") => {
+            let flags = anon | libc::MAP_GROWSDOWN as u64;
+            b.call(
+                "mmap ([stack])",
+                libc::SYS_mmap,
+                &[fixed(start), fixed(len), fixed(prot), fixed(flags), fixed(u64::MAX), fixed(0)],
+            );
+        }
+        Some(named) if named.starts_with("[anon:") && named.ends_with(']') => {
+            b.call(
+                "mmap",
+                libc::SYS_mmap,
+                &[fixed(start), fixed(len), fixed(prot), fixed(anon), fixed(u64::MAX), fixed(0)],
+            );
+            let name = b.path(&named[6..named.len() - 1]);
+            b.call(
+                "prctl(PR_SET_VMA_ANON_NAME)",
+                libc::SYS_prctl,
+                &[fixed(PR_SET_VMA), fixed(0), fixed(start), fixed(len), name],
+            );
+        }
+        Some(path) if file.is_some() => {
+            // (A shared mapping of a file shows the file: the same file,
+            // opened for writing if the mapping writes.)
+            let p = b.path(path);
+            let write = m.shared() && prot & libc::PROT_WRITE as u64 != 0;
+            let flags = (if write { libc::O_RDWR } else { libc::O_RDONLY } | libc::O_CLOEXEC) as u64;
+            let fd = b.call("open (a mapped file)", libc::SYS_open, &[p, fixed(flags), fixed(0)]);
+            let how = if m.shared() { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+            let flags = (how | libc::MAP_FIXED) as u64;
+            b.call(
+                "mmap (a file)",
+                libc::SYS_mmap,
+                &[fixed(start), fixed(len), fixed(prot), fixed(flags), fd, fixed(m.offset)],
+            );
+            b.call("close", libc::SYS_close, &[fd]);
+        }
+        Some(other) => return Err(format!("mapping {:x}-{:x} of {other}", m.start, m.end)),
+    }
+    Ok(())
+}
+
+/// Step 4: the template's own pages copied into the child (but its
+/// scratch mapping's, at `scratch`).
+fn copy_pages((from, scratch): (HostPid, u64), to: HostPid) -> Result<()> {
+    let err = |pid: HostPid, what: &'static str| move |source| Error::Proc { pid, what, source };
+    let maps = crate::procfs::maps(from).map_err(err(from, "maps"))?;
+    let pagemap = std::fs::File::open(format!("/proc/{from}/pagemap")).map_err(err(from, "pagemap"))?;
+    let mut runs = Vec::new();
+    let copied = |m: &&MapImage| {
+        !m.shared()
+            && m.start != scratch
+            && match m.path.as_deref() {
+                None => true,
+                Some(p) => !p.starts_with('[') || p == "[heap]" || p == "[stack]" || p.starts_with("[anon:"),
+            }
+    };
+    for m in maps.iter().filter(copied) {
+        sandtree_sys::uffd::own_pages(pagemap.as_fd(), (m.start, m.end), &mut runs).map_err(err(from, "pagemap"))?;
+    }
+    let writer = sandtree_sys::uffd::PageWriter::open(to.raw()).map_err(err(to, "mem"))?;
+    let mut buf = Vec::new();
+    let mut chunk: Vec<(u64, u64)> = Vec::new();
+    let flush = |chunk: &mut Vec<(u64, u64)>, buf: &mut Vec<u8>| -> Result<()> {
+        let len: usize = chunk.iter().map(|(s, e)| (e - s) as usize).sum();
+        buf.resize(len, 0);
+        read_runs(from, chunk, buf).map_err(err(from, "memory"))?;
+        writer.write(chunk, buf).map_err(err(to, "memory"))?;
+        chunk.clear();
+        Ok(())
+    };
+    let mut size = 0usize;
+    for (mut s, e) in runs {
+        while s < e {
+            let take = (e - s).min((COPY_CHUNK - size) as u64);
+            chunk.push((s, s + take));
+            size += take as usize;
+            s += take;
+            if size >= COPY_CHUNK {
+                flush(&mut chunk, &mut buf)?;
+                size = 0;
+            }
+        }
+    }
+    if !chunk.is_empty() {
+        flush(&mut chunk, &mut buf)?;
+    }
+    Ok(())
+}
+
+/// Read `runs` of `pid`'s memory into `buf`: `process_vm_readv`, or, for
+/// pages its protections hide (`PROT_NONE`), `/proc/<pid>/mem`.
+fn read_runs(pid: HostPid, runs: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<()> {
+    if sandtree_sys::uffd::read_pages(pid.raw(), runs, buf).is_ok() {
+        return Ok(());
+    }
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    let mut at = 0usize;
+    for &(s, e) in runs {
+        let len = (e - s) as usize;
+        mem.read_exact_at(&mut buf[at..at + len], s)?;
+        at += len;
+    }
+    Ok(())
+}
+
+/// Step 5, in the child (one batch): handlers, `prctl` settings,
+/// personality, umask, name, and the template's descriptor table.
+fn set_the_rest(c: &mut Tracee, t: &Template, copies: &ForkCopies) -> Result<()> {
+    let mut b = Batch::new(t.scratch, t.scratch_exec);
+    for (sig, act) in &copies.handlers {
+        let act = b.data(act);
+        b.call("rt_sigaction", libc::SYS_rt_sigaction, &[Arg::Val(*sig), act, Arg::Val(0), Arg::Val(8)]);
+    }
+    let prctl = |b: &mut Batch, what: &'static str, option: i32, value: u64| {
+        let args = [Arg::Val(option as u64), Arg::Val(value), Arg::Val(0), Arg::Val(0), Arg::Val(0)];
+        b.call(what, libc::SYS_prctl, &args);
+    };
+    prctl(&mut b, "prctl(PR_SET_DUMPABLE)", libc::PR_SET_DUMPABLE, copies.dumpable);
+    prctl(&mut b, "prctl(PR_SET_PDEATHSIG)", libc::PR_SET_PDEATHSIG, copies.death_signal);
+    prctl(&mut b, "prctl(PR_SET_THP_DISABLE)", libc::PR_SET_THP_DISABLE, copies.thp_disabled);
+    b.call("personality", libc::SYS_personality, &[Arg::Val(copies.personality)]);
+    b.call("umask", libc::SYS_umask, &[Arg::Val(u64::from(t.image.umask))]);
+    let name = b.path(&t.image.comm);
+    let args = [Arg::Val(libc::PR_SET_NAME as u64), name, Arg::Val(0), Arg::Val(0), Arg::Val(0)];
+    b.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &args);
+    // The descriptor table: the template's open files on their numbers.
+    let fds = template_fds(t.host)?;
+    let above = fds.iter().map(|(fd, _)| *fd + 1).max().unwrap_or(1) as u64;
+    b.call("close_range", libc::SYS_close_range, &[Arg::Val(0), Arg::Val(u64::from(u32::MAX)), Arg::Val(0)]);
+    let pidfd =
+        b.call("pidfd_open (the template)", libc::SYS_pidfd_open, &[Arg::Val(t.ns_pid.raw() as u64), Arg::Val(0)]);
+    // (Every other number is free: the duplicate gets `above`.)
+    b.call(
+        "fcntl(F_DUPFD_CLOEXEC)",
+        libc::SYS_fcntl,
+        &[pidfd, Arg::Val(libc::F_DUPFD_CLOEXEC as u64), Arg::Val(above)],
+    );
+    b.call("close", libc::SYS_close, &[pidfd]);
+    c.run_batch(&mut b)?;
+    let high = Arg::Val(above);
+    for (fd, cloexec) in fds {
+        let got = b.call("pidfd_getfd", libc::SYS_pidfd_getfd, &[high, Arg::Val(fd as u64), Arg::Val(0)]);
+        let flags = if cloexec { libc::O_CLOEXEC as u32 } else { 0 };
+        b.move_fd(got, fd, flags);
+        let fd_flag = if cloexec { libc::FD_CLOEXEC as u64 } else { 0 };
+        b.call(
+            "fcntl(F_SETFD)",
+            libc::SYS_fcntl,
+            &[Arg::Val(fd as u64), Arg::Val(libc::F_SETFD as u64), Arg::Val(fd_flag)],
+        );
+        if b.is_full() {
+            c.run_batch(&mut b)?;
+        }
+    }
+    b.call("close", libc::SYS_close, &[high]);
+    c.run_batch(&mut b)?;
+    Ok(())
+}
+
+/// The descriptors of template `host` with their close-on-exec flag.
+fn template_fds(host: HostPid) -> Result<Vec<(i32, bool)>> {
+    let err = |source| Error::Proc { pid: host, what: "fds", source };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{host}/fd")).map_err(err)? {
+        let Some(fd) = entry.map_err(err)?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let flags = crate::procfs::fd_flags(host, fd).map_err(err)?;
+        out.push((fd, flags & libc::O_CLOEXEC as u32 != 0));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Step 6: the child's fingerprint must be the template's.
+fn same_as_template(template: HostPid, child: HostPid) -> Result<()> {
+    let of = |pid: HostPid| {
+        crate::incremental::fingerprint(pid, None).map_err(|e| Error::Proc { pid, what: "fingerprint", source: e })
+    };
+    let (theirs, ours) = (of(template)?, of(child)?);
+    if let Some((a, b)) = theirs.lines().zip(ours.lines()).find(|(a, b)| a != b) {
+        return Err(Error::Proc {
+            pid: child,
+            what: "the copy of its template",
+            source: std::io::Error::other(format!("it has `{b}` where its template has `{a}`")),
+        });
+    }
+    Ok(())
+}

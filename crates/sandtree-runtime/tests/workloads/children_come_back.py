@@ -1,0 +1,95 @@
+# State: two children of this process, each keeping a count in its memory:
+# `forked`, a fork of this interpreter that did not exec, and `execd`, a new
+# python3 started with subprocess (exec'd), each in this process's session
+# and group; the second also in a process group of its own with a pipe of
+# queued bytes. They must come back as this process's children: their
+# parent pid, a wait for them, their counts, their pipes; and the
+# checkpoint's templates must not show among its children.
+# Commands: `state`: both counts, whether each is our child (`os.waitpid`
+# with WNOHANG finds it running), its parent pid, its group, and how many
+# children this process has (/proc/self/task/*/children); `mutate`:
+# both counts up by one and two bytes more queued for `execd`; `quit`:
+# both end, and their exit statuses as a wait reports them.
+import subprocess
+
+CHILD = r'''
+import os, sys
+n = 0
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    cmd = line.strip()
+    if cmd == 'up':
+        n += 1
+    elif cmd == 'quit':
+        sys.stdout.write('bye\n'); sys.stdout.flush()
+        os._exit(3)
+    sys.stdout.write('%d %d %d\n' % (n, os.getppid(), os.getpgrp()))
+    sys.stdout.flush()
+'''
+
+r1, w1 = os.pipe()
+r2, w2 = os.pipe()
+forked = os.fork()
+if forked == 0:
+    os.dup2(r1, 0)
+    os.dup2(w2, 1)
+    for fd in (r1, w1, r2, w2):
+        os.close(fd)
+    exec(compile(CHILD, 'forked', 'exec'))
+    os._exit(0)
+os.close(r1)
+os.close(w2)
+to_forked, from_forked = os.fdopen(w1, 'w'), os.fdopen(r2, 'r')
+execd = subprocess.Popen(['python3', '-c', CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, process_group=0)
+queue_r, queue_w = os.pipe()
+os.write(queue_w, b'ab')
+
+
+def ask(to, frm, cmd):
+    to.write(cmd + '\n')
+    to.flush()
+    return frm.readline().strip()
+
+
+def running(pid):
+    return os.waitpid(pid, os.WNOHANG) == (0, 0)
+
+
+def children():
+    kids = []
+    for tid in os.listdir('/proc/self/task'):
+        with open('/proc/self/task/%s/children' % tid) as f:
+            kids += f.read().split()
+    return len(kids)
+
+
+def state():
+    f = ask(to_forked, from_forked, 'get').split()
+    e = ask(execd.stdin, execd.stdout, 'get').split()
+    me, group = os.getpid(), os.getpgrp()
+    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d' % (
+        f[0], running(forked), f[1] == str(me), f[2] == str(group),
+        e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children())
+
+
+def handle(cmd):
+    if cmd == 'state':
+        return state()
+    if cmd == 'mutate':
+        ask(to_forked, from_forked, 'up')
+        ask(execd.stdin, execd.stdout, 'up')
+        os.write(queue_w, b'cd')
+        return state()
+    if cmd == 'quit':
+        ask(to_forked, from_forked, 'quit')
+        ask(execd.stdin, execd.stdout, 'quit')
+        a = os.waitstatus_to_exitcode(os.waitpid(forked, 0)[1])
+        b = execd.wait()
+        return 'forked=%d execd=%d' % (a, b)
+    return 'unknown'
+
+
+serve(handle)
