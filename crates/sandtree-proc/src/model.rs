@@ -43,6 +43,10 @@ pub struct ProcessImage {
     pub sid: SandboxPid,
     /// Whether it has a controlling terminal.
     pub has_tty: bool,
+    /// The foreground process group of its controlling terminal (`stat`'s
+    /// `tpgid`), when it has one whose leader was captured with it.
+    #[serde(default)]
+    pub tpgid: Option<SandboxPid>,
     /// `comm`.
     pub comm: String,
     /// `/proc/pid/exe` target.

@@ -142,6 +142,18 @@ pub fn tty_nr(pid: HostPid) -> io::Result<i64> {
     Ok(parse_tty_nr(&read_text(format!("/proc/{pid}/stat"))?))
 }
 
+/// The foreground process group of the controlling terminal of `pid`
+/// (`stat` field 8), as its leader's pid in the sandbox; `None` without a
+/// terminal, or when that leader is gone.
+pub fn foreground_group(pid: HostPid) -> io::Result<Option<SandboxPid>> {
+    let stat = read_text(format!("/proc/{pid}/stat"))?;
+    let tpgid: i32 = stat_fields(&stat).nth(8 - 3).and_then(|v| v.parse().ok()).unwrap_or(0);
+    if tpgid <= 0 {
+        return Ok(None);
+    }
+    Ok(status(HostPid(tpgid)).ok().map(|s| s.ns_pid))
+}
+
 /// The signal the parent of `pid` gets when it ends (`stat` field 38).
 pub fn exit_signal(pid: HostPid) -> io::Result<i32> {
     let stat = read_text(format!("/proc/{pid}/stat"))?;
@@ -1085,6 +1097,7 @@ pub fn capture(
         pgid: if st.ns_pgid == st.ns_pid { pid } else { st.ns_pgid },
         sid: if st.ns_sid == st.ns_pid { pid } else { st.ns_sid },
         has_tty: tty_nr != 0,
+        tpgid: None,
         comm,
         exe,
         threads: 1,

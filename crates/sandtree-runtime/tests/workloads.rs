@@ -1022,11 +1022,15 @@ static CHILDREN_COME_BACK: Spec = Spec {
     program: program!("children_come_back.py"),
     at_ck: &[(
         "state",
-        Is("forked=0 child=True ppid=True group=True execd=0 child=True ppid=True group=True queued=2 children=2"),
+        Is(
+            "forked=0 child=True ppid=True group=True execd=0 child=True ppid=True group=True queued=2 children=2 sums=253828,253828",
+        ),
     )],
     mutate: &[&[Ask(
         "mutate",
-        Is("forked=1 child=True ppid=True group=True execd=1 child=True ppid=True group=True queued=4 children=2"),
+        Is(
+            "forked=1 child=True ppid=True group=True execd=1 child=True ppid=True group=True queued=4 children=2 sums=253829,253829",
+        ),
     )]],
     end: &[Ask("quit", Is("forked=3 execd=3"))],
     ..Spec::DEFAULT
@@ -1975,13 +1979,28 @@ async fn type_line(e: &Engine, sb: &str, sid: &str, line: &str, want: &str) -> R
 /// A Python REPL in a session (its bash exec'd into it) comes back with its
 /// variables and cwd.
 fn session_python_repl(e: &Engine) -> CaseFuture<'_> {
+    // The shell becomes the REPL: same pid, session leader on the pty.
+    python_repl(e, "exec python3 -q -i")
+}
+
+/// `python3 -i` run from a session's bash, as its foreground job (a child
+/// of bash, in a process group of its own, which the pty's foreground
+/// group is): after a rollback it reads the terminal again (its group is
+/// the foreground one again: else a read stops it with `SIGTTIN`), and
+/// its state is the checkpoint's (issue 38, process trees).
+fn repl_run_from_the_session_shell(e: &Engine) -> CaseFuture<'_> {
+    python_repl(e, "python3 -q -i")
+}
+
+/// A Python REPL in a session, started by `launch` typed into its bash
+/// (see [`session_python_repl`]).
+fn python_repl<'a>(e: &'a Engine, launch: &'static str) -> CaseFuture<'a> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
         let s = e.create_session(&sb, Default::default()).await?;
         let w = Workload { sb, pid: s.pid };
         let (sb, sid) = (w.sb.as_str(), s.id.as_str());
-        // The shell becomes the REPL: same pid, session leader on the pty.
-        type_line(e, sb, sid, "exec python3 -q -i", ">>> ").await?;
+        type_line(e, sb, sid, launch, ">>> ").await?;
         for line in typed_lines(program!("session_python_repl.py")) {
             type_line(e, sb, sid, line, ">>> ").await?;
         }
@@ -2175,6 +2194,7 @@ fn main() {
         ("epoll_and_signalfd", declared!(EPOLL_AND_SIGNALFD)),
         ("session_shell_state", session_shell_state),
         ("session_python_repl", session_python_repl),
+        ("repl_run_from_the_session_shell", repl_run_from_the_session_shell),
         ("session_ends_when_its_shell_exits", session_ends_when_its_shell_exits),
         ("guard_region_between_checkpoints", guard_region_between_checkpoints),
         ("session_closed_since_the_checkpoint", session_closed_since_the_checkpoint),

@@ -242,9 +242,16 @@ pub fn own_pages(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), out: &mut Ve
         let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
         for r in &buf[..n.min(buf.len())] {
             match out.last_mut() {
-                Some(last) if last.1 == r.start => last.1 = r.end,
+                // (Past what is known already: never twice.)
+                Some(last) if r.end <= last.1 => {}
+                Some(last) if r.start <= last.1 => last.1 = r.end,
                 _ => out.push((r.start, r.end)),
             }
+        }
+        // A walk that did not fill the buffer went to the end (its
+        // `walk_end` then may lie before the end: measured on 6.18).
+        if n < buf.len() {
+            break;
         }
         if arg.walk_end <= at {
             return Err(io::Error::other("PAGEMAP_SCAN made no progress"));

@@ -163,6 +163,8 @@ pub(crate) struct Cloned {
     facts: Option<(procfs::Status, String)>,
     /// The signal its parent gets when it ends.
     exit_signal: i32,
+    /// The foreground group of its terminal.
+    tpgid: Option<SandboxPid>,
 }
 
 impl Cloned {
@@ -1034,6 +1036,8 @@ fn clone_of(
         };
         // Threads made after the first check (it is stopped now: final).
         let comm = comm_now();
+        // (A terminal's foreground group: a job's, given back at the restore.)
+        let tpgid = procfs::foreground_group(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?;
         let exit_signal = match s.ns_ppid == SandboxPid::INIT {
             true => libc::SIGCHLD,
             false => procfs::exit_signal(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?,
@@ -1108,6 +1112,7 @@ fn clone_of(
             copier,
             facts: session.is_some().then_some((status, comm)),
             exit_signal,
+            tpgid,
         })
     };
     let mut c = match made() {
@@ -1204,6 +1209,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;
     image.exit_signal = c.exit_signal;
+    image.tpgid = c.tpgid;
     image.cwd_denied = crate::process::access::cwd_denied(child, &image);
     if let Some((fd, what)) = crate::process::access::fd_denied(s.host, child, &image) {
         return Err(Error::unsupported(

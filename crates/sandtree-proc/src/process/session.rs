@@ -25,10 +25,7 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
         // one under the same number, and take the terminal back.
         b.call("setsid", libc::SYS_setsid, &[]);
         if image.has_tty
-            && let Some(tty) = image.fds.iter().find(|f| match &f.kind {
-                FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
-                _ => false,
-            })
+            && let Some(tty) = terminal_fd(image)
             && !tty.kind.terminal().is_some_and(hung_up)
         {
             let args = [Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSCTTY), Arg::Val(0)];
@@ -42,8 +39,31 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
         // in changes nothing.
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(image.pgid.raw() as u64)]);
     }
+    // The leader of its terminal's foreground group other than the
+    // session's (a shell's foreground job): the terminal's foreground
+    // group again (the session leader's `TIOCSCTTY`, before, made it its
+    // own). Every signal is blocked meanwhile: no `SIGTTOU`.
+    if image.has_tty
+        && image.sid != image.pid
+        && image.pgid == image.pid
+        && image.tpgid == Some(image.pgid)
+        && let Some(tty) = terminal_fd(image)
+        && !tty.kind.terminal().is_some_and(hung_up)
+    {
+        let pgid = b.data(&image.pgid.raw().to_ne_bytes());
+        b.call("ioctl(TIOCSPGRP)", libc::SYS_ioctl, &[Arg::Val(tty.fd as u64), Arg::Val(libc::TIOCSPGRP), pgid]);
+    }
     if image.child_subreaper {
         let set = libc::PR_SET_CHILD_SUBREAPER as u64;
         b.call("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[Arg::Val(set), Arg::Val(1)]);
     }
+}
+
+/// A descriptor of `image` open on a terminal (its controlling one, for a
+/// process of a session with one).
+fn terminal_fd(image: &ProcessImage) -> Option<&crate::model::FdImage> {
+    image.fds.iter().find(|f| match &f.kind {
+        FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
+        _ => false,
+    })
 }

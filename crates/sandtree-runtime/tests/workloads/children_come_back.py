@@ -1,4 +1,5 @@
-# State: two children of this process, each keeping a count in its memory:
+# State: two children of this process, each keeping a count in its memory
+# (and 16 MiB mapped, every other page written):
 # `forked`, a fork of this interpreter that did not exec, and `execd`, a new
 # python3 started with subprocess (exec'd), each in this process's session
 # and group; the second also in a process group of its own with a pipe of
@@ -13,8 +14,13 @@
 import subprocess
 
 CHILD = r'''
-import os, sys
+import mmap, os, sys
 n = 0
+# Every other page of 16 MiB written: thousands of runs of pages to copy,
+# and the pages between them never written (zero).
+m = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE)
+for i in range(0, 16 << 20, 8192):
+    m[i] = (i // 8192) % 251 + 1
 while True:
     line = sys.stdin.readline()
     if not line:
@@ -22,10 +28,12 @@ while True:
     cmd = line.strip()
     if cmd == 'up':
         n += 1
+        m[4096] = n
     elif cmd == 'quit':
         sys.stdout.write('bye\n'); sys.stdout.flush()
         os._exit(3)
-    sys.stdout.write('%d %d %d\n' % (n, os.getppid(), os.getpgrp()))
+    total = sum(m[i] for i in range(0, 16 << 20, 4096))
+    sys.stdout.write('%d %d %d %d\n' % (n, os.getppid(), os.getpgrp(), total))
     sys.stdout.flush()
 '''
 
@@ -70,9 +78,9 @@ def state():
     f = ask(to_forked, from_forked, 'get').split()
     e = ask(execd.stdin, execd.stdout, 'get').split()
     me, group = os.getpid(), os.getpgrp()
-    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d' % (
+    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d sums=%s,%s' % (
         f[0], running(forked), f[1] == str(me), f[2] == str(group),
-        e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children())
+        e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children(), f[3], e[3])
 
 
 def handle(cmd):
