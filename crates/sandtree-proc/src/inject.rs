@@ -460,6 +460,12 @@ impl Tracee {
         }
     }
 
+    /// Send it `sig` once it is let go ([`Tracee::release`]), as a signal
+    /// held back (a process restored stopped: `SIGSTOP`).
+    pub(crate) fn hold(&mut self, sig: i32) {
+        self.held.push(sig);
+    }
+
     /// Signals held back so far (and forget them).
     pub fn take_held(&mut self) -> Vec<i32> {
         std::mem::take(&mut self.held)

@@ -119,6 +119,15 @@ pub struct ProcessImage {
     /// (`transplant.rs`).
     #[serde(default = "sigchld")]
     pub exit_signal: i32,
+    /// It was stopped by a signal (a shell's job after Ctrl-Z): restored,
+    /// it stops again.
+    #[serde(default)]
+    pub job_stopped: bool,
+    /// Its children stopped by a signal whose stop it had not waited for
+    /// (`waitid` would report it), with that signal: at a restore such a
+    /// report stays, any other the restore's stop makes is taken.
+    #[serde(default)]
+    pub stop_reports: Vec<(SandboxPid, i32)>,
 }
 
 fn sigchld() -> i32 {

@@ -1123,6 +1123,8 @@ pub fn capture(
         robust_list: None,
         other_threads: Vec::new(),
         exit_signal: libc::SIGCHLD,
+        job_stopped: false,
+        stop_reports: Vec::new(),
     })
 }
 

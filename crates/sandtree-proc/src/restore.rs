@@ -132,6 +132,21 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         others_wait[i] = w;
     }
     let mut order: Vec<(usize, bool)> = sorted.into_iter().map(|(i, _)| (i, false)).collect();
+    // The signal each process stopped by one at the checkpoint stops with
+    // again (`process::session::stop_signal`).
+    let stop_with: Vec<Option<i32>> = set
+        .templates
+        .iter()
+        .map(|t| {
+            let reported = set
+                .templates
+                .iter()
+                .find(|p| p.image.pid == t.image.ppid)
+                .and_then(|p| p.image.stop_reports.iter().find(|(c, _)| *c == t.image.pid))
+                .map(|&(_, sig)| sig);
+            t.image.job_stopped.then(|| crate::process::session::stop_signal(&t.image, reported))
+        })
+        .collect();
     let mut next = 0;
     // Each process goes once all are back (see [`Ready`]).
     let mut waiting: Vec<Ready> = Vec::new();
@@ -143,7 +158,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         let early = clone_connectors(set, i, &mut handed);
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
-        let res = early.and_then(|()| restore_one(t, wait, cg, &mut handed));
+        let res = early.and_then(|()| restore_one(t, wait, cg, &mut handed, stop_with[i]));
         if !wait
             && let Err(Error::Remote { call: "clone3 (restore)", errno, .. }) = &res
             && errno.raw_os_error() == Some(libc::EEXIST)
@@ -191,8 +206,32 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let t_rel = std::time::Instant::now();
     // (Back on its CPU once the rollback has its answer.)
     crate::inject::step_aside();
+    // Processes stopped by a signal at the checkpoint go first and stop
+    // again; then their parents take the reports of those stops that they
+    // had taken at the checkpoint (their stop would otherwise show them a
+    // new one).
+    let (jobs, mut rest): (Vec<Ready>, Vec<Ready>) = waiting.into_iter().partition(|r| r.job_stopped);
+    let jobs_back: Vec<(SandboxPid, SandboxPid, HostPid)> = jobs.iter().map(|r| (r.pid, r.ppid, r.main.tid)).collect();
     let mut released = Ok(());
-    for r in waiting {
+    for r in jobs {
+        let res = r.release();
+        if released.is_ok() {
+            released = res;
+        }
+    }
+    for &(pid, ppid, host) in &jobs_back {
+        let res = stopped_again(host).and_then(|()| match rest.iter_mut().find(|r| r.pid == ppid) {
+            Some(parent) => {
+                let taken = !parent.reports.contains(&pid);
+                parent.take_report(pid, taken)
+            }
+            None => Ok(()),
+        });
+        if released.is_ok() {
+            released = res;
+        }
+    }
+    for r in rest {
         let res = r.release();
         if released.is_ok() {
             released = res;
@@ -226,6 +265,15 @@ struct Ready {
     regs: sandtree_sys::ptrace::Regs,
     threads: Vec<(Tracee, sandtree_sys::ptrace::Regs)>,
     parked: bool,
+    /// Its pid, and its parent's.
+    pid: SandboxPid,
+    ppid: SandboxPid,
+    /// It stops again once let go (`Tracee::hold`).
+    job_stopped: bool,
+    /// Its children whose stop it had not waited for at the checkpoint.
+    reports: Vec<SandboxPid>,
+    /// It had a `SIGCHLD` pending at the checkpoint.
+    sigchld_pending: bool,
 }
 
 impl Ready {
@@ -238,6 +286,35 @@ impl Ready {
         }
         self.parked = true;
         Ok(())
+    }
+
+    /// After child `child` stopped again: the report of its stop taken
+    /// (`waitid`) if it had been taken at the checkpoint (`taken`), and the
+    /// `SIGCHLD` that came with it unless one was pending then; parked
+    /// again after.
+    fn take_report(&mut self, child: SandboxPid, taken: bool) -> Result<()> {
+        let p = &mut self.main;
+        if taken {
+            let how = (libc::WSTOPPED | libc::WNOHANG) as u64;
+            let args = [libc::P_PID as u64, child.raw() as u64, 0, how, 0];
+            p.call("waitid (a stop's report)", libc::SYS_waitid, &args)?;
+        }
+        if !self.sigchld_pending {
+            // sigtimedwait({SIGCHLD}, NULL, {0, 0}): below the stack
+            // pointer's red zone, put back after; none pending (a parent
+            // with SA_NOCLDSTOP) is EAGAIN.
+            let at = (self.regs.rsp - 128 - 64) & !15;
+            let tid = p.tid;
+            let mut saved = [0u8; 32];
+            ptrace::read_mem(tid.raw(), at, &mut saved).map_err(Error::ptrace(tid, "read below the stack"))?;
+            let mut args = [0u8; 32];
+            args[..8].copy_from_slice(&(1u64 << (libc::SIGCHLD - 1)).to_ne_bytes());
+            ptrace::write_mem(tid.raw(), at, &args).map_err(Error::ptrace(tid, "write sigset"))?;
+            let taken = p.syscall(libc::SYS_rt_sigtimedwait, &[at, 0, at + 16, 8]);
+            ptrace::write_mem(tid.raw(), at, &saved).map_err(Error::ptrace(tid, "write below the stack"))?;
+            taken?;
+        }
+        p.park()
     }
 
     /// Every thread goes, whatever fails (the first error is told).
@@ -254,6 +331,25 @@ impl Ready {
             }
         }
         released
+    }
+}
+
+/// Wait until process `host`, let go with `SIGSTOP` (or another stop
+/// signal) held for it, is stopped again.
+fn stopped_again(host: HostPid) -> Result<()> {
+    let mut backoff = crate::batch::Backoff::new(20, 1000, std::time::Duration::from_secs(2));
+    loop {
+        match crate::procfs::state(host) {
+            Some('T') => return Ok(()),
+            _ if backoff.snooze() => {}
+            state => {
+                return Err(Error::Proc {
+                    pid: host,
+                    what: "its stop by a signal",
+                    source: std::io::Error::other(format!("still in state {state:?} 2 s after its release")),
+                });
+            }
+        }
     }
 }
 
@@ -276,6 +372,7 @@ fn restore_one(
     wait: bool,
     cg: Option<&crate::cgroup::PoolCgroup>,
     handed: &mut crate::kinds::Handed,
+    stop_with: Option<i32>,
 ) -> Result<(Option<crate::memory_holder::Holder>, Ready)> {
     let cloned = match handed.cloned_early.remove(&t.image.pid) {
         Some(c) => c,
@@ -301,7 +398,12 @@ fn restore_one(
             })?;
         }
         let how = (via_standby, t.incremental, by_parent);
-        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, how, &mut threads, handed)
+        fix_up(&mut p, image, (t.scratch, t.scratch_exec), t.host, how, &mut threads, handed)?;
+        // Stopped by a signal at the checkpoint: stopped again once let go.
+        if let Some(sig) = stop_with {
+            p.hold(sig);
+        }
+        Ok(())
     })();
     finish_one(t, (p, fixed.map(|()| regs)), (standby, by_parent), nice, threads, t_clone)
 }
@@ -510,7 +612,22 @@ fn finish_one(
             for (t, _) in threads.iter_mut() {
                 t.affinity_on_release(&image.affinity);
             }
-            Ok((holder, Ready { main: p, regs, threads, parked: false }))
+            let sigchld = 1u64 << (libc::SIGCHLD - 1);
+            let sigchld_pending = image.signals.pending & sigchld != 0;
+            Ok((
+                holder,
+                Ready {
+                    main: p,
+                    regs,
+                    threads,
+                    parked: false,
+                    pid: image.pid,
+                    ppid: image.ppid,
+                    job_stopped: image.job_stopped,
+                    reports: image.stop_reports.iter().map(|&(c, _)| c).collect(),
+                    sigchld_pending,
+                },
+            ))
         }
         Err(e) => {
             // The threads' exits first: the main thread's is reported only

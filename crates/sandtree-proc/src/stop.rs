@@ -46,6 +46,14 @@ pub(crate) struct StoppedProcess {
     /// Its other threads, stopped too: (host tid, tid in the sandbox,
     /// registers).
     pub threads: Vec<(HostPid, SandboxPid, sandtree_sys::ptrace::Regs)>,
+    /// It was stopped by a signal (`SIGSTOP`, `SIGTSTP`: a shell's job
+    /// after Ctrl-Z). Let go, it stops again (the kernel puts a detached
+    /// tracee of a stopped process back into its stop, without telling its
+    /// parent again); restored, it is stopped again (`process::session`).
+    pub job_stopped: bool,
+    /// Its children stopped so (`job_stopped`), filled in once every
+    /// process is stopped.
+    pub stopped_children: Vec<SandboxPid>,
 }
 
 /// What [`crate::Tracer::stop`] did.
@@ -190,26 +198,15 @@ impl Stops {
                 }
                 let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
                 let ppid = ns_ppid(init_host, status.host_ppid);
-                let checked = (|| {
-                    if status.state == 'Z' {
-                        return Err(Unrestorable {
-                            pid: status.ns_pid,
-                            comm: comm.trim_end().to_string(),
-                            resource: "threads".into(),
-                            reason: "its main thread exited while other threads run (not captured yet)".into(),
-                        });
-                    }
-                    if status.state == 'T' {
-                        return Err(Unrestorable {
-                            pid: status.ns_pid,
-                            comm: comm.trim_end().to_string(),
-                            resource: "job control".into(),
-                            reason: "stopped by a signal (SIGSTOP/SIGTSTP); stopped processes are not captured yet"
-                                .into(),
-                        });
-                    }
-                    Ok(())
-                })();
+                let checked = match status.state {
+                    'Z' => Err(Unrestorable {
+                        pid: status.ns_pid,
+                        comm: comm.trim_end().to_string(),
+                        resource: "threads".into(),
+                        reason: "its main thread exited while other threads run (not captured yet)".into(),
+                    }),
+                    _ => Ok(()),
+                };
                 if let Err(u) = checked {
                     if best_effort {
                         report.skipped.push(u);
@@ -248,10 +245,11 @@ impl Stops {
                     failure = Some(Error::Ptrace { pid: host, op: "interrupt", source: e });
                     break;
                 }
-                seized.push((host, status.ns_pid, ppid));
+                // (Stopped by a signal: it stays so, `StoppedProcess::job_stopped`.)
+                seized.push((host, status.ns_pid, ppid, status.state == 'T'));
             }
             let mut stuck = Vec::new();
-            for (host, ns_pid, ppid) in seized {
+            for (host, ns_pid, ppid, job_stopped) in seized {
                 match inject::wait_event_stop_until(host, deadline) {
                     Ok(None) => {
                         let state = procfs::status(host).map(|s| s.state).unwrap_or('?');
@@ -287,7 +285,15 @@ impl Stops {
                 };
                 match stop_threads(host, deadline, &mut st.lingering) {
                     Ok(threads) => {
-                        st.stopped.push(StoppedProcess { host, ns_pid, ns_ppid: ppid, regs, threads });
+                        st.stopped.push(StoppedProcess {
+                            host,
+                            ns_pid,
+                            ns_ppid: ppid,
+                            regs,
+                            threads,
+                            job_stopped,
+                            stopped_children: Vec::new(),
+                        });
                         report.stopped += 1;
                     }
                     Err(e) => {
@@ -309,6 +315,12 @@ impl Stops {
         // not in the cgroup's list): a restore would not bring them back (a
         // fork copies no child), and the parent's wait would find none.
         // Read once every process is stopped: no child can exit any more.
+        let stopped_jobs: Vec<(SandboxPid, SandboxPid)> =
+            st.stopped.iter().filter(|s| s.job_stopped).map(|s| (s.ns_pid, s.ns_ppid)).collect();
+        for s in st.stopped.iter_mut() {
+            s.stopped_children =
+                stopped_jobs.iter().filter(|(_, ppid)| *ppid == s.ns_pid).map(|(pid, _)| *pid).collect();
+        }
         for s in &st.stopped {
             for u in zombie_children(s) {
                 if !best_effort {

@@ -170,11 +170,15 @@ impl Template {
         // Leave the original's session / process group: while any task is in
         // them, their id (the original's pid) stays allocated, and the restore
         // could not have it back. The copy joins them again.
-        if image.sid == image.pid || image.ppid != SandboxPid::INIT {
-            b.call("setsid", libc::SYS_setsid, &[]);
-        } else {
-            let zero = crate::batch::Arg::Val(0);
-            b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
+        // (A template of a child of another process left them as it was
+        // made, `process::tree`.)
+        if image.ppid == SandboxPid::INIT {
+            if image.sid == image.pid {
+                b.call("setsid", libc::SYS_setsid, &[]);
+            } else {
+                let zero = crate::batch::Arg::Val(0);
+                b.call("setpgid", libc::SYS_setpgid, &[zero, zero]);
+            }
         }
         tpl.run_batch(&mut b)?;
         tracing::debug!(pid = image.pid.raw(), ?t_mmap, batch = ?t0.elapsed(), "template's scratch and batch");

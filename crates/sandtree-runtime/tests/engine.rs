@@ -295,6 +295,16 @@ fn rollback_kills_a_fork_storm_and_spares_the_pool(e: &Engine) -> CaseFuture<'_>
     })
 }
 
+/// A Python holding a TCP connection (not captured yet), with a child.
+const HOLDS_A_CONNECTION: &str = r#"
+import socket, subprocess, time
+s = socket.create_server(('127.0.0.1', 0))
+c = socket.create_connection(s.getsockname())
+a = s.accept()
+subprocess.Popen(['sleep', '1000'])
+time.sleep(1e6)
+"#;
+
 /// What the template path cannot restore fails the checkpoint with the
 /// process and the reason; best effort marks it instead.
 fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
@@ -304,7 +314,7 @@ fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
         e.exec(
             &sb,
             ExecRequest {
-                cmd: vec!["sh".into(), "-c".into(), "sleep 1000 & kill -STOP $$; wait".into()],
+                cmd: vec!["python3".into(), "-c".into(), HOLDS_A_CONNECTION.into()],
                 background: true,
                 ..Default::default()
             },
@@ -314,14 +324,14 @@ fn unrestorable_processes_are_named(e: &Engine) -> CaseFuture<'_> {
         let err = e.checkpoint(&sb, CheckpointRequest::default()).await.err().context("checkpoint should fail")?;
         let msg = err.to_string();
         ensure!(err.code() == sandtree_api::ErrorCode::ProcessNotRestorable, "{msg}");
-        ensure!(msg.contains("(sh)") && msg.contains("stopped by a signal"), "{msg}");
+        ensure!(msg.contains("(python3)") && msg.contains("an open inet connection"), "{msg}");
         ensure!(e.list_checkpoints(Some(&sb)).await?.checkpoints.is_empty(), "a failed checkpoint was kept");
         // Nothing stays stopped: the sandbox still works.
         sh(e, &sb, "echo two > /root/f").await?;
         let r = e.checkpoint(&sb, CheckpointRequest { best_effort: true, ..Default::default() }).await?;
         ensure!(r.checkpoint.process_state == sandtree_api::ProcessState::Partial, "{r:?}");
-        // Best effort: sh is left out, and its child comes back as a child
-        // of init.
+        // Best effort: python3 is left out, and its child comes back as a
+        // child of init.
         ensure!(r.checkpoint.reparented.iter().any(|u| u.comm == "sleep"), "{r:?}");
         ensure!(r.note.contains("sleep"), "{}", r.note);
         e.delete_sandbox(&sb, true).await?;

@@ -872,20 +872,15 @@ static DELETED_OPEN_FILES: Spec = Spec {
     ..Spec::DEFAULT
 };
 
-/// A process stopped by SIGSTOP is refused (it would come back running);
-/// continued, it is taken.
-static STOPPED_PROCESS_IS_REFUSED: Spec = Spec {
+/// A process stopped by SIGSTOP is captured stopped, and comes back
+/// stopped after a rollback (it was refused: it would have come back
+/// running); continued, it answers (issue 38, job control).
+static STOPPED_PROCESS_COMES_BACK_STOPPED: Spec = Spec {
     program: program!("port_is_free_after_the_server_exits.py"),
     args: &["x"],
-    setup: &[
-        Signal(19),
-        Sleep(50),
-        Refused(None, &["stopped by a signal"]),
-        Signal(18),
-        // Running again.
-        Ask("who", Has(&[("who", "x")])),
-    ],
-    rounds: 0,
+    setup: &[Signal(19), Sleep(50), Sh("awk '{print $3}' /proc/$PID/stat", Is("T\n"))],
+    mutate: &[&[Signal(18), Ask("who", Has(&[("who", "x")]))]],
+    after: &[Sh("awk '{print $3}' /proc/$PID/stat", Is("T\n")), Signal(18), Ask("who", Has(&[("who", "x")]))],
     ..Spec::DEFAULT
 };
 
@@ -1033,6 +1028,18 @@ static CHILDREN_COME_BACK: Spec = Spec {
         ),
     )]],
     end: &[Ask("quit", Is("forked=3 execd=3"))],
+    ..Spec::DEFAULT
+};
+
+/// Children stopped by `SIGTSTP` (as Ctrl-Z stops a shell's job) come back
+/// stopped, and their parent's reports of their stops as they were: the
+/// one it had waited for is not reported again, the other still is, and no
+/// `SIGCHLD` is pending (issue 38, job control).
+static STOPPED_CHILDREN: Spec = Spec {
+    program: program!("stopped_children.py"),
+    at_ck: &[("state", Is("taken=T,none pending=T,SIGTSTP sigchld=False"))],
+    mutate: &[&[Ask("mutate", Is("killed"))]],
+    end: &[Ask("cont", Is("ended=[-15, -15]"))],
     ..Spec::DEFAULT
 };
 
@@ -2062,10 +2069,11 @@ fn git_repo_in_session(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// bash with a background job (`sleep 1000 &`, a child of bash in a
-/// process group of its own): captured as it is, and back after each
-/// rollback as bash's child and job (issue 38, process trees): bash's
-/// `jobs` lists it, and bash waits for it.
+/// bash with two background jobs (`sleep`, children of bash, each in a
+/// process group of its own), one stopped: captured as they are, and back
+/// after each rollback as bash's children and jobs (issue 38, process
+/// trees, job control): bash's `jobs` lists them, running and stopped,
+/// bash reports nothing new, and waits for the running one.
 fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
@@ -2081,10 +2089,11 @@ fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
         ensure!(r.checkpoint.reparented.is_empty(), "{r:?}");
         for round in 0..ROUNDS {
             let mut c = Checks::default();
-            e.session_run(&sb, &s.id, run("kill %1; wait; X=changed")).await?;
+            e.session_run(&sb, &s.id, run("kill %1; kill -9 %2; wait; X=changed")).await?;
             let rb =
                 e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone(), allow_restart: false }).await?;
             c.that(rb.restored_pids.contains(&s.pid) && rb.restored_pids.contains(&job), || format!("{rb:?}"));
+            // (Nothing new to report: the stopped job's stop was reported.)
             let out = e.session_run(&sb, &s.id, run("echo $X")).await?;
             c.eq("shell variable", out.output.trim(), "kept");
             c.eq(
@@ -2093,7 +2102,10 @@ fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
                 &format!("sleep\n{} {job}", s.pid),
             );
             let jobs = e.session_run(&sb, &s.id, run("jobs")).await?;
-            c.that(jobs.output.contains("Running") && jobs.output.contains("sleep 1000"), || jobs.output.clone());
+            let listed = jobs.output.contains("Running") && jobs.output.contains("sleep 1000");
+            c.that(listed && jobs.output.contains("Stopped") && jobs.output.contains("sleep 2000"), || {
+                jobs.output.clone()
+            });
             let out = e.session_run(&sb, &s.id, run("kill %1; wait %1; echo status=$?")).await?;
             let out = out.output.trim();
             c.that(out.contains("Terminated") && out.ends_with("status=143"), || format!("bash's wait: {out}"));
@@ -2208,9 +2220,10 @@ fn main() {
         ("standby_lost_after_the_reply", standby_lost_after_the_reply),
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
-        ("stopped_process_is_refused", declared!(STOPPED_PROCESS_IS_REFUSED)),
+        ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
         ("children_come_back", declared!(CHILDREN_COME_BACK)),
+        ("stopped_children", declared!(STOPPED_CHILDREN)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),

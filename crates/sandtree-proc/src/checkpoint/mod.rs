@@ -165,6 +165,9 @@ pub(crate) struct Cloned {
     exit_signal: i32,
     /// The foreground group of its terminal.
     tpgid: Option<SandboxPid>,
+    /// Its stopped children whose stop it has not waited for, with the
+    /// signal.
+    stop_reports: Vec<(SandboxPid, i32)>,
 }
 
 impl Cloned {
@@ -1036,6 +1039,9 @@ fn clone_of(
         };
         // Threads made after the first check (it is stopped now: final).
         let comm = comm_now();
+        // Its children stopped by a signal whose stop it has not waited
+        // for yet: their stops are reported again at a restore.
+        let stop_reports = crate::process::session::stop_reports(&mut orig, s)?;
         // (A terminal's foreground group: a job's, given back at the restore.)
         let tpgid = procfs::foreground_group(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?;
         let exit_signal = match s.ns_ppid == SandboxPid::INIT {
@@ -1079,6 +1085,8 @@ fn clone_of(
                 ns_ppid: s.ns_ppid,
                 regs: s.regs,
                 threads: s.threads.clone(),
+                job_stopped: s.job_stopped,
+                stopped_children: s.stopped_children.clone(),
             },
             threads,
             thread_tracees: Vec::new(),
@@ -1113,6 +1121,7 @@ fn clone_of(
             facts: session.is_some().then_some((status, comm)),
             exit_signal,
             tpgid,
+            stop_reports,
         })
     };
     let mut c = match made() {
@@ -1210,6 +1219,8 @@ fn set_up(c: Cloned) -> Result<Template> {
     image.child_subreaper = c.child_subreaper;
     image.exit_signal = c.exit_signal;
     image.tpgid = c.tpgid;
+    image.stop_reports = c.stop_reports;
+    image.job_stopped = c.stopped.job_stopped;
     image.cwd_denied = crate::process::access::cwd_denied(child, &image);
     if let Some((fd, what)) = crate::process::access::fd_denied(s.host, child, &image) {
         return Err(Error::unsupported(

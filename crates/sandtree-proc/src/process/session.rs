@@ -1,13 +1,22 @@
 //! A process's place in the process tree: its session, process group and
-//! controlling terminal, and its child-subreaper flag. A template left the
-//! original's session and group at its set-up (their ids, the original's
-//! pid, would otherwise stay taken); the restored process joins them again
-//! as their leader, and takes its terminal back. A fork does not copy the
-//! child-subreaper flag: it is set again.
+//! controlling terminal, its child-subreaper flag, and a stop by a signal
+//! (a shell's job after Ctrl-Z) with the report its parent had of it. A
+//! template left the original's session and group at its set-up (their
+//! ids, the original's pid, would otherwise stay taken); the restored
+//! process joins them again as their leader, and takes its terminal back.
+//! A fork does not copy the child-subreaper flag: it is set again. A
+//! process stopped by a signal is let go with that signal held for it, so
+//! it stops again; its stop is reported to its parent again, which then
+//! takes that report if it had taken it at the checkpoint, and the
+//! `SIGCHLD` unless one was pending then (`restore.rs`).
+
+use sandtree_sys::ptrace;
 
 use crate::batch::{Arg, Batch};
+use crate::inject::Tracee;
 use crate::model::{FdKind, ProcessImage};
 use crate::pid::SandboxPid;
+use crate::{Error, Result};
 
 /// At the restore (in `b`): session, group, terminal, child-subreaper flag.
 /// A terminal that `hung_up` (by index: a session's closed since the
@@ -66,4 +75,61 @@ fn terminal_fd(image: &ProcessImage) -> Option<&crate::model::FdImage> {
         FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
         _ => false,
     })
+}
+
+/// Pass 1, in stopped process `s` (its tracee `orig`): each of its
+/// children stopped by a signal whose stop it has not waited for yet
+/// (`waitid(WSTOPPED | WNOHANG | WNOWAIT)` injected into it, which takes
+/// nothing), with the signal that stopped it. A restore stops such a child
+/// again, which reports the stop to the parent again: the reports it had
+/// taken are taken again (`restore.rs`).
+pub(crate) fn stop_reports(orig: &mut Tracee, s: &crate::stop::StoppedProcess) -> Result<Vec<(SandboxPid, i32)>> {
+    let stopped = &s.stopped_children;
+    if stopped.is_empty() {
+        return Ok(Vec::new());
+    }
+    let host = orig.tid;
+    // A siginfo_t below its stack pointer's red zone, put back after.
+    let buf = (orig.saved.rsp - 128 - 256) & !15;
+    let mut saved = [0u8; 128];
+    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
+    let mut out = Vec::new();
+    let mut ask = || -> Result<()> {
+        for &pid in stopped {
+            ptrace::write_mem(host.raw(), buf, &[0u8; 128]).map_err(Error::ptrace(host, "write siginfo"))?;
+            let how = (libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT) as u64;
+            let args = [libc::P_PID as u64, pid.raw() as u64, buf, how, 0];
+            orig.call("waitid (a stopped child's report)", libc::SYS_waitid, &args)?;
+            let mut info = [0u8; 128];
+            ptrace::read_mem(host.raw(), buf, &mut info).map_err(Error::ptrace(host, "read siginfo"))?;
+            // siginfo_t: si_pid at 16, si_status at 24.
+            let field = |at: usize| i32::from_ne_bytes(info[at..at + 4].try_into().unwrap_or_default());
+            if field(16) != 0 {
+                out.push((pid, field(24)));
+            }
+        }
+        Ok(())
+    };
+    let asked = ask();
+    let back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
+    asked.and(back).map(|()| out)
+}
+
+/// The signal a restore stops process `image` with (it was stopped by a
+/// signal): the one its parent's report pending at the checkpoint names
+/// (`reported`), if it stops the process whatever its mask and handlers
+/// (`SIGSTOP`), or if it is neither blocked, caught nor ignored; else
+/// `SIGSTOP`, as for a report the parent had taken.
+pub(crate) fn stop_signal(image: &ProcessImage, reported: Option<i32>) -> i32 {
+    match reported {
+        Some(sig) if (1..=64).contains(&sig) => {
+            let bit = 1u64 << (sig - 1);
+            let m = &image.signals;
+            match sig == libc::SIGSTOP || (m.blocked | m.caught | m.ignored) & bit == 0 {
+                true => sig,
+                false => libc::SIGSTOP,
+            }
+        }
+        _ => libc::SIGSTOP,
+    }
 }

@@ -11,7 +11,9 @@
 //! process is made in two steps: a first copy sharing its memory
 //! (`clone(CLONE_VM)`, a child of the process, with `SIGCHLD` as its exit
 //! signal), which forks the template (a copy of that memory), then exits:
-//! the template, orphaned, becomes init's child. Meanwhile the process
+//! the template, orphaned, becomes init's child, and leaves the process's
+//! session and group at once (a shell's `kill %1` signals the job's group,
+//! and would kill a template still in it). Meanwhile the process
 //! ignores `SIGCHLD`, so that the kernel reaps the first copy itself and
 //! the process never sees it; its handler is put back after, and a
 //! `SIGCHLD` it had pending (which ignoring discards) is queued again with
@@ -76,7 +78,12 @@ fn two_steps(orig: &mut Tracee, between: &mut dyn FnMut()) -> Result<(HostPid, S
         first.finish_clone(0, "clone (template)")
     });
     let ended = end(&mut first);
-    let (tpl, ns_pid, _) = forked?;
+    let (tpl, ns_pid, regs) = forked?;
+    // It leaves the process's session and group at once (a template of a
+    // child of init leaves them at its set-up, `Template::prepare`): a
+    // shell's `kill %1` right after the checkpoint signals the job's group.
+    let ended = ended
+        .and_then(|()| Tracee::new(tpl, regs, orig.insn).call("setsid (template)", libc::SYS_setsid, &[]).map(drop));
     let parent = ended.and_then(|()| {
         let status = crate::procfs::status(tpl).map_err(|e| Error::Proc { pid: tpl, what: "status", source: e })?;
         crate::procfs::status(status.host_ppid).map_err(|e| Error::Proc { pid: tpl, what: "parent", source: e })
