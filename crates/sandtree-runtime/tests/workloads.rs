@@ -2152,6 +2152,55 @@ fn http_server_serves_rolled_back_files(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// `make -j4` of a small C project, checkpointed mid-build (make, the
+/// shells of its recipes and their `sleep`s: a tree four processes deep,
+/// every process but the first a child of another), rolled back after the
+/// build finished: the build goes on from the checkpoint and ends with a
+/// correct binary (issue 38, process trees).
+fn make_mid_build(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let build = program!("make_mid_build.sh");
+        let bg = exec(e, &sb, ExecRequest { cmd: argv(&["sh", "-c", build]), background: true, ..Default::default() })
+            .await?;
+        // Mid-build: the four first compiles' `sleep`s run.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // (Sleeping ones: templates are stopped, `t`.)
+        let sleeps = "ps -eo stat=,comm= | awk '$1 ~ /^S/ && $2 == \"sleep\"' | wc -l";
+        while sh(e, &sb, sleeps).await?.trim() != "4" {
+            ensure!(Instant::now() < deadline, "make does not start its compiles");
+            sleep_ms(20).await;
+        }
+        let w = Workload { sb: sb.clone(), pid: bg.pid };
+        let ck = w.checkpoint(e).await?;
+        let finished = || async {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let done = sh(e, &sb, "cat /root/proj/done 2>/dev/null || true").await?;
+                if !done.trim().is_empty() {
+                    return Ok::<_, anyhow::Error>(done.trim().to_string());
+                }
+                if Instant::now() >= deadline {
+                    let ps = sh(e, &sb, "ps -eo pid,ppid,pgid,stat,wchan:20,args; cat /root/proj/log").await?;
+                    anyhow::bail!("make does not finish:\n{ps}");
+                }
+                sleep_ms(50).await;
+            }
+        };
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            c.eq("make's exit status, before the rollback", &finished().await?, "0");
+            sh(e, &sb, "rm -f /root/proj/done /root/proj/prog").await?;
+            w.rollback(e, &ck).await?;
+            c.eq("make's compiles back, waiting", sh(e, &sb, sleeps).await?.trim(), "4");
+            c.eq("make's exit status, after", &finished().await?, "0");
+            c.eq("the binary", sh(e, &sb, "/root/proj/prog").await?.trim(), "sum=10");
+            c.result(round)?;
+        }
+        w.delete(e).await
+    })
+}
+
 /// A restored process is a child of init like any other: when it dies
 /// (here killed through the engine, with no other process exiting to wake
 /// init up), the engine reports it as exited.
@@ -2249,6 +2298,7 @@ fn main() {
         ("memfd_exec", declared!(MEMFD_EXEC)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
+        ("make_mid_build", make_mid_build),
         ("bash_job_comes_back", bash_job_comes_back),
         ("git_repo_in_session", git_repo_in_session),
     ];

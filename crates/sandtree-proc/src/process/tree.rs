@@ -39,52 +39,31 @@ pub(crate) fn template_of_child(
     (pid, queued): (SandboxPid, &[QueuedSignal]),
     between: &mut dyn FnMut(),
 ) -> Result<(HostPid, SandboxPid)> {
-    let host = orig.tid;
-    let buf = (orig.saved.rsp - 128 - ROOM) & !15;
-    let mut saved = [0u8; ROOM as usize];
-    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
-    // struct kernel_sigaction { handler = SIG_IGN, flags, restorer, mask }.
-    let mut ignore = [0u8; 32];
-    ignore[..8].copy_from_slice(&(libc::SIG_IGN as u64).to_ne_bytes());
-    ptrace::write_mem(host.raw(), buf, &ignore).map_err(Error::ptrace(host, "write sigaction"))?;
-    let sigchld = libc::SIGCHLD as u64;
-    orig.call("rt_sigaction (SIGCHLD ignored)", libc::SYS_rt_sigaction, &[sigchld, buf, buf + 32, 8])?;
-    let made = two_steps(orig, between);
-    // Its handler back, and a SIGCHLD it had pending.
-    let back = orig
-        .call("rt_sigaction (SIGCHLD back)", libc::SYS_rt_sigaction, &[sigchld, buf + 32, 0, 8])
-        .and_then(|_| requeue_sigchld(orig, (pid, queued), buf + 64));
-    let put_back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
-    match (made, back.and(put_back)) {
-        (Ok(t), Ok(())) => Ok(t),
-        (Ok((tpl, _)), Err(e)) => {
-            crate::inject::kill_tracee(tpl);
-            Err(e)
-        }
-        (Err(e), _) => Err(e),
-    }
-}
-
-/// The first copy, the template forked by it, the first copy's exit; the
-/// template must be init's child then.
-fn two_steps(orig: &mut Tracee, between: &mut dyn FnMut()) -> Result<(HostPid, SandboxPid)> {
     let flags = (libc::CLONE_VM | libc::SIGCHLD) as u64;
     let (first, _, regs) = orig.clone_stopped(flags, "clone (a first copy)")?;
     let mut first = Tracee::new(first, regs, orig.insn);
     // No exit signal: its parent's plain `wait` never sees the template
-    // (init reaps with __WALL).
+    // (init reaps with __WALL). (Forked before the process ignores
+    // `SIGCHLD`: the first copy's handlers, which the template copies,
+    // are the process's.)
     let forked = first.start_clone(0).and_then(|()| {
         between();
         first.finish_clone(0, "clone (template)")
     });
-    let ended = end(&mut first);
-    let (tpl, ns_pid, regs) = forked?;
+    let ended = reaped_unseen(orig, first, (pid, queued));
+    let (tpl, ns_pid, regs) = match (forked, ended) {
+        (Ok(t), Ok(())) => t,
+        (Ok((tpl, ..)), Err(e)) => {
+            crate::inject::kill_tracee(tpl);
+            return Err(e);
+        }
+        (Err(e), _) => return Err(e),
+    };
     // It leaves the process's session and group at once (a template of a
     // child of init leaves them at its set-up, `Template::prepare`): a
     // shell's `kill %1` right after the checkpoint signals the job's group.
-    let ended = ended
-        .and_then(|()| Tracee::new(tpl, regs, orig.insn).call("setsid (template)", libc::SYS_setsid, &[]).map(drop));
-    let parent = ended.and_then(|()| {
+    let left = Tracee::new(tpl, regs, orig.insn).call("setsid (template)", libc::SYS_setsid, &[]);
+    let parent = left.and_then(|_| {
         let status = crate::procfs::status(tpl).map_err(|e| Error::Proc { pid: tpl, what: "status", source: e })?;
         crate::procfs::status(status.host_ppid).map_err(|e| Error::Proc { pid: tpl, what: "parent", source: e })
     });
@@ -108,6 +87,38 @@ fn two_steps(orig: &mut Tracee, between: &mut dyn FnMut()) -> Result<(HostPid, S
         }
     }
 }
+
+/// The first copy `first` of `orig` exits while `orig` ignores `SIGCHLD`:
+/// the kernel reaps it, and `orig` sees nothing. Its handler is put back
+/// after, and a `SIGCHLD` it had pending (in `queued`), which ignoring
+/// discards, queued again.
+fn reaped_unseen(orig: &mut Tracee, mut first: Tracee, (pid, queued): (SandboxPid, &[QueuedSignal])) -> Result<()> {
+    let host = orig.tid;
+    let buf = (orig.saved.rsp - 128 - ROOM) & !15;
+    let mut saved = [0u8; ROOM as usize];
+    let ignored = (|| {
+        ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
+        // struct kernel_sigaction { handler = SIG_IGN, flags, restorer, mask }.
+        let mut ignore = [0u8; 32];
+        ignore[..8].copy_from_slice(&(libc::SIG_IGN as u64).to_ne_bytes());
+        ptrace::write_mem(host.raw(), buf, &ignore).map_err(Error::ptrace(host, "write sigaction"))?;
+        orig.call("rt_sigaction (SIGCHLD ignored)", libc::SYS_rt_sigaction, &[SIGCHLD, buf, buf + 32, 8])
+    })();
+    if let Err(e) = ignored {
+        crate::inject::kill_tracee(first.tid);
+        let _ = ptrace::write_mem(host.raw(), buf, &saved);
+        return Err(e);
+    }
+    let ended = end(&mut first);
+    let back = orig
+        .call("rt_sigaction (SIGCHLD back)", libc::SYS_rt_sigaction, &[SIGCHLD, buf + 32, 0, 8])
+        .and_then(|_| requeue_sigchld(orig, (pid, queued), buf + 64));
+    let put_back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
+    ended.and(back).and(put_back)
+}
+
+/// `SIGCHLD`, as a syscall argument.
+const SIGCHLD: u64 = libc::SIGCHLD as u64;
 
 /// The first copy exits (the kernel reaps it: its parent ignores
 /// `SIGCHLD`); collected by the tracer.
