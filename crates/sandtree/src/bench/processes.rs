@@ -26,6 +26,7 @@
 //! CPU, ten per sample (each is two ptrace stops, a context switch each
 //! way per stop: the unit of the calls pass 1 injects one at a time),
 //! which tells how fast this machine hands a CPU between two tasks then.
+//! Last, the process-tree workload ([`tree`]): a shell with 49 jobs.
 
 use std::time::{Duration, Instant};
 
@@ -336,3 +337,52 @@ fn ptrace_baseline(n: usize) -> Result<Vec<f64>> {
     tracee.release(&regs).context("release")?;
     Ok(ms)
 }
+
+/// The process-tree workload: a session's bash with 49 background jobs
+/// (`sleep`, children of bash, each in a process group of its own): 50
+/// processes, 49 of them children of another. Each step touches a file
+/// and checkpoints; then rollbacks go to random checkpoints (each job made
+/// again by the restored bash). Rows: checkpoint, rollback in place.
+pub async fn tree(engine: &Engine, n: usize, report: &mut Report) -> Result<()> {
+    const JOBS: usize = 49;
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    let session = engine.create_session(&sb, Default::default()).await.map_err(err)?;
+    let run = |c: &str| SessionRunRequest { command: c.into(), timeout_ms: Some(10_000) };
+    let start = format!("for i in $(seq {JOBS}); do sleep 100000 & done");
+    engine.session_run(&sb, &session.id, run(&start)).await.map_err(err)?;
+    let count = "jobs -r | wc -l";
+    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        sh(engine, &sb, &format!("echo {i} > /root/step")).await?;
+        let (id, ms, _) = checkpoint(engine, &sb).await?;
+        ck_ms.push(ms);
+        ids.push(id);
+    }
+    let mut rb_ms = Vec::new();
+    for i in 0..n {
+        sh(engine, &sb, &format!("echo {} > /root/step", n + i)).await?;
+        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
+        let t = Instant::now();
+        let r =
+            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
+        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if r.processes_restarted {
+            bail!("rollback restarted the processes: {}", r.note);
+        }
+    }
+    // The shell kept its jobs through all of it.
+    let out = engine.session_run(&sb, &session.id, run(count)).await.map_err(err)?;
+    if out.output.trim() != JOBS.to_string() {
+        bail!("bash's running jobs after rollbacks: {:?}", out.output);
+    }
+    let g = "processes";
+    report.rows.push(Row::new(g, TREE_CK_ROW, &ck_ms));
+    report.rows.push(Row::new(g, TREE_RB_ROW, &rb_ms));
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
+
+/// The process-tree workload's rows.
+pub const TREE_CK_ROW: &str = "checkpoint, 50-process tree (bash + 49 jobs)";
+pub const TREE_RB_ROW: &str = "rollback in place, 50-process tree (bash + 49 jobs)";

@@ -294,6 +294,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     settle(engine).await;
     eprint_phase(args, "processes (REPL 100 MB, http.server, session shell)");
     super::processes::run(engine, n, 100, &mut report).await?;
+    settle(engine).await;
+    eprint_phase(args, "process tree (bash + 49 jobs)");
+    super::processes::tree(engine, n, &mut report).await?;
     if !args.quick {
         settle(engine).await;
         eprint_phase(args, "processes (REPL 1 GB)");
@@ -429,6 +432,8 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
     let (rb50, rb95) = p(r, "rollback in place (REPL 100 MB)");
     r.check("rollback in place with processes p50", "<= 3 ms", format!("{rb50:.2} ms"), rb50 <= 3.0);
     r.check("rollback in place with processes p95", "<= 6 ms", format!("{rb95:.2} ms"), rb95 <= 6.0);
+    let (tree, _) = p(r, super::processes::TREE_CK_ROW);
+    r.check("checkpoint, 50-process tree p50", "<= 10 ms", format!("{tree:.2} ms"), tree <= 10.0);
     if !args.quick {
         let (ck1g, _) = p(r, "checkpoint, REPL 1 GB + http + shell");
         r.check("checkpoint with processes (REPL 1 GB) p50", "<= 15 ms", format!("{ck1g:.2} ms"), ck1g <= 15.0);
