@@ -304,6 +304,13 @@ pub struct FdImage {
     /// made anew at a restore: this one is restored as a `dup` of it.
     #[serde(default)]
     pub same_as: Option<i32>,
+    /// A file of the layers whose open file another captured process
+    /// holds too (inherited: a build's log, a shell's redirection): that
+    /// process (pid, descriptor), restored before this one, opens it again,
+    /// and this one takes that very open file (one offset for both:
+    /// `kinds/file.rs`).
+    #[serde(default)]
+    pub opened_by: Option<(SandboxPid, i32)>,
 }
 
 impl FdKind {

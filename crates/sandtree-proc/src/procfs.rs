@@ -994,7 +994,15 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                 }
             }
         };
-        out.push(FdImage { fd, flags: info.flags, pos: info.pos, mnt_id: info.mnt_id, kind, same_as: None });
+        out.push(FdImage {
+            fd,
+            flags: info.flags,
+            pos: info.pos,
+            mnt_id: info.mnt_id,
+            kind,
+            same_as: None,
+            opened_by: None,
+        });
     }
     out.sort_by_key(|f| f.fd);
     mark_dups(pid, &mut out);

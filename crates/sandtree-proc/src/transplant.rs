@@ -133,10 +133,15 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         ptrace::trace_exec(host.raw()).map_err(Error::ptrace(host, "SETOPTIONS"))?;
         let regs = ptrace::regs(host.raw()).map_err(Error::ptrace(host, "GETREGS"))?;
         let mut c = Tracee::new(host, regs, parent.insn);
+        let t_born = t_start.elapsed();
         exec(&mut c, parent_scratch, t)?;
+        let t_exec = t_start.elapsed();
         let fork_copies = read_fork_copies(t)?;
+        let t_read = t_start.elapsed();
         lay_out(&mut c, t, fork_copies.brk)?;
+        let t_map = t_start.elapsed();
         copy_pages((t.host, t.scratch), host)?;
+        let t_pages = t_start.elapsed();
         ptrace::set_xstate(host.raw(), &ptrace::xstate(t.host.raw()).map_err(Error::ptrace(t.host, "GETREGSET"))?)
             .map_err(Error::ptrace(host, "SETREGSET"))?;
         let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
@@ -147,11 +152,14 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
             std::fs::write(format!("/proc/{host}/{file}"), value).map_err(proc_err("oom score, timer slack"))?;
         }
         set_the_rest(&mut c, t, &fork_copies)?;
+        let t_rest = t_start.elapsed();
         let nice = inject::nice_of(t.host);
         if let Some(n) = nice {
             inject::set_nice(host, n);
         }
         same_as_template(t.host, host)?;
+        let t_check = t_start.elapsed();
+        tracing::debug!(?t_born, ?t_exec, ?t_read, ?t_map, ?t_pages, ?t_rest, ?t_check, "transplant steps");
         let mut regs = t.image.regs.to_sys();
         crate::process::threads::restart_block_lost(&mut regs);
         let tracee = Tracee::new(host, regs, c.insn).with_mask(t.image.signals.blocked);

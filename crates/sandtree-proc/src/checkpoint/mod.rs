@@ -444,6 +444,12 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
             }
         },
     }
+    if failure.is_none() {
+        // Open files of the layers that several processes share.
+        let mut fds: Vec<_> =
+            st.cloned.iter_mut().map(|c| (c.stopped.host, c.stopped.ns_pid, c.stopped.ns_ppid, &mut c.fds)).collect();
+        crate::kinds::share_open_files(&mut fds);
+    }
     if let Some(e) = failure {
         for s in left {
             let_go(&s);
@@ -676,8 +682,14 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         refuse_template(&mut made, i, (resource, &reason), best_effort, &mut report)?;
     }
     // One whose parent is not captured (left running in best effort)
-    // comes back as a child of init.
+    // comes back as a child of init. An open file shared with a process
+    // not captured is opened again on its own.
     let captured: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
+    for f in made.iter_mut().flat_map(|t| t.image.fds.iter_mut()) {
+        if f.opened_by.is_some_and(|(pid, _)| !captured.contains(&pid)) {
+            f.opened_by = None;
+        }
+    }
     for t in &made {
         if t.image.ppid != SandboxPid::INIT && !captured.contains(&t.image.ppid) {
             report.reparented.push(check::reparent_note(&t.image));

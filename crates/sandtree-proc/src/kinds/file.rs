@@ -11,9 +11,9 @@
 
 use super::hand_over::{Handed, Key};
 use super::{Kind, Remake};
-use crate::Result;
 use crate::batch::{Arg, Batch};
 use crate::model::{FdImage, FdKind, ProcessImage};
+use crate::{HostPid, Result, SandboxPid};
 
 /// Files opened by path.
 pub(crate) struct PathFile;
@@ -65,6 +65,29 @@ impl Kind for PathFile {
             return true;
         }
         let FdKind::LayerFile { path, .. } = &f.kind else { return false };
+        // The open file of another process, restored before: taken from
+        // it (`pidfd_getfd`), one offset for both.
+        if let Some((pid, fd)) = f.opened_by {
+            let pidfd = b.call(
+                "pidfd_open (a process sharing an open file)",
+                libc::SYS_pidfd_open,
+                &[Arg::Val(pid.raw() as u64), Arg::Val(0)],
+            );
+            let got = b.call(
+                "pidfd_getfd (a shared open file)",
+                libc::SYS_pidfd_getfd,
+                &[pidfd, Arg::Val(fd as u64), Arg::Val(0)],
+            );
+            b.call("close", libc::SYS_close, &[pidfd]);
+            b.move_fd(got, f.fd, f.flags);
+            let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
+            b.call(
+                "fcntl(F_SETFD)",
+                libc::SYS_fcntl,
+                &[Arg::Val(f.fd as u64), Arg::Val(libc::F_SETFD as u64), Arg::Val(cloexec)],
+            );
+            return true;
+        }
         let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
         let path = b.path(path);
         let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
@@ -87,5 +110,61 @@ impl Kind for PathFile {
             cx.wanted.push((Key::Slave(index), f.fd, f.flags));
         }
         Ok(())
+    }
+}
+
+/// Pass 1, every original still stopped: the files of the layers that
+/// one open file of several captured processes names (`kcmp`: inherited,
+/// as a build's log is by its compilers, or passed). A restore opens each
+/// again once, in the process of the group that is an ancestor of the
+/// others (or the lowest pid), and the others take it from there
+/// (`FdImage::opened_by`); else each would get an open file of its own,
+/// with its own offset, and their writes would overwrite each other.
+/// `processes`: (host pid, pid, parent's pid, descriptors) of each.
+pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid, &mut Vec<FdImage>)]) {
+    // Candidates: the same path in two processes.
+    let mut by_path: std::collections::HashMap<String, Vec<(usize, usize)>> = std::collections::HashMap::new();
+    for (p, (_, _, _, fds)) in processes.iter().enumerate() {
+        for (i, f) in fds.iter().enumerate() {
+            if let FdKind::LayerFile { path, .. } = &f.kind
+                && f.same_as.is_none()
+            {
+                by_path.entry(path.clone()).or_default().push((p, i));
+            }
+        }
+    }
+    for (_, list) in by_path {
+        if list.iter().all(|(p, _)| *p == list[0].0) {
+            continue;
+        }
+        // Groups of one open file: each member with the first it is.
+        let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
+        for &(p, i) in &list {
+            let (host, fd) = (processes[p].0, processes[p].3[i].fd);
+            let same = |&(q, j): &(usize, usize)| {
+                q != p && {
+                    let (h2, fd2) = (processes[q].0, processes[q].3[j].fd);
+                    sandtree_sys::process::same_open_file(host.raw(), fd, h2.raw(), fd2).unwrap_or(false)
+                }
+            };
+            match groups.iter_mut().find(|g| g.iter().any(same)) {
+                Some(g) => g.push((p, i)),
+                None => groups.push(vec![(p, i)]),
+            }
+        }
+        for g in groups.into_iter().filter(|g| g.len() > 1) {
+            let pid = |(p, _): &(usize, usize)| processes[*p].1;
+            let in_group = |pid_: SandboxPid| g.iter().any(|m| pid(m) == pid_);
+            // The one whose parent is not in the group, lowest pid first.
+            let Some(&owner) = g.iter().filter(|m| !in_group(processes[m.0].2)).min_by_key(|m| pid(m)) else {
+                continue;
+            };
+            let by = (pid(&owner), processes[owner.0].3[owner.1].fd);
+            for &(p, i) in &g {
+                if (p, i) != owner && p != owner.0 {
+                    processes[p].3[i].opened_by = Some(by);
+                }
+            }
+        }
     }
 }

@@ -71,6 +71,7 @@ use crate::template::CheckpointTemplates;
 use crate::{HostPid, Result};
 
 pub(crate) use deleted::capture_contents;
+pub(crate) use file::share_open_files;
 pub(crate) use hand_over::Handed;
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;

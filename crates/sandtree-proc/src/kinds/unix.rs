@@ -594,6 +594,11 @@ fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec
             }
         }
     }
+    // An open file shared with another process: after that one, which
+    // opens it again (`kinds/file.rs`).
+    for (c, image) in images.iter().enumerate() {
+        edges.extend(image.fds.iter().filter_map(|f| f.opened_by).filter_map(|(pid, _)| at(pid)).map(|q| (q, c)));
+    }
     // A child after its parent, which makes it again (`transplant.rs`); a
     // member of another's process group after that group's leader.
     for (c, image) in images.iter().enumerate() {

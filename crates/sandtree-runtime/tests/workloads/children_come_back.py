@@ -3,7 +3,9 @@
 # `forked`, a fork of this interpreter that did not exec, and `execd`, a new
 # python3 started with subprocess (exec'd), each in this process's session
 # and group; the second also in a process group of its own with a pipe of
-# queued bytes. They must come back as this process's children: their
+# queued bytes; `forked` shares an open file with this process (each
+# `mutate` writes a line to it in both). They must come back as this
+# process's children: their
 # parent pid, a wait for them, their counts, their pipes; and the
 # checkpoint's templates must not show among its children.
 # Commands: `state`: both counts, whether each is our child (`os.waitpid`
@@ -15,6 +17,7 @@ import subprocess
 
 CHILD = r'''
 import mmap, os, sys
+LOG = globals().get('LOG')
 n = 0
 # Every other page of 16 MiB written: thousands of runs of pages to copy,
 # and the pages between them never written (zero).
@@ -29,6 +32,8 @@ while True:
     if cmd == 'up':
         n += 1
         m[4096] = n
+        if LOG is not None:
+            os.write(LOG, b'c%d\n' % n)
     elif cmd == 'quit':
         sys.stdout.write('bye\n'); sys.stdout.flush()
         os._exit(3)
@@ -37,6 +42,9 @@ while True:
     sys.stdout.flush()
 '''
 
+# One open file of both this process and `forked` (inherited: one offset).
+log = os.open('/root/shared.log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.write(log, b'start\n')
 r1, w1 = os.pipe()
 r2, w2 = os.pipe()
 forked = os.fork()
@@ -45,7 +53,7 @@ if forked == 0:
     os.dup2(w2, 1)
     for fd in (r1, w1, r2, w2):
         os.close(fd)
-    exec(compile(CHILD, 'forked', 'exec'))
+    exec(compile(CHILD, 'forked', 'exec'), {'LOG': log})
     os._exit(0)
 os.close(r1)
 os.close(w2)
@@ -78,9 +86,12 @@ def state():
     f = ask(to_forked, from_forked, 'get').split()
     e = ask(execd.stdin, execd.stdout, 'get').split()
     me, group = os.getpid(), os.getpgrp()
-    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d sums=%s,%s' % (
+    with open('/root/shared.log') as f_:
+        shared = f_.read().replace('\n', '/')
+    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d sums=%s,%s log=%s' % (
         f[0], running(forked), f[1] == str(me), f[2] == str(group),
-        e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children(), f[3], e[3])
+        e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children(), f[3], e[3],
+        shared)
 
 
 def handle(cmd):
@@ -90,6 +101,7 @@ def handle(cmd):
         ask(to_forked, from_forked, 'up')
         ask(execd.stdin, execd.stdout, 'up')
         os.write(queue_w, b'cd')
+        os.write(log, b'p\n')
         return state()
     if cmd == 'quit':
         ask(to_forked, from_forked, 'quit')
