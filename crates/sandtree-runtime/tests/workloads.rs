@@ -2069,11 +2069,13 @@ fn git_repo_in_session(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
-/// bash with two background jobs (`sleep`, children of bash, each in a
-/// process group of its own), one stopped: captured as they are, and back
-/// after each rollback as bash's children and jobs (issue 38, process
-/// trees, job control): bash's `jobs` lists them, running and stopped,
-/// bash reports nothing new, and waits for the running one.
+/// bash with three background jobs (`sleep`, children of bash, each in a
+/// process group of its own): one running, one stopped, one `nohup`'d:
+/// captured as they are, and back after each rollback as bash's children
+/// and jobs (issue 38, process trees, job control): bash's `jobs` lists
+/// them, running and stopped, bash reports nothing new, `fg` brings the
+/// stopped one to the terminal and waits for it, and bash waits for the
+/// running one.
 fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
@@ -2089,7 +2091,7 @@ fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
         ensure!(r.checkpoint.reparented.is_empty(), "{r:?}");
         for round in 0..ROUNDS {
             let mut c = Checks::default();
-            e.session_run(&sb, &s.id, run("kill %1; kill -9 %2; wait; X=changed")).await?;
+            e.session_run(&sb, &s.id, run("kill %1; kill -9 %2; kill %3; wait; X=changed")).await?;
             let rb =
                 e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone(), allow_restart: false }).await?;
             c.that(rb.restored_pids.contains(&s.pid) && rb.restored_pids.contains(&job), || format!("{rb:?}"));
@@ -2102,11 +2104,14 @@ fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
                 &format!("sleep\n{} {job}", s.pid),
             );
             let jobs = e.session_run(&sb, &s.id, run("jobs")).await?;
-            let listed = jobs.output.contains("Running") && jobs.output.contains("sleep 1000");
-            c.that(listed && jobs.output.contains("Stopped") && jobs.output.contains("sleep 2000"), || {
-                jobs.output.clone()
-            });
-            let out = e.session_run(&sb, &s.id, run("kill %1; wait %1; echo status=$?")).await?;
+            let stopped = jobs.output.lines().any(|l| l.contains("Stopped") && l.trim_end().ends_with("sleep 1"));
+            let listed = stopped && ["sleep 1000", "nohup sleep 3000"].iter().all(|w| jobs.output.contains(w));
+            c.that(listed, || jobs.output.clone());
+            // The stopped job, in the foreground: continued, on the
+            // terminal, and waited for.
+            let fg = e.session_run(&sb, &s.id, run("fg %2 > /dev/null; echo fg=$?")).await?;
+            c.that(fg.output.trim().ends_with("fg=0"), || format!("fg: {}", fg.output));
+            let out = e.session_run(&sb, &s.id, run("kill %3; kill %1; wait %1; echo status=$?")).await?;
             let out = out.output.trim();
             c.that(out.contains("Terminated") && out.ends_with("status=143"), || format!("bash's wait: {out}"));
             c.result(round)?;
