@@ -1864,7 +1864,9 @@ fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
 /// its `/etc/passwd`, or by uid), with its groups, HOME, USER and LOGNAME,
 /// in its home (`/` when that does not exist); an unknown name exits 126
 /// saying so, as a command that cannot start. A background process started so is checkpointed and comes back
-/// on its pid, as that user, with its memory (issue 38, any user).
+/// on its pid, as that user, with its memory (issue 38, any user); so does
+/// a job of the user's session shell, as that shell's child and job
+/// (process trees of any user).
 fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
@@ -1894,10 +1896,15 @@ fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
         );
         // A session's shell, as the user.
         let req = sandtree_api::CreateSessionRequest { user: Some("agent".into()), ..Default::default() };
-        let sid = e.create_session(&sb, req).await?.id;
+        let session = e.create_session(&sb, req).await?;
+        let (sid, shell) = (session.id, session.pid);
         let run = SessionRunRequest { command: "echo \"$(id -un) $(pwd) $HOME\"".into(), timeout_ms: Some(10_000) };
         let out = e.session_run(&sb, &sid, run).await?;
         ensure!(out.output.contains("agent /home/agent /home/agent"), "session as agent: {:?}", out.output);
+        // A job of the user's shell (issue 38: process trees of any user).
+        let start = "python3 -c 'import time\nwhile True: time.sleep(0.05)' & echo job=$!";
+        let out = e.session_run(&sb, &sid, SessionRunRequest { command: start.into(), timeout_ms: Some(10_000) }).await?;
+        let job: i32 = out.output.split("job=").nth(1).context("no job pid")?.trim().parse()?;
         // In the background, checkpointed, changed, rolled back.
         let counter = "exec python3 -c 'import time\nwhile True: time.sleep(0.05)'";
         let bg = exec(e, &sb, ExecRequest { background: true, ..as_user("agent", counter) }).await?;
@@ -1906,9 +1913,14 @@ fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
         ensure!(ck.checkpoint.processes.contains(&bg.pid), "not captured: {}", ck.note);
         sleep_ms(300).await;
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.checkpoint.id, allow_restart: false }).await?;
-        ensure!(r.restored_pids.contains(&bg.pid), "not restored: {}", r.note);
+        ensure!(r.restored_pids.contains(&bg.pid) && r.restored_pids.contains(&job), "not restored: {}", r.note);
         let owner = sh(e, &sb, &format!("stat -c %U /proc/{}", bg.pid)).await?;
         ensure!(owner.trim() == "agent", "restored as {owner:?}");
+        let of_job = sh(e, &sb, &format!("stat -c %U /proc/{job}; awk '{{print $4}}' /proc/{job}/stat")).await?;
+        ensure!(of_job == format!("agent\n{shell}\n"), "the job restored as {of_job:?}, want agent's, the shell's child");
+        let jobs = SessionRunRequest { command: "jobs".into(), timeout_ms: Some(10_000) };
+        let out = e.session_run(&sb, &sid, jobs).await?;
+        ensure!(out.output.contains("Running") && out.output.contains("python3"), "jobs: {:?}", out.output);
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })
