@@ -1903,7 +1903,8 @@ fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
         ensure!(out.output.contains("agent /home/agent /home/agent"), "session as agent: {:?}", out.output);
         // A job of the user's shell (issue 38: process trees of any user).
         let start = "python3 -c 'import time\nwhile True: time.sleep(0.05)' & echo job=$!";
-        let out = e.session_run(&sb, &sid, SessionRunRequest { command: start.into(), timeout_ms: Some(10_000) }).await?;
+        let out =
+            e.session_run(&sb, &sid, SessionRunRequest { command: start.into(), timeout_ms: Some(10_000) }).await?;
         let job: i32 = out.output.split("job=").nth(1).context("no job pid")?.trim().parse()?;
         // In the background, checkpointed, changed, rolled back.
         let counter = "exec python3 -c 'import time\nwhile True: time.sleep(0.05)'";
@@ -1917,7 +1918,10 @@ fn exec_as_a_user(e: &Engine) -> CaseFuture<'_> {
         let owner = sh(e, &sb, &format!("stat -c %U /proc/{}", bg.pid)).await?;
         ensure!(owner.trim() == "agent", "restored as {owner:?}");
         let of_job = sh(e, &sb, &format!("stat -c %U /proc/{job}; awk '{{print $4}}' /proc/{job}/stat")).await?;
-        ensure!(of_job == format!("agent\n{shell}\n"), "the job restored as {of_job:?}, want agent's, the shell's child");
+        ensure!(
+            of_job == format!("agent\n{shell}\n"),
+            "the job restored as {of_job:?}, want agent's, the shell's child"
+        );
         let jobs = SessionRunRequest { command: "jobs".into(), timeout_ms: Some(10_000) };
         let out = e.session_run(&sb, &sid, jobs).await?;
         ensure!(out.output.contains("Running") && out.output.contains("python3"), "jobs: {:?}", out.output);

@@ -156,30 +156,56 @@ fn take_written_in(
 ) -> io::Result<()> {
     let mut at = start;
     while at < end {
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
-            flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
-            start: at,
-            end,
-            walk_end: 0,
-            vec: buf.as_mut_ptr() as u64,
-            vec_len: buf.len() as u64,
-            max_pages: 0,
-            category_inverted: 0,
-            category_mask: PAGE_IS_WRITTEN,
-            category_anyof_mask: 0,
-            return_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_GUARD,
-        };
-        // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at
-        // most `vec_len` page_regions into `buf`, which has that many.
-        let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
-        out.extend_from_slice(&buf[..n.min(buf.len())]);
-        if arg.walk_end <= at {
+        let flags = PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC;
+        let wanted = PAGE_IS_WRITTEN | PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_GUARD;
+        let (n, walk_end) = scan(pagemap, (at, end), buf, 0, (flags, 0, PAGE_IS_WRITTEN, 0, wanted))?;
+        out.extend_from_slice(&buf[..n]);
+        if walk_end <= at {
             return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
         }
-        at = arg.walk_end;
+        at = walk_end;
     }
     Ok(())
+}
+
+/// What a `PAGEMAP_SCAN` asks: its flags, then the categories inverted,
+/// required, any of which is required, and returned.
+type Ask = (u64, u64, u64, u64, u64);
+
+/// A process's own pages ([`own_pages`]): neither a file's page nor the
+/// zero page, and any of `anyof` (present, swapped).
+fn own(anyof: u64) -> Ask {
+    (0, PAGE_IS_FILE | PAGE_IS_PFNZERO, PAGE_IS_FILE | PAGE_IS_PFNZERO, anyof, anyof)
+}
+
+/// One `PAGEMAP_SCAN` of `[start, end)` answering into `buf` (at most
+/// `max_pages` pages, 0 for no bound): how many regions it wrote, and
+/// where its walk ended.
+fn scan(
+    pagemap: BorrowedFd<'_>,
+    (start, end): (u64, u64),
+    buf: &mut [PageRegion],
+    max_pages: u64,
+    (flags, inverted, required, anyof, returned): Ask,
+) -> io::Result<(usize, u64)> {
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags,
+        start,
+        end,
+        walk_end: 0,
+        vec: buf.as_mut_ptr() as u64,
+        vec_len: buf.len() as u64,
+        max_pages,
+        category_inverted: inverted,
+        category_mask: required,
+        category_anyof_mask: anyof,
+        return_mask: returned,
+    };
+    // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at most
+    // `vec_len` page_regions into `buf`, which has that many.
+    let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
+    Ok((n.min(buf.len()), arg.walk_end))
 }
 
 /// Whether range `[start, end)` of the process whose `/proc/<pid>/pagemap`
@@ -191,24 +217,7 @@ fn take_written_in(
 pub fn has_own_page(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), swapped: bool) -> io::Result<bool> {
     let anyof = if swapped { PAGE_IS_PRESENT | PAGE_IS_SWAPPED } else { PAGE_IS_PRESENT };
     let mut found = [PageRegion::default(); 1];
-    let mut arg = PmScanArg {
-        size: std::mem::size_of::<PmScanArg>() as u64,
-        flags: 0,
-        start,
-        end,
-        walk_end: 0,
-        vec: found.as_mut_ptr() as u64,
-        vec_len: 1,
-        max_pages: 1,
-        // Neither a file's page nor the zero page, and present or swapped.
-        category_inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
-        category_mask: PAGE_IS_FILE | PAGE_IS_PFNZERO,
-        category_anyof_mask: anyof,
-        return_mask: anyof,
-    };
-    // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at most
-    // `vec_len` (1) page_region into `found`, which has one.
-    let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }?;
+    let (n, _) = scan(pagemap, (start, end), &mut found, 1, own(anyof))?;
     Ok(n > 0)
 }
 
@@ -222,25 +231,8 @@ pub fn own_pages(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), out: &mut Ve
     let mut buf = vec![PageRegion::default(); 1024];
     let mut at = start;
     while at < end {
-        let anyof = PAGE_IS_PRESENT | PAGE_IS_SWAPPED;
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
-            flags: 0,
-            start: at,
-            end,
-            walk_end: 0,
-            vec: buf.as_mut_ptr() as u64,
-            vec_len: buf.len() as u64,
-            max_pages: 0,
-            category_inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
-            category_mask: PAGE_IS_FILE | PAGE_IS_PFNZERO,
-            category_anyof_mask: anyof,
-            return_mask: anyof,
-        };
-        // SAFETY: `arg` is a live struct pm_scan_arg; the kernel writes at
-        // most `vec_len` page_regions into `buf`, which has that many.
-        let n = unsafe { ioctl(pagemap, PAGEMAP_SCAN, (&mut arg as *mut PmScanArg).cast()) }? as usize;
-        for r in &buf[..n.min(buf.len())] {
+        let (n, walk_end) = scan(pagemap, (at, end), &mut buf, 0, own(PAGE_IS_PRESENT | PAGE_IS_SWAPPED))?;
+        for r in &buf[..n] {
             match out.last_mut() {
                 // (Past what is known already: never twice.)
                 Some(last) if r.end <= last.1 => {}
@@ -253,10 +245,10 @@ pub fn own_pages(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), out: &mut Ve
         if n < buf.len() {
             break;
         }
-        if arg.walk_end <= at {
+        if walk_end <= at {
             return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
         }
-        at = arg.walk_end;
+        at = walk_end;
     }
     Ok(())
 }
