@@ -145,7 +145,7 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         ptrace::set_xstate(host.raw(), &ptrace::xstate(t.host.raw()).map_err(Error::ptrace(t.host, "GETREGSET"))?)
             .map_err(Error::ptrace(host, "SETREGSET"))?;
         let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
-        ptrace::copy_limits(t.host.raw(), host.raw()).map_err(proc_err("resource limits"))?;
+        sandtree_sys::process::copy_limits(t.host.raw(), host.raw()).map_err(proc_err("resource limits"))?;
         for file in ["oom_score_adj", "timerslack_ns"] {
             let value =
                 std::fs::read(format!("/proc/{}/{file}", t.host)).map_err(proc_err("oom score, timer slack"))?;
@@ -367,34 +367,26 @@ fn map_again(b: &mut Batch, m: &MapImage) -> std::result::Result<(), String> {
         return Err(format!("mapping {:x}-{:x} is shared memory", m.start, m.end));
     }
     let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
-    let fixed = |v: u64| Arg::Val(v);
+    let val = Arg::Val;
     match m.path.as_deref() {
         None | Some("[heap]") => {
-            b.call(
-                "mmap",
-                libc::SYS_mmap,
-                &[fixed(start), fixed(len), fixed(prot), fixed(anon), fixed(u64::MAX), fixed(0)],
-            );
+            b.call("mmap", libc::SYS_mmap, &[val(start), val(len), val(prot), val(anon), val(u64::MAX), val(0)]);
         }
         Some("[stack]") => {
             let flags = anon | libc::MAP_GROWSDOWN as u64;
             b.call(
                 "mmap ([stack])",
                 libc::SYS_mmap,
-                &[fixed(start), fixed(len), fixed(prot), fixed(flags), fixed(u64::MAX), fixed(0)],
+                &[val(start), val(len), val(prot), val(flags), val(u64::MAX), val(0)],
             );
         }
         Some(named) if named.starts_with("[anon:") && named.ends_with(']') => {
-            b.call(
-                "mmap",
-                libc::SYS_mmap,
-                &[fixed(start), fixed(len), fixed(prot), fixed(anon), fixed(u64::MAX), fixed(0)],
-            );
+            b.call("mmap", libc::SYS_mmap, &[val(start), val(len), val(prot), val(anon), val(u64::MAX), val(0)]);
             let name = b.path(&named[6..named.len() - 1]);
             b.call(
                 "prctl(PR_SET_VMA_ANON_NAME)",
                 libc::SYS_prctl,
-                &[fixed(PR_SET_VMA), fixed(0), fixed(start), fixed(len), name],
+                &[val(PR_SET_VMA), val(0), val(start), val(len), name],
             );
         }
         Some(path) if file.is_some() => {
@@ -403,14 +395,10 @@ fn map_again(b: &mut Batch, m: &MapImage) -> std::result::Result<(), String> {
             let p = b.path(path);
             let write = m.shared() && prot & libc::PROT_WRITE as u64 != 0;
             let flags = (if write { libc::O_RDWR } else { libc::O_RDONLY } | libc::O_CLOEXEC) as u64;
-            let fd = b.call("open (a mapped file)", libc::SYS_open, &[p, fixed(flags), fixed(0)]);
+            let fd = b.call("open (a mapped file)", libc::SYS_open, &[p, val(flags), val(0)]);
             let how = if m.shared() { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
             let flags = (how | libc::MAP_FIXED) as u64;
-            b.call(
-                "mmap (a file)",
-                libc::SYS_mmap,
-                &[fixed(start), fixed(len), fixed(prot), fixed(flags), fd, fixed(m.offset)],
-            );
+            b.call("mmap (a file)", libc::SYS_mmap, &[val(start), val(len), val(prot), val(flags), fd, val(m.offset)]);
             b.call("close", libc::SYS_close, &[fd]);
         }
         Some(other) => return Err(format!("mapping {:x}-{:x} of {other}", m.start, m.end)),

@@ -11,6 +11,7 @@
 //! * [`act_as_file_owner`]: a thread's filesystem ids (`setfsuid`), which
 //!   rustix does not wrap.
 //! * [`close_fds_except`]: `close_range(2)` around a keep list.
+//! * [`copy_limits`]: `prlimit64` of another process, read and set.
 //! * [`install_seccomp_filter`]: `seccomp(SECCOMP_SET_MODE_FILTER)` *without*
 //!   `PR_SET_NO_NEW_PRIVS`: a task that is root in its own user namespace
 //!   holds `CAP_SYS_ADMIN` there, which the kernel accepts instead of NNP.
@@ -225,6 +226,28 @@ pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
     };
     if rc == -1 {
         return Err(sys("seccomp")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Give process `to` the resource limits of process `from`
+/// (`prlimit64`, each resource read from one and set in the other).
+pub fn copy_limits(from: i32, to: i32) -> io::Result<()> {
+    // (x86-64 has 16 resources, RLIMIT_CPU to RLIMIT_RTTIME.)
+    for resource in 0..16 {
+        let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit64 with a null new limit only writes the current
+        // one into `limit`, a live local of the right type.
+        let r = unsafe { libc::prlimit64(from, resource as _, std::ptr::null(), &mut limit) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: prlimit64 reads the new limit from `limit` (live) and
+        // writes no old one (null).
+        let r = unsafe { libc::prlimit64(to, resource as _, &limit, std::ptr::null_mut()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     Ok(())
 }
