@@ -1018,13 +1018,13 @@ static CHILDREN_COME_BACK: Spec = Spec {
     at_ck: &[(
         "state",
         Is(
-            "forked=0 child=True ppid=True group=True execd=0 child=True ppid=True group=True queued=2 children=2 sums=253828,253828 log=start/",
+            "forked=0 child=True ppid=True group=True execd=0 child=True ppid=True group=True queued=2 children=2 sums=253828,253828 log=start/ threads=2,2",
         ),
     )],
     mutate: &[&[Ask(
         "mutate",
         Is(
-            "forked=1 child=True ppid=True group=True execd=1 child=True ppid=True group=True queued=4 children=2 sums=253829,253829 log=start/c1/p/",
+            "forked=1 child=True ppid=True group=True execd=1 child=True ppid=True group=True queued=4 children=2 sums=253829,253829 log=start/c1/p/ threads=2,2",
         ),
     )]],
     end: &[Ask("quit", Is("forked=3 execd=3"))],

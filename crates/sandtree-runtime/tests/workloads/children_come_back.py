@@ -1,5 +1,5 @@
 # State: two children of this process, each keeping a count in its memory
-# (and 16 MiB mapped, every other page written):
+# (and 16 MiB mapped, every other page written, and a second thread):
 # `forked`, a fork of this interpreter that did not exec, and `execd`, a new
 # python3 started with subprocess (exec'd), each in this process's session
 # and group; the second also in a process group of its own with a pipe of
@@ -16,8 +16,10 @@
 import subprocess
 
 CHILD = r'''
-import mmap, os, sys
+import mmap, os, sys, threading, time
 LOG = globals().get('LOG')
+# A second thread, asleep (made again at a restore).
+threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
 n = 0
 # Every other page of 16 MiB written: thousands of runs of pages to copy,
 # and the pages between them never written (zero).
@@ -38,7 +40,8 @@ while True:
         sys.stdout.write('bye\n'); sys.stdout.flush()
         os._exit(3)
     total = sum(m[i] for i in range(0, 16 << 20, 4096))
-    sys.stdout.write('%d %d %d %d\n' % (n, os.getppid(), os.getpgrp(), total))
+    threads = len(os.listdir('/proc/self/task'))
+    sys.stdout.write('%d %d %d %d %d\n' % (n, os.getppid(), os.getpgrp(), total, threads))
     sys.stdout.flush()
 '''
 
@@ -88,10 +91,10 @@ def state():
     me, group = os.getpid(), os.getpgrp()
     with open('/root/shared.log') as f_:
         shared = f_.read().replace('\n', '/')
-    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d sums=%s,%s log=%s' % (
+    return 'forked=%s child=%s ppid=%s group=%s execd=%s child=%s ppid=%s group=%s queued=%d children=%d sums=%s,%s log=%s threads=%s,%s' % (
         f[0], running(forked), f[1] == str(me), f[2] == str(group),
         e[0], running(execd.pid), e[1] == str(me), e[2] == str(execd.pid), avail(queue_r), children(), f[3], e[3],
-        shared)
+        shared, f[4], e[4])
 
 
 def handle(cmd):
