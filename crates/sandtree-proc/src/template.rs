@@ -169,10 +169,11 @@ impl Template {
         }
         // Leave the original's session / process group: while any task is in
         // them, their id (the original's pid) stays allocated, and the restore
-        // could not have it back. The copy joins them again.
-        // (A template of a child of another process left them as it was
-        // made, `process::tree`.)
-        if image.ppid == SandboxPid::INIT {
+        // could not have it back. The copy joins them again. (A forked
+        // template left them as it was made, `checkpoint::clone_of`, and so
+        // did a template of a child of another process, `process::tree`:
+        // this is for one made from a standby, in its template's.)
+        if image.ppid == SandboxPid::INIT && t.incremental {
             if image.sid == image.pid {
                 b.call("setsid", libc::SYS_setsid, &[]);
             } else {

@@ -949,8 +949,8 @@ fn clone_of(
         // (A standby still being forked: `p.host` is the template forking
         // it, which is not this checkpoint's to kill.)
         let deferred = patched.as_ref().is_some_and(|p| p.pending.is_later());
-        let (tpl, ns_pid) = match &patched {
-            Some(p) => (p.host, p.ns_pid),
+        let (tpl, ns_pid, forked_regs) = match &patched {
+            Some(p) => (p.host, p.ns_pid, None),
             // A child of another process: its template is made init's
             // child in two steps (`process::tree`).
             None if s.ns_ppid != SandboxPid::INIT => {
@@ -971,7 +971,7 @@ fn clone_of(
                 if apart {
                     inject::pin_to_tracer(tpl);
                 }
-                (tpl, ns_pid)
+                (tpl, ns_pid, None)
             }
             None => {
                 // No exit signal: the parent's plain `wait` never sees the
@@ -992,14 +992,26 @@ fn clone_of(
                     inject::pin_to_tracer(host);
                 }
                 started?;
-                let (tpl, ns_pid, _) = orig.finish_clone(flags, "clone (template)")?;
+                let (tpl, ns_pid, regs) = orig.finish_clone(flags, "clone (template)")?;
                 if apart {
                     inject::pin_to_tracer(tpl);
                 }
-                (tpl, ns_pid)
+                (tpl, ns_pid, Some(regs))
             }
         };
         child = (!deferred).then_some(tpl);
+        // A forked template leaves the original's session or group at once
+        // (one made from a standby, at its set-up: `Template::prepare`): a
+        // group kill right after the checkpoint (`kill -- -PGID`) would
+        // reach it. (A child of another process's left them as it was made.)
+        if let Some(regs) = forked_regs {
+            let mut t = Tracee::new(tpl, regs, insn);
+            if status.ns_sid == s.ns_pid {
+                t.call("setsid (template)", libc::SYS_setsid, &[])?;
+            } else if status.ns_pgid == s.ns_pid {
+                t.call("setpgid (template)", libc::SYS_setpgid, &[0, 0])?;
+            }
+        }
         let t_clone = t0.elapsed();
         // Tracking: armed at a process's first fork; after any fork the
         // pages count as unwritten from here (the fork has them all).
