@@ -142,9 +142,16 @@ impl Template {
                     if f.same_as.is_none() && (k.terminal().is_some() || k.held_as_o_path()) =>
                 {
                     // (A terminal by its path: a `/dev/tty` descriptor's
-                    // magic link names `/dev/tty`, not the slave's node.)
+                    // magic link names `/dev/tty`, not the slave's node.
+                    // A pty closed since the checkpoint has no node left:
+                    // then through the descriptor, whatever it names, as
+                    // the restore makes that pty anew or finds it hung up.)
+                    let gone = |path: &str| {
+                        std::fs::symlink_metadata(format!("/proc/{}/root{path}", t.host))
+                            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+                    };
                     let path = match k {
-                        FdKind::KeptFile { path, .. } => b.path(path),
+                        FdKind::KeptFile { path, .. } if !gone(path) => b.path(path),
                         _ => b.path(&format!("/proc/self/fd/{}", f.fd)),
                     };
                     let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
