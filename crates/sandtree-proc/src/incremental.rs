@@ -364,11 +364,9 @@ pub(crate) fn fingerprint(host: HostPid, status: Option<&str>) -> io::Result<Str
             &read
         }
     };
-    for line in status.lines() {
-        if line.split_once(':').is_some_and(|(k, _)| STATUS_KEYS.contains(&k)) {
-            out.push_str(line);
-            out.push('\n');
-        }
+    for line in crate::procfs::status_lines(status, STATUS_KEYS) {
+        out.push_str(line);
+        out.push('\n');
     }
     let stat = std::fs::read_to_string(format!("{base}/stat"))?;
     let fields: Vec<&str> = crate::procfs::stat_fields(&stat).collect();

@@ -606,6 +606,27 @@ pub fn pin_to_tracer(tid: HostPid) {
     }
 }
 
+/// Run `work` on stopped tracee `t` with `len` bytes of the dead space
+/// below its stack's red zone at its disposal (`rsp` its stack pointer;
+/// nothing lives there while it is stopped at a syscall or signal
+/// boundary): `work` gets their address. What was there is put back after,
+/// whatever `work` returned.
+pub(crate) fn below_red_zone<T>(
+    t: &mut Tracee,
+    rsp: u64,
+    len: usize,
+    work: impl FnOnce(&mut Tracee, u64) -> Result<T>,
+) -> Result<T> {
+    let tid = t.tid;
+    let at = (rsp - 128 - len as u64) & !15;
+    let mut saved = vec![0u8; len];
+    ptrace::read_mem(tid.raw(), at, &mut saved).map_err(Error::ptrace(tid, "read below the stack"))?;
+    let done = work(t, at);
+    let back = ptrace::write_mem(tid.raw(), at, &saved).map_err(Error::ptrace(tid, "write below the stack"));
+    let out = done?;
+    back.map(|()| out)
+}
+
 /// SIGKILL a tracee and collect its exit notification (the tracer's part;
 /// init, its real parent, reaps it).
 pub(crate) fn kill_tracee(host: HostPid) {

@@ -385,14 +385,13 @@ pub(crate) fn give_back_file(holders: &mut [Holder], owner: HostPid, file: sandt
     }
 }
 
-/// Make a holder of `t`'s address space (`t` stopped, ours). A child of
-/// init for a child of init; else a child of the owner (with no exit
-/// signal, another parent would never reap it), which passes to init with
-/// the owner's death.
-pub(crate) fn make(t: &mut Tracee, parent_is_init: bool) -> Result<Holder> {
+/// Make a holder of `t`'s address space (`t` stopped, ours, a child of
+/// init: a child of another process has none, since its holder would be a
+/// child of that process's parent, which would see it; `transplant.rs`).
+pub(crate) fn make(t: &mut Tracee) -> Result<Holder> {
     let owner = t.tid;
     let owner_fd = owner_pidfd(owner)?;
-    let flags = if parent_is_init { libc::CLONE_VM | libc::CLONE_PARENT } else { libc::CLONE_VM } as u64;
+    let flags = (libc::CLONE_VM | libc::CLONE_PARENT) as u64;
     let (host, ns_pid, regs) = t.clone_stopped(flags, "clone (mm holder)")?;
     let mut tracee = Tracee::new(host, regs, t.insn);
     if let Err(e) = let_go_of_owner(&mut tracee) {

@@ -142,25 +142,35 @@ pub fn tty_nr(pid: HostPid) -> io::Result<i64> {
     Ok(parse_tty_nr(&read_text(format!("/proc/{pid}/stat"))?))
 }
 
-/// The foreground process group of the controlling terminal of `pid`
-/// (`stat` field 8), as its leader's pid in the sandbox; `None` without a
-/// terminal, or when that leader is gone.
-pub fn foreground_group(pid: HostPid) -> io::Result<Option<SandboxPid>> {
+/// What `pid`'s `stat` tells of its terminal and its parent, in one
+/// read: the foreground process group of its controlling terminal
+/// (`tpgid`, field 8: a host pid, 0 or less without one) and the signal
+/// its parent gets when it ends (`exit_signal`, field 38).
+pub fn tpgid_and_exit_signal(pid: HostPid) -> io::Result<(i32, i32)> {
     let stat = read_text(format!("/proc/{pid}/stat"))?;
-    let tpgid: i32 = stat_fields(&stat).nth(8 - 3).and_then(|v| v.parse().ok()).unwrap_or(0);
-    if tpgid <= 0 {
-        return Ok(None);
+    let field = |n: usize| stat_fields(&stat).nth(n - 3).and_then(|v| v.parse().ok());
+    match (field(8), field(38)) {
+        (Some(tpgid), Some(exit_signal)) => Ok((tpgid, exit_signal)),
+        _ => Err(io::Error::other("no tpgid or exit_signal in stat")),
     }
-    Ok(status(HostPid(tpgid)).ok().map(|s| s.ns_pid))
 }
 
-/// The signal the parent of `pid` gets when it ends (`stat` field 38).
-pub fn exit_signal(pid: HostPid) -> io::Result<i32> {
-    let stat = read_text(format!("/proc/{pid}/stat"))?;
-    stat_fields(&stat)
-        .nth(38 - 3)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::other("no exit_signal in stat"))
+/// A terminal's foreground group `tpgid` (a host pid, see
+/// [`tpgid_and_exit_signal`]) as its leader's pid in the sandbox; `own`,
+/// the process's own host and sandbox pids (most often it leads that
+/// group itself: no read then). `None` without a terminal, or when that
+/// leader is gone.
+pub fn foreground_group(tpgid: i32, (host, ns_pid): (HostPid, SandboxPid)) -> Option<SandboxPid> {
+    match tpgid {
+        ..=0 => None,
+        t if t == host.raw() => Some(ns_pid),
+        t => status(HostPid(t)).ok().map(|s| s.ns_pid),
+    }
+}
+
+/// The lines of a `status` text whose key is one of `keys`.
+pub(crate) fn status_lines<'a>(text: &'a str, keys: &'a [&str]) -> impl Iterator<Item = &'a str> {
+    text.lines().filter(|l| l.split_once(':').is_some_and(|(k, _)| keys.contains(&k)))
 }
 
 fn parse_tty_nr(stat: &str) -> i64 {

@@ -300,19 +300,15 @@ impl Ready {
             p.call("waitid (a stop's report)", libc::SYS_waitid, &args)?;
         }
         if !self.sigchld_pending {
-            // sigtimedwait({SIGCHLD}, NULL, {0, 0}): below the stack
-            // pointer's red zone, put back after; none pending (a parent
-            // with SA_NOCLDSTOP) is EAGAIN.
-            let at = (self.regs.rsp - 128 - 64) & !15;
-            let tid = p.tid;
-            let mut saved = [0u8; 32];
-            ptrace::read_mem(tid.raw(), at, &mut saved).map_err(Error::ptrace(tid, "read below the stack"))?;
-            let mut args = [0u8; 32];
-            args[..8].copy_from_slice(&(1u64 << (libc::SIGCHLD - 1)).to_ne_bytes());
-            ptrace::write_mem(tid.raw(), at, &args).map_err(Error::ptrace(tid, "write sigset"))?;
-            let taken = p.syscall(libc::SYS_rt_sigtimedwait, &[at, 0, at + 16, 8]);
-            ptrace::write_mem(tid.raw(), at, &saved).map_err(Error::ptrace(tid, "write below the stack"))?;
-            taken?;
+            // sigtimedwait({SIGCHLD}, NULL, {0, 0}), its arguments below the
+            // stack pointer's red zone; none pending (a parent with
+            // SA_NOCLDSTOP) is EAGAIN.
+            crate::inject::below_red_zone(p, self.regs.rsp, 32, |p, at| {
+                let mut args = [0u8; 32];
+                args[..8].copy_from_slice(&(1u64 << (libc::SIGCHLD - 1)).to_ne_bytes());
+                ptrace::write_mem(p.tid.raw(), at, &args).map_err(Error::ptrace(p.tid, "write sigset"))?;
+                p.syscall(libc::SYS_rt_sigtimedwait, &[at, 0, at + 16, 8]).map(drop)
+            })?;
         }
         p.park()
     }
@@ -595,7 +591,7 @@ fn finish_one(
                     what: "a holder",
                     source: std::io::Error::other("none for a child of another process"),
                 }),
-                None => crate::memory_holder::make(&mut p, true),
+                None => crate::memory_holder::make(&mut p),
             };
             let holder = match holder {
                 Ok(h) => Some(h),

@@ -1066,12 +1066,11 @@ fn clone_of(
         // Its children stopped by a signal whose stop it has not waited
         // for yet: their stops are reported again at a restore.
         let stop_reports = crate::process::session::stop_reports(&mut orig, s)?;
-        // (A terminal's foreground group: a job's, given back at the restore.)
-        let tpgid = procfs::foreground_group(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?;
-        let exit_signal = match s.ns_ppid == SandboxPid::INIT {
-            true => libc::SIGCHLD,
-            false => procfs::exit_signal(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?,
-        };
+        // A terminal's foreground group (a job's, given back at the
+        // restore), and the signal the parent gets at its end.
+        let (tpgid, exit_signal) =
+            procfs::tpgid_and_exit_signal(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })?;
+        let tpgid = procfs::foreground_group(tpgid, (host, s.ns_pid));
         // (A periodic timer expired while stopped is armed for one interval.)
         crate::process::timers::normalize(&mut itimers);
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
@@ -1170,7 +1169,7 @@ fn clone_of(
     // process it holds, would show to it. Its restore, by its parent, does
     // not need one either: `transplant.rs`.)
     if need_holder && s.ns_ppid == SandboxPid::INIT {
-        match crate::memory_holder::make(&mut orig, true) {
+        match crate::memory_holder::make(&mut orig) {
             Ok(h) => c.holder = Some(h),
             Err(e) => tracing::warn!(pid = s.ns_pid.raw(), "no mm holder: {e}"),
         }

@@ -88,13 +88,11 @@ pub(crate) fn stop_reports(orig: &mut Tracee, s: &crate::stop::StoppedProcess) -
     if stopped.is_empty() {
         return Ok(Vec::new());
     }
-    let host = orig.tid;
-    // A siginfo_t below its stack pointer's red zone, put back after.
-    let buf = (orig.saved.rsp - 128 - 256) & !15;
-    let mut saved = [0u8; 128];
-    ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
-    let mut out = Vec::new();
-    let mut ask = || -> Result<()> {
+    // A siginfo_t below its stack pointer's red zone.
+    let rsp = orig.saved.rsp;
+    crate::inject::below_red_zone(orig, rsp, 128, |orig, buf| {
+        let host = orig.tid;
+        let mut out = Vec::new();
         for &pid in stopped {
             ptrace::write_mem(host.raw(), buf, &[0u8; 128]).map_err(Error::ptrace(host, "write siginfo"))?;
             let how = (libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT) as u64;
@@ -108,11 +106,8 @@ pub(crate) fn stop_reports(orig: &mut Tracee, s: &crate::stop::StoppedProcess) -
                 out.push((pid, field(24)));
             }
         }
-        Ok(())
-    };
-    let asked = ask();
-    let back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
-    asked.and(back).map(|()| out)
+        Ok(out)
+    })
 }
 
 /// The signal a restore stops process `image` with (it was stopped by a

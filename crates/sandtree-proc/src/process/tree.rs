@@ -92,29 +92,34 @@ pub(crate) fn template_of_child(
 /// the kernel reaps it, and `orig` sees nothing. Its handler is put back
 /// after, and a `SIGCHLD` it had pending (in `queued`), which ignoring
 /// discards, queued again.
-fn reaped_unseen(orig: &mut Tracee, mut first: Tracee, (pid, queued): (SandboxPid, &[QueuedSignal])) -> Result<()> {
-    let host = orig.tid;
-    let buf = (orig.saved.rsp - 128 - ROOM) & !15;
-    let mut saved = [0u8; ROOM as usize];
-    let ignored = (|| {
-        ptrace::read_mem(host.raw(), buf, &mut saved).map_err(Error::ptrace(host, "read below the stack"))?;
+fn reaped_unseen(orig: &mut Tracee, first: Tracee, (pid, queued): (SandboxPid, &[QueuedSignal])) -> Result<()> {
+    let rsp = orig.saved.rsp;
+    let mut first = Some(first);
+    let res = crate::inject::below_red_zone(orig, rsp, ROOM as usize, |orig, buf| {
+        let Some(mut first) = first.take() else { return Ok(()) };
         // struct kernel_sigaction { handler = SIG_IGN, flags, restorer, mask }.
         let mut ignore = [0u8; 32];
         ignore[..8].copy_from_slice(&(libc::SIG_IGN as u64).to_ne_bytes());
-        ptrace::write_mem(host.raw(), buf, &ignore).map_err(Error::ptrace(host, "write sigaction"))?;
-        orig.call("rt_sigaction (SIGCHLD ignored)", libc::SYS_rt_sigaction, &[SIGCHLD, buf, buf + 32, 8])
-    })();
-    if let Err(e) = ignored {
+        let ignored = ptrace::write_mem(orig.tid.raw(), buf, &ignore)
+            .map_err(Error::ptrace(orig.tid, "write sigaction"))
+            .and_then(|()| {
+                orig.call("rt_sigaction (SIGCHLD ignored)", libc::SYS_rt_sigaction, &[SIGCHLD, buf, buf + 32, 8])
+            });
+        if let Err(e) = ignored {
+            crate::inject::kill_tracee(first.tid);
+            return Err(e);
+        }
+        let ended = end(&mut first);
+        let back = orig
+            .call("rt_sigaction (SIGCHLD back)", libc::SYS_rt_sigaction, &[SIGCHLD, buf + 32, 0, 8])
+            .and_then(|_| requeue_sigchld(orig, (pid, queued), buf + 64));
+        ended.and(back)
+    });
+    // (No room below the stack: the first copy was never let go.)
+    if let Some(first) = first {
         crate::inject::kill_tracee(first.tid);
-        let _ = ptrace::write_mem(host.raw(), buf, &saved);
-        return Err(e);
     }
-    let ended = end(&mut first);
-    let back = orig
-        .call("rt_sigaction (SIGCHLD back)", libc::SYS_rt_sigaction, &[SIGCHLD, buf + 32, 0, 8])
-        .and_then(|_| requeue_sigchld(orig, (pid, queued), buf + 64));
-    let put_back = ptrace::write_mem(host.raw(), buf, &saved).map_err(Error::ptrace(host, "write below the stack"));
-    ended.and(back).and(put_back)
+    res
 }
 
 /// `SIGCHLD`, as a syscall argument.
@@ -205,12 +210,7 @@ fn transplantable(m: &crate::model::MapImage) -> bool {
 fn credentials(host: HostPid) -> Option<Vec<String>> {
     const KEYS: &[&str] = &["CapInh", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters"];
     let text = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
-    Some(
-        text.lines()
-            .filter(|l| l.split_once(':').is_some_and(|(k, _)| KEYS.contains(&k)))
-            .map(str::to_string)
-            .collect(),
-    )
+    Some(crate::procfs::status_lines(&text, KEYS).map(str::to_string).collect())
 }
 
 /// Why `image`, made again by `parent` (whose session and group it starts
