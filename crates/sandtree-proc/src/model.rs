@@ -329,6 +329,7 @@ impl FdKind {
             FdKind::PtyMaster { .. } => true,
             FdKind::Fifo { on_layer, kept, .. } => *on_layer || *kept,
             FdKind::Socket { inet: Some(_), .. } | FdKind::Socket { pair: Some(_), .. } => true,
+            FdKind::Socket { tcp: Some(_), .. } => true,
             FdKind::Socket { listening: true, bound: Some(path), .. } => !path.starts_with("/proc/"),
             // A datagram socket bound to a path of the tree, not connected.
             FdKind::Socket {
@@ -543,6 +544,10 @@ pub enum FdKind {
         /// would never show. Refused.
         #[serde(default)]
         held_connection: bool,
+        /// A TCP connection: its state, captured in repair mode
+        /// (`kinds/tcp.rs`), made anew at the restore.
+        #[serde(default)]
+        tcp: Option<Box<TcpConnection>>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -600,6 +605,57 @@ pub struct InetBinding {
     /// The other options it had, set again before its `bind` (level,
     /// name, raw value): see `kinds::inet::OPTIONS`.
     #[serde(default)]
+    pub options: Vec<(i32, i32, Vec<u8>)>,
+    /// A TCP listener's connections made but not accepted yet (their
+    /// other ends would come back without a peer: refused).
+    #[serde(default)]
+    pub not_accepted: u32,
+}
+
+/// A TCP connection as a checkpoint saw it, through a copy of its socket
+/// in repair mode (`sandtree_sys::tcp_repair`), while every process of
+/// the sandbox was stopped: what a new socket needs to carry it on, with
+/// the same addresses, sequence numbers, unread and unacknowledged bytes,
+/// windows and options (`kinds/tcp.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpConnection {
+    /// `tcpi_state` (1: established; only those are captured).
+    pub state: u8,
+    /// Own address, raw (`sockaddr_in` / `sockaddr_in6`).
+    pub local: Vec<u8>,
+    /// The peer's address, raw.
+    pub remote: Vec<u8>,
+    /// Why it could not be captured (pass 2 refuses it), if so.
+    #[serde(default)]
+    pub refused: Option<String>,
+    /// The next byte expected from the peer (`rcv_nxt`).
+    pub recv_seq: u32,
+    /// The next byte the process would send (`write_seq`).
+    pub send_seq: u32,
+    /// Received and not read yet.
+    pub received: Vec<u8>,
+    /// Written and not acknowledged by the peer yet (sent or not).
+    pub sent: Vec<u8>,
+    /// Of `sent`, the bytes never sent (at its end).
+    pub not_sent: u32,
+    /// `TCP_MAXSEG`.
+    pub mss: u32,
+    /// `tcpi_options` (timestamps, SACK, window scaling agreed).
+    pub agreed: u8,
+    /// Send and receive window shifts.
+    pub wscale: (u8, u8),
+    /// Its timestamp clock.
+    pub timestamp: u32,
+    /// `struct tcp_repair_window`, raw.
+    pub window: Vec<u8>,
+    /// `SO_REUSEADDR` (repair mode clears it).
+    pub reuse_addr: bool,
+    /// `SO_PEEK_OFF` (-1: not set).
+    pub peek_offset: i32,
+    /// `SO_SNDBUF`, `SO_RCVBUF` as `getsockopt` gives them.
+    pub buffers: (i32, i32),
+    /// Its other options (level, name, raw value): see
+    /// `procfs::INET_OPTIONS`.
     pub options: Vec<(i32, i32, Vec<u8>)>,
 }
 

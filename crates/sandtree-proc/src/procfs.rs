@@ -499,6 +499,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         listened_by: None,
         not_accepted: false,
         held_connection: false,
+        tcp: None,
     };
     let Some(dup) = dup_of(pidfd, fd) else { return unknown };
     let family = match sockopt::socket_domain(&dup) {
@@ -623,6 +624,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         listened_by,
         not_accepted,
         held_connection,
+        tcp: None,
     }
 }
 
@@ -746,11 +748,15 @@ fn inet_binding(sock: &OwnedFd, stream: bool) -> Option<InetBinding> {
         v6only: sockopt::ipv6_v6only(sock).unwrap_or(false),
         protocol: protocol.unwrap_or(0),
         options,
+        not_accepted: match stream && protocol == Some(libc::IPPROTO_TCP) {
+            true => sandtree_sys::tcp_repair::info(sock).map(|i| i.unacked).unwrap_or(0),
+            false => 0,
+        },
     })
 }
 
 /// The multicast options of [`INET_OPTIONS`].
-const MULTICAST: &[(i32, i32)] = &[
+pub(crate) const MULTICAST: &[(i32, i32)] = &[
     (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
     (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS),
@@ -764,7 +770,7 @@ const MULTICAST: &[(i32, i32)] = &[
 /// changes nothing: buffer sizes are left out (setting one turns its
 /// autotuning off), and so is `TCP_MAXSEG` (set, it clamps). An option a
 /// socket's protocol does not have fails to read and is not saved.
-const INET_OPTIONS: &[(i32, i32)] = &[
+pub(crate) const INET_OPTIONS: &[(i32, i32)] = &[
     (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
     (libc::SOL_SOCKET, libc::SO_BROADCAST),
     (libc::SOL_SOCKET, libc::SO_OOBINLINE),

@@ -199,6 +199,14 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
     }
     st.holders.extend(holders);
+    // Every process is back: the TCP connections made anew leave repair
+    // mode (their peers are back too).
+    if let Err(e) = crate::kinds::finish_connections(&handed) {
+        for r in waiting {
+            let _ = r.release();
+        }
+        return Err(e);
+    }
     // Every process is back with its pipe ends: the pipes' readers and
     // writers are theirs alone from now on.
     drop(keepers.pipes);

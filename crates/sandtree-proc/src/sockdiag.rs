@@ -1,4 +1,6 @@
-//! The peer of a unix socket, by `NETLINK_SOCK_DIAG` (what `ss -x` shows).
+//! The peer of a unix socket, by `NETLINK_SOCK_DIAG` (what `ss -x` shows);
+//! and a TCP socket found by its addresses and destroyed (what `ss -K`
+//! does).
 //!
 //! Unix sockets belong to a network namespace: the query goes through a
 //! netlink socket made in the sandbox's (a short-lived thread enters it
@@ -14,14 +16,30 @@
 //! (6) the socket's shutdown bits (u8: 1 receive, 2 send). An error answer
 //! is `NLMSG_ERROR` (2) with a negative errno.
 
+//!
+//! TCP: `struct inet_diag_req_v2 { u8 family, u8 protocol = IPPROTO_TCP,
+//! u8 ext = 0, u8 pad; u32 states; struct inet_diag_sockid id }`, where
+//! `inet_diag_sockid` is `{ be16 sport, be16 dport; be32 src[4], dst[4];
+//! u32 if; u32 cookie[2] }` (own address first, as the socket sees it).
+//! Without `NLM_F_DUMP` it names one socket: the kernel looks it up as a
+//! packet to it would be, so a connection's, or else the listener of its
+//! port. The answer is `struct inet_diag_msg { u8 family, state, timer,
+//! retrans; inet_diag_sockid id; u32 expires, rqueue, wqueue, uid,
+//! inode }`. `SOCK_DESTROY` (21) with the same request aborts that socket
+//! (a reset is sent to its peer, and it leaves the connection table).
+
 use std::io;
 use std::os::fd::OwnedFd;
 
 use crate::HostPid;
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
+/// `TCP_LISTEN`, as `inet_diag_msg` gives a socket's state.
+const TCP_LISTEN: u8 = 10;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
 const UDIAG_SHOW_PEER: u32 = 4;
 const UNIX_DIAG_PEER: u16 = 2;
 const UNIX_DIAG_SHUTDOWN: u16 = 6;
@@ -78,6 +96,96 @@ pub fn unix_state(diag: &OwnedFd, ino: u64) -> io::Result<UnixState> {
     let mut buf = vec![0u8; 8192];
     let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
     parse_state(&buf[..n])
+}
+
+/// Abort every socket of `diag`'s network namespace that holds the TCP
+/// connection from `local` to `remote` (raw `sockaddr_in`/`sockaddr_in6`,
+/// as `getsockname` and `getpeername` give them), whatever its state (a
+/// connection closing, or in `TIME_WAIT`, included); not a listener.
+/// Returns how many were aborted.
+pub fn destroy_tcp(diag: &OwnedFd, local: &[u8], remote: &[u8]) -> io::Result<usize> {
+    let id = inet_sockid(local, remote)?;
+    let mut destroyed = 0;
+    // (One socket per connection; a reset may leave its peer for the next
+    // turn: a few turns at most.)
+    for _ in 0..4 {
+        let answer = match ask_tcp(diag, SOCK_DIAG_BY_FAMILY, local, &id, None) {
+            Ok(a) => a,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(destroyed),
+            Err(e) => return Err(e),
+        };
+        let state = *answer.get(16 + 1).ok_or_else(|| io::Error::other("malformed sock_diag answer"))?;
+        if state == TCP_LISTEN {
+            return Ok(destroyed);
+        }
+        let cookie: [u8; 8] = answer
+            .get(16 + 4 + 40..16 + 4 + 48)
+            .and_then(|c| c.try_into().ok())
+            .ok_or_else(|| io::Error::other("malformed sock_diag answer"))?;
+        match ask_tcp(diag, SOCK_DESTROY, local, &id, Some(cookie)) {
+            Ok(_) => destroyed += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(destroyed)
+}
+
+/// `inet_diag_sockid` of the connection from `local` to `remote`, cookie
+/// left out.
+fn inet_sockid(local: &[u8], remote: &[u8]) -> io::Result<Vec<u8>> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "not an inet address");
+    // (port, address as four be32 words)
+    let split = |a: &[u8]| -> io::Result<([u8; 2], [u8; 16])> {
+        let family = u16_at(a, 0).ok_or_else(bad)? as i32;
+        let port: [u8; 2] = a.get(2..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+        let mut addr = [0u8; 16];
+        match family {
+            libc::AF_INET => addr[..4].copy_from_slice(a.get(4..8).ok_or_else(bad)?),
+            libc::AF_INET6 => addr.copy_from_slice(a.get(8..24).ok_or_else(bad)?),
+            _ => return Err(bad()),
+        }
+        Ok((port, addr))
+    };
+    let ((sport, src), (dport, dst)) = (split(local)?, split(remote)?);
+    let mut id = Vec::with_capacity(40);
+    id.extend_from_slice(&sport);
+    id.extend_from_slice(&dport);
+    id.extend_from_slice(&src);
+    id.extend_from_slice(&dst);
+    id.extend_from_slice(&0u32.to_ne_bytes()); // interface
+    Ok(id)
+}
+
+/// One exact request about a TCP socket (`id` from [`inet_sockid`],
+/// `cookie` ~0 when `None`): the answer's message, or its error.
+fn ask_tcp(diag: &OwnedFd, kind: u16, local: &[u8], id: &[u8], cookie: Option<[u8; 8]>) -> io::Result<Vec<u8>> {
+    let family = u16_at(local, 0).unwrap_or(0) as u8;
+    let mut req = Vec::with_capacity(72);
+    req.extend_from_slice(&72u32.to_ne_bytes());
+    req.extend_from_slice(&kind.to_ne_bytes());
+    // (A destroy is acknowledged: its answer is an error message, 0 on
+    // success.)
+    let flags = if kind == SOCK_DESTROY { NLM_F_REQUEST | NLM_F_ACK } else { NLM_F_REQUEST };
+    req.extend_from_slice(&flags.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(id);
+    req.extend_from_slice(&cookie.unwrap_or([0xff; 8]));
+    rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
+    let mut buf = vec![0u8; 8192];
+    let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
+    buf.truncate(n);
+    let bad = || io::Error::other("malformed sock_diag answer");
+    if u16_at(&buf, 4).ok_or_else(bad)? == NLMSG_ERROR {
+        let errno = u32_at(&buf, 16).ok_or_else(bad)? as i32;
+        if errno != 0 {
+            return Err(io::Error::from_raw_os_error(errno.wrapping_neg()));
+        }
+    }
+    Ok(buf)
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {

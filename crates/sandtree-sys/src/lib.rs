@@ -20,6 +20,7 @@
 //! | `uffd`    | userfaultfd in asynchronous write-protect mode, `PAGEMAP_SCAN`, copying pages between processes |
 //! | `pagefile` | a memfd allocated ahead and mapped shared (pages a holder copies in the frozen window) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
+//! | `tcp_repair` | TCP repair mode: a connection's sequence numbers, queues, windows and options, read and set |
 
 pub mod btrfs;
 pub mod fdpass;
@@ -33,5 +34,6 @@ pub mod process;
 pub mod ptrace;
 pub mod pty;
 pub mod sockopt;
+pub mod tcp_repair;
 pub mod timerfd;
 pub mod uffd;

@@ -8,11 +8,12 @@ use std::process::Command;
 use common::Daemon;
 use serde_json::json;
 
-/// A Python program that holds an open TCP connection to itself: a
-/// checkpoint refuses it by name.
+/// A Python program that holds a half-closed TCP connection to itself
+/// (only established ones are captured): a checkpoint refuses it by name.
 const TCP_HOLDER: &str = "import socket, time\n\
     s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
     c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n\
+    c.shutdown(socket.SHUT_WR)\n\
     open('/root/ready', 'w').write('1')\n\
     time.sleep(1000)";
 

@@ -1074,6 +1074,7 @@ fn clone_of(
         // (A periodic timer expired while stopped is armed for one interval.)
         crate::process::timers::normalize(&mut itimers);
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
+        crate::kinds::capture_tcp(host, &mut fds);
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();

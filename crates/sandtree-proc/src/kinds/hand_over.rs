@@ -17,7 +17,7 @@ use sandtree_sys::ptrace;
 
 use super::{Remake, move_fd};
 use crate::inject::Tracee;
-use crate::model::{FdKind, ProcessImage, SocketBuffer, UnixPair};
+use crate::model::{FdImage, FdKind, ProcessImage, SocketBuffer, UnixPair};
 use crate::template::CheckpointTemplates;
 use crate::{Error, HostPid, Result};
 
@@ -32,6 +32,8 @@ pub(crate) enum Key {
     /// A hung-up terminal's slave, in place of that of a session's terminal
     /// (by index) closed since the checkpoint.
     Slave(u32),
+    /// A TCP connection made anew, by inode (`tcp.rs`).
+    Tcp(u64),
 }
 
 /// The objects a restore made so far, and what the socket pairs' ends
@@ -52,6 +54,10 @@ pub(crate) struct Handed {
     /// The process that binds each socket bound again ([`binder`]), by
     /// inode.
     pub binders: HashMap<u64, crate::SandboxPid>,
+    /// The TCP connections made anew, in repair mode until every process
+    /// is back (`tcp::finish`): (inode, `SO_REUSEADDR`, the bytes never
+    /// sent, which it sends then).
+    pub repaired: Vec<(u64, bool, Vec<u8>)>,
     /// Processes cloned ahead of their turn, to connect through a listener
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
@@ -170,6 +176,7 @@ impl Handed {
             connections,
             listeners: HashMap::new(),
             binders,
+            repaired: Vec::new(),
             cloned_early: HashMap::new(),
             last_pid: None,
         }
@@ -192,6 +199,23 @@ pub(crate) fn place(p: &mut Tracee, new: u64, fd: i32, flags: u32) -> Result<()>
 pub(crate) fn dup_onto(p: &mut Tracee, at: i32, fd: i32, flags: u32) -> Result<()> {
     let cloexec = (flags & libc::O_CLOEXEC as u32) as u64;
     p.call("dup3 (same open file)", libc::SYS_dup3, &[at as u64, fd as u64, cloexec]).map(drop)
+}
+
+/// Whether object `key` of descriptor `f` was made already: by this
+/// process (then `f` is a dup of the descriptor it was placed on), or by
+/// another (then it is wanted, handed over later).
+pub(crate) fn made_already(cx: &mut Remake<'_>, key: Key, f: &FdImage) -> Result<bool> {
+    if let Some(&(_, at)) = cx.placed.iter().find(|(k, _)| *k == key) {
+        if at != f.fd {
+            dup_onto(cx.p, at, f.fd, f.flags)?;
+        }
+        return Ok(true);
+    }
+    if cx.handed.ends.contains_key(&key) {
+        cx.wanted.push((key, f.fd, f.flags));
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// A `socketpair` of type `ty` (close-on-exec) made in `p`, its two

@@ -1,8 +1,11 @@
 //! Inet sockets (`FdKind::Socket`, families `inet` and `inet6`). A
 //! listener or a bound datagram socket is made anew at the restore with its
 //! protocol, address and options (a template holding it would keep its
-//! port taken after the original closed it); an unbound one is kept. Refused: an open
-//! connection (TCP state is not captured yet).
+//! port taken after the original closed it); an unbound one is kept. A TCP
+//! connection is `tcp.rs`'s. Refused: a connection of another protocol
+//! (SCTP, MPTCP), and a TCP listener with connections not accepted yet
+//! (the listener made anew has none: their other ends would come back
+//! without a peer).
 
 use super::{Kind, socket_type};
 use crate::batch::{Arg, Batch};
@@ -14,9 +17,14 @@ pub(crate) struct Inet;
 impl Kind for Inet {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
-            FdKind::Socket { family, stream: true, connected: true, .. } => Err(format!(
-                "an open {family} connection (listening and unconnected sockets are kept; connections are not captured yet)"
-            )),
+            FdKind::Socket { family, stream: true, connected: true, .. } => {
+                Err(format!("an open {family} connection of a protocol other than TCP (its state is not captured)"))
+            }
+            FdKind::Socket { listening: true, inet: Some(InetBinding { not_accepted: n @ 1.., .. }), .. } => {
+                Err(format!(
+                    "a TCP listener with {n} connection(s) not accepted yet (made anew, it has none: their other ends would have no peer)"
+                ))
+            }
             _ => Ok(()),
         }
     }

@@ -13,7 +13,8 @@
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
 //! | unix sockets | `unix` | kept; listeners and bound datagram sockets bound anew once; unnamed pairs and connections through listeners made anew; handed between processes; queued data sent again |
-//! | inet sockets | `inet` | listeners and bound datagram sockets made anew; connections refused |
+//! | inet sockets | `inet` | listeners and bound datagram sockets made anew |
+//! | TCP connections | `tcp` | made anew in repair mode: sequence numbers, queued bytes, windows, options |
 //! | other sockets (netlink, ...) | `other_socket` | kept |
 //! | eventfd | `eventfd` | kept; counter put back |
 //! | timerfd | `timerfd` | kept; setting put back |
@@ -57,6 +58,7 @@ mod pidfd;
 mod pipe;
 mod pty;
 mod signalfd;
+mod tcp;
 mod timerfd;
 mod unix;
 
@@ -76,8 +78,9 @@ pub(crate) use hand_over::Handed;
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
+pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections};
 pub(crate) use unix::capture_queue as capture_unix_queue;
-pub(crate) use unix::{connection_refusal, restore_order};
+pub(crate) use unix::restore_order;
 
 /// The hooks of one kind of kernel object (see the module docs). Each has
 /// a default that does nothing: a kind implements what concerns it.
@@ -180,12 +183,20 @@ impl<'a> Remake<'a> {
 }
 
 /// The kinds made anew one call at a time, in this order: deleted files,
-/// memfds, unix listeners and socket pairs, pty masters, terminals of
+/// memfds, unix listeners and socket pairs, TCP connections, pty masters, terminals of
 /// sessions closed since the checkpoint (handed over), then inotify
 /// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 7] =
-    [&deleted::Deleted, &memfd::Memfd, &unix::Unix, &pty::PtyMaster, &file::PathFile, &inotify::Inotify, &pidfd::Pidfd];
+const REMAKE_ORDER: [&dyn Kind; 8] = [
+    &deleted::Deleted,
+    &memfd::Memfd,
+    &unix::Unix,
+    &tcp::Tcp,
+    &pty::PtyMaster,
+    &file::PathFile,
+    &inotify::Inotify,
+    &pidfd::Pidfd,
+];
 
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
@@ -197,6 +208,7 @@ pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
         FdKind::PtyMaster { .. } => &pty::PtyMaster,
         FdKind::Fifo { .. } => &fifo::Fifo,
         FdKind::Socket { family, .. } if family == "unix" => &unix::Unix,
+        FdKind::Socket { tcp: Some(_), .. } => &tcp::Tcp,
         FdKind::Socket { family, .. } if family.starts_with("inet") => &inet::Inet,
         FdKind::Socket { .. } => &other_socket::OtherSocket,
         FdKind::AnonInode { what, .. } => match what.as_str() {
@@ -268,6 +280,14 @@ pub(crate) fn fix_up_descriptors(
     Ok(())
 }
 
+/// Pass 2, once every template is made: the first of `images` holding a
+/// connection a restore could not make again, as (index, resource,
+/// reason): a TCP connection without its other end (`tcp.rs`), a unix
+/// connection through a listener (`unix.rs`).
+pub(crate) fn connection_refusal(images: &[&ProcessImage]) -> Option<(usize, String, String)> {
+    tcp::peerless(images).or_else(|| unix::connection_refusal(images))
+}
+
 /// What a restore holds open while the processes come back: keepers of
 /// the pipes (see `pipe.rs`), closed once every process is back, before
 /// any runs; keepers of the FIFOs on the layers, by path (see `fifo.rs`),
@@ -282,8 +302,10 @@ pub(crate) struct Keepers {
 /// timerfd settings; unix socket queues drained, then filled again by
 /// their peers), the pipes are opened again and filled (their keepers
 /// returned), the ptys whose masters processes held are made anew (in
-/// `handed`).
+/// `handed`). First, the sockets still holding the TCP connections made
+/// anew are aborted (`tcp.rs`).
 pub(crate) fn put_back_shared(set: &CheckpointTemplates, handed: &mut Handed) -> Result<Keepers> {
+    tcp::destroy_old(set)?;
     pty::make_all(set, handed)?;
     pty::hung_up_in_place_of_gone(set, handed)?;
     let fifos = fifo::open_keepers(set)?;

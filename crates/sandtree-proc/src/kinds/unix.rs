@@ -50,7 +50,8 @@ use rustix::io::Errno;
 use sandtree_sys::ptrace;
 
 use super::hand_over::{
-    Connection, Handed, Key, binder, clear_of, clear_of_numbers, dup_onto, listener_of, place, socketpair_in, take_copy,
+    Connection, Handed, Key, binder, clear_of, clear_of_numbers, listener_of, made_already, place, socketpair_in,
+    take_copy,
 };
 use super::{Kind, Remake, kept_path, move_fd, socket_type};
 use crate::batch::write_path;
@@ -287,23 +288,6 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
     cx.handed.ends.insert(Key::Socket(ino), a_copy);
     cx.handed.ends.insert(Key::Socket(pair.peer), b_copy);
     Ok(())
-}
-
-/// Whether object `key` of descriptor `f` was made already: by this
-/// process (then `f` is a dup of the descriptor it was placed on), or by
-/// another (then it is wanted, handed over later).
-fn made_already(cx: &mut Remake<'_>, key: Key, f: &FdImage) -> Result<bool> {
-    if let Some(&(_, at)) = cx.placed.iter().find(|(k, _)| *k == key) {
-        if at != f.fd {
-            dup_onto(cx.p, at, f.fd, f.flags)?;
-        }
-        return Ok(true);
-    }
-    if cx.handed.ends.contains_key(&key) {
-        cx.wanted.push((key, f.fd, f.flags));
-        return Ok(true);
-    }
-    Ok(false)
 }
 
 /// A new pair's ends as at the checkpoint: buffer sizes and timeouts,

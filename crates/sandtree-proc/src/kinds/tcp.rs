@@ -1,0 +1,390 @@
+//! TCP connections (`FdKind::Socket` with `tcp`): captured through the
+//! kernel's repair mode and made anew at a restore, with the same
+//! addresses, sequence numbers, unread and unacknowledged bytes, windows
+//! and options, so that both ends carry on as if nothing happened.
+//!
+//! **Capture** (pass 1, every process of the sandbox stopped; [`capture`]):
+//! the daemon takes a copy of the socket (`pidfd_getfd`), reads its
+//! options, puts it in repair mode, reads each queue's sequence number and
+//! bytes (`MSG_PEEK`: nothing is taken), its windows and timestamp clock,
+//! and takes it out of repair mode without a window probe
+//! (`sandtree_sys::tcp_repair`). Nothing goes on the wire and the
+//! process sees nothing: `SO_REUSEADDR`, which leaving repair mode clears,
+//! is set again, and a `SO_PEEK_OFF` the peek would move is set to 0 for
+//! it and put back. Only established connections can be read this way:
+//! one in another state (half closed, closing) is refused by name.
+//!
+//! **Template:** holds no copy ([`FdKind::recreated`]): a template holding
+//! a connection would keep it open after the process closed it, and its
+//! peer would never see the end.
+//!
+//! **Pass 2** refuses a connection whose other end no captured process
+//! holds ([`peerless`]): made anew, it would have no peer. (Today a
+//! sandbox's network is its loopback alone, so every peer is in the
+//! sandbox: not accepted yet, or held by a process left out.) A listener
+//! with connections not accepted yet is refused too (`inet.rs`).
+//!
+//! **Restore:** first, before any process is cloned, every socket of the
+//! sandbox that still holds one of the connections (the killed originals',
+//! closing, or in `TIME_WAIT`) is aborted by `sock_diag` ([`destroy_old`]):
+//! a new socket cannot take a connection the kernel still has, and a late
+//! close of the old one would reset the new one. Then, in the first
+//! restored process that holds it ([`Tcp::remake`]), a socket of its family
+//! is made by an injected `socket` call (its creator, cgroup and network
+//! namespace are the process's), and the daemon sets it up through a copy
+//! ([`set_up`]): repair mode, options, `bind` (an address in use is taken),
+//! both queues' starting sequence numbers, `connect` (established at
+//! once), the agreed options, the timestamp clock, the unread bytes into
+//! the receive queue and the unacknowledged ones that had been sent into
+//! the send queue, the windows. The other processes that hold it get it
+//! handed over (`hand_over.rs`). It stays in repair mode, sending nothing,
+//! until every process is back ([`finish`]): then each connection leaves
+//! it with a window probe (its peer, made anew too, answers with what it
+//! has received, so nothing is sent twice for long), gets its
+//! `SO_REUSEADDR` back, and sends the bytes it had not sent yet.
+//!
+//! A restored connection's congestion state starts afresh, and its buffer
+//! sizes are set (as at the checkpoint) only where they differ from a new
+//! connection's, which then stops their autotuning.
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use sandtree_sys::tcp_repair::{self, Leave, Queue};
+
+use super::hand_over::{Key, clear_of, made_already, place, take_copy};
+use super::{Kind, Remake, socket_type};
+use crate::model::{FdImage, FdKind, ProcessImage, TcpConnection};
+use crate::template::CheckpointTemplates;
+use crate::{Error, HostPid, Result};
+
+/// TCP connections.
+pub(crate) struct Tcp;
+
+impl Kind for Tcp {
+    fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
+        match &f.kind {
+            FdKind::Socket { tcp: Some(c), .. } => c.refused.clone().map_or(Ok(()), Err),
+            _ => Ok(()),
+        }
+    }
+
+    fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
+        let FdKind::Socket { ino, tcp: Some(c), .. } = &f.kind else { return Ok(()) };
+        let key = Key::Tcp(*ino);
+        if made_already(cx, key, f)? {
+            return Ok(());
+        }
+        let p = &mut *cx.p;
+        let pid = p.tid;
+        let family = u16::from_ne_bytes([c.local[0], c.local[1]]) as u64;
+        let ty = socket_type(libc::SOCK_STREAM, f.flags | libc::O_CLOEXEC as u32);
+        let new = p.call("socket (tcp)", libc::SYS_socket, &[family, ty, libc::IPPROTO_TCP as u64])?;
+        let [new] = clear_of(p, [new], cx.image)?;
+        let copy = take_copy(pid, new as i32).map_err(|e| Error::Proc {
+            pid,
+            what: "a copy of a new TCP socket",
+            source: e,
+        })?;
+        set_up(&copy, c).map_err(|e| Error::Proc { pid, what: "a TCP connection made anew", source: e })?;
+        place(p, new, f.fd, f.flags)?;
+        cx.placed.push((key, f.fd));
+        cx.handed.ends.insert(key, copy);
+        let tail = c.sent.len() - c.not_sent_len();
+        cx.handed.repaired.push((*ino, c.reuse_addr, c.sent[tail..].to_vec()));
+        Ok(())
+    }
+}
+
+impl TcpConnection {
+    /// Of the unacknowledged bytes, how many were never sent (at the
+    /// end), bounded by what was captured.
+    fn not_sent_len(&self) -> usize {
+        (self.not_sent as usize).min(self.sent.len())
+    }
+}
+
+/// Pass 1, process `host` stopped: the state of each TCP connection among
+/// its descriptors `fds` (each descriptor's own copy; reading it twice
+/// changes nothing).
+pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
+    for f in fds.iter_mut() {
+        let FdKind::Socket { family, stream: true, listening: false, connected: true, tcp, .. } = &mut f.kind else {
+            continue;
+        };
+        if !family.starts_with("inet") || tcp.is_some() {
+            continue;
+        }
+        let Ok(sock) = crate::fdstate::dup_from(host, f.fd) else { continue };
+        let protocol = sandtree_sys::sockopt::get_raw(&sock, libc::SOL_SOCKET, libc::SO_PROTOCOL, 4)
+            .ok()
+            .and_then(|v| Some(i32::from_ne_bytes(v.get(..4)?.try_into().ok()?)));
+        if protocol == Some(libc::IPPROTO_TCP) {
+            *tcp = Some(Box::new(capture_one(&sock)));
+        }
+    }
+}
+
+/// The state of the connection of socket `sock` (see the module docs).
+fn capture_one(sock: &OwnedFd) -> TcpConnection {
+    let mut c = TcpConnection {
+        local: tcp_repair::address(sock, false).unwrap_or_default(),
+        remote: tcp_repair::address(sock, true).unwrap_or_default(),
+        peek_offset: -1,
+        ..TcpConnection::default()
+    };
+    let info = match tcp_repair::info(sock) {
+        Ok(i) => i,
+        Err(e) => {
+            c.refused = Some(format!("a TCP connection whose state cannot be read (TCP_INFO: {e})"));
+            return c;
+        }
+    };
+    c.state = info.state;
+    if info.state != tcp_repair::ESTABLISHED {
+        c.refused = Some(format!(
+            "a TCP connection in state {} (only established connections are captured)",
+            state_name(info.state)
+        ));
+        return c;
+    }
+    if let Err(e) = read_in_repair(sock, &mut c, info) {
+        c.refused = Some(format!("a TCP connection whose state cannot be read in repair mode: {e}"));
+    }
+    c
+}
+
+/// What [`capture_one`] reads of established socket `sock`, repair mode
+/// entered and left.
+fn read_in_repair(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
+    use sandtree_sys::sockopt::{get_raw, peek_offset, set_peek_offset};
+    let int = |level, name| -> io::Result<i32> {
+        let v = get_raw(sock, level, name, 4)?;
+        Ok(i32::from_ne_bytes(v.get(..4).and_then(|b| b.try_into().ok()).ok_or_else(|| io::Error::other("short"))?))
+    };
+    c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+    c.peek_offset = peek_offset(sock).unwrap_or(-1);
+    c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
+    c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
+    c.agreed = info.options;
+    c.wscale = info.wscale;
+    c.options = crate::procfs::INET_OPTIONS
+        .iter()
+        .filter(|o| !crate::procfs::MULTICAST.contains(o) && o.0 != libc::IPPROTO_UDPLITE)
+        // (A listener's alone: refused on a connection.)
+        .filter(|&&(level, name)| {
+            !(level == libc::IPPROTO_TCP && matches!(name, libc::TCP_DEFER_ACCEPT | libc::TCP_FASTOPEN))
+        })
+        .filter_map(|&(level, name)| Some((level, name, get_raw(sock, level, name, 16).ok()?)))
+        .collect();
+    let unread = rustix::io::ioctl_fionread(sock)? as usize;
+    let unacked = tcp_repair::not_acked(sock)? as usize;
+    c.not_sent = tcp_repair::not_sent(sock)?;
+    tcp_repair::enter(sock)?;
+    let read = (|| -> io::Result<()> {
+        if c.peek_offset >= 0 {
+            set_peek_offset(sock, 0)?;
+        }
+        tcp_repair::select_queue(sock, Queue::Receive)?;
+        c.recv_seq = tcp_repair::queue_seq(sock)?;
+        c.received = if unread > 0 { tcp_repair::peek(sock, unread)? } else { Vec::new() };
+        tcp_repair::select_queue(sock, Queue::Send)?;
+        c.send_seq = tcp_repair::queue_seq(sock)?;
+        c.sent = if unacked > 0 { tcp_repair::peek(sock, unacked)? } else { Vec::new() };
+        tcp_repair::select_queue(sock, Queue::None)?;
+        c.timestamp = tcp_repair::timestamp(sock)?;
+        c.window = tcp_repair::window(sock)?;
+        if c.received.len() != unread || c.sent.len() != unacked {
+            return Err(io::Error::other(format!(
+                "{} of {unread} unread and {} of {unacked} unacknowledged bytes read",
+                c.received.len(),
+                c.sent.len()
+            )));
+        }
+        Ok(())
+    })();
+    // Left as it was, whatever happened.
+    let _ = tcp_repair::select_queue(sock, Queue::None);
+    let left = tcp_repair::leave(sock, Leave::Quiet);
+    if c.peek_offset >= 0 {
+        let _ = set_peek_offset(sock, c.peek_offset);
+    }
+    if c.reuse_addr {
+        sandtree_sys::sockopt::set_raw(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_ne_bytes())?;
+    }
+    read.and(left)
+}
+
+/// A TCP state's name (`include/net/tcp_states.h`).
+fn state_name(state: u8) -> String {
+    let names = [
+        "",
+        "ESTABLISHED",
+        "SYN_SENT",
+        "SYN_RECV",
+        "FIN_WAIT1",
+        "FIN_WAIT2",
+        "TIME_WAIT",
+        "CLOSE",
+        "CLOSE_WAIT",
+        "LAST_ACK",
+        "LISTEN",
+        "CLOSING",
+    ];
+    names.get(state as usize).filter(|n| !n.is_empty()).map(|n| n.to_string()).unwrap_or_else(|| format!("{state}"))
+}
+
+/// New socket `s` (closed, made in its process) set up to carry on
+/// connection `c`, in repair mode still (see the module docs).
+fn set_up(s: &OwnedFd, c: &TcpConnection) -> io::Result<()> {
+    use sandtree_sys::sockopt::{get_raw, set_raw};
+    tcp_repair::enter(s)?;
+    for (level, name, value) in &c.options {
+        set_raw(s, *level, *name, value)
+            .map_err(|e| io::Error::new(e.kind(), format!("option {level}/{name}: {e}")))?;
+    }
+    tcp_repair::bind_raw(s, &c.local).map_err(|e| io::Error::new(e.kind(), format!("bind: {e}")))?;
+    tcp_repair::select_queue(s, Queue::Receive)?;
+    tcp_repair::set_queue_seq(s, c.recv_seq.wrapping_sub(c.received.len() as u32))?;
+    tcp_repair::select_queue(s, Queue::Send)?;
+    tcp_repair::set_queue_seq(s, c.send_seq.wrapping_sub(c.sent.len() as u32))?;
+    tcp_repair::select_queue(s, Queue::None)?;
+    tcp_repair::connect_raw(s, &c.remote).map_err(|e| io::Error::new(e.kind(), format!("connect: {e}")))?;
+    let mut agreed = vec![(tcp_repair::OPT_MSS, c.mss)];
+    if c.agreed & tcp_repair::INFO_WSCALE != 0 {
+        agreed.push((tcp_repair::OPT_WINDOW, c.wscale.0 as u32 | (c.wscale.1 as u32) << 16));
+    }
+    if c.agreed & tcp_repair::INFO_SACK != 0 {
+        agreed.push((tcp_repair::OPT_SACK_PERM, 0));
+    }
+    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
+        agreed.push((tcp_repair::OPT_TIMESTAMP, 0));
+    }
+    tcp_repair::set_options(s, &agreed)?;
+    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
+        tcp_repair::set_timestamp(s, c.timestamp)?;
+    }
+    // Buffer sizes, where a new connection's differ (before the bytes,
+    // which may need them; as `getsockopt` gives them: twice what is set).
+    for (now, (name, force)) in [c.buffers.0, c.buffers.1]
+        .into_iter()
+        .zip([(libc::SO_SNDBUF, libc::SO_SNDBUFFORCE), (libc::SO_RCVBUF, libc::SO_RCVBUFFORCE)])
+    {
+        let current = get_raw(s, libc::SOL_SOCKET, name, 4)?;
+        if current[..] != now.to_ne_bytes()[..] {
+            set_raw(s, libc::SOL_SOCKET, force, &(now / 2).to_ne_bytes())?;
+        }
+    }
+    tcp_repair::select_queue(s, Queue::Receive)?;
+    tcp_repair::fill(s, &c.received).map_err(|e| io::Error::new(e.kind(), format!("unread bytes: {e}")))?;
+    tcp_repair::select_queue(s, Queue::Send)?;
+    let sent = &c.sent[..c.sent.len() - c.not_sent_len()];
+    tcp_repair::fill(s, sent).map_err(|e| io::Error::new(e.kind(), format!("unacknowledged bytes: {e}")))?;
+    tcp_repair::select_queue(s, Queue::None)?;
+    if !c.window.is_empty() {
+        tcp_repair::set_window(s, &c.window)?;
+    }
+    if c.peek_offset >= 0 {
+        sandtree_sys::sockopt::set_peek_offset(s, c.peek_offset)?;
+    }
+    Ok(())
+}
+
+/// Pass 2, once every template is made: the first of `images` holding a
+/// TCP connection whose other end none of them holds, as (index,
+/// resource, reason).
+pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, String)> {
+    let ends: std::collections::HashSet<(&[u8], &[u8])> = images
+        .iter()
+        .flat_map(|i| &i.fds)
+        .filter_map(|f| match &f.kind {
+            FdKind::Socket { tcp: Some(c), .. } => Some((&c.local[..], &c.remote[..])),
+            _ => None,
+        })
+        .collect();
+    images.iter().enumerate().find_map(|(i, image)| {
+        image.fds.iter().find_map(|f| match &f.kind {
+            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() && !ends.contains(&(&c.remote[..], &c.local[..])) => {
+                let why = format!(
+                    "a TCP connection to {} whose other end no captured process holds (not accepted yet, or held by a process left out): made anew, it would have no peer",
+                    address_text(&c.remote)
+                );
+                Some((i, format!("fd {}", f.fd), why))
+            }
+            _ => None,
+        })
+    })
+}
+
+/// A raw inet address as text (`127.0.0.1:8000`, `[::1]:8000`).
+pub(crate) fn address_text(raw: &[u8]) -> String {
+    let port = raw.get(2..4).map(|p| u16::from_be_bytes([p[0], p[1]])).unwrap_or(0);
+    match u16::from_ne_bytes([raw.first().copied().unwrap_or(0), raw.get(1).copied().unwrap_or(0)]) as i32 {
+        libc::AF_INET if raw.len() >= 8 => {
+            format!("{}:{port}", std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]))
+        }
+        libc::AF_INET6 if raw.len() >= 24 => {
+            let octets: [u8; 16] = raw[8..24].try_into().unwrap_or_default();
+            format!("[{}]:{port}", std::net::Ipv6Addr::from(octets))
+        }
+        _ => "an unknown address".into(),
+    }
+}
+
+/// At a restore, before any process is cloned: every socket of the
+/// sandbox that still holds one of `set`'s connections aborted (see the
+/// module docs).
+pub(crate) fn destroy_old(set: &CheckpointTemplates) -> Result<()> {
+    let mut conns: Vec<(&[u8], &[u8])> = set
+        .templates
+        .iter()
+        .flat_map(|t| &t.image.fds)
+        .filter_map(|f| match &f.kind {
+            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() => Some((&c.local[..], &c.remote[..])),
+            _ => None,
+        })
+        .collect();
+    if conns.is_empty() {
+        return Ok(());
+    }
+    conns.sort();
+    conns.dedup();
+    let host = set.templates[0].host;
+    let diag = crate::sockdiag::diag_socket(host).map_err(|e| Error::Proc {
+        pid: host,
+        what: "a sock_diag socket",
+        source: e,
+    })?;
+    for (local, remote) in conns {
+        crate::sockdiag::destroy_tcp(&diag, local, remote).map_err(|e| Error::Proc {
+            pid: host,
+            what: "the old socket of a TCP connection",
+            source: io::Error::new(e.kind(), format!("{} to {}: {e}", address_text(local), address_text(remote))),
+        })?;
+    }
+    Ok(())
+}
+
+/// At a restore, every process back and none running yet: each
+/// connection made anew leaves repair mode (see the module docs).
+pub(crate) fn finish(handed: &super::Handed) -> Result<()> {
+    for (ino, reuse_addr, not_sent) in &handed.repaired {
+        let Some(s) = handed.ends.get(&Key::Tcp(*ino)) else { continue };
+        let res = (|| -> io::Result<()> {
+            tcp_repair::leave(s, Leave::Probe)?;
+            if *reuse_addr {
+                sandtree_sys::sockopt::set_raw(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_ne_bytes())?;
+            }
+            if !not_sent.is_empty() {
+                tcp_repair::fill(s, not_sent)?;
+            }
+            Ok(())
+        })();
+        res.map_err(|e| Error::Proc {
+            pid: HostPid(0),
+            what: "a TCP connection made anew, leaving repair mode",
+            source: e,
+        })?;
+    }
+    Ok(())
+}
