@@ -948,6 +948,34 @@ static TCP_CONNECTIONS: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A Node.js HTTP server (a child of the client) and a keep-alive client
+/// connection to it: after a rollback the next request goes over the same
+/// connection (the server sees the checkpoint's client port) and finds the
+/// server's count as it was (issue 38, real programs).
+static NODE_KEEP_ALIVE_CLIENT: Spec = Spec {
+    program: program!("node_keep_alive_client.py"),
+    at_ck: &[(
+        "state",
+        Like(|a| {
+            let field = |k: &str| a.split(' ').find_map(|f| f.strip_prefix(k)).map(str::to_string);
+            a.starts_with("count=1 ") && field("port=").is_some() && field("port=") == field("local=")
+        }),
+    )],
+    mutate: &[&[Ask("inc", Like(|a| a.starts_with("count=2 ")))]],
+    ..Spec::DEFAULT
+};
+
+/// redis-server with keys in its memory and a client connection to it:
+/// after a rollback the client's next command goes over the same
+/// connection (same client id) and finds the keys as they were (issue 38,
+/// real programs).
+static REDIS_WITH_A_CLIENT: Spec = Spec {
+    program: program!("redis_with_a_client.py"),
+    at_ck: &[("state", Like(|a| a.starts_with("id=") && a.ends_with(" k=v1 n=1 size=2")))],
+    mutate: &[&[Ask("mutate", Is("mutated")), Ask("state", Like(|a| a.ends_with(" k=v2 n=2 size=3")))]],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2333,6 +2361,8 @@ fn main() {
         ("stopped_children", declared!(STOPPED_CHILDREN)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),
         ("tcp_connections", declared!(TCP_CONNECTIONS)),
+        ("node_keep_alive_client", declared!(NODE_KEEP_ALIVE_CLIENT)),
+        ("redis_with_a_client", declared!(REDIS_WITH_A_CLIENT)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),
