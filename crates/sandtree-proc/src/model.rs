@@ -879,6 +879,11 @@ pub struct MapImage {
     pub dev: u64,
     #[serde(default)]
     pub inode: u64,
+    /// Marked `MADV_DONTFORK` (`dc` in `smaps`' `VmFlags`): a fork leaves
+    /// it out. Its template has it as an ordinary mapping (the mark is
+    /// lifted for the template's fork); a restore marks it again.
+    #[serde(default)]
+    pub dont_fork: bool,
 }
 
 impl MapImage {

@@ -1093,7 +1093,43 @@ fn parse_maps(text: &str) -> Vec<MapImage> {
             path,
             dev,
             inode,
+            dont_fork: false,
         });
+    }
+    out
+}
+
+/// The mappings of `pid` marked `MADV_DONTFORK` (`dc` in `smaps`'
+/// `VmFlags`), as (start, end, private and anonymous). (`smaps` walks the
+/// page tables: read only for a process known to have some.)
+pub fn dont_fork_ranges(pid: HostPid) -> io::Result<Vec<(u64, u64, bool)>> {
+    Ok(parse_dont_fork(&read_text(format!("/proc/{pid}/smaps"))?))
+}
+
+/// [`dont_fork_ranges`] of a `/proc/<pid>/smaps` text.
+fn parse_dont_fork(text: &str) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(range) = current.take()
+                && flags.split_whitespace().any(|f| f == "dc")
+            {
+                out.push(range);
+            }
+            continue;
+        }
+        // A mapping's line: `start-end perms offset dev inode [path]`.
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        if perms.len() != 4 {
+            continue;
+        }
+        let inode = f.nth(2).and_then(|i| i.parse::<u64>().ok()).unwrap_or(1);
+        let anon = inode == 0 && f.next().is_none_or(|p| p.starts_with("[anon:") || p == "[heap]");
+        current = Some((start, end, perms.ends_with('p') && anon));
     }
     out
 }

@@ -673,6 +673,7 @@ fn fix_up(
     crate::process::signals::restore_altstack(&mut b, image, (via_standby, incremental));
     crate::process::threads::restore_registrations(&mut b, image, via_standby);
     crate::process::timers::restore(&mut b, image);
+    crate::process::memory::mark_again(&mut b, image);
     p.run_batch(&mut b)?;
     crate::process::threads::restore(p, image, scratch, threads, handed.last_pid.as_mut())?;
     crate::process::signals::requeue(p, image, scratch)?;

@@ -976,6 +976,16 @@ static REDIS_WITH_A_CLIENT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Mappings marked MADV_DONTFORK (Node's heap: V8 marks it), which a
+/// fork leaves out: their template has them (the mark lifted for its
+/// fork), and the restored process has their bytes and the mark again.
+static DONT_FORK_MAPPING: Spec = Spec {
+    program: program!("dont_fork_mapping.py"),
+    at_ck: &[("state", Like(|a| a.starts_with("heap=") && a.contains(",True ro=") && a.ends_with(",True")))],
+    mutate: &[&[Ask("mutate", Is("mutated"))]],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2363,6 +2373,7 @@ fn main() {
         ("tcp_connections", declared!(TCP_CONNECTIONS)),
         ("node_keep_alive_client", declared!(NODE_KEEP_ALIVE_CLIENT)),
         ("redis_with_a_client", declared!(REDIS_WITH_A_CLIENT)),
+        ("dont_fork_mapping", declared!(DONT_FORK_MAPPING)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

@@ -154,6 +154,9 @@ pub(crate) struct Cloned {
     /// fork left empty although the original had pages there: marked
     /// `MADV_WIPEONFORK` (`process::memory::wiped_by_fork`).
     wiped: Option<(u64, u64)>,
+    /// A forked template: the original's mappings marked `MADV_DONTFORK`
+    /// (start, end), which the template has as ordinary ones.
+    dont_fork: Vec<(u64, u64)>,
     /// The copier its holder lent for the pass, to give back.
     copier: Option<crate::memory_holder::Copier>,
     /// Made from a standby: the original's status and name, read while
@@ -835,6 +838,73 @@ fn end_outside(pipe: &crate::model::PipeBuffer, made: &[Template]) -> bool {
     (readers && !read) || (writers && !write)
 }
 
+/// A stopped original's template, forked: a child of init (no exit
+/// signal: the parent's plain `wait` never sees it; init reaps with
+/// `__WALL`), or, for a child of another process, made init's child in two
+/// steps (`process::tree`). With `during`, the copy runs on another CPU
+/// while `during` runs. Returns its host pid, pid in the sandbox, and its
+/// registers when forked by `clone` here.
+fn fork_template(
+    orig: &mut Tracee,
+    s: &StoppedProcess,
+    queued: &[crate::model::QueuedSignal],
+    mut during: Option<&mut During<'_>>,
+    seen: &mut Seen,
+) -> Result<(HostPid, SandboxPid, Option<ptrace::Regs>)> {
+    let host = s.host;
+    // On another CPU (the copy runs in the process's own context), and
+    // back for the calls that follow: the template inherits the pin.
+    let apart = during.is_some();
+    if apart {
+        inject::move_off_tracer(host);
+    }
+    if s.ns_ppid != SandboxPid::INIT {
+        let mut between = || {
+            if let Some(during) = during.as_mut() {
+                during(seen, &mut || {});
+            }
+        };
+        let made = crate::process::tree::template_of_child(orig, (s.ns_pid, queued), &mut between);
+        if apart {
+            inject::pin_to_tracer(host);
+        }
+        let (tpl, ns_pid) = made?;
+        if apart {
+            inject::pin_to_tracer(tpl);
+        }
+        return Ok((tpl, ns_pid, None));
+    }
+    let flags = libc::CLONE_PARENT as u64;
+    let started = orig.start_clone(flags);
+    if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
+        during(seen, &mut || {});
+    }
+    if apart {
+        inject::pin_to_tracer(host);
+    }
+    started?;
+    let (tpl, ns_pid, regs) = orig.finish_clone(flags, "clone (template)")?;
+    if apart {
+        inject::pin_to_tracer(tpl);
+    }
+    Ok((tpl, ns_pid, Some(regs)))
+}
+
+/// The mappings of original `host` marked `MADV_DONTFORK` (start, end,
+/// private and anonymous), if its forked template `tpl` lacks memory it
+/// has (`vm_size_kb`; the kernel's `[uprobes]` page is left out too, and
+/// made again at the next probe hit): `None` when it lacks none.
+fn dont_fork_left_out(host: HostPid, tpl: HostPid, vm_size_kb: u64) -> std::io::Result<Option<Vec<(u64, u64, bool)>>> {
+    let statm = std::fs::read_to_string(format!("/proc/{tpl}/statm"))?;
+    let pages: u64 = statm.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let tpl_kb = pages * (rustix::param::page_size() as u64 / 1024);
+    if tpl_kb >= vm_size_kb || vm_size_kb - tpl_kb <= uprobes_kb(host) {
+        return Ok(None);
+    }
+    let ranges = procfs::dont_fork_ranges(host)?;
+    Ok((!ranges.is_empty()).then_some(ranges))
+}
+
 /// Pass 1 for one stopped original: its timers and the `clone`, then its
 /// descriptors, pipe bytes and queued signals (the fork changed nothing of
 /// them). An error after the first injected call lets the original go with
@@ -949,54 +1019,46 @@ fn clone_of(
         // (A standby still being forked: `p.host` is the template forking
         // it, which is not this checkpoint's to kill.)
         let deferred = patched.as_ref().is_some_and(|p| p.pending.is_later());
+        let mut dont_fork = Vec::new();
         let (tpl, ns_pid, forked_regs) = match &patched {
             Some(p) => (p.host, p.ns_pid, None),
-            // A child of another process: its template is made init's
-            // child in two steps (`process::tree`).
-            None if s.ns_ppid != SandboxPid::INIT => {
-                let apart = during.is_some();
-                if apart {
-                    inject::move_off_tracer(host);
-                }
-                let mut between = || {
-                    if let Some(during) = during.as_mut() {
-                        during(seen, &mut || {});
-                    }
-                };
-                let made = crate::process::tree::template_of_child(&mut orig, (s.ns_pid, &queued), &mut between);
-                if apart {
-                    inject::pin_to_tracer(host);
-                }
-                let (tpl, ns_pid) = made?;
-                if apart {
-                    inject::pin_to_tracer(tpl);
-                }
-                (tpl, ns_pid, None)
-            }
             None => {
-                // No exit signal: the parent's plain `wait` never sees the
-                // template (init reaps with __WALL).
-                let flags = libc::CLONE_PARENT as u64;
-                // On another CPU (the copy runs in the process's own
-                // context), and back for the calls that follow: the
-                // template inherits the pin.
-                let apart = during.is_some();
-                if apart {
-                    inject::move_off_tracer(host);
+                let first = fork_template(&mut orig, s, &queued, during.as_mut(), seen)?;
+                // Memory a fork leaves out (`MADV_DONTFORK`): the mark is
+                // lifted for a second fork, then set again.
+                match dont_fork_left_out(host, first.0, vm_size_kb) {
+                    Ok(None) => first,
+                    left_out => {
+                        kill_tracee(first.0);
+                        let ranges = left_out.map_err(|e| Error::Proc { pid: host, what: "smaps", source: e })?;
+                        let ranges = ranges.unwrap_or_default();
+                        if let Some(&(start, end, _)) = ranges.iter().find(|r| !r.2) {
+                            return Err(Error::unsupported(
+                                s.ns_pid,
+                                &comm_now(),
+                                format!("mapping {start:x}-{end:x}"),
+                                "a shared or file mapping marked MADV_DONTFORK, which a copy by fork leaves out (not captured yet)",
+                            ));
+                        }
+                        let madvise = |orig: &mut Tracee, advice: i32, what| -> Result<()> {
+                            for &(start, end, _) in &ranges {
+                                orig.call(what, libc::SYS_madvise, &[start, end - start, advice as u64])?;
+                            }
+                            Ok(())
+                        };
+                        let again = madvise(&mut orig, libc::MADV_DOFORK, "madvise(MADV_DOFORK)")
+                            .and_then(|()| fork_template(&mut orig, s, &queued, None, seen));
+                        // (Marked again whatever happened.)
+                        let marked = madvise(&mut orig, libc::MADV_DONTFORK, "madvise(MADV_DONTFORK)");
+                        let again = again?;
+                        if let Err(e) = marked {
+                            kill_tracee(again.0);
+                            return Err(e);
+                        }
+                        dont_fork = ranges.iter().map(|&(a, b, _)| (a, b)).collect();
+                        again
+                    }
                 }
-                let started = orig.start_clone(flags);
-                if let (Ok(()), Some(during)) = (&started, during.as_mut()) {
-                    during(seen, &mut || {});
-                }
-                if apart {
-                    inject::pin_to_tracer(host);
-                }
-                started?;
-                let (tpl, ns_pid, regs) = orig.finish_clone(flags, "clone (template)")?;
-                if apart {
-                    inject::pin_to_tracer(tpl);
-                }
-                (tpl, ns_pid, Some(regs))
             }
         };
         child = (!deferred).then_some(tpl);
@@ -1141,6 +1203,7 @@ fn clone_of(
             pipe_keys,
             vm_size_kb,
             wiped,
+            dont_fork,
             copier,
             facts: session.is_some().then_some((status, comm)),
             exit_signal,
@@ -1238,6 +1301,9 @@ fn set_up(c: Cloned) -> Result<Template> {
         .map_err(|e| Error::Proc { pid: child, what: "state", source: e })?;
     image.signals.pending = c.pending;
     image.ghosts = c.ghosts;
+    for m in &mut image.maps {
+        m.dont_fork |= c.dont_fork.iter().any(|&(start, end)| m.start >= start && m.end <= end);
+    }
     image.itimers = c.itimers;
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;

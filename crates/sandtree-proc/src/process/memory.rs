@@ -104,3 +104,15 @@ pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
     }
     Ok(())
 }
+
+/// At a restore: the mappings marked `MADV_DONTFORK` at the checkpoint
+/// marked again (added to `b`). The template had them as ordinary
+/// mappings (the mark was lifted for its fork, `checkpoint/`), and so does
+/// the restored process, a fork of it.
+pub(crate) fn mark_again(b: &mut crate::batch::Batch, image: &crate::model::ProcessImage) {
+    use crate::batch::Arg;
+    for m in image.maps.iter().filter(|m| m.dont_fork) {
+        let args = [Arg::Val(m.start), Arg::Val(m.end - m.start), Arg::Val(libc::MADV_DONTFORK as u64)];
+        b.call("madvise(MADV_DONTFORK)", libc::SYS_madvise, &args);
+    }
+}

@@ -341,6 +341,7 @@ fn maps_keeps_a_path_with_a_space_and_a_deleted_files_suffix() {
             path: Some("/tmp/sandtree-fixtures/with space.bin".into()),
             dev,
             inode: 10035254,
+            dont_fork: false,
         }
     );
     assert!(spaced.shared());
@@ -1141,4 +1142,29 @@ fn epoll_watch_inodes_are_read_from_each_tfd_line() {
 
     // Assert: the fixture's three watches, with their files' inodes.
     assert_eq!(inos, vec![(13, 0x40e), (10, 0x196937), (18, 0x40e)]);
+}
+
+#[test]
+fn dont_fork_mappings_are_found_by_their_vmflags() {
+    let smaps = "\
+131b1a00000-131b1a40000 rw-p 00000000 00:00 0 
+Size:                256 kB
+Rss:                 256 kB
+VmFlags: rd wr mr mw me dc nr
+7f3638003000-7f363803f000 rwxp 00000000 00:00 0 
+Rss:                  20 kB
+VmFlags: rd wr ex mr mw me nr
+7f3657fd2000-7f3658000000 ---p 00000000 00:00 0 
+VmFlags: mr mw me dc nr
+7f365c979000-7f365c97d000 rw-s 00000000 00:01 1234                       /dev/shm/x
+VmFlags: rd wr sh mr mw me ms dc
+";
+    assert_eq!(
+        super::parse_dont_fork(smaps),
+        vec![
+            (0x131b1a00000, 0x131b1a40000, true),
+            (0x7f3657fd2000, 0x7f3658000000, true),
+            (0x7f365c979000, 0x7f365c97d000, false),
+        ]
+    );
 }
