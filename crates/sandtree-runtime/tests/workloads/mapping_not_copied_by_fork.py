@@ -1,8 +1,8 @@
 # mapping_not_copied_by_fork: 1 MiB of anonymous memory holding a pattern,
-# which `dontfork` marks MADV_DONTFORK: a copy by fork leaves it out, so
-# a restore from a template would lose it (issue 36, class 2); `dofork`
-# takes the mark back. Likewise `wipeonfork` (MADV_WIPEONFORK: a copy by
-# fork gets it zeroed) and `keeponfork`. Another 64 KiB are marked
+# which `wipeonfork` marks MADV_WIPEONFORK: a copy by fork gets it zeroed,
+# so a restore from a template would lose it (issue 36, class 2);
+# `keeponfork` takes the mark back. (`dontfork` / `dofork` do the same
+# with MADV_DONTFORK, which a checkpoint captures.) Another 64 KiB are marked
 # MADV_WIPEONFORK and never written: nothing to lose, and not refused.
 # Commands: `state` -> `sum=<sum of the bytes> len=<len>`; `dontfork` /
 # `dofork`, `wipeonfork` / `keeponfork` -> `marked` / `unmarked`;
