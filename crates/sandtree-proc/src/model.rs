@@ -394,10 +394,16 @@ pub enum FdKind {
         path: String,
         /// Opened directory.
         directory: bool,
-        /// It holds a lock (`flock` / POSIX / OFD): locks belong to the open
-        /// file of the replaced tree and would be lost.
+        /// It holds a lock a restore cannot take again (a lease, a
+        /// delegation): refused.
         #[serde(default)]
         locked: bool,
+        /// The locks held through it (`flock`, POSIX record locks of this
+        /// process, OFD locks), taken again at a restore on the file
+        /// reopened in the rolled-back tree (the killed original's went
+        /// with the replaced tree).
+        #[serde(default)]
+        locks: Vec<FileLock>,
     },
     /// A file on a mount that survives rollback (`/dev`, `/proc`, devpts):
     /// the template's descriptor is used as it is.
@@ -610,6 +616,31 @@ pub struct InetBinding {
     /// other ends would come back without a peer: refused).
     #[serde(default)]
     pub not_accepted: u32,
+}
+
+/// A lock held through an open file, as its `fdinfo` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLock {
+    /// Whose it is.
+    pub kind: LockKind,
+    /// A write (exclusive) lock, else a read (shared) one.
+    pub write: bool,
+    /// First byte (0 for `flock`).
+    pub start: u64,
+    /// Last byte, `None` to the end of the file and beyond.
+    pub end: Option<u64>,
+}
+
+/// The kinds of lock a restore takes again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LockKind {
+    /// `flock`: the open file's.
+    Flock,
+    /// `fcntl(F_SETLK)`: the process's (its descriptor table's).
+    Posix,
+    /// `fcntl(F_OFD_SETLK)`: the open file's.
+    Ofd,
 }
 
 /// A TCP connection as a checkpoint saw it, through a copy of its socket

@@ -192,11 +192,48 @@ struct FdInfo {
 }
 
 impl FdInfo {
-    /// Whether a lock is held on the open file (`lock:` lines: `flock`,
-    /// POSIX and OFD locks).
-    fn locked(&self) -> bool {
-        self.text.lines().any(|l| l.starts_with("lock:"))
+    /// The locks held through the open file (`lock:` lines), and whether
+    /// one of them is of a kind a restore cannot take again (a lease, a
+    /// delegation).
+    fn locks(&self) -> (Vec<crate::model::FileLock>, bool) {
+        parse_locks(&self.text)
     }
+}
+
+/// The `lock:` lines of an `fdinfo` text: `lock:\t<n>: <KIND> <ADVISORY|
+/// MANDATORY> <READ|WRITE> <pid> <dev:ino> <start> <end|EOF>` (a waiter's
+/// has `->` before its kind: not held, left out).
+fn parse_locks(text: &str) -> (Vec<crate::model::FileLock>, bool) {
+    use crate::model::{FileLock, LockKind};
+    let mut locks = Vec::new();
+    let mut other = false;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("lock:") else { continue };
+        let mut f = rest.split_whitespace().skip(1);
+        let kind = match f.next() {
+            Some("->") => continue,
+            Some("POSIX") => LockKind::Posix,
+            Some("FLOCK") => LockKind::Flock,
+            Some("OFDLCK") => LockKind::Ofd,
+            _ => {
+                other = true;
+                continue;
+            }
+        };
+        let (Some("ADVISORY"), Some(access), _pid, _inode, Some(start), Some(end)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            other = true;
+            continue;
+        };
+        let Ok(start) = start.parse() else {
+            other = true;
+            continue;
+        };
+        let end = if end == "EOF" { None } else { end.parse().ok() };
+        locks.push(FileLock { kind, write: access == "WRITE", start, end });
+    }
+    (locks, other)
 }
 
 fn fdinfo(pid: HostPid, fd: i32) -> io::Result<FdInfo> {
@@ -984,7 +1021,8 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                     }
                     Some(m) if m.fstype == "overlay" => {
                         let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
-                        FdKind::LayerFile { path: link, directory, locked: info.locked() }
+                        let (locks, locked) = info.locks();
+                        FdKind::LayerFile { path: link, directory, locked, locks }
                     }
                     Some(_) if link == "/dev/pts/ptmx" || link == "/dev/ptmx" => {
                         FdKind::PtyMaster { state: pty_state(pid, pidfd.as_ref(), fd) }

@@ -986,6 +986,44 @@ static DONT_FORK_MAPPING: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Locks on files of the layer come back with their owners: `flock`,
+/// POSIX record locks (a read and a write range), an OFD lock; another
+/// process cannot take them after a rollback (issue 38, item 4).
+static FILE_LOCKS: Spec = Spec {
+    program: program!("file_locks.py"),
+    at_ck: &[(
+        "state",
+        Is("a=FLOCK/WRITE/0-EOF b=POSIX/READ/10-19+POSIX/WRITE/100-EOF c=OFDLCK/WRITE/0-9 others=busy,busy,busy,busy"),
+    )],
+    mutate: &[&[Ask("mutate", Is("a=none b=none c=none others=free,free,free,free"))]],
+    ..Spec::DEFAULT
+};
+
+/// A file of the layer mapped shared and writable (SQLite's WAL index)
+/// comes back with the bytes the mapping had at the checkpoint, mapped
+/// onto the rolled-back file: a write through it shows in the file
+/// (issue 38, item 3).
+static SHARED_FILE_MAPPING: Spec = Spec {
+    program: program!("shared_file_mapping.py"),
+    at_ck: &[("state", Is("mapping=v1 file=v1"))],
+    mutate: &[&[Ask("mutate", Is("mapping=v2 file=v2"))]],
+    after: &[Ask("through", Is("through=v3"))],
+    ..Spec::DEFAULT
+};
+
+/// Python with SQLite in WAL mode, an open connection and a transaction
+/// not committed yet: after a rollback the transaction is still open with
+/// its row, another process still sees only the committed rows, and the
+/// commit then succeeds with the database intact (issue 38, real
+/// programs: locks and a shared mapping of the `-shm` file).
+static SQLITE_WAL: Spec = Spec {
+    program: program!("sqlite_wal.py"),
+    at_ck: &[("state", Is("mine=1,2,3 tx=True others=1,2"))],
+    mutate: &[&[Ask("mutate", Is("mine=1,2,3,4,5 tx=False others=1,2,3,4,5"))]],
+    after: &[Ask("commit", Is("mine=1,2,3 integrity=ok others=1,2,3"))],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2371,6 +2409,9 @@ fn main() {
         ("node_keep_alive_client", declared!(NODE_KEEP_ALIVE_CLIENT)),
         ("redis_with_a_client", declared!(REDIS_WITH_A_CLIENT)),
         ("dont_fork_mapping", declared!(DONT_FORK_MAPPING)),
+        ("file_locks", declared!(FILE_LOCKS)),
+        ("shared_file_mapping", declared!(SHARED_FILE_MAPPING)),
+        ("sqlite_wal", declared!(SQLITE_WAL)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

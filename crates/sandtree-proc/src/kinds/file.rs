@@ -22,7 +22,7 @@ impl Kind for PathFile {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
             FdKind::LayerFile { path, locked: true, .. } => {
-                Err(format!("a lock is held on {path} (file locks are not captured yet)"))
+                Err(format!("a lease or delegation is held on {path} (not captured; flock, POSIX and OFD locks are)"))
             }
             FdKind::KeptFile { path, unread, master_captured: true } if *unread > 0 => Err(match *unread {
                 u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
@@ -39,8 +39,20 @@ impl Kind for PathFile {
         match &f.kind {
             FdKind::OtherMount { .. } => Some("a file of another mount"),
             FdKind::LayerFile { locked: true, .. } => Some("a file of the tree is locked"),
+            FdKind::LayerFile { locks, .. } if !locks.is_empty() => Some("a file of the tree is locked"),
             _ => None,
         }
+    }
+
+    /// The locks it held, taken again on the file reopened in the
+    /// rolled-back tree (nothing else holds them there: the killed
+    /// originals' were on the replaced tree's files).
+    fn configure(&self, f: &FdImage, b: &mut Batch) -> bool {
+        let FdKind::LayerFile { locks, .. } = &f.kind else { return false };
+        for l in locks {
+            lock_again(b, f.fd, l);
+        }
+        !locks.is_empty()
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch, handed: &Handed) -> bool {
@@ -167,4 +179,30 @@ pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid
             }
         }
     }
+}
+
+/// Lock `l` taken again through descriptor `fd` (added to `b`): `flock`,
+/// or `fcntl` with a `struct flock` (`l_type`, `l_whence` = `SEEK_SET`,
+/// `l_start`, `l_len`: 0 to the end and beyond; 32 bytes on x86-64).
+/// Without waiting: a lock someone else holds fails the restore.
+fn lock_again(b: &mut Batch, fd: i32, l: &crate::model::FileLock) {
+    use crate::model::LockKind;
+    if l.kind == LockKind::Flock {
+        let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+        b.call("flock", libc::SYS_flock, &[Arg::Val(fd as u64), Arg::Val(op as u64)]);
+        return;
+    }
+    let ty = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
+    let len = l.end.map_or(0, |end| end.saturating_sub(l.start) + 1);
+    let mut raw = Vec::with_capacity(32);
+    raw.extend_from_slice(&ty.to_ne_bytes());
+    raw.extend_from_slice(&(libc::SEEK_SET as i16).to_ne_bytes());
+    raw.extend_from_slice(&[0u8; 4]);
+    raw.extend_from_slice(&l.start.to_ne_bytes());
+    raw.extend_from_slice(&len.to_ne_bytes());
+    raw.extend_from_slice(&[0u8; 8]);
+    let cmd = if l.kind == LockKind::Ofd { libc::F_OFD_SETLK } else { libc::F_SETLK };
+    let what = if l.kind == LockKind::Ofd { "fcntl(F_OFD_SETLK)" } else { "fcntl(F_SETLK)" };
+    let flock = b.data(&raw);
+    b.call(what, libc::SYS_fcntl, &[Arg::Val(fd as u64), Arg::Val(cmd as u64), flock]);
 }

@@ -95,14 +95,62 @@ pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
             ),
         ));
     }
-    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw")) {
+    // A writable shared mapping of a file of the tree is mapped again at a
+    // restore (`remap_shared_files`); of anything else, the template would
+    // share it with the running process.
+    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw") && !remapped(m)) {
         let what = m.path.clone().unwrap_or_else(|| "anonymous memory".into());
         return Err(no(
             format!("mapping {:x}-{:x}", m.start, m.end),
-            format!("writable shared mapping of {what}: a template would share it with the running process"),
+            format!(
+                "writable shared mapping of {what}: a template would share it with the running process (shared anonymous memory, SysV and POSIX shared memory are not captured yet)"
+            ),
         ));
     }
     Ok(())
+}
+
+/// A writable shared mapping that a restore maps again by path: of a file
+/// of the tree (the layers: not deleted, not under `/dev`, `/proc` or
+/// `/sys`, whose mounts a rollback keeps or makes anew; mounts of the
+/// sandbox's own are refused as a whole).
+fn remapped(m: &MapImage) -> bool {
+    let Some(path) = m.path.as_deref() else { return false };
+    m.shared()
+        && m.perms.starts_with("rw")
+        && m.inode != 0
+        && path.starts_with('/')
+        && !path.ends_with(" (deleted)")
+        && !["/dev/", "/proc/", "/sys/", "/memfd:", "/SYSV"].iter().any(|p| path.starts_with(p))
+}
+
+/// At a restore (added to `b`): each writable shared mapping of a file of
+/// the tree mapped again, at its address, onto the file in the
+/// rolled-back tree (which has the bytes the mapping had at the
+/// checkpoint: the checkpoint's snapshot wrote them out). The template's
+/// mapping, which the restored process inherited, is of the replaced
+/// tree's file, which the killed original went on writing.
+pub(crate) fn remap_shared_files(b: &mut crate::batch::Batch, image: &ProcessImage) {
+    use crate::batch::Arg;
+    for m in image.maps.iter().filter(|m| remapped(m)) {
+        let path = b.path(m.path.as_deref().unwrap_or_default());
+        let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY;
+        let fd = b.call("open (a file mapped shared)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
+        let mut prot = libc::PROT_READ | libc::PROT_WRITE;
+        if m.perms.as_bytes().get(2) == Some(&b'x') {
+            prot |= libc::PROT_EXEC;
+        }
+        let args = [
+            Arg::Val(m.start),
+            Arg::Val(m.end - m.start),
+            Arg::Val(prot as u64),
+            Arg::Val((libc::MAP_SHARED | libc::MAP_FIXED) as u64),
+            fd,
+            Arg::Val(m.offset),
+        ];
+        b.call("mmap (a file mapped shared, again)", libc::SYS_mmap, &args);
+        b.call("close", libc::SYS_close, &[fd]);
+    }
 }
 
 /// At a restore: the mappings marked `MADV_DONTFORK` at the checkpoint
