@@ -479,7 +479,7 @@ fn fdinfo_of_a_regular_file_gives_its_position_flags_and_mount() {
     assert_eq!(info.pos, 5);
     assert_eq!(info.flags, (libc::O_RDWR | O_LARGEFILE | libc::O_CLOEXEC) as u32);
     assert_eq!(info.mnt_id, 27);
-    assert!(!info.locked());
+    assert_eq!(info.locks(), (Vec::new(), false));
     assert_eq!(parse_fd_link(fd_link("file").1), Link::Path);
 }
 
@@ -522,11 +522,32 @@ fn fdinfo_of_a_flocked_file_shows_a_lock() {
     let info = parse_fdinfo(text);
 
     // Assert
-    assert!(info.locked());
+    let flock = crate::model::FileLock { kind: crate::model::LockKind::Flock, write: true, start: 0, end: None };
+    assert_eq!(info.locks(), (vec![flock], false));
     assert_eq!((info.pos, info.mnt_id), (0, 27));
     for (name, text) in FDINFO.iter().filter(|(n, _)| *n != "file-locked") {
-        assert!(!parse_fdinfo(text.to_string()).locked(), "{name}");
+        assert_eq!(parse_fdinfo(text.to_string()).locks(), (Vec::new(), false), "{name}");
     }
+}
+
+#[test]
+fn lock_lines_give_each_lock_held_and_say_when_one_cannot_be_taken_again() {
+    use crate::model::{FileLock, LockKind};
+    let text = "pos:\t0\nflags:\t02\nmnt_id:\t27\n\
+lock:\t1: POSIX  ADVISORY  READ 29733 fe:00:10111187 1073741826 1073742335\n\
+lock:\t2: OFDLCK ADVISORY  WRITE -1 fe:00:10111200 120 120\n\
+lock:\t3: -> POSIX  ADVISORY  WRITE 29800 fe:00:10111200 120 120\n";
+    let (locks, other) = parse_locks(text);
+    assert_eq!(
+        locks,
+        vec![
+            FileLock { kind: LockKind::Posix, write: false, start: 1073741826, end: Some(1073742335) },
+            FileLock { kind: LockKind::Ofd, write: true, start: 120, end: Some(120) },
+        ]
+    );
+    assert!(!other, "a waiter is not a lock held");
+    let lease = "lock:\t1: LEASE  ACTIVE    WRITE 100 fe:00:1 0 EOF\n";
+    assert_eq!(parse_locks(lease), (Vec::new(), true));
 }
 
 #[test]
@@ -908,7 +929,7 @@ fn every_parser(text: &str) {
     black_box(parse_status(text.to_string()));
     black_box(parse_tgid(text));
     let info = parse_fdinfo(text.to_string());
-    black_box(info.locked());
+    black_box(info.locks());
     for what in ["eventfd", "timerfd", "eventpoll", "signalfd", "pidfd", "fanotify"] {
         black_box(parse_anon_state(what, text));
     }
