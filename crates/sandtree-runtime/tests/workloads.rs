@@ -14,8 +14,8 @@
 //!
 //! Protocol: the program listens on 127.0.0.1:7000 (listening sockets are
 //! kept by the engine); each connection carries one command line and gets
-//! one report line back, then the program closes it (open inet connections
-//! are refused at checkpoint). Queries are `bash` `/dev/tcp` one-liners run
+//! one report line back, then the program closes it (no query's connection
+//! is open at a checkpoint). Queries are `bash` `/dev/tcp` one-liners run
 //! with `Engine::exec`, each bounded by a timeout.
 //!
 //! `harness = false` for the same reason as `engine.rs`: the zygote must be
