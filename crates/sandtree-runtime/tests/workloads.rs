@@ -902,9 +902,11 @@ static UNREAPED_CHILD_IS_REFUSED: Spec = Spec {
 /// Inet sockets made anew at the restore keep their protocol (UDP-Lite is
 /// not UDP), their options (TCP_NODELAY, SO_KEEPALIVE, TCP_KEEPIDLE,
 /// IP_TTL, IP_TOS, UDP-Lite's checksum coverage) and an address bound with
-/// IP_FREEBIND that no interface has (issue 36, classes 3 and 4).
+/// IP_FREEBIND that no interface has (issue 36, classes 3 and 4). One with
+/// a datagram queued is refused (made anew, it would come back empty).
 static INET_SOCKET_OPTIONS: Spec = Spec {
     program: program!("inet_socket_options.py"),
+    setup: &[Ask("queue", Is("queued")), Refused(None, &["datagrams queued"]), Ask("unqueue", Is("read=q"))],
     at_ck: &[("opts", Is("tcp=6,1,1,77,33,16 lite=136,20,20 free=17,1,10.253.0.7:7003"))],
     mutate: &[&[Ask("change", Is("tcp=6,0,1,99,44,16 lite=136,30,20 free=17,1,10.253.0.7:7003"))]],
     after: &[Ask("reach", Is("tcp=ok lite=ok"))],

@@ -3,9 +3,10 @@
 //! protocol, address and options (a template holding it would keep its
 //! port taken after the original closed it); an unbound one is kept. A TCP
 //! connection is `tcp.rs`'s. Refused: a connection of another protocol
-//! (SCTP, MPTCP), and a TCP listener with connections not accepted yet
-//! (the listener made anew has none: their other ends would come back
-//! without a peer).
+//! (SCTP, MPTCP), a TCP listener with connections not accepted yet (the
+//! listener made anew has none: their other ends would come back without
+//! a peer), and a bound datagram socket with datagrams queued (made anew,
+//! it would come back empty).
 
 use super::{Kind, socket_type};
 use crate::batch::{Arg, Batch};
@@ -19,6 +20,11 @@ impl Kind for Inet {
         match &f.kind {
             FdKind::Socket { family, stream: true, connected: true, .. } => {
                 Err(format!("an open {family} connection of a protocol other than TCP (its state is not captured)"))
+            }
+            // (Made anew at the restore, it would come back empty.)
+            FdKind::Socket { stream: false, queued: true, inet: Some(_), .. } => {
+                Err("a bound datagram socket with datagrams queued (not captured yet: checkpoint once they are read)"
+                    .into())
             }
             FdKind::Socket { listening: true, inet: Some(InetBinding { not_accepted: n @ 1.., .. }), .. } => {
                 Err(format!(

@@ -6,7 +6,8 @@
 # Commands: `opts` reports each socket's protocol, options and address
 # (as getsockopt and getsockname give them); `change` changes the options;
 # `reach` connects to the TCP listener and sends a datagram to the UDP-Lite
-# socket: `tcp=ok lite=ok`.
+# socket: `tcp=ok lite=ok`; `queue` leaves a datagram queued on the
+# UDP-Lite socket (a checkpoint must refuse it), `unqueue` reads it.
 
 IPPROTO_UDPLITE = 136
 UDPLITE_SEND_CSCOV = 10
@@ -74,6 +75,14 @@ def handle(cmd):
         lite.settimeout(2)
         got = lite.recv(16)
         return 'tcp=ok lite=%s' % ('ok' if got == b'x' else repr(got))
+    if cmd == 'queue':
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, IPPROTO_UDPLITE)
+        s.sendto(b'q', ('127.0.0.1', 7002))
+        s.close()
+        return 'queued'
+    if cmd == 'unqueue':
+        lite.settimeout(2)
+        return 'read=%s' % lite.recv(16).decode()
     return 'unknown'
 
 
