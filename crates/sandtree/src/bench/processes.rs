@@ -26,7 +26,9 @@
 //! CPU, ten per sample (each is two ptrace stops, a context switch each
 //! way per stop: the unit of the calls pass 1 injects one at a time),
 //! which tells how fast this machine hands a CPU between two tasks then.
-//! Last, the process-tree workload ([`tree`]): a shell with 49 jobs.
+//! Then the process-tree workload ([`tree`]): a shell with 49 jobs; last,
+//! the connections workload ([`connections`]): an echo server and a
+//! client holding 16 TCP connections to it.
 
 use std::time::{Duration, Instant};
 
@@ -386,3 +388,119 @@ pub async fn tree(engine: &Engine, n: usize, report: &mut Report) -> Result<()> 
 /// The process-tree workload's rows.
 pub const TREE_CK_ROW: &str = "checkpoint, 50-process tree (bash + 49 jobs)";
 pub const TREE_RB_ROW: &str = "rollback in place, 50-process tree (bash + 49 jobs)";
+
+/// The connections workload's server: echoes each line on every
+/// connection (one thread, `selectors`), on port 9200.
+const ECHO_SERVER: &str = r#"
+import selectors, socket
+sel = selectors.DefaultSelector()
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(('127.0.0.1', 9200))
+srv.listen(64)
+sel.register(srv, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        s = key.fileobj
+        if s is srv:
+            c, _ = srv.accept()
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        data = s.recv(4096)
+        if not data:
+            sel.unregister(s)
+            s.close()
+        else:
+            s.sendall(data)
+"#;
+
+/// The connections workload's client: holds `CONNS` connections to the
+/// echo server; asked `step` on port 9201, it makes a round trip on each
+/// and answers how many came back right.
+const ECHO_CLIENT: &str = r#"
+import os, socket, time
+n = int(os.environ['CONNS'])
+for _ in range(200):
+    try:
+        conns = [socket.create_connection(('127.0.0.1', 9200)) for _ in range(n)]
+        break
+    except OSError:
+        time.sleep(0.05)
+ctl = socket.socket()
+ctl.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ctl.bind(('127.0.0.1', 9201))
+ctl.listen(4)
+steps = 0
+while True:
+    c, _ = ctl.accept()
+    c.makefile().readline()
+    steps += 1
+    ok = 0
+    for i, s in enumerate(conns):
+        line = f'{steps} {i}\n'.encode()
+        s.sendall(line)
+        ok += s.recv(64) == line
+    c.sendall(f'{ok}\n'.encode())
+    c.close()
+"#;
+
+/// The connections workload: an echo server and a client holding
+/// [`CONNS`] TCP connections to it (two processes); each step makes a
+/// round trip on every connection and checkpoints; then rollbacks go to
+/// random checkpoints, each followed by a round trip on every connection
+/// (made anew in repair mode: `kinds/tcp.rs`). Rows: checkpoint, rollback
+/// in place, and rollback + that round trip.
+pub async fn connections(engine: &Engine, n: usize, report: &mut Report) -> Result<()> {
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    let py = |code: &str| ExecRequest {
+        cmd: vec!["python3".into(), "-c".into(), code.into()],
+        env: [("CONNS".to_string(), CONNS.to_string())].into_iter().collect(),
+        background: true,
+        ..Default::default()
+    };
+    engine.exec(&sb, py(ECHO_SERVER)).await.map_err(err)?;
+    engine.exec(&sb, py(ECHO_CLIENT)).await.map_err(err)?;
+    wait_for_port(engine, &sb, 9201, "step").await?;
+    let step = || async {
+        let got = bash(engine, &sb, &tcp_request(9201, "step")).await?;
+        match got.trim() == CONNS.to_string() {
+            true => Ok(()),
+            false => Err(anyhow::anyhow!("round trips on {CONNS} connections: {got:?} came back right")),
+        }
+    };
+    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        step().await?;
+        let (id, ms, _) = checkpoint(engine, &sb).await?;
+        ck_ms.push(ms);
+        ids.push(id);
+    }
+    let (mut rb_ms, mut first_ms) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        step().await?;
+        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
+        let t = Instant::now();
+        let r =
+            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
+        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if r.processes_restarted {
+            bail!("rollback restarted the processes: {}", r.note);
+        }
+        step().await?;
+        first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let g = "processes";
+    report.rows.push(Row::new(g, CONNS_CK_ROW, &ck_ms));
+    report.rows.push(Row::new(g, CONNS_RB_ROW, &rb_ms));
+    report.rows.push(Row::new(g, CONNS_FIRST_ROW, &first_ms));
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
+
+/// TCP connections the connections workload's client holds.
+const CONNS: usize = 16;
+/// The connections workload's rows.
+pub const CONNS_CK_ROW: &str = "checkpoint, 16 TCP connections (echo server + client)";
+pub const CONNS_RB_ROW: &str = "rollback in place, 16 TCP connections";
+pub const CONNS_FIRST_ROW: &str = "  rollback + a round trip on each connection";

@@ -297,6 +297,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     settle(engine).await;
     eprint_phase(args, "process tree (bash + 49 jobs)");
     super::processes::tree(engine, n, &mut report).await?;
+    settle(engine).await;
+    eprint_phase(args, "TCP connections (echo server + client, 16 connections)");
+    super::processes::connections(engine, n, &mut report).await?;
     if !args.quick {
         settle(engine).await;
         eprint_phase(args, "processes (REPL 1 GB)");
