@@ -16,6 +16,13 @@ if ! command -v redis-server >/dev/null || ! command -v node >/dev/null; then
     echo "installing redis-server and nodejs"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nodejs >/dev/null
 fi
+# (A Jupyter kernel and its client, from PyPI, for the python3 sandboxes
+# run: the host's /usr/bin/python3.)
+if ! /usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null; then
+    echo "installing ipykernel and jupyter_client for /usr/bin/python3"
+    /usr/bin/python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null; }
+    /usr/bin/python3 -m pip install -q --break-system-packages 'ipykernel==7.4.0' 'jupyter_client==8.10.0'
+fi
 echo "== rustfmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== tests"; cargo test --workspace --locked -- --test-threads=2

@@ -674,7 +674,7 @@ fn fix_up(
     crate::process::threads::restore_registrations(&mut b, image, via_standby);
     crate::process::timers::restore(&mut b, image);
     crate::process::memory::mark_again(&mut b, image);
-    crate::process::memory::remap_shared_files(&mut b, image);
+    crate::process::memory::remap_shared_files(&mut b, image, p.tid);
     p.run_batch(&mut b)?;
     crate::process::threads::restore(p, image, scratch, threads, handed.last_pid.as_mut())?;
     crate::process::signals::requeue(p, image, scratch)?;

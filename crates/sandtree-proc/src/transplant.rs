@@ -268,6 +268,10 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
     c.call("mmap (scratch)", libc::SYS_mmap, &[t.scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
     let ours = maps_of(c.tid)?;
+    // (A file of another overlay of the tree, `/usr`, shows in `maps`
+    // by its path on that mount: `process::memory::mapped_file_in_tree`.)
+    let points = crate::process::memory::overlay_mount_points(c.tid);
+    let in_tree = move |path: &str| crate::process::memory::mapped_file_in_tree(tid, path, &points);
     let mut b = Batch::new(t.scratch, t.scratch_exec);
     for m in &ours {
         if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
@@ -306,7 +310,7 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
         if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
             continue;
         }
-        map_again(&mut b, m).map_err(&unsupported)?;
+        map_again(&mut b, m, &in_tree).map_err(&unsupported)?;
         if b.is_full() {
             c.run_batch(&mut b)?;
         }
@@ -359,7 +363,7 @@ fn prot(m: &MapImage) -> i32 {
 
 /// Add to `b` the calls that make mapping `m` again, empty (its pages are
 /// copied after); what cannot be made so, as a reason.
-fn map_again(b: &mut Batch, m: &MapImage) -> std::result::Result<(), String> {
+fn map_again(b: &mut Batch, m: &MapImage, in_tree: &dyn Fn(&str) -> String) -> std::result::Result<(), String> {
     let (start, len) = (m.start, m.end - m.start);
     let prot = prot(m) as u64;
     let file = m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"));
@@ -392,7 +396,7 @@ fn map_again(b: &mut Batch, m: &MapImage) -> std::result::Result<(), String> {
         Some(path) if file.is_some() => {
             // (A shared mapping of a file shows the file: the same file,
             // opened for writing if the mapping writes.)
-            let p = b.path(path);
+            let p = b.path(&in_tree(path));
             let write = m.shared() && prot & libc::PROT_WRITE as u64 != 0;
             let flags = (if write { libc::O_RDWR } else { libc::O_RDONLY } | libc::O_CLOEXEC) as u64;
             let fd = b.call("open (a mapped file)", libc::SYS_open, &[p, val(flags), val(0)]);

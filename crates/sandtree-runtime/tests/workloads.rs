@@ -1026,6 +1026,24 @@ static SQLITE_WAL: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A Jupyter kernel (ipykernel, a child of its client) and a
+/// jupyter_client connected over its five loopback ZeroMQ channels: after
+/// a rollback the kernel has the checkpoint's variables and function, and
+/// the next cells run (issue 38, real programs; its mappings of
+/// `/usr/local` files, which `maps` names without `/usr`, are found in the
+/// tree again: `process::memory::mapped_file_in_tree`). (One checkpoint:
+/// after two, IPython's history database, SQLite, finds its file's inode
+/// number changed and turns read-only — the open bug of layered
+/// checkpoints that `sqlite_open_database` names.)
+static IPYKERNEL_WITH_A_CLIENT: Spec = Spec {
+    program: program!("ipykernel_with_a_client.py"),
+    checkpoint_once: true,
+    at_ck: &[("state", Is("ok:41_2"))],
+    mutate: &[&[Ask("mutate", Is("ok:")), Ask("state", Is("ok:99_2"))]],
+    after: &[Ask("next", Is("ok:42")), Ask("next", Is("ok:43"))],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2414,6 +2432,7 @@ fn main() {
         ("file_locks", declared!(FILE_LOCKS)),
         ("shared_file_mapping", declared!(SHARED_FILE_MAPPING)),
         ("sqlite_wal", declared!(SQLITE_WAL)),
+        ("ipykernel_with_a_client", declared!(IPYKERNEL_WITH_A_CLIENT)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

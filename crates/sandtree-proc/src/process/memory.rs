@@ -124,16 +124,18 @@ fn remapped(m: &MapImage) -> bool {
         && !["/dev/", "/proc/", "/sys/", "/memfd:", "/SYSV"].iter().any(|p| path.starts_with(p))
 }
 
-/// At a restore (added to `b`): each writable shared mapping of a file of
-/// the tree mapped again, at its address, onto the file in the
-/// rolled-back tree (which has the bytes the mapping had at the
+/// At a restore of process `host` (added to `b`): each writable shared
+/// mapping of a file of the tree mapped again, at its address, onto the
+/// file in the rolled-back tree ([`mapped_file_in_tree`]) (which has the bytes the mapping had at the
 /// checkpoint: the checkpoint's snapshot wrote them out). The template's
 /// mapping, which the restored process inherited, is of the replaced
 /// tree's file, which the killed original went on writing.
-pub(crate) fn remap_shared_files(b: &mut crate::batch::Batch, image: &ProcessImage) {
+pub(crate) fn remap_shared_files(b: &mut crate::batch::Batch, image: &ProcessImage, host: HostPid) {
     use crate::batch::Arg;
+    let mut points = None;
     for m in image.maps.iter().filter(|m| remapped(m)) {
-        let path = b.path(m.path.as_deref().unwrap_or_default());
+        let points = points.get_or_insert_with(|| overlay_mount_points(host));
+        let path = b.path(&mapped_file_in_tree(host, m.path.as_deref().unwrap_or_default(), points));
         let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY;
         let fd = b.call("open (a file mapped shared)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
         let mut prot = libc::PROT_READ | libc::PROT_WRITE;
@@ -163,4 +165,33 @@ pub(crate) fn mark_again(b: &mut crate::batch::Batch, image: &crate::model::Proc
         let args = [Arg::Val(m.start), Arg::Val(m.end - m.start), Arg::Val(libc::MADV_DONTFORK as u64)];
         b.call("madvise(MADV_DONTFORK)", libc::SYS_madvise, &args);
     }
+}
+
+/// The mount points of the overlays of `host`'s tree other than its root
+/// (`/usr`: the sandbox's layers of it), from its `mounts`.
+pub(crate) fn overlay_mount_points(host: HostPid) -> Vec<String> {
+    let mounts = std::fs::read_to_string(format!("/proc/{host}/mounts")).unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (_, point, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "overlay" && point != "/").then(|| point.to_string())
+        })
+        .collect()
+}
+
+/// The path in `host`'s tree of a file that `maps` names `path`. A file
+/// of an overlay mounted below the root (`points`: `/usr`) shows there by
+/// its path on that overlay's layer, without the mount point (the kernel
+/// maps the layer's own file): `/local/lib/x.so` for `/usr/local/lib/x.so`
+/// (`/lib/...` and `/bin/...` still resolve, through the merged-`/usr`
+/// symlinks). The path as it is when it names a file of the tree; else the
+/// first mount point that makes it one; else as it is.
+pub(crate) fn mapped_file_in_tree(host: HostPid, path: &str, points: &[String]) -> String {
+    let exists = |p: &str| std::fs::symlink_metadata(format!("/proc/{host}/root{p}")).is_ok();
+    if exists(path) {
+        return path.to_string();
+    }
+    points.iter().map(|point| format!("{point}{path}")).find(|p| exists(p)).unwrap_or_else(|| path.to_string())
 }
