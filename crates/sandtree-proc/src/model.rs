@@ -96,6 +96,9 @@ pub struct ProcessImage {
     /// `struct itimerval`s (a fork does not inherit them).
     #[serde(default)]
     pub itimers: Vec<(i32, Vec<u8>)>,
+    /// POSIX timers (`timer_create`; a fork does not inherit them either).
+    #[serde(default)]
+    pub posix_timers: Vec<PosixTimer>,
     /// Alternate signal stack (raw `stack_t`), if enabled.
     #[serde(default)]
     pub altstack: Option<Vec<u8>>,
@@ -616,6 +619,28 @@ pub struct InetBinding {
     /// other ends would come back without a peer: refused).
     #[serde(default)]
     pub not_accepted: u32,
+}
+
+/// A POSIX timer (`timer_create`), as `/proc/<pid>/timers` and
+/// `timer_gettime` show it (`process/timers.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixTimer {
+    /// Its id (`timer_t`), which the restore asks for again.
+    pub id: i32,
+    /// Its clock (`CLOCK_*`).
+    pub clock: i32,
+    /// `sigev_notify`: `SIGEV_SIGNAL`, `SIGEV_NONE`, `SIGEV_THREAD`, with
+    /// `SIGEV_THREAD_ID` when it signals one thread.
+    pub notify: i32,
+    /// `sigev_signo`.
+    pub signo: i32,
+    /// `sigev_value` (the pointer or integer its signal carries).
+    pub value: u64,
+    /// With `SIGEV_THREAD_ID`: the thread, in the sandbox.
+    pub thread: Option<SandboxPid>,
+    /// Its setting, relative (raw `struct itimerspec`: interval, value);
+    /// all zero when disarmed.
+    pub setting: Vec<u8>,
 }
 
 /// A lock held through an open file, as its `fdinfo` shows it.

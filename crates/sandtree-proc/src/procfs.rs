@@ -1215,6 +1215,7 @@ pub fn capture(
         maps,
         ghosts: Vec::new(),
         itimers: Vec::new(),
+        posix_timers: Vec::new(),
         altstack: None,
         child_subreaper: false,
         rseq: None,
@@ -1262,6 +1263,57 @@ fn parse_tgid(status: &str) -> Option<i32> {
 /// Whether `pid` has POSIX timers (`timer_create`; `/proc/pid/timers`).
 pub fn has_posix_timers(pid: HostPid) -> bool {
     read_text(format!("/proc/{pid}/timers")).is_ok_and(|t| parse_has_posix_timers(&t))
+}
+
+/// A POSIX timer as `/proc/<pid>/timers` lists it: (id, signal, value,
+/// `sigev_notify` with `SIGEV_THREAD_ID`, the pid or thread id it names
+/// (host: the daemon's `/proc`), clock).
+pub type ListedTimer = (i32, i32, u64, i32, i32, i32);
+
+/// The POSIX timers of `pid`.
+pub fn posix_timers(pid: HostPid) -> io::Result<Vec<ListedTimer>> {
+    parse_posix_timers(&read_text(format!("/proc/{pid}/timers"))?)
+}
+
+/// [`posix_timers`] of a `/proc/<pid>/timers` text: per timer, `ID: <id>`,
+/// `signal: <signo>/<value, hex>`, `notify: <signal|none|thread>/<pid|tid>.<n>`,
+/// `ClockID: <clock>`.
+fn parse_posix_timers(text: &str) -> io::Result<Vec<ListedTimer>> {
+    let bad = |what: &str| io::Error::other(format!("/proc timers: bad {what}"));
+    let mut out: Vec<ListedTimer> = Vec::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        let v = v.trim();
+        match k {
+            "ID" => out.push((v.parse().map_err(|_| bad("ID"))?, 0, 0, 0, 0, 0)),
+            _ if out.is_empty() => return Err(bad("order")),
+            "signal" => {
+                let (signo, value) = v.split_once('/').ok_or_else(|| bad("signal"))?;
+                let last = out.last_mut().ok_or_else(|| bad("signal"))?;
+                last.1 = signo.parse().map_err(|_| bad("signo"))?;
+                last.2 = u64::from_str_radix(value, 16).map_err(|_| bad("value"))?;
+            }
+            "notify" => {
+                let (kind, who) = v.split_once('/').ok_or_else(|| bad("notify"))?;
+                let (scope, n) = who.split_once('.').ok_or_else(|| bad("notify"))?;
+                let mut notify = match kind {
+                    "signal" => libc::SIGEV_SIGNAL,
+                    "none" => libc::SIGEV_NONE,
+                    "thread" => libc::SIGEV_THREAD,
+                    _ => return Err(bad("notify kind")),
+                };
+                if scope == "tid" {
+                    notify |= libc::SIGEV_THREAD_ID;
+                }
+                let last = out.last_mut().ok_or_else(|| bad("notify"))?;
+                last.3 = notify;
+                last.4 = n.parse().map_err(|_| bad("notify pid"))?;
+            }
+            "ClockID" => out.last_mut().ok_or_else(|| bad("ClockID"))?.5 = v.parse().map_err(|_| bad("clock"))?,
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Whether a `/proc/<pid>/timers` text lists a timer.

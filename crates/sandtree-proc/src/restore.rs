@@ -677,6 +677,10 @@ fn fix_up(
     crate::process::memory::remap_shared_files(&mut b, image, p.tid);
     p.run_batch(&mut b)?;
     crate::process::threads::restore(p, image, scratch, threads, handed.last_pid.as_mut())?;
+    // (After the threads: a timer may signal one.)
+    let mut b = Batch::new(scratch, exec);
+    crate::process::timers::restore_posix(&mut b, image);
+    p.run_batch(&mut b)?;
     crate::process::signals::requeue(p, image, scratch)?;
     // (Its scratch mapping goes once it made its children: `restore`.)
     Ok(())

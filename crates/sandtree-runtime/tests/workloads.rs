@@ -1044,6 +1044,22 @@ static IPYKERNEL_WITH_A_CLIENT: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// POSIX timers (timer_create) come back with their ids, clocks, signals
+/// and values, intervals and whether they are armed, one signalling a
+/// thread; the periodic one fires again (issue 38, item 5).
+static POSIX_TIMERS: Spec = Spec {
+    program: program!("posix_timers.py"),
+    at_ck: &[(
+        "state",
+        Is(
+            "timers=0,10/0x1234,signal/pid,1;1,0/0x0,none/pid,0;2,12/0x0,signal/pid,1;3,12/0x0,signal/tid,1 beat=0.050,armed quiet=7.000,armed idle=0.000,off thread=0.000,armed",
+        ),
+    )],
+    mutate: &[&[Ask("mutate", Is("mutated"))]],
+    after: &[Ask("fires", Is("fires=yes"))],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2433,6 +2449,7 @@ fn main() {
         ("shared_file_mapping", declared!(SHARED_FILE_MAPPING)),
         ("sqlite_wal", declared!(SQLITE_WAL)),
         ("ipykernel_with_a_client", declared!(IPYKERNEL_WITH_A_CLIENT)),
+        ("posix_timers", declared!(POSIX_TIMERS)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

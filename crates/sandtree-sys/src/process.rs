@@ -529,3 +529,15 @@ pub fn shared_file_maps(pid: i32) -> io::Result<Option<Vec<String>>> {
     let known = query_maps(pid, flags, true, |_, name| out.push(name.to_string()))?;
     Ok(known.then_some(out))
 }
+
+/// `PR_TIMER_CREATE_RESTORE_IDS` (Linux 6.17): with it on, `timer_create`
+/// takes the timer id the caller asks for.
+pub const PR_TIMER_CREATE_RESTORE_IDS: i32 = 77;
+
+/// Whether this kernel lets a process choose its POSIX timers' ids
+/// ([`PR_TIMER_CREATE_RESTORE_IDS`], asked with its `GET` operation).
+pub fn timer_ids_restorable() -> bool {
+    // SAFETY: `prctl` with an integer option and integer arguments reads
+    // and writes no memory of ours (`GET` returns the mode).
+    unsafe { libc::prctl(PR_TIMER_CREATE_RESTORE_IDS, 2, 0, 0, 0) >= 0 }
+}

@@ -115,6 +115,8 @@ pub(crate) struct Cloned {
     ghosts: Vec<(i32, Vec<u8>)>,
     /// Its armed interval timers.
     itimers: Vec<(i32, Vec<u8>)>,
+    /// Its POSIX timers.
+    posix_timers: Vec<crate::model::PosixTimer>,
     /// Its alternate signal stack (`stack_t`), if enabled.
     altstack: Option<Vec<u8>>,
     /// It is a child subreaper.
@@ -297,7 +299,11 @@ fn track_for(st: &mut Parts<'_>, s: &StoppedProcess) -> Option<Track> {
         t.standby_taken = true;
         // (A process that ran no code since its previous template: the
         // standby of the one before is not it.)
-        let quiet = (extra.is_none() && t.image.itimers.is_empty() && !t.image.child_subreaper && t.image.threads == 1)
+        let quiet = (extra.is_none()
+            && t.image.itimers.is_empty()
+            && t.image.posix_timers.is_empty()
+            && !t.image.child_subreaper
+            && t.image.threads == 1)
             .then(|| crate::incremental::Quiet { regs: t.image.regs, altstack: t.image.altstack.clone() });
         if extra.is_some() {
             tracing::debug!(pid = s.ns_pid.raw(), "from the standby of the template before the previous one");
@@ -927,14 +933,21 @@ fn clone_of(
     let blocked = ptrace::sigmask(host.raw()).map_err(Error::ptrace(host, "GETSIGMASK"))?;
     let insn = inject::find_syscall_insn(host)?;
     let affinity = inject::affinity(host);
-    if procfs::has_posix_timers(host) {
-        return Err(Error::unsupported(
-            s.ns_pid,
-            &comm_now(),
-            "timers",
-            "POSIX timers (timer_create) are not captured yet",
-        ));
-    }
+    // POSIX timers, listed now (read by injected calls in `before`).
+    let listed_timers = match procfs::has_posix_timers(host) {
+        false => Vec::new(),
+        true if !sandtree_sys::process::timer_ids_restorable() => {
+            return Err(Error::unsupported(
+                s.ns_pid,
+                &comm_now(),
+                "timers",
+                "POSIX timers (timer_create), whose ids this kernel cannot give back (PR_TIMER_CREATE_RESTORE_IDS: Linux 6.17)",
+            ));
+        }
+        true => procfs::posix_timers(host).map_err(|e| Error::Proc { pid: host, what: "timers", source: e })?,
+    };
+    let timer_threads: Vec<(HostPid, SandboxPid)> =
+        std::iter::once((host, s.ns_pid)).chain(s.threads.iter().map(|&(tid, ns, _)| (tid, ns))).collect();
     // The template inherits the pin (it never runs but to serve us); the
     // original gets its own affinity back before it runs.
     inject::pin_to_tracer(host);
@@ -990,13 +1003,18 @@ fn clone_of(
                 true => (Vec::new(), quiet_altstack.clone().flatten(), false),
                 false => crate::process::timers::capture(s, orig)?,
             };
+            let posix_timers = match listed_timers.is_empty() {
+                true => Vec::new(),
+                false => crate::process::timers::capture_posix(s, orig, &listed_timers, &timer_threads)?,
+            };
             Ok(crate::incremental::StoppedReads {
                 caught: status.signals.caught,
                 status: text,
-                rest: (status, queued, itimers),
+                rest: (status, queued, itimers, posix_timers),
             })
         };
-        let (patched, fds, (status, queued, (mut itimers, altstack, child_subreaper))) = match incremental {
+        let (patched, fds, (status, queued, (mut itimers, altstack, child_subreaper), posix_timers)) = match incremental
+        {
             Some((tracking, base, copier)) => {
                 let (patched, fds, pre) = crate::incremental::patch(
                     s,
@@ -1187,6 +1205,7 @@ fn clone_of(
             sockets,
             ghosts,
             itimers,
+            posix_timers,
             altstack,
             child_subreaper,
             rseq,
@@ -1305,6 +1324,7 @@ fn set_up(c: Cloned) -> Result<Template> {
         m.dont_fork |= c.dont_fork.iter().any(|&(start, end)| m.start >= start && m.end <= end);
     }
     image.itimers = c.itimers;
+    image.posix_timers = c.posix_timers;
     image.altstack = c.altstack;
     image.child_subreaper = c.child_subreaper;
     image.exit_signal = c.exit_signal;

@@ -1189,3 +1189,20 @@ VmFlags: rd wr sh mr mw me ms dc
         ]
     );
 }
+
+#[test]
+fn posix_timers_are_listed_with_their_signal_value_notification_and_clock() {
+    let text = "ID: 8\nsignal: 10/0000000000001234\nnotify: signal/pid.11834\nClockID: 1\n\
+ID: 7\nsignal: 12/0000000000000000\nnotify: signal/tid.11835\nClockID: 0\n\
+ID: 2\nsignal: 0/0000000000000000\nnotify: none/pid.11834\nClockID: 1\n";
+    assert_eq!(
+        parse_posix_timers(text).expect("parsed"),
+        vec![
+            (8, 10, 0x1234, libc::SIGEV_SIGNAL, 11834, 1),
+            (7, 12, 0, libc::SIGEV_SIGNAL | libc::SIGEV_THREAD_ID, 11835, 0),
+            (2, 0, 0, libc::SIGEV_NONE, 11834, 1),
+        ]
+    );
+    assert!(parse_posix_timers("signal: 10/0\n").is_err(), "a field before any ID");
+    assert!(parse_posix_timers("ID: 1\nnotify: weird/pid.3\n").is_err());
+}
