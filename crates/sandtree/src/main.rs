@@ -63,11 +63,33 @@ fn main() -> ExitCode {
 }
 
 fn client(global: GlobalArgs, command: Command) -> anyhow::Result<i32> {
+    quiet_on_closed_stdout();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let code = rt.block_on(cli::run(global, command));
     // stdin readers (interactive shell) may still block a worker: don't wait for them.
     rt.shutdown_background();
     code
+}
+
+/// A client whose reader went away (`sandtree ls | head -1`) ends as a
+/// shell command would, silently with 141 (128 + SIGPIPE), rather than
+/// panicking: Rust ignores SIGPIPE, so `println!` to a closed pipe panics.
+/// (SIGPIPE itself stays ignored: a daemon gone mid-request is an error
+/// the client reports.)
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 #[cfg(test)]
