@@ -163,6 +163,10 @@ pub struct ThreadImage {
     pub altstack: Option<Vec<u8>>,
     /// Its name (`/proc/<pid>/task/<tid>/comm`).
     pub comm: String,
+    /// Signals pending for it alone, with their `siginfo_t`s (queued
+    /// again for it at the restore).
+    #[serde(default)]
+    pub queued: Vec<QueuedSignal>,
 }
 
 /// Signal masks from `/proc/pid/status`.

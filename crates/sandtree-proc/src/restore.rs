@@ -681,7 +681,7 @@ fn fix_up(
     let mut b = Batch::new(scratch, exec);
     crate::process::timers::restore_posix(&mut b, image);
     p.run_batch(&mut b)?;
-    crate::process::signals::requeue(p, image, scratch)?;
+    crate::process::signals::requeue(p, image, scratch, threads)?;
     // (Its scratch mapping goes once it made its children: `restore`.)
     Ok(())
 }

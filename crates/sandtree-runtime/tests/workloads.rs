@@ -1060,6 +1060,18 @@ static POSIX_TIMERS: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Signals pending for one thread alone (pthread_kill while it blocks
+/// them) come back pending for that thread, with their siginfo (issue 38,
+/// item 8).
+static SIGNAL_PENDING_FOR_A_THREAD: Spec = Spec {
+    program: program!("signal_pending_for_a_thread.py"),
+    at_ck: &[("state", Is("thread=0000000000000a00 process=0000000000000000"))],
+    // (After a round's `take`, there is nothing left to take.)
+    mutate: &[&[Ask("mutate", Like(|a| a == "took=10/0,12/0" || a == "took=none"))]],
+    after: &[Ask("take", Is("took=10/0,12/0"))],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2450,6 +2462,7 @@ fn main() {
         ("sqlite_wal", declared!(SQLITE_WAL)),
         ("ipykernel_with_a_client", declared!(IPYKERNEL_WITH_A_CLIENT)),
         ("posix_timers", declared!(POSIX_TIMERS)),
+        ("signal_pending_for_a_thread", declared!(SIGNAL_PENDING_FOR_A_THREAD)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

@@ -53,7 +53,25 @@ pub(crate) fn restore_altstack(b: &mut Batch, image: &ProcessImage, (via_standby
 /// checkpoint, queued again with their siginfo, to the thread or the
 /// process as they were (a process may queue any siginfo to itself), one
 /// call at a time.
-pub(crate) fn requeue(p: &mut Tracee, image: &ProcessImage, scratch: u64) -> Result<()> {
+pub(crate) fn requeue(
+    p: &mut Tracee,
+    image: &ProcessImage,
+    scratch: u64,
+    threads: &mut [(Tracee, ptrace::Regs)],
+) -> Result<()> {
+    // Each other thread's own, queued by that thread itself (made again by
+    // now, in the image's order): the kernel lets only the target thread
+    // queue a siginfo that says `tgkill` (`SI_TKILL`) or the kernel sent it.
+    for (t, (tracee, _)) in image.other_threads.iter().zip(threads.iter_mut()) {
+        for q in &t.queued {
+            let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
+            ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo)
+                .map_err(Error::ptrace(p.tid, "write siginfo"))?;
+            let (me, thread) = (image.pid.raw() as u64, t.tid.raw() as u64);
+            let args = [me, thread, sig, scratch + 1024];
+            tracee.call("rt_tgsigqueueinfo (a thread's)", libc::SYS_rt_tgsigqueueinfo, &args)?;
+        }
+    }
     for q in &image.queued_signals {
         let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
         ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(Error::ptrace(p.tid, "write siginfo"))?;

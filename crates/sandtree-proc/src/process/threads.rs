@@ -43,14 +43,13 @@ pub(crate) fn capture(
             ),
         ));
     }
-    if !ptrace::pending_siginfo(tid.raw(), false).map_err(Error::ptrace(tid, "PEEKSIGINFO"))?.is_empty() {
-        return Err(Error::unsupported(
-            s.ns_pid,
-            &comm,
-            "threads",
-            format!("a signal is pending for thread {ns_tid} alone (not captured yet)"),
-        ));
-    }
+    // Signals pending for it alone (a fork's thread has none: queued again
+    // at the restore, `signals::requeue`).
+    let queued = ptrace::pending_siginfo(tid.raw(), false)
+        .map_err(Error::ptrace(tid, "PEEKSIGINFO"))?
+        .into_iter()
+        .map(|info| crate::model::QueuedSignal { shared: false, siginfo: info.to_vec() })
+        .collect();
     let mut image_regs = regs;
     restart_block_lost(&mut image_regs);
     let xstate = ptrace::xstate(tid.raw()).map_err(Error::ptrace(tid, "GETREGSET (xstate)"))?;
@@ -87,6 +86,7 @@ pub(crate) fn capture(
         clear_child_tid: u64::from_ne_bytes(addr),
         altstack: (flags & libc::SS_DISABLE == 0).then_some(ss),
         comm,
+        queued,
     })
 }
 
