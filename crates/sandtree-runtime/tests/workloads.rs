@@ -916,8 +916,9 @@ static INET_SOCKET_OPTIONS: Spec = Spec {
 /// TCP connections with both ends in the sandbox come back exactly:
 /// addresses, unread bytes both ways, options, an IPv6 one, and one whose
 /// send queue was full (bytes unacknowledged and never sent) carries every
-/// byte once, in order. A connection not accepted yet, and one half
-/// closed, are refused by name (issue 38, item 6).
+/// byte once, in order; one the server closed (CLOSE_WAIT) gives its bytes,
+/// its end, and a reset to a write. A connection not accepted yet, and one
+/// half closed by its own side, are refused by name (issue 38, item 6).
 static TCP_CONNECTIONS: Spec = Spec {
     program: program!("tcp_connections.py"),
     setup: &[
@@ -943,10 +944,11 @@ static TCP_CONNECTIONS: Spec = Spec {
                 && a.contains("v6=")
                 && a.contains(",3,six ")
                 && a.contains(",0,0")
+                && a.contains(",3,bye")
         }),
     )],
     mutate: &[&[Ask("mutate", Is("mutated"))]],
-    after: &[Ask("drain", Like(|a| a.starts_with("small=ok v6=ok idle=ok big=ok:") && !a.ends_with(":0")))],
+    after: &[Ask("drain", Like(|a| a.starts_with("small=ok v6=ok idle=ok closed=ok big=ok:") && !a.ends_with(":0")))],
     ..Spec::DEFAULT
 };
 

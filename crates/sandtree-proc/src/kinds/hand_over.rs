@@ -58,6 +58,9 @@ pub(crate) struct Handed {
     /// is back (`tcp::finish`): (inode, `SO_REUSEADDR`, the bytes never
     /// sent, which it sends then).
     pub repaired: Vec<(u64, bool, Vec<u8>)>,
+    /// The peers made anew of TCP connections their peers had closed
+    /// (`tcp.rs`), closed once every process is back.
+    pub closing_peers: Vec<OwnedFd>,
     /// Processes cloned ahead of their turn, to connect through a listener
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
@@ -177,6 +180,7 @@ impl Handed {
             listeners: HashMap::new(),
             binders,
             repaired: Vec::new(),
+            closing_peers: Vec::new(),
             cloned_early: HashMap::new(),
             last_pid: None,
         }

@@ -43,6 +43,17 @@
 //! has received, so nothing is sent twice for long), gets its
 //! `SO_REUSEADDR` back, and sends the bytes it had not sent yet.
 //!
+//! **Closed by its peer** (`CLOSE_WAIT`: the server closed an idle
+//! keep-alive connection, the client has not noticed yet): repair mode
+//! cannot read it, but nothing of its sequence numbers shows to the
+//! process. Its unread bytes are peeked (and nothing may be written and
+//! not acknowledged); the restore makes it with made-up sequence numbers
+//! and makes its peer anew, in the daemon, in the sandbox's network
+//! namespace, which, once every process is back, closes its side and is
+//! dropped: the process reads the bytes, then the end, and a write gets
+//! the reset an orphan answers, as before. Its orphaned peer of the
+//! checkpoint is aborted with the rest.
+//!
 //! A restored connection's congestion state starts afresh, and its buffer
 //! sizes are set (as at the checkpoint) only where they differ from a new
 //! connection's, which then stops their autotuning.
@@ -87,6 +98,14 @@ impl Kind for Tcp {
             source: e,
         })?;
         set_up(&copy, c).map_err(|e| Error::Proc { pid, what: "a TCP connection made anew", source: e })?;
+        if c.state == CLOSE_WAIT {
+            let peer = peer_of(pid, c).map_err(|e| Error::Proc {
+                pid,
+                what: "the peer of a TCP connection closed by it",
+                source: e,
+            })?;
+            cx.handed.closing_peers.push(peer);
+        }
         place(p, new, f.fd, f.flags)?;
         cx.placed.push((key, f.fd));
         cx.handed.ends.insert(key, copy);
@@ -141,6 +160,12 @@ fn capture_one(sock: &OwnedFd) -> TcpConnection {
         }
     };
     c.state = info.state;
+    if info.state == CLOSE_WAIT {
+        if let Err(e) = read_closed_by_peer(sock, &mut c, info) {
+            c.refused = Some(format!("a TCP connection closed by its peer (CLOSE_WAIT) {e}"));
+        }
+        return c;
+    }
     if info.state != tcp_repair::ESTABLISHED {
         c.refused = Some(format!(
             "a TCP connection in state {} (only established connections are captured)",
@@ -152,6 +177,20 @@ fn capture_one(sock: &OwnedFd) -> TcpConnection {
         c.refused = Some(format!("a TCP connection whose state cannot be read in repair mode: {e}"));
     }
     c
+}
+
+/// The options of connection `sock` a new socket gets again (see
+/// `procfs::INET_OPTIONS`).
+fn own_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
+    crate::procfs::INET_OPTIONS
+        .iter()
+        .filter(|o| !crate::procfs::MULTICAST.contains(o) && o.0 != libc::IPPROTO_UDPLITE)
+        // (A listener's alone: refused on a connection.)
+        .filter(|&&(level, name)| {
+            !(level == libc::IPPROTO_TCP && matches!(name, libc::TCP_DEFER_ACCEPT | libc::TCP_FASTOPEN))
+        })
+        .filter_map(|&(level, name)| Some((level, name, sandtree_sys::sockopt::get_raw(sock, level, name, 16).ok()?)))
+        .collect()
 }
 
 /// What [`capture_one`] reads of established socket `sock`, repair mode
@@ -168,15 +207,7 @@ fn read_in_repair(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info)
     c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
     c.agreed = info.options;
     c.wscale = info.wscale;
-    c.options = crate::procfs::INET_OPTIONS
-        .iter()
-        .filter(|o| !crate::procfs::MULTICAST.contains(o) && o.0 != libc::IPPROTO_UDPLITE)
-        // (A listener's alone: refused on a connection.)
-        .filter(|&&(level, name)| {
-            !(level == libc::IPPROTO_TCP && matches!(name, libc::TCP_DEFER_ACCEPT | libc::TCP_FASTOPEN))
-        })
-        .filter_map(|&(level, name)| Some((level, name, get_raw(sock, level, name, 16).ok()?)))
-        .collect();
+    c.options = own_options(sock);
     let unread = rustix::io::ioctl_fionread(sock)? as usize;
     let unacked = tcp_repair::not_acked(sock)? as usize;
     c.not_sent = tcp_repair::not_sent(sock)?;
@@ -213,6 +244,56 @@ fn read_in_repair(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info)
         sandtree_sys::sockopt::set_raw(sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_ne_bytes())?;
     }
     read.and(left)
+}
+
+/// `TCP_CLOSE_WAIT`: the peer closed its side (its FIN came), this one
+/// may still send.
+const CLOSE_WAIT: u8 = 8;
+
+/// The sequence numbers a connection closed by its peer is made again
+/// with (its own cannot be read: repair mode takes established sockets
+/// only, and nothing but this end and its peer, made anew too, sees them).
+const CLOSED_BY_PEER_SEQ: (u32, u32) = (0x1000_0000, 0x5000_0000);
+
+/// What [`capture_one`] reads of socket `sock`, whose peer closed its side
+/// (`CLOSE_WAIT`), without repair mode: its options, its unread bytes (a
+/// `MSG_PEEK`, `SO_PEEK_OFF` set to 0 for it and put back), none written
+/// and not acknowledged (else refused). Its sequence numbers are made up
+/// ([`CLOSED_BY_PEER_SEQ`]); the restore makes its peer anew and closes
+/// it ([`finish`]).
+fn read_closed_by_peer(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
+    use sandtree_sys::sockopt::{get_raw, peek_offset, set_peek_offset};
+    let int = |level, name| -> io::Result<i32> {
+        let v = get_raw(sock, level, name, 4)?;
+        Ok(i32::from_ne_bytes(v.get(..4).and_then(|b| b.try_into().ok()).ok_or_else(|| io::Error::other("short"))?))
+    };
+    let unacked = tcp_repair::not_acked(sock)?;
+    if unacked > 0 {
+        return Err(io::Error::other(format!("with {unacked} bytes written and not acknowledged yet")));
+    }
+    c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+    c.peek_offset = peek_offset(sock).unwrap_or(-1);
+    c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
+    c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
+    c.agreed = info.options;
+    c.wscale = info.wscale;
+    c.timestamp = tcp_repair::timestamp(sock).unwrap_or(0);
+    c.options = own_options(sock);
+    let unread = rustix::io::ioctl_fionread(sock)? as usize;
+    if c.peek_offset >= 0 {
+        set_peek_offset(sock, 0)?;
+    }
+    let peeked = if unread > 0 { tcp_repair::peek(sock, unread) } else { Ok(Vec::new()) };
+    if c.peek_offset >= 0 {
+        let _ = set_peek_offset(sock, c.peek_offset);
+    }
+    c.received = peeked?;
+    if c.received.len() != unread {
+        return Err(io::Error::other(format!("with {} of {unread} unread bytes read", c.received.len())));
+    }
+    c.recv_seq = CLOSED_BY_PEER_SEQ.0.wrapping_add(unread as u32);
+    c.send_seq = CLOSED_BY_PEER_SEQ.1;
+    Ok(())
 }
 
 /// A TCP state's name (`include/net/tcp_states.h`).
@@ -290,6 +371,37 @@ fn set_up(s: &OwnedFd, c: &TcpConnection) -> io::Result<()> {
     Ok(())
 }
 
+/// The peer of connection `c`, closed by it (`CLOSE_WAIT`), made anew by
+/// the daemon in the network namespace of process `pid`, in repair mode:
+/// the other end of the made-up sequence numbers, with the same agreed
+/// options (window shifts swapped). [`finish`] closes its side and drops
+/// it: its FIN reaches `c`'s new socket after the unread bytes, and it
+/// stays an orphan, as the peer that had closed was.
+fn peer_of(pid: HostPid, c: &TcpConnection) -> io::Result<OwnedFd> {
+    let family = u16::from_ne_bytes([c.remote[0], c.remote[1]]);
+    let s = crate::sockdiag::socket_in(pid, family, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
+    tcp_repair::enter(&s)?;
+    tcp_repair::bind_raw(&s, &c.remote).map_err(|e| io::Error::new(e.kind(), format!("bind: {e}")))?;
+    tcp_repair::select_queue(&s, Queue::Receive)?;
+    tcp_repair::set_queue_seq(&s, c.send_seq)?;
+    tcp_repair::select_queue(&s, Queue::Send)?;
+    tcp_repair::set_queue_seq(&s, c.recv_seq)?;
+    tcp_repair::select_queue(&s, Queue::None)?;
+    tcp_repair::connect_raw(&s, &c.local).map_err(|e| io::Error::new(e.kind(), format!("connect: {e}")))?;
+    let mut agreed = vec![(tcp_repair::OPT_MSS, c.mss)];
+    if c.agreed & tcp_repair::INFO_WSCALE != 0 {
+        agreed.push((tcp_repair::OPT_WINDOW, c.wscale.1 as u32 | (c.wscale.0 as u32) << 16));
+    }
+    if c.agreed & tcp_repair::INFO_SACK != 0 {
+        agreed.push((tcp_repair::OPT_SACK_PERM, 0));
+    }
+    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
+        agreed.push((tcp_repair::OPT_TIMESTAMP, 0));
+    }
+    tcp_repair::set_options(&s, &agreed)?;
+    Ok(s)
+}
+
 /// Pass 2, once every template is made: the first of `images` holding a
 /// TCP connection whose other end none of them holds, as (index,
 /// resource, reason).
@@ -304,7 +416,10 @@ pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, Strin
         .collect();
     images.iter().enumerate().find_map(|(i, image)| {
         image.fds.iter().find_map(|f| match &f.kind {
-            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() && !ends.contains(&(&c.remote[..], &c.local[..])) => {
+            // (One its peer closed is made again with a peer of its own.)
+            FdKind::Socket { tcp: Some(c), .. }
+                if c.refused.is_none() && c.state != CLOSE_WAIT && !ends.contains(&(&c.remote[..], &c.local[..])) =>
+            {
                 let why = format!(
                     "a TCP connection to {} whose other end no captured process holds (not accepted yet, or held by a process left out): made anew, it would have no peer",
                     address_text(&c.remote)
@@ -344,6 +459,20 @@ pub(crate) fn destroy_old(set: &CheckpointTemplates) -> Result<()> {
             _ => None,
         })
         .collect();
+    // (The orphaned peer of one its peer closed: its new peer takes its
+    // place.)
+    let closed: Vec<(&[u8], &[u8])> = set
+        .templates
+        .iter()
+        .flat_map(|t| &t.image.fds)
+        .filter_map(|f| match &f.kind {
+            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() && c.state == CLOSE_WAIT => {
+                Some((&c.remote[..], &c.local[..]))
+            }
+            _ => None,
+        })
+        .collect();
+    conns.extend(closed);
     if conns.is_empty() {
         return Ok(());
     }
@@ -385,6 +514,14 @@ pub(crate) fn finish(handed: &super::Handed) -> Result<()> {
             what: "a TCP connection made anew, leaving repair mode",
             source: e,
         })?;
+    }
+    // The peers of connections their peers had closed: out of repair
+    // mode, they close their side (the FIN comes after the unread bytes)
+    // and are dropped (orphans, as those peers were).
+    for peer in &handed.closing_peers {
+        tcp_repair::leave(peer, Leave::Probe)
+            .and_then(|()| Ok(rustix::net::shutdown(peer, rustix::net::Shutdown::Write)?))
+            .map_err(|e| Error::Proc { pid: HostPid(0), what: "the peer of a TCP connection, closing", source: e })?;
     }
     Ok(())
 }

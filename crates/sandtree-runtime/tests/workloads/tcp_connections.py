@@ -4,6 +4,8 @@
 #   and the server b'response!', neither read; the client has TCP_NODELAY
 #   and SO_KEEPALIVE with TCP_KEEPIDLE 55, the server SO_RCVLOWAT 1;
 # - `v6` (IPv6, [::1]:7011): the client sent 3 bytes, not read;
+# - `closed`: closed by the server after b'bye' (the client's end in
+#   CLOSE_WAIT, unread);
 # - `big`: the client wrote as much as the kernel took without blocking
 #   (its send queue full, bytes never sent at its end; the server's receive
 #   queue full), a pattern of i % 251; nothing read.
@@ -14,7 +16,9 @@
 #   forks a child holding them all that writes 1 GiB of memory;
 # - `drain`: reads each connection to its end as the checkpoint had it
 #   (`big`: as many bytes as the client had written, checked against the
-#   pattern), then a round trip on each: `small=ok v6=ok idle=ok big=ok:<n>`;
+#   pattern), then a round trip on each, and `closed`'s bytes, its end,
+#   and a write the orphaned peer resets:
+#   `small=ok v6=ok idle=ok closed=ok big=ok:<n>`;
 # - `pending` / `accept`: a client connects to the `small` listener and is
 #   not accepted yet (a checkpoint must refuse it) / is accepted, and both
 #   ends closed;
@@ -51,6 +55,13 @@ c_idle.sendall(b'GET')
 s_idle.recv(3)
 s_idle.sendall(b'200')
 c_idle.recv(3)
+
+# `closed`: the server wrote b'bye' and closed (an idle keep-alive
+# connection a server timed out): the client's end is CLOSE_WAIT, unread.
+c_cw = socket.create_connection(('127.0.0.1', 7010))
+s_cw, _ = lst.accept()
+s_cw.sendall(b'bye')
+s_cw.close()
 
 c_big = socket.create_connection(('127.0.0.1', 7010))
 s_big, _ = lst.accept()
@@ -108,10 +119,11 @@ def handle(cmd):
             'v6=%s,%d,%s' % (ports(c_v6), unread(s_v6), peek(s_v6).decode()),
             'big=%s,%d' % (ports(c_big), big_sent),
             'idle=%s,%d,%d' % (ports(c_idle), unread(c_idle), unread(s_idle)),
+            'closed=%s,%d,%s' % (ports(c_cw), unread(c_cw), peek(c_cw).decode()),
         ])
     if cmd == 'mutate':
         # (Whatever is there: after a `drain`, nothing.)
-        for s, n in ((s_small, 3), (c_small, 4), (s_v6, 2), (s_big, 100000)):
+        for s, n in ((s_small, 3), (c_small, 4), (s_v6, 2), (s_big, 100000), (c_cw, 3)):
             s.setblocking(False)
             try:
                 s.recv(n)
@@ -124,7 +136,7 @@ def handle(cmd):
         # after the restore has made them anew.
         r, w = os.pipe()
         if os.fork() == 0:
-            keep = {x.fileno() for x in (c_small, s_small, s_v6, c_idle, s_idle, c_big, s_big)} | {w}
+            keep = {x.fileno() for x in (c_small, s_small, s_v6, c_idle, s_idle, c_big, s_big, c_cw)} | {w}
             for fd in os.listdir('/proc/self/fd'):
                 if int(fd) > 2 and int(fd) not in keep:
                     try:
@@ -162,6 +174,15 @@ def handle(cmd):
         s_idle.sendall(b'200')
         ok_idle = ok_idle and read_exactly(c_idle, 3) == b'200'
         out.append('idle=%s' % ('ok' if ok_idle else 'bad'))
+        bye = read_exactly(c_cw, 4, 3)
+        try:
+            c_cw.sendall(b'x')
+            time.sleep(0.05)
+            c_cw.sendall(b'y')
+            wrote = 'accepted'
+        except (BrokenPipeError, ConnectionResetError):
+            wrote = 'reset'
+        out.append('closed=%s' % ('ok' if bye == b'bye' and wrote == 'reset' else repr((bye, wrote))))
         out.append('big=%s:%d' % ('ok' if ok else 'bad', len(got)))
         return ' '.join(out)
     if cmd == 'pending':
