@@ -83,23 +83,7 @@ pub fn socket_in(pid: HostPid, family: u16, ty: i32, protocol: i32) -> io::Resul
 
 /// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.
 pub fn diag_socket(pid: HostPid) -> io::Result<OwnedFd> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    std::thread::scope(|s| {
-        s.spawn(|| -> io::Result<OwnedFd> {
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&ns),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
-            Ok(rustix::net::socket_with(
-                rustix::net::AddressFamily::NETLINK,
-                rustix::net::SocketType::DGRAM,
-                rustix::net::SocketFlags::CLOEXEC,
-                Some(rustix::net::netlink::SOCK_DIAG),
-            )?)
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("sock_diag thread panicked")))
-    })
+    socket_in(pid, libc::AF_NETLINK as u16, libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG)
 }
 
 /// The peer and shutdown state of unix socket `ino`.

@@ -179,6 +179,12 @@ fn capture_one(sock: &OwnedFd) -> TcpConnection {
     c
 }
 
+/// Option `(level, name)` of socket `sock`, an `int`.
+fn int_option(sock: &OwnedFd, level: i32, name: i32) -> io::Result<i32> {
+    let v = sandtree_sys::sockopt::get_raw(sock, level, name, 4)?;
+    Ok(i32::from_ne_bytes(v.get(..4).and_then(|b| b.try_into().ok()).ok_or_else(|| io::Error::other("short option"))?))
+}
+
 /// The options of connection `sock` a new socket gets again (see
 /// `procfs::INET_OPTIONS`).
 fn own_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
@@ -196,11 +202,8 @@ fn own_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
 /// What [`capture_one`] reads of established socket `sock`, repair mode
 /// entered and left.
 fn read_in_repair(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
-    use sandtree_sys::sockopt::{get_raw, peek_offset, set_peek_offset};
-    let int = |level, name| -> io::Result<i32> {
-        let v = get_raw(sock, level, name, 4)?;
-        Ok(i32::from_ne_bytes(v.get(..4).and_then(|b| b.try_into().ok()).ok_or_else(|| io::Error::other("short"))?))
-    };
+    use sandtree_sys::sockopt::{peek_offset, set_peek_offset};
+    let int = |level, name| int_option(sock, level, name);
     c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
     c.peek_offset = peek_offset(sock).unwrap_or(-1);
     c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
@@ -262,11 +265,8 @@ const CLOSED_BY_PEER_SEQ: (u32, u32) = (0x1000_0000, 0x5000_0000);
 /// ([`CLOSED_BY_PEER_SEQ`]); the restore makes its peer anew and closes
 /// it ([`finish`]).
 fn read_closed_by_peer(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
-    use sandtree_sys::sockopt::{get_raw, peek_offset, set_peek_offset};
-    let int = |level, name| -> io::Result<i32> {
-        let v = get_raw(sock, level, name, 4)?;
-        Ok(i32::from_ne_bytes(v.get(..4).and_then(|b| b.try_into().ok()).ok_or_else(|| io::Error::other("short"))?))
-    };
+    use sandtree_sys::sockopt::{peek_offset, set_peek_offset};
+    let int = |level, name| int_option(sock, level, name);
     let unacked = tcp_repair::not_acked(sock)?;
     if unacked > 0 {
         return Err(io::Error::other(format!("with {unacked} bytes written and not acknowledged yet")));
@@ -331,17 +331,7 @@ fn set_up(s: &OwnedFd, c: &TcpConnection) -> io::Result<()> {
     tcp_repair::set_queue_seq(s, c.send_seq.wrapping_sub(c.sent.len() as u32))?;
     tcp_repair::select_queue(s, Queue::None)?;
     tcp_repair::connect_raw(s, &c.remote).map_err(|e| io::Error::new(e.kind(), format!("connect: {e}")))?;
-    let mut agreed = vec![(tcp_repair::OPT_MSS, c.mss)];
-    if c.agreed & tcp_repair::INFO_WSCALE != 0 {
-        agreed.push((tcp_repair::OPT_WINDOW, c.wscale.0 as u32 | (c.wscale.1 as u32) << 16));
-    }
-    if c.agreed & tcp_repair::INFO_SACK != 0 {
-        agreed.push((tcp_repair::OPT_SACK_PERM, 0));
-    }
-    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
-        agreed.push((tcp_repair::OPT_TIMESTAMP, 0));
-    }
-    tcp_repair::set_options(s, &agreed)?;
+    tcp_repair::set_options(s, &agreed_options(c, false))?;
     if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
         tcp_repair::set_timestamp(s, c.timestamp)?;
     }
@@ -371,6 +361,23 @@ fn set_up(s: &OwnedFd, c: &TcpConnection) -> io::Result<()> {
     Ok(())
 }
 
+/// What connection `c`'s handshake agreed, as `TCP_REPAIR_OPTIONS` sets
+/// it (for its peer when `peer`: the window shifts swapped).
+fn agreed_options(c: &TcpConnection, peer: bool) -> Vec<(u32, u32)> {
+    let (send, receive) = if peer { (c.wscale.1, c.wscale.0) } else { c.wscale };
+    let mut agreed = vec![(tcp_repair::OPT_MSS, c.mss)];
+    if c.agreed & tcp_repair::INFO_WSCALE != 0 {
+        agreed.push((tcp_repair::OPT_WINDOW, send as u32 | (receive as u32) << 16));
+    }
+    if c.agreed & tcp_repair::INFO_SACK != 0 {
+        agreed.push((tcp_repair::OPT_SACK_PERM, 0));
+    }
+    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
+        agreed.push((tcp_repair::OPT_TIMESTAMP, 0));
+    }
+    agreed
+}
+
 /// The peer of connection `c`, closed by it (`CLOSE_WAIT`), made anew by
 /// the daemon in the network namespace of process `pid`, in repair mode:
 /// the other end of the made-up sequence numbers, with the same agreed
@@ -388,17 +395,7 @@ fn peer_of(pid: HostPid, c: &TcpConnection) -> io::Result<OwnedFd> {
     tcp_repair::set_queue_seq(&s, c.recv_seq)?;
     tcp_repair::select_queue(&s, Queue::None)?;
     tcp_repair::connect_raw(&s, &c.local).map_err(|e| io::Error::new(e.kind(), format!("connect: {e}")))?;
-    let mut agreed = vec![(tcp_repair::OPT_MSS, c.mss)];
-    if c.agreed & tcp_repair::INFO_WSCALE != 0 {
-        agreed.push((tcp_repair::OPT_WINDOW, c.wscale.1 as u32 | (c.wscale.0 as u32) << 16));
-    }
-    if c.agreed & tcp_repair::INFO_SACK != 0 {
-        agreed.push((tcp_repair::OPT_SACK_PERM, 0));
-    }
-    if c.agreed & tcp_repair::INFO_TIMESTAMPS != 0 {
-        agreed.push((tcp_repair::OPT_TIMESTAMP, 0));
-    }
-    tcp_repair::set_options(&s, &agreed)?;
+    tcp_repair::set_options(&s, &agreed_options(c, true))?;
     Ok(s)
 }
 
