@@ -179,6 +179,21 @@ fn capture_one(sock: &OwnedFd) -> TcpConnection {
     c
 }
 
+/// What a connection made anew needs of `sock` besides its queues (read
+/// without repair mode): `SO_REUSEADDR`, `SO_PEEK_OFF`, buffer sizes, MSS,
+/// the options its handshake agreed (`info`), its own options.
+fn read_settings(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
+    let int = |level, name| int_option(sock, level, name);
+    c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
+    c.peek_offset = sandtree_sys::sockopt::peek_offset(sock).unwrap_or(-1);
+    c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
+    c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
+    c.agreed = info.options;
+    c.wscale = info.wscale;
+    c.options = own_options(sock);
+    Ok(())
+}
+
 /// Option `(level, name)` of socket `sock`, an `int`.
 fn int_option(sock: &OwnedFd, level: i32, name: i32) -> io::Result<i32> {
     let v = sandtree_sys::sockopt::get_raw(sock, level, name, 4)?;
@@ -202,15 +217,8 @@ fn own_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
 /// What [`capture_one`] reads of established socket `sock`, repair mode
 /// entered and left.
 fn read_in_repair(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
-    use sandtree_sys::sockopt::{peek_offset, set_peek_offset};
-    let int = |level, name| int_option(sock, level, name);
-    c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
-    c.peek_offset = peek_offset(sock).unwrap_or(-1);
-    c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
-    c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
-    c.agreed = info.options;
-    c.wscale = info.wscale;
-    c.options = own_options(sock);
+    use sandtree_sys::sockopt::set_peek_offset;
+    read_settings(sock, c, info)?;
     let unread = rustix::io::ioctl_fionread(sock)? as usize;
     let unacked = tcp_repair::not_acked(sock)? as usize;
     c.not_sent = tcp_repair::not_sent(sock)?;
@@ -265,20 +273,13 @@ const CLOSED_BY_PEER_SEQ: (u32, u32) = (0x1000_0000, 0x5000_0000);
 /// ([`CLOSED_BY_PEER_SEQ`]); the restore makes its peer anew and closes
 /// it ([`finish`]).
 fn read_closed_by_peer(sock: &OwnedFd, c: &mut TcpConnection, info: tcp_repair::Info) -> io::Result<()> {
-    use sandtree_sys::sockopt::{peek_offset, set_peek_offset};
-    let int = |level, name| int_option(sock, level, name);
+    use sandtree_sys::sockopt::set_peek_offset;
     let unacked = tcp_repair::not_acked(sock)?;
     if unacked > 0 {
         return Err(io::Error::other(format!("with {unacked} bytes written and not acknowledged yet")));
     }
-    c.reuse_addr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR)? != 0;
-    c.peek_offset = peek_offset(sock).unwrap_or(-1);
-    c.buffers = (int(libc::SOL_SOCKET, libc::SO_SNDBUF)?, int(libc::SOL_SOCKET, libc::SO_RCVBUF)?);
-    c.mss = int(libc::IPPROTO_TCP, libc::TCP_MAXSEG)? as u32;
-    c.agreed = info.options;
-    c.wscale = info.wscale;
+    read_settings(sock, c, info)?;
     c.timestamp = tcp_repair::timestamp(sock).unwrap_or(0);
-    c.options = own_options(sock);
     let unread = rustix::io::ioctl_fionread(sock)? as usize;
     if c.peek_offset >= 0 {
         set_peek_offset(sock, 0)?;
