@@ -86,8 +86,16 @@ pub fn check_process(p: &ProcessImage) -> Result<(), Unrestorable> {
             ),
         ));
     }
-    if p.cwd.ends_with(" (deleted)") {
-        return Err(no("cwd".into(), format!("working directory {} was deleted", p.cwd)));
+    // (Made again at its path, entered and removed at a restore, where it
+    // can be.)
+    if p.cwd.ends_with(" (deleted)") && p.cwd_remade.is_none() {
+        return Err(no(
+            "cwd".into(),
+            format!(
+                "working directory {} was deleted, and its path is taken again in the tree or its parent cannot be written by its user (a restore makes it again there)",
+                p.cwd
+            ),
+        ));
     }
     Ok(())
 }

@@ -83,6 +83,12 @@ pub struct ProcessImage {
     /// refused (`check.rs`).
     #[serde(default)]
     pub cwd_denied: bool,
+    /// Its working directory had been deleted (`cwd` ends with ` (deleted)`):
+    /// the mode a restore makes it again with, at its path, enters, and
+    /// removes again (`process/access.rs`); `None` when that cannot be done
+    /// (refused).
+    #[serde(default)]
+    pub cwd_remade: Option<u32>,
     /// Root directory (path inside the sandbox).
     pub root: String,
     /// Open file descriptors.

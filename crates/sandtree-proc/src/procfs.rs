@@ -1210,6 +1210,7 @@ pub fn capture(
         regs,
         cwd,
         cwd_denied: false,
+        cwd_remade: None,
         root,
         fds,
         maps,

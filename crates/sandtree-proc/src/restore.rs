@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use sandtree_sys::ptrace;
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{Batch, SCRATCH};
+use crate::batch::{Arg, Batch, SCRATCH};
 use crate::cloned::Cloned;
 use crate::inject::{self, RESTORE_NICE, SET_TID_OFFSET, Tracee, clone_args, nice_of, set_nice, write_clone_args};
 use crate::memory_holder::Holder;
@@ -664,8 +664,21 @@ fn fix_up(
     // inotify instances), dups and signalfd masks batched, epoll watch
     // lists (`kinds::fix_up_descriptors`); then the rest batched again.
     let mut b = Batch::new(scratch, exec);
-    let cwd = b.path(&image.cwd);
-    b.call("chdir", libc::SYS_chdir, &[cwd]);
+    match (image.cwd.strip_suffix(" (deleted)"), image.cwd_remade) {
+        // A deleted working directory: made again at its path, entered,
+        // its mode set (mkdir's is under the umask), removed again.
+        (Some(path), Some(mode)) => {
+            let at = b.path(path);
+            b.call("mkdir (a deleted cwd)", libc::SYS_mkdir, &[at, Arg::Val(u64::from(mode))]);
+            b.call("chdir", libc::SYS_chdir, &[at]);
+            b.call("chmod (a deleted cwd)", libc::SYS_chmod, &[at, Arg::Val(u64::from(mode))]);
+            b.call("rmdir (a deleted cwd)", libc::SYS_rmdir, &[at]);
+        }
+        _ => {
+            let cwd = b.path(&image.cwd);
+            b.call("chdir", libc::SYS_chdir, &[cwd]);
+        }
+    }
     // Every descriptor (`kinds/`): reopened in this batch, made anew,
     // dup'd, configured, linked.
     crate::kinds::fix_up_descriptors(p, &mut b, image, (scratch, template), handed)?;

@@ -1074,6 +1074,16 @@ static SIGNAL_PENDING_FOR_A_THREAD: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A working directory deleted while the process was in it comes back
+/// deleted: made again at its path with its mode, entered, removed again
+/// (issue 38, item 7).
+static DELETED_WORKING_DIRECTORY: Spec = Spec {
+    program: program!("deleted_working_directory.py"),
+    at_ck: &[("state", Is("cwd=/root/build_(deleted) mode=710 list=ok create=ENOENT"))],
+    mutate: &[&[Ask("mutate", Is("moved"))]],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2465,6 +2475,7 @@ fn main() {
         ("ipykernel_with_a_client", declared!(IPYKERNEL_WITH_A_CLIENT)),
         ("posix_timers", declared!(POSIX_TIMERS)),
         ("signal_pending_for_a_thread", declared!(SIGNAL_PENDING_FOR_A_THREAD)),
+        ("deleted_working_directory", declared!(DELETED_WORKING_DIRECTORY)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),

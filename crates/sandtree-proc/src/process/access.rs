@@ -73,6 +73,32 @@ pub(crate) fn cwd_denied(template: HostPid, p: &ProcessImage) -> bool {
     !c.may_walk_to(template, &p.cwd) || dir.is_ok_and(|m| !c.may(&m, 0o1))
 }
 
+/// A deleted working directory of `p` (its template `template`, its
+/// original `orig`) that a restore can make again: its mode (of whichever
+/// of the two still has it as its cwd: a forked template does, one made
+/// from a standby does not, and the original, running again, may have
+/// left it; else 0755), when its path is free in the checkpoint's tree and
+/// its parent a directory its user may enter and write (the restore makes
+/// it as that user).
+pub(crate) fn deleted_cwd((template, orig): (HostPid, HostPid), p: &ProcessImage) -> Option<u32> {
+    let path = p.cwd.strip_suffix(" (deleted)")?;
+    if !path.starts_with('/') || path == "/" || fs::symlink_metadata(format!("/proc/{template}/root{path}")).is_ok() {
+        return None;
+    }
+    let parent = path.rsplit_once('/').map(|(a, _)| if a.is_empty() { "/" } else { a })?;
+    let dir = fs::metadata(format!("/proc/{template}/root{parent}")).ok().filter(|m| m.is_dir())?;
+    let c = Credentials::of(p);
+    if p.cap_eff & DAC == 0 && (!c.may_walk_to(template, parent) || !c.may(&dir, 0o3)) {
+        return None;
+    }
+    let mode_of = |pid: HostPid| {
+        let cwd = format!("/proc/{pid}/cwd");
+        let same = fs::read_link(&cwd).is_ok_and(|l| l.to_string_lossy() == p.cwd);
+        same.then(|| fs::metadata(&cwd).ok().map(|m| m.mode() & 0o7777)).flatten()
+    };
+    Some(mode_of(template).or_else(|| mode_of(orig)).unwrap_or(0o755))
+}
+
 /// The first descriptor of `p` (its template `template`, its original
 /// `orig`) that its user may not open again as the restore does, with
 /// what it names: a file of the tree (by path: every directory above it
