@@ -1084,6 +1084,17 @@ static DELETED_WORKING_DIRECTORY: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A SO_REUSEPORT group (two TCP listeners and two UDP sockets sharing a
+/// port each) comes back whole: new connections and datagrams spread over
+/// every member again (issue 38, item 6).
+static REUSEPORT_GROUP: Spec = Spec {
+    program: program!("reuseport_group.py"),
+    at_ck: &[("state", Is("127.0.0.1:7020,1 127.0.0.1:7020,1 127.0.0.1:7021,1 127.0.0.1:7021,1"))],
+    mutate: &[&[Ask("mutate", Is("closed"))]],
+    after: &[Ask("spread", Is("tcp=both udp=both"))],
+    ..Spec::DEFAULT
+};
+
 /// Pidfds of the process itself and of init: after rollback the process's
 /// pidfds of itself refer to it, not to the original the rollback killed
 /// (issue 36, class 6).
@@ -2476,6 +2487,7 @@ fn main() {
         ("posix_timers", declared!(POSIX_TIMERS)),
         ("signal_pending_for_a_thread", declared!(SIGNAL_PENDING_FOR_A_THREAD)),
         ("deleted_working_directory", declared!(DELETED_WORKING_DIRECTORY)),
+        ("reuseport_group", declared!(REUSEPORT_GROUP)),
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),
