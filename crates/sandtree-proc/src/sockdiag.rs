@@ -88,22 +88,31 @@ pub fn diag_socket(pid: HostPid) -> io::Result<OwnedFd> {
 
 /// The peer and shutdown state of unix socket `ino`.
 pub fn unix_state(diag: &OwnedFd, ino: u64) -> io::Result<UnixState> {
-    let mut req = Vec::with_capacity(40);
-    req.extend_from_slice(&40u32.to_ne_bytes()); // nlmsg_len
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    let mut req = Vec::with_capacity(24);
     req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
     req.extend_from_slice(&(ino as u32).to_ne_bytes());
     req.extend_from_slice(&UDIAG_SHOW_PEER.to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    parse_state(&exchange(diag, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, &req)?)
+}
+
+/// One request of type `kind` with `flags` and `body` (after the
+/// `nlmsghdr`, which this writes), and the answer as it came.
+fn exchange(diag: &OwnedFd, kind: u16, flags: u16, body: &[u8]) -> io::Result<Vec<u8>> {
+    let mut req = Vec::with_capacity(16 + body.len());
+    req.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes()); // nlmsg_len
+    req.extend_from_slice(&kind.to_ne_bytes());
+    req.extend_from_slice(&flags.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    req.extend_from_slice(body);
     rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
     let mut buf = vec![0u8; 8192];
     let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
-    parse_state(&buf[..n])
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// Abort every socket of `diag`'s network namespace that holds the TCP
@@ -169,23 +178,15 @@ fn inet_sockid(local: &[u8], remote: &[u8]) -> io::Result<Vec<u8>> {
 /// `cookie` ~0 when `None`): the answer's message, or its error.
 fn ask_tcp(diag: &OwnedFd, kind: u16, local: &[u8], id: &[u8], cookie: Option<[u8; 8]>) -> io::Result<Vec<u8>> {
     let family = u16_at(local, 0).unwrap_or(0) as u8;
-    let mut req = Vec::with_capacity(72);
-    req.extend_from_slice(&72u32.to_ne_bytes());
-    req.extend_from_slice(&kind.to_ne_bytes());
-    // (A destroy is acknowledged: its answer is an error message, 0 on
-    // success.)
-    let flags = if kind == SOCK_DESTROY { NLM_F_REQUEST | NLM_F_ACK } else { NLM_F_REQUEST };
-    req.extend_from_slice(&flags.to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes());
-    req.extend_from_slice(&0u32.to_ne_bytes());
+    let mut req = Vec::with_capacity(56);
     req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(id);
     req.extend_from_slice(&cookie.unwrap_or([0xff; 8]));
-    rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
-    let mut buf = vec![0u8; 8192];
-    let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
-    buf.truncate(n);
+    // (A destroy is acknowledged: its answer is an error message, 0 on
+    // success.)
+    let flags = if kind == SOCK_DESTROY { NLM_F_REQUEST | NLM_F_ACK } else { NLM_F_REQUEST };
+    let buf = exchange(diag, kind, flags, &req)?;
     let bad = || io::Error::other("malformed sock_diag answer");
     if u16_at(&buf, 4).ok_or_else(bad)? == NLMSG_ERROR {
         let errno = u32_at(&buf, 16).ok_or_else(bad)? as i32;

@@ -135,10 +135,7 @@ pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
             continue;
         }
         let Ok(sock) = crate::fdstate::dup_from(host, f.fd) else { continue };
-        let protocol = sandtree_sys::sockopt::get_raw(&sock, libc::SOL_SOCKET, libc::SO_PROTOCOL, 4)
-            .ok()
-            .and_then(|v| Some(i32::from_ne_bytes(v.get(..4)?.try_into().ok()?)));
-        if protocol == Some(libc::IPPROTO_TCP) {
+        if int_option(&sock, libc::SOL_SOCKET, libc::SO_PROTOCOL).ok() == Some(libc::IPPROTO_TCP) {
             *tcp = Some(Box::new(capture_one(&sock)));
         }
     }
@@ -448,29 +445,21 @@ pub(crate) fn address_text(raw: &[u8]) -> String {
 /// sandbox that still holds one of `set`'s connections aborted (see the
 /// module docs).
 pub(crate) fn destroy_old(set: &CheckpointTemplates) -> Result<()> {
+    // (And the orphaned peer of one its peer closed: its new peer takes
+    // its place.)
     let mut conns: Vec<(&[u8], &[u8])> = set
         .templates
         .iter()
         .flat_map(|t| &t.image.fds)
         .filter_map(|f| match &f.kind {
-            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() => Some((&c.local[..], &c.remote[..])),
+            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() => Some(c),
             _ => None,
         })
-        .collect();
-    // (The orphaned peer of one its peer closed: its new peer takes its
-    // place.)
-    let closed: Vec<(&[u8], &[u8])> = set
-        .templates
-        .iter()
-        .flat_map(|t| &t.image.fds)
-        .filter_map(|f| match &f.kind {
-            FdKind::Socket { tcp: Some(c), .. } if c.refused.is_none() && c.state == CLOSE_WAIT => {
-                Some((&c.remote[..], &c.local[..]))
-            }
-            _ => None,
+        .flat_map(|c| {
+            let orphan = (c.state == CLOSE_WAIT).then_some((&c.remote[..], &c.local[..]));
+            std::iter::once((&c.local[..], &c.remote[..])).chain(orphan)
         })
         .collect();
-    conns.extend(closed);
     if conns.is_empty() {
         return Ok(());
     }

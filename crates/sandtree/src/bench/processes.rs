@@ -117,6 +117,23 @@ async fn wait_for_port(engine: &Engine, sb: &str, port: u16, line: &str) -> Resu
     Ok(())
 }
 
+/// A rollback in place of `sb` to one of the checkpoints `ids`, picked at
+/// random: when it started, and how long it took (ms). One that restarted
+/// the processes instead fails the run.
+async fn rollback_to_one_of(engine: &Engine, sb: &str, ids: &[String]) -> Result<(Instant, f64)> {
+    let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
+    let t = Instant::now();
+    let r = engine
+        .rollback(sb, RollbackRequest { checkpoint: target, allow_restart: false })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if r.processes_restarted {
+        bail!("rollback restarted the processes: {}", r.note);
+    }
+    Ok((t, ms))
+}
+
 /// Retries a checkpoint that found a process mid-request with a helper
 /// thread (`http.server` answers each request on a thread that exits right
 /// after): such a process is refused, never captured half-way.
@@ -207,18 +224,11 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         if think {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
-        let t = Instant::now();
-        let r =
-            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let (t, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
         if think {
             think_ms.push(ms);
         } else {
             rb_ms.push(ms);
-        }
-        if r.processes_restarted {
-            bail!("rollback restarted the processes: {}", r.note);
         }
         let answer = bash(engine, &sb, &tcp_request(8000, "GET / HTTP/1.0\\r\\n")).await?;
         if !think {
@@ -364,14 +374,8 @@ pub async fn tree(engine: &Engine, n: usize, report: &mut Report) -> Result<()> 
     let mut rb_ms = Vec::new();
     for i in 0..n {
         sh(engine, &sb, &format!("echo {} > /root/step", n + i)).await?;
-        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
-        let t = Instant::now();
-        let r =
-            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
-        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        if r.processes_restarted {
-            bail!("rollback restarted the processes: {}", r.note);
-        }
+        let (_, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
+        rb_ms.push(ms);
     }
     // The shell kept its jobs through all of it.
     let out = engine.session_run(&sb, &session.id, run(count)).await.map_err(err)?;
@@ -479,14 +483,8 @@ pub async fn connections(engine: &Engine, n: usize, report: &mut Report) -> Resu
     let (mut rb_ms, mut first_ms) = (Vec::new(), Vec::new());
     for _ in 0..n {
         step().await?;
-        let target = ids.choose(&mut rand::rng()).context("checkpoints")?.clone();
-        let t = Instant::now();
-        let r =
-            engine.rollback(&sb, RollbackRequest { checkpoint: target, allow_restart: false }).await.map_err(err)?;
-        rb_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        if r.processes_restarted {
-            bail!("rollback restarted the processes: {}", r.note);
-        }
+        let (t, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
+        rb_ms.push(ms);
         step().await?;
         first_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
