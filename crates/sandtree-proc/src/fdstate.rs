@@ -49,17 +49,23 @@ pub fn open_in(root: &OwnedFd, path: &str, flags: OFlags) -> io::Result<OwnedFd>
 
 /// Shared objects whose contents pass 1 captured already (from another
 /// descriptor or process): pipes and FIFOs by (device, inode), unix
-/// sockets by inode.
+/// sockets by inode, shared memory objects by their key.
 #[derive(Default)]
 pub(crate) struct Seen {
     pipes: std::collections::HashSet<(u64, u64)>,
     sockets: std::collections::HashSet<u64>,
+    shared_memory: std::collections::HashSet<crate::process::shared_memory::ObjectKey>,
 }
 
 impl Seen {
     /// Whether pipe or FIFO `key` (device, inode) is seen here first.
     pub(crate) fn first_pipe(&mut self, key: (u64, u64)) -> bool {
         self.pipes.insert(key)
+    }
+
+    /// Whether shared memory object `key` is seen here first.
+    pub(crate) fn first_shared_memory(&mut self, key: crate::process::shared_memory::ObjectKey) -> bool {
+        self.shared_memory.insert(key)
     }
 
     /// Whether unix socket `ino` is seen here first.

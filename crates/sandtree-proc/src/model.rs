@@ -338,6 +338,7 @@ impl FdKind {
     pub fn recreated(&self) -> bool {
         match self {
             FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
+            FdKind::ShmFile { deleted, .. } => !deleted,
             k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
             FdKind::PtyMaster { .. } => true,
             FdKind::Fifo { on_layer, kept, .. } => *on_layer || *kept,
@@ -470,8 +471,22 @@ pub enum FdKind {
         #[serde(default)]
         segments: Vec<(u64, u64)>,
     },
+    /// A regular file of the sandbox's `/dev/shm` (POSIX shared memory:
+    /// `shm_open`, Python's `multiprocessing`). A rollback gives `/dev/shm`
+    /// a fresh tmpfs holding the checkpoint's files (`sandtree-runtime`'s
+    /// `dev_shm.rs`): one with a name is opened again there by path; a
+    /// deleted one lives on in the template, which keeps the descriptor,
+    /// its contents saved and put back like shared memory's
+    /// (`process::shared_memory`), and is opened again through it. Both with
+    /// their flags, at their offsets.
+    ShmFile {
+        /// Path inside the sandbox (` (deleted)` taken off).
+        path: String,
+        /// Deleted (unlinked) while open.
+        deleted: bool,
+    },
     /// A file on a mount that rollback replaces but that is not a layer
-    /// (`/dev/shm`, a mount the sandbox made).
+    /// (a mount the sandbox made).
     OtherMount {
         /// Path inside the sandbox.
         path: String,

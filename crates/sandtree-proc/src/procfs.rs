@@ -846,6 +846,13 @@ pub(crate) const INET_OPTIONS: &[(i32, i32)] = &[
     (libc::IPPROTO_UDPLITE, 11),
 ];
 
+/// Whether descriptor link `fd` (`/proc/<pid>/fd/<n>`), on mount `m`, is
+/// a regular file of the sandbox's `/dev/shm`.
+fn on_dev_shm(fd: &std::path::Path, m: Option<&MountEntry>) -> bool {
+    m.is_some_and(|m| m.fstype == "tmpfs" && m.target == std::path::Path::new("/dev/shm"))
+        && fs::metadata(fd).is_ok_and(|meta| meta.is_file())
+}
+
 /// Whether a mount keeps its identity across a rollback in place (`/proc`
 /// and `/dev` with its binds and devpts are moved into the new tree;
 /// `/dev/shm` is mounted fresh).
@@ -986,6 +993,9 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                 FdKind::AnonInode { what: what.to_string(), state }
             }
             Link::Memfd(name) => memfd_kind(pidfd.as_ref(), fd, name, &entry.path()),
+            Link::Deleted(path) if on_dev_shm(&entry.path(), mounts.get(&info.mnt_id)) => {
+                FdKind::ShmFile { path: path.to_string(), deleted: true }
+            }
             Link::Deleted(path) => {
                 let meta = fs::metadata(entry.path()).ok();
                 let regular = meta.as_ref().is_some_and(|m| m.is_file());
@@ -1024,6 +1034,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                         let (locks, locked) = info.locks();
                         FdKind::LayerFile { path: link, directory, locked, locks }
                     }
+                    m if on_dev_shm(&entry.path(), m) => FdKind::ShmFile { path: link, deleted: false },
                     Some(_) if link == "/dev/pts/ptmx" || link == "/dev/ptmx" => {
                         FdKind::PtyMaster { state: pty_state(pid, pidfd.as_ref(), fd) }
                     }

@@ -57,6 +57,11 @@ pub(crate) struct CheckpointTemplates {
     /// Buffered bytes of each pipe, with a template (host pid) and fd
     /// through which the pipe is reached at restore.
     pub pipes: Vec<(crate::model::PipeBuffer, HostPid, i32)>,
+    /// The contents of each shared memory object, with a template (host
+    /// pid) that holds it and where, through which they are put back at
+    /// restore (`process::shared_memory`).
+    pub shared_memory:
+        Vec<(crate::process::shared_memory::SharedMemoryCopy, HostPid, crate::process::shared_memory::Reach)>,
     /// Data queued on unix sockets, with a template (host pid) and fd of
     /// the peer it is sent from again at restore.
     pub sockets: Vec<(crate::model::SocketBuffer, HostPid, i32)>,

@@ -19,7 +19,8 @@
 //!    mapping the `execve` made is unmapped but the kernel's `[vdso]` and
 //!    `[vvar]`s, which move to the template's addresses (`mremap`); each
 //!    mapping of the template is made again (anonymous, or a private
-//!    mapping of the same file opened by path, at its offset; `[stack]`
+//!    mapping of the same file opened by path, at its offset; shared
+//!    memory on the template's object, see below; `[stack]`
 //!    grows down; an anonymous mapping's name is set again); then
 //!    `PR_SET_MM_MAP` gives it the template's code, data, heap, stack,
 //!    argument and environment bounds and auxiliary vector (`[heap]`,
@@ -51,8 +52,13 @@
 //! wait with a timeout) returns `EINTR` instead, as in a thread made
 //! again: that block is copied by a fork only.
 //!
+//! Shared memory of no file (`process::shared_memory`) is mapped again on
+//! the object the template holds: a descriptor of it, opened by the daemon
+//! through the template's `map_files`, sent to the child
+//! (`kinds::give_descriptors`); a SysV segment attached again by id (`shmat`).
+//!
 //! What a transplant cannot give is refused at the checkpoint
-//! (`process::tree`): shared mappings, mappings of deleted files, other
+//! (`process::tree`): other shared mappings, mappings of deleted files, other
 //! credentials than the parent's, a session or group the child cannot
 //! join again.
 
@@ -267,6 +273,9 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     let scratch_prot = theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, prot);
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
     c.call("mmap (scratch)", libc::SYS_mmap, &[t.scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
+    // Shared memory of no file (but SysV's): the objects the template
+    // holds, sent to the child to map.
+    let given = give_objects(c, t, &theirs)?;
     let ours = maps_of(c.tid)?;
     // (A file of another overlay of the tree, `/usr`, shows in `maps`
     // by its path on that mount: `process::memory::mapped_file_in_tree`.)
@@ -310,7 +319,11 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
         if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
             continue;
         }
-        map_again(&mut b, m, &in_tree).map_err(&unsupported)?;
+        let m = as_captured(m, t);
+        match crate::process::shared_memory::object_of(m) {
+            Some(o) => map_object(&mut b, (m, o), &given, t.host).map_err(&unsupported)?,
+            None => map_again(&mut b, m, &in_tree).map_err(&unsupported)?,
+        }
         if b.is_full() {
             c.run_batch(&mut b)?;
         }
@@ -343,6 +356,9 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     let map_at = b.data(&map);
     let args = [Arg::Val(PR_SET_MM), Arg::Val(PR_SET_MM_MAP), map_at, Arg::Val(PRCTL_MM_MAP_SIZE as u64), Arg::Val(0)];
     b.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &args);
+    for &(_, fd) in &given {
+        b.call("close (shared memory, mapped)", libc::SYS_close, &[Arg::Val(fd)]);
+    }
     c.run_batch(&mut b)?;
     // (Its vDSO is the template's now.)
     c.insn = inject::find_syscall_insn(c.tid)?;
@@ -350,7 +366,7 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
 }
 
 /// `PROT_*` of a mapping's `rwxp`.
-fn prot(m: &MapImage) -> i32 {
+pub(crate) fn prot(m: &MapImage) -> i32 {
     let p = m.perms.as_bytes();
     let mut prot = libc::PROT_NONE;
     for (i, bit) in [(0, libc::PROT_READ), (1, libc::PROT_WRITE), (2, libc::PROT_EXEC)] {
@@ -407,6 +423,83 @@ fn map_again(b: &mut Batch, m: &MapImage, in_tree: &dyn Fn(&str) -> String) -> s
         }
         Some(other) => return Err(format!("mapping {:x}-{:x} of {other}", m.start, m.end)),
     }
+    Ok(())
+}
+
+/// Template `t`'s mapping `m` as its image has it: `maps` names a file
+/// of a mount detached since by the path on that mount (the old
+/// `/dev/shm` tmpfs of a rollback: `/x` for `/dev/shm/x`).
+fn as_captured<'a>(m: &'a MapImage, t: &'a Template) -> &'a MapImage {
+    let same = |i: &&MapImage| (i.start, i.end, i.dev, i.inode) == (m.start, m.end, m.dev, m.inode);
+    t.image.maps.iter().find(same).unwrap_or(m)
+}
+
+/// The shared memory objects of the template's mappings `theirs` that are
+/// mapped again from a descriptor (`process::shared_memory`: shared
+/// anonymous memory, deleted files of `/dev/shm`), opened by the daemon
+/// through the template's `map_files` and sent to child `c` (its scratch
+/// mapping made): each mapping's (start, descriptor number in `c`).
+fn give_objects(c: &mut Tracee, t: &Template, theirs: &[MapImage]) -> Result<Vec<(u64, u64)>> {
+    use crate::process::shared_memory::{self, Object, Reach};
+    let mut opened = Vec::new();
+    for m in theirs {
+        let m = as_captured(m, t);
+        if matches!(shared_memory::object_of(m), Some(Object::Anonymous | Object::DeletedShmFile)) {
+            let access = match prot(m) & libc::PROT_WRITE != 0 {
+                true => rustix::fs::OFlags::RDWR,
+                false => rustix::fs::OFlags::RDONLY,
+            };
+            let object = shared_memory::open(t.host, Reach::Mapping(m.start, m.end), access)
+                .map_err(|e| Error::Proc { pid: t.host, what: "shared memory of the template", source: e })?;
+            opened.push((m.start, object));
+        }
+    }
+    if opened.is_empty() {
+        return Ok(Vec::new());
+    }
+    let fds: Vec<std::os::fd::BorrowedFd<'_>> = opened.iter().map(|(_, f)| f.as_fd()).collect();
+    let numbers = crate::kinds::give_descriptors(c, t.scratch + 1024, &fds, &[])?;
+    Ok(opened.iter().map(|(start, _)| *start).zip(numbers).collect())
+}
+
+/// Add to `b` the calls that map shared memory object mapping `m` (of kind
+/// `o`) again: from its descriptor in `given` (by start), or, a SysV
+/// segment, attached again (`shmat` at its address: counted among its
+/// attaches, detachable; the whole segment only, as `template` shows it).
+fn map_object(
+    b: &mut Batch,
+    (m, o): (&MapImage, crate::process::shared_memory::Object),
+    given: &[(u64, u64)],
+    template: HostPid,
+) -> std::result::Result<(), String> {
+    use crate::process::shared_memory::{self, Object, Reach};
+    let (start, len, prot) = (m.start, m.end - m.start, prot(m));
+    let val = Arg::Val;
+    if o == Object::SysV {
+        let size = shared_memory::open(template, Reach::Mapping(m.start, m.end), rustix::fs::OFlags::RDONLY)
+            .and_then(|f| Ok(rustix::fs::fstat(&f)?.st_size as u64))
+            .map_err(|e| format!("SysV segment of mapping {:x}-{:x}: {e}", m.start, m.end))?;
+        if m.offset != 0 || len != size.next_multiple_of(4096) {
+            return Err(format!("mapping {:x}-{:x} is a part of a SysV segment (not captured)", m.start, m.end));
+        }
+        const SHM_RDONLY: u64 = 0o10000;
+        const SHM_EXEC: u64 = 0o100000;
+        let mut flags = 0;
+        if prot & libc::PROT_WRITE == 0 {
+            flags |= SHM_RDONLY;
+        }
+        if prot & libc::PROT_EXEC != 0 {
+            flags |= SHM_EXEC;
+        }
+        b.call("shmat (SysV segment, again)", libc::SYS_shmat, &[val(m.inode), val(start), val(flags)]);
+        return Ok(());
+    }
+    let Some(&(_, fd)) = given.iter().find(|(s, _)| *s == start) else {
+        return Err(format!("mapping {:x}-{:x}: its shared memory was not sent", m.start, m.end));
+    };
+    let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    let args = [val(start), val(len), val(prot as u64), val(flags), val(fd), val(m.offset)];
+    b.call("mmap (shared memory, again)", libc::SYS_mmap, &args);
     Ok(())
 }
 

@@ -109,6 +109,11 @@ pub(crate) struct Cloned {
     robust_list: Option<(u64, u64)>,
     /// Its registers for the image (an rseq critical section aborted).
     image_regs: ptrace::Regs,
+    /// Shared memory objects first seen in this process, copied.
+    shared_memory: Vec<crate::process::shared_memory::SharedMemoryCopy>,
+    /// Every shared memory object it holds, and where (its template holds
+    /// them at the same places).
+    shared_memory_held: Vec<(crate::process::shared_memory::ObjectKey, crate::process::shared_memory::Reach)>,
     /// Data queued on its connected unix sockets.
     sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
@@ -598,9 +603,15 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     let mut cloned = std::mem::take(st.cloned).into_iter();
     // Every pipe or FIFO descriptor of the templates, keyed once.
     let mut reachable: Vec<((u64, u64), HostPid, i32)> = Vec::new();
+    // Every shared memory object, copied once, and where each template
+    // holds it.
+    let mut shared_memory = Vec::new();
+    let mut shared_memory_held = Vec::new();
     for mut c in cloned.by_ref() {
         let host = c.host;
         reachable.extend(std::mem::take(&mut c.pipe_keys).into_iter().map(|(fd, key)| (key, host, fd)));
+        shared_memory.append(&mut c.shared_memory);
+        shared_memory_held.extend(std::mem::take(&mut c.shared_memory_held).into_iter().map(|(k, at)| (k, host, at)));
         let tracked = (c.fingerprint.is_some() && st.tracking.contains_key(&c.stopped.host)).then_some(c.stopped.host);
         let prev = c.prev.take();
         let deferred = c.deferred();
@@ -789,12 +800,23 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
             pipes.push((pipe, host, fd));
         }
     }
-    tracing::debug!(took = ?t_pass2.elapsed(), "templates set up");
+    // Each object's contents go back through a template that holds it.
+    shared_memory_held.retain(|(_, host, _)| made.iter().any(|t| t.host == *host));
+    let shared_memory: Vec<_> = shared_memory
+        .into_iter()
+        .filter_map(|copy| {
+            let &(_, host, at) = shared_memory_held.iter().find(|(key, ..)| *key == copy.key)?;
+            Some((copy, host, at))
+        })
+        .collect();
+    let shared_bytes: u64 = shared_memory.iter().map(|(c, ..)| c.bytes()).sum();
+    tracing::debug!(took = ?t_pass2.elapsed(), shared_bytes, "templates set up");
     st.pool.add(
         ck,
         CheckpointTemplates {
             templates: made,
             pipes,
+            shared_memory,
             sockets,
             pair_data,
             unrestorable: report.unrestorable.clone(),
@@ -1114,18 +1136,17 @@ fn clone_of(
         }
         // A forked template: memory the fork left empty that the original
         // has pages in (`MADV_WIPEONFORK`), asked while it is stopped.
+        let maps = match (&patched, forked_maps) {
+            (Some(p), _) => p.maps.clone(),
+            (None, Some(maps)) => maps,
+            (None, None) => procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
+        };
         let wiped = match patched.is_none() {
-            true => {
-                let maps = match forked_maps {
-                    Some(maps) => maps,
-                    None => procfs::maps(host).map_err(|e| Error::Proc { pid: host, what: "maps", source: e })?,
-                };
-                crate::process::memory::wiped_by_fork(host, tpl, &maps).map_err(|e| Error::Proc {
-                    pid: host,
-                    what: "memory the fork left out",
-                    source: e,
-                })?
-            }
+            true => crate::process::memory::wiped_by_fork(host, tpl, &maps).map_err(|e| Error::Proc {
+                pid: host,
+                what: "memory the fork left out",
+                source: e,
+            })?,
             false => None,
         };
         let session = match patched.is_some() {
@@ -1156,6 +1177,14 @@ fn clone_of(
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         crate::kinds::capture_tcp(host, &mut fds);
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
+        // Shared memory (the template holds the objects, not their
+        // contents): copied while every process is stopped.
+        let shared_memory_held = crate::process::shared_memory::held(host, &maps, &fds).map_err(|e| Error::Proc {
+            pid: host,
+            what: "shared memory",
+            source: e,
+        })?;
+        let shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
@@ -1202,6 +1231,8 @@ fn clone_of(
             queued,
             affinity: affinity.clone(),
             pipes,
+            shared_memory,
+            shared_memory_held,
             sockets,
             ghosts,
             itimers,

@@ -6,8 +6,10 @@
 //! from the template, but a terminal's slave (`/dev/pts/N`, see
 //! [`FdKind::terminal`]): opened again by path if a captured process holds
 //! its master (the pty is made anew), else through the template's `O_PATH`
-//! of its node. Refused: a file of another mount that rollback
-//! replaces (`/dev/shm`, a mount the sandbox made), a file holding a lock.
+//! of its node. One of `/dev/shm` (`ShmFile`): opened again by path in the
+//! fresh `/dev/shm`, or, deleted, through the template's descriptor.
+//! Refused: a file of another mount that rollback replaces (a mount the
+//! sandbox made), a lease.
 
 use super::hand_over::{Handed, Key};
 use super::{Kind, Remake};
@@ -76,6 +78,21 @@ impl Kind for PathFile {
             b.move_fd(fd, f.fd, f.flags);
             return true;
         }
+        if let FdKind::ShmFile { path, deleted } = &f.kind {
+            // A deleted one: a new open file of the object the template
+            // held for it (its contents put back, `process::shared_memory`).
+            // (`O_NOFOLLOW`, which `shm_open` and `mkstemp` use, would not
+            // follow the `/proc` link.)
+            let (path, f) = match deleted {
+                true => {
+                    let through = FdImage { flags: f.flags & !(libc::O_NOFOLLOW as u32), ..f.clone() };
+                    (b.path(&format!("/proc/self/fd/{}", f.fd)), std::borrow::Cow::Owned(through))
+                }
+                false => (b.path(path), std::borrow::Cow::Borrowed(f)),
+            };
+            reopen_at(&f, b, path);
+            return true;
+        }
         let FdKind::LayerFile { path, .. } = &f.kind else { return false };
         // The open file of another process, restored before: taken from
         // it (`pidfd_getfd`), one offset for both.
@@ -100,13 +117,8 @@ impl Kind for PathFile {
             );
             return true;
         }
-        let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
         let path = b.path(path);
-        let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
-        if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
-            b.call("lseek", libc::SYS_lseek, &[fd, Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)]);
-        }
-        b.move_fd(fd, f.fd, f.flags);
+        reopen_at(f, b, path);
         true
     }
 
@@ -123,6 +135,17 @@ impl Kind for PathFile {
         }
         Ok(())
     }
+}
+
+/// Add to `b`: the file at `path` opened with `f`'s flags (less the
+/// creating ones) at its offset, onto its number.
+fn reopen_at(f: &FdImage, b: &mut Batch, path: Arg) {
+    let strip = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32;
+    let fd = b.call("open", libc::SYS_open, &[path, Arg::Val((f.flags & !strip) as u64), Arg::Val(0)]);
+    if f.pos > 0 && f.flags & libc::O_DIRECTORY as u32 == 0 {
+        b.call("lseek", libc::SYS_lseek, &[fd, Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)]);
+    }
+    b.move_fd(fd, f.fd, f.flags);
 }
 
 /// Pass 1, every original still stopped: the files of the layers that

@@ -259,45 +259,55 @@ pub(crate) fn hand_over(cx: &mut Remake<'_>) -> Result<()> {
             None => first.push((ino, fd, flags)),
         }
     }
+    let keys: Vec<Key> = first.iter().map(|(key, ..)| *key).collect();
+    let fds: Vec<std::os::fd::BorrowedFd<'_>> =
+        keys.iter().filter_map(|key| cx.handed.ends.get(key).map(std::os::fd::AsFd::as_fd)).collect();
     let p = &mut *cx.p;
-    let pid = p.tid;
-    let area = cx.scratch + 1024;
-    let (ours, theirs) = socketpair_in(p, area, libc::SOCK_DGRAM)?;
-    let [ours] = clear_of(p, [ours], cx.image)?;
-    let sender =
-        take_copy(pid, theirs as i32).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
-    p.call("close", libc::SYS_close, &[theirs])?;
-    let sender = sender?;
-    for chunk in first.chunks(HAND_OVER_MAX) {
-        let fds: Vec<std::os::fd::BorrowedFd<'_>> =
-            chunk.iter().filter_map(|(key, ..)| cx.handed.ends.get(key).map(std::os::fd::AsFd::as_fd)).collect();
-        if fds.len() != chunk.len() {
-            return Err(Error::Proc {
-                pid,
-                what: "handed-over descriptors",
-                source: io::Error::other("one was not made"),
-            });
-        }
-        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
-        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
-            .map_err(|e| Error::Proc { pid, what: "sending descriptors to a restored process", source: e.into() })?;
-        let got = receive(p, area, ours, fds.len())?;
-        let mut lifted = Vec::with_capacity(got.len());
-        for tmp in got {
-            let [tmp] = clear_of(p, [tmp as u64], cx.image)?;
-            lifted.push(tmp);
-        }
-        for (tmp, &(_, fd, flags)) in lifted.into_iter().zip(chunk) {
-            place(p, tmp, fd, flags)?;
-        }
+    if fds.len() != keys.len() {
+        let source = io::Error::other("one was not made");
+        return Err(Error::Proc { pid: p.tid, what: "handed-over descriptors", source });
+    }
+    let numbers: Vec<i32> = cx.image.fds.iter().map(|f| f.fd).collect();
+    let got = give(p, cx.scratch + 1024, &fds, &numbers)?;
+    for (tmp, &(_, fd, flags)) in got.into_iter().zip(&first) {
+        place(p, tmp, fd, flags)?;
     }
     for (at, fd, flags) in dups {
         dup_onto(p, at, fd, flags)?;
     }
-    p.call("close", libc::SYS_close, &[ours])?;
     Ok(())
+}
+
+/// Descriptors `fds` of the daemon sent to process `p` (see the module
+/// docs; `area`: 1 KiB of its memory to use), their numbers there
+/// returned, none of `numbers` ([`clear_of_numbers`]).
+pub(crate) fn give(
+    p: &mut Tracee,
+    area: u64,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    numbers: &[i32],
+) -> Result<Vec<u64>> {
+    let pid = p.tid;
+    let (ours, theirs) = socketpair_in(p, area, libc::SOCK_DGRAM)?;
+    let [ours] = clear_of_numbers(p, [ours], numbers)?;
+    let sender =
+        take_copy(pid, theirs as i32).map_err(|e| Error::Proc { pid, what: "the hand-over socket", source: e });
+    p.call("close", libc::SYS_close, &[theirs])?;
+    let sender = sender?;
+    let mut out = Vec::with_capacity(fds.len());
+    for chunk in fds.chunks(HAND_OVER_MAX) {
+        let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(HAND_OVER_MAX))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(chunk));
+        rustix::net::sendmsg(&sender, &[io::IoSlice::new(&[0])], &mut control, rustix::net::SendFlags::DONTWAIT)
+            .map_err(|e| Error::Proc { pid, what: "sending descriptors to a restored process", source: e.into() })?;
+        for tmp in receive(p, area, ours, chunk.len())? {
+            let [tmp] = clear_of_numbers(p, [tmp as u64], numbers)?;
+            out.push(tmp);
+        }
+    }
+    p.call("close", libc::SYS_close, &[ours])?;
+    Ok(out)
 }
 
 /// Descriptors `fds` of `p`, just made, moved off the numbers of its image

@@ -74,7 +74,7 @@ use crate::{HostPid, Result};
 
 pub(crate) use deleted::capture_contents;
 pub(crate) use file::share_open_files;
-pub(crate) use hand_over::Handed;
+pub(crate) use hand_over::{Handed, give as give_descriptors};
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
@@ -201,7 +201,9 @@ const REMAKE_ORDER: [&dyn Kind; 8] = [
 /// The kind of a descriptor.
 pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
     match kind {
-        FdKind::LayerFile { .. } | FdKind::KeptFile { .. } | FdKind::OtherMount { .. } => &file::PathFile,
+        FdKind::LayerFile { .. } | FdKind::KeptFile { .. } | FdKind::ShmFile { .. } | FdKind::OtherMount { .. } => {
+            &file::PathFile
+        }
         FdKind::Deleted { .. } => &deleted::Deleted,
         FdKind::Memfd { .. } => &memfd::Memfd,
         FdKind::Pipe { .. } => &pipe::Pipe,
@@ -300,7 +302,7 @@ pub(crate) struct Keepers {
 /// Before any process is cloned at a restore: the state of the objects the
 /// templates share with the killed originals goes back (eventfd counters,
 /// timerfd settings; unix socket queues drained, then filled again by
-/// their peers), the pipes are opened again and filled (their keepers
+/// their peers; shared memory's contents), the pipes are opened again and filled (their keepers
 /// returned), the ptys whose masters processes held are made anew (in
 /// `handed`). First, the sockets still holding the TCP connections made
 /// anew are aborted (`tcp.rs`).
@@ -310,6 +312,7 @@ pub(crate) fn put_back_shared(set: &CheckpointTemplates, handed: &mut Handed) ->
     pty::hung_up_in_place_of_gone(set, handed)?;
     let fifos = fifo::open_keepers(set)?;
     let pipes = pipe::put_back(set, &fifos)?;
+    crate::process::shared_memory::put_back(&set.shared_memory)?;
     for t in &set.templates {
         for f in &t.image.fds {
             unix::drain(t.host, f)?;

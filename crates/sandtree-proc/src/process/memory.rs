@@ -1,7 +1,8 @@
 //! A process's memory. A template shares it copy-on-write (the fork copies
 //! the page tables, or a standby's are patched: `incremental.rs`); what a
 //! template cannot hold apart from the running process is refused here:
-//! a mapping of a memfd, a writable shared mapping, a private mapping of
+//! a mapping of a memfd, a writable shared mapping of anything but a file
+//! of the tree or of `/dev/shm` or shared memory (`shared_memory.rs`), a private mapping of
 //! a file the process holds open for writing; and, for a template
 //! made by fork, what the fork does not copy ([`wiped_by_fork`]; mappings
 //! marked `MADV_DONTFORK` are found by the map's size, `checkpoint/`).
@@ -95,33 +96,39 @@ pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
             ),
         ));
     }
-    // A writable shared mapping of a file of the tree is mapped again at a
-    // restore (`remap_shared_files`); of anything else, the template would
-    // share it with the running process.
-    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw") && !remapped(m)) {
+    // A writable shared mapping of a file of the tree or of `/dev/shm` is
+    // mapped again at a restore (`remap_shared_files`); shared memory of no
+    // file has its contents put back (`shared_memory`); of anything else
+    // (a deleted file of the layers, huge pages), the template would share
+    // it with the running process.
+    let captured = |m: &MapImage| remapped(m) || super::shared_memory::object_of(m).is_some();
+    if let Some(m) = p.maps.iter().find(|m| m.shared() && m.perms.starts_with("rw") && !captured(m)) {
         let what = m.path.clone().unwrap_or_else(|| "anonymous memory".into());
         return Err(no(
             format!("mapping {:x}-{:x}", m.start, m.end),
             format!(
-                "writable shared mapping of {what}: a template would share it with the running process (shared anonymous memory, SysV and POSIX shared memory are not captured yet)"
+                "writable shared mapping of {what}: a template would share it with the running process (not captured: only files of the tree and of /dev/shm, shared anonymous memory and SysV segments are)"
             ),
         ));
     }
     Ok(())
 }
 
-/// A writable shared mapping that a restore maps again by path: of a file
-/// of the tree (the layers: not deleted, not under `/dev`, `/proc` or
-/// `/sys`, whose mounts a rollback keeps or makes anew; mounts of the
-/// sandbox's own are refused as a whole).
+/// A shared mapping that a restore maps again by path: a writable one of
+/// a file of the tree (the layers: not deleted, not under `/dev`, `/proc`
+/// or `/sys`, whose mounts a rollback keeps or makes anew; mounts of the
+/// sandbox's own are refused as a whole), or any of a file of `/dev/shm`
+/// (a rollback gives it a fresh tmpfs with the checkpoint's files: the
+/// template's mapping is of the old one's).
 fn remapped(m: &MapImage) -> bool {
     let Some(path) = m.path.as_deref() else { return false };
-    m.shared()
-        && m.perms.starts_with("rw")
-        && m.inode != 0
-        && path.starts_with('/')
-        && !path.ends_with(" (deleted)")
-        && !["/dev/", "/proc/", "/sys/", "/memfd:", "/SYSV"].iter().any(|p| path.starts_with(p))
+    if !m.shared() || m.inode == 0 || !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return false;
+    }
+    if let Some(name) = path.strip_prefix("/dev/shm/") {
+        return !name.is_empty() && !name.contains('/');
+    }
+    m.perms.starts_with("rw") && !["/dev/", "/proc/", "/sys/", "/memfd:", "/SYSV"].iter().any(|p| path.starts_with(p))
 }
 
 /// At a restore of process `host` (added to `b`): each writable shared
@@ -136,12 +143,10 @@ pub(crate) fn remap_shared_files(b: &mut crate::batch::Batch, image: &ProcessIma
     for m in image.maps.iter().filter(|m| remapped(m)) {
         let points = points.get_or_insert_with(|| overlay_mount_points(host));
         let path = b.path(&mapped_file_in_tree(host, m.path.as_deref().unwrap_or_default(), points));
-        let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY;
+        let prot = crate::transplant::prot(m);
+        let access = if prot & libc::PROT_WRITE != 0 { libc::O_RDWR } else { libc::O_RDONLY };
+        let flags = access | libc::O_CLOEXEC | libc::O_NOCTTY;
         let fd = b.call("open (a file mapped shared)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
-        let mut prot = libc::PROT_READ | libc::PROT_WRITE;
-        if m.perms.as_bytes().get(2) == Some(&b'x') {
-            prot |= libc::PROT_EXEC;
-        }
         let args = [
             Arg::Val(m.start),
             Arg::Val(m.end - m.start),

@@ -1,6 +1,7 @@
 //! The state of a process itself, one module per part (the state of what
 //! its descriptors name is `kinds/`): `threads`, `signals`, `timers`,
-//! `session` (session, group, terminal, child subreaper), `memory`. Each
+//! `session` (session, group, terminal, child subreaper), `memory`,
+//! `shared_memory`. Each
 //! has the part's capture (pass 1, the process stopped), check and
 //! restore (the fix-up, in the restored process), which `checkpoint/` and
 //! `restore.rs` call. What a fork copies by itself (memory, registers of
@@ -10,6 +11,7 @@
 pub(crate) mod access;
 pub(crate) mod memory;
 pub(crate) mod session;
+pub(crate) mod shared_memory;
 pub(crate) mod signals;
 pub(crate) mod threads;
 pub(crate) mod timers;

@@ -192,8 +192,11 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
 
 /// Whether a transplant makes mapping `m` again (`transplant.rs`).
 /// (A shared mapping of a file is made again on the file: the same
-/// pages. Shared memory of no file is not.)
+/// pages; of shared memory of no file, on the object the template holds.)
 fn transplantable(m: &crate::model::MapImage) -> bool {
+    if super::shared_memory::object_of(m).is_some() {
+        return true;
+    }
     match m.path.as_deref() {
         Some(p) if p.starts_with('/') => !p.ends_with(" (deleted)"),
         _ if m.shared() => false,
