@@ -324,6 +324,12 @@ pub struct FdImage {
     /// `kinds/file.rs`).
     #[serde(default)]
     pub opened_by: Option<(SandboxPid, i32)>,
+    /// An end of a pipe (or FIFO held as an `O_PATH`) that the process's
+    /// user may not open (made by root before the process changed users:
+    /// `subprocess.Popen(user=...)`'s pipes): the restore's daemon opens it
+    /// again and hands it over (`kinds/pipe.rs`).
+    #[serde(default)]
+    pub daemon_opens: bool,
 }
 
 impl FdKind {

@@ -1067,6 +1067,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             kind,
             same_as: None,
             opened_by: None,
+            daemon_opens: false,
         });
     }
     out.sort_by_key(|f| f.fd);

@@ -38,6 +38,8 @@
 //!    daemon); and the descriptor table: every descriptor closed, then
 //!    each of the template's taken with `pidfd_getfd` onto its number with
 //!    its close-on-exec flag (the very same open files, as a fork shares);
+//!    then its credentials, where they are not its parent's
+//!    (`process::credentials`);
 //! 6. **check**: the child's fingerprint (credentials, capabilities,
 //!    seccomp, dispositions, bounds, limits, namespaces, ...:
 //!    `incremental::fingerprint`) must be the template's; a difference
@@ -58,8 +60,8 @@
 //! (`kinds::give_descriptors`); a SysV segment attached again by id (`shmat`).
 //!
 //! What a transplant cannot give is refused at the checkpoint
-//! (`process::tree`): other shared mappings, mappings of deleted files, other
-//! credentials than the parent's, a session or group the child cannot
+//! (`process::tree`): other shared mappings, mappings of deleted files,
+//! credentials the parent cannot give, a session or group the child cannot
 //! join again.
 
 use std::os::fd::AsFd;
@@ -617,6 +619,12 @@ fn set_the_rest(c: &mut Tracee, t: &Template, copies: &ForkCopies) -> Result<()>
         }
     }
     b.call("close", libc::SYS_close, &[high]);
+    c.run_batch(&mut b)?;
+    // Its own credentials, last (the steps above need its parent's); a
+    // change of ids clears these two again.
+    crate::process::credentials::become_template(c, &mut b, t.host)?;
+    prctl(&mut b, "prctl(PR_SET_DUMPABLE)", libc::PR_SET_DUMPABLE, copies.dumpable);
+    prctl(&mut b, "prctl(PR_SET_PDEATHSIG)", libc::PR_SET_PDEATHSIG, copies.death_signal);
     c.run_batch(&mut b)?;
     Ok(())
 }

@@ -1029,6 +1029,21 @@ static SHARED_MEMORY: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// PostgreSQL (`pg_ctl start`, as the `postgres` user: a postmaster and
+/// its children, each in a session of its own, sharing anonymous memory,
+/// a SysV segment and `/dev/shm` segments) with a `psql` client holding a
+/// transaction open: after a rollback the transaction is open again with
+/// its row, a new connection sees only the committed rows, and the commit
+/// then succeeds with the table and its index agreeing (issue 38, real
+/// programs).
+static POSTGRESQL_WITH_A_CLIENT: Spec = Spec {
+    program: program!("postgresql_with_a_client.py"),
+    at_ck: &[("state", Is("mine=1,2,3 tx=t others=1,2"))],
+    mutate: &[&[Ask("mutate", Is("mine=1,2,3,4,5 tx=f others=1,2,3,4,5"))]],
+    after: &[Ask("commit", Is("mine=1,2,3 tx=f others=1,2,3 counts=3,3"))],
+    ..Spec::DEFAULT
+};
+
 /// Python with SQLite in WAL mode, an open connection and a transaction
 /// not committed yet: after a rollback the transaction is still open with
 /// its row, another process still sees only the committed rows, and the
@@ -2498,6 +2513,7 @@ fn main() {
         ("shared_file_mapping", declared!(SHARED_FILE_MAPPING)),
         ("sqlite_wal", declared!(SQLITE_WAL)),
         ("shared_memory", declared!(SHARED_MEMORY)),
+        ("postgresql_with_a_client", declared!(POSTGRESQL_WITH_A_CLIENT)),
         ("ipykernel_with_a_client", declared!(IPYKERNEL_WITH_A_CLIENT)),
         ("posix_timers", declared!(POSIX_TIMERS)),
         ("signal_pending_for_a_thread", declared!(SIGNAL_PENDING_FOR_A_THREAD)),

@@ -34,6 +34,9 @@ pub(crate) enum Key {
     Slave(u32),
     /// A TCP connection made anew, by inode (`tcp.rs`).
     Tcp(u64),
+    /// An end of a pipe the daemon opened for a process whose user may not
+    /// (`pipe.rs`), by template (host pid) and descriptor.
+    Opened(i32, i32),
 }
 
 /// The objects a restore made so far, and what the socket pairs' ends

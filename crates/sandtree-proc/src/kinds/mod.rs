@@ -183,12 +183,13 @@ impl<'a> Remake<'a> {
 }
 
 /// The kinds made anew one call at a time, in this order: deleted files,
-/// memfds, unix listeners and socket pairs, TCP connections, pty masters, terminals of
+/// pipe ends the daemon opens (handed over), memfds, unix listeners and socket pairs, TCP connections, pty masters, terminals of
 /// sessions closed since the checkpoint (handed over), then inotify
 /// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 8] = [
+const REMAKE_ORDER: [&dyn Kind; 9] = [
     &deleted::Deleted,
+    &pipe::Pipe,
     &memfd::Memfd,
     &unix::Unix,
     &tcp::Tcp,

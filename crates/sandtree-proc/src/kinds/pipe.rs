@@ -27,7 +27,10 @@
 //! checkpoint's bytes at the checkpoint's capacity. Each restored process
 //! opens its ends again through its own `O_PATH` descriptors, with their
 //! access mode and flags (batched, [`Kind::reopen`]); dups of an end in one
-//! process are dups again. The keepers close once every process is back,
+//! process are dups again. An end its user may not open (the pipe made by
+//! root, before the process changed users: `subprocess.Popen(user=...)`)
+//! is opened by the daemon instead and handed over
+//! ([`crate::model::FdImage::daemon_opens`]). The keepers close once every process is back,
 //! before any runs. A FIFO on a layer is reached through its own keeper
 //! (`fifo.rs`).
 //!
@@ -54,11 +57,37 @@ pub(crate) struct Pipe;
 
 impl Kind for Pipe {
     fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
-        if !f.kind.held_as_o_path() {
+        if !f.kind.held_as_o_path() || f.daemon_opens {
             return false;
         }
         reopen_through_o_path(f, b);
         true
+    }
+
+    /// An end its user may not open: opened by the daemon through the
+    /// template's `O_PATH`, handed over.
+    fn remake(&self, f: &FdImage, cx: &mut super::Remake<'_>) -> Result<()> {
+        // (A dup is made a dup again, after.)
+        if !f.daemon_opens || f.same_as.is_some() {
+            return Ok(());
+        }
+        let key = super::hand_over::Key::Opened(cx.template.raw(), f.fd);
+        let access = f.flags & libc::O_ACCMODE as u32;
+        // (Opened non-blocking: its own status flags set after.)
+        let status = f.flags & (libc::O_NONBLOCK | libc::O_DIRECT) as u32;
+        let end = open_proc_fd(cx.template, f.fd, OFlags::from_bits_retain(access))
+            .and_then(|end| {
+                rustix::fs::fcntl_setfl(&end, OFlags::from_bits_retain(status))?;
+                Ok(end)
+            })
+            .map_err(|e| Error::Proc {
+                pid: cx.template,
+                what: "a pipe end, opened for a restored process",
+                source: e,
+            })?;
+        cx.handed.ends.insert(key, end);
+        cx.wanted.push((key, f.fd, f.flags));
+        Ok(())
     }
 }
 

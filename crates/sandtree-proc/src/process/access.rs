@@ -101,10 +101,12 @@ pub(crate) fn deleted_cwd((template, orig): (HostPid, HostPid), p: &ProcessImage
 
 /// The first descriptor of `p` (its template `template`, its original
 /// `orig`) that its user may not open again as the restore does, with
-/// what it names: a file of the tree (by path: every directory above it
-/// searchable, the file readable or writable as its access mode asks), a
-/// pipe or terminal (through its `O_PATH`: the inode alone).
-pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &ProcessImage) -> Option<(i32, String)> {
+/// what it names: a file of the tree or of `/dev/shm` (by path: every
+/// directory above it searchable, the file readable or writable as its
+/// access mode asks), a terminal (through its `O_PATH`: the inode alone).
+/// An end of a pipe it may not open is marked for the daemon to open
+/// (`FdImage::daemon_opens`) instead.
+pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) -> Option<(i32, String)> {
     if p.cap_eff & DAC != 0 {
         return None;
     }
@@ -114,18 +116,28 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &ProcessImage) -> O
         a if a == libc::O_RDWR as u32 => 0o6,
         _ => 0o4,
     };
+    for f in p.fds.iter_mut().filter(|f| f.flags & libc::O_PATH as u32 == 0 && matches!(f.kind, FdKind::Pipe { .. })) {
+        let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
+        f.daemon_opens = node.is_ok_and(|m| !c.may(&m, want(f)));
+    }
+    let p = &*p;
     for f in p.fds.iter().filter(|f| f.same_as.is_none() && f.flags & libc::O_PATH as u32 == 0) {
         let denied = match &f.kind {
-            FdKind::LayerFile { path, .. } | FdKind::Fifo { path, on_layer: true, .. } => {
-                Some(path.clone()).filter(|path| {
-                    let file = fs::metadata(format!("/proc/{template}/root{path}"));
-                    !c.may_walk_to(template, path) || file.is_ok_and(|m| !c.may(&m, want(f)))
-                })
-            }
-            k if k.held_as_o_path() || k.terminal().is_some() => {
+            FdKind::LayerFile { path, .. }
+            | FdKind::Fifo { path, on_layer: true, .. }
+            | FdKind::ShmFile { path, deleted: false } => Some(path.clone()).filter(|path| {
+                let file = fs::metadata(format!("/proc/{template}/root{path}"));
+                !c.may_walk_to(template, path) || file.is_ok_and(|m| !c.may(&m, want(f)))
+            }),
+            k if (k.held_as_o_path() && !f.daemon_opens)
+                || k.terminal().is_some()
+                || matches!(k, FdKind::ShmFile { deleted: true, .. }) =>
+            {
                 let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
                 node.is_ok_and(|m| !c.may(&m, want(f))).then(|| match k {
-                    FdKind::Fifo { path, .. } | FdKind::KeptFile { path, .. } => path.clone(),
+                    FdKind::ShmFile { path, .. } | FdKind::Fifo { path, .. } | FdKind::KeptFile { path, .. } => {
+                        path.clone()
+                    }
                     _ => "a pipe".to_string(),
                 })
             }

@@ -9,6 +9,7 @@
 //! umask) needs nothing here but its checks.
 
 pub(crate) mod access;
+pub(crate) mod credentials;
 pub(crate) mod memory;
 pub(crate) mod session;
 pub(crate) mod shared_memory;

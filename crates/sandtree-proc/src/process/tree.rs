@@ -173,14 +173,7 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
             );
             return Some((c, "memory".into(), why));
         }
-        if (image.uids, image.gids, &image.groups, image.cap_eff)
-            != (parent.uids, parent.gids, &parent.groups, parent.cap_eff)
-            || credentials(*host) != credentials(parent_host)
-        {
-            let why = format!(
-                "it runs with other credentials, capabilities or seccomp filters than its parent (pid {}), which makes it again at a restore (not captured yet)",
-                parent.pid
-            );
+        if let Some(why) = super::credentials::refusal((image, *host), (parent, parent_host)) {
             return Some((c, "credentials".into(), why));
         }
         if let Some(why) = session_refusal(image, parent, &at) {
@@ -206,14 +199,6 @@ fn transplantable(m: &crate::model::MapImage) -> bool {
                 || (p.starts_with("[anon:") && p.ends_with(']'))
         }
     }
-}
-
-/// The `status` lines a fork copies that a transplant does not set:
-/// capabilities, securebits-dependent sets, `no_new_privs`, seccomp.
-fn credentials(host: HostPid) -> Option<Vec<String>> {
-    const KEYS: &[&str] = &["CapInh", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters"];
-    let text = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
-    Some(crate::procfs::status_lines(&text, KEYS).map(str::to_string).collect())
 }
 
 /// Why `image`, made again by `parent` (whose session and group it starts
