@@ -61,11 +61,14 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
         .collect();
     // Standby forks under way (`standby.rs`) end first where the restore
-    // needs the template, or the pid their child gets; the others go on.
+    // needs the template, or the pid their child gets, or where that pid
+    // is not ours to give (a template that may not choose it: a plain
+    // `clone`, which could take any pid the restore frees, and the one
+    // `ns_last_pid` points the restore's next clone at); the others go on.
     for (k, set) in st.pool.iter_mut() {
         for t in set.templates.iter_mut() {
-            let pid = t.forking.as_ref().and_then(|f| f.ns_pid());
-            if k == ck || pid.is_some_and(|p| needed.contains(&p)) {
+            let Some(f) = t.forking.as_ref() else { continue };
+            if k == ck || f.ns_pid().is_none_or(|p| needed.contains(&p)) {
                 t.settle_standby();
             }
         }
@@ -153,6 +156,18 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     while next < order.len() {
         let (i, wait) = order[next];
         next += 1;
+        // A child of a captured process is made by its parent once the
+        // parent is back: one whose parent waits for its pid (put after
+        // the others, above) waits after it.
+        let ppid = set.templates[i].image.ppid;
+        if ppid != SandboxPid::INIT
+            && !handed.cloned_early.contains_key(&set.templates[i].image.pid)
+            && set.templates.iter().any(|p| p.image.pid == ppid)
+            && !report.restored.contains(&ppid)
+        {
+            order.push((i, wait));
+            continue;
+        }
         // (The processes whose connections through listeners it makes
         // again, cloned first: `kinds/unix.rs`.)
         let early = clone_connectors(set, i, &mut handed);

@@ -1389,6 +1389,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     check_image(&image).map_err(Error::Unsupported)?;
     tracing::debug!(pid = s.ns_pid.raw(), took = ?t0.elapsed(), "template image read");
     let tracee = Tracee::new(child, s.regs, c.insn);
+    let any_pid = !crate::check::may_choose_pid(&image);
     Ok(Template {
         image,
         host: child,
@@ -1400,7 +1401,10 @@ fn set_up(c: Cloned) -> Result<Template> {
         forking: None,
         no_standby: false,
         standby_taken: false,
-        any_pid: false,
+        // (A template that may not choose its standby's pid forks it with
+        // whatever pid comes: a try with one would fail, and a checkpoint
+        // that took that fork under way would lose its templates.)
+        any_pid,
         fingerprint: c.fingerprint,
         incremental,
         generation,

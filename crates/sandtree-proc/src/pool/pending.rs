@@ -137,6 +137,9 @@ impl Pool {
                 for s in set.sockets.iter_mut().filter(|s| s.1 == from) {
                     s.1 = host;
                 }
+                for m in set.shared_memory.iter_mut().filter(|m| m.1 == from) {
+                    m.1 = host;
+                }
                 tracing::debug!(checkpoint = ck, pid = ns_pid.raw(), waited = ?t0.elapsed(), "standby of a template taken once forked");
                 Some(host)
             } else {

@@ -65,13 +65,40 @@ pub(crate) fn clone3_as(
     }
 }
 
+/// After a clone at `ns_last_pid`: `ns_last_pid` moved up to the middle
+/// of the pid range (or to `want`, above it), where no restored process
+/// is likely to be. Else the next plain `clone` in the sandbox (a restored
+/// process's holder, made right after it; a standby of a template that may
+/// not choose its pid) gets the pid right after `want`: often the very pid
+/// its first child, made next, must have back. (Failing, it is left.)
+fn park(last_pid: &mut crate::LastPid, want: SandboxPid) {
+    static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let max = *PID_MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
+    });
+    if let Err(e) = last_pid(SandboxPid((max / 2).max(want.raw()))) {
+        tracing::debug!("ns_last_pid not moved up: {e}");
+    }
+}
+
+/// Whether process `pid` has a `SIGCHLD` pending (`status`' `ShdPnd`).
+fn sigchld_pending(pid: crate::HostPid) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let pending = crate::procfs::status_lines(&status, &["ShdPnd"]).next().unwrap_or_default().to_string();
+    let mask = pending.split(':').nth(1).map(str::trim).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
+    mask & (1 << (libc::SIGCHLD - 1)) != 0
+}
+
 /// [`clone3_when_free`] for a process that may not choose its pid (no
 /// `CAP_SYS_ADMIN` in the sandbox, which `set_tid` needs): the `set_tid`
 /// array is taken out of the `clone_args` at `args`, `last_pid` sets the
 /// sandbox's `ns_last_pid` to the one before `want`, and `clone3` takes the
-/// next free pid. A child that got another (`want` was busy: its killed
-/// original not reaped yet) is killed and the clone tried again, as long
-/// as `wait` allows; else `EEXIST`, as `set_tid` gives. Nothing else makes
+/// next free pid, once no process has `want` any more (its killed
+/// original not reaped yet). A child that got another (`want` still held
+/// as a group or session id) is killed and reaped (it would stay a zombie
+/// of the stopped `src`, and enough of them reach the sandbox's limit of
+/// tasks) and the clone tried again, as long as `wait` allows; else
+/// `EEXIST`, as `set_tid` gives. Nothing else makes
 /// processes in the sandbox meanwhile: the restored ones wait stopped
 /// until all are back.
 fn clone3_at_last_pid(
@@ -87,7 +114,17 @@ fn clone3_at_last_pid(
     sandtree_sys::ptrace::write_mem(src.tid.raw(), args + 64, &[0u8; 16])
         .map_err(Error::ptrace(src.tid, "write clone_args"))?;
     let mut backoff = Backoff::new(20, 100, PID_WAIT);
+    // (Seen from the sandbox's `/proc`: a pid that still names a process,
+    // a zombie not reaped yet.)
+    let taken = std::path::PathBuf::from(format!("/proc/{}/root/proc/{}", src.tid, want.raw()));
     for _ in 0..100_000 {
+        if taken.exists() {
+            if !(wait && backoff.snooze()) {
+                return Ok(Outcome { ret: EEXIST, child: None });
+            }
+            *busy += 1;
+            continue;
+        }
         last_pid(SandboxPid(want.raw() - 1)).map_err(|e| Error::Proc {
             pid: src.tid,
             what: "the sandbox's ns_last_pid",
@@ -96,11 +133,30 @@ fn clone3_at_last_pid(
         let out = src.syscall(libc::SYS_clone3, &[args, CLONE_ARGS_SIZE])?;
         match out.ret {
             ERESTARTNOINTR => continue,
-            r if r <= 0 || r == i64::from(want.raw()) => return Ok(out),
+            r if r <= 0 || r == i64::from(want.raw()) => {
+                park(last_pid, want);
+                return Ok(out);
+            }
             _ => {}
         }
+        // (Another pid: `want` is held otherwise, as a group or session
+        // id. The child is killed and reaped, and the `SIGCHLD` its end
+        // sent `src`, blocked while injected into, taken back: a zombie of
+        // the stopped `src` per try would fill the sandbox's limit of
+        // tasks.)
         if let Some(child) = out.child {
+            let sigchld_before = sigchld_pending(src.tid);
             crate::inject::kill_tracee(child);
+            // (`ECHILD` for a sibling, `CLONE_PARENT`'s: init reaps it.)
+            let reaped = src.syscall(libc::SYS_wait4, &[out.ret as u64, 0, libc::__WALL as u64, 0])?.ret > 0;
+            if reaped && !sigchld_before && sigchld_pending(src.tid) {
+                let at = args + 1024;
+                let mut set_and_timeout = (1u64 << (libc::SIGCHLD - 1)).to_ne_bytes().to_vec();
+                set_and_timeout.extend_from_slice(&[0u8; 16]);
+                sandtree_sys::ptrace::write_mem(src.tid.raw(), at, &set_and_timeout)
+                    .map_err(Error::ptrace(src.tid, "write sigset"))?;
+                src.call("rt_sigtimedwait (SIGCHLD)", libc::SYS_rt_sigtimedwait, &[at, 0, at + 8, 8])?;
+            }
         }
         if !(wait && backoff.snooze()) {
             return Ok(Outcome { ret: EEXIST, child: None });

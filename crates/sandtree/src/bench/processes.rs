@@ -28,7 +28,8 @@
 //! which tells how fast this machine hands a CPU between two tasks then.
 //! Then the process-tree workload ([`tree`]): a shell with 49 jobs; last,
 //! the connections workload ([`connections`]): an echo server and a
-//! client holding 16 TCP connections to it.
+//! client holding 16 TCP connections to it; last, the PostgreSQL workload
+//! ([`postgresql`]): a server and a `psql` client in a transaction.
 
 use std::time::{Duration, Instant};
 
@@ -502,3 +503,137 @@ const CONNS: usize = 16;
 pub const CONNS_CK_ROW: &str = "checkpoint, 16 TCP connections (echo server + client)";
 pub const CONNS_RB_ROW: &str = "rollback in place, 16 TCP connections";
 pub const CONNS_FIRST_ROW: &str = "  rollback + a round trip on each connection";
+
+/// The PostgreSQL workload's set-up: a cluster made and started as the
+/// `postgres` user (the host's PostgreSQL, on the unix socket in `/tmp`
+/// only), as an agent would run it.
+const PG_START: &str = r#"
+set -e
+mkdir -p /tmp/pgdata && chown postgres /tmp/pgdata
+cd /tmp
+su postgres -c "initdb -D /tmp/pgdata -A trust -U pg --no-sync >/tmp/initdb.log 2>&1"
+su postgres -c "pg_ctl -D /tmp/pgdata -l /tmp/pg.log -w -o \"-k /tmp -c listen_addresses=''\" start >/dev/null"
+"#;
+
+/// The PostgreSQL workload's client: a `psql` (as `postgres`) that this
+/// program drives; asked `step` on port 9300, it commits the transaction
+/// it holds open, opens another with a row inserted and answers the rows
+/// it sees.
+const PG_CLIENT: &str = r#"
+import os, select, socket, subprocess
+psql = subprocess.Popen(['psql', '-h', '/tmp', '-U', 'pg', '-d', 'postgres', '-X', '-q', '-A', '-t'],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, user='postgres', cwd='/tmp')
+def ask(sql):
+    psql.stdin.write((sql + '\n\\echo __done__\n').encode()); psql.stdin.flush()
+    out = b''
+    while not out.endswith(b'__done__\n'):
+        if not select.select([psql.stdout], [], [], 10)[0]: raise RuntimeError(out)
+        got = os.read(psql.stdout.fileno(), 4096)
+        if not got: raise RuntimeError(out)
+        out += got
+    return out[:-9].decode().strip()
+ask('create table t (x int primary key); begin;')
+ctl = socket.socket()
+ctl.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ctl.bind(('127.0.0.1', 9300))
+ctl.listen(4)
+while True:
+    c, _ = ctl.accept()
+    c.makefile().readline()
+    n = ask('commit; begin; insert into t select coalesce(max(x), 0) + 1 from t; select count(*) from t;')
+    c.sendall(f'{n}\n'.encode())
+    c.close()
+"#;
+
+/// The PostgreSQL workload's baseline: `n` plain `fork()`s of a Python
+/// shaped as the postmaster (pid `PG`): as much shared anonymous memory,
+/// with as many pages in it, and as many private pages of its own as the
+/// postmaster has (its `smaps`), timed until `fork` returns.
+const PG_FORK: &str = r#"
+import mmap, os, time
+shared_size = shared_rss = private = 0
+cur = None
+for line in open(f"/proc/{os.environ['PG']}/smaps"):
+    f = line.split()
+    if '-' in f[0] and len(f) >= 5:
+        cur = f
+        continue
+    kb = int(f[1]) * 1024 if len(f) > 1 and f[1].isdigit() else 0
+    anon_shared = cur[1].endswith('s') and len(cur) >= 6 and cur[5] == '/dev/zero'
+    if f[0] == 'Size:' and anon_shared: shared_size += kb
+    if f[0] == 'Rss:' and anon_shared: shared_rss += kb
+    if f[0] in ('Private_Dirty:', 'Private_Clean:') and not cur[1].endswith('s'): private += kb
+shared = mmap.mmap(-1, shared_size)
+for off in range(0, shared_rss, 4096):
+    shared[off] = 1
+own = mmap.mmap(-1, private, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, private, 4096):
+    own[off] = 1
+out = []
+for _ in range(int(os.environ['FORKS'])):
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    out.append((time.perf_counter() - t) * 1e3)
+    os.waitpid(pid, 0)
+print(' '.join(f'{ms:.4f}' for ms in out))
+"#;
+
+/// The PostgreSQL workload: a PostgreSQL server (postmaster and its
+/// children, as the `postgres` user, sharing memory) and a `psql` client
+/// holding a transaction open (seven processes); each step commits, opens
+/// another transaction with a row inserted, and checkpoints; then
+/// rollbacks go to random checkpoints, each followed by a step (the
+/// client's transaction, rolled back with the server, commits). Rows:
+/// checkpoint, rollback in place, and the baseline: a fork of a process
+/// shaped as the postmaster.
+pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Result<()> {
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    bash(engine, &sb, PG_START).await.context("starting PostgreSQL")?;
+    let req = |code: &str, env: Vec<(String, String)>, background: bool| ExecRequest {
+        cmd: vec!["python3".into(), "-c".into(), code.into()],
+        env: env.into_iter().collect(),
+        background,
+        ..Default::default()
+    };
+    let pid = bash(engine, &sb, "head -1 /tmp/pgdata/postmaster.pid").await?.trim().to_string();
+    let env = vec![("PG".to_string(), pid), ("FORKS".to_string(), n.to_string())];
+    let out = engine.exec(&sb, req(PG_FORK, env, false)).await.map_err(err)?;
+    if out.exit_code != Some(0) {
+        bail!("the PostgreSQL fork baseline failed: exit {:?}: {}", out.exit_code, out.stderr);
+    }
+    let fork_ms: Vec<f64> = out.stdout.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    engine.exec(&sb, req(PG_CLIENT, Vec::new(), true)).await.map_err(err)?;
+    wait_for_port(engine, &sb, 9300, "step").await?;
+    let step = || async {
+        let got = bash(engine, &sb, &tcp_request(9300, "step")).await?;
+        got.trim().parse::<u64>().with_context(|| format!("the PostgreSQL client answered {got:?}"))
+    };
+    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        step().await?;
+        let (id, ms, _) = checkpoint(engine, &sb).await?;
+        ck_ms.push(ms);
+        ids.push(id);
+    }
+    let mut rb_ms = Vec::new();
+    for _ in 0..n {
+        step().await?;
+        let (_, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
+        rb_ms.push(ms);
+        step().await?;
+    }
+    let g = "processes";
+    report.rows.push(Row::new(g, PG_CK_ROW, &ck_ms));
+    report.rows.push(Row::new(g, PG_RB_ROW, &rb_ms));
+    report.rows.push(Row::new("baseline", PG_FORK_ROW, &fork_ms));
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
+
+/// The PostgreSQL workload's rows.
+pub const PG_CK_ROW: &str = "checkpoint, PostgreSQL + psql in a transaction (7 processes)";
+pub const PG_RB_ROW: &str = "rollback in place, PostgreSQL + psql in a transaction";
+pub const PG_FORK_ROW: &str = "fork() of a process shaped as PostgreSQL's postmaster";

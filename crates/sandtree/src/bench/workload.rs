@@ -300,6 +300,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     settle(engine).await;
     eprint_phase(args, "TCP connections (echo server + client, 16 connections)");
     super::processes::connections(engine, n, &mut report).await?;
+    settle(engine).await;
+    eprint_phase(args, "PostgreSQL (server + psql in a transaction)");
+    super::processes::postgresql(engine, n, &mut report).await?;
     if !args.quick {
         settle(engine).await;
         eprint_phase(args, "processes (REPL 1 GB)");
@@ -437,6 +440,12 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
     r.check("rollback in place with processes p95", "<= 6 ms", format!("{rb95:.2} ms"), rb95 <= 6.0);
     let (tree, _) = p(r, super::processes::TREE_CK_ROW);
     r.check("checkpoint, 50-process tree p50", "<= 10 ms", format!("{tree:.2} ms"), tree <= 10.0);
+    let (pg_ck, _) = p(r, super::processes::PG_CK_ROW);
+    let (pg_fork, _) = p(r, super::processes::PG_FORK_ROW);
+    let ratio = pg_ck / pg_fork;
+    r.check("checkpoint, PostgreSQL p50 vs a fork of its postmaster", "<= 2x", format!("{ratio:.1}x"), ratio <= 2.0);
+    let (pg_rb, _) = p(r, super::processes::PG_RB_ROW);
+    r.check("rollback in place, PostgreSQL p50", "<= 5 ms", format!("{pg_rb:.2} ms"), pg_rb <= 5.0);
     if !args.quick {
         let (ck1g, _) = p(r, "checkpoint, REPL 1 GB + http + shell");
         r.check("checkpoint with processes (REPL 1 GB) p50", "<= 15 ms", format!("{ck1g:.2} ms"), ck1g <= 15.0);
