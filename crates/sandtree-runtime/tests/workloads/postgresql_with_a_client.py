@@ -8,9 +8,12 @@
 # Commands: `state`: the rows the client sees (`mine`), whether its
 # transaction is open (`tx`: a transaction id assigned), and the rows a new
 # connection sees (`others`: committed ones only); `mutate`: the client
-# commits and inserts two rows more; `commit`: the client commits, then
-# what both see, and a check of the table's index (`amcheck`-free: a
-# count through an index scan equals a count through the table).
+# commits and inserts two rows more (10 and 11); `commit`: the client commits, then
+# inserts one row more in a transaction of its own, then what both see,
+# and a check of the table's index (`amcheck`-free: a count through an
+# index scan equals a count through the table); `step`: the client
+# commits, opens another transaction with one row more (through the
+# index), and answers how many rows it sees.
 import os, select, subprocess
 
 DATA = '/tmp/pgdata'
@@ -68,10 +71,15 @@ def handle(cmd):
     if cmd == 'state':
         return state()
     if cmd == 'mutate':
-        ask('commit; insert into t values (4), (5);')
+        ask('commit; insert into t values (10), (11);')
         return state()
+    if cmd == 'step':
+        # (What the bench's PostgreSQL workload does each step.)
+        return ask('commit; begin; insert into t select max(x) + 1 from t; select count(*) from t;')
     if cmd == 'commit':
-        ask('commit;')
+        # (Then one more row, through the primary key's index, in a
+        # transaction of its own.)
+        ask('commit; begin; insert into t select max(x) + 1 from t; commit;')
         counts = ask('set enable_seqscan = off; select count(*) from t where x > 0; '
                      'set enable_seqscan = on; set enable_indexscan = off; set enable_bitmapscan = off; '
                      'select count(*) from t where x > 0;').split()
