@@ -545,6 +545,21 @@ fn handlers(s: &StoppedProcess, orig: &mut Tracee, caught: u64) -> Result<Vec<Ha
 /// red zone, dead space, and put back what was there; the holder's lists
 /// of runs are written below those, on the main stack only, and put back
 /// once the copy is done.)
+/// [`patch`]'s answer when the checkpoint forks: the reads of the stopped
+/// process and its descriptors.
+fn fork_instead<B>(
+    s: &StoppedProcess,
+    orig: &mut Tracee,
+    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
+    before: impl FnOnce(&mut Tracee, bool) -> Result<StoppedReads<B>>,
+) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
+    let host = s.host;
+    tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: a child of another process that ran");
+    let StoppedReads { rest: pre, .. } = before(orig, false)?;
+    let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
+    Ok((None, fds, pre))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
     s: &StoppedProcess,
@@ -566,13 +581,22 @@ pub(crate) fn patch<B>(
     // the process ran no code since (see the module docs).
     // (Else the scan and the FPU state, read already, serve below.)
     let (mut scanned_first, mut xstate_read) = (None, None);
+    // A child made again by its parent (`transplant.rs`) takes its standby
+    // as it is, quiet, or forks: patched with the pages it wrote, a `psql`
+    // driven over pipes by its parent came back out of step with its
+    // server (an insert waited forever for a transaction of the future),
+    // restored exactly from a fork. The cause is not found yet.
+    let quiet_only = s.ns_ppid != crate::SandboxPid::INIT;
     if let Some(xstate) = quiet {
         match scan(host, &base, tracking, t0) {
             Ok(Ok(sc)) if sc.taken && sc.zap.is_empty() && as_they_were(host, base.template, &sc.copy, rseq) => {
                 return patch_quiet(s, orig, tracking, base, (rseq, mounts), (xstate, sc), before, during, seen);
             }
+            _ if quiet_only => return fork_instead(s, orig, mounts, before),
             other => (scanned_first, xstate_read) = (Some(other), Some(xstate)),
         }
+    } else if quiet_only {
+        return fork_instead(s, orig, mounts, before);
     }
     // (Any way out but the end drops `base`, which kills the standby.)
     let mut buf = take_buffer(0);

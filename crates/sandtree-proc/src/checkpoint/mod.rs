@@ -990,14 +990,8 @@ fn clone_of(
         crate::process::threads::rseq_abort(host, rseq, &mut image_regs);
         // A tracked process with a base: its template from the previous
         // one's standby, if it can be (`incremental.rs`).
-        // (A child made again by its parent forks its template: made from
-        // its standby, a `psql` driven over pipes by its parent came back
-        // out of step with its server, restored exactly from a fork. The
-        // cause is not found yet: `docs/performance-notes.md`.)
-        let incremental = track
-            .as_mut()
-            .and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?, tk.copier.as_mut())))
-            .filter(|_| s.ns_ppid == SandboxPid::INIT);
+        let incremental =
+            track.as_mut().and_then(|tk| Some((tk.tracking.as_ref()?, tk.base.take()?, tk.copier.as_mut())));
         // Registers and FPU state as the previous template's image has
         // them: the process may have run no code since.
         let quiet = incremental
