@@ -54,7 +54,7 @@ pub fn open_in(root: &OwnedFd, path: &str, flags: OFlags) -> io::Result<OwnedFd>
 pub(crate) struct Seen {
     pipes: std::collections::HashSet<(u64, u64)>,
     sockets: std::collections::HashSet<u64>,
-    shared_memory: std::collections::HashSet<crate::process::shared_memory::ObjectKey>,
+    shared_memory: std::collections::HashSet<(u64, u64, bool)>,
 }
 
 impl Seen {
@@ -63,8 +63,9 @@ impl Seen {
         self.pipes.insert(key)
     }
 
-    /// Whether shared memory object `key` is seen here first.
-    pub(crate) fn first_shared_memory(&mut self, key: crate::process::shared_memory::ObjectKey) -> bool {
+    /// Whether shared memory object `key` (device, inode, SysV or not:
+    /// `process::shared_memory::ObjectKey`) is seen here first.
+    pub(crate) fn first_shared_memory(&mut self, key: (u64, u64, bool)) -> bool {
         self.shared_memory.insert(key)
     }
 

@@ -978,4 +978,16 @@ impl MapImage {
     pub fn shared(&self) -> bool {
         self.perms.ends_with('s')
     }
+
+    /// Its protection (`PROT_*`), from its `rwxp`.
+    pub fn prot(&self) -> i32 {
+        let p = self.perms.as_bytes();
+        let mut prot = libc::PROT_NONE;
+        for (i, bit) in [(0, libc::PROT_READ), (1, libc::PROT_WRITE), (2, libc::PROT_EXEC)] {
+            if p.get(i).is_some_and(|c| *c != b'-') {
+                prot |= bit;
+            }
+        }
+        prot
+    }
 }

@@ -272,7 +272,8 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     if maps_of(c.tid)?.iter().any(|m| is_moved(m) && overlaps(m, t.scratch, scratch_end)) {
         return Err(unsupported("the template's scratch mapping lies on the new process's vDSO".into()));
     }
-    let scratch_prot = theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, prot);
+    let scratch_prot =
+        theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, MapImage::prot);
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
     c.call("mmap (scratch)", libc::SYS_mmap, &[t.scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
     // Shared memory of no file (but SysV's): the objects the template
@@ -367,23 +368,11 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     Ok(())
 }
 
-/// `PROT_*` of a mapping's `rwxp`.
-pub(crate) fn prot(m: &MapImage) -> i32 {
-    let p = m.perms.as_bytes();
-    let mut prot = libc::PROT_NONE;
-    for (i, bit) in [(0, libc::PROT_READ), (1, libc::PROT_WRITE), (2, libc::PROT_EXEC)] {
-        if p.get(i).is_some_and(|c| *c != b'-') {
-            prot |= bit;
-        }
-    }
-    prot
-}
-
 /// Add to `b` the calls that make mapping `m` again, empty (its pages are
 /// copied after); what cannot be made so, as a reason.
 fn map_again(b: &mut Batch, m: &MapImage, in_tree: &dyn Fn(&str) -> String) -> std::result::Result<(), String> {
     let (start, len) = (m.start, m.end - m.start);
-    let prot = prot(m) as u64;
+    let prot = m.prot() as u64;
     let file = m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"));
     if m.shared() && file.is_none() {
         return Err(format!("mapping {:x}-{:x} is shared memory", m.start, m.end));
@@ -447,7 +436,7 @@ fn give_objects(c: &mut Tracee, t: &Template, theirs: &[MapImage]) -> Result<Vec
     for m in theirs {
         let m = as_captured(m, t);
         if matches!(shared_memory::object_of(m), Some(Object::Anonymous | Object::DeletedShmFile)) {
-            let access = match prot(m) & libc::PROT_WRITE != 0 {
+            let access = match m.prot() & libc::PROT_WRITE != 0 {
                 true => rustix::fs::OFlags::RDWR,
                 false => rustix::fs::OFlags::RDONLY,
             };
@@ -475,7 +464,7 @@ fn map_object(
     template: HostPid,
 ) -> std::result::Result<(), String> {
     use crate::process::shared_memory::{self, Object, Reach};
-    let (start, len, prot) = (m.start, m.end - m.start, prot(m));
+    let (start, len, prot) = (m.start, m.end - m.start, m.prot());
     let val = Arg::Val;
     if o == Object::SysV {
         let size = shared_memory::open(template, Reach::Mapping(m.start, m.end), rustix::fs::OFlags::RDONLY)

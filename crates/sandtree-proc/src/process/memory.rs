@@ -143,7 +143,7 @@ pub(crate) fn remap_shared_files(b: &mut crate::batch::Batch, image: &ProcessIma
     for m in image.maps.iter().filter(|m| remapped(m)) {
         let points = points.get_or_insert_with(|| overlay_mount_points(host));
         let path = b.path(&mapped_file_in_tree(host, m.path.as_deref().unwrap_or_default(), points));
-        let prot = crate::transplant::prot(m);
+        let prot = m.prot();
         let access = if prot & libc::PROT_WRITE != 0 { libc::O_RDWR } else { libc::O_RDONLY };
         let flags = access | libc::O_CLOEXEC | libc::O_NOCTTY;
         let fd = b.call("open (a file mapped shared)", libc::SYS_open, &[path, Arg::Val(flags as u64), Arg::Val(0)]);
