@@ -545,21 +545,6 @@ fn handlers(s: &StoppedProcess, orig: &mut Tracee, caught: u64) -> Result<Vec<Ha
 /// red zone, dead space, and put back what was there; the holder's lists
 /// of runs are written below those, on the main stack only, and put back
 /// once the copy is done.)
-/// [`patch`]'s answer when the checkpoint forks: the reads of the stopped
-/// process and its descriptors.
-fn fork_instead<B>(
-    s: &StoppedProcess,
-    orig: &mut Tracee,
-    mounts: &std::collections::HashMap<i32, sandtree_sys::mountinfo::MountEntry>,
-    before: impl FnOnce(&mut Tracee, bool) -> Result<StoppedReads<B>>,
-) -> Result<(Option<Patched>, Vec<FdImage>, B)> {
-    let host = s.host;
-    tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: a child of another process that ran");
-    let StoppedReads { rest: pre, .. } = before(orig, false)?;
-    let fds = crate::procfs::fds(host, mounts).map_err(|e| Error::Proc { pid: host, what: "fds", source: e })?;
-    Ok((None, fds, pre))
-}
-
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch<B>(
     s: &StoppedProcess,
@@ -581,22 +566,13 @@ pub(crate) fn patch<B>(
     // the process ran no code since (see the module docs).
     // (Else the scan and the FPU state, read already, serve below.)
     let (mut scanned_first, mut xstate_read) = (None, None);
-    // A child made again by its parent (`transplant.rs`) takes its standby
-    // as it is, quiet, or forks: patched with the pages it wrote, a `psql`
-    // driven over pipes by its parent came back out of step with its
-    // server (an insert waited forever for a transaction of the future),
-    // restored exactly from a fork. The cause is not found yet.
-    let quiet_only = s.ns_ppid != crate::SandboxPid::INIT;
     if let Some(xstate) = quiet {
         match scan(host, &base, tracking, t0) {
             Ok(Ok(sc)) if sc.taken && sc.zap.is_empty() && as_they_were(host, base.template, &sc.copy, rseq) => {
                 return patch_quiet(s, orig, tracking, base, (rseq, mounts), (xstate, sc), before, during, seen);
             }
-            _ if quiet_only => return fork_instead(s, orig, mounts, before),
             other => (scanned_first, xstate_read) = (Some(other), Some(xstate)),
         }
-    } else if quiet_only {
-        return fork_instead(s, orig, mounts, before);
     }
     // (Any way out but the end drops `base`, which kills the standby.)
     let mut buf = take_buffer(0);
@@ -1239,22 +1215,33 @@ fn scan(
     if written.iter().any(|r| r.categories & uffd::PAGE_IS_GUARD != 0) {
         return Ok(Err("guard regions were installed: a fork copies them".into()));
     }
-    let private = |a: u64, b: u64| maps.iter().any(|m| !m.shared() && m.start <= a && b <= m.end);
+    // Each run of written pages, cut at the private mappings it lies in:
+    // the scan's runs go across mappings (the tracking's ranges merge
+    // adjacent mappings, and the kernel merges pages of the same
+    // categories whatever their mapping: a binary's `.data`, a file's, and
+    // the anonymous rest of its `.bss` right after it). Keeping only the
+    // runs inside one mapping lost those pages: the template kept their
+    // previous checkpoint's contents (a `psql` came back out of step with
+    // its server).
+    let private: Vec<(u64, u64)> = maps.iter().filter(|m| !m.shared()).map(|m| (m.start, m.end)).collect();
     let mut copy = Vec::new();
     let mut zap = Vec::new();
-    for r in written.iter().filter(|r| private(r.start, r.end)) {
-        // (A written page swapped out since, or being migrated, reads back
-        // through /proc/<pid>/mem: only a page neither present nor swapped
-        // was dropped.)
-        if r.categories & (uffd::PAGE_IS_PRESENT | uffd::PAGE_IS_SWAPPED) != 0 {
-            let mut at = r.start;
-            while at < r.end {
-                let end = r.end.min(at + JOB_BYTES as u64);
-                copy.push((at, end));
-                at = end;
+    for r in &written {
+        for &(start, end) in private.iter().filter(|&&(start, end)| start < r.end && r.start < end) {
+            let (a, b) = (r.start.max(start), r.end.min(end));
+            // (A written page swapped out since, or being migrated, reads
+            // back through /proc/<pid>/mem: only a page neither present
+            // nor swapped was dropped.)
+            if r.categories & (uffd::PAGE_IS_PRESENT | uffd::PAGE_IS_SWAPPED) != 0 {
+                let mut at = a;
+                while at < b {
+                    let end = b.min(at + JOB_BYTES as u64);
+                    copy.push((at, end));
+                    at = end;
+                }
+            } else {
+                zap.push((a, b));
             }
-        } else {
-            zap.push((r.start, r.end));
         }
     }
     let pages: u64 = copy.iter().map(|(a, b)| (b - a) / 4096).sum();

@@ -1035,9 +1035,7 @@ static SHARED_MEMORY: Spec = Spec {
 /// transaction open: after a rollback the transaction is open again with
 /// its row, a new connection sees only the committed rows, and the commit
 /// then succeeds, and an insert after it, with the table and its index
-/// agreeing (issue 38, real programs; the insert hung, waiting for a
-/// transaction of the future, when the client came back from a template
-/// made from its standby).
+/// agreeing (issue 38, real programs).
 static POSTGRESQL_WITH_A_CLIENT: Spec = Spec {
     program: program!("postgresql_with_a_client.py"),
     at_ck: &[("state", Is("mine=1,2,3 tx=t others=1,2"))],
@@ -1755,9 +1753,10 @@ fn templates_from_older_standbys(e: &Engine) -> CaseFuture<'_> {
 /// standbys: a step (the client commits and opens another transaction
 /// with a row inserted) before each of five checkpoints taken a moment
 /// apart, then a rollback to each, each followed by a step, which must
-/// find the rows of its checkpoint and add one (with the client's
-/// templates made from standbys, the insert waited forever for a
-/// transaction of the future).
+/// find the rows of its checkpoint and add one (the client's templates
+/// made from standbys lost the pages it wrote across two adjacent
+/// mappings, and the insert waited forever for a transaction of the
+/// future: `incremental::scan`).
 fn postgresql_through_checkpoints(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let w = Workload::start_python(e, program!("postgresql_with_a_client.py")).await?;

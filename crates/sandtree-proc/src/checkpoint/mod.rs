@@ -1149,14 +1149,15 @@ fn clone_of(
             })?,
             false => None,
         };
-        let session = match patched.is_some() {
-            true => Some((
-                status.ns_pgid,
-                status.ns_sid,
-                procfs::tty_nr(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })? != 0,
-            )),
-            false => None,
-        };
+        // The original's session, group and terminal: a template made for
+        // a child of another process left them as it was made
+        // (`process::tree`), and one made from a standby has the
+        // previous template's.
+        let session = Some((
+            status.ns_pgid,
+            status.ns_sid,
+            procfs::tty_nr(host).map_err(|e| Error::Proc { pid: host, what: "stat", source: e })? != 0,
+        ));
 
         let mut fds = match fds {
             Some(fds) => fds,
@@ -1204,6 +1205,7 @@ fn clone_of(
             (Err(e), ..) | (_, Err(e), _) => return Err(Error::Proc { pid: host, what: "cwd and root", source: e }),
         };
         tracing::debug!(pid = s.ns_pid.raw(), ?t_clone, all = ?t0.elapsed(), "template cloned");
+        let from_standby = patched.is_some();
         let (patched, to_write, prev) = match patched {
             Some(p) => (Some((p.scratch, p.maps, p.generation)), Some(p.pending), Some(p.prev)),
             None => (None, None, None),
@@ -1255,7 +1257,7 @@ fn clone_of(
             wiped,
             dont_fork,
             copier,
-            facts: session.is_some().then_some((status, comm)),
+            facts: from_standby.then_some((status, comm)),
             exit_signal,
             tpgid,
             stop_reports,
