@@ -79,6 +79,11 @@ buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 buf.madvise(mmap.MADV_NOHUGEPAGE)
 for off in range(0, size, 4096):
     buf[off] = 1
+"#;
+
+/// The end of both fork baselines' programs: `FORKS` forks of the
+/// process, each timed until `fork` returns, the times printed (ms).
+const FORK_TIMES: &str = r#"
 out = []
 for _ in range(int(os.environ['FORKS'])):
     t = time.perf_counter()
@@ -298,7 +303,7 @@ pub fn inject_row(label: &str) -> String {
 /// [`FORK`]'s samples in sandbox `sb`.
 async fn fork_baseline(engine: &Engine, sb: &str, n: usize, repl_mb: u64) -> Result<Vec<f64>> {
     let req = ExecRequest {
-        cmd: vec!["python3".into(), "-c".into(), FORK.into()],
+        cmd: vec!["python3".into(), "-c".into(), format!("{FORK}{FORK_TIMES}")],
         env: [("REPL_MB".to_string(), repl_mb.to_string()), ("FORKS".to_string(), n.to_string())].into(),
         ..Default::default()
     };
@@ -569,21 +574,13 @@ for off in range(0, shared_rss, 4096):
 own = mmap.mmap(-1, private, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 for off in range(0, private, 4096):
     own[off] = 1
-out = []
-for _ in range(int(os.environ['FORKS'])):
-    t = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    out.append((time.perf_counter() - t) * 1e3)
-    os.waitpid(pid, 0)
-print(' '.join(f'{ms:.4f}' for ms in out))
 "#;
 
 /// The PostgreSQL workload: a PostgreSQL server (postmaster and its
 /// children, as the `postgres` user, sharing memory) and a `psql` client
-/// holding a transaction open (seven processes); each step commits, opens
-/// another transaction with a row inserted, and checkpoints; then
+/// holding a transaction open, driven by a Python (nine processes); each
+/// step commits, opens another transaction with a row inserted, and
+/// checkpoints; then
 /// rollbacks go to random checkpoints, each followed by a step (the
 /// client's transaction, rolled back with the server, commits). Rows:
 /// checkpoint, rollback in place, and the baseline: a fork of a process
@@ -600,7 +597,7 @@ pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Resul
     };
     let pid = bash(engine, &sb, "head -1 /tmp/pgdata/postmaster.pid").await?.trim().to_string();
     let env = vec![("PG".to_string(), pid), ("FORKS".to_string(), n.to_string())];
-    let out = engine.exec(&sb, req(PG_FORK, env, false)).await.map_err(err)?;
+    let out = engine.exec(&sb, req(&format!("{PG_FORK}{FORK_TIMES}"), env, false)).await.map_err(err)?;
     if out.exit_code != Some(0) {
         bail!("the PostgreSQL fork baseline failed: exit {:?}: {}", out.exit_code, out.stderr);
     }
@@ -634,6 +631,6 @@ pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Resul
 }
 
 /// The PostgreSQL workload's rows.
-pub const PG_CK_ROW: &str = "checkpoint, PostgreSQL + psql in a transaction (7 processes)";
+pub const PG_CK_ROW: &str = "checkpoint, PostgreSQL + psql in a transaction (9 processes)";
 pub const PG_RB_ROW: &str = "rollback in place, PostgreSQL + psql in a transaction";
 pub const PG_FORK_ROW: &str = "fork() of a process shaped as PostgreSQL's postmaster";
