@@ -23,6 +23,27 @@ pub(crate) fn open_proc_fd(host: HostPid, fd: i32, flags: OFlags) -> io::Result<
     Ok(rustix::fs::open(format!("/proc/{host}/fd/{fd}"), flags | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())?)
 }
 
+/// The data segments (offset, length) of `f`, `size` bytes long.
+pub(crate) fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < size {
+        let start = match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(at)) {
+            Ok(s) => s,
+            // (No data from here on.)
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(f, rustix::fs::SeekFrom::Hole(start))?.min(size);
+        if end <= start {
+            break;
+        }
+        out.push((start, end - start));
+        at = end;
+    }
+    Ok(out)
+}
+
 /// The root of process `host`'s tree (`/proc/<host>/root`), to open
 /// paths of the sandbox in with [`open_in`].
 pub fn tree_root(host: HostPid) -> io::Result<OwnedFd> {

@@ -63,6 +63,18 @@ impl SandboxPid {
     pub const fn raw(self) -> i32 {
         self.0
     }
+
+    /// One past the highest pid (`kernel.pid_max`, read once; 32768 if it
+    /// cannot be read): the range of every pid namespace.
+    pub(crate) fn max() -> i32 {
+        static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+        *PID_MAX.get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/pid_max")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(32768)
+        })
+    }
 }
 
 impl std::fmt::Display for HostPid {

@@ -87,21 +87,10 @@ type Segments = Vec<(u64, u64)>;
 /// `host` (`SEEK_DATA`/`SEEK_HOLE` on a new open of it: the process's
 /// offset does not move), and their bytes one after the other.
 fn read_segments(host: HostPid, fd: i32, size: u64) -> io::Result<(Vec<u8>, Segments)> {
-    use rustix::fs::SeekFrom;
     let f = open_proc_fd(host, fd, OFlags::RDONLY)?;
-    let (mut bytes, mut segments, mut at) = (Vec::new(), Vec::new(), 0u64);
-    while at < size {
-        let start = match rustix::fs::seek(&f, SeekFrom::Data(at)) {
-            Ok(s) => s,
-            // (No data from here on: the rest is a hole.)
-            Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let end = rustix::fs::seek(&f, SeekFrom::Hole(start))?.min(size);
-        if end <= start {
-            break;
-        }
-        let mut seg = vec![0u8; (end - start) as usize];
+    let (mut bytes, mut segments) = (Vec::new(), Vec::new());
+    for (start, len) in crate::fdstate::data_segments(&f, size)? {
+        let mut seg = vec![0u8; len as usize];
         let mut got = 0;
         while got < seg.len() {
             match rustix::io::pread(&f, &mut seg[got..], start + got as u64) {
@@ -114,7 +103,6 @@ fn read_segments(host: HostPid, fd: i32, size: u64) -> io::Result<(Vec<u8>, Segm
         seg.truncate(got);
         segments.push((start, seg.len() as u64));
         bytes.extend_from_slice(&seg);
-        at = end;
     }
     Ok((bytes, segments))
 }

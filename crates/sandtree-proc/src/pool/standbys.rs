@@ -153,10 +153,7 @@ impl Pool {
 /// the top of the range, where the kernel, counting up from 1, gives pids
 /// last), none of the pool's.
 fn pool_pid(next: &mut SandboxPid, taken: &std::collections::HashSet<SandboxPid>) -> SandboxPid {
-    static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    let max = *PID_MAX.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
-    });
+    let max = SandboxPid::max();
     let floor = max / 2;
     let next_raw = next.raw();
     let mut pid = if next_raw <= floor || next_raw >= max { max - 1 } else { next_raw };
@@ -180,7 +177,7 @@ mod tests {
 
     #[test]
     fn standby_pids_count_down_from_the_top_and_skip_the_pools() {
-        let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+        let max = SandboxPid::max();
         let pid = SandboxPid;
         let mut next = pid(0);
         let none = HashSet::new();

@@ -52,26 +52,22 @@ struct Status {
 }
 
 impl Status {
+    /// Of process `host`: its ids as `procfs` reads them, the rest from
+    /// the same text.
     fn of(host: HostPid) -> io::Result<Status> {
-        let text = std::fs::read_to_string(format!("/proc/{host}/status"))?;
+        let st = crate::procfs::status(host)?;
+        let text = &st.text;
         let line = |key: &str| {
             text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(str::trim).unwrap_or_default()
         };
-        let ids = |key: &str| {
-            let mut out = [0u32; 4];
-            for (o, v) in out.iter_mut().zip(line(key).split_whitespace()) {
-                *o = v.parse().unwrap_or(0);
-            }
-            out
-        };
         let caps = |key: &str| u64::from_str_radix(line(key), 16).unwrap_or(0);
         Ok(Status {
-            uids: ids("Uid"),
-            gids: ids("Gid"),
-            groups: line("Groups").split_whitespace().filter_map(|g| g.parse().ok()).collect(),
+            uids: st.uids,
+            gids: st.gids,
+            groups: st.groups.clone(),
             inheritable: caps("CapInh"),
             permitted: caps("CapPrm"),
-            effective: caps("CapEff"),
+            effective: st.cap_eff,
             bounding: caps("CapBnd"),
             ambient: caps("CapAmb"),
             no_new_privs: line("NoNewPrivs") == "1",

@@ -72,21 +72,14 @@ pub(crate) fn clone3_as(
 /// not choose its pid) gets the pid right after `want`: often the very pid
 /// its first child, made next, must have back. (Failing, it is left.)
 fn park(last_pid: &mut crate::LastPid, want: SandboxPid) {
-    static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    let max = *PID_MAX.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(32768)
-    });
-    if let Err(e) = last_pid(SandboxPid((max / 2).max(want.raw()))) {
+    if let Err(e) = last_pid(SandboxPid((SandboxPid::max() / 2).max(want.raw()))) {
         tracing::debug!("ns_last_pid not moved up: {e}");
     }
 }
 
-/// Whether process `pid` has a `SIGCHLD` pending (`status`' `ShdPnd`).
+/// Whether process `pid` has a `SIGCHLD` pending.
 fn sigchld_pending(pid: crate::HostPid) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let pending = crate::procfs::status_lines(&status, &["ShdPnd"]).next().unwrap_or_default().to_string();
-    let mask = pending.split(':').nth(1).map(str::trim).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
-    mask & (1 << (libc::SIGCHLD - 1)) != 0
+    crate::procfs::status(pid).is_ok_and(|s| s.signals.pending & (1 << (libc::SIGCHLD - 1)) != 0)
 }
 
 /// [`clone3_when_free`] for a process that may not choose its pid (no

@@ -170,32 +170,11 @@ fn save(object: &OwnedFd, key: ObjectKey) -> io::Result<SharedMemoryCopy> {
     let size = rustix::fs::fstat(object)?.st_size as u64;
     let copy = rustix::fs::memfd_create("sandtree-shared-memory", MemfdFlags::CLOEXEC)?;
     rustix::fs::ftruncate(&copy, size)?;
-    let segments = data_segments(object, size)?;
+    let segments = crate::fdstate::data_segments(object, size)?;
     for &(start, len) in &segments {
         transfer(object, &copy, start, len)?;
     }
     Ok(SharedMemoryCopy { key, size, segments, copy })
-}
-
-/// The data segments (offset, length) of `f`, `size` bytes long.
-fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    while at < size {
-        let start = match rustix::fs::seek(f, SeekFrom::Data(at)) {
-            Ok(s) => s,
-            // (No data from here on.)
-            Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let end = rustix::fs::seek(f, SeekFrom::Hole(start))?.min(size);
-        if end <= start {
-            break;
-        }
-        out.push((start, end - start));
-        at = end;
-    }
-    Ok(out)
 }
 
 /// `len` bytes at offset `start` of `from` written at the same offset of

@@ -308,14 +308,41 @@ async fn fork_baseline(engine: &Engine, sb: &str, n: usize, repl_mb: u64) -> Res
         ..Default::default()
     };
     let out = engine.exec(sb, req).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    fork_samples(&out, n, "the fork baseline")
+}
+
+/// The `n` times a fork baseline's program (its output `out`) printed.
+fn fork_samples(out: &sandtree_api::ExecResponse, n: usize, what: &str) -> Result<Vec<f64>> {
     if out.exit_code != Some(0) {
-        bail!("the fork baseline failed: exit {:?}: {}", out.exit_code, out.stderr);
+        bail!("{what} failed: exit {:?}: {}", out.exit_code, out.stderr);
     }
     let ms: Vec<f64> = out.stdout.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
     if ms.len() != n {
-        bail!("the fork baseline printed {} samples, not {n}", ms.len());
+        bail!("{what} printed {} samples, not {n}", ms.len());
     }
     Ok(ms)
+}
+
+/// `n` checkpoints of `sb`, each after a `step` (given its number): their
+/// times (ms) and ids.
+async fn checkpoint_after_each<F, Fut, T>(
+    engine: &Engine,
+    sb: &str,
+    n: usize,
+    mut step: F,
+) -> Result<(Vec<f64>, Vec<String>)>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        step(i).await?;
+        let (id, ms, _) = checkpoint(engine, sb).await?;
+        ck_ms.push(ms);
+        ids.push(id);
+    }
+    Ok((ck_ms, ids))
 }
 
 /// The second baseline (see the module docs): `n` samples of ten `getppid`
@@ -370,13 +397,9 @@ pub async fn tree(engine: &Engine, n: usize, report: &mut Report) -> Result<()> 
     let start = format!("for i in $(seq {JOBS}); do sleep 100000 & done");
     engine.session_run(&sb, &session.id, run(&start)).await.map_err(err)?;
     let count = "jobs -r | wc -l";
-    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        sh(engine, &sb, &format!("echo {i} > /root/step")).await?;
-        let (id, ms, _) = checkpoint(engine, &sb).await?;
-        ck_ms.push(ms);
-        ids.push(id);
-    }
+    let sb_ref = sb.as_str();
+    let mark = |i: usize| async move { sh(engine, sb_ref, &format!("echo {i} > /root/step")).await };
+    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, mark).await?;
     let mut rb_ms = Vec::new();
     for i in 0..n {
         sh(engine, &sb, &format!("echo {} > /root/step", n + i)).await?;
@@ -479,13 +502,7 @@ pub async fn connections(engine: &Engine, n: usize, report: &mut Report) -> Resu
             false => Err(anyhow::anyhow!("round trips on {CONNS} connections: {got:?} came back right")),
         }
     };
-    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        step().await?;
-        let (id, ms, _) = checkpoint(engine, &sb).await?;
-        ck_ms.push(ms);
-        ids.push(id);
-    }
+    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, |_| step()).await?;
     let (mut rb_ms, mut first_ms) = (Vec::new(), Vec::new());
     for _ in 0..n {
         step().await?;
@@ -598,23 +615,14 @@ pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Resul
     let pid = bash(engine, &sb, "head -1 /tmp/pgdata/postmaster.pid").await?.trim().to_string();
     let env = vec![("PG".to_string(), pid), ("FORKS".to_string(), n.to_string())];
     let out = engine.exec(&sb, req(&format!("{PG_FORK}{FORK_TIMES}"), env, false)).await.map_err(err)?;
-    if out.exit_code != Some(0) {
-        bail!("the PostgreSQL fork baseline failed: exit {:?}: {}", out.exit_code, out.stderr);
-    }
-    let fork_ms: Vec<f64> = out.stdout.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    let fork_ms = fork_samples(&out, n, "the PostgreSQL fork baseline")?;
     engine.exec(&sb, req(PG_CLIENT, Vec::new(), true)).await.map_err(err)?;
     wait_for_port(engine, &sb, 9300, "step").await?;
     let step = || async {
         let got = bash(engine, &sb, &tcp_request(9300, "step")).await?;
         got.trim().parse::<u64>().with_context(|| format!("the PostgreSQL client answered {got:?}"))
     };
-    let (mut ck_ms, mut ids) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        step().await?;
-        let (id, ms, _) = checkpoint(engine, &sb).await?;
-        ck_ms.push(ms);
-        ids.push(id);
-    }
+    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, |_| step()).await?;
     let mut rb_ms = Vec::new();
     for _ in 0..n {
         step().await?;
