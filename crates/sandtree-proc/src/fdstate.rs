@@ -7,7 +7,8 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{Mode, OFlags, SeekFrom};
+use rustix::io::Errno;
 
 use crate::HostPid;
 
@@ -24,7 +25,7 @@ pub(crate) fn open_proc_fd(host: HostPid, fd: i32, flags: OFlags) -> io::Result<
 }
 
 /// The data segments (offset, length) of `f`, `size` bytes long.
-pub(crate) fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
+pub fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     let mut at = 0u64;
     while at < size {
@@ -42,6 +43,23 @@ pub(crate) fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)
         at = end;
     }
     Ok(out)
+}
+
+/// `len` bytes at offset `start` of `from` written at the same offset of
+/// `to` (`sendfile`: in the kernel, page by page).
+pub fn copy_range(from: &OwnedFd, to: &OwnedFd, start: u64, len: u64) -> io::Result<()> {
+    rustix::fs::seek(to, SeekFrom::Start(start))?;
+    let (mut offset, end) = (start, start + len);
+    while offset < end {
+        let left = (end - offset) as usize;
+        match rustix::fs::sendfile(to, from, Some(&mut offset), left) {
+            Ok(0) => return Err(io::Error::other(format!("the object ends at {offset}, before {end}"))),
+            Ok(_) => {}
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// The root of process `host`'s tree (`/proc/<host>/root`), to open

@@ -95,7 +95,11 @@ impl Engine {
                 Ok(()) => {
                     let sb = self.boot(rec).await?;
                     // (A failed copy fails this fork: its sandbox is discarded.)
-                    crate::dev_shm::load(sb.init_pid(), ck_layer)
+                    crate::dev_shm::load(sb.init_pid(), ck_layer)?;
+                    if crate::sysv_ipc::saved_in(ck_layer) {
+                        crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), ck_layer)?;
+                    }
+                    Ok(())
                 }
             }
         });

@@ -137,7 +137,16 @@ impl Engine {
             }
         };
         // Nothing writes to `/dev/shm` now: its files into the layer.
-        let shm = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol));
+        // (Likewise the SysV IPC objects.)
+        let shm = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
+            .and_then(|b| {
+                crate::sysv_ipc::save(
+                    &*self.ipc_probe(id, sb.init_pid())?,
+                    self.sandbox_root_ids(),
+                    &self.subvol_path(&rec.subvol),
+                )
+                .map(|_| b)
+            });
         // Steps 3-5: the templates are being copied (the largest on the
         // other CPU) and checked while init stages the new tree (checking
         // only the mounts: every process is held, and the templates

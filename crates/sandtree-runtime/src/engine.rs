@@ -59,6 +59,9 @@ pub struct Engine {
     /// Process tracers (and their templates) by sandbox id; one belongs to
     /// one init: a new init (boot) or none (halt) drops it.
     pub(crate) tracers: Mutex<HashMap<String, Arc<sandtree_proc::Tracer>>>,
+    /// Lists of each running sandbox's SysV IPC objects, by sandbox id
+    /// (`sysv_ipc.rs`); one belongs to one init, like a tracer.
+    pub(crate) ipc_probes: Mutex<HashMap<String, Arc<crate::sysv_ipc::Probe>>>,
     /// What the tracers count, and the switches tests set (shared by all).
     pub(crate) instruments: Arc<sandtree_proc::Instruments>,
     /// Sandboxes with a template eviction pending or running, and whether
@@ -128,6 +131,7 @@ impl Engine {
             reaper,
             spares: Arc::new(crate::spares::Spares::new(cfg_spares)),
             tracers: Mutex::new(HashMap::new()),
+            ipc_probes: Mutex::new(HashMap::new()),
             instruments: Default::default(),
             evicting: Mutex::new(Default::default()),
             squashing: Mutex::new(Default::default()),
@@ -193,6 +197,8 @@ impl Engine {
         if let Some(t) = tracer {
             block(|| t.shutdown());
         }
+        // (It holds the old init's IPC namespace.)
+        self.ipc_probes.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         match sb {
             Some(sb) => live.insert(id.to_string(), sb),
@@ -223,6 +229,18 @@ impl Engine {
         );
         tracers.insert(id.to_string(), t.clone());
         Ok(t)
+    }
+
+    /// The lists of SysV IPC objects of sandbox `id`, whose init is host
+    /// pid `init` (opened at the first call for that init).
+    pub(crate) fn ipc_probe(&self, id: &str, init: i32) -> Result<Arc<crate::sysv_ipc::Probe>> {
+        let mut probes = self.ipc_probes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = probes.get(id).filter(|p| p.init == init) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(crate::sysv_ipc::Probe::open(init)?);
+        probes.insert(id.to_string(), p.clone());
+        Ok(p)
     }
 
     /// The cgroup a new tracer of sandbox `id` keeps its pool in (`None`:

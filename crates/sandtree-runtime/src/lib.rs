@@ -44,6 +44,7 @@ mod sandbox_rollback;
 mod sandbox_session;
 mod shutdown;
 mod spares;
+mod sysv_ipc;
 pub mod uid_range;
 mod util;
 

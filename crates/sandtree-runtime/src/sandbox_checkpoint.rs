@@ -110,6 +110,7 @@ impl Engine {
             let (Some(sb), Some(t)) = (&live, &tracer) else {
                 // Not running: nothing to stop or capture, no `/dev/shm`.
                 crate::dev_shm::discard(&src)?;
+                crate::sysv_ipc::discard(&src)?;
                 sandtree_fs::snapshot(&src, &dst, true).map_err(|e| Error::fs("checkpoint", e))?;
                 return Ok((0.0, None));
             };
@@ -123,6 +124,7 @@ impl Engine {
             let skipped = stopped.report().skipped.clone();
             // (Dropped on error: the processes go.)
             crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &src)?;
+            crate::sysv_ipc::save(&*self.ipc_probe(id, sb.init_pid())?, self.sandbox_root_ids(), &src)?;
             // When the processes run again: the templates' set-up comes after.
             let mut resumed_at = None;
             // (Each state of the checkpoint lets the processes go when
@@ -309,7 +311,15 @@ impl Engine {
         // Init alone, and no spawn until the tree is swapped: `/dev/shm`
         // cannot change between its copy and the swap.
         let spawns = sb.hold_spawns().await;
-        if let Err(e) = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol)) {
+        let saved = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
+            .and_then(|_| {
+                crate::sysv_ipc::save(
+                    &*self.ipc_probe(id, sb.init_pid())?,
+                    self.sandbox_root_ids(),
+                    &self.subvol_path(&rec.subvol),
+                )
+            });
+        if let Err(e) = saved {
             drop(spawns);
             self.discard_subvol_later(&fresh);
             return Err(e);

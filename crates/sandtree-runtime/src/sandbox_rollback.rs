@@ -142,6 +142,18 @@ impl Engine {
                         let sb = sb.clone();
                         tokio::spawn(async move { sb.wait_gone().await })
                     };
+                    // The checkpoint's SysV IPC objects, once the killed
+                    // processes are gone (an exit undoes its `SEM_UNDO`
+                    // operations, and detaches its segments), when it has
+                    // any or the sandbox has.
+                    let mut waiting = Some(waiting);
+                    if crate::sysv_ipc::in_use(&*self.ipc_probe(id, sb.init_pid())?, &ck_layer)? {
+                        if let Some(w) = waiting.take() {
+                            w.await
+                                .map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
+                        }
+                        crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), &ck_layer)?;
+                    }
                     if let (Some(t), Some(_)) = (&tracer, &templates) {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
@@ -154,7 +166,9 @@ impl Engine {
                         restored = Some(sandtree_proc::RestoreReport::default());
                     }
                     let t_wait = Instant::now();
-                    waiting.await.map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
+                    if let Some(w) = waiting {
+                        w.await.map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
+                    }
                     tracing::debug!(sandbox = id, waited = ?t_wait.elapsed(), "killed processes gone");
                     // Init detaches the old tree at its next request: this
                     // one, not awaited (during the restore, the detach's
@@ -351,7 +365,11 @@ impl Engine {
     async fn restart_onto(&self, rec: &SandboxRecord, layer: &std::path::Path) -> Result<()> {
         self.halt(&rec.id).await?;
         let sb = self.boot(rec).await?;
-        crate::dev_shm::load(sb.init_pid(), layer)
+        crate::dev_shm::load(sb.init_pid(), layer)?;
+        if crate::sysv_ipc::saved_in(layer) {
+            crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), layer)?;
+        }
+        Ok(())
     }
 
     /// Deletes an unreferenced writable subvolume later, when the engine is

@@ -2107,6 +2107,62 @@ fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// The SysV IPC objects of the sandbox's namespace (a semaphore set, a
+/// private one owned by another user, a message queue with a binary
+/// message, a 1 MiB segment; `sysv_ipc.c`) come back with a rollback, as
+/// at the checkpoint (ids, keys, owners, creators, modes, values,
+/// messages, contents, next ids), and in a fork: made again when removed
+/// since (made by a process that exited: init alone at the checkpoint),
+/// set again in place when a process holds the segment attached; objects
+/// made since are gone, and the next program finds what it expects
+/// (issue 38, item 3).
+fn sysv_ipc_objects_come_back(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let rounds: [(&str, bool, &str); 2] =
+            [("init alone, objects removed since", false, "rm"), ("beside a process holding the segment", true, "")];
+        for (round, (what, hold, rm)) in rounds.into_iter().enumerate() {
+            let mut c = Checks::default();
+            let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+            let build = "cat > /root/ipc.c && gcc -O2 -o /root/ipc /root/ipc.c && /root/ipc make";
+            sh_with(e, &sb, build, Some(program!("sysv_ipc.c")), BTreeMap::new()).await?;
+            if hold {
+                let req = ExecRequest {
+                    cmd: argv(&["sh", "-c", "/root/ipc hold > /root/held"]),
+                    background: true,
+                    ..Default::default()
+                };
+                exec(e, &sb, req).await?;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while sh(e, &sb, "cat /root/held").await?.trim().is_empty() {
+                    ensure!(Instant::now() < deadline, "{what}: the holder did not start");
+                    sleep_ms(20).await;
+                }
+            }
+            let before = sh(e, &sb, "/root/ipc state").await?;
+            ensure!(before.contains("values=1,2,3,") && before.contains("key=0x5a03"), "{what}: {before}");
+            let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
+            sh(e, &sb, &format!("/root/ipc mutate {rm}")).await?;
+            let mutated = sh(e, &sb, "/root/ipc state").await?;
+            c.that(mutated != before, || format!("{what}: the mutation changed nothing"));
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
+            c.that(!r.processes_restarted, || format!("{what}: processes restarted: {}", r.note));
+            c.eq(&format!("{what}: the objects after the rollback"), &sh(e, &sb, "/root/ipc state").await?, &before);
+            c.eq(
+                &format!("{what}: the next program"),
+                &sh(e, &sb, "/root/ipc use 2>&1 || true").await?,
+                "used: alpha omega 0\n",
+            );
+            let forked = e.fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
+            let fork = forked.results[0].sandbox.as_ref().context("the fork failed")?.id.clone();
+            c.eq(&format!("{what}: the objects in a fork"), &sh(e, &fork, "/root/ipc state").await?, &before);
+            e.delete_sandbox(&fork, true).await?;
+            e.delete_sandbox(&sb, true).await?;
+            c.result(round)?;
+        }
+        Ok(())
+    })
+}
+
 /// `exec`'s `user` (and a session's): a command runs as a user of the sandbox (by name from
 /// its `/etc/passwd`, or by uid), with its groups, HOME, USER and LOGNAME,
 /// in its home (`/` when that does not exist); an unknown name exits 126
@@ -2564,6 +2620,7 @@ fn main() {
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("mount_with_only_init_running", mount_with_only_init_running),
         ("dev_shm_files_come_back", dev_shm_files_come_back),
+        ("sysv_ipc_objects_come_back", sysv_ipc_objects_come_back),
         ("exec_as_a_user", exec_as_a_user),
         ("orphan_writes_to_the_daemons_pipe", orphan_writes_to_the_daemons_pipe),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),

@@ -34,6 +34,7 @@ pub mod process;
 pub mod ptrace;
 pub mod pty;
 pub mod sockopt;
+pub mod sysv_ipc;
 pub mod tcp_repair;
 pub mod timerfd;
 pub mod uffd;

@@ -39,8 +39,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{FallocateFlags, MemfdFlags, Mode, OFlags, SeekFrom};
-use rustix::io::Errno;
+use rustix::fs::{FallocateFlags, MemfdFlags, Mode, OFlags};
 
 use crate::model::{FdImage, FdKind, MapImage};
 use crate::{Error, HostPid, Result};
@@ -172,26 +171,9 @@ fn save(object: &OwnedFd, key: ObjectKey) -> io::Result<SharedMemoryCopy> {
     rustix::fs::ftruncate(&copy, size)?;
     let segments = crate::fdstate::data_segments(object, size)?;
     for &(start, len) in &segments {
-        transfer(object, &copy, start, len)?;
+        crate::fdstate::copy_range(object, &copy, start, len)?;
     }
     Ok(SharedMemoryCopy { key, size, segments, copy })
-}
-
-/// `len` bytes at offset `start` of `from` written at the same offset of
-/// `to` (`sendfile`: in the kernel, page by page).
-fn transfer(from: &OwnedFd, to: &OwnedFd, start: u64, len: u64) -> io::Result<()> {
-    rustix::fs::seek(to, SeekFrom::Start(start))?;
-    let (mut offset, end) = (start, start + len);
-    while offset < end {
-        let left = (end - offset) as usize;
-        match rustix::fs::sendfile(to, from, Some(&mut offset), left) {
-            Ok(0) => return Err(io::Error::other(format!("the object ends at {offset}, before {end}"))),
-            Ok(_) => {}
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }
 
 /// At a restore, before any process is cloned: each object of `copies`
@@ -209,7 +191,7 @@ pub(crate) fn put_back(copies: &[(SharedMemoryCopy, HostPid, Reach)]) -> Result<
                 rustix::fs::fallocate(&object, punch, 0, c.size)?;
             }
             for &(start, len) in &c.segments {
-                transfer(&c.copy, &object, start, len)?;
+                crate::fdstate::copy_range(&c.copy, &object, start, len)?;
             }
             Ok(())
         };
