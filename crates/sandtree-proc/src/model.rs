@@ -357,9 +357,10 @@ impl FdKind {
                 stream: false,
                 connected: false,
                 bound: Some(path),
+                bound_from,
                 has_clients: false,
                 ..
-            } => path.starts_with('/') && !path.starts_with("/proc/"),
+            } => (path.starts_with('/') && !path.starts_with("/proc/")) || bound_from.is_some(),
             FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => true,
             // (One of a process that had exited at the checkpoint stays.)
             FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } => pid.raw() > 0,
@@ -541,6 +542,12 @@ pub enum FdKind {
         /// the tree: removed since the bind.
         #[serde(default)]
         bound_gone: bool,
+        /// A relative `bound` path whose socket file (this socket's, as
+        /// sock_diag names it) is at that path from the process's working
+        /// directory: its absolute path. A restore, which enters that
+        /// directory first, binds it again at the same relative path.
+        #[serde(default)]
+        bound_from: Option<String>,
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,

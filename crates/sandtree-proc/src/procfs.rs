@@ -527,6 +527,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         connected: false,
         bound: None,
         bound_gone: false,
+        bound_from: None,
         queued: false,
         peer: None,
         inet: None,
@@ -633,6 +634,15 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             && !fs::symlink_metadata(format!("/proc/{pid}/root{p}"))
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
+    // A relative path: its socket file, found from the working directory.
+    let bound_from = bound.as_deref().filter(|p| !p.starts_with('/')).and_then(|rel| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let cwd = readlink(format!("/proc/{pid}/cwd")).ok()?;
+        let path = format!("{}/{rel}", cwd.trim_end_matches('/'));
+        let file = fs::symlink_metadata(format!("/proc/{pid}/root{path}")).ok()?;
+        // (sock_diag gives the inode number's low 32 bits.)
+        (file.file_type().is_socket() && state()?.file_ino == Some(file.ino() & 0xffff_ffff)).then_some(path)
+    });
     let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
     let listened_by = (listening && bound.is_some()).then(|| sandbox_pid_of_peer(&dup)).flatten();
     // (The peer of a connection not accepted yet has no inode, like a
@@ -652,6 +662,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         connected,
         bound,
         bound_gone,
+        bound_from,
         queued,
         peer,
         inet,

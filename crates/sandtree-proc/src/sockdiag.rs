@@ -8,12 +8,14 @@
 //!
 //! Request: `nlmsghdr` (type `SOCK_DIAG_BY_FAMILY` = 20, `NLM_F_REQUEST`),
 //! then `struct unix_diag_req { u8 family = AF_UNIX, u8 protocol = 0, u16
-//! pad, u32 states (all), u32 ino, u32 show (UDIAG_SHOW_PEER = 4), u32
+//! pad, u32 states (all), u32 ino, u32 show (UDIAG_SHOW_PEER = 4, here with `UDIAG_SHOW_VFS`), u32
 //! cookie[2] (INET_DIAG_NOCOOKIE: ~0) }`. Answer: `nlmsghdr`, `struct
 //! unix_diag_msg { u8 family, type, state, pad; u32 ino; u32 cookie[2] }`,
 //! then attributes (`u16 len, u16 type`, 4-byte aligned);
 //! `UNIX_DIAG_PEER` (2) holds the peer's inode (u32), `UNIX_DIAG_SHUTDOWN`
-//! (6) the socket's shutdown bits (u8: 1 receive, 2 send). An error answer
+//! (6) the socket's shutdown bits (u8: 1 receive, 2 send), `UNIX_DIAG_VFS`
+//! (1, asked with `UDIAG_SHOW_VFS` = 2) the inode and device of a bound
+//! socket's file (`u32 ino, u32 dev`). An error answer
 //! is `NLMSG_ERROR` (2) with a negative errno.
 
 //!
@@ -40,7 +42,9 @@ const TCP_LISTEN: u8 = 10;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
+const UDIAG_SHOW_VFS: u32 = 2;
 const UDIAG_SHOW_PEER: u32 = 4;
+const UNIX_DIAG_VFS: u16 = 1;
 const UNIX_DIAG_PEER: u16 = 2;
 const UNIX_DIAG_SHUTDOWN: u16 = 6;
 
@@ -55,6 +59,8 @@ pub struct UnixState {
     /// It can no longer send (`shutdown(SHUT_WR)` here or `SHUT_RD` by the
     /// peer).
     pub send_shutdown: bool,
+    /// The inode number of its socket file, if it is bound to a path.
+    pub file_ino: Option<u64>,
 }
 
 /// A socket of `family`, `ty` and `protocol` made in the network
@@ -92,7 +98,7 @@ pub fn unix_state(diag: &OwnedFd, ino: u64) -> io::Result<UnixState> {
     req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
     req.extend_from_slice(&(ino as u32).to_ne_bytes());
-    req.extend_from_slice(&UDIAG_SHOW_PEER.to_ne_bytes());
+    req.extend_from_slice(&(UDIAG_SHOW_PEER | UDIAG_SHOW_VFS).to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     parse_state(&exchange(diag, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, &req)?)
@@ -219,7 +225,7 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
     if len.min(msg.len()) < 32 {
         return Err(bad());
     }
-    let mut state = UnixState { peer: None, rcv_shutdown: false, send_shutdown: false };
+    let mut state = UnixState { peer: None, rcv_shutdown: false, send_shutdown: false, file_ino: None };
     let mut at = 32;
     while at + 4 <= len.min(msg.len()) {
         let alen = u16_at(msg, at).ok_or_else(bad)? as usize;
@@ -229,6 +235,8 @@ fn parse_state(msg: &[u8]) -> io::Result<UnixState> {
         }
         match atype {
             UNIX_DIAG_PEER => state.peer = Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64),
+            // (`struct unix_diag_vfs { u32 ino, dev }`.)
+            UNIX_DIAG_VFS => state.file_ino = Some(u32_at(msg, at + 4).ok_or_else(bad)? as u64),
             UNIX_DIAG_SHUTDOWN => {
                 let bits = msg.get(at + 4).ok_or_else(bad)?;
                 state.rcv_shutdown = bits & 1 != 0;
@@ -268,7 +276,7 @@ mod tests {
         let state = parse_state(answer).expect("an answer");
 
         // Assert
-        assert_eq!(state, UnixState { peer: Some(1665397), rcv_shutdown: false, send_shutdown: false });
+        assert_eq!(state, UnixState { peer: Some(1665397), rcv_shutdown: false, send_shutdown: false, file_ino: None });
         assert_eq!(state.peer, Some(inode("b")));
         assert_eq!(u32_at(answer, 20).map(u64::from), Some(inode("a")));
     }
@@ -283,7 +291,10 @@ mod tests {
         let state = parse_state(answer).expect("an answer");
 
         // Assert
-        assert_eq!(state, UnixState { peer: Some(inode("a")), rcv_shutdown: true, send_shutdown: false });
+        assert_eq!(
+            state,
+            UnixState { peer: Some(inode("a")), rcv_shutdown: true, send_shutdown: false, file_ino: None }
+        );
         assert_eq!(state.peer, Some(1665396));
     }
 
@@ -362,12 +373,28 @@ mod tests {
         let diag = diag_socket(crate::HostPid(std::process::id() as i32)).expect("sock_diag socket");
         assert_eq!(
             unix_state(&diag, ino(&a)).expect("query"),
-            UnixState { peer: Some(ino(&b)), rcv_shutdown: false, send_shutdown: false }
+            UnixState { peer: Some(ino(&b)), rcv_shutdown: false, send_shutdown: false, file_ino: None }
         );
         rustix::net::shutdown(&a, rustix::net::Shutdown::Write).expect("shutdown");
         assert_eq!(
             unix_state(&diag, ino(&b)).expect("query"),
-            UnixState { peer: Some(ino(&a)), rcv_shutdown: true, send_shutdown: false }
+            UnixState { peer: Some(ino(&a)), rcv_shutdown: true, send_shutdown: false, file_ino: None }
         );
+    }
+
+    #[test]
+    fn a_bound_listener_names_its_socket_file() {
+        let dir = std::env::temp_dir().join(format!("sockdiag-vfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let ino = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).expect("stat"));
+        let diag = diag_socket(crate::HostPid(std::process::id() as i32)).expect("sock_diag socket");
+        let socket_ino = rustix::fs::fstat(&listener).expect("fstat").st_ino;
+        let state = unix_state(&diag, socket_ino).expect("query");
+        let file_ino = ino(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(state.file_ino, Some(file_ino));
     }
 }

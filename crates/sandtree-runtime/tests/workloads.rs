@@ -1410,6 +1410,23 @@ static UNIX_DATAGRAM_BOUND_TO_A_PATH: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A unix listener and a datagram socket bound to relative paths from the
+/// process's working directory come back bound at the same relative names
+/// (a client's peer name is still `listen.sock`), and receive; with the
+/// process elsewhere, where the names lead to no socket file, a checkpoint
+/// is refused, naming the path (issue 38, item 6).
+static UNIX_RELATIVE_PATHS: Spec = Spec {
+    program: program!("unix_relative_paths.py"),
+    setup: &[
+        Ask("away", Is("cwd=/")),
+        Refused(None, &["relative path listen.sock", "working directory"]),
+        Ask("back", Is("cwd=/root/rel")),
+    ],
+    at_ck: &[("state", Is("listener=listen.sock dgram=dgram.sock cwd=/root/rel"))],
+    after: &[Ask("roundtrip", Is("stream=ping peer=listen.sock dgram=hello"))],
+    ..Spec::DEFAULT
+};
+
 /// Epoll watches keyed by descriptor numbers that no longer name the
 /// watched files (dup'd, then closed) are refused by name: the restore
 /// cannot re-create them under those numbers (before, the rollback failed
@@ -2625,6 +2642,7 @@ fn main() {
         ("orphan_writes_to_the_daemons_pipe", orphan_writes_to_the_daemons_pipe),
         ("unix_shutdown", declared!(UNIX_SHUTDOWN)),
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
+        ("unix_relative_paths", declared!(UNIX_RELATIVE_PATHS)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),

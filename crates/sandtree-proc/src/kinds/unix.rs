@@ -39,8 +39,10 @@
 //! Refused: a connection its listener has not accepted yet (the listener
 //! is made anew: the pending connection would be lost), data in flight
 //! that cannot be captured (descriptors passed, or no captured peer to
-//! send it), a listener or bound datagram socket on a
-//! relative path, or whose socket file was removed since its bind. A process holding one
+//! send it), a listener or bound datagram socket on a relative path whose
+//! socket file is not there from the process's working directory (a
+//! restore, which enters that directory first, binds it again there), or
+//! whose socket file was removed since its bind. A process holding one
 //! bound in the tree, or with data in flight, cannot move to a new tree.
 
 use std::io;
@@ -80,14 +82,20 @@ impl Kind for Unix {
             FdKind::Socket { queued: true, peer: None, .. } => Err(
                 "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
             ),
-            FdKind::Socket { listening: true, bound: Some(path), .. } if !path.starts_with('/') => {
-                Err(format!("a unix socket listening on relative path {path}"))
+            FdKind::Socket { listening: true, bound: Some(path), bound_from: None, .. } if !path.starts_with('/') => {
+                Err(format!(
+                    "a unix socket listening on relative path {path}, whose socket file is not there from its working directory (a restore binds it again from there)"
+                ))
             }
             FdKind::Socket { listening: true, bound: Some(path), bound_gone: true, .. } => Err(format!(
                 "a unix socket listening on {path}, whose socket file was removed since (bound again, it would be reachable there again)"
             )),
-            FdKind::Socket { stream: false, connected: false, bound: Some(path), .. } if !path.starts_with('/') => {
-                Err(format!("a unix datagram socket bound to relative path {path}"))
+            FdKind::Socket { stream: false, connected: false, bound: Some(path), bound_from: None, .. }
+                if !path.starts_with('/') =>
+            {
+                Err(format!(
+                    "a unix datagram socket bound to relative path {path}, whose socket file is not there from its working directory (a restore binds it again from there)"
+                ))
             }
             FdKind::Socket { stream: false, connected: false, bound: Some(path), bound_gone: true, .. } => Err(format!(
                 "a unix datagram socket bound to {path}, whose socket file was removed since (bound again, it would be reachable there again)"
