@@ -415,8 +415,8 @@ pub enum FdKind {
         path: String,
         /// Opened directory.
         directory: bool,
-        /// It holds a lock a restore cannot take again (a lease, a
-        /// delegation): refused.
+        /// It holds a lock a restore cannot take again (a lease being
+        /// broken, a delegation): refused.
         #[serde(default)]
         locked: bool,
         /// The locks held through it (`flock`, POSIX record locks of this
@@ -692,6 +692,9 @@ pub struct FileLock {
     pub start: u64,
     /// Last byte, `None` to the end of the file and beyond.
     pub end: Option<u64>,
+    /// A lease's break notice signal (`F_SETSIG`; 0: `SIGIO`).
+    #[serde(default)]
+    pub signal: i32,
 }
 
 /// The kinds of lock a restore takes again.
@@ -704,6 +707,10 @@ pub enum LockKind {
     Posix,
     /// `fcntl(F_OFD_SETLK)`: the open file's.
     Ofd,
+    /// `fcntl(F_SETLEASE)`: the open file's, whose owner (the process
+    /// that took it) is told of a conflicting open by a signal
+    /// ([`FileLock::signal`]). Its range is the whole file.
+    Lease,
 }
 
 /// A TCP connection as a checkpoint saw it, through a copy of its socket

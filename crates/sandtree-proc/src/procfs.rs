@@ -193,8 +193,8 @@ struct FdInfo {
 
 impl FdInfo {
     /// The locks held through the open file (`lock:` lines), and whether
-    /// one of them is of a kind a restore cannot take again (a lease, a
-    /// delegation).
+    /// one of them is of a kind a restore cannot take again (a lease being
+    /// broken, a delegation).
     fn locks(&self) -> (Vec<crate::model::FileLock>, bool) {
         parse_locks(&self.text)
     }
@@ -202,7 +202,9 @@ impl FdInfo {
 
 /// The `lock:` lines of an `fdinfo` text: `lock:\t<n>: <KIND> <ADVISORY|
 /// MANDATORY> <READ|WRITE> <pid> <dev:ino> <start> <end|EOF>` (a waiter's
-/// has `->` before its kind: not held, left out).
+/// has `->` before its kind: not held, left out). A lease's is `LEASE
+/// <ACTIVE|BREAKING|BREAKER> <READ|WRITE|UNLCK> ...`: only an active one
+/// is taken again.
 fn parse_locks(text: &str) -> (Vec<crate::model::FileLock>, bool) {
     use crate::model::{FileLock, LockKind};
     let mut locks = Vec::new();
@@ -215,23 +217,32 @@ fn parse_locks(text: &str) -> (Vec<crate::model::FileLock>, bool) {
             Some("POSIX") => LockKind::Posix,
             Some("FLOCK") => LockKind::Flock,
             Some("OFDLCK") => LockKind::Ofd,
+            Some("LEASE") => LockKind::Lease,
             _ => {
                 other = true;
                 continue;
             }
         };
-        let (Some("ADVISORY"), Some(access), _pid, _inode, Some(start), Some(end)) =
+        let state = match kind {
+            LockKind::Lease => "ACTIVE",
+            _ => "ADVISORY",
+        };
+        let (Some(s), Some(access @ ("READ" | "WRITE")), _pid, _inode, Some(start), Some(end)) =
             (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             other = true;
             continue;
         };
+        if s != state {
+            other = true;
+            continue;
+        }
         let Ok(start) = start.parse() else {
             other = true;
             continue;
         };
         let end = if end == "EOF" { None } else { end.parse().ok() };
-        locks.push(FileLock { kind, write: access == "WRITE", start, end });
+        locks.push(FileLock { kind, write: access == "WRITE", start, end, signal: 0 });
     }
     (locks, other)
 }
@@ -1042,7 +1053,15 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                     }
                     Some(m) if m.fstype == "overlay" => {
                         let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
-                        let (locks, locked) = info.locks();
+                        let (mut locks, mut locked) = info.locks();
+                        // A lease's break notice signal, asked of the open file.
+                        for l in locks.iter_mut().filter(|l| l.kind == crate::model::LockKind::Lease) {
+                            let signal = dup_of(pidfd.as_ref(), fd).map(sandtree_sys::file_notices::signal);
+                            match signal {
+                                Some(Ok(s)) => l.signal = s,
+                                _ => locked = true,
+                            }
+                        }
                         FdKind::LayerFile { path: link, directory, locked, locks }
                     }
                     m if on_dev_shm(&entry.path(), m) => FdKind::ShmFile { path: link, deleted: false },

@@ -1003,6 +1003,18 @@ static FILE_LOCKS: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Leases on files of the layer come back (a read lease, and a write
+/// lease with its break notice signal): after a rollback, a conflicting
+/// open is refused while the lease breaks and the holder's handler is
+/// called with its signal (issue 38, item 4).
+static FILE_LEASES: Spec = Spec {
+    program: program!("file_leases.py"),
+    at_ck: &[("state", Is("r=0 w=1 sig=35"))],
+    mutate: &[&[Ask("unlease", Is("r=2 w=2 sig=0"))]],
+    after: &[Ask("break", Is("open=errno11 broken=35"))],
+    ..Spec::DEFAULT
+};
+
 /// A file of the layer mapped shared and writable (SQLite's WAL index)
 /// comes back with the bytes the mapping had at the checkpoint, mapped
 /// onto the rolled-back file: a write through it shows in the file
@@ -2620,6 +2632,7 @@ fn main() {
         ("redis_with_a_client", declared!(REDIS_WITH_A_CLIENT)),
         ("dont_fork_mapping", declared!(DONT_FORK_MAPPING)),
         ("file_locks", declared!(FILE_LOCKS)),
+        ("file_leases", declared!(FILE_LEASES)),
         ("shared_file_mapping", declared!(SHARED_FILE_MAPPING)),
         ("sqlite_wal", declared!(SQLITE_WAL)),
         ("shared_memory", declared!(SHARED_MEMORY)),

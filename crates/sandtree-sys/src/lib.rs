@@ -24,6 +24,7 @@
 
 pub mod btrfs;
 pub mod fdpass;
+pub mod file_notices;
 pub mod handle;
 pub mod loopdev;
 pub mod mount;

@@ -9,7 +9,8 @@
 //! of its node. One of `/dev/shm` (`ShmFile`): opened again by path in the
 //! fresh `/dev/shm`, or, deleted, through the template's descriptor.
 //! Refused: a file of another mount that rollback replaces (a mount the
-//! sandbox made), a lease.
+//! sandbox made), a lease being broken (an active one is taken again,
+//! with its break notice signal, like a lock: [`Kind::configure`]).
 
 use super::hand_over::{Handed, Key};
 use super::{Kind, Remake};
@@ -23,9 +24,9 @@ pub(crate) struct PathFile;
 impl Kind for PathFile {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
-            FdKind::LayerFile { path, locked: true, .. } => {
-                Err(format!("a lease or delegation is held on {path} (not captured; flock, POSIX and OFD locks are)"))
-            }
+            FdKind::LayerFile { path, locked: true, .. } => Err(format!(
+                "a lease being broken or a delegation is held on {path} (not captured; flock, POSIX and OFD locks and leases are)"
+            )),
             FdKind::KeptFile { path, unread, master_captured: true } if *unread > 0 => Err(match *unread {
                 u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
                 n => format!("terminal {path} with {n} bytes of input not read yet: checkpoint once it is read"),
@@ -208,11 +209,26 @@ pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid
 /// or `fcntl` with a `struct flock` (`l_type`, `l_whence` = `SEEK_SET`,
 /// `l_start`, `l_len`: 0 to the end and beyond; 32 bytes on x86-64).
 /// Without waiting: a lock someone else holds fails the restore.
+/// `F_SETSIG` (`<asm-generic/fcntl.h>`).
+const F_SETSIG: u64 = 10;
+
 fn lock_again(b: &mut Batch, fd: i32, l: &crate::model::FileLock) {
     use crate::model::LockKind;
     if l.kind == LockKind::Flock {
         let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
         b.call("flock", libc::SYS_flock, &[Arg::Val(fd as u64), Arg::Val(op as u64)]);
+        return;
+    }
+    if l.kind == LockKind::Lease {
+        // (Its break notice first; the lease makes this process the file's
+        // owner, which the original was when it took it.)
+        if l.signal != 0 {
+            let args = [Arg::Val(fd as u64), Arg::Val(F_SETSIG), Arg::Val(l.signal as u64)];
+            b.call("fcntl(F_SETSIG)", libc::SYS_fcntl, &args);
+        }
+        let ty = if l.write { libc::F_WRLCK } else { libc::F_RDLCK };
+        let args = [Arg::Val(fd as u64), Arg::Val(libc::F_SETLEASE as u64), Arg::Val(ty as u64)];
+        b.call("fcntl(F_SETLEASE)", libc::SYS_fcntl, &args);
         return;
     }
     let ty = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;

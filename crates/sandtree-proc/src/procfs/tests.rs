@@ -522,7 +522,8 @@ fn fdinfo_of_a_flocked_file_shows_a_lock() {
     let info = parse_fdinfo(text);
 
     // Assert
-    let flock = crate::model::FileLock { kind: crate::model::LockKind::Flock, write: true, start: 0, end: None };
+    let flock =
+        crate::model::FileLock { kind: crate::model::LockKind::Flock, write: true, start: 0, end: None, signal: 0 };
     assert_eq!(info.locks(), (vec![flock], false));
     assert_eq!((info.pos, info.mnt_id), (0, 27));
     for (name, text) in FDINFO.iter().filter(|(n, _)| *n != "file-locked") {
@@ -541,13 +542,16 @@ lock:\t3: -> POSIX  ADVISORY  WRITE 29800 fe:00:10111200 120 120\n";
     assert_eq!(
         locks,
         vec![
-            FileLock { kind: LockKind::Posix, write: false, start: 1073741826, end: Some(1073742335) },
-            FileLock { kind: LockKind::Ofd, write: true, start: 120, end: Some(120) },
+            FileLock { kind: LockKind::Posix, write: false, start: 1073741826, end: Some(1073742335), signal: 0 },
+            FileLock { kind: LockKind::Ofd, write: true, start: 120, end: Some(120), signal: 0 },
         ]
     );
     assert!(!other, "a waiter is not a lock held");
     let lease = "lock:\t1: LEASE  ACTIVE    WRITE 100 fe:00:1 0 EOF\n";
-    assert_eq!(parse_locks(lease), (Vec::new(), true));
+    let held = FileLock { kind: LockKind::Lease, write: true, start: 0, end: None, signal: 0 };
+    assert_eq!(parse_locks(lease), (vec![held], false));
+    let breaking = "lock:\t1: LEASE  BREAKING  READ 100 fe:00:1 0 EOF\n";
+    assert_eq!(parse_locks(breaking), (Vec::new(), true), "a lease being broken is refused");
 }
 
 #[test]
