@@ -595,6 +595,10 @@ pub enum FdKind {
         /// (`kinds/tcp.rs`), made anew at the restore.
         #[serde(default)]
         tcp: Option<Box<TcpConnection>>,
+        /// A UDP socket's datagrams queued for reading, captured in pass 1
+        /// (`kinds/udp.rs`) and sent to it again at the restore.
+        #[serde(default)]
+        udp_queue: Option<Box<UdpQueue>>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -657,6 +661,26 @@ pub struct InetBinding {
     /// other ends would come back without a peer: refused).
     #[serde(default)]
     pub not_accepted: u32,
+}
+
+/// The datagrams queued on a UDP socket at a checkpoint (`kinds/udp.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdpQueue {
+    /// The socket's own address (`getsockname`), where they are sent
+    /// again (its loopback address when it is bound to any).
+    pub to: std::net::SocketAddr,
+    /// Oldest first.
+    pub datagrams: Vec<Datagram>,
+    /// Why they could not be captured (refused in pass 2).
+    pub refused: Option<String>,
+}
+
+/// One datagram queued on a socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Datagram {
+    /// Its sender.
+    pub from: std::net::SocketAddr,
+    pub bytes: Vec<u8>,
 }
 
 /// A POSIX timer (`timer_create`), as `/proc/<pid>/timers` and

@@ -549,6 +549,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         not_accepted: false,
         held_connection: false,
         tcp: None,
+        udp_queue: None,
     };
     let Some(dup) = dup_of(pidfd, fd) else { return unknown };
     let family = match sockopt::socket_domain(&dup) {
@@ -684,6 +685,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         not_accepted,
         held_connection,
         tcp: None,
+        udp_queue: None,
     }
 }
 

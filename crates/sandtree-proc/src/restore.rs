@@ -216,7 +216,8 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     st.holders.extend(holders);
     // Every process is back: the TCP connections made anew leave repair
     // mode (their peers are back too).
-    if let Err(e) = crate::kinds::finish_connections(&handed) {
+    // (And the UDP sockets get their datagrams again.)
+    if let Err(e) = crate::kinds::finish_connections(&handed).and_then(|()| crate::kinds::send_datagrams_again(set)) {
         for r in waiting {
             let _ = r.release();
         }

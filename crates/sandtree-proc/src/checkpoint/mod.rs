@@ -1177,6 +1177,7 @@ fn clone_of(
         crate::process::timers::normalize(&mut itimers);
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         crate::kinds::capture_tcp(host, &mut fds);
+        crate::kinds::capture_udp(host, &mut fds);
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         // Shared memory (the template holds the objects, not their
         // contents): copied while every process is stopped.

@@ -2,11 +2,10 @@
 //! listener or a bound datagram socket is made anew at the restore with its
 //! protocol, address and options (a template holding it would keep its
 //! port taken after the original closed it); an unbound one is kept. A TCP
-//! connection is `tcp.rs`'s. Refused: a connection of another protocol
-//! (SCTP, MPTCP), a TCP listener with connections not accepted yet (the
-//! listener made anew has none: their other ends would come back without
-//! a peer), and a bound datagram socket with datagrams queued (made anew,
-//! it would come back empty).
+//! connection is `tcp.rs`'s, a UDP socket's queued datagrams `udp.rs`'s.
+//! Refused: a connection of another protocol (SCTP, MPTCP), a TCP listener
+//! with connections not accepted yet (the listener made anew has none:
+//! their other ends would come back without a peer).
 
 use super::{Kind, socket_type};
 use crate::batch::{Arg, Batch};
@@ -17,14 +16,12 @@ pub(crate) struct Inet;
 
 impl Kind for Inet {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
+        if let Some(why) = super::udp::refusal(f) {
+            return Err(why);
+        }
         match &f.kind {
             FdKind::Socket { family, stream: true, connected: true, .. } => {
                 Err(format!("an open {family} connection of a protocol other than TCP (its state is not captured)"))
-            }
-            // (Made anew at the restore, it would come back empty.)
-            FdKind::Socket { stream: false, queued: true, inet: Some(_), .. } => {
-                Err("a bound datagram socket with datagrams queued (not captured yet: checkpoint once they are read)"
-                    .into())
             }
             FdKind::Socket { listening: true, inet: Some(InetBinding { not_accepted: n @ 1.., .. }), .. } => {
                 Err(format!(

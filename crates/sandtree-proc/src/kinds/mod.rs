@@ -60,6 +60,7 @@ mod pty;
 mod signalfd;
 mod tcp;
 mod timerfd;
+mod udp;
 mod unix;
 
 use std::collections::HashMap;
@@ -79,6 +80,7 @@ pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
 pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections};
+pub(crate) use udp::{capture as capture_udp, send_again as send_datagrams_again};
 pub(crate) use unix::capture_queue as capture_unix_queue;
 pub(crate) use unix::restore_order;
 
@@ -303,7 +305,8 @@ pub(crate) struct Keepers {
 /// Before any process is cloned at a restore: the state of the objects the
 /// templates share with the killed originals goes back (eventfd counters,
 /// timerfd settings; unix socket queues drained, then filled again by
-/// their peers; shared memory's contents), the pipes are opened again and filled (their keepers
+/// their peers, and the UDP sockets kept drained (`udp.rs` sends their
+/// datagrams again once every process is back); shared memory's contents), the pipes are opened again and filled (their keepers
 /// returned), the ptys whose masters processes held are made anew (in
 /// `handed`). First, the sockets still holding the TCP connections made
 /// anew are aborted (`tcp.rs`).
@@ -317,6 +320,7 @@ pub(crate) fn put_back_shared(set: &CheckpointTemplates, handed: &mut Handed) ->
     for t in &set.templates {
         for f in &t.image.fds {
             unix::drain(t.host, f)?;
+            udp::drain(t.host, f)?;
             eventfd::put_back(t.host, f)?;
             timerfd::put_back(t.host, f)?;
         }

@@ -7,7 +7,8 @@
 # (as getsockopt and getsockname give them); `change` changes the options;
 # `reach` connects to the TCP listener and sends a datagram to the UDP-Lite
 # socket: `tcp=ok lite=ok`; `queue` leaves a datagram queued on the
-# UDP-Lite socket (a checkpoint must refuse it), `unqueue` reads it.
+# UDP-Lite socket (a checkpoint must refuse it: only UDP's datagrams are
+# captured), `unqueue` reads it.
 
 IPPROTO_UDPLITE = 136
 UDPLITE_SEND_CSCOV = 10
