@@ -547,7 +547,7 @@ pub enum FdKind {
         /// directory: its absolute path. A restore, which enters that
         /// directory first, binds it again at the same relative path.
         #[serde(default)]
-        bound_from: Option<String>,
+        bound_from: Option<Box<str>>,
         /// Data was queued for reading.
         #[serde(default)]
         queued: bool,
@@ -599,6 +599,11 @@ pub enum FdKind {
         /// (`kinds/udp.rs`) and sent to it again at the restore.
         #[serde(default)]
         udp_queue: Option<Box<UdpQueue>>,
+        /// An unconnected unix datagram socket bound to a path: the
+        /// datagrams queued on it with their senders, captured in pass 1
+        /// (`kinds/unix_datagrams.rs`) and sent to its new socket again.
+        #[serde(default)]
+        unix_datagrams: Option<Box<UnixDatagrams>>,
     },
     /// An anonymous inode (`eventfd`, `eventpoll`, `timerfd`, `signalfd`,
     /// `inotify`, ...).
@@ -661,6 +666,25 @@ pub struct InetBinding {
     /// other ends would come back without a peer: refused).
     #[serde(default)]
     pub not_accepted: u32,
+}
+
+/// The datagrams queued on an unconnected unix datagram socket at a
+/// checkpoint (`kinds/unix_datagrams.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDatagrams {
+    /// Oldest first.
+    pub datagrams: Vec<UnixDatagram>,
+    /// Why they could not be captured (refused in pass 2).
+    pub refused: Option<String>,
+}
+
+/// One datagram queued on a unix socket, with its sender.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDatagram {
+    /// Its sender's bound path (as bound: maybe relative); `None`: an
+    /// unbound sender.
+    pub from: Option<String>,
+    pub bytes: Vec<u8>,
 }
 
 /// The datagrams queued on a UDP socket at a checkpoint (`kinds/udp.rs`).

@@ -216,8 +216,14 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     st.holders.extend(holders);
     // Every process is back: the TCP connections made anew leave repair
     // mode (their peers are back too).
-    // (And the UDP sockets get their datagrams again.)
-    if let Err(e) = crate::kinds::finish_connections(&handed).and_then(|()| crate::kinds::send_datagrams_again(set)) {
+    // (And the UDP and unix datagram sockets get their datagrams again.)
+    let sent = crate::kinds::finish_connections(&handed)
+        .and_then(|()| crate::kinds::send_datagrams_again(set))
+        .and_then(|()| match waiting.first() {
+            Some(r) => crate::kinds::send_unix_datagrams_again(set, &handed, r.main.tid),
+            None => Ok(()),
+        });
+    if let Err(e) = sent {
         for r in waiting {
             let _ = r.release();
         }

@@ -1462,6 +1462,25 @@ static UDP_QUEUED_DATAGRAMS: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Datagrams queued on an unconnected unix datagram socket bound to a path
+/// come back in order, each from its sender (a socket bound to a path, one
+/// bound to a relative path, an unbound one), and what came after the
+/// checkpoint is gone; one from a sender no process holds any more is
+/// refused, naming it (issue 38, item 6).
+static UNIX_DATAGRAMS_FROM_SENDERS: Spec = Spec {
+    program: program!("unix_datagrams_from_senders.py"),
+    setup: &[
+        Ask("gone", Is("sent")),
+        Refused(None, &["from /root/gone.sock", "no captured process"]),
+        Ask("drain", Is("bye@/root/gone.sock")),
+        Ask("fill", Is("sent")),
+    ],
+    at_ck: &[("state", Is("ready"))],
+    mutate: &[&[Ask("drain", Any), Ask("late", Is("sent"))]],
+    after: &[Ask("drain", Is("from-a@/root/a.sock,anon@,from-b@b.sock,again@/root/a.sock"))],
+    ..Spec::DEFAULT
+};
+
 /// Epoll watches keyed by descriptor numbers that no longer name the
 /// watched files (dup'd, then closed) are refused by name: the restore
 /// cannot re-create them under those numbers (before, the rollback failed
@@ -2680,6 +2699,7 @@ fn main() {
         ("unix_datagram_bound_to_a_path", declared!(UNIX_DATAGRAM_BOUND_TO_A_PATH)),
         ("unix_relative_paths", declared!(UNIX_RELATIVE_PATHS)),
         ("udp_queued_datagrams", declared!(UDP_QUEUED_DATAGRAMS)),
+        ("unix_datagrams_from_senders", declared!(UNIX_DATAGRAMS_FROM_SENDERS)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),

@@ -1178,6 +1178,7 @@ fn clone_of(
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         crate::kinds::capture_tcp(host, &mut fds);
         crate::kinds::capture_udp(host, &mut fds);
+        crate::kinds::capture_unix_datagrams(host, &mut fds);
         let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         // Shared memory (the template holds the objects, not their
         // contents): copied while every process is stopped.

@@ -62,6 +62,7 @@ mod tcp;
 mod timerfd;
 mod udp;
 mod unix;
+mod unix_datagrams;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -83,6 +84,7 @@ pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections};
 pub(crate) use udp::{capture as capture_udp, send_again as send_datagrams_again};
 pub(crate) use unix::capture_queue as capture_unix_queue;
 pub(crate) use unix::restore_order;
+pub(crate) use unix_datagrams::{capture as capture_unix_datagrams, send_again as send_unix_datagrams_again};
 
 /// The hooks of one kind of kernel object (see the module docs). Each has
 /// a default that does nothing: a kind implements what concerns it.
@@ -290,7 +292,9 @@ pub(crate) fn fix_up_descriptors(
 /// reason): a TCP connection without its other end (`tcp.rs`), a unix
 /// connection through a listener (`unix.rs`).
 pub(crate) fn connection_refusal(images: &[&ProcessImage]) -> Option<(usize, String, String)> {
-    tcp::peerless(images).or_else(|| unix::connection_refusal(images))
+    tcp::peerless(images)
+        .or_else(|| unix::connection_refusal(images))
+        .or_else(|| unix_datagrams::sender_refusal(images))
 }
 
 /// What a restore holds open while the processes come back: keepers of

@@ -68,6 +68,9 @@ pub(crate) struct Unix;
 
 impl Kind for Unix {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
+        if let Some(why) = super::unix_datagrams::refusal(f) {
+            return Err(why);
+        }
         match &f.kind {
             FdKind::Socket { not_accepted: true, .. } => Err(
                 "a unix connection its listener has not accepted yet (made anew at a restore, it would be lost): checkpoint once it is accepted".into(),
@@ -79,8 +82,8 @@ impl Kind for Unix {
                     None => "the connecting end".to_string(),
                 }
             )),
-            FdKind::Socket { queued: true, peer: None, .. } => Err(
-                "a unix socket with data in flight that is not captured (only a connected socket's, without descriptors passed along, is; checkpoint once it is read)".into(),
+            FdKind::Socket { queued: true, peer: None, unix_datagrams: None, .. } => Err(
+                "a unix socket with data in flight that is not captured (only a connected socket's, and a datagram socket's bound to a path, without descriptors passed along, are; checkpoint once it is read)".into(),
             ),
             FdKind::Socket { listening: true, bound: Some(path), bound_from: None, .. } if !path.starts_with('/') => {
                 Err(format!(
