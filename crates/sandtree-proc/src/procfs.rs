@@ -654,7 +654,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         let path = format!("{}/{rel}", cwd.trim_end_matches('/'));
         let file = fs::symlink_metadata(format!("/proc/{pid}/root{path}")).ok()?;
         // (sock_diag gives the inode number's low 32 bits.)
-        (file.file_type().is_socket() && state()?.file_ino == Some(file.ino() & 0xffff_ffff)).then(|| path.into_boxed_str())
+        (file.file_type().is_socket() && state()?.file_ino == Some(file.ino() & 0xffff_ffff))
+            .then(|| path.into_boxed_str())
     });
     let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
     let listened_by = (listening && bound.is_some()).then(|| sandbox_pid_of_peer(&dup)).flatten();

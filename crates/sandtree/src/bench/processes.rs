@@ -642,3 +642,82 @@ pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Resul
 pub const PG_CK_ROW: &str = "checkpoint, PostgreSQL + psql in a transaction (9 processes)";
 pub const PG_RB_ROW: &str = "rollback in place, PostgreSQL + psql in a transaction";
 pub const PG_FORK_ROW: &str = "fork() of a process shaped as PostgreSQL's postmaster";
+
+/// The many-mappings workload's process: 10,000 mappings of one page
+/// each (anonymous, private, made one by one; every other one read-only,
+/// so that none merges with its neighbour), the writable ones written,
+/// and a step (port 9500) that writes one of them. Its beginning, less
+/// the server, is the baseline's program too.
+const MANY_MAPS: &str = r#"
+import mmap, os, socket, time
+maps = []
+for i in range(10_000):
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if i % 2 == 0 else 0)
+    m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=prot)
+    if i % 2 == 0:
+        m[0] = 1
+    maps.append(m)
+"#;
+
+const MANY_MAPS_SERVER: &str = r#"
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(('127.0.0.1', 9500))
+srv.listen(16)
+steps = 0
+while True:
+    c, _ = srv.accept()
+    c.makefile().readline()
+    steps += 1
+    maps[(steps * 2) % len(maps)][0] = steps % 256
+    n = sum(1 for _ in open('/proc/self/maps'))
+    c.sendall(f'{steps} {n}\n'.encode())
+    c.close()
+"#;
+
+/// The many-mappings workload: a process with 10,000 mappings (the
+/// external suite's case that a checkpoint froze 323 ms); each step writes
+/// a page and checkpoints, then rollbacks go to random checkpoints. Rows:
+/// checkpoint, rollback in place, and the baseline: a fork of a process
+/// with the same 10,000 mappings.
+pub async fn many_mappings(engine: &Engine, n: usize, report: &mut Report) -> Result<()> {
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    let req = |code: String, background: bool| ExecRequest {
+        cmd: vec!["python3".into(), "-c".into(), code],
+        env: [("FORKS".to_string(), n.to_string())].into(),
+        background,
+        ..Default::default()
+    };
+    let out = engine.exec(&sb, req(format!("{MANY_MAPS}{FORK_TIMES}"), false)).await.map_err(err)?;
+    let fork_ms = fork_samples(&out, n, "the many-mappings fork baseline")?;
+    engine.exec(&sb, req(format!("{MANY_MAPS}{MANY_MAPS_SERVER}"), true)).await.map_err(err)?;
+    wait_for_port(engine, &sb, 9500, "step").await?;
+    let step = || async {
+        let got = bash(engine, &sb, &tcp_request(9500, "step")).await?;
+        let maps: usize = got.split_whitespace().nth(1).and_then(|m| m.parse().ok()).unwrap_or(0);
+        if maps < 10_000 {
+            bail!("the many-mappings process answered {got:?} (fewer than 10,000 mappings)");
+        }
+        Ok(())
+    };
+    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, |_| step()).await?;
+    let mut rb_ms = Vec::new();
+    for _ in 0..n {
+        step().await?;
+        let (_, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
+        rb_ms.push(ms);
+        step().await?;
+    }
+    let g = "processes";
+    report.rows.push(Row::new(g, MAPS_CK_ROW, &ck_ms));
+    report.rows.push(Row::new(g, MAPS_RB_ROW, &rb_ms));
+    report.rows.push(Row::new("baseline", MAPS_FORK_ROW, &fork_ms));
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
+
+/// The many-mappings workload's rows.
+pub const MAPS_CK_ROW: &str = "checkpoint, a process with 10,000 mappings";
+pub const MAPS_RB_ROW: &str = "rollback in place, a process with 10,000 mappings";
+pub const MAPS_FORK_ROW: &str = "fork() of a process with 10,000 mappings";

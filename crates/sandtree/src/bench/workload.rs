@@ -303,6 +303,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     settle(engine).await;
     eprint_phase(args, "PostgreSQL (server + psql in a transaction)");
     super::processes::postgresql(engine, n, &mut report).await?;
+    settle(engine).await;
+    eprint_phase(args, "a process with 10,000 mappings");
+    super::processes::many_mappings(engine, n, &mut report).await?;
     if !args.quick {
         settle(engine).await;
         eprint_phase(args, "processes (REPL 1 GB)");
@@ -446,6 +449,10 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
     r.check("checkpoint, PostgreSQL p50 vs a fork of its postmaster", "<= 2x", format!("{ratio:.1}x"), ratio <= 2.0);
     let (pg_rb, _) = p(r, super::processes::PG_RB_ROW);
     r.check("rollback in place, PostgreSQL p50", "<= 5 ms", format!("{pg_rb:.2} ms"), pg_rb <= 5.0);
+    let (maps_ck, _) = p(r, super::processes::MAPS_CK_ROW);
+    let (maps_fork, _) = p(r, super::processes::MAPS_FORK_ROW);
+    let ratio = maps_ck / maps_fork;
+    r.check("checkpoint, 10,000 mappings p50 vs a fork of it", "<= 3x", format!("{ratio:.1}x"), ratio <= 3.0);
     if !args.quick {
         let (ck1g, _) = p(r, "checkpoint, REPL 1 GB + http + shell");
         r.check("checkpoint with processes (REPL 1 GB) p50", "<= 15 ms", format!("{ck1g:.2} ms"), ck1g <= 15.0);
