@@ -27,10 +27,6 @@ const CAP_SYS_ADMIN: u64 = 1 << 21;
 /// and a restore adds a watch (or a spacer) per number up to the highest.
 pub const INOTIFY_MAX_WD: i32 = 1024;
 
-/// Largest deleted-but-open file whose contents a checkpoint copies (it is
-/// read while the processes are stopped).
-pub const GHOST_MAX: u64 = 16 << 20;
-
 /// What changes for a process whose parent is not captured (left running
 /// by a best-effort checkpoint) when best effort restores it anyway.
 pub fn reparent_note(p: &ProcessImage) -> Unrestorable {

@@ -48,18 +48,69 @@ pub fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
 /// `len` bytes at offset `start` of `from` written at the same offset of
 /// `to` (`sendfile`: in the kernel, page by page).
 pub fn copy_range(from: &OwnedFd, to: &OwnedFd, start: u64, len: u64) -> io::Result<()> {
+    match copy_some(from, to, start, len)? {
+        n if n < len => Err(io::Error::other(format!("the object ends at {}, before {}", start + n, start + len))),
+        _ => Ok(()),
+    }
+}
+
+/// A file's contents saved sparsely: its data runs copied at the same
+/// offsets into a memfd of the daemon (the rest holes, which cost
+/// nothing), and its size. Deleted files, memfds and shared memory objects
+/// are saved so at a checkpoint, whatever their size.
+#[derive(Debug)]
+pub struct SparseCopy {
+    /// The file's size (bytes).
+    pub size: u64,
+    /// Its data runs (offset, length), at the same offsets in the copy.
+    pub runs: Vec<(u64, u64)>,
+    copy: OwnedFd,
+}
+
+impl SparseCopy {
+    /// A copy of the first `size` bytes of `file` (its data runs only:
+    /// `SEEK_DATA`/`SEEK_HOLE`; a file system without them gives one run).
+    pub fn save(file: &OwnedFd, size: u64) -> io::Result<SparseCopy> {
+        let copy = rustix::fs::memfd_create("sandtree-copy", rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&copy, size)?;
+        let mut runs = data_segments(file, size)?;
+        for run in &mut runs {
+            // (A file cut short since its size was read: what is there.)
+            run.1 = copy_some(file, &copy, run.0, run.1)?;
+        }
+        runs.retain(|r| r.1 > 0);
+        Ok(SparseCopy { size, runs, copy })
+    }
+
+    /// Bytes saved.
+    pub fn bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+
+    /// Write the saved runs at their offsets into `to` (the caller makes
+    /// its size and holes).
+    pub fn write_into(&self, to: &OwnedFd) -> io::Result<()> {
+        for &(start, len) in &self.runs {
+            copy_range(&self.copy, to, start, len)?;
+        }
+        Ok(())
+    }
+}
+
+/// Up to `len` bytes at offset `start` of `from` written at the same offset
+/// of `to`; how many (fewer where `from` ends).
+fn copy_some(from: &OwnedFd, to: &OwnedFd, start: u64, len: u64) -> io::Result<u64> {
     rustix::fs::seek(to, SeekFrom::Start(start))?;
     let (mut offset, end) = (start, start + len);
     while offset < end {
         let left = (end - offset) as usize;
         match rustix::fs::sendfile(to, from, Some(&mut offset), left) {
-            Ok(0) => return Err(io::Error::other(format!("the object ends at {offset}, before {end}"))),
-            Ok(_) => {}
-            Err(Errno::INTR) => {}
+            Ok(0) => break,
+            Ok(_) | Err(Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(offset - start)
 }
 
 /// The root of process `host`'s tree (`/proc/<host>/root`), to open

@@ -95,9 +95,10 @@ pub struct ProcessImage {
     pub fds: Vec<FdImage>,
     /// Memory mappings.
     pub maps: Vec<MapImage>,
-    /// Contents of deleted-but-open files and memfds, by descriptor.
-    #[serde(default)]
-    pub ghosts: Vec<(i32, Vec<u8>)>,
+    /// Contents of deleted-but-open files and memfds, by descriptor, saved
+    /// sparsely in memfds of the daemon (not serialized).
+    #[serde(skip)]
+    pub ghosts: Vec<(i32, std::sync::Arc<crate::fdstate::SparseCopy>)>,
     /// Interval timers (`ITIMER_REAL`, `_VIRTUAL`, `_PROF`) as raw
     /// `struct itimerval`s (a fork does not inherit them).
     #[serde(default)]
@@ -615,8 +616,8 @@ pub enum FdKind {
         #[serde(default)]
         state: Option<AnonState>,
     },
-    /// A memfd: saved like a deleted file (contents up to
-    /// [`crate::check::GHOST_MAX`]) with its seals, and made anew at the
+    /// A memfd: saved like a deleted file (its contents, sparsely) with its
+    /// seals, and made anew at the
     /// restore (one per inode in a process, each descriptor opened again
     /// with its flags and offset).
     Memfd {

@@ -862,11 +862,19 @@ static INTERVAL_TIMER_KEEPS_FIRING: Spec = Spec {
 };
 
 /// Deleted-but-open files (an `O_TMPFILE`, and a named file unlinked while
-/// open) come back with the checkpoint's contents and offsets.
+/// open) come back with the checkpoint's contents and offsets; so do a
+/// 101 MiB one with a 75 MiB hole, sparse again (25 MiB allocated), and a
+/// 20 MiB memfd (issue 38, item 7: refused over 16 MiB before).
 static DELETED_OPEN_FILES: Spec = Spec {
     program: program!("deleted_open_files.py"),
-    at_ck: &[("state", Is("tmp=tmpfile-ck@10 named=named-ck@8"))],
-    mutate: &[&[Ask("mutate", Is("tmp=tmpfile-ck+more@15 named=NAMED-ck@5"))]],
+    at_ck: &[(
+        "state",
+        Is("tmp=tmpfile-ck@10 named=named-ck@8 big=1317ea481fb9:105906176:25 memfd=630f25483a9c:20971520"),
+    )],
+    mutate: &[&[Ask(
+        "mutate",
+        Is("tmp=tmpfile-ck+more@15 named=NAMED-ck@5 big=33291246f932:105906176:26 memfd=1224175a7053:20971520"),
+    )]],
     // No name in the tree.
     after: &[Sh("test -e /root/gone.txt && echo there || echo gone", Is("gone\n"))],
     ..Spec::DEFAULT

@@ -117,7 +117,7 @@ pub(crate) struct Cloned {
     /// Data queued on its connected unix sockets.
     sockets: Vec<crate::model::SocketBuffer>,
     /// Contents of its deleted-but-open files, by descriptor.
-    ghosts: Vec<(i32, Vec<u8>)>,
+    ghosts: Vec<(i32, std::sync::Arc<crate::fdstate::SparseCopy>)>,
     /// Its armed interval timers.
     itimers: Vec<(i32, Vec<u8>)>,
     /// Its POSIX timers.

@@ -1,14 +1,13 @@
-//! Memfds (`FdKind::Memfd`): saved like a deleted file (contents up to
-//! [`GHOST_MAX`], copied in pass 1 by `deleted.rs`) with their name, size,
-//! mode and seals; made anew at the restore, one per inode in a process,
-//! each descriptor opened again with its flags and offset. Refused: one
-//! whose seals or file system could not be read, one on huge pages, one
-//! larger than [`GHOST_MAX`], one shared by two processes (it would come
-//! back as two).
+//! Memfds (`FdKind::Memfd`): saved like a deleted file (their contents,
+//! sparsely, whatever their size, copied in pass 1 by `deleted.rs`) with
+//! their name, size, mode and seals; made anew at the restore, one per
+//! inode in a process, each descriptor opened again with its flags and
+//! offset. Refused: one whose seals or file system could not be read, one
+//! on huge pages, one shared by two processes (it would come back as two).
 
 use super::{Kind, Remake, move_fd_setting_cloexec, reopen_unnamed};
 use crate::batch::write_path;
-use crate::check::GHOST_MAX;
+use crate::fdstate::SparseCopy;
 use crate::inject::Tracee;
 use crate::model::{FdImage, FdKind, ProcessImage};
 use crate::template::Template;
@@ -26,9 +25,6 @@ impl Kind for Memfd {
             FdKind::Memfd { name, hugetlb: true, .. } => {
                 Err(format!("memfd {name} on huge pages (MFD_HUGETLB is not captured yet)"))
             }
-            FdKind::Memfd { name, size, .. } if *size > GHOST_MAX => Err(format!(
-                "memfd {name} holds {size} bytes (memfds are copied at a checkpoint, up to {GHOST_MAX} bytes)"
-            )),
             _ => Ok(()),
         }
     }
@@ -43,8 +39,8 @@ impl Kind for Memfd {
         if let Some(&(_, source, _)) = cx.memfds.iter().find(|(i, ..)| i == ino) {
             return reopen_unnamed(cx.p, cx.scratch, f, source, false);
         }
-        let bytes = cx.contents(f.fd).to_vec();
-        let tmp = make(cx.p, cx.scratch, name, &bytes, (*size, *mode), *seals)?;
+        let copy = cx.contents(f.fd);
+        let tmp = make(cx.p, cx.scratch, name, copy.as_deref(), (*size, *mode), *seals)?;
         // The descriptor memfd_create gave (read-write) is the memfd's own
         // open file, which, unlike a new open through /proc, does not count
         // as a writer: a process that runs the memfd's program through it
@@ -78,18 +74,26 @@ impl Kind for Memfd {
     }
 }
 
-/// A memfd named `name` holding `bytes` (`size` long, mode bits `mode`)
-/// with `seals`, on a new descriptor of the process (closed by the caller).
-fn make(p: &mut Tracee, scratch: u64, name: &str, bytes: &[u8], (size, mode): (u64, u32), seals: u32) -> Result<u64> {
+/// A memfd named `name` holding `copy`'s contents (`size` long, mode bits
+/// `mode`) with `seals`, on a new descriptor of the process (closed by the
+/// caller).
+fn make(
+    p: &mut Tracee,
+    scratch: u64,
+    name: &str,
+    copy: Option<&SparseCopy>,
+    (size, mode): (u64, u32),
+    seals: u32,
+) -> Result<u64> {
     let pid = p.tid;
     let addr = write_path(pid, scratch, name)?;
     let tmp = p.call("memfd_create", libc::SYS_memfd_create, &[addr, libc::MFD_ALLOW_SEALING as u64])?;
-    super::deleted::fill_file(pid, tmp as i32, bytes).map_err(|e| Error::Proc {
+    super::deleted::fill_file(pid, tmp as i32, copy).map_err(|e| Error::Proc {
         pid,
         what: "memfd contents",
         source: e,
     })?;
-    if size != bytes.len() as u64 {
+    if size > 0 {
         p.call("ftruncate (memfd)", libc::SYS_ftruncate, &[tmp, size])?;
     }
     if mode != 0o777 {

@@ -181,8 +181,8 @@ impl<'a> Remake<'a> {
     }
 
     /// The contents captured for descriptor `fd` (deleted files, memfds).
-    pub fn contents(&self, fd: i32) -> &[u8] {
-        self.image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, b)| b.as_slice()).unwrap_or(&[])
+    pub fn contents(&self, fd: i32) -> Option<std::sync::Arc<crate::fdstate::SparseCopy>> {
+        self.image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, c)| c.clone())
     }
 }
 

@@ -14,8 +14,8 @@
 //! on writing. So:
 //!
 //! - **capture** (pass 1, every process stopped): each object seen first
-//!   is copied into a memfd of the daemon ([`SharedMemoryCopy`]), its data
-//!   segments only (`SEEK_DATA`/`SEEK_HOLE`: pages never touched are holes
+//!   is copied into a memfd of the daemon ([`SharedMemoryCopy`],
+//!   `fdstate::SparseCopy`), its data segments only (`SEEK_DATA`/`SEEK_HOLE`: pages never touched are holes
 //!   and stay holes), by `sendfile` from the object opened through
 //!   `/proc/<pid>/map_files/<start>-<end>` (a mapping) or `/proc/<pid>/fd/<n>`
 //!   (a descriptor);
@@ -39,7 +39,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{FallocateFlags, MemfdFlags, Mode, OFlags};
+use rustix::fs::{FallocateFlags, Mode, OFlags};
 
 use crate::model::{FdImage, FdKind, MapImage};
 use crate::{Error, HostPid, Result};
@@ -91,18 +91,14 @@ pub(crate) enum Reach {
 #[derive(Debug)]
 pub(crate) struct SharedMemoryCopy {
     pub key: ObjectKey,
-    /// Its size (bytes).
-    pub size: u64,
-    /// Its data segments (offset, length), at the same offsets in `copy`.
-    pub segments: Vec<(u64, u64)>,
-    /// A memfd of the daemon holding them (the rest holes).
-    copy: OwnedFd,
+    /// Its data segments, in a memfd of the daemon.
+    saved: crate::fdstate::SparseCopy,
 }
 
 impl SharedMemoryCopy {
     /// Bytes saved.
     pub(crate) fn bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.1).sum()
+        self.saved.bytes()
     }
 }
 
@@ -153,7 +149,10 @@ pub(crate) fn capture(
             continue;
         }
         let copy = open(host, reach, OFlags::RDONLY).and_then(|object| match on_tmpfs(&object) {
-            true => save(&object, key),
+            true => {
+                let size = rustix::fs::fstat(&object)?.st_size as u64;
+                Ok(SharedMemoryCopy { key, saved: crate::fdstate::SparseCopy::save(&object, size)? })
+            }
             // (SysV segments on huge pages, `SHM_HUGETLB`.)
             false => {
                 Err(io::Error::other("shared memory of another file system than tmpfs (huge pages?) is not captured"))
@@ -164,18 +163,6 @@ pub(crate) fn capture(
     Ok(out)
 }
 
-/// A copy of `object`'s data segments into a new memfd.
-fn save(object: &OwnedFd, key: ObjectKey) -> io::Result<SharedMemoryCopy> {
-    let size = rustix::fs::fstat(object)?.st_size as u64;
-    let copy = rustix::fs::memfd_create("sandtree-shared-memory", MemfdFlags::CLOEXEC)?;
-    rustix::fs::ftruncate(&copy, size)?;
-    let segments = crate::fdstate::data_segments(object, size)?;
-    for &(start, len) in &segments {
-        crate::fdstate::copy_range(object, &copy, start, len)?;
-    }
-    Ok(SharedMemoryCopy { key, size, segments, copy })
-}
-
 /// At a restore, before any process is cloned: each object of `copies`
 /// (with the template that holds it and where) holds its checkpoint's
 /// contents again.
@@ -183,17 +170,15 @@ pub(crate) fn put_back(copies: &[(SharedMemoryCopy, HostPid, Reach)]) -> Result<
     for (c, host, reach) in copies {
         let fill = || -> io::Result<()> {
             let object = open(*host, *reach, OFlags::RDWR)?;
-            if rustix::fs::fstat(&object)?.st_size as u64 != c.size {
-                rustix::fs::ftruncate(&object, c.size)?;
+            let size = c.saved.size;
+            if rustix::fs::fstat(&object)?.st_size as u64 != size {
+                rustix::fs::ftruncate(&object, size)?;
             }
             let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-            if c.size > 0 {
-                rustix::fs::fallocate(&object, punch, 0, c.size)?;
+            if size > 0 {
+                rustix::fs::fallocate(&object, punch, 0, size)?;
             }
-            for &(start, len) in &c.segments {
-                crate::fdstate::copy_range(&c.copy, &object, start, len)?;
-            }
-            Ok(())
+            c.saved.write_into(&object)
         };
         fill().map_err(|e| Error::Proc { pid: *host, what: "shared memory contents, put back", source: e })?;
     }
