@@ -337,7 +337,10 @@ impl FdKind {
     /// A pipe end, or a FIFO's on a mount a rollback keeps: the template
     /// holds an `O_PATH` of its inode instead (`kinds/pipe.rs`).
     pub fn held_as_o_path(&self) -> bool {
-        matches!(self, FdKind::Pipe { .. } | FdKind::Fifo { kept: true, on_layer: false, .. })
+        matches!(
+            self,
+            FdKind::Pipe { .. } | FdKind::Fifo { kept: true, on_layer: false, .. } | FdKind::Fifo { deleted: true, .. }
+        )
     }
 
     /// Made anew at a restore (reopened or recreated in the process),
@@ -520,6 +523,11 @@ pub enum FdKind {
         /// On a mount that rollback keeps.
         #[serde(default)]
         kept: bool,
+        /// Its last name was removed (`path` was its name): like a kept
+        /// one, the template holds its inode (`O_PATH`) and the restore
+        /// opens it again through it; nothing can reach it by path.
+        #[serde(default)]
+        deleted: bool,
     },
     /// A socket.
     Socket {

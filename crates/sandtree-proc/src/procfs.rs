@@ -1023,6 +1023,18 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             Link::Deleted(path) if on_dev_shm(&entry.path(), mounts.get(&info.mnt_id)) => {
                 FdKind::ShmFile { path: path.to_string(), deleted: true }
             }
+            Link::Deleted(path)
+                if fs::metadata(entry.path())
+                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type())) =>
+            {
+                let mount = mounts.get(&info.mnt_id);
+                FdKind::Fifo {
+                    path: path.to_string(),
+                    on_layer: mount.is_some_and(|m| m.fstype == "overlay"),
+                    kept: mount.is_some_and(kept_mount),
+                    deleted: true,
+                }
+            }
             Link::Deleted(path) => {
                 let meta = fs::metadata(entry.path()).ok();
                 let regular = meta.as_ref().is_some_and(|m| m.is_file());
@@ -1054,6 +1066,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                             path: link,
                             on_layer: mount.is_some_and(|m| m.fstype == "overlay"),
                             kept: mount.is_some_and(kept_mount),
+                            deleted: false,
                         }
                     }
                     Some(m) if m.fstype == "overlay" => {

@@ -880,6 +880,23 @@ static DELETED_OPEN_FILES: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A named pipe unlinked while open (for reading and writing, with bytes
+/// in it) comes back as that FIFO, still deleted, with its bytes; its name
+/// is not in the tree again, and closing its writer gives its reader the
+/// end (issue 38, item 7: refused before).
+static DELETED_FIFO: Spec = Spec {
+    program: program!("deleted_fifo.py"),
+    at_ck: &[("state", Is("avail=8 link=/root/ff (deleted)"))],
+    // (Round 1 starts from round 0's drain.)
+    mutate: &[&[Ask(
+        "mutate",
+        Like(|s| s.ends_with(" link=/root/ff (deleted)") && s != "avail=8 link=/root/ff (deleted)"),
+    )]],
+    after: &[Sh("test -e /root/ff && echo there || echo gone", Is("gone\n")), Ask("drain", Is("got=ck-bytes"))],
+    end: &[Ask("eof", Is("eof=0"))],
+    ..Spec::DEFAULT
+};
+
 /// A process stopped by SIGSTOP is captured stopped, and comes back
 /// stopped after a rollback (it was refused: it would have come back
 /// running); continued, it answers (issue 38, job control).
@@ -2671,6 +2688,7 @@ fn main() {
         ("standbys_taken_while_forking", standbys_taken_while_forking),
         ("standby_lost_after_the_reply", standby_lost_after_the_reply),
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
+        ("deleted_fifo", declared!(DELETED_FIFO)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),

@@ -5,9 +5,13 @@
 //! the daemon opens there read-write first lets those opens succeed and
 //! takes the saved bytes (`pipe.rs`). On a kept mount (`/dev`) its inode
 //! lives on: it is a pipe's (`pipe.rs`), the template holding an `O_PATH`
-//! of it and no end, opened again through it. Refused: a FIFO on a mount that rollback
-//! replaces but that is not a layer. A process holding one of the tree
-//! cannot move to a new tree.
+//! of it and no end, opened again through it. So is a deleted one (its
+//! last name removed while open), on a layer too: nothing can reach it by
+//! path, the processes holding it share it as a pipe, and the template's
+//! `O_PATH` keeps its inode (of the replaced tree, whose subvolume can
+//! still be deleted: the inode goes with the last holder). Refused: a
+//! FIFO on a mount that rollback replaces but that is not a layer. A
+//! process holding one of the tree cannot move to a new tree.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -28,7 +32,7 @@ pub(crate) struct Fifo;
 impl Kind for Fifo {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
-            FdKind::Fifo { path, on_layer: false, kept: false } => Err(format!(
+            FdKind::Fifo { path, on_layer: false, kept: false, .. } => Err(format!(
                 "named pipe {path} is on a mount that rollback replaces (only FIFOs on the sandbox's layers, /dev and /proc are handled)"
             )),
             _ => Ok(()),
@@ -66,7 +70,7 @@ pub(crate) fn open_keepers(set: &CheckpointTemplates) -> Result<HashMap<String, 
     let mut keepers: HashMap<String, OwnedFd> = HashMap::new();
     for t in &set.templates {
         for f in &t.image.fds {
-            if let FdKind::Fifo { path, on_layer: true, .. } = &f.kind
+            if let FdKind::Fifo { path, on_layer: true, deleted: false, .. } = &f.kind
                 && !keepers.contains_key(path)
             {
                 let keeper = open_keeper(t.host, path).map_err(|e| Error::Proc {
