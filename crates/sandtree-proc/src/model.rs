@@ -457,9 +457,19 @@ pub enum FdKind {
     Deleted {
         /// Path it had.
         path: String,
-        /// A regular file on one of the sandbox's layers (else refused).
+        /// A regular file or directory on one of the sandbox's layers (else
+        /// refused).
         #[serde(default)]
         on_layer: bool,
+        /// A directory (removed while open: empty): made again at its path,
+        /// opened and removed again at the restore.
+        #[serde(default)]
+        directory: bool,
+        /// A directory that the restore can make again: its path free in the
+        /// checkpoint's tree, its parent a directory its user may enter and
+        /// write (else refused).
+        #[serde(default)]
+        remade: bool,
         /// Its size.
         #[serde(default)]
         size: u64,

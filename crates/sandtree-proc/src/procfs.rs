@@ -1038,11 +1038,15 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             Link::Deleted(path) => {
                 let meta = fs::metadata(entry.path()).ok();
                 let regular = meta.as_ref().is_some_and(|m| m.is_file());
-                let on_layer = regular && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
+                let directory = meta.as_ref().is_some_and(|m| m.is_dir());
+                let on_layer =
+                    (regular || directory) && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "overlay");
                 use std::os::unix::fs::MetadataExt;
                 FdKind::Deleted {
                     path: path.to_string(),
                     on_layer,
+                    directory,
+                    remade: false,
                     size: meta.as_ref().map(|m| m.len()).unwrap_or(0),
                     mode: meta.as_ref().map(|m| m.mode() & 0o7777),
                     times: meta.as_ref().map(|m| {

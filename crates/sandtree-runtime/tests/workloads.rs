@@ -897,6 +897,21 @@ static DELETED_FIFO: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A directory open and then removed comes back as a removed directory at
+/// the same path (with its mode and modification time), empty, taking no
+/// new entry; its path is not in the tree (issue 38, item 7: refused
+/// before).
+static DELETED_DIRECTORY: Spec = Spec {
+    program: program!("deleted_directory.py"),
+    at_ck: &[("state", Is("link=/root/gonedir (deleted) mode=751 entries=0 mtime=1000000"))],
+    mutate: &[&[Ask("mutate", Is("link=/root/gonedir (deleted) mode=700 entries=0 mtime=1000000"))]],
+    after: &[
+        Sh("test -e /root/gonedir && echo there || echo gone", Is("gone\n")),
+        Ask("make", Is("make=errno2")),
+    ],
+    ..Spec::DEFAULT
+};
+
 /// A process stopped by SIGSTOP is captured stopped, and comes back
 /// stopped after a rollback (it was refused: it would have come back
 /// running); continued, it answers (issue 38, job control).
@@ -2689,6 +2704,7 @@ fn main() {
         ("standby_lost_after_the_reply", standby_lost_after_the_reply),
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
         ("deleted_fifo", declared!(DELETED_FIFO)),
+        ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
         ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),

@@ -1368,6 +1368,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     image.job_stopped = c.stopped.job_stopped;
     image.cwd_denied = crate::process::access::cwd_denied(child, &image);
     image.cwd_remade = crate::process::access::deleted_cwd((child, s.host), &image);
+    crate::process::access::deleted_dirs(child, &mut image);
     if let Some((fd, what)) = crate::process::access::fd_denied(s.host, child, &mut image) {
         return Err(Error::unsupported(
             s.ns_pid,

@@ -28,9 +28,12 @@ pub(crate) struct Deleted;
 impl Kind for Deleted {
     fn check(&self, f: &FdImage, _p: &ProcessImage) -> std::result::Result<(), String> {
         match &f.kind {
-            FdKind::Deleted { path, on_layer: false, .. } => {
-                Err(format!("open file {path} was deleted and is not a regular file on the sandbox's layers"))
-            }
+            FdKind::Deleted { path, on_layer: false, .. } => Err(format!(
+                "open file {path} was deleted and is not a regular file or directory on the sandbox's layers"
+            )),
+            FdKind::Deleted { path, directory: true, remade: false, .. } => Err(format!(
+                "open directory {path} was deleted, and its path is taken again or its parent is not one its user may write (a restore makes it again there)"
+            )),
             FdKind::Deleted { path, nlink, .. } if *nlink > 0 => Err(format!(
                 "open file {path} was deleted, but is still linked under another name (a copy would not be that file)"
             )),
@@ -44,6 +47,9 @@ impl Kind for Deleted {
 
     fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
         match &f.kind {
+            FdKind::Deleted { path, directory: true, .. } if f.same_as.is_none() => {
+                remake_dir(cx.p, cx.scratch, f, path)
+            }
             FdKind::Deleted { path, .. } if f.same_as.is_none() => {
                 let copy = cx.contents(f.fd);
                 recreate(cx.p, (cx.scratch, cx.image), f, path, copy.as_deref())
@@ -65,7 +71,7 @@ pub(crate) fn capture_contents(host: HostPid, fds: &mut [FdImage]) -> Result<Vec
         let flags = OFlags::RDONLY | OFlags::NOATIME;
         let save = |size: u64| open_proc_fd(host, f.fd, flags).and_then(|file| SparseCopy::save(&file, size));
         match &mut f.kind {
-            FdKind::Deleted { on_layer: true, size, segments, .. } => {
+            FdKind::Deleted { on_layer: true, directory: false, size, segments, .. } => {
                 let copy = save(*size).map_err(err)?;
                 *segments = copy.runs.clone();
                 out.push((f.fd, Arc::new(copy)));
@@ -115,14 +121,29 @@ fn recreate(
     fill_file(pid, tmp as i32, copy).map_err(|e| Error::Proc { pid, what: "deleted file contents", source: e })?;
     // Its size (a hole at the end), owner, mode and times, as they were.
     p.call("ftruncate (deleted file)", libc::SYS_ftruncate, &[tmp, *size])?;
+    set_attributes(p, scratch, tmp, (*mode, *times, *owner))?;
+    // `tmp` may have the number the file had (closed by the template's
+    // set-up): closed before the new descriptor moves there.
+    reopen_unnamed(p, scratch, f, tmp, true)
+}
+
+/// Give the file behind descriptor `tmp` of `p` its owner, mode and access
+/// and modification times (ns since the epoch) as they were.
+fn set_attributes(
+    p: &mut Tracee,
+    scratch: u64,
+    tmp: u64,
+    (mode, times, owner): (Option<u32>, Option<(i64, i64)>, Option<(u32, u32)>),
+) -> Result<()> {
+    let pid = p.tid;
     // (The owner by the daemon, in host ids, through the new file's magic
     // link; before the mode, which a change of owner may strip of its
     // set-id bits.)
-    if let Some((uid, gid)) = *owner {
+    if let Some((uid, gid)) = owner {
         set_owner(pid, tmp as i32, uid, gid).map_err(|e| Error::Proc { pid, what: "deleted file owner", source: e })?;
     }
     if let Some(mode) = mode {
-        p.call("fchmod (deleted file)", libc::SYS_fchmod, &[tmp, *mode as u64])?;
+        p.call("fchmod (deleted file)", libc::SYS_fchmod, &[tmp, mode as u64])?;
     }
     if let Some((atime, mtime)) = times {
         let mut ts = Vec::with_capacity(32);
@@ -137,8 +158,24 @@ fn recreate(
         })?;
         p.call("utimensat (deleted file)", libc::SYS_utimensat, &[tmp, 0, scratch + 1024, 0])?;
     }
-    // `tmp` may have the number the file had (closed by the template's
-    // set-up): closed before the new descriptor moves there.
+    Ok(())
+}
+
+/// A deleted directory (empty: removed while open), made again at its path
+/// by the process (the checkpoint's tree has no file there: checked at
+/// the capture), opened, removed again; its mode, owner and times set
+/// back; then opened again with its flags at its offset on its number.
+fn remake_dir(p: &mut Tracee, scratch: u64, f: &FdImage, path: &str) -> Result<()> {
+    let pid = p.tid;
+    let FdKind::Deleted { mode, times, owner, .. } = &f.kind else { return Ok(()) };
+    let at = write_path(pid, scratch, path)?;
+    p.call("mkdir (deleted directory)", libc::SYS_mkdir, &[at, 0o700])?;
+    let flags = (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    let tmp = p.call("open (deleted directory)", libc::SYS_open, &[at, flags, 0]);
+    let removed = p.call("rmdir (deleted directory)", libc::SYS_rmdir, &[at]);
+    let tmp = tmp?;
+    removed?;
+    set_attributes(p, scratch, tmp, (*mode, *times, *owner))?;
     reopen_unnamed(p, scratch, f, tmp, true)
 }
 

@@ -82,13 +82,7 @@ pub(crate) fn cwd_denied(template: HostPid, p: &ProcessImage) -> bool {
 /// it as that user).
 pub(crate) fn deleted_cwd((template, orig): (HostPid, HostPid), p: &ProcessImage) -> Option<u32> {
     let path = p.cwd.strip_suffix(" (deleted)")?;
-    if !path.starts_with('/') || path == "/" || fs::symlink_metadata(format!("/proc/{template}/root{path}")).is_ok() {
-        return None;
-    }
-    let parent = path.rsplit_once('/').map(|(a, _)| if a.is_empty() { "/" } else { a })?;
-    let dir = fs::metadata(format!("/proc/{template}/root{parent}")).ok().filter(|m| m.is_dir())?;
-    let c = Credentials::of(p);
-    if p.cap_eff & DAC == 0 && (!c.may_walk_to(template, parent) || !c.may(&dir, 0o3)) {
+    if !may_make_dir(template, p, path) {
         return None;
     }
     let mode_of = |pid: HostPid| {
@@ -97,6 +91,39 @@ pub(crate) fn deleted_cwd((template, orig): (HostPid, HostPid), p: &ProcessImage
         same.then(|| fs::metadata(&cwd).ok().map(|m| m.mode() & 0o7777)).flatten()
     };
     Some(mode_of(template).or_else(|| mode_of(orig)).unwrap_or(0o755))
+}
+
+/// Whether `p`'s user may make directory `path` again at a restore (as
+/// the process, in the tree of its template `template`, the checkpoint's):
+/// the path is free, its parent a directory the user may enter and write.
+fn may_make_dir(template: HostPid, p: &ProcessImage, path: &str) -> bool {
+    if !path.starts_with('/') || path == "/" || fs::symlink_metadata(format!("/proc/{template}/root{path}")).is_ok() {
+        return false;
+    }
+    let Some(parent) = path.rsplit_once('/').map(|(a, _)| if a.is_empty() { "/" } else { a }) else { return false };
+    let Some(dir) = fs::metadata(format!("/proc/{template}/root{parent}")).ok().filter(|m| m.is_dir()) else {
+        return false;
+    };
+    let c = Credentials::of(p);
+    p.cap_eff & DAC != 0 || (c.may_walk_to(template, parent) && c.may(&dir, 0o3))
+}
+
+/// Mark each deleted directory among `p`'s descriptors that a restore can
+/// make again ([`may_make_dir`]; `template` is `p`'s template).
+pub(crate) fn deleted_dirs(template: HostPid, p: &mut ProcessImage) {
+    let remade: Vec<bool> = p
+        .fds
+        .iter()
+        .map(|f| match &f.kind {
+            FdKind::Deleted { directory: true, path, .. } => may_make_dir(template, p, path),
+            _ => false,
+        })
+        .collect();
+    for (f, ok) in p.fds.iter_mut().zip(remade) {
+        if let FdKind::Deleted { directory: true, remade, .. } = &mut f.kind {
+            *remade = ok;
+        }
+    }
 }
 
 /// The first descriptor of `p` (its template `template`, its original
