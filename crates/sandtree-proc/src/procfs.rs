@@ -574,7 +574,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
         rustix::io::ioctl_fionread(&dup).is_ok_and(|n| n > 0)
             || (sandtree_sys::sockopt::peek_offset(&dup).is_ok_and(|o| o < 0)
-                && matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0))
+                // (A datagram socket's first may be empty: queued all the same.)
+                && matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0 || !stream))
     };
     let inet = (family.starts_with("inet") && (listening || (!stream && !connected)))
         .then(|| inet_binding(&dup, matches!(ty, Ok(SocketType::STREAM))))
@@ -1076,11 +1077,27 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                     Some(m) if m.fstype == "overlay" => {
                         let directory = meta.map(|m| m.is_dir()).unwrap_or(false);
                         let (mut locks, mut locked) = info.locks();
-                        // A lease's break notice signal, asked of the open file.
-                        for l in locks.iter_mut().filter(|l| l.kind == crate::model::LockKind::Lease) {
-                            let signal = dup_of(pidfd.as_ref(), fd).map(sandtree_sys::file_notices::signal);
-                            match signal {
-                                Some(Ok(s)) => l.signal = s,
+                        // A lease's break notice signal, asked of the open file;
+                        // a lease of an open file several processes share is
+                        // taken again by its holder alone (the file's owner:
+                        // the process that took it; another one of the
+                        // sandbox would take it from it).
+                        let lease = |l: &crate::model::FileLock| l.kind == crate::model::LockKind::Lease;
+                        if locks.iter().any(lease) {
+                            let dup = dup_of(pidfd.as_ref(), fd);
+                            let notices = dup
+                                .as_ref()
+                                .map(|d| (sandtree_sys::file_notices::signal(d), sandtree_sys::file_notices::owner(d)));
+                            match notices {
+                                Some((Ok(signal), Ok(owner))) => {
+                                    let elsewhere = owner > 0
+                                        && owner != pid.raw()
+                                        && fs::metadata(format!("/proc/{owner}")).is_ok();
+                                    locks.retain(|l| !(lease(l) && elsewhere));
+                                    for l in locks.iter_mut().filter(|l| lease(l)) {
+                                        l.signal = signal;
+                                    }
+                                }
                                 _ => locked = true,
                             }
                         }

@@ -33,8 +33,12 @@
 //! neither saved nor removed: a captured process that has one attached
 //! finds it again through its template, which holds it (and holds its
 //! contents: `sandtree_proc`'s shared memory). One of the checkpoint's
-//! segments marked so since cannot get its key back: the put back fails,
-//! naming it.
+//! segments marked so since (by a process, or by a rollback to a
+//! checkpoint without it while another's templates held it) is kept so
+//! when it was attached at the checkpoint (its templates hold it): its
+//! key stays private (not kept, logged). One that was not attached then
+//! cannot be made again on its id until its last detach: the put back
+//! fails, naming it.
 //!
 //! Not kept (not refused): the times of the last operations and change,
 //! the pids of the last operations (a put back makes them the daemon's,
@@ -87,6 +91,10 @@ struct SavedQueue {
 struct SavedSegment {
     owner: Owner,
     size: u64,
+    /// Its attachments at the checkpoint (those of the checkpoint's
+    /// processes hold it in their templates since).
+    #[serde(default)]
+    nattch: u64,
     /// Its data runs (offset, length) in `shm-<id>`.
     runs: Vec<(u64, u64)>,
 }
@@ -231,7 +239,7 @@ pub(crate) fn save(probe: &Probe, root: (u32, u32), subvol: &Path) -> Result<usi
             let file = ipc::segment_file(s.perm.id, false).map_err(internal("open a segment"))?;
             let to = dir.join(format!("shm-{}", s.perm.id));
             let runs = copy_runs(&file, &to, s.size).map_err(internal("save a segment's contents"))?;
-            saved.segments.push(SavedSegment { owner: ids.inside(&s.perm)?, size: s.size, runs });
+            saved.segments.push(SavedSegment { owner: ids.inside(&s.perm)?, size: s.size, nattch: s.nattch, runs });
         }
         let n = saved.semaphore_sets.len() + saved.queues.len() + saved.segments.len();
         let json = serde_json::to_vec(&saved).map_err(|e| Error::Internal(format!("SysV IPC objects: {e}")))?;
@@ -313,14 +321,33 @@ pub(crate) fn load(init: i32, root: (u32, u32), layer: &Path) -> Result<usize> {
             }
         }
         let mut segments_kept = Vec::new();
+        // (Of the checkpoint's, marked for removal since: kept as they are.)
+        let mut segments_marked = Vec::new();
         for s in ipc::segments().map_err(internal("list the shared memory segments"))? {
             let theirs = saved.segments.iter().find(|v| v.owner.id == s.perm.id);
             if s.perm.mode & SHM_DEST != 0 {
-                if let Some(v) = theirs {
-                    return Err(Error::Internal(format!(
-                        "SysV shared memory segment {} (key {:#x}) was removed (IPC_RMID) after the checkpoint while a process had it attached: its key cannot be given back",
-                        v.owner.id, v.owner.key
-                    )));
+                match theirs {
+                    // Removed since while attached (by a process, or by a
+                    // rollback to a checkpoint that did not have it), and
+                    // attached at the checkpoint: the checkpoint's templates
+                    // hold it, and its processes find it again; its contents
+                    // are theirs (`sandtree_proc`'s shared memory). Its key
+                    // is private for good (not kept).
+                    Some(v) if v.nattch > 0 && s.nattch > 0 => {
+                        tracing::warn!(
+                            id = v.owner.id,
+                            key = v.owner.key,
+                            "SysV segment marked for removal since the checkpoint: restored without its key"
+                        );
+                        segments_marked.push(v.owner.id);
+                    }
+                    Some(v) => {
+                        return Err(Error::Internal(format!(
+                            "SysV shared memory segment {} (key {:#x}) was removed (IPC_RMID) after the checkpoint while a process had it attached: it cannot be made again on its id until its last detach",
+                            v.owner.id, v.owner.key
+                        )));
+                    }
+                    None => {}
                 }
                 continue;
             }
@@ -356,7 +383,7 @@ pub(crate) fn load(init: i32, root: (u32, u32), layer: &Path) -> Result<usize> {
             }
             done += 1;
         }
-        for v in &saved.segments {
+        for v in saved.segments.iter().filter(|v| !segments_marked.contains(&v.owner.id)) {
             let id = v.owner.id;
             if !segments_kept.contains(&id) {
                 make_as_creator(&ids, &v.owner, 2, || ipc::make_segment(v.owner.key, v.size, v.owner.mode))?;
@@ -402,6 +429,10 @@ fn make_as_creator(ids: &Ids, o: &Owner, kind: usize, make: impl FnOnce() -> std
     // (Back to root: the permitted capabilities become effective again.)
     let back = set_thread_res_uid(None, Uid::ROOT, None).and_then(|()| set_thread_res_gid(None, Gid::ROOT, None));
     back.map_err(|e| internal("take root's ids again")(e.into()))?;
+    if made.is_err() {
+        // (Not left for the sandbox's next object.)
+        let _ = ipc::set_next_id(KINDS[kind], -1);
+    }
     let got = made.map_err(internal("make an object again"))?;
     if got != o.id {
         let _ = ipc::remove([Kind::Semaphores, Kind::Queue, Kind::Segment][kind], got);

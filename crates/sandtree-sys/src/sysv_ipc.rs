@@ -15,6 +15,10 @@
 //! shmid64_ds (112): perm, u64 segsz (48), i64 atime, dtime, ctime, i32 cpid, lpid, u64 nattch (88), u64 _[2]
 //! ```
 //!
+//! A set's values are read and written one semaphore at a time
+//! (`GETVAL`, `SETVAL`): `GETALL`/`SETALL` use a buffer as long as the set,
+//! which a set made again on the same id meanwhile could make too short.
+//!
 //! Listing: `*_INFO` returns the highest slot in use, and `*_STAT_ANY`
 //! (Linux 4.17) on a slot returns the id of the object there (whatever its
 //! permissions) and fills its structure; a free slot answers `EINVAL`.
@@ -37,8 +41,8 @@ const IPC_RMID: i32 = 0;
 const IPC_SET: i32 = 1;
 const IPC_STAT: i32 = 2;
 const MSG_NOERROR: i32 = 0o10000;
-const GETALL: i32 = 13;
-const SETALL: i32 = 17;
+const GETVAL: i32 = 12;
+const SETVAL: i32 = 16;
 const SEM_INFO: i32 = 19;
 const SEM_STAT_ANY: i32 = 20;
 const MSG_INFO: i32 = 12;
@@ -161,14 +165,16 @@ pub fn semaphore_sets() -> io::Result<Vec<SemaphoreSet>> {
     })
 }
 
-/// The values of the `n` semaphores of set `id`.
+/// The values of the `n` semaphores of set `id`, one call each (`GETVAL`:
+/// no buffer sized from an earlier answer, which a set made again on the
+/// same id with more semaphores would overrun with `GETALL`).
 fn semaphore_values(id: i32, n: usize) -> io::Result<Vec<u16>> {
-    let mut values = vec![0u16; n.max(1)];
-    // SAFETY: GETALL writes `n` u16 values through the pointer, which
-    // points at a live vector of at least `n` of them.
-    check(unsafe { libc::syscall(libc::SYS_semctl, id, 0, GETALL, values.as_mut_ptr()) })?;
-    values.truncate(n);
-    Ok(values)
+    (0..n)
+        .map(|i| {
+            // SAFETY: GETVAL takes no pointer (the fourth argument is unused).
+            check(unsafe { libc::syscall(libc::SYS_semctl, id, i as i32, GETVAL, 0) }).map(|v| v as u16)
+        })
+        .collect()
 }
 
 /// The message queues of the namespace.
@@ -267,23 +273,14 @@ pub fn make_semaphore_set(key: i32, n: usize, mode: u32) -> io::Result<i32> {
         as i32)
 }
 
-/// Set every semaphore of set `id` (`SETALL`; a process waiting on it is
-/// woken to try again).
+/// Set every semaphore of set `id`, one call each (`SETVAL`, the value by
+/// value: no buffer the kernel reads as many values from as the set has;
+/// a process waiting on it is woken to try again).
 pub fn set_semaphore_values(id: i32, values: &[u16]) -> io::Result<()> {
-    // (SETALL reads as many values as the set has: a short slice would be
-    // read past its end.)
-    let mut ds: Ds = [0; 128];
-    ctl(libc::SYS_semctl, id, IPC_STAT, &mut ds)?;
-    if u64_at(&ds, 80) as usize != values.len() {
-        return Err(io::Error::other(format!(
-            "semaphore set {id} has {} semaphores, not {}",
-            u64_at(&ds, 80),
-            values.len()
-        )));
+    for (i, &v) in values.iter().enumerate() {
+        // SAFETY: SETVAL takes its value in the fourth argument, no pointer.
+        check(unsafe { libc::syscall(libc::SYS_semctl, id, i as i32, SETVAL, libc::c_ulong::from(v)) })?;
     }
-    // SAFETY: `values` holds exactly as many u16 as the set has semaphores
-    // (checked above), which SETALL reads during the call.
-    check(unsafe { libc::syscall(libc::SYS_semctl, id, 0, SETALL, values.as_ptr()) })?;
     Ok(())
 }
 

@@ -21,7 +21,10 @@
 //! TTL, options: they come again with 0, 64, none), the destination
 //! address of one sent to a socket bound to any address (`IP_PKTINFO`
 //! shows loopback), and receive timestamps. Refused: another protocol than
-//! UDP (UDP-Lite), a datagram larger than 64 KiB, an empty datagram (a
+//! UDP (UDP-Lite), a socket of a `SO_REUSEPORT` group, bound to a device
+//! or with `UDP_GRO` (sent again by address, they could reach another
+//! socket, be dropped, or come back coalesced), a datagram larger than
+//! 65,507 bytes, an empty datagram (a
 //! peek marks it peeked, and peeks at offset 0 then go past it: the
 //! kernel's rule). Not seen: an empty datagram peeked before, by the
 //! process (`MSG_PEEK`) or by the check that refused it, behind another
@@ -69,12 +72,43 @@ fn capture_one(sock: &OwnedFd) -> io::Result<UdpQueue> {
     if protocol.get(..4) != Some(&libc::IPPROTO_UDP.to_ne_bytes()[..]) {
         return Err(io::Error::other("a datagram protocol other than UDP"));
     }
+    // Sent again by address, a datagram reaches the socket the kernel
+    // picks for it: one of a `SO_REUSEPORT` group may go to another
+    // member, one bound to a device may be dropped; coalesced ones
+    // (`UDP_GRO`) would come back as one.
+    let on = |level: i32, name: i32| {
+        sandtree_sys::sockopt::get_raw(sock, level, name, 4).is_ok_and(|v| v.iter().any(|&b| b != 0))
+    };
+    const UDP_GRO: i32 = 104;
+    if on(libc::SOL_SOCKET, libc::SO_REUSEPORT) {
+        return Err(io::Error::other("a socket of a SO_REUSEPORT group (sent again, they could reach another member)"));
+    }
+    if on(libc::IPPROTO_UDP, UDP_GRO) {
+        return Err(io::Error::other("a socket with UDP_GRO (coalesced datagrams would come back as one)"));
+    }
+    if sandtree_sys::sockopt::get_raw(sock, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, 16)
+        .is_ok_and(|v| v.first().is_some_and(|&b| b != 0))
+    {
+        return Err(io::Error::other("a socket bound to a device (SO_BINDTODEVICE)"));
+    }
     let to = std_address(rustix::net::getsockname(sock)?)?;
     let saved = sandtree_sys::sockopt::peek_offset(sock)?;
     sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
     let walked = walk(sock);
-    sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+    put_back_peek_offset(sock, saved)?;
     Ok(UdpQueue { to, datagrams: walked?, refused: None })
+}
+
+/// Set `sock`'s peek offset back to `saved` (a try interrupted by a signal
+/// is tried again: the process's later peeks depend on it).
+pub(crate) fn put_back_peek_offset(sock: &OwnedFd, saved: i32) -> io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match sandtree_sys::sockopt::set_peek_offset(sock, saved) {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) && tries < 100 => tries += 1,
+            r => return r,
+        }
+    }
 }
 
 /// Peek every datagram of `sock`'s queue (its peek offset at 0).
@@ -86,8 +120,9 @@ fn walk(sock: &OwnedFd) -> io::Result<Vec<Datagram>> {
         let mut control = rustix::net::RecvAncillaryBuffer::default();
         match rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags) {
             Ok(m) => {
-                if m.flags.contains(rustix::net::ReturnFlags::TRUNC) {
-                    return Err(io::Error::other("a datagram larger than 64 KiB"));
+                // (65,507 bytes: the most an IPv4 datagram carries.)
+                if m.flags.contains(rustix::net::ReturnFlags::TRUNC) || m.bytes > 65_507 {
+                    return Err(io::Error::other("a datagram larger than 65,507 bytes"));
                 }
                 // (The kernel marks an empty datagram peeked, and a later
                 // peek at offset 0 goes past it: a second capture, after

@@ -18,7 +18,8 @@
 //!   sender's new socket (the daemon's copy, `hand_over`), or, from an
 //!   unbound sender, from an unbound socket of the daemon.
 //!
-//! Refused: a datagram with descriptors passed along, one from an abstract
+//! Refused: a socket a captured datagram socket is connected to (kept by
+//! the template, not bound again), a datagram with descriptors passed along, one from an abstract
 //! address or from a sender no captured process holds (or that is
 //! connected: it is not made anew), an empty one (a peek marks it peeked),
 //! a receiver with `SO_PASSCRED` (the datagrams would carry the daemon's
@@ -80,7 +81,7 @@ fn capture_one(sock: &OwnedFd) -> io::Result<Vec<UnixDatagram>> {
     let saved = sandtree_sys::sockopt::peek_offset(sock)?;
     sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
     let walked = walk(sock);
-    sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
+    super::udp::put_back_peek_offset(sock, saved)?;
     walked
 }
 
@@ -152,12 +153,26 @@ fn sender_socket<'a>(images: impl IntoIterator<Item = &'a ProcessImage>, path: &
 }
 
 /// Pass 2, over every process: the first of `images` holding a datagram
-/// whose sender a restore cannot send it from again, as (index, resource,
+/// whose sender a restore cannot send it from again, or a socket with
+/// datagrams that a captured socket is connected to (it stays the
+/// template's, not bound again: `has_clients`), as (index, resource,
 /// reason).
 pub(crate) fn sender_refusal(images: &[&ProcessImage]) -> Option<(usize, String, String)> {
+    let connected_to = |path: &str| {
+        images
+            .iter()
+            .flat_map(|i| &i.fds)
+            .any(|f| matches!(&f.kind, FdKind::Socket { peer_path: Some(p), .. } if p == path))
+    };
     for (i, image) in images.iter().enumerate() {
         for f in &image.fds {
-            let FdKind::Socket { unix_datagrams: Some(q), .. } = &f.kind else { continue };
+            let FdKind::Socket { bound, unix_datagrams: Some(q), .. } = &f.kind else { continue };
+            if let Some(path) = bound.as_deref().filter(|p| !q.datagrams.is_empty() && connected_to(p)) {
+                let why = format!(
+                    "a unix datagram socket bound to {path} with datagrams queued, which a captured socket is connected to (it is kept, not bound again: its datagrams could not be sent to it again)"
+                );
+                return Some((i, format!("fd {}", f.fd), why));
+            }
             for path in q.datagrams.iter().filter_map(|d| d.from.as_deref()) {
                 if sender_socket(images.iter().copied(), path).is_none() {
                     let why = format!(

@@ -6,7 +6,9 @@
 # `drain` -> every datagram read with its sender's address:
 # `<bytes>@<address>,...` (`none`); `late` -> one more from a; `gone` -> one from a
 # socket bound to /root/gone.sock, closed at once (no process holds the
-# sender: a checkpoint must refuse it).
+# sender: a checkpoint must refuse it); `connect` -> one from a socket
+# connected to the inbox, kept (the inbox is then kept by the template,
+# not bound again: refused); `disconnect` -> that socket closed.
 
 os.chdir('/root')
 inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -38,6 +40,15 @@ def handle(cmd):
     if cmd == 'late':
         a.sendto(b'late', '/root/inbox.sock')
         return 'sent'
+    if cmd == 'connect':
+        global k
+        k = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        k.connect('/root/inbox.sock')
+        k.send(b'via-k')
+        return 'sent'
+    if cmd == 'disconnect':
+        k.close()
+        return 'closed'
     if cmd == 'gone':
         g = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         g.bind('/root/gone.sock')
