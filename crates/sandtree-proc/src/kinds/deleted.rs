@@ -127,14 +127,13 @@ fn recreate(
     reopen_unnamed(p, scratch, f, tmp, true)
 }
 
+/// A deleted file's permission bits, access and modification times (ns
+/// since the epoch) and owner (host ids), as its image holds them.
+type Attributes = (Option<u32>, Option<(i64, i64)>, Option<(u32, u32)>);
+
 /// Give the file behind descriptor `tmp` of `p` its owner, mode and access
-/// and modification times (ns since the epoch) as they were.
-fn set_attributes(
-    p: &mut Tracee,
-    scratch: u64,
-    tmp: u64,
-    (mode, times, owner): (Option<u32>, Option<(i64, i64)>, Option<(u32, u32)>),
-) -> Result<()> {
+/// and modification times as they were.
+fn set_attributes(p: &mut Tracee, scratch: u64, tmp: u64, (mode, times, owner): Attributes) -> Result<()> {
     let pid = p.tid;
     // (The owner by the daemon, in host ids, through the new file's magic
     // link; before the mode, which a change of owner may strip of its
