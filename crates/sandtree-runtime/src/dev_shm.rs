@@ -68,7 +68,14 @@ pub(crate) fn save(init: i32, root: (u32, u32), subvol: &Path) -> Result<u64> {
 /// Removes an older copy from a writable subvolume (a sandbox that does
 /// not run has no `/dev/shm`: a checkpoint of it holds none).
 pub(crate) fn discard(subvol: &Path) -> Result<()> {
-    let saved = subvol.join(SAVED);
+    remove_saved(subvol, SAVED)
+}
+
+/// Removes directory `name` of a writable subvolume, if there (a copy a
+/// checkpoint saves beside the layers: `/dev/shm`'s, the SysV IPC
+/// objects').
+pub(crate) fn remove_saved(subvol: &Path, name: &str) -> Result<()> {
+    let saved = subvol.join(name);
     match std::fs::remove_dir_all(&saved) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

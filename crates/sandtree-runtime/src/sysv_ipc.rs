@@ -266,12 +266,7 @@ fn copy_runs(file: &OwnedFd, to: &Path, size: u64) -> std::io::Result<Vec<(u64, 
 
 /// Removes an older copy from a writable subvolume.
 pub(crate) fn discard(subvol: &Path) -> Result<()> {
-    let saved = subvol.join(SAVED);
-    match std::fs::remove_dir_all(&saved) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::fs("checkpoint", sandtree_fs::Error::io("remove", &saved, e))),
-    }
+    crate::dev_shm::remove_saved(subvol, SAVED)
 }
 
 /// Whether a [`load`] onto the checkpoint whose layer is `layer` has

@@ -622,18 +622,8 @@ pub async fn postgresql(engine: &Engine, n: usize, report: &mut Report) -> Resul
         let got = bash(engine, &sb, &tcp_request(9300, "step")).await?;
         got.trim().parse::<u64>().with_context(|| format!("the PostgreSQL client answered {got:?}"))
     };
-    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, |_| step()).await?;
-    let mut rb_ms = Vec::new();
-    for _ in 0..n {
-        step().await?;
-        let (_, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
-        rb_ms.push(ms);
-        step().await?;
-    }
-    let g = "processes";
-    report.rows.push(Row::new(g, PG_CK_ROW, &ck_ms));
-    report.rows.push(Row::new(g, PG_RB_ROW, &rb_ms));
-    report.rows.push(Row::new("baseline", PG_FORK_ROW, &fork_ms));
+    let (ck_ms, rb_ms) = steps_checkpoints_rollbacks(engine, &sb, n, step).await?;
+    push_rows(report, [(PG_CK_ROW, &ck_ms), (PG_RB_ROW, &rb_ms), (PG_FORK_ROW, &fork_ms)]);
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())
 }
@@ -701,20 +691,41 @@ pub async fn many_mappings(engine: &Engine, n: usize, report: &mut Report) -> Re
         }
         Ok(())
     };
-    let (ck_ms, ids) = checkpoint_after_each(engine, &sb, n, |_| step()).await?;
+    let (ck_ms, rb_ms) = steps_checkpoints_rollbacks(engine, &sb, n, step).await?;
+    push_rows(report, [(MAPS_CK_ROW, &ck_ms), (MAPS_RB_ROW, &rb_ms), (MAPS_FORK_ROW, &fork_ms)]);
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    Ok(())
+}
+
+/// `n` checkpoints of `sb`, each after a `step`; then `n` rollbacks to
+/// random ones, each between two steps (the restored state must take the
+/// next one): their times (ms).
+async fn steps_checkpoints_rollbacks<F, Fut, T>(
+    engine: &Engine,
+    sb: &str,
+    n: usize,
+    step: F,
+) -> Result<(Vec<f64>, Vec<f64>)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let (ck_ms, ids) = checkpoint_after_each(engine, sb, n, |_| step()).await?;
     let mut rb_ms = Vec::new();
     for _ in 0..n {
         step().await?;
-        let (_, ms) = rollback_to_one_of(engine, &sb, &ids).await?;
+        let (_, ms) = rollback_to_one_of(engine, sb, &ids).await?;
         rb_ms.push(ms);
         step().await?;
     }
-    let g = "processes";
-    report.rows.push(Row::new(g, MAPS_CK_ROW, &ck_ms));
-    report.rows.push(Row::new(g, MAPS_RB_ROW, &rb_ms));
-    report.rows.push(Row::new("baseline", MAPS_FORK_ROW, &fork_ms));
-    engine.delete_sandbox(&sb, true).await.map_err(err)?;
-    Ok(())
+    Ok((ck_ms, rb_ms))
+}
+
+/// A workload's checkpoint and rollback rows, and its fork baseline's.
+fn push_rows(report: &mut Report, [(ck, ck_ms), (rb, rb_ms), (fork, fork_ms)]: [(&str, &Vec<f64>); 3]) {
+    report.rows.push(Row::new("processes", ck, ck_ms));
+    report.rows.push(Row::new("processes", rb, rb_ms));
+    report.rows.push(Row::new("baseline", fork, fork_ms));
 }
 
 /// The many-mappings workload's rows.
