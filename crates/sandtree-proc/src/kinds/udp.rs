@@ -21,12 +21,11 @@
 //! TTL, options: they come again with 0, 64, none), the destination
 //! address of one sent to a socket bound to any address (`IP_PKTINFO`
 //! shows loopback), and receive timestamps. Refused: another protocol than
-//! UDP (UDP-Lite), a socket of a `SO_REUSEPORT` group, bound to a device
-//! or with `UDP_GRO` (sent again by address, they could reach another
-//! socket, be dropped, or come back coalesced), a datagram larger than
-//! 65,507 bytes, an empty datagram (a
-//! peek marks it peeked, and peeks at offset 0 then go past it: the
-//! kernel's rule). Not seen: an empty datagram peeked before, by the
+//! UDP (UDP-Lite, ICMP "ping" sockets), a socket of a `SO_REUSEPORT`
+//! group, bound to a device or with `UDP_GRO` (sent again by address, they
+//! could reach another socket, be dropped, or come back coalesced), a
+//! datagram larger than 65,507 bytes, an empty datagram (a peek marks it
+//! peeked, and peeks at offset 0 then go past it: the kernel's rule). Not seen: an empty datagram peeked before, by the
 //! process (`MSG_PEEK`) or by the check that refused it, behind another
 //! (the walk goes past it).
 
