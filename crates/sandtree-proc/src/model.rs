@@ -347,7 +347,7 @@ impl FdKind {
     /// rather than kept from the template.
     pub fn recreated(&self) -> bool {
         match self {
-            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Memfd { .. } | FdKind::Pipe { .. } => true,
+            FdKind::LayerFile { .. } | FdKind::Deleted { .. } | FdKind::Pipe { .. } => true,
             FdKind::ShmFile { deleted, .. } => !deleted,
             k @ FdKind::KeptFile { .. } => k.terminal().is_some(),
             FdKind::PtyMaster { .. } => true,
@@ -634,10 +634,10 @@ pub enum FdKind {
         #[serde(default)]
         state: Option<AnonState>,
     },
-    /// A memfd: saved like a deleted file (its contents, sparsely) with its
-    /// seals, and made anew at the
-    /// restore (one per inode in a process, each descriptor opened again
-    /// with its flags and offset).
+    /// A memfd: kept by the template (the same open file, and its
+    /// mappings: the same memfd, name, inode and seals), its contents put
+    /// back (`process::shared_memory`), its offset and status flags set
+    /// again (`kinds/memfd.rs`).
     Memfd {
         /// Its name.
         name: String,

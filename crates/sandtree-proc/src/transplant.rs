@@ -427,7 +427,7 @@ fn as_captured<'a>(m: &'a MapImage, t: &'a Template) -> &'a MapImage {
 
 /// The shared memory objects of the template's mappings `theirs` that are
 /// mapped again from a descriptor (`process::shared_memory`: shared
-/// anonymous memory, deleted files of `/dev/shm`), opened by the daemon
+/// anonymous memory, deleted files of `/dev/shm`, memfds), opened by the daemon
 /// through the template's `map_files` and sent to child `c` (its scratch
 /// mapping made): each mapping's (start, descriptor number in `c`).
 fn give_objects(c: &mut Tracee, t: &Template, theirs: &[MapImage]) -> Result<Vec<(u64, u64)>> {
@@ -435,7 +435,7 @@ fn give_objects(c: &mut Tracee, t: &Template, theirs: &[MapImage]) -> Result<Vec
     let mut opened = Vec::new();
     for m in theirs {
         let m = as_captured(m, t);
-        if matches!(shared_memory::object_of(m), Some(Object::Anonymous | Object::DeletedShmFile)) {
+        if matches!(shared_memory::object_of(m), Some(Object::Anonymous | Object::DeletedShmFile | Object::Memfd)) {
             let access = match m.prot() & libc::PROT_WRITE != 0 {
                 true => rustix::fs::OFlags::RDWR,
                 false => rustix::fs::OFlags::RDONLY,
@@ -488,7 +488,9 @@ fn map_object(
     let Some(&(_, fd)) = given.iter().find(|(s, _)| *s == start) else {
         return Err(format!("mapping {:x}-{:x}: its shared memory was not sent", m.start, m.end));
     };
-    let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+    // (A private mapping of a memfd: its own pages are copied after.)
+    let share = if m.shared() { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    let flags = (share | libc::MAP_FIXED) as u64;
     let args = [val(start), val(len), val(prot as u64), val(flags), val(fd), val(m.offset)];
     b.call("mmap (shared memory, again)", libc::SYS_mmap, &args);
     Ok(())

@@ -617,11 +617,7 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         let deferred = c.deferred();
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
-        match set_up(c).and_then(|t| {
-            crate::kinds::memfd_shared_with(&t, &made)
-                .and_then(|()| crate::kinds::inotify_shared_with(&t, &made))
-                .map(|()| t)
-        }) {
+        match set_up(c).and_then(|t| crate::kinds::inotify_shared_with(&t, &made).map(|()| t)) {
             Ok(t) => {
                 // The tracked original's writes count from this template.
                 if let Some(t_orig) = tracked.and_then(|h| st.tracking.get_mut(&h)) {

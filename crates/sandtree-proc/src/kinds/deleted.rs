@@ -1,7 +1,7 @@
 //! Deleted-but-open files (`FdKind::Deleted`): a regular file of the
 //! sandbox's layers whose last name was removed. Its data segments are
-//! copied in pass 1, with memfds' contents (`memfd.rs`), whatever their
-//! size, into a memfd of the daemon at the same offsets
+//! copied in pass 1, whatever its size, into a memfd of the daemon at the
+//! same offsets
 //! (`fdstate::SparseCopy`: holes cost nothing); at the restore it is made
 //! anew as an unnamed file (`O_TMPFILE`) in its old directory of the
 //! rolled-back tree, its segments written at their offsets (holes stay
@@ -59,7 +59,7 @@ impl Kind for Deleted {
     }
 }
 
-/// Pass 1: the contents of the deleted files and memfds among `fds` of
+/// Pass 1: the contents of the deleted files among `fds` of
 /// stopped process `host` (a dup's are its twin's), by descriptor, saved
 /// sparsely: their data segments only (which a deleted file's kind then
 /// lists: the holes stay holes at the restore).
@@ -75,9 +75,6 @@ pub(crate) fn capture_contents(host: HostPid, fds: &mut [FdImage]) -> Result<Vec
                 let copy = save(*size).map_err(err)?;
                 *segments = copy.runs.clone();
                 out.push((f.fd, Arc::new(copy)));
-            }
-            FdKind::Memfd { size, hugetlb: false, .. } => {
-                out.push((f.fd, Arc::new(save(*size).map_err(err)?)));
             }
             _ => {}
         }

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | regular files, directories (layers, kept mounts, other mounts) | `file` | reopened by path (layers), kept (`/dev`, `/proc`), refused (other mounts) |
 //! | deleted-but-open files | `deleted` | made anew (`O_TMPFILE`), contents copied |
-//! | memfds | `memfd` | made anew, contents and seals copied |
+//! | memfds | `memfd` | kept (the template holds them and their mappings), contents put back (`process::shared_memory`) |
 //! | pty masters (`/dev/pts/ptmx`) | `pty` | made anew by the daemon (same index, settings, unread output), handed to their processes |
 //! | terminal slaves (`/dev/pts/N`, `/dev/tty` of a pty) | `file` | the template holds an `O_PATH` of the node; opened again by path (pty made anew) or through that `O_PATH` (a session's) |
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
@@ -78,7 +78,6 @@ pub(crate) use deleted::capture_contents;
 pub(crate) use file::share_open_files;
 pub(crate) use hand_over::{Handed, give as give_descriptors};
 pub(crate) use inotify::shared_with as inotify_shared_with;
-pub(crate) use memfd::shared_with as memfd_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
 pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections};
 pub(crate) use udp::{capture as capture_udp, send_again as send_datagrams_again};
@@ -144,10 +143,6 @@ pub(crate) struct Remake<'a> {
     pub image: &'a ProcessImage,
     /// Its template (host pid): the objects it still shares.
     pub template: HostPid,
-    /// Memfds made so far, by inode: (inode, a descriptor of the new
-    /// memfd to open it again through, whether that one is a spare to close
-    /// once every memfd is made).
-    pub memfds: Vec<(u64, u64, bool)>,
     /// What the restore made to give to several processes
     /// (`hand_over.rs`).
     pub handed: &'a mut Handed,
@@ -173,28 +168,26 @@ impl<'a> Remake<'a> {
             batch,
             image,
             template,
-            memfds: Vec::new(),
             handed,
             placed: Vec::new(),
             wanted: Vec::new(),
         }
     }
 
-    /// The contents captured for descriptor `fd` (deleted files, memfds).
+    /// The contents captured for descriptor `fd` (deleted files).
     pub fn contents(&self, fd: i32) -> Option<std::sync::Arc<crate::fdstate::SparseCopy>> {
         self.image.ghosts.iter().find(|(g, _)| *g == fd).map(|(_, c)| c.clone())
     }
 }
 
 /// The kinds made anew one call at a time, in this order: deleted files,
-/// pipe ends the daemon opens (handed over), memfds, unix listeners and socket pairs, TCP connections, pty masters, terminals of
+/// pipe ends the daemon opens (handed over), unix listeners and socket pairs, TCP connections, pty masters, terminals of
 /// sessions closed since the checkpoint (handed over), then inotify
 /// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 9] = [
+const REMAKE_ORDER: [&dyn Kind; 8] = [
     &deleted::Deleted,
     &pipe::Pipe,
-    &memfd::Memfd,
     &unix::Unix,
     &tcp::Tcp,
     &pty::PtyMaster,

@@ -1,8 +1,8 @@
 //! A process's memory. A template shares it copy-on-write (the fork copies
 //! the page tables, or a standby's are patched: `incremental.rs`); what a
 //! template cannot hold apart from the running process is refused here:
-//! a mapping of a memfd, a writable shared mapping of anything but a file
-//! of the tree or of `/dev/shm` or shared memory (`shared_memory.rs`), a private mapping of
+//! a writable shared mapping of anything but a file of the tree or of
+//! `/dev/shm` or shared memory (`shared_memory.rs`: memfds too), a private mapping of
 //! a file the process holds open for writing; and, for a template
 //! made by fork, what the fork does not copy ([`wiped_by_fork`]; mappings
 //! marked `MADV_DONTFORK` are found by the map's size, `checkpoint/`).
@@ -58,15 +58,6 @@ fn mapped_path(m: &MapImage) -> Option<&str> {
 /// The checks of a captured image's memory map.
 pub(crate) fn check(p: &ProcessImage) -> Result<(), Unrestorable> {
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
-    if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.starts_with("/memfd:"))) {
-        return Err(no(
-            format!("mapping {:x}-{:x}", m.start, m.end),
-            format!(
-                "mapping of {}: its pages would be the running process's memfd, not the checkpoint's copy",
-                m.path.as_deref().unwrap_or("a memfd")
-            ),
-        ));
-    }
     // A private mapping of a file the process holds open for writing: the
     // restore opens the file again in the rolled-back tree (or a copy of a
     // deleted one), while the template's mapping stays on the old inode,

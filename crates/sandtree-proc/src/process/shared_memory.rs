@@ -39,7 +39,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{FallocateFlags, Mode, OFlags};
+use rustix::fs::{FallocateFlags, Mode, OFlags, SealFlags};
 
 use crate::model::{FdImage, FdKind, MapImage};
 use crate::{Error, HostPid, Result};
@@ -55,16 +55,23 @@ pub(crate) enum Object {
     SysV,
     /// A deleted file of `/dev/shm`.
     DeletedShmFile,
+    /// A memfd (`/memfd:<name> (deleted)`), mapped shared or private.
+    Memfd,
 }
 
 /// The shared memory object mapping `m` is, if it is one this module
 /// captures.
 pub(crate) fn object_of(m: &MapImage) -> Option<Object> {
+    let path = m.path.as_deref()?;
+    let deleted = path.strip_suffix(" (deleted)")?;
+    // (A private mapping of a memfd reads the pages it did not write from
+    // the memfd: its contents matter as a shared one's.)
+    if deleted.starts_with("/memfd:") {
+        return Some(Object::Memfd);
+    }
     if !m.shared() {
         return None;
     }
-    let path = m.path.as_deref()?;
-    let deleted = path.strip_suffix(" (deleted)")?;
     if deleted == "/dev/zero" {
         Some(Object::Anonymous)
     } else if deleted.starts_with("/SYSV") {
@@ -93,6 +100,9 @@ pub(crate) struct SharedMemoryCopy {
     pub key: ObjectKey,
     /// Its data segments, in a memfd of the daemon.
     saved: crate::fdstate::SparseCopy,
+    /// A memfd's seals and permission bits (the object keeps seals added
+    /// since: a restore fails then; its mode is set back).
+    memfd: Option<(u32, u32)>,
 }
 
 impl SharedMemoryCopy {
@@ -126,7 +136,7 @@ pub(crate) fn held(host: HostPid, maps: &[MapImage], fds: &[FdImage]) -> io::Res
         }
     }
     for f in fds {
-        if let FdKind::ShmFile { deleted: true, .. } = f.kind
+        if matches!(f.kind, FdKind::ShmFile { deleted: true, .. } | FdKind::Memfd { hugetlb: false, .. })
             && f.same_as.is_none()
         {
             let st = rustix::fs::stat(format!("/proc/{host}/fd/{}", f.fd))?;
@@ -150,8 +160,18 @@ pub(crate) fn capture(
         }
         let copy = open(host, reach, OFlags::RDONLY).and_then(|object| match on_tmpfs(&object) {
             true => {
-                let size = rustix::fs::fstat(&object)?.st_size as u64;
-                Ok(SharedMemoryCopy { key, saved: crate::fdstate::SparseCopy::save(&object, size)? })
+                let st = rustix::fs::fstat(&object)?;
+                let memfd = match rustix::fs::fcntl_get_seals(&object) {
+                    Ok(seals) if seals.contains(SealFlags::FUTURE_WRITE) => {
+                        // (Writes through mappings made before it go on,
+                        // and nothing could put the contents back.)
+                        return Err(io::Error::other("a memfd sealed with F_SEAL_FUTURE_WRITE is not captured"));
+                    }
+                    Ok(seals) => Some((seals.bits(), st.st_mode & 0o7777)),
+                    Err(_) => None,
+                };
+                let saved = crate::fdstate::SparseCopy::save(&object, st.st_size as u64)?;
+                Ok(SharedMemoryCopy { key, saved, memfd })
             }
             // (SysV segments on huge pages, `SHM_HUGETLB`.)
             false => {
@@ -171,6 +191,21 @@ pub(crate) fn put_back(copies: &[(SharedMemoryCopy, HostPid, Reach)]) -> Result<
         let fill = || -> io::Result<()> {
             let object = open(*host, *reach, OFlags::RDWR)?;
             let size = c.saved.size;
+            if let Some((seals, mode)) = c.memfd {
+                let now = rustix::fs::fcntl_get_seals(&object)?.bits();
+                if now != seals {
+                    return Err(io::Error::other(format!(
+                        "the memfd was sealed since the checkpoint (seals {seals:#x}, now {now:#x}: a seal cannot be taken off)"
+                    )));
+                }
+                if rustix::fs::fstat(&object)?.st_mode & 0o7777 != mode {
+                    rustix::fs::fchmod(&object, Mode::from_raw_mode(mode))?;
+                }
+                // Sealed against writes: the contents are the checkpoint's.
+                if seals & SealFlags::WRITE.bits() != 0 && rustix::fs::fstat(&object)?.st_size as u64 == size {
+                    return Ok(());
+                }
+            }
             if rustix::fs::fstat(&object)?.st_size as u64 != size {
                 rustix::fs::ftruncate(&object, size)?;
             }
