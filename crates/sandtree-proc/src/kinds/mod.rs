@@ -162,16 +162,7 @@ impl<'a> Remake<'a> {
         (scratch, template): (u64, HostPid),
         handed: &'a mut Handed,
     ) -> Remake<'a> {
-        Remake {
-            p,
-            scratch,
-            batch,
-            image,
-            template,
-            handed,
-            placed: Vec::new(),
-            wanted: Vec::new(),
-        }
+        Remake { p, scratch, batch, image, template, handed, placed: Vec::new(), wanted: Vec::new() }
     }
 
     /// The contents captured for descriptor `fd` (deleted files).
