@@ -66,18 +66,14 @@ impl Kind for Deleted {
 pub(crate) fn capture_contents(host: HostPid, fds: &mut [FdImage]) -> Result<Vec<(i32, Arc<SparseCopy>)>> {
     let mut out = Vec::new();
     for f in fds.iter_mut().filter(|f| f.same_as.is_none()) {
-        let err = |e| Error::Proc { pid: host, what: "deleted file or memfd contents", source: e };
+        let FdKind::Deleted { on_layer: true, directory: false, size, segments, .. } = &mut f.kind else { continue };
         // (Read without touching its access time.)
         let flags = OFlags::RDONLY | OFlags::NOATIME;
-        let save = |size: u64| open_proc_fd(host, f.fd, flags).and_then(|file| SparseCopy::save(&file, size));
-        match &mut f.kind {
-            FdKind::Deleted { on_layer: true, directory: false, size, segments, .. } => {
-                let copy = save(*size).map_err(err)?;
-                *segments = copy.runs.clone();
-                out.push((f.fd, Arc::new(copy)));
-            }
-            _ => {}
-        }
+        let copy = open_proc_fd(host, f.fd, flags)
+            .and_then(|file| SparseCopy::save(&file, *size))
+            .map_err(|e| Error::Proc { pid: host, what: "deleted file contents", source: e })?;
+        *segments = copy.runs.clone();
+        out.push((f.fd, Arc::new(copy)));
     }
     Ok(out)
 }
