@@ -927,6 +927,13 @@ fn parse_fd_link(link: &str) -> Link<'_> {
     }
 }
 
+/// `statfs`'s `f_type` of the POSIX message queue file system.
+const MQUEUE_MAGIC: i64 = 0x1980_0202;
+
+/// How an `OtherMount` path names a POSIX message queue (`kinds/file.rs`
+/// refuses it by that name).
+pub(crate) const MQUEUE_PREFIX: &str = "mqueue:";
+
 /// The mounts a process sees, by id.
 pub fn mounts(pid: HostPid) -> io::Result<HashMap<i32, MountEntry>> {
     Ok(mountinfo::mounts_of(pid.raw())?.into_iter().map(|m| (m.id, m)).collect())
@@ -1123,6 +1130,11 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                             *unread = unread_on(pidfd.as_ref(), fd).unwrap_or(u32::MAX);
                         }
                         kept
+                    }
+                    // A POSIX message queue (`mq_open`): on its IPC
+                    // namespace's own mount, which no process mounted.
+                    None if rustix::fs::statfs(entry.path()).is_ok_and(|s| s.f_type == MQUEUE_MAGIC) => {
+                        FdKind::OtherMount { path: format!("{MQUEUE_PREFIX}{link}") }
                     }
                     _ => FdKind::OtherMount { path: link },
                 }

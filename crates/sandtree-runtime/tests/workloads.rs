@@ -1556,6 +1556,16 @@ static MEMFD_MAPPED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A POSIX message queue held open is refused by name (it was refused as
+/// a file "on a mount that rollback replaces"); closed, the process is
+/// checkpointed.
+static POSIX_MESSAGE_QUEUE: Spec = Spec {
+    program: program!("posix_message_queue.py"),
+    setup: &[Refused(None, &["POSIX message queue /sandtree-q", "mq_open"]), Ask("close", Is("closed"))],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// sqlite3 with an open database (autocommit: no lock held between
 /// statements): after rollback the connection sees the checkpoint's rows,
 /// and keeps working. (One checkpoint: after two, the restored connection
@@ -2813,6 +2823,7 @@ fn main() {
         ("epoll_watch_of_a_closed_number", declared!(EPOLL_WATCH_OF_A_CLOSED_NUMBER)),
         ("memfd_exec", declared!(MEMFD_EXEC)),
         ("memfd_mapped", declared!(MEMFD_MAPPED)),
+        ("posix_message_queue", declared!(POSIX_MESSAGE_QUEUE)),
         ("sqlite_open_database", declared!(SQLITE_OPEN_DATABASE)),
         ("http_server_serves_rolled_back_files", http_server_serves_rolled_back_files),
         ("make_mid_build", make_mid_build),

@@ -31,9 +31,14 @@ impl Kind for PathFile {
                 u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
                 n => format!("terminal {path} with {n} bytes of input not read yet: checkpoint once it is read"),
             }),
-            FdKind::OtherMount { path } => Err(format!(
-                "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
-            )),
+            FdKind::OtherMount { path } => Err(match path.strip_prefix(crate::procfs::MQUEUE_PREFIX) {
+                Some(name) => format!(
+                    "POSIX message queue {name} (mq_open): not captured (its messages cannot be read without taking them)"
+                ),
+                None => format!(
+                    "{path} is on a mount that rollback replaces (only the sandbox's layers, /dev and /proc are handled)"
+                ),
+            }),
             _ => Ok(()),
         }
     }
