@@ -612,7 +612,9 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             _ => None,
         })
         .flatten()
-        .filter(|(path, _)| path.starts_with('/'));
+        // (A relative one too: its listener, bound from its working
+        // directory, tells where it is: `Connection::connect_to`.)
+        .filter(|(path, _)| !path.is_empty());
     // (Every connection's, which a template would otherwise hold.)
     let diag_state = (unix_connected && (queued || unnamed || stream)).then(&mut state).flatten();
     let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);

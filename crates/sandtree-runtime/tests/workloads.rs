@@ -1466,7 +1466,9 @@ static UNIX_DATAGRAM_BOUND_TO_A_PATH: Spec = Spec {
 
 /// A unix listener and a datagram socket bound to relative paths from the
 /// process's working directory come back bound at the same relative names
-/// (a client's peer name is still `listen.sock`), and receive; with the
+/// (a client's peer name is still `listen.sock`), and receive; a
+/// connection through the listener comes back (made again through it);
+/// with the
 /// process elsewhere, where the names lead to no socket file, a checkpoint
 /// is refused, naming the path (issue 38, item 6).
 static UNIX_RELATIVE_PATHS: Spec = Spec {
@@ -1476,8 +1478,8 @@ static UNIX_RELATIVE_PATHS: Spec = Spec {
         Refused(None, &["relative path listen.sock", "working directory"]),
         Ask("back", Is("cwd=/root/rel")),
     ],
-    at_ck: &[("state", Is("listener=listen.sock dgram=dgram.sock cwd=/root/rel"))],
-    after: &[Ask("roundtrip", Is("stream=ping peer=listen.sock dgram=hello"))],
+    at_ck: &[("state", Is("listener=listen.sock dgram=dgram.sock cwd=/root/rel kept=listen.sock,listen.sock"))],
+    after: &[Ask("roundtrip", Is("stream=ping peer=listen.sock dgram=hello")), Ask("kept", Is("kept=k"))],
     ..Spec::DEFAULT
 };
 

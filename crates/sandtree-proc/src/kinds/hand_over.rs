@@ -81,8 +81,12 @@ pub(crate) struct Connection {
     pub accepted: u64,
     /// The connecting end's inode.
     pub connecting: u64,
-    /// The listener's path.
+    /// The listener's path (as it was bound: maybe relative).
     pub path: String,
+    /// Where the process that connects connects to: the listener's path,
+    /// absolute (a relative one as found from its binder's working
+    /// directory, `FdKind::Socket::bound_from`).
+    pub connect_to: String,
     /// `SOCK_STREAM` or `SOCK_SEQPACKET`.
     pub sock_type: i32,
     /// The process that connects (see [`crate::model::Listened`]).
@@ -122,6 +126,17 @@ pub(crate) fn listener_of(images: &[&ProcessImage], path: &str, sock_type: i32) 
     })
 }
 
+/// The absolute path of the listener bound to relative path `path` among
+/// `images`' descriptors (found from its binder's working directory).
+fn absolute_listener_path(images: &[&ProcessImage], path: &str) -> Option<String> {
+    images.iter().flat_map(|i| &i.fds).find_map(|g| match &g.kind {
+        FdKind::Socket { listening: true, bound: Some(p), bound_from: Some(from), .. } if p == path => {
+            Some(from.to_string())
+        }
+        _ => None,
+    })
+}
+
 impl Connection {
     /// The connections made through listeners among `images`' descriptors
     /// (one per accepted end whose connector is known).
@@ -134,10 +149,15 @@ impl Connection {
                 && !out.iter().any(|c| c.accepted == *ino)
             {
                 let maker = listener_of(images, &l.path, pair.sock_type).and_then(|ino| binder(images, ino));
+                let connect_to = match l.path.starts_with('/') {
+                    true => l.path.clone(),
+                    false => absolute_listener_path(images, &l.path).unwrap_or_else(|| l.path.clone()),
+                };
                 out.push(Connection {
                     accepted: *ino,
                     connecting: pair.peer,
                     path: l.path.clone(),
+                    connect_to,
                     sock_type: pair.sock_type,
                     connector,
                     maker,

@@ -222,7 +222,7 @@ fn connect_again(p: &mut Tracee, (scratch, numbers): (u64, &[i32]), handed: &mut
     )?;
     let [sock] = clear_of_numbers(p, [sock], numbers)?;
     let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
-    sun.extend_from_slice(c.path.as_bytes());
+    sun.extend_from_slice(c.connect_to.as_bytes());
     sun.push(0);
     ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
     let connected = p.call(

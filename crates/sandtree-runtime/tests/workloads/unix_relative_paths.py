@@ -4,6 +4,8 @@
 # restore binds them again from there at the same relative names: what
 # `getsockname` and a client's `getpeername` give stays `listen.sock`.
 # Commands: `state` -> `listener=<its name> dgram=<its name> cwd=<cwd>`;
+# A client connected through the listener stays connected (its peer name,
+# and the accepted end's own, `listen.sock`): `kept` -> a byte through it.
 # `roundtrip` -> a fresh client connects to /root/rel/listen.sock and
 # sends `ping`, a fresh socket sends `hello` to /root/rel/dgram.sock:
 # `stream=ping peer=<the client's peer name> dgram=hello`; `away` / `back`
@@ -17,11 +19,19 @@ listener.bind('listen.sock')
 listener.listen(4)
 dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 dgram.bind('dgram.sock')
+# A connection through the listener, kept open.
+kept = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+kept.connect('/root/rel/listen.sock')
+kept_server, _ = listener.accept()
 
 
 def handle(cmd):
     if cmd == 'state':
-        return 'listener=%s dgram=%s cwd=%s' % (listener.getsockname(), dgram.getsockname(), os.getcwd())
+        return 'listener=%s dgram=%s cwd=%s kept=%s,%s' % (
+            listener.getsockname(), dgram.getsockname(), os.getcwd(), kept.getpeername(), kept_server.getsockname())
+    if cmd == 'kept':
+        kept.sendall(b'k')
+        return 'kept=%s' % kept_server.recv(16).decode()
     if cmd == 'roundtrip':
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
