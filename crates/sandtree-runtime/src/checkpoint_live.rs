@@ -138,15 +138,7 @@ impl Engine {
         };
         // Nothing writes to `/dev/shm` now: its files into the layer.
         // (Likewise the SysV IPC objects.)
-        let shm = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
-            .and_then(|b| {
-                crate::sysv_ipc::save(
-                    &*self.ipc_probe(id, sb.init_pid())?,
-                    self.sandbox_root_ids(),
-                    &self.subvol_path(&rec.subvol),
-                )
-                .map(|_| b)
-            });
+        let shm = self.save_namespace_state(id, sb.init_pid(), &self.subvol_path(&rec.subvol));
         // Steps 3-5: the templates are being copied (the largest on the
         // other CPU) and checked while init stages the new tree (checking
         // only the mounts: every process is held, and the templates

@@ -231,6 +231,16 @@ impl Engine {
         Ok(t)
     }
 
+    /// At a checkpoint, once nothing in sandbox `id` (init `init`) can
+    /// change them: its `/dev/shm` and its SysV IPC objects saved into
+    /// subvolume `subvol` (`dev_shm.rs`, `sysv_ipc.rs`). The bytes of
+    /// `/dev/shm` copied.
+    pub(crate) fn save_namespace_state(&self, id: &str, init: i32, subvol: &std::path::Path) -> Result<u64> {
+        let bytes = crate::dev_shm::save(init, self.sandbox_root_ids(), subvol)?;
+        crate::sysv_ipc::save(&*self.ipc_probe(id, init)?, self.sandbox_root_ids(), subvol)?;
+        Ok(bytes)
+    }
+
     /// The lists of SysV IPC objects of sandbox `id`, whose init is host
     /// pid `init` (opened at the first call for that init).
     pub(crate) fn ipc_probe(&self, id: &str, init: i32) -> Result<Arc<crate::sysv_ipc::Probe>> {

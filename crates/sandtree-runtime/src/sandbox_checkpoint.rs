@@ -123,8 +123,7 @@ impl Engine {
                 .map_err(|e| self.process_error(id, e))?;
             let skipped = stopped.report().skipped.clone();
             // (Dropped on error: the processes go.)
-            crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &src)?;
-            crate::sysv_ipc::save(&*self.ipc_probe(id, sb.init_pid())?, self.sandbox_root_ids(), &src)?;
+            self.save_namespace_state(id, sb.init_pid(), &src)?;
             // When the processes run again: the templates' set-up comes after.
             let mut resumed_at = None;
             // (Each state of the checkpoint lets the processes go when
@@ -311,14 +310,7 @@ impl Engine {
         // Init alone, and no spawn until the tree is swapped: `/dev/shm`
         // cannot change between its copy and the swap.
         let spawns = sb.hold_spawns().await;
-        let saved = crate::dev_shm::save(sb.init_pid(), self.sandbox_root_ids(), &self.subvol_path(&rec.subvol))
-            .and_then(|_| {
-                crate::sysv_ipc::save(
-                    &*self.ipc_probe(id, sb.init_pid())?,
-                    self.sandbox_root_ids(),
-                    &self.subvol_path(&rec.subvol),
-                )
-            });
+        let saved = self.save_namespace_state(id, sb.init_pid(), &self.subvol_path(&rec.subvol));
         if let Err(e) = saved {
             drop(spawns);
             self.discard_subvol_later(&fresh);
