@@ -25,7 +25,7 @@ pub(crate) fn open_proc_fd(host: HostPid, fd: i32, flags: OFlags) -> io::Result<
 }
 
 /// The data segments (offset, length) of `f`, `size` bytes long.
-pub fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
+fn data_segments(f: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     let mut at = 0u64;
     while at < size {
@@ -73,12 +73,7 @@ impl SparseCopy {
     pub fn save(file: &OwnedFd, size: u64) -> io::Result<SparseCopy> {
         let copy = rustix::fs::memfd_create("sandtree-copy", rustix::fs::MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&copy, size)?;
-        let mut runs = data_segments(file, size)?;
-        for run in &mut runs {
-            // (A file cut short since its size was read: what is there.)
-            run.1 = copy_some(file, &copy, run.0, run.1)?;
-        }
-        runs.retain(|r| r.1 > 0);
+        let runs = copy_data_runs(file, &copy, size)?;
         Ok(SparseCopy { size, runs, copy })
     }
 
@@ -95,6 +90,18 @@ impl SparseCopy {
         }
         Ok(())
     }
+}
+
+/// The data runs of the first `size` bytes of `from` written at the same
+/// offsets of `to` (sized and empty: its other bytes stay holes); the runs
+/// copied (a file cut short since its size was read: what is there).
+pub fn copy_data_runs(from: &OwnedFd, to: &OwnedFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    let mut runs = data_segments(from, size)?;
+    for run in &mut runs {
+        run.1 = copy_some(from, to, run.0, run.1)?;
+    }
+    runs.retain(|r| r.1 > 0);
+    Ok(runs)
 }
 
 /// Up to `len` bytes at offset `start` of `from` written at the same offset

@@ -66,25 +66,17 @@ pub struct UnixState {
 /// A socket of `family`, `ty` and `protocol` made in the network
 /// namespace of `pid` (by a short-lived thread that enters it).
 pub fn socket_in(pid: HostPid, family: u16, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    std::thread::scope(|s| {
-        s.spawn(|| -> io::Result<OwnedFd> {
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&ns),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
-            Ok(rustix::net::socket_with(
-                rustix::net::AddressFamily::from_raw(family),
-                rustix::net::SocketType::from_raw(ty as u32),
-                rustix::net::SocketFlags::CLOEXEC,
-                Some(rustix::net::Protocol::from_raw(
-                    std::num::NonZeroU32::new(protocol as u32).ok_or_else(|| io::Error::other("protocol 0"))?,
-                )),
-            )?)
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("socket thread panicked")))
-    })
+    let net = ("net", rustix::thread::LinkNameSpaceType::Network);
+    sandtree_sys::process::on_thread_in_namespace(pid.raw(), net, || -> io::Result<OwnedFd> {
+        Ok(rustix::net::socket_with(
+            rustix::net::AddressFamily::from_raw(family),
+            rustix::net::SocketType::from_raw(ty as u32),
+            rustix::net::SocketFlags::CLOEXEC,
+            Some(rustix::net::Protocol::from_raw(
+                std::num::NonZeroU32::new(protocol as u32).ok_or_else(|| io::Error::other("protocol 0"))?,
+            )),
+        )?)
+    })?
 }
 
 /// A `NETLINK_SOCK_DIAG` socket in the network namespace of `pid`.

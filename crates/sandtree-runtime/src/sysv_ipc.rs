@@ -49,7 +49,7 @@
 //! made for itself, and POSIX message queues (`mq_open`).
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use sandtree_sys::sysv_ipc::{self as ipc, Kind, SHM_DEST, SHM_LOCKED};
@@ -107,27 +107,14 @@ struct Saved {
     segments: Vec<SavedSegment>,
 }
 
-const KINDS: [&str; 3] = ["sem", "msg", "shm"];
-
 fn internal(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| Error::Internal(format!("SysV IPC objects: {what}: {e}"))
 }
 
 /// Run `f` on a thread in the IPC namespace of process `init`.
 fn in_namespace<R: Send>(init: i32, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-    let ns = std::fs::File::open(format!("/proc/{init}/ns/ipc")).map_err(internal("open the IPC namespace"))?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            rustix::thread::move_into_link_name_space(
-                ns.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::InterProcessCommunication),
-            )
-            .map_err(|e| internal("enter the IPC namespace")(e.into()))?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(Error::Internal("the SysV IPC thread panicked".into())))
-    })
+    let ipc = ("ipc", rustix::thread::LinkNameSpaceType::InterProcessCommunication);
+    sandtree_sys::process::on_thread_in_namespace(init, ipc, f).map_err(internal("enter the IPC namespace"))?
 }
 
 /// Host ids to the sandbox's and back, by the base of its mapping.
@@ -256,12 +243,7 @@ pub(crate) fn save(probe: &Probe, root: (u32, u32), subvol: &Path) -> Result<usi
 fn copy_runs(file: &OwnedFd, to: &Path, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     let out = std::fs::File::create(to)?;
     out.set_len(size)?;
-    let out = OwnedFd::from(out);
-    let runs = sandtree_proc::fdstate::data_segments(file, size)?;
-    for &(start, len) in &runs {
-        sandtree_proc::fdstate::copy_range(file, &out, start, len)?;
-    }
-    Ok(runs)
+    sandtree_proc::fdstate::copy_data_runs(file, &OwnedFd::from(out), size)
 }
 
 /// Removes an older copy from a writable subvolume.
@@ -354,7 +336,7 @@ pub(crate) fn load(init: i32, root: (u32, u32), layer: &Path) -> Result<usize> {
         for v in &saved.semaphore_sets {
             let id = v.owner.id;
             if !sets_kept.contains(&id) {
-                make_as_creator(&ids, &v.owner, 0, || {
+                make_as_creator(&ids, &v.owner, Kind::Semaphores, || {
                     ipc::make_semaphore_set(v.owner.key, v.values.len(), v.owner.mode)
                 })?;
             }
@@ -365,7 +347,7 @@ pub(crate) fn load(init: i32, root: (u32, u32), layer: &Path) -> Result<usize> {
         for v in &saved.queues {
             let id = v.owner.id;
             if !queues_kept.contains(&id) {
-                make_as_creator(&ids, &v.owner, 1, || ipc::make_queue(v.owner.key, v.owner.mode))?;
+                make_as_creator(&ids, &v.owner, Kind::Queue, || ipc::make_queue(v.owner.key, v.owner.mode))?;
             }
             // (The most bytes first: the messages must fit.)
             set_owner(&ids, Kind::Queue, &v.owner, Some(v.qbytes))?;
@@ -381,7 +363,9 @@ pub(crate) fn load(init: i32, root: (u32, u32), layer: &Path) -> Result<usize> {
         for v in saved.segments.iter().filter(|v| !segments_marked.contains(&v.owner.id)) {
             let id = v.owner.id;
             if !segments_kept.contains(&id) {
-                make_as_creator(&ids, &v.owner, 2, || ipc::make_segment(v.owner.key, v.size, v.owner.mode))?;
+                make_as_creator(&ids, &v.owner, Kind::Segment, || {
+                    ipc::make_segment(v.owner.key, v.size, v.owner.mode)
+                })?;
             }
             let fill = || -> std::io::Result<()> {
                 let file = ipc::segment_file(id, true)?;
@@ -411,10 +395,10 @@ fn same(o: &Owner, p: &ipc::Perm) -> bool {
     o.id == p.id && o.key == p.key
 }
 
-/// Make object `o` of kind `KINDS[kind]` by `make`, on its id, with the
-/// calling thread's effective ids its creator's for the call.
-fn make_as_creator(ids: &Ids, o: &Owner, kind: usize, make: impl FnOnce() -> std::io::Result<i32>) -> Result<()> {
-    ipc::set_next_id(KINDS[kind], o.id).map_err(internal("set the next id"))?;
+/// Make object `o` of `kind` by `make`, on its id, with the calling
+/// thread's effective ids its creator's for the call.
+fn make_as_creator(ids: &Ids, o: &Owner, kind: Kind, make: impl FnOnce() -> std::io::Result<i32>) -> Result<()> {
+    ipc::set_next_id(kind, o.id).map_err(internal("set the next id"))?;
     let (uid, gid) = (o.cuid + ids.uid_base, o.cgid + ids.gid_base);
     use rustix::process::{Gid, Uid};
     use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
@@ -426,11 +410,11 @@ fn make_as_creator(ids: &Ids, o: &Owner, kind: usize, make: impl FnOnce() -> std
     back.map_err(|e| internal("take root's ids again")(e.into()))?;
     if made.is_err() {
         // (Not left for the sandbox's next object.)
-        let _ = ipc::set_next_id(KINDS[kind], -1);
+        let _ = ipc::set_next_id(kind, -1);
     }
     let got = made.map_err(internal("make an object again"))?;
     if got != o.id {
-        let _ = ipc::remove([Kind::Semaphores, Kind::Queue, Kind::Segment][kind], got);
+        let _ = ipc::remove(kind, got);
         return Err(Error::Internal(format!("SysV IPC objects: made {} again as {got}", o.id)));
     }
     Ok(())

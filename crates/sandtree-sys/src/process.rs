@@ -10,6 +10,8 @@
 //! * [`set_policy`]: `sched_setscheduler`, which rustix does not wrap.
 //! * [`act_as_file_owner`]: a thread's filesystem ids (`setfsuid`), which
 //!   rustix does not wrap.
+//! * [`on_thread_in_namespace`]: work done in another process's namespace
+//!   by a short-lived thread that enters it (`setns`).
 //! * [`close_fds_except`]: `close_range(2)` around a keep list.
 //! * [`copy_limits`]: `prlimit64` of another process, read and set.
 //! * [`install_seccomp_filter`]: `seccomp(SECCOMP_SET_MODE_FILTER)` *without*
@@ -23,6 +25,26 @@
 use std::io;
 use std::os::fd::RawFd;
 
+/// Run `f` on a thread of its own that first enters namespace `ns` (the
+/// file name under `/proc/<pid>/ns/`, of kind `kind`) of process `pid`,
+/// and ends after it; the daemon's other threads stay where they are. The
+/// outer error: the namespace could not be entered (or the thread
+/// panicked).
+pub fn on_thread_in_namespace<T: Send, E: Send>(
+    pid: i32,
+    (ns, kind): (&str, rustix::thread::LinkNameSpaceType),
+    f: impl FnOnce() -> std::result::Result<T, E> + Send,
+) -> io::Result<std::result::Result<T, E>> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/{ns}"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(&ns), Some(kind))?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the thread in the namespace panicked")))
+    })
+}
 /// Makes the calling thread create files as `uid:gid` (its filesystem
 /// ids, `setfsuid`/`setfsgid`) and keep its file capabilities, which a
 /// change of the filesystem uid from 0 clears from the effective set

@@ -138,12 +138,53 @@ fn ctl(which: libc::c_long, id: i32, cmd: i32, buf: &mut Ds) -> io::Result<libc:
     check(r)
 }
 
-/// Each slot of `0..=highest` of a kind, with `stat` applied: the objects
-/// found (free slots skipped).
-fn list<T>(highest: i32, mut stat: impl FnMut(i32) -> io::Result<T>) -> io::Result<Vec<T>> {
+/// Which kind of object a call names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Semaphores,
+    Queue,
+    Segment,
+}
+
+impl Kind {
+    fn ctl(self) -> libc::c_long {
+        match self {
+            Kind::Semaphores => libc::SYS_semctl,
+            Kind::Queue => libc::SYS_msgctl,
+            Kind::Segment => libc::SYS_shmctl,
+        }
+    }
+
+    /// Its `*_INFO` and `*_STAT_ANY` commands.
+    fn listing(self) -> (i32, i32) {
+        match self {
+            Kind::Semaphores => (SEM_INFO, SEM_STAT_ANY),
+            Kind::Queue => (MSG_INFO, MSG_STAT_ANY),
+            Kind::Segment => (SHM_INFO, SHM_STAT_ANY),
+        }
+    }
+
+    /// Its name in the namespace's sysctls (`kernel/<name>_next_id`).
+    fn sysctl(self) -> &'static str {
+        match self {
+            Kind::Semaphores => "sem",
+            Kind::Queue => "msg",
+            Kind::Segment => "shm",
+        }
+    }
+}
+
+/// Every object of `kind` in the namespace: each slot up to the highest in
+/// use (`*_INFO`) is asked (`*_STAT_ANY`), and `read` makes the object of
+/// its id and structure (free slots are skipped).
+fn list<T>(kind: Kind, mut read: impl FnMut(i32, &Ds) -> io::Result<T>) -> io::Result<Vec<T>> {
+    let (info, stat) = kind.listing();
+    let mut buf: Ds = [0; 128];
+    let highest = ctl(kind.ctl(), 0, info, &mut buf)? as i32;
     let mut out = Vec::new();
     for slot in 0..=highest {
-        match stat(slot) {
+        let mut ds: Ds = [0; 128];
+        match ctl(kind.ctl(), slot, stat, &mut ds).and_then(|id| read(id as i32, &ds)) {
             Ok(t) => out.push(t),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIDRM)) => {}
             Err(e) => return Err(e),
@@ -154,14 +195,8 @@ fn list<T>(highest: i32, mut stat: impl FnMut(i32) -> io::Result<T>) -> io::Resu
 
 /// The semaphore sets of the namespace, with their values.
 pub fn semaphore_sets() -> io::Result<Vec<SemaphoreSet>> {
-    let mut info: Ds = [0; 128];
-    let highest = ctl(libc::SYS_semctl, 0, SEM_INFO, &mut info)? as i32;
-    list(highest, |slot| {
-        let mut ds: Ds = [0; 128];
-        let id = ctl(libc::SYS_semctl, slot, SEM_STAT_ANY, &mut ds)? as i32;
-        let perm = perm_of(id, &ds);
-        let n = u64_at(&ds, 80) as usize;
-        Ok(SemaphoreSet { perm, values: semaphore_values(id, n)? })
+    list(Kind::Semaphores, |id, ds| {
+        Ok(SemaphoreSet { perm: perm_of(id, ds), values: semaphore_values(id, u64_at(ds, 80) as usize)? })
     })
 }
 
@@ -179,12 +214,8 @@ fn semaphore_values(id: i32, n: usize) -> io::Result<Vec<u16>> {
 
 /// The message queues of the namespace.
 pub fn queues() -> io::Result<Vec<Queue>> {
-    let mut info: Ds = [0; 128];
-    let highest = ctl(libc::SYS_msgctl, 0, MSG_INFO, &mut info)? as i32;
-    list(highest, |slot| {
-        let mut ds: Ds = [0; 128];
-        let id = ctl(libc::SYS_msgctl, slot, MSG_STAT_ANY, &mut ds)? as i32;
-        Ok(Queue { perm: perm_of(id, &ds), cbytes: u64_at(&ds, 72), qnum: u64_at(&ds, 80), qbytes: u64_at(&ds, 88) })
+    list(Kind::Queue, |id, ds| {
+        Ok(Queue { perm: perm_of(id, ds), cbytes: u64_at(ds, 72), qnum: u64_at(ds, 80), qbytes: u64_at(ds, 88) })
     })
 }
 
@@ -209,13 +240,7 @@ pub fn messages(q: &Queue) -> io::Result<Vec<(i64, Vec<u8>)>> {
 
 /// The shared memory segments of the namespace.
 pub fn segments() -> io::Result<Vec<Segment>> {
-    let mut info: Ds = [0; 128];
-    let highest = ctl(libc::SYS_shmctl, 0, SHM_INFO, &mut info)? as i32;
-    list(highest, |slot| {
-        let mut ds: Ds = [0; 128];
-        let id = ctl(libc::SYS_shmctl, slot, SHM_STAT_ANY, &mut ds)? as i32;
-        Ok(Segment { perm: perm_of(id, &ds), size: u64_at(&ds, 48), nattch: u64_at(&ds, 88) })
-    })
+    list(Kind::Segment, |id, ds| Ok(Segment { perm: perm_of(id, ds), size: u64_at(ds, 48), nattch: u64_at(ds, 88) }))
 }
 
 /// The file (shmem inode) of segment `id`, opened read-only or read-write:
@@ -252,17 +277,10 @@ pub fn segment_file(id: i32, write: bool) -> io::Result<OwnedFd> {
     opened
 }
 
-/// Make the next object of kind `kind` (`"sem"`, `"msg"` or `"shm"`) get
-/// id `id` (-1: the kernel's choice), through the namespace's
-/// `kernel/<kind>_next_id`.
-pub fn set_next_id(kind: &str, id: i32) -> io::Result<()> {
-    std::fs::write(format!("/proc/sys/kernel/{kind}_next_id"), format!("{id}\n"))
-}
-
-/// The namespace's `kernel/<kind>_next_id` (-1 unless a process set it).
-pub fn next_id(kind: &str) -> io::Result<i32> {
-    let s = std::fs::read_to_string(format!("/proc/sys/kernel/{kind}_next_id"))?;
-    s.trim().parse().map_err(|_| io::Error::other(format!("{kind}_next_id: {s:?}")))
+/// Make the next object of `kind` get id `id` (-1: the kernel's choice),
+/// through the namespace's `kernel/<kind>_next_id`.
+pub fn set_next_id(kind: Kind, id: i32) -> io::Result<()> {
+    std::fs::write(format!("/proc/sys/kernel/{}_next_id", kind.sysctl()), format!("{id}\n"))
 }
 
 /// Make a semaphore set of `n` semaphores with key `key` and permission
@@ -329,24 +347,6 @@ pub fn make_segment(key: i32, size: u64, mode: u32) -> io::Result<i32> {
 pub fn lock_segment(id: i32) -> io::Result<()> {
     let mut ds: Ds = [0; 128];
     ctl(libc::SYS_shmctl, id, SHM_LOCK, &mut ds).map(drop)
-}
-
-/// Which kind of object a call names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Semaphores,
-    Queue,
-    Segment,
-}
-
-impl Kind {
-    fn ctl(self) -> libc::c_long {
-        match self {
-            Kind::Semaphores => libc::SYS_semctl,
-            Kind::Queue => libc::SYS_msgctl,
-            Kind::Segment => libc::SYS_shmctl,
-        }
-    }
 }
 
 /// Set object `id`'s owner and permission bits (`IPC_SET`; for a queue,

@@ -44,6 +44,7 @@
 //! [`REMAKE_ORDER`] if it is made anew one call at a time), a workload case.
 
 mod anon;
+mod datagrams;
 mod deleted;
 mod epoll;
 mod eventfd;

@@ -6,7 +6,7 @@
 //!   copy, each datagram is peeked with its sender's address, walking the
 //!   queue with `SO_PEEK_OFF` (set to 0 for the walk: each peek moves it
 //!   past the datagram it read; the socket's own offset is put back).
-//!   Nothing is taken: the process reads them as before.
+//!   Nothing is taken: the process reads them as before (`datagrams.rs`).
 //! - **Restore**: a socket the template holds (a connected one: it is not
 //!   made anew) is drained first, of what came since the checkpoint
 //!   ([`drain`], with the other shared objects' state). Once every process
@@ -91,55 +91,13 @@ fn capture_one(sock: &OwnedFd) -> io::Result<UdpQueue> {
         return Err(io::Error::other("a socket bound to a device (SO_BINDTODEVICE)"));
     }
     let to = std_address(rustix::net::getsockname(sock)?)?;
-    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
-    sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
-    let walked = walk(sock);
-    put_back_peek_offset(sock, saved)?;
-    Ok(UdpQueue { to, datagrams: walked?, refused: None })
-}
-
-/// Set `sock`'s peek offset back to `saved` (a try interrupted by a signal
-/// is tried again: the process's later peeks depend on it).
-pub(crate) fn put_back_peek_offset(sock: &OwnedFd, saved: i32) -> io::Result<()> {
-    let mut tries = 0;
-    loop {
-        match sandtree_sys::sockopt::set_peek_offset(sock, saved) {
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) && tries < 100 => tries += 1,
-            r => return r,
-        }
+    // (65,507 bytes: the most an IPv4 datagram carries.)
+    let mut datagrams = Vec::new();
+    for (from, bytes) in super::datagrams::peek_all(sock, 65_507, MOST)? {
+        let from = from.ok_or_else(|| io::Error::other("a datagram without its sender"))?;
+        datagrams.push(Datagram { from: std_address(from)?, bytes });
     }
-}
-
-/// Peek every datagram of `sock`'s queue (its peek offset at 0).
-fn walk(sock: &OwnedFd) -> io::Result<Vec<Datagram>> {
-    let mut buf = vec![0u8; 65536];
-    let mut out = Vec::new();
-    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::TRUNC;
-    loop {
-        let mut control = rustix::net::RecvAncillaryBuffer::default();
-        match rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags) {
-            Ok(m) => {
-                // (65,507 bytes: the most an IPv4 datagram carries.)
-                if m.flags.contains(rustix::net::ReturnFlags::TRUNC) || m.bytes > 65_507 {
-                    return Err(io::Error::other("a datagram larger than 65,507 bytes"));
-                }
-                // (The kernel marks an empty datagram peeked, and a later
-                // peek at offset 0 goes past it: a second capture, after
-                // this one, would not see it.)
-                if m.bytes == 0 {
-                    return Err(io::Error::other("an empty datagram is queued (a peek cannot capture it twice)"));
-                }
-                let from = m.address.ok_or_else(|| io::Error::other("a datagram without its sender"))?;
-                out.push(Datagram { from: std_address(from)?, bytes: buf[..m.bytes].to_vec() });
-                if out.len() > MOST {
-                    return Err(io::Error::other(format!("more than {MOST} datagrams")));
-                }
-            }
-            Err(Errno::AGAIN) => return Ok(out),
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    Ok(UdpQueue { to, datagrams, refused: None })
 }
 
 /// An inet socket address as the standard library's.

@@ -7,7 +7,8 @@
 //!
 //! - **Capture** (pass 1, every process stopped): through a `pidfd_getfd`
 //!   copy, each datagram is peeked with its sender's address, walking the
-//!   queue with `SO_PEEK_OFF` (set to 0 for the walk, put back after).
+//!   queue with `SO_PEEK_OFF` (set to 0 for the walk, put back after:
+//!   `datagrams.rs`).
 //! - **Check** (pass 2): a sender bound to a path must be a socket a
 //!   captured process holds and the restore binds anew (a datagram socket
 //!   not connected): its new socket sends the datagram again, so the
@@ -29,8 +30,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
-use rustix::io::Errno;
-use rustix::net::{RecvAncillaryMessage, RecvFlags, ReturnFlags, SocketAddrUnix};
+use rustix::net::SocketAddrUnix;
 
 use super::hand_over::{Handed, Key};
 use crate::fdstate::dup_from;
@@ -78,44 +78,8 @@ fn capture_one(sock: &OwnedFd) -> io::Result<Vec<UnixDatagram>> {
     if rustix::net::sockopt::socket_passcred(sock)? {
         return Err(io::Error::other("its receiver takes its senders' credentials (SO_PASSCRED)"));
     }
-    let saved = sandtree_sys::sockopt::peek_offset(sock)?;
-    sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
-    let walked = walk(sock);
-    super::udp::put_back_peek_offset(sock, saved)?;
-    walked
-}
-
-/// Peek every datagram of `sock`'s queue (its peek offset at 0).
-fn walk(sock: &OwnedFd) -> io::Result<Vec<UnixDatagram>> {
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut out = Vec::new();
-    let flags = RecvFlags::PEEK | RecvFlags::DONTWAIT | RecvFlags::TRUNC;
-    loop {
-        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        match rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags) {
-            Ok(m) => {
-                // (Descriptors passed with it were installed here by the
-                // peek: dropping them closes our copies.)
-                if control.drain().any(|c| matches!(c, RecvAncillaryMessage::ScmRights(_))) {
-                    return Err(io::Error::other("descriptors are in flight with them"));
-                }
-                if m.flags.contains(ReturnFlags::TRUNC) {
-                    return Err(io::Error::other("a datagram is larger than 256 KiB"));
-                }
-                if m.bytes == 0 {
-                    return Err(io::Error::other("an empty datagram is queued (a peek cannot capture it twice)"));
-                }
-                out.push(UnixDatagram { from: sender(m.address)?, bytes: buf[..m.bytes].to_vec() });
-                if out.len() > MOST {
-                    return Err(io::Error::other(format!("more than {MOST} datagrams are queued")));
-                }
-            }
-            Err(Errno::AGAIN) => return Ok(out),
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let peeked = super::datagrams::peek_all(sock, 256 * 1024, MOST)?;
+    peeked.into_iter().map(|(from, bytes)| Ok(UnixDatagram { from: sender(from)?, bytes })).collect()
 }
 
 /// A datagram's sender: its bound path, or `None` for an unbound one.
