@@ -443,6 +443,12 @@ pub enum FdKind {
         /// [`FdKind::terminal`]).
         #[serde(default)]
         master_captured: bool,
+        /// A terminal's slave whose pty was gone at the checkpoint (its
+        /// master closed: the node removed, the terminal hung up; what a
+        /// shell's background job holds after its session ended): a
+        /// hung-up terminal's slave at the restore (`kinds/pty.rs`).
+        #[serde(default)]
+        hung_up: bool,
     },
     /// The master of a pseudo-terminal of the sandbox's devpts
     /// (`/dev/pts/ptmx`). A template holds none (its close must hang the

@@ -1045,6 +1045,16 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                     deleted: true,
                 }
             }
+            // The slave of a pty whose master was closed (its node went
+            // with it): a hung-up terminal.
+            Link::Deleted(path)
+                if path.starts_with("/dev/pts/")
+                    && mounts.get(&info.mnt_id).is_some_and(|m| m.fstype == "devpts")
+                    && fs::metadata(entry.path())
+                        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type())) =>
+            {
+                FdKind::KeptFile { path: path.to_string(), unread: 0, master_captured: false, hung_up: true }
+            }
             Link::Deleted(path) => {
                 let meta = fs::metadata(entry.path()).ok();
                 let regular = meta.as_ref().is_some_and(|m| m.is_file());
@@ -1125,7 +1135,8 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
                             "/dev/tty" => controlling_pty(pidfd.as_ref(), fd).map_or(link, |i| format!("/dev/pts/{i}")),
                             _ => link,
                         };
-                        let mut kept = FdKind::KeptFile { path: link, unread: 0, master_captured: false };
+                        let mut kept =
+                            FdKind::KeptFile { path: link, unread: 0, master_captured: false, hung_up: false };
                         if kept.terminal().is_some()
                             && let FdKind::KeptFile { unread, .. } = &mut kept
                         {

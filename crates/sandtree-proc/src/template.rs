@@ -150,13 +150,15 @@ impl Template {
                     // magic link names `/dev/tty`, not the slave's node.
                     // A pty closed since the checkpoint has no node left:
                     // then through the descriptor, whatever it names, as
-                    // the restore makes that pty anew or finds it hung up.)
+                    // the restore makes that pty anew or finds it hung up;
+                    // so for one hung up before, whose index another pty
+                    // may have taken.)
                     let gone = |path: &str| {
                         std::fs::symlink_metadata(format!("/proc/{}/root{path}", t.host))
                             .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
                     };
                     let path = match k {
-                        FdKind::KeptFile { path, .. } if !gone(path) => b.path(path),
+                        FdKind::KeptFile { path, hung_up: false, .. } if !gone(path) => b.path(path),
                         _ => b.path(&format!("/proc/self/fd/{}", f.fd)),
                     };
                     let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;

@@ -897,6 +897,27 @@ static DELETED_FIFO: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// The slave of a pty whose master was closed before the checkpoint (what
+/// a shell's background jobs hold once its session ended), held by the
+/// program and, as its former controlling terminal, by a process it
+/// started: each comes back holding a hung-up terminal (the end on read,
+/// `EIO` on write and on `isatty`'s `TCGETS`, no controlling terminal),
+/// under its name, with its flags
+/// (issue 38, item 7: refused before as a deleted file).
+static HUNG_UP_TERMINAL: Spec = Spec {
+    program: program!("hung_up_terminal.py"),
+    at_ck: &[(
+        "state",
+        Like(|s| {
+            s.starts_with("link=/dev/pts/")
+                && s.contains(" (deleted) tty=False read=0 write=errno5 child=/dev/pts/")
+                && s.ends_with(" (deleted) ctty=0 nonblock=False")
+        }),
+    )],
+    mutate: &[&[Ask("mutate", Like(|s| s.starts_with("new=/dev/pts/")))]],
+    ..Spec::DEFAULT
+};
+
 /// A directory open and then removed comes back as a removed directory at
 /// the same path (with its mode and modification time), empty, taking no
 /// new entry; its path is not in the tree (issue 38, item 7: refused
@@ -2775,6 +2796,7 @@ fn main() {
         ("standby_lost_after_the_reply", standby_lost_after_the_reply),
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
         ("deleted_fifo", declared!(DELETED_FIFO)),
+        ("hung_up_terminal", declared!(HUNG_UP_TERMINAL)),
         ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),

@@ -724,7 +724,8 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     for t in made.iter_mut() {
         for f in t.image.fds.iter_mut() {
             let index = f.kind.terminal();
-            if let FdKind::KeptFile { master_captured, .. } = &mut f.kind {
+            // (A hung-up one's index may be a live pty's now.)
+            if let FdKind::KeptFile { master_captured, hung_up: false, .. } = &mut f.kind {
                 *master_captured = index.is_some_and(|i| masters.contains(&i));
             }
         }

@@ -6,7 +6,9 @@
 //! from the template, but a terminal's slave (`/dev/pts/N`, see
 //! [`FdKind::terminal`]): opened again by path if a captured process holds
 //! its master (the pty is made anew), else through the template's `O_PATH`
-//! of its node. One of `/dev/shm` (`ShmFile`): opened again by path in the
+//! of its node; one whose pty was gone at the checkpoint (hung up, its
+//! node deleted: a background job's after its shell's session ended) is
+//! handed a hung-up terminal's slave (`pty.rs`). One of `/dev/shm` (`ShmFile`): opened again by path in the
 //! fresh `/dev/shm`, or, deleted, through the template's descriptor.
 //! Refused: a file of another mount that rollback replaces (a mount the
 //! sandbox made), a lease being broken (an active one is taken again,
@@ -27,7 +29,7 @@ impl Kind for PathFile {
             FdKind::LayerFile { path, locked: true, .. } => Err(format!(
                 "a lease being broken or a delegation is held on {path} (not captured; flock, POSIX and OFD locks and leases are)"
             )),
-            FdKind::KeptFile { path, unread, master_captured: true } if *unread > 0 => Err(match *unread {
+            FdKind::KeptFile { path, unread, master_captured: true, .. } if *unread > 0 => Err(match *unread {
                 u32::MAX => format!("terminal {path}, whose input waiting to be read could not be asked"),
                 n => format!("terminal {path} with {n} bytes of input not read yet: checkpoint once it is read"),
             }),
@@ -64,11 +66,12 @@ impl Kind for PathFile {
     }
 
     fn reopen(&self, f: &FdImage, b: &mut Batch, handed: &Handed) -> bool {
-        if let k @ FdKind::KeptFile { path, master_captured, .. } = &f.kind
+        if let k @ FdKind::KeptFile { path, master_captured, hung_up, .. } = &f.kind
             && let Some(index) = k.terminal()
         {
-            // (A session's terminal closed since: handed over, `remake`.)
-            if !master_captured && handed.hung_up(index) {
+            // (A session's terminal closed since, or one hung up already:
+            // handed over, `remake`.)
+            if *hung_up || (!master_captured && handed.hung_up(index)) {
                 return false;
             }
             // (Not the terminal of whatever session the process is in
@@ -128,16 +131,19 @@ impl Kind for PathFile {
         true
     }
 
-    /// The slave of a session's terminal closed since the checkpoint: a
-    /// hung-up terminal in its place (`pty.rs`), as the template's held
-    /// slave was before templates held none.
+    /// The slave of a session's terminal closed since the checkpoint, or of
+    /// one hung up at it: a hung-up terminal in its place (`pty.rs`), as
+    /// the template's held slave was before templates held none.
     fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
-        if let k @ FdKind::KeptFile { master_captured: false, .. } = &f.kind
+        if let k @ FdKind::KeptFile { master_captured: false, hung_up, .. } = &f.kind
             && let Some(index) = k.terminal()
             && f.same_as.is_none()
-            && cx.handed.hung_up(index)
         {
-            cx.wanted.push((Key::Slave(index), f.fd, f.flags));
+            if *hung_up {
+                cx.wanted.push((Key::HungUp(index), f.fd, f.flags));
+            } else if cx.handed.hung_up(index) {
+                cx.wanted.push((Key::Slave(index), f.fd, f.flags));
+            }
         }
         Ok(())
     }

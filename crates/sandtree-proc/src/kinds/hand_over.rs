@@ -32,6 +32,10 @@ pub(crate) enum Key {
     /// A hung-up terminal's slave, in place of that of a session's terminal
     /// (by index) closed since the checkpoint.
     Slave(u32),
+    /// A hung-up terminal's slave, in place of one hung up at the
+    /// checkpoint already (by its index then: `FdKind::KeptFile`'s
+    /// `hung_up`).
+    HungUp(u32),
     /// A TCP connection made anew, by inode (`tcp.rs`).
     Tcp(u64),
     /// An end of a pipe the daemon opened for a process whose user may not

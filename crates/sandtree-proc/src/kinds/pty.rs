@@ -22,6 +22,12 @@
 //! the daemon's with output processing off, and so again at the restore:
 //! `pexpect` leaves output unread between its calls.
 //!
+//! A slave whose pty was gone at the checkpoint (its master closed, its
+//! node deleted: a shell's background job after the session ended) is a
+//! hung-up terminal: the restore hands each process that held it the slave
+//! of a pty the daemon makes and closes at once, on that index if it is
+//! free (reads give the end, writes `EIO`, as before).
+//!
 //! Refused: input waiting on the slave side (`file.rs`), output waiting in
 //! packet mode or behind a locked slave, a state that could not be read.
 //! Not kept: the terminal's foreground process group (the restored session
@@ -104,7 +110,20 @@ pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut H
     for t in &set.templates {
         for f in &t.image.fds {
             let Some(index) = f.kind.terminal() else { continue };
-            let FdKind::KeptFile { master_captured: false, .. } = &f.kind else { continue };
+            let FdKind::KeptFile { master_captured: false, hung_up, .. } = &f.kind else { continue };
+            if *hung_up {
+                // Hung up at the checkpoint already: one for all that held
+                // it, on that index if it is free.
+                if f.same_as.is_none() && !handed.ends.contains_key(&Key::HungUp(index)) {
+                    let hung_up = hung_up_slave(t.host, Some(index)).map_err(|e| Error::Proc {
+                        pid: t.host,
+                        what: "a hung-up terminal",
+                        source: e,
+                    })?;
+                    handed.ends.insert(Key::HungUp(index), hung_up);
+                }
+                continue;
+            }
             if f.same_as.is_some() || handed.ends.contains_key(&Key::Slave(index)) {
                 continue;
             }
@@ -116,7 +135,7 @@ pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut H
                     return Err(Error::Proc { pid: t.host, what: "a session's terminal", source: e });
                 }
             }
-            let hung_up = hung_up_slave(t.host).map_err(|e| Error::Proc {
+            let hung_up = hung_up_slave(t.host, None).map_err(|e| Error::Proc {
                 pid: t.host,
                 what: "a hung-up terminal in place of a closed one",
                 source: e,
@@ -128,10 +147,20 @@ pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut H
 }
 
 /// The slave of a new pty of the devpts of `host`'s tree whose master is
-/// closed: hung up.
-fn hung_up_slave(host: HostPid) -> io::Result<OwnedFd> {
+/// closed: hung up. On index `want` if it is free (its name, deleted, is
+/// what the process's descriptor showed), or any other.
+fn hung_up_slave(host: HostPid, want: Option<u32>) -> io::Result<OwnedFd> {
     let root = tree_root(host)?;
-    let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
+    let mut lower = Vec::new();
+    let m = loop {
+        let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
+        match want {
+            // (Lower ones taken meanwhile, let go once it is made.)
+            Some(want) if master::index(&m)? < want => lower.push(m),
+            _ => break m,
+        }
+    };
+    drop(lower);
     master::set_locked(&m, false)?;
     let slave = master::open_slave(&m)?;
     drop(m);
