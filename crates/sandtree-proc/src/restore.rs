@@ -153,9 +153,42 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let mut next = 0;
     // Each process goes once all are back (see [`Ready`]).
     let mut waiting: Vec<Ready> = Vec::new();
+    // The stand-ins of gone group leaders (see [`group_stand_in`]), by
+    // group; killed once every process is back.
+    let mut stand_ins: Vec<(SandboxPid, HostPid)> = Vec::new();
+    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
     while next < order.len() {
         let (i, wait) = order[next];
         next += 1;
+        // A child of init in another's group joins it: once its leader is
+        // back, or, that leader gone, once a stand-in made it again.
+        let image = &set.templates[i].image;
+        if image.ppid == SandboxPid::INIT && image.pgid != image.pid && image.sid != image.pid {
+            let pgid = image.pgid;
+            if pids.contains(&pgid) {
+                if !report.restored.contains(&pgid) {
+                    order.push((i, wait));
+                    continue;
+                }
+            } else if !stand_ins.iter().any(|(g, _)| *g == pgid) {
+                match group_stand_in(&mut set.templates[i], pgid, handed.last_pid.as_mut()) {
+                    Ok(host) => stand_ins.push((pgid, host)),
+                    Err(e) => {
+                        for (_, c) in handed.cloned_early.drain() {
+                            c.kill();
+                        }
+                        for (_, host) in stand_ins {
+                            crate::inject::kill_tracee(host);
+                        }
+                        st.holders.extend(holders);
+                        for r in waiting {
+                            let _ = r.release();
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
         // A child of a captured process is made by its parent once the
         // parent is back: one whose parent waits for its pid (put after
         // the others, above) waits after it.
@@ -205,6 +238,9 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             for (_, c) in handed.cloned_early.drain() {
                 c.kill();
             }
+            for (_, host) in stand_ins {
+                crate::inject::kill_tracee(host);
+            }
             st.holders.extend(holders);
             // (The sandbox is restarted: those back go as they were.)
             for r in waiting {
@@ -214,6 +250,11 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
     }
     st.holders.extend(holders);
+    // Every member is in its group: the stand-ins go (the groups live on
+    // with their members, leaderless as they were).
+    for (_, host) in stand_ins {
+        crate::inject::kill_tracee(host);
+    }
     // Every process is back: the TCP connections made anew leave repair
     // mode (their peers are back too).
     // (And the UDP and unix datagram sockets get their datagrams again.)
@@ -485,6 +526,52 @@ fn clone_connectors(
         handed.cloned_early.insert(pid, cloned);
     }
     Ok(())
+}
+
+/// A stand-in for the gone leader of process group `pgid`, which `t`'s
+/// process is in (a child of init: `sh -c 'server &'` once `sh` exited):
+/// a process of pid `pgid` in the process's session (its template's clone,
+/// sharing the template's memory, a child of init) that makes the group
+/// again (`setpgid(0, 0)`), for the restored members to join; killed once
+/// they have. Its pid is free by then: the template left the group
+/// (`Template::prepare`, `checkpoint::clone_of`), and the killed members
+/// are gone (waited for, as a restored process's own pid is).
+fn group_stand_in(t: &mut Template, pgid: SandboxPid, last_pid: Option<&mut crate::LastPid>) -> Result<HostPid> {
+    const CALL: &str = "clone3 (a process group's stand-in)";
+    let by_last_pid = match (crate::check::may_choose_pid(&t.image), last_pid) {
+        (true, _) => None,
+        (false, Some(set)) => Some(set),
+        (false, None) => {
+            return Err(Error::Remote {
+                pid: t.host,
+                call: CALL,
+                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
+            });
+        }
+    };
+    let flags = (libc::CLONE_PARENT | libc::CLONE_VM) as u64;
+    let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
+    write_clone_args(t.host, t.scratch, &args, pgid)?;
+    let mut busy = 0u32;
+    let out = crate::process::clone3_as(&mut t.tracee, t.scratch, pgid, by_last_pid, &mut busy, true)?;
+    // (Signals sent to the template meanwhile are not its own.)
+    t.tracee.take_held();
+    let call: (i64, &[u64]) = (libc::SYS_clone3, &[t.scratch, crate::inject::CLONE_ARGS_SIZE]);
+    let (host, ns_pid, regs) = t.tracee.cloned(out, call, CALL)?;
+    let made = match ns_pid == pgid {
+        true => Tracee::new(host, regs, t.tracee.insn).call("setpgid (a group's stand-in)", libc::SYS_setpgid, &[0, 0]),
+        false => Err(Error::Remote {
+            pid: t.host,
+            call: CALL,
+            errno: std::io::Error::other(format!("got pid {ns_pid} instead of {pgid}")),
+        }),
+    };
+    if let Err(e) = made {
+        crate::inject::kill_tracee(host);
+        return Err(e);
+    }
+    tracing::debug!(pid = t.image.pid.raw(), pgid = pgid.raw(), busy, "process group made again by a stand-in");
+    Ok(host)
 }
 
 /// The first step of [`restore_one`] (see [`Cloned`]).

@@ -1102,12 +1102,13 @@ fn clone_of(
         // A forked template leaves the original's session or group at once
         // (one made from a standby, at its set-up: `Template::prepare`): a
         // group kill right after the checkpoint (`kill -- -PGID`) would
-        // reach it. (A child of another process's left them as it was made.)
+        // reach it, and the group's id would stay taken. (A child of
+        // another process's left them as it was made.)
         if let Some(regs) = forked_regs {
             let mut t = Tracee::new(tpl, regs, insn);
             if status.ns_sid == s.ns_pid {
                 t.call("setsid (template)", libc::SYS_setsid, &[])?;
-            } else if status.ns_pgid == s.ns_pid {
+            } else {
                 t.call("setpgid (template)", libc::SYS_setpgid, &[0, 0])?;
             }
         }

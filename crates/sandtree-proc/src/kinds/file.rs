@@ -104,26 +104,9 @@ impl Kind for PathFile {
         }
         let FdKind::LayerFile { path, .. } = &f.kind else { return false };
         // The open file of another process, restored before: taken from
-        // it (`pidfd_getfd`), one offset for both.
-        if let Some((pid, fd)) = f.opened_by {
-            let pidfd = b.call(
-                "pidfd_open (a process sharing an open file)",
-                libc::SYS_pidfd_open,
-                &[Arg::Val(pid.raw() as u64), Arg::Val(0)],
-            );
-            let got = b.call(
-                "pidfd_getfd (a shared open file)",
-                libc::SYS_pidfd_getfd,
-                &[pidfd, Arg::Val(fd as u64), Arg::Val(0)],
-            );
-            b.call("close", libc::SYS_close, &[pidfd]);
-            b.move_fd(got, f.fd, f.flags);
-            let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
-            b.call(
-                "fcntl(F_SETFD)",
-                libc::SYS_fcntl,
-                &[Arg::Val(f.fd as u64), Arg::Val(libc::F_SETFD as u64), Arg::Val(cloexec)],
-            );
+        // it, one offset for both.
+        if let Some(by) = f.opened_by {
+            take_shared(b, f, by);
             return true;
         }
         let path = b.path(path);
@@ -149,6 +132,27 @@ impl Kind for PathFile {
     }
 }
 
+/// Add to `b`: `f`'s open file taken from process `pid`, restored before,
+/// which holds it on descriptor `fd` (`pidfd_getfd`): an open file several
+/// processes share ([`share_open_files`]).
+pub(crate) fn take_shared(b: &mut Batch, f: &FdImage, (pid, fd): (SandboxPid, i32)) {
+    let pidfd = b.call(
+        "pidfd_open (a process sharing an open file)",
+        libc::SYS_pidfd_open,
+        &[Arg::Val(pid.raw() as u64), Arg::Val(0)],
+    );
+    let got =
+        b.call("pidfd_getfd (a shared open file)", libc::SYS_pidfd_getfd, &[pidfd, Arg::Val(fd as u64), Arg::Val(0)]);
+    b.call("close", libc::SYS_close, &[pidfd]);
+    b.move_fd(got, f.fd, f.flags);
+    let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
+    b.call(
+        "fcntl(F_SETFD)",
+        libc::SYS_fcntl,
+        &[Arg::Val(f.fd as u64), Arg::Val(libc::F_SETFD as u64), Arg::Val(cloexec)],
+    );
+}
+
 /// Add to `b`: the file at `path` opened with `f`'s flags (less the
 /// creating ones) at its offset, onto its number.
 fn reopen_at(f: &FdImage, b: &mut Batch, path: Arg) {
@@ -162,36 +166,48 @@ fn reopen_at(f: &FdImage, b: &mut Batch, path: Arg) {
 
 /// Pass 1, every original still stopped: the files of the layers that
 /// one open file of several captured processes names (`kcmp`: inherited,
-/// as a build's log is by its compilers, or passed). A restore opens each
-/// again once, in the process of the group that is an ancestor of the
-/// others (or the lowest pid), and the others take it from there
-/// (`FdImage::opened_by`); else each would get an open file of its own,
-/// with its own offset, and their writes would overwrite each other.
+/// as a build's log is by its compilers, or passed), and the inet
+/// listeners and bound datagram sockets several hold (a preforking
+/// server's workers share its listener: `gunicorn`, `multiprocessing`
+/// after a `bind`). A restore opens or binds each again once, in the
+/// process of the group that is an ancestor of the others (or the lowest
+/// pid), and the others take it from there (`FdImage::opened_by`); else
+/// each would get an open file of its own, with its own offset, and their
+/// writes would overwrite each other, or each would bind the port again,
+/// which the first holds.
 /// `processes`: (host pid, pid, parent's pid, descriptors) of each.
 pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid, &mut Vec<FdImage>)]) {
-    // Candidates: the same path in two processes.
-    let mut by_path: std::collections::HashMap<String, Vec<(usize, usize)>> = std::collections::HashMap::new();
+    // Candidates: the same path in two processes; the same socket.
+    #[derive(PartialEq, Eq, Hash)]
+    enum Same {
+        Path(String),
+        Socket(u64),
+    }
+    let mut by_key: std::collections::HashMap<Same, Vec<(usize, usize)>> = std::collections::HashMap::new();
     for (p, (_, _, _, fds)) in processes.iter().enumerate() {
-        for (i, f) in fds.iter().enumerate() {
-            if let FdKind::LayerFile { path, .. } = &f.kind
-                && f.same_as.is_none()
-            {
-                by_path.entry(path.clone()).or_default().push((p, i));
-            }
+        for (i, f) in fds.iter().enumerate().filter(|(_, f)| f.same_as.is_none()) {
+            let key = match &f.kind {
+                FdKind::LayerFile { path, .. } => Same::Path(path.clone()),
+                FdKind::Socket { ino, inet: Some(_), tcp: None, .. } => Same::Socket(*ino),
+                _ => continue,
+            };
+            by_key.entry(key).or_default().push((p, i));
         }
     }
-    for (_, list) in by_path {
+    for (key, list) in by_key {
         if list.iter().all(|(p, _)| *p == list[0].0) {
             continue;
         }
-        // Groups of one open file: each member with the first it is.
+        // Groups of one open file: each member with the first it is. (A
+        // socket's inode is its one open file.)
         let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
         for &(p, i) in &list {
             let (host, fd) = (processes[p].0, processes[p].3[i].fd);
             let same = |&(q, j): &(usize, usize)| {
                 q != p && {
                     let (h2, fd2) = (processes[q].0, processes[q].3[j].fd);
-                    sandtree_sys::process::same_open_file(host.raw(), fd, h2.raw(), fd2).unwrap_or(false)
+                    matches!(key, Same::Socket(_))
+                        || sandtree_sys::process::same_open_file(host.raw(), fd, h2.raw(), fd2).unwrap_or(false)
                 }
             };
             match groups.iter_mut().find(|g| g.iter().any(same)) {

@@ -1,7 +1,9 @@
 //! Inet sockets (`FdKind::Socket`, families `inet` and `inet6`). A
 //! listener or a bound datagram socket is made anew at the restore with its
 //! protocol, address and options (a template holding it would keep its
-//! port taken after the original closed it); an unbound one is kept. A TCP
+//! port taken after the original closed it); one several processes hold
+//! (a preforking server's listener) is made once and the others take it
+//! (`file::share_open_files`); an unbound one is kept. A TCP
 //! connection is `tcp.rs`'s, a UDP socket's queued datagrams `udp.rs`'s.
 //! Refused: a connection of another protocol (SCTP, MPTCP), a TCP listener
 //! with connections not accepted yet (the listener made anew has none:
@@ -34,7 +36,12 @@ impl Kind for Inet {
 
     fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
         let FdKind::Socket { inet: Some(bind), stream, listening, .. } = &f.kind else { return false };
-        rebind(b, f.fd, f.flags, *stream, *listening, bind);
+        // (One several processes hold, bound again by one of them, restored
+        // before: `file::share_open_files`.)
+        match f.opened_by {
+            Some(by) => super::file::take_shared(b, f, by),
+            None => rebind(b, f.fd, f.flags, *stream, *listening, bind),
+        }
         true
     }
 }
@@ -74,9 +81,7 @@ fn rebind(b: &mut Batch, fd: i32, flags: u32, stream: bool, listening: bool, bin
     // A process killed by this rollback may still hold the port: it closes
     // its descriptors only after its memory is torn down (milliseconds for
     // a large one): the bind is retried for a while. (A port still in use
-    // past that is someone else's, e.g. a listener shared with a process
-    // restored just before, which is not supported: the rollback then
-    // restarts.)
+    // past that is someone else's: the rollback then restarts.)
     b.call_retrying_in_use("bind (inet)", libc::SYS_bind, &[new, addr, Arg::Val(bind.sockaddr.len() as u64)]);
     if listening {
         b.call("listen", libc::SYS_listen, &[new, Arg::Val(libc::SOMAXCONN as u64)]);

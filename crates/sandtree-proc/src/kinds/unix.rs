@@ -595,16 +595,19 @@ fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec
         edges.extend(image.fds.iter().filter_map(|f| f.opened_by).filter_map(|(pid, _)| at(pid)).map(|q| (q, c)));
     }
     // A child after its parent, which makes it again (`transplant.rs`); a
-    // member of another's process group after that group's leader.
+    // member of another's process group after that group's leader (a
+    // child of init's too: it joins that group, `restore.rs`).
     for (c, image) in images.iter().enumerate() {
-        if let Some(p) = by_parent(images, c) {
+        let by_parent = by_parent(images, c);
+        if let Some(p) = by_parent {
             edges.push((p, c));
-            if image.pgid != image.pid
-                && image.sid != image.pid
-                && let Some(l) = at(image.pgid)
-            {
-                edges.push((l, c));
-            }
+        }
+        if (by_parent.is_some() || image.ppid == SandboxPid::INIT)
+            && image.pgid != image.pid
+            && image.sid != image.pid
+            && let Some(l) = at(image.pgid)
+        {
+            edges.push((l, c));
         }
     }
     // A pair's creator before the other holders of its ends.

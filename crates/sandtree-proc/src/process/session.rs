@@ -4,6 +4,9 @@
 //! template left the original's session and group at its set-up (their
 //! ids, the original's pid, would otherwise stay taken); the restored
 //! process joins them again as their leader, and takes its terminal back.
+//! A child of init in a group whose leader is gone (`sh -c 'server &'`
+//! once `sh` exited) joins that group made anew by a stand-in
+//! (`restore.rs`).
 //! A fork does not copy the child-subreaper flag: it is set again. A
 //! process stopped by a signal is let go with that signal held for it, so
 //! it stops again; its stop is reported to its parent again, which then
@@ -42,10 +45,12 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
         }
     } else if image.pgid == image.pid {
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(0)]);
-    } else if by_parent {
+    } else {
         // Its parent's group, or another's of the session whose leader is
         // back already (`kinds::restore_order`): joining the group it is
-        // in changes nothing.
+        // in changes nothing. A child of init in another's group: that
+        // group is back (its leader restored before, or the group made
+        // anew by a stand-in: `restore.rs`).
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(image.pgid.raw() as u64)]);
     }
     // The leader of its terminal's foreground group other than the

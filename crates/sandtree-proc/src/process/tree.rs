@@ -161,6 +161,18 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
     let at = |pid: SandboxPid| images.iter().position(|(i, _)| i.pid == pid);
     for (c, (image, host)) in images.iter().enumerate() {
         if image.ppid == SandboxPid::INIT {
+            // A child of init in the session of a captured leader (an
+            // interactive shell's `(server &)`): its template keeps that
+            // session, and so the leader's pid, which its restore needs.
+            // (In a session whose leader is gone, or outside the sandbox,
+            // it comes back from its template, in that session.)
+            if image.sid != image.pid && at(image.sid).is_some() {
+                let why = format!(
+                    "a child of init in the session of pid {}, which is captured: a restore could make that session again only through its leader (not done yet)",
+                    image.sid
+                );
+                return Some((c, "session".into(), why));
+            }
             continue;
         }
         let Some(p) = at(image.ppid) else { continue };
