@@ -2240,6 +2240,46 @@ fn mount_with_only_init_running(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// The issue's first refusal as a user met it: `sh -c 'nohup python3
+/// server.py &'` through exec, the server with a `multiprocessing` pool of
+/// workers (`nohup_server_with_workers.py`). Checkpointed, changed, rolled
+/// back: the server answers with the checkpoint's counter, its workers
+/// compute, it is in sh's group again; so once more after that group was
+/// killed whole (issue 38, item 1: refused before).
+fn nohup_server_with_workers(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let program = format!("{PRELUDE}\n{}", program!("nohup_server_with_workers.py"));
+        let start = "nohup python3 -c \"$PROGRAM\" > /root/server.log 2>&1 &";
+        let env = BTreeMap::from([("PROGRAM".to_string(), program)]);
+        sh_with(e, &sb, start, None, env).await?;
+        let pid =
+            sh(e, &sb, "sleep 0.5; pgrep -o -f 'python3 -c'").await?.trim().parse().context("the server's pid")?;
+        let w = Workload { sb: sb.clone(), pid };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while w.ask_raw(e, "ping").await.ok().as_deref() != Some("pong") {
+            ensure!(Instant::now() < deadline, "the server never answered: {}", w.diagnose(e).await);
+            sleep_ms(50).await;
+        }
+        ensure!(w.ask(e, "bump").await? == "n=1", "bump");
+        let state = w.ask(e, "state").await?;
+        ensure!(state == "n=1 pool=30 ppid=1 group=True", "before the checkpoint: {state}");
+        let ck = w.checkpoint(e).await?;
+        for mutate in ["bump", "kill the group"] {
+            match mutate {
+                "bump" => ensure!(w.ask(e, "bump").await? == "n=2", "bump after the checkpoint"),
+                _ => {
+                    sh(e, &sb, &format!("kill -9 -$(ps -o pgid= -p {pid} | tr -d ' ')")).await?;
+                }
+            }
+            w.rollback(e, &ck).await.with_context(|| format!("rollback after {mutate}"))?;
+            let again = w.ask(e, "state").await?;
+            ensure!(again == state, "after {mutate} and the rollback: {again}, want {state}");
+        }
+        w.delete(e).await
+    })
+}
+
 /// Files left in `/dev/shm` (a tmpfs of its own, which a rollback in place
 /// replaces and a fork boots without) come back as they were at the
 /// checkpoint: contents, holes, mode, owner, times, hard and symbolic
@@ -2828,6 +2868,7 @@ fn main() {
         ("hung_up_terminal", declared!(HUNG_UP_TERMINAL)),
         ("orphaned_process_group", declared!(ORPHANED_PROCESS_GROUP)),
         ("orphan_in_a_live_session", declared!(ORPHAN_IN_A_LIVE_SESSION)),
+        ("nohup_server_with_workers", nohup_server_with_workers),
         ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
