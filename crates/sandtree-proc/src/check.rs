@@ -64,19 +64,6 @@ impl std::fmt::Display for Unrestorable {
 /// their kinds', `kinds/`; its memory's `process::memory::check`).
 pub fn check_process(p: &ProcessImage) -> Result<(), Unrestorable> {
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
-    // A child of init in another's group joins it again at the restore
-    // (made anew if its leader is gone: `restore.rs`), but for the group of
-    // its session's leader: that id stays taken while the session lives
-    // (its templates are in it), so no process can make that group again.
-    if p.pgid != p.pid && p.pgid == p.sid && p.ppid == SandboxPid::INIT {
-        return Err(no(
-            "process group".into(),
-            format!(
-                "member of process group {}, its session leader's, as a child of init (a restore cannot make that group again while the session lives)",
-                p.pgid
-            ),
-        ));
-    }
     if p.root != "/" {
         return Err(no("root".into(), format!("chroot to {}", p.root)));
     }

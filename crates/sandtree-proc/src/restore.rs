@@ -161,33 +161,51 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         let (i, wait) = order[next];
         next += 1;
         // A child of init in another's group joins it: once its leader is
-        // back, or, that leader gone, once a stand-in made it again.
+        // back, or, that leader gone, once a stand-in made it again. One in
+        // a session of the sandbox is made by that session's maker: its
+        // restored leader, at the leader's turn, or a stand-in of the gone
+        // leader (`process::session::made_by_session`).
         let image = &set.templates[i].image;
-        if image.ppid == SandboxPid::INIT && image.pgid != image.pid && image.sid != image.pid {
-            let pgid = image.pgid;
-            if pids.contains(&pgid) {
-                if !report.restored.contains(&pgid) {
+        let by_session = crate::process::session::made_by_session(image);
+        let (pid, pgid, sid) = (image.pid, image.pgid, image.sid);
+        let in_group = image.ppid == SandboxPid::INIT && pgid != pid && sid != pid;
+        if in_group && pids.contains(&pgid) && !report.restored.contains(&pgid) {
+            order.push((i, wait));
+            continue;
+        }
+        let mut made = Ok(());
+        if by_session && !handed.cloned_early.contains_key(&pid) {
+            if pids.contains(&sid) {
+                if !report.restored.contains(&sid) {
                     order.push((i, wait));
                     continue;
                 }
-            } else if !stand_ins.iter().any(|(g, _)| *g == pgid) {
-                match group_stand_in(&mut set.templates[i], pgid, handed.last_pid.as_mut()) {
-                    Ok(host) => stand_ins.push((pgid, host)),
-                    Err(e) => {
-                        for (_, c) in handed.cloned_early.drain() {
-                            c.kill();
-                        }
-                        for (_, host) in stand_ins {
-                            crate::inject::kill_tracee(host);
-                        }
-                        st.holders.extend(holders);
-                        for r in waiting {
-                            let _ = r.release();
-                        }
-                        return Err(e);
-                    }
-                }
+                made = Err(Error::Proc {
+                    pid: set.templates[i].host,
+                    what: "its session's leader",
+                    source: std::io::Error::other(format!("not made again by the leader of its session {sid}")),
+                });
+            } else {
+                made = session_by_stand_in(set, sid, &mut handed, &mut stand_ins);
             }
+        } else if in_group && !by_session && !pids.contains(&pgid) && !stand_ins.iter().any(|(g, _)| *g == pgid) {
+            let t = &mut set.templates[i];
+            let may_choose = crate::check::may_choose_pid(&t.image);
+            made = stand_in(&mut t.tracee, t.scratch, may_choose, (pgid, StandIn::Group), handed.last_pid.as_mut())
+                .map(|s| stand_ins.push((pgid, s.tid)));
+        }
+        if let Err(e) = made {
+            for (_, c) in handed.cloned_early.drain() {
+                c.kill();
+            }
+            for (_, host) in stand_ins {
+                crate::inject::kill_tracee(host);
+            }
+            st.holders.extend(holders);
+            for r in waiting {
+                let _ = r.release();
+            }
+            return Err(e);
         }
         // A child of a captured process is made by its parent once the
         // parent is back: one whose parent waits for its pid (put after
@@ -203,7 +221,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
         // (The processes whose connections through listeners it makes
         // again, cloned first: `kinds/unix.rs`.)
-        let early = clone_connectors(set, i, &mut handed);
+        let early = clone_connectors(set, i, &mut handed, &mut stand_ins);
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
         let res = early.and_then(|()| restore_one(t, wait, cg, &mut handed, stop_with[i]));
@@ -220,13 +238,28 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
         tracing::debug!(pid = t.image.pid.raw(), comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         let parent = (t.image.pid, t.scratch, crate::check::may_choose_pid(&t.image));
+        let leads = t.image.sid == t.image.pid && t.image.ppid == SandboxPid::INIT;
         let failed = match res {
             Ok((holder, mut ready)) => {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
-                // Its children, which it makes again; then its scratch
-                // mapping goes.
+                // Its children, which it makes again, and the other
+                // children of init of the session it leads; then its
+                // scratch mapping goes.
                 let parked = make_children(set, parent, &mut ready.main, &mut handed)
+                    .and_then(|()| match leads {
+                        true => {
+                            let (pid, scratch, may_choose_pid) = parent;
+                            let maker = crate::transplant::Parent {
+                                tracee: &mut ready.main,
+                                scratch,
+                                may_choose_pid,
+                                its_parent: true,
+                            };
+                            make_session(set, pid, maker, &mut handed, &mut stand_ins)
+                        }
+                        false => Ok(()),
+                    })
                     .and_then(|()| ready.main.call("munmap (scratch)", libc::SYS_munmap, &[parent.1, SCRATCH]))
                     .and_then(|_| ready.park());
                 waiting.push(ready);
@@ -488,7 +521,7 @@ fn make_children(
         return Ok(());
     }
     for t in set.templates.iter_mut().filter(|t| t.image.ppid == pid) {
-        let parent = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid };
+        let parent = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid, its_parent: false };
         let child = crate::transplant::child_of(parent, t, handed.last_pid.as_mut())?;
         handed.cloned_early.insert(t.image.pid, child);
     }
@@ -502,6 +535,7 @@ fn clone_connectors(
     set: &mut crate::template::CheckpointTemplates,
     i: usize,
     handed: &mut crate::kinds::Handed,
+    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
     let maker = set.templates[i].image.pid;
     let connectors: Vec<SandboxPid> = handed
@@ -520,6 +554,17 @@ fn clone_connectors(
         if ppid.is_some_and(|ppid| ppid != SandboxPid::INIT && set.templates.iter().any(|p| p.image.pid == ppid)) {
             continue;
         }
+        // (One made by its session's maker: by its leader, at the leader's
+        // turn, which comes before too; else by a stand-in, now.)
+        if let Some(image) = set.templates.iter().map(|t| &t.image).find(|i| i.pid == pid)
+            && crate::process::session::made_by_session(image)
+        {
+            let sid = image.sid;
+            if !set.templates.iter().any(|p| p.image.pid == sid) {
+                session_by_stand_in(set, sid, handed, stand_ins)?;
+            }
+            continue;
+        }
         let Some(t) = set.templates.iter_mut().find(|t| t.image.pid == pid) else { continue };
         // (Its pid may be busy still: it is needed now.)
         let cloned = clone_one(t, true, handed.last_pid.as_mut())?;
@@ -528,50 +573,130 @@ fn clone_connectors(
     Ok(())
 }
 
-/// A stand-in for the gone leader of process group `pgid`, which `t`'s
-/// process is in (a child of init: `sh -c 'server &'` once `sh` exited):
-/// a process of pid `pgid` in the process's session (its template's clone,
-/// sharing the template's memory, a child of init) that makes the group
-/// again (`setpgid(0, 0)`), for the restored members to join; killed once
-/// they have. Its pid is free by then: the template left the group
+/// What a stand-in makes again: a process group, or a session (with its
+/// group).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StandIn {
+    Group,
+    Session,
+}
+
+/// A stand-in for the gone leader of a process group or a session (`pid`),
+/// which restored processes are in (`sh -c 'server &'` once `sh` exited,
+/// as a child of init): a process of pid `pid` (a clone of `src`, whose
+/// scratch page is at `scratch`, sharing its memory, a child of its parent,
+/// init) that makes the group (`setpgid(0, 0)`) or the session (`setsid`)
+/// again, for the restored members to join or be made in; killed once
+/// every process is back (the group or session lives on with its members,
+/// leaderless as it was). `src` is a member's template (outside any
+/// session of the sandbox, a group's stand-in is in the member's session,
+/// init's), or the session's maker (a group of its session). The pid is
+/// free by then: the templates left those groups and sessions
 /// (`Template::prepare`, `checkpoint::clone_of`), and the killed members
 /// are gone (waited for, as a restored process's own pid is).
-fn group_stand_in(t: &mut Template, pgid: SandboxPid, last_pid: Option<&mut crate::LastPid>) -> Result<HostPid> {
-    const CALL: &str = "clone3 (a process group's stand-in)";
-    let by_last_pid = match (crate::check::may_choose_pid(&t.image), last_pid) {
+fn stand_in(
+    src: &mut Tracee,
+    scratch: u64,
+    may_choose_pid: bool,
+    (pid, what): (SandboxPid, StandIn),
+    last_pid: Option<&mut crate::LastPid>,
+) -> Result<Tracee> {
+    const CALL: &str = "clone3 (a stand-in of a gone leader)";
+    let by_last_pid = match (may_choose_pid, last_pid) {
         (true, _) => None,
         (false, Some(set)) => Some(set),
         (false, None) => {
             return Err(Error::Remote {
-                pid: t.host,
+                pid: src.tid,
                 call: CALL,
                 errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
             });
         }
     };
     let flags = (libc::CLONE_PARENT | libc::CLONE_VM) as u64;
-    let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
-    write_clone_args(t.host, t.scratch, &args, pgid)?;
+    let args = clone_args(scratch + SET_TID_OFFSET, flags);
+    write_clone_args(src.tid, scratch, &args, pid)?;
     let mut busy = 0u32;
-    let out = crate::process::clone3_as(&mut t.tracee, t.scratch, pgid, by_last_pid, &mut busy, true)?;
-    // (Signals sent to the template meanwhile are not its own.)
-    t.tracee.take_held();
-    let call: (i64, &[u64]) = (libc::SYS_clone3, &[t.scratch, crate::inject::CLONE_ARGS_SIZE]);
-    let (host, ns_pid, regs) = t.tracee.cloned(out, call, CALL)?;
-    let made = match ns_pid == pgid {
-        true => Tracee::new(host, regs, t.tracee.insn).call("setpgid (a group's stand-in)", libc::SYS_setpgid, &[0, 0]),
-        false => Err(Error::Remote {
-            pid: t.host,
+    let out = crate::process::clone3_as(src, scratch, pid, by_last_pid, &mut busy, true)?;
+    // (Signals sent to the source meanwhile are not its own.)
+    src.take_held();
+    let call: (i64, &[u64]) = (libc::SYS_clone3, &[scratch, crate::inject::CLONE_ARGS_SIZE]);
+    let (host, ns_pid, regs) = src.cloned(out, call, CALL)?;
+    let mut made = Tracee::new(host, regs, src.insn);
+    let done = match (ns_pid == pid, what) {
+        (true, StandIn::Group) => made.call("setpgid (a group's stand-in)", libc::SYS_setpgid, &[0, 0]),
+        (true, StandIn::Session) => made.call("setsid (a session's stand-in)", libc::SYS_setsid, &[]),
+        (false, _) => Err(Error::Remote {
+            pid: src.tid,
             call: CALL,
-            errno: std::io::Error::other(format!("got pid {ns_pid} instead of {pgid}")),
+            errno: std::io::Error::other(format!("got pid {ns_pid} instead of {pid}")),
         }),
     };
-    if let Err(e) = made {
+    if let Err(e) = done {
         crate::inject::kill_tracee(host);
         return Err(e);
     }
-    tracing::debug!(pid = t.image.pid.raw(), pgid = pgid.raw(), busy, "process group made again by a stand-in");
-    Ok(host)
+    let kind = if what == StandIn::Group { "process group" } else { "session" };
+    tracing::debug!(pid = pid.raw(), kind, busy, "made again by a stand-in");
+    Ok(made)
+}
+
+/// The processes of session `sid` made again by its maker
+/// (`process::session::made_by_session`) and not made yet: transplanted
+/// by `maker` (the restored leader, or a stand-in: [`session_by_stand_in`])
+/// as children of init, into `handed.cloned_early`, after stand-ins made
+/// by the maker for their groups whose leader is gone (into `stand_ins`).
+fn make_session(
+    set: &mut crate::template::CheckpointTemplates,
+    sid: SandboxPid,
+    maker: crate::transplant::Parent<'_>,
+    handed: &mut crate::kinds::Handed,
+    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
+) -> Result<()> {
+    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
+    let members: Vec<usize> = (0..set.templates.len())
+        .filter(|&i| {
+            let image = &set.templates[i].image;
+            crate::process::session::made_by_session(image)
+                && image.sid == sid
+                && !handed.cloned_early.contains_key(&image.pid)
+        })
+        .collect();
+    let crate::transplant::Parent { tracee, scratch, may_choose_pid, .. } = maker;
+    for &i in &members {
+        let (pid, pgid) = (set.templates[i].image.pid, set.templates[i].image.pgid);
+        if pgid != sid && pgid != pid && !pids.contains(&pgid) && !stand_ins.iter().any(|(g, _)| *g == pgid) {
+            let made = stand_in(tracee, scratch, may_choose_pid, (pgid, StandIn::Group), handed.last_pid.as_mut())?;
+            stand_ins.push((pgid, made.tid));
+        }
+    }
+    for i in members {
+        let parent = crate::transplant::Parent { tracee: &mut *tracee, scratch, may_choose_pid, its_parent: true };
+        let t = &mut set.templates[i];
+        let child = crate::transplant::child_of(parent, t, handed.last_pid.as_mut())?;
+        handed.cloned_early.insert(t.image.pid, child);
+    }
+    Ok(())
+}
+
+/// Session `sid`, whose leader is gone, started again by a stand-in of the
+/// leader's pid ([`stand_in`], cloned from the template of the session's
+/// first process: `process::tree::session_source`), which makes its
+/// processes ([`make_session`]); the stand-in goes into `stand_ins`.
+fn session_by_stand_in(
+    set: &mut crate::template::CheckpointTemplates,
+    sid: SandboxPid,
+    handed: &mut crate::kinds::Handed,
+    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
+) -> Result<()> {
+    let images: Vec<(&ProcessImage, HostPid)> = set.templates.iter().map(|t| (&t.image, t.host)).collect();
+    let Some(j) = crate::process::tree::session_source(&images, sid) else { return Ok(()) };
+    let t = &mut set.templates[j];
+    let (scratch, may_choose_pid) = (t.scratch, crate::check::may_choose_pid(&t.image));
+    let mut made = stand_in(&mut t.tracee, scratch, may_choose_pid, (sid, StandIn::Session), handed.last_pid.as_mut())?;
+    stand_ins.push((sid, made.tid));
+    let maker = crate::transplant::Parent { tracee: &mut made, scratch, may_choose_pid, its_parent: true };
+    make_session(set, sid, maker, handed, stand_ins)
 }
 
 /// The first step of [`restore_one`] (see [`Cloned`]).

@@ -183,12 +183,13 @@ impl Template {
         }
         // Leave the original's session / process group: while any task is in
         // them, their id (the original's pid) stays allocated, and the restore
-        // could not have it back. The copy joins them again. (A forked
+        // could not have it back. (A session of the sandbox whatever its
+        // leader: `process::session::made_by_session`.) The copy joins them again. (A forked
         // template left them as it was made, `checkpoint::clone_of`, and so
         // did a template of a child of another process, `process::tree`:
         // this is for one made from a standby, in its template's.)
         if image.ppid == SandboxPid::INIT && t.incremental {
-            if image.sid == image.pid {
+            if image.sid == image.pid || crate::process::session::made_by_session(image) {
                 b.call("setsid", libc::SYS_setsid, &[]);
             } else {
                 let zero = crate::batch::Arg::Val(0);

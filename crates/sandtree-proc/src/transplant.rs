@@ -99,10 +99,14 @@ const COPY_CHUNK: usize = 32 << 20;
 
 /// The parent, restored and fixed up, still stopped: its tracee, scratch
 /// mapping and whether it may choose the pid of the process it makes.
+/// With `its_parent`, the child is made a child of the parent's parent
+/// (`CLONE_PARENT`: init): the parent is then the child's session's maker
+/// (`process::session::made_by_session`).
 pub(crate) struct Parent<'a> {
     pub tracee: &'a mut Tracee,
     pub scratch: u64,
     pub may_choose_pid: bool,
+    pub its_parent: bool,
 }
 
 /// Make the process of template `t` again as a child of `parent` (see
@@ -111,10 +115,14 @@ pub(crate) struct Parent<'a> {
 pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&mut crate::LastPid>) -> Result<Cloned> {
     let t_start = std::time::Instant::now();
     let pid = t.image.pid;
-    let Parent { tracee: parent, scratch: parent_scratch, may_choose_pid } = parent;
-    let mut args = clone_args(parent_scratch + SET_TID_OFFSET, libc::CLONE_VM as u64);
-    // (`exit_signal`, the fifth field.)
-    args[32..40].copy_from_slice(&(t.image.exit_signal as u64).to_ne_bytes());
+    let Parent { tracee: parent, scratch: parent_scratch, may_choose_pid, its_parent } = parent;
+    let flags = if its_parent { libc::CLONE_VM | libc::CLONE_PARENT } else { libc::CLONE_VM };
+    let mut args = clone_args(parent_scratch + SET_TID_OFFSET, flags as u64);
+    // (`exit_signal`, the fifth field; with `CLONE_PARENT` the kernel gives
+    // the parent's, and takes no other.)
+    if !its_parent {
+        args[32..40].copy_from_slice(&(t.image.exit_signal as u64).to_ne_bytes());
+    }
     write_clone_args(parent.tid, parent_scratch, &args, pid)?;
     let by_last_pid = match (may_choose_pid, last_pid) {
         (true, _) => None,

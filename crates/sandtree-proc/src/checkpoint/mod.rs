@@ -1106,7 +1106,9 @@ fn clone_of(
         // another process's left them as it was made.)
         if let Some(regs) = forked_regs {
             let mut t = Tracee::new(tpl, regs, insn);
-            if status.ns_sid == s.ns_pid {
+            // (A session of the sandbox whatever its leader:
+            // `process::session::made_by_session`.)
+            if status.ns_sid == s.ns_pid || status.ns_sid.raw() != 0 {
                 t.call("setsid (template)", libc::SYS_setsid, &[])?;
             } else {
                 t.call("setpgid (template)", libc::SYS_setpgid, &[0, 0])?;

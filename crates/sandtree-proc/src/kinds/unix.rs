@@ -637,11 +637,17 @@ fn order_by(images: &[&ProcessImage], creators: bool) -> std::result::Result<Vec
     Ok(order)
 }
 
-/// The index of the parent of `images[c]` among `images`, when it has
-/// one there (other than init): it makes `c` again at a restore.
+/// The index of the process among `images` that makes `images[c]` again at
+/// a restore, when there is one (other than init): its parent, or its
+/// session's leader (`process::session::made_by_session`).
 pub(crate) fn by_parent(images: &[&ProcessImage], c: usize) -> Option<usize> {
-    let ppid = images[c].ppid;
-    (ppid != crate::SandboxPid::INIT).then(|| images.iter().position(|i| i.pid == ppid)).flatten()
+    let image = images[c];
+    // (Or by its session's leader: `process::session::made_by_session`.)
+    let maker = match crate::process::session::made_by_session(image) {
+        true => image.sid,
+        false => image.ppid,
+    };
+    (maker != crate::SandboxPid::INIT).then(|| images.iter().position(|i| i.pid == maker)).flatten()
 }
 
 /// Pass 2, once every template is made: the first of `images` whose unix

@@ -15,6 +15,22 @@
 
 use sandtree_sys::ptrace;
 
+/// Whether `image`'s process is made again by its session's *maker*: a
+/// child of init, not its session's leader, in a session of the sandbox
+/// (not init's, which is outside: id 0 there). Its template leaves that
+/// session (`Template::prepare`, `checkpoint::clone_of`): in it, the
+/// template would keep the session's id, the leader's pid, taken, and no
+/// restore could make the leader again (nor, the leader gone, the group
+/// of the session's id, which such a process is often in: what `sh -c
+/// 'server &'` leaves in a session of its own, e.g. a notebook's `!cmd &`).
+/// The maker is the restored leader, or a stand-in of the gone leader's
+/// pid that starts the session again (`restore.rs`); it makes the process
+/// by a transplant with `CLONE_PARENT` (`transplant.rs`): a child of init
+/// in that session.
+pub(crate) fn made_by_session(image: &ProcessImage) -> bool {
+    image.ppid == SandboxPid::INIT && image.sid != image.pid && image.sid.raw() != 0
+}
+
 use crate::batch::{Arg, Batch};
 use crate::inject::Tracee;
 use crate::model::{FdKind, ProcessImage};

@@ -154,29 +154,37 @@ fn requeue_sigchld(orig: &mut Tracee, (pid, queued): (SandboxPid, &[QueuedSignal
 }
 
 /// Pass 2: the first of `images` (with each template's host pid) whose
-/// restore by its parent could not be exact, as (index, resource,
-/// reason). Children whose parent is not captured are not this check's
+/// restore by its parent (or its session's maker) could not be exact, as
+/// (index, resource, reason). Children whose parent is not captured are not this check's
 /// (best effort restores them as children of init, `check::reparent_note`).
 pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, String, String)> {
     let at = |pid: SandboxPid| images.iter().position(|(i, _)| i.pid == pid);
     for (c, (image, host)) in images.iter().enumerate() {
-        if image.ppid == SandboxPid::INIT {
-            // A child of init in the session of a captured leader (an
-            // interactive shell's `(server &)`): its template keeps that
-            // session, and so the leader's pid, which its restore needs.
-            // (In a session whose leader is gone, or outside the sandbox,
-            // it comes back from its template, in that session.)
-            if image.sid != image.pid && at(image.sid).is_some() {
-                let why = format!(
-                    "a child of init in the session of pid {}, which is captured: a restore could make that session again only through its leader (not done yet)",
-                    image.sid
-                );
-                return Some((c, "session".into(), why));
-            }
-            continue;
-        }
-        let Some(p) = at(image.ppid) else { continue };
-        let (parent, parent_host) = images[p];
+        // Made again by its parent, or by its session's maker (the
+        // restored leader, or a stand-in cloned from the template of the
+        // session's first process: `super::session::made_by_session`).
+        let maker = match image.ppid {
+            SandboxPid::INIT if super::session::made_by_session(image) => match at(image.sid) {
+                Some(l) if images[l].0.ppid != SandboxPid::INIT => {
+                    let why = format!(
+                        "a child of init in the session of pid {}, which is not a child of init: a restore makes such a process again through its session's leader, by a clone that gives it the leader's parent",
+                        image.sid
+                    );
+                    return Some((c, "session".into(), why));
+                }
+                Some(l) => l,
+                None => match session_source(images, image.sid) {
+                    Some(first) => first,
+                    None => continue,
+                },
+            },
+            SandboxPid::INIT => continue,
+            ppid => match at(ppid) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        let (parent, parent_host) = images[maker];
         if let Some(m) = image.maps.iter().find(|m| !transplantable(m)) {
             let what = m.path.as_deref().unwrap_or("anonymous memory");
             let why = format!(
@@ -188,11 +196,24 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
         if let Some(why) = super::credentials::refusal((image, *host), (parent, parent_host)) {
             return Some((c, "credentials".into(), why));
         }
-        if let Some(why) = session_refusal(image, parent, &at) {
+        // (A session's maker makes a stand-in for a group whose leader is
+        // gone: `restore.rs`.)
+        if !super::session::made_by_session(image)
+            && let Some(why) = session_refusal(image, parent, &at)
+        {
             return Some((c, "session".into(), why));
         }
     }
     None
+}
+
+/// The process of session `sid` (made again by its maker, the leader
+/// gone: `super::session::made_by_session`) whose template the stand-in of
+/// the session's leader is cloned from at a restore: the lowest pid.
+pub(crate) fn session_source(images: &[(&ProcessImage, HostPid)], sid: SandboxPid) -> Option<usize> {
+    (0..images.len())
+        .filter(|&i| super::session::made_by_session(images[i].0) && images[i].0.sid == sid)
+        .min_by_key(|&i| images[i].0.pid)
 }
 
 /// Whether a transplant makes mapping `m` again (`transplant.rs`).

@@ -1,51 +1,71 @@
-# orphaned_process_group: what `sh -c 'server &'` leaves once `sh` exited (a
-# daemon of init in a group whose leader is gone), with a listener it shares
-# with its parent, as a preforking server's workers do (issue 38, item 1:
-# "member of process group N led by another process" was refused; a
-# listener held by two processes failed the rollback with EADDRINUSE). This
-# program binds 127.0.0.1:7002, then forks a child that starts a session
-# (the program's, a background command's, is captured: see
-# `orphan_in_a_live_session`), whose child makes a group of its own and
-# forks the worker; both exit: the worker, a child of init in that group
-# and session, accepts on the shared listener and answers `w=<its counter>`.
-# Commands: `state` -> `ppid=<the worker's> pgrp=<its group is the gone
-# leader's, not its session's> group=<killpg(group, 0)> sid=<its session
-# is the one the first child started>
-# worker=<its answer>`; `bump` -> the worker counts one up; `kill` -> the
-# group killed (SIGKILL) and the worker waited for: `gone`.
+# orphaned_process_group: a worker left as a child of init by processes
+# that exited, as `sh -c 'server &'` leaves one (issue 38, item 1: "member
+# of process group N led by another process" was refused), sharing a
+# listener with this program, as a preforking server's workers do (such a
+# listener failed the rollback with EADDRINUSE). This program binds
+# 127.0.0.1:7002 and forks the worker's ancestors by argv[1]:
+# - `group`: a child starts a session, its child makes a group of its own
+#   and forks the worker; both exit (session and group gone, not one);
+# - `session`: a child starts a session and forks the worker, and exits
+#   (the worker is in the gone leader's session and group: a notebook's
+#   `!server &`, sh run by pexpect in a session of its own);
+# - `live`: a child makes a group of its own and forks the worker, and
+#   exits: the worker is in this program's session (a background command's,
+#   captured: an interactive shell's `(server &)`).
+# The worker accepts on the shared listener and answers `w=<its counter>`.
+# Commands: `state` -> `ppid=<the worker's> pgrp=<its group is the one it
+# was left in> group=<killpg(group, 0)> sid=<its session is the one it was
+# left in> worker=<its answer>`; `bump` -> the worker counts one up;
+# `kill` -> the worker's group killed (SIGKILL), the worker waited for:
+# `gone`.
 
+mode = sys.argv[1]
 lst = socket.socket()
 lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 lst.bind(('127.0.0.1', 7002))
 lst.listen(8)
 r, w = os.pipe()
+
+
+def work():
+    os.close(r)
+    os.write(w, str(os.getpid()).encode())
+    os.close(w)
+    n = 0
+    while True:
+        c, _ = lst.accept()
+        if c.recv(16).strip() == b'bump':
+            n += 1
+        c.sendall(b'w=%d' % n)
+        c.close()
+
+
 head = os.fork()
 if head == 0:
-    os.setsid()
-    leader = os.fork()
-    if leader != 0:
-        os.waitpid(leader, 0)
-        os._exit(0)
-    os.setpgid(0, 0)
+    if mode in ('group', 'session'):
+        os.setsid()
+    if mode == 'live':
+        os.setpgid(0, 0)
+    if mode == 'group':
+        # (The session's leader forks the group's, which forks the worker.)
+        lead = os.fork()
+        if lead != 0:
+            os.waitpid(lead, 0)
+            os._exit(0)
+        os.setpgid(0, 0)
     if os.fork() == 0:
-        os.close(r)
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        n = 0
-        while True:
-            c, _ = lst.accept()
-            if c.recv(16).strip() == b'bump':
-                n += 1
-            c.sendall(b'w=%d' % n)
-            c.close()
+        work()
     os._exit(0)
 os.close(w)
 worker = int(os.read(r, 32))
 os.close(r)
 os.waitpid(head, 0)
-# (The gone group leader's pid: the worker's group then.)
-leader = int(open('/proc/%d/stat' % worker).read().rsplit(')', 1)[1].split()[2])
-session = os.getsid(worker)
+stat = open('/proc/%d/stat' % worker).read().rsplit(')', 1)[1].split()
+group, session = int(stat[2]), int(stat[3])
+want_session = {'live': os.getpid()}.get(mode, head)
+want_group = {'session': head}.get(mode, head if mode == 'live' else group)
+assert session == want_session and group == want_group and (mode != 'group' or group not in (session, worker)), \
+    (mode, group, session, head)
 
 
 def worker_says(cmd=b'get'):
@@ -62,15 +82,15 @@ def handle(cmd):
         ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
         try:
             os.killpg(pgrp, 0)
-            group = 'ok'
+            alive = 'ok'
         except OSError as e:
-            group = 'errno%d' % e.errno
+            alive = 'errno%d' % e.errno
         return 'ppid=%d pgrp=%s group=%s sid=%s worker=%s' % (
-            ppid, pgrp == leader != session, group, sid == session == head, worker_says())
+            ppid, pgrp == group, alive, sid == session, worker_says())
     if cmd == 'bump':
         return worker_says(b'bump')
     if cmd == 'kill':
-        os.killpg(leader, signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
         deadline = time.time() + 3
         while time.time() < deadline:
             try:
