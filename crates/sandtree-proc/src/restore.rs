@@ -153,17 +153,17 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     let mut next = 0;
     // Each process goes once all are back (see [`Ready`]).
     let mut waiting: Vec<Ready> = Vec::new();
-    // The stand-ins of gone group leaders (see [`group_stand_in`]), by
+    // The surrogates of gone group and session leaders (see [`surrogate`]), by
     // group; killed once every process is back.
-    let mut stand_ins: Vec<(SandboxPid, HostPid)> = Vec::new();
+    let mut surrogates: Vec<(SandboxPid, HostPid)> = Vec::new();
     let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
     while next < order.len() {
         let (i, wait) = order[next];
         next += 1;
         // A child of init in another's group joins it: once its leader is
-        // back, or, that leader gone, once a stand-in made it again. One in
+        // back, or, that leader gone, once a surrogate made it again. One in
         // a session of the sandbox is made by that session's maker: its
-        // restored leader, at the leader's turn, or a stand-in of the gone
+        // restored leader, at the leader's turn, or a surrogate of the gone
         // leader (`process::session::made_by_session`).
         let image = &set.templates[i].image;
         let by_session = crate::process::session::made_by_session(image);
@@ -186,19 +186,19 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
                     source: std::io::Error::other(format!("not made again by the leader of its session {sid}")),
                 });
             } else {
-                made = session_by_stand_in(set, sid, &mut handed, &mut stand_ins);
+                made = session_by_surrogate(set, sid, &mut handed, &mut surrogates);
             }
-        } else if in_group && !by_session && !pids.contains(&pgid) && !stand_ins.iter().any(|(g, _)| *g == pgid) {
+        } else if in_group && !by_session && !pids.contains(&pgid) && !surrogates.iter().any(|(g, _)| *g == pgid) {
             let t = &mut set.templates[i];
             let may_choose = crate::check::may_choose_pid(&t.image);
-            made = stand_in(&mut t.tracee, t.scratch, may_choose, (pgid, StandIn::Group), handed.last_pid.as_mut())
-                .map(|s| stand_ins.push((pgid, s.tid)));
+            made = surrogate(&mut t.tracee, t.scratch, may_choose, (pgid, Surrogate::Group), handed.last_pid.as_mut())
+                .map(|s| surrogates.push((pgid, s.tid)));
         }
         if let Err(e) = made {
             for (_, c) in handed.cloned_early.drain() {
                 c.kill();
             }
-            for (_, host) in stand_ins {
+            for (_, host) in surrogates {
                 crate::inject::kill_tracee(host);
             }
             st.holders.extend(holders);
@@ -221,7 +221,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
         // (The processes whose connections through listeners it makes
         // again, cloned first: `kinds/unix.rs`.)
-        let early = clone_connectors(set, i, &mut handed, &mut stand_ins);
+        let early = clone_connectors(set, i, &mut handed, &mut surrogates);
         let t = &mut set.templates[i];
         let t0 = std::time::Instant::now();
         let res = early.and_then(|()| restore_one(t, wait, cg, &mut handed, stop_with[i]));
@@ -256,7 +256,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
                                 may_choose_pid,
                                 its_parent: true,
                             };
-                            make_session(set, pid, maker, &mut handed, &mut stand_ins)
+                            make_session(set, pid, maker, &mut handed, &mut surrogates)
                         }
                         false => Ok(()),
                     })
@@ -271,7 +271,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             for (_, c) in handed.cloned_early.drain() {
                 c.kill();
             }
-            for (_, host) in stand_ins {
+            for (_, host) in surrogates {
                 crate::inject::kill_tracee(host);
             }
             st.holders.extend(holders);
@@ -283,9 +283,9 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         }
     }
     st.holders.extend(holders);
-    // Every member is in its group: the stand-ins go (the groups live on
+    // Every member is in its group: the surrogates go (the groups live on
     // with their members, leaderless as they were).
-    for (_, host) in stand_ins {
+    for (_, host) in surrogates {
         crate::inject::kill_tracee(host);
     }
     // Every process is back: the TCP connections made anew leave repair
@@ -535,7 +535,7 @@ fn clone_connectors(
     set: &mut crate::template::CheckpointTemplates,
     i: usize,
     handed: &mut crate::kinds::Handed,
-    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
+    surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
     let maker = set.templates[i].image.pid;
     let connectors: Vec<SandboxPid> = handed
@@ -555,13 +555,13 @@ fn clone_connectors(
             continue;
         }
         // (One made by its session's maker: by its leader, at the leader's
-        // turn, which comes before too; else by a stand-in, now.)
+        // turn, which comes before too; else by a surrogate, now.)
         if let Some(image) = set.templates.iter().map(|t| &t.image).find(|i| i.pid == pid)
             && crate::process::session::made_by_session(image)
         {
             let sid = image.sid;
             if !set.templates.iter().any(|p| p.image.pid == sid) {
-                session_by_stand_in(set, sid, handed, stand_ins)?;
+                session_by_surrogate(set, sid, handed, surrogates)?;
             }
             continue;
         }
@@ -573,15 +573,15 @@ fn clone_connectors(
     Ok(())
 }
 
-/// What a stand-in makes again: a process group, or a session (with its
+/// What a surrogate makes again: a process group, or a session (with its
 /// group).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum StandIn {
+enum Surrogate {
     Group,
     Session,
 }
 
-/// A stand-in for the gone leader of a process group or a session (`pid`),
+/// A surrogate for the gone leader of a process group or a session (`pid`),
 /// which restored processes are in (`sh -c 'server &'` once `sh` exited,
 /// as a child of init): a process of pid `pid` (a clone of `src`, whose
 /// scratch page is at `scratch`, sharing its memory, a child of its parent,
@@ -589,19 +589,19 @@ enum StandIn {
 /// again, for the restored members to join or be made in; killed once
 /// every process is back (the group or session lives on with its members,
 /// leaderless as it was). `src` is a member's template (outside any
-/// session of the sandbox, a group's stand-in is in the member's session,
+/// session of the sandbox, a group's surrogate is in the member's session,
 /// init's), or the session's maker (a group of its session). The pid is
 /// free by then: the templates left those groups and sessions
 /// (`Template::prepare`, `checkpoint::clone_of`), and the killed members
 /// are gone (waited for, as a restored process's own pid is).
-fn stand_in(
+fn surrogate(
     src: &mut Tracee,
     scratch: u64,
     may_choose_pid: bool,
-    (pid, what): (SandboxPid, StandIn),
+    (pid, what): (SandboxPid, Surrogate),
     last_pid: Option<&mut crate::LastPid>,
 ) -> Result<Tracee> {
-    const CALL: &str = "clone3 (a stand-in of a gone leader)";
+    const CALL: &str = "clone3 (a surrogate of a gone leader)";
     let by_last_pid = match (may_choose_pid, last_pid) {
         (true, _) => None,
         (false, Some(set)) => Some(set),
@@ -624,8 +624,8 @@ fn stand_in(
     let (host, ns_pid, regs) = src.cloned(out, call, CALL)?;
     let mut made = Tracee::new(host, regs, src.insn);
     let done = match (ns_pid == pid, what) {
-        (true, StandIn::Group) => made.call("setpgid (a group's stand-in)", libc::SYS_setpgid, &[0, 0]),
-        (true, StandIn::Session) => made.call("setsid (a session's stand-in)", libc::SYS_setsid, &[]),
+        (true, Surrogate::Group) => made.call("setpgid (a group's surrogate)", libc::SYS_setpgid, &[0, 0]),
+        (true, Surrogate::Session) => made.call("setsid (a session's surrogate)", libc::SYS_setsid, &[]),
         (false, _) => Err(Error::Remote {
             pid: src.tid,
             call: CALL,
@@ -636,22 +636,22 @@ fn stand_in(
         crate::inject::kill_tracee(host);
         return Err(e);
     }
-    let kind = if what == StandIn::Group { "process group" } else { "session" };
-    tracing::debug!(pid = pid.raw(), kind, busy, "made again by a stand-in");
+    let kind = if what == Surrogate::Group { "process group" } else { "session" };
+    tracing::debug!(pid = pid.raw(), kind, busy, "made again by a surrogate");
     Ok(made)
 }
 
 /// The processes of session `sid` made again by its maker
 /// (`process::session::made_by_session`) and not made yet: transplanted
-/// by `maker` (the restored leader, or a stand-in: [`session_by_stand_in`])
-/// as children of init, into `handed.cloned_early`, after stand-ins made
-/// by the maker for their groups whose leader is gone (into `stand_ins`).
+/// by `maker` (the restored leader, or a surrogate: [`session_by_surrogate`])
+/// as children of init, into `handed.cloned_early`, after surrogates made
+/// by the maker for their groups whose leader is gone (into `surrogates`).
 fn make_session(
     set: &mut crate::template::CheckpointTemplates,
     sid: SandboxPid,
     maker: crate::transplant::Parent<'_>,
     handed: &mut crate::kinds::Handed,
-    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
+    surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
     let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
     let members: Vec<usize> = (0..set.templates.len())
@@ -665,9 +665,9 @@ fn make_session(
     let crate::transplant::Parent { tracee, scratch, may_choose_pid, .. } = maker;
     for &i in &members {
         let (pid, pgid) = (set.templates[i].image.pid, set.templates[i].image.pgid);
-        if pgid != sid && pgid != pid && !pids.contains(&pgid) && !stand_ins.iter().any(|(g, _)| *g == pgid) {
-            let made = stand_in(tracee, scratch, may_choose_pid, (pgid, StandIn::Group), handed.last_pid.as_mut())?;
-            stand_ins.push((pgid, made.tid));
+        if pgid != sid && pgid != pid && !pids.contains(&pgid) && !surrogates.iter().any(|(g, _)| *g == pgid) {
+            let made = surrogate(tracee, scratch, may_choose_pid, (pgid, Surrogate::Group), handed.last_pid.as_mut())?;
+            surrogates.push((pgid, made.tid));
         }
     }
     for i in members {
@@ -679,24 +679,25 @@ fn make_session(
     Ok(())
 }
 
-/// Session `sid`, whose leader is gone, started again by a stand-in of the
-/// leader's pid ([`stand_in`], cloned from the template of the session's
+/// Session `sid`, whose leader is gone, started again by a surrogate of the
+/// leader's pid ([`surrogate`], cloned from the template of the session's
 /// first process: `process::tree::session_source`), which makes its
-/// processes ([`make_session`]); the stand-in goes into `stand_ins`.
-fn session_by_stand_in(
+/// processes ([`make_session`]); the surrogate goes into `surrogates`.
+fn session_by_surrogate(
     set: &mut crate::template::CheckpointTemplates,
     sid: SandboxPid,
     handed: &mut crate::kinds::Handed,
-    stand_ins: &mut Vec<(SandboxPid, HostPid)>,
+    surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
     let images: Vec<(&ProcessImage, HostPid)> = set.templates.iter().map(|t| (&t.image, t.host)).collect();
     let Some(j) = crate::process::tree::session_source(&images, sid) else { return Ok(()) };
     let t = &mut set.templates[j];
     let (scratch, may_choose_pid) = (t.scratch, crate::check::may_choose_pid(&t.image));
-    let mut made = stand_in(&mut t.tracee, scratch, may_choose_pid, (sid, StandIn::Session), handed.last_pid.as_mut())?;
-    stand_ins.push((sid, made.tid));
+    let mut made =
+        surrogate(&mut t.tracee, scratch, may_choose_pid, (sid, Surrogate::Session), handed.last_pid.as_mut())?;
+    surrogates.push((sid, made.tid));
     let maker = crate::transplant::Parent { tracee: &mut made, scratch, may_choose_pid, its_parent: true };
-    make_session(set, sid, maker, handed, stand_ins)
+    make_session(set, sid, maker, handed, surrogates)
 }
 
 /// The first step of [`restore_one`] (see [`Cloned`]).

@@ -922,7 +922,7 @@ static HUNG_UP_TERMINAL: Spec = Spec {
 /// listener with the program that started it (a preforking server's
 /// shape), in three places (`orphaned_process_group.py`): a group whose
 /// leader is gone in a session whose leader is gone (made anew by
-/// stand-ins, the worker by the session's), the group of a gone session
+/// surrogates, the worker by the session's), the group of a gone session
 /// leader (a notebook's `!server &`), and a gone leader's group in the
 /// program's session (an interactive shell's `(server &)`: made by the
 /// restored program). Each comes back in its group and session, answering

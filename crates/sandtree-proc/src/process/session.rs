@@ -5,7 +5,7 @@
 //! ids, the original's pid, would otherwise stay taken); the restored
 //! process joins them again as their leader, and takes its terminal back.
 //! A child of init in a group whose leader is gone (`sh -c 'server &'`
-//! once `sh` exited) joins that group made anew by a stand-in
+//! once `sh` exited) joins that group made anew by a surrogate
 //! (`restore.rs`).
 //! A fork does not copy the child-subreaper flag: it is set again. A
 //! process stopped by a signal is let go with that signal held for it, so
@@ -23,7 +23,7 @@ use sandtree_sys::ptrace;
 /// restore could make the leader again (nor, the leader gone, the group
 /// of the session's id, which such a process is often in: what `sh -c
 /// 'server &'` leaves in a session of its own, e.g. a notebook's `!cmd &`).
-/// The maker is the restored leader, or a stand-in of the gone leader's
+/// The maker is the restored leader, or a surrogate of the gone leader's
 /// pid that starts the session again (`restore.rs`); it makes the process
 /// by a transplant with `CLONE_PARENT` (`transplant.rs`): a child of init
 /// in that session.
@@ -66,7 +66,7 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
         // back already (`kinds::restore_order`): joining the group it is
         // in changes nothing. A child of init in another's group: that
         // group is back (its leader restored before, or the group made
-        // anew by a stand-in: `restore.rs`).
+        // anew by a surrogate: `restore.rs`).
         b.call("setpgid", libc::SYS_setpgid, &[Arg::Val(0), Arg::Val(image.pgid.raw() as u64)]);
     }
     // The leader of its terminal's foreground group other than the

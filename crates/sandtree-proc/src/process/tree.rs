@@ -161,7 +161,7 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
     let at = |pid: SandboxPid| images.iter().position(|(i, _)| i.pid == pid);
     for (c, (image, host)) in images.iter().enumerate() {
         // Made again by its parent, or by its session's maker (the
-        // restored leader, or a stand-in cloned from the template of the
+        // restored leader, or a surrogate cloned from the template of the
         // session's first process: `super::session::made_by_session`).
         let maker = match image.ppid {
             SandboxPid::INIT if super::session::made_by_session(image) => match at(image.sid) {
@@ -196,7 +196,7 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
         if let Some(why) = super::credentials::refusal((image, *host), (parent, parent_host)) {
             return Some((c, "credentials".into(), why));
         }
-        // (A session's maker makes a stand-in for a group whose leader is
+        // (A session's maker makes a surrogate for a group whose leader is
         // gone: `restore.rs`.)
         if !super::session::made_by_session(image)
             && let Some(why) = session_refusal(image, parent, &at)
@@ -208,7 +208,7 @@ pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, Str
 }
 
 /// The process of session `sid` (made again by its maker, the leader
-/// gone: `super::session::made_by_session`) whose template the stand-in of
+/// gone: `super::session::made_by_session`) whose template the surrogate of
 /// the session's leader is cloned from at a restore: the lowest pid.
 pub(crate) fn session_source(images: &[(&ProcessImage, HostPid)], sid: SandboxPid) -> Option<usize> {
     (0..images.len())
