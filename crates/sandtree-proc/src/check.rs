@@ -64,6 +64,15 @@ impl std::fmt::Display for Unrestorable {
 /// their kinds', `kinds/`; its memory's `process::memory::check`).
 pub fn check_process(p: &ProcessImage) -> Result<(), Unrestorable> {
     let no = |resource: String, reason: String| Unrestorable { pid: p.pid, comm: p.comm.clone(), resource, reason };
+    // (A child of init in another's group joins it again at a restore,
+    // made anew by a surrogate if its leader is gone, `restore.rs`: not
+    // a group of outside the sandbox.)
+    if p.ppid == SandboxPid::INIT && p.pgid.raw() == 0 {
+        return Err(no(
+            "process group".into(),
+            "member of a process group of outside the sandbox (a restore cannot join it again)".into(),
+        ));
+    }
     if p.root != "/" {
         return Err(no("root".into(), format!("chroot to {}", p.root)));
     }

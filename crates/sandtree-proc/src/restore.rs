@@ -55,11 +55,24 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // A template of another checkpoint may hold a pid this one needs (its
     // process had exited by then and the pid was reused): drop that
     // checkpoint's templates first.
-    let needed: HashSet<SandboxPid> = set
+    let mut needed: HashSet<SandboxPid> = set
         .templates
         .iter()
         .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.other_threads.iter().map(|th| th.tid)))
         .collect();
+    // (And the pids of the gone leaders that surrogates take: `surrogate`.)
+    let gone_leaders: Vec<SandboxPid> = set
+        .templates
+        .iter()
+        .map(|t| &t.image)
+        .flat_map(|i| {
+            let session = crate::process::session::made_by_session(i).then_some(i.sid);
+            let group = (i.ppid == SandboxPid::INIT && i.pgid != i.pid && i.sid != i.pid).then_some(i.pgid);
+            [session, group].into_iter().flatten()
+        })
+        .filter(|pid| !needed.contains(pid))
+        .collect();
+    needed.extend(gone_leaders);
     // Standby forks under way (`standby.rs`) end first where the restore
     // needs the template, or the pid their child gets, or where that pid
     // is not ours to give (a template that may not choose it: a plain
@@ -191,8 +204,14 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         } else if in_group && !by_session && !pids.contains(&pgid) && !surrogates.iter().any(|(g, _)| *g == pgid) {
             let t = &mut set.templates[i];
             let may_choose = crate::check::may_choose_pid(&t.image);
-            made = surrogate(&mut t.tracee, t.scratch, may_choose, (pgid, Surrogate::Group), handed.last_pid.as_mut())
-                .map(|s| surrogates.push((pgid, s.tid)));
+            made = surrogate(
+                (&mut t.tracee, true),
+                t.scratch,
+                may_choose,
+                (pgid, Surrogate::Group),
+                handed.last_pid.as_mut(),
+            )
+            .map(|s| surrogates.push((pgid, s.tid)));
         }
         if let Err(e) = made {
             for (_, c) in handed.cloned_early.drain() {
@@ -595,7 +614,7 @@ enum Surrogate {
 /// (`Template::prepare`, `checkpoint::clone_of`), and the killed members
 /// are gone (waited for, as a restored process's own pid is).
 fn surrogate(
-    src: &mut Tracee,
+    (src, from_template): (&mut Tracee, bool),
     scratch: u64,
     may_choose_pid: bool,
     (pid, what): (SandboxPid, Surrogate),
@@ -618,8 +637,11 @@ fn surrogate(
     write_clone_args(src.tid, scratch, &args, pid)?;
     let mut busy = 0u32;
     let out = crate::process::clone3_as(src, scratch, pid, by_last_pid, &mut busy, true)?;
-    // (Signals sent to the source meanwhile are not its own.)
-    src.take_held();
+    // (Signals sent to a template meanwhile are not its own; a restored
+    // leader's held ones are: its stop by a signal, `restore_one`.)
+    if from_template {
+        src.take_held();
+    }
     let call: (i64, &[u64]) = (libc::SYS_clone3, &[scratch, crate::inject::CLONE_ARGS_SIZE]);
     let (host, ns_pid, regs) = src.cloned(out, call, CALL)?;
     let mut made = Tracee::new(host, regs, src.insn);
@@ -666,7 +688,13 @@ fn make_session(
     for &i in &members {
         let (pid, pgid) = (set.templates[i].image.pid, set.templates[i].image.pgid);
         if pgid != sid && pgid != pid && !pids.contains(&pgid) && !surrogates.iter().any(|(g, _)| *g == pgid) {
-            let made = surrogate(tracee, scratch, may_choose_pid, (pgid, Surrogate::Group), handed.last_pid.as_mut())?;
+            let made = surrogate(
+                (tracee, false),
+                scratch,
+                may_choose_pid,
+                (pgid, Surrogate::Group),
+                handed.last_pid.as_mut(),
+            )?;
             surrogates.push((pgid, made.tid));
         }
     }
@@ -694,7 +722,7 @@ fn session_by_surrogate(
     let t = &mut set.templates[j];
     let (scratch, may_choose_pid) = (t.scratch, crate::check::may_choose_pid(&t.image));
     let mut made =
-        surrogate(&mut t.tracee, scratch, may_choose_pid, (sid, Surrogate::Session), handed.last_pid.as_mut())?;
+        surrogate((&mut t.tracee, true), scratch, may_choose_pid, (sid, Surrogate::Session), handed.last_pid.as_mut())?;
     surrogates.push((sid, made.tid));
     let maker = crate::transplant::Parent { tracee: &mut made, scratch, may_choose_pid, its_parent: true };
     make_session(set, sid, maker, handed, surrogates)

@@ -941,8 +941,9 @@ static ORPHANED_PROCESS_GROUP: Spec = Spec {
 /// [`ORPHANED_PROCESS_GROUP`], in the group of a gone session leader.
 static ORPHAN_IN_A_GONE_SESSION: Spec = Spec { args: &["session"], ..ORPHANED_PROCESS_GROUP };
 
-/// [`ORPHANED_PROCESS_GROUP`], in the program's session.
-static ORPHAN_IN_A_LIVE_SESSION: Spec = Spec { args: &["live"], ..ORPHANED_PROCESS_GROUP };
+/// [`ORPHANED_PROCESS_GROUP`], in the program's session, the worker
+/// running as `nobody`.
+static ORPHAN_IN_A_LIVE_SESSION: Spec = Spec { args: &["live", "nobody"], ..ORPHANED_PROCESS_GROUP };
 
 /// A directory open and then removed comes back as a removed directory at
 /// the same path (with its mode and modification time), empty, taking no

@@ -700,10 +700,21 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     // One whose parent is not captured (left running in best effort)
     // comes back as a child of init. An open file shared with a process
     // not captured is opened again on its own.
+    // (The first captured holder of one then opens it again, and the
+    // others take it from that one.)
     let captured: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
-    for f in made.iter_mut().flat_map(|t| t.image.fds.iter_mut()) {
-        if f.opened_by.is_some_and(|(pid, _)| !captured.contains(&pid)) {
-            f.opened_by = None;
+    let mut new_owner: std::collections::HashMap<(SandboxPid, i32), (SandboxPid, i32)> = Default::default();
+    for t in made.iter_mut() {
+        let pid = t.image.pid;
+        for f in t.image.fds.iter_mut() {
+            let Some(by) = f.opened_by.filter(|(owner, _)| !captured.contains(owner)) else { continue };
+            f.opened_by = match new_owner.get(&by) {
+                Some(&owner) => Some(owner),
+                None => {
+                    new_owner.insert(by, (pid, f.fd));
+                    None
+                }
+            };
         }
     }
     for t in &made {

@@ -61,6 +61,9 @@ pub(crate) struct Handed {
     /// The process that binds each socket bound again ([`binder`]), by
     /// inode.
     pub binders: HashMap<u64, crate::SandboxPid>,
+    /// The inet sockets several processes hold (`FdImage::opened_by`), by
+    /// inode: bound again once, then handed over (`inet.rs`).
+    pub shared_inet: std::collections::HashSet<u64>,
     /// The TCP connections made anew, in repair mode until every process
     /// is back (`tcp::finish`): (inode, `SO_REUSEADDR`, the bytes never
     /// sent, which it sends then).
@@ -199,7 +202,16 @@ impl Handed {
             .filter_map(|f| f.kind.bound_again())
             .filter_map(|ino| Some((ino, binder(&images, ino)?)))
             .collect();
+        let shared_inet = images
+            .iter()
+            .flat_map(|i| &i.fds)
+            .filter_map(|f| match &f.kind {
+                FdKind::Socket { ino, inet: Some(_), .. } if f.opened_by.is_some() => Some(*ino),
+                _ => None,
+            })
+            .collect();
         Handed {
+            shared_inet,
             ends: HashMap::new(),
             pair_states,
             pair_queued,

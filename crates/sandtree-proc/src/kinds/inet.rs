@@ -2,8 +2,9 @@
 //! listener or a bound datagram socket is made anew at the restore with its
 //! protocol, address and options (a template holding it would keep its
 //! port taken after the original closed it); one several processes hold
-//! (a preforking server's listener) is made once and the others take it
-//! (`file::share_open_files`); an unbound one is kept. A TCP
+//! (a preforking server's listener) is made once and the daemon hands it
+//! to the others (`file::share_open_files`, `hand_over.rs`); an unbound
+//! one is kept. A TCP
 //! connection is `tcp.rs`'s, a UDP socket's queued datagrams `udp.rs`'s.
 //! Refused: a connection of another protocol (SCTP, MPTCP), a TCP listener
 //! with connections not accepted yet (the listener made anew has none:
@@ -36,13 +37,38 @@ impl Kind for Inet {
 
     fn reopen(&self, f: &FdImage, b: &mut Batch, _handed: &super::Handed) -> bool {
         let FdKind::Socket { inet: Some(bind), stream, listening, .. } = &f.kind else { return false };
-        // (One several processes hold, bound again by one of them, restored
-        // before: `file::share_open_files`.)
-        match f.opened_by {
-            Some(by) => super::file::take_shared(b, f, by),
-            None => rebind(b, f.fd, f.flags, *stream, *listening, bind),
+        // (One several processes hold is bound again by one of them,
+        // restored before, and handed over to the others: `remake`.)
+        if f.opened_by.is_some() {
+            return false;
         }
+        rebind(b, f.fd, f.flags, *stream, *listening, bind);
         true
+    }
+
+    /// One several processes hold (`file::share_open_files`): the daemon
+    /// takes a copy of the one the first holder bound again, and hands it
+    /// over to the others (`hand_over.rs`), whatever their credentials (a
+    /// worker that dropped its privileges may not take it from its master
+    /// itself).
+    fn remake(&self, f: &FdImage, cx: &mut super::Remake<'_>) -> crate::Result<()> {
+        let FdKind::Socket { ino, inet: Some(_), .. } = &f.kind else { return Ok(()) };
+        if f.same_as.is_some() || !cx.handed.shared_inet.contains(ino) {
+            return Ok(());
+        }
+        let key = super::hand_over::Key::Socket(*ino);
+        if f.opened_by.is_some() {
+            cx.wanted.push((key, f.fd, f.flags));
+            return Ok(());
+        }
+        let pid = cx.p.tid;
+        let copy = super::hand_over::take_copy(pid, f.fd).map_err(|e| crate::Error::Proc {
+            pid,
+            what: "a copy of a socket several processes hold",
+            source: e,
+        })?;
+        cx.handed.ends.insert(key, copy);
+        Ok(())
     }
 }
 

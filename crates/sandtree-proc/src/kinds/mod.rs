@@ -177,10 +177,11 @@ impl<'a> Remake<'a> {
 /// sessions closed since the checkpoint (handed over), then inotify
 /// instances (after the other
 /// descriptors, whose making would show as events), pidfds.
-const REMAKE_ORDER: [&dyn Kind; 8] = [
+const REMAKE_ORDER: [&dyn Kind; 9] = [
     &deleted::Deleted,
     &pipe::Pipe,
     &unix::Unix,
+    &inet::Inet,
     &tcp::Tcp,
     &pty::PtyMaster,
     &file::PathFile,

@@ -679,6 +679,20 @@ pub(crate) fn connection_refusal(images: &[&ProcessImage]) -> Option<(usize, Str
             }
         }
     }
+    // A connection whose maker also makes its connecting process (its
+    // parent, or its session's leader): that one is made only after the
+    // maker's own restore, which makes the connection.
+    for c in Connection::all_of(images) {
+        let Some(m) = images.iter().position(|i| Some(i.pid) == c.maker) else { continue };
+        let Some(x) = images.iter().position(|i| i.pid == c.connector) else { continue };
+        if x != m && by_parent(images, x) == Some(m) {
+            let why = format!(
+                "a unix connection through listener {} from pid {}, which this process makes again at a restore only after its own restore, where the connection is made (not supported yet)",
+                c.path, c.connector
+            );
+            return Some((m, "unix connections".into(), why));
+        }
+    }
     let cycle = restore_order(images).err()?;
     let why = "unix connections made through listeners whose processes wait for each other at a restore";
     Some((cycle, "unix connections".into(), why.into()))

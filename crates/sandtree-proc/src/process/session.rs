@@ -92,8 +92,9 @@ pub(crate) fn restore(b: &mut Batch, image: &ProcessImage, hung_up: &dyn Fn(u32)
 /// A descriptor of `image` open on a terminal (its controlling one, for a
 /// process of a session with one).
 fn terminal_fd(image: &ProcessImage) -> Option<&crate::model::FdImage> {
+    // (Not a terminal hung up at the checkpoint: no session's any more.)
     image.fds.iter().find(|f| match &f.kind {
-        FdKind::KeptFile { path, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
+        FdKind::KeptFile { path, hung_up: false, .. } => path.starts_with("/dev/pts/") || path == "/dev/console",
         _ => false,
     })
 }

@@ -160,6 +160,18 @@ fn requeue_sigchld(orig: &mut Tracee, (pid, queued): (SandboxPid, &[QueuedSignal
 pub(crate) fn refusal(images: &[(&ProcessImage, HostPid)]) -> Option<(usize, String, String)> {
     let at = |pid: SandboxPid| images.iter().position(|(i, _)| i.pid == pid);
     for (c, (image, host)) in images.iter().enumerate() {
+        // A group whose leader (captured) moved to another group: the
+        // restored leader makes its own, and no process this one.
+        if image.pgid != image.pid
+            && let Some(l) = at(image.pgid)
+            && images[l].0.pgid != images[l].0.pid
+        {
+            let why = format!(
+                "member of process group {}, whose leader moved to another group since (a restore could not make that group again)",
+                image.pgid
+            );
+            return Some((c, "process group".into(), why));
+        }
         // Made again by its parent, or by its session's maker (the
         // restored leader, or a surrogate cloned from the template of the
         // session's first process: `super::session::made_by_session`).

@@ -12,7 +12,9 @@
 # - `live`: a child makes a group of its own and forks the worker, and
 #   exits: the worker is in this program's session (a background command's,
 #   captured: an interactive shell's `(server &)`).
-# The worker accepts on the shared listener and answers `w=<its counter>`.
+# The worker accepts on the shared listener and answers `w=<its counter>`;
+# with argv[2] `nobody` it runs as that user (a worker that dropped its
+# privileges: it could not take the listener from the program itself).
 # Commands: `state` -> `ppid=<the worker's> pgrp=<its group is the one it
 # was left in> group=<killpg(group, 0)> sid=<its session is the one it was
 # left in> worker=<its answer>`; `bump` -> the worker counts one up;
@@ -28,6 +30,11 @@ r, w = os.pipe()
 
 
 def work():
+    if sys.argv[2:] == ['nobody']:
+        os.chdir('/')
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
     os.close(r)
     os.write(w, str(os.getpid()).encode())
     os.close(w)
