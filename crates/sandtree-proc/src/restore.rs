@@ -67,7 +67,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         .map(|t| &t.image)
         .flat_map(|i| {
             let session = crate::process::session::made_by_session(i).then_some(i.sid);
-            let group = (i.ppid == SandboxPid::INIT && i.pgid != i.pid && i.sid != i.pid).then_some(i.pgid);
+            let group = (i.pgid != i.pid && i.sid != i.pid).then_some(i.pgid);
             [session, group].into_iter().flatten()
         })
         .filter(|pid| !needed.contains(pid))
@@ -265,7 +265,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
                 // Its children, which it makes again, and the other
                 // children of init of the session it leads; then its
                 // scratch mapping goes.
-                let parked = make_children(set, parent, &mut ready.main, &mut handed)
+                let parked = make_children(set, parent, &mut ready.main, &mut handed, &mut surrogates)
                     .and_then(|()| match leads {
                         true => {
                             let (pid, scratch, may_choose_pid) = parent;
@@ -535,9 +535,37 @@ fn make_children(
     (pid, scratch, may_choose_pid): (SandboxPid, u64, bool),
     parent: &mut Tracee,
     handed: &mut crate::kinds::Handed,
+    surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
     if pid == SandboxPid::INIT {
         return Ok(());
+    }
+    // Surrogates for its children's groups whose leader is gone (a
+    // pipeline's whose first command exited), made by it: in its session,
+    // children of its parent, init (`process::tree`'s checks).
+    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
+    let Some(own_group) = set.templates.iter().find(|t| t.image.pid == pid).map(|t| t.image.pgid) else {
+        return Ok(());
+    };
+    let gone: Vec<SandboxPid> = set
+        .templates
+        .iter()
+        .map(|t| &t.image)
+        .filter(|i| i.ppid == pid && i.pgid != i.pid && i.sid != i.pid && i.pgid != own_group)
+        .map(|i| i.pgid)
+        .filter(|g| !pids.contains(g))
+        .collect();
+    for pgid in gone {
+        if !surrogates.iter().any(|(g, _)| *g == pgid) {
+            let made = surrogate(
+                (parent, false),
+                scratch,
+                may_choose_pid,
+                (pgid, Surrogate::Group),
+                handed.last_pid.as_mut(),
+            )?;
+            surrogates.push((pgid, made.tid));
+        }
     }
     for t in set.templates.iter_mut().filter(|t| t.image.ppid == pid) {
         let parent = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid, its_parent: false };

@@ -932,7 +932,7 @@ static HUNG_UP_TERMINAL: Spec = Spec {
 static ORPHANED_PROCESS_GROUP: Spec = Spec {
     program: program!("orphaned_process_group.py"),
     args: &["group"],
-    at_ck: &[("state", Is("ppid=1 pgrp=True group=ok sid=True worker=w=1"))],
+    at_ck: &[("state", Is("ppid=init pgrp=True group=ok sid=True worker=w=1"))],
     setup: &[Ask("bump", Is("w=1"))],
     mutate: &[&[Ask("bump", Is("w=2"))], &[Ask("kill", Is("gone"))]],
     ..Spec::DEFAULT
@@ -944,6 +944,15 @@ static ORPHAN_IN_A_GONE_SESSION: Spec = Spec { args: &["session"], ..ORPHANED_PR
 /// [`ORPHANED_PROCESS_GROUP`], in the program's session, the worker
 /// running as `nobody`.
 static ORPHAN_IN_A_LIVE_SESSION: Spec = Spec { args: &["live", "nobody"], ..ORPHANED_PROCESS_GROUP };
+
+/// [`ORPHANED_PROCESS_GROUP`]'s worker as the program's child in the group
+/// of a sibling that exited (a pipeline's first command): made again by
+/// the program after a surrogate it makes (refused before).
+static CHILD_IN_A_GONE_GROUP: Spec = Spec {
+    args: &["pipeline"],
+    at_ck: &[("state", Is("ppid=me pgrp=True group=ok sid=True worker=w=1"))],
+    ..ORPHANED_PROCESS_GROUP
+};
 
 /// A directory open and then removed comes back as a removed directory at
 /// the same path (with its mode and modification time), empty, taking no
@@ -2867,6 +2876,7 @@ fn main() {
         ("orphaned_process_group", declared!(ORPHANED_PROCESS_GROUP)),
         ("orphan_in_a_gone_session", declared!(ORPHAN_IN_A_GONE_SESSION)),
         ("orphan_in_a_live_session", declared!(ORPHAN_IN_A_LIVE_SESSION)),
+        ("child_in_a_gone_group", declared!(CHILD_IN_A_GONE_GROUP)),
         ("nohup_server_with_workers", nohup_server_with_workers),
         ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),

@@ -262,11 +262,18 @@ fn session_refusal(
             image.sid, parent.sid
         ));
     }
-    if image.pgid == image.pid || image.pgid == parent.pgid || at(image.pgid).is_some() {
+    // (A group whose leader is gone, a pipeline's whose first command
+    // exited: made again by a surrogate its parent makes, a child of the
+    // parent's parent, `restore.rs`: of init's only.)
+    if image.pgid == image.pid
+        || image.pgid == parent.pgid
+        || at(image.pgid).is_some()
+        || parent.ppid == SandboxPid::INIT
+    {
         return None;
     }
     Some(format!(
-        "it is in process group {}, whose leader is not captured: made again by its parent, it could not join that group",
-        image.pgid
+        "it is in process group {}, whose leader is not captured: made again by its parent (pid {}, not a child of init), it could not join that group",
+        image.pgid, parent.pid
     ))
 }

@@ -11,11 +11,14 @@
 #   `!server &`, sh run by pexpect in a session of its own);
 # - `live`: a child makes a group of its own and forks the worker, and
 #   exits: the worker is in this program's session (a background command's,
-#   captured: an interactive shell's `(server &)`).
+#   captured: an interactive shell's `(server &)`);
+# - `pipeline`: the worker is this program's own child, in the group of a
+#   sibling that exited (a shell's pipeline whose first command ended,
+#   `cat data | server &`).
 # The worker accepts on the shared listener and answers `w=<its counter>`;
 # with argv[2] `nobody` it runs as that user (a worker that dropped its
 # privileges: it could not take the listener from the program itself).
-# Commands: `state` -> `ppid=<the worker's> pgrp=<its group is the one it
+# Commands: `state` -> `ppid=<the worker's parent: init or me> pgrp=<its group is the one it
 # was left in> group=<killpg(group, 0)> sid=<its session is the one it was
 # left in> worker=<its answer>`; `bump` -> the worker counts one up;
 # `kill` -> the worker's group killed (SIGKILL), the worker waited for:
@@ -48,7 +51,19 @@ def work():
 
 
 head = os.fork()
-if head == 0:
+if mode == 'pipeline':
+    if head == 0:
+        os.setpgid(0, 0)
+        os._exit(0)
+    os.setpgid(head, head)
+    # (The group lives while the worker joins it: the first one is not
+    # reaped before.)
+    while open('/proc/%d/stat' % head).read().rsplit(')', 1)[1].split()[0] != 'Z':
+        time.sleep(0.01)
+    if os.fork() == 0:
+        os.setpgid(0, head)
+        work()
+elif head == 0:
     if mode in ('group', 'session'):
         os.setsid()
     if mode == 'live':
@@ -69,8 +84,8 @@ os.close(r)
 os.waitpid(head, 0)
 stat = open('/proc/%d/stat' % worker).read().rsplit(')', 1)[1].split()
 group, session = int(stat[2]), int(stat[3])
-want_session = {'live': os.getpid()}.get(mode, head)
-want_group = {'session': head}.get(mode, head if mode == 'live' else group)
+want_session = os.getpid() if mode in ('live', 'pipeline') else head
+want_group = group if mode == 'group' else head
 assert session == want_session and group == want_group and (mode != 'group' or group not in (session, worker)), \
     (mode, group, session, head)
 
@@ -92,8 +107,9 @@ def handle(cmd):
             alive = 'ok'
         except OSError as e:
             alive = 'errno%d' % e.errno
-        return 'ppid=%d pgrp=%s group=%s sid=%s worker=%s' % (
-            ppid, pgrp == group, alive, sid == session, worker_says())
+        parent = {1: 'init', os.getpid(): 'me'}.get(ppid, ppid)
+        return 'ppid=%s pgrp=%s group=%s sid=%s worker=%s' % (
+            parent, pgrp == group, alive, sid == session, worker_says())
     if cmd == 'bump':
         return worker_says(b'bump')
     if cmd == 'kill':
@@ -101,6 +117,9 @@ def handle(cmd):
         deadline = time.time() + 3
         while time.time() < deadline:
             try:
+                if mode == 'pipeline':
+                    # (Our child: reaped, or it stays a zombie.)
+                    os.waitpid(worker, os.WNOHANG)
                 os.kill(worker, 0)
             except ProcessLookupError:
                 return 'gone'
