@@ -907,6 +907,11 @@ pub struct InotifyWatch {
     /// The inode is a symbolic link (added again with `IN_DONT_FOLLOW`).
     #[serde(default)]
     pub dont_follow: bool,
+    /// A deleted file the process itself holds open on this descriptor
+    /// (`path` is its old name): the watch is added again on the file the
+    /// restore makes anew there (`kinds/deleted.rs`).
+    #[serde(default)]
+    pub through_fd: Option<i32>,
 }
 
 /// A pseudo-terminal, as its master holds it.

@@ -375,7 +375,13 @@ fn inotify_state(
     for line in parse_inotify_watches(text) {
         let located = line.and_then(|w| {
             locate_watch(pid, (w.sdev, w.ino), w.handle_type, w.handle.as_deref(), mounts)
-                .map(|(path, dont_follow)| InotifyWatch { wd: w.wd, mask: w.mask, path, dont_follow })
+                .map(|(path, dont_follow)| InotifyWatch { wd: w.wd, mask: w.mask, path, dont_follow, through_fd: None })
+                .or_else(|why| match deleted_and_held(pid, (w.sdev, w.ino), mounts) {
+                    Some((path, fd)) => {
+                        Ok(InotifyWatch { wd: w.wd, mask: w.mask, path, dont_follow: false, through_fd: Some(fd) })
+                    }
+                    None => Err(why),
+                })
         });
         match located {
             Ok(w) => watches.push(w),
@@ -386,6 +392,30 @@ fn inotify_state(
     }
     watches.sort_by_key(|w| w.wd);
     AnonState::Inotify { watches, pending, unresolved }
+}
+
+/// A deleted file of the layers that process `pid` holds open, on the
+/// device and inode an inotify watch is on: its old path and the
+/// descriptor (the lowest). (A file watched and then deleted while open:
+/// `tail -f` of a log that was rotated away.)
+fn deleted_and_held(pid: HostPid, (sdev, ino): (u64, u64), mounts: &HashMap<i32, MountEntry>) -> Option<(String, i32)> {
+    use std::os::unix::fs::MetadataExt;
+    let overlay = mounts.values().find(|m| m.kernel_dev() == sdev && m.fstype == "overlay")?;
+    let mut held: Vec<(i32, String)> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let fd: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let link = readlink(e.path()).ok()?;
+            let path = link.strip_suffix(" (deleted)")?.to_string();
+            let meta = fs::metadata(e.path()).ok()?;
+            let on = fdinfo(pid, fd).ok()?.mnt_id;
+            (meta.ino() == ino && meta.is_file() && mounts.get(&on).is_some_and(|m| m.id == overlay.id))
+                .then_some((fd, path))
+        })
+        .collect();
+    held.sort();
+    held.into_iter().next().map(|(fd, path)| (path, fd))
 }
 
 /// A watch of an inotify instance, as its fdinfo line shows it.
@@ -461,8 +491,13 @@ fn locate_watch(
         let Ok(real) = readlink(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&inode))) else {
             continue;
         };
-        if real.ends_with(" (deleted)") {
-            return Err(format!("an inotify watch on a deleted file ({real})"));
+        if let Some(gone) = real.strip_suffix(" (deleted)") {
+            // (Its path in the sandbox, not the layer's on the host.)
+            let name = Path::new(gone).strip_prefix(&dir).map(|rel| m.target.join(rel));
+            let name = name.map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
+            return Err(format!(
+                "an inotify watch on a deleted file ({name}) that the process does not hold open (a restore could not make it again)"
+            ));
         }
         let Ok(rel) = Path::new(&real).strip_prefix(&dir) else { continue };
         let symlink = rustix::fs::fstat(&inode)

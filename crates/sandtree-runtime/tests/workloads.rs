@@ -715,6 +715,19 @@ static INOTIFY_WATCHES: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// An inotify watch on a file the program holds open and deleted (`tail
+/// -f` of a log rotated away): after a rollback the watch is on the file
+/// made anew on that descriptor, reports its writes, and its deletion once
+/// it is closed (issue 38, item 8: refused before).
+static INOTIFY_ON_A_DELETED_FILE: Spec = Spec {
+    program: program!("inotify_on_a_deleted_file.py"),
+    at_ck: &[("state", Is("deleted=True wds=[1] pending=0"))],
+    mutate: &[&[Ask("write", Is("1:2"))]],
+    after: &[Ask("write", Is("1:2"))],
+    end: &[Ask("close", Is("1:8,1:400,1:8000"))],
+    ..Spec::DEFAULT
+};
+
 /// Events not read yet cannot be captured (reading them would take them
 /// from the process): the checkpoint is refused, naming them; once they are
 /// read, it is taken.
@@ -2873,6 +2886,7 @@ fn main() {
         ("deleted_open_files", declared!(DELETED_OPEN_FILES)),
         ("deleted_fifo", declared!(DELETED_FIFO)),
         ("hung_up_terminal", declared!(HUNG_UP_TERMINAL)),
+        ("inotify_on_a_deleted_file", declared!(INOTIFY_ON_A_DELETED_FILE)),
         ("orphaned_process_group", declared!(ORPHANED_PROCESS_GROUP)),
         ("orphan_in_a_gone_session", declared!(ORPHAN_IN_A_GONE_SESSION)),
         ("orphan_in_a_live_session", declared!(ORPHAN_IN_A_LIVE_SESSION)),

@@ -3,7 +3,7 @@
 //! events), their watches added again by path in the rolled-back tree with
 //! the same watch descriptors ([`fill`]). Refused: unread events, watch
 //! descriptors above [`INOTIFY_MAX_WD`], a watch whose inode could not be
-//! located, an instance shared by two processes; one whose state was not
+//! located (a deleted file no descriptor of the process holds), an instance shared by two processes; one whose state was not
 //! read. A process with watches cannot move to a new tree.
 
 use std::io;
@@ -142,7 +142,12 @@ fn fill(host: HostPid, fd: i32, watches: &[InotifyWatch], flags: u32) -> io::Res
             spacers += 1;
         }
         let follow = if w.dont_follow { OFlags::NOFOLLOW } else { OFlags::empty() };
-        let target = open_in(&root, &w.path, OFlags::PATH | follow)?;
+        // (A deleted file the process holds: the one made anew on that
+        // descriptor, `kinds/deleted.rs`, before this.)
+        let target = match w.through_fd {
+            Some(held) => crate::fdstate::open_proc_fd(host, held, OFlags::PATH)?,
+            None => open_in(&root, &w.path, OFlags::PATH | follow)?,
+        };
         let wd = add_watch(&inotify, via(&target), WatchFlags::DELETE_SELF)?;
         if wd != w.wd {
             return Err(mismatch(&w.path, wd, w.wd));
