@@ -2732,6 +2732,60 @@ fn bash_job_comes_back(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Servers a session's bash leaves outside its jobs
+/// (`shell_servers_outside_their_jobs.sh`): `(server &)` (a child of init
+/// in a gone subshell's group, in bash's session: made again by the
+/// restored bash) and a pipeline whose first command ended (its second in
+/// the group of the gone one: made again by bash after a surrogate). After
+/// each rollback the server serves the rolled-back file from its group and
+/// session, the pipeline is bash's running job in its group, and the shell
+/// keeps its variable (issue 38, item 1: both refused before).
+fn shell_servers_outside_their_jobs(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let s = e.create_session(&sb, Default::default()).await?;
+        let run = |cmd: &str| SessionRunRequest { command: cmd.into(), timeout_ms: Some(10_000) };
+        for line in typed_lines(program!("shell_servers_outside_their_jobs.sh")) {
+            e.session_run(&sb, &s.id, run(line)).await?;
+        }
+        let server: i32 = sh(e, &sb, "cat /root/server").await?.trim().parse()?;
+        let job: i32 = sh(e, &sb, "cat /root/job").await?.trim().parse()?;
+        // ppid pgrp session, and whether the group is the process's own.
+        let place = |p: i32| format!("awk '{{print $4, $5 == {p}, $6}}' /proc/{p}/stat");
+        let get = "exec 3<>/dev/tcp/127.0.0.1/7000 && printf 'GET /v.txt HTTP/1.0\\r\\n\\r\\n' >&3 && tail -n 1 <&3";
+        let state = || async {
+            let server_at = sh(e, &sb, &place(server)).await?;
+            let job_at = sh(e, &sb, &place(job)).await?;
+            let served = exec(e, &sb, ExecRequest { cmd: argv(&["bash", "-c", get]), ..Default::default() }).await?;
+            let x = e.session_run(&sb, &s.id, run("echo $X; jobs -r | wc -l")).await?;
+            Ok::<_, anyhow::Error>(format!(
+                "server={} job={} served={} shell={}",
+                server_at.trim(),
+                job_at.trim(),
+                served.stdout.trim(),
+                x.output.trim().replace('\n', ",")
+            ))
+        };
+        let want = format!("server=1 0 {0} job={0} 0 {0} served=one shell=kept,1", s.pid);
+        let before = state().await?;
+        ensure!(before == want, "before the checkpoint: {before}, want {want}");
+        let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+        ensure!(r.checkpoint.process_state == ProcessState::Captured, "{r:?}");
+        for round in 0..ROUNDS {
+            let mut c = Checks::default();
+            e.session_run(&sb, &s.id, run("echo two > v.txt; kill %1; X=changed")).await?;
+            sh(e, &sb, &format!("kill {server}")).await?;
+            let rb =
+                e.rollback(&sb, RollbackRequest { checkpoint: r.checkpoint.id.clone(), allow_restart: false }).await?;
+            c.that([server, job, s.pid].iter().all(|p| rb.restored_pids.contains(p)), || format!("{rb:?}"));
+            c.eq("after the rollback", &state().await?, &want);
+            c.result(round)?;
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 /// `python3 -m http.server` serves the rolled-back files right after the
 /// rollback, from the same process.
 fn http_server_serves_rolled_back_files(e: &Engine) -> CaseFuture<'_> {
@@ -2892,6 +2946,7 @@ fn main() {
         ("orphan_in_a_live_session", declared!(ORPHAN_IN_A_LIVE_SESSION)),
         ("child_in_a_gone_group", declared!(CHILD_IN_A_GONE_GROUP)),
         ("nohup_server_with_workers", nohup_server_with_workers),
+        ("shell_servers_outside_their_jobs", shell_servers_outside_their_jobs),
         ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
