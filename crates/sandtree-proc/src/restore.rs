@@ -540,39 +540,15 @@ fn make_children(
     if pid == SandboxPid::INIT {
         return Ok(());
     }
-    // Surrogates for its children's groups whose leader is gone (a
-    // pipeline's whose first command exited), made by it: in its session,
-    // children of its parent, init (`process::tree`'s checks).
-    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
     let Some(own_group) = set.templates.iter().find(|t| t.image.pid == pid).map(|t| t.image.pgid) else {
         return Ok(());
     };
-    let gone: Vec<SandboxPid> = set
-        .templates
-        .iter()
-        .map(|t| &t.image)
-        .filter(|i| i.ppid == pid && i.pgid != i.pid && i.sid != i.pid && i.pgid != own_group)
-        .map(|i| i.pgid)
-        .filter(|g| !pids.contains(g))
-        .collect();
-    for pgid in gone {
-        if !surrogates.iter().any(|(g, _)| *g == pgid) {
-            let made = surrogate(
-                (parent, false),
-                scratch,
-                may_choose_pid,
-                (pgid, Surrogate::Group),
-                handed.last_pid.as_mut(),
-            )?;
-            surrogates.push((pgid, made.tid));
-        }
-    }
-    for t in set.templates.iter_mut().filter(|t| t.image.ppid == pid) {
-        let parent = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid, its_parent: false };
-        let child = crate::transplant::child_of(parent, t, handed.last_pid.as_mut())?;
-        handed.cloned_early.insert(t.image.pid, child);
-    }
-    Ok(())
+    let children: Vec<usize> = (0..set.templates.len()).filter(|&i| set.templates[i].image.ppid == pid).collect();
+    // (Their groups whose leader is gone: a pipeline's whose first command
+    // exited. In its session, children of its parent, init: `process::tree`'s
+    // checks.)
+    let maker = crate::transplant::Parent { tracee: parent, scratch, may_choose_pid, its_parent: false };
+    make_by(set, &children, (maker, own_group), handed, surrogates)
 }
 
 /// The processes that connect through listeners that the restore of
@@ -694,8 +670,7 @@ fn surrogate(
 /// The processes of session `sid` made again by its maker
 /// (`process::session::made_by_session`) and not made yet: transplanted
 /// by `maker` (the restored leader, or a surrogate: [`session_by_surrogate`])
-/// as children of init, into `handed.cloned_early`, after surrogates made
-/// by the maker for their groups whose leader is gone (into `surrogates`).
+/// as children of init ([`make_by`]).
 fn make_session(
     set: &mut crate::template::CheckpointTemplates,
     sid: SandboxPid,
@@ -703,7 +678,6 @@ fn make_session(
     handed: &mut crate::kinds::Handed,
     surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
-    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
     let members: Vec<usize> = (0..set.templates.len())
         .filter(|&i| {
             let image = &set.templates[i].image;
@@ -712,12 +686,30 @@ fn make_session(
                 && !handed.cloned_early.contains_key(&image.pid)
         })
         .collect();
-    let crate::transplant::Parent { tracee, scratch, may_choose_pid, .. } = maker;
-    for &i in &members {
-        let (pid, pgid) = (set.templates[i].image.pid, set.templates[i].image.pgid);
-        if pgid != sid && pgid != pid && !pids.contains(&pgid) && !surrogates.iter().any(|(g, _)| *g == pgid) {
+    make_by(set, &members, (maker, sid), handed, surrogates)
+}
+
+/// Processes `members` of `set` made again by `maker` (their restored
+/// parent, or their session's maker: then children of init, `its_parent`)
+/// into `handed.cloned_early`, after surrogates the maker makes for their
+/// groups whose leader is gone (but `maker_group`, the maker's: into
+/// `surrogates`).
+fn make_by(
+    set: &mut crate::template::CheckpointTemplates,
+    members: &[usize],
+    (maker, maker_group): (crate::transplant::Parent<'_>, SandboxPid),
+    handed: &mut crate::kinds::Handed,
+    surrogates: &mut Vec<(SandboxPid, HostPid)>,
+) -> Result<()> {
+    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
+    let crate::transplant::Parent { tracee, scratch, may_choose_pid, its_parent } = maker;
+    for &i in members {
+        let image = &set.templates[i].image;
+        let pgid = image.pgid;
+        let gone = pgid != image.pid && pgid != image.sid && pgid != maker_group && !pids.contains(&pgid);
+        if gone && !surrogates.iter().any(|(g, _)| *g == pgid) {
             let made = surrogate(
-                (tracee, false),
+                (&mut *tracee, false),
                 scratch,
                 may_choose_pid,
                 (pgid, Surrogate::Group),
@@ -726,8 +718,8 @@ fn make_session(
             surrogates.push((pgid, made.tid));
         }
     }
-    for i in members {
-        let parent = crate::transplant::Parent { tracee: &mut *tracee, scratch, may_choose_pid, its_parent: true };
+    for &i in members {
+        let parent = crate::transplant::Parent { tracee: &mut *tracee, scratch, may_choose_pid, its_parent };
         let t = &mut set.templates[i];
         let child = crate::transplant::child_of(parent, t, handed.last_pid.as_mut())?;
         handed.cloned_early.insert(t.image.pid, child);
