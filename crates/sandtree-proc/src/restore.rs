@@ -214,16 +214,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             .map(|s| surrogates.push((pgid, s.tid)));
         }
         if let Err(e) = made {
-            for (_, c) in handed.cloned_early.drain() {
-                c.kill();
-            }
-            for (_, host) in surrogates {
-                crate::inject::kill_tracee(host);
-            }
-            st.holders.extend(holders);
-            for r in waiting {
-                let _ = r.release();
-            }
+            give_up(&mut handed, surrogates, (holders, st.holders), waiting);
             return Err(e);
         }
         // A child of a captured process is made by its parent once the
@@ -287,17 +278,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
             Err(e) => Some(e),
         };
         if let Some(e) = failed {
-            for (_, c) in handed.cloned_early.drain() {
-                c.kill();
-            }
-            for (_, host) in surrogates {
-                crate::inject::kill_tracee(host);
-            }
-            st.holders.extend(holders);
-            // (The sandbox is restarted: those back go as they were.)
-            for r in waiting {
-                let _ = r.release();
-            }
+            give_up(&mut handed, surrogates, (holders, st.holders), waiting);
             return Err(e);
         }
     }
@@ -364,6 +345,28 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     tracing::debug!(release = ?t_rel.elapsed(), "restore released");
     released?;
     Ok(report)
+}
+
+/// A restore that failed half-way: the processes made ahead of their turn
+/// and the surrogates are killed, the new holders kept with the others
+/// (`kept`), the processes back let go (the sandbox is restarted: they go
+/// as they were).
+fn give_up(
+    handed: &mut crate::kinds::Handed,
+    surrogates: Vec<(SandboxPid, HostPid)>,
+    (holders, kept): (Vec<Holder>, &mut Vec<Holder>),
+    waiting: Vec<Ready>,
+) {
+    for (_, c) in handed.cloned_early.drain() {
+        c.kill();
+    }
+    for (_, host) in surrogates {
+        crate::inject::kill_tracee(host);
+    }
+    kept.extend(holders);
+    for r in waiting {
+        let _ = r.release();
+    }
 }
 
 /// A restored process, fixed up and still stopped: let go once every
