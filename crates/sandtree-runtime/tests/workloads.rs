@@ -945,9 +945,11 @@ static HUNG_UP_TERMINAL: Spec = Spec {
 static ORPHANED_PROCESS_GROUP: Spec = Spec {
     program: program!("orphaned_process_group.py"),
     args: &["group"],
-    at_ck: &[("state", Is("ppid=init pgrp=True group=ok sid=True worker=w=1"))],
+    at_ck: &[("state", Is("ppid=init pgrp=True group=ok sid=True worker=w=1 log=pw@2"))],
     setup: &[Ask("bump", Is("w=1"))],
     mutate: &[&[Ask("bump", Is("w=2"))], &[Ask("kill", Is("gone"))]],
+    // (One offset for both: the worker's write moves the program's.)
+    after: &[Ask("bump", Is("w=2")), Ask("log", Is("pwwp@4"))],
     ..Spec::DEFAULT
 };
 
@@ -963,7 +965,7 @@ static ORPHAN_IN_A_LIVE_SESSION: Spec = Spec { args: &["live", "nobody"], ..ORPH
 /// the program after a surrogate it makes (refused before).
 static CHILD_IN_A_GONE_GROUP: Spec = Spec {
     args: &["pipeline"],
-    at_ck: &[("state", Is("ppid=me pgrp=True group=ok sid=True worker=w=1"))],
+    at_ck: &[("state", Is("ppid=me pgrp=True group=ok sid=True worker=w=1 log=pw@2"))],
     ..ORPHANED_PROCESS_GROUP
 };
 

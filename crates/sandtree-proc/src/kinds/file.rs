@@ -103,11 +103,10 @@ impl Kind for PathFile {
             return true;
         }
         let FdKind::LayerFile { path, .. } = &f.kind else { return false };
-        // The open file of another process, restored before: taken from
-        // it, one offset for both.
-        if let Some(by) = f.opened_by {
-            take_shared(b, f, by);
-            return true;
+        // The open file of another process, restored before: handed over
+        // (`remake`), one offset for both.
+        if f.opened_by.is_some() {
+            return false;
         }
         let path = b.path(path);
         reopen_at(f, b, path);
@@ -118,6 +117,11 @@ impl Kind for PathFile {
     /// one hung up at it: a hung-up terminal in its place (`pty.rs`), as
     /// the template's held slave was before templates held none.
     fn remake(&self, f: &FdImage, cx: &mut Remake<'_>) -> Result<()> {
+        // (A layer file several processes share: `hand_over::share`.)
+        if matches!(f.kind, FdKind::LayerFile { .. }) {
+            super::hand_over::share(f, cx)?;
+            return Ok(());
+        }
         if let k @ FdKind::KeptFile { master_captured: false, hung_up, .. } = &f.kind
             && let Some(index) = k.terminal()
             && f.same_as.is_none()
@@ -130,27 +134,6 @@ impl Kind for PathFile {
         }
         Ok(())
     }
-}
-
-/// Add to `b`: `f`'s open file taken from process `pid`, restored before,
-/// which holds it on descriptor `fd` (`pidfd_getfd`): an open file several
-/// processes share ([`share_open_files`]).
-pub(crate) fn take_shared(b: &mut Batch, f: &FdImage, (pid, fd): (SandboxPid, i32)) {
-    let pidfd = b.call(
-        "pidfd_open (a process sharing an open file)",
-        libc::SYS_pidfd_open,
-        &[Arg::Val(pid.raw() as u64), Arg::Val(0)],
-    );
-    let got =
-        b.call("pidfd_getfd (a shared open file)", libc::SYS_pidfd_getfd, &[pidfd, Arg::Val(fd as u64), Arg::Val(0)]);
-    b.call("close", libc::SYS_close, &[pidfd]);
-    b.move_fd(got, f.fd, f.flags);
-    let cloexec = if f.flags & libc::O_CLOEXEC as u32 != 0 { libc::FD_CLOEXEC as u64 } else { 0 };
-    b.call(
-        "fcntl(F_SETFD)",
-        libc::SYS_fcntl,
-        &[Arg::Val(f.fd as u64), Arg::Val(libc::F_SETFD as u64), Arg::Val(cloexec)],
-    );
 }
 
 /// Add to `b`: the file at `path` opened with `f`'s flags (less the

@@ -41,6 +41,10 @@ pub(crate) enum Key {
     /// An end of a pipe the daemon opened for a process whose user may not
     /// (`pipe.rs`), by template (host pid) and descriptor.
     Opened(i32, i32),
+    /// An open file several restored processes share
+    /// (`FdImage::opened_by`), by the process that opens it again and its
+    /// descriptor ([`share`]).
+    Shared(crate::SandboxPid, i32),
 }
 
 /// The objects a restore made so far, and what the socket pairs' ends
@@ -61,9 +65,10 @@ pub(crate) struct Handed {
     /// The process that binds each socket bound again ([`binder`]), by
     /// inode.
     pub binders: HashMap<u64, crate::SandboxPid>,
-    /// The inet sockets several processes hold (`FdImage::opened_by`), by
-    /// inode: bound again once, then handed over (`inet.rs`).
-    pub shared_inet: std::collections::HashSet<u64>,
+    /// The open files several processes share, by the process that opens
+    /// it again and its descriptor (`FdImage::opened_by`): handed over to
+    /// the others ([`share`]).
+    pub shared: std::collections::HashSet<(crate::SandboxPid, i32)>,
     /// The TCP connections made anew, in repair mode until every process
     /// is back (`tcp::finish`): (inode, `SO_REUSEADDR`, the bytes never
     /// sent, which it sends then).
@@ -202,16 +207,9 @@ impl Handed {
             .filter_map(|f| f.kind.bound_again())
             .filter_map(|ino| Some((ino, binder(&images, ino)?)))
             .collect();
-        let shared_inet = images
-            .iter()
-            .flat_map(|i| &i.fds)
-            .filter_map(|f| match &f.kind {
-                FdKind::Socket { ino, inet: Some(_), .. } if f.opened_by.is_some() => Some(*ino),
-                _ => None,
-            })
-            .collect();
+        let shared = images.iter().flat_map(|i| &i.fds).filter_map(|f| f.opened_by).collect();
         Handed {
-            shared_inet,
+            shared,
             ends: HashMap::new(),
             pair_states,
             pair_queued,
@@ -271,6 +269,31 @@ pub(crate) fn socketpair_in(p: &mut Tracee, area: u64, ty: i32) -> Result<(u64, 
     ptrace::read_mem(pid.raw(), area, &mut two).map_err(Error::ptrace(pid, "read socketpair"))?;
     let fd = |b: &[u8]| i32::from_ne_bytes(b.try_into().unwrap_or_default()) as u64;
     Ok((fd(&two[..4]), fd(&two[4..])))
+}
+
+/// At the restore of `f`, a descriptor of `cx.p` (step 2, once the batch
+/// of step 1 reopened what it could): an open file several processes share
+/// (`FdImage::opened_by`, `kinds/file.rs`'s `share_open_files`). The one
+/// that opened or bound it again lends the daemon a copy; the others are
+/// handed that copy ([`hand_over`]), whatever their credentials (one that
+/// dropped its privileges may not take it from the other itself).
+/// Whether `f` is one the others hand over (not reopened by its kind).
+pub(crate) fn share(f: &FdImage, cx: &mut Remake<'_>) -> Result<bool> {
+    if f.same_as.is_some() {
+        return Ok(false);
+    }
+    if let Some((pid, fd)) = f.opened_by {
+        cx.wanted.push((Key::Shared(pid, fd), f.fd, f.flags));
+        return Ok(true);
+    }
+    let own = (cx.image.pid, f.fd);
+    if cx.handed.shared.contains(&own) {
+        let pid = cx.p.tid;
+        let copy =
+            take_copy(pid, f.fd).map_err(|e| Error::Proc { pid, what: "a copy of a shared open file", source: e })?;
+        cx.handed.ends.insert(Key::Shared(own.0, own.1), copy);
+    }
+    Ok(false)
 }
 
 /// A copy of descriptor `fd` of process `pid`, for the daemon.

@@ -46,28 +46,12 @@ impl Kind for Inet {
         true
     }
 
-    /// One several processes hold (`file::share_open_files`): the daemon
-    /// takes a copy of the one the first holder bound again, and hands it
-    /// over to the others (`hand_over.rs`), whatever their credentials (a
-    /// worker that dropped its privileges may not take it from its master
-    /// itself).
+    /// One several processes hold (`file::share_open_files`): handed over
+    /// (`hand_over::share`).
     fn remake(&self, f: &FdImage, cx: &mut super::Remake<'_>) -> crate::Result<()> {
-        let FdKind::Socket { ino, inet: Some(_), .. } = &f.kind else { return Ok(()) };
-        if f.same_as.is_some() || !cx.handed.shared_inet.contains(ino) {
-            return Ok(());
+        if matches!(f.kind, FdKind::Socket { inet: Some(_), .. }) {
+            super::hand_over::share(f, cx)?;
         }
-        let key = super::hand_over::Key::Socket(*ino);
-        if f.opened_by.is_some() {
-            cx.wanted.push((key, f.fd, f.flags));
-            return Ok(());
-        }
-        let pid = cx.p.tid;
-        let copy = super::hand_over::take_copy(pid, f.fd).map_err(|e| crate::Error::Proc {
-            pid,
-            what: "a copy of a socket several processes hold",
-            source: e,
-        })?;
-        cx.handed.ends.insert(key, copy);
         Ok(())
     }
 }
