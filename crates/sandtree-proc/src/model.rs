@@ -331,6 +331,13 @@ pub struct FdImage {
     /// again and hands it over (`kinds/pipe.rs`).
     #[serde(default)]
     pub daemon_opens: bool,
+    /// A file of the layers its process's user may not open again (opened
+    /// before it changed users: a worker's log inherited from its master):
+    /// restorable only when another process opens it again and the daemon
+    /// hands it over (`opened_by`), else refused in pass 2
+    /// (`process::access::fd_denied`).
+    #[serde(default)]
+    pub reopen_denied: bool,
 }
 
 impl FdKind {

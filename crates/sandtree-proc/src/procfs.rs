@@ -1197,6 +1197,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             same_as: None,
             opened_by: None,
             daemon_opens: false,
+            reopen_denied: false,
         });
     }
     out.sort_by_key(|f| f.fd);

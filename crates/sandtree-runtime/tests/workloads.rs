@@ -1329,11 +1329,13 @@ static PRIVATE_MAPPING_OF_A_WRITTEN_FILE: Spec = Spec {
 /// name: the restore, done as that user, could not open or enter them.
 static NON_ROOT_USER: Spec = Spec {
     program: program!("non_root_user.py"),
+    // (The working directory is checked in pass 1, a file in pass 2, once
+    // it is known that no other process opens it again for this one.)
     setup: &[
-        Refused(None, &["/tmp/rootonly was opened with rights its user does not have"]),
-        Ask("forget", Is("closed")),
         Refused(None, &["working directory /root is not searchable by its user"]),
         Ask("leave", Is("left")),
+        Refused(None, &["/tmp/rootonly was opened with rights its user does not have"]),
+        Ask("forget", Is("closed")),
     ],
     at_ck: &[(
         "state",

@@ -700,6 +700,9 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
     // One whose parent is not captured (left running in best effort)
     // comes back as a child of init. An open file shared with a process
     // not captured is opened again on its own.
+    // A file of the layers a process may not open again itself, that no
+    // other opens again for it.
+    refuse_denied_reopens(&mut made, best_effort, &mut report)?;
     // (The first captured holder of one then opens it again, and the
     // others take it from that one.)
     let captured: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
@@ -837,6 +840,28 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
 /// Pass 2 refuses template `made[i]` for `(resource, reason)`: the whole
 /// checkpoint (every template killed), or with `best_effort` that one
 /// (killed, and reported as not restorable instead of captured).
+/// Pass 2: a file of the layers a process's user may not open again
+/// (`FdImage::reopen_denied`) that no other captured process opens again
+/// for it (`opened_by`) is refused.
+fn refuse_denied_reopens(made: &mut Vec<Template>, best_effort: bool, report: &mut CaptureReport) -> Result<()> {
+    loop {
+        // (One opened again by a process not captured, left running in best
+        // effort, would be opened again by this one.)
+        let captured: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
+        let denied = made.iter().enumerate().find_map(|(i, t)| {
+            let by_none = |f: &crate::model::FdImage| f.opened_by.is_none_or(|(pid, _)| !captured.contains(&pid));
+            let f = t.image.fds.iter().find(|f| f.reopen_denied && by_none(f))?;
+            let FdKind::LayerFile { path, .. } = &f.kind else { return None };
+            Some((i, f.fd, path.clone()))
+        });
+        let Some((i, fd, path)) = denied else { return Ok(()) };
+        let reason = format!(
+            "{path} was opened with rights its user does not have (opened before it changed users?): a restore, done as that user, could not open it again"
+        );
+        refuse_template(made, i, (format!("fd {fd}"), &reason), best_effort, report)?;
+    }
+}
+
 fn refuse_template(
     made: &mut Vec<Template>,
     i: usize,

@@ -132,7 +132,9 @@ pub(crate) fn deleted_dirs(template: HostPid, p: &mut ProcessImage) {
 /// directory above it searchable, the file readable or writable as its
 /// access mode asks), a terminal (through its `O_PATH`: the inode alone).
 /// An end of a pipe it may not open is marked for the daemon to open
-/// (`FdImage::daemon_opens`) instead.
+/// (`FdImage::daemon_opens`) instead; a file of the layers is marked
+/// (`FdImage::reopen_denied`), and refused in pass 2 unless another
+/// process opens it again for it (`checkpoint::refuse_denied_reopens`).
 pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) -> Option<(i32, String)> {
     if p.cap_eff & DAC != 0 {
         return None;
@@ -147,8 +149,8 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) 
         let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
         f.daemon_opens = node.is_ok_and(|m| !c.may(&m, want(f)));
     }
-    let p = &*p;
-    for f in p.fds.iter().filter(|f| f.same_as.is_none() && f.flags & libc::O_PATH as u32 == 0) {
+    let mut layer_files = Vec::new();
+    let first = p.fds.iter().filter(|f| f.same_as.is_none() && f.flags & libc::O_PATH as u32 == 0).find_map(|f| {
         let denied = match &f.kind {
             FdKind::LayerFile { path, .. }
             | FdKind::Fifo { path, on_layer: true, .. }
@@ -170,9 +172,18 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) 
             }
             _ => None,
         };
-        if let Some(what) = denied {
-            return Some((f.fd, what));
+        // (A layer file another process may open again for it: pass 2
+        // tells, `FdImage::reopen_denied`.)
+        match (denied, &f.kind) {
+            (Some(_), FdKind::LayerFile { .. }) => {
+                layer_files.push(f.fd);
+                None
+            }
+            (denied, _) => denied.map(|what| (f.fd, what)),
         }
+    });
+    for f in p.fds.iter_mut().filter(|f| layer_files.contains(&f.fd)) {
+        f.reopen_denied = true;
     }
-    None
+    first
 }

@@ -29,11 +29,9 @@
 mode = sys.argv[1]
 # (A log the worker inherits: one open file, one offset for both, as a
 # server's workers share its log.)
-# (Writable by all, and /root searchable: the checkpoint's check that a
-# worker which dropped its privileges could open it again passes.)
-log = os.open('/root/shared.log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-os.fchmod(log, 0o666)
-os.chmod('/root', 0o755)
+# (Root's: a worker that dropped its privileges could not open it again
+# itself, as gunicorn's workers could not open their master's logs.)
+log = os.open('/root/shared.log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 os.write(log, b'p')
 lst = socket.socket()
 lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
