@@ -164,7 +164,10 @@ pub(crate) fn mark_again(b: &mut crate::batch::Batch, image: &crate::model::Proc
 }
 
 /// The mount points of the overlays of `host`'s tree other than its root
-/// (`/usr`: the sandbox's layers of it), from its `mounts`.
+/// (`/usr`: the sandbox's layers of it), from its `mounts`. Not the
+/// daemon's trees under the kept `/dev` (a layered checkpoint's staged
+/// one, a rollback's old one, which init detaches in its own time): a
+/// mapped file resolved there could be gone by the time it is opened.
 pub(crate) fn overlay_mount_points(host: HostPid) -> Vec<String> {
     let mounts = std::fs::read_to_string(format!("/proc/{host}/mounts")).unwrap_or_default();
     mounts
@@ -172,7 +175,7 @@ pub(crate) fn overlay_mount_points(host: HostPid) -> Vec<String> {
         .filter_map(|l| {
             let mut f = l.split(' ');
             let (_, point, fstype) = (f.next()?, f.next()?, f.next()?);
-            (fstype == "overlay" && point != "/").then(|| point.to_string())
+            (fstype == "overlay" && point != "/" && !point.starts_with("/dev/")).then(|| point.to_string())
         })
         .collect()
 }
