@@ -628,17 +628,7 @@ fn surrogate(
     last_pid: Option<&mut crate::LastPid>,
 ) -> Result<Tracee> {
     const CALL: &str = "clone3 (a surrogate of a gone leader)";
-    let by_last_pid = match (may_choose_pid, last_pid) {
-        (true, _) => None,
-        (false, Some(set)) => Some(set),
-        (false, None) => {
-            return Err(Error::Remote {
-                pid: src.tid,
-                call: CALL,
-                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
-            });
-        }
-    };
+    let by_last_pid = crate::process::pid_source(may_choose_pid, last_pid, (src.tid, CALL))?;
     let flags = (libc::CLONE_PARENT | libc::CLONE_VM) as u64;
     let args = clone_args(scratch + SET_TID_OFFSET, flags);
     write_clone_args(src.tid, scratch, &args, pid)?;
@@ -774,18 +764,15 @@ pub(crate) fn clone_one(t: &mut Template, wait: bool, last_pid: Option<&mut crat
     let src_host = src.tid;
     // A process that may not choose its pid (`set_tid`) gets it through
     // the sandbox's `ns_last_pid`.
-    let by_last_pid = match (crate::check::may_choose_pid(image), last_pid) {
-        (true, _) => None,
-        (false, Some(set)) => Some(set),
-        (false, None) => {
-            t.standby = standby;
-            return Err(Error::Remote {
-                pid: src_host,
-                call: "clone3 (restore)",
-                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
-            });
-        }
-    };
+    let by_last_pid =
+        match crate::process::pid_source(crate::check::may_choose_pid(image), last_pid, (src_host, "clone3 (restore)"))
+        {
+            Ok(by) => by,
+            Err(e) => {
+                t.standby = standby;
+                return Err(e);
+            }
+        };
     let args = clone_args(t.scratch + SET_TID_OFFSET, flags);
     let written = write_clone_args(src_host, t.scratch, &args, image.pid);
     // (Until the clone succeeds the template is as it was, its standby too.)

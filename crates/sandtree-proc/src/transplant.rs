@@ -124,17 +124,8 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         args[32..40].copy_from_slice(&(t.image.exit_signal as u64).to_ne_bytes());
     }
     write_clone_args(parent.tid, parent_scratch, &args, pid)?;
-    let by_last_pid = match (may_choose_pid, last_pid) {
-        (true, _) => None,
-        (false, Some(set)) => Some(set),
-        (false, None) => {
-            return Err(Error::Remote {
-                pid: parent.tid,
-                call: "clone3 (a child, by its parent)",
-                errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
-            });
-        }
-    };
+    let by_last_pid =
+        crate::process::pid_source(may_choose_pid, last_pid, (parent.tid, "clone3 (a child, by its parent)"))?;
     let mut busy = 0;
     let out = crate::process::clone3_as(parent, parent_scratch, pid, by_last_pid, &mut busy, true)?;
     let (Some(host), true) = (out.child, out.ret > 0) else {

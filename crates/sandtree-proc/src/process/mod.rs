@@ -65,6 +65,26 @@ pub(crate) fn clone3_as(
     }
 }
 
+/// How a clone injected into `src` (named `call` in errors) gets the pid
+/// it asks for: with `set_tid` when the process may choose it
+/// (`may_choose_pid`: `CAP_SYS_ADMIN` in the sandbox), else through
+/// `last_pid` ([`clone3_as`]); an error when it has neither.
+pub(crate) fn pid_source<'a>(
+    may_choose_pid: bool,
+    last_pid: Option<&'a mut crate::LastPid>,
+    (src, call): (crate::HostPid, &'static str),
+) -> Result<Option<&'a mut crate::LastPid>> {
+    match (may_choose_pid, last_pid) {
+        (true, _) => Ok(None),
+        (false, Some(set)) => Ok(Some(set)),
+        (false, None) => Err(Error::Remote {
+            pid: src,
+            call,
+            errno: std::io::Error::other("no CAP_SYS_ADMIN to choose its pid, and no ns_last_pid to set"),
+        }),
+    }
+}
+
 /// After a clone at `ns_last_pid`: `ns_last_pid` moved up to the middle
 /// of the pid range (or to `want`, above it), where no restored process
 /// is likely to be. Else the next plain `clone` in the sandbox (a restored
