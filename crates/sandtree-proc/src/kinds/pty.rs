@@ -151,20 +151,41 @@ pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut H
 /// what the process's descriptor showed), or any other.
 fn hung_up_slave(host: HostPid, want: Option<u32>) -> io::Result<OwnedFd> {
     let root = tree_root(host)?;
-    let mut lower = Vec::new();
-    let m = loop {
-        let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
-        match want {
-            // (Lower ones taken meanwhile, let go once it is made.)
-            Some(want) if master::index(&m)? < want => lower.push(m),
-            _ => break m,
-        }
+    let m = match want {
+        Some(want) => new_pty(&root, want, None)?,
+        None => open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?,
     };
-    drop(lower);
     master::set_locked(&m, false)?;
     let slave = master::open_slave(&m)?;
     drop(m);
     Ok(slave)
+}
+
+/// A new pty's master in the devpts of the tree at `root`, on index
+/// `want`: the lower free ones are taken meanwhile (and let go once it is
+/// made). If `want` is taken, tried again until `deadline` (its holder may
+/// still be exiting), or, without one, the next free index it is.
+fn new_pty(root: &OwnedFd, want: u32, deadline: Option<std::time::Instant>) -> io::Result<OwnedFd> {
+    let mut taken = Vec::new();
+    loop {
+        let m = open_in(root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
+        let index = master::index(&m)?;
+        if index == want {
+            return Ok(m);
+        }
+        if index < want {
+            taken.push(m);
+            continue;
+        }
+        let Some(deadline) = deadline else { return Ok(m) };
+        // Ours is still taken: every lower one is ours now; try again.
+        drop(m);
+        taken.clear();
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::other("that index is still taken"));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 /// How long a restore waits for the pty index it needs to be free (the
@@ -174,28 +195,7 @@ const INDEX_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// A new pty in the devpts of `host`'s tree with `st`'s index and state.
 fn make(host: HostPid, st: &PtyState) -> io::Result<OwnedFd> {
     let root = tree_root(host)?;
-    let deadline = std::time::Instant::now() + INDEX_WAIT;
-    let mut taken = Vec::new();
-    let made = loop {
-        let m = open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?;
-        let index = master::index(&m)?;
-        if index == st.index {
-            break m;
-        }
-        if index < st.index {
-            // (Let go once ours is made.)
-            taken.push(m);
-            continue;
-        }
-        // Ours is still taken: every lower one is ours now; try again.
-        drop(m);
-        taken.clear();
-        if std::time::Instant::now() >= deadline {
-            return Err(io::Error::other("that index is still taken"));
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    };
-    drop(taken);
+    let made = new_pty(&root, st.index, Some(std::time::Instant::now() + INDEX_WAIT))?;
     // (A new pty's slave is locked: unlocked to be opened, locked again
     // below if it was.)
     master::set_locked(&made, false)?;
