@@ -338,6 +338,14 @@ pub struct FdImage {
     /// (`process::access::fd_denied`).
     #[serde(default)]
     pub reopen_denied: bool,
+    /// Not a descriptor of the process: a file in flight on one of its
+    /// unix sockets (sent with `SCM_RIGHTS`, not received yet), captured
+    /// as a descriptor its template holds at this number
+    /// (`kinds/in_flight.rs`). The restore makes it like any other, hands
+    /// it to the daemon and closes it; the daemon sends it again with its
+    /// message ([`SocketBuffer::passed`]).
+    #[serde(default)]
+    pub in_flight: bool,
 }
 
 impl FdKind {
@@ -1039,11 +1047,21 @@ pub struct SocketBuffer {
     pub ino: u64,
     /// Its peer's inode.
     pub peer: u64,
-    /// A byte stream (one piece) rather than messages (one per datagram
-    /// or seqpacket record).
+    /// A byte stream rather than messages (one per datagram or seqpacket
+    /// record). A stream's bytes are one piece, or, with descriptors in
+    /// flight, pieces that each end with the bytes sent with descriptors.
     pub stream: bool,
     /// The queued bytes or messages, oldest first.
     pub messages: Vec<Vec<u8>>,
+    /// Descriptors in flight with them (`SCM_RIGHTS`): for each message
+    /// (or stream piece) that carries some, its index and the numbers the
+    /// files got in the image of the process that captured the queue
+    /// ([`FdImage::in_flight`]; `kinds/in_flight.rs`), in order.
+    #[serde(default)]
+    pub passed: Vec<(usize, Vec<i32>)>,
+    /// That process.
+    #[serde(default)]
+    pub passed_in: Option<SandboxPid>,
 }
 
 /// One memory mapping (`/proc/pid/maps`).

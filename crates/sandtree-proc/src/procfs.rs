@@ -1198,6 +1198,7 @@ pub fn fds(pid: HostPid, mounts: &HashMap<i32, MountEntry>) -> io::Result<Vec<Fd
             opened_by: None,
             daemon_opens: false,
             reopen_denied: false,
+            in_flight: false,
         });
     }
     out.sort_by_key(|f| f.fd);

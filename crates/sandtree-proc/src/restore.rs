@@ -290,11 +290,13 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     }
     // Every process is back: the TCP connections made anew leave repair
     // mode (their peers are back too).
-    // (And the UDP and unix datagram sockets get their datagrams again.)
+    // (And the UDP and unix datagram sockets get their datagrams again,
+    // and the unix sockets with files in flight their queues.)
     let sent = crate::kinds::finish_connections(&handed)
         .and_then(|()| crate::kinds::send_datagrams_again(set))
         .and_then(|()| match waiting.first() {
-            Some(r) => crate::kinds::send_unix_datagrams_again(set, &handed, r.main.tid),
+            Some(r) => crate::kinds::send_unix_datagrams_again(set, &handed, r.main.tid)
+                .and_then(|()| crate::kinds::send_in_flight(set, &handed, r.main.tid)),
             None => Ok(()),
         });
     if let Err(e) = sent {

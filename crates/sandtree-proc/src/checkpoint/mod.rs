@@ -229,6 +229,16 @@ fn track_after_fork(
     Ok((fingerprint, maps))
 }
 
+/// Whether a unix socket of stopped process `host` at a number of `fds`
+/// (not a listener) holds data to read.
+fn unix_data_queued(host: HostPid, fds: &[crate::model::FdImage]) -> bool {
+    fds.iter().any(|f| match &f.kind {
+        FdKind::Socket { family, listening: false, .. } if family == "unix" => crate::fdstate::dup_from(host, f.fd)
+            .is_ok_and(|sock| rustix::io::ioctl_fionread(&sock).is_ok_and(|n| n > 0)),
+        _ => false,
+    })
+}
+
 /// The tracking of stopped process `s`, and its base if its previous
 /// template can give one (prepared, with a standby): taken out of the
 /// state for the pass (the tracking comes back with the template, its base
@@ -297,6 +307,14 @@ fn track_for(st: &mut Parts<'_>, s: &StoppedProcess) -> Option<Track> {
                 generation = t.generation,
                 "checkpoint forks: the chain of standbys is long"
             );
+            return None;
+        }
+        // Files in flight are given to a forked template only
+        // (`kinds/in_flight.rs`): a process with a unix socket that holds
+        // data (as its previous template's image has it: a socket made
+        // since fails the standby's check) forks.
+        if t.image.fds.iter().any(|f| f.in_flight) || unix_data_queued(s.host, &t.image.fds) {
+            tracing::debug!(pid = s.ns_pid.raw(), "checkpoint forks: data queued on a unix socket");
             return None;
         }
         let fingerprint = t.fingerprint.clone()?;
@@ -460,8 +478,11 @@ pub(crate) fn clone_all(st: &mut Parts<'_>, best_effort: bool, mut others_done: 
     }
     if failure.is_none() {
         // Open files of the layers that several processes share.
-        let mut fds: Vec<_> =
-            st.cloned.iter_mut().map(|c| (c.stopped.host, c.stopped.ns_pid, c.stopped.ns_ppid, &mut c.fds)).collect();
+        let mut fds: Vec<_> = st
+            .cloned
+            .iter_mut()
+            .map(|c| ((c.stopped.host, c.host), c.stopped.ns_pid, c.stopped.ns_ppid, &mut c.fds))
+            .collect();
         crate::kinds::share_open_files(&mut fds);
     }
     if let Some(e) = failure {
@@ -1135,6 +1156,7 @@ fn clone_of(
             }
         };
         child = (!deferred).then_some(tpl);
+        let template_regs = forked_regs;
         // A forked template leaves the original's session or group at once
         // (one made from a standby, at its set-up: `Template::prepare`): a
         // group kill right after the checkpoint (`kill -- -PGID`) would
@@ -1211,11 +1233,56 @@ fn clone_of(
         let tpgid = procfs::foreground_group(tpgid, (host, s.ns_pid));
         // (A periodic timer expired while stopped is armed for one interval.)
         crate::process::timers::normalize(&mut itimers);
+        // Queued on its unix sockets, with the files in flight, which its
+        // template is given (`kinds/in_flight.rs`).
+        let who = (s.ns_pid, &comm_now as &dyn Fn() -> String);
+        let mut queues = crate::kinds::capture_unix_queue(host, &fds, seen, who)?;
+        let mut in_flight = match (crate::kinds::in_flight_any(&queues), template_regs) {
+            (false, _) => Vec::new(),
+            (true, Some(regs)) => {
+                let mut t = Tracee::new(tpl, regs, insn);
+                crate::kinds::give_in_flight(&mut t, &fds, &mut queues, mounts, s.ns_pid)?
+            }
+            (true, None) => {
+                return Err(Error::unsupported(
+                    s.ns_pid,
+                    &comm_now(),
+                    "unix socket",
+                    "files in flight (SCM_RIGHTS) on a unix socket of a process whose template came from a standby",
+                ));
+            }
+        };
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         crate::kinds::capture_tcp(host, &mut fds);
         crate::kinds::capture_udp(host, &mut fds);
         crate::kinds::capture_unix_datagrams(host, &mut fds);
-        let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
+        let (mut pipes, mut pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
+        // The files in flight, through the template that holds them.
+        let mut sockets: Vec<crate::model::SocketBuffer> = queues.into_iter().map(|(b, _)| b).collect();
+        let ghosts = match in_flight.is_empty() {
+            true => ghosts,
+            false => {
+                let mut ghosts = ghosts;
+                ghosts.extend(crate::kinds::capture_contents(tpl, &mut in_flight)?);
+                crate::kinds::capture_tcp(tpl, &mut in_flight);
+                crate::kinds::capture_udp(tpl, &mut in_flight);
+                crate::kinds::capture_unix_datagrams(tpl, &mut in_flight);
+                let (more_pipes, more_keys) = crate::kinds::capture_pipe(tpl, &in_flight, seen)?;
+                pipes.extend(more_pipes);
+                pipe_keys.extend(more_keys);
+                let nested = crate::kinds::capture_unix_queue(tpl, &in_flight, seen, who)?;
+                if crate::kinds::in_flight_any(&nested) {
+                    return Err(Error::unsupported(
+                        s.ns_pid,
+                        &comm_now(),
+                        "unix socket",
+                        "files in flight on a unix socket that is itself in flight (SCM_RIGHTS)",
+                    ));
+                }
+                sockets.extend(nested.into_iter().map(|(b, _)| b));
+                ghosts
+            }
+        };
         // Shared memory (the template holds the objects, not their
         // contents): copied while every process is stopped.
         let shared_memory_held = crate::process::shared_memory::held(host, &maps, &fds).map_err(|e| Error::Proc {
@@ -1224,6 +1291,8 @@ fn clone_of(
             source: e,
         })?;
         let shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
+        // (Not the process's: a memfd in flight is refused in pass 2.)
+        fds.append(&mut in_flight);
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {
@@ -1235,7 +1304,6 @@ fn clone_of(
                 &mut thread_tracees,
             )?);
         }
-        let sockets = crate::kinds::capture_unix_queue(host, &fds, seen, (s.ns_pid, &comm_now))?;
         let link = |what: &str| procfs::readlink(format!("/proc/{host}/{what}"));
         let paths = (link("cwd"), link("root"), link("exe").unwrap_or_default());
         let paths = match paths {

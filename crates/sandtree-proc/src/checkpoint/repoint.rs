@@ -124,6 +124,10 @@ pub(crate) fn check(st: &Parts<'_>, tree: &Tree) -> std::result::Result<(), Stri
             return Err(format!("{who}: its cwd was deleted"));
         }
         for f in &c.fds {
+            // (Not in its table: nothing could reopen it through the new tree.)
+            if f.in_flight {
+                return Err(format!("{who}: a file is in flight on one of its unix sockets (SCM_RIGHTS)"));
+            }
             if let Some(why) = crate::kinds::of(&f.kind).cannot_move(f) {
                 return Err(format!("{who}: fd {}: {why}", f.fd));
             }

@@ -147,6 +147,11 @@ fn reopen_at(f: &FdImage, b: &mut Batch, path: Arg) {
     b.move_fd(fd, f.fd, f.flags);
 }
 
+/// A process for [`share_open_files`]: the host pids of the process and
+/// of its template (a file in flight is reached through the template:
+/// `kinds/in_flight.rs`), its pid, its parent's pid, its descriptors.
+pub(crate) type SharingProcess<'a> = ((HostPid, HostPid), SandboxPid, SandboxPid, &'a mut Vec<FdImage>);
+
 /// Pass 1, every original still stopped: the files of the layers that
 /// one open file of several captured processes names (`kcmp`: inherited,
 /// as a build's log is by its compilers, or passed), and the inet
@@ -158,8 +163,7 @@ fn reopen_at(f: &FdImage, b: &mut Batch, path: Arg) {
 /// each would get an open file of its own, with its own offset, and their
 /// writes would overwrite each other, or each would bind the port again,
 /// which the first holds.
-/// `processes`: (host pid, pid, parent's pid, descriptors) of each.
-pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid, &mut Vec<FdImage>)]) {
+pub(crate) fn share_open_files(processes: &mut [SharingProcess<'_>]) {
     // Candidates: the same path in two processes; the same socket.
     #[derive(PartialEq, Eq, Hash)]
     enum Same {
@@ -184,11 +188,15 @@ pub(crate) fn share_open_files(processes: &mut [(HostPid, SandboxPid, SandboxPid
         // Groups of one open file: each member with the first it is. (A
         // socket's inode is its one open file.)
         let mut groups: Vec<Vec<(usize, usize)>> = Vec::new();
+        let through = |p: usize, i: usize| {
+            let ((host, template), f) = (processes[p].0, &processes[p].3[i]);
+            (if f.in_flight { template } else { host }, f.fd)
+        };
         for &(p, i) in &list {
-            let (host, fd) = (processes[p].0, processes[p].3[i].fd);
+            let (host, fd) = through(p, i);
             let same = |&(q, j): &(usize, usize)| {
                 q != p && {
-                    let (h2, fd2) = (processes[q].0, processes[q].3[j].fd);
+                    let (h2, fd2) = through(q, j);
                     matches!(key, Same::Socket(_))
                         || sandtree_sys::process::same_open_file(host.raw(), fd, h2.raw(), fd2).unwrap_or(false)
                 }

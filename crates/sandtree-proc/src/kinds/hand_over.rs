@@ -80,6 +80,10 @@ pub(crate) struct Handed {
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
     pub cloned_early: HashMap<crate::SandboxPid, crate::cloned::Cloned>,
+    /// Daemon copies of the files in flight on unix sockets, by the
+    /// process whose image has them and their number there
+    /// (`in_flight::lift`), sent again once every process is back.
+    pub in_flight: HashMap<(crate::SandboxPid, i32), OwnedFd>,
     /// How a process that may not choose its pid (or thread id) gets it
     /// back ([`crate::LastPid`]). (Not handed over: the restore's means,
     /// kept here because every step of it has this at hand.)
@@ -219,6 +223,7 @@ impl Handed {
             repaired: Vec::new(),
             closing_peers: Vec::new(),
             cloned_early: HashMap::new(),
+            in_flight: HashMap::new(),
             last_pid: None,
         }
     }

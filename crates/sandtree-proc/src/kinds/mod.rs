@@ -51,6 +51,7 @@ mod eventfd;
 mod fifo;
 mod file;
 mod hand_over;
+mod in_flight;
 mod inet;
 mod inotify;
 mod memfd;
@@ -78,6 +79,7 @@ use crate::{HostPid, Result};
 pub(crate) use deleted::capture_contents;
 pub(crate) use file::share_open_files;
 pub(crate) use hand_over::{Handed, give as give_descriptors};
+pub(crate) use in_flight::{any as in_flight_any, give_to_template as give_in_flight, send_again as send_in_flight};
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
 pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections};
@@ -220,7 +222,14 @@ pub(crate) fn of(kind: &FdKind) -> &'static dyn Kind {
 /// as (resource, reason).
 pub(crate) fn check(p: &ProcessImage) -> std::result::Result<(), (String, String)> {
     for f in &p.fds {
-        of(&f.kind).check(f, p).map_err(|why| (format!("fd {}", f.fd), why))?;
+        let name = || match f.in_flight {
+            true => format!("a file in flight on a unix socket (fd {} of its template)", f.fd),
+            false => format!("fd {}", f.fd),
+        };
+        if let Some(why) = f.in_flight.then(|| in_flight::refusal(f)).flatten() {
+            return Err((name(), why));
+        }
+        of(&f.kind).check(f, p).map_err(|why| (name(), why))?;
     }
     Ok(())
 }
@@ -270,7 +279,7 @@ pub(crate) fn fix_up_descriptors(
     for f in &image.fds {
         of(&f.kind).link(f, &mut cx)?;
     }
-    Ok(())
+    in_flight::lift(cx.p, image, cx.handed)
 }
 
 /// Pass 2, once every template is made: the first of `images` holding a

@@ -311,23 +311,36 @@ fn set_up_pair(pairs: &Handed, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Re
             set_option(sock, (*level, *name), value)?;
         }
     }
+    // (With files in flight on either end, both queues and the shutdowns
+    // wait until every process is back: `in_flight::send_again`.)
+    let later = [a, b].iter().any(|(ino, _)| pairs.pair_queued.get(ino).is_some_and(super::in_flight::sent_last));
     for ((ino, _), (_, from)) in [(a, b), (b, a)] {
-        if let Some(buf) = pairs.pair_queued.get(&ino) {
+        if let Some(buf) = pairs.pair_queued.get(&ino)
+            && !later
+        {
             send_on(from, &buf.messages, buf.stream)?;
         }
     }
     for (ino, sock) in [a, b] {
         let Some(st) = pairs.pair_states.get(&ino) else { continue };
-        if st.send_shutdown {
-            rustix::net::shutdown(sock, rustix::net::Shutdown::Write)?;
-        }
-        // (A connection's receive side follows the peer's send side.)
-        if st.rcv_shutdown && st.sock_type == libc::SOCK_DGRAM {
-            rustix::net::shutdown(sock, rustix::net::Shutdown::Read)?;
+        if !later {
+            shut_down(sock, st)?;
         }
         if st.passcred {
             rustix::net::sockopt::set_socket_passcred(sock, true)?;
         }
+    }
+    Ok(())
+}
+
+/// A new pair's end `sock` shut down as `st` says its old one was.
+pub(crate) fn shut_down(sock: &OwnedFd, st: &UnixPair) -> io::Result<()> {
+    if st.send_shutdown {
+        rustix::net::shutdown(sock, rustix::net::Shutdown::Write)?;
+    }
+    // (A connection's receive side follows the peer's send side.)
+    if st.rcv_shutdown && st.sock_type == libc::SOCK_DGRAM {
+        rustix::net::shutdown(sock, rustix::net::Shutdown::Read)?;
     }
     Ok(())
 }
@@ -353,20 +366,22 @@ fn set_option(sock: &OwnedFd, (level, name): (i32, i32), value: &[u8]) -> io::Re
 }
 
 /// Pass 1 for stopped process `host`: what is queued on its connected
-/// unix sockets among `fds` not `seen` yet. `who` names the process in a
-/// refusal (pid in the sandbox, and its name, asked only then).
+/// unix sockets among `fds` not `seen` yet, each with the descriptors in
+/// flight with its messages (by message index; `kinds/in_flight.rs` gives
+/// them to the template). `who` names the process in a refusal (pid in
+/// the sandbox, and its name, asked only then).
 pub(crate) fn capture_queue(
     host: HostPid,
     fds: &[FdImage],
     seen: &mut Seen,
     who: (SandboxPid, &dyn Fn() -> String),
-) -> Result<Vec<SocketBuffer>> {
+) -> Result<Vec<super::in_flight::PeekedQueue>> {
     let mut sockets = Vec::new();
     for f in fds {
         if let FdKind::Socket { ino, queued: true, peer: Some(peer), .. } = &f.kind
             && seen.first_socket(*ino)
         {
-            let (messages, stream) = read_queue(host, f.fd).map_err(|e| {
+            let (peeked, stream) = read_queue(host, f.fd).map_err(|e| {
                 Error::unsupported(
                     who.0,
                     &who.1(),
@@ -374,7 +389,16 @@ pub(crate) fn capture_queue(
                     format!("a unix socket with data in flight that cannot be captured: {e}"),
                 )
             })?;
-            sockets.push(SocketBuffer { ino: *ino, peer: *peer, stream, messages });
+            let mut messages = Vec::with_capacity(peeked.len());
+            let mut in_flight = Vec::new();
+            for (i, (bytes, fds)) in peeked.into_iter().enumerate() {
+                messages.push(bytes);
+                if !fds.is_empty() {
+                    in_flight.push((i, fds));
+                }
+            }
+            let buffer = SocketBuffer { ino: *ino, peer: *peer, stream, messages, passed: Vec::new(), passed_in: None };
+            sockets.push((buffer, in_flight));
         }
     }
     Ok(sockets)
@@ -395,7 +419,7 @@ pub(crate) fn drain(host: HostPid, f: &FdImage) -> Result<()> {
 /// At a restore, after every [`drain`]: the data queued at the checkpoint,
 /// sent again by each socket's peer.
 pub(crate) fn put_back_queues(set: &CheckpointTemplates) -> Result<()> {
-    for (buf, host, fd) in &set.sockets {
+    for (buf, host, fd) in set.sockets.iter().filter(|(b, ..)| !super::in_flight::sent_last(b)) {
         send_again(*host, *fd, &buf.messages, buf.stream).map_err(|e| Error::Proc {
             pid: *host,
             what: "unix socket data",
@@ -455,54 +479,72 @@ fn drain_queue(host: HostPid, fd: i32) -> io::Result<()> {
     Err(io::Error::other("socket does not drain"))
 }
 
+/// A message (or a stream's piece) queued on a unix socket, peeked: its
+/// bytes, and the descriptors in flight with it, installed in the daemon
+/// by the peek (the same open files: dropping them closes the copies).
+pub type Peeked = (Vec<u8>, Vec<OwnedFd>);
+
 /// What is queued for reading on unix socket `sock`, without consuming
-/// it (`MSG_PEEK`): a stream socket's bytes as one piece, a datagram or
-/// seqpacket socket's messages one by one (peeked from `SO_PEEK_OFF` 0
-/// on, which each peek moves past the message; the socket's own offset is
-/// put back). An error if descriptors are in flight with them, or if a
-/// stream's bytes cannot be read in one piece (from several writers).
-pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>> {
-    let peek = |buf: &mut [u8]| -> io::Result<(usize, bool)> {
+/// it (`MSG_PEEK`), oldest first, peeked from `SO_PEEK_OFF` 0 on (each
+/// peek moves past what it read; the socket's own offset is put back):
+/// - a datagram or seqpacket socket's messages, one by one, each with its
+///   descriptors;
+/// - a stream's bytes: one piece, or, with descriptors in flight, pieces
+///   that each end with bytes sent with descriptors. A stream's peek goes
+///   on past a message without descriptors and stops after the first
+///   with some, returning them; it does not tell where that message's
+///   bytes begin, so the bytes sent before it come in its piece.
+///
+/// An error if a message is cut (over 256 KiB), or if more than 4096 are
+/// queued.
+pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Peeked>> {
+    let peek = |buf: &mut [u8]| -> io::Result<(usize, bool, Vec<OwnedFd>)> {
         let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
         let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
         let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::TRUNC;
         let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut control, flags)?;
-        // Descriptors passed with the bytes were installed here by the
-        // peek: dropping them closes our copies.
-        if control.drain().any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_))) {
-            return Err(io::Error::other("descriptors are in flight with the bytes"));
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(passed) = m {
+                fds.extend(passed);
+            }
         }
-        Ok((got.bytes, got.flags.contains(rustix::net::ReturnFlags::TRUNC)))
+        if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+            return Err(io::Error::other("more descriptors in flight with a message than a message can carry"));
+        }
+        Ok((got.bytes, got.flags.contains(rustix::net::ReturnFlags::TRUNC), fds))
     };
     let saved = sandtree_sys::sockopt::peek_offset(sock)?;
-    if stream {
-        // A peek starts at (and moves) the socket's own offset, if set.
-        if saved >= 0 {
-            sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
-        }
-        let n = rustix::io::ioctl_fionread(sock)? as usize;
-        let mut buf = vec![0u8; n.max(1)];
-        let peeked = peek(&mut buf);
-        if saved >= 0 {
-            sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
-        }
-        let (got, _) = peeked?;
-        if got != n {
-            return Err(io::Error::other(format!("{got} of {n} queued bytes could be read in one piece")));
-        }
-        buf.truncate(n);
-        return Ok(vec![buf]);
-    }
     sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let peeked = loop {
-        match peek(&mut buf) {
-            Ok((_, true)) => break Err(io::Error::other("a queued message is larger than 256 KiB")),
-            Ok((n, false)) if out.len() < 4096 => out.push(buf[..n].to_vec()),
-            Ok(_) => break Err(io::Error::other("more than 4096 messages queued")),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(out),
-            Err(e) => break Err(e),
+    let peeked = if stream {
+        let n = rustix::io::ioctl_fionread(sock)? as usize;
+        let mut buf = vec![0u8; n.max(1)];
+        let mut got = 0;
+        loop {
+            if got >= n {
+                break Ok(out);
+            }
+            match peek(&mut buf[..n - got]) {
+                Ok((0, ..)) => break Err(io::Error::other(format!("{got} of {n} queued bytes could be read"))),
+                Ok((k, _, fds)) if out.len() < 4096 => {
+                    got += k;
+                    out.push((buf[..k].to_vec(), fds));
+                }
+                Ok(_) => break Err(io::Error::other("more than 4096 messages with descriptors queued")),
+                Err(e) => break Err(e),
+            }
+        }
+    } else {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match peek(&mut buf) {
+                Ok((_, true, _)) => break Err(io::Error::other("a queued message is larger than 256 KiB")),
+                Ok((n, false, fds)) if out.len() < 4096 => out.push((buf[..n].to_vec(), fds)),
+                Ok(_) => break Err(io::Error::other("more than 4096 messages queued")),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(out),
+                Err(e) => break Err(e),
+            }
         }
     };
     sandtree_sys::sockopt::set_peek_offset(sock, saved)?;
@@ -511,7 +553,7 @@ pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Vec<u8>>>
 
 /// What is queued on unix socket `fd` of `host` ([`socket_messages`]), and
 /// whether it is a byte stream.
-fn read_queue(host: HostPid, fd: i32) -> io::Result<(Vec<Vec<u8>>, bool)> {
+fn read_queue(host: HostPid, fd: i32) -> io::Result<(Vec<Peeked>, bool)> {
     let sock = dup_from(host, fd)?;
     let stream = rustix::net::sockopt::socket_type(&sock)? == rustix::net::SocketType::STREAM;
     Ok((socket_messages(&sock, stream)?, stream))

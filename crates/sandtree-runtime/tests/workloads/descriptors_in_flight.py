@@ -1,0 +1,123 @@
+# descriptors_in_flight: files sent on unix sockets with SCM_RIGHTS and not
+# received yet (issue 38, item 6: refused before), one process:
+# - on a datagram pair: a pipe's read end (in flight only: its write end is
+#   kept), a file opened at offset 3 (in flight only), a message without;
+# - on a stream pair: `head`, then `fd` with a dup of a file the program
+#   keeps open (one offset for both), then `tail`;
+# - on a seqpacket pair: an end of another pair, whose peer is kept and
+#   wrote to it (data queued on a socket in flight);
+# - on a connection through a listener bound to /root/l.sock: an eventfd
+#   (counter 5).
+# Commands: `fill` -> all sent: `sent`; `state` -> `ready`; `drain` ->
+# every message received and each file used:
+# `d:<msg>[<files>]=<use>,... s:... q:... c:...`; `late` -> one more
+# message with a file on each socket; `memfd` -> a memfd sent on the
+# datagram pair (a checkpoint refuses it).
+import array
+
+os.chdir('/root')
+with open('/root/f.txt', 'w') as f:
+    f.write('0123456789')
+d0, d1 = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+s0, s1 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+q0, q1 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+lst.bind('/root/l.sock')
+lst.listen()
+c0 = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c0.connect('/root/l.sock')
+c1, _ = lst.accept()
+kept = os.open('/root/f.txt', os.O_RDONLY)
+w = e1 = None
+
+
+def received(sock):
+    """Every message queued on `sock`, with the descriptors it carries."""
+    out = []
+    while True:
+        try:
+            data, anc, _, _ = sock.recvmsg(4096, socket.CMSG_LEN(16 * 4), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return out
+        fds = array.array('i')
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(raw[:len(raw) - len(raw) % 4])
+        if not data and not fds:
+            return out
+        out.append((data.decode(), list(fds)))
+
+
+def use(msg, fds):
+    if msg == 'pipe':
+        os.write(w, b'hello')
+        return os.read(fds[0], 100).decode()
+    if msg == 'file':
+        return os.read(fds[0], 3).decode()
+    if msg.startswith('head'):
+        got = os.read(fds[0], 2).decode()
+        return '%s/%d' % (got, os.lseek(kept, 0, os.SEEK_CUR))
+    if msg == 'sock':
+        e0 = socket.socket(fileno=fds[0])
+        got = e0.recv(100).decode()
+        e0.send(b'pong')
+        return '%s/%s' % (got, e1.recv(100).decode())
+    if msg == 'ev':
+        return str(os.eventfd_read(fds[0]))
+    return '?'
+
+
+def handle(cmd):
+    global w, e1
+    if cmd == 'fill':
+        r, w = os.pipe()
+        socket.send_fds(d0, [b'pipe'], [r])
+        os.close(r)
+        f = os.open('/root/f.txt', os.O_RDONLY)
+        os.lseek(f, 3, os.SEEK_SET)
+        socket.send_fds(d0, [b'file'], [f])
+        os.close(f)
+        d0.send(b'plain')
+        os.lseek(kept, 1, os.SEEK_SET)
+        s0.send(b'head')
+        socket.send_fds(s0, [b'fd'], [kept])
+        s0.send(b'tail')
+        e0, e1 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        e1.send(b'to-e0')
+        socket.send_fds(q0, [b'sock'], [e0.fileno()])
+        e0.close()
+        ev = os.eventfd(5)
+        socket.send_fds(c0, [b'ev'], [ev])
+        os.close(ev)
+        return 'sent'
+    if cmd == 'state':
+        return 'ready'
+    if cmd == 'drain':
+        out = []
+        for name, sock in (('d', d1), ('s', s1), ('q', q1), ('c', c1)):
+            got = []
+            for msg, fds in received(sock):
+                got.append('%s[%d]=%s' % (msg, len(fds), use(msg, fds) if fds else ''))
+                for fd in fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            out.append('%s:%s' % (name, ','.join(got)))
+        return ' '.join(out)
+    if cmd == 'late':
+        r, w2 = os.pipe()
+        for sock in (d0, s0, q0, c0):
+            socket.send_fds(sock, [b'late'], [r])
+        os.close(r)
+        os.close(w2)
+        return 'sent'
+    if cmd == 'memfd':
+        m = os.memfd_create('in-flight')
+        socket.send_fds(d0, [b'memfd'], [m])
+        os.close(m)
+        return 'sent'
+    raise ValueError(cmd)
+
+
+serve(handle)
