@@ -2062,6 +2062,30 @@ fn close_on_exec_flipped_between_checkpoints(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Files sent in flight between two checkpoints of a process: the second
+/// checkpoint would make its template from the first's standby, which
+/// cannot be given them; it forks the process instead
+/// (`checkpoint::unix_data_queued`). Both checkpoints come back exactly.
+fn descriptors_in_flight_after_a_checkpoint(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let w = Workload::start_python(e, program!("descriptors_in_flight.py")).await?;
+        let mut c = Checks::default();
+        let before = w.checkpoint(e).await?;
+        // (Its descriptors as they were: the standby would do.)
+        c.eq("sent", &w.ask(e, "light").await?, "sent");
+        // (The first one's standby is made meanwhile.)
+        sleep_ms(100).await;
+        let sent = w.checkpoint_once(e).await?;
+        let file = "d:file[1]=345 s: q: c:";
+        for (ck, want) in [(&sent, file), (&before, "d: s: q: c:"), (&sent, file)] {
+            w.rollback(e, ck).await?;
+            c.eq(&format!("after a rollback to {ck}"), &w.ask(e, "drain").await?, want);
+        }
+        c.result(0)?;
+        w.delete(e).await
+    })
+}
+
 /// A sleeping loop comes back with the checkpoint's tick count (not 0, not
 /// the count before the rollback) and keeps ticking.
 fn sleep_loop_keeps_ticking(e: &Engine) -> CaseFuture<'_> {
@@ -3029,6 +3053,7 @@ fn main() {
         ("unix_datagrams_from_senders", declared!(UNIX_DATAGRAMS_FROM_SENDERS)),
         ("descriptors_in_flight", declared!(DESCRIPTORS_IN_FLIGHT)),
         ("descriptors_in_flight_between_processes", declared!(DESCRIPTORS_IN_FLIGHT_BETWEEN_PROCESSES)),
+        ("descriptors_in_flight_after_a_checkpoint", descriptors_in_flight_after_a_checkpoint),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),

@@ -12,7 +12,8 @@
 # every message received and each file used:
 # `d:<msg>[<files>]=<use>,... s:... q:... c:...`; `late` -> one more
 # message with a file on each socket; `memfd` -> a memfd sent on the
-# datagram pair (a checkpoint refuses it).
+# datagram pair (a checkpoint refuses it); `light` -> `fill`'s file alone,
+# the descriptor table as it was.
 import array
 
 os.chdir('/root')
@@ -89,6 +90,12 @@ def handle(cmd):
         ev = os.eventfd(5)
         socket.send_fds(c0, [b'ev'], [ev])
         os.close(ev)
+        return 'sent'
+    if cmd == 'light':
+        f = os.open('/root/f.txt', os.O_RDONLY)
+        os.lseek(f, 3, os.SEEK_SET)
+        socket.send_fds(d0, [b'file'], [f])
+        os.close(f)
         return 'sent'
     if cmd == 'state':
         return 'ready'
