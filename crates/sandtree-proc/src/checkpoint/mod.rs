@@ -1237,13 +1237,19 @@ fn clone_of(
         // template is given (`kinds/in_flight.rs`).
         let who = (s.ns_pid, &comm_now as &dyn Fn() -> String);
         let mut queues = crate::kinds::capture_unix_queue(host, &fds, seen, who)?;
-        let mut in_flight = match (crate::kinds::in_flight_any(&queues), template_regs) {
+        let mut in_flight = match (crate::kinds::in_flight_any(&queues), patched.is_none()) {
             (false, _) => Vec::new(),
-            (true, Some(regs)) => {
+            (true, true) => {
+                // (A child of another process's template, made in two
+                // steps, stopped where the second left it.)
+                let regs = match template_regs {
+                    Some(regs) => regs,
+                    None => ptrace::regs(tpl.raw()).map_err(Error::ptrace(tpl, "GETREGS"))?,
+                };
                 let mut t = Tracee::new(tpl, regs, insn);
                 crate::kinds::give_in_flight(&mut t, &fds, &mut queues, mounts, s.ns_pid)?
             }
-            (true, None) => {
+            (true, false) => {
                 return Err(Error::unsupported(
                     s.ns_pid,
                     &comm_now(),

@@ -3,7 +3,11 @@
 # parent has not received them (issue 38, item 6). The child's part:
 # - a TCP listener on 127.0.0.1:7101 (no process holds it);
 # - a pipe's write end (the child keeps the read end: it answers each
-#   line it reads there with `echo:<line>` on the pair).
+#   line it reads there with `echo:<line>` on the pair, and ` ev=<n>`
+#   when it found an eventfd the parent sent it on the pair).
+# And the parent sends its child an eventfd (counter 7) on the pair, in
+# flight too: the child is a child of another process (made again by its
+# parent at a restore).
 # Commands: `fill` -> the child sends them: `sent`; `state` -> `ready`;
 # `drain` -> each message received and its file used (a connection
 # accepted on the listener, a line through the pipe):
@@ -35,6 +39,13 @@ if child == 0:
         line = os.read(r, 100)
         if not line:
             os._exit(0)
+        try:
+            _, anc, _, _ = there.recvmsg(16, socket.CMSG_LEN(4), socket.MSG_DONTWAIT)
+            ev = array.array('i', anc[0][2][:4])[0]
+            line += b' ev=%d' % os.eventfd_read(ev)
+            os.close(ev)
+        except (BlockingIOError, IndexError):
+            pass
         there.send(b'echo:' + line)
 there.close()
 os.close(go_r)
@@ -84,6 +95,9 @@ def handle(cmd):
         while time.time() < deadline:
             n = struct.unpack('i', fcntl.ioctl(here, termios.FIONREAD, b'\0' * 4))[0]
             if n >= len('listenerpipe'):
+                ev = os.eventfd(7)
+                socket.send_fds(here, [b'ev'], [ev])
+                os.close(ev)
                 return 'sent'
             time.sleep(0.01)
         return 'not sent'
