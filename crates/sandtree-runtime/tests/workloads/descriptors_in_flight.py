@@ -1,7 +1,8 @@
 # descriptors_in_flight: files sent on unix sockets with SCM_RIGHTS and not
 # received yet (issue 38, item 6: refused before), one process:
 # - on a datagram pair: a pipe's read end (in flight only: its write end is
-#   kept), a file opened at offset 3 (in flight only), a message without;
+#   kept), a file opened at offset 3 (in flight only), a message without,
+#   both ends of a pipe holding `zz` (the pipe is in flight only);
 # - on a stream pair: `head`, then `fd` with a dup of a file the program
 #   keeps open (one offset for both), then `tail`;
 # - on a seqpacket pair: an end of another pair, whose peer is kept and
@@ -53,6 +54,9 @@ def use(msg, fds):
     if msg == 'pipe':
         os.write(w, b'hello')
         return os.read(fds[0], 100).decode()
+    if msg == 'both':
+        os.write(fds[1], b'Q')
+        return os.read(fds[0], 100).decode()
     if msg == 'file':
         return os.read(fds[0], 3).decode()
     if msg.startswith('head'):
@@ -79,6 +83,11 @@ def handle(cmd):
         socket.send_fds(d0, [b'file'], [f])
         os.close(f)
         d0.send(b'plain')
+        r2, w2 = os.pipe()
+        os.write(w2, b'zz')
+        socket.send_fds(d0, [b'both'], [r2, w2])
+        os.close(r2)
+        os.close(w2)
         os.lseek(kept, 1, os.SEEK_SET)
         s0.send(b'head')
         socket.send_fds(s0, [b'fd'], [kept])
