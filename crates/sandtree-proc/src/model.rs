@@ -592,8 +592,8 @@ pub enum FdKind {
         #[serde(default)]
         queued: bool,
         /// A connected unix socket with data queued: its peer's inode, when
-        /// the data can be captured (no descriptors in flight) and put
-        /// back through the peer (see [`SocketBuffer`]).
+        /// the data can be captured and put back through the peer (see
+        /// [`SocketBuffer`]).
         #[serde(default)]
         peer: Option<u64>,
         /// An inet socket's bound address (raw `sockaddr_in`/`sockaddr_in6`)

@@ -13,6 +13,7 @@
 //! | pipes | `pipe` | the template holds an `O_PATH` of the inode; each end opened again through it, buffered bytes put back |
 //! | FIFOs | `fifo` | reopened by path (layers) or kept; bytes put back |
 //! | unix sockets | `unix` | kept; listeners and bound datagram sockets bound anew once; unnamed pairs and connections through listeners made anew; handed between processes; queued data sent again |
+//! | files in flight on unix sockets (`SCM_RIGHTS`) | `in_flight` | given to the template as descriptors, made by their kinds, sent again with their messages |
 //! | inet sockets | `inet` | listeners and bound datagram sockets made anew |
 //! | TCP connections | `tcp` | made anew in repair mode: sequence numbers, queued bytes, windows, options |
 //! | other sockets (netlink, ...) | `other_socket` | kept |

@@ -32,14 +32,14 @@
 //!   whose connecting end is bound, one not accepted yet, one to a socket
 //!   outside the sandbox) is held by the template as it is: a peer's close
 //!   after a checkpoint does not show there yet. What is queued on a
-//!   connected one at the checkpoint (bytes or messages, without
-//!   descriptors in flight) is peeked in pass 1 and, at the restore, the
-//!   socket is drained and its peer sends the data again.
+//!   connected one at the checkpoint (bytes or messages) is peeked in
+//!   pass 1 and, at the restore, the socket is drained and its peer sends
+//!   the data again. Files in flight with it (`SCM_RIGHTS`): see
+//!   `in_flight.rs`.
 //!
 //! Refused: a connection its listener has not accepted yet (the listener
 //! is made anew: the pending connection would be lost), data in flight
-//! that cannot be captured (descriptors passed, or no captured peer to
-//! send it), a listener or bound datagram socket on a relative path whose
+//! that cannot be captured (no captured peer to send it), a listener or bound datagram socket on a relative path whose
 //! socket file is not there from the process's working directory (a
 //! restore, which enters that directory first, binds it again there), or
 //! whose socket file was removed since its bind. A process holding one
