@@ -963,7 +963,10 @@ pub struct PtyState {
 /// them (`kinds/unix.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnixPair {
-    /// The peer's inode.
+    /// The peer's inode; 0: the peer of this end of an unnamed pair was
+    /// released, and data is queued on it. The restore makes it anew with
+    /// a peer that sends the data again and is closed once every process
+    /// is back (an end of a stream then reads the end after the data).
     pub peer: u64,
     /// `SOCK_STREAM`, `SOCK_DGRAM` or `SOCK_SEQPACKET`.
     pub sock_type: i32,
@@ -988,6 +991,11 @@ pub struct UnixPair {
     /// it again (`kinds/unix.rs`'s `restore_order`).
     #[serde(default)]
     pub creator: Option<SandboxPid>,
+    /// Its peer was released with data unread (a stream's or seqpacket's:
+    /// the next read after the queue fails with `ECONNRESET`); the new
+    /// peer gets a byte it never reads before it closes.
+    #[serde(default)]
+    pub reset: bool,
 }
 
 /// How a unix connection made through a listener bound to a path was made.

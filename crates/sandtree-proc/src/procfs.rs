@@ -652,7 +652,17 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         .filter(|(path, _)| !path.is_empty());
     // (Every connection's, which a template would otherwise hold.)
     let diag_state = (unix_connected && (queued || unnamed || stream)).then(&mut state).flatten();
-    let peer = diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer);
+    // An end of an unnamed pair whose peer was released, with data queued
+    // (a child's answer on a `multiprocessing.Pipe()` before it exited):
+    // made anew at the restore with a peer that sends the data and closes
+    // (`UnixPair::peer` 0). Its pending error (ECONNRESET: the peer went
+    // with data unread) shows as `POLLERR`, which does not clear it.
+    let released =
+        unnamed && queued && !passcred && diag_state.is_some_and(|s| s.peer == Some(0) && (stream == s.rcv_shutdown));
+    let peer = match released {
+        true => Some(0),
+        false => diag_state.filter(|s| queued && !passcred && !s.rcv_shutdown).and_then(|s| s.peer),
+    };
     let pair = diag_state.filter(|_| unnamed || listened.is_some()).and_then(|s| {
         let sock_type = match ty {
             Ok(SocketType::STREAM) => libc::SOCK_STREAM,
@@ -660,8 +670,13 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             Ok(SocketType::DGRAM) => libc::SOCK_DGRAM,
             _ => return None,
         };
-        // (0: the peer was released.)
-        let peer = s.peer.filter(|&p| p != 0)?;
+        // (0: the peer was released: a pair again only with data queued.)
+        let peer = s.peer.filter(|&p| p != 0 || released)?;
+        let reset = released && {
+            let mut fds = [rustix::event::PollFd::new(&dup, rustix::event::PollFlags::empty())];
+            rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok()
+                && fds[0].revents().contains(rustix::event::PollFlags::ERR)
+        };
         // (Of the accepted end: who connected, as the sandbox names it.)
         let through = listened.clone().map(|(path, accepted)| crate::model::Listened {
             connector: accepted.then(|| sandbox_pid_of_peer(&dup)).flatten(),
@@ -677,6 +692,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
             through,
             options: pair_options(&dup),
             creator: unnamed.then(|| sandbox_pid_of_peer(&dup)).flatten(),
+            reset,
         })
     });
     // (Looked up in the process's tree: a socket file there, or none.)

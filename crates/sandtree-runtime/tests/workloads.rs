@@ -1615,6 +1615,22 @@ static DESCRIPTORS_IN_FLIGHT_BETWEEN_PROCESSES: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A child's answers on unix socket pairs, sent before it exited and not
+/// read yet (a `multiprocessing.Pipe()` worker's result): after each
+/// rollback the parent reads them, then the end of the stream; on the
+/// datagram pair nothing more, and its send is refused; where the child
+/// left the parent's message unread, the read after the data fails with
+/// ECONNRESET (issue 38, item 6: refused before, "data in flight whose
+/// sender is not a captured process").
+static REPLIES_FROM_A_GONE_CHILD: Spec = Spec {
+    program: program!("replies_from_a_gone_child.py"),
+    setup: &[Ask("fill", Is("sent"))],
+    at_ck: &[("state", Is("ready"))],
+    mutate: &[&[Ask("drain", Any)]],
+    after: &[Ask("drain", Is("s=result,eof d=dgram-result,again,send:ECONNREFUSED r=late,reset"))],
+    ..Spec::DEFAULT
+};
+
 /// Datagrams queued on an unconnected unix datagram socket bound to a path
 /// come back in order, each from its sender (a socket bound to a path, one
 /// bound to a relative path, an unbound one), and what came after the
@@ -3056,6 +3072,7 @@ fn main() {
         ("descriptors_in_flight", declared!(DESCRIPTORS_IN_FLIGHT)),
         ("descriptors_in_flight_between_processes", declared!(DESCRIPTORS_IN_FLIGHT_BETWEEN_PROCESSES)),
         ("descriptors_in_flight_after_a_checkpoint", descriptors_in_flight_after_a_checkpoint),
+        ("replies_from_a_gone_child", declared!(REPLIES_FROM_A_GONE_CHILD)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),

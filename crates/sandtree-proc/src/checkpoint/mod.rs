@@ -692,8 +692,9 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
             .collect();
         let lone = made.iter().enumerate().find_map(|(i, t)| {
             t.image.fds.iter().find_map(|f| match &f.kind {
+                // (A peer released: made anew by the restore, `UnixPair::peer`.)
                 FdKind::Socket { ino, pair: Some(p), .. }
-                    if !held.contains(&p.peer) || !pairs.contains(&(p.peer, *ino)) =>
+                    if p.peer != 0 && (!held.contains(&p.peer) || !pairs.contains(&(p.peer, *ino))) =>
                 {
                     Some((i, f.fd))
                 }
@@ -1237,6 +1238,14 @@ fn clone_of(
         // template is given (`kinds/in_flight.rs`).
         let who = (s.ns_pid, &comm_now as &dyn Fn() -> String);
         let mut queues = crate::kinds::capture_unix_queue(host, &fds, seen, who)?;
+        if queues.iter().any(|(b, passed)| b.peer == 0 && !passed.is_empty()) {
+            return Err(Error::unsupported(
+                s.ns_pid,
+                &comm_now(),
+                "unix socket",
+                "files in flight (SCM_RIGHTS) on an end of a unix socket pair whose other end was closed",
+            ));
+        }
         let mut in_flight = match (crate::kinds::in_flight_any(&queues), patched.is_none()) {
             (false, _) => Vec::new(),
             (true, true) => {

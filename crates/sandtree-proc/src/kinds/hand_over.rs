@@ -80,6 +80,10 @@ pub(crate) struct Handed {
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
     pub cloned_early: HashMap<crate::SandboxPid, crate::cloned::Cloned>,
+    /// The new peers of unix socket pair ends whose peers had been
+    /// released (`UnixPair::peer` 0): they sent the data again, and close
+    /// with the restore's end (`kinds/unix.rs`).
+    pub released_peers: Vec<OwnedFd>,
     /// Daemon copies of the files in flight on unix sockets, by the
     /// process whose image has them and their number there
     /// (`in_flight::lift`), sent again once every process is back.
@@ -224,6 +228,7 @@ impl Handed {
             closing_peers: Vec::new(),
             cloned_early: HashMap::new(),
             in_flight: HashMap::new(),
+            released_peers: Vec::new(),
             last_pid: None,
         }
     }

@@ -83,7 +83,7 @@ impl Kind for Unix {
                 }
             )),
             FdKind::Socket { queued: true, peer: None, unix_datagrams: None, .. } => Err(
-                "a unix socket with data in flight that is not captured (only a connected socket's, and a datagram socket's bound to a path, without descriptors passed along, are; checkpoint once it is read)".into(),
+                "a unix socket with data in flight that is not captured (only a connected socket's whose peer a captured process holds or, of an unnamed pair, was closed, and a datagram socket's bound to a path, are; checkpoint once it is read)".into(),
             ),
             FdKind::Socket { listening: true, bound: Some(path), bound_from: None, .. } if !path.starts_with('/') => {
                 Err(format!(
@@ -297,7 +297,12 @@ fn remake_pair_end(cx: &mut Remake<'_>, f: &FdImage, ino: u64, pair: &UnixPair) 
         source: e,
     })?;
     cx.handed.ends.insert(Key::Socket(ino), a_copy);
-    cx.handed.ends.insert(Key::Socket(pair.peer), b_copy);
+    // (A released peer: closed once every process is back, before any
+    // runs.)
+    match pair.peer {
+        0 => cx.handed.released_peers.push(b_copy),
+        peer => drop(cx.handed.ends.insert(Key::Socket(peer), b_copy)),
+    }
     Ok(())
 }
 
@@ -319,6 +324,12 @@ fn set_up_pair(pairs: &Handed, a: (u64, &OwnedFd), b: (u64, &OwnedFd)) -> io::Re
             && !later
         {
             send_on(from, &buf.messages, buf.stream)?;
+        }
+    }
+    // (A peer released with data unread: it goes with a byte unread too.)
+    for (ino, sock) in [a, b] {
+        if pairs.pair_states.get(&ino).is_some_and(|st| st.peer == 0 && st.reset) {
+            send_on(sock, &[vec![0]], true)?;
         }
     }
     for (ino, sock) in [a, b] {
