@@ -16,6 +16,12 @@ if ! command -v redis-server >/dev/null || ! command -v node >/dev/null; then
     echo "installing redis-server and nodejs"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nodejs >/dev/null
 fi
+# (An X server and two X clients, from Debian: a desktop of a computer-use
+# agent, whose clients connect through the abstract namespace.)
+if ! command -v Xvfb >/dev/null || ! command -v xprop >/dev/null; then
+    echo "installing xvfb and x11-utils"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends xvfb x11-utils >/dev/null
+fi
 # (A Jupyter kernel and its client, from PyPI, for the python3 sandboxes
 # run: the host's /usr/bin/python3.)
 if ! /usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null; then

@@ -702,7 +702,7 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     });
     // A relative path: its socket file, found from the working directory.
-    let bound_from = bound.as_deref().filter(|p| !p.starts_with('/')).and_then(|rel| {
+    let bound_from = bound.as_deref().filter(|p| !p.starts_with('/') && !p.starts_with('@')).and_then(|rel| {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let cwd = readlink(format!("/proc/{pid}/cwd")).ok()?;
         let path = format!("{}/{rel}", cwd.trim_end_matches('/'));
@@ -711,7 +711,8 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
         (file.file_type().is_socket() && state()?.file_ino == Some(file.ino() & 0xffff_ffff))
             .then(|| path.into_boxed_str())
     });
-    let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream));
+    // (Not an abstract one: a datagram socket connected there is kept.)
+    let peer_path = unix_path(peer_addr.filter(|_| unix_connected && !stream)).filter(|p| !p.starts_with('@'));
     let listened_by = (listening && bound.is_some()).then(|| sandbox_pid_of_peer(&dup)).flatten();
     // (The peer of a connection not accepted yet has no inode, like a
     // released one; but a released peer shut this end down.)
@@ -776,6 +777,12 @@ fn pair_options(sock: &OwnedFd) -> Vec<(i32, i32, Vec<u8>)> {
 /// The filesystem path of unix socket address `a`, if it has one.
 fn unix_path(a: Option<rustix::net::SocketAddrAny>) -> Option<String> {
     let a = rustix::net::SocketAddrUnix::try_from(a?).ok()?;
+    if let Some(name) = a.abstract_name().filter(|n| !n.is_empty()) {
+        // (As `ss` shows it. A name that is not text, or holds a NUL,
+        // has none: such a socket stays the template's.)
+        let name = std::str::from_utf8(name).ok().filter(|n| !n.contains('\0'))?;
+        return Some(format!("@{name}"));
+    }
     a.path_bytes().map(|p| String::from_utf8_lossy(p).into_owned()).filter(|p| !p.is_empty())
 }
 

@@ -1631,6 +1631,38 @@ static REPLIES_FROM_A_GONE_CHILD: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Unix connections through listeners of the abstract namespace (a stream
+/// one and a seqpacket one, as Xvfb's `@/tmp/.X11-unix/X0`), with data
+/// queued both ways: after each rollback both ends have their addresses
+/// and peer credentials, the data is there, a message goes through, the
+/// listener accepts a new connection, and one made after the checkpoint
+/// is not pending (issue 38, item 6: refused before, "made through a
+/// listener of the abstract namespace").
+static ABSTRACT_UNIX_CONNECTIONS: Spec = Spec {
+    program: program!("abstract_unix_connections.py"),
+    at_ck: &[(
+        "state",
+        Is("s=b'\\x00sandtree-stream'>b'\\x00sandtree-stream' q=b'\\x00sandtree-seq'>b'\\x00sandtree-seq' creds=ok"),
+    )],
+    mutate: &[&[Ask("drain", Any), Ask("late", Is("connected")), Ask("close", Is("closed"))]],
+    after: &[Ask("drain", Is("s=to-server-s/to-client-s q=to-server-q/to-client-q pending=none echo=ping new=ok"))],
+    ..Spec::DEFAULT
+};
+
+/// An X server (Xvfb) with a client watching a property of its root
+/// window, connected through the abstract namespace: after each rollback
+/// the server has the checkpoint's property, the watching client is still
+/// connected and sees the next change, and new clients connect (issue 38,
+/// item 6: a computer-use agent's desktop, refused before).
+static XVFB_WITH_CLIENTS: Spec = Spec {
+    program: program!("xvfb_with_clients.py"),
+    setup: &[Ask("set one", Is("set"))],
+    at_ck: &[("get", Is("FOO=one")), ("spy", Is("seen=one"))],
+    mutate: &[&[Ask("set two", Is("set")), Ask("spy", Like(|s| s.ends_with(",two")))]],
+    after: &[Ask("set three", Is("set")), Ask("spy", Is("seen=one,three")), Ask("get", Is("FOO=three"))],
+    ..Spec::DEFAULT
+};
+
 /// Datagrams queued on an unconnected unix datagram socket bound to a path
 /// come back in order, each from its sender (a socket bound to a path, one
 /// bound to a relative path, an unbound one), and what came after the
@@ -3073,6 +3105,8 @@ fn main() {
         ("descriptors_in_flight_between_processes", declared!(DESCRIPTORS_IN_FLIGHT_BETWEEN_PROCESSES)),
         ("descriptors_in_flight_after_a_checkpoint", descriptors_in_flight_after_a_checkpoint),
         ("replies_from_a_gone_child", declared!(REPLIES_FROM_A_GONE_CHILD)),
+        ("abstract_unix_connections", declared!(ABSTRACT_UNIX_CONNECTIONS)),
+        ("xvfb_with_clients", declared!(XVFB_WITH_CLIENTS)),
         ("pty_master_closed_after_a_checkpoint", declared!(PTY_MASTER_CLOSED_AFTER_A_CHECKPOINT)),
         ("socketpair_peer_closed_after_a_checkpoint", declared!(SOCKETPAIR_PEER_CLOSED_AFTER_A_CHECKPOINT)),
         ("unix_connection_closed_after_a_checkpoint", declared!(UNIX_CONNECTION_CLOSED_AFTER_A_CHECKPOINT)),

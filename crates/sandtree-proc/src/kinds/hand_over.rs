@@ -169,7 +169,7 @@ impl Connection {
                 && !out.iter().any(|c| c.accepted == *ino)
             {
                 let maker = listener_of(images, &l.path, pair.sock_type).and_then(|ino| binder(images, ino));
-                let connect_to = match l.path.starts_with('/') {
+                let connect_to = match l.path.starts_with('/') || l.path.starts_with('@') {
                     true => l.path.clone(),
                     false => absolute_listener_path(images, &l.path).unwrap_or_else(|| l.path.clone()),
                 };

@@ -76,7 +76,7 @@ impl Kind for Unix {
                 "a unix connection its listener has not accepted yet (made anew at a restore, it would be lost): checkpoint once it is accepted".into(),
             ),
             FdKind::Socket { held_connection: true, bound, .. } => Err(format!(
-                "a unix connection ({}) made through a listener of the abstract namespace or from a bound socket, which a restore cannot make again yet (a copy the checkpoint held would hide this end's close from its peer)",
+                "a unix connection ({}) made from a bound socket, or through a listener of the abstract namespace whose name is not text, which a restore cannot make again yet (a copy the checkpoint held would hide this end's close from its peer)",
                 match bound {
                     Some(address) => format!("address {address}"),
                     None => "the connecting end".to_string(),
@@ -85,7 +85,9 @@ impl Kind for Unix {
             FdKind::Socket { queued: true, peer: None, unix_datagrams: None, .. } => Err(
                 "a unix socket with data in flight that is not captured (only a connected socket's whose peer a captured process holds or, of an unnamed pair, was closed, and a datagram socket's bound to a path, are; checkpoint once it is read)".into(),
             ),
-            FdKind::Socket { listening: true, bound: Some(path), bound_from: None, .. } if !path.starts_with('/') => {
+            FdKind::Socket { listening: true, bound: Some(path), bound_from: None, .. }
+                if !path.starts_with('/') && !path.starts_with('@') =>
+            {
                 Err(format!(
                     "a unix socket listening on relative path {path}, whose socket file is not there from its working directory (a restore binds it again from there)"
                 ))
@@ -94,7 +96,7 @@ impl Kind for Unix {
                 "a unix socket listening on {path}, whose socket file was removed since (bound again, it would be reachable there again)"
             )),
             FdKind::Socket { stream: false, connected: false, bound: Some(path), bound_from: None, .. }
-                if !path.starts_with('/') =>
+                if !path.starts_with('/') && !path.starts_with('@') =>
             {
                 Err(format!(
                     "a unix datagram socket bound to relative path {path}, whose socket file is not there from its working directory (a restore binds it again from there)"
@@ -221,9 +223,7 @@ fn connect_again(p: &mut Tracee, (scratch, numbers): (u64, &[i32]), handed: &mut
         &[libc::AF_UNIX as u64, (c.sock_type | libc::SOCK_CLOEXEC) as u64, 0],
     )?;
     let [sock] = clear_of_numbers(p, [sock], numbers)?;
-    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
-    sun.extend_from_slice(c.connect_to.as_bytes());
-    sun.push(0);
+    let sun = sockaddr_un(&c.connect_to);
     ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
     let connected = p.call(
         "connect (unix, through its listener again)",
@@ -449,31 +449,54 @@ pub(crate) fn put_back_queues(set: &CheckpointTemplates) -> Result<()> {
 /// rollback, or came after the checkpoint).
 fn rebind(p: &mut Tracee, scratch: u64, (fd, flags): (i32, u32), (ty, listen): (i32, bool), path: &str) -> Result<()> {
     let pid = p.tid;
-    let addr = write_path(pid, scratch, path)?;
-    let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
-    let mut stat = [0u8; 144];
-    let keep_mode = if mode.ret == 0 {
-        ptrace::read_mem(pid.raw(), scratch + 2048, &mut stat).map_err(Error::ptrace(pid, "read stat"))?;
-        Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
-    } else {
-        None
+    // (An abstract name has no file: nothing to unlink or keep the mode of.)
+    let file = match path.starts_with('@') {
+        true => None,
+        false => {
+            let addr = write_path(pid, scratch, path)?;
+            let mode = p.syscall(libc::SYS_stat, &[addr, scratch + 2048])?;
+            let mut stat = [0u8; 144];
+            let keep_mode = if mode.ret == 0 {
+                ptrace::read_mem(pid.raw(), scratch + 2048, &mut stat).map_err(Error::ptrace(pid, "read stat"))?;
+                Some(u32::from_ne_bytes(stat[24..28].try_into().unwrap_or_default()) & 0o7777)
+            } else {
+                None
+            };
+            let _ = p.syscall(libc::SYS_unlink, &[addr])?;
+            Some((addr, keep_mode))
+        }
     };
-    let _ = p.syscall(libc::SYS_unlink, &[addr])?;
     let ty = socket_type(ty, flags);
     let new = p.call("socket (unix, bound again)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
-    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
-    sun.extend_from_slice(path.as_bytes());
-    sun.push(0);
+    let sun = sockaddr_un(path);
     ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
     p.call("bind (unix, bound again)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
     if listen {
         p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
     }
     move_fd(p, new, fd, flags)?;
-    if let Some(m) = keep_mode {
+    if let Some((addr, Some(m))) = file {
         p.call("chmod (unix socket)", libc::SYS_chmod, &[addr, m as u64])?;
     }
     Ok(())
+}
+
+/// The `struct sockaddr_un` of unix address `path` and its length: a path
+/// (NUL-terminated), or a name of the abstract namespace (`@name`, as
+/// `procfs` writes it: a leading NUL, and the name's bytes exactly).
+fn sockaddr_un(path: &str) -> Vec<u8> {
+    let mut sun = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    match path.strip_prefix('@') {
+        Some(name) => {
+            sun.push(0);
+            sun.extend_from_slice(name.as_bytes());
+        }
+        None => {
+            sun.extend_from_slice(path.as_bytes());
+            sun.push(0);
+        }
+    }
+    sun
 }
 
 /// Drop whatever is queued for reading on the socket behind `fd` of `host`.

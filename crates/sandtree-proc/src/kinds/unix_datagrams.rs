@@ -52,14 +52,16 @@ pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
             connected: false,
             listening: false,
             queued: true,
-            bound: Some(_),
+            bound: Some(bound),
             unix_datagrams,
             ..
         } = &mut f.kind
         else {
             continue;
         };
-        if family != "unix" {
+        // (One bound in the abstract namespace is kept: its datagrams are
+        // not captured yet.)
+        if family != "unix" || bound.starts_with('@') {
             continue;
         }
         let q = match dup_from(host, f.fd).and_then(|sock| capture_one(&sock)) {
