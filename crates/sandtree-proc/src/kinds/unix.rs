@@ -470,7 +470,25 @@ fn rebind(p: &mut Tracee, scratch: u64, (fd, flags): (i32, u32), (ty, listen): (
     let new = p.call("socket (unix, bound again)", libc::SYS_socket, &[libc::AF_UNIX as u64, ty, 0])?;
     let sun = sockaddr_un(path);
     ptrace::write_mem(pid.raw(), scratch + 1024, &sun).map_err(Error::ptrace(pid, "write sockaddr"))?;
-    p.call("bind (unix, bound again)", libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
+    // (An abstract name is free once every holder of the old socket is
+    // gone: a killed holder may still be exiting. A path was unlinked.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let out = p.syscall(libc::SYS_bind, &[new, scratch + 1024, sun.len() as u64])?;
+        match out.ret {
+            0 => break,
+            r if r == -(libc::EADDRINUSE as i64) && path.starts_with('@') && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            r => {
+                return Err(Error::Remote {
+                    pid,
+                    call: "bind (unix, bound again)",
+                    errno: io::Error::from_raw_os_error(-r as i32),
+                });
+            }
+        }
+    }
     if listen {
         p.call("listen", libc::SYS_listen, &[new, libc::SOMAXCONN as u64])?;
     }
