@@ -602,9 +602,10 @@ pub enum FdKind {
         /// port taken after the original closed it).
         #[serde(default)]
         inet: Option<InetBinding>,
-        /// One end of a pair of unnamed unix sockets (`socketpair`) whose
-        /// other end is alive: made anew at the restore (see
-        /// [`UnixPair`]).
+        /// One end of a pair of unnamed unix sockets (`socketpair`) or of a
+        /// connection through a listener, whose other end is alive (or was
+        /// released, with data queued on this one): made anew at the
+        /// restore (see [`UnixPair`]).
         #[serde(default)]
         pair: Option<UnixPair>,
         /// A connected unix datagram socket: the path it is connected to.
@@ -625,8 +626,9 @@ pub enum FdKind {
         #[serde(default)]
         not_accepted: bool,
         /// A unix stream or seqpacket connection with its peer alive that
-        /// a restore does not make again (made through a listener of the
-        /// abstract namespace, or from a connecting end bound itself): a
+        /// a restore does not make again (made from a connecting end bound
+        /// itself, or through a listener of the abstract namespace whose
+        /// name is not text): a
         /// template would hold it, and a peer's close after the checkpoint
         /// would never show. Refused.
         #[serde(default)]
@@ -953,9 +955,10 @@ pub struct PtyState {
     pub slave_owner: (u32, u32, u32),
 }
 
-/// One end of a pair of connected unix sockets whose peer is alive: an
+/// One end of a pair of connected unix sockets whose peer is alive (or,
+/// of an unnamed pair, released with data queued here: `peer` 0): an
 /// unnamed pair (`socketpair`), or a connection made through a listener
-/// bound to a path (`through`). A template holds no end of one (a peer's
+/// bound to a path or an abstract name (`through`). A template holds no end of one (a peer's
 /// close must show as the end of the stream, checkpoint or not): the
 /// restore makes the pair anew (a `socketpair` in the first restored
 /// process that holds an end; a `connect` by the process that connected,
@@ -1053,7 +1056,7 @@ pub struct PipeBuffer {
 pub struct SocketBuffer {
     /// The receiving socket's inode.
     pub ino: u64,
-    /// Its peer's inode.
+    /// Its peer's inode (0: released, `UnixPair::peer`).
     pub peer: u64,
     /// A byte stream rather than messages (one per datagram or seqpacket
     /// record). A stream's bytes are one piece, or, with descriptors in

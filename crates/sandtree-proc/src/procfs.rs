@@ -602,25 +602,30 @@ fn socket_kind(pid: HostPid, pidfd: Option<&OwnedFd>, diag: &mut Option<OwnedFd>
     let connected = !listening && peer_addr.is_some();
     let own_addr = (family == "unix").then(|| rustix::net::getsockname(&dup).ok()).flatten();
     let bound = unix_path(own_addr.clone());
-    // (FIONREAD first, not a peek: a peek would start at, and move, the
-    // socket's own SO_PEEK_OFF; a datagram socket counts the next one.)
+    // (FIONREAD and poll, not a peek: a peek would start at, and move,
+    // the socket's own SO_PEEK_OFF, and would mark an empty datagram
+    // peeked, which a later peek at offset 0 goes past. A datagram
+    // socket's FIONREAD counts the next one, which may be empty: queued
+    // all the same, as `POLLIN` says, but for a socket shut down.)
     let queued = !listening && {
-        let mut b = [0u8; 1];
-        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
         rustix::io::ioctl_fionread(&dup).is_ok_and(|n| n > 0)
-            || (sandtree_sys::sockopt::peek_offset(&dup).is_ok_and(|o| o < 0)
-                // (A datagram socket's first may be empty: queued all the same.)
-                && matches!(rustix::net::recv(&dup, &mut b[..], flags), Ok((n, _)) if n > 0 || !stream))
+            || (!stream && {
+                use rustix::event::{PollFd, PollFlags};
+                let mut fds = [PollFd::new(&dup, PollFlags::IN | PollFlags::RDHUP)];
+                rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok()
+                    && fds[0].revents().contains(PollFlags::IN)
+                    && !fds[0].revents().contains(PollFlags::RDHUP)
+            })
     };
     let inet = (family.starts_with("inet") && (listening || (!stream && !connected)))
         .then(|| inet_binding(&dup, matches!(ty, Ok(SocketType::STREAM))))
         .flatten();
-    // Data queued on a connected unix socket is captured when no
-    // descriptor is in flight with it, its receiver does not take the
-    // sender's credentials (SO_PASSCRED: the restore sends as the daemon),
-    // and it can still receive, through the peer that sent it.
+    // Data queued on a connected unix socket is captured when its
+    // receiver does not take the sender's credentials (SO_PASSCRED: the
+    // restore sends as the daemon), and it can still receive, through the
+    // peer that sent it (or a peer made for it, the old one released).
     // (The data itself is peeked once, by the checkpoint's first pass,
-    // which refuses the process if descriptors travel with it.)
+    // files in flight with it included: `kinds/in_flight.rs`.)
     let passcred = sockopt::socket_passcred(&dup).unwrap_or(true);
     // (One `NETLINK_SOCK_DIAG` socket per process, made at the first ask.)
     let mut state = || {

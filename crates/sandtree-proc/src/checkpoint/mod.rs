@@ -669,6 +669,26 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         }
         return Err(e);
     }
+    // A queue with files in flight goes back with the files its capturer's
+    // template holds (`kinds/in_flight.rs`): with that process refused
+    // (best effort), so are the other holders of the socket.
+    loop {
+        let pids: HashSet<SandboxPid> = made.iter().map(|t| t.image.pid).collect();
+        let orphans: HashSet<u64> = captured_sockets
+            .iter()
+            .filter(|(b, _)| b.passed_in.is_some_and(|p| !pids.contains(&p)))
+            .map(|(b, _)| b.ino)
+            .collect();
+        let held = made.iter().enumerate().find_map(|(i, t)| {
+            t.image.fds.iter().find_map(|f| match f.kind {
+                FdKind::Socket { ino, .. } if orphans.contains(&ino) => Some((i, f.fd)),
+                _ => None,
+            })
+        });
+        let Some((i, fd)) = held else { break };
+        let reason = "files in flight on this unix socket were captured with a process that is not restorable";
+        refuse_template(&mut made, i, (format!("fd {fd}"), reason), best_effort, &mut report)?;
+    }
     // An end of a unix socket pair (or connection) is made anew at the
     // restore, with its other end: a captured process must hold that one
     // too.

@@ -36,7 +36,7 @@ fn walk(sock: &OwnedFd, largest: usize, most: usize) -> io::Result<Vec<(Option<S
     // (One byte more than the largest allowed: a larger one shows.)
     let mut buf = vec![0u8; largest + 1];
     let mut out = Vec::new();
-    let flags = RecvFlags::PEEK | RecvFlags::DONTWAIT | RecvFlags::TRUNC;
+    let flags = RecvFlags::PEEK | RecvFlags::DONTWAIT | RecvFlags::TRUNC | RecvFlags::CMSG_CLOEXEC;
     loop {
         let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
         let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);

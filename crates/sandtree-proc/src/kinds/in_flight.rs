@@ -33,7 +33,7 @@
 //! Refused: a file in flight of a kind not listed in [`refusal`]; files
 //! in flight on a socket that is itself in flight; a process whose
 //! template would come from a standby (the checkpoint forks it instead:
-//! `checkpoint::track_of`). A process with files in flight cannot move to
+//! `checkpoint::track_for`). A process with files in flight cannot move to
 //! a new tree: such a checkpoint is a snapshot.
 
 use std::collections::HashMap;
@@ -181,9 +181,11 @@ pub(crate) fn send_again(set: &CheckpointTemplates, handed: &Handed, restored: c
         }
         for (ino, peer) in [(buf.ino, buf.peer), (buf.peer, buf.ino)] {
             done.push(ino);
-            let (Some(from), Some(queued)) = (handed.ends.get(&Key::Socket(peer)), handed.pair_queued.get(&ino)) else {
-                continue;
-            };
+            let Some(queued) = handed.pair_queued.get(&ino) else { continue };
+            let from = handed
+                .ends
+                .get(&Key::Socket(peer))
+                .ok_or_else(|| failed(io::Error::other(format!("the peer of unix socket {ino} was not made again"))))?;
             send_queue(from, queued, handed).map_err(failed)?;
         }
         for ino in [buf.ino, buf.peer] {

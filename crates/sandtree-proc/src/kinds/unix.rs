@@ -7,8 +7,12 @@
 //!   an end, and hands the other ends to the processes that hold them
 //!   (`hand_over.rs`); data queued at the checkpoint is sent again, then
 //!   shutdowns and `SO_PASSCRED` are set. Refused: a pair whose other end no
-//!   captured process holds.
-//! - A connection made through a listener bound to a path (stream or
+//!   captured process holds. An end whose peer was released, with data
+//!   queued (`UnixPair::peer` 0), is made anew too, with a peer that sends
+//!   the data again and closes with the restore's end (and leaves a byte
+//!   unread first where the old one had: `UnixPair::reset`).
+//! - A connection made through a listener bound to a path or to a name of
+//!   the abstract namespace (`@name`; stream or
 //!   seqpacket; the connecting end not bound itself) is not held by the
 //!   template either. The restore makes it again through the listener,
 //!   bound again, so that both ends have their addresses and peer
@@ -24,13 +28,15 @@
 //!   process holds the listener, or makers wait for each other.
 //! - A listener bound to a path, or a datagram socket bound to one and not
 //!   connected, is bound anew at that path in the rolled-back tree (the old
-//!   socket file is a dead copy there), with its type, once: by its
+//!   socket file is a dead copy there), with its type, once (a listener of
+//!   the abstract namespace too, at its name, once the killed holders of
+//!   the old one are gone): by its
 //!   *binder* ([`super::hand_over::binder`]: the process that listened on
 //!   it if it holds it, else the first holder), restored before the other
 //!   holders, which get it handed over.
-//! - Any other (a connection through an abstract-namespace listener, one
-//!   whose connecting end is bound, one not accepted yet, one to a socket
-//!   outside the sandbox) is held by the template as it is: a peer's close
+//! - Any other (a connection through an abstract listener whose name is
+//!   not text, one whose connecting end is bound, one not accepted yet, one
+//!   to a socket outside the sandbox) is held by the template as it is: a peer's close
 //!   after a checkpoint does not show there yet. What is queued on a
 //!   connected one at the checkpoint (bytes or messages) is peeked in
 //!   pass 1 and, at the restore, the socket is drained and its peer sends
@@ -39,7 +45,8 @@
 //!
 //! Refused: a connection its listener has not accepted yet (the listener
 //! is made anew: the pending connection would be lost), data in flight
-//! that cannot be captured (no captured peer to send it), a listener or bound datagram socket on a relative path whose
+//! that cannot be captured (no captured peer to send it, an empty
+//! message), a listener or bound datagram socket on a relative path whose
 //! socket file is not there from the process's working directory (a
 //! restore, which enters that directory first, binds it again there), or
 //! whose socket file was removed since its bind. A process holding one
@@ -553,7 +560,13 @@ pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Peeked>> 
     let peek = |buf: &mut [u8]| -> io::Result<(usize, bool, Vec<OwnedFd>)> {
         let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
         let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::TRUNC;
+        // (Close-on-exec: the daemon holds them until pass 1 gives them to
+        // a template, and a program it starts meanwhile must not inherit
+        // them.)
+        let flags = rustix::net::RecvFlags::PEEK
+            | rustix::net::RecvFlags::DONTWAIT
+            | rustix::net::RecvFlags::TRUNC
+            | rustix::net::RecvFlags::CMSG_CLOEXEC;
         let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(buf)], &mut control, flags)?;
         let mut fds = Vec::new();
         for m in control.drain() {
@@ -592,6 +605,12 @@ pub fn socket_messages(sock: &OwnedFd, stream: bool) -> io::Result<Vec<Peeked>> 
         loop {
             match peek(&mut buf) {
                 Ok((_, true, _)) => break Err(io::Error::other("a queued message is larger than 256 KiB")),
+                // (The kernel marks an empty message peeked, and a later
+                // peek at offset 0 goes past it: a second capture would
+                // not see it.)
+                Ok((0, ..)) => {
+                    break Err(io::Error::other("an empty message is queued (a peek cannot capture it twice)"));
+                }
                 Ok((n, false, fds)) if out.len() < 4096 => out.push((buf[..n].to_vec(), fds)),
                 Ok(_) => break Err(io::Error::other("more than 4096 messages queued")),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(out),

@@ -146,7 +146,9 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) 
         _ => 0o4,
     };
     for f in p.fds.iter_mut().filter(|f| f.flags & libc::O_PATH as u32 == 0 && matches!(f.kind, FdKind::Pipe { .. })) {
-        let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
+        // (A file in flight is the template's alone: `kinds/in_flight.rs`.)
+        let holder = if f.in_flight { template } else { orig };
+        let node = fs::metadata(format!("/proc/{holder}/fd/{}", f.fd));
         f.daemon_opens = node.is_ok_and(|m| !c.may(&m, want(f)));
     }
     let mut layer_files = Vec::new();
@@ -162,7 +164,8 @@ pub(crate) fn fd_denied(orig: HostPid, template: HostPid, p: &mut ProcessImage) 
                 || k.terminal().is_some()
                 || matches!(k, FdKind::ShmFile { deleted: true, .. }) =>
             {
-                let node = fs::metadata(format!("/proc/{orig}/fd/{}", f.fd));
+                let holder = if f.in_flight { template } else { orig };
+                let node = fs::metadata(format!("/proc/{holder}/fd/{}", f.fd));
                 node.is_ok_and(|m| !c.may(&m, want(f))).then(|| match k {
                     FdKind::ShmFile { path, .. } | FdKind::Fifo { path, .. } | FdKind::KeptFile { path, .. } => {
                         path.clone()

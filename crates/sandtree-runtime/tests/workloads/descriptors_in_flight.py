@@ -13,7 +13,9 @@
 # every message received and each file used:
 # `d:<msg>[<files>]=<use>,... s:... q:... c:...`; `late` -> one more
 # message with a file on each socket; `memfd` -> a memfd sent on the
-# datagram pair (a checkpoint refuses it); `light` -> `fill`'s file alone,
+# datagram pair (a checkpoint refuses it); `empty` -> a file sent on the
+# datagram pair with no bytes (refused: a peek marks an empty message);
+# `light` -> `fill`'s file alone,
 # the descriptor table as it was.
 import array
 
@@ -127,6 +129,11 @@ def handle(cmd):
             socket.send_fds(sock, [b'late'], [r])
         os.close(r)
         os.close(w2)
+        return 'sent'
+    if cmd == 'empty':
+        f = os.open('/root/f.txt', os.O_RDONLY)
+        d0.sendmsg([b''], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [f]))])
+        os.close(f)
         return 'sent'
     if cmd == 'memfd':
         m = os.memfd_create('in-flight')

@@ -6,7 +6,9 @@
 # Commands: `set <value>` -> property FOO of the root window set by a new
 # client: `set`; `get` -> FOO as a new client reads it: `FOO=<value>`;
 # `spy` -> the values of FOO the watching client saw: `seen=<v>,...`;
-# `state` -> `ready`.
+# `links` -> how many sockets have the server's abstract name and its path
+# (a listener each, and the server's end of each connection):
+# `abstract=<n> path=<n>`; `state` -> `ready`.
 import subprocess
 
 env = dict(os.environ, DISPLAY=':42')
@@ -39,6 +41,12 @@ def handle(cmd):
         return 'FOO=' + (out.split('= ', 1)[1].strip().strip('"') if '= ' in out else 'none')
     if cmd == 'spy':
         return 'seen=' + ','.join(seen())
+    if cmd == 'links':
+        # The server's sockets by name (/proc/net/unix: a listener, and the
+        # server's end of each connection through it, have its name).
+        with open('/proc/net/unix') as f:
+            names = [l.split()[-1] for l in f.readlines()[1:] if len(l.split()) == 8]
+        return 'abstract=%d path=%d' % (names.count('@/tmp/.X11-unix/X42'), names.count('/tmp/.X11-unix/X42'))
     if cmd == 'state':
         return 'ready'
     raise ValueError(cmd)
