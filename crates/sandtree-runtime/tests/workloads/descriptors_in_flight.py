@@ -35,23 +35,6 @@ kept = os.open('/root/f.txt', os.O_RDONLY)
 w = e1 = None
 
 
-def received(sock):
-    """Every message queued on `sock`, with the descriptors it carries."""
-    out = []
-    while True:
-        try:
-            data, anc, _, _ = sock.recvmsg(4096, socket.CMSG_LEN(16 * 4), socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return out
-        fds = array.array('i')
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(raw[:len(raw) - len(raw) % 4])
-        if not data and not fds:
-            return out
-        out.append((data.decode(), list(fds)))
-
-
 def use(msg, fds):
     if msg == 'pipe':
         os.write(w, b'hello')
@@ -114,7 +97,7 @@ def handle(cmd):
         out = []
         for name, sock in (('d', d1), ('s', s1), ('q', q1), ('c', c1)):
             got = []
-            for msg, fds in received(sock):
+            for msg, fds in messages_with_fds(sock):
                 got.append('%s[%d]=%s' % (msg, len(fds), use(msg, fds) if fds else ''))
                 for fd in fds:
                     try:

@@ -51,22 +51,6 @@ there.close()
 os.close(go_r)
 
 
-def received(sock):
-    out = []
-    while True:
-        try:
-            data, anc, _, _ = sock.recvmsg(4096, socket.CMSG_LEN(16 * 4), socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return out
-        fds = array.array('i')
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(raw[:len(raw) - len(raw) % 4])
-        if not data and not fds:
-            return out
-        out.append((data.decode(), list(fds)))
-
-
 def use(msg, fds):
     if msg == 'listener':
         lst = socket.socket(fileno=fds[0])
@@ -105,7 +89,7 @@ def handle(cmd):
         return 'ready'
     if cmd == 'drain':
         got = []
-        for msg, fds in received(here):
+        for msg, fds in messages_with_fds(here):
             got.append('%s[%d]=%s' % (msg, len(fds), use(msg, fds) if fds else ''))
         return ','.join(got) or 'none'
     raise ValueError(cmd)

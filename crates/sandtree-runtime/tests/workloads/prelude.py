@@ -7,7 +7,9 @@
 # given, runs between non-blocking polls (otherwise the loop blocks in
 # `select`). `avail(fd)`: bytes waiting on a pipe or FIFO; `drain_fd(fd)`:
 # what a non-blocking `fd` holds; `status(key)`: a field of /proc/self/status;
-# `waited(fd, events)`: whether `poll` reported any of `events` within 3 s.
+# `waited(fd, events)`: whether `poll` reported any of `events` within 3 s;
+# `messages_with_fds(sock)`: every message queued on unix socket `sock`,
+# each with the descriptors it carried (`SCM_RIGHTS`).
 import errno, fcntl, os, select, signal, socket, struct, sys, termios, time
 
 def _readline(c):
@@ -85,3 +87,21 @@ def status(key):
         for line in f:
             if line.startswith(key + ':'):
                 return line.split()[1]
+
+
+def messages_with_fds(sock):
+    """Every message queued on `sock` (not waiting), as (text, [fds])."""
+    import array
+    out = []
+    while True:
+        try:
+            data, anc, _, _ = sock.recvmsg(4096, socket.CMSG_LEN(16 * 4), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return out
+        fds = array.array('i')
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(raw[:len(raw) - len(raw) % 4])
+        if not data and not fds:
+            return out
+        out.append((data.decode(), list(fds)))
