@@ -727,6 +727,11 @@ pub struct UnixDatagram {
     /// unbound sender.
     pub from: Option<String>,
     pub bytes: Vec<u8>,
+    /// The files in flight with it (`SCM_RIGHTS`): their numbers in the
+    /// image of the process whose descriptor of the receiving socket holds
+    /// this datagram ([`FdImage::in_flight`]; `kinds/in_flight.rs`).
+    #[serde(default)]
+    pub passed: Vec<i32>,
 }
 
 /// The datagrams queued on a UDP socket at a checkpoint (`kinds/udp.rs`).

@@ -1574,8 +1574,7 @@ static UDP_QUEUED_DATAGRAMS: Spec = Spec {
 };
 
 /// What `drain` answers with the files in flight of `fill`.
-const IN_FLIGHT: &str =
-    "d:pipe[1]=hello,file[1]=345,plain[0]=,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5";
+const IN_FLIGHT: &str = "d:pipe[1]=hello,file[1]=345,plain[0]=,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5 u:to-inbox@/root/snd.sock[2]=dgX,anon@[1]=9";
 
 /// Files sent on unix sockets with `SCM_RIGHTS` and not received yet come
 /// back in their messages, each working as it did: a pipe's read end
@@ -1591,10 +1590,10 @@ static DESCRIPTORS_IN_FLIGHT: Spec = Spec {
     setup: &[
         Ask("memfd", Is("sent")),
         Refused(None, &["a memfd is in flight"]),
-        Ask("drain", Is("d:memfd[1]=? s: q: c:")),
+        Ask("drain", Is("d:memfd[1]=? s: q: c: u:")),
         Ask("empty", Is("sent")),
         Refused(None, &["an empty message is queued"]),
-        Ask("drain", Is("d:[1]=? s: q: c:")),
+        Ask("drain", Is("d:[1]=? s: q: c: u:")),
         Ask("fill", Is("sent")),
     ],
     at_ck: &[("state", Is("ready"))],
@@ -2130,8 +2129,8 @@ fn descriptors_in_flight_after_a_checkpoint(e: &Engine) -> CaseFuture<'_> {
         // (The first one's standby is made meanwhile.)
         sleep_ms(100).await;
         let sent = w.checkpoint_once(e).await?;
-        let file = "d:file[1]=345 s: q: c:";
-        for (ck, want) in [(&sent, file), (&before, "d: s: q: c:"), (&sent, file)] {
+        let file = "d:file[1]=345 s: q: c: u:";
+        for (ck, want) in [(&sent, file), (&before, "d: s: q: c: u:"), (&sent, file)] {
             w.rollback(e, ck).await?;
             c.eq(&format!("after a rollback to {ck}"), &w.ask(e, "drain").await?, want);
         }

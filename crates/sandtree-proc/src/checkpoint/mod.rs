@@ -1258,6 +1258,8 @@ fn clone_of(
         // template is given (`kinds/in_flight.rs`).
         let who = (s.ns_pid, &comm_now as &dyn Fn() -> String);
         let mut queues = crate::kinds::capture_unix_queue(host, &fds, seen, who)?;
+        // (And on its unconnected datagram sockets.)
+        let datagram_files = crate::kinds::capture_unix_datagrams(host, &mut fds);
         if queues.iter().any(|(b, passed)| b.peer == 0 && !passed.is_empty()) {
             return Err(Error::unsupported(
                 s.ns_pid,
@@ -1266,7 +1268,8 @@ fn clone_of(
                 "files in flight (SCM_RIGHTS) on an end of a unix socket pair whose other end was closed",
             ));
         }
-        let mut in_flight = match (crate::kinds::in_flight_any(&queues), patched.is_none()) {
+        let any_in_flight = crate::kinds::in_flight_any(&queues) || !datagram_files.is_empty();
+        let mut in_flight = match (any_in_flight, patched.is_none()) {
             (false, _) => Vec::new(),
             (true, true) => {
                 // (A child of another process's template, made in two
@@ -1276,7 +1279,7 @@ fn clone_of(
                     None => ptrace::regs(tpl.raw()).map_err(Error::ptrace(tpl, "GETREGS"))?,
                 };
                 let mut t = Tracee::new(tpl, regs, insn);
-                crate::kinds::give_in_flight(&mut t, &fds, &mut queues, mounts, s.ns_pid)?
+                crate::kinds::give_in_flight(&mut t, &mut fds, (&mut queues, datagram_files), mounts, s.ns_pid)?
             }
             (true, false) => {
                 return Err(Error::unsupported(
@@ -1290,7 +1293,6 @@ fn clone_of(
         let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
         crate::kinds::capture_tcp(host, &mut fds);
         crate::kinds::capture_udp(host, &mut fds);
-        crate::kinds::capture_unix_datagrams(host, &mut fds);
         let (mut pipes, mut pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
         // The files in flight, through the template that holds them.
         let mut sockets: Vec<crate::model::SocketBuffer> = queues.into_iter().map(|(b, _)| b).collect();
@@ -1301,12 +1303,12 @@ fn clone_of(
                 ghosts.extend(crate::kinds::capture_contents(tpl, &mut in_flight)?);
                 crate::kinds::capture_tcp(tpl, &mut in_flight);
                 crate::kinds::capture_udp(tpl, &mut in_flight);
-                crate::kinds::capture_unix_datagrams(tpl, &mut in_flight);
+                let nested_datagrams = crate::kinds::capture_unix_datagrams(tpl, &mut in_flight);
                 let (more_pipes, more_keys) = crate::kinds::capture_pipe(tpl, &in_flight, seen)?;
                 pipes.extend(more_pipes);
                 pipe_keys.extend(more_keys);
                 let nested = crate::kinds::capture_unix_queue(tpl, &in_flight, seen, who)?;
-                if crate::kinds::in_flight_any(&nested) {
+                if crate::kinds::in_flight_any(&nested) || !nested_datagrams.is_empty() {
                     return Err(Error::unsupported(
                         s.ns_pid,
                         &comm_now(),

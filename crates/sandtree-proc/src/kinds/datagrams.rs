@@ -5,8 +5,9 @@
 //! later peeks see what they would have). For UDP sockets (`udp.rs`) and
 //! unconnected unix datagram sockets (`unix_datagrams.rs`).
 //!
-//! Refused (an error): a datagram with descriptors passed along (the peek
-//! installed copies here: dropped), one larger than the caller allows, an
+//! Refused (an error): a datagram with descriptors passed along where the
+//! caller takes none (UDP; the peek installed copies here: dropped), one
+//! larger than the caller allows, an
 //! empty one (the kernel marks an empty datagram peeked, and a later peek
 //! at offset 0 goes past it: a second capture would not see it), more
 //! datagrams than the caller allows.
@@ -17,22 +18,24 @@ use std::os::fd::OwnedFd;
 use rustix::io::Errno;
 use rustix::net::{RecvAncillaryMessage, RecvFlags, ReturnFlags, SocketAddrAny};
 
+/// A datagram peeked: its sender's address, its bytes, and the files in
+/// flight with it (`SCM_RIGHTS`: new descriptors of the daemon, the same
+/// open files, close-on-exec).
+pub(crate) type PeekedDatagram = (Option<SocketAddrAny>, Vec<u8>, Vec<OwnedFd>);
+
 /// Every datagram queued on `sock`, oldest first, with its sender's
-/// address: `largest` bytes each at most, `most` of them.
-pub(crate) fn peek_all(
-    sock: &OwnedFd,
-    largest: usize,
-    most: usize,
-) -> io::Result<Vec<(Option<SocketAddrAny>, Vec<u8>)>> {
+/// address: `largest` bytes each at most, `most` of them; with the files
+/// in flight with them if `files` (else those are an error).
+pub(crate) fn peek_all(sock: &OwnedFd, largest: usize, most: usize, files: bool) -> io::Result<Vec<PeekedDatagram>> {
     let saved = sandtree_sys::sockopt::peek_offset(sock)?;
     sandtree_sys::sockopt::set_peek_offset(sock, 0)?;
-    let walked = walk(sock, largest, most);
+    let walked = walk(sock, (largest, most), files);
     put_back_peek_offset(sock, saved)?;
     walked
 }
 
 /// Peek every datagram of `sock`'s queue (its peek offset at 0).
-fn walk(sock: &OwnedFd, largest: usize, most: usize) -> io::Result<Vec<(Option<SocketAddrAny>, Vec<u8>)>> {
+fn walk(sock: &OwnedFd, (largest, most): (usize, usize), files: bool) -> io::Result<Vec<PeekedDatagram>> {
     // (One byte more than the largest allowed: a larger one shows.)
     let mut buf = vec![0u8; largest + 1];
     let mut out = Vec::new();
@@ -42,8 +45,17 @@ fn walk(sock: &OwnedFd, largest: usize, most: usize) -> io::Result<Vec<(Option<S
         let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
         match rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut buf)], &mut control, flags) {
             Ok(m) => {
-                if control.drain().any(|c| matches!(c, RecvAncillaryMessage::ScmRights(_))) {
+                let mut passed = Vec::new();
+                for c in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(fds) = c {
+                        passed.extend(fds);
+                    }
+                }
+                if !passed.is_empty() && !files {
                     return Err(io::Error::other("descriptors are in flight with them"));
+                }
+                if m.flags.contains(ReturnFlags::CTRUNC) {
+                    return Err(io::Error::other("more descriptors in flight with a datagram than it can carry"));
                 }
                 if m.flags.contains(ReturnFlags::TRUNC) || m.bytes > largest {
                     return Err(io::Error::other(format!("a datagram larger than {largest} bytes")));
@@ -51,7 +63,7 @@ fn walk(sock: &OwnedFd, largest: usize, most: usize) -> io::Result<Vec<(Option<S
                 if m.bytes == 0 {
                     return Err(io::Error::other("an empty datagram is queued (a peek cannot capture it twice)"));
                 }
-                out.push((m.address, buf[..m.bytes].to_vec()));
+                out.push((m.address, buf[..m.bytes].to_vec(), passed));
                 if out.len() > most {
                     return Err(io::Error::other(format!("more than {most} datagrams are queued")));
                 }

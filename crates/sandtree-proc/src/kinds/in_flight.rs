@@ -53,21 +53,27 @@ use crate::{Error, Result, SandboxPid};
 /// (by message index), held by the daemon until [`give_to_template`].
 pub(crate) type PeekedQueue = (SocketBuffer, Vec<(usize, Vec<OwnedFd>)>);
 
+/// Files in flight with datagrams queued on unconnected unix datagram
+/// sockets (`unix_datagrams::capture`): (index of the socket's descriptor
+/// among the process's, index of the datagram, the files).
+pub(crate) type DatagramFiles = Vec<(usize, usize, Vec<OwnedFd>)>;
+
 /// Whether any of `queues` carries files in flight.
 pub(crate) fn any(queues: &[PeekedQueue]) -> bool {
     queues.iter().any(|(_, passed)| !passed.is_empty())
 }
 
-/// Pass 1: the files in flight on the queues of process `pid` (peeked by
-/// `unix::capture_queue`, with `fds` its descriptors) given to its forked
+/// Pass 1: the files in flight on the unix sockets of process `pid` (with
+/// the messages of `queues`, peeked by `unix::capture_queue`, and with the
+/// datagrams of `datagrams`; `fds` its descriptors) given to its forked
 /// template `t`, on numbers that are none of `fds`', and the daemon's
 /// copies closed. Returns their images (read through the template, with
-/// `mounts`), marked [`FdImage::in_flight`]; each queue's `passed` says
-/// which message carried which.
+/// `mounts`), marked [`FdImage::in_flight`]; each queue's `passed`, and
+/// each datagram's, says which carried which.
 pub(crate) fn give_to_template(
     t: &mut Tracee,
-    fds: &[FdImage],
-    queues: &mut [PeekedQueue],
+    fds: &mut [FdImage],
+    (queues, datagrams): (&mut [PeekedQueue], DatagramFiles),
     mounts: &HashMap<i32, MountEntry>,
     pid: SandboxPid,
 ) -> Result<Vec<FdImage>> {
@@ -75,6 +81,7 @@ pub(crate) fn give_to_template(
     let files: Vec<BorrowedFd<'_>> = queues
         .iter()
         .flat_map(|(_, passed)| passed.iter().flat_map(|(_, fds)| fds.iter().map(|f| f.as_fd())))
+        .chain(datagrams.iter().flat_map(|(_, _, fds)| fds.iter().map(|f| f.as_fd())))
         .collect();
     if files.is_empty() {
         return Ok(Vec::new());
@@ -97,6 +104,13 @@ pub(crate) fn give_to_template(
         }
         if !buf.passed.is_empty() {
             buf.passed_in = Some(pid);
+        }
+    }
+    for (socket, i, files) in datagrams {
+        if let FdKind::Socket { unix_datagrams: Some(q), .. } = &mut fds[socket].kind
+            && let Some(d) = q.datagrams.get_mut(i)
+        {
+            d.passed = at.by_ref().take(files.len()).collect();
         }
     }
     let wanted: Vec<i32> = given.iter().map(|&n| n as i32).collect();

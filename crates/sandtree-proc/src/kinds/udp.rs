@@ -93,7 +93,7 @@ fn capture_one(sock: &OwnedFd) -> io::Result<UdpQueue> {
     let to = std_address(rustix::net::getsockname(sock)?)?;
     // (65,507 bytes: the most an IPv4 datagram carries.)
     let mut datagrams = Vec::new();
-    for (from, bytes) in super::datagrams::peek_all(sock, 65_507, MOST)? {
+    for (from, bytes, _) in super::datagrams::peek_all(sock, 65_507, MOST, false)? {
         let from = from.ok_or_else(|| io::Error::other("a datagram without its sender"))?;
         datagrams.push(Datagram { from: std_address(from)?, bytes });
     }

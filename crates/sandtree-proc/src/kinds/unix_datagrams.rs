@@ -17,10 +17,13 @@
 //!   socket's path in the rolled-back tree (reached through an `O_PATH` of
 //!   its socket file, `/proc/self/fd/<n>`: no length limit) from its
 //!   sender's new socket (the daemon's copy, `hand_over`), or, from an
-//!   unbound sender, from an unbound socket of the daemon.
+//!   unbound sender, from an unbound socket of the daemon; with the files
+//!   in flight with it (`SCM_RIGHTS`: given to the template in pass 1 and
+//!   made by the restore like descriptors, `in_flight.rs`).
 //!
 //! Refused: a socket a captured datagram socket is connected to (kept by
-//! the template, not bound again), a datagram with descriptors passed along, one from an abstract
+//! the template, not bound again), a datagram with files in flight of a
+//! kind `in_flight.rs` refuses, one from an abstract
 //! address or from a sender no captured process holds (or that is
 //! connected: it is not made anew), an empty one (a peek marks it peeked),
 //! a receiver with `SO_PASSCRED` (the datagrams would carry the daemon's
@@ -28,7 +31,7 @@
 //! (`SO_PEERCRED`-like data a receiver without `SO_PASSCRED` never sees).
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::net::SocketAddrUnix;
 
@@ -43,9 +46,12 @@ const MOST: usize = 4096;
 
 /// Pass 1: the datagrams queued on the unconnected unix datagram sockets
 /// bound to a path among `fds` of stopped process `host` (into their
-/// `unix_datagrams`).
-pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
-    for f in fds.iter_mut().filter(|f| f.same_as.is_none()) {
+/// `unix_datagrams`). Returns the files in flight with them, by
+/// (index in `fds`, index of the datagram), for `kinds/in_flight.rs` to
+/// give to the template.
+pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) -> Vec<(usize, usize, Vec<OwnedFd>)> {
+    let mut in_flight = Vec::new();
+    for (at, f) in fds.iter_mut().enumerate().filter(|(_, f)| f.same_as.is_none()) {
         let FdKind::Socket {
             family,
             stream: false,
@@ -65,7 +71,16 @@ pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
             continue;
         }
         let q = match dup_from(host, f.fd).and_then(|sock| capture_one(&sock)) {
-            Ok(datagrams) => UnixDatagrams { datagrams, refused: None },
+            Ok(peeked) => {
+                let mut datagrams = Vec::with_capacity(peeked.len());
+                for (i, (d, files)) in peeked.into_iter().enumerate() {
+                    datagrams.push(d);
+                    if !files.is_empty() {
+                        in_flight.push((at, i, files));
+                    }
+                }
+                UnixDatagrams { datagrams, refused: None }
+            }
             Err(e) => UnixDatagrams {
                 datagrams: Vec::new(),
                 refused: Some(format!("a unix datagram socket whose queued datagrams cannot be captured: {e}")),
@@ -73,15 +88,20 @@ pub(crate) fn capture(host: HostPid, fds: &mut [FdImage]) {
         };
         *unix_datagrams = Some(Box::new(q));
     }
+    in_flight
 }
 
-/// The datagrams queued on socket `sock` (see the module docs).
-fn capture_one(sock: &OwnedFd) -> io::Result<Vec<UnixDatagram>> {
+/// The datagrams queued on socket `sock` (see the module docs), each with
+/// the files in flight with it.
+fn capture_one(sock: &OwnedFd) -> io::Result<Vec<(UnixDatagram, Vec<OwnedFd>)>> {
     if rustix::net::sockopt::socket_passcred(sock)? {
         return Err(io::Error::other("its receiver takes its senders' credentials (SO_PASSCRED)"));
     }
-    let peeked = super::datagrams::peek_all(sock, 256 * 1024, MOST)?;
-    peeked.into_iter().map(|(from, bytes)| Ok(UnixDatagram { from: sender(from)?, bytes })).collect()
+    let peeked = super::datagrams::peek_all(sock, 256 * 1024, MOST, true)?;
+    peeked
+        .into_iter()
+        .map(|(from, bytes, files)| Ok((UnixDatagram { from: sender(from)?, bytes, passed: Vec::new() }, files)))
+        .collect()
 }
 
 /// A datagram's sender: its bound path, or `None` for an unbound one.
@@ -197,7 +217,23 @@ pub(crate) fn send_again(set: &CheckpointTemplates, handed: &Handed, restored: H
                         },
                     };
                     let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-                    let n = rustix::net::sendto(from, &d.bytes, flags, &to)?;
+                    // (With its files in flight, which the restore of this
+                    // process handed to the daemon: `in_flight::lift`.)
+                    let files = d
+                        .passed
+                        .iter()
+                        .map(|&n| {
+                            handed.in_flight.get(&(image.pid, n)).map(|f| f.as_fd()).ok_or_else(|| {
+                                io::Error::other(format!("file in flight {n} of process {} was not made", image.pid))
+                            })
+                        })
+                        .collect::<io::Result<Vec<_>>>()?;
+                    let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
+                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                    if !files.is_empty() {
+                        control.push(rustix::net::SendAncillaryMessage::ScmRights(&files));
+                    }
+                    let n = rustix::net::sendmsg_addr(from, &to, &[io::IoSlice::new(&d.bytes)], &mut control, flags)?;
                     if n != d.bytes.len() {
                         return Err(io::Error::other("a datagram was cut"));
                     }

@@ -8,7 +8,10 @@
 # - on a seqpacket pair: an end of another pair, whose peer is kept and
 #   wrote to it (data queued on a socket in flight);
 # - on a connection through a listener bound to /root/l.sock: an eventfd
-#   (counter 5).
+#   (counter 5);
+# - on a datagram socket bound to /root/inbox.sock, not connected: both
+#   ends of a pipe holding `dg` from a socket bound to /root/snd.sock, an
+#   eventfd (counter 9) from an unbound one.
 # Commands: `fill` -> all sent: `sent`; `state` -> `ready`; `drain` ->
 # every message received and each file used:
 # `d:<msg>[<files>]=<use>,... s:... q:... c:...`; `late` -> one more
@@ -32,6 +35,11 @@ c0 = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 c0.connect('/root/l.sock')
 c1, _ = lst.accept()
 kept = os.open('/root/f.txt', os.O_RDONLY)
+inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+inbox.bind('/root/inbox.sock')
+snd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+snd.bind('/root/snd.sock')
+anon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 w = e1 = None
 
 
@@ -52,8 +60,11 @@ def use(msg, fds):
         got = e0.recv(100).decode()
         e0.send(b'pong')
         return '%s/%s' % (got, e1.recv(100).decode())
-    if msg == 'ev':
+    if msg in ('ev', 'anon'):
         return str(os.eventfd_read(fds[0]))
+    if msg == 'to-inbox':
+        os.write(fds[1], b'X')
+        return os.read(fds[0], 100).decode()
     return '?'
 
 
@@ -84,6 +95,14 @@ def handle(cmd):
         ev = os.eventfd(5)
         socket.send_fds(c0, [b'ev'], [ev])
         os.close(ev)
+        r3, w3 = os.pipe()
+        os.write(w3, b'dg')
+        snd.sendmsg([b'to-inbox'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r3, w3]))], 0, '/root/inbox.sock')
+        os.close(r3)
+        os.close(w3)
+        ev = os.eventfd(9)
+        anon.sendmsg([b'anon'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [ev]))], 0, '/root/inbox.sock')
+        os.close(ev)
         return 'sent'
     if cmd == 'light':
         f = os.open('/root/f.txt', os.O_RDONLY)
@@ -105,6 +124,20 @@ def handle(cmd):
                     except OSError:
                         pass
             out.append('%s:%s' % (name, ','.join(got)))
+        got = []
+        while True:
+            try:
+                data, anc, _, addr = inbox.recvmsg(4096, socket.CMSG_LEN(16 * 4), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            fds = array.array('i')
+            for level, kind, raw in anc:
+                fds.frombytes(raw[:len(raw) - len(raw) % 4])
+            msg = data.decode()
+            got.append('%s@%s[%d]=%s' % (msg, addr or '', len(fds), use(msg, list(fds)) if fds else ''))
+            for fd in fds:
+                os.close(fd)
+        out.append('u:%s' % ','.join(got))
         return ' '.join(out)
     if cmd == 'late':
         r, w2 = os.pipe()
