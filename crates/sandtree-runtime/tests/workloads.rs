@@ -1574,12 +1574,12 @@ static UDP_QUEUED_DATAGRAMS: Spec = Spec {
 };
 
 /// What `drain` answers with the files in flight of `fill`.
-const IN_FLIGHT: &str = "d:pipe[1]=hello,file[1]=345,plain[0]=,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5 u:to-inbox@/root/snd.sock[2]=dgX,anon@[1]=9";
+const IN_FLIGHT: &str = "d:pipe[1]=hello,file[1]=345,plain[0]=,epoll[1]=ready=1,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5 u:to-inbox@/root/snd.sock[2]=dgX,anon@[1]=9";
 
 /// Files sent on unix sockets with `SCM_RIGHTS` and not received yet come
 /// back in their messages, each working as it did: a pipe's read end
-/// (its write end kept), both ends of a pipe with bytes in it, a file at
-/// its offset, a dup of a file the
+/// (its write end kept), both ends of a pipe with bytes in it, an epoll
+/// watching a kept eventfd, a file at its offset, a dup of a file the
 /// program keeps open (one offset), a socket pair's end with data queued
 /// on it, an eventfd with its counter, on a datagram pair, a stream pair,
 /// a seqpacket pair and a connection through a listener; what came after

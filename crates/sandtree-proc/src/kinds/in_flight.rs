@@ -131,12 +131,15 @@ pub(crate) fn give_to_template(
 
 /// Pass 2: why file in flight `f` cannot be restored, if it cannot (the
 /// kinds that are: pipe ends, files of the tree and of the kept mounts
-/// but terminals, sockets, eventfds, timerfds).
+/// but terminals, sockets, eventfds, timerfds, epolls).
 pub(crate) fn refusal(f: &FdImage) -> Option<String> {
     let what = match &f.kind {
         FdKind::Pipe { .. } | FdKind::LayerFile { .. } | FdKind::Socket { .. } => return None,
         k @ FdKind::KeptFile { path, .. } if k.terminal().is_none() && !path.starts_with("/dev/pts/") => return None,
-        FdKind::AnonInode { what, .. } if what == "eventfd" || what == "timerfd" => return None,
+        // (An epoll's watches are added again by number in the process
+        // that receives it: refused where a number names another file
+        // there, `epoll.rs`.)
+        FdKind::AnonInode { what, .. } if ["eventfd", "timerfd", "eventpoll"].contains(&what.as_str()) => return None,
         FdKind::KeptFile { path, .. } => format!("terminal {path}"),
         FdKind::AnonInode { what, .. } => format!("an {what}"),
         FdKind::Deleted { path, .. } => format!("deleted file {path}"),
@@ -147,7 +150,7 @@ pub(crate) fn refusal(f: &FdImage) -> Option<String> {
         FdKind::OtherMount { path } => format!("file {path}"),
     };
     Some(format!(
-        "{what} is in flight on a unix socket (sent with SCM_RIGHTS, not received yet): of the files in flight, only pipes, files, sockets, eventfds and timerfds are captured; checkpoint once it is received"
+        "{what} is in flight on a unix socket (sent with SCM_RIGHTS, not received yet): of the files in flight, only pipes, files, sockets, eventfds, timerfds and epolls are captured; checkpoint once it is received"
     ))
 }
 

@@ -2,6 +2,7 @@
 # received yet (issue 38, item 6: refused before), one process:
 # - on a datagram pair: a pipe's read end (in flight only: its write end is
 #   kept), a file opened at offset 3 (in flight only), a message without,
+#   an epoll watching a kept eventfd (ready),
 #   both ends of a pipe holding `zz` (the pipe is in flight only);
 # - on a stream pair: `head`, then `fd` with a dup of a file the program
 #   keeps open (one offset for both), then `tail`;
@@ -40,6 +41,7 @@ inbox.bind('/root/inbox.sock')
 snd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 snd.bind('/root/snd.sock')
 anon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+ready = os.eventfd(1)
 w = e1 = None
 
 
@@ -60,6 +62,11 @@ def use(msg, fds):
         got = e0.recv(100).decode()
         e0.send(b'pong')
         return '%s/%s' % (got, e1.recv(100).decode())
+    if msg == 'epoll':
+        ep = select.epoll.fromfd(os.dup(fds[0]))
+        got = ep.poll(0)
+        ep.close()
+        return 'ready=%d' % len([1 for fd, ev in got if fd == ready])
     if msg in ('ev', 'anon'):
         return str(os.eventfd_read(fds[0]))
     if msg == 'to-inbox':
@@ -79,6 +86,10 @@ def handle(cmd):
         socket.send_fds(d0, [b'file'], [f])
         os.close(f)
         d0.send(b'plain')
+        ep = select.epoll()
+        ep.register(ready, select.EPOLLIN)
+        socket.send_fds(d0, [b'epoll'], [ep.fileno()])
+        ep.close()
         r2, w2 = os.pipe()
         os.write(w2, b'zz')
         socket.send_fds(d0, [b'both'], [r2, w2])
