@@ -1142,8 +1142,8 @@ fn idle_process_templates_from_standbys(e: &Engine) -> CaseFuture<'_> {
 
 /// A process of 48 MiB that binds a unix socket in the tree on "bind"
 /// (it cannot move to a new tree then) and closes it on "unbind", sends
-/// itself a memfd over a socket pair on "hold" (its capture is refused
-/// then: a memfd in flight) and receives it on "drop", acking each command in
+/// itself a deleted file over a socket pair on "hold" (its capture is
+/// refused then: a deleted file in flight) and receives it on "drop", acking each command in
 /// `/root/big_out`.
 const BINDER: &str = r#"
 import os, socket
@@ -1177,9 +1177,10 @@ while True:
         s.close()
         os.unlink('/root/sock')
     elif cmd == 'hold':
-        m = os.memfd_create('held')
-        socket.send_fds(a, [b'x'], [m])
-        os.close(m)
+        f = os.open('/root/held', os.O_CREAT | os.O_RDWR)
+        os.unlink('/root/held')
+        socket.send_fds(a, [b'x'], [f])
+        os.close(f)
     elif cmd == 'drop':
         for fd in socket.recv_fds(b, 1, 1)[1]:
             os.close(fd)
@@ -1289,7 +1290,7 @@ fn early_moved_processes_go_back(e: &Engine) -> CaseFuture<'_> {
 }
 
 /// A checkpoint whose largest process is refused after the others moved
-/// to the staged tree while it was copied (a memfd in flight on its
+/// to the staged tree while it was copied (a deleted file in flight on its
 /// socket pair) fails with the reason, and the others go back: they work
 /// on with their cwd, and the next checkpoint moves them again.
 fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
@@ -1301,7 +1302,7 @@ fn refused_largest_moves_the_others_back(e: &Engine) -> CaseFuture<'_> {
         for round in 0..8 {
             let before = arm_round(e, &sb, round, ("drop", "hold"), size).await?;
             let refused = e.checkpoint(&sb, CheckpointRequest::default()).await;
-            let Err(err) = refused else { anyhow::bail!("round {round}: a memfd in flight was checkpointed") };
+            let Err(err) = refused else { anyhow::bail!("round {round}: a deleted file in flight was checkpointed") };
             ensure!(err.to_string().contains("in flight"), "round {round}: {err}");
             ensure!(ping(e, &sb).await? == "/root/d", "round {round}: the small process lost its cwd");
             if e.process_stats().moved_early > before {

@@ -1574,23 +1574,24 @@ static UDP_QUEUED_DATAGRAMS: Spec = Spec {
 };
 
 /// What `drain` answers with the files in flight of `fill`.
-const IN_FLIGHT: &str = "d:pipe[1]=hello,file[1]=345,plain[0]=,epoll[1]=ready=1,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5 u:to-inbox@/root/snd.sock[2]=dgX,anon@[1]=9";
+const IN_FLIGHT: &str = "d:pipe[1]=hello,file[1]=345,plain[0]=,epoll[1]=ready=1,memfd[1]=memfd-data,both[2]=zzQ s:headfd[1]=12/3,tail[0]= q:sock[1]=to-e0/pong c:ev[1]=5 u:to-inbox@/root/snd.sock[2]=dgX,anon@[1]=9";
 
 /// Files sent on unix sockets with `SCM_RIGHTS` and not received yet come
 /// back in their messages, each working as it did: a pipe's read end
 /// (its write end kept), both ends of a pipe with bytes in it, an epoll
-/// watching a kept eventfd, a file at its offset, a dup of a file the
+/// watching a kept eventfd, a memfd with its contents, a file at its
+/// offset, a dup of a file the
 /// program keeps open (one offset), a socket pair's end with data queued
 /// on it, an eventfd with its counter, on a datagram pair, a stream pair,
 /// a seqpacket pair and a connection through a listener; what came after
-/// the checkpoint is gone. A memfd in flight is refused by name, as is an
-/// empty message (issue 38, item 6: every one was refused before).
+/// the checkpoint is gone. A deleted file in flight is refused by name, as
+/// is an empty message (issue 38, item 6: every one was refused before).
 static DESCRIPTORS_IN_FLIGHT: Spec = Spec {
     program: program!("descriptors_in_flight.py"),
     setup: &[
-        Ask("memfd", Is("sent")),
-        Refused(None, &["a memfd is in flight"]),
-        Ask("drain", Is("d:memfd[1]=? s: q: c: u:")),
+        Ask("deleted", Is("sent")),
+        Refused(None, &["deleted file /root/gone.txt is in flight"]),
+        Ask("drain", Is("d:deleted[1]=? s: q: c: u:")),
         Ask("empty", Is("sent")),
         Refused(None, &["an empty message is queued"]),
         Ask("drain", Is("d:[1]=? s: q: c: u:")),

@@ -1322,13 +1322,19 @@ fn clone_of(
         };
         // Shared memory (the template holds the objects, not their
         // contents): copied while every process is stopped.
-        let shared_memory_held = crate::process::shared_memory::held(host, &maps, &fds).map_err(|e| Error::Proc {
-            pid: host,
-            what: "shared memory",
-            source: e,
-        })?;
-        let shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
-        // (Not the process's: a memfd in flight is refused in pass 2.)
+        let mut shared_memory_held = crate::process::shared_memory::held(host, &maps, &fds)
+            .map_err(|e| Error::Proc { pid: host, what: "shared memory", source: e })?;
+        let mut shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
+        // (A memfd in flight, through the template that holds it.)
+        if !in_flight.is_empty() {
+            let held = crate::process::shared_memory::held(tpl, &[], &in_flight).map_err(|e| Error::Proc {
+                pid: tpl,
+                what: "shared memory in flight",
+                source: e,
+            })?;
+            shared_memory.extend(crate::process::shared_memory::capture(tpl, &held, seen)?);
+            shared_memory_held.extend(held);
+        }
         fds.append(&mut in_flight);
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();

@@ -131,10 +131,12 @@ pub(crate) fn give_to_template(
 
 /// Pass 2: why file in flight `f` cannot be restored, if it cannot (the
 /// kinds that are: pipe ends, files of the tree and of the kept mounts
-/// but terminals, sockets, eventfds, timerfds, epolls).
+/// but terminals, sockets, memfds, eventfds, timerfds, epolls).
 pub(crate) fn refusal(f: &FdImage) -> Option<String> {
     let what = match &f.kind {
         FdKind::Pipe { .. } | FdKind::LayerFile { .. } | FdKind::Socket { .. } => return None,
+        // (Kept by the template, its contents put back: `process::shared_memory`.)
+        FdKind::Memfd { hugetlb: false, .. } => return None,
         k @ FdKind::KeptFile { path, .. } if k.terminal().is_none() && !path.starts_with("/dev/pts/") => return None,
         // (An epoll's watches are added again by number in the process
         // that receives it: refused where a number names another file
@@ -143,14 +145,14 @@ pub(crate) fn refusal(f: &FdImage) -> Option<String> {
         FdKind::KeptFile { path, .. } => format!("terminal {path}"),
         FdKind::AnonInode { what, .. } => format!("an {what}"),
         FdKind::Deleted { path, .. } => format!("deleted file {path}"),
-        FdKind::Memfd { .. } => "a memfd".into(),
+        FdKind::Memfd { .. } => "a memfd on huge pages".into(),
         FdKind::ShmFile { path, .. } => format!("shared memory file {path}"),
         FdKind::PtyMaster { .. } => "a pty master".into(),
         FdKind::Fifo { path, .. } => format!("FIFO {path}"),
         FdKind::OtherMount { path } => format!("file {path}"),
     };
     Some(format!(
-        "{what} is in flight on a unix socket (sent with SCM_RIGHTS, not received yet): of the files in flight, only pipes, files, sockets, eventfds, timerfds and epolls are captured; checkpoint once it is received"
+        "{what} is in flight on a unix socket (sent with SCM_RIGHTS, not received yet): of the files in flight, only pipes, files, sockets, memfds, eventfds, timerfds and epolls are captured; checkpoint once it is received"
     ))
 }
 

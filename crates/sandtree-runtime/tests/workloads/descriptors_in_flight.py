@@ -2,7 +2,8 @@
 # received yet (issue 38, item 6: refused before), one process:
 # - on a datagram pair: a pipe's read end (in flight only: its write end is
 #   kept), a file opened at offset 3 (in flight only), a message without,
-#   an epoll watching a kept eventfd (ready),
+#   an epoll watching a kept eventfd (ready), a memfd holding
+#   `memfd-data` (overwritten by the drain),
 #   both ends of a pipe holding `zz` (the pipe is in flight only);
 # - on a stream pair: `head`, then `fd` with a dup of a file the program
 #   keeps open (one offset for both), then `tail`;
@@ -16,8 +17,8 @@
 # Commands: `fill` -> all sent: `sent`; `state` -> `ready`; `drain` ->
 # every message received and each file used:
 # `d:<msg>[<files>]=<use>,... s:... q:... c:...`; `late` -> one more
-# message with a file on each socket; `memfd` -> a memfd sent on the
-# datagram pair (a checkpoint refuses it); `empty` -> a file sent on the
+# message with a file on each socket; `deleted` -> a deleted file sent on
+# the datagram pair (a checkpoint refuses it); `empty` -> a file sent on the
 # datagram pair with no bytes (refused: a peek marks an empty message);
 # `light` -> `fill`'s file alone,
 # the descriptor table as it was.
@@ -52,6 +53,10 @@ def use(msg, fds):
     if msg == 'both':
         os.write(fds[1], b'Q')
         return os.read(fds[0], 100).decode()
+    if msg == 'memfd':
+        got = os.pread(fds[0], 100, 0).decode()
+        os.pwrite(fds[0], b'CHANGED', 0)
+        return got
     if msg == 'file':
         return os.read(fds[0], 3).decode()
     if msg.startswith('head'):
@@ -90,6 +95,10 @@ def handle(cmd):
         ep.register(ready, select.EPOLLIN)
         socket.send_fds(d0, [b'epoll'], [ep.fileno()])
         ep.close()
+        m = os.memfd_create('in-flight')
+        os.write(m, b'memfd-data')
+        socket.send_fds(d0, [b'memfd'], [m])
+        os.close(m)
         r2, w2 = os.pipe()
         os.write(w2, b'zz')
         socket.send_fds(d0, [b'both'], [r2, w2])
@@ -162,10 +171,11 @@ def handle(cmd):
         d0.sendmsg([b''], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [f]))])
         os.close(f)
         return 'sent'
-    if cmd == 'memfd':
-        m = os.memfd_create('in-flight')
-        socket.send_fds(d0, [b'memfd'], [m])
-        os.close(m)
+    if cmd == 'deleted':
+        f = os.open('/root/gone.txt', os.O_CREAT | os.O_RDWR)
+        os.unlink('/root/gone.txt')
+        socket.send_fds(d0, [b'deleted'], [f])
+        os.close(f)
         return 'sent'
     raise ValueError(cmd)
 
