@@ -1008,6 +1008,54 @@ fn dont_fork_left_out(host: HostPid, tpl: HostPid, vm_size_kb: u64) -> std::io::
     Ok((!ranges.is_empty()).then_some(ranges))
 }
 
+/// What pass 1 reads of a stopped original's descriptors, through a
+/// process that holds them: the original, or, for its files in flight,
+/// its template (`kinds/in_flight.rs`).
+struct Through {
+    /// Deleted files' contents, by descriptor.
+    ghosts: Vec<(i32, std::sync::Arc<crate::fdstate::SparseCopy>)>,
+    /// Pipe bytes not `seen` yet, and each pipe descriptor's key.
+    pipes: Vec<crate::model::PipeBuffer>,
+    pipe_keys: Vec<(i32, (u64, u64))>,
+    /// Shared memory objects (the template holds the objects, not their
+    /// contents): where each is held, and the copies of those not `seen`.
+    shared_memory_held: Vec<(crate::process::shared_memory::ObjectKey, crate::process::shared_memory::Reach)>,
+    shared_memory: Vec<crate::process::shared_memory::SharedMemoryCopy>,
+}
+
+impl Through {
+    /// Descriptors `fds` (and mappings `maps`) read through stopped
+    /// process `host`: deleted files' contents, TCP and UDP state, pipe
+    /// bytes, shared memory, copied while every process is stopped.
+    fn capture(
+        host: HostPid,
+        fds: &mut [crate::model::FdImage],
+        maps: &[crate::model::MapImage],
+        seen: &mut Seen,
+    ) -> Result<Through> {
+        let ghosts = crate::kinds::capture_contents(host, fds)?;
+        crate::kinds::capture_tcp(host, fds);
+        crate::kinds::capture_udp(host, fds);
+        let (pipes, pipe_keys) = crate::kinds::capture_pipe(host, fds, seen)?;
+        let shared_memory_held = crate::process::shared_memory::held(host, maps, fds).map_err(|e| Error::Proc {
+            pid: host,
+            what: "shared memory",
+            source: e,
+        })?;
+        let shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
+        Ok(Through { ghosts, pipes, pipe_keys, shared_memory_held, shared_memory })
+    }
+
+    /// `more` added.
+    fn append(&mut self, more: Through) {
+        self.ghosts.extend(more.ghosts);
+        self.pipes.extend(more.pipes);
+        self.pipe_keys.extend(more.pipe_keys);
+        self.shared_memory_held.extend(more.shared_memory_held);
+        self.shared_memory.extend(more.shared_memory);
+    }
+}
+
 /// Pass 1 for one stopped original: its timers and the `clone`, then its
 /// descriptors, pipe bytes and queued signals (the fork changed nothing of
 /// them). An error after the first injected call lets the original go with
@@ -1290,52 +1338,25 @@ fn clone_of(
                 ));
             }
         };
-        let ghosts = crate::kinds::capture_contents(host, &mut fds)?;
-        crate::kinds::capture_tcp(host, &mut fds);
-        crate::kinds::capture_udp(host, &mut fds);
-        let (mut pipes, mut pipe_keys) = crate::kinds::capture_pipe(host, &fds, seen)?;
-        // The files in flight, through the template that holds them.
+        let mut got = Through::capture(host, &mut fds, &maps, seen)?;
         let mut sockets: Vec<crate::model::SocketBuffer> = queues.into_iter().map(|(b, _)| b).collect();
-        let ghosts = match in_flight.is_empty() {
-            true => ghosts,
-            false => {
-                let mut ghosts = ghosts;
-                ghosts.extend(crate::kinds::capture_contents(tpl, &mut in_flight)?);
-                crate::kinds::capture_tcp(tpl, &mut in_flight);
-                crate::kinds::capture_udp(tpl, &mut in_flight);
-                let nested_datagrams = crate::kinds::capture_unix_datagrams(tpl, &mut in_flight);
-                let (more_pipes, more_keys) = crate::kinds::capture_pipe(tpl, &in_flight, seen)?;
-                pipes.extend(more_pipes);
-                pipe_keys.extend(more_keys);
-                let nested = crate::kinds::capture_unix_queue(tpl, &in_flight, seen, who)?;
-                if crate::kinds::in_flight_any(&nested) || !nested_datagrams.is_empty() {
-                    return Err(Error::unsupported(
-                        s.ns_pid,
-                        &comm_now(),
-                        "unix socket",
-                        "files in flight on a unix socket that is itself in flight (SCM_RIGHTS)",
-                    ));
-                }
-                sockets.extend(nested.into_iter().map(|(b, _)| b));
-                ghosts
-            }
-        };
-        // Shared memory (the template holds the objects, not their
-        // contents): copied while every process is stopped.
-        let mut shared_memory_held = crate::process::shared_memory::held(host, &maps, &fds)
-            .map_err(|e| Error::Proc { pid: host, what: "shared memory", source: e })?;
-        let mut shared_memory = crate::process::shared_memory::capture(host, &shared_memory_held, seen)?;
-        // (A memfd in flight, through the template that holds it.)
+        // The files in flight, through the template that holds them.
         if !in_flight.is_empty() {
-            let held = crate::process::shared_memory::held(tpl, &[], &in_flight).map_err(|e| Error::Proc {
-                pid: tpl,
-                what: "shared memory in flight",
-                source: e,
-            })?;
-            shared_memory.extend(crate::process::shared_memory::capture(tpl, &held, seen)?);
-            shared_memory_held.extend(held);
+            got.append(Through::capture(tpl, &mut in_flight, &[], seen)?);
+            let nested_datagrams = crate::kinds::capture_unix_datagrams(tpl, &mut in_flight);
+            let nested = crate::kinds::capture_unix_queue(tpl, &in_flight, seen, who)?;
+            if crate::kinds::in_flight_any(&nested) || !nested_datagrams.is_empty() {
+                return Err(Error::unsupported(
+                    s.ns_pid,
+                    &comm_now(),
+                    "unix socket",
+                    "files in flight on a unix socket that is itself in flight (SCM_RIGHTS)",
+                ));
+            }
+            sockets.extend(nested.into_iter().map(|(b, _)| b));
         }
         fds.append(&mut in_flight);
+        let Through { ghosts, pipes, pipe_keys, shared_memory_held, shared_memory } = got;
         let robust_list = ptrace::robust_list(host.raw()).ok();
         let mut threads = Vec::new();
         for &(tid, ns_tid, regs) in &s.threads {

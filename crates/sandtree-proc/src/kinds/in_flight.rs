@@ -218,44 +218,25 @@ pub(crate) fn send_again(set: &CheckpointTemplates, handed: &Handed, restored: c
 
 /// `buf`'s messages sent from `from`, each with its files in flight.
 fn send_queue(from: &OwnedFd, buf: &SocketBuffer, handed: &Handed) -> io::Result<()> {
-    let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-    for (i, m) in buf.messages.iter().enumerate() {
+    let holder = buf.passed_in.unwrap_or(SandboxPid::INIT);
+    let messages = buf.messages.iter().enumerate().map(|(i, m)| {
         let numbers = buf.passed.iter().find(|(j, _)| *j == i).map(|(_, n)| &n[..]).unwrap_or_default();
-        let files =
-            numbers
-                .iter()
-                .map(|&n| {
-                    let key = (buf.passed_in.unwrap_or(SandboxPid::INIT), n);
-                    handed.in_flight.get(&key).map(|f| f.as_fd()).ok_or_else(|| {
-                        io::Error::other(format!("file in flight {n} of process {} was not made", key.0))
-                    })
-                })
-                .collect::<io::Result<Vec<BorrowedFd<'_>>>>()?;
-        let mut sent = 0;
-        // (The files go with the first send; a stream's rest, if it was
-        // cut, follows without.)
-        let mut with = Some(files);
-        loop {
-            let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
-            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-            if let Some(files) = with.as_ref().filter(|f| !f.is_empty()) {
-                control.push(rustix::net::SendAncillaryMessage::ScmRights(files));
-            }
-            match rustix::net::sendmsg(from, &[io::IoSlice::new(&m[sent..])], &mut control, flags) {
-                Ok(n) => {
-                    with = None;
-                    sent += n;
-                    if sent >= m.len() {
-                        break;
-                    }
-                    if !buf.stream {
-                        return Err(io::Error::other("a message was cut"));
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-    Ok(())
+        Ok((&m[..], files_of(handed, holder, numbers)?))
+    });
+    super::unix::send_each(from, messages, buf.stream)
+}
+
+/// The daemon's copies of the files in flight `numbers` of process `pid`
+/// ([`lift`]).
+pub(crate) fn files_of<'a>(handed: &'a Handed, pid: SandboxPid, numbers: &[i32]) -> io::Result<Vec<BorrowedFd<'a>>> {
+    numbers
+        .iter()
+        .map(|&n| {
+            handed
+                .in_flight
+                .get(&(pid, n))
+                .map(|f| f.as_fd())
+                .ok_or_else(|| io::Error::other(format!("file in flight {n} of process {pid} was not made")))
+        })
+        .collect()
 }

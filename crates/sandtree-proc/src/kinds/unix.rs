@@ -640,12 +640,34 @@ fn send_again(host: HostPid, fd: i32, messages: &[Vec<u8>], stream: bool) -> io:
 /// Send `messages` from socket `sock` (a stream's bytes in full, a
 /// datagram or seqpacket message per send).
 fn send_on(sock: &OwnedFd, messages: &[Vec<u8>], stream: bool) -> io::Result<()> {
+    send_each(sock, messages.iter().map(|m| Ok((&m[..], Vec::new()))), stream)
+}
+
+/// Send each message of `messages` from socket `sock` with its files
+/// (`SCM_RIGHTS`, with its first send: a stream's rest, if the send was
+/// cut, follows without): a stream's bytes in full, a datagram or
+/// seqpacket message per send.
+pub(crate) fn send_each<'a>(
+    sock: &OwnedFd,
+    messages: impl IntoIterator<Item = io::Result<(&'a [u8], Vec<std::os::fd::BorrowedFd<'a>>)>>,
+    stream: bool,
+) -> io::Result<()> {
     let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-    for m in messages {
+    for message in messages {
+        let (m, files) = message?;
         let mut sent = 0;
+        let mut with = Some(files).filter(|f| !f.is_empty());
         loop {
-            match rustix::net::send(sock, &m[sent..], flags) {
+            // (Room for a control message only with files to send.)
+            let room = if with.is_some() { rustix::cmsg_space!(ScmRights(253)) } else { 0 };
+            let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); room];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            if let Some(files) = &with {
+                control.push(rustix::net::SendAncillaryMessage::ScmRights(files));
+            }
+            match rustix::net::sendmsg(sock, &[io::IoSlice::new(&m[sent..])], &mut control, flags) {
                 Ok(n) if stream => {
+                    with = None;
                     sent += n;
                     if sent >= m.len() {
                         break;

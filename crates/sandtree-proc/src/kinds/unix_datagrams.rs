@@ -31,7 +31,7 @@
 //! (`SO_PEERCRED`-like data a receiver without `SO_PASSCRED` never sees).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use rustix::net::SocketAddrUnix;
 
@@ -219,15 +219,7 @@ pub(crate) fn send_again(set: &CheckpointTemplates, handed: &Handed, restored: H
                     let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
                     // (With its files in flight, which the restore of this
                     // process handed to the daemon: `in_flight::lift`.)
-                    let files = d
-                        .passed
-                        .iter()
-                        .map(|&n| {
-                            handed.in_flight.get(&(image.pid, n)).map(|f| f.as_fd()).ok_or_else(|| {
-                                io::Error::other(format!("file in flight {n} of process {} was not made", image.pid))
-                            })
-                        })
-                        .collect::<io::Result<Vec<_>>>()?;
+                    let files = super::in_flight::files_of(handed, image.pid, &d.passed)?;
                     let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
                     let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
                     if !files.is_empty() {
