@@ -82,6 +82,25 @@ impl SparseCopy {
         self.runs.iter().map(|r| r.1).sum()
     }
 
+    /// Another handle on the same copy.
+    pub fn duplicate(&self) -> io::Result<SparseCopy> {
+        Ok(SparseCopy { size: self.size, runs: self.runs.clone(), copy: self.copy.try_clone()? })
+    }
+
+    /// Read `buf.len()` saved bytes at `offset` (of the file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            match rustix::io::pread(&self.copy, &mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Write the saved runs at their offsets into `to` (the caller makes
     /// its size and holes).
     pub fn write_into(&self, to: &OwnedFd) -> io::Result<()> {

@@ -79,6 +79,7 @@ pub mod cgroup;
 pub mod check;
 mod checkpoint;
 mod cloned;
+pub mod durable;
 mod helper_thread;
 pub use checkpoint::repoint;
 mod closer;

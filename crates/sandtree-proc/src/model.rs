@@ -144,6 +144,43 @@ fn sigchld() -> i32 {
     libc::SIGCHLD
 }
 
+/// What a fork of a process copies that only the process itself (or the
+/// kernel's view of it) can tell; read from its template. A restore from
+/// the image gives these to a new process, as a transplant gives its
+/// template's (`transplant.rs`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ForkState {
+    /// Signal handlers: signal number, raw `struct kernel_sigaction` (32 bytes).
+    pub handlers: Vec<(u64, Vec<u8>)>,
+    /// `PR_GET_DUMPABLE`.
+    pub dumpable: u64,
+    /// `PR_GET_PDEATHSIG`.
+    pub death_signal: u64,
+    /// `PR_GET_THP_DISABLE`.
+    pub thp_disabled: u64,
+    /// `personality(0xffffffff)`.
+    pub personality: u64,
+    /// The program break.
+    pub brk: u64,
+    /// The XSAVE area of its main thread (`PTRACE_GETREGSET`, `NT_X86_XSTATE`).
+    pub xstate: Vec<u8>,
+    /// Resource limits (soft, hard), by resource number.
+    pub limits: Vec<(u64, u64)>,
+    /// `/proc/<pid>/oom_score_adj`.
+    pub oom_score_adj: String,
+    /// `/proc/<pid>/timerslack_ns`.
+    pub timerslack_ns: String,
+    /// `/proc/<pid>/auxv`.
+    pub auxv: Vec<u8>,
+    /// Code, data, heap, stack, argument and environment bounds
+    /// (`start_code end_code start_data end_data start_brk start_stack
+    /// arg_start arg_end env_start env_end`, `stat` fields 26-28, 45-51).
+    pub mm: Vec<u64>,
+    /// What a fork of it copies besides memory, descriptors and handlers
+    /// (`incremental::fingerprint`), for a check after a restore.
+    pub fingerprint: String,
+}
+
 /// A thread other than a process's main thread: what a fork does not
 /// copy of it (its memory, stack and TLS block included, is the process's).
 #[derive(Clone, Debug, Serialize, Deserialize)]

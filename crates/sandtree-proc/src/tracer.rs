@@ -848,6 +848,15 @@ impl Tracer {
         tx.send(job).map_err(|_| Error::TracerGone)
     }
 
+    /// What the durable image of `ck` is written from
+    /// (`durable::collect`): its templates finished, their fork state read,
+    /// a pidfd of each. Between operations; the memory is read after, by
+    /// the caller.
+    pub fn durable_sources(&self, ck: &str) -> Result<crate::durable::Sources> {
+        let ck = ck.to_string();
+        self.call(move |st| crate::durable::collect::collect(&mut st.pool, &mut st.tracking, &mut st.holders, &ck))?
+    }
+
     /// What the pool holds for `ck` (`None`: no templates).
     pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
         let ck = ck.to_string();

@@ -143,7 +143,7 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         let t_born = t_start.elapsed();
         exec(&mut c, parent_scratch, t)?;
         let t_exec = t_start.elapsed();
-        let fork_copies = read_fork_copies(t)?;
+        let fork_copies = crate::process::fork_state::read_in_template(t)?;
         let t_read = t_start.elapsed();
         lay_out(&mut c, t, fork_copies.brk)?;
         let t_map = t_start.elapsed();
@@ -199,63 +199,6 @@ fn exec(c: &mut Tracee, parent_scratch: u64, t: &Template) -> Result<()> {
     c.call("execve (the template's executable)", libc::SYS_execve, &[path_at, parent_scratch + ARGV_OFFSET, 0])?;
     c.insn = inject::find_syscall_insn(c.tid)?;
     Ok(())
-}
-
-/// What a fork copies that only the template itself can tell: its signal
-/// handlers (raw `struct kernel_sigaction`, by signal) and a few
-/// settings read with `prctl`, and its program break.
-struct ForkCopies {
-    handlers: Vec<(u64, Vec<u8>)>,
-    dumpable: u64,
-    death_signal: u64,
-    thp_disabled: u64,
-    personality: u64,
-    brk: u64,
-}
-
-/// Read [`ForkCopies`] in the template (one batch in its scratch area;
-/// the template is otherwise left as it is).
-fn read_fork_copies(t: &mut Template) -> Result<ForkCopies> {
-    let mut b = Batch::new(t.scratch, t.scratch_exec);
-    let mut handlers = Vec::new();
-    for sig in 1..=64u64 {
-        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 {
-            continue;
-        }
-        let act = b.data(&[0u8; 32]);
-        b.call("rt_sigaction (read)", libc::SYS_rt_sigaction, &[Arg::Val(sig), Arg::Val(0), act, Arg::Val(8)]);
-        handlers.push((sig, b.address(act)));
-    }
-    let death = b.data(&[0u8; 8]);
-    let death_at = b.address(death);
-    let prctl = |b: &mut Batch, what: &'static str, option: i32, arg: Arg| {
-        b.call(what, libc::SYS_prctl, &[Arg::Val(option as u64), arg, Arg::Val(0), Arg::Val(0), Arg::Val(0)])
-    };
-    let dumpable = prctl(&mut b, "prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, Arg::Val(0));
-    prctl(&mut b, "prctl(PR_GET_PDEATHSIG)", libc::PR_GET_PDEATHSIG, death);
-    let thp = prctl(&mut b, "prctl(PR_GET_THP_DISABLE)", libc::PR_GET_THP_DISABLE, Arg::Val(0));
-    let persona = b.call("personality (read)", libc::SYS_personality, &[Arg::Val(0xffff_ffff)]);
-    let brk = b.call("brk (read)", libc::SYS_brk, &[Arg::Val(0)]);
-    let results = t.tracee.run_batch(&mut b)?;
-    let result = |arg: Arg| match arg {
-        Arg::Ret(i) => results.get(i).copied().unwrap_or(0) as u64,
-        _ => 0,
-    };
-    let read = |at: u64, len: usize| -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        ptrace::read_mem(t.host.raw(), at, &mut buf).map_err(Error::ptrace(t.host, "read the handlers"))?;
-        Ok(buf)
-    };
-    let handlers = handlers.into_iter().map(|(sig, at)| Ok((sig, read(at, 32)?))).collect::<Result<Vec<_>>>()?;
-    let death_signal = u64::from(u32::from_ne_bytes(read(death_at, 4)?.try_into().unwrap_or_default()));
-    Ok(ForkCopies {
-        handlers,
-        dumpable: result(dumpable),
-        death_signal,
-        thp_disabled: result(thp),
-        personality: result(persona),
-        brk: result(brk),
-    })
 }
 
 /// Step 3: the child's memory map made the template's (see the module
@@ -545,7 +488,7 @@ fn copy_pages((from, scratch): (HostPid, u64), to: HostPid) -> Result<()> {
 
 /// Read `runs` of `pid`'s memory into `buf`: `process_vm_readv`, or, for
 /// pages its protections hide (`PROT_NONE`), `/proc/<pid>/mem`.
-fn read_runs(pid: HostPid, runs: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<()> {
+pub(crate) fn read_runs(pid: HostPid, runs: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<()> {
     if sandtree_sys::uffd::read_pages(pid.raw(), runs, buf).is_ok() {
         return Ok(());
     }
@@ -561,7 +504,7 @@ fn read_runs(pid: HostPid, runs: &[(u64, u64)], buf: &mut [u8]) -> std::io::Resu
 
 /// Step 5, in the child (one batch): handlers, `prctl` settings,
 /// personality, umask, name, and the template's descriptor table.
-fn set_the_rest(c: &mut Tracee, t: &Template, copies: &ForkCopies) -> Result<()> {
+fn set_the_rest(c: &mut Tracee, t: &Template, copies: &crate::model::ForkState) -> Result<()> {
     let mut b = Batch::new(t.scratch, t.scratch_exec);
     for (sig, act) in &copies.handlers {
         let act = b.data(act);

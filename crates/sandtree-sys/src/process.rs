@@ -274,6 +274,23 @@ pub fn copy_limits(from: i32, to: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// The resource limits of process `pid` (soft, hard), by resource number
+/// (x86-64's 16, `RLIMIT_CPU` to `RLIMIT_RTTIME`).
+pub fn limits(pid: i32) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::with_capacity(16);
+    for resource in 0..16 {
+        let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit64 with a null new limit only writes the current
+        // one into `limit`, a live local of the right type.
+        let r = unsafe { libc::prlimit64(pid, resource as _, std::ptr::null(), &mut limit) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        out.push((limit.rlim_cur, limit.rlim_max));
+    }
+    Ok(out)
+}
+
 /// Whether descriptor `fd1` of process `pid1` and `fd2` of `pid2` are one
 /// open file description (`kcmp(KCMP_FILE)`: a `dup`, or inherited).
 pub fn same_open_file(pid1: i32, fd1: i32, pid2: i32, fd2: i32) -> io::Result<bool> {

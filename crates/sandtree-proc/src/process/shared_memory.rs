@@ -110,6 +110,16 @@ impl SharedMemoryCopy {
     pub(crate) fn bytes(&self) -> u64 {
         self.saved.bytes()
     }
+
+    /// Its saved data.
+    pub(crate) fn saved(&self) -> &crate::fdstate::SparseCopy {
+        &self.saved
+    }
+
+    /// A memfd's seals and permission bits.
+    pub(crate) fn memfd(&self) -> Option<(u32, u32)> {
+        self.memfd
+    }
 }
 
 /// The path that opens what `reach` holds in process `host`.

@@ -1,0 +1,279 @@
+//! Writing an image from its [`Sources`] ([`write_image`]), off the tracer
+//! thread. Per template: its own pages ([`sandtree_sys::uffd::own_pages`]
+//! of its private mappings, but the scratch mapping and the kernel's),
+//! read in chunks (`process_vm_readv`); a page of zeros is stored nowhere,
+//! a page equal byte for byte to the parent image's page at the same
+//! address of the same pid is referenced where that image has it, any
+//! other is appended to the page data. The parent's pages are read from
+//! its file (and checked against their checksums) for the comparison:
+//! nothing is taken as equal on a checksum alone.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use super::collect::Sources;
+use super::format::{Encoder, Image, Kind, PageRun, ProcessPages, encode_index};
+use super::{Blob, Error, ImageProcess, ImageSharedMemory, ImageTree, PAGE, Result, SparseFile, ZERO_SOURCE};
+use crate::fdstate::SparseCopy;
+use crate::model::MapImage;
+
+/// Bytes of memory read from a template at a time.
+const CHUNK: usize = 8 << 20;
+
+/// What writing an image did.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct WriteReport {
+    /// The file's size.
+    pub bytes: u64,
+    /// Pages of the processes' own, in all.
+    pub pages: u64,
+    /// Of those, stored in this image.
+    pub pages_written: u64,
+    /// Referenced in the parent's image (or its sources).
+    pub pages_from_parent: u64,
+    /// Pages of zeros (stored nowhere).
+    pub pages_zero: u64,
+    /// The parent image compared against, if one was read.
+    pub parent: Option<String>,
+    pub took_ms: f64,
+}
+
+/// The image file of checkpoint `ck` in `dir`.
+pub fn image_path(dir: &Path, ck: &str) -> PathBuf {
+    dir.join(format!("{ck}.img"))
+}
+
+/// Where the next page of a process comes from, as the index will say.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Place {
+    source: u32,
+    page: u64,
+}
+
+/// The parent image and the images its index reads from, opened as
+/// needed; the map from their source numbers to the new image's.
+struct Parent {
+    image: Image,
+    dir: PathBuf,
+    opened: HashMap<String, Image>,
+    /// Parent source number -> new source number.
+    renumbered: HashMap<u32, u32>,
+}
+
+impl Parent {
+    /// The bytes of page `page` of the parent's source `source`, into
+    /// `buf`, checked against `crc`.
+    fn read(&mut self, source: u32, page: u64, crc: u32, buf: &mut [u8]) -> Result<()> {
+        if source == 0 {
+            return self.image.read_pages(page, buf, &[crc]);
+        }
+        let name = self.image.tree().sources.get(source as usize).cloned().unwrap_or_default();
+        if !self.opened.contains_key(&name) {
+            let image = Image::open(&image_path(&self.dir, &name))?;
+            self.opened.insert(name.clone(), image);
+        }
+        match self.opened.get(&name) {
+            Some(image) => image.read_pages(page, buf, &[crc]),
+            None => Err(Error::Corrupt { path: image_path(&self.dir, &name), what: "not opened".into() }),
+        }
+    }
+}
+
+/// Write the image of `sources` into `dir` (see the module docs), its
+/// pages compared against the image of checkpoint `parent` when there is
+/// a readable one.
+pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Result<WriteReport> {
+    let t0 = std::time::Instant::now();
+    let path = image_path(dir, &sources.checkpoint);
+    let mut parent = parent.and_then(|p| match Image::open(&image_path(dir, p)) {
+        Ok(image) => Some(Parent { image, dir: dir.to_path_buf(), opened: HashMap::new(), renumbered: HashMap::new() }),
+        Err(e) => {
+            tracing::debug!(checkpoint = sources.checkpoint, parent = p, "parent image not used: {e}");
+            None
+        }
+    });
+    let mut report = WriteReport { parent: parent.as_ref().map(|p| p.image.tree().checkpoint.clone()), ..Default::default() };
+    let mut names = vec![sources.checkpoint.clone()];
+    let mut enc = Encoder::create(&path)?;
+    enc.begin(Kind::PageData, true, false);
+    let mut index = Vec::new();
+    let mut buf = Vec::new();
+    let mut theirs = vec![0u8; PAGE as usize];
+    for p in &sources.processes {
+        gone(p)?;
+        let runs = own_runs(p)?;
+        let pid = p.image.pid.raw() as u32;
+        let before: HashMap<u64, (u32, u64, u32)> = parent
+            .as_ref()
+            .and_then(|par| par.image.pages_of(pid))
+            .map(|pp| pp.pages().map(|(addr, s, page, crc)| (addr, (s, page, crc))).collect())
+            .unwrap_or_default();
+        let mut pages = ProcessPages { pid, runs: Vec::new(), crcs: Vec::new() };
+        for chunk in chunks(&runs) {
+            let len: usize = chunk.iter().map(|(s, e)| (e - s) as usize).sum();
+            buf.resize(len, 0);
+            crate::transplant::read_runs(p.host, &chunk, &mut buf)
+                .map_err(|source| Error::Proc { pid: p.host, what: "memory", source })?;
+            let addrs = chunk.iter().flat_map(|&(s, e)| (s..e).step_by(PAGE as usize));
+            for (addr, page) in addrs.zip(buf.chunks(PAGE as usize)) {
+                let crc = crc32fast::hash(page);
+                report.pages += 1;
+                let place = if page.iter().all(|b| *b == 0) {
+                    report.pages_zero += 1;
+                    Place { source: ZERO_SOURCE, page: 0 }
+                } else if let (Some(par), Some(&(s, n, c))) = (parent.as_mut(), before.get(&addr))
+                    && c == crc
+                    && s != ZERO_SOURCE
+                    && par.read(s, n, c, &mut theirs).is_ok()
+                    && theirs == page
+                {
+                    report.pages_from_parent += 1;
+                    let next = names.len() as u32;
+                    let source = *par.renumbered.entry(s).or_insert_with(|| {
+                        let name = if s == 0 {
+                            par.image.tree().checkpoint.clone()
+                        } else {
+                            par.image.tree().sources[s as usize].clone()
+                        };
+                        names.push(name);
+                        next
+                    });
+                    Place { source, page: n }
+                } else {
+                    let n = enc.section_len() / PAGE;
+                    enc.write(page)?;
+                    report.pages_written += 1;
+                    Place { source: 0, page: n }
+                };
+                push_page(&mut pages, addr, place, crc);
+            }
+        }
+        gone(p)?;
+        index.push(pages);
+    }
+    enc.end();
+    enc.begin(Kind::Blobs, false, true);
+    let mut processes = Vec::with_capacity(sources.processes.len());
+    for p in &sources.processes {
+        let mut files = Vec::new();
+        for (fd, copy) in &p.image.ghosts {
+            files.push((*fd, blob_file(&mut enc, copy).map_err(|e| io_of(&path, e))?));
+        }
+        processes.push(ImageProcess { image: p.image.clone(), fork: p.fork.clone(), files });
+    }
+    let mut shared_memory = Vec::new();
+    for s in &sources.shared_memory {
+        let data = blob_file(&mut enc, &s.data).map_err(|e| io_of(&path, e))?;
+        shared_memory.push(ImageSharedMemory { key: s.key, data, memfd: s.memfd });
+    }
+    enc.end();
+    enc.section(Kind::PageIndex, &encode_index(&index))?;
+    let tree = ImageTree {
+        checkpoint: sources.checkpoint.clone(),
+        parent: report.parent.clone(),
+        sources: names,
+        processes,
+        pipes: sources.pipes.clone(),
+        sockets: sources.sockets.clone(),
+        pair_data: sources.pair_data.clone(),
+        shared_memory,
+        unrestorable: sources.unrestorable.clone(),
+    };
+    let json = serde_json::to_vec(&tree).map_err(|e| io_of(&path, std::io::Error::other(e)))?;
+    enc.section(Kind::Tree, &json)?;
+    report.bytes = enc.finish()?;
+    report.took_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    Ok(report)
+}
+
+fn io_of(path: &Path, source: std::io::Error) -> Error {
+    Error::Io { path: path.to_path_buf(), source }
+}
+
+/// An error if template `p` has ended (its pidfd is readable): its pid
+/// may name another process by now, whose memory was read.
+fn gone(p: &super::collect::SourceProcess) -> Result<()> {
+    let mut fds = [rustix::event::PollFd::new(&p.pidfd, rustix::event::PollFlags::IN)];
+    match rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })) {
+        Ok(0) => Ok(()),
+        _ => Err(Error::TemplateGone { pid: p.image.pid }),
+    }
+}
+
+/// The runs of template `p`'s own pages (see the module docs).
+fn own_runs(p: &super::collect::SourceProcess) -> Result<Vec<(u64, u64)>> {
+    let err = |what: &'static str| move |source| Error::Proc { pid: p.host, what, source };
+    let maps = crate::procfs::maps(p.host).map_err(err("maps"))?;
+    let pagemap = std::fs::File::open(format!("/proc/{}/pagemap", p.host)).map_err(err("pagemap"))?;
+    let kept = |m: &&MapImage| {
+        !m.shared()
+            && m.start != p.scratch
+            && match m.path.as_deref() {
+                None => true,
+                Some(path) => {
+                    !path.starts_with('[') || path == "[heap]" || path == "[stack]" || path.starts_with("[anon:")
+                }
+            }
+    };
+    let mut runs = Vec::new();
+    for m in maps.iter().filter(kept) {
+        sandtree_sys::uffd::own_pages(pagemap.as_fd(), (m.start, m.end), &mut runs).map_err(err("pagemap"))?;
+    }
+    Ok(runs)
+}
+
+/// `runs` cut into chunks of at most [`CHUNK`] bytes.
+fn chunks(runs: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
+    let mut out = vec![Vec::new()];
+    let mut size = 0u64;
+    for &(mut s, e) in runs {
+        while s < e {
+            let take = (e - s).min(CHUNK as u64 - size);
+            if let Some(last) = out.last_mut() {
+                last.push((s, s + take));
+            }
+            size += take;
+            s += take;
+            if size >= CHUNK as u64 {
+                out.push(Vec::new());
+                size = 0;
+            }
+        }
+    }
+    out.retain(|c| !c.is_empty());
+    out
+}
+
+/// Add the page at `addr` to `pages`, extending its last run when it
+/// continues it.
+fn push_page(pages: &mut ProcessPages, addr: u64, place: Place, crc: u32) {
+    pages.crcs.push(crc);
+    if let Some(r) = pages.runs.last_mut() {
+        let next_addr = r.start + u64::from(r.pages) * PAGE;
+        let next_page = if r.source == ZERO_SOURCE { 0 } else { r.first + u64::from(r.pages) };
+        if next_addr == addr && r.source == place.source && next_page == place.page && r.pages < u32::MAX {
+            r.pages += 1;
+            return;
+        }
+    }
+    pages.runs.push(PageRun { start: addr, pages: 1, source: place.source, first: place.page });
+}
+
+/// Append the data runs of `copy` to the blobs section.
+fn blob_file(enc: &mut Encoder, copy: &SparseCopy) -> std::io::Result<SparseFile> {
+    let mut out = SparseFile { size: copy.size, runs: Vec::new() };
+    let mut buf = vec![0u8; 1 << 20];
+    for &(start, len) in &copy.runs {
+        let blob = Blob { offset: enc.section_len(), len };
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            copy.read_at(&mut buf[..n], start + done)?;
+            enc.write(&buf[..n]).map_err(|e| std::io::Error::other(e.to_string()))?;
+            done += n as u64;
+        }
+        out.runs.push((start, blob));
+    }
+    Ok(out)
+}
