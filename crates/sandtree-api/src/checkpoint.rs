@@ -72,6 +72,47 @@ pub struct CheckpointRequest {
     /// not restorable (`unrestorable`) instead of failing the checkpoint.
     #[serde(default)]
     pub best_effort: bool,
+    /// Answer once the checkpoint's process image is written (durable:
+    /// `process_image.state` is `durable` or `failed` in the answer).
+    /// Without it the image is written after the answer.
+    #[serde(default)]
+    pub wait_durable: bool,
+}
+
+/// Where a checkpoint's durable process image stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageState {
+    /// Being written (after the checkpoint answered).
+    Writing,
+    /// Written and synced: the processes outlive their templates.
+    Durable,
+    /// Not written (`error` says why).
+    Failed,
+}
+
+/// A checkpoint's durable process image: written after the checkpoint, from
+/// its templates; only the pages changed since the parent checkpoint's
+/// image are stored.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessImageInfo {
+    pub state: ImageState,
+    /// The file's size.
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    /// Pages of the processes' own memory, in all.
+    #[serde(default)]
+    pub pages: Option<u64>,
+    /// Of those, the pages stored in this image (the rest are in the parent
+    /// checkpoints' images, or zeros).
+    #[serde(default)]
+    pub pages_written: Option<u64>,
+    /// How long writing it took.
+    #[serde(default)]
+    pub write_ms: Option<f64>,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A checkpoint as the API shows it.
@@ -103,6 +144,9 @@ pub struct CheckpointInfo {
     /// How long the sandbox's processes were stopped.
     pub frozen_ms: f64,
     pub duration_ms: f64,
+    /// Its durable process image (`null`: none, no processes captured).
+    #[serde(default)]
+    pub process_image: Option<ProcessImageInfo>,
 }
 
 /// `POST /v1/sandboxes/{id}/checkpoints` response.

@@ -141,6 +141,12 @@ impl Volume {
         self.root.join("checkpoints")
     }
 
+    /// `process-images/`: one durable process image file per checkpoint
+    /// with processes (`<checkpoint id>.img`).
+    pub fn process_images_dir(&self) -> PathBuf {
+        self.root.join("process-images")
+    }
+
     /// Space on the volume (statvfs; btrfs reports an estimate).
     pub fn usage(&self) -> Result<VolumeUsage> {
         let st = rustix::fs::statvfs(&self.root).map_err(|e| Error::io("statvfs", &self.root, e.into()))?;

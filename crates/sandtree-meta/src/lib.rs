@@ -367,6 +367,7 @@ impl Meta {
             ("sandboxes", "lowers", "TEXT NOT NULL DEFAULT '[]'"),
             ("checkpoints", "layer", "TEXT"),
             ("checkpoints", "lowers", "TEXT NOT NULL DEFAULT '[]'"),
+            ("checkpoints", "durable", "TEXT"),
         ] {
             add_column(&conn, table, column, decl).map_err(open_err)?;
         }
@@ -589,6 +590,41 @@ impl Meta {
     }
 
     /// What depends on a checkpoint: child checkpoints and sandboxes based on it.
+    /// Store what is known of checkpoint `id`'s durable process image
+    /// (JSON, as the runtime writes it). False if there is no such row.
+    pub fn set_checkpoint_durable(&self, id: &str, durable: &serde_json::Value) -> Result<bool> {
+        let n = self
+            .conn()
+            .prepare_cached("UPDATE checkpoints SET durable = ?2 WHERE id = ?1")?
+            .execute(params![id, durable.to_string()])?;
+        Ok(n > 0)
+    }
+
+    /// What is known of checkpoint `id`'s durable process image (`Null`:
+    /// nothing).
+    pub fn checkpoint_durable(&self, id: &str) -> Result<serde_json::Value> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT durable FROM checkpoints WHERE id = ?1")?;
+        let text: Option<Option<String>> = stmt.query_row(params![id], |r| r.get(0)).optional()?;
+        Ok(text
+            .flatten()
+            .map_or(serde_json::Value::Null, |t| parse_json("checkpoints.durable", &t).unwrap_or_default()))
+    }
+
+    /// Every checkpoint with what is known of its durable image.
+    pub fn checkpoint_durables(&self) -> Result<Vec<(String, serde_json::Value)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id, durable FROM checkpoints")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, text) = row?;
+            let v = text.map_or(serde_json::Value::Null, |t| parse_json("checkpoints.durable", &t).unwrap_or_default());
+            out.push((id, v));
+        }
+        Ok(out)
+    }
+
     pub fn checkpoint_dependents(&self, id: &str) -> Result<(Vec<String>, Vec<String>)> {
         let conn = self.conn();
         let mut stmt = conn.prepare("SELECT id FROM checkpoints WHERE parent = ?1 ORDER BY rowid")?;

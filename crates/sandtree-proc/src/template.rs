@@ -45,6 +45,11 @@ pub(crate) struct Template {
     pub incremental: bool,
     /// Templates made from a standby since the last fork of the process.
     pub generation: u32,
+    /// Made from a standby: the checkpoint of the template it was made
+    /// over and the pages it changed over that one (written, dropped): its
+    /// other pages are that template's (`durable/write.rs` reads them no
+    /// more).
+    pub changed_since: Option<(String, std::sync::Arc<crate::track::Delta>)>,
     /// Its pages written since the previous template and the rest, until
     /// they are written into it after the checkpoint
     /// (`Pool::write_pending`).

@@ -852,9 +852,14 @@ impl Tracer {
     /// (`durable::collect`): its templates finished, their fork state read,
     /// a pidfd of each. Between operations; the memory is read after, by
     /// the caller.
-    pub fn durable_sources(&self, ck: &str) -> Result<crate::durable::Sources> {
-        let ck = ck.to_string();
-        self.call(move |st| crate::durable::collect::collect(&mut st.pool, &mut st.tracking, &mut st.holders, &ck))?
+    /// `parent`: the parent checkpoint, whose templates still in the pool
+    /// spare reading the pages they share with `ck`'s.
+    pub fn durable_sources(&self, ck: &str, parent: Option<&str>) -> Result<crate::durable::Sources> {
+        let (ck, parent) = (ck.to_string(), parent.map(str::to_string));
+        self.call(move |st| {
+            let cks = (ck.as_str(), parent.as_deref());
+            crate::durable::collect::collect(&mut st.pool, &mut st.tracking, &mut st.holders, cks)
+        })?
     }
 
     /// What the pool holds for `ck` (`None`: no templates).

@@ -44,6 +44,7 @@ impl Engine {
             self.discard_subvol_later(&spare);
         }
         self.discard_layers_if_unused(ck.stack());
+        self.prune_images_later();
         Ok(())
     }
 }

@@ -56,6 +56,9 @@ pub struct Config {
     /// squashed into one (in the background); a checkpoint over this many
     /// takes a snapshot instead of stacking another.
     pub max_layers: usize,
+    /// Write a durable process image of every checkpoint with processes,
+    /// after it answered (`checkpoint_image.rs`).
+    pub durable_images: bool,
 }
 
 impl Config {
@@ -110,6 +113,7 @@ impl Default for Config {
             layered_processes: true,
             incremental_min_rss: Some(0),
             max_layers: 24,
+            durable_images: true,
         }
     }
 }

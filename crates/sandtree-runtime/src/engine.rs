@@ -81,6 +81,10 @@ pub struct Engine {
     pub(crate) squashed: Mutex<HashMap<Vec<String>, String>>,
     /// What `sandtree_fs::squash::scan` found in a read-only layer.
     pub(crate) layer_scans: Mutex<HashMap<String, sandtree_fs::squash::LayerScan>>,
+    /// Per sandbox: held while one of its checkpoints' process images is
+    /// written (`checkpoint_image.rs`), so that they are written in order
+    /// (each against its parent's) and an eviction waits for them.
+    pub(crate) image_writes: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
     /// Background work a stopping daemon waits for (see [`Engine::settle`]).
     releasing: Mutex<tokio::task::JoinSet<()>>,
     /// The engine itself, for background tasks.
@@ -141,6 +145,7 @@ impl Engine {
             squash_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             squashed: Mutex::new(HashMap::new()),
             layer_scans: Mutex::new(HashMap::new()),
+            image_writes: Mutex::new(HashMap::new()),
             this: this.clone(),
         });
         engine.ensure_default_image().await?;

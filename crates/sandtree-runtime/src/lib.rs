@@ -22,6 +22,7 @@
 
 mod checkpoint_delete;
 mod checkpoint_fork;
+mod checkpoint_image;
 mod checkpoint_live;
 mod config;
 mod dev_shm;

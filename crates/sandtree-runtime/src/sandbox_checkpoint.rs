@@ -53,6 +53,16 @@ pub(crate) const FS_ONLY_NOTE: &str = "filesystem captured; the sandbox was not 
 
 impl Engine {
     pub async fn checkpoint(&self, id: &str, req: CheckpointRequest) -> Result<CheckpointResponse> {
+        let wait = req.wait_durable;
+        let mut done = self.checkpoint_now(id, req).await?;
+        if wait && done.checkpoint.process_image.is_some() {
+            done.checkpoint.process_image = Some(self.image_settled(&done.checkpoint.id).await);
+        }
+        Ok(done)
+    }
+
+    /// [`Engine::checkpoint`] but for the wait for its process image.
+    async fn checkpoint_now(&self, id: &str, req: CheckpointRequest) -> Result<CheckpointResponse> {
         let t0 = Instant::now();
         let _busy = self.flusher.busy();
         let _lock = self.lock_sandbox(id).await;
@@ -278,6 +288,9 @@ impl Engine {
 
         // What this checkpoint adds over its base, measured off the hot path.
         self.measure_later(ck_id, dst, rec.base_transid);
+        if processes {
+            self.write_image_later(id, ck_id, ck.parent.clone());
+        }
 
         // Its templates were just made (asking the tracer would wait for
         // their set-up, which follows the reply).
@@ -394,6 +407,9 @@ impl Engine {
             self.evict_templates_later(id);
         }
         self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
+        if has_processes {
+            self.write_image_later(id, ck_id, ck.parent.clone());
+        }
         // (Its templates, if any, were just made.)
         let info = self.checkpoint_info_known(&ck, true);
         let note = process_note(&info);
@@ -466,6 +482,8 @@ impl Engine {
     /// One eviction run of `id`'s templates (see [`Engine::evict_templates_later`]).
     async fn evict_templates(&self, id: &str) {
         let Some(t) = self.tracer_get(id) else { return };
+        // (Not the templates an image is being read from.)
+        self.images_written(id).await;
         let (budget, max) = (self.cfg.template_memory_bytes, self.cfg.template_checkpoints);
         let keep = self.record(id).ok().and_then(|r| r.base_checkpoint).unwrap_or_default();
         match tokio::task::spawn_blocking(move || t.evict_to(budget, max, &keep)).await {
@@ -655,6 +673,7 @@ impl Engine {
             reparented,
             frozen_ms: c.frozen_ms,
             duration_ms: c.duration_ms,
+            process_image: self.process_image_info(&c.id),
         }
     }
 }

@@ -66,12 +66,22 @@ fn shell_variants() {
 
 #[test]
 fn checkpoint_rollback_fork_tree() {
-    let Command::Checkpoint { sandbox, label, best_effort } =
-        parse(&["checkpoint", "sb-1", "--label", "before", "--best-effort"]).command
+    let Command::Checkpoint { action: None, sandbox, label, best_effort, durable } =
+        parse(&["checkpoint", "sb-1", "--label", "before", "--best-effort", "--durable"]).command
     else {
         panic!()
     };
-    assert_eq!((sandbox.as_str(), label.as_deref(), best_effort), ("sb-1", Some("before"), true));
+    assert_eq!(
+        (sandbox.as_deref(), label.as_deref(), best_effort, durable),
+        (Some("sb-1"), Some("before"), true, true)
+    );
+    let Command::Checkpoint { action: Some(sandtree::cli::CheckpointCommand::Inspect { checkpoint }), .. } =
+        parse(&["checkpoint", "inspect", "ck-2"]).command
+    else {
+        panic!()
+    };
+    assert_eq!(checkpoint, "ck-2");
+    assert!(sandtree::cli::Cli::try_parse_from(["sandtree", "checkpoint"]).is_err(), "a checkpoint needs a sandbox");
     let Command::Rollback { sandbox, checkpoint, allow_restart } =
         parse(&["rollback", "sb-1", "ck-2", "--allow-restart"]).command
     else {

@@ -639,7 +639,8 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         captured_pipes.extend(std::mem::take(&mut c.pipes));
         captured_sockets.extend(std::mem::take(&mut c.sockets).into_iter().map(|b| (b, host)));
         match set_up(c).and_then(|t| crate::kinds::inotify_shared_with(&t, &made).map(|()| t)) {
-            Ok(t) => {
+            Ok(mut t) => {
+                t.changed_since = prev.as_ref().map(|((ck, _), delta)| (ck.clone(), delta.clone()));
                 // The tracked original's writes count from this template.
                 if let Some(t_orig) = tracked.and_then(|h| st.tracking.get_mut(&h)) {
                     t_orig.base = Some((ck.to_string(), t.host));
@@ -1581,6 +1582,7 @@ fn set_up(c: Cloned) -> Result<Template> {
         fingerprint: c.fingerprint,
         incremental,
         generation,
+        changed_since: None,
         to_write: c.to_write,
     })
 }

@@ -1,6 +1,6 @@
 //! What an image is written from, collected on the tracer thread in one
 //! job ([`collect`]): every template of the checkpoint finished (set up,
-//! its pages written), then, per template, its image, its
+//! its pages written, its standby's fork ended), then, per template, its image, its
 //! [`ForkState`] (a batch in it, its XSAVE area by ptrace) and a pidfd;
 //! and the checkpoint's saved contents. The memory is read after, off the
 //! tracer thread ([`super::write_image`]): a template never runs, so its
@@ -27,6 +27,9 @@ pub struct SourceProcess {
     pub pidfd: OwnedFd,
     /// Its scratch mapping (not the process's: left out).
     pub scratch: u64,
+    /// Made from a standby: the checkpoint of the template it was made
+    /// over, and the pages it changed over that one.
+    pub(crate) changed_since: Option<(String, Arc<crate::track::Delta>)>,
 }
 
 /// The saved contents of a shared memory object.
@@ -36,10 +39,22 @@ pub struct SharedSource {
     pub memfd: Option<(u32, u32)>,
 }
 
+/// A template of the parent checkpoint, still in the pool: a page of the
+/// new template on the same physical frame as its page at that address is
+/// the page the parent's image holds there (templates never write), and
+/// is not read again.
+pub struct ParentTemplate {
+    pub host: HostPid,
+    pub pidfd: OwnedFd,
+}
+
 /// Everything an image of one checkpoint is written from.
 pub struct Sources {
     pub checkpoint: String,
     pub processes: Vec<SourceProcess>,
+    /// The parent checkpoint's templates still in the pool, by pid in the
+    /// sandbox.
+    pub parent_templates: std::collections::HashMap<i32, ParentTemplate>,
     pub pipes: Vec<PipeBuffer>,
     pub sockets: Vec<SocketBuffer>,
     pub pair_data: Vec<SocketBuffer>,
@@ -47,36 +62,63 @@ pub struct Sources {
     pub unrestorable: Vec<Unrestorable>,
 }
 
-/// Collect the [`Sources`] of checkpoint `ck` (see the module docs).
-pub(crate) fn collect(pool: &mut Pool, tracking: &mut Trackings, holders: &mut [Holder], ck: &str) -> Result<Sources> {
+/// Collect the [`Sources`] of checkpoint `ck` (see the module docs), with
+/// the templates of its parent checkpoint `parent` still in the pool.
+pub(crate) fn collect(
+    pool: &mut Pool,
+    tracking: &mut Trackings,
+    holders: &mut [Holder],
+    (ck, parent): (&str, Option<&str>),
+) -> Result<Sources> {
     pool.finish_pending(tracking, holders);
+    let mut parent_templates = std::collections::HashMap::new();
+    for t in parent.and_then(|p| pool.get(p)).map(|set| set.templates.as_slice()).unwrap_or_default() {
+        if let Ok(pidfd) = pidfd_of(t.host) {
+            parent_templates.insert(t.image.pid.raw(), ParentTemplate { host: t.host, pidfd });
+        }
+    }
     let set = pool.get_mut(ck).ok_or_else(|| Error::NoTemplates(ck.to_string()))?;
+    tracing::debug!(checkpoint = ck, ?parent, parent_templates = parent_templates.len(), "image sources");
     let mut processes = Vec::with_capacity(set.templates.len());
     for t in set.templates.iter_mut() {
+        // (A standby fork under way in it is a syscall the tracer has yet
+        // to collect: no other call may be injected meanwhile.)
+        t.settle_standby();
         let mut fork = crate::process::fork_state::read_in_template(t)?;
         crate::process::fork_state::read_rest(t.host, &mut fork)?;
-        let pidfd = rustix::process::pidfd_open(
-            rustix::process::Pid::from_raw(t.host.raw()).ok_or(Error::NoTemplates(ck.to_string()))?,
-            rustix::process::PidfdFlags::empty(),
-        )
-        .map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e.into() })?;
-        processes.push(SourceProcess { image: t.image.clone(), fork, host: t.host, pidfd, scratch: t.scratch });
+        let pidfd = pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
+        processes.push(SourceProcess {
+            image: t.image.clone(),
+            fork,
+            host: t.host,
+            pidfd,
+            scratch: t.scratch,
+            changed_since: t.changed_since.clone(),
+        });
     }
     let shared_memory = set
         .shared_memory
         .iter()
         .map(|(c, host, _)| {
-            let data = c.saved().duplicate().map_err(|e| Error::Proc { pid: *host, what: "shared memory copy", source: e })?;
+            let data =
+                c.saved().duplicate().map_err(|e| Error::Proc { pid: *host, what: "shared memory copy", source: e })?;
             Ok(SharedSource { key: c.key, data: Arc::new(data), memfd: c.memfd() })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Sources {
         checkpoint: ck.to_string(),
         processes,
+        parent_templates,
         pipes: set.pipes.iter().map(|(p, _, _)| p.clone()).collect(),
         sockets: set.sockets.iter().map(|(s, _, _)| s.clone()).collect(),
         pair_data: set.pair_data.clone(),
         shared_memory,
         unrestorable: set.unrestorable.clone(),
     })
+}
+
+/// A pidfd of `host`.
+fn pidfd_of(host: HostPid) -> std::io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(host.raw()).ok_or_else(|| std::io::Error::other("pid 0"))?;
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }

@@ -122,7 +122,11 @@ impl Cursor<'_> {
 
 /// The index section decoded, checked against `sources` (how many there
 /// are) and `own_pages` (this image's page count).
-pub(crate) fn decode_index(bytes: &[u8], sources: usize, own_pages: u64) -> std::result::Result<Vec<ProcessPages>, String> {
+pub(crate) fn decode_index(
+    bytes: &[u8],
+    sources: usize,
+    own_pages: u64,
+) -> std::result::Result<Vec<ProcessPages>, String> {
     let mut c = Cursor { bytes, at: 0 };
     let short = || "the page index ends early".to_string();
     let count = c.u32().ok_or_else(short)?;
@@ -147,7 +151,7 @@ pub(crate) fn decode_index(bytes: &[u8], sources: usize, own_pages: u64) -> std:
             let end = u64::from(r.pages).checked_mul(PAGE).and_then(|len| r.start.checked_add(len));
             let bad = |what: &str| format!("pid {pid}: run at {:#x}: {what}", r.start);
             let Some(end) = end else { return Err(bad("its end is past the address space")) };
-            if r.start % PAGE != 0 || r.pages == 0 {
+            if !r.start.is_multiple_of(PAGE) || r.pages == 0 {
                 return Err(bad("not whole pages"));
             }
             if r.start < last_end {
@@ -390,7 +394,8 @@ impl Image {
             c.u32();
             let (offset, elen, ecrc) = (c.u64().unwrap_or(0), c.u64().unwrap_or(0), c.u32().unwrap_or(0));
             c.u32();
-            if offset.checked_add(elen).is_none_or(|end| end > len) || offset < (HEADER + ENTRY * count as usize) as u64 {
+            if offset.checked_add(elen).is_none_or(|end| end > len) || offset < (HEADER + ENTRY * count as usize) as u64
+            {
                 return Err(corrupt(format!("section {kind} lies outside the file")));
             }
             entries.push(Entry { kind, offset, len: elen, crc: ecrc });
@@ -481,6 +486,17 @@ impl Image {
             }
         }
         Ok(())
+    }
+
+    /// Read up to `max` pages of this file's page data from page number
+    /// `first` into `buf` (resized; fewer where the data ends), unchecked:
+    /// the caller checks each page it uses against the index.
+    pub fn read_ahead(&self, first: u64, max: u64, buf: &mut Vec<u8>) -> Result<()> {
+        let n = max.min(self.page_count().saturating_sub(first));
+        buf.resize((n * PAGE) as usize, 0);
+        self.file
+            .read_exact_at(buf, self.data.0 + first * PAGE)
+            .map_err(|source| Error::Io { path: self.path.clone(), source })
     }
 
     /// Read the bytes of `blob`.
@@ -583,7 +599,11 @@ mod tests {
     }
 
     fn temp() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("sandtree-image-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dir = std::env::temp_dir().join(format!(
+            "sandtree-image-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         dir

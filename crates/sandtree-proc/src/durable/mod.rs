@@ -51,6 +51,7 @@
 
 pub(crate) mod collect;
 pub mod format;
+pub mod read;
 pub mod write;
 
 use serde::{Deserialize, Serialize};
@@ -58,8 +59,9 @@ use serde::{Deserialize, Serialize};
 use crate::check::Unrestorable;
 use crate::model::{ForkState, PipeBuffer, ProcessImage, SocketBuffer};
 
-pub use collect::{SharedSource, SourceProcess, Sources};
+pub use collect::{ParentTemplate, SharedSource, SourceProcess, Sources};
 pub use format::{Image, ImageSummary};
+pub use read::PageSource;
 pub use write::{WriteReport, image_path, write_image};
 
 /// A run's source for pages of zeros (stored nowhere).

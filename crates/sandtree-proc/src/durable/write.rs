@@ -18,6 +18,9 @@ use super::{Blob, Error, ImageProcess, ImageSharedMemory, ImageTree, PAGE, Resul
 use crate::fdstate::SparseCopy;
 use crate::model::MapImage;
 
+/// Pages of a parent image read at a time for comparisons.
+const READ_AHEAD: u64 = 256;
+
 /// Bytes of memory read from a template at a time.
 const CHUNK: usize = 8 << 20;
 
@@ -32,6 +35,12 @@ pub struct WriteReport {
     pub pages_written: u64,
     /// Referenced in the parent's image (or its sources).
     pub pages_from_parent: u64,
+    /// Of those, found on the same physical frame as in the parent's
+    /// template (not read).
+    pub pages_same_frame: u64,
+    /// Of those, known unchanged since the parent's template, which this
+    /// one was made over (not read).
+    pub pages_unchanged: u64,
     /// Pages of zeros (stored nowhere).
     pub pages_zero: u64,
     /// The parent image compared against, if one was read.
@@ -59,24 +68,64 @@ struct Parent {
     opened: HashMap<String, Image>,
     /// Parent source number -> new source number.
     renumbered: HashMap<u32, u32>,
+    /// Pages read ahead: (source, first page, bytes).
+    cache: Option<(u32, u64, Vec<u8>)>,
 }
 
 impl Parent {
+    /// The new image's source number for the parent's source `s`, listed
+    /// in `names` the first time.
+    fn renumber(&mut self, s: u32, names: &mut Vec<String>) -> u32 {
+        let next = names.len() as u32;
+        let image = &self.image;
+        *self.renumbered.entry(s).or_insert_with(|| {
+            let name = match s {
+                0 => image.tree().checkpoint.clone(),
+                s => image.tree().sources.get(s as usize).cloned().unwrap_or_default(),
+            };
+            names.push(name);
+            next
+        })
+    }
+
     /// The bytes of page `page` of the parent's source `source`, into
-    /// `buf`, checked against `crc`.
+    /// `buf`, checked against `crc`. Read ahead in spans of
+    /// [`READ_AHEAD`] pages (the next pages asked for mostly follow).
     fn read(&mut self, source: u32, page: u64, crc: u32, buf: &mut [u8]) -> Result<()> {
-        if source == 0 {
-            return self.image.read_pages(page, buf, &[crc]);
+        let hit = |c: &(u32, u64, Vec<u8>)| c.0 == source && page >= c.1 && page < c.1 + c.2.len() as u64 / PAGE;
+        if !self.cache.as_ref().is_some_and(hit) {
+            let image = if source == 0 {
+                &self.image
+            } else {
+                let name = self.image.tree().sources.get(source as usize).cloned().unwrap_or_default();
+                if !self.opened.contains_key(&name) {
+                    let image = Image::open(&image_path(&self.dir, &name))?;
+                    self.opened.insert(name.clone(), image);
+                }
+                self.opened
+                    .get(&name)
+                    .ok_or_else(|| Error::Corrupt { path: image_path(&self.dir, &name), what: "not opened".into() })?
+            };
+            let mut data = self.cache.take().map(|c| c.2).unwrap_or_default();
+            image.read_ahead(page, READ_AHEAD, &mut data)?;
+            self.cache = Some((source, page, data));
         }
-        let name = self.image.tree().sources.get(source as usize).cloned().unwrap_or_default();
-        if !self.opened.contains_key(&name) {
-            let image = Image::open(&image_path(&self.dir, &name))?;
-            self.opened.insert(name.clone(), image);
+        let Some((_, first, data)) = self.cache.as_ref().filter(|c| hit(c)) else {
+            return Err(Error::Corrupt {
+                path: self.image.path().into(),
+                what: format!("page {page} of source {source} is past its page data"),
+            });
+        };
+        let at = ((page - first) * PAGE) as usize;
+        let bytes = &data[at..at + PAGE as usize];
+        if crc32fast::hash(bytes) != crc {
+            return Err(Error::Corrupt {
+                path: self.image.path().into(),
+                what: format!("page {page} of source {source} fails its checksum"),
+            });
         }
-        match self.opened.get(&name) {
-            Some(image) => image.read_pages(page, buf, &[crc]),
-            None => Err(Error::Corrupt { path: image_path(&self.dir, &name), what: "not opened".into() }),
-        }
+        buf.copy_from_slice(bytes);
+        Ok(())
     }
 }
 
@@ -87,13 +136,20 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
     let t0 = std::time::Instant::now();
     let path = image_path(dir, &sources.checkpoint);
     let mut parent = parent.and_then(|p| match Image::open(&image_path(dir, p)) {
-        Ok(image) => Some(Parent { image, dir: dir.to_path_buf(), opened: HashMap::new(), renumbered: HashMap::new() }),
+        Ok(image) => Some(Parent {
+            image,
+            dir: dir.to_path_buf(),
+            opened: HashMap::new(),
+            renumbered: HashMap::new(),
+            cache: None,
+        }),
         Err(e) => {
             tracing::debug!(checkpoint = sources.checkpoint, parent = p, "parent image not used: {e}");
             None
         }
     });
-    let mut report = WriteReport { parent: parent.as_ref().map(|p| p.image.tree().checkpoint.clone()), ..Default::default() };
+    let mut report =
+        WriteReport { parent: parent.as_ref().map(|p| p.image.tree().checkpoint.clone()), ..Default::default() };
     let mut names = vec![sources.checkpoint.clone()];
     let mut enc = Encoder::create(&path)?;
     enc.begin(Kind::PageData, true, false);
@@ -110,15 +166,72 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
             .map(|pp| pp.pages().map(|(addr, s, page, crc)| (addr, (s, page, crc))).collect())
             .unwrap_or_default();
         let mut pages = ProcessPages { pid, runs: Vec::new(), crcs: Vec::new() };
+        // The parent's template of this process, if it is still there.
+        let twin = sources.parent_templates.get(&p.image.pid.raw()).filter(|_| !before.is_empty());
+        let pagemaps = match twin {
+            Some(t) => Some((pagemap_of(p.host)?, pagemap_of(t.host)?)),
+            None => None,
+        };
+        // Made from the parent's template: the pages it changed over that
+        // one, sorted; every other page is the parent's.
+        let changed = p.changed_since.as_ref().filter(|(ck, _)| Some(ck) == report.parent.as_ref()).map(|(_, d)| {
+            let mut runs: Vec<(u64, u64)> = d.pages.iter().chain(&d.zap).copied().collect();
+            runs.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+            for (s, e) in runs {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
+                }
+            }
+            merged
+        });
         for chunk in chunks(&runs) {
-            let len: usize = chunk.iter().map(|(s, e)| (e - s) as usize).sum();
+            let addrs: Vec<u64> = chunk.iter().flat_map(|&(s, e)| (s..e).step_by(PAGE as usize)).collect();
+            let shared = match &pagemaps {
+                Some((ours, theirs)) => same_frames((ours, p.host), (theirs, twin.map_or(p.host, |t| t.host)), &chunk)?,
+                None => vec![false; addrs.len()],
+            };
+            let known = |i: usize, addr: u64| shared[i] || changed.as_ref().is_some_and(|c| !within(c, addr));
+            let reused =
+                |i: usize, addr: u64| known(i, addr) && before.get(&addr).is_some_and(|(s, _, _)| *s != ZERO_SOURCE);
+            let mut read: Vec<(u64, u64)> = Vec::new();
+            for (i, &addr) in addrs.iter().enumerate() {
+                if reused(i, addr) {
+                    continue;
+                }
+                match read.last_mut() {
+                    Some(last) if last.1 == addr => last.1 += PAGE,
+                    _ => read.push((addr, addr + PAGE)),
+                }
+            }
+            let len: usize = read.iter().map(|(s, e)| (e - s) as usize).sum();
             buf.resize(len, 0);
-            crate::transplant::read_runs(p.host, &chunk, &mut buf)
-                .map_err(|source| Error::Proc { pid: p.host, what: "memory", source })?;
-            let addrs = chunk.iter().flat_map(|&(s, e)| (s..e).step_by(PAGE as usize));
-            for (addr, page) in addrs.zip(buf.chunks(PAGE as usize)) {
-                let crc = crc32fast::hash(page);
+            if !read.is_empty() {
+                crate::transplant::read_runs(p.host, &read, &mut buf).map_err(|source| Error::Proc {
+                    pid: p.host,
+                    what: "memory",
+                    source,
+                })?;
+            }
+            let mut fresh = buf.chunks(PAGE as usize);
+            for (i, &addr) in addrs.iter().enumerate() {
                 report.pages += 1;
+                if reused(i, addr) {
+                    let (s, n, crc) = before[&addr];
+                    let par = parent.as_mut().ok_or_else(|| io_of(&path, std::io::Error::other("no parent")))?;
+                    let source = par.renumber(s, &mut names);
+                    report.pages_from_parent += 1;
+                    if shared[i] {
+                        report.pages_same_frame += 1;
+                    } else {
+                        report.pages_unchanged += 1;
+                    }
+                    push_page(&mut pages, addr, Place { source, page: n }, crc);
+                    continue;
+                }
+                let page = fresh.next().ok_or_else(|| io_of(&path, std::io::Error::other("short read")))?;
+                let crc = crc32fast::hash(page);
                 let place = if page.iter().all(|b| *b == 0) {
                     report.pages_zero += 1;
                     Place { source: ZERO_SOURCE, page: 0 }
@@ -129,16 +242,7 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
                     && theirs == page
                 {
                     report.pages_from_parent += 1;
-                    let next = names.len() as u32;
-                    let source = *par.renumbered.entry(s).or_insert_with(|| {
-                        let name = if s == 0 {
-                            par.image.tree().checkpoint.clone()
-                        } else {
-                            par.image.tree().sources[s as usize].clone()
-                        };
-                        names.push(name);
-                        next
-                    });
+                    let source = par.renumber(s, &mut names);
                     Place { source, page: n }
                 } else {
                     let n = enc.section_len() / PAGE;
@@ -148,6 +252,12 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
                 };
                 push_page(&mut pages, addr, place, crc);
             }
+        }
+        if let Some(t) = twin
+            && !alive(&t.pidfd)
+        {
+            // (Its frames may have been freed and taken by another page.)
+            return Err(Error::TemplateGone { pid: p.image.pid });
         }
         gone(p)?;
         index.push(pages);
@@ -194,11 +304,60 @@ fn io_of(path: &Path, source: std::io::Error) -> Error {
 /// An error if template `p` has ended (its pidfd is readable): its pid
 /// may name another process by now, whose memory was read.
 fn gone(p: &super::collect::SourceProcess) -> Result<()> {
-    let mut fds = [rustix::event::PollFd::new(&p.pidfd, rustix::event::PollFlags::IN)];
-    match rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })) {
-        Ok(0) => Ok(()),
-        _ => Err(Error::TemplateGone { pid: p.image.pid }),
+    match alive(&p.pidfd) {
+        true => Ok(()),
+        false => Err(Error::TemplateGone { pid: p.image.pid }),
     }
+}
+
+/// Whether the process of `pidfd` has not ended.
+fn alive(pidfd: &std::os::fd::OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
+    matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(0))
+}
+
+/// Whether `addr` lies in one of `runs` (sorted, not overlapping).
+fn within(runs: &[(u64, u64)], addr: u64) -> bool {
+    let n = runs.partition_point(|r| r.0 <= addr);
+    n > 0 && addr < runs[n - 1].1
+}
+
+/// `/proc/<host>/pagemap`, open.
+fn pagemap_of(host: crate::HostPid) -> Result<std::fs::File> {
+    std::fs::File::open(format!("/proc/{host}/pagemap")).map_err(|source| Error::Proc {
+        pid: host,
+        what: "pagemap",
+        source,
+    })
+}
+
+/// For each page of `runs`: whether it is present in both processes on
+/// the same physical frame (`pagemap`'s bit 63 and frame number, bits
+/// 0-54, which the daemon, root, is shown).
+fn same_frames(
+    (ours, our_pid): (&std::fs::File, crate::HostPid),
+    (theirs, their_pid): (&std::fs::File, crate::HostPid),
+    runs: &[(u64, u64)],
+) -> Result<Vec<bool>> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const FRAME: u64 = (1 << 55) - 1;
+    let mut out = Vec::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for &(s, e) in runs {
+        let n = ((e - s) / PAGE) as usize;
+        let at = s / PAGE * 8;
+        for (file, pid, buf) in [(ours, our_pid, &mut a), (theirs, their_pid, &mut b)] {
+            buf.resize(n * 8, 0);
+            file.read_exact_at(buf, at).map_err(|source| Error::Proc { pid, what: "pagemap", source })?;
+        }
+        let entry = |buf: &[u8], i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        for i in 0..n {
+            let (x, y) = (entry(&a, i), entry(&b, i));
+            out.push(x & PRESENT != 0 && y & PRESENT != 0 && x & FRAME != 0 && x & FRAME == y & FRAME);
+        }
+    }
+    Ok(out)
 }
 
 /// The runs of template `p`'s own pages (see the module docs).

@@ -76,7 +76,6 @@ pub(crate) fn read_rest(host: HostPid, state: &mut ForkState) -> Result<()> {
     // (`fields[0]` is field 3 of proc(5).)
     let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
     state.mm = [26, 27, 45, 46, 47, 28, 48, 49, 50, 51].into_iter().map(field).collect();
-    state.fingerprint =
-        crate::incremental::fingerprint(host, None).map_err(proc_err("fingerprint"))?;
+    state.fingerprint = crate::incremental::fingerprint(host, None).map_err(proc_err("fingerprint"))?;
     Ok(())
 }

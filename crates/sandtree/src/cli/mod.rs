@@ -78,9 +78,14 @@ pub enum Command {
     Exec(ExecArgs),
     /// Interactive shell in a sandbox (or run one command in a session with -c).
     Shell(ShellArgs),
-    /// Checkpoint a sandbox; prints the checkpoint id.
+    /// Checkpoint a sandbox; prints the checkpoint id. (`checkpoint inspect
+    /// CK` shows a checkpoint's process image.)
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Checkpoint {
-        sandbox: String,
+        #[command(subcommand)]
+        action: Option<CheckpointCommand>,
+        #[arg(required = true)]
+        sandbox: Option<String>,
         /// A label for the checkpoint.
         #[arg(long, short)]
         label: Option<String>,
@@ -88,6 +93,10 @@ pub enum Command {
         /// not restorable instead of failing the checkpoint).
         #[arg(long)]
         best_effort: bool,
+        /// Return once the checkpoint's process image is written to disk
+        /// (it then outlives the daemon); by default it is written after.
+        #[arg(long)]
+        durable: bool,
     },
     /// Roll a sandbox back to one of its checkpoints.
     Rollback {
@@ -170,6 +179,14 @@ pub enum Command {
         #[arg(long, short, default_value_t = 9)]
         signal: i32,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CheckpointCommand {
+    /// Show a checkpoint's durable process image: its processes, and its
+    /// pages (stored in it, in its parents' images, zeros). The image is
+    /// read and checked whole (checksums, format version).
+    Inspect { checkpoint: String },
 }
 
 #[derive(Subcommand, Debug)]

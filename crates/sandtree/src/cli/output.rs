@@ -250,6 +250,7 @@ mod tests {
             reparented: Vec::new(),
             frozen_ms: 1.5,
             duration_ms: 3.0,
+            process_image: None,
         }
     }
 

@@ -34,7 +34,7 @@ use super::routes;
         routes::exec, routes::list_processes, routes::process_output, routes::kill_process,
         routes::create_session, routes::list_sessions, routes::session_run, routes::close_session, routes::attach_session,
         routes::create_checkpoint, routes::sandbox_checkpoints, routes::rollback,
-        routes::list_checkpoints, routes::get_checkpoint, routes::delete_checkpoint, routes::fork,
+        routes::list_checkpoints, routes::get_checkpoint, routes::checkpoint_image, routes::delete_checkpoint, routes::fork,
         routes::list_images, routes::import_image, routes::delete_image,
     ),
     components(schemas(
@@ -43,7 +43,7 @@ use super::routes;
         Limits, Usage, SandboxStatus, SandboxInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse, KeptCheckpoint,
         ExecRequest, ExecResponse, ExecEvent, OutputEncoding, ProcessInfo, ProcessList, ProcessOutput,
         CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,
-        ProcessState, UnrestorableProcess, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,
+        ProcessState, UnrestorableProcess, ImageState, ProcessImageInfo, CheckpointRequest, CheckpointInfo, CheckpointResponse, CheckpointList,
         RollbackRequest, RollbackResponse, ForkRequest, ForkResult, ForkResponse, DeleteCheckpointResponse,
         ImageInfo, ImageList, ImportImageRequest, ImportEvent,
     )),

@@ -24,6 +24,7 @@
 //! | POST   | `/v1/sandboxes/{id}/rollback` | `RollbackRequest` → `RollbackResponse` |
 //! | GET    | `/v1/checkpoints` | → `CheckpointList` (every tree) |
 //! | GET    | `/v1/checkpoints/{id}` | → `CheckpointInfo` |
+//! | GET    | `/v1/checkpoints/{id}/image` | → the process image's summary (`sandtree checkpoint inspect`) |
 //! | DELETE | `/v1/checkpoints/{id}?force=true` | → `DeleteCheckpointResponse` |
 //! | POST   | `/v1/checkpoints/{id}/fork` | `ForkRequest` → `ForkResponse` |
 //! | POST   | `/v1/gc` | → `GcReport` |
@@ -145,6 +146,7 @@ pub fn table() -> Vec<Route> {
         route(Method::POST, "/v1/sandboxes/{id}/rollback", rollback),
         route(Method::GET, "/v1/checkpoints", list_checkpoints),
         route(Method::GET, "/v1/checkpoints/{id}", get_checkpoint),
+        route(Method::GET, "/v1/checkpoints/{id}/image", checkpoint_image),
         route(Method::DELETE, "/v1/checkpoints/{id}", delete_checkpoint),
         route(Method::POST, "/v1/checkpoints/{id}/fork", fork),
         route(Method::POST, "/v1/gc", gc),
@@ -520,6 +522,19 @@ pub async fn get_checkpoint(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<CheckpointInfo>> {
     Ok(Json(e.get_checkpoint(&id).await?))
+}
+
+/// Reads and checks a checkpoint's durable process image, and sums it up:
+/// its processes and where their pages are (stored in it, in its parents'
+/// images, zeros).
+#[utoipa::path(get, path = "/v1/checkpoints/{id}/image", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id")),
+    responses((status = 200, body = serde_json::Value), (status = 404, body = ErrorBody), (status = 400, body = ErrorBody)))]
+pub async fn checkpoint_image(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let summary = e.inspect_image(&id).await?;
+    Ok(Json(serde_json::to_value(summary).unwrap_or_default()))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]

@@ -10,8 +10,14 @@ use super::Ctx;
 use crate::cli::client::enc;
 use crate::cli::output::{checkpoint_tree, ms};
 
-pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>, best_effort: bool) -> Result<i32> {
-    let req = CheckpointRequest { label, labels: BTreeMap::new(), best_effort };
+pub async fn checkpoint(
+    ctx: &Ctx,
+    sandbox: &str,
+    label: Option<String>,
+    best_effort: bool,
+    durable: bool,
+) -> Result<i32> {
+    let req = CheckpointRequest { label, labels: BTreeMap::new(), best_effort, wait_durable: durable };
     let r: CheckpointResponse =
         ctx.call(Method::POST, &format!("/v1/sandboxes/{}/checkpoints", enc(sandbox)), Some(&req)).await?;
     if !ctx.json {
@@ -24,6 +30,65 @@ pub async fn checkpoint(ctx: &Ctx, sandbox: &str, label: Option<String>, best_ef
             c.processes.len()
         );
         eprintln!("note: {}", r.note);
+        if let Some(i) = &c.process_image {
+            match i.state {
+                ImageState::Durable => eprintln!(
+                    "process image: durable, {} written ({} of {} pages new) in {}",
+                    crate::units::human_bytes(i.bytes.unwrap_or(0)),
+                    i.pages_written.unwrap_or(0),
+                    i.pages.unwrap_or(0),
+                    ms(i.write_ms.unwrap_or(0.0))
+                ),
+                ImageState::Writing => eprintln!("process image: being written (`--durable` waits for it)"),
+                ImageState::Failed => {
+                    eprintln!("process image: NOT written: {}", i.error.as_deref().unwrap_or("unknown error"))
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub async fn inspect(ctx: &Ctx, checkpoint: &str) -> Result<i32> {
+    let r: serde_json::Value =
+        ctx.call(Method::GET, &format!("/v1/checkpoints/{}/image", enc(checkpoint)), None::<&()>).await?;
+    if ctx.json {
+        return Ok(0);
+    }
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    println!("checkpoint      {}", s(&r["checkpoint"]));
+    println!("format version  {}", n(&r["format_version"]));
+    println!(
+        "file            {} ({} pages stored, {} of other data)",
+        crate::units::human_bytes(n(&r["file_bytes"])),
+        n(&r["pages_written"]),
+        crate::units::human_bytes(n(&r["blob_bytes"]))
+    );
+    println!("parent image    {}", r["parent"].as_str().unwrap_or("none (every page stored here)"));
+    let sources: Vec<String> = r["sources"].as_array().into_iter().flatten().skip(1).map(s).collect();
+    if !sources.is_empty() {
+        println!("reads pages of  {}", sources.join(", "));
+    }
+    println!();
+    println!(
+        "{:>7} {:>7} {:<16} {:>7} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9}",
+        "PID", "PPID", "COMM", "THREADS", "FDS", "MAPS", "PAGES", "HERE", "PARENTS", "ZERO"
+    );
+    for p in r["processes"].as_array().into_iter().flatten() {
+        println!(
+            "{:>7} {:>7} {:<16} {:>7} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9}",
+            n(&p["pid"]),
+            n(&p["ppid"]),
+            s(&p["comm"]),
+            n(&p["threads"]),
+            n(&p["descriptors"]),
+            n(&p["mappings"]),
+            n(&p["pages"]),
+            n(&p["pages_here"]),
+            n(&p["pages_in_parents"]),
+            n(&p["pages_zero"])
+        );
     }
     Ok(0)
 }

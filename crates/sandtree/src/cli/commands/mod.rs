@@ -58,8 +58,12 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
         Command::Logs { sandbox, pid } => exec::logs(&ctx, &sandbox, pid).await,
         Command::Kill { sandbox, pid, signal } => exec::kill(&ctx, &sandbox, pid, signal).await,
         Command::Shell(a) => shell::shell(&ctx, a).await,
-        Command::Checkpoint { sandbox, label, best_effort } => {
-            checkpoint::checkpoint(&ctx, &sandbox, label, best_effort).await
+        Command::Checkpoint { action: Some(crate::cli::CheckpointCommand::Inspect { checkpoint }), .. } => {
+            checkpoint::inspect(&ctx, &checkpoint).await
+        }
+        Command::Checkpoint { action: None, sandbox, label, best_effort, durable } => {
+            let sandbox = sandbox.unwrap_or_default();
+            checkpoint::checkpoint(&ctx, &sandbox, label, best_effort, durable).await
         }
         Command::Rollback { sandbox, checkpoint, allow_restart } => {
             checkpoint::rollback(&ctx, &sandbox, &checkpoint, allow_restart).await

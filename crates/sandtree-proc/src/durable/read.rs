@@ -1,0 +1,55 @@
+//! Reading a process's pages out of an image and the images it reads
+//! from ([`PageSource`]): each page where the index says it is (this
+//! image's page data, a parent's, or zeros), checked against its
+//! checksum.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::format::Image;
+use super::{Error, PAGE, Result, ZERO_SOURCE, image_path};
+
+/// The pages of the processes of one image (`top`), with the images it
+/// reads from opened as needed (in the same directory).
+pub struct PageSource<'a> {
+    top: &'a Image,
+    dir: PathBuf,
+    opened: HashMap<String, Image>,
+}
+
+impl<'a> PageSource<'a> {
+    /// The pages of `top`, whose sources are in `dir`.
+    pub fn new(top: &'a Image, dir: &Path) -> PageSource<'a> {
+        PageSource { top, dir: dir.to_path_buf(), opened: HashMap::new() }
+    }
+
+    /// Every page of process `pid` the image holds, in address order:
+    /// (address, its 4096 bytes), into `each`. An image the index names
+    /// that is missing or damaged is an error naming it.
+    pub fn each_page(&mut self, pid: u32, mut each: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        let top = self.top;
+        let Some(pages) = top.pages_of(pid) else { return Ok(()) };
+        let mut buf = vec![0u8; PAGE as usize];
+        for (addr, source, page, crc) in pages.pages() {
+            if source == ZERO_SOURCE {
+                buf.fill(0);
+            } else if source == 0 {
+                top.read_pages(page, &mut buf, &[crc])?;
+            } else {
+                let name = top.tree().sources.get(source as usize).cloned().ok_or_else(|| Error::Corrupt {
+                    path: top.path().into(),
+                    what: format!("source {source} is not listed"),
+                })?;
+                if !self.opened.contains_key(&name) {
+                    let image = Image::open(&image_path(&self.dir, &name))?;
+                    self.opened.insert(name.clone(), image);
+                }
+                if let Some(image) = self.opened.get(&name) {
+                    image.read_pages(page, &mut buf, &[crc])?;
+                }
+            }
+            each(addr, &buf)?;
+        }
+        Ok(())
+    }
+}

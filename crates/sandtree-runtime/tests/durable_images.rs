@@ -1,0 +1,155 @@
+//! Durable process images (`sandtree_proc::durable`), against the real
+//! kernel: each checkpoint's image holds the process's memory as it was
+//! at that checkpoint, page for page, while storing only what changed
+//! since its parent's; damage is refused naming the file; the images a
+//! later one reads from outlive their checkpoints.
+//!
+//! `harness = false`, as `engine.rs`; the last line is `N passed, M failed`.
+
+use anyhow::{Context, bail, ensure};
+use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ImageState};
+use sandtree_proc::durable::{Image, PageSource, image_path};
+use sandtree_runtime::Engine;
+
+mod common;
+use common::{Case, CaseFuture};
+mod in_sandbox;
+use in_sandbox::{sh, start_python};
+
+/// Pages of the process's buffer, and of each step's rewrite.
+const PAGES: u64 = 8192;
+const STEP_PAGES: u64 = 1000;
+
+/// Holds 32 MiB (page i starts with the bytes of i, then 1); at
+/// `/root/go<n>` rewrites pages n*1000.. n*1000+999 (their byte 8 becomes
+/// n + 1), then says `/root/done<n>`. Its buffer's address is in
+/// `/root/addr`.
+const WRITER: &str = r#"
+import mmap, os, time, ctypes
+PAGES = 8192
+buf = mmap.mmap(-1, PAGES * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for i in range(PAGES):
+    buf[i * 4096:i * 4096 + 9] = i.to_bytes(8, 'little') + b'\x01'
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+with open('/root/addr', 'w') as f:
+    f.write(str(addr))
+step = 0
+while True:
+    if os.path.exists(f'/root/go{step + 1}'):
+        step += 1
+        for i in range(step * 1000, step * 1000 + 1000):
+            buf[i * 4096 + 8] = step + 1
+        open(f'/root/done{step}', 'w').close()
+    time.sleep(0.005)
+"#;
+
+/// What page `i` of the buffer holds after `step` steps.
+fn expected(i: u64, step: u64) -> [u8; 9] {
+    let mut b = [0u8; 9];
+    b[..8].copy_from_slice(&i.to_le_bytes());
+    b[8] = (1..=step).rev().find(|s| (s * STEP_PAGES..(s + 1) * STEP_PAGES).contains(&i)).map_or(1, |s| s as u8 + 1);
+    b
+}
+
+/// Four checkpoints, one before the first rewrite and one after each of
+/// three: every image has every page of the buffer as it was at its
+/// checkpoint (read through the images it reads from); the first stores
+/// them all, each later one little more than the 1,000 pages rewritten.
+/// Then: a flipped byte of an image is refused naming it (by
+/// `inspect_image` and by a read of its pages), and the first image
+/// outlives its deleted checkpoint while later ones read from it, and goes
+/// once none does.
+fn images_hold_each_checkpoints_pages(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let pid = start_python(e, &sb, WRITER).await? as u32;
+        sh(e, &sb, "while [ ! -s /root/addr ]; do sleep 0.01; done").await?;
+        let addr: u64 = sh(e, &sb, "cat /root/addr").await?.trim().parse().context("the buffer's address")?;
+        let mut cks = Vec::new();
+        for step in 0..=3u64 {
+            if step > 0 {
+                sh(e, &sb, &format!("touch /root/go{step}; while [ ! -e /root/done{step} ]; do sleep 0.01; done"))
+                    .await?;
+            }
+            let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+            let r = e.checkpoint(&sb, req).await?;
+            let image = r.checkpoint.process_image.context("no process image")?;
+            ensure!(image.state == ImageState::Durable, "step {step}: image {:?}: {:?}", image.state, image.error);
+            let written = image.pages_written.unwrap_or(u64::MAX);
+            if step == 0 {
+                ensure!(written >= PAGES, "the first image stored {written} pages, fewer than the buffer's {PAGES}");
+            } else {
+                ensure!(
+                    (STEP_PAGES..STEP_PAGES + 600).contains(&written),
+                    "step {step}: {written} pages stored, where {STEP_PAGES} were rewritten"
+                );
+                ensure!(image.bytes.unwrap_or(u64::MAX) < 8 << 20, "step {step}: {:?} bytes", image.bytes);
+            }
+            cks.push(r.checkpoint.id);
+        }
+        let dir = e.process_images_dir();
+        for (step, ck) in cks.iter().enumerate() {
+            let image = Image::open(&image_path(&dir, ck))?;
+            let mut seen = 0u64;
+            PageSource::new(&image, &dir).each_page(pid, |at, page| {
+                if (addr..addr + PAGES * 4096).contains(&at) {
+                    let i = (at - addr) / 4096;
+                    let want = expected(i, step as u64);
+                    if page[..9] != want {
+                        return Err(sandtree_proc::durable::Error::Corrupt {
+                            path: image.path().into(),
+                            what: format!("step {step}: page {i} starts {:?}, not {want:?}", &page[..9]),
+                        });
+                    }
+                    seen += 1;
+                }
+                Ok(())
+            })?;
+            ensure!(seen == PAGES, "step {step}: {seen} of the buffer's {PAGES} pages in the image");
+        }
+        // A flipped byte in the last image's tree: refused, naming it.
+        let last = image_path(&dir, &cks[3]);
+        let good = std::fs::read(&last)?;
+        let mut bad = good.clone();
+        let at = bad.len() - 100;
+        bad[at] ^= 0x20;
+        std::fs::write(&last, &bad)?;
+        match e.inspect_image(&cks[3]).await {
+            Ok(_) => bail!("a damaged image was read"),
+            Err(err) => ensure!(
+                err.to_string().contains("corrupt") && err.to_string().contains(&cks[3]),
+                "the error does not say which image is damaged: {err}"
+            ),
+        }
+        std::fs::write(&last, &good)?;
+        e.inspect_image(&cks[3]).await?;
+        // A flipped byte in a page of the first image: a read of the last
+        // one's pages (which reads most of them there) fails on it.
+        let first = image_path(&dir, &cks[0]);
+        let good_first = std::fs::read(&first)?;
+        let mut bad = good_first.clone();
+        bad[4096 * 3 + 17] ^= 1;
+        std::fs::write(&first, &bad)?;
+        let image = Image::open(&last)?;
+        let read = PageSource::new(&image, &dir).each_page(pid, |_, _| Ok(()));
+        ensure!(read.is_err_and(|e| e.to_string().contains("checksum")), "a damaged page was read");
+        std::fs::write(&first, &good_first)?;
+        // The first checkpoint deleted: its image stays while others read it.
+        e.delete_checkpoint(&cks[0], true).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        ensure!(first.exists(), "the first image went while later ones read from it");
+        e.delete_sandbox(&sb, true).await?;
+        for ck in cks.iter().rev() {
+            e.delete_checkpoint(ck, true).await.ok();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let left: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|d| d.file_name()).collect();
+        ensure!(left.is_empty(), "images left after every checkpoint was deleted: {left:?}");
+        Ok(())
+    })
+}
+
+fn main() {
+    let cases: Vec<(&str, Case)> = vec![("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages)];
+    common::run("sandtree-images-test", "sandtree-images-test", |_| {}, cases);
+}
