@@ -216,6 +216,23 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         paused.push(frozen);
         ids.push(id);
     }
+    // Their durable process images, written after each checkpoint
+    // answered: bytes and time each (the first one holds every page).
+    let (mut image_bytes, mut image_ms, mut first_image) = (Vec::new(), Vec::new(), 0);
+    for (k, id) in ids.iter().enumerate() {
+        let image = settled_image(engine, id).await?;
+        if image.state != sandtree_api::ImageState::Durable {
+            bail!("checkpoint {id}'s process image: {:?} {}", image.state, image.error.unwrap_or_default());
+        }
+        match k {
+            0 => first_image = image.bytes.unwrap_or(0),
+            _ => {
+                image_bytes.push(image.bytes.unwrap_or(0) as f64);
+                image_ms.push(image.write_ms.unwrap_or(f64::NAN));
+            }
+        }
+    }
+    report.image_bytes.push((label.clone(), image_bytes, first_image));
     // (The REPL, the server and the shell are tracked.)
     let stats = engine.process_stats();
     report.from_prev.push((label.clone(), stats.templates_from_older_standbys - from_prev, 3 * n));
@@ -275,6 +292,7 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         report.rows.push(Row::new(g, &format!("checkpoint, REPL {label}, 20 MB written per step"), &heavy_ms));
     }
     report.rows.push(Row::new(g, &format!("  processes paused (REPL {label})"), &paused));
+    report.rows.push(Row::new(g, &format!("  process image written, after the answer (REPL {label})"), &image_ms));
     report.rows.push(Row::new(g, &format!("rollback in place (REPL {label})"), &rb_ms));
     report.rows.push(Row::new(g, &format!("  rollback + first HTTP answer (REPL {label})"), &first_ms));
     report.rows.push(Row::new(g, &format!("rollback in place, 100 ms later (REPL {label})"), &think_ms));
@@ -288,6 +306,20 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
     report.template_pool.push((label, n, pool));
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     Ok(())
+}
+
+/// Checkpoint `id`'s process image once it is no longer being written.
+async fn settled_image(engine: &Engine, id: &str) -> Result<sandtree_api::ProcessImageInfo> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let info = engine.get_checkpoint(id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        match info.process_image {
+            Some(i) if i.state != sandtree_api::ImageState::Writing => return Ok(i),
+            None => bail!("checkpoint {id} has no process image"),
+            Some(_) if Instant::now() > deadline => bail!("checkpoint {id}'s process image still being written"),
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }
 
 /// The baseline row's name for a REPL of `label`.
