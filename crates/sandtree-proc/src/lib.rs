@@ -84,6 +84,7 @@ mod helper_thread;
 pub use checkpoint::repoint;
 mod closer;
 pub mod fdstate;
+mod fork_state;
 mod incremental;
 pub mod inject;
 mod kinds;

@@ -143,7 +143,7 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         let t_born = t_start.elapsed();
         exec(&mut c, parent_scratch, t)?;
         let t_exec = t_start.elapsed();
-        let fork_copies = crate::process::fork_state::read_in_template(t)?;
+        let fork_copies = crate::fork_state::read_in_template(t)?;
         let t_read = t_start.elapsed();
         lay_out(&mut c, t, fork_copies.brk)?;
         let t_map = t_start.elapsed();

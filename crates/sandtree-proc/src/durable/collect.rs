@@ -84,8 +84,8 @@ pub(crate) fn collect(
         // (A standby fork under way in it is a syscall the tracer has yet
         // to collect: no other call may be injected meanwhile.)
         t.settle_standby();
-        let mut fork = crate::process::fork_state::read_in_template(t)?;
-        crate::process::fork_state::read_rest(t.host, &mut fork)?;
+        let mut fork = crate::fork_state::read_in_template(t)?;
+        crate::fork_state::read_rest(t.host, &mut fork)?;
         let pidfd = pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
         processes.push(SourceProcess {
             image: t.image.clone(),

@@ -10,7 +10,6 @@
 
 pub(crate) mod access;
 pub(crate) mod credentials;
-pub(crate) mod fork_state;
 pub(crate) mod memory;
 pub(crate) mod session;
 pub(crate) mod shared_memory;
