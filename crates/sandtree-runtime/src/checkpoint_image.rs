@@ -158,6 +158,28 @@ impl Engine {
         Ok(summary)
     }
 
+    /// At start: images a stopped daemon was writing are failed (their
+    /// checkpoints say so) and their partial files go.
+    pub(crate) fn settle_images_at_start(&self) -> Result<()> {
+        for (id, v) in self.meta.checkpoint_durables()? {
+            if v.get("state").and_then(|s| s.as_str()) == Some("writing") {
+                let failed = ProcessImageInfo {
+                    error: Some("the daemon stopped while it was being written".into()),
+                    ..info(ImageState::Failed)
+                };
+                self.meta.set_checkpoint_durable(&id, &serde_json::to_value(failed).unwrap_or_default())?;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.process_images_dir()) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().ends_with(".img.part") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Delete, in the background, the images no checkpoint needs: neither
     /// a checkpoint's own nor a source of another's.
     pub(crate) fn prune_images_later(&self) {
@@ -186,7 +208,8 @@ impl Engine {
         let Ok(entries) = std::fs::read_dir(&dir) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(ck) = name.strip_suffix(".img").or_else(|| name.strip_suffix(".img.part")) else { continue };
+            // (A `.part` is an image being written: removed at start only.)
+            let Some(ck) = name.strip_suffix(".img") else { continue };
             if !needed.contains(ck) {
                 tracing::debug!(checkpoint = ck, "process image deleted");
                 let _ = std::fs::remove_file(entry.path());

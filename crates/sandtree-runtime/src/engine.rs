@@ -150,6 +150,7 @@ impl Engine {
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;
+        engine.settle_images_at_start()?;
         crate::spares::Spares::start(&engine);
         for rec in engine.meta.sandboxes()? {
             if let (DesiredState::Running, Some(ck)) = (rec.state, &rec.base_checkpoint) {
