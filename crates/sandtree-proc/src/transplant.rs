@@ -445,15 +445,7 @@ fn copy_pages((from, scratch): (HostPid, u64), to: HostPid) -> Result<()> {
     let maps = crate::procfs::maps(from).map_err(err(from, "maps"))?;
     let pagemap = std::fs::File::open(format!("/proc/{from}/pagemap")).map_err(err(from, "pagemap"))?;
     let mut runs = Vec::new();
-    let copied = |m: &&MapImage| {
-        !m.shared()
-            && m.start != scratch
-            && match m.path.as_deref() {
-                None => true,
-                Some(p) => !p.starts_with('[') || p == "[heap]" || p == "[stack]" || p.starts_with("[anon:"),
-            }
-    };
-    for m in maps.iter().filter(copied) {
+    for m in maps.iter().filter(|m| holds_own_pages(m, scratch)) {
         sandtree_sys::uffd::own_pages(pagemap.as_fd(), (m.start, m.end), &mut runs).map_err(err(from, "pagemap"))?;
     }
     let writer = sandtree_sys::uffd::PageWriter::open(to.raw()).map_err(err(to, "mem"))?;
@@ -484,6 +476,18 @@ fn copy_pages((from, scratch): (HostPid, u64), to: HostPid) -> Result<()> {
         flush(&mut chunk, &mut buf)?;
     }
     Ok(())
+}
+
+/// Whether mapping `m` of a template (whose scratch mapping starts at
+/// `scratch`) is one whose own pages a copy of the process carries: a
+/// private mapping of the process's (not the kernel's, not the scratch).
+pub(crate) fn holds_own_pages(m: &MapImage, scratch: u64) -> bool {
+    !m.shared()
+        && m.start != scratch
+        && match m.path.as_deref() {
+            None => true,
+            Some(p) => !p.starts_with('[') || p == "[heap]" || p == "[stack]" || p.starts_with("[anon:"),
+        }
 }
 
 /// Read `runs` of `pid`'s memory into `buf`: `process_vm_readv`, or, for

@@ -294,6 +294,28 @@ fn header_bytes(entries: &[Entry], len: u64) -> Vec<u8> {
     h
 }
 
+/// A whole image file in memory, from the bytes of its sections (kind,
+/// contents; page data at the first page boundary after the table), with
+/// a valid header and checksums: for the fuzzer (`fuzz/`), which then
+/// reaches past the checksums into the decoders.
+#[doc(hidden)]
+pub fn assemble(sections: &[(u32, &[u8])]) -> Vec<u8> {
+    let mut out = vec![0u8; RESERVED as usize];
+    let mut entries = Vec::new();
+    for &(kind, bytes) in sections {
+        if kind == Kind::PageData as u32 {
+            out.resize(out.len().next_multiple_of(PAGE as usize), 0);
+        }
+        let crc = if kind == Kind::PageData as u32 { 0 } else { crc32fast::hash(bytes) };
+        entries.push(Entry { kind, offset: out.len() as u64, len: bytes.len() as u64, crc });
+        out.extend_from_slice(bytes);
+    }
+    let header = header_bytes(&entries, out.len() as u64);
+    let n = header.len().min(out.len());
+    out[..n].copy_from_slice(&header[..n]);
+    out
+}
+
 /// CRC-32 of a header's bytes 0..24 and its section table.
 fn header_crc(h: &[u8]) -> u32 {
     let mut c = crc32fast::Hasher::new();
@@ -424,6 +446,11 @@ impl Image {
             serde_json::from_slice(&tree_bytes).map_err(|e| corrupt(format!("the tree section: {e}")))?;
         if tree.sources.is_empty() {
             return Err(corrupt("the tree names no source (itself)".into()));
+        }
+        // (Sources name files of the image directory: a checkpoint id, never a path.)
+        let id = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if let Some(bad) = tree.sources.iter().chain([&tree.checkpoint]).find(|s| !id(s)) {
+            return Err(corrupt(format!("{bad:?} is not a checkpoint id")));
         }
         let data = find(Kind::PageData)?;
         if data.len % PAGE != 0 {
@@ -607,6 +634,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         dir
+    }
+
+    /// A source that is not a checkpoint id (a path out of the image
+    /// directory) is refused.
+    #[test]
+    fn sources_are_checkpoint_ids() {
+        let dir = temp();
+        for (name, ok) in [("ck-2", true), ("../../etc/x", false), ("a/b", false), ("", false)] {
+            let mut t = tree("ck-1");
+            t.sources.push(name.into());
+            let json = serde_json::to_vec(&t).expect("json");
+            let index = encode_index(&[]);
+            let bytes = assemble(&[(1, &json), (2, &index), (3, &[]), (4, &[])]);
+            let path = dir.join("s.img");
+            std::fs::write(&path, bytes).expect("write");
+            let got = Image::open(&path);
+            assert_eq!(got.is_ok(), ok, "{name:?}: {:?}", got.err().map(|e| e.to_string()));
+        }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -16,7 +16,6 @@ use super::collect::Sources;
 use super::format::{Encoder, Image, Kind, PageRun, ProcessPages, encode_index};
 use super::{Blob, Error, ImageProcess, ImageSharedMemory, ImageTree, PAGE, Result, SparseFile, ZERO_SOURCE};
 use crate::fdstate::SparseCopy;
-use crate::model::MapImage;
 
 /// Pages of a parent image read at a time for comparisons.
 const READ_AHEAD: u64 = 256;
@@ -365,18 +364,8 @@ fn own_runs(p: &super::collect::SourceProcess) -> Result<Vec<(u64, u64)>> {
     let err = |what: &'static str| move |source| Error::Proc { pid: p.host, what, source };
     let maps = crate::procfs::maps(p.host).map_err(err("maps"))?;
     let pagemap = std::fs::File::open(format!("/proc/{}/pagemap", p.host)).map_err(err("pagemap"))?;
-    let kept = |m: &&MapImage| {
-        !m.shared()
-            && m.start != p.scratch
-            && match m.path.as_deref() {
-                None => true,
-                Some(path) => {
-                    !path.starts_with('[') || path == "[heap]" || path == "[stack]" || path.starts_with("[anon:")
-                }
-            }
-    };
     let mut runs = Vec::new();
-    for m in maps.iter().filter(kept) {
+    for m in maps.iter().filter(|m| crate::transplant::holds_own_pages(m, p.scratch)) {
         sandtree_sys::uffd::own_pages(pagemap.as_fd(), (m.start, m.end), &mut runs).map_err(err("pagemap"))?;
     }
     Ok(runs)
