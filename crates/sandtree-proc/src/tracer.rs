@@ -849,17 +849,14 @@ impl Tracer {
     }
 
     /// What the durable image of `ck` is written from
-    /// (`durable::collect`): its templates finished, their fork state read,
-    /// a pidfd of each. Between operations; the memory is read after, by
-    /// the caller.
-    /// `parent`: the parent checkpoint, whose templates still in the pool
-    /// spare reading the pages they share with `ck`'s.
-    pub fn durable_sources(&self, ck: &str, parent: Option<&str>) -> Result<crate::durable::Sources> {
+    /// (`durable::collect`): its templates' images and fork state, a pidfd
+    /// of each, and those of its parent checkpoint `parent` still in the
+    /// pool (they spare reading the pages they share). `None` while the
+    /// pool has yet to finish one of `ck`'s templates: ask again later. The
+    /// memory is read after, by the caller.
+    pub fn durable_sources(&self, ck: &str, parent: Option<&str>) -> Result<Option<crate::durable::Sources>> {
         let (ck, parent) = (ck.to_string(), parent.map(str::to_string));
-        self.call(move |st| {
-            let cks = (ck.as_str(), parent.as_deref());
-            crate::durable::collect::collect(&mut st.pool, &mut st.tracking, &mut st.holders, cks)
-        })?
+        self.call(move |st| crate::durable::collect::collect(&mut st.pool, (ck.as_str(), parent.as_deref())))?
     }
 
     /// What the pool holds for `ck` (`None`: no templates).
@@ -937,9 +934,9 @@ impl Tracer {
 
     /// Evict least recently used checkpoints' templates until the pool
     /// holds at most `budget` bytes and `max_checkpoints` checkpoints
-    /// (`keep` is never evicted). Returns the evicted checkpoint ids. The
-    /// memory is measured outside the tracer thread.
-    pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &str) -> Result<Vec<String>> {
+    /// (those of `keep` are never evicted). Returns the evicted checkpoint
+    /// ids. The memory is measured outside the tracer thread.
+    pub fn evict_to(&self, budget: u64, max_checkpoints: usize, keep: &[String]) -> Result<Vec<String>> {
         let measured = self.measured("eviction")?;
         tracing::debug!(total = measured.total, own = ?measured.own, "pool's memory (checkpoint, last used, bytes)");
         let mut sized = measured.own;
@@ -951,7 +948,7 @@ impl Tracer {
             if total <= budget && count <= max_checkpoints {
                 break;
             }
-            if k == keep {
+            if keep.contains(&k) {
                 continue;
             }
             self.drop_checkpoint(&k)?;

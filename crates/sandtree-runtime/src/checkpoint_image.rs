@@ -10,12 +10,20 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sandtree_api::{ImageState, ProcessImageInfo};
 use sandtree_proc::durable;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+
+/// How long the engine must have been idle before an image is written
+/// (as for an eviction: `sandbox_checkpoint.rs`).
+const IDLE: Duration = Duration::from_millis(50);
+
+/// How long an image waits for the pool to finish its templates.
+const SOURCES_WAIT: Duration = Duration::from_secs(60);
 
 impl Engine {
     /// Where the process images live.
@@ -24,13 +32,16 @@ impl Engine {
     }
 
     /// Write the image of checkpoint `ck` of sandbox `id` (whose parent
-    /// checkpoint is `parent`) in the background. The receiver fires once
-    /// it is written or failed.
+    /// checkpoint is `parent`) in the background: once the engine has been
+    /// idle for a moment (the agent thinks), or at once when `urgent` (a
+    /// caller waits for it). The receiver fires once it is written or
+    /// failed.
     pub(crate) fn write_image_later(
         &self,
         id: &str,
         ck: &str,
         parent: Option<String>,
+        urgent: bool,
     ) -> tokio::sync::oneshot::Receiver<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if !self.cfg.durable_images {
@@ -50,9 +61,10 @@ impl Engine {
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
             .clone();
         let (id, ck) = (id.to_string(), ck.to_string());
+        self.images_pending.lock().unwrap_or_else(|p| p.into_inner()).insert(ck.clone(), parent.clone());
         self.spawn_settled(async move {
             let _turn = gate.lock().await;
-            let outcome = engine.write_image(&id, &ck, parent).await;
+            let outcome = engine.write_image(&id, &ck, parent, urgent).await;
             let done = match outcome {
                 Ok(r) => {
                     tracing::debug!(
@@ -80,6 +92,11 @@ impl Engine {
                 }
             };
             let _ = engine.meta.set_checkpoint_durable(&ck, &serde_json::to_value(done).unwrap_or_default());
+            engine.images_pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&ck);
+            // (An eviction kept its templates meanwhile: now they may go.)
+            if engine.tracer_get(&id).is_some() {
+                engine.evict_templates_later(&id);
+            }
             let _ = tx.send(());
         });
         rx
@@ -91,33 +108,49 @@ impl Engine {
         id: &str,
         ck: &str,
         parent: Option<String>,
+        urgent: bool,
     ) -> std::result::Result<durable::WriteReport, String> {
         let tracer = self.tracer_get(id).ok_or("the sandbox stopped before its image was written")?;
-        let (ck2, parent2) = (ck.to_string(), parent.clone());
-        let sources = tokio::task::spawn_blocking(move || tracer.durable_sources(&ck2, parent2.as_deref()))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("its templates: {e}"))?;
+        let deadline = Instant::now() + SOURCES_WAIT;
+        let sources = loop {
+            // In the agent's think time: not beside its next steps.
+            while !urgent && self.flusher.idle_for() < IDLE && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (t, ck2, parent2) = (tracer.clone(), ck.to_string(), parent.clone());
+            match tokio::task::spawn_blocking(move || t.durable_sources(&ck2, parent2.as_deref()))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("its templates: {e}"))?
+            {
+                Some(s) => break s,
+                None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
+                None => return Err(format!("its templates were not finished within {SOURCES_WAIT:?}")),
+            }
+        };
         let dir = self.process_images_dir();
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            // (A background writer: below the sandbox's work on the CPU.)
+            // (A background writer: below the sandbox's work on the CPU; the
+            // pool's thread gets its policy back even if this panics.)
+            struct Policy;
+            impl Drop for Policy {
+                fn drop(&mut self) {
+                    let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Normal);
+                }
+            }
             let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Idle);
-            let r = durable::write_image(&sources, &dir, parent.as_deref()).map_err(|e| e.to_string());
-            let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Normal);
-            r
+            let _normal = Policy;
+            durable::write_image(&sources, &dir, parent.as_deref()).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())?
     }
 
-    /// Wait until no image of sandbox `id` is being written (an eviction
-    /// must not take the templates an image is read from).
-    pub(crate) async fn images_written(&self, id: &str) {
-        let gate = self.image_writes.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        if let Some(gate) = gate {
-            drop(gate.lock().await);
-        }
+    /// Checkpoints whose image is still to be written (their templates
+    /// are read for it: not to be evicted).
+    pub(crate) fn images_pending(&self) -> Vec<String> {
+        self.images_pending.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
     }
 
     /// What is known of `ck`'s image once it is no longer being written.
@@ -190,29 +223,49 @@ impl Engine {
     }
 
     fn prune_images(&self) {
+        let dir = self.process_images_dir();
+        // Listed before the rows are read: an image renamed into place after
+        // this is not in the list, and one listed has its row (marked
+        // `writing` before its file exists) among the rows read after.
+        let Ok(entries) = std::fs::read_dir(&dir) else { return };
+        let listed: Vec<(String, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // (A `.part` is an image being written: removed at start only.)
+                Some((name.strip_suffix(".img")?.to_string(), e.path()))
+            })
+            .collect();
         let rows = match self.meta.checkpoint_durables() {
             Ok(rows) => rows,
             Err(e) => return tracing::warn!("cannot list checkpoints' images: {e}"),
         };
-        let dir = self.process_images_dir();
         let mut needed: HashSet<String> = HashSet::new();
         for (id, v) in &rows {
-            if v.is_null() {
-                continue;
-            }
-            needed.insert(id.clone());
-            if let Ok(image) = durable::Image::open(&durable::image_path(&dir, id)) {
-                needed.extend(image.tree().sources.iter().cloned());
+            if !v.is_null() {
+                needed.insert(id.clone());
             }
         }
-        let Ok(entries) = std::fs::read_dir(&dir) else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // (A `.part` is an image being written: removed at start only.)
-            let Some(ck) = name.strip_suffix(".img") else { continue };
-            if !needed.contains(ck) {
+        // Images being written, and what they compare against and point into.
+        for (ck, parent) in self.images_pending.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            needed.insert(ck.clone());
+            needed.extend(parent.iter().cloned());
+        }
+        for id in needed.clone() {
+            match durable::Image::sources_of(&durable::image_path(&dir, &id)) {
+                Ok(sources) => needed.extend(sources),
+                Err(durable::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e @ durable::Error::Io { .. }) => {
+                    // (Which images it reads from is unknown: delete none.)
+                    return tracing::warn!("images not pruned: {e}");
+                }
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+        for (ck, path) in listed {
+            if !needed.contains(&ck) {
                 tracing::debug!(checkpoint = ck, "process image deleted");
-                let _ = std::fs::remove_file(entry.path());
+                let _ = std::fs::remove_file(path);
             }
         }
     }

@@ -85,6 +85,10 @@ pub struct Engine {
     /// written (`checkpoint_image.rs`), so that they are written in order
     /// (each against its parent's) and an eviction waits for them.
     pub(crate) image_writes: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Checkpoints whose image is to be written, each with its parent:
+    /// their templates are not evicted, and neither their images nor the
+    /// parent's (and its sources) are pruned meanwhile.
+    pub(crate) images_pending: Mutex<HashMap<String, Option<String>>>,
     /// Background work a stopping daemon waits for (see [`Engine::settle`]).
     releasing: Mutex<tokio::task::JoinSet<()>>,
     /// The engine itself, for background tasks.
@@ -146,6 +150,7 @@ impl Engine {
             squashed: Mutex::new(HashMap::new()),
             layer_scans: Mutex::new(HashMap::new()),
             image_writes: Mutex::new(HashMap::new()),
+            images_pending: Mutex::new(HashMap::new()),
             this: this.clone(),
         });
         engine.ensure_default_image().await?;

@@ -289,7 +289,7 @@ impl Engine {
         // What this checkpoint adds over its base, measured off the hot path.
         self.measure_later(ck_id, dst, rec.base_transid);
         if processes {
-            self.write_image_later(id, ck_id, ck.parent.clone());
+            self.write_image_later(id, ck_id, ck.parent.clone(), req.wait_durable);
         }
 
         // Its templates were just made (asking the tracer would wait for
@@ -408,7 +408,7 @@ impl Engine {
         }
         self.measure_later(ck_id, self.volume.root().join(&layer), rec.base_transid);
         if has_processes {
-            self.write_image_later(id, ck_id, ck.parent.clone());
+            self.write_image_later(id, ck_id, ck.parent.clone(), req.wait_durable);
         }
         // (Its templates, if any, were just made.)
         let info = self.checkpoint_info_known(&ck, true);
@@ -482,10 +482,11 @@ impl Engine {
     /// One eviction run of `id`'s templates (see [`Engine::evict_templates_later`]).
     async fn evict_templates(&self, id: &str) {
         let Some(t) = self.tracer_get(id) else { return };
-        // (Not the templates an image is being read from.)
-        self.images_written(id).await;
         let (budget, max) = (self.cfg.template_memory_bytes, self.cfg.template_checkpoints);
-        let keep = self.record(id).ok().and_then(|r| r.base_checkpoint).unwrap_or_default();
+        // Never the sandbox's base, nor a checkpoint whose image is still to
+        // be written from its templates.
+        let mut keep = self.images_pending();
+        keep.extend(self.record(id).ok().and_then(|r| r.base_checkpoint));
         match tokio::task::spawn_blocking(move || t.evict_to(budget, max, &keep)).await {
             Ok(Ok(evicted)) if !evicted.is_empty() => {
                 tracing::info!(sandbox = id, ?evicted, "process templates evicted")

@@ -1,6 +1,7 @@
 //! What an image is written from, collected on the tracer thread in one
-//! job ([`collect`]): every template of the checkpoint finished (set up,
-//! its pages written, its standby's fork ended), then, per template, its image, its
+//! job ([`collect`]), once the pool has finished every template of the
+//! checkpoint (set up, its pages written, no standby fork under way in
+//! it), between operations: per template, its image, its
 //! [`ForkState`] (a batch in it, its XSAVE area by ptrace) and a pidfd;
 //! and the checkpoint's saved contents. The memory is read after, off the
 //! tracer thread ([`super::write_image`]): a template never runs, so its
@@ -11,10 +12,8 @@ use std::sync::Arc;
 
 use crate::check::Unrestorable;
 use crate::fdstate::SparseCopy;
-use crate::memory_holder::Holder;
 use crate::model::{ForkState, PipeBuffer, ProcessImage, SocketBuffer};
 use crate::pool::Pool;
-use crate::track::Trackings;
 use crate::{Error, HostPid, Result};
 
 /// One template to write.
@@ -64,16 +63,23 @@ pub struct Sources {
 
 /// Collect the [`Sources`] of checkpoint `ck` (see the module docs), with
 /// the templates of its parent checkpoint `parent` still in the pool.
-pub(crate) fn collect(
-    pool: &mut Pool,
-    tracking: &mut Trackings,
-    holders: &mut [Holder],
-    (ck, parent): (&str, Option<&str>),
-) -> Result<Sources> {
-    pool.finish_pending(tracking, holders);
+/// `None` while the pool has yet to finish one of `ck`'s templates (its
+/// set-up, the pages it is to be given, its standby's fork under way, a
+/// standby taken while forking): the caller asks again later. This job
+/// does none of that work itself, nor waits for it: a checkpoint queued
+/// behind it would wait too.
+pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Result<Option<Sources>> {
+    let set = pool.get(ck).ok_or_else(|| Error::NoTemplates(ck.to_string()))?;
+    let unfinished =
+        |t: &crate::template::Template| t.scratch == 0 || t.to_write.is_some() || t.forking.is_some() || t.deferred();
+    if set.templates.iter().any(unfinished) {
+        return Ok(None);
+    }
     let mut parent_templates = std::collections::HashMap::new();
     for t in parent.and_then(|p| pool.get(p)).map(|set| set.templates.as_slice()).unwrap_or_default() {
-        if let Ok(pidfd) = pidfd_of(t.host) {
+        if !unfinished(t)
+            && let Ok(pidfd) = pidfd_of(t.host)
+        {
             parent_templates.insert(t.image.pid.raw(), ParentTemplate { host: t.host, pidfd });
         }
     }
@@ -81,9 +87,6 @@ pub(crate) fn collect(
     tracing::debug!(checkpoint = ck, ?parent, parent_templates = parent_templates.len(), "image sources");
     let mut processes = Vec::with_capacity(set.templates.len());
     for t in set.templates.iter_mut() {
-        // (A standby fork under way in it is a syscall the tracer has yet
-        // to collect: no other call may be injected meanwhile.)
-        t.settle_standby();
         let mut fork = crate::fork_state::read_in_template(t)?;
         crate::fork_state::read_rest(t.host, &mut fork)?;
         let pidfd = pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
@@ -105,7 +108,7 @@ pub(crate) fn collect(
             Ok(SharedSource { key: c.key, data: Arc::new(data), memfd: c.memfd() })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Sources {
+    Ok(Some(Sources {
         checkpoint: ck.to_string(),
         processes,
         parent_templates,
@@ -114,7 +117,7 @@ pub(crate) fn collect(
         pair_data: set.pair_data.clone(),
         shared_memory,
         unrestorable: set.unrestorable.clone(),
-    })
+    }))
 }
 
 /// A pidfd of `host`.

@@ -368,6 +368,94 @@ pub struct ProcessSummary {
     pub pages_zero: u64,
 }
 
+/// The header, section table and tree of the image file at `path` (open
+/// as `file`), checked: the tree, the table's entries, the file's length.
+fn read_tree(path: &Path, file: &File) -> Result<(ImageTree, Vec<Entry>, u64)> {
+    let corrupt = |what: String| Error::Corrupt { path: path.into(), what };
+    let io = |source| Error::Io { path: path.into(), source };
+    let len = file.metadata().map_err(io)?.len();
+    let mut head = [0u8; HEADER];
+    if len < HEADER as u64 {
+        return Err(corrupt(format!("{len} bytes: too short for a header")));
+    }
+    file.read_exact_at(&mut head, 0).map_err(io)?;
+    if head[..8] != MAGIC {
+        return Err(corrupt("not a process image (wrong magic)".into()));
+    }
+    let mut c = Cursor { bytes: &head, at: 8 };
+    let (version, count, stated) = (c.u32().unwrap_or(0), c.u32().unwrap_or(0), c.u64().unwrap_or(0));
+    let crc = c.u32().unwrap_or(0);
+    if version > FORMAT_VERSION {
+        return Err(Error::NewerVersion { path: path.into(), found: version, supported: FORMAT_VERSION });
+    }
+    if version == 0 || head[28..32] != [0; 4] {
+        return Err(corrupt("format version 0, or a reserved header field set".into()));
+    }
+    if stated != len {
+        return Err(corrupt(format!("{len} bytes where its header says {stated}: truncated or extended")));
+    }
+    if count > MAX_SECTIONS {
+        return Err(corrupt(format!("{count} sections")));
+    }
+    let mut h = head.to_vec();
+    h.resize(HEADER + ENTRY * count as usize, 0);
+    file.read_exact_at(&mut h[HEADER..], HEADER as u64).map_err(io)?;
+    if header_crc(&h) != crc {
+        return Err(corrupt("the header's checksum does not match".into()));
+    }
+    let mut c = Cursor { bytes: &h, at: HEADER };
+    let mut entries = Vec::new();
+    for _ in 0..count {
+        let kind = c.u32().unwrap_or(0);
+        c.u32();
+        let (offset, elen, ecrc) = (c.u64().unwrap_or(0), c.u64().unwrap_or(0), c.u32().unwrap_or(0));
+        c.u32();
+        if offset.checked_add(elen).is_none_or(|end| end > len) || offset < (HEADER + ENTRY * count as usize) as u64 {
+            return Err(corrupt(format!("section {kind} lies outside the file")));
+        }
+        entries.push(Entry { kind, offset, len: elen, crc: ecrc });
+    }
+    let tree_bytes = read_checked(path, file, find(path, &entries, Kind::Tree)?, Kind::Tree)?;
+    let tree: ImageTree = serde_json::from_slice(&tree_bytes).map_err(|e| corrupt(format!("the tree section: {e}")))?;
+    if tree.sources.is_empty() {
+        return Err(corrupt("the tree names no source (itself)".into()));
+    }
+    // (Sources name files of the image directory: a checkpoint id, never a path.)
+    let id = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if let Some(bad) = tree.sources.iter().chain([&tree.checkpoint]).find(|s| !id(s)) {
+        return Err(corrupt(format!("{bad:?} is not a checkpoint id")));
+    }
+    Ok((tree, entries, len))
+}
+
+/// The one section of `kind` among `entries` (of the image at `path`).
+fn find(path: &Path, entries: &[Entry], kind: Kind) -> Result<Entry> {
+    let corrupt = |what: String| Error::Corrupt { path: path.into(), what };
+    let mut it = entries.iter().filter(|e| e.kind == kind as u32);
+    match (it.next(), it.next()) {
+        (Some(e), None) => Ok(*e),
+        (None, _) => Err(corrupt(format!("no {kind:?} section"))),
+        (Some(_), Some(_)) => Err(corrupt(format!("two {kind:?} sections"))),
+    }
+}
+
+/// Section `e` (of `kind`) of `file` (the image at `path`), read whole
+/// and checked against its checksum.
+fn read_checked(path: &Path, file: &File, e: Entry, kind: Kind) -> Result<Vec<u8>> {
+    if e.len > MAX_METADATA {
+        return Err(Error::Corrupt { path: path.into(), what: format!("{kind:?} section of {} bytes", e.len) });
+    }
+    let mut buf = vec![0u8; e.len as usize];
+    file.read_exact_at(&mut buf, e.offset).map_err(|source| Error::Io { path: path.into(), source })?;
+    if crc32fast::hash(&buf) != e.crc {
+        return Err(Error::Corrupt {
+            path: path.into(),
+            what: format!("the {kind:?} section's checksum does not match"),
+        });
+    }
+    Ok(buf)
+}
+
 impl Image {
     /// Open and check the image at `path`.
     pub fn open(path: &Path) -> Result<Image> {
@@ -377,90 +465,31 @@ impl Image {
 
     /// Check and decode `file` (the image at `path`).
     pub fn from_file(path: &Path, file: File) -> Result<Image> {
+        let (tree, entries, len) = read_tree(path, &file)?;
         let corrupt = |what: String| Error::Corrupt { path: path.into(), what };
         let io = |source| Error::Io { path: path.into(), source };
-        let len = file.metadata().map_err(io)?.len();
-        let mut head = [0u8; HEADER];
-        if len < HEADER as u64 {
-            return Err(corrupt(format!("{len} bytes: too short for a header")));
-        }
-        file.read_exact_at(&mut head, 0).map_err(io)?;
-        if head[..8] != MAGIC {
-            return Err(corrupt("not a process image (wrong magic)".into()));
-        }
-        let mut c = Cursor { bytes: &head, at: 8 };
-        let (version, count, stated) = (c.u32().unwrap_or(0), c.u32().unwrap_or(0), c.u64().unwrap_or(0));
-        let crc = c.u32().unwrap_or(0);
-        if version > FORMAT_VERSION {
-            return Err(Error::NewerVersion { path: path.into(), found: version, supported: FORMAT_VERSION });
-        }
-        if version == 0 || head[28..32] != [0; 4] {
-            return Err(corrupt("format version 0, or a reserved header field set".into()));
-        }
-        if stated != len {
-            return Err(corrupt(format!("{len} bytes where its header says {stated}: truncated or extended")));
-        }
-        if count > MAX_SECTIONS {
-            return Err(corrupt(format!("{count} sections")));
-        }
-        let mut h = head.to_vec();
-        h.resize(HEADER + ENTRY * count as usize, 0);
-        file.read_exact_at(&mut h[HEADER..], HEADER as u64).map_err(io)?;
-        if header_crc(&h) != crc {
-            return Err(corrupt("the header's checksum does not match".into()));
-        }
-        let mut c = Cursor { bytes: &h, at: HEADER };
-        let mut entries = Vec::new();
-        for _ in 0..count {
-            let kind = c.u32().unwrap_or(0);
-            c.u32();
-            let (offset, elen, ecrc) = (c.u64().unwrap_or(0), c.u64().unwrap_or(0), c.u32().unwrap_or(0));
-            c.u32();
-            if offset.checked_add(elen).is_none_or(|end| end > len) || offset < (HEADER + ENTRY * count as usize) as u64
-            {
-                return Err(corrupt(format!("section {kind} lies outside the file")));
-            }
-            entries.push(Entry { kind, offset, len: elen, crc: ecrc });
-        }
-        let find = |kind: Kind| -> Result<Entry> {
-            let mut it = entries.iter().filter(|e| e.kind == kind as u32);
-            match (it.next(), it.next()) {
-                (Some(e), None) => Ok(*e),
-                (None, _) => Err(corrupt(format!("no {kind:?} section"))),
-                (Some(_), Some(_)) => Err(corrupt(format!("two {kind:?} sections"))),
-            }
-        };
-        let read_checked = |e: Entry, kind: Kind| -> Result<Vec<u8>> {
-            if e.len > MAX_METADATA {
-                return Err(corrupt(format!("{kind:?} section of {} bytes", e.len)));
-            }
-            let mut buf = vec![0u8; e.len as usize];
-            file.read_exact_at(&mut buf, e.offset).map_err(io)?;
-            if crc32fast::hash(&buf) != e.crc {
-                return Err(corrupt(format!("the {kind:?} section's checksum does not match")));
-            }
-            Ok(buf)
-        };
-        let tree_bytes = read_checked(find(Kind::Tree)?, Kind::Tree)?;
-        let tree: ImageTree =
-            serde_json::from_slice(&tree_bytes).map_err(|e| corrupt(format!("the tree section: {e}")))?;
-        if tree.sources.is_empty() {
-            return Err(corrupt("the tree names no source (itself)".into()));
-        }
-        // (Sources name files of the image directory: a checkpoint id, never a path.)
-        let id = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if let Some(bad) = tree.sources.iter().chain([&tree.checkpoint]).find(|s| !id(s)) {
-            return Err(corrupt(format!("{bad:?} is not a checkpoint id")));
-        }
+        let find = |kind: Kind| find(path, &entries, kind);
         let data = find(Kind::PageData)?;
         if data.len % PAGE != 0 {
             return Err(corrupt("the page data is not whole pages".into()));
         }
-        let index_bytes = read_checked(find(Kind::PageIndex)?, Kind::PageIndex)?;
+        let index_bytes = read_checked(path, &file, find(Kind::PageIndex)?, Kind::PageIndex)?;
         let index = decode_index(&index_bytes, tree.sources.len(), data.len / PAGE).map_err(corrupt)?;
+        // The blobs (any size: deleted files, shared memory) checked a piece
+        // at a time.
         let blobs = find(Kind::Blobs)?;
-        let blob_bytes = read_checked(blobs, Kind::Blobs)?;
-        drop(blob_bytes);
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; (1 << 20).min(blobs.len) as usize];
+        let mut at = 0;
+        while at < blobs.len {
+            let n = (blobs.len - at).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..n], blobs.offset + at).map_err(io)?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        if h.finalize() != blobs.crc {
+            return Err(corrupt("the Blobs section's checksum does not match".into()));
+        }
         Ok(Image {
             path: path.into(),
             file,
@@ -470,6 +499,13 @@ impl Image {
             blobs: (blobs.offset, blobs.len),
             len,
         })
+    }
+
+    /// The images the image at `path` reads pages from (its own name
+    /// first), from its header and tree alone (checked).
+    pub fn sources_of(path: &Path) -> Result<Vec<String>> {
+        let file = File::open(path).map_err(|source| Error::Io { path: path.into(), source })?;
+        Ok(read_tree(path, &file)?.0.sources)
     }
 
     /// The file's path.
@@ -521,6 +557,9 @@ impl Image {
     pub fn read_ahead(&self, first: u64, max: u64, buf: &mut Vec<u8>) -> Result<()> {
         let n = max.min(self.page_count().saturating_sub(first));
         buf.resize((n * PAGE) as usize, 0);
+        if n == 0 {
+            return Ok(());
+        }
         self.file
             .read_exact_at(buf, self.data.0 + first * PAGE)
             .map_err(|source| Error::Io { path: self.path.clone(), source })

@@ -167,10 +167,15 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
         let mut pages = ProcessPages { pid, runs: Vec::new(), crcs: Vec::new() };
         // The parent's template of this process, if it is still there.
         let twin = sources.parent_templates.get(&p.image.pid.raw()).filter(|_| !before.is_empty());
+        // (Its pid checked after its pagemap is open: that pagemap is its.)
         let pagemaps = match twin {
-            Some(t) => Some((pagemap_of(p.host)?, pagemap_of(t.host)?)),
+            Some(t) => Some((pagemap_of(p.host)?, pagemap_of(t.host)?)).filter(|_| alive(&t.pidfd)),
             None => None,
         };
+        // The kernel writes a template's rseq area when an injected call
+        // returns to it: its pages are always read.
+        let rseq = p.image.rseq.map(|(at, len, ..)| (at & !(PAGE - 1), at + u64::from(len)));
+        let kernel_written = |addr: u64| rseq.is_some_and(|(s, e)| addr >= s && addr < e);
         // Made from the parent's template: the pages it changed over that
         // one, sorted; every other page is the parent's.
         let changed = p.changed_since.as_ref().filter(|(ck, _)| Some(ck) == report.parent.as_ref()).map(|(_, d)| {
@@ -191,7 +196,9 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
                 Some((ours, theirs)) => same_frames((ours, p.host), (theirs, twin.map_or(p.host, |t| t.host)), &chunk)?,
                 None => vec![false; addrs.len()],
             };
-            let known = |i: usize, addr: u64| shared[i] || changed.as_ref().is_some_and(|c| !within(c, addr));
+            let known = |i: usize, addr: u64| {
+                !kernel_written(addr) && (shared[i] || changed.as_ref().is_some_and(|c| !within(c, addr)))
+            };
             let reused =
                 |i: usize, addr: u64| known(i, addr) && before.get(&addr).is_some_and(|(s, _, _)| *s != ZERO_SOURCE);
             let mut read: Vec<(u64, u64)> = Vec::new();
@@ -252,12 +259,6 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
                 push_page(&mut pages, addr, place, crc);
             }
         }
-        if let Some(t) = twin
-            && !alive(&t.pidfd)
-        {
-            // (Its frames may have been freed and taken by another page.)
-            return Err(Error::TemplateGone { pid: p.image.pid });
-        }
         gone(p)?;
         index.push(pages);
     }
@@ -289,6 +290,12 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
         shared_memory,
         unrestorable: sources.unrestorable.clone(),
     };
+    // Every image the index reads from must still be there (a checkpoint
+    // deleted meanwhile may have taken its image).
+    for name in tree.sources.iter().skip(1) {
+        let source = image_path(dir, name);
+        std::fs::metadata(&source).map_err(|e| io_of(&source, e))?;
+    }
     let json = serde_json::to_vec(&tree).map_err(|e| io_of(&path, std::io::Error::other(e)))?;
     enc.section(Kind::Tree, &json)?;
     report.bytes = enc.finish()?;
@@ -346,9 +353,14 @@ fn same_frames(
     for &(s, e) in runs {
         let n = ((e - s) / PAGE) as usize;
         let at = s / PAGE * 8;
-        for (file, pid, buf) in [(ours, our_pid, &mut a), (theirs, their_pid, &mut b)] {
-            buf.resize(n * 8, 0);
-            file.read_exact_at(buf, at).map_err(|source| Error::Proc { pid, what: "pagemap", source })?;
+        a.resize(n * 8, 0);
+        b.resize(n * 8, 0);
+        ours.read_exact_at(&mut a, at).map_err(|source| Error::Proc { pid: our_pid, what: "pagemap", source })?;
+        // (The parent's template ended: its frames read before are its, the
+        // rest are not shared.)
+        if theirs.read_exact_at(&mut b, at).is_err() {
+            tracing::debug!(pid = their_pid.raw(), "the parent's template ended while compared");
+            b.fill(0);
         }
         let entry = |buf: &[u8], i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         for i in 0..n {
