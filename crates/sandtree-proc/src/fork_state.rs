@@ -14,7 +14,7 @@ use crate::{Error, HostPid, Result};
 /// otherwise left as it is), its signal handlers (raw `struct
 /// kernel_sigaction`, by signal), the settings read with `prctl`, its
 /// personality and program break. The other fields stay empty:
-/// [`read_rest`] fills them.
+/// [`read_xstate`] and [`read_proc`] fill them.
 pub(crate) fn read_in_template(t: &mut Template) -> Result<ForkState> {
     let mut b = Batch::new(t.scratch, t.scratch_exec);
     let mut handlers = Vec::new();
@@ -59,13 +59,18 @@ pub(crate) fn read_in_template(t: &mut Template) -> Result<ForkState> {
     })
 }
 
-/// Fill the rest of `state` from template `host`'s kernel view: its XSAVE
-/// area (on the tracer thread, which traces it), limits, OOM score
-/// adjustment, timer slack, auxiliary vector, memory bounds and
-/// fingerprint.
-pub(crate) fn read_rest(host: HostPid, state: &mut ForkState) -> Result<()> {
-    let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
+/// The XSAVE area of template `host` (on the tracer thread, which traces
+/// it).
+pub(crate) fn read_xstate(host: HostPid, state: &mut ForkState) -> Result<()> {
     state.xstate = ptrace::xstate(host.raw()).map_err(Error::ptrace(host, "GETREGSET"))?;
+    Ok(())
+}
+
+/// Fill the rest of `state` from template `host`'s `/proc` (any thread):
+/// limits, OOM score adjustment, timer slack, auxiliary vector, memory
+/// bounds and fingerprint.
+pub(crate) fn read_proc(host: HostPid, state: &mut ForkState) -> Result<()> {
+    let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
     state.limits = sandtree_sys::process::limits(host.raw()).map_err(proc_err("resource limits"))?;
     let read = |file: &str| std::fs::read_to_string(format!("/proc/{host}/{file}"));
     state.oom_score_adj = read("oom_score_adj").map_err(proc_err("oom_score_adj"))?.trim().to_string();

@@ -859,6 +859,28 @@ impl Tracer {
         self.call(move |st| crate::durable::collect::collect(&mut st.pool, (ck.as_str(), parent.as_deref())))?
     }
 
+    /// Fill in the fork state of each process of `sources`: what only the
+    /// tracer can read, one job per template (a checkpoint queued meanwhile
+    /// waits for one at most), the rest from `/proc` on this thread.
+    /// `pause` is called before each. A template gone or busy is an error
+    /// (the caller may try again).
+    pub fn complete_fork_states(&self, sources: &mut crate::durable::Sources, pause: &dyn Fn()) -> Result<()> {
+        for p in sources.processes.iter_mut() {
+            pause();
+            let (ck, host) = (sources.checkpoint.clone(), p.host);
+            let state = self.call(move |st| crate::durable::collect::fork_state(&mut st.pool, &ck, host))??;
+            let Some(mut state) = state else {
+                return Err(Error::Died {
+                    pid: host,
+                    how: "went away or was busy before its image was written".into(),
+                });
+            };
+            crate::fork_state::read_proc(host, &mut state)?;
+            p.fork = state;
+        }
+        Ok(())
+    }
+
     /// What the pool holds for `ck` (`None`: no templates).
     pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
         let ck = ck.to_string();

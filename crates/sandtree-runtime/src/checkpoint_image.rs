@@ -129,6 +129,8 @@ impl Engine {
             }
         };
         let dir = self.process_images_dir();
+        let flusher = self.flusher.clone();
+        let mut sources = sources;
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             // (A background writer: below the sandbox's work on the CPU; the
@@ -141,7 +143,15 @@ impl Engine {
             }
             let _ = sandtree_sys::process::set_policy(0, sandtree_sys::process::Policy::Idle);
             let _normal = Policy;
-            durable::write_image(&sources, &dir, parent.as_deref()).map_err(|e| e.to_string())
+            // While a checkpoint or rollback runs, the writer waits (it
+            // would compete with it for the CPUs and the memory bus).
+            let pause = || {
+                while flusher.idle_for() < Duration::from_millis(2) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            tracer.complete_fork_states(&mut sources, &pause).map_err(|e| format!("its templates: {e}"))?;
+            durable::write_image(&sources, &dir, parent.as_deref(), &pause).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())?

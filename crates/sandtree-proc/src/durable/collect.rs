@@ -1,7 +1,9 @@
 //! What an image is written from, collected on the tracer thread in one
 //! job ([`collect`]), once the pool has finished every template of the
 //! checkpoint (set up, its pages written, no standby fork under way in
-//! it), between operations: per template, its image, its
+//! it), between operations; then each template's fork state in a job of
+//! its own ([`fork_state`]: a checkpoint waits for one at most) and from
+//! its `/proc` off the tracer thread. Per template, its image, its
 //! [`ForkState`] (a batch in it, its XSAVE area by ptrace) and a pidfd;
 //! and the checkpoint's saved contents. The memory is read after, off the
 //! tracer thread ([`super::write_image`]): a template never runs, so its
@@ -83,16 +85,13 @@ pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Re
             parent_templates.insert(t.image.pid.raw(), ParentTemplate { host: t.host, pidfd });
         }
     }
-    let set = pool.get_mut(ck).ok_or_else(|| Error::NoTemplates(ck.to_string()))?;
     tracing::debug!(checkpoint = ck, ?parent, parent_templates = parent_templates.len(), "image sources");
     let mut processes = Vec::with_capacity(set.templates.len());
-    for t in set.templates.iter_mut() {
-        let mut fork = crate::fork_state::read_in_template(t)?;
-        crate::fork_state::read_rest(t.host, &mut fork)?;
+    for t in set.templates.iter() {
         let pidfd = pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
         processes.push(SourceProcess {
             image: t.image.clone(),
-            fork,
+            fork: ForkState::default(),
             host: t.host,
             pidfd,
             scratch: t.scratch,
@@ -124,4 +123,19 @@ pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Re
 fn pidfd_of(host: HostPid) -> std::io::Result<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(host.raw()).ok_or_else(|| std::io::Error::other("pid 0"))?;
     Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
+}
+
+/// Job: the fork state of template `host` of checkpoint `ck` that only the
+/// tracer can read (a batch in it, its XSAVE area); `None` when it is gone
+/// or busy (a standby fork under way).
+pub(crate) fn fork_state(pool: &mut Pool, ck: &str, host: HostPid) -> Result<Option<ForkState>> {
+    let Some(t) = pool.get_mut(ck).and_then(|set| set.templates.iter_mut().find(|t| t.host == host)) else {
+        return Ok(None);
+    };
+    if t.forking.is_some() || t.deferred() {
+        return Ok(None);
+    }
+    let mut state = crate::fork_state::read_in_template(t)?;
+    crate::fork_state::read_xstate(t.host, &mut state)?;
+    Ok(Some(state))
 }

@@ -20,8 +20,9 @@ use crate::fdstate::SparseCopy;
 /// Pages of a parent image read at a time for comparisons.
 const READ_AHEAD: u64 = 256;
 
-/// Bytes of memory read from a template at a time.
-const CHUNK: usize = 8 << 20;
+/// Bytes of memory read from a template at a time (between two calls of
+/// the caller's pause).
+const CHUNK: usize = 2 << 20;
 
 /// What writing an image did.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -130,8 +131,9 @@ impl Parent {
 
 /// Write the image of `sources` into `dir` (see the module docs), its
 /// pages compared against the image of checkpoint `parent` when there is
-/// a readable one.
-pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Result<WriteReport> {
+/// a readable one. `pause` is called before each chunk of pages: it
+/// returns once the writer may go on (the caller's work comes first).
+pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>, pause: &dyn Fn()) -> Result<WriteReport> {
     let t0 = std::time::Instant::now();
     let path = image_path(dir, &sources.checkpoint);
     let mut parent = parent.and_then(|p| match Image::open(&image_path(dir, p)) {
@@ -191,6 +193,7 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>) -> Resul
             merged
         });
         for chunk in chunks(&runs) {
+            pause();
             let addrs: Vec<u64> = chunk.iter().flat_map(|&(s, e)| (s..e).step_by(PAGE as usize)).collect();
             let shared = match &pagemaps {
                 Some((ours, theirs)) => same_frames((ours, p.host), (theirs, twin.map_or(p.host, |t| t.host)), &chunk)?,
