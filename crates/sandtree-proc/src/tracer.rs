@@ -862,20 +862,32 @@ impl Tracer {
     /// Fill in the fork state of each process of `sources`: what only the
     /// tracer can read, one job per template (a checkpoint queued meanwhile
     /// waits for one at most), the rest from `/proc` on this thread.
-    /// `pause` is called before each. A template gone or busy is an error
-    /// (the caller may try again).
+    /// `pause` is called before each. A template busy with a standby fork
+    /// is asked again (for up to a minute); one gone is an error.
     pub fn complete_fork_states(&self, sources: &mut crate::durable::Sources, pause: &dyn Fn()) -> Result<()> {
+        use crate::durable::collect::TemplateFork;
         for p in sources.processes.iter_mut() {
-            pause();
-            let (ck, host) = (sources.checkpoint.clone(), p.host);
-            let state = self.call(move |st| crate::durable::collect::fork_state(&mut st.pool, &ck, host))??;
-            let Some(mut state) = state else {
-                return Err(Error::Died {
-                    pid: host,
-                    how: "went away or was busy before its image was written".into(),
-                });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let mut state = loop {
+                pause();
+                let (ck, host) = (sources.checkpoint.clone(), p.host);
+                match self.call(move |st| crate::durable::collect::fork_state(&mut st.pool, &ck, host))?? {
+                    TemplateFork::Read(state) => break *state,
+                    TemplateFork::Busy if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    TemplateFork::Busy => {
+                        return Err(Error::Died {
+                            pid: p.host,
+                            how: "stayed busy forking standbys for a minute".into(),
+                        });
+                    }
+                    TemplateFork::Gone => {
+                        return Err(Error::Died { pid: p.host, how: "went away before its image was written".into() });
+                    }
+                }
             };
-            crate::fork_state::read_proc(host, &mut state)?;
+            crate::fork_state::read_proc(p.host, &mut state)?;
             p.fork = state;
         }
         Ok(())

@@ -125,17 +125,25 @@ fn pidfd_of(host: HostPid) -> std::io::Result<OwnedFd> {
     Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
+/// What [`fork_state`] found.
+pub(crate) enum TemplateFork {
+    Read(Box<ForkState>),
+    /// A standby fork is under way in it (the pool's, between
+    /// operations): ask again.
+    Busy,
+    Gone,
+}
+
 /// Job: the fork state of template `host` of checkpoint `ck` that only the
-/// tracer can read (a batch in it, its XSAVE area); `None` when it is gone
-/// or busy (a standby fork under way).
-pub(crate) fn fork_state(pool: &mut Pool, ck: &str, host: HostPid) -> Result<Option<ForkState>> {
+/// tracer can read (a batch in it, its XSAVE area).
+pub(crate) fn fork_state(pool: &mut Pool, ck: &str, host: HostPid) -> Result<TemplateFork> {
     let Some(t) = pool.get_mut(ck).and_then(|set| set.templates.iter_mut().find(|t| t.host == host)) else {
-        return Ok(None);
+        return Ok(TemplateFork::Gone);
     };
     if t.forking.is_some() || t.deferred() {
-        return Ok(None);
+        return Ok(TemplateFork::Busy);
     }
     let mut state = crate::fork_state::read_in_template(t)?;
     crate::fork_state::read_xstate(t.host, &mut state)?;
-    Ok(Some(state))
+    Ok(TemplateFork::Read(Box::new(state)))
 }
