@@ -147,13 +147,21 @@ pub(crate) fn hung_up_in_place_of_gone(set: &CheckpointTemplates, handed: &mut H
 }
 
 /// The slave of a new pty of the devpts of `host`'s tree whose master is
-/// closed: hung up. On index `want` if it is free (its name, deleted, is
-/// what the process's descriptor showed), or any other.
+/// closed: hung up. On index `want` (its name, deleted, is what the
+/// process's descriptor showed) once it is free (the killed processes that
+/// held it may still be exiting: [`INDEX_WAIT`]), or any other after that.
 fn hung_up_slave(host: HostPid, want: Option<u32>) -> io::Result<OwnedFd> {
     let root = tree_root(host)?;
+    let any = || open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY);
     let m = match want {
-        Some(want) => new_pty(&root, want, None)?,
-        None => open_in(&root, "/dev/pts/ptmx", OFlags::RDWR | OFlags::NOCTTY)?,
+        Some(want) => match new_pty(&root, want, Some(std::time::Instant::now() + INDEX_WAIT)) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(want, "a hung-up terminal's index stayed taken ({e}): another one");
+                any()?
+            }
+        },
+        None => any()?,
     };
     master::set_locked(&m, false)?;
     let slave = master::open_slave(&m)?;
