@@ -15,9 +15,13 @@ use crate::HostPid;
 /// A duplicate of descriptor `fd` of process `host` (`pidfd_getfd`): the
 /// same open file, not a new open of it.
 pub(crate) fn dup_from(host: HostPid, fd: i32) -> io::Result<OwnedFd> {
+    Ok(rustix::process::pidfd_getfd(&pidfd_of(host)?, fd, rustix::process::PidfdGetfdFlags::empty())?)
+}
+
+/// A pidfd of process `host`.
+pub(crate) fn pidfd_of(host: HostPid) -> io::Result<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(host.raw()).ok_or_else(|| io::Error::other("bad pid"))?;
-    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
-    Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?)
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 pub(crate) fn open_proc_fd(host: HostPid, fd: i32, flags: OFlags) -> io::Result<OwnedFd> {

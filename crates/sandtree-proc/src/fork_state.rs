@@ -76,11 +76,18 @@ pub(crate) fn read_proc(host: HostPid, state: &mut ForkState) -> Result<()> {
     state.oom_score_adj = read("oom_score_adj").map_err(proc_err("oom_score_adj"))?.trim().to_string();
     state.timerslack_ns = read("timerslack_ns").map_err(proc_err("timerslack_ns"))?.trim().to_string();
     state.auxv = std::fs::read(format!("/proc/{host}/auxv")).map_err(proc_err("auxv"))?;
-    let stat = read("stat").map_err(proc_err("stat"))?;
-    let fields: Vec<u64> = crate::procfs::stat_fields(&stat).map(|f| f.parse().unwrap_or(0)).collect();
-    // (`fields[0]` is field 3 of proc(5).)
-    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
-    state.mm = [26, 27, 45, 46, 47, 28, 48, 49, 50, 51].into_iter().map(field).collect();
+    state.mm = mm_bounds(&read("stat").map_err(proc_err("stat"))?);
     state.fingerprint = crate::incremental::fingerprint(host, None).map_err(proc_err("fingerprint"))?;
     Ok(())
+}
+
+/// The memory bounds of a process from its `/proc/<pid>/stat` line, in
+/// `ForkState::mm`'s order: `start_code end_code start_data end_data
+/// start_brk start_stack arg_start arg_end env_start env_end` (fields
+/// 26-28 and 45-51 of proc(5)).
+pub(crate) fn mm_bounds(stat: &str) -> Vec<u64> {
+    let fields: Vec<u64> = crate::procfs::stat_fields(stat).map(|f| f.parse().unwrap_or(0)).collect();
+    // (`fields[0]` is field 3 of proc(5).)
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    [26, 27, 45, 46, 47, 28, 48, 49, 50, 51].into_iter().map(field).collect()
 }

@@ -269,15 +269,7 @@ impl Tracking {
             }
         }
         if added {
-            self.ranges.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::new();
-            for &(s, e) in &self.ranges {
-                match merged.last_mut() {
-                    Some(last) if last.1 >= s => last.1 = last.1.max(e),
-                    _ => merged.push((s, e)),
-                }
-            }
-            self.ranges = merged;
+            merge_runs(&mut self.ranges);
         }
     }
 
@@ -334,6 +326,19 @@ impl Tracking {
 pub(crate) struct Delta {
     pub pages: Vec<(u64, u64)>,
     pub zap: Vec<(u64, u64)>,
+}
+
+/// Sort `runs` (start, end) and merge those that overlap or touch.
+pub(crate) fn merge_runs(runs: &mut Vec<(u64, u64)>) {
+    runs.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+    for &(s, e) in runs.iter() {
+        match merged.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *runs = merged;
 }
 
 /// A process's previous template (checkpoint, host pid) and what the

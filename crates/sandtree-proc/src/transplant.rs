@@ -278,9 +278,8 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
         what: "stat",
         source: e,
     })?;
-    let fields: Vec<u64> = crate::procfs::stat_fields(&stat).map(|f| f.parse().unwrap_or(0)).collect();
-    // (`fields[0]` is field 3 of proc(5).)
-    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
+    let mm = crate::fork_state::mm_bounds(&stat);
+    let bound = |i: usize| mm.get(i).copied().unwrap_or(0);
     let auxv = std::fs::read(format!("/proc/{}/auxv", t.host)).map_err(|e| Error::Proc {
         pid: t.host,
         what: "auxv",
@@ -290,10 +289,10 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
     let mut map = Vec::with_capacity(PRCTL_MM_MAP_SIZE);
     // start_code, end_code, start_data, end_data, start_brk, brk,
     // start_stack, arg_start, arg_end, env_start, env_end.
-    for v in [field(26), field(27), field(45), field(46), field(47), brk, field(28)] {
+    for v in [bound(0), bound(1), bound(2), bound(3), bound(4), brk, bound(5)] {
         map.extend_from_slice(&v.to_ne_bytes());
     }
-    for v in [field(48), field(49), field(50), field(51), b.address(auxv_at)] {
+    for v in [bound(6), bound(7), bound(8), bound(9), b.address(auxv_at)] {
         map.extend_from_slice(&v.to_ne_bytes());
     }
     map.extend_from_slice(&(auxv.len() as u32).to_ne_bytes());

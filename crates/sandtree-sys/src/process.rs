@@ -255,15 +255,8 @@ pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
 /// Give process `to` the resource limits of process `from`
 /// (`prlimit64`, each resource read from one and set in the other).
 pub fn copy_limits(from: i32, to: i32) -> io::Result<()> {
-    // (x86-64 has 16 resources, RLIMIT_CPU to RLIMIT_RTTIME.)
-    for resource in 0..16 {
-        let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: prlimit64 with a null new limit only writes the current
-        // one into `limit`, a live local of the right type.
-        let r = unsafe { libc::prlimit64(from, resource as _, std::ptr::null(), &mut limit) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    for (resource, (cur, max)) in limits(from)?.into_iter().enumerate() {
+        let limit = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
         // SAFETY: prlimit64 reads the new limit from `limit` (live) and
         // writes no old one (null).
         let r = unsafe { libc::prlimit64(to, resource as _, &limit, std::ptr::null_mut()) };

@@ -80,7 +80,7 @@ pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Re
     let mut parent_templates = std::collections::HashMap::new();
     for t in parent.and_then(|p| pool.get(p)).map(|set| set.templates.as_slice()).unwrap_or_default() {
         if !unfinished(t)
-            && let Ok(pidfd) = pidfd_of(t.host)
+            && let Ok(pidfd) = crate::fdstate::pidfd_of(t.host)
         {
             parent_templates.insert(t.image.pid.raw(), ParentTemplate { host: t.host, pidfd });
         }
@@ -88,7 +88,8 @@ pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Re
     tracing::debug!(checkpoint = ck, ?parent, parent_templates = parent_templates.len(), "image sources");
     let mut processes = Vec::with_capacity(set.templates.len());
     for t in set.templates.iter() {
-        let pidfd = pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
+        let pidfd =
+            crate::fdstate::pidfd_of(t.host).map_err(|e| Error::Proc { pid: t.host, what: "pidfd", source: e })?;
         processes.push(SourceProcess {
             image: t.image.clone(),
             fork: ForkState::default(),
@@ -117,12 +118,6 @@ pub(crate) fn collect(pool: &mut Pool, (ck, parent): (&str, Option<&str>)) -> Re
         shared_memory,
         unrestorable: set.unrestorable.clone(),
     }))
-}
-
-/// A pidfd of `host`.
-fn pidfd_of(host: HostPid) -> std::io::Result<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(host.raw()).ok_or_else(|| std::io::Error::other("pid 0"))?;
-    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 /// What [`fork_state`] found.

@@ -64,8 +64,7 @@ struct Place {
 /// needed; the map from their source numbers to the new image's.
 struct Parent {
     image: Image,
-    dir: PathBuf,
-    opened: HashMap<String, Image>,
+    opened: super::read::OpenImages,
     /// Parent source number -> new source number.
     renumbered: HashMap<u32, u32>,
     /// Pages read ahead: (source, first page, bytes).
@@ -94,18 +93,7 @@ impl Parent {
     fn read(&mut self, source: u32, page: u64, crc: u32, buf: &mut [u8]) -> Result<()> {
         let hit = |c: &(u32, u64, Vec<u8>)| c.0 == source && page >= c.1 && page < c.1 + c.2.len() as u64 / PAGE;
         if !self.cache.as_ref().is_some_and(hit) {
-            let image = if source == 0 {
-                &self.image
-            } else {
-                let name = self.image.tree().sources.get(source as usize).cloned().unwrap_or_default();
-                if !self.opened.contains_key(&name) {
-                    let image = Image::open(&image_path(&self.dir, &name))?;
-                    self.opened.insert(name.clone(), image);
-                }
-                self.opened
-                    .get(&name)
-                    .ok_or_else(|| Error::Corrupt { path: image_path(&self.dir, &name), what: "not opened".into() })?
-            };
+            let image = self.opened.get(&self.image, source)?;
             let mut data = self.cache.take().map(|c| c.2).unwrap_or_default();
             image.read_ahead(page, READ_AHEAD, &mut data)?;
             self.cache = Some((source, page, data));
@@ -137,13 +125,9 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>, pause: &
     let t0 = std::time::Instant::now();
     let path = image_path(dir, &sources.checkpoint);
     let mut parent = parent.and_then(|p| match Image::open(&image_path(dir, p)) {
-        Ok(image) => Some(Parent {
-            image,
-            dir: dir.to_path_buf(),
-            opened: HashMap::new(),
-            renumbered: HashMap::new(),
-            cache: None,
-        }),
+        Ok(image) => {
+            Some(Parent { image, opened: super::read::OpenImages::new(dir), renumbered: HashMap::new(), cache: None })
+        }
         Err(e) => {
             tracing::debug!(checkpoint = sources.checkpoint, parent = p, "parent image not used: {e}");
             None
@@ -182,15 +166,8 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>, pause: &
         // one, sorted; every other page is the parent's.
         let changed = p.changed_since.as_ref().filter(|(ck, _)| Some(ck) == report.parent.as_ref()).map(|(_, d)| {
             let mut runs: Vec<(u64, u64)> = d.pages.iter().chain(&d.zap).copied().collect();
-            runs.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
-            for (s, e) in runs {
-                match merged.last_mut() {
-                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                    _ => merged.push((s, e)),
-                }
-            }
-            merged
+            crate::track::merge_runs(&mut runs);
+            runs
         });
         for chunk in chunks(&runs) {
             pause();
