@@ -20,6 +20,19 @@ while subprocess.run(['xprop', '-root', '-len', '1', 'FOO'], env=env, capture_ou
     time.sleep(0.05)
 spy_out = open('/root/spy.log', 'w')
 spy = subprocess.Popen(['xprop', '-root', '-spy'], env=env, stdout=spy_out, stderr=subprocess.DEVNULL)
+# Until the watching client listens: it prints the root's properties once
+# when it starts (at most one READY line), then a line per change, so two
+# READY lines mean a change reached it (a `set` before that was missed
+# under load: `spy` answered "seen=" at the checkpoint).
+deadline = time.time() + 20
+for mark in range(1000000):
+    subprocess.run(['xprop', '-root', '-f', 'READY', '8s', '-set', 'READY', str(mark)], env=env, check=True, timeout=5)
+    time.sleep(0.05)
+    with open('/root/spy.log') as f:
+        if sum(l.startswith('READY(STRING)') for l in f) >= 2:
+            break
+    if time.time() > deadline:
+        raise SystemExit('xprop -spy did not start')
 
 
 def seen():
