@@ -189,8 +189,23 @@ pub struct RollbackResponse {
     /// Pids brought back with their live state (empty when restarted).
     #[serde(default)]
     pub restored_pids: Vec<i32>,
+    /// Where the processes were restored from, when they were: the
+    /// checkpoint's live templates (the fast path), or its durable process
+    /// image (its templates were gone: a daemon restart, killed, evicted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<RestoreSource>,
     pub note: String,
     pub duration_ms: f64,
+}
+
+/// Where a rollback restored the checkpoint's processes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RestoreSource {
+    /// Its templates: stopped copies of the processes the daemon keeps.
+    Templates,
+    /// Its durable process image (`process-images/<checkpoint>.img`).
+    Image,
 }
 
 /// `POST /v1/checkpoints/{id}/fork`

@@ -81,6 +81,19 @@ impl SparseCopy {
         Ok(SparseCopy { size, runs, copy })
     }
 
+    /// A copy of a file of `size` bytes whose data runs are `runs`
+    /// (offset, bytes): what an image keeps of one (`durable`).
+    pub fn from_runs(size: u64, runs: &[(u64, Vec<u8>)]) -> io::Result<SparseCopy> {
+        let copy = rustix::fs::memfd_create("sandtree-copy", rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&copy, size)?;
+        let file = std::fs::File::from(copy);
+        for (offset, bytes) in runs {
+            std::os::unix::fs::FileExt::write_all_at(&file, bytes, *offset)?;
+        }
+        let runs = runs.iter().map(|(o, b)| (*o, b.len() as u64)).collect();
+        Ok(SparseCopy { size, runs, copy: file.into() })
+    }
+
     /// Bytes saved.
     pub fn bytes(&self) -> u64 {
         self.runs.iter().map(|r| r.1).sum()

@@ -66,6 +66,15 @@ pub(crate) fn read_xstate(host: HostPid, state: &mut ForkState) -> Result<()> {
     Ok(())
 }
 
+/// The auxiliary vector and memory bounds of template `host` into
+/// `state` (what a transplant's memory map needs of its `/proc`).
+pub(crate) fn read_bounds(host: HostPid, state: &mut ForkState) -> Result<()> {
+    let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
+    state.auxv = std::fs::read(format!("/proc/{host}/auxv")).map_err(proc_err("auxv"))?;
+    state.mm = mm_bounds(&std::fs::read_to_string(format!("/proc/{host}/stat")).map_err(proc_err("stat"))?);
+    Ok(())
+}
+
 /// Fill the rest of `state` from template `host`'s `/proc` (any thread):
 /// limits, OOM score adjustment, timer slack, auxiliary vector, memory
 /// bounds and fingerprint.
@@ -75,8 +84,7 @@ pub(crate) fn read_proc(host: HostPid, state: &mut ForkState) -> Result<()> {
     let read = |file: &str| std::fs::read_to_string(format!("/proc/{host}/{file}"));
     state.oom_score_adj = read("oom_score_adj").map_err(proc_err("oom_score_adj"))?.trim().to_string();
     state.timerslack_ns = read("timerslack_ns").map_err(proc_err("timerslack_ns"))?.trim().to_string();
-    state.auxv = std::fs::read(format!("/proc/{host}/auxv")).map_err(proc_err("auxv"))?;
-    state.mm = mm_bounds(&read("stat").map_err(proc_err("stat"))?);
+    read_bounds(host, state)?;
     state.fingerprint = crate::incremental::fingerprint(host, None).map_err(proc_err("fingerprint"))?;
     Ok(())
 }

@@ -171,6 +171,10 @@ pub enum Error {
         stuck: String,
     },
     /// The checkpoint has no templates (never captured, or evicted).
+    /// A durable process image could not be read (missing, damaged, of a
+    /// newer format), named by its path.
+    #[error("{0}")]
+    Image(Box<durable::Error>),
     #[error("checkpoint {0} has no process templates")]
     NoTemplates(String),
     /// The tracer thread is gone.

@@ -893,6 +893,32 @@ impl Tracer {
         Ok(())
     }
 
+    /// Make the templates of `ck` again from its durable image in `dir`
+    /// (`durable::templates`), children of init (`init`, host pid), into
+    /// the pool: for a rollback to a checkpoint whose templates are gone,
+    /// once the sandbox runs on the checkpoint's tree (then
+    /// [`Tracer::restore`] as usual). Returns the `O_PATH`s of the pipes
+    /// whose reader was outside the captured processes, for the caller to
+    /// read. Refused by name for what an image cannot restore yet; a
+    /// damaged image is an error naming it.
+    pub fn templates_from_image(
+        &self,
+        ck: &str,
+        dir: &std::path::Path,
+        init: HostPid,
+    ) -> Result<Vec<std::os::fd::OwnedFd>> {
+        let (ck, dir) = (ck.to_string(), dir.to_path_buf());
+        self.call(move |st| {
+            if st.pool.get(&ck).is_some() {
+                return Ok(Vec::new());
+            }
+            let (set, outputs) = crate::durable::templates::make_templates(&dir, &ck, init)?;
+            st.pool.add(&ck, set);
+            st.sweep();
+            Ok(outputs)
+        })?
+    }
+
     /// What the pool holds for `ck` (`None`: no templates).
     pub fn status(&self, ck: &str) -> Result<Option<TemplateStatus>> {
         let ck = ck.to_string();

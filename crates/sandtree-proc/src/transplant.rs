@@ -141,11 +141,17 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         let regs = ptrace::regs(host.raw()).map_err(Error::ptrace(host, "GETREGS"))?;
         let mut c = Tracee::new(host, regs, parent.insn);
         let t_born = t_start.elapsed();
-        exec(&mut c, parent_scratch, t)?;
+        exec(&mut c, parent_scratch, &format!("/proc/{}/exe", t.ns_pid))?;
         let t_exec = t_start.elapsed();
-        let fork_copies = crate::fork_state::read_in_template(t)?;
+        let mut fork_copies = crate::fork_state::read_in_template(t)?;
+        crate::fork_state::read_bounds(t.host, &mut fork_copies)?;
         let t_read = t_start.elapsed();
-        lay_out(&mut c, t, fork_copies.brk)?;
+        let theirs = maps_of(t.host)?;
+        let captured: Vec<MapImage> = theirs.iter().map(|m| as_captured(m, t).clone()).collect();
+        let scratch_prot =
+            theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, MapImage::prot);
+        let layout = Layout { maps: &captured, scratch: (t.scratch, t.scratch_exec, scratch_prot), fork: &fork_copies };
+        lay_out(&mut c, &layout, |c| give_objects(c, t, &theirs), Some(t.host))?;
         let t_map = t_start.elapsed();
         copy_pages((t.host, t.scratch), host)?;
         let t_pages = t_start.elapsed();
@@ -158,7 +164,14 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
                 std::fs::read(format!("/proc/{}/{file}", t.host)).map_err(proc_err("oom score, timer slack"))?;
             std::fs::write(format!("/proc/{host}/{file}"), value).map_err(proc_err("oom score, timer slack"))?;
         }
-        set_the_rest(&mut c, t, &fork_copies)?;
+        set_fork_copies(&mut c, (t.scratch, t.scratch_exec), &t.image, &fork_copies)?;
+        take_descriptors(&mut c, t)?;
+        // Its own credentials, last (the steps above need its parent's); a
+        // change of ids clears the dumpable flag and the parent-death
+        // signal again.
+        let mut b = Batch::new(t.scratch, t.scratch_exec);
+        crate::process::credentials::become_template(&mut c, &mut b, t.host)?;
+        set_cleared_by_ids(&mut c, &mut b, &fork_copies)?;
         let t_rest = t_start.elapsed();
         let nice = inject::nice_of(t.host);
         if let Some(n) = nice {
@@ -188,12 +201,11 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
     }
 }
 
-/// Step 2: `execve` of the template's executable, through its `/proc`
-/// link (the path is written in the parent's scratch page, which the
-/// child shares until then).
-fn exec(c: &mut Tracee, parent_scratch: u64, t: &Template) -> Result<()> {
-    let path = format!("/proc/{}/exe", t.ns_pid);
-    let path_at = crate::batch::write_path(c.tid, parent_scratch, &path)?;
+/// Step 2: `execve` of `path` (the template's executable, through its
+/// `/proc` link; an image's, by its path in the tree), written in the
+/// parent's scratch page, which the child shares until then.
+pub(crate) fn exec(c: &mut Tracee, parent_scratch: u64, path: &str) -> Result<()> {
+    let path_at = crate::batch::write_path(c.tid, parent_scratch, path)?;
     let argv: Vec<u8> = [path_at, 0u64].iter().flat_map(|v| v.to_ne_bytes()).collect();
     ptrace::write_mem(c.tid.raw(), parent_scratch + ARGV_OFFSET, &argv).map_err(Error::ptrace(c.tid, "write argv"))?;
     c.call("execve (the template's executable)", libc::SYS_execve, &[path_at, parent_scratch + ARGV_OFFSET, 0])?;
@@ -201,39 +213,62 @@ fn exec(c: &mut Tracee, parent_scratch: u64, t: &Template) -> Result<()> {
     Ok(())
 }
 
-/// Step 3: the child's memory map made the template's (see the module
-/// docs); `brk` is the template's program break.
-fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
-    let maps_of = |pid: HostPid| crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e });
-    let theirs = maps_of(t.host)?;
-    let scratch_end = t.scratch + SCRATCH;
+/// What step 3 makes the child's memory map: a template's, or an
+/// image's process's.
+pub(crate) struct Layout<'a> {
+    /// The mappings, as captured (the scratch mapping's is skipped).
+    pub maps: &'a [MapImage],
+    /// The scratch mapping: address, whether it may hold code (batches
+    /// run there), protection.
+    pub scratch: (u64, bool, i32),
+    /// Its memory bounds (`mm`), auxiliary vector and program break.
+    pub fork: &'a crate::model::ForkState,
+}
+
+/// The memory map of process `pid`, from `/proc`.
+pub(crate) fn maps_of(pid: HostPid) -> Result<Vec<MapImage>> {
+    crate::procfs::maps(pid).map_err(|e| Error::Proc { pid, what: "maps", source: e })
+}
+
+/// Step 3: the child's memory map made `layout`'s (see the module docs).
+/// `give` sends the child the shared memory objects it maps again (by
+/// start address: the descriptor's number in the child); `sysv` is a
+/// process that has the SysV segments attached (their size is read
+/// there), `None` when the layout maps none.
+pub(crate) fn lay_out(
+    c: &mut Tracee,
+    layout: &Layout<'_>,
+    give: impl FnOnce(&mut Tracee) -> Result<Vec<(u64, u64)>>,
+    sysv: Option<HostPid>,
+) -> Result<()> {
+    let (scratch, scratch_exec, scratch_prot) = layout.scratch;
+    let scratch_end = scratch + SCRATCH;
     let overlaps = |m: &MapImage, start: u64, end: u64| m.start < end && start < m.end;
     let is_moved = |m: &MapImage| m.path.as_deref().is_some_and(|p| MOVED.contains(&p));
     let tid = c.tid;
     let unsupported = move |what: String| Error::unsupported_by_host(tid, "", "memory", what);
-    if maps_of(c.tid)?.iter().any(|m| is_moved(m) && overlaps(m, t.scratch, scratch_end)) {
+    if maps_of(c.tid)?.iter().any(|m| is_moved(m) && overlaps(m, scratch, scratch_end)) {
         return Err(unsupported("the template's scratch mapping lies on the new process's vDSO".into()));
     }
-    let scratch_prot =
-        theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, MapImage::prot);
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
-    c.call("mmap (scratch)", libc::SYS_mmap, &[t.scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
+    c.call("mmap (scratch)", libc::SYS_mmap, &[scratch, SCRATCH, scratch_prot as u64, flags, u64::MAX, 0])?;
     // Shared memory of no file (but SysV's): the objects the template
     // holds, sent to the child to map.
-    let given = give_objects(c, t, &theirs)?;
+    let given = give(c)?;
     let ours = maps_of(c.tid)?;
     // (A file of another overlay of the tree, `/usr`, shows in `maps`
     // by its path on that mount: `process::memory::mapped_file_in_tree`.)
     let points = crate::process::memory::overlay_mount_points(c.tid);
     let in_tree = move |path: &str| crate::process::memory::mapped_file_in_tree(tid, path, &points);
-    let mut b = Batch::new(t.scratch, t.scratch_exec);
+    let mut b = Batch::new(scratch, scratch_exec);
     for m in &ours {
-        if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
+        if is_moved(m) || m.start == scratch || m.path.as_deref() == Some("[vsyscall]") {
             continue;
         }
         b.call("munmap", libc::SYS_munmap, &[Arg::Val(m.start), Arg::Val(m.end - m.start)]);
     }
     // The kernel's mappings, each moved where no other still has to leave.
+    let theirs = layout.maps;
     let mut moves = Vec::new();
     for name in MOVED {
         let from = ours.iter().find(|m| m.path.as_deref() == Some(name));
@@ -260,42 +295,31 @@ fn lay_out(c: &mut Tracee, t: &Template, brk: u64) -> Result<()> {
         let args = [Arg::Val(from), Arg::Val(len), Arg::Val(len), Arg::Val(flags), Arg::Val(to)];
         b.call("mremap (vDSO)", libc::SYS_mremap, &args);
     }
-    for m in &theirs {
-        if is_moved(m) || m.start == t.scratch || m.path.as_deref() == Some("[vsyscall]") {
+    for m in theirs {
+        if is_moved(m) || m.start == scratch || m.path.as_deref() == Some("[vsyscall]") {
             continue;
         }
-        let m = as_captured(m, t);
         match crate::process::shared_memory::object_of(m) {
-            Some(o) => map_object(&mut b, (m, o), &given, t.host).map_err(&unsupported)?,
+            Some(o) => map_object(&mut b, (m, o), &given, sysv).map_err(&unsupported)?,
             None => map_again(&mut b, m, &in_tree).map_err(&unsupported)?,
         }
         if b.is_full() {
             c.run_batch(&mut b)?;
         }
     }
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", t.host)).map_err(|e| Error::Proc {
-        pid: t.host,
-        what: "stat",
-        source: e,
-    })?;
-    let mm = crate::fork_state::mm_bounds(&stat);
-    let bound = |i: usize| mm.get(i).copied().unwrap_or(0);
-    let auxv = std::fs::read(format!("/proc/{}/auxv", t.host)).map_err(|e| Error::Proc {
-        pid: t.host,
-        what: "auxv",
-        source: e,
-    })?;
-    let auxv_at = b.data(&auxv);
+    let fork = layout.fork;
+    let bound = |i: usize| fork.mm.get(i).copied().unwrap_or(0);
+    let auxv_at = b.data(&fork.auxv);
     let mut map = Vec::with_capacity(PRCTL_MM_MAP_SIZE);
     // start_code, end_code, start_data, end_data, start_brk, brk,
     // start_stack, arg_start, arg_end, env_start, env_end.
-    for v in [bound(0), bound(1), bound(2), bound(3), bound(4), brk, bound(5)] {
+    for v in [bound(0), bound(1), bound(2), bound(3), bound(4), fork.brk, bound(5)] {
         map.extend_from_slice(&v.to_ne_bytes());
     }
     for v in [bound(6), bound(7), bound(8), bound(9), b.address(auxv_at)] {
         map.extend_from_slice(&v.to_ne_bytes());
     }
-    map.extend_from_slice(&(auxv.len() as u32).to_ne_bytes());
+    map.extend_from_slice(&(fork.auxv.len() as u32).to_ne_bytes());
     map.extend_from_slice(&u32::MAX.to_ne_bytes());
     let map_at = b.data(&map);
     let args = [Arg::Val(PR_SET_MM), Arg::Val(PR_SET_MM_MAP), map_at, Arg::Val(PRCTL_MM_MAP_SIZE as u64), Arg::Val(0)];
@@ -402,12 +426,15 @@ fn map_object(
     b: &mut Batch,
     (m, o): (&MapImage, crate::process::shared_memory::Object),
     given: &[(u64, u64)],
-    template: HostPid,
+    sysv: Option<HostPid>,
 ) -> std::result::Result<(), String> {
     use crate::process::shared_memory::{self, Object, Reach};
     let (start, len, prot) = (m.start, m.end - m.start, m.prot());
     let val = Arg::Val;
     if o == Object::SysV {
+        let Some(template) = sysv else {
+            return Err(format!("mapping {:x}-{:x} is a SysV segment, not attached to its source", m.start, m.end));
+        };
         let size = shared_memory::open(template, Reach::Mapping(m.start, m.end), rustix::fs::OFlags::RDONLY)
             .and_then(|f| Ok(rustix::fs::fstat(&f)?.st_size as u64))
             .map_err(|e| format!("SysV segment of mapping {:x}-{:x}: {e}", m.start, m.end))?;
@@ -505,27 +532,49 @@ pub(crate) fn read_runs(pid: HostPid, runs: &[(u64, u64)], buf: &mut [u8]) -> st
     Ok(())
 }
 
-/// Step 5, in the child (one batch): handlers, `prctl` settings,
-/// personality, umask, name, and the template's descriptor table.
-fn set_the_rest(c: &mut Tracee, t: &Template, copies: &crate::model::ForkState) -> Result<()> {
-    let mut b = Batch::new(t.scratch, t.scratch_exec);
+/// Step 5, in the child (one batch, in its scratch area `scratch`, which
+/// may hold code or not): handlers, `prctl` settings, personality, umask
+/// and name, from `image` and `copies`.
+pub(crate) fn set_fork_copies(
+    c: &mut Tracee,
+    scratch: (u64, bool),
+    image: &crate::model::ProcessImage,
+    copies: &crate::model::ForkState,
+) -> Result<()> {
+    let mut b = Batch::new(scratch.0, scratch.1);
     for (sig, act) in &copies.handlers {
         let act = b.data(act);
         b.call("rt_sigaction", libc::SYS_rt_sigaction, &[Arg::Val(*sig), act, Arg::Val(0), Arg::Val(8)]);
     }
-    let prctl = |b: &mut Batch, what: &'static str, option: i32, value: u64| {
-        let args = [Arg::Val(option as u64), Arg::Val(value), Arg::Val(0), Arg::Val(0), Arg::Val(0)];
-        b.call(what, libc::SYS_prctl, &args);
-    };
-    prctl(&mut b, "prctl(PR_SET_DUMPABLE)", libc::PR_SET_DUMPABLE, copies.dumpable);
-    prctl(&mut b, "prctl(PR_SET_PDEATHSIG)", libc::PR_SET_PDEATHSIG, copies.death_signal);
     prctl(&mut b, "prctl(PR_SET_THP_DISABLE)", libc::PR_SET_THP_DISABLE, copies.thp_disabled);
     b.call("personality", libc::SYS_personality, &[Arg::Val(copies.personality)]);
-    b.call("umask", libc::SYS_umask, &[Arg::Val(u64::from(t.image.umask))]);
-    let name = b.path(&t.image.comm);
+    b.call("umask", libc::SYS_umask, &[Arg::Val(u64::from(image.umask))]);
+    let name = b.path(&image.comm);
     let args = [Arg::Val(libc::PR_SET_NAME as u64), name, Arg::Val(0), Arg::Val(0), Arg::Val(0)];
     b.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &args);
-    // The descriptor table: the template's open files on their numbers.
+    set_cleared_by_ids(c, &mut b, copies)
+}
+
+/// The dumpable flag and the parent-death signal, which a change of ids
+/// clears: set after the credentials (and before, for the steps between).
+pub(crate) fn set_cleared_by_ids(c: &mut Tracee, b: &mut Batch, copies: &crate::model::ForkState) -> Result<()> {
+    prctl(b, "prctl(PR_SET_DUMPABLE)", libc::PR_SET_DUMPABLE, copies.dumpable);
+    prctl(b, "prctl(PR_SET_PDEATHSIG)", libc::PR_SET_PDEATHSIG, copies.death_signal);
+    c.run_batch(b)?;
+    Ok(())
+}
+
+fn prctl(b: &mut Batch, what: &'static str, option: i32, value: u64) {
+    let args = [Arg::Val(option as u64), Arg::Val(value), Arg::Val(0), Arg::Val(0), Arg::Val(0)];
+    b.call(what, libc::SYS_prctl, &args);
+}
+
+/// Step 5, the descriptor table: every descriptor of the child closed,
+/// then each of the template's taken with `pidfd_getfd` onto its number
+/// with its close-on-exec flag (the very same open files, as a fork
+/// shares).
+fn take_descriptors(c: &mut Tracee, t: &Template) -> Result<()> {
+    let mut b = Batch::new(t.scratch, t.scratch_exec);
     let fds = template_fds(t.host)?;
     let above = fds.iter().map(|(fd, _)| *fd + 1).max().unwrap_or(1) as u64;
     b.call("close_range", libc::SYS_close_range, &[Arg::Val(0), Arg::Val(u64::from(u32::MAX)), Arg::Val(0)]);
@@ -555,12 +604,6 @@ fn set_the_rest(c: &mut Tracee, t: &Template, copies: &crate::model::ForkState) 
         }
     }
     b.call("close", libc::SYS_close, &[high]);
-    c.run_batch(&mut b)?;
-    // Its own credentials, last (the steps above need its parent's); a
-    // change of ids clears these two again.
-    crate::process::credentials::become_template(c, &mut b, t.host)?;
-    prctl(&mut b, "prctl(PR_SET_DUMPABLE)", libc::PR_SET_DUMPABLE, copies.dumpable);
-    prctl(&mut b, "prctl(PR_SET_PDEATHSIG)", libc::PR_SET_PDEATHSIG, copies.death_signal);
     c.run_batch(&mut b)?;
     Ok(())
 }

@@ -98,7 +98,15 @@ impl Engine {
         // restart the sandbox: refused, before anything is committed,
         // unless the request allows it.
         let wanted = wanted_processes(captured.as_ref(), ck.sandbox_id == id);
-        if !wanted.is_empty() && templates.is_none() && !req.allow_restart {
+        // Without templates, from the checkpoint's durable image: once the
+        // sandbox runs on the checkpoint's tree, the templates are made
+        // again from it (`sandtree_proc::durable`), then restored as usual.
+        let from_image = !wanted.is_empty()
+            && templates.is_none()
+            && tracer.is_some()
+            && self.live_get(id).is_some_and(|s| s.is_alive())
+            && self.process_image_info(&ck.id).is_some_and(|i| i.state == sandtree_api::ImageState::Durable);
+        if !wanted.is_empty() && templates.is_none() && !from_image && !req.allow_restart {
             drop(prepared);
             self.discard_subvol_later(&new.subvol);
             return Err(Error::ProcessesLost {
@@ -129,6 +137,7 @@ impl Engine {
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => {
                 let restore = templates.as_ref().map(|s| s.pids.iter().map(|p| p.raw()).collect()).unwrap_or_default();
+                let images = self.process_images_dir();
                 let in_place = async {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, util::raw_pids(keep), restore).await?;
@@ -154,10 +163,16 @@ impl Engine {
                         }
                         crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), &ck_layer)?;
                     }
-                    if let (Some(t), Some(_)) = (&tracer, &templates) {
+                    if let (Some(t), true) = (&tracer, templates.is_some() || from_image) {
                         let t = t.clone();
                         let ck_id = ck.id.clone();
                         let last_pid = last_pid_of(&sb);
+                        if from_image {
+                            let init = sandtree_proc::HostPid(sb.init_pid());
+                            let outputs = tokio::task::block_in_place(|| t.templates_from_image(&ck_id, &images, init))
+                                .map_err(|e| image_error(&ck_id, e))?;
+                            sb.adopt_outputs(outputs);
+                        }
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id, Some(last_pid)))?);
                         sb.resume_restored_io();
                     } else if captured.as_ref().is_some_and(|c| c.captured.is_empty() && c.reparented.is_empty()) {
@@ -269,6 +284,12 @@ impl Engine {
                     r.restored.len(),
                     r.restored
                 );
+                if from_image {
+                    note.push_str(&format!(
+                        "; from the checkpoint's durable process image, its templates being gone ({})",
+                        lost_reason(&killed, true)
+                    ));
+                }
                 if let Some(cap) = &captured
                     && !cap.unrestorable.is_empty()
                 {
@@ -311,6 +332,10 @@ impl Engine {
             checkpoint: ck.id,
             processes,
             processes_restarted: processes == ProcessOutcome::Restarted,
+            restored_from: restored.as_ref().filter(|r| !r.restored.is_empty()).map(|_| match from_image {
+                true => sandtree_api::RestoreSource::Image,
+                false => sandtree_api::RestoreSource::Templates,
+            }),
             restored_pids: restored.map(|r| util::raw_pids(r.restored)).unwrap_or_default(),
             note,
             duration_ms: util::ms_since(t0),
@@ -417,4 +442,11 @@ fn lost_reason(killed: &[sandtree_proc::Unrestorable], running: bool) -> String 
 fn last_pid_of(sb: &Arc<Sandbox>) -> sandtree_proc::LastPid {
     let (sb, handle) = (sb.clone(), tokio::runtime::Handle::current());
     Box::new(move |pid| handle.block_on(sb.set_last_pid(pid.raw())).map_err(std::io::Error::other))
+}
+
+/// A failure to make `ck`'s templates again from its image, naming the
+/// checkpoint (the rollback then fails with `rollback_incomplete`, or
+/// restarts the sandbox as allowed).
+fn image_error(ck: &str, e: sandtree_proc::Error) -> Error {
+    Error::Internal(format!("restoring checkpoint {ck} from its durable process image: {e}"))
 }

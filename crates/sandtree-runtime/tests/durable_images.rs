@@ -7,7 +7,9 @@
 //! `harness = false`, as `engine.rs`; the last line is `N passed, M failed`.
 
 use anyhow::{Context, bail, ensure};
-use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ImageState};
+use sandtree_api::{
+    CheckpointRequest, CreateSandboxRequest, ExecRequest, ImageState, ProcessOutcome, RestoreSource, RollbackRequest,
+};
 use sandtree_proc::durable::{Image, PageSource, image_path};
 use sandtree_runtime::Engine;
 
@@ -149,7 +151,95 @@ fn images_hold_each_checkpoints_pages(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// Keeps a counter and 32 MiB of pages in memory; at `/root/ask<n>`
+/// answers `/root/answer<n>` with its counter (then counts one more) and a
+/// checksum of its pages, and writes a line to its stdout (a pipe the
+/// daemon reads).
+const KEEPER: &str = r#"
+import os, time, zlib, sys
+data = bytearray(os.urandom(1 << 20)) * 32
+count = 0
+n = 0
+while True:
+    n += 1
+    while not os.path.exists(f'/root/ask{n}'):
+        time.sleep(0.005)
+    with open(f'/root/answer{n}.tmp', 'w') as f:
+        f.write(f'{count} {zlib.crc32(data)}')
+    os.rename(f'/root/answer{n}.tmp', f'/root/answer{n}')
+    print('answered', n, flush=True)
+    count += 1
+"#;
+
+/// Ask the keeper (`n`-th question): its answer.
+async fn ask(e: &Engine, sb: &str, n: u32) -> anyhow::Result<String> {
+    let script =
+        format!("touch /root/ask{n}; while [ ! -e /root/answer{n} ]; do sleep 0.01; done; cat /root/answer{n}");
+    sh(e, sb, &script).await
+}
+
+/// A checkpoint's templates killed from inside the sandbox (`kill -9 -1`
+/// reaches them): the rollback restores its process from the durable
+/// image instead, says so, and the process has its memory (its counter,
+/// its pages' checksum) as at the checkpoint, runs on and writes to its
+/// output; a second rollback (from the templates the first made) too.
+/// A damaged image is then refused naming the checkpoint, and nothing
+/// runs but init.
+fn restore_from_the_image_when_templates_are_killed(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let pid = start_python(e, &sb, KEEPER).await?;
+        let first = ask(e, &sb, 1).await?;
+        ensure!(first.starts_with("0 "), "{first}");
+        let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+        let ck = e.checkpoint(&sb, req).await?.checkpoint;
+        let image = ck.process_image.context("no process image")?;
+        ensure!(image.state == ImageState::Durable, "image {:?}: {:?}", image.state, image.error);
+        let at_ck = ask(e, &sb, 2).await?;
+        // (`kill -9 -1` kills the shell that runs it too.)
+        let _ = e
+            .exec(&sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), "kill -9 -1".into()], ..Default::default() })
+            .await;
+        for round in 0..2 {
+            let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.id.clone(), allow_restart: false }).await?;
+            ensure!(r.processes == ProcessOutcome::Restored && r.restored_pids == vec![pid], "round {round}: {r:?}");
+            let want = if round == 0 { RestoreSource::Image } else { RestoreSource::Templates };
+            ensure!(r.restored_from == Some(want), "round {round}: restored from {:?}: {}", r.restored_from, r.note);
+            sh(e, &sb, "rm -f /root/answer2").await?;
+            let again = ask(e, &sb, 2).await?;
+            ensure!(
+                again == at_ck,
+                "round {round}: answered {again:?} after the rollback, {at_ck:?} at the checkpoint"
+            );
+            let next = ask(e, &sb, 3).await?;
+            ensure!(next.starts_with("2 "), "round {round}: {next}");
+            sh(e, &sb, "rm -f /root/answer3").await?;
+        }
+        // A damaged image: the rollback fails naming the checkpoint.
+        let _ = e
+            .exec(&sb, ExecRequest { cmd: vec!["sh".into(), "-c".into(), "kill -9 -1".into()], ..Default::default() })
+            .await;
+        let path = image_path(&e.process_images_dir(), &ck.id);
+        let mut bad = std::fs::read(&path)?;
+        let at = bad.len() / 2;
+        bad[at] ^= 0x40;
+        std::fs::write(&path, &bad)?;
+        match e.rollback(&sb, RollbackRequest { checkpoint: ck.id.clone(), allow_restart: false }).await {
+            Ok(r) => bail!("a rollback from a damaged image answered {r:?}"),
+            Err(err) => ensure!(err.to_string().contains(&ck.id), "the error does not name the checkpoint: {err}"),
+        }
+        let ps = sh(e, &sb, "cat /proc/[0-9]*/comm").await?;
+        ensure!(!ps.contains("python3"), "after a failed rollback from a damaged image, a process runs: {ps}");
+        e.delete_sandbox(&sb, true).await?;
+        e.delete_checkpoint(&ck.id, true).await.ok();
+        Ok(())
+    })
+}
+
 fn main() {
-    let cases: Vec<(&str, Case)> = vec![("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages)];
+    let cases: Vec<(&str, Case)> = vec![
+        ("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages),
+        ("restore_from_the_image_when_templates_are_killed", restore_from_the_image_when_templates_are_killed),
+    ];
     common::run("sandtree-images-test", "sandtree-images-test", |_| {}, cases);
 }

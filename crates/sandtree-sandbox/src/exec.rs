@@ -818,6 +818,19 @@ impl Sandbox {
     /// background processes is read again (see
     /// [`Sandbox::revive_background`]), and their sessions' terminals are
     /// theirs alone again.
+    /// Output pipes of restored processes that no background process of
+    /// this handle reads (`O_PATH`s: those of processes restored from a
+    /// durable image, whose reader was the daemon): read and dropped from
+    /// the next [`Sandbox::resume_restored_io`] on, and held across each
+    /// rollback, as a forgotten background process's.
+    pub fn adopt_outputs(&self, paths: Vec<OwnedFd>) {
+        let mut detached = self.inner.background.detached.lock().unwrap_or_else(|e| e.into_inner());
+        for path in paths {
+            let reopened = reopen_output(&path).ok();
+            detached.push(Detached { path, reopened, pump: None });
+        }
+    }
+
     pub fn resume_restored_io(&self) {
         self.inner.sessions.resume();
         let table = &self.inner.background;

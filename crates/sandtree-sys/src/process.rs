@@ -255,7 +255,14 @@ pub fn install_seccomp_filter(prog: &[BpfInsn]) -> Result<()> {
 /// Give process `to` the resource limits of process `from`
 /// (`prlimit64`, each resource read from one and set in the other).
 pub fn copy_limits(from: i32, to: i32) -> io::Result<()> {
-    for (resource, (cur, max)) in limits(from)?.into_iter().enumerate() {
+    set_limits(to, &limits(from)?)
+}
+
+/// Give process `pid` resource limits `limits` (soft, hard), by resource
+/// number, as [`limits`] reads them.
+pub fn set_limits(pid: i32, limits: &[(u64, u64)]) -> io::Result<()> {
+    let to = pid;
+    for (resource, &(cur, max)) in limits.iter().enumerate() {
         let limit = libc::rlimit64 { rlim_cur: cur, rlim_max: max };
         // SAFETY: prlimit64 reads the new limit from `limit` (live) and
         // writes no old one (null).

@@ -52,6 +52,7 @@
 pub(crate) mod collect;
 pub mod format;
 pub mod read;
+pub(crate) mod templates;
 pub mod write;
 
 use serde::{Deserialize, Serialize};

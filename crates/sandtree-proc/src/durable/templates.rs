@@ -1,0 +1,541 @@
+//! Templates made again from a checkpoint's durable image
+//! ([`make_templates`]): the slow path of a rollback whose templates are
+//! gone (a daemon restart, killed from inside the sandbox, evicted). The
+//! rollback then goes on exactly as from live templates (`restore.rs`).
+//!
+//! Each process of the image is made by a transplant (`transplant.rs`)
+//! whose maker is the sandbox's init, and whose source is the image
+//! instead of a live template:
+//!
+//! 1. **maker**: init is seized and stopped, and given a scratch mapping
+//!    for the clone's arguments (unmapped, its registers set back and
+//!    init let go at the end, whatever happened);
+//! 2. **clone**: `clone3(CLONE_VM, SIGCHLD, set_tid = [a free pid])`
+//!    injected into init: a child of init, as every template is, on a pid
+//!    no process of the image has (from three quarters of the pid range
+//!    up, where neither the sandbox nor a restore's `ns_last_pid` is);
+//! 3. **exec, memory map**: `execve` of the image's executable by its path
+//!    in the tree (the rollback has swapped the checkpoint's tree in
+//!    first), the image's mappings made again, the kernel's vDSO moved to
+//!    their addresses, and a scratch mapping where neither has one (below
+//!    the lowest mapping of the mmap area, where the kernel puts new ones);
+//! 4. **contents**: every page the image holds for the process
+//!    ([`super::PageSource`]: its own, or its parents', each checked
+//!    against its checksum) written into it;
+//! 5. **the rest a fork copies**: the [`ForkState`](crate::model::ForkState)
+//!    the image kept: XSAVE area, limits, OOM score, timer slack, signal
+//!    handlers, `prctl` settings, personality, umask, name;
+//! 6. **descriptors**: what a template holds after its set-up
+//!    (`Template::prepare`): nothing of what a restore makes anew, an
+//!    `O_PATH` descriptor of each pipe (one pipe made by the daemon per
+//!    pipe of the image, shared by every process that held it), the files
+//!    of kept mounts (`/dev/null`, ...) opened again by path at their
+//!    offsets;
+//! 7. **check**: a session of its own (as a template leaves its
+//!    original's), and the fingerprint the image kept (credentials,
+//!    capabilities, seccomp, dispositions, bounds, limits) must be the new
+//!    process's, but for the namespaces (another boot of the sandbox has
+//!    others): a difference fails the rollback, naming the line.
+//!
+//! What an image cannot give yet is refused by name before any process is
+//! made (`refusal`): objects a template shares with its original and a
+//! restore does not make anew (eventfds, timerfds, signalfds, epolls,
+//! memfds, kept unix and other sockets, pidfds of exited processes),
+//! terminals, FIFOs, shared memory mappings, data in flight on unix
+//! sockets, pipes fed from outside the sandbox's processes.
+//!
+//! A pipe whose other end was outside the captured processes at the
+//! checkpoint, read there (a background command's output, read by the
+//! daemon), is given a reader again: its `O_PATH` is returned to the
+//! caller, who reads and drops what the restored processes write there
+//! (a pipe with no reader would kill its writer with `SIGPIPE`).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use sandtree_sys::ptrace;
+
+use super::{ImageProcess, ImageTree, PageSource, image_path};
+use crate::batch::{Arg, Batch, SCRATCH};
+use crate::check::Unrestorable;
+use crate::inject::{self, SET_TID_OFFSET, Tracee, clone_args, write_clone_args};
+use crate::model::{AnonState, FdKind, MapImage, ProcessImage};
+use crate::template::{CheckpointTemplates, Template};
+use crate::{Error, HostPid, Result, SandboxPid};
+
+/// At most this many bytes of pages are gathered before they are written.
+const WRITE_CHUNK: usize = 32 << 20;
+
+/// A page.
+const PAGE: u64 = 4096;
+
+/// The templates of checkpoint `ck` made again from its image in `dir`
+/// (see the module docs), children of init (`init`, host pid), stopped;
+/// with the `O_PATH` descriptors of the pipes whose reader was outside
+/// the captured processes (the caller reads them). Nothing is left of
+/// them on an error.
+pub(crate) fn make_templates(dir: &Path, ck: &str, init: HostPid) -> Result<(CheckpointTemplates, Vec<OwnedFd>)> {
+    let image_err = |e| Error::Image(Box::new(e));
+    let image = super::Image::open(&image_path(dir, ck)).map_err(image_err)?;
+    let tree = image.tree();
+    if let Some(refused) = refusal(tree) {
+        return Err(Error::Unsupported(refused));
+    }
+    let pipes = Pipes::make(tree, init)?;
+    let mut maker = Maker::seize(init)?;
+    let mut made: Vec<Template> = Vec::new();
+    let mut pages = PageSource::new(&image, dir);
+    let mut next_pid = SandboxPid::max() / 4 * 3;
+    let result = (|| -> Result<()> {
+        for p in &tree.processes {
+            let t = make_one(&mut maker, p, (&image, &mut pages), &pipes, &mut next_pid)?;
+            made.push(t);
+        }
+        Ok(())
+    })();
+    maker.release();
+    if let Err(e) = result {
+        for t in made {
+            t.kill();
+        }
+        return Err(e);
+    }
+    let holder = |ino: u64| {
+        made.iter().find_map(|t| {
+            t.image.fds.iter().find(|f| matches!(f.kind, FdKind::Pipe { ino: i } if i == ino)).map(|f| (t.host, f.fd))
+        })
+    };
+    let mut set_pipes = Vec::new();
+    for b in &tree.pipes {
+        let Some((host, fd)) = holder(b.ino) else { continue };
+        set_pipes.push((b.clone(), host, fd));
+    }
+    let outputs = pipes.outputs();
+    let set = CheckpointTemplates {
+        templates: made,
+        pipes: set_pipes,
+        shared_memory: Vec::new(),
+        sockets: Vec::new(),
+        pair_data: tree.pair_data.clone(),
+        unrestorable: tree.unrestorable.clone(),
+        last_used: 0,
+    };
+    Ok((set, outputs))
+}
+
+/// Why the processes of `tree` cannot be made again from its image yet
+/// (the first reason found), or `None`.
+fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
+    let refuse = |p: &ProcessImage, resource: String, why: &str| {
+        Some(Unrestorable {
+            pid: p.pid,
+            comm: p.comm.clone(),
+            resource,
+            reason: format!("{why}: not restored from a process image yet (only from its live templates)"),
+        })
+    };
+    if let Some(s) = tree.sockets.first() {
+        let p = tree.processes.first().map(|p| &p.image)?;
+        return refuse(p, format!("unix socket {}", s.ino), "data queued on a kept unix socket");
+    }
+    if !tree.shared_memory.is_empty() {
+        let p = tree.processes.first().map(|p| &p.image)?;
+        return refuse(p, "shared memory".into(), "a shared memory object");
+    }
+    for ImageProcess { image: p, .. } in &tree.processes {
+        if p.exe.ends_with(" (deleted)") || !p.exe.starts_with('/') {
+            return refuse(p, format!("executable {}", p.exe), "a deleted executable");
+        }
+        if let Some(m) = p.maps.iter().find(|m| m.shared() && crate::process::shared_memory::object_of(m).is_some()) {
+            return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), "a shared memory mapping");
+        }
+        for f in &p.fds {
+            let what = || format!("fd {}", f.fd);
+            if f.in_flight {
+                return refuse(p, what(), "a file in flight on a unix socket");
+            }
+            let why = match &f.kind {
+                k if k.terminal().is_some() => Some("a terminal"),
+                FdKind::PtyMaster { .. } => Some("a pseudo-terminal master"),
+                FdKind::Fifo { .. } => Some("a FIFO"),
+                FdKind::Memfd { .. } => Some("a memfd"),
+                FdKind::OtherMount { .. } => Some("a file of another mount"),
+                FdKind::ShmFile { deleted: true, .. } => Some("a deleted file of /dev/shm"),
+                FdKind::Pipe { ino } if outside_fed(tree, *ino) => {
+                    Some("a pipe fed from outside the sandbox's processes (a command's input)")
+                }
+                FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => None,
+                FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } if pid.raw() > 0 => None,
+                FdKind::AnonInode { what, .. } => {
+                    return refuse(p, format!("fd {} ({what})", f.fd), "an object its template shares");
+                }
+                k if k.recreated() => None,
+                FdKind::KeptFile { .. } => None,
+                FdKind::Socket { .. } => Some("a unix or other socket its template shares"),
+                _ => Some("a file its template shares"),
+            };
+            if let Some(why) = why {
+                return refuse(p, what(), why);
+            }
+        }
+    }
+    None
+}
+
+/// Whether the pipe of inode `ino` had an end outside the captured
+/// processes that may write (no captured process reads it: the outside
+/// end is its reader, else it may be a writer).
+fn outside_fed(tree: &ImageTree, ino: u64) -> bool {
+    let Some(b) = tree.pipes.iter().find(|b| b.ino == ino) else { return false };
+    b.outside && captured_reads(tree, ino)
+}
+
+/// Whether a captured process holds a read end of pipe `ino`.
+fn captured_reads(tree: &ImageTree, ino: u64) -> bool {
+    tree.processes.iter().flat_map(|p| &p.image.fds).any(|f| {
+        matches!(f.kind, FdKind::Pipe { ino: i } if i == ino)
+            && f.flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32
+    })
+}
+
+/// The pipes of an image made anew by the daemon: for each, an `O_PATH`
+/// descriptor (what the templates hold) and, for one whose reader was
+/// outside, a read end kept until [`Pipes::outputs`].
+struct Pipes {
+    made: Vec<(u64, OwnedFd)>,
+    outside: Vec<u64>,
+}
+
+impl Pipes {
+    /// Each pipe owned by the sandbox's root (init's ids), mode 0666, as
+    /// the daemon makes the pipes of a command's stdio: the restore opens
+    /// it again inside the sandbox through `/proc/self/fd`, as whatever
+    /// user the process runs as.
+    fn make(tree: &ImageTree, init: HostPid) -> Result<Pipes> {
+        let err = |source| Error::Proc { pid: init, what: "a pipe made again", source };
+        let (uid, gid) = owner_of(init).map_err(err)?;
+        let mut made = Vec::new();
+        let mut outside = Vec::new();
+        for ino in tree.processes.iter().flat_map(|p| &p.image.fds).filter_map(|f| match f.kind {
+            FdKind::Pipe { ino } => Some(ino),
+            _ => None,
+        }) {
+            if made.iter().any(|(i, _)| *i == ino) {
+                continue;
+            }
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| err(e.into()))?;
+            if let Some(size) = tree.pipes.iter().find(|b| b.ino == ino).map(|b| b.size).filter(|s| *s > 0) {
+                rustix::pipe::fcntl_setpipe_size(&w, size).map_err(|e| err(e.into()))?;
+            }
+            rustix::fs::fchown(&r, Some(uid), Some(gid)).map_err(|e| err(e.into()))?;
+            rustix::fs::fchmod(&r, rustix::fs::Mode::from_raw_mode(0o666)).map_err(|e| err(e.into()))?;
+            let path = format!("/proc/self/fd/{}", r.as_raw_fd());
+            let o_path =
+                rustix::fs::open(path.as_str(), rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, 0.into())
+                    .map_err(|e| err(e.into()))?;
+            if tree.pipes.iter().any(|b| b.ino == ino && b.outside) {
+                outside.push(ino);
+            }
+            made.push((ino, o_path));
+        }
+        Ok(Pipes { made, outside })
+    }
+
+    fn get(&self, ino: u64) -> Option<&OwnedFd> {
+        self.made.iter().find(|(i, _)| *i == ino).map(|(_, f)| f)
+    }
+
+    /// The `O_PATH`s of the pipes whose reader was outside.
+    fn outputs(self) -> Vec<OwnedFd> {
+        let outside = self.outside;
+        self.made.into_iter().filter(|(i, _)| outside.contains(i)).map(|(_, f)| f).collect()
+    }
+}
+
+/// The (host) user and group of process `pid`.
+fn owner_of(pid: HostPid) -> std::io::Result<(rustix::process::Uid, rustix::process::Gid)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(format!("/proc/{pid}"))?;
+    Ok((rustix::process::Uid::from_raw(meta.uid()), rustix::process::Gid::from_raw(meta.gid())))
+}
+
+/// Init, stopped, with a scratch mapping: the maker of every template.
+struct Maker {
+    tracee: Tracee,
+    regs: ptrace::Regs,
+    scratch: u64,
+}
+
+impl Maker {
+    fn seize(init: HostPid) -> Result<Maker> {
+        ptrace::seize(init.raw()).map_err(Error::ptrace(init, "seize init"))?;
+        let stopped = (|| -> Result<ptrace::Regs> {
+            ptrace::interrupt(init.raw()).map_err(Error::ptrace(init, "interrupt init"))?;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let Some(children) = inject::wait_event_stop_until(init, deadline)? else {
+                return Err(Error::StopTimeout { timeout_ms: 5000, stuck: format!("init (pid {init})") });
+            };
+            for c in children {
+                let _ = inject::wait_event_stop(c);
+                let _ = ptrace::detach(c.raw(), 0);
+            }
+            ptrace::regs(init.raw()).map_err(Error::ptrace(init, "GETREGS"))
+        })();
+        let regs = match stopped {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ptrace::detach(init.raw(), 0);
+                return Err(e);
+            }
+        };
+        let mut maker = Maker { tracee: Tracee::new(init, regs, 0), regs, scratch: 0 };
+        let set_up = (|| -> Result<()> {
+            maker.tracee.insn = inject::find_syscall_insn(init)?;
+            let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+            let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+            maker.scratch =
+                maker.tracee.call("mmap (init's scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, flags, u64::MAX, 0])?;
+            Ok(())
+        })();
+        match set_up {
+            Ok(()) => Ok(maker),
+            Err(e) => {
+                maker.release();
+                Err(e)
+            }
+        }
+    }
+
+    /// Init as it was: its scratch unmapped, its registers, let go.
+    fn release(&mut self) {
+        let init = self.tracee.tid;
+        if self.scratch != 0 {
+            let _ = self.tracee.call("munmap (init's scratch)", libc::SYS_munmap, &[self.scratch, SCRATCH]);
+            self.scratch = 0;
+        }
+        let _ = ptrace::set_regs(init.raw(), &self.regs);
+        let _ = ptrace::detach(init.raw(), 0);
+    }
+}
+
+/// Template of process `p` of the image made again (see the module docs).
+fn make_one(
+    maker: &mut Maker,
+    p: &ImageProcess,
+    (image, pages): (&super::Image, &mut PageSource<'_>),
+    pipes: &Pipes,
+    next_pid: &mut i32,
+) -> Result<Template> {
+    let t_start = std::time::Instant::now();
+    let (host, ns_pid) = born(maker, p, next_pid)?;
+    let made = (|| -> Result<Template> {
+        ptrace::trace_exec(host.raw()).map_err(Error::ptrace(host, "SETOPTIONS"))?;
+        let regs = ptrace::regs(host.raw()).map_err(Error::ptrace(host, "GETREGS"))?;
+        let mut c = Tracee::new(host, regs, maker.tracee.insn);
+        crate::transplant::exec(&mut c, maker.scratch, &p.image.exe)?;
+        let ours = crate::transplant::maps_of(host)?;
+        let scratch = free_scratch(&p.image.maps, &ours)
+            .ok_or_else(|| Error::unsupported(p.image.pid, &p.image.comm, "memory", "no room for a scratch mapping"))?;
+        let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+        let layout = crate::transplant::Layout { maps: &p.image.maps, scratch: (scratch, true, rwx), fork: &p.fork };
+        crate::transplant::lay_out(&mut c, &layout, |_| Ok(Vec::new()), None)?;
+        write_pages(pages, p.image.pid, host)?;
+        let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
+        ptrace::set_xstate(host.raw(), &p.fork.xstate).map_err(Error::ptrace(host, "SETREGSET"))?;
+        sandtree_sys::process::set_limits(host.raw(), &p.fork.limits).map_err(proc_err("resource limits"))?;
+        for (file, value) in [("oom_score_adj", &p.fork.oom_score_adj), ("timerslack_ns", &p.fork.timerslack_ns)] {
+            std::fs::write(format!("/proc/{host}/{file}"), value).map_err(proc_err("oom score, timer slack"))?;
+        }
+        crate::transplant::set_fork_copies(&mut c, (scratch, true), &p.image, &p.fork)?;
+        descriptors(&mut c, scratch, &p.image, pipes)?;
+        c.call("setsid (template)", libc::SYS_setsid, &[])?;
+        same_fingerprint(host, &p.fork.fingerprint)?;
+        let mut process = p.image.clone();
+        for (fd, file) in &p.files {
+            let mut runs = Vec::with_capacity(file.runs.len());
+            for (offset, blob) in &file.runs {
+                runs.push((*offset, image.read_blob(*blob).map_err(|e| Error::Image(Box::new(e)))?));
+            }
+            let copy = crate::fdstate::SparseCopy::from_runs(file.size, &runs).map_err(proc_err("a deleted file"))?;
+            process.ghosts.push((*fd, Arc::new(copy)));
+        }
+        tracing::debug!(pid = p.image.pid.raw(), template = ns_pid.raw(), took = ?t_start.elapsed(), "template made from the image");
+        Ok(Template {
+            image: process,
+            host,
+            ns_pid,
+            tracee: c,
+            scratch,
+            scratch_exec: true,
+            standby: None,
+            forking: None,
+            no_standby: false,
+            standby_taken: false,
+            any_pid: false,
+            fingerprint: None,
+            incremental: false,
+            generation: 0,
+            changed_since: None,
+            to_write: None,
+        })
+    })();
+    if made.is_err() {
+        inject::kill_tracee(host);
+    }
+    made
+}
+
+/// Step 2: the new process, a child of init on a free pid from
+/// `next_pid` up (moved past it), stopped at birth.
+fn born(maker: &mut Maker, p: &ImageProcess, next_pid: &mut i32) -> Result<(HostPid, SandboxPid)> {
+    const CALL: &str = "clone3 (a template, by init)";
+    let mut args = clone_args(maker.scratch + SET_TID_OFFSET, libc::CLONE_VM as u64);
+    args[32..40].copy_from_slice(&(libc::SIGCHLD as u64).to_ne_bytes());
+    for _ in 0..256 {
+        let pid = SandboxPid(*next_pid);
+        *next_pid += 1;
+        write_clone_args(maker.tracee.tid, maker.scratch, &args, pid)?;
+        let mut busy = 0;
+        let out = crate::process::clone3_as(&mut maker.tracee, maker.scratch, pid, None, &mut busy, false)?;
+        match (out.child, out.ret) {
+            (Some(host), r) if r > 0 => {
+                inject::wait_event_stop(host)?;
+                return Ok((host, pid));
+            }
+            (_, r) if r == -(libc::EEXIST as i64) => continue,
+            (_, r) => {
+                return Err(Error::Remote {
+                    pid: maker.tracee.tid,
+                    call: CALL,
+                    errno: std::io::Error::from_raw_os_error((-r) as i32),
+                });
+            }
+        }
+    }
+    Err(Error::unsupported(p.image.pid, &p.image.comm, "pid", "no free pid for its template"))
+}
+
+/// Where a scratch mapping fits in a process whose image maps `theirs`
+/// and that maps `ours` now: just below the lowest mapping of the mmap
+/// area (at 1 << 46 and up) that leaves room, with a free page on each
+/// side.
+fn free_scratch(theirs: &[MapImage], ours: &[MapImage]) -> Option<u64> {
+    let mut taken: Vec<(u64, u64)> = theirs.iter().chain(ours).map(|m| (m.start, m.end)).collect();
+    taken.sort_unstable();
+    let len = SCRATCH + 2 * PAGE;
+    let top = taken.iter().map(|r| r.0).find(|&s| s >= 1 << 46).unwrap_or(0x7f00_0000_0000);
+    let mut at = top.checked_sub(len)?;
+    loop {
+        match taken.iter().rev().find(|&&(s, e)| s < at + len && at < e) {
+            Some(&(s, _)) => at = s.checked_sub(len)?,
+            None => return (at >= 1 << 32).then_some(at + PAGE),
+        }
+    }
+}
+
+/// Step 4: the pages the image holds for process `pid` written into `host`.
+fn write_pages(pages: &mut PageSource<'_>, pid: SandboxPid, host: HostPid) -> Result<()> {
+    let writer = sandtree_sys::uffd::PageWriter::open(host.raw()).map_err(|source| Error::Proc {
+        pid: host,
+        what: "mem",
+        source,
+    })?;
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
+    let flush = |runs: &mut Vec<(u64, u64)>, buf: &mut Vec<u8>| -> Result<()> {
+        writer.write(runs, buf).map_err(|source| Error::Proc { pid: host, what: "memory", source })?;
+        runs.clear();
+        buf.clear();
+        Ok(())
+    };
+    let mut failed = None;
+    let read = pages.each_page(pid.raw() as u32, |addr, page| {
+        match runs.last_mut() {
+            Some((_, end)) if *end == addr => *end += PAGE,
+            _ => runs.push((addr, addr + PAGE)),
+        }
+        buf.extend_from_slice(page);
+        if buf.len() >= WRITE_CHUNK
+            && let Err(e) = flush(&mut runs, &mut buf)
+        {
+            failed = Some(e);
+            return Err(super::Error::TemplateGone { pid });
+        }
+        Ok(())
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    read.map_err(|e| Error::Image(Box::new(e)))?;
+    if !runs.is_empty() {
+        flush(&mut runs, &mut buf)?;
+    }
+    Ok(())
+}
+
+/// Step 6: the descriptors a template of `image`'s process holds (see the
+/// module docs), in new process `c` (scratch mapping at `scratch`).
+fn descriptors(c: &mut Tracee, scratch: u64, image: &ProcessImage, pipes: &Pipes) -> Result<()> {
+    let mut b = Batch::new(scratch, true);
+    b.call("close_range", libc::SYS_close_range, &[Arg::Val(0), Arg::Val(u64::from(u32::MAX)), Arg::Val(0)]);
+    c.run_batch(&mut b)?;
+    let mut given = Vec::new();
+    for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
+        match &f.kind {
+            FdKind::Pipe { ino } => {
+                let Some(o_path) = pipes.get(*ino) else { continue };
+                given.push((o_path.as_fd(), f.fd, f.flags));
+            }
+            FdKind::KeptFile { path, .. } => {
+                let p = b.path(path);
+                let flags = f.flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY) as u32);
+                let o =
+                    b.call("open (a file of a kept mount)", libc::SYS_open, &[p, Arg::Val(flags as u64), Arg::Val(0)]);
+                b.move_fd(o, f.fd, f.flags);
+                if f.pos != 0 {
+                    let args = [Arg::Val(f.fd as u64), Arg::Val(f.pos), Arg::Val(libc::SEEK_SET as u64)];
+                    b.call("lseek", libc::SYS_lseek, &args);
+                }
+            }
+            _ => {}
+        }
+        if b.is_full() {
+            c.run_batch(&mut b)?;
+        }
+    }
+    c.run_batch(&mut b)?;
+    if !given.is_empty() {
+        let fds: Vec<_> = given.iter().map(|g| g.0).collect();
+        let numbers: Vec<i32> = image.fds.iter().map(|f| f.fd).collect();
+        let got = crate::kinds::give_descriptors(c, scratch + 1024, &fds, &numbers)?;
+        for (tmp, &(_, fd, flags)) in got.into_iter().zip(&given) {
+            // (`give` put none on a number of the image.)
+            let cloexec = u64::from(flags & libc::O_CLOEXEC as u32);
+            b.call("dup3", libc::SYS_dup3, &[Arg::Val(tmp), Arg::Val(fd as u64), Arg::Val(cloexec)]);
+            b.call("close", libc::SYS_close, &[Arg::Val(tmp)]);
+        }
+        c.run_batch(&mut b)?;
+    }
+    Ok(())
+}
+
+/// Step 7: the fingerprint of `host` must be `want`, but for the lines
+/// of namespaces (`mnt:[4026531841]`).
+fn same_fingerprint(host: HostPid, want: &str) -> Result<()> {
+    let ours = crate::incremental::fingerprint(host, None).map_err(|source| Error::Proc {
+        pid: host,
+        what: "fingerprint",
+        source,
+    })?;
+    let namespace = |l: &&str| l.ends_with(']') && l.contains(":[");
+    let (a, b) = (want.lines().filter(|l| !namespace(l)), ours.lines().filter(|l| !namespace(l)));
+    if let Some((w, o)) = a.zip(b).find(|(w, o)| w != o) {
+        return Err(Error::Proc {
+            pid: host,
+            what: "the process made from its image",
+            source: std::io::Error::other(format!("it has `{o}` where the image has `{w}`")),
+        });
+    }
+    Ok(())
+}
