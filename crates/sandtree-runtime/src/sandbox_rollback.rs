@@ -53,7 +53,7 @@ impl Engine {
         let t0 = Instant::now();
         let _busy = self.flusher.busy();
         let _lock = self.lock_sandbox(id).await;
-        let tracer = self.tracer_get(id);
+        let mut tracer = self.tracer_get(id);
         // No standby forks while init's kill list and the restore are in
         // flight (a standby made after the list was taken would be killed).
         let _op = tracer.as_ref().map(|t| t.begin());
@@ -101,19 +101,29 @@ impl Engine {
         // Without templates, from the checkpoint's durable image: once the
         // sandbox runs on the checkpoint's tree, the templates are made
         // again from it (`sandtree_proc::durable`), then restored as usual.
-        let from_image = !wanted.is_empty()
-            && templates.is_none()
-            && tracer.is_some()
-            && self.live_get(id).is_some_and(|s| s.is_alive())
-            && self.process_image_info(&ck.id).is_some_and(|i| i.state == sandtree_api::ImageState::Durable);
-        if !wanted.is_empty() && templates.is_none() && !from_image && !req.allow_restart {
+        let image = match !wanted.is_empty() && templates.is_none() {
+            true => Some(self.image_restorable(&ck.id)),
+            false => None,
+        };
+        let from_image = matches!(image, Some(Ok(())));
+        // (A sandbox re-adopted or booted by this daemon has no tracer
+        // until its first checkpoint: the restore from the image needs one.)
+        // (Assigned, not shadowed: this handle must drop after `_op`, whose
+        // guard holds a sender of the thread's channel; the last handle's
+        // drop joins the thread, which waits for every sender to go.)
+        if tracer.is_none() && from_image {
+            tracer = self.tracer(id).ok();
+        }
+        if let Some(Err(why)) = &image
+            && !req.allow_restart
+        {
             drop(prepared);
             self.discard_subvol_later(&new.subvol);
             return Err(Error::ProcessesLost {
                 sandbox: id.to_string(),
                 checkpoint: ck.id,
                 processes: wanted.join(", "),
-                reason: lost_reason(&killed, tracer.is_some()),
+                reason: format!("{}; {why}", lost_reason(&killed, tracer.is_some())),
             });
         }
         let res = self.meta.set_sandbox_subvol(id, &new.subvol, &new.lowers, Some(&ck.id), new.base_transid);
@@ -162,6 +172,9 @@ impl Engine {
                                 .map_err(|e| Error::Internal(format!("waiting for the killed processes: {e}")))??;
                         }
                         crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), &ck_layer)?;
+                    }
+                    if from_image && tracer.is_none() {
+                        return Err(Error::Internal("no tracer to restore the processes from the image".into()));
                     }
                     if let (Some(t), true) = (&tracer, templates.is_some() || from_image) {
                         let t = t.clone();
@@ -221,7 +234,20 @@ impl Engine {
             }
             None => {
                 drop(prepared); // its mounts must be gone before boot mounts the same directories
-                self.restart_onto(&rec2, &ck_layer).await
+                let booted = self.restart_onto(&rec2, &ck_layer).await;
+                // (A stopped sandbox's processes, from the image once it
+                // runs again with only its init.)
+                if booted.is_ok() && from_image {
+                    match self.restore_from_image(id, &ck.id).await {
+                        Ok(r) => restored = Some(r),
+                        Err(e) => {
+                            tracing::warn!(sandbox = id, "restore from the image after a boot failed: {e}");
+                            restart_reason = Some(format!("the restore from its image failed ({e})"));
+                            self.restart_onto(&rec2, &ck_layer).await?;
+                        }
+                    }
+                }
+                booted
             }
         };
         tracing::debug!(sandbox = id, layer = ?t_snap, committed = ?t_meta, planned = ?t_plan, done = ?t0.elapsed(), spare, "rolled back");
@@ -340,6 +366,46 @@ impl Engine {
             note,
             duration_ms: util::ms_since(t0),
         })
+    }
+
+    /// Whether `ck`'s processes can come back from its durable image
+    /// (`Ok`), or why not (checked before anything is killed: the image
+    /// and those it reads from open and check, and nothing in it is
+    /// refused). An image still being written is not waited for: with the
+    /// templates gone, its writer fails too.
+    fn image_restorable(&self, ck: &str) -> std::result::Result<(), String> {
+        use sandtree_api::ImageState;
+        match self.process_image_info(ck) {
+            None => return Err("it has no durable process image".into()),
+            Some(i) if i.state == ImageState::Writing => {
+                return Err("its durable process image was still being written".into());
+            }
+            Some(i) if i.state == ImageState::Failed => {
+                let error = i.error.unwrap_or_default();
+                return Err(format!("its durable process image could not be written ({error})"));
+            }
+            Some(_) => {}
+        }
+        let dir = self.process_images_dir();
+        tokio::task::block_in_place(|| sandtree_proc::durable::restorable(&dir, ck))
+            .map_err(|e| format!("its durable process image cannot bring them back: {e}"))
+    }
+
+    /// The processes of `ck` made again from its image in sandbox `id`,
+    /// which runs on the checkpoint's tree (its templates first, then the
+    /// restore as from any templates).
+    async fn restore_from_image(&self, id: &str, ck: &str) -> Result<sandtree_proc::RestoreReport> {
+        let sb = self.live_get(id).ok_or_else(|| Error::Internal(format!("sandbox {id} is not running")))?;
+        let t = self.tracer(id)?;
+        let images = self.process_images_dir();
+        let init = sandtree_proc::HostPid(sb.init_pid());
+        let outputs = tokio::task::block_in_place(|| t.templates_from_image(ck, &images, init))
+            .map_err(|e| image_error(ck, e))?;
+        sb.adopt_outputs(outputs);
+        let last_pid = last_pid_of(&sb);
+        let r = tokio::task::block_in_place(|| t.restore(ck, Some(last_pid)))?;
+        sb.resume_restored_io();
+        Ok(r)
     }
 
     /// Steps 3 of the rollback, in place: overlays from the zygote, then init

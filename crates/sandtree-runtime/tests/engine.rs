@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use sandtree_api::{
     CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ForkRequest, Limits, ProcessOutcome,
-    RollbackRequest, SessionRunRequest,
+    RestoreSource, RollbackRequest, SessionRunRequest,
 };
 use sandtree_runtime::Engine;
 
@@ -824,25 +824,41 @@ fn restored_pid_reaped_by_the_kernel(e: &Engine) -> CaseFuture<'_> {
 
 /// The checkpoint's copies of a process are processes of the sandbox:
 /// killed from inside it (`ps` lists them, `kill` reaches them), the
-/// checkpoint's processes are lost. A rollback must then refuse, name the
-/// process, and change nothing; with `allow_restart` it restores the files
-/// alone and says so.
-fn rollback_refuses_when_the_checkpoint_copies_were_killed(e: &Engine) -> CaseFuture<'_> {
+/// rollback brings the process back from the checkpoint's durable image,
+/// and says so. Without a usable image (deleted here), the rollback must
+/// refuse, name the process and the image's state, and change nothing;
+/// with `allow_restart` it restores the files alone and says so.
+fn killed_checkpoint_copies_come_back_from_the_image(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = create(e).await?;
         let pid = start_python(e, &sb, "import time\nmarker = 'copies-killed'\nwhile True: time.sleep(1)").await?;
-        let ck = checkpoint(e, &sb).await?;
-        sh(e, &sb, "echo after > /root/after").await?;
+        let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+        let ck = e.checkpoint(&sb, req).await?.checkpoint.id;
         // Every python3 but the original: its template and standby.
-        let killed =
-            sh(e, &sb, &format!("for p in $(pgrep -x python3); do [ $p = {pid} ] || {{ kill -9 $p; echo $p; }}; done"))
-                .await?;
-        ensure!(!killed.trim().is_empty(), "no checkpoint copy of {pid} was found in the sandbox");
+        let kill_copies =
+            format!("for p in $(pgrep -x python3); do [ $p = {pid} ] || {{ kill -9 $p; echo $p; }}; done");
+        sh(e, &sb, "echo after > /root/after").await?;
+        ensure!(
+            !sh(e, &sb, &kill_copies).await?.trim().is_empty(),
+            "no checkpoint copy of {pid} was found in the sandbox"
+        );
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
+        ensure!(r.restored_pids == vec![pid] && r.restored_from == Some(RestoreSource::Image), "{r:?}");
+        ensure!(r.note.contains("durable process image") && r.note.contains("killed"), "{}", r.note);
+        ensure!(sh(e, &sb, &format!("kill -0 {pid} && test ! -e /root/after && echo back")).await? == "back\n");
+        // Killed again, and the image gone.
+        sh(e, &sb, "echo after > /root/after").await?;
+        ensure!(!sh(e, &sb, &kill_copies).await?.trim().is_empty(), "no checkpoint copy of {pid} after the restore");
+        std::fs::remove_file(sandtree_proc::durable::image_path(&e.process_images_dir(), &ck))?;
         let err = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await.err();
         let err = err.context("a rollback whose processes were killed answered success")?;
         let msg = err.to_string();
         ensure!(err.code() == ErrorCode::ProcessesLost, "{msg}");
         ensure!(msg.contains(&format!("{pid} (python3)")) && msg.contains("killed"), "{msg}");
+        ensure!(
+            msg.contains("process image") && msg.contains(&ck),
+            "the refusal does not say why the image cannot serve: {msg}"
+        );
         // Nothing changed: the process runs, the later file is there.
         ensure!(sh(e, &sb, &format!("kill -0 {pid} && cat /root/after")).await? == "after\n");
         let r = e.rollback(&sb, RollbackRequest { checkpoint: ck, allow_restart: true }).await?;
@@ -1347,10 +1363,7 @@ fn main() {
         ("layered_checkpoint_moves_open_files", layered_checkpoint_moves_open_files),
         ("restored_processes_share_the_new_root", restored_processes_share_the_new_root),
         ("restored_pid_reaped_by_the_kernel", restored_pid_reaped_by_the_kernel),
-        (
-            "rollback_refuses_when_the_checkpoint_copies_were_killed",
-            rollback_refuses_when_the_checkpoint_copies_were_killed,
-        ),
+        ("killed_checkpoint_copies_come_back_from_the_image", killed_checkpoint_copies_come_back_from_the_image),
         ("long_chain_of_checkpoints_restores_each", long_chain_of_checkpoints_restores_each),
     ];
     common::run("sandtree-engine-test", "sandtree-engine-test", |cfg| cfg.freeze_timeout_ms = 500, cases);

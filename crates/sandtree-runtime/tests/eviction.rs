@@ -8,7 +8,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use sandtree_api::{CheckpointRequest, CreateSandboxRequest, ErrorCode, ProcessOutcome, ProcessState, RollbackRequest};
+use sandtree_api::{
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ProcessOutcome, ProcessState, RestoreSource, RollbackRequest,
+};
 use sandtree_runtime::Engine;
 
 mod common;
@@ -45,8 +47,10 @@ while True:
 /// the newest template's copies of regions 2-5 (~34 MiB): ~69 MiB, over
 /// the budget. Eviction takes the oldest checkpoints first, until the
 /// pool is within its budget (the two oldest here), never the newest (the
-/// sandbox's base); those checkpoints say so, a rollback to one restarts
-/// the process and says why, one to a kept checkpoint restores it.
+/// sandbox's base); those checkpoints say so, a rollback to one restores
+/// the process from its durable image (without the image it is refused,
+/// or restarts the process and says why), one to a kept checkpoint from
+/// its templates.
 fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
@@ -55,7 +59,7 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
         let mut cks = Vec::new();
         for step in 1..=5 {
             sh(e, &sb, &format!("touch /root/go{step}; while [ ! -e /root/done{step} ]; do sleep 0.01; done")).await?;
-            let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
+            let r = e.checkpoint(&sb, CheckpointRequest { wait_durable: true, ..Default::default() }).await?;
             ensure!(r.checkpoint.process_state == ProcessState::Captured, "step {step}: {}", r.note);
             cks.push(r.checkpoint.id);
         }
@@ -81,11 +85,15 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
             let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             ensure!(r.processes == ProcessOutcome::Restored && r.restored_pids.len() == 1, "{ck}: {}", r.note);
         }
-        // An evicted checkpoint's processes cannot come back: refused, and
-        // nothing changed (the sandbox still stands on the last one) ...
+        // Without its durable image, an evicted checkpoint's processes
+        // cannot come back: refused, and nothing changed (the sandbox still
+        // stands on the last one) ...
+        let image = sandtree_proc::durable::image_path(&e.process_images_dir(), &cks[0]);
+        let saved = std::fs::read(&image)?;
+        std::fs::remove_file(&image)?;
         let base = e.get_sandbox(&sb).await?.base_checkpoint;
         let err = e.rollback(&sb, RollbackRequest { checkpoint: cks[0].clone(), allow_restart: false }).await.err();
-        let err = err.context("a rollback to an evicted checkpoint answered success")?;
+        let err = err.context("a rollback to an evicted checkpoint without its image answered success")?;
         ensure!(err.code() == ErrorCode::ProcessesLost && err.to_string().contains("evicted"), "{err}");
         ensure!(e.get_sandbox(&sb).await?.base_checkpoint == base, "the refused rollback changed the sandbox");
         // ... unless a restart is allowed, and then said.
@@ -95,6 +103,16 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
             "{}",
             r.note
         );
+        // With its image, the process comes back from it.
+        std::fs::write(&image, saved)?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: cks[0].clone(), allow_restart: false }).await?;
+        ensure!(
+            r.processes == ProcessOutcome::Restored && r.restored_from == Some(RestoreSource::Image),
+            "{}: {:?}",
+            r.note,
+            r.restored_from
+        );
+        sh(e, &sb, "touch /root/go2; while [ ! -e /root/done2 ]; do sleep 0.01; done").await?;
         e.delete_sandbox(&sb, true).await?;
         Ok(())
     })

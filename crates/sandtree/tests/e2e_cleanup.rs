@@ -265,7 +265,7 @@ fn clean_exit_leaves_nothing(name: &str, signal: nix::sys::signal::Signal) {
     let v =
         d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
     let pid = v["pid"].as_i64().unwrap();
-    let ck = d.checkpoint(&sb, "v1");
+    let ck = d.checkpoint_durable(&sb, "v1");
     d.sh_ok(&sb, "echo v2 > /root/f");
     let init = d.ok("GET", &format!("/v1/sandboxes/{sb}"), None)["init_pid"].as_i64().unwrap();
     let host_sleep = d.sh_ok(&sb, &format!("cat /proc/{pid}/stat >/dev/null && echo ok"));
@@ -300,11 +300,27 @@ fn clean_exit_leaves_nothing(name: &str, signal: nix::sys::signal::Signal) {
         "{info}"
     );
     assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v2\n");
-    // The checkpoint's processes went with the daemon: a rollback says so
-    // and changes nothing, unless a restart is allowed.
+    // The checkpoint's templates went with the daemon: a rollback brings
+    // its process back from its durable image, and says so.
+    let v = d.rollback(&sb, &ck);
+    assert_eq!((v["processes"].as_str(), v["restored_from"].as_str()), (Some("restored"), Some("image")), "{v}");
+    assert_eq!(v["restored_pids"], json!([pid]), "{v}");
+    assert_eq!(
+        d.sh_ok(&sb, &format!("kill -0 {pid} && cat /proc/{pid}/cmdline | tr '\\0' ' '; cat /root/f")),
+        "sleep 1000 v1\n"
+    );
+    // The next rollback, from the templates made from the image.
+    let v = d.rollback(&sb, &ck);
+    assert_eq!(v["restored_from"].as_str(), Some("templates"), "{v}");
+    // Without the image, it would have been lost: said, nothing changed,
+    // unless a restart is allowed.
+    std::fs::remove_file(d.image_file(&ck)).unwrap();
+    d.stop_with(signal, Duration::from_secs(30));
+    d.spawn();
+    d.sh_ok(&sb, "echo v3 > /root/f");
     let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck})));
     assert_eq!((status, v["error"]["code"].as_str()), (409, Some("processes_lost")), "{v}");
-    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v2\n");
+    assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v3\n");
     d.ok("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck, "allow_restart": true})));
     assert_eq!(d.sh_ok(&sb, "cat /root/f"), "v1\n");
 }

@@ -70,11 +70,13 @@ fn rollback_without_the_checkpoint_processes_fails_and_says_which() {
     let d = Daemon::start("errors-lost");
     let sb = d.create();
     let pid = start_python(&d, &sb, SLEEPER);
-    let ck = d.checkpoint(&sb, "with-python");
-    // Kill the checkpoint's copies of the process from inside the sandbox.
+    let ck = d.checkpoint_durable(&sb, "with-python");
+    // Kill the checkpoint's copies of the process from inside the sandbox,
+    // and remove its durable image (which would bring it back).
     let killed =
         d.sh_ok(&sb, &format!("for p in $(pgrep -x python3); do [ $p = {pid} ] || {{ kill -9 $p; echo $p; }}; done"));
     assert!(!killed.trim().is_empty(), "no checkpoint copy of {pid} in the sandbox");
+    std::fs::remove_file(d.image_file(&ck)).unwrap();
 
     let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck})));
     assert_eq!(status, 409, "a rollback that cannot restore the processes answered {status}: {v}");

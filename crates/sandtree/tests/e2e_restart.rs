@@ -29,6 +29,48 @@ fn restarted_daemon_readopts_running_sandboxes_with_their_processes() {
     d.sh_ok(&sb, &format!("kill -0 {pid}"));
 }
 
+/// A daemon killed with SIGKILL loses every checkpoint's templates (they
+/// die with it); its sandbox is re-adopted with its processes running on.
+/// A rollback then brings the checkpoint's processes back from their
+/// durable image, memory and all: a Python process's variables as at the
+/// checkpoint, a background `sleep` with its pid.
+#[test]
+fn restarted_daemon_restores_checkpoints_from_their_images() {
+    if common::must_skip() {
+        return;
+    }
+    let mut d = Daemon::start("restart-images");
+    let sb = d.create();
+    let keeper = "import os, time\nstate = {'n': 0}\nwhile True:\n    if os.path.exists('/root/bump'):\n        os.remove('/root/bump')\n        state['n'] += 1\n    with open('/root/n.tmp', 'w') as f:\n        f.write(str(state['n']))\n    os.rename('/root/n.tmp', '/root/n')\n    time.sleep(0.01)\n";
+    let v = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(json!({"cmd": ["python3", "-c", keeper], "background": true})),
+    );
+    let python = v["pid"].as_i64().unwrap();
+    let v =
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["sleep", "1000"], "background": true})));
+    let sleep = v["pid"].as_i64().unwrap();
+    let bump = "touch /root/bump; while [ -e /root/bump ]; do sleep 0.01; done; sleep 0.05; cat /root/n";
+    assert_eq!(d.sh_ok(&sb, bump), "1");
+    let ck = d.checkpoint_durable(&sb, "n=1");
+    assert_eq!(d.sh_ok(&sb, bump), "2");
+    assert_eq!(d.sh_ok(&sb, bump), "3");
+
+    d.restart(); // SIGKILL + start
+
+    assert_eq!(d.sh_ok(&sb, "cat /root/n"), "3", "re-adopted with its processes running");
+    let v = d.rollback(&sb, &ck);
+    assert_eq!((v["processes"].as_str(), v["restored_from"].as_str()), (Some("restored"), Some("image")), "{v}");
+    let mut pids: Vec<i64> = v["restored_pids"].as_array().unwrap().iter().map(|p| p.as_i64().unwrap()).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, vec![python, sleep], "{v}");
+    // Its variable as at the checkpoint (the file says 1 there too: the
+    // next bump shows the memory's).
+    assert_eq!(d.sh_ok(&sb, bump), "2", "the process's memory is not the checkpoint's");
+    d.sh_ok(&sb, &format!("kill -0 {sleep}"));
+}
+
 /// A daemon killed between the freeze and the thaw of a checkpoint leaves
 /// the sandbox frozen; the restarted daemon must thaw and re-adopt it.
 #[test]

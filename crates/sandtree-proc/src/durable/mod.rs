@@ -63,6 +63,7 @@ use crate::model::{ForkState, PipeBuffer, ProcessImage, SocketBuffer};
 pub use collect::{ParentTemplate, SharedSource, SourceProcess, Sources};
 pub use format::{Image, ImageSummary};
 pub use read::PageSource;
+pub use templates::restorable;
 pub use write::{WriteReport, image_path, write_image};
 
 /// A run's source for pages of zeros (stored nowhere).

@@ -37,6 +37,12 @@
 //!    process's, but for the namespaces (another boot of the sandbox has
 //!    others): a difference fails the rollback, naming the line.
 //!
+//! A template made so holds no restart block of the original's (the
+//! kernel's record of an interrupted `nanosleep`'s or futex wait's
+//! deadline, which only a fork copies): a call the checkpoint interrupted
+//! with one returns `EINTR` instead (its registers say so), as in a child
+//! made by a transplant; callers of those calls handle it.
+//!
 //! What an image cannot give yet is refused by name before any process is
 //! made (`refusal`): objects a template shares with its original and a
 //! restore does not make anew (eventfds, timerfds, signalfds, epolls,
@@ -122,6 +128,24 @@ pub(crate) fn make_templates(dir: &Path, ck: &str, init: HostPid) -> Result<(Che
         last_used: 0,
     };
     Ok((set, outputs))
+}
+
+/// Whether the processes of checkpoint `ck` can be made again from its
+/// image in `dir`: the image and every image it reads pages from open and
+/// check (header, sections, tree and index checksums; the pages are
+/// checked as they are read), and nothing in it is refused. Cheap next to
+/// a restore (the page data is not read): asked before a rollback kills
+/// anything.
+pub fn restorable(dir: &Path, ck: &str) -> Result<()> {
+    let image_err = |e| Error::Image(Box::new(e));
+    let image = super::Image::open(&image_path(dir, ck)).map_err(image_err)?;
+    for source in image.tree().sources.iter().filter(|s| s.as_str() != ck) {
+        super::Image::open(&image_path(dir, source)).map_err(image_err)?;
+    }
+    match refusal(image.tree()) {
+        Some(refused) => Err(Error::Unsupported(refused)),
+        None => Ok(()),
+    }
 }
 
 /// Why the processes of `tree` cannot be made again from its image yet
@@ -352,6 +376,11 @@ fn make_one(
         c.call("setsid (template)", libc::SYS_setsid, &[])?;
         same_fingerprint(host, &p.fork.fingerprint)?;
         let mut process = p.image.clone();
+        // (A fork copies no restart block of the original's: its call
+        // interrupted with one returns `EINTR`, as a transplanted child's.)
+        let mut regs = process.regs.to_sys();
+        crate::process::threads::restart_block_lost(&mut regs);
+        process.regs.rax = regs.rax;
         for (fd, file) in &p.files {
             let mut runs = Vec::with_capacity(file.runs.len());
             for (offset, blob) in &file.runs {

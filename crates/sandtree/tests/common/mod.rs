@@ -202,6 +202,36 @@ impl Daemon {
         v["checkpoint"]["id"].as_str().unwrap().to_string()
     }
 
+    /// A checkpoint of `sb` whose durable process image is written when it
+    /// answers (`wait_durable`).
+    pub fn checkpoint_durable(&self, sb: &str, label: &str) -> String {
+        let body = json!({"label": label, "wait_durable": true});
+        let v = self.ok("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(body));
+        assert_eq!(v["checkpoint"]["process_image"]["state"], "durable", "{v}");
+        v["checkpoint"]["id"].as_str().unwrap().to_string()
+    }
+
+    /// The durable process image file of checkpoint `ck`, found under the
+    /// data directory (on the store's volume).
+    pub fn image_file(&self, ck: &str) -> PathBuf {
+        fn find(dir: &std::path::Path, name: &str, depth: u32) -> Option<PathBuf> {
+            for entry in std::fs::read_dir(dir).ok()?.flatten() {
+                let path = entry.path();
+                if entry.file_name().to_str() == Some(name) {
+                    return Some(path);
+                }
+                if depth > 0
+                    && entry.file_type().is_ok_and(|t| t.is_dir())
+                    && let Some(found) = find(&path, name, depth - 1)
+                {
+                    return Some(found);
+                }
+            }
+            None
+        }
+        find(&self.dir, &format!("{ck}.img"), 4).unwrap_or_else(|| panic!("no image file of {ck} under {:?}", self.dir))
+    }
+
     pub fn rollback(&self, sb: &str, ck: &str) -> Value {
         self.ok("POST", &format!("/v1/sandboxes/{sb}/rollback"), Some(json!({"checkpoint": ck})))
     }
