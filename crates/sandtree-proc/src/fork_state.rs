@@ -10,6 +10,10 @@ use crate::model::ForkState;
 use crate::template::Template;
 use crate::{Error, HostPid, Result};
 
+/// `prctl(PR_GET_MDWE)`, `prctl(PR_SET_MDWE)`.
+const PR_GET_MDWE: i32 = 66;
+pub(crate) const PR_SET_MDWE: i32 = 65;
+
 /// Read, in template `t` (one batch in its scratch area; the template is
 /// otherwise left as it is), its signal handlers (raw `struct
 /// kernel_sigaction`, by signal), the settings read with `prctl`, its
@@ -37,6 +41,8 @@ pub(crate) fn read_in_template(t: &mut Template) -> Result<ForkState> {
     let persona = b.call("personality (read)", libc::SYS_personality, &[Arg::Val(0xffff_ffff)]);
     let brk = b.call("brk (read)", libc::SYS_brk, &[Arg::Val(0)]);
     let results = t.tracee.run_batch(&mut b)?;
+    // (Alone: a kernel without it fails the call, `EINVAL`.)
+    let mdwe = t.tracee.syscall(libc::SYS_prctl, &[PR_GET_MDWE as u64, 0, 0, 0, 0])?.ret;
     let result = |arg: Arg| match arg {
         Arg::Ret(i) => results.get(i).copied().unwrap_or(0) as u64,
         _ => 0,
@@ -54,6 +60,7 @@ pub(crate) fn read_in_template(t: &mut Template) -> Result<ForkState> {
         death_signal,
         thp_disabled: result(thp),
         personality: result(persona),
+        mdwe: mdwe.max(0) as u64,
         brk: result(brk),
         ..ForkState::default()
     })

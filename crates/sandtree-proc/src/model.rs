@@ -160,6 +160,10 @@ pub struct ForkState {
     pub thp_disabled: u64,
     /// `personality(0xffffffff)`.
     pub personality: u64,
+    /// `PR_GET_MDWE`: memory that is writable may not become executable
+    /// (0: off, or the kernel has no such setting).
+    #[serde(default)]
+    pub mdwe: u64,
     /// The program break.
     pub brk: u64,
     /// The XSAVE area of its main thread (`PTRACE_GETREGSET`, `NT_X86_XSTATE`).

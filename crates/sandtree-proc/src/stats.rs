@@ -95,6 +95,13 @@ impl TestSwitches {
         self.hold_standby_forks.store(on, Ordering::Relaxed);
     }
 
+    /// Whether standby forks are held ([`TestSwitches::hold_standby_forks`]):
+    /// no checkpoint's image can be written meanwhile (its templates are
+    /// not finished).
+    pub fn standby_forks_held(&self) -> bool {
+        self.hold_standby_forks.load(Ordering::Relaxed)
+    }
+
     /// Every checkpoint of a tracked process starts from the standby of
     /// the template before the previous one whenever it is ready
     /// (`incremental::OlderStandby`), whatever the process's size.

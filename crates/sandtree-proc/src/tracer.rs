@@ -897,22 +897,24 @@ impl Tracer {
     /// (`durable::templates`), children of init (`init`, host pid), into
     /// the pool: for a rollback to a checkpoint whose templates are gone,
     /// once the sandbox runs on the checkpoint's tree (then
-    /// [`Tracer::restore`] as usual). Returns the `O_PATH`s of the pipes
-    /// whose reader was outside the captured processes, for the caller to
-    /// read. Refused by name for what an image cannot restore yet; a
+    /// [`Tracer::restore`] as usual). `known_pipes` are pipes the caller
+    /// holds (`O_PATH`s: its readers of background processes' output),
+    /// given to the processes where the image names them (by inode).
+    /// Returns the `O_PATH`s of the pipes made anew whose reader was
+    /// outside the captured processes, for the caller to read. Refused by name for what an image cannot restore yet; a
     /// damaged image is an error naming it.
     pub fn templates_from_image(
         &self,
         ck: &str,
-        dir: &std::path::Path,
-        init: HostPid,
+        (dir, init): (&std::path::Path, HostPid),
+        known_pipes: Vec<std::os::fd::OwnedFd>,
     ) -> Result<Vec<std::os::fd::OwnedFd>> {
         let (ck, dir) = (ck.to_string(), dir.to_path_buf());
         self.call(move |st| {
             if st.pool.get(&ck).is_some() {
                 return Ok(Vec::new());
             }
-            let (set, outputs) = crate::durable::templates::make_templates(&dir, &ck, init)?;
+            let (set, outputs) = crate::durable::templates::make_templates(&dir, &ck, init, known_pipes)?;
             st.pool.add(&ck, set);
             st.sweep();
             Ok(outputs)

@@ -552,6 +552,10 @@ pub(crate) fn set_fork_copies(
     let name = b.path(&image.comm);
     let args = [Arg::Val(libc::PR_SET_NAME as u64), name, Arg::Val(0), Arg::Val(0), Arg::Val(0)];
     b.call("prctl(PR_SET_NAME)", libc::SYS_prctl, &args);
+    // (Kept across `execve`: a transplanted child has it already.)
+    if copies.mdwe != 0 {
+        prctl(&mut b, "prctl(PR_SET_MDWE)", crate::fork_state::PR_SET_MDWE, copies.mdwe);
+    }
     set_cleared_by_ids(c, &mut b, copies)
 }
 

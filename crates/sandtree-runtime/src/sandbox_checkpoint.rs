@@ -448,6 +448,17 @@ impl Engine {
     /// up: with a 1 GB process and a checkpoint every few hundred
     /// milliseconds, a dozen walks of seconds each ran at once, and the
     /// checkpoints beside them took 20-70 ms to stop the processes.)
+    /// Drop the templates of checkpoint `ck` of sandbox `sandbox` now, as
+    /// an eviction would (its next rollback restores from its durable
+    /// image): for tests of that path, and for operators freeing memory.
+    pub fn drop_templates(&self, sandbox: &str, ck: &str) -> Result<()> {
+        if let Some(t) = self.tracer_get(sandbox) {
+            tokio::task::block_in_place(|| t.drop_checkpoint(ck))
+                .map_err(|e| Error::Internal(format!("dropping the templates of {ck}: {e}")))?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn evict_templates_later(&self, id: &str) {
         {
             let mut evicting = self.evicting.lock().unwrap_or_else(|p| p.into_inner());

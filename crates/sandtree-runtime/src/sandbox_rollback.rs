@@ -146,8 +146,14 @@ impl Engine {
         let mut restart_reason: Option<String> = None;
         let booted = match self.live_get(id).filter(|s| s.is_alive()) {
             Some(sb) => {
-                let restore = templates.as_ref().map(|s| s.pids.iter().map(|p| p.raw()).collect()).unwrap_or_default();
-                let images = self.process_images_dir();
+                // (The pids the restore brings back: their sessions and
+                // background entries stay. From the image, every captured
+                // process's.)
+                let restore: Vec<i32> = match (&templates, &captured) {
+                    (Some(s), _) => s.pids.iter().map(|p| p.raw()).collect(),
+                    (None, Some(c)) if from_image => c.captured.iter().map(|p| p.raw()).collect(),
+                    _ => Vec::new(),
+                };
                 let in_place = async {
                     let t_reroot = Instant::now();
                     self.reroot(&sb, &rec2, prepared, util::raw_pids(keep), restore).await?;
@@ -181,10 +187,7 @@ impl Engine {
                         let ck_id = ck.id.clone();
                         let last_pid = last_pid_of(&sb);
                         if from_image {
-                            let init = sandtree_proc::HostPid(sb.init_pid());
-                            let outputs = tokio::task::block_in_place(|| t.templates_from_image(&ck_id, &images, init))
-                                .map_err(|e| image_error(&ck_id, e))?;
-                            sb.adopt_outputs(outputs);
+                            self.templates_from_image(&sb, &t, &ck_id)?;
                         }
                         restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id, Some(last_pid)))?);
                         sb.resume_restored_io();
@@ -289,6 +292,11 @@ impl Engine {
                 processes: wanted.join(", "),
                 reason: reason.clone(),
             });
+        }
+        // Templates made from an image are whole copies (not shared with
+        // their originals): the pool is brought back within its budget.
+        if from_image && restored.is_some() {
+            self.evict_templates_later(id);
         }
         // Rolled back once, likely again (tree search): prepare the next one.
         self.spares.want(id, &ck.id, restored.as_ref().is_some_and(|r| !r.restored.is_empty()));
@@ -397,15 +405,26 @@ impl Engine {
     async fn restore_from_image(&self, id: &str, ck: &str) -> Result<sandtree_proc::RestoreReport> {
         let sb = self.live_get(id).ok_or_else(|| Error::Internal(format!("sandbox {id} is not running")))?;
         let t = self.tracer(id)?;
-        let images = self.process_images_dir();
-        let init = sandtree_proc::HostPid(sb.init_pid());
-        let outputs = tokio::task::block_in_place(|| t.templates_from_image(ck, &images, init))
-            .map_err(|e| image_error(ck, e))?;
-        sb.adopt_outputs(outputs);
+        self.templates_from_image(&sb, &t, ck)?;
         let last_pid = last_pid_of(&sb);
         let r = tokio::task::block_in_place(|| t.restore(ck, Some(last_pid)))?;
         sb.resume_restored_io();
         Ok(r)
+    }
+
+    /// The templates of `ck` made again from its durable image in sandbox
+    /// `sb` (`t`, its tracer), which runs on the checkpoint's tree: the
+    /// output pipes the sandbox handle reads given to the processes that
+    /// had them, and the pipes made anew whose reader was the daemon read
+    /// from now on.
+    fn templates_from_image(&self, sb: &Arc<Sandbox>, t: &sandtree_proc::Tracer, ck: &str) -> Result<()> {
+        let images = self.process_images_dir();
+        let init = sandtree_proc::HostPid(sb.init_pid());
+        let known = sb.output_pipes();
+        let outputs = tokio::task::block_in_place(|| t.templates_from_image(ck, (&images, init), known))
+            .map_err(|e| image_error(ck, e))?;
+        sb.adopt_outputs(outputs);
+        Ok(())
     }
 
     /// Steps 3 of the rollback, in place: overlays from the zygote, then init

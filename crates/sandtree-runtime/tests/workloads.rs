@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, ForkRequest, ProcessState,
-    RollbackRequest, SessionRunRequest,
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, ForkRequest, ImageState,
+    ProcessState, RestoreSource, RollbackRequest, SessionRunRequest,
 };
 use sandtree_runtime::Engine;
 
@@ -255,11 +255,19 @@ impl Workload {
     }
 
     async fn rollback_restoring(&self, e: &Engine, ck: &str, pids: &[i32]) -> Result<()> {
+        // (Not while standby forks are held: no image is written then.)
+        let from_image = from_images() && !e.test_switches().standby_forks_held();
+        if from_image {
+            drop_templates_for_the_image(e, &self.sb, ck).await?;
+        }
         let r = e
             .rollback(&self.sb, RollbackRequest { checkpoint: ck.to_string(), allow_restart: false })
             .await
             .context("rollback")?;
         ensure!(!r.processes_restarted, "processes restarted instead of restored: {}", r.note);
+        if from_image {
+            ensure!(r.restored_from == Some(RestoreSource::Image), "not restored from the image: {}", r.note);
+        }
         for pid in pids {
             ensure!(r.restored_pids.contains(pid), "pid {pid} not restored: {:?} ({})", r.restored_pids, r.note);
         }
@@ -270,6 +278,42 @@ impl Workload {
         e.delete_sandbox(&self.sb, true).await?;
         Ok(())
     }
+}
+
+/// Whether every rollback of the suite restores from the checkpoint's
+/// durable image (`SANDTREE_WORKLOADS_FROM_IMAGES=1`): its templates are
+/// dropped first, once the image is written.
+fn from_images() -> bool {
+    std::env::var("SANDTREE_WORKLOADS_FROM_IMAGES").is_ok_and(|v| v == "1")
+}
+
+/// Checkpoint `ck`'s templates dropped once its durable image is written
+/// (the rollback then makes them again from the image).
+async fn drop_templates_for_the_image(e: &Engine, sb: &str, ck: &str) -> Result<()> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let image = e.get_checkpoint(ck).await?.process_image;
+        match image.as_ref().map(|i| i.state) {
+            Some(ImageState::Durable) => break,
+            Some(ImageState::Writing) if Instant::now() < deadline => sleep_ms(20).await,
+            // (What an image does not keep yet fails its writing, by name:
+            // as a refusal of the image path.)
+            Some(ImageState::Failed)
+                if image
+                    .as_ref()
+                    .and_then(|i| i.error.as_deref())
+                    .is_some_and(|e| e.contains("not kept in a process image yet")) =>
+            {
+                let error = image.and_then(|i| i.error).unwrap_or_default();
+                bail!(
+                    "cannot bring them back: {error}, so it is not restored from a process image yet; nothing was changed"
+                );
+            }
+            _ => bail!("the image of {ck} was not written: {image:?}"),
+        }
+    }
+    e.drop_templates(sb, ck)?;
+    Ok(())
 }
 
 /// Checks that keep going after a failure, so that one run reports every

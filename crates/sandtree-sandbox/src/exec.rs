@@ -818,6 +818,22 @@ impl Sandbox {
     /// background processes is read again (see
     /// [`Sandbox::revive_background`]), and their sessions' terminals are
     /// theirs alone again.
+    /// The output pipes this handle reads (`O_PATH`s, duplicated): those
+    /// of background processes and of forgotten ones. A restore from a
+    /// durable image gives its processes these very pipes where they
+    /// still exist (by inode), as a restore from templates does.
+    pub fn output_pipes(&self) -> Vec<OwnedFd> {
+        let table = &self.inner.background;
+        let mut out = Vec::new();
+        for bg in table.procs.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            out.extend(bg.outputs.iter().flatten().filter_map(|f| f.try_clone().ok()));
+        }
+        for d in table.detached.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            out.extend(d.path.try_clone().ok());
+        }
+        out
+    }
+
     /// Output pipes of restored processes that no background process of
     /// this handle reads (`O_PATH`s: those of processes restored from a
     /// durable image, whose reader was the daemon): read and dropped from

@@ -227,11 +227,23 @@ pub fn has_own_page(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), swapped: 
 /// was mapped among them), neither a file's page nor the zero page; as
 /// runs appended to `out`. What a copy of that memory must carry: the
 /// rest reads as zeros, or from the mapped file.
-pub fn own_pages(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+pub fn own_pages(pagemap: BorrowedFd<'_>, range: (u64, u64), out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    runs_of(pagemap, range, own(PAGE_IS_PRESENT | PAGE_IS_SWAPPED), out)
+}
+
+/// The pages of guard regions (`MADV_GUARD_INSTALL`) in `[start, end)`
+/// of the process whose `/proc/<pid>/pagemap` is `pagemap`, as runs
+/// appended to `out` (none on a kernel without them).
+pub fn guard_pages(pagemap: BorrowedFd<'_>, range: (u64, u64), out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    runs_of(pagemap, range, (0, 0, 0, PAGE_IS_GUARD, PAGE_IS_GUARD), out)
+}
+
+/// The runs of pages `ask` selects in `[start, end)`, appended to `out`.
+fn runs_of(pagemap: BorrowedFd<'_>, (start, end): (u64, u64), ask: Ask, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
     let mut buf = vec![PageRegion::default(); 1024];
     let mut at = start;
     while at < end {
-        let (n, walk_end) = scan(pagemap, (at, end), &mut buf, 0, own(PAGE_IS_PRESENT | PAGE_IS_SWAPPED))?;
+        let (n, walk_end) = scan(pagemap, (at, end), &mut buf, 0, ask)?;
         for r in &buf[..n] {
             match out.last_mut() {
                 // (Past what is known already: never twice.)

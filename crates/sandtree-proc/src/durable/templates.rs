@@ -24,7 +24,9 @@
 //!    against its checksum) written into it;
 //! 5. **the rest a fork copies**: the [`ForkState`](crate::model::ForkState)
 //!    the image kept: XSAVE area, limits, OOM score, timer slack, signal
-//!    handlers, `prctl` settings, personality, umask, name;
+//!    handlers, `prctl` settings, personality, umask, name; then its
+//!    credentials (ids, groups, capabilities, as its fingerprint has
+//!    them);
 //! 6. **descriptors**: what a template holds after its set-up
 //!    (`Template::prepare`): nothing of what a restore makes anew, an
 //!    `O_PATH` descriptor of each pipe (one pipe made by the daemon per
@@ -50,8 +52,9 @@
 //! terminals, FIFOs, shared memory mappings, data in flight on unix
 //! sockets, pipes fed from outside the sandbox's processes.
 //!
-//! A pipe whose other end was outside the captured processes at the
-//! checkpoint, read there (a background command's output, read by the
+//! A pipe the daemon still holds (a background command's output, which it
+//! reads) is given to the processes as it is. One whose other end was
+//! outside the captured processes at the checkpoint, read there (a background command's output, read by the
 //! daemon), is given a reader again: its `O_PATH` is returned to the
 //! caller, who reads and drops what the restored processes write there
 //! (a pipe with no reader would kill its writer with `SIGPIPE`).
@@ -81,14 +84,19 @@ const PAGE: u64 = 4096;
 /// with the `O_PATH` descriptors of the pipes whose reader was outside
 /// the captured processes (the caller reads them). Nothing is left of
 /// them on an error.
-pub(crate) fn make_templates(dir: &Path, ck: &str, init: HostPid) -> Result<(CheckpointTemplates, Vec<OwnedFd>)> {
+pub(crate) fn make_templates(
+    dir: &Path,
+    ck: &str,
+    init: HostPid,
+    known_pipes: Vec<OwnedFd>,
+) -> Result<(CheckpointTemplates, Vec<OwnedFd>)> {
     let image_err = |e| Error::Image(Box::new(e));
     let image = super::Image::open(&image_path(dir, ck)).map_err(image_err)?;
     let tree = image.tree();
     if let Some(refused) = refusal(tree) {
         return Err(Error::Unsupported(refused));
     }
-    let pipes = Pipes::make(tree, init)?;
+    let pipes = Pipes::make(tree, init, known_pipes)?;
     let mut maker = Maker::seize(init)?;
     let mut made: Vec<Template> = Vec::new();
     let mut pages = PageSource::new(&image, dir);
@@ -174,6 +182,9 @@ fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
         if let Some(m) = p.maps.iter().find(|m| m.shared() && crate::process::shared_memory::object_of(m).is_some()) {
             return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), "a shared memory mapping");
         }
+        if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.ends_with(" (deleted)"))) {
+            return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), "a mapping of a deleted file");
+        }
         for f in &p.fds {
             let what = || format!("fd {}", f.fd);
             if f.in_flight {
@@ -236,16 +247,30 @@ impl Pipes {
     /// the daemon makes the pipes of a command's stdio: the restore opens
     /// it again inside the sandbox through `/proc/self/fd`, as whatever
     /// user the process runs as.
-    fn make(tree: &ImageTree, init: HostPid) -> Result<Pipes> {
+    /// A pipe of `known` (`O_PATH`s) whose inode the image names is that
+    /// pipe, not another.
+    fn make(tree: &ImageTree, init: HostPid, known: Vec<OwnedFd>) -> Result<Pipes> {
         let err = |source| Error::Proc { pid: init, what: "a pipe made again", source };
         let (uid, gid) = owner_of(init).map_err(err)?;
         let mut made = Vec::new();
         let mut outside = Vec::new();
+        let mut known: Vec<(u64, OwnedFd)> = known
+            .into_iter()
+            .filter_map(|f| {
+                let st = rustix::fs::fstat(&f).ok()?;
+                (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo)
+                    .then_some((st.st_ino, f))
+            })
+            .collect();
         for ino in tree.processes.iter().flat_map(|p| &p.image.fds).filter_map(|f| match f.kind {
             FdKind::Pipe { ino } => Some(ino),
             _ => None,
         }) {
             if made.iter().any(|(i, _)| *i == ino) {
+                continue;
+            }
+            if let Some(at) = known.iter().position(|(i, _)| *i == ino) {
+                made.push(known.swap_remove(at));
                 continue;
             }
             let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| err(e.into()))?;
@@ -374,6 +399,11 @@ fn make_one(
         crate::transplant::set_fork_copies(&mut c, (scratch, true), &p.image, &p.fork)?;
         descriptors(&mut c, scratch, &p.image, pipes)?;
         c.call("setsid (template)", libc::SYS_setsid, &[])?;
+        // Its own credentials, last (a change of ids clears the dumpable
+        // flag and the parent-death signal: set again).
+        let mut b = Batch::new(scratch, true);
+        crate::process::credentials::become_from_fingerprint(&mut c, &mut b, &p.fork.fingerprint)?;
+        crate::transplant::set_cleared_by_ids(&mut c, &mut b, &p.fork)?;
         same_fingerprint(host, &p.fork.fingerprint)?;
         let mut process = p.image.clone();
         // (A fork copies no restart block of the original's: its call

@@ -357,8 +357,16 @@ fn own_runs(p: &super::collect::SourceProcess) -> Result<Vec<(u64, u64)>> {
     let maps = crate::procfs::maps(p.host).map_err(err("maps"))?;
     let pagemap = std::fs::File::open(format!("/proc/{}/pagemap", p.host)).map_err(err("pagemap"))?;
     let mut runs = Vec::new();
+    let mut guards = Vec::new();
     for m in maps.iter().filter(|m| crate::transplant::holds_own_pages(m, p.scratch)) {
+        sandtree_sys::uffd::guard_pages(pagemap.as_fd(), (m.start, m.end), &mut guards).map_err(err("pagemap"))?;
         sandtree_sys::uffd::own_pages(pagemap.as_fd(), (m.start, m.end), &mut runs).map_err(err("pagemap"))?;
+    }
+    // (A fork copies them; an image has no record of them yet, and their
+    // pages cannot be read.)
+    if let Some((s, e)) = guards.first() {
+        let what = format!("guard regions (MADV_GUARD_INSTALL) at {s:x}-{e:x}: not kept in a process image yet");
+        return Err(Error::Proc { pid: p.host, what: "memory", source: std::io::Error::other(what) });
     }
     Ok(runs)
 }

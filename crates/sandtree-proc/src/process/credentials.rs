@@ -56,23 +56,35 @@ impl Status {
     /// the same text.
     fn of(host: HostPid) -> io::Result<Status> {
         let st = crate::procfs::status(host)?;
-        let text = &st.text;
+        Ok(Status { uids: st.uids, gids: st.gids, groups: st.groups.clone(), ..Status::from_text(&st.text) })
+    }
+
+    /// From the lines of a `status` text (or of a fingerprint, which has
+    /// them: `incremental::fingerprint`).
+    fn from_text(text: &str) -> Status {
         let line = |key: &str| {
             text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(str::trim).unwrap_or_default()
         };
         let caps = |key: &str| u64::from_str_radix(line(key), 16).unwrap_or(0);
-        Ok(Status {
-            uids: st.uids,
-            gids: st.gids,
-            groups: st.groups.clone(),
+        let ids = |key: &str| {
+            let mut out = [0u32; 4];
+            for (o, v) in out.iter_mut().zip(line(key).split_whitespace()) {
+                *o = v.parse().unwrap_or(0);
+            }
+            out
+        };
+        Status {
+            uids: ids("Uid"),
+            gids: ids("Gid"),
+            groups: line("Groups").split_whitespace().filter_map(|g| g.parse().ok()).collect(),
             inheritable: caps("CapInh"),
             permitted: caps("CapPrm"),
-            effective: st.cap_eff,
+            effective: caps("CapEff"),
             bounding: caps("CapBnd"),
             ambient: caps("CapAmb"),
             no_new_privs: line("NoNewPrivs") == "1",
             seccomp: (line("Seccomp").to_string(), line("Seccomp_filters").to_string()),
-        })
+        }
     }
 
     /// Whether only what a fork copies as it is: the same everything.
@@ -138,9 +150,19 @@ fn inside(map: &str, host_id: u32) -> Option<u32> {
 /// `template`'s credentials (see the module docs). Changing ids clears the
 /// dumpable flag and the parent-death signal: the caller sets them after.
 pub(crate) fn become_template(c: &mut Tracee, b: &mut Batch, template: HostPid) -> Result<()> {
+    let want = Status::of(template).map_err(|e| Error::Proc { pid: template, what: "credentials", source: e })?;
+    become_as(c, b, &want)
+}
+
+/// [`become_template`] for a process made from an image: the credentials
+/// its fingerprint shows (`ForkState::fingerprint`, host ids).
+pub(crate) fn become_from_fingerprint(c: &mut Tracee, b: &mut Batch, fingerprint: &str) -> Result<()> {
+    become_as(c, b, &Status::from_text(fingerprint))
+}
+
+fn become_as(c: &mut Tracee, b: &mut Batch, want: &Status) -> Result<()> {
     let child = c.tid;
-    let read = |pid: HostPid| Status::of(pid).map_err(|e| Error::Proc { pid, what: "credentials", source: e });
-    let (want, now) = (read(template)?, read(child)?);
+    let now = Status::of(child).map_err(|e| Error::Proc { pid: child, what: "credentials", source: e })?;
     if want.ids_and_caps() == now.ids_and_caps() {
         return Ok(());
     }
