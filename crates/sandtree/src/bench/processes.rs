@@ -174,23 +174,8 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
         std::thread::spawn(move || ptrace_baseline(n)).join().unwrap_or_else(|_| bail!("the ptrace baseline panicked"))
     })
     .await??;
-    sh(engine, &sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
-    let bg = |cmd: Vec<&str>, env: Vec<(String, String)>| ExecRequest {
-        cmd: cmd.into_iter().map(String::from).collect(),
-        env: env.into_iter().collect(),
-        cwd: Some("/root/www".into()),
-        background: true,
-        ..Default::default()
-    };
+    start_repl_and_server(engine, &sb, repl_mb).await?;
     let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
-    engine
-        .exec(&sb, bg(vec!["python3", "-c", REPL], vec![("REPL_MB".into(), repl_mb.to_string())]))
-        .await
-        .map_err(err)?;
-    engine
-        .exec(&sb, bg(vec!["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"], vec![]))
-        .await
-        .map_err(err)?;
     let session = engine.create_session(&sb, Default::default()).await.map_err(err)?;
     let run = |c: &str| SessionRunRequest { command: c.into(), timeout_ms: Some(10_000) };
     engine.session_run(&sb, &session.id, run("cd /root/files && X=1")).await.map_err(err)?;
@@ -309,6 +294,73 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
 }
 
 /// Checkpoint `id`'s process image once it is no longer being written.
+/// The process workload's REPL (holding `repl_mb`) and `http.server`
+/// (serving `/root/www`) started in the background in sandbox `sb`.
+async fn start_repl_and_server(engine: &Engine, sb: &str, repl_mb: u64) -> Result<()> {
+    sh(engine, sb, "mkdir -p /root/www /root/files && echo hello > /root/www/index.html").await?;
+    let bg = |cmd: Vec<&str>, env: Vec<(String, String)>| ExecRequest {
+        cmd: cmd.into_iter().map(String::from).collect(),
+        env: env.into_iter().collect(),
+        cwd: Some("/root/www".into()),
+        background: true,
+        ..Default::default()
+    };
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let repl = bg(vec!["python3", "-c", REPL], vec![("REPL_MB".into(), repl_mb.to_string())]);
+    engine.exec(sb, repl).await.map_err(err)?;
+    let server = bg(vec!["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"], vec![]);
+    engine.exec(sb, server).await.map_err(err)?;
+    Ok(())
+}
+
+/// Rollbacks from a checkpoint's durable image, its templates dropped
+/// first (as after a daemon restart, or an eviction), of a REPL holding
+/// `repl_mb` and an `http.server` (no session shell: an image does not
+/// restore a terminal yet); each followed by one from the templates that
+/// rollback made again, for the side by side. Each restored server must
+/// answer.
+pub async fn from_image(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
+    let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    start_repl_and_server(engine, &sb, repl_mb).await?;
+    wait_for_port(engine, &sb, 9000, "ping").await?;
+    wait_for_port(engine, &sb, 8000, "GET / HTTP/1.0\\r\\n").await?;
+    let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+    let ck = engine.checkpoint(&sb, req).await.map_err(err)?.checkpoint;
+    if ck.process_image.as_ref().map(|i| i.state) != Some(sandtree_api::ImageState::Durable) {
+        bail!("checkpoint {}'s process image: {:?}", ck.id, ck.process_image);
+    }
+    let (mut image_ms, mut template_ms) = (Vec::new(), Vec::new());
+    for i in 0..2 * n {
+        bash(engine, &sb, &tcp_request(9000, "dirty 1000")).await?;
+        let from_image = i % 2 == 0;
+        if from_image {
+            engine.drop_templates(&sb, &ck.id).map_err(err)?;
+        }
+        let t = Instant::now();
+        let r = engine
+            .rollback(&sb, RollbackRequest { checkpoint: ck.id.clone(), allow_restart: false })
+            .await
+            .map_err(err)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let want = if from_image { sandtree_api::RestoreSource::Image } else { sandtree_api::RestoreSource::Templates };
+        if r.restored_from != Some(want) {
+            bail!("restored from {:?}, not {want:?}: {}", r.restored_from, r.note);
+        }
+        let answer = bash(engine, &sb, &tcp_request(8000, "GET / HTTP/1.0\\r\\n")).await?;
+        if !answer.starts_with("HTTP/1.0 200") {
+            bail!("http.server answered {answer:?} after a rollback from the {want:?}");
+        }
+        if from_image { image_ms.push(ms) } else { template_ms.push(ms) }
+    }
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    let g = "processes";
+    report.rows.push(Row::new(g, &format!("rollback from the image, no templates (REPL {label} + http)"), &image_ms));
+    report.rows.push(Row::new(g, &format!("  then from the templates it made (REPL {label} + http)"), &template_ms));
+    Ok(())
+}
+
 async fn settled_image(engine: &Engine, id: &str) -> Result<sandtree_api::ProcessImageInfo> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

@@ -295,6 +295,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     eprint_phase(args, "processes (REPL 100 MB, http.server, session shell)");
     super::processes::run(engine, n, 100, &mut report).await?;
     settle(engine).await;
+    eprint_phase(args, "processes from their durable image (REPL 100 MB, http.server)");
+    super::processes::from_image(engine, n, 100, &mut report).await?;
+    settle(engine).await;
     eprint_phase(args, "process tree (bash + 49 jobs)");
     super::processes::tree(engine, n, &mut report).await?;
     settle(engine).await;
