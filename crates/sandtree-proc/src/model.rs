@@ -912,6 +912,9 @@ pub enum AnonState {
     Eventfd {
         /// `eventfd-count`.
         count: u64,
+        /// `eventfd-semaphore`: made with `EFD_SEMAPHORE` (a read gives 1).
+        #[serde(default)]
+        semaphore: bool,
     },
     /// A timerfd's setting.
     Timerfd {

@@ -332,6 +332,7 @@ fn parse_anon_state(what: &str, text: &str) -> Option<AnonState> {
     match what {
         "eventfd" => Some(AnonState::Eventfd {
             count: field(text, "eventfd-count").and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0),
+            semaphore: field(text, "eventfd-semaphore") == Some("1"),
         }),
         "timerfd" => Some(AnonState::Timerfd {
             clockid: field(text, "clockid").and_then(|v| v.parse().ok()).unwrap_or(1),

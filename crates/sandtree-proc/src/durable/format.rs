@@ -636,6 +636,7 @@ mod tests {
             pair_data: Vec::new(),
             shared_memory: Vec::new(),
             unrestorable: Vec::new(),
+            open_files: Some(Vec::new()),
         }
     }
 

@@ -179,4 +179,12 @@ pub struct ImageTree {
     pub shared_memory: Vec<ImageSharedMemory>,
     /// Processes of the sandbox the checkpoint could not capture.
     pub unrestorable: Vec<Unrestorable>,
+    /// The descriptors of kinds a template keeps from its original
+    /// (eventfds, timerfds, signalfds, epolls) that are one open file,
+    /// shared between processes or dup'd in one: groups of (pid,
+    /// descriptor) of two or more, found with `kcmp(KCMP_FILE)` between the
+    /// templates by the writer. `None` in an image written before it was
+    /// recorded: those kinds are then refused by a restore from it.
+    #[serde(default)]
+    pub open_files: Option<Vec<Vec<(crate::SandboxPid, i32)>>>,
 }

@@ -45,10 +45,16 @@
 //! with one returns `EINTR` instead (its registers say so), as in a child
 //! made by a transplant; callers of those calls handle it.
 //!
+//! Eventfds, timerfds, signalfds and epolls, which a template shares with
+//! its original, are made anew in the template (empty: the restore puts
+//! their state back as into a live template's), one object per open file
+//! of the image (`ImageTree::open_files`: shared by processes, or dup'd),
+//! taken by the next holders from the template that made it.
+//!
 //! What an image cannot give yet is refused by name before any process is
-//! made (`refusal`): objects a template shares with its original and a
-//! restore does not make anew (eventfds, timerfds, signalfds, epolls,
-//! memfds, kept unix and other sockets, pidfds of exited processes),
+//! made (`refusal`): other objects a template shares with its original and
+//! a restore does not make anew (memfds, kept unix and other sockets,
+//! pidfds of exited processes),
 //! terminals, FIFOs, shared memory mappings, data in flight on unix
 //! sockets, pipes fed from outside the sandbox's processes.
 //!
@@ -101,9 +107,10 @@ pub(crate) fn make_templates(
     let mut made: Vec<Template> = Vec::new();
     let mut pages = PageSource::new(&image, dir);
     let mut next_pid = SandboxPid::max() / 4 * 3;
+    let mut anonymous = Anonymous { groups: tree.open_files.as_deref().unwrap_or_default(), made: Default::default() };
     let result = (|| -> Result<()> {
         for p in &tree.processes {
-            let t = make_one(&mut maker, p, (&image, &mut pages), &pipes, &mut next_pid)?;
+            let t = make_one(&mut maker, p, (&image, &mut pages), (&pipes, &mut anonymous), &mut next_pid)?;
             made.push(t);
         }
         Ok(())
@@ -201,6 +208,7 @@ fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
                     Some("a pipe fed from outside the sandbox's processes (a command's input)")
                 }
                 FdKind::AnonInode { state: Some(AnonState::Inotify { .. }), .. } => None,
+                k if kept_anonymous(k) && tree.open_files.is_some() => None,
                 FdKind::AnonInode { state: Some(AnonState::Pidfd { pid }), .. } if pid.raw() > 0 => None,
                 FdKind::AnonInode { what, .. } => {
                     return refuse(p, format!("fd {} ({what})", f.fd), "an object its template shares");
@@ -216,6 +224,39 @@ fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
         }
     }
     None
+}
+
+/// Whether `kind` is one a template keeps from its original and an image
+/// makes anew (a new object of the kind in the template; the restore puts
+/// its state back as into the template's own): eventfds, timerfds,
+/// signalfds, epolls.
+pub(crate) fn kept_anonymous(kind: &FdKind) -> bool {
+    matches!(
+        kind,
+        FdKind::AnonInode {
+            state: Some(
+                AnonState::Eventfd { .. }
+                    | AnonState::Timerfd { .. }
+                    | AnonState::Signalfd { .. }
+                    | AnonState::Epoll { .. }
+            ),
+            ..
+        }
+    )
+}
+
+/// The objects of the kept anonymous kinds made so far, by open file: a
+/// descriptor of one process of the image held by the template made for
+/// it (host pid, number), that the next holders get too.
+struct Anonymous<'a> {
+    groups: &'a [Vec<(SandboxPid, i32)>],
+    made: std::collections::HashMap<usize, (HostPid, i32)>,
+}
+
+impl Anonymous<'_> {
+    fn group_of(&self, pid: SandboxPid, fd: i32) -> Option<usize> {
+        self.groups.iter().position(|g| g.contains(&(pid, fd)))
+    }
 }
 
 /// Whether the pipe of inode `ino` had an end outside the captured
@@ -373,7 +414,7 @@ fn make_one(
     maker: &mut Maker,
     p: &ImageProcess,
     (image, pages): (&super::Image, &mut PageSource<'_>),
-    pipes: &Pipes,
+    (pipes, anonymous): (&Pipes, &mut Anonymous<'_>),
     next_pid: &mut i32,
 ) -> Result<Template> {
     let t_start = std::time::Instant::now();
@@ -397,7 +438,7 @@ fn make_one(
             std::fs::write(format!("/proc/{host}/{file}"), value).map_err(proc_err("oom score, timer slack"))?;
         }
         crate::transplant::set_fork_copies(&mut c, (scratch, true), &p.image, &p.fork)?;
-        descriptors(&mut c, scratch, &p.image, pipes)?;
+        descriptors(&mut c, scratch, &p.image, (pipes, anonymous))?;
         c.call("setsid (template)", libc::SYS_setsid, &[])?;
         // Its own credentials, last (a change of ids clears the dumpable
         // flag and the parent-death signal: set again).
@@ -535,16 +576,56 @@ fn write_pages(pages: &mut PageSource<'_>, pid: SandboxPid, host: HostPid) -> Re
 
 /// Step 6: the descriptors a template of `image`'s process holds (see the
 /// module docs), in new process `c` (scratch mapping at `scratch`).
-fn descriptors(c: &mut Tracee, scratch: u64, image: &ProcessImage, pipes: &Pipes) -> Result<()> {
+fn descriptors(
+    c: &mut Tracee,
+    scratch: u64,
+    image: &ProcessImage,
+    (pipes, anonymous): (&Pipes, &mut Anonymous<'_>),
+) -> Result<()> {
     let mut b = Batch::new(scratch, true);
     b.call("close_range", libc::SYS_close_range, &[Arg::Val(0), Arg::Val(u64::from(u32::MAX)), Arg::Val(0)]);
     c.run_batch(&mut b)?;
-    let mut given = Vec::new();
+    // Objects an earlier template of the image made: taken from it.
+    let mut taken: Vec<(OwnedFd, i32, u32)> = Vec::new();
+    for f in image.fds.iter().filter(|f| kept_anonymous(&f.kind)) {
+        let Some(&(host, fd)) = anonymous.group_of(image.pid, f.fd).and_then(|g| anonymous.made.get(&g)) else {
+            continue;
+        };
+        let copy = crate::fdstate::pidfd_of(host)
+            .and_then(|pidfd| Ok(rustix::process::pidfd_getfd(&pidfd, fd, rustix::process::PidfdGetfdFlags::empty())?))
+            .map_err(|source| Error::Proc { pid: host, what: "an object of a template made before", source })?;
+        taken.push((copy, f.fd, f.flags));
+    }
+    let mut given: Vec<(std::os::fd::BorrowedFd<'_>, i32, u32)> =
+        taken.iter().map(|(copy, fd, flags)| (copy.as_fd(), *fd, *flags)).collect();
     for f in image.fds.iter().filter(|f| f.same_as.is_none()) {
         match &f.kind {
             FdKind::Pipe { ino } => {
                 let Some(o_path) = pipes.get(*ino) else { continue };
                 given.push((o_path.as_fd(), f.fd, f.flags));
+            }
+            k if kept_anonymous(k) => {
+                let group = anonymous.group_of(image.pid, f.fd);
+                match group.and_then(|g| anonymous.made.get(&g)) {
+                    // A dup of one this process made just before.
+                    Some(&(host, made)) if host == c.tid => {
+                        let cloexec = u64::from(f.flags & libc::O_CLOEXEC as u32);
+                        b.call(
+                            "dup3",
+                            libc::SYS_dup3,
+                            &[Arg::Val(made as u64), Arg::Val(f.fd as u64), Arg::Val(cloexec)],
+                        );
+                        continue;
+                    }
+                    // (Taken from the template that made it, above.)
+                    Some(_) => continue,
+                    None => {}
+                }
+                let made = make_anonymous(&mut b, k, f.flags);
+                b.move_fd(made, f.fd, f.flags);
+                if let Some(g) = group {
+                    anonymous.made.insert(g, (c.tid, f.fd));
+                }
             }
             FdKind::KeptFile { path, .. } => {
                 let p = b.path(path);
@@ -577,6 +658,31 @@ fn descriptors(c: &mut Tracee, scratch: u64, image: &ProcessImage, pipes: &Pipes
         c.run_batch(&mut b)?;
     }
     Ok(())
+}
+
+/// Add to `b` the call that makes a new object of kept anonymous kind
+/// `kind` (see [`kept_anonymous`]), with the status flags `flags` (its
+/// descriptor's): empty, as the restore puts its state back (an eventfd's
+/// counter, a timerfd's setting, an epoll's watches; a signalfd's mask is
+/// given here).
+fn make_anonymous(b: &mut Batch, kind: &FdKind, flags: u32) -> Arg {
+    let nonblock = u64::from(flags & libc::O_NONBLOCK as u32);
+    let cloexec = libc::O_CLOEXEC as u64;
+    let val = Arg::Val;
+    match kind {
+        FdKind::AnonInode { state: Some(AnonState::Eventfd { semaphore, .. }), .. } => {
+            let semaphore = if *semaphore { libc::EFD_SEMAPHORE as u64 } else { 0 };
+            b.call("eventfd2", libc::SYS_eventfd2, &[val(0), val(nonblock | cloexec | semaphore)])
+        }
+        FdKind::AnonInode { state: Some(AnonState::Timerfd { clockid, .. }), .. } => {
+            b.call("timerfd_create", libc::SYS_timerfd_create, &[val(*clockid as u64), val(nonblock | cloexec)])
+        }
+        FdKind::AnonInode { state: Some(AnonState::Signalfd { mask }), .. } => {
+            let mask = b.data(&mask.to_ne_bytes());
+            b.call("signalfd4", libc::SYS_signalfd4, &[val(u64::MAX), mask, val(8), val(nonblock | cloexec)])
+        }
+        _ => b.call("epoll_create1", libc::SYS_epoll_create1, &[val(cloexec)]),
+    }
 }
 
 /// Step 7: the fingerprint of `host` must be `want`, but for the lines

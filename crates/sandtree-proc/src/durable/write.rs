@@ -269,6 +269,7 @@ pub fn write_image(sources: &Sources, dir: &Path, parent: Option<&str>, pause: &
         pair_data: sources.pair_data.clone(),
         shared_memory,
         unrestorable: sources.unrestorable.clone(),
+        open_files: Some(open_files(sources)),
     };
     // Every image the index reads from must still be there (a checkpoint
     // deleted meanwhile may have taken its image).
@@ -349,6 +350,35 @@ fn same_frames(
         }
     }
     Ok(out)
+}
+
+/// The descriptors of `sources`' templates of the kinds a template keeps
+/// from its original (eventfds, timerfds, signalfds, epolls) that are one
+/// open file (`kcmp(KCMP_FILE)`): groups of two or more (`ImageTree::open_files`).
+fn open_files(sources: &super::Sources) -> Vec<Vec<(crate::SandboxPid, i32)>> {
+    let mut held: Vec<(crate::HostPid, crate::SandboxPid, i32)> = Vec::new();
+    for p in &sources.processes {
+        for f in p.image.fds.iter().filter(|f| super::templates::kept_anonymous(&f.kind)) {
+            held.push((p.host, p.image.pid, f.fd));
+        }
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in 0..held.len() {
+        let (host, _, fd) = held[i];
+        let same = |&j: &usize| {
+            let (h, _, f) = held[j];
+            sandtree_sys::process::same_open_file(host.raw(), fd, h.raw(), f).unwrap_or(false)
+        };
+        match groups.iter_mut().find(|g| g.first().is_some_and(same)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|g| g.len() > 1)
+        .map(|g| g.into_iter().map(|i| (held[i].1, held[i].2)).collect())
+        .collect()
 }
 
 /// The runs of template `p`'s own pages (see the module docs).

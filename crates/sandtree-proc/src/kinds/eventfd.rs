@@ -21,7 +21,7 @@ impl Kind for Eventfd {}
 /// At a restore: the counter of eventfd `f` of template `host` back to the
 /// checkpoint's.
 pub(crate) fn put_back(host: HostPid, f: &FdImage) -> Result<()> {
-    let FdKind::AnonInode { state: Some(AnonState::Eventfd { count }), .. } = &f.kind else { return Ok(()) };
+    let FdKind::AnonInode { state: Some(AnonState::Eventfd { count, .. }), .. } = &f.kind else { return Ok(()) };
     set_count(host, f.fd, *count).map_err(|e| Error::Proc { pid: host, what: "eventfd counter", source: e })
 }
 

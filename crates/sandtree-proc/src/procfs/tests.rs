@@ -598,8 +598,8 @@ fn fdinfo_of_an_eventfd_gives_its_count() {
     let (plain_state, semaphore_state) = (parse_anon_state("eventfd", plain), parse_anon_state("eventfd", semaphore));
 
     // Assert
-    assert_eq!(plain_state, Some(AnonState::Eventfd { count: 42 }));
-    assert_eq!(semaphore_state, Some(AnonState::Eventfd { count: 3 }));
+    assert_eq!(plain_state, Some(AnonState::Eventfd { count: 42, semaphore: false }));
+    assert_eq!(semaphore_state, Some(AnonState::Eventfd { count: 3, semaphore: true }));
     let flags = parse_fdinfo(semaphore.to_string()).flags;
     assert_eq!(flags, (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as u32);
     assert_eq!(parse_fd_link(fd_link("eventfd").1), Link::Anon("eventfd"));
