@@ -32,3 +32,8 @@ fi
 echo "== rustfmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== tests"; cargo test --workspace --locked -- --test-threads=2
+# The workload suite again, every rollback from the checkpoint's durable
+# process image (its templates dropped first): each case restores exactly
+# or is refused by name (docs/architecture/durable-images.md).
+echo "== workloads from the durable images"
+SANDTREE_WORKLOADS_FROM_IMAGES=1 cargo test -p sandtree-runtime --locked --test workloads -- --test-threads=2

@@ -863,6 +863,19 @@ static EVENTFD_COUNTER: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A semaphore eventfd, a dup of it and an epoll watching it, shared with
+/// a forked child: after each rollback the child's write reaches the
+/// parent's counter and both epolls, and a read through the dup takes
+/// from the same counter, one at a time (issue 39: from a durable image,
+/// one object made per open file and given to every holder).
+static EVENTFD_SHARED_WITH_A_CHILD: Spec = Spec {
+    program: program!("eventfd_shared_with_a_child.py"),
+    at_ck: &[("state", Is("count=2 semaphore=1"))],
+    mutate: &[&[Ask("read", Any)]],
+    after: &[Ask("kick 1", Is("child=1 parent=1 count=5")), Ask("read", Is("read=1 count=4"))],
+    ..Spec::DEFAULT
+};
+
 /// Three timerfds: a periodic one read all the time (disarmed by the
 /// mutation: armed again after rollback, and firing), a one-shot one that
 /// expired and was never read (its tick is read by the mutation: there
@@ -3083,6 +3096,7 @@ fn main() {
         ("no_writable_code", declared!(NO_WRITABLE_CODE)),
         ("unix_socketpair_and_listener", declared!(UNIX_SOCKETPAIR_AND_LISTENER)),
         ("eventfd_counter", declared!(EVENTFD_COUNTER)),
+        ("eventfd_shared_with_a_child", declared!(EVENTFD_SHARED_WITH_A_CHILD)),
         ("close_on_exec_flipped_between_checkpoints", close_on_exec_flipped_between_checkpoints),
         ("sleep_loop_keeps_ticking", sleep_loop_keeps_ticking),
         ("timerfd_stays_armed", declared!(TIMERFD_STAYS_ARMED)),
