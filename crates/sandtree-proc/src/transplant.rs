@@ -151,7 +151,7 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         let scratch_prot =
             theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, MapImage::prot);
         let layout = Layout { maps: &captured, scratch: (t.scratch, t.scratch_exec, scratch_prot), fork: &fork_copies };
-        lay_out(&mut c, &layout, |c| give_objects(c, t, &theirs), Some(t.host))?;
+        lay_out(&mut c, &layout, |c| give_objects(c, t, &theirs), &Objects::Template(t.host))?;
         let t_map = t_start.elapsed();
         copy_pages((t.host, t.scratch), host)?;
         let t_pages = t_start.elapsed();
@@ -232,14 +232,13 @@ pub(crate) fn maps_of(pid: HostPid) -> Result<Vec<MapImage>> {
 
 /// Step 3: the child's memory map made `layout`'s (see the module docs).
 /// `give` sends the child the shared memory objects it maps again (by
-/// start address: the descriptor's number in the child); `sysv` is a
-/// process that has the SysV segments attached (their size is read
-/// there), `None` when the layout maps none.
+/// start address: the descriptor's number in the child); `objects` says
+/// where the others come from ([`Objects`]).
 pub(crate) fn lay_out(
     c: &mut Tracee,
     layout: &Layout<'_>,
     give: impl FnOnce(&mut Tracee) -> Result<Vec<(u64, u64)>>,
-    sysv: Option<HostPid>,
+    objects: &Objects<'_>,
 ) -> Result<()> {
     let (scratch, scratch_exec, scratch_prot) = layout.scratch;
     let scratch_end = scratch + SCRATCH;
@@ -300,7 +299,7 @@ pub(crate) fn lay_out(
             continue;
         }
         match crate::process::shared_memory::object_of(m) {
-            Some(o) => map_object(&mut b, (m, o), &given, sysv).map_err(&unsupported)?,
+            Some(o) => map_object(&mut b, (m, o), &given, objects).map_err(&unsupported)?,
             None => map_again(&mut b, m, &in_tree).map_err(&unsupported)?,
         }
         if b.is_full() {
@@ -418,26 +417,45 @@ fn give_objects(c: &mut Tracee, t: &Template, theirs: &[MapImage]) -> Result<Vec
     Ok(opened.iter().map(|(start, _)| *start).zip(numbers).collect())
 }
 
+/// Where step 3 learns of the shared memory objects it maps again (but
+/// those `given`, by descriptor).
+pub(crate) enum Objects<'a> {
+    /// A template that maps them (a SysV segment's size is read there).
+    Template(HostPid),
+    /// An image: each SysV segment's size (by id), and the starts of the
+    /// shared anonymous mappings whose object is made anew here (by the
+    /// `mmap` itself: the first process of the image that maps it).
+    Image { sysv_sizes: &'a [(u64, u64)], new_anonymous: &'a [u64] },
+}
+
 /// Add to `b` the calls that map shared memory object mapping `m` (of kind
-/// `o`) again: from its descriptor in `given` (by start), or, a SysV
-/// segment, attached again (`shmat` at its address: counted among its
-/// attaches, detachable; the whole segment only, as `template` shows it).
+/// `o`) again: from its descriptor in `given` (by start); a SysV segment
+/// attached again (`shmat` at its address: counted among its attaches,
+/// detachable; the whole segment only, of the size `objects` says); a
+/// shared anonymous object `objects` says to make, by a new shared
+/// anonymous `mmap` (a new object, of the mapping's size).
 fn map_object(
     b: &mut Batch,
     (m, o): (&MapImage, crate::process::shared_memory::Object),
     given: &[(u64, u64)],
-    sysv: Option<HostPid>,
+    objects: &Objects<'_>,
 ) -> std::result::Result<(), String> {
     use crate::process::shared_memory::{self, Object, Reach};
     let (start, len, prot) = (m.start, m.end - m.start, m.prot());
     let val = Arg::Val;
     if o == Object::SysV {
-        let Some(template) = sysv else {
-            return Err(format!("mapping {:x}-{:x} is a SysV segment, not attached to its source", m.start, m.end));
+        let size = match objects {
+            Objects::Template(template) => {
+                shared_memory::open(*template, Reach::Mapping(m.start, m.end), rustix::fs::OFlags::RDONLY)
+                    .and_then(|f| Ok(rustix::fs::fstat(&f)?.st_size as u64))
+                    .map_err(|e| format!("SysV segment of mapping {:x}-{:x}: {e}", m.start, m.end))?
+            }
+            Objects::Image { sysv_sizes, .. } => {
+                sysv_sizes.iter().find(|(id, _)| *id == m.inode).map(|(_, size)| *size).ok_or_else(|| {
+                    format!("mapping {:x}-{:x}: SysV segment {} is not in the image", m.start, m.end, m.inode)
+                })?
+            }
         };
-        let size = shared_memory::open(template, Reach::Mapping(m.start, m.end), rustix::fs::OFlags::RDONLY)
-            .and_then(|f| Ok(rustix::fs::fstat(&f)?.st_size as u64))
-            .map_err(|e| format!("SysV segment of mapping {:x}-{:x}: {e}", m.start, m.end))?;
         if m.offset != 0 || len != size.next_multiple_of(4096) {
             return Err(format!("mapping {:x}-{:x} is a part of a SysV segment (not captured)", m.start, m.end));
         }
@@ -451,6 +469,15 @@ fn map_object(
             flags |= SHM_EXEC;
         }
         b.call("shmat (SysV segment, again)", libc::SYS_shmat, &[val(m.inode), val(start), val(flags)]);
+        return Ok(());
+    }
+    if let Objects::Image { new_anonymous, .. } = objects
+        && o == Object::Anonymous
+        && new_anonymous.contains(&start)
+    {
+        let flags = (libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+        let args = [val(start), val(len), val(prot as u64), val(flags), val(u64::MAX), val(0)];
+        b.call("mmap (shared anonymous memory, anew)", libc::SYS_mmap, &args);
         return Ok(());
     }
     let Some(&(_, fd)) = given.iter().find(|(s, _)| *s == start) else {

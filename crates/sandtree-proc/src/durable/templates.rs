@@ -76,6 +76,7 @@ use crate::batch::{Arg, Batch, SCRATCH};
 use crate::check::Unrestorable;
 use crate::inject::{self, SET_TID_OFFSET, Tracee, clone_args, write_clone_args};
 use crate::model::{AnonState, FdKind, MapImage, ProcessImage};
+use crate::process::shared_memory::Reach;
 use crate::template::{CheckpointTemplates, Template};
 use crate::{Error, HostPid, Result, SandboxPid};
 
@@ -108,9 +109,11 @@ pub(crate) fn make_templates(
     let mut pages = PageSource::new(&image, dir);
     let mut next_pid = SandboxPid::max() / 4 * 3;
     let mut anonymous = Anonymous { groups: tree.open_files.as_deref().unwrap_or_default(), made: Default::default() };
+    let mut objects = SharedObjects::of(tree);
     let result = (|| -> Result<()> {
         for p in &tree.processes {
-            let t = make_one(&mut maker, p, (&image, &mut pages), (&pipes, &mut anonymous), &mut next_pid)?;
+            let t =
+                make_one(&mut maker, p, (&image, &mut pages), (&pipes, &mut anonymous, &mut objects), &mut next_pid)?;
             made.push(t);
         }
         Ok(())
@@ -133,10 +136,33 @@ pub(crate) fn make_templates(
         set_pipes.push((b.clone(), host, fd));
     }
     let outputs = pipes.outputs();
+    let mut shared_memory = Vec::new();
+    for saved in &tree.shared_memory {
+        let reach = objects.made.get(&saved.key).copied();
+        let copy = reach.ok_or(()).and_then(|_| sparse_copy(&image, &saved.data).map_err(|_| ()));
+        match (reach, copy) {
+            (Some((host, reach)), Ok(copy)) => {
+                let c = crate::process::shared_memory::SharedMemoryCopy::from_saved(saved.key, copy, saved.memfd);
+                shared_memory.push((c, host, reach));
+            }
+            _ => {
+                for t in made {
+                    t.kill();
+                }
+                return Err(Error::Image(Box::new(super::Error::Corrupt {
+                    path: image.path().into(),
+                    what: format!(
+                        "shared memory object {:?}: no process maps it, or its contents are unreadable",
+                        saved.key
+                    ),
+                })));
+            }
+        }
+    }
     let set = CheckpointTemplates {
         templates: made,
         pipes: set_pipes,
-        shared_memory: Vec::new(),
+        shared_memory,
         sockets: Vec::new(),
         pair_data: tree.pair_data.clone(),
         unrestorable: tree.unrestorable.clone(),
@@ -178,18 +204,18 @@ fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
         let p = tree.processes.first().map(|p| &p.image)?;
         return refuse(p, format!("unix socket {}", s.ino), "data queued on a kept unix socket");
     }
-    if !tree.shared_memory.is_empty() {
-        let p = tree.processes.first().map(|p| &p.image)?;
-        return refuse(p, "shared memory".into(), "a shared memory object");
-    }
     for ImageProcess { image: p, .. } in &tree.processes {
         if p.exe.ends_with(" (deleted)") || !p.exe.starts_with('/') {
             return refuse(p, format!("executable {}", p.exe), "a deleted executable");
         }
-        if let Some(m) = p.maps.iter().find(|m| m.shared() && crate::process::shared_memory::object_of(m).is_some()) {
-            return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), "a shared memory mapping");
+        if let Some((m, why)) = p.maps.iter().find_map(|m| shared_refusal(tree, p, m).map(|why| (m, why))) {
+            return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), why);
         }
-        if let Some(m) = p.maps.iter().find(|m| m.path.as_deref().is_some_and(|p| p.ends_with(" (deleted)"))) {
+        let deleted_file = |m: &&MapImage| {
+            m.path.as_deref().is_some_and(|p| p.ends_with(" (deleted)"))
+                && crate::process::shared_memory::object_of(m).is_none()
+        };
+        if let Some(m) = p.maps.iter().find(deleted_file) {
             return refuse(p, format!("mapping {:x}-{:x}", m.start, m.end), "a mapping of a deleted file");
         }
         for f in &p.fds {
@@ -224,6 +250,36 @@ fn refusal(tree: &ImageTree) -> Option<Unrestorable> {
         }
     }
     None
+}
+
+/// Why mapping `m` of process `p` of `tree`, of a shared memory object,
+/// cannot be made again from the image yet (`None`: it can, or it is no
+/// such mapping). Shared anonymous memory can (made anew by the first
+/// process that maps it, whole, then given to the others), and SysV
+/// segments (made again by the rollback before, attached by id).
+fn shared_refusal(tree: &ImageTree, p: &ProcessImage, m: &MapImage) -> Option<&'static str> {
+    use crate::process::shared_memory::{Object, object_of};
+    let o = object_of(m)?;
+    let key = (m.dev, m.inode, o == Object::SysV);
+    let saved = tree.shared_memory.iter().find(|s| s.key == key);
+    match o {
+        Object::Memfd => Some("a memfd mapping"),
+        Object::DeletedShmFile => Some("a mapping of a deleted file of /dev/shm"),
+        _ if saved.is_none() => Some("shared memory whose contents the image does not hold"),
+        Object::SysV => None,
+        Object::Anonymous => {
+            let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
+            let first = tree.processes.iter().find_map(|q| q.image.maps.iter().find(same))?;
+            let size = saved.map_or(0, |s| s.data.size);
+            if p.maps.iter().filter(same).count() > 1 {
+                Some("shared anonymous memory mapped twice by one process")
+            } else if first.offset != 0 || first.end - first.start != size.next_multiple_of(PAGE) {
+                Some("a part of a shared anonymous object")
+            } else {
+                None
+            }
+        }
+    }
 }
 
 /// Whether `kind` is one a template keeps from its original and an image
@@ -414,7 +470,7 @@ fn make_one(
     maker: &mut Maker,
     p: &ImageProcess,
     (image, pages): (&super::Image, &mut PageSource<'_>),
-    (pipes, anonymous): (&Pipes, &mut Anonymous<'_>),
+    (pipes, anonymous, objects): (&Pipes, &mut Anonymous<'_>, &mut SharedObjects),
     next_pid: &mut i32,
 ) -> Result<Template> {
     let t_start = std::time::Instant::now();
@@ -429,7 +485,18 @@ fn make_one(
             .ok_or_else(|| Error::unsupported(p.image.pid, &p.image.comm, "memory", "no room for a scratch mapping"))?;
         let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
         let layout = crate::transplant::Layout { maps: &p.image.maps, scratch: (scratch, true, rwx), fork: &p.fork };
-        crate::transplant::lay_out(&mut c, &layout, |_| Ok(Vec::new()), None)?;
+        let (to_give, new_anonymous) = objects.for_process(&p.image)?;
+        let from = crate::transplant::Objects::Image { sysv_sizes: &objects.sysv_sizes, new_anonymous: &new_anonymous };
+        let give = |c: &mut Tracee| -> Result<Vec<(u64, u64)>> {
+            if to_give.is_empty() {
+                return Ok(Vec::new());
+            }
+            let fds: Vec<_> = to_give.iter().map(|(_, f)| f.as_fd()).collect();
+            let numbers = crate::kinds::give_descriptors(c, scratch + 1024, &fds, &[])?;
+            Ok(to_give.iter().map(|(start, _)| *start).zip(numbers).collect())
+        };
+        crate::transplant::lay_out(&mut c, &layout, give, &from)?;
+        objects.made_by(host, &p.image);
         write_pages(pages, p.image.pid, host)?;
         let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
         ptrace::set_xstate(host.raw(), &p.fork.xstate).map_err(Error::ptrace(host, "SETREGSET"))?;
@@ -453,12 +520,7 @@ fn make_one(
         crate::process::threads::restart_block_lost(&mut regs);
         process.regs.rax = regs.rax;
         for (fd, file) in &p.files {
-            let mut runs = Vec::with_capacity(file.runs.len());
-            for (offset, blob) in &file.runs {
-                runs.push((*offset, image.read_blob(*blob).map_err(|e| Error::Image(Box::new(e)))?));
-            }
-            let copy = crate::fdstate::SparseCopy::from_runs(file.size, &runs).map_err(proc_err("a deleted file"))?;
-            process.ghosts.push((*fd, Arc::new(copy)));
+            process.ghosts.push((*fd, Arc::new(sparse_copy(image, file)?)));
         }
         tracing::debug!(pid = p.image.pid.raw(), template = ns_pid.raw(), took = ?t_start.elapsed(), "template made from the image");
         Ok(Template {
@@ -484,6 +546,74 @@ fn make_one(
         inject::kill_tracee(host);
     }
     made
+}
+
+/// The file `file` of `image` (a deleted file's, a shared memory
+/// object's contents) in a memfd of the daemon.
+fn sparse_copy(image: &super::Image, file: &super::SparseFile) -> Result<crate::fdstate::SparseCopy> {
+    let mut runs = Vec::with_capacity(file.runs.len());
+    for (offset, blob) in &file.runs {
+        runs.push((*offset, image.read_blob(*blob).map_err(|e| Error::Image(Box::new(e)))?));
+    }
+    crate::fdstate::SparseCopy::from_runs(file.size, &runs).map_err(|source| Error::Proc {
+        pid: HostPid(std::process::id() as i32),
+        what: "a copy of a file of the image",
+        source,
+    })
+}
+
+/// The shared memory objects of an image made so far: by key, the
+/// template that maps it and where (for the next processes that map it,
+/// and for the restore, which puts the contents back through it).
+struct SharedObjects {
+    made: std::collections::HashMap<crate::process::shared_memory::ObjectKey, (HostPid, Reach)>,
+    /// Each SysV segment's size, by id.
+    sysv_sizes: Vec<(u64, u64)>,
+}
+
+impl SharedObjects {
+    fn of(tree: &ImageTree) -> SharedObjects {
+        let sysv_sizes = tree.shared_memory.iter().filter(|s| s.key.2).map(|s| (s.key.1, s.data.size)).collect();
+        SharedObjects { made: Default::default(), sysv_sizes }
+    }
+
+    /// For process `p`: the objects made before that it maps (each
+    /// mapping's start, the object opened through its maker), and the
+    /// starts of its shared anonymous mappings whose object it makes.
+    #[allow(clippy::type_complexity)]
+    fn for_process(&self, p: &ProcessImage) -> Result<(Vec<(u64, OwnedFd)>, Vec<u64>)> {
+        use crate::process::shared_memory::{Object, object_of};
+        let (mut given, mut new) = (Vec::new(), Vec::new());
+        for m in &p.maps {
+            if object_of(m) != Some(Object::Anonymous) {
+                continue;
+            }
+            match self.made.get(&(m.dev, m.inode, false)) {
+                Some(&(host, reach)) => {
+                    let access = match m.prot() & libc::PROT_WRITE != 0 {
+                        true => rustix::fs::OFlags::RDWR,
+                        false => rustix::fs::OFlags::RDONLY,
+                    };
+                    let object = crate::process::shared_memory::open(host, reach, access).map_err(|source| {
+                        Error::Proc { pid: host, what: "shared memory of a template made before", source }
+                    })?;
+                    given.push((m.start, object));
+                }
+                None => new.push(m.start),
+            }
+        }
+        Ok((given, new))
+    }
+
+    /// Process `p`'s template `host` maps its objects now.
+    fn made_by(&mut self, host: HostPid, p: &ProcessImage) {
+        use crate::process::shared_memory::{Object, object_of};
+        for m in &p.maps {
+            if let Some(o) = object_of(m) {
+                self.made.entry((m.dev, m.inode, o == Object::SysV)).or_insert((host, Reach::Mapping(m.start, m.end)));
+            }
+        }
+    }
 }
 
 /// Step 2: the new process, a child of init on a free pid from

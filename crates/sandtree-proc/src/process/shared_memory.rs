@@ -106,6 +106,12 @@ pub(crate) struct SharedMemoryCopy {
 }
 
 impl SharedMemoryCopy {
+    /// One of object `key` whose saved data is `saved` (read from a
+    /// durable image): a memfd's seals and permission bits `memfd`.
+    pub(crate) fn from_saved(key: ObjectKey, saved: crate::fdstate::SparseCopy, memfd: Option<(u32, u32)>) -> Self {
+        SharedMemoryCopy { key, saved, memfd }
+    }
+
     /// Bytes saved.
     pub(crate) fn bytes(&self) -> u64 {
         self.saved.bytes()
