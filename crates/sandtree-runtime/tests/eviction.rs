@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ErrorCode, ProcessOutcome, ProcessState, RestoreSource, RollbackRequest,
+    CheckpointRequest, CreateSandboxRequest, ErrorCode, ImageState, ProcessOutcome, ProcessState, RestoreSource,
+    RollbackRequest,
 };
 use sandtree_runtime::Engine;
 
@@ -59,7 +60,7 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
         let mut cks = Vec::new();
         for step in 1..=5 {
             sh(e, &sb, &format!("touch /root/go{step}; while [ ! -e /root/done{step} ]; do sleep 0.01; done")).await?;
-            let r = e.checkpoint(&sb, CheckpointRequest { wait_durable: true, ..Default::default() }).await?;
+            let r = e.checkpoint(&sb, CheckpointRequest::default()).await?;
             ensure!(r.checkpoint.process_state == ProcessState::Captured, "step {step}: {}", r.note);
             cks.push(r.checkpoint.id);
         }
@@ -88,6 +89,12 @@ fn oldest_checkpoints_lose_their_templates_first(e: &Engine) -> CaseFuture<'_> {
         // Without its durable image, an evicted checkpoint's processes
         // cannot come back: refused, and nothing changed (the sandbox still
         // stands on the last one) ...
+        // (Its image written in the background by now, or soon.)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while e.get_checkpoint(&cks[0]).await?.process_image.is_none_or(|i| i.state == ImageState::Writing) {
+            ensure!(Instant::now() < deadline, "the image of {} was not written within 30 s", cks[0]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let image = sandtree_proc::durable::image_path(&e.process_images_dir(), &cks[0]);
         let saved = std::fs::read(&image)?;
         std::fs::remove_file(&image)?;
