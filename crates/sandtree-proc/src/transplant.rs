@@ -425,7 +425,7 @@ pub(crate) enum Objects<'a> {
     /// An image: each SysV segment's size (by id), and the starts of the
     /// shared anonymous mappings whose object is made anew here (by the
     /// `mmap` itself: the first process of the image that maps it).
-    Image { sysv_sizes: &'a [(u64, u64)], new_anonymous: &'a [u64] },
+    Image { sysv_sizes: &'a [(u64, u64)], new_anonymous: &'a [u64], new_files: &'a [(u64, u64)] },
 }
 
 /// Add to `b` the calls that map shared memory object mapping `m` (of kind
@@ -469,6 +469,27 @@ fn map_object(
             flags |= SHM_EXEC;
         }
         b.call("shmat (SysV segment, again)", libc::SYS_shmat, &[val(m.inode), val(start), val(flags)]);
+        return Ok(());
+    }
+    // A deleted file of `/dev/shm` made again under its name, of its size
+    // (`new_files`: start, size), mapped, then deleted.
+    if let Objects::Image { new_files, .. } = objects
+        && o == Object::DeletedShmFile
+        && let Some(&(_, size)) = new_files.iter().find(|(s, _)| *s == start)
+        && let Some(path) = m.path.as_deref().and_then(|p| p.strip_suffix(" (deleted)"))
+    {
+        let p = b.path(path);
+        let flags = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC) as u64;
+        let fd = b.call("open (a deleted file of /dev/shm, again)", libc::SYS_open, &[p, val(flags), val(0o600)]);
+        b.call("ftruncate", libc::SYS_ftruncate, &[fd, val(size)]);
+        let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
+        b.call(
+            "mmap (a deleted file of /dev/shm)",
+            libc::SYS_mmap,
+            &[val(start), val(len), val(prot as u64), val(flags), fd, val(m.offset)],
+        );
+        b.call("unlink", libc::SYS_unlink, &[p]);
+        b.call("close", libc::SYS_close, &[fd]);
         return Ok(());
     }
     if let Objects::Image { new_anonymous, .. } = objects

@@ -270,9 +270,12 @@ fn shared_refusal(tree: &ImageTree, p: &ProcessImage, m: &MapImage) -> Option<&'
     let saved = tree.shared_memory.iter().find(|s| s.key == key);
     match o {
         Object::Memfd => Some("a memfd mapping"),
-        Object::DeletedShmFile => Some("a mapping of a deleted file of /dev/shm"),
         _ if saved.is_none() => Some("shared memory whose contents the image does not hold"),
         Object::SysV => None,
+        Object::DeletedShmFile => {
+            let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
+            (p.maps.iter().filter(same).count() > 1).then_some("a deleted file of /dev/shm mapped twice by one process")
+        }
         Object::Anonymous => {
             let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
             let first = tree.processes.iter().find_map(|q| q.image.maps.iter().find(same))?;
@@ -491,8 +494,12 @@ fn make_one(
             .ok_or_else(|| Error::unsupported(p.image.pid, &p.image.comm, "memory", "no room for a scratch mapping"))?;
         let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
         let layout = crate::transplant::Layout { maps: &p.image.maps, scratch: (scratch, true, rwx), fork: &p.fork };
-        let (to_give, new_anonymous) = objects.for_process(&p.image)?;
-        let from = crate::transplant::Objects::Image { sysv_sizes: &objects.sysv_sizes, new_anonymous: &new_anonymous };
+        let (to_give, new_anonymous, new_files) = objects.for_process(&p.image)?;
+        let from = crate::transplant::Objects::Image {
+            sysv_sizes: &objects.sysv_sizes,
+            new_anonymous: &new_anonymous,
+            new_files: &new_files,
+        };
         let give = |c: &mut Tracee| -> Result<Vec<(u64, u64)>> {
             if to_give.is_empty() {
                 return Ok(Vec::new());
@@ -575,23 +582,29 @@ struct SharedObjects {
     made: std::collections::HashMap<crate::process::shared_memory::ObjectKey, (HostPid, Reach)>,
     /// Each SysV segment's size, by id.
     sysv_sizes: Vec<(u64, u64)>,
+    /// Each object's size (its saved contents'), by key.
+    sizes: std::collections::HashMap<crate::process::shared_memory::ObjectKey, u64>,
 }
 
 impl SharedObjects {
     fn of(tree: &ImageTree) -> SharedObjects {
         let sysv_sizes = tree.shared_memory.iter().filter(|s| s.key.2).map(|s| (s.key.1, s.data.size)).collect();
-        SharedObjects { made: Default::default(), sysv_sizes }
+        let sizes = tree.shared_memory.iter().map(|s| (s.key, s.data.size)).collect();
+        SharedObjects { made: Default::default(), sysv_sizes, sizes }
     }
 
     /// For process `p`: the objects made before that it maps (each
-    /// mapping's start, the object opened through its maker), and the
-    /// starts of its shared anonymous mappings whose object it makes.
+    /// mapping's start, the object opened through its maker), the starts
+    /// of its shared anonymous mappings whose object it makes, and those
+    /// of its mappings of deleted files of `/dev/shm` it makes again (with
+    /// each file's size).
     #[allow(clippy::type_complexity)]
-    fn for_process(&self, p: &ProcessImage) -> Result<(Vec<(u64, OwnedFd)>, Vec<u64>)> {
+    fn for_process(&self, p: &ProcessImage) -> Result<(Vec<(u64, OwnedFd)>, Vec<u64>, Vec<(u64, u64)>)> {
         use crate::process::shared_memory::{Object, object_of};
-        let (mut given, mut new) = (Vec::new(), Vec::new());
+        let (mut given, mut new, mut files) = (Vec::new(), Vec::new(), Vec::new());
         for m in &p.maps {
-            if object_of(m) != Some(Object::Anonymous) {
+            let o = object_of(m);
+            if !matches!(o, Some(Object::Anonymous | Object::DeletedShmFile)) {
                 continue;
             }
             match self.made.get(&(m.dev, m.inode, false)) {
@@ -605,10 +618,11 @@ impl SharedObjects {
                     })?;
                     given.push((m.start, object));
                 }
-                None => new.push(m.start),
+                None if o == Some(Object::Anonymous) => new.push(m.start),
+                None => files.push((m.start, self.sizes.get(&(m.dev, m.inode, false)).copied().unwrap_or(0))),
             }
         }
-        Ok((given, new))
+        Ok((given, new, files))
     }
 
     /// Process `p`'s template `host` maps its objects now.
