@@ -53,23 +53,26 @@
 //!
 //! What an image cannot give yet is refused by name before any process is
 //! made (`refusal`): other objects a template shares with its original and
-//! a restore does not make anew (memfds, deleted files of `/dev/shm`, kept
-//! unix and other sockets, pidfds of exited processes), terminals, FIFOs,
-//! mappings of other deleted files, data in flight on unix sockets, pipes
-//! fed from outside the sandbox's processes.
+//! a restore does not make anew (memfds, deleted files of `/dev/shm` held
+//! open, kept unix and other sockets, pidfds of exited processes),
+//! terminals, FIFOs, mappings of other deleted files, data in flight on
+//! unix sockets, pipes fed from outside the sandbox's processes.
 //!
 //! Shared anonymous memory is made anew by the first process that maps it
 //! (a shared anonymous `mmap`, whole), and mapped by the next ones through
-//! that template's `map_files` (`SharedObjects`); SysV segments, made again
-//! by the rollback before, are attached by id. The restore puts their
-//! contents back from the image's copy (`CheckpointTemplates::shared_memory`).
+//! that template's `map_files` (`SharedObjects`); so is a mapped deleted
+//! file of `/dev/shm`, made again under its name (then deleted); SysV
+//! segments, made again by the rollback before, are attached by id. The
+//! restore puts their contents back from the image's copy
+//! (`CheckpointTemplates::shared_memory`).
 //!
 //! A pipe the daemon still holds (a background command's output, which it
 //! reads) is given to the processes as it is. One whose other end was
-//! outside the captured processes at the checkpoint, read there (a background command's output, read by the
-//! daemon), is given a reader again: its `O_PATH` is returned to the
-//! caller, who reads and drops what the restored processes write there
-//! (a pipe with no reader would kill its writer with `SIGPIPE`).
+//! outside the captured processes at the checkpoint, read there (the
+//! daemon's, gone with a restart), is given a reader again: its `O_PATH`
+//! is returned to the caller, who reads and drops what the restored
+//! processes write there (a pipe with no reader would kill its writer
+//! with `SIGPIPE`).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
