@@ -101,7 +101,7 @@ impl Stops {
         let t0 = std::time::Instant::now();
         let res = st.stop_inner(list, (init_host, kept), best_effort, timeout).and_then(|report| {
             if with_init && !report.foreign {
-                st.stop_init(init_host, std::time::Instant::now() + timeout)?;
+                st.stop_init(init_host, std::time::Instant::now() + timeout).map(drop)?;
             }
             Ok(report)
         });
@@ -352,8 +352,11 @@ impl Stops {
 
     /// Stop init too (it is not captured): nothing in the sandbox then runs,
     /// so the filesystem snapshot needs no cgroup freeze and can be taken while
-    /// the templates are made.
-    fn stop_init(&mut self, init_host: HostPid, deadline: std::time::Instant) -> Result<()> {
+    /// the templates are made. Also init stopped to make templates from a
+    /// durable image (`durable::templates`). Returns its registers;
+    /// [`Stops::resume_init`] sets them back and lets it go. One that does
+    /// not stop by `deadline` is left to [`Stops::settle_lingering`].
+    pub(crate) fn stop_init(&mut self, init_host: HostPid, deadline: std::time::Instant) -> Result<ptrace::Regs> {
         let st = self;
         ptrace::seize(init_host.raw()).map_err(Error::ptrace(init_host, "seize init"))?;
         if let Err(e) = ptrace::interrupt(init_host.raw()) {
@@ -374,7 +377,7 @@ impl Stops {
         }
         let regs = ptrace::regs(init_host.raw()).map_err(Error::ptrace(init_host, "GETREGS"))?;
         st.init = Some((init_host, regs));
-        Ok(())
+        Ok(regs)
     }
 }
 

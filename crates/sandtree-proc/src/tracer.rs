@@ -914,7 +914,8 @@ impl Tracer {
             if st.pool.get(&ck).is_some() {
                 return Ok(Vec::new());
             }
-            let (set, outputs) = crate::durable::templates::make_templates(&dir, &ck, init, known_pipes)?;
+            let (set, outputs) =
+                crate::durable::templates::make_templates(&dir, (&ck, init), known_pipes, &mut st.stops)?;
             st.pool.add(&ck, set);
             st.sweep();
             Ok(outputs)

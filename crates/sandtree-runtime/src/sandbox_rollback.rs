@@ -183,14 +183,7 @@ impl Engine {
                         return Err(Error::Internal("no tracer to restore the processes from the image".into()));
                     }
                     if let (Some(t), true) = (&tracer, templates.is_some() || from_image) {
-                        let t = t.clone();
-                        let ck_id = ck.id.clone();
-                        let last_pid = last_pid_of(&sb);
-                        if from_image {
-                            self.templates_from_image(&sb, &t, &ck_id)?;
-                        }
-                        restored = Some(tokio::task::block_in_place(|| t.restore(&ck_id, Some(last_pid)))?);
-                        sb.resume_restored_io();
+                        restored = Some(self.restore_processes(&sb, t, &ck.id, from_image)?);
                     } else if captured.as_ref().is_some_and(|c| c.captured.is_empty() && c.reparented.is_empty()) {
                         // Only init ran at the checkpoint (of any sandbox of
                         // the tree): with the others killed, that is exact.
@@ -241,7 +234,12 @@ impl Engine {
                 // (A stopped sandbox's processes, from the image once it
                 // runs again with only its init.)
                 if booted.is_ok() && from_image {
-                    match self.restore_from_image(id, &ck.id).await {
+                    let restore = || -> Result<sandtree_proc::RestoreReport> {
+                        let sb =
+                            self.live_get(id).ok_or_else(|| Error::Internal(format!("sandbox {id} is not running")))?;
+                        self.restore_processes(&sb, &*self.tracer(id)?, &ck.id, true)
+                    };
+                    match restore() {
                         Ok(r) => restored = Some(r),
                         Err(e) => {
                             tracing::warn!(sandbox = id, "restore from the image after a boot failed: {e}");
@@ -399,14 +397,20 @@ impl Engine {
             .map_err(|e| format!("its durable process image cannot bring them back: {e}"))
     }
 
-    /// The processes of `ck` made again from its image in sandbox `id`,
-    /// which runs on the checkpoint's tree (its templates first, then the
-    /// restore as from any templates).
-    async fn restore_from_image(&self, id: &str, ck: &str) -> Result<sandtree_proc::RestoreReport> {
-        let sb = self.live_get(id).ok_or_else(|| Error::Internal(format!("sandbox {id} is not running")))?;
-        let t = self.tracer(id)?;
-        self.templates_from_image(&sb, &t, ck)?;
-        let last_pid = last_pid_of(&sb);
+    /// The processes of `ck` brought back in sandbox `sb` (`t`, its
+    /// tracer), which runs on the checkpoint's tree: from its templates,
+    /// made again first from its durable image when `from_image`.
+    fn restore_processes(
+        &self,
+        sb: &Arc<Sandbox>,
+        t: &sandtree_proc::Tracer,
+        ck: &str,
+        from_image: bool,
+    ) -> Result<sandtree_proc::RestoreReport> {
+        if from_image {
+            self.templates_from_image(sb, t, ck)?;
+        }
+        let last_pid = last_pid_of(sb);
         let r = tokio::task::block_in_place(|| t.restore(ck, Some(last_pid)))?;
         sb.resume_restored_io();
         Ok(r)

@@ -86,6 +86,7 @@ use crate::check::Unrestorable;
 use crate::inject::{self, SET_TID_OFFSET, Tracee, clone_args, write_clone_args};
 use crate::model::{AnonState, FdKind, MapImage, ProcessImage};
 use crate::process::shared_memory::Reach;
+use crate::stop::Stops;
 use crate::template::{CheckpointTemplates, Template};
 use crate::{Error, HostPid, Result, SandboxPid};
 
@@ -96,44 +97,44 @@ const WRITE_CHUNK: usize = 32 << 20;
 const PAGE: u64 = 4096;
 
 /// The templates of checkpoint `ck` made again from its image in `dir`
-/// (see the module docs), children of init (`init`, host pid), stopped;
-/// with the `O_PATH` descriptors of the pipes whose reader was outside
-/// the captured processes (the caller reads them). Nothing is left of
-/// them on an error.
+/// (see the module docs), children of init (`init`, host pid, stopped
+/// meanwhile through `stops`), stopped; with the `O_PATH` descriptors of
+/// the pipes whose reader was outside the captured processes (the caller
+/// reads them). Nothing is left of them on an error.
 pub(crate) fn make_templates(
     dir: &Path,
-    ck: &str,
-    init: HostPid,
+    (ck, init): (&str, HostPid),
     known_pipes: Vec<OwnedFd>,
+    stops: &mut Stops,
 ) -> Result<(CheckpointTemplates, Vec<OwnedFd>)> {
-    let image_err = |e| Error::Image(Box::new(e));
-    let image = super::Image::open(&image_path(dir, ck)).map_err(image_err)?;
+    let image = open_restorable(dir, ck)?;
     let tree = image.tree();
-    if let Some(refused) = refusal(tree) {
-        return Err(Error::Unsupported(refused));
-    }
     let pipes = Pipes::make(tree, init, known_pipes)?;
-    let mut maker = Maker::seize(init)?;
+    let mut maker = Maker::seize(init, stops)?;
     let mut made: Vec<Template> = Vec::new();
+    let mut objects = SharedObjects::of(tree);
+    let groups = tree.open_files.as_deref().unwrap_or_default();
+    let mut anonymous = Anonymous { groups, made: Default::default() };
     let mut pages = PageSource::new(&image, dir);
     let mut next_pid = SandboxPid::max() / 4 * 3;
-    let mut anonymous = Anonymous { groups: tree.open_files.as_deref().unwrap_or_default(), made: Default::default() };
-    let mut objects = SharedObjects::of(tree);
-    let result = (|| -> Result<()> {
+    let mut each = || -> Result<()> {
         for p in &tree.processes {
-            let t =
-                make_one(&mut maker, p, (&image, &mut pages), (&pipes, &mut anonymous, &mut objects), &mut next_pid)?;
-            made.push(t);
+            let holds = (&pipes, &mut anonymous, &mut objects);
+            made.push(make_one(&mut maker, p, (&image, &mut pages), holds, &mut next_pid)?);
         }
         Ok(())
-    })();
-    maker.release();
-    if let Err(e) = result {
-        for t in made {
-            t.kill();
+    };
+    let done = each();
+    maker.release(stops);
+    let shared_memory = match done.and_then(|()| objects.contents(&image, tree)) {
+        Ok(shared_memory) => shared_memory,
+        Err(e) => {
+            for t in made {
+                t.kill();
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     let holder = |ino: u64| {
         made.iter().find_map(|t| {
             t.image.fds.iter().find(|f| matches!(f.kind, FdKind::Pipe { ino: i } if i == ino)).map(|f| (t.host, f.fd))
@@ -144,30 +145,6 @@ pub(crate) fn make_templates(
         let Some((host, fd)) = holder(b.ino) else { continue };
         set_pipes.push((b.clone(), host, fd));
     }
-    let outputs = pipes.outputs();
-    let mut shared_memory = Vec::new();
-    for saved in &tree.shared_memory {
-        let reach = objects.made.get(&saved.key).copied();
-        let copy = reach.ok_or(()).and_then(|_| sparse_copy(&image, &saved.data).map_err(|_| ()));
-        match (reach, copy) {
-            (Some((host, reach)), Ok(copy)) => {
-                let c = crate::process::shared_memory::SharedMemoryCopy::from_saved(saved.key, copy, saved.memfd);
-                shared_memory.push((c, host, reach));
-            }
-            _ => {
-                for t in made {
-                    t.kill();
-                }
-                return Err(Error::Image(Box::new(super::Error::Corrupt {
-                    path: image.path().into(),
-                    what: format!(
-                        "shared memory object {:?}: no process maps it, or its contents are unreadable",
-                        saved.key
-                    ),
-                })));
-            }
-        }
-    }
     let set = CheckpointTemplates {
         templates: made,
         pipes: set_pipes,
@@ -177,7 +154,7 @@ pub(crate) fn make_templates(
         unrestorable: tree.unrestorable.clone(),
         last_used: 0,
     };
-    Ok((set, outputs))
+    Ok((set, pipes.outputs()))
 }
 
 /// Whether the processes of checkpoint `ck` can be made again from its
@@ -187,6 +164,12 @@ pub(crate) fn make_templates(
 /// a restore (the page data is not read): asked before a rollback kills
 /// anything.
 pub fn restorable(dir: &Path, ck: &str) -> Result<()> {
+    open_restorable(dir, ck).map(drop)
+}
+
+/// The image of checkpoint `ck` in `dir`, opened and checked with the
+/// images it reads pages from, if nothing in it is refused ([`restorable`]).
+fn open_restorable(dir: &Path, ck: &str) -> Result<super::Image> {
     let image_err = |e| Error::Image(Box::new(e));
     let image = super::Image::open(&image_path(dir, ck)).map_err(image_err)?;
     for source in image.tree().sources.iter().filter(|s| s.as_str() != ck) {
@@ -194,7 +177,7 @@ pub fn restorable(dir: &Path, ck: &str) -> Result<()> {
     }
     match refusal(image.tree()) {
         Some(refused) => Err(Error::Unsupported(refused)),
-        None => Ok(()),
+        None => Ok(image),
     }
 }
 
@@ -271,16 +254,15 @@ fn shared_refusal(tree: &ImageTree, p: &ProcessImage, m: &MapImage) -> Option<&'
     let o = object_of(m)?;
     let key = (m.dev, m.inode, o == Object::SysV);
     let saved = tree.shared_memory.iter().find(|s| s.key == key);
+    let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
     match o {
         Object::Memfd => Some("a memfd mapping"),
         _ if saved.is_none() => Some("shared memory whose contents the image does not hold"),
         Object::SysV => None,
         Object::DeletedShmFile => {
-            let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
             (p.maps.iter().filter(same).count() > 1).then_some("a deleted file of /dev/shm mapped twice by one process")
         }
         Object::Anonymous => {
-            let same = |x: &&MapImage| object_of(x) == Some(o) && (x.dev, x.inode) == (m.dev, m.inode);
             let first = tree.processes.iter().find_map(|q| q.image.maps.iter().find(same))?;
             let size = saved.map_or(0, |s| s.data.size);
             if p.maps.iter().filter(same).count() > 1 {
@@ -418,62 +400,37 @@ fn owner_of(pid: HostPid) -> std::io::Result<(rustix::process::Uid, rustix::proc
     Ok((rustix::process::Uid::from_raw(meta.uid()), rustix::process::Gid::from_raw(meta.gid())))
 }
 
-/// Init, stopped, with a scratch mapping: the maker of every template.
+/// Init, stopped (`Stops::stop_init`, as a snapshot checkpoint stops it),
+/// with a scratch mapping: the maker of every template.
 struct Maker {
     tracee: Tracee,
-    regs: ptrace::Regs,
     scratch: u64,
 }
 
 impl Maker {
-    fn seize(init: HostPid) -> Result<Maker> {
-        ptrace::seize(init.raw()).map_err(Error::ptrace(init, "seize init"))?;
-        let stopped = (|| -> Result<ptrace::Regs> {
-            ptrace::interrupt(init.raw()).map_err(Error::ptrace(init, "interrupt init"))?;
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            let Some(children) = inject::wait_event_stop_until(init, deadline)? else {
-                return Err(Error::StopTimeout { timeout_ms: 5000, stuck: format!("init (pid {init})") });
-            };
-            for c in children {
-                let _ = inject::wait_event_stop(c);
-                let _ = ptrace::detach(c.raw(), 0);
-            }
-            ptrace::regs(init.raw()).map_err(Error::ptrace(init, "GETREGS"))
-        })();
-        let regs = match stopped {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = ptrace::detach(init.raw(), 0);
-                return Err(e);
-            }
-        };
-        let mut maker = Maker { tracee: Tracee::new(init, regs, 0), regs, scratch: 0 };
-        let set_up = (|| -> Result<()> {
-            maker.tracee.insn = inject::find_syscall_insn(init)?;
+    fn seize(init: HostPid, stops: &mut Stops) -> Result<Maker> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let regs = stops.stop_init(init, deadline)?;
+        let mut tracee = Tracee::new(init, regs, 0);
+        let set_up = (|| -> Result<u64> {
+            tracee.insn = inject::find_syscall_insn(init)?;
             let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
             let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-            maker.scratch =
-                maker.tracee.call("mmap (init's scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, flags, u64::MAX, 0])?;
-            Ok(())
+            tracee.call("mmap (init's scratch)", libc::SYS_mmap, &[0, SCRATCH, rw, flags, u64::MAX, 0])
         })();
         match set_up {
-            Ok(()) => Ok(maker),
+            Ok(scratch) => Ok(Maker { tracee, scratch }),
             Err(e) => {
-                maker.release();
+                stops.resume_init();
                 Err(e)
             }
         }
     }
 
     /// Init as it was: its scratch unmapped, its registers, let go.
-    fn release(&mut self) {
-        let init = self.tracee.tid;
-        if self.scratch != 0 {
-            let _ = self.tracee.call("munmap (init's scratch)", libc::SYS_munmap, &[self.scratch, SCRATCH]);
-            self.scratch = 0;
-        }
-        let _ = ptrace::set_regs(init.raw(), &self.regs);
-        let _ = ptrace::detach(init.raw(), 0);
+    fn release(mut self, stops: &mut Stops) {
+        let _ = self.tracee.call("munmap (init's scratch)", libc::SYS_munmap, &[self.scratch, SCRATCH]);
+        stops.resume_init();
     }
 }
 
@@ -628,6 +585,30 @@ impl SharedObjects {
         Ok((given, new, files))
     }
 
+    /// The contents of `tree`'s shared memory objects (of `image`), each
+    /// with the template that maps it and where: what the restore puts
+    /// back.
+    #[allow(clippy::type_complexity)]
+    fn contents(
+        &self,
+        image: &super::Image,
+        tree: &ImageTree,
+    ) -> Result<Vec<(crate::process::shared_memory::SharedMemoryCopy, HostPid, Reach)>> {
+        let mut out = Vec::new();
+        for saved in &tree.shared_memory {
+            let Some(&(host, reach)) = self.made.get(&saved.key) else {
+                return Err(Error::Image(Box::new(super::Error::Corrupt {
+                    path: image.path().into(),
+                    what: format!("shared memory object {:?}: no process maps it", saved.key),
+                })));
+            };
+            let copy = sparse_copy(image, &saved.data)?;
+            let c = crate::process::shared_memory::SharedMemoryCopy::from_saved(saved.key, copy, saved.memfd);
+            out.push((c, host, reach));
+        }
+        Ok(out)
+    }
+
     /// Process `p`'s template `host` maps its objects now.
     fn made_by(&mut self, host: HostPid, p: &ProcessImage) {
         use crate::process::shared_memory::{Object, object_of};
@@ -696,35 +677,23 @@ fn write_pages(pages: &mut PageSource<'_>, pid: SandboxPid, host: HostPid) -> Re
     })?;
     let mut runs: Vec<(u64, u64)> = Vec::new();
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
-    let flush = |runs: &mut Vec<(u64, u64)>, buf: &mut Vec<u8>| -> Result<()> {
-        writer.write(runs, buf).map_err(|source| Error::Proc { pid: host, what: "memory", source })?;
+    let flush = |runs: &mut Vec<(u64, u64)>, buf: &mut Vec<u8>| -> super::Result<()> {
+        writer.write(runs, buf).map_err(|source| super::Error::Proc { pid: host, what: "memory", source })?;
         runs.clear();
         buf.clear();
         Ok(())
     };
-    let mut failed = None;
-    let read = pages.each_page(pid.raw() as u32, |addr, page| {
-        match runs.last_mut() {
-            Some((_, end)) if *end == addr => *end += PAGE,
-            _ => runs.push((addr, addr + PAGE)),
-        }
-        buf.extend_from_slice(page);
-        if buf.len() >= WRITE_CHUNK
-            && let Err(e) = flush(&mut runs, &mut buf)
-        {
-            failed = Some(e);
-            return Err(super::Error::TemplateGone { pid });
-        }
-        Ok(())
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    read.map_err(|e| Error::Image(Box::new(e)))?;
-    if !runs.is_empty() {
-        flush(&mut runs, &mut buf)?;
-    }
-    Ok(())
+    pages
+        .each_page(pid.raw() as u32, |addr, page| {
+            match runs.last_mut() {
+                Some((_, end)) if *end == addr => *end += PAGE,
+                _ => runs.push((addr, addr + PAGE)),
+            }
+            buf.extend_from_slice(page);
+            if buf.len() >= WRITE_CHUNK { flush(&mut runs, &mut buf) } else { Ok(()) }
+        })
+        .and_then(|()| if runs.is_empty() { Ok(()) } else { flush(&mut runs, &mut buf) })
+        .map_err(|e| Error::Image(Box::new(e)))
 }
 
 /// Step 6: the descriptors a template of `image`'s process holds (see the
@@ -803,12 +772,8 @@ fn descriptors(
         let numbers: Vec<i32> = image.fds.iter().map(|f| f.fd).collect();
         let got = crate::kinds::give_descriptors(c, scratch + 1024, &fds, &numbers)?;
         for (tmp, &(_, fd, flags)) in got.into_iter().zip(&given) {
-            // (`give` put none on a number of the image.)
-            let cloexec = u64::from(flags & libc::O_CLOEXEC as u32);
-            b.call("dup3", libc::SYS_dup3, &[Arg::Val(tmp), Arg::Val(fd as u64), Arg::Val(cloexec)]);
-            b.call("close", libc::SYS_close, &[Arg::Val(tmp)]);
+            crate::kinds::move_fd(c, tmp, fd, flags)?;
         }
-        c.run_batch(&mut b)?;
     }
     Ok(())
 }

@@ -166,7 +166,7 @@ async fn checkpoint(engine: &Engine, sb: &str) -> Result<(String, f64, f64)> {
 
 /// One run of the process workload with a REPL holding `repl_mb`.
 pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
-    let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
+    let label = repl_label(repl_mb);
     let steal = super::report::Steal::now();
     let sb = create(engine).await?;
     let fork_ms = fork_baseline(engine, &sb, n, repl_mb).await?;
@@ -294,6 +294,11 @@ pub async fn run(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -
 }
 
 /// Checkpoint `id`'s process image once it is no longer being written.
+/// How the rows name a REPL holding `repl_mb` ("100 MB", "1 GB").
+fn repl_label(repl_mb: u64) -> String {
+    if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") }
+}
+
 /// The process workload's REPL (holding `repl_mb`) and `http.server`
 /// (serving `/root/www`) started in the background in sandbox `sb`.
 async fn start_repl_and_server(engine: &Engine, sb: &str, repl_mb: u64) -> Result<()> {
@@ -320,7 +325,7 @@ async fn start_repl_and_server(engine: &Engine, sb: &str, repl_mb: u64) -> Resul
 /// rollback made again, for the side by side. Each restored server must
 /// answer.
 pub async fn from_image(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
-    let label = if repl_mb >= 1024 { format!("{} GB", repl_mb / 1024) } else { format!("{repl_mb} MB") };
+    let label = repl_label(repl_mb);
     let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
     let sb = create(engine).await?;
     start_repl_and_server(engine, &sb, repl_mb).await?;
