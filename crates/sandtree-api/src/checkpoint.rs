@@ -37,9 +37,8 @@ pub enum ProcessOutcome {
     /// taken of a stopped sandbox, or only init ran): init alone runs, as
     /// at the checkpoint.
     NoneCaptured,
-    /// The processes were not copied: a fork, or a rollback to a
-    /// checkpoint taken of another sandbox of the tree, starts only the
-    /// sandbox's init (processes cannot move between sandboxes yet).
+    /// The processes were not copied: a fork asked for the files only
+    /// (`files_only`), so each fork runs only its init.
     NotCopied,
     /// The checkpoint's processes could not be restored and the request
     /// allowed a restart (`allow_restart`): the files were restored and
@@ -219,6 +218,11 @@ pub struct ForkRequest {
     /// Limits of the new sandboxes (default: those of the checkpointed sandbox).
     #[serde(default)]
     pub limits: Option<crate::Limits>,
+    /// Copy only the filesystem: each fork runs only its init (no wait for
+    /// the checkpoint's process image). By default the forks run copies of
+    /// the checkpoint's processes, or the fork is refused, naming why.
+    #[serde(default)]
+    pub files_only: bool,
 }
 
 /// One fork's outcome: a sandbox, or why it failed.
@@ -226,18 +230,23 @@ pub struct ForkRequest {
 pub struct ForkResult {
     pub sandbox: Option<SandboxInfo>,
     pub error: Option<ApiError>,
+    /// In-sandbox pids of the checkpoint's processes running in this fork
+    /// (the pids they had at the checkpoint).
+    #[serde(default)]
+    pub restored_pids: Vec<i32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct ForkResponse {
     pub checkpoint: String,
     pub results: Vec<ForkResult>,
-    /// What the forks got of the checkpoint's processes: `not_copied`
-    /// when it held any (each fork runs only its init), `none_captured`
-    /// otherwise.
+    /// What the forks got of the checkpoint's processes: `restored` (each
+    /// runs copies of them, made from the checkpoint's durable process
+    /// image), `not_copied` (`files_only`: each runs only its init), or
+    /// `none_captured` (it held none).
     pub processes: ProcessOutcome,
-    /// Always false: a fork's processes are not restarted, they are not
-    /// copied at all (see `processes`). Kept for older clients.
+    /// Always false: a fork whose processes cannot be copied is refused,
+    /// never restarted. Kept for older clients.
     pub processes_restarted: bool,
     pub note: String,
     pub duration_ms: f64,

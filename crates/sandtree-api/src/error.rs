@@ -166,10 +166,12 @@ pub struct Remedy {
 pub const BEST_EFFORT: Remedy = Remedy { http: "\"best_effort\": true", cli: "--best-effort" };
 /// Roll back the files though the processes cannot be restored.
 pub const ALLOW_RESTART: Remedy = Remedy { http: "\"allow_restart\": true", cli: "--allow-restart" };
+/// Fork the files alone though the processes cannot be copied.
+pub const FILES_ONLY: Remedy = Remedy { http: "\"files_only\": true", cli: "--files-only" };
 /// Delete a checkpoint that others depend on.
 pub const FORCE: Remedy = Remedy { http: "?force=true", cli: "--force" };
 
-const REMEDIES: [Remedy; 3] = [BEST_EFFORT, ALLOW_RESTART, FORCE];
+const REMEDIES: [Remedy; 4] = [BEST_EFFORT, ALLOW_RESTART, FILES_ONLY, FORCE];
 
 impl ApiError {
     /// The message with each option spelled as the CLI's flag.

@@ -9,12 +9,28 @@
 //!    under it, issued concurrently so btrfs folds them into few commits;
 //! 2. spawn every sandbox's init at once (the zygote has a worker process
 //!    per CPU, so the namespace work runs in parallel);
-//! 3. commit every sandbox that came up in one transaction; the ones that
+//! 3. when the checkpoint captured processes (and the request does not ask
+//!    for the files alone, `files_only`), each fork runs copies of them:
+//!    their templates are made again from the checkpoint's durable process
+//!    image in the fork (as a rollback whose templates are gone does,
+//!    `sandtree_proc::durable`), then restored from them: same pids in the
+//!    fork's own pid namespace, files opened again in the fork's tree. The
+//!    image is waited for while it is being written; one that cannot bring
+//!    them back refuses the fork before anything is created
+//!    (`ForkProcessesLost`, naming the processes and why);
+//! 4. commit every sandbox that came up in one transaction; the ones that
 //!    failed are reported per item and their subvolumes deleted.
 //!
 //! Forks share the checkpoint's tree (`tree_id`): each may later roll back to
-//! any checkpoint of that tree. Each fork gets fresh processes, so random
-//! state (`/dev/urandom`, Python's hash seed, uuid4) diverges naturally.
+//! any checkpoint of that tree, with its processes (from its templates, or
+//! the checkpoint's image).
+//!
+//! Randomness: the kernel's is fresh in each fork (`getrandom`,
+//! `/dev/urandom`, new sockets' sequence numbers), but what a copied
+//! process drew before the checkpoint stays in its memory, as `fork()`
+//! keeps it: Python's `random` module state, its hash seed, an OpenSSL
+//! pool seeded already, `uuid4` (from `os.urandom`: fresh). A program whose
+//! forks must diverge reseeds after the fork, as after `fork()`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,8 +43,9 @@ use crate::{Engine, Error, Result, util};
 /// Upper bound on `count` per call.
 pub const MAX_FORK: u32 = 256;
 
-/// What a fork response says about processes until they are captured.
-const FORK_NOTE: &str = "filesystem copied exactly; the checkpoint's processes are not copied (processes cannot move between sandboxes yet): each fork runs only its init";
+/// What a fork response says when it was asked for the files alone.
+const FORK_NOTE_FILES_ONLY: &str =
+    "filesystem copied exactly; the checkpoint's processes were not copied (files_only): each fork runs only its init";
 const FORK_NOTE_NO_PROCESSES: &str =
     "filesystem copied exactly; the checkpoint held no process to copy, and each fork runs its init";
 
@@ -39,6 +56,19 @@ impl Engine {
             return Err(Error::InvalidArgument(format!("count must be between 1 and {MAX_FORK}, got {}", req.count)));
         }
         let ck = self.checkpoint_record(checkpoint)?;
+        // The processes each fork runs copies of, from the checkpoint's
+        // image, waited for while it is written (before the engine counts
+        // busy: the writer waits for a moment when it is not).
+        let captured = crate::sandbox_checkpoint::captured_of(&ck);
+        let wanted = match req.files_only {
+            true => Vec::new(),
+            false => crate::sandbox_rollback::wanted_processes(captured.as_ref()),
+        };
+        if !wanted.is_empty()
+            && self.process_image_info(&ck.id).is_some_and(|i| i.state == sandtree_api::ImageState::Writing)
+        {
+            self.image_settled(&ck.id).await;
+        }
         let _busy = self.flusher.busy();
         let limits = match &req.limits {
             Some(l) => self.effective_limits(l),
@@ -53,6 +83,14 @@ impl Engine {
         // checkpoint is deleted meanwhile (read again once pinned).
         let _pinned = self.pin_layers(ck.stack());
         let ck = self.checkpoint_record(&ck.id)?;
+        // Refused before anything is made when the image cannot bring them
+        // back.
+        if !wanted.is_empty()
+            && let Err(reason) = self.image_restorable(&ck.id)
+        {
+            return Err(Error::ForkProcessesLost { checkpoint: ck.id, processes: wanted.join(", "), reason });
+        }
+        let with_processes = !wanted.is_empty();
 
         let records: Vec<SandboxRecord> = (0..req.count)
             .map(|_| {
@@ -89,6 +127,7 @@ impl Engine {
 
         let ck_layer = self.volume.root().join(&ck.layer);
         let ck_layer = &ck_layer;
+        let ck_id = ck.id.as_str();
         let boots = records.iter().zip(snaps).map(|(rec, snap)| async move {
             match snap {
                 Err(e) => Err(Error::fs("fork", e)),
@@ -99,11 +138,16 @@ impl Engine {
                     if crate::sysv_ipc::saved_in(ck_layer) {
                         crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), ck_layer)?;
                     }
-                    Ok(())
+                    if !with_processes {
+                        return Ok(Vec::new());
+                    }
+                    let tracer = self.tracer(&rec.id)?;
+                    let restored = self.restore_processes(&sb, &tracer, ck_id, true)?;
+                    Ok(util::raw_pids(restored.restored))
                 }
             }
         });
-        let outcomes: Vec<Result<()>> = futures_util::future::join_all(boots).await;
+        let outcomes: Vec<Result<Vec<i32>>> = futures_util::future::join_all(boots).await;
         let ok: Vec<SandboxRecord> =
             records.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()).map(|(r, _)| r.clone()).collect();
         if let Err(e) = self.meta.insert_sandboxes(&ok) {
@@ -119,27 +163,59 @@ impl Engine {
         let mut results = Vec::with_capacity(records.len());
         for (rec, outcome) in records.iter().zip(outcomes) {
             match outcome {
-                Ok(()) => results.push(ForkResult { sandbox: Some(self.sandbox_info(rec, false)?), error: None }),
+                Ok(pids) => {
+                    // Templates made from an image are whole copies: the
+                    // pool is brought back within its budget.
+                    if with_processes {
+                        self.evict_templates_later(&rec.id);
+                    }
+                    results.push(ForkResult {
+                        sandbox: Some(self.sandbox_info(rec, false)?),
+                        error: None,
+                        restored_pids: pids,
+                    })
+                }
                 Err(e) => {
                     self.discard(&rec.id, &rec.subvol).await;
-                    results.push(ForkResult { sandbox: None, error: Some(e.to_api()) });
+                    let error = match with_processes {
+                        true => Error::Internal(format!("copying the processes of checkpoint {}: {e}", ck.id)),
+                        false => e,
+                    };
+                    results.push(ForkResult { sandbox: None, error: Some(error.to_api()), restored_pids: Vec::new() });
                 }
             }
         }
-        let held_processes = crate::sandbox_checkpoint::captured_of(&ck)
-            .is_some_and(|c| !c.captured.is_empty() || !c.unrestorable.is_empty());
-        let (processes, note) = if held_processes {
-            (ProcessOutcome::NotCopied, FORK_NOTE)
-        } else {
-            (ProcessOutcome::NoneCaptured, FORK_NOTE_NO_PROCESSES)
+        let (processes, note) = match (with_processes, req.files_only) {
+            (true, _) => (ProcessOutcome::Restored, fork_note(&wanted, captured.as_ref())),
+            (false, true) if captured.as_ref().is_some_and(|c| !c.captured.is_empty()) => {
+                (ProcessOutcome::NotCopied, FORK_NOTE_FILES_ONLY.to_string())
+            }
+            (false, _) => (ProcessOutcome::NoneCaptured, FORK_NOTE_NO_PROCESSES.to_string()),
         };
         Ok(ForkResponse {
             checkpoint: ck.id,
             results,
             processes,
             processes_restarted: false,
-            note: note.into(),
+            note,
             duration_ms: util::ms_since(t0),
         })
     }
+}
+
+/// What a fork response says of the processes copied (`wanted`, of the
+/// checkpoint's `captured`).
+fn fork_note(wanted: &[String], captured: Option<&sandtree_proc::CaptureReport>) -> String {
+    let mut note = format!(
+        "filesystem copied exactly; each fork runs copies of the checkpoint's {} process(es) ({}), made from its durable process image, with their pids",
+        wanted.len(),
+        wanted.join(", ")
+    );
+    if let Some(c) = captured
+        && !c.unrestorable.is_empty()
+    {
+        let names: Vec<String> = c.unrestorable.iter().map(|u| format!("{} ({})", u.pid, u.comm)).collect();
+        note.push_str(&format!("; not restorable, so not running: {}", names.join(", ")));
+    }
+    note
 }

@@ -46,6 +46,11 @@ pub enum Error {
     )]
     ProcessesLost { sandbox: String, checkpoint: String, processes: String, reason: String },
     #[error(
+        "fork of {checkpoint} refused: its processes cannot be copied: {processes}: {reason}; nothing was created — pass {} to fork its files alone, each fork running only its init",
+        sandtree_api::FILES_ONLY.http
+    )]
+    ForkProcessesLost { checkpoint: String, processes: String, reason: String },
+    #[error(
         "rollback of sandbox {sandbox} to {checkpoint} restored the files but not the processes {processes}: {reason}; the sandbox was restarted with only its init, on the checkpoint's files"
     )]
     RollbackIncomplete { sandbox: String, checkpoint: String, processes: String, reason: String },
@@ -130,7 +135,7 @@ impl Error {
             Error::FreezeTimeout { .. } => ErrorCode::FreezeTimeout,
             Error::NotRunning(_) => ErrorCode::SandboxNotRunning,
             Error::ProcessNotRestorable { .. } => ErrorCode::ProcessNotRestorable,
-            Error::ProcessesLost { .. } => ErrorCode::ProcessesLost,
+            Error::ProcessesLost { .. } | Error::ForkProcessesLost { .. } => ErrorCode::ProcessesLost,
             Error::RollbackIncomplete { .. } => ErrorCode::RollbackIncomplete,
 
             Error::Process(_) => ErrorCode::Internal,

@@ -97,7 +97,7 @@ impl Engine {
         // captured of this sandbox. Without their templates it could only
         // restart the sandbox: refused, before anything is committed,
         // unless the request allows it.
-        let wanted = wanted_processes(captured.as_ref(), ck.sandbox_id == id);
+        let wanted = wanted_processes(captured.as_ref());
         // Without templates, from the checkpoint's durable image: once the
         // sandbox runs on the checkpoint's tree, the templates are made
         // again from it (`sandtree_proc::durable`), then restored as usual.
@@ -300,12 +300,6 @@ impl Engine {
         self.spares.want(id, &ck.id, restored.as_ref().is_some_and(|r| !r.restored.is_empty()));
         let processes = match (&restored, &restart_reason) {
             (Some(r), _) if !r.restored.is_empty() => ProcessOutcome::Restored,
-            _ if wanted.is_empty()
-                && ck.sandbox_id != id
-                && captured.as_ref().is_some_and(|c| !c.captured.is_empty()) =>
-            {
-                ProcessOutcome::NotCopied
-            }
             _ if wanted.is_empty() => ProcessOutcome::NoneCaptured,
             _ => ProcessOutcome::Restarted,
         };
@@ -316,7 +310,12 @@ impl Engine {
                     r.restored.len(),
                     r.restored
                 );
-                if from_image {
+                if from_image && ck.sandbox_id != id {
+                    note.push_str(&format!(
+                        "; from the checkpoint's durable process image (it was taken of sandbox {})",
+                        ck.sandbox_id
+                    ));
+                } else if from_image {
                     note.push_str(&format!(
                         "; from the checkpoint's durable process image, its templates being gone ({})",
                         lost_reason(&killed, true)
@@ -352,10 +351,6 @@ impl Engine {
                     "{RESTART_NOTE}: this checkpoint holds no process state (the sandbox was not running when it was taken)"
                 )
             }
-            (None, None) if ck.sandbox_id != id => format!(
-                "{RESTART_NOTE}: this checkpoint was taken of sandbox {}, whose processes cannot move into another sandbox yet",
-                ck.sandbox_id
-            ),
             (None, None) => format!("{RESTART_NOTE}, as allowed: {}", lost_reason(&killed, tracer.is_some())),
         };
         tracing::debug!(sandbox = id, returned = ?t0.elapsed(), "rollback returns");
@@ -379,7 +374,7 @@ impl Engine {
     /// and those it reads from open and check, and nothing in it is
     /// refused). An image still being written is not waited for: with the
     /// templates gone, its writer fails too.
-    fn image_restorable(&self, ck: &str) -> std::result::Result<(), String> {
+    pub(crate) fn image_restorable(&self, ck: &str) -> std::result::Result<(), String> {
         use sandtree_api::ImageState;
         match self.process_image_info(ck) {
             None => return Err("it has no durable process image".into()),
@@ -400,7 +395,7 @@ impl Engine {
     /// The processes of `ck` brought back in sandbox `sb` (`t`, its
     /// tracer), which runs on the checkpoint's tree: from its templates,
     /// made again first from its durable image when `from_image`.
-    fn restore_processes(
+    pub(crate) fn restore_processes(
         &self,
         sb: &Arc<Sandbox>,
         t: &sandtree_proc::Tracer,
@@ -409,6 +404,16 @@ impl Engine {
     ) -> Result<sandtree_proc::RestoreReport> {
         if from_image {
             self.templates_from_image(sb, t, ck)?;
+            // A sandbox just booted (a fork, a stopped one) gives its next
+            // pids from 2 up: a process the restore makes by a plain clone
+            // (a restored process's memory holder) would take a pid it is
+            // to bring back. They are given from above the highest of them.
+            let top = crate::sandbox_checkpoint::captured_of(&self.checkpoint_record(ck)?)
+                .and_then(|c| c.captured.iter().map(|p| p.raw()).max());
+            if let Some(top) = top {
+                let handle = tokio::runtime::Handle::current();
+                tokio::task::block_in_place(|| handle.block_on(sb.set_last_pid(top)))?;
+            }
         }
         let last_pid = last_pid_of(sb);
         let r = tokio::task::block_in_place(|| t.restore(ck, Some(last_pid)))?;
@@ -493,12 +498,12 @@ impl Engine {
     }
 }
 
-/// `pid (comm)` of each process a rollback to the checkpoint must bring
-/// back: those it captured, when it was taken of this sandbox (processes
-/// do not move between sandboxes yet).
-fn wanted_processes(captured: Option<&sandtree_proc::CaptureReport>, same_sandbox: bool) -> Vec<String> {
+/// `pid (comm)` of each process a rollback to (or a fork of) the checkpoint
+/// must bring back: those it captured (of whichever sandbox of the tree:
+/// from another sandbox, they come from the checkpoint's image).
+pub(crate) fn wanted_processes(captured: Option<&sandtree_proc::CaptureReport>) -> Vec<String> {
     match captured {
-        Some(c) if same_sandbox => c
+        Some(c) => c
             .captured
             .iter()
             .map(|pid| match c.comms.get(pid) {

@@ -8,7 +8,8 @@
 
 use anyhow::{Context, bail, ensure};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ExecRequest, ImageState, ProcessOutcome, RestoreSource, RollbackRequest,
+    CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, ImageState, ProcessOutcome, RestoreSource,
+    RollbackRequest,
 };
 use sandtree_proc::durable::{Image, PageSource, image_path};
 use sandtree_runtime::Engine;
@@ -236,10 +237,152 @@ fn restore_from_the_image_when_templates_are_killed(e: &Engine) -> CaseFuture<'_
     })
 }
 
+/// A keeper (as [`KEEPER`]) that also appends a line per answer to
+/// `/root/log`, a file it opened before the checkpoint, and changes its
+/// pages at each answer.
+const FORKED_KEEPER: &str = r#"
+import os, time, zlib
+data = bytearray(os.urandom(1 << 20)) * 32
+log = open('/root/log', 'a', buffering=1)
+count = 0
+n = 0
+while True:
+    n += 1
+    while not os.path.exists(f'/root/ask{n}'):
+        time.sleep(0.005)
+    with open(f'/root/answer{n}.tmp', 'w') as f:
+        f.write(f'{count} {zlib.crc32(data)}')
+    os.rename(f'/root/answer{n}.tmp', f'/root/answer{n}')
+    log.write(f'answer {n} count {count}\n')
+    data[count * 4096] ^= 1
+    count += 1
+"#;
+
+/// `sandtree fork CK -n 3` of a checkpoint with a live process (not
+/// waited durable: the fork waits for its image): each fork runs a copy
+/// with the same pid, its memory (counter, pages) as at the checkpoint,
+/// its open file re-pointed into the fork's own tree; the forks diverge
+/// from each other and from the source, which goes on untouched. A
+/// fork rolls back to that checkpoint with its process; the source rolls
+/// back to a checkpoint taken in a fork (its process comes from that
+/// checkpoint's image). `files_only` copies the files alone; a
+/// checkpoint whose image cannot bring a process back refuses the fork by
+/// name, and creates nothing.
+fn forks_run_copies_of_the_checkpoints_processes(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let pid = start_python(e, &sb, FORKED_KEEPER).await?;
+        let first = ask(e, &sb, 1).await?;
+        ensure!(first.starts_with("0 "), "{first}");
+        // And a shell waiting for its job: a parent and its child.
+        let job = ExecRequest {
+            cmd: vec!["sh".into(), "-c".into(), "sleep 1000 & wait".into()],
+            background: true,
+            ..Default::default()
+        };
+        let shell = e.exec(&sb, job).await?.pid;
+        let tree = format!("while ! pgrep -P {shell} >/dev/null; do sleep 0.01; done; pgrep -P {shell}");
+        let child: i32 = sh(e, &sb, &tree).await?.trim().parse()?;
+        let family = format!("cut -d' ' -f2,4 /proc/{shell}/stat /proc/{child}/stat");
+        let want_family = format!("(sh) 1\n(sleep) {shell}\n");
+        let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint;
+        let at_ck = ask(e, &sb, 2).await?;
+        sh(e, &sb, "rm -f /root/answer2").await?;
+        let req = ForkRequest { count: 3, labels: Default::default(), limits: None, files_only: false };
+        let f = e.fork(&ck.id, req).await?;
+        ensure!(f.processes == ProcessOutcome::Restored, "{f:?}");
+        let mut forks = Vec::new();
+        for r in &f.results {
+            let s = r.sandbox.as_ref().with_context(|| format!("a fork failed: {:?}", r.error))?;
+            let mut pids = r.restored_pids.clone();
+            pids.sort();
+            ensure!(
+                pids == vec![pid, shell, child],
+                "fork {}: restored {pids:?}, want [{pid}, {shell}, {child}]",
+                s.id
+            );
+            ensure!(sh(e, &s.id, &family).await? == want_family, "fork {}: the shell and its job", s.id);
+            forks.push(s.id.clone());
+        }
+        // Each answers as the source did right after the checkpoint, then
+        // goes its own way (fork i is asked i more times).
+        for (i, fork) in forks.iter().enumerate() {
+            let again = ask(e, fork, 2).await?;
+            ensure!(again == at_ck, "fork {fork}: answered {again:?}, {at_ck:?} at the checkpoint");
+            for n in 3..3 + i as u32 {
+                ask(e, fork, n).await?;
+            }
+            let log = sh(e, fork, "cat /root/log").await?;
+            let want: String = (0..=i + 1).map(|k| format!("answer {} count {k}\n", k + 1)).collect();
+            ensure!(log == want, "fork {fork}: its log {log:?}, want {want:?}");
+        }
+        for (i, fork) in forks.iter().enumerate() {
+            let n = 3 + i as u32;
+            let next = ask(e, fork, n).await?;
+            ensure!(next.starts_with(&format!("{} ", n - 1)), "fork {fork}: asked {n}: {next}");
+        }
+        // The source did not see any of it.
+        ensure!(sh(e, &sb, "cat /root/log").await? == "answer 1 count 0\nanswer 2 count 1\n", "the source's log");
+        let next = ask(e, &sb, 3).await?;
+        ensure!(next.starts_with("2 "), "the source: {next}");
+        // A fork back to the checkpoint: its process again.
+        let r = e.rollback(&forks[0], RollbackRequest { checkpoint: ck.id.clone(), allow_restart: false }).await?;
+        ensure!(r.processes == ProcessOutcome::Restored && r.restored_pids.len() == 3, "{r:?}");
+        sh(e, &forks[0], "rm -f /root/answer2").await?;
+        ensure!(ask(e, &forks[0], 2).await? == at_ck, "fork {} after its rollback", forks[0]);
+        // The source to a checkpoint of the last fork: that fork's process.
+        let last = forks.last().context("no fork")?;
+        let ck_fork = e.checkpoint(last, CheckpointRequest { wait_durable: true, ..Default::default() }).await?;
+        let in_fork = ask(e, last, 6).await?;
+        let r = e
+            .rollback(&sb, RollbackRequest { checkpoint: ck_fork.checkpoint.id.clone(), allow_restart: false })
+            .await?;
+        ensure!(r.processes == ProcessOutcome::Restored && r.restored_from == Some(RestoreSource::Image), "{r:?}");
+        sh(e, &sb, "rm -f /root/answer6").await?;
+        ensure!(ask(e, &sb, 6).await? == in_fork, "the source back to the fork's checkpoint");
+        // The files alone.
+        let req = ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: true };
+        let f = e.fork(&ck.id, req).await?;
+        ensure!(f.processes == ProcessOutcome::NotCopied, "{f:?}");
+        let alone = f.results[0].sandbox.as_ref().context("the files-only fork failed")?.id.clone();
+        let ps = sh(e, &alone, "cat /proc/[0-9]*/comm").await?;
+        ensure!(!ps.contains("python3"), "a files-only fork runs {ps}");
+        forks.push(alone);
+        // Refused by name: a process holding a FIFO (not in images yet).
+        let fifo = "mkfifo /root/p && exec 3<>/root/p && echo > /root/fifo.ready && exec sleep 1000";
+        let bg =
+            ExecRequest { cmd: vec!["sh".into(), "-c".into(), fifo.into()], background: true, ..Default::default() };
+        e.exec(&sb, bg).await?;
+        sh(e, &sb, "while [ ! -e /root/fifo.ready ] || ! grep -qx sleep /proc/[0-9]*/comm; do sleep 0.01; done")
+            .await?;
+        let ck2 = e.checkpoint(&sb, CheckpointRequest { wait_durable: true, ..Default::default() }).await?.checkpoint;
+        let before = e.list_sandboxes().await?.sandboxes.len();
+        let req = ForkRequest { count: 2, labels: Default::default(), limits: None, files_only: false };
+        match e.fork(&ck2.id, req).await {
+            Ok(f) => bail!("a fork whose image cannot bring a FIFO back answered {f:?}"),
+            Err(err) => {
+                let text = err.to_string();
+                ensure!(
+                    text.contains(&ck2.id)
+                        && text.to_lowercase().contains("fifo")
+                        && text.contains("nothing was created"),
+                    "{text}"
+                );
+            }
+        }
+        ensure!(e.list_sandboxes().await?.sandboxes.len() == before, "a refused fork created sandboxes");
+        for id in forks.iter().chain([&sb]) {
+            e.delete_sandbox(id, true).await?;
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages),
         ("restore_from_the_image_when_templates_are_killed", restore_from_the_image_when_templates_are_killed),
+        ("forks_run_copies_of_the_checkpoints_processes", forks_run_copies_of_the_checkpoints_processes),
     ];
     common::run("sandtree-images-test", "sandtree-images-test", |_| {}, cases);
 }

@@ -39,7 +39,8 @@ fn rollback_and_fork_restore_files(e: &Engine) -> CaseFuture<'_> {
         ensure!(sh(e, &sb, "cat /root/a /opt/x/y; test ! -e /root/b && echo nob").await? == "one\nhi\nnob\n");
         e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         ensure!(sh(e, &sb, "cat /root/a /root/b; test ! -e /opt/x && echo nox").await? == "two\nextra\nnox\n");
-        let f = e.fork(&ck1, ForkRequest { count: 3, labels: Default::default(), limits: None }).await?;
+        let f =
+            e.fork(&ck1, ForkRequest { count: 3, labels: Default::default(), limits: None, files_only: false }).await?;
         ensure!(f.results.len() == 3);
         for r in &f.results {
             let id = &r.sandbox.as_ref().context("fork failed")?.id;
@@ -613,7 +614,8 @@ fn layered_checkpoints_stack_and_share_layers(e: &Engine) -> CaseFuture<'_> {
         let got = sh(e, &sb, "cat /root/a; ls /root/d 2>&1; ls /etc/hostname 2>&1; ls -d /etc/apt2").await?;
         ensure!(got.starts_with("one\ntwo\n") && got.contains("No such file") && got.ends_with("/etc/apt2\n"), "{got}");
         // Forks share the layers and diverge.
-        let f = e.fork(&ck2, ForkRequest { count: 2, labels: Default::default(), limits: None }).await?;
+        let f =
+            e.fork(&ck2, ForkRequest { count: 2, labels: Default::default(), limits: None, files_only: false }).await?;
         let ids: Vec<String> = f.results.iter().filter_map(|r| r.sandbox.as_ref().map(|s| s.id.clone())).collect();
         ensure!(ids.len() == 2, "{:?}", f.results);
         sh(e, &ids[0], "echo mine > /root/a").await?;

@@ -95,7 +95,8 @@ fn mount_tables_name_no_host_path(e: &Engine) -> CaseFuture<'_> {
         ensure!(sh(e, &sb, "cat /root/f").await? == "one\n");
         e.rollback(&sb, RollbackRequest { checkpoint: ck2.clone(), allow_restart: false }).await?;
         check_views(e, &sb, "after a rollback with a process", &words).await?;
-        let f = e.fork(&ck2, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
+        let f =
+            e.fork(&ck2, ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: false }).await?;
         let fork = f.results[0].sandbox.as_ref().context("fork failed")?.id.clone();
         check_views(e, &fork, "in a fork", &words).await?;
         ensure!(sh(e, &fork, "cat /root/f").await? == "two\n");

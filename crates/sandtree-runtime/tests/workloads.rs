@@ -2518,7 +2518,9 @@ fn dev_shm_files_come_back(e: &Engine) -> CaseFuture<'_> {
             let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
             c.that(!r.processes_restarted, || format!("{what}: processes restarted: {}", r.note));
             c.eq(&format!("{what}: /dev/shm after the rollback"), &sh(e, &sb, state).await?, &before);
-            let forked = e.fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
+            let forked = e
+                .fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: true })
+                .await?;
             let fork = forked.results[0].sandbox.as_ref().context("the fork failed")?.id.clone();
             c.eq(&format!("{what}: /dev/shm in a fork"), &sh(e, &fork, state).await?, &before);
             e.delete_sandbox(&fork, true).await?;
@@ -2576,7 +2578,9 @@ fn sysv_ipc_objects_come_back(e: &Engine) -> CaseFuture<'_> {
                 &sh(e, &sb, "/root/ipc use 2>&1 || true").await?,
                 "used: alpha omega 0\n",
             );
-            let forked = e.fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None }).await?;
+            let forked = e
+                .fork(&ck, ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: true })
+                .await?;
             let fork = forked.results[0].sandbox.as_ref().context("the fork failed")?.id.clone();
             c.eq(&format!("{what}: the objects in a fork"), &sh(e, &fork, "/root/ipc state").await?, &before);
             e.delete_sandbox(&fork, true).await?;

@@ -88,14 +88,15 @@ fn checkpoint_rollback_fork_tree() {
         panic!()
     };
     assert_eq!((sandbox.as_str(), checkpoint.as_str(), allow_restart), ("sb-1", "ck-2", true));
-    let Command::Fork { checkpoint, count, labels } = parse(&["fork", "ck-2", "-n", "8", "--label", "k=v"]).command
+    let Command::Fork { checkpoint, count, labels, files_only } =
+        parse(&["fork", "ck-2", "-n", "8", "--label", "k=v", "--files-only"]).command
     else {
         panic!()
     };
-    assert_eq!((checkpoint.as_str(), count), ("ck-2", 8));
+    assert_eq!((checkpoint.as_str(), count, files_only), ("ck-2", 8, true));
     assert_eq!(labels.len(), 1);
-    let Command::Fork { count, .. } = parse(&["fork", "ck-2"]).command else { panic!() };
-    assert_eq!(count, 1);
+    let Command::Fork { count, files_only, .. } = parse(&["fork", "ck-2"]).command else { panic!() };
+    assert_eq!((count, files_only), (1, false));
     assert!(matches!(parse(&["tree"]).command, Command::Tree { sandbox: None, all: false }));
     assert!(matches!(parse(&["tree", "sb-1"]).command, Command::Tree { sandbox: Some(_), .. }));
     assert!(matches!(parse(&["tree", "--all"]).command, Command::Tree { all: true, .. }));

@@ -100,7 +100,7 @@ fn rollback_without_the_checkpoint_processes_fails_and_says_which() {
 }
 
 #[test]
-fn forks_say_their_processes_were_not_copied() {
+fn forks_copy_the_processes_or_say_why_not() {
     if common::must_skip() {
         return;
     }
@@ -109,16 +109,38 @@ fn forks_say_their_processes_were_not_copied() {
     let ck_alone = d.checkpoint(&sb, "init-only");
     start_python(&d, &sb, SLEEPER);
     let ck = d.checkpoint(&sb, "with-python");
-    let v = d.ok("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 1})));
+    // By default each fork runs a copy (made from the image, waited for).
+    let v = d.ok("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 2})));
+    assert_eq!((v["processes"].as_str(), v["processes_restarted"].as_bool()), (Some("restored"), Some(false)), "{v}");
+    for r in v["results"].as_array().unwrap() {
+        let fork = r["sandbox"]["id"].as_str().unwrap().to_string();
+        assert_eq!(r["restored_pids"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(d.sh_ok(&fork, "cat /proc/2/comm").trim(), "python3", "{v}");
+    }
+    // The files alone, asked: not copied, and said so.
+    let v = d.ok("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 1, "files_only": true})));
     assert_eq!((v["processes"].as_str(), v["processes_restarted"].as_bool()), (Some("not_copied"), Some(false)), "{v}");
     assert!(v["note"].as_str().unwrap().contains("not copied"), "{v}");
     let fork = v["results"][0]["sandbox"]["id"].as_str().unwrap().to_string();
     assert_eq!(d.sh_ok(&fork, "pgrep -x python3 | wc -l").trim(), "0");
-    // A rollback of the fork to that checkpoint says the same.
+    // A rollback of that fork to the checkpoint brings the process in.
     let r = d.rollback(&fork, &ck);
-    assert_eq!((r["processes"].as_str(), r["processes_restarted"].as_bool()), (Some("not_copied"), Some(false)), "{r}");
+    assert_eq!((r["processes"].as_str(), r["restored_from"].as_str()), (Some("restored"), Some("image")), "{r}");
+    assert_eq!(d.sh_ok(&fork, "cat /proc/2/comm").trim(), "python3");
     let v = d.ok("POST", &format!("/v1/checkpoints/{ck_alone}/fork"), Some(json!({"count": 1})));
     assert_eq!(v["processes"].as_str(), Some("none_captured"), "{v}");
+    // Without its image, the fork is refused by name, with the remedy,
+    // and creates nothing.
+    std::fs::remove_file(d.image_file(&ck)).unwrap();
+    let before = d.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len();
+    let (status, v) = d.req("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 2})));
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("processes_lost")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(&ck) && msg.contains("python3") && msg.contains("\"files_only\": true"), "{msg}");
+    assert_eq!(d.ok("GET", "/v1/sandboxes", None)["sandboxes"].as_array().unwrap().len(), before);
+    let (code, _, err) = cli(&d, &["fork", &ck, "-n", "1"]);
+    assert_ne!(code, 0, "the CLI's fork exited 0");
+    assert!(err.contains("--files-only") && !err.contains("files_only"), "{err}");
 }
 
 #[test]

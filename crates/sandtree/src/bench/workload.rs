@@ -226,8 +226,10 @@ pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
     let mut fork_ms = Vec::new();
     for _ in 0..n.min(8) {
         let ck = ck_ids.choose(&mut rand::rng()).expect("checkpoints").clone();
-        let (r, ms) =
-            timed(engine.fork(&ck, ForkRequest { count: 16, labels: Default::default(), limits: None })).await;
+        let (r, ms) = timed(
+            engine.fork(&ck, ForkRequest { count: 16, labels: Default::default(), limits: None, files_only: true }),
+        )
+        .await;
         let resp = r.map_err(|e| anyhow::anyhow!("{e}"))?;
         fork_ms.push(ms);
         for res in resp.results {

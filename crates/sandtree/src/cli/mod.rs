@@ -118,6 +118,10 @@ pub enum Command {
         /// Label of the new sandboxes (k=v, repeatable).
         #[arg(long = "label", value_parser = parse_kv)]
         labels: Vec<(String, String)>,
+        /// Copy the files alone: each fork runs only its init (by default
+        /// each runs copies of the checkpoint's processes).
+        #[arg(long)]
+        files_only: bool,
     },
     /// List sandboxes.
     Ls,

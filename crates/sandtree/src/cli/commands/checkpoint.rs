@@ -102,9 +102,7 @@ pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str, allow_restart:
         match r.processes {
             ProcessOutcome::Restored => println!("processes restored: {:?}", r.restored_pids),
             ProcessOutcome::NoneCaptured => println!("processes: none but init at the checkpoint"),
-            ProcessOutcome::NotCopied => {
-                println!("processes not copied: the checkpoint was taken of another sandbox; only init runs")
-            }
+            ProcessOutcome::NotCopied => println!("processes not copied: only init runs"),
             ProcessOutcome::Restarted => {
                 println!("processes NOT restored: files restored, every process but init killed (--allow-restart)")
             }
@@ -114,8 +112,14 @@ pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str, allow_restart:
     Ok(0)
 }
 
-pub async fn fork(ctx: &Ctx, checkpoint: &str, count: u32, labels: Vec<(String, String)>) -> Result<i32> {
-    let req = ForkRequest { count, labels: labels.into_iter().collect(), limits: None };
+pub async fn fork(
+    ctx: &Ctx,
+    checkpoint: &str,
+    count: u32,
+    labels: Vec<(String, String)>,
+    files_only: bool,
+) -> Result<i32> {
+    let req = ForkRequest { count, labels: labels.into_iter().collect(), limits: None, files_only };
     let r: ForkResponse =
         ctx.call(Method::POST, &format!("/v1/checkpoints/{}/fork", enc(checkpoint)), Some(&req)).await?;
     let mut failed = 0;

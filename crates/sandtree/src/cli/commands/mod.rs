@@ -68,7 +68,9 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
         Command::Rollback { sandbox, checkpoint, allow_restart } => {
             checkpoint::rollback(&ctx, &sandbox, &checkpoint, allow_restart).await
         }
-        Command::Fork { checkpoint, count, labels } => checkpoint::fork(&ctx, &checkpoint, count, labels).await,
+        Command::Fork { checkpoint, count, labels, files_only } => {
+            checkpoint::fork(&ctx, &checkpoint, count, labels, files_only).await
+        }
         Command::Tree { sandbox, all } => checkpoint::tree(&ctx, sandbox, all).await,
         Command::RmCheckpoint { checkpoint, force } => checkpoint::rm(&ctx, &checkpoint, force).await,
         Command::Images { action } => images::images(&ctx, action).await,
