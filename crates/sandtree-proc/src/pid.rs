@@ -66,7 +66,7 @@ impl SandboxPid {
 
     /// One past the highest pid (`kernel.pid_max`, read once; 32768 if it
     /// cannot be read): the range of every pid namespace.
-    pub(crate) fn max() -> i32 {
+    pub fn max() -> i32 {
         static PID_MAX: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
         *PID_MAX.get_or_init(|| {
             std::fs::read_to_string("/proc/sys/kernel/pid_max")

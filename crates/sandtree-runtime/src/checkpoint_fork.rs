@@ -141,8 +141,15 @@ impl Engine {
                     if !with_processes {
                         return Ok(Vec::new());
                     }
-                    let tracer = self.tracer(&rec.id)?;
-                    let restored = self.restore_processes(&sb, &tracer, ck_id, true)?;
+                    // Each fork's in a task of its own: they run side by
+                    // side (each blocks its thread while its tracer works).
+                    let engine = self.this.upgrade().ok_or_else(|| Error::Internal("the engine is gone".into()))?;
+                    let (id, ck) = (rec.id.clone(), ck_id.to_string());
+                    let restore = tokio::spawn(async move {
+                        let tracer = engine.tracer(&id)?;
+                        engine.restore_processes(&sb, &tracer, &ck, true)
+                    });
+                    let restored = restore.await.map_err(|e| Error::Internal(format!("restoring a fork: {e}")))??;
                     Ok(util::raw_pids(restored.restored))
                 }
             }

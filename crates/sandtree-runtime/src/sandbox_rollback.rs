@@ -407,13 +407,16 @@ impl Engine {
             // A sandbox just booted (a fork, a stopped one) gives its next
             // pids from 2 up: a process the restore makes by a plain clone
             // (a restored process's memory holder) would take a pid it is
-            // to bring back. They are given from above the highest of them.
+            // to bring back (a process's, or one of its threads'). They
+            // are given from the middle of the range up, where the engine
+            // parks `ns_last_pid` after a clone at a chosen pid
+            // (`process::park`), or above the highest pid captured.
             let top = crate::sandbox_checkpoint::captured_of(&self.checkpoint_record(ck)?)
-                .and_then(|c| c.captured.iter().map(|p| p.raw()).max());
-            if let Some(top) = top {
-                let handle = tokio::runtime::Handle::current();
-                tokio::task::block_in_place(|| handle.block_on(sb.set_last_pid(top)))?;
-            }
+                .and_then(|c| c.captured.iter().map(|p| p.raw()).max())
+                .unwrap_or(0);
+            let park = (sandtree_proc::SandboxPid::max() / 2).max(top);
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::block_in_place(|| handle.block_on(sb.set_last_pid(park)))?;
         }
         let last_pid = last_pid_of(sb);
         let r = tokio::task::block_in_place(|| t.restore(ck, Some(last_pid)))?;

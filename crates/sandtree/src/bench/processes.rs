@@ -26,7 +26,9 @@
 //! CPU, ten per sample (each is two ptrace stops, a context switch each
 //! way per stop: the unit of the calls pass 1 injects one at a time),
 //! which tells how fast this machine hands a CPU between two tasks then.
-//! Then the process-tree workload ([`tree`]): a shell with 49 jobs; last,
+//! Then rollbacks from the durable image ([`from_image`]) and forks with
+//! live processes ([`forks`]: time and memory); then the process-tree
+//! workload ([`tree`]): a shell with 49 jobs; last,
 //! the connections workload ([`connections`]): an echo server and a
 //! client holding 16 TCP connections to it; last, the PostgreSQL workload
 //! ([`postgresql`]): a server and a `psql` client in a transaction.
@@ -35,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rand::seq::IndexedRandom;
-use sandtree_api::{CheckpointRequest, ExecRequest, RollbackRequest, SessionRunRequest};
+use sandtree_api::{CheckpointRequest, ExecRequest, ForkRequest, RollbackRequest, SessionRunRequest};
 use sandtree_runtime::Engine;
 
 use super::report::{Report, Row};
@@ -361,7 +363,11 @@ pub async fn from_image(engine: &Engine, n: usize, repl_mb: u64, report: &mut Re
     }
     engine.delete_sandbox(&sb, true).await.map_err(err)?;
     let g = "processes";
-    report.rows.push(Row::new(g, &format!("rollback from the image, no templates (REPL {label} + http)"), &image_ms));
+    let image_row = match repl_mb {
+        100 => FROM_IMAGE_ROW.to_string(),
+        _ => format!("rollback from the image, no templates (REPL {label} + http)"),
+    };
+    report.rows.push(Row::new(g, &image_row, &image_ms));
     report.rows.push(Row::new(g, &format!("  then from the templates it made (REPL {label} + http)"), &template_ms));
     Ok(())
 }
@@ -821,3 +827,113 @@ fn push_rows(report: &mut Report, [(ck, ck_ms), (rb, rb_ms), (fork, fork_ms)]: [
 pub const MAPS_CK_ROW: &str = "checkpoint, a process with 10,000 mappings";
 pub const MAPS_RB_ROW: &str = "rollback in place, a process with 10,000 mappings";
 pub const MAPS_FORK_ROW: &str = "fork() of a process with 10,000 mappings";
+
+pub const FROM_IMAGE_ROW: &str = "rollback from the image, no templates (REPL 100 MB + http)";
+
+/// How many sandboxes a fork row makes at once.
+pub const FORKS: u32 = 16;
+pub const FORK_LIVE_ROW: &str = "fork 16 with live processes (REPL 100 MB + http), total";
+pub const FORK_FILES_ROW: &str = "  fork 16, files only (same checkpoint)";
+
+/// Forks with live processes: `FORKS` sandboxes at once from a
+/// checkpoint of the REPL (holding `repl_mb`) and `http.server`, each
+/// running copies of them (made from the checkpoint's durable image);
+/// beside it, the same fork with the files alone. In every fork the
+/// server must answer and the REPL keep its state (its step count, its
+/// objects). Then the memory: the host's used memory (`MemTotal` minus
+/// free, buffers, page cache and reclaimable slabs) added by `FORKS`
+/// forks that each dirty 1,000 pages (4 MB) of the REPL's buffer.
+pub async fn forks(engine: &Engine, n: usize, repl_mb: u64, report: &mut Report) -> Result<()> {
+    let err = |e: sandtree_runtime::Error| anyhow::anyhow!("{e}");
+    let sb = create(engine).await?;
+    start_repl_and_server(engine, &sb, repl_mb).await?;
+    wait_for_port(engine, &sb, 9000, "ping").await?;
+    wait_for_port(engine, &sb, 8000, "GET / HTTP/1.0\\r\\n").await?;
+    let state = bash(engine, &sb, &tcp_request(9000, "dirty 10")).await?;
+    let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+    let ck = engine.checkpoint(&sb, req).await.map_err(err)?.checkpoint.id;
+    let fork = |files_only: bool| {
+        let req = ForkRequest { count: FORKS, labels: Default::default(), limits: None, files_only };
+        engine.fork(&ck, req)
+    };
+    let (mut live_ms, mut files_ms) = (Vec::new(), Vec::new());
+    let mut used_mb = None;
+    for i in 0..n.min(3) {
+        let (ms, r) = {
+            let t = Instant::now();
+            let r = fork(true).await.map_err(err)?;
+            (t.elapsed().as_secs_f64() * 1e3, r)
+        };
+        files_ms.push(ms);
+        delete_forks(engine, &r).await?;
+        settle_memory().await;
+        let used0 = host_used_bytes()?;
+        let t = Instant::now();
+        let r = fork(false).await.map_err(err)?;
+        live_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if r.processes != sandtree_api::ProcessOutcome::Restored {
+            bail!("a fork with processes answered {:?}: {}", r.processes, r.note);
+        }
+        let ids = fork_ids(&r)?;
+        for id in &ids {
+            let answer = bash(engine, id, &tcp_request(8000, "GET / HTTP/1.0\\r\\n")).await?;
+            if !answer.starts_with("HTTP/1.0 200") {
+                bail!("http.server answered {answer:?} in fork {id}");
+            }
+            // The REPL as at the checkpoint, then its own 1,000 pages.
+            let got = bash(engine, id, &tcp_request(9000, "ping")).await?;
+            if got != state {
+                bail!("the REPL in fork {id} answered {got:?}, {state:?} at the checkpoint");
+            }
+            bash(engine, id, &tcp_request(9000, "dirty 1000")).await?;
+        }
+        if i == 0 {
+            settle_memory().await;
+            used_mb = Some((host_used_bytes()? as f64 - used0 as f64) / 1e6);
+        }
+        delete_forks(engine, &r).await?;
+    }
+    engine.delete_sandbox(&sb, true).await.map_err(err)?;
+    let g = "processes";
+    report.rows.push(Row::new(g, FORK_LIVE_ROW, &live_ms));
+    report.rows.push(Row::new(g, FORK_FILES_ROW, &files_ms));
+    report.fork_memory = used_mb;
+    Ok(())
+}
+
+/// The sandboxes a fork made (all of them, or the run fails).
+fn fork_ids(r: &sandtree_api::ForkResponse) -> Result<Vec<String>> {
+    r.results
+        .iter()
+        .map(|res| {
+            res.sandbox.as_ref().map(|s| s.id.clone()).with_context(|| format!("a fork failed: {:?}", res.error))
+        })
+        .collect()
+}
+
+async fn delete_forks(engine: &Engine, r: &sandtree_api::ForkResponse) -> Result<()> {
+    for id in fork_ids(r)? {
+        engine.delete_sandbox(&id, true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
+}
+
+/// A moment for memory freed by deleted sandboxes and evicted templates
+/// to show.
+async fn settle_memory() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// The host's used memory, as `free` counts it: `MemTotal` minus
+/// `MemFree`, `Buffers`, `Cached` and `SReclaimable` (the page cache of
+/// the images and the trees is not the forks' cost).
+fn host_used_bytes() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    let field = |name: &str| -> Result<u64> {
+        let line = text.lines().find(|l| l.starts_with(name)).with_context(|| format!("no {name} in /proc/meminfo"))?;
+        let kb: u64 = line.split_whitespace().nth(1).context("meminfo")?.parse()?;
+        Ok(kb * 1024)
+    };
+    let free = field("MemFree:")? + field("Buffers:")? + field("Cached:")? + field("SReclaimable:")?;
+    Ok(field("MemTotal:")?.saturating_sub(free))
+}

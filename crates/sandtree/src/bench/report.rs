@@ -29,6 +29,12 @@ impl Row {
     }
 }
 
+/// The memory target for `processes::FORKS` forks that each
+/// write 4 MB: 8 MB each, plus 50 MB (MB).
+pub fn fork_memory_target() -> f64 {
+    super::processes::FORKS as f64 * 8.0 + 50.0
+}
+
 /// Nearest-rank percentile of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -74,6 +80,10 @@ pub struct Report {
     /// frozen window did not wait for, templates of tracked processes
     /// made then).
     pub from_forks: Vec<(String, u64, usize)>,
+    /// Forks with live processes: the host's used memory added by
+    /// `processes::FORKS` forks of the REPL 100 MB workload that each
+    /// dirtied 1,000 pages, in MB.
+    pub fork_memory: Option<f64>,
     pub total_seconds: f64,
     /// Share of the CPUs' time that the hypervisor gave to others while
     /// this machine wanted it (`steal` in `/proc/stat`), in percent: the
@@ -198,6 +208,13 @@ impl Report {
                 percentile(&v, 50.0) / 1e6,
                 percentile(&v, 95.0) / 1e6,
                 *first as f64 / 1e6
+            ));
+        }
+        if let Some(mb) = self.fork_memory {
+            out.push(format!(
+                "memory of {} forks with live processes (REPL 100 MB + http), each writing 4 MB: {mb:.0} MB of the host's used memory added (target <= {:.0} MB)",
+                super::processes::FORKS,
+                fork_memory_target()
             ));
         }
         for (repl, pages) in &self.holder_pages {

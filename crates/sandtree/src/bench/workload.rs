@@ -300,6 +300,9 @@ async fn processes_rows(engine: &Engine, args: &BenchArgs, n: usize, mut report:
     eprint_phase(args, "processes from their durable image (REPL 100 MB, http.server)");
     super::processes::from_image(engine, n, 100, &mut report).await?;
     settle(engine).await;
+    eprint_phase(args, "forks with live processes (REPL 100 MB, http.server)");
+    super::processes::forks(engine, n, 100, &mut report).await?;
+    settle(engine).await;
     eprint_phase(args, "process tree (bash + 49 jobs)");
     super::processes::tree(engine, n, &mut report).await?;
     settle(engine).await;
@@ -457,6 +460,14 @@ fn evaluate(r: &mut Report, args: &BenchArgs) {
     for (name, ck_row, fork_row, most) in ratio_checks {
         let ratio = p(r, ck_row).0 / p(r, fork_row).0;
         r.check(name, &format!("<= {most}x"), format!("{ratio:.1}x"), ratio <= most);
+    }
+    let (from_image, _) = p(r, super::processes::FROM_IMAGE_ROW);
+    r.check("rollback from the image (REPL 100 MB) p50", "<= 10 ms", format!("{from_image:.2} ms"), from_image <= 10.0);
+    let (forks, _) = p(r, super::processes::FORK_LIVE_ROW);
+    r.check("fork 16 with live processes p50", "<= 150 ms", format!("{forks:.2} ms"), forks <= 150.0);
+    if let Some(mb) = r.fork_memory {
+        let most = super::report::fork_memory_target();
+        r.check("memory of 16 forks writing 4 MB each", &format!("<= {most:.0} MB"), format!("{mb:.0} MB"), mb <= most);
     }
     let (pg_rb, _) = p(r, super::processes::PG_RB_ROW);
     r.check("rollback in place, PostgreSQL p50", "<= 5 ms", format!("{pg_rb:.2} ms"), pg_rb <= 5.0);
