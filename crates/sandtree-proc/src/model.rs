@@ -1148,6 +1148,62 @@ pub struct MapImage {
     /// lifted for the template's fork); a restore marks it again.
     #[serde(default)]
     pub dont_fork: bool,
+    /// The `madvise` advice the whole mapping carries (`smaps`'
+    /// `VmFlags`): a mapping made anew (a transplant, a template made
+    /// from an image) is given it again. Read for those only (`smaps`
+    /// walks the page tables): empty in a live checkpoint's capture.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<Advice>,
+}
+
+/// An `madvise` advice that marks a whole mapping (a `VmFlags` word of
+/// `smaps`) and changes what the kernel does with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Advice {
+    /// `MADV_HUGEPAGE` (`hg`): transparent huge pages wanted.
+    HugePage,
+    /// `MADV_NOHUGEPAGE` (`nh`).
+    NoHugePage,
+    /// `MADV_WIPEONFORK` (`wf`): a child of `fork` gets it zeroed.
+    WipeOnFork,
+    /// `MADV_DONTDUMP` (`dd`): left out of core dumps.
+    DontDump,
+    /// `MADV_MERGEABLE` (`mg`): KSM may merge its pages.
+    Mergeable,
+    /// `MADV_RANDOM` (`rr`): no read-ahead.
+    Random,
+    /// `MADV_SEQUENTIAL` (`sr`): aggressive read-ahead.
+    Sequential,
+}
+
+impl Advice {
+    /// The advice a `VmFlags` word names, if it is one.
+    pub fn from_flag(flag: &str) -> Option<Advice> {
+        Some(match flag {
+            "hg" => Advice::HugePage,
+            "nh" => Advice::NoHugePage,
+            "wf" => Advice::WipeOnFork,
+            "dd" => Advice::DontDump,
+            "mg" => Advice::Mergeable,
+            "rr" => Advice::Random,
+            "sr" => Advice::Sequential,
+            _ => return None,
+        })
+    }
+
+    /// Its `MADV_*` value.
+    pub fn madvise(self) -> i32 {
+        match self {
+            Advice::HugePage => libc::MADV_HUGEPAGE,
+            Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
+            Advice::WipeOnFork => libc::MADV_WIPEONFORK,
+            Advice::DontDump => libc::MADV_DONTDUMP,
+            Advice::Mergeable => libc::MADV_MERGEABLE,
+            Advice::Random => libc::MADV_RANDOM,
+            Advice::Sequential => libc::MADV_SEQUENTIAL,
+        }
+    }
 }
 
 impl MapImage {

@@ -1304,7 +1304,43 @@ fn parse_maps(text: &str) -> Vec<MapImage> {
             dev,
             inode,
             dont_fork: false,
+            advice: Vec::new(),
         });
+    }
+    out
+}
+
+/// A mapping's (start, end) and the `madvise` advice it carries.
+pub type AdvisedRange = ((u64, u64), Vec<crate::model::Advice>);
+
+/// The `madvise` advice of each mapping of `pid` that carries any
+/// (`smaps`' `VmFlags`). (`smaps` walks the page tables.)
+pub fn advice(pid: HostPid) -> io::Result<Vec<AdvisedRange>> {
+    Ok(parse_advice(&read_text(format!("/proc/{pid}/smaps"))?))
+}
+
+/// [`advice`] of a `/proc/<pid>/smaps` text.
+fn parse_advice(text: &str) -> Vec<AdvisedRange> {
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let advice: Vec<_> = flags.split_whitespace().filter_map(crate::model::Advice::from_flag).collect();
+            if let Some(range) = current.take()
+                && !advice.is_empty()
+            {
+                out.push((range, advice));
+            }
+            continue;
+        }
+        // A mapping's line: `start-end perms offset dev inode [path]`.
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+        if perms.len() == 4 {
+            current = Some((start, end));
+        }
     }
     out
 }

@@ -1159,6 +1159,22 @@ static DONT_FORK_MAPPING: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// Mappings marked with `madvise` advice (huge pages or not, wipe on
+/// fork, no dump, random or sequential reads), in a process and in its
+/// forked child: the marks come back with the pages, from a template (a
+/// fork keeps them), from a transplant (the child: made anew) and from an
+/// image (every process: made anew). Before, a mapping made anew lost
+/// them.
+static MAPPING_ADVICE: Spec = Spec {
+    program: program!("mapping_advice.py"),
+    at_ck: &[(
+        "state",
+        Is("parent hg:hg nh:nh wf:wf dd:dd rr:rr sr:sr | child hg:hg nh:nh wf:wf dd:dd rr:rr sr:sr | sum=35840"),
+    )],
+    mutate: &[&[Ask("mutate", Like(|a| a.ends_with("sum=46080")))]],
+    ..Spec::DEFAULT
+};
+
 /// Locks on files of the layer come back with their owners: `flock`,
 /// POSIX record locks (a read and a write range), an OFD lock; another
 /// process cannot take them after a rollback (issue 38, item 4).
@@ -3155,6 +3171,7 @@ fn main() {
         ("pidfd_of_itself", declared!(PIDFD_OF_ITSELF)),
         ("deleted_file_identity", declared!(DELETED_FILE_IDENTITY)),
         ("mapping_not_copied_by_fork", declared!(MAPPING_NOT_COPIED_BY_FORK)),
+        ("mapping_advice", declared!(MAPPING_ADVICE)),
         ("unix_listener_file_removed", declared!(UNIX_LISTENER_FILE_REMOVED)),
         ("mount_in_the_sandbox", declared!(MOUNT_IN_THE_SANDBOX)),
         ("mount_with_only_init_running", mount_with_only_init_running),

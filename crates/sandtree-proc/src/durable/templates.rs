@@ -468,9 +468,13 @@ fn make_one(
             let numbers = crate::kinds::give_descriptors(c, scratch + 1024, &fds, &[])?;
             Ok(to_give.iter().map(|(start, _)| *start).zip(numbers).collect())
         };
+        let t_exec = t_start.elapsed();
         crate::transplant::lay_out(&mut c, &layout, give, &from)?;
         objects.made_by(host, &p.image);
+        let t_layout = t_start.elapsed();
         write_pages(pages, p.image.pid, host)?;
+        crate::transplant::advise(&mut c, (scratch, true), &p.image.maps)?;
+        let t_pages = t_start.elapsed();
         let proc_err = |what: &'static str| move |source| Error::Proc { pid: host, what, source };
         ptrace::set_xstate(host.raw(), &p.fork.xstate).map_err(Error::ptrace(host, "SETREGSET"))?;
         sandtree_sys::process::set_limits(host.raw(), &p.fork.limits).map_err(proc_err("resource limits"))?;
@@ -495,7 +499,15 @@ fn make_one(
         for (fd, file) in &p.files {
             process.ghosts.push((*fd, Arc::new(sparse_copy(image, file)?)));
         }
-        tracing::debug!(pid = p.image.pid.raw(), template = ns_pid.raw(), took = ?t_start.elapsed(), "template made from the image");
+        tracing::debug!(
+            pid = p.image.pid.raw(),
+            template = ns_pid.raw(),
+            ?t_exec,
+            ?t_layout,
+            ?t_pages,
+            took = ?t_start.elapsed(),
+            "template made from the image"
+        );
         Ok(Template {
             image: process,
             host,

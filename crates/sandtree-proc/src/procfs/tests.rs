@@ -342,6 +342,7 @@ fn maps_keeps_a_path_with_a_space_and_a_deleted_files_suffix() {
             dev,
             inode: 10035254,
             dont_fork: false,
+            advice: Vec::new(),
         }
     );
     assert!(spaced.shared());
