@@ -154,11 +154,13 @@ fn images_hold_each_checkpoints_pages(e: &Engine) -> CaseFuture<'_> {
 
 /// Keeps a counter and 32 MiB of pages in memory; at `/root/ask<n>`
 /// answers `/root/answer<n>` with its counter (then counts one more) and a
-/// checksum of its pages, and writes a line to its stdout (a pipe the
-/// daemon reads).
+/// checksum of its pages, writes a line to its stdout (a pipe the daemon
+/// reads) and appends one to `/root/log` (a file it opened at its start),
+/// and changes a page.
 const KEEPER: &str = r#"
 import os, time, zlib, sys
 data = bytearray(os.urandom(1 << 20)) * 32
+log = open('/root/log', 'a', buffering=1)
 count = 0
 n = 0
 while True:
@@ -169,6 +171,8 @@ while True:
         f.write(f'{count} {zlib.crc32(data)}')
     os.rename(f'/root/answer{n}.tmp', f'/root/answer{n}')
     print('answered', n, flush=True)
+    log.write(f'answer {n} count {count}\n')
+    data[count * 4096] ^= 1
     count += 1
 "#;
 
@@ -237,27 +241,6 @@ fn restore_from_the_image_when_templates_are_killed(e: &Engine) -> CaseFuture<'_
     })
 }
 
-/// A keeper (as [`KEEPER`]) that also appends a line per answer to
-/// `/root/log`, a file it opened before the checkpoint, and changes its
-/// pages at each answer.
-const FORKED_KEEPER: &str = r#"
-import os, time, zlib
-data = bytearray(os.urandom(1 << 20)) * 32
-log = open('/root/log', 'a', buffering=1)
-count = 0
-n = 0
-while True:
-    n += 1
-    while not os.path.exists(f'/root/ask{n}'):
-        time.sleep(0.005)
-    with open(f'/root/answer{n}.tmp', 'w') as f:
-        f.write(f'{count} {zlib.crc32(data)}')
-    os.rename(f'/root/answer{n}.tmp', f'/root/answer{n}')
-    log.write(f'answer {n} count {count}\n')
-    data[count * 4096] ^= 1
-    count += 1
-"#;
-
 /// `sandtree fork CK -n 3` of a checkpoint with a live process (not
 /// waited durable: the fork waits for its image): each fork runs a copy
 /// with the same pid, its memory (counter, pages) as at the checkpoint,
@@ -271,7 +254,7 @@ while True:
 fn forks_run_copies_of_the_checkpoints_processes(e: &Engine) -> CaseFuture<'_> {
     Box::pin(async move {
         let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
-        let pid = start_python(e, &sb, FORKED_KEEPER).await?;
+        let pid = start_python(e, &sb, KEEPER).await?;
         let first = ask(e, &sb, 1).await?;
         ensure!(first.starts_with("0 "), "{first}");
         // And a shell waiting for its job: a parent and its child.
