@@ -31,6 +31,9 @@ pub enum ErrorCode {
     SandboxNotRunning,
     /// The state store has no space left; nothing was changed.
     NoSpace,
+    /// The host has not the memory the request needs (a fork of many
+    /// copies of large processes); nothing was changed.
+    NotEnoughMemory,
     /// The sandbox's processes did not freeze in time (tasks stuck in the kernel).
     FreezeTimeout,
     /// A process holds state the engine cannot capture yet; nothing was
@@ -82,7 +85,7 @@ impl ErrorCode {
             | ErrorCode::ProcessesLost => 409,
             ErrorCode::PidLimitReached => 429,
             ErrorCode::RollbackIncomplete => 500,
-            ErrorCode::NoSpace => 507,
+            ErrorCode::NoSpace | ErrorCode::NotEnoughMemory => 507,
             ErrorCode::FreezeTimeout | ErrorCode::Timeout => 504,
             ErrorCode::Unsupported => 501,
             ErrorCode::Internal => 500,
@@ -107,6 +110,7 @@ impl ErrorCode {
             ErrorCode::ImageInUse => "image_in_use",
             ErrorCode::SandboxNotRunning => "sandbox_not_running",
             ErrorCode::NoSpace => "no_space",
+            ErrorCode::NotEnoughMemory => "not_enough_memory",
             ErrorCode::FreezeTimeout => "freeze_timeout",
             ErrorCode::ProcessNotRestorable => "process_not_restorable",
             ErrorCode::ProcessesLost => "processes_lost",

@@ -90,6 +90,24 @@ impl Engine {
         {
             return Err(Error::ForkProcessesLost { checkpoint: ck.id, processes: wanted.join(", "), reason });
         }
+        // Each fork's processes hold a copy of the image's memory: refused
+        // when all of them would not fit in the host's available memory
+        // (the kernel would kill processes of any sandbox to make room).
+        if !wanted.is_empty() {
+            let each = self.image_memory(&ck.id).await?;
+            let need = each.saturating_mul(u64::from(req.count));
+            if let Some(available) = util::mem_available()
+                && need > available
+            {
+                return Err(Error::ForkNeedsMemory {
+                    checkpoint: ck.id,
+                    count: req.count,
+                    need_mb: need >> 20,
+                    each_mb: each >> 20,
+                    available_mb: available >> 20,
+                });
+            }
+        }
         let with_processes = !wanted.is_empty();
 
         let records: Vec<SandboxRecord> = (0..req.count)
@@ -207,6 +225,20 @@ impl Engine {
             note,
             duration_ms: util::ms_since(t0),
         })
+    }
+}
+
+impl Engine {
+    /// The memory the processes of checkpoint `ck`'s image hold (its
+    /// pages, stored in it or in the images it reads from), in bytes.
+    async fn image_memory(&self, ck: &str) -> Result<u64> {
+        let path = sandtree_proc::durable::image_path(&self.process_images_dir(), ck);
+        let summary =
+            tokio::task::spawn_blocking(move || sandtree_proc::durable::Image::open(&path).map(|i| i.summary()))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?
+                .map_err(|e| Error::Internal(format!("checkpoint {ck}'s process image: {e}")))?;
+        Ok(summary.processes.iter().map(|p| (p.pages_here + p.pages_in_parents) * 4096).sum())
     }
 }
 

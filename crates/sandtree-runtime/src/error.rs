@@ -51,6 +51,11 @@ pub enum Error {
     )]
     ForkProcessesLost { checkpoint: String, processes: String, reason: String },
     #[error(
+        "fork of {checkpoint} refused: {count} copies of its processes need about {need_mb} MB of memory ({each_mb} MB each), and the host has {available_mb} MB available; nothing was created — fork fewer at once, or pass {} to fork the files alone",
+        sandtree_api::FILES_ONLY.http
+    )]
+    ForkNeedsMemory { checkpoint: String, count: u32, need_mb: u64, each_mb: u64, available_mb: u64 },
+    #[error(
         "rollback of sandbox {sandbox} to {checkpoint} restored the files but not the processes {processes}: {reason}; the sandbox was restarted with only its init, on the checkpoint's files"
     )]
     RollbackIncomplete { sandbox: String, checkpoint: String, processes: String, reason: String },
@@ -136,6 +141,7 @@ impl Error {
             Error::NotRunning(_) => ErrorCode::SandboxNotRunning,
             Error::ProcessNotRestorable { .. } => ErrorCode::ProcessNotRestorable,
             Error::ProcessesLost { .. } | Error::ForkProcessesLost { .. } => ErrorCode::ProcessesLost,
+            Error::ForkNeedsMemory { .. } => ErrorCode::NotEnoughMemory,
             Error::RollbackIncomplete { .. } => ErrorCode::RollbackIncomplete,
 
             Error::Process(_) => ErrorCode::Internal,

@@ -99,3 +99,12 @@ mod tests {
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
     }
 }
+
+/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in
+/// bytes (`None` if it cannot be read).
+pub(crate) fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

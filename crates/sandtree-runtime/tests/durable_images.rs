@@ -361,11 +361,58 @@ fn forks_run_copies_of_the_checkpoints_processes(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A fork whose copies would not fit in the host's memory (256 copies of
+/// a process holding 256 MiB: 64 GiB) is refused, naming the sizes, and
+/// creates nothing; fewer copies of it fork.
+fn a_fork_too_large_for_the_memory_is_refused(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+        let available: u64 = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .context("MemAvailable")?;
+        if available * 1024 >= 64 << 30 {
+            eprintln!("skipped: this host has 64 GiB or more available, which 256 copies of 256 MiB fit in");
+            return Ok(());
+        }
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        start_python(e, &sb, "import time\ndata = b'x' * (256 << 20)\nopen('/root/up', 'w').close()\ntime.sleep(1000)")
+            .await?;
+        sh(e, &sb, "while [ ! -e /root/up ]; do sleep 0.01; done").await?;
+        let ck = e.checkpoint(&sb, CheckpointRequest { wait_durable: true, ..Default::default() }).await?.checkpoint;
+        let before = e.list_sandboxes().await?.sandboxes.len();
+        let req = ForkRequest { count: 256, labels: Default::default(), limits: None, files_only: false };
+        match e.fork(&ck.id, req).await {
+            Ok(f) => bail!("256 copies of 256 MiB answered {:?}", f.processes),
+            Err(err) => {
+                let text = err.to_string();
+                let api = err.to_api();
+                ensure!(api.code == sandtree_api::ErrorCode::NotEnoughMemory, "{api:?}");
+                ensure!(
+                    text.contains(&ck.id) && text.contains("256 copies") && text.contains("MB available"),
+                    "{text}"
+                );
+            }
+        }
+        ensure!(e.list_sandboxes().await?.sandboxes.len() == before, "a refused fork created sandboxes");
+        let req = ForkRequest { count: 2, labels: Default::default(), limits: None, files_only: false };
+        let f = e.fork(&ck.id, req).await?;
+        ensure!(f.processes == ProcessOutcome::Restored, "{f:?}");
+        for r in &f.results {
+            e.delete_sandbox(&r.sandbox.as_ref().context("a fork failed")?.id, true).await?;
+        }
+        e.delete_sandbox(&sb, true).await?;
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages),
         ("restore_from_the_image_when_templates_are_killed", restore_from_the_image_when_templates_are_killed),
         ("forks_run_copies_of_the_checkpoints_processes", forks_run_copies_of_the_checkpoints_processes),
+        ("a_fork_too_large_for_the_memory_is_refused", a_fork_too_large_for_the_memory_is_refused),
     ];
     common::run("sandtree-images-test", "sandtree-images-test", |_| {}, cases);
 }
