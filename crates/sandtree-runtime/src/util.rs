@@ -70,6 +70,15 @@ pub(crate) fn raw_pids(pids: Vec<sandtree_proc::SandboxPid>) -> Vec<i32> {
     pids.into_iter().map(sandtree_proc::SandboxPid::raw).collect()
 }
 
+/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in
+/// bytes (`None` if it cannot be read).
+pub(crate) fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,13 +107,4 @@ mod tests {
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
     }
-}
-
-/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in
-/// bytes (`None` if it cannot be read).
-pub(crate) fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
