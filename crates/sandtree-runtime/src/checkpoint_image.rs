@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 /// (as for an eviction: `sandbox_checkpoint.rs`).
 const IDLE: Duration = Duration::from_millis(50);
 
+/// How long a delete or a stop of a sandbox waits for its images.
+pub(crate) const IMAGES_BEFORE_STOP: Duration = Duration::from_secs(30);
+
 /// How long an image waits for the pool to finish its templates.
 const SOURCES_WAIT: Duration = Duration::from_secs(60);
 
@@ -161,6 +164,33 @@ impl Engine {
     /// are read for it: not to be evicted).
     pub(crate) fn images_pending(&self) -> Vec<String> {
         self.images_pending.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
+    }
+
+    /// Waits, up to `limit`, for the images still being written of the
+    /// checkpoints of sandbox `id` (of every sandbox with `None`): a
+    /// sandbox about to stop (delete, stop, the daemon's exit) would take
+    /// with it the templates they are read from, and a checkpoint taken
+    /// just before would lose its processes for good.
+    pub(crate) async fn settle_images_of(&self, id: Option<&str>, limit: Duration) {
+        let pending: Vec<String> = self
+            .images_pending()
+            .into_iter()
+            .filter(|ck| id.is_none_or(|id| self.checkpoint_record(ck).is_ok_and(|c| c.sandbox_id == id)))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let settled = tokio::time::timeout(limit, async {
+            for ck in &pending {
+                self.image_settled(ck).await;
+            }
+        })
+        .await;
+        match settled {
+            Ok(()) => tracing::debug!(sandbox = ?id, images = pending.len(), took = ?t0.elapsed(), "images settled"),
+            Err(_) => tracing::warn!(sandbox = ?id, ?pending, "images still being written after {limit:?}"),
+        }
     }
 
     /// What is known of `ck`'s image once it is no longer being written.

@@ -558,6 +558,8 @@ impl Engine {
 
     /// Stops a sandbox's processes; its filesystem stays.
     pub async fn stop_sandbox(&self, id: &str) -> Result<SandboxInfo> {
+        // (Its templates end with it: its images still being written first.)
+        self.settle_images_of(Some(id), crate::checkpoint_image::IMAGES_BEFORE_STOP).await;
         let _lock = self.lock_sandbox(id).await;
         self.record(id)?;
         // Released synchronously: a `start` right after must not race the cleanup.

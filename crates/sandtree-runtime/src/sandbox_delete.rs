@@ -1,7 +1,8 @@
 //! `delete`: remove a sandbox.
 //!
-//! Order: kill its processes, delete the row (commit), delete the writable
-//! subvolume. Its checkpoints stay (they can still seed forks) unless asked.
+//! Order: wait for its checkpoints' images still being written (they are
+//! read from its templates), kill its processes, delete the row (commit),
+//! delete the writable subvolume. Its checkpoints stay (they can still seed forks) unless asked.
 //!
 //! The rule for its checkpoints: kept by default, and the response lists
 //! them with their sizes and what needs each. With `with_checkpoints` each
@@ -20,6 +21,7 @@ use crate::{Engine, Result, util};
 impl Engine {
     pub async fn delete_sandbox(&self, id: &str, with_checkpoints: bool) -> Result<DeleteSandboxResponse> {
         let t0 = Instant::now();
+        self.settle_images_of(Some(id), crate::checkpoint_image::IMAGES_BEFORE_STOP).await;
         let lock = self.lock_sandbox(id).await;
         let rec = self.record(id)?;
         let _store = self.store_lock.read().await;

@@ -1,6 +1,9 @@
 //! `shutdown`: the engine's part of a daemon's clean exit (SIGTERM, SIGINT).
 //!
 //! By default nothing of the data directory stays on the host:
+//! 0. the checkpoints' process images still being written are waited for
+//!    (up to [`SHUTDOWN_STEP`]): they are read from the templates that
+//!    step 2 ends;
 //! 1. the store lock is taken for writing and never given back: no verb and
 //!    no background task (spare and next layers, squashes, deletions of
 //!    layers) touches the store afterwards;
@@ -65,6 +68,11 @@ impl Engine {
     /// drained.
     pub async fn shutdown(&self, keep_sandboxes: bool) -> ShutdownReport {
         let mut report = ShutdownReport::default();
+        // The images still being written, from the templates about to end
+        // (the writers use the store: before its lock is taken).
+        if !keep_sandboxes {
+            self.settle_images_of(None, SHUTDOWN_STEP).await;
+        }
         let Ok(store) = tokio::time::timeout(SHUTDOWN_STEP, self.store_lock.write()).await else {
             report.left_behind.push(format!(
                 "an operation on the store was still running after {SHUTDOWN_STEP:?}: the store stays mounted, \

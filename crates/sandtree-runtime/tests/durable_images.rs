@@ -407,12 +407,50 @@ fn a_fork_too_large_for_the_memory_is_refused(e: &Engine) -> CaseFuture<'_> {
     })
 }
 
+/// A checkpoint whose sandbox is deleted (or stopped) right after it, its
+/// image not written yet: the delete waits for the image (written from
+/// the templates it would end), so the checkpoint still seeds forks with
+/// its processes. Before, the image failed ("the sandbox stopped before
+/// its image was written") and the fork was refused.
+fn a_sandbox_deleted_right_after_a_checkpoint_keeps_its_image(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        for stop in [false, true] {
+            let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+            let pid = start_python(e, &sb, KEEPER).await?;
+            ensure!(ask(e, &sb, 1).await?.starts_with("0 "), "the keeper did not answer");
+            let ck = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
+            if stop {
+                e.stop_sandbox(&sb).await?;
+            } else {
+                e.delete_sandbox(&sb, false).await?;
+            }
+            let how = if stop { "stopped" } else { "deleted" };
+            let image = e.get_checkpoint(&ck).await?.process_image.context("no image")?;
+            ensure!(image.state == ImageState::Durable, "{how}: image {:?}: {:?}", image.state, image.error);
+            let req = ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: false };
+            let f = e.fork(&ck, req).await?;
+            ensure!(f.processes == ProcessOutcome::Restored && f.results[0].restored_pids == vec![pid], "{how}: {f:?}");
+            let fork = f.results[0].sandbox.as_ref().context("the fork failed")?.id.clone();
+            ensure!(ask(e, &fork, 2).await?.starts_with("1 "), "{how}: the fork's keeper");
+            e.delete_sandbox(&fork, true).await?;
+            if stop {
+                e.delete_sandbox(&sb, true).await?;
+            }
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
         ("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages),
         ("restore_from_the_image_when_templates_are_killed", restore_from_the_image_when_templates_are_killed),
         ("forks_run_copies_of_the_checkpoints_processes", forks_run_copies_of_the_checkpoints_processes),
         ("a_fork_too_large_for_the_memory_is_refused", a_fork_too_large_for_the_memory_is_refused),
+        (
+            "a_sandbox_deleted_right_after_a_checkpoint_keeps_its_image",
+            a_sandbox_deleted_right_after_a_checkpoint_keeps_its_image,
+        ),
     ];
     common::run("sandtree-images-test", "sandtree-images-test", |_| {}, cases);
 }
