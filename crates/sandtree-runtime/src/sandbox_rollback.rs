@@ -8,10 +8,13 @@
 //!    layers under it). The sandbox keeps running; a failure here changes
 //!    nothing. Meanwhile the tracer answers the plan (the templates, the
 //!    pids to spare, templates found killed): when the checkpoint captured
-//!    processes of this sandbox but their templates are gone (killed from
-//!    inside, evicted, lost with a stop or a daemon restart), the rollback
-//!    fails here with `ProcessesLost`, naming them, unless the request
-//!    allows a restart (`allow_restart`); nothing was committed;
+//!    processes but this sandbox has no templates of them (killed from
+//!    inside, evicted, lost with a stop or a daemon restart, or the
+//!    checkpoint taken of another sandbox of the tree), they come from the
+//!    checkpoint's durable image (step 4); when that cannot bring them
+//!    back either, the rollback fails here with `ProcessesLost`, naming
+//!    them, unless the request allows a restart (`allow_restart`); nothing
+//!    was committed;
 //! 2. commit: the sandbox row now names the new subvolume and the checkpoint
 //!    as its base (a crash before this leaves the old state, after it the
 //!    new one; re-adoption checks which layer a surviving init runs on);
