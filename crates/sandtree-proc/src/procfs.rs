@@ -1321,28 +1321,13 @@ pub fn advice(pid: HostPid) -> io::Result<Vec<AdvisedRange>> {
 
 /// [`advice`] of a `/proc/<pid>/smaps` text.
 fn parse_advice(text: &str) -> Vec<AdvisedRange> {
-    let mut out = Vec::new();
-    let mut current = None;
-    for line in text.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
+    smaps_flags(text)
+        .into_iter()
+        .filter_map(|((start, end, _), flags)| {
             let advice: Vec<_> = flags.split_whitespace().filter_map(crate::model::Advice::from_flag).collect();
-            if let Some(range) = current.take()
-                && !advice.is_empty()
-            {
-                out.push((range, advice));
-            }
-            continue;
-        }
-        // A mapping's line: `start-end perms offset dev inode [path]`.
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
-        let Some((a, b)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
-        if perms.len() == 4 {
-            current = Some((start, end));
-        }
-    }
-    out
+            (!advice.is_empty()).then_some(((start, end), advice))
+        })
+        .collect()
 }
 
 /// The mappings of `pid` marked `MADV_DONTFORK` (`dc` in `smaps`'
@@ -1354,14 +1339,22 @@ pub fn dont_fork_ranges(pid: HostPid) -> io::Result<Vec<(u64, u64, bool)>> {
 
 /// [`dont_fork_ranges`] of a `/proc/<pid>/smaps` text.
 fn parse_dont_fork(text: &str) -> Vec<(u64, u64, bool)> {
+    smaps_flags(text)
+        .into_iter()
+        .filter(|(_, flags)| flags.split_whitespace().any(|f| f == "dc"))
+        .map(|(range, _)| range)
+        .collect()
+}
+
+/// Each mapping of a `/proc/<pid>/smaps` text: (start, end, private and
+/// anonymous) and the words of its `VmFlags` line.
+fn smaps_flags(text: &str) -> Vec<((u64, u64, bool), &str)> {
     let mut out = Vec::new();
     let mut current = None;
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if let Some(range) = current.take()
-                && flags.split_whitespace().any(|f| f == "dc")
-            {
-                out.push(range);
+            if let Some(range) = current.take() {
+                out.push((range, flags));
             }
             continue;
         }

@@ -54,6 +54,10 @@ pub(crate) struct Template {
     /// they are written into it after the checkpoint
     /// (`Pool::write_pending`).
     pub to_write: Option<crate::incremental::Pending>,
+    /// The `madvise` advice of its mappings (`smaps`), read at its first
+    /// transplant (`transplant::child_of`) and kept: a template never
+    /// runs, so it stays as it was.
+    pub advice: Option<Vec<crate::procfs::AdvisedRange>>,
 }
 
 /// The templates of one checkpoint.

@@ -889,7 +889,7 @@ impl Tracer {
             };
             crate::fork_state::read_proc(p.host, &mut state)?;
             p.fork = state;
-            crate::transplant::with_advice(p.host, &mut p.image.maps)?;
+            crate::transplant::with_advice(&crate::transplant::read_advice(p.host)?, &mut p.image.maps);
         }
         Ok(())
     }

@@ -148,7 +148,12 @@ pub(crate) fn child_of(parent: Parent<'_>, t: &mut Template, last_pid: Option<&m
         let t_read = t_start.elapsed();
         let theirs = maps_of(t.host)?;
         let mut captured: Vec<MapImage> = theirs.iter().map(|m| as_captured(m, t).clone()).collect();
-        with_advice(t.host, &mut captured)?;
+        // (Read at its first transplant: a template never runs, so its
+        // map's advice stays as it was.)
+        if t.advice.is_none() {
+            t.advice = Some(read_advice(t.host)?);
+        }
+        with_advice(t.advice.as_deref().unwrap_or_default(), &mut captured);
         let scratch_prot =
             theirs.iter().find(|m| m.start == t.scratch).map_or(libc::PROT_READ | libc::PROT_WRITE, MapImage::prot);
         let layout = Layout { maps: &captured, scratch: (t.scratch, t.scratch_exec, scratch_prot), fork: &fork_copies };
@@ -402,17 +407,20 @@ pub(crate) fn advise(c: &mut Tracee, (scratch, exec): (u64, bool), maps: &[MapIm
     c.run_batch(&mut b).map(|_| ())
 }
 
-/// `maps` given the advice of the mappings of process `pid` that hold
-/// their starts (`procfs::advice`: `smaps`, read for a transplant or an
-/// image, never in a checkpoint's frozen window).
-pub(crate) fn with_advice(pid: HostPid, maps: &mut [MapImage]) -> Result<()> {
-    let advice = crate::procfs::advice(pid).map_err(|source| Error::Proc { pid, what: "smaps", source })?;
+/// The advice of the mappings of process `pid` (`procfs::advice`:
+/// `smaps`, read for a transplant or an image, never in a checkpoint's
+/// frozen window).
+pub(crate) fn read_advice(pid: HostPid) -> Result<Vec<crate::procfs::AdvisedRange>> {
+    crate::procfs::advice(pid).map_err(|source| Error::Proc { pid, what: "smaps", source })
+}
+
+/// `maps` given the `advice` of the mappings that hold their starts.
+pub(crate) fn with_advice(advice: &[crate::procfs::AdvisedRange], maps: &mut [MapImage]) {
     for m in maps.iter_mut() {
         if let Some((_, a)) = advice.iter().find(|((start, end), _)| *start <= m.start && m.start < *end) {
             m.advice = a.clone();
         }
     }
-    Ok(())
 }
 
 /// Template `t`'s mapping `m` as its image has it: `maps` names a file

@@ -84,17 +84,16 @@ impl Engine {
         let _pinned = self.pin_layers(ck.stack());
         let ck = self.checkpoint_record(&ck.id)?;
         // Refused before anything is made when the image cannot bring them
-        // back.
-        if !wanted.is_empty()
-            && let Err(reason) = self.image_restorable(&ck.id)
-        {
-            return Err(Error::ForkProcessesLost { checkpoint: ck.id, processes: wanted.join(", "), reason });
-        }
-        // Each fork's processes hold a copy of the image's memory: refused
-        // when all of them would not fit in the host's available memory
-        // (the kernel would kill processes of any sandbox to make room).
+        // back; or when each fork's copy of their memory, all of them,
+        // would not fit in the host's available memory (the kernel would
+        // kill processes of any sandbox to make room).
         if !wanted.is_empty() {
-            let each = self.image_memory(&ck.id).await?;
+            let each = match self.image_restorable(&ck.id) {
+                Ok(each) => each,
+                Err(reason) => {
+                    return Err(Error::ForkProcessesLost { checkpoint: ck.id, processes: wanted.join(", "), reason });
+                }
+            };
             let need = each.saturating_mul(u64::from(req.count));
             if let Some(available) = util::mem_available()
                 && need > available
@@ -225,20 +224,6 @@ impl Engine {
             note,
             duration_ms: util::ms_since(t0),
         })
-    }
-}
-
-impl Engine {
-    /// The memory the processes of checkpoint `ck`'s image hold (its
-    /// pages, stored in it or in the images it reads from), in bytes.
-    async fn image_memory(&self, ck: &str) -> Result<u64> {
-        let path = sandtree_proc::durable::image_path(&self.process_images_dir(), ck);
-        let summary =
-            tokio::task::spawn_blocking(move || sandtree_proc::durable::Image::open(&path).map(|i| i.summary()))
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))?
-                .map_err(|e| Error::Internal(format!("checkpoint {ck}'s process image: {e}")))?;
-        Ok(summary.processes.iter().map(|p| (p.pages_here + p.pages_in_parents) * 4096).sum())
     }
 }
 

@@ -108,7 +108,7 @@ impl Engine {
             true => Some(self.image_restorable(&ck.id)),
             false => None,
         };
-        let from_image = matches!(image, Some(Ok(())));
+        let from_image = matches!(image, Some(Ok(_)));
         // (A sandbox re-adopted or booted by this daemon has no tracer
         // until its first checkpoint: the restore from the image needs one.)
         // (Assigned, not shadowed: this handle must drop after `_op`, whose
@@ -373,11 +373,11 @@ impl Engine {
     }
 
     /// Whether `ck`'s processes can come back from its durable image
-    /// (`Ok`), or why not (checked before anything is killed: the image
-    /// and those it reads from open and check, and nothing in it is
-    /// refused). An image still being written is not waited for: with the
-    /// templates gone, its writer fails too.
-    pub(crate) fn image_restorable(&self, ck: &str) -> std::result::Result<(), String> {
+    /// (`Ok`: the memory they hold, in bytes), or why not (checked before
+    /// anything is killed: the image and those it reads from open and
+    /// check, and nothing in it is refused). An image still being written
+    /// is not waited for: with the templates gone, its writer fails too.
+    pub(crate) fn image_restorable(&self, ck: &str) -> std::result::Result<u64, String> {
         use sandtree_api::ImageState;
         match self.process_image_info(ck) {
             None => return Err("it has no durable process image".into()),

@@ -1584,6 +1584,7 @@ fn set_up(c: Cloned) -> Result<Template> {
         generation,
         changed_since: None,
         to_write: c.to_write,
+        advice: None,
     })
 }
 

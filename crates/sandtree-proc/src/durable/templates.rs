@@ -162,9 +162,12 @@ pub(crate) fn make_templates(
 /// check (header, sections, tree and index checksums; the pages are
 /// checked as they are read), and nothing in it is refused. Cheap next to
 /// a restore (the page data is not read): asked before a rollback kills
-/// anything.
-pub fn restorable(dir: &Path, ck: &str) -> Result<()> {
-    open_restorable(dir, ck).map(drop)
+/// anything, and before a fork makes anything. The answer is the memory
+/// its processes hold: the bytes of their pages, stored in it or in the
+/// images it reads from (what each copy of them costs).
+pub fn restorable(dir: &Path, ck: &str) -> Result<u64> {
+    let image = open_restorable(dir, ck)?;
+    Ok(image.summary().processes.iter().map(|p| (p.pages_here + p.pages_in_parents) * PAGE).sum())
 }
 
 /// The image of checkpoint `ck` in `dir`, opened and checked with the
@@ -525,6 +528,7 @@ fn make_one(
             generation: 0,
             changed_since: None,
             to_write: None,
+            advice: None,
         })
     })();
     if made.is_err() {

@@ -1196,6 +1196,30 @@ VmFlags: rd wr sh mr mw me ms dc
 }
 
 #[test]
+fn advice_of_mappings_is_read_from_their_vmflags() {
+    use crate::model::Advice;
+    let smaps = "\
+7f1b00000000-7f1b06400000 rw-p 00000000 00:00 0 
+Size:             102400 kB
+VmFlags: rd wr mr mw me ac hg uw
+7f1b06400000-7f1b06410000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me ac wf dd
+7f1b06410000-7f1b06420000 r--p 00000000 fe:00 77                         /usr/lib/x.so
+VmFlags: rd mr mw me rr
+7f1b06420000-7f1b06430000 rw-p 00000000 00:00 0 
+VmFlags: rd wr mr mw me ac
+";
+    assert_eq!(
+        super::parse_advice(smaps),
+        vec![
+            ((0x7f1b00000000, 0x7f1b06400000), vec![Advice::HugePage]),
+            ((0x7f1b06400000, 0x7f1b06410000), vec![Advice::WipeOnFork, Advice::DontDump]),
+            ((0x7f1b06410000, 0x7f1b06420000), vec![Advice::Random]),
+        ]
+    );
+}
+
+#[test]
 fn posix_timers_are_listed_with_their_signal_value_notification_and_clock() {
     let text = "ID: 8\nsignal: 10/0000000000001234\nnotify: signal/pid.11834\nClockID: 1\n\
 ID: 7\nsignal: 12/0000000000000000\nnotify: signal/tid.11835\nClockID: 0\n\
