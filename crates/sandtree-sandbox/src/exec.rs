@@ -814,10 +814,6 @@ impl Sandbox {
         table.tasks.lock().unwrap_or_else(|e| e.into_inner()).push(waiter);
     }
 
-    /// The processes of a rollback are back: the output of restored
-    /// background processes is read again (see
-    /// [`Sandbox::revive_background`]), and their sessions' terminals are
-    /// theirs alone again.
     /// The output pipes this handle reads (`O_PATH`s, duplicated): those
     /// of background processes and of forgotten ones. A restore from a
     /// durable image gives its processes these very pipes where they
@@ -847,6 +843,10 @@ impl Sandbox {
         }
     }
 
+    /// The processes of a rollback are back: the output of restored
+    /// background processes is read again (see
+    /// [`Sandbox::revive_background`]), and their sessions' terminals are
+    /// theirs alone again.
     pub fn resume_restored_io(&self) {
         self.inner.sessions.resume();
         let table = &self.inner.background;
