@@ -19,6 +19,8 @@ pub enum ErrorCode {
     SessionNotFound,
     /// No process with that pid was started through the API.
     ProcessNotFound,
+    /// No file or directory at that path in the sandbox.
+    FileNotFound,
     /// A resource with that name exists already.
     AlreadyExists,
     /// The checkpoint belongs to another sandbox's tree.
@@ -76,7 +78,8 @@ impl ErrorCode {
             | ErrorCode::CheckpointNotFound
             | ErrorCode::ImageNotFound
             | ErrorCode::SessionNotFound
-            | ErrorCode::ProcessNotFound => 404,
+            | ErrorCode::ProcessNotFound
+            | ErrorCode::FileNotFound => 404,
             ErrorCode::AlreadyExists
             | ErrorCode::CheckpointInUse
             | ErrorCode::ImageInUse
@@ -104,6 +107,7 @@ impl ErrorCode {
             ErrorCode::ImageNotFound => "image_not_found",
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::ProcessNotFound => "process_not_found",
+            ErrorCode::FileNotFound => "file_not_found",
             ErrorCode::AlreadyExists => "already_exists",
             ErrorCode::CheckpointNotInTree => "checkpoint_not_in_tree",
             ErrorCode::CheckpointInUse => "checkpoint_in_use",

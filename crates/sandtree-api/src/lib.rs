@@ -17,6 +17,7 @@
 mod checkpoint;
 mod error;
 mod exec;
+mod files;
 mod image;
 mod info;
 mod sandbox;
@@ -25,6 +26,7 @@ mod session;
 pub use checkpoint::*;
 pub use error::*;
 pub use exec::*;
+pub use files::*;
 pub use image::*;
 pub use info::*;
 pub use sandbox::*;

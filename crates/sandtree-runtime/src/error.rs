@@ -12,6 +12,8 @@ pub enum Error {
     ImageNotFound(String),
     #[error("session {0} not found in sandbox {1}")]
     SessionNotFound(String, String),
+    #[error("no file or directory {path} in sandbox {sandbox}")]
+    FileNotFound { sandbox: String, path: String },
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0} already exists")]
@@ -131,6 +133,7 @@ impl Error {
             Error::CheckpointNotFound(_) => ErrorCode::CheckpointNotFound,
             Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
             Error::SessionNotFound(..) => ErrorCode::SessionNotFound,
+            Error::FileNotFound { .. } => ErrorCode::FileNotFound,
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::AlreadyExists(_) => ErrorCode::AlreadyExists,
             Error::CheckpointNotInTree { .. } => ErrorCode::CheckpointNotInTree,

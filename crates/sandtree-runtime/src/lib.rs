@@ -41,7 +41,9 @@ mod sandbox_checkpoint;
 mod sandbox_create;
 mod sandbox_delete;
 mod sandbox_exec;
+mod sandbox_files;
 mod sandbox_rollback;
+mod sandbox_root;
 mod sandbox_session;
 mod shutdown;
 mod spares;
@@ -53,6 +55,7 @@ pub use config::Config;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandbox_exec::{ExecIo, encode_output};
+pub use sandbox_files::{OpenedFile, WriteFile};
 pub use sandtree_proc::{ProcessStats, TestSwitches};
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{

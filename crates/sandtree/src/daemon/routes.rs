@@ -14,6 +14,13 @@
 //! | GET    | `/v1/sandboxes/{id}/processes` | → `ProcessList` |
 //! | GET    | `/v1/sandboxes/{id}/processes/{pid}[?encoding=base64]` | → `ProcessOutput` |
 //! | DELETE | `/v1/sandboxes/{id}/processes/{pid}?signal=9` | → 204 |
+//! | GET    | `/v1/sandboxes/{id}/files?path=P` | → the file's bytes (`application/octet-stream`) |
+//! | PUT    | `/v1/sandboxes/{id}/files?path=P[&user=U][&mode=644]` | the bytes → `FileInfo` |
+//! | DELETE | `/v1/sandboxes/{id}/files?path=P[&recursive=true]` | → 204 |
+//! | GET    | `/v1/sandboxes/{id}/files/stat?path=P` | → `FileInfo` |
+//! | GET    | `/v1/sandboxes/{id}/files/list?path=P[&depth=1]` | → `FileList` |
+//! | POST   | `/v1/sandboxes/{id}/files/mkdir` | `MakeDirRequest` → 201 `FileInfo` |
+//! | POST   | `/v1/sandboxes/{id}/files/move` | `MoveRequest` → `FileInfo` |
 //! | POST   | `/v1/sandboxes/{id}/sessions` | `CreateSessionRequest` (optional) → 201 `SessionInfo` |
 //! | GET    | `/v1/sandboxes/{id}/sessions` | → `SessionList` |
 //! | POST   | `/v1/sandboxes/{id}/sessions/{sid}/run[?encoding=base64]` | `SessionRunRequest` → `SessionRunResponse` |
@@ -136,6 +143,13 @@ pub fn table() -> Vec<Route> {
         route(Method::GET, "/v1/sandboxes/{id}/processes", list_processes),
         route(Method::GET, "/v1/sandboxes/{id}/processes/{pid}", process_output),
         route(Method::DELETE, "/v1/sandboxes/{id}/processes/{pid}", kill_process),
+        route(Method::GET, "/v1/sandboxes/{id}/files", read_file),
+        route(Method::PUT, "/v1/sandboxes/{id}/files", write_file),
+        route(Method::DELETE, "/v1/sandboxes/{id}/files", remove_file),
+        route(Method::GET, "/v1/sandboxes/{id}/files/stat", stat_file),
+        route(Method::GET, "/v1/sandboxes/{id}/files/list", list_files),
+        route(Method::POST, "/v1/sandboxes/{id}/files/mkdir", make_dir),
+        route(Method::POST, "/v1/sandboxes/{id}/files/move", move_file),
         route(Method::POST, "/v1/sandboxes/{id}/sessions", create_session),
         route(Method::GET, "/v1/sandboxes/{id}/sessions", list_sessions),
         route(Method::POST, "/v1/sandboxes/{id}/sessions/{sid}/run", session_run),
@@ -402,6 +416,170 @@ pub async fn kill_process(
 ) -> ApiResult<StatusCode> {
     e.kill_process(&id, pid, q.signal.unwrap_or(9)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+// ---------------------------------------------------------------- files
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FileQuery {
+    /// Path in the sandbox: absolute, or relative to the home of `user`.
+    pub path: String,
+    /// The user whose home relative paths start from (default root).
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Reads a file: its bytes, streamed.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+              (status = 400, body = ErrorBody), (status = 404, description = "sandbox_not_found, file_not_found", body = ErrorBody)))]
+pub async fn read_file(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> ApiResult<Response> {
+    let opened = e.read_file(&id, &q.path, q.user.as_deref()).await?;
+    let file = tokio::fs::File::from_std(opened.file);
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 256 << 10];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), file))
+            }
+            Err(err) => Some((Err(err), file)),
+        }
+    });
+    let mut resp = Body::from_stream(chunks).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(opened.info.size));
+    Ok(resp)
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WriteFileQuery {
+    /// Path in the sandbox: absolute, or relative to the home of `user`.
+    pub path: String,
+    /// Owner of a file created and of the directories made (default root).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Permission bits as octal text (default `644`, or the replaced file's).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+/// Writes a file: the body's bytes, of any length, replace it whole once
+/// the body has ended; missing directories are made.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    request_body(content = String, content_type = "application/octet-stream", description = "The file's new bytes"),
+    params(("id" = String, Path, description = "Sandbox id"), WriteFileQuery),
+    responses((status = 200, body = FileInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 507, body = ErrorBody)))]
+pub async fn write_file(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WriteFileQuery>,
+    body: Request,
+) -> ApiResult<Json<FileInfo>> {
+    let opts = sandtree_runtime::WriteFile { user: q.user, mode: q.mode };
+    let mut stream = body.into_body().into_data_stream();
+    let res = e.write_file(&id, &q.path, opts, &mut stream).await;
+    if res.is_err() {
+        drain(&mut stream).await;
+    }
+    Ok(Json(res?))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RemoveFileQuery {
+    /// Path in the sandbox: absolute, or relative to the home of `user`.
+    pub path: String,
+    /// Remove a directory with its contents (default: only an empty one).
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Removes a file, a symlink or a directory.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), RemoveFileQuery),
+    responses((status = 204, description = "Removed"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn remove_file(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<RemoveFileQuery>,
+) -> ApiResult<StatusCode> {
+    e.remove_file(&id, &q.path, q.recursive, q.user.as_deref()).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Describes a path (a symlink is described, not followed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 200, body = FileInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn stat_file(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> ApiResult<Json<FileInfo>> {
+    Ok(Json(e.stat_file(&id, &q.path, q.user.as_deref()).await?))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListFilesQuery {
+    /// Directory in the sandbox: absolute, or relative to the home of `user`.
+    pub path: String,
+    /// Levels to list: 1 (default) lists the directory's own entries.
+    #[serde(default)]
+    pub depth: Option<u32>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Lists a directory's entries.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ListFilesQuery),
+    responses((status = 200, body = FileList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_files(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ListFilesQuery>,
+) -> ApiResult<Json<FileList>> {
+    Ok(Json(e.list_files(&id, &q.path, q.depth.unwrap_or(1), q.user.as_deref()).await?))
+}
+
+/// Makes a directory (by default with its missing parents, as `mkdir -p`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files", request_body = MakeDirRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, body = FileInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "already_exists (with parents false)", body = ErrorBody)))]
+pub async fn make_dir(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<MakeDirRequest>,
+) -> ApiResult<(StatusCode, Json<FileInfo>)> {
+    Ok((StatusCode::CREATED, Json(e.make_dir(&id, req).await?)))
+}
+
+/// Renames a file or directory within the sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files", request_body = MoveRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = FileInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "already_exists (without overwrite)", body = ErrorBody)))]
+pub async fn move_file(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<MoveRequest>,
+) -> ApiResult<Json<FileInfo>> {
+    Ok(Json(e.move_file(&id, req).await?))
 }
 
 // ---------------------------------------------------------------- sessions
