@@ -11,9 +11,10 @@
 //!   it makes the missing directories, links the file under a temporary
 //!   name and renames it over the path. A checkpoint taken during an
 //!   upload sees the old file (or none), never half of the new one. A
-//!   rollback or restart during the upload moves the sandbox to another
-//!   root: the link then fails (`EXDEV`), and the write answers an error,
-//!   having written nothing.
+//!   checkpoint or a rollback during the upload moves the sandbox to
+//!   another layer (another mount, where the file cannot be linked:
+//!   `EXDEV`): the bytes are then copied there under the lock, and the
+//!   write lands, whole, after the checkpoint or rollback.
 //!
 //! A stopped sandbox is started first, as an exec starts it.
 
@@ -151,14 +152,17 @@ impl Engine {
             let root = self.current_root(id, root)?;
             block(|| {
                 let dir = nearest_dir(&root, &parent).map_err(|e| file_error(id, &parent, "write", e))?;
-                rustix::fs::openat(&dir, ".", OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from(0o600))
+                rustix::fs::openat(&dir, ".", OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from(0o600))
                     .map_err(|e| file_error(id, &path, "write", e))
             })?
         };
         let mut file = tokio::fs::File::from_std(std::fs::File::from(tmp));
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| {
-                Error::InvalidArgument(format!("write {}: the upload broke off ({e}); nothing was written", path.as_str()))
+                Error::InvalidArgument(format!(
+                    "write {}: the upload broke off ({e}); nothing was written",
+                    path.as_str()
+                ))
             })?;
             file.write_all(chunk.as_ref()).await.map_err(|e| io_error(id, &path, e))?;
         }
@@ -185,18 +189,31 @@ impl Engine {
                 }
             };
             let e = |e| file_error(id, &path, "write", e);
-            rustix::fs::fchown(&tmp, Some(uid), Some(gid)).map_err(e)?;
-            rustix::fs::fchmod(&tmp, Mode::from(bits)).map_err(e)?;
             let temp_name = format!(".sandtree-write-{:016x}", rand::random::<u64>());
-            match rustix::fs::linkat(&tmp, "", &dir, temp_name.as_str(), AtFlags::EMPTY_PATH) {
-                Ok(()) => {}
+            // A checkpoint or a rollback during the upload put the sandbox
+            // on another layer (another mount): the bytes are copied there.
+            let copy;
+            let placed = match rustix::fs::linkat(&tmp, "", &dir, temp_name.as_str(), AtFlags::EMPTY_PATH) {
+                Ok(()) => &tmp,
                 Err(Errno::XDEV) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "write {}: sandbox {id} was rolled back or restarted during the upload; nothing was written (write it again)",
-                        path.as_str()
-                    )));
+                    copy = rustix::fs::openat(
+                        &dir,
+                        ".",
+                        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+                        Mode::from(0o600),
+                    )
+                    .map_err(e)?;
+                    copy_whole(&tmp, &copy).map_err(|err| io_error(id, &path, err))?;
+                    rustix::fs::linkat(&copy, "", &dir, temp_name.as_str(), AtFlags::EMPTY_PATH).map_err(e)?;
+                    &copy
                 }
                 Err(err) => return Err(e(err)),
+            };
+            let owned = rustix::fs::fchown(placed, Some(uid), Some(gid))
+                .and_then(|()| rustix::fs::fchmod(placed, Mode::from(bits)));
+            if let Err(err) = owned {
+                let _ = rustix::fs::unlinkat(&dir, temp_name.as_str(), AtFlags::empty());
+                return Err(e(err));
             }
             if let Err(err) = rustix::fs::renameat(&dir, temp_name.as_str(), &dir, name.as_str()) {
                 let _ = rustix::fs::unlinkat(&dir, temp_name.as_str(), AtFlags::empty());
@@ -267,10 +284,9 @@ impl Engine {
             let td = root.open_dir(&to_dir).map_err(|e| file_error(id, &to, "move", e))?;
             let flags = if req.overwrite { RenameFlags::empty() } else { RenameFlags::NOREPLACE };
             rustix::fs::renameat_with(&fd, from_name, &td, to_name, flags).map_err(|e| match e {
-                Errno::EXIST => Error::AlreadyExists(format!(
-                    "{} in sandbox {id} (pass overwrite=true to replace it)",
-                    to.as_str()
-                )),
+                Errno::EXIST => {
+                    Error::AlreadyExists(format!("{} in sandbox {id} (pass overwrite=true to replace it)", to.as_str()))
+                }
                 Errno::NOENT => file_error(id, &from, "move", e),
                 e => file_error(id, &to, "move", e),
             })?;
@@ -296,11 +312,7 @@ impl Engine {
             if st.st_mode & 0o170000 != S_IFDIR {
                 return rustix::fs::unlinkat(&dir, name, AtFlags::empty());
             }
-            if recursive {
-                remove_tree(&dir, name)
-            } else {
-                rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR)
-            }
+            if recursive { remove_tree(&dir, name) } else { rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR) }
         })
         .map_err(|e| file_error(id, &path, "remove", e))?;
         self.flusher.poke();
@@ -317,6 +329,15 @@ impl Engine {
         SandboxRoot::open(live.init_pid(), self.cfg.uid_base)
             .map_err(|e| Error::Internal(format!("opening the root of sandbox {id}: {e}")))
     }
+}
+
+/// Copies the whole of `from` (read from its start) into `to`.
+fn copy_whole(from: &OwnedFd, to: &OwnedFd) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut src = std::fs::File::from(from.try_clone()?);
+    src.seek(SeekFrom::Start(0))?;
+    let mut dst = std::fs::File::from(to.try_clone()?);
+    std::io::copy(&mut src, &mut dst)
 }
 
 fn io_error(id: &str, path: &SandboxPath, e: std::io::Error) -> Error {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use common::{BIN, Daemon};
+use common::{BIN, Daemon, half_duplex, parse_response};
 use serde_json::{Value, json};
 
 const STDIN_TYPE: &str = "application/vnd.sandtree.exec+stdin";
@@ -102,40 +102,6 @@ fn exchange_slow(
     }
     let _ = writer.join();
     parse_response(&raw)
-}
-
-/// Half duplex, as most HTTP libraries do: the whole body is sent (it must
-/// all go through), then the answer is read.
-fn half_duplex(socket: &Path, head: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).expect("the daemon reads the whole body");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
-
-/// (status, de-chunked body) of a raw HTTP/1.1 response.
-fn parse_response(raw: &[u8]) -> (u16, Vec<u8>) {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let mut body = raw[end + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        let (mut out, mut rest) = (Vec::new(), &body[..]);
-        while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
-            let n = usize::from_str_radix(std::str::from_utf8(&rest[..nl]).unwrap().trim(), 16).unwrap();
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
-            rest = &rest[nl + 2 + n + 2..];
-        }
-        body = out;
-    }
-    (status, body)
 }
 
 /// A streamed-stdin exec: the JSON line, then `stdin` in chunks of 64 KiB

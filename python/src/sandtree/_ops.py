@@ -8,7 +8,7 @@ import base64
 import json
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Union
+from typing import IO, Any
 
 import httpx
 
@@ -41,14 +41,14 @@ from .models import (
     parse,
 )
 
-Command = Union[str, Sequence[str]]
+Command = str | Sequence[str]
 """A command: a list of program and arguments, or one string run by ``/bin/sh -c``."""
 
-Stdin = Union[str, bytes, IO[bytes], Iterable[bytes], AsyncIterable[bytes]]
+Stdin = str | bytes | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
 """A command's stdin: text, bytes, or a binary file object / iterable of
 bytes streamed as it is read (any size)."""
 
-FileData = Union[str, bytes, IO[bytes], Iterable[bytes], AsyncIterable[bytes]]
+FileData = str | bytes | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
 """What :meth:`Files.write` writes: text (UTF-8), bytes, or a binary file
 object / iterable of bytes streamed as it is read (any size)."""
 
@@ -211,7 +211,9 @@ def exec_call(
     """A foreground exec; with ``stream`` its NDJSON events are read by :func:`exec_event`.
 
     Text stdin goes as ``stdin``, small bytes as ``stdin_base64``, and large
-    bytes, file objects and iterables stream in the body after the JSON line.
+    bytes, file objects and iterables stream in the body after the JSON line
+    (not with ``stream``: the client sends a body whole before it reads the
+    answer, so a streamed exec's stdin is always inline).
     """
     request: dict[str, Any] = _drop_none(
         {
@@ -225,13 +227,16 @@ def exec_call(
     )
     params = {**BASE64, **({"stream": "true"} if stream else {})}
     url = path("sandboxes", sandbox_id, "exec")
-    parse_result = lambda r: _exec_result(_json(r))  # noqa: E731
+
+    def parse_result(r: httpx.Response) -> ExecResult:
+        return _exec_result(_json(r))
+
     wait = _wait_after(timeout)
     if stdin is None or isinstance(stdin, str):
         if stdin is not None:
             request["stdin"] = stdin
         return Call("POST", url, parse_result, params=params, json=request, wait=wait)
-    if isinstance(stdin, (bytes, bytearray, memoryview)) and len(stdin) <= INLINE_STDIN_LIMIT:
+    if isinstance(stdin, (bytes, bytearray, memoryview)) and (stream or len(stdin) <= INLINE_STDIN_LIMIT):
         request["stdin_base64"] = base64.b64encode(stdin).decode("ascii")
         return Call("POST", url, parse_result, params=params, json=request, wait=wait)
     head = json.dumps(request).encode() + b"\n"
@@ -456,8 +461,13 @@ def fork(
 # ---------------------------------------------------------------- files
 
 
-def read_file(sandbox_id: str, file_path: str) -> Call[bytes]:
-    return Call("GET", path("sandboxes", sandbox_id, "files"), lambda r: r.content, params={"path": file_path}, wait=None)
+def _file_params(file_path: str, user: str | None, **extra: str) -> dict[str, str]:
+    return _drop_none({"path": file_path, "user": user, **extra})
+
+
+def read_file(sandbox_id: str, file_path: str, user: str | None) -> Call[bytes]:
+    params = _file_params(file_path, user)
+    return Call("GET", path("sandboxes", sandbox_id, "files"), lambda r: r.content, params=params, wait=None)
 
 
 def write_file(
@@ -476,23 +486,26 @@ def write_file(
     )
 
 
-def remove_file(sandbox_id: str, file_path: str, recursive: bool) -> Call[None]:
-    params = {"path": file_path, **({"recursive": "true"} if recursive else {})}
+def remove_file(sandbox_id: str, file_path: str, recursive: bool, user: str | None) -> Call[None]:
+    params = _file_params(file_path, user, **({"recursive": "true"} if recursive else {}))
     return Call("DELETE", path("sandboxes", sandbox_id, "files"), _none, params=params, wait=None)
 
 
-def stat_file(sandbox_id: str, file_path: str) -> Call[FileInfo]:
+def stat_file(sandbox_id: str, file_path: str, user: str | None) -> Call[FileInfo]:
     return Call(
-        "GET", path("sandboxes", sandbox_id, "files", "stat"), lambda r: parse(FileInfo, _json(r)), params={"path": file_path}
+        "GET",
+        path("sandboxes", sandbox_id, "files", "stat"),
+        lambda r: parse(FileInfo, _json(r)),
+        params=_file_params(file_path, user),
     )
 
 
-def list_dir(sandbox_id: str, dir_path: str, depth: int) -> Call[list[FileInfo]]:
+def list_dir(sandbox_id: str, dir_path: str, depth: int, user: str | None) -> Call[list[FileInfo]]:
     return Call(
         "GET",
         path("sandboxes", sandbox_id, "files", "list"),
         lambda r: [parse(FileInfo, e) for e in _json(r)["entries"]],
-        params={"path": dir_path, "depth": str(depth)},
+        params=_file_params(dir_path, user, depth=str(depth)),
         wait=None,
     )
 

@@ -14,7 +14,7 @@ import io
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Generic, Literal, TypeVar, Union
+from typing import IO, Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -35,12 +35,12 @@ CONNECT_TIMEOUT = 5.0
 CHUNK = 256 * 1024
 """Size of the chunks a streamed request body is read in."""
 
-Wait = Union[float, None, Literal["default"]]
+Wait = float | None | Literal["default"]
 """How long a call may wait for the daemon's answer: seconds, ``None`` (no
 limit: the operation's own time, as a fork's or a long command's), or the
 client's default timeout."""
 
-Source = Union[bytes, IO[bytes], Iterable[bytes], AsyncIterable[bytes]]
+Source = bytes | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
 """What a streamed body is read from."""
 
 
@@ -66,7 +66,9 @@ class Endpoint:
             return Endpoint(socket=os.fspath(socket))
         env_url = os.environ.get("SANDTREE_URL")
         if env_url:
-            return Endpoint(url=env_url.rstrip("/"), token=token if token is not None else os.environ.get("SANDTREE_TOKEN"))
+            return Endpoint(
+                url=env_url.rstrip("/"), token=token if token is not None else os.environ.get("SANDTREE_TOKEN")
+            )
         return Endpoint(socket=os.environ.get("SANDTREE_SOCKET") or DEFAULT_SOCKET)
 
     @property
@@ -82,8 +84,14 @@ class Endpoint:
 
     def unavailable(self, exc: Exception) -> DaemonUnavailableError:
         """The error for a daemon that cannot be reached (``exc``: the transport's)."""
-        cause = exc.__cause__ or exc.__context__ or exc
-        return DaemonUnavailableError(self.describe(), str(cause) or type(cause).__name__)
+        cause: BaseException = exc
+        while not isinstance(cause, OSError):
+            underlying = cause.__cause__ or cause.__context__
+            if underlying is None:
+                break
+            cause = underlying
+        reason = str(cause) or type(cause).__name__
+        return DaemonUnavailableError(self.describe(), reason, permission_denied=isinstance(cause, PermissionError))
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,11 @@ class SandtreeError(Exception):
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take other arguments: rebuild from the state, so that
+        # errors cross process boundaries (multiprocessing) intact.
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, status={self.status})"
 
@@ -119,18 +124,26 @@ class InternalError(SandtreeError):
 
 
 class DaemonUnavailableError(SandtreeError):
-    """No daemon answers at the configured socket or URL.
+    """No daemon answers at the configured socket or URL (``daemon_unavailable``).
 
-    The message names the endpoint and how to start a daemon.
+    The message names the endpoint and what to do: start a daemon
+    (``sudo sandtree daemon &``), point ``SANDTREE_SOCKET`` / ``SANDTREE_URL``
+    at one, or, for a socket that refuses a non-root user, run as root.
     """
 
-    def __init__(self, endpoint: str, reason: str) -> None:
-        super().__init__(
-            "daemon_unavailable",
-            f"the sandtree daemon is not running at {endpoint} ({reason}): start it with "
-            "`sudo sandtree daemon &`, or point SANDTREE_SOCKET (or SANDTREE_URL and "
-            "SANDTREE_TOKEN) at a running one",
-        )
+    def __init__(self, endpoint: str, reason: str, permission_denied: bool = False) -> None:
+        if permission_denied:
+            message = (
+                f"cannot connect to the sandtree daemon at {endpoint} ({reason}): its socket is root's "
+                "(mode 0600): run as root, or use its TCP listener (SANDTREE_URL and SANDTREE_TOKEN)"
+            )
+        else:
+            message = (
+                f"the sandtree daemon is not running at {endpoint} ({reason}): start it with "
+                "`sudo sandtree daemon &`, or point SANDTREE_SOCKET (or SANDTREE_URL and "
+                "SANDTREE_TOKEN) at a running one"
+            )
+        super().__init__("daemon_unavailable", message)
         self.endpoint = endpoint
 
 
@@ -155,6 +168,13 @@ class ForkError(SandtreeError):
     def __init__(self, code: str, message: str, status: int, errors: list[SandtreeError]) -> None:
         super().__init__(code, message, status)
         self.errors = errors
+
+
+def _rebuild(cls: type[SandtreeError], state: dict[str, Any]) -> SandtreeError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state["code"], state["message"], state["status"])
+    err.__dict__.update(state)
+    return err
 
 
 _BY_CODE: dict[str, type[SandtreeError]] = {
@@ -213,14 +233,27 @@ _STATUS: dict[type[SandtreeError], int] = {
 _STATUS_EXCEPTIONS = {"payload_too_large": 413, "pid_limit_reached": 429, "method_not_allowed": 405}
 
 
+# The options a daemon message names, as the API spells them, and as the
+# SDK's methods do (the CLI translates them to its flags the same way).
+_REMEDIES = {
+    '"best_effort": true': "best_effort=True",
+    '"allow_restart": true': "allow_restart=True",
+    '"files_only": true': "files_only=True",
+    "?force=true": "force=True",
+}
+
+
 def error_for(code: str, message: str, status: int | None = None) -> SandtreeError:
     """The :class:`SandtreeError` subclass instance for a daemon error.
 
     ``status`` is the HTTP status; errors that came inside a stream or a
     fork's results have none, and get the status the daemon serves their
     code with. Unknown codes (a daemon newer than the SDK) fall back on the
-    HTTP status.
+    HTTP status. The options the message names are spelled as the SDK's
+    arguments (``allow_restart=True``).
     """
+    for api, sdk in _REMEDIES.items():
+        message = message.replace(api, sdk)
     if status is None:
         cls = _BY_CODE.get(code, InternalError)
         return cls(code, message, _STATUS_EXCEPTIONS.get(code) or _STATUS.get(cls, 500))

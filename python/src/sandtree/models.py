@@ -237,7 +237,7 @@ class ExitEvent:
     type: Literal["exit"] = "exit"
 
 
-ExecEvent = Union[StartedEvent, StdoutEvent, StderrEvent, ExitEvent]
+ExecEvent = StartedEvent | StdoutEvent | StderrEvent | ExitEvent
 """One event of a streamed exec."""
 
 
@@ -518,7 +518,7 @@ def parse(cls: type[T], data: Any) -> T:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     hints = typing.get_type_hints(cls)
     return tuple(

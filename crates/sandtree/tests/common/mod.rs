@@ -2,6 +2,7 @@
 //! on a scratch data directory and talks HTTP/1.1 to it over its unix socket.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -353,3 +354,37 @@ pub fn cleanup_dir(dir: &Path) {
 }
 
 pub use sandtree::unix_http::request;
+
+/// Half duplex, as most HTTP libraries do: the whole body is sent (it must
+/// all go through), then the answer is read.
+pub fn half_duplex(socket: &Path, head: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).expect("the daemon reads the whole body");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
+/// (status, de-chunked body) of a raw HTTP/1.1 response.
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<u8>) {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut body = raw[end + 4..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        let (mut out, mut rest) = (Vec::new(), &body[..]);
+        while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
+            let n = usize::from_str_radix(std::str::from_utf8(&rest[..nl]).unwrap().trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
+            rest = &rest[nl + 2 + n + 2..];
+        }
+        body = out;
+    }
+    (status, body)
+}
