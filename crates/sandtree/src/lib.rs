@@ -13,5 +13,7 @@
 
 pub mod cli;
 pub mod daemon;
+pub mod mcp;
 pub mod units;
 pub mod unix_http;
+pub mod url;

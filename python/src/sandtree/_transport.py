@@ -82,7 +82,7 @@ class Endpoint:
     def describe(self) -> str:
         return self.url if self.url is not None else f"unix socket {self.socket}"
 
-    def unavailable(self, exc: Exception) -> DaemonUnavailableError:
+    def unavailable(self, exc: httpx.TransportError) -> DaemonUnavailableError:
         """The error for a daemon that cannot be reached (``exc``: the transport's)."""
         cause: BaseException = exc
         while not isinstance(cause, OSError):
@@ -91,7 +91,13 @@ class Endpoint:
                 break
             cause = underlying
         reason = str(cause) or type(cause).__name__
-        return DaemonUnavailableError(self.describe(), reason, permission_denied=isinstance(cause, PermissionError))
+        if isinstance(cause, PermissionError):
+            kind = "permission"
+        elif isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            kind = "refused"
+        else:
+            kind = "broken"
+        return DaemonUnavailableError(self.describe(), reason, kind)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,15 @@ from .models import (
 )
 from .tree import CheckpointTree
 
-__all__ = ["AsyncSandtree", "AsyncSandbox", "AsyncCheckpoint", "AsyncSession", "AsyncProcess", "AsyncFiles"]
+__all__ = [
+    "AsyncSandtree",
+    "AsyncSandbox",
+    "AsyncCheckpoint",
+    "AsyncSession",
+    "AsyncProcess",
+    "AsyncFiles",
+    "SandboxCreation",
+]
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ the case::
 
 Errors found by the SDK itself have ``status == 0``:
 :class:`DaemonUnavailableError` (no daemon answers), :class:`ClientTimeoutError`
-(the daemon did not answer in time), :class:`CommandError` (a command that
-``check()`` found failed) and :class:`ForkError` (a fork that could not make
-every sandbox).
+(the daemon did not answer in time) and :class:`CommandError` (a command that
+``check()`` found failed). :class:`ForkError` (a fork that could not make
+every sandbox) has the code and status of the first fork that failed.
 """
 
 from __future__ import annotations
@@ -131,11 +131,18 @@ class DaemonUnavailableError(SandtreeError):
     at one, or, for a socket that refuses a non-root user, run as root.
     """
 
-    def __init__(self, endpoint: str, reason: str, permission_denied: bool = False) -> None:
-        if permission_denied:
+    def __init__(self, endpoint: str, reason: str, kind: str = "refused") -> None:
+        """``kind``: ``refused`` (nothing listens), ``permission`` (the socket
+        is root's) or ``broken`` (the connection broke during the call)."""
+        if kind == "permission":
             message = (
                 f"cannot connect to the sandtree daemon at {endpoint} ({reason}): its socket is root's "
                 "(mode 0600): run as root, or use its TCP listener (SANDTREE_URL and SANDTREE_TOKEN)"
+            )
+        elif kind == "broken":
+            message = (
+                f"the connection to the sandtree daemon at {endpoint} broke during the call ({reason}): "
+                "did it stop or restart? Its log says why"
             )
         else:
             message = (

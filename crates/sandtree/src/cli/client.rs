@@ -31,6 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
+pub use crate::url::enc;
+
 /// An error the daemon answered with; displays as its message only.
 #[derive(Debug, Clone)]
 pub struct RemoteError(pub ApiError);
@@ -394,18 +396,4 @@ pub fn error_of(status: StatusCode, body: &[u8]) -> RemoteError {
             RemoteError(ApiError::new(code, format!("the daemon answered {status}: {}", text.trim())))
         }
     }
-}
-
-/// Percent-encodes one path segment or query value (ids and names are plain,
-/// but a user may type anything).
-pub fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

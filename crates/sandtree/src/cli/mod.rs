@@ -69,6 +69,11 @@ pub enum Command {
     Daemon(DaemonArgs),
     /// Print the OpenAPI document of the daemon's API.
     Openapi,
+    /// Serve MCP on stdin and stdout: the daemon's sandboxes as tools for an
+    /// agent (create, run, read and write files, checkpoint, rollback, fork,
+    /// tree, delete). Add `{"command": "sandtree", "args": ["mcp"]}` to an
+    /// MCP client's servers.
+    Mcp,
     /// Create and start a sandbox; prints its id.
     Create(CreateArgs),
     /// Run a command in a sandbox, streaming its output; exits with its exit code.

@@ -46,6 +46,7 @@
 pub mod attach;
 pub mod auth;
 pub mod error;
+pub mod mcp_http;
 pub mod openapi;
 pub mod routes;
 pub mod server;

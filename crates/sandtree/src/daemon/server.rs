@@ -45,7 +45,12 @@ pub fn check_socket_free(socket: &Path) -> Result<()> {
 /// every request must carry it. (JSON bodies are limited by their
 /// extractor, [`super::error::ApiJson`]; a streamed stdin is not.)
 pub fn app(engine: Option<Arc<Engine>>, token: Option<Token>) -> Router {
-    let mut router = api_router();
+    let mut router = api_router().route(
+        "/mcp",
+        axum::routing::post(super::mcp_http::post)
+            .get(super::mcp_http::not_offered)
+            .delete(super::mcp_http::not_offered),
+    );
     if let Some(engine) = engine {
         router = router.layer(Extension(engine));
     }

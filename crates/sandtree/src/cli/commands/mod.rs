@@ -3,6 +3,7 @@
 mod checkpoint;
 mod exec;
 mod images;
+mod mcp;
 mod sandbox;
 mod shell;
 
@@ -46,6 +47,7 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
     let ctx = Ctx { client: global.client()?, json: global.json };
     match command {
         Command::Daemon(_) | Command::Openapi => unreachable!("handled by main"),
+        Command::Mcp => mcp::serve(ctx.client).await,
         Command::Create(a) => sandbox::create(&ctx, a).await,
         Command::Ls => sandbox::ls(&ctx).await,
         Command::Info { sandbox } => sandbox::info(&ctx, sandbox).await,
