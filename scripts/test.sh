@@ -32,6 +32,17 @@ fi
 echo "== rustfmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== tests"; cargo test --workspace --locked -- --test-threads=2
+# The Python SDK and the MCP server, driven by their official clients
+# (pytest, the `mcp` package) against a daemon of their own; the SDK is
+# installed from ./python into a venv, as a user would install it.
+echo "== python: the SDK and the MCP server"
+if [ ! -x target/python/bin/python ]; then
+    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; }
+    /usr/bin/python3 -m venv target/python
+fi
+target/python/bin/pip install -q --disable-pip-version-check './python[test]'
+cargo build --locked -p sandtree
+(cd python && SANDTREE_BIN="$PWD/../target/debug/sandtree" ../target/python/bin/python -m pytest -q -p no:cacheprovider tests)
 # The workload suite again, every rollback from the checkpoint's durable
 # process image (its templates dropped first): each case restores exactly
 # or is refused by name (docs/architecture/durable-images.md).

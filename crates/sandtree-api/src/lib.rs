@@ -1,6 +1,6 @@
 #![forbid(unsafe_code)]
 //! `sandtree-api`: the types that cross the wire between the daemon and its
-//! clients (the CLI, the future Python SDK and MCP tools).
+//! clients (the CLI, the MCP server; the Python SDK in `python/` mirrors them).
 //!
 //! Everything here is plain data: serde (JSON) + utoipa schemas, no I/O. The
 //! runtime returns these types directly, the daemon serialises them, and the
@@ -9,7 +9,8 @@
 //!
 //! Conventions:
 //! - ids are short lowercase strings with a kind prefix: `sb-…` sandboxes,
-//!   `ck-…` checkpoints, `se-…` sessions;
+//!   `ck-…` checkpoints; sessions are `s<pid>` (their shell's pid in the
+//!   sandbox);
 //! - times are RFC 3339 strings in UTC, durations are `*_ms` floats;
 //! - errors are [`ApiError`] with a stable snake_case [`ErrorCode`] and a
 //!   message that says what to do next.

@@ -12,6 +12,8 @@ pub enum Error {
     ImageNotFound(String),
     #[error("session {0} not found in sandbox {1}")]
     SessionNotFound(String, String),
+    #[error("no process {pid} {detail} in sandbox {sandbox}")]
+    ProcessNotFound { sandbox: String, pid: i32, detail: String },
     #[error("no file or directory {path} in sandbox {sandbox}")]
     FileNotFound { sandbox: String, path: String },
     #[error("{0}")]
@@ -134,6 +136,7 @@ impl Error {
             Error::ImageNotFound(_) => ErrorCode::ImageNotFound,
             Error::SessionNotFound(..) => ErrorCode::SessionNotFound,
             Error::FileNotFound { .. } => ErrorCode::FileNotFound,
+            Error::ProcessNotFound { .. } => ErrorCode::ProcessNotFound,
             Error::InvalidArgument(_) => ErrorCode::InvalidArgument,
             Error::AlreadyExists(_) => ErrorCode::AlreadyExists,
             Error::CheckpointNotInTree { .. } => ErrorCode::CheckpointNotInTree,

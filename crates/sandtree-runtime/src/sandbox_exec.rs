@@ -238,7 +238,11 @@ impl Engine {
     /// State and buffered output of a background process, in `encoding`.
     pub async fn process_output_as(&self, id: &str, pid: i32, encoding: OutputEncoding) -> Result<ProcessOutput> {
         self.record(id)?;
-        let not_found = || Error::InvalidArgument(format!("no process {pid} was started through the API in {id}"));
+        let not_found = || Error::ProcessNotFound {
+            sandbox: id.to_string(),
+            pid,
+            detail: format!("was started through the API (GET /v1/sandboxes/{id}/processes lists those)"),
+        };
         let sb = self.live_get(id).ok_or_else(not_found)?;
         let p = sb.processes().into_iter().find(|p| p.pid == pid).ok_or_else(not_found)?;
         let (stdout, stderr) = sb.process_output(pid).unwrap_or_default();
@@ -252,6 +256,14 @@ impl Engine {
     pub async fn kill_process(&self, id: &str, pid: i32, signal: i32) -> Result<()> {
         self.record(id)?;
         let sb = self.live_get(id).ok_or_else(|| Error::NotRunning(id.to_string()))?;
+        // A process of the API's that has ended: nothing to signal (a kill
+        // is idempotent). Any other pid must run in the sandbox.
+        if sb.processes().iter().any(|p| p.pid == pid && !p.running()) {
+            return Ok(());
+        }
+        if sb.host_pid(pid).is_none() {
+            return Err(Error::ProcessNotFound { sandbox: id.to_string(), pid, detail: "runs".into() });
+        }
         sb.kill_process(pid, signal).await?;
         Ok(())
     }

@@ -187,3 +187,25 @@ fn a_program_that_cannot_start_exits_as_in_a_shell() {
     let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["no-such-program"]})));
     assert_eq!(v["exit_code"], 127, "{v}");
 }
+
+#[test]
+fn an_unknown_process_is_not_found_and_killing_an_ended_one_is_a_no_op() {
+    if common::must_skip() {
+        return;
+    }
+    let d = Daemon::start("errors-process");
+    let sb = d.create();
+    let (status, v) = d.req("GET", &format!("/v1/sandboxes/{sb}/processes/4242"), None);
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("process_not_found")), "{v}");
+    let (status, v) = d.req("DELETE", &format!("/v1/sandboxes/{sb}/processes/4242"), None);
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("process_not_found")), "{v}");
+    let bg = d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": ["true"], "background": true})));
+    let pid = bg["pid"].as_i64().unwrap();
+    let t = std::time::Instant::now();
+    while d.ok("GET", &format!("/v1/sandboxes/{sb}/processes/{pid}"), None)["process"]["running"] == json!(true) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "true never ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, v) = d.req("DELETE", &format!("/v1/sandboxes/{sb}/processes/{pid}"), None);
+    assert_eq!(status, 204, "killing an ended process: {v}");
+}
