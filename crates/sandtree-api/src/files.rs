@@ -12,7 +12,7 @@
 //! | GET    | `/v1/sandboxes/{id}/files?path=P` | → the file's bytes (`application/octet-stream`) |
 //! | PUT    | `/v1/sandboxes/{id}/files?path=P[&user=U][&mode=644]` | the bytes, of any length → 200 `FileInfo` |
 //! | DELETE | `/v1/sandboxes/{id}/files?path=P[&recursive=true]` | → 204 |
-//! | GET    | `/v1/sandboxes/{id}/files/stat?path=P` | → `FileInfo` |
+//! | GET    | `/v1/sandboxes/{id}/files/stat?path=P[&follow=true]` | → `FileInfo` |
 //! | GET    | `/v1/sandboxes/{id}/files/list?path=P[&depth=1]` | → `FileList` |
 //! | POST   | `/v1/sandboxes/{id}/files/mkdir` | `MakeDirRequest` → 201 `FileInfo` |
 //! | POST   | `/v1/sandboxes/{id}/files/move` | `MoveRequest` → `FileInfo` |

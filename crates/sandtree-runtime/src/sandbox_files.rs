@@ -91,13 +91,18 @@ impl Engine {
         Ok((root, account))
     }
 
-    /// `stat` of a path (a symlink is described, not followed).
-    pub async fn stat_file(&self, id: &str, path: &str, user: Option<&str>) -> Result<FileInfo> {
+    /// `stat` of a path: a symlink is described, or with `follow`, what
+    /// it leads to (inside the sandbox).
+    pub async fn stat_file(&self, id: &str, path: &str, follow: bool, user: Option<&str>) -> Result<FileInfo> {
         let (root, account) = self.files_root(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
         let root = self.current_root(id, root)?;
-        block(|| root.stat(&path)).map_err(|e| file_error(id, &path, "stat", e))
+        block(|| match follow {
+            false => root.stat(&path),
+            true => root.open_path(&path, OFlags::PATH, Mode::empty()).and_then(|fd| root.stat_fd(&fd, &path)),
+        })
+        .map_err(|e| file_error(id, &path, "stat", e))
     }
 
     /// Opens a regular file for reading.

@@ -27,6 +27,7 @@
 //! as Markdown (`--markdown`, `markdown.rs`); `--record DIR` appends the run
 //! to `DIR/docs/benchmarks.md` and puts its table in `DIR/README.md`.
 
+mod doors;
 mod markdown;
 mod processes;
 mod report;
@@ -66,7 +67,7 @@ pub struct BenchArgs {
     /// the `<!-- bench:begin -->` and `<!-- bench:end -->` lines of
     /// DIR/README.md. Checked before the run starts; needs a full run with
     /// the default engine settings.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "processes_only", "no_pre_sync", "snapshot_processes"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "processes_only", "doors_only", "no_pre_sync", "snapshot_processes"])]
     pub record: Option<PathBuf>,
     /// Source tree of the workload.
     #[arg(long, default_value = "/usr/lib/python3.11")]
@@ -83,6 +84,10 @@ pub struct BenchArgs {
     /// iterations on the process engine.
     #[arg(long)]
     pub processes_only: bool,
+    /// Run only the doors: the same round trips through the API, the CLI,
+    /// the Python SDK and MCP (HTTP and stdio).
+    #[arg(long, conflicts_with = "processes_only")]
+    pub doors_only: bool,
     /// Keep the scratch data directory afterwards (unmounted: `sandtree
     /// daemon --data-dir` on it mounts it again).
     #[arg(long)]
@@ -200,7 +205,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let t0 = Instant::now();
         let steal = report::Steal::now();
         let engine = Engine::open(cfg.clone(), zygote).await.context("opening the engine")?;
-        let report = workload::run_all(&engine, &args).await;
+        let mut report = match args.doors_only {
+            true => Ok(report::Report::new_run()),
+            false => workload::run_all(&engine, &args).await,
+        };
+        if let Ok(r) = report.as_mut()
+            && !args.processes_only
+        {
+            eprintln!("bench: the doors (API, CLI, Python SDK, MCP)");
+            if let Err(e) = doors::rows(engine.clone(), &data_dir, args.iterations.max(5), r).await {
+                report = Err(e);
+            }
+        }
         let cleanup = workload::cleanup(&engine).await;
         // Sandboxes' and the run's cgroups, the volume's mount and loop device.
         for left in engine.shutdown(false).await.left_behind {
@@ -239,6 +255,7 @@ impl BenchArgs {
         for (on, flag) in [
             (self.quick, "--quick"),
             (self.processes_only, "--processes-only"),
+            (self.doors_only, "--doors-only"),
             (self.no_pre_sync, "--no-pre-sync"),
             (self.snapshot_processes, "--snapshot-processes"),
         ] {

@@ -146,6 +146,14 @@ pub fn sandbox_inits() -> Vec<i32> {
 }
 
 impl Report {
+    /// An empty report of a run on this machine.
+    pub fn new_run() -> Report {
+        Report {
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+            ..Default::default()
+        }
+    }
+
     pub fn row(&self, name: &str) -> Option<&Row> {
         self.rows.iter().find(|r| r.name == name)
     }

@@ -142,10 +142,7 @@ async fn ckpt_rollback_rows(
 }
 
 pub async fn run_all(engine: &Engine, args: &BenchArgs) -> Result<Report> {
-    let mut report = Report {
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        ..Default::default()
-    };
+    let mut report = Report::new_run();
     let n = args.iterations.max(5);
     let tree = args.tree.to_string_lossy().into_owned();
     if !args.tree.starts_with("/usr") {

@@ -7,7 +7,10 @@
 //! are `405`. The tools call the API's own router in-process, so a tool
 //! costs no extra connection. The route sits behind the same token check as
 //! the API on TCP. A request from a browser page (an `Origin` header that
-//! is not the local host) is refused (`403`), against DNS rebinding.
+//! is not the local host) is refused (`403`), against DNS rebinding; one
+//! whose `MCP-Protocol-Version` header names a revision the server does not
+//! speak is a `400` with a JSON-RPC error (a client probing a newer
+//! revision then falls back to the handshake).
 
 use std::sync::Arc;
 
@@ -22,7 +25,7 @@ use tower::ServiceExt;
 
 use super::routes::api_router;
 use super::server::MAX_BODY_BYTES;
-use crate::mcp::{Backend, Body, Reply, Server, codes, error_response};
+use crate::mcp::{Backend, Body, PROTOCOL_VERSIONS, Reply, Server, codes, error_response};
 
 /// The API's router, called in-process.
 pub struct InProcess {
@@ -85,6 +88,8 @@ pub async fn post(engine: Option<Extension<Arc<Engine>>>, req: Request) -> Respo
         let v = error_response(Value::Null, codes::INVALID_REQUEST, "the daemon's engine is not running");
         return json_response(StatusCode::SERVICE_UNAVAILABLE, &v);
     };
+    // (The version the client negotiated, on every request after `initialize`.)
+    let version = req.headers().get("mcp-protocol-version").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let bytes = match axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(e) => {
@@ -99,6 +104,15 @@ pub async fn post(engine: Option<Extension<Arc<Engine>>>, req: Request) -> Respo
             return json_response(StatusCode::BAD_REQUEST, &v);
         }
     };
+    if let Some(version) = version.filter(|v| !PROTOCOL_VERSIONS.contains(&v.as_str())) {
+        let id = msg.get("id").cloned().unwrap_or(Value::Null);
+        let v = error_response(
+            id,
+            codes::INVALID_REQUEST,
+            format!("MCP-Protocol-Version {version:?} is not supported: this server speaks {PROTOCOL_VERSIONS:?}"),
+        );
+        return json_response(StatusCode::BAD_REQUEST, &v);
+    }
     match Server::new(InProcess::new(engine)).handle(msg).await {
         Some(answer) => json_response(StatusCode::OK, &answer),
         None => StatusCode::ACCEPTED.into_response(),

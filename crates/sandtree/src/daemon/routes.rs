@@ -520,16 +520,28 @@ pub async fn remove_file(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Describes a path (a symlink is described, not followed).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StatFileQuery {
+    /// Path in the sandbox: absolute, or relative to the home of `user`.
+    pub path: String,
+    /// Describe what a symlink leads to (inside the sandbox), not the link.
+    #[serde(default)]
+    pub follow: bool,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Describes a path (a symlink is described, not followed, unless `follow`).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    params(("id" = String, Path, description = "Sandbox id"), StatFileQuery),
     responses((status = 200, body = FileInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn stat_file(
     EngineState(e): EngineState,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(q): ApiQuery<FileQuery>,
+    ApiQuery(q): ApiQuery<StatFileQuery>,
 ) -> ApiResult<Json<FileInfo>> {
-    Ok(Json(e.stat_file(&id, &q.path, q.user.as_deref()).await?))
+    Ok(Json(e.stat_file(&id, &q.path, q.follow, q.user.as_deref()).await?))
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]

@@ -66,7 +66,7 @@ pub struct Reply {
 
 /// How the tools reach the daemon's API: over a socket (stdio server) or
 /// in-process (the daemon's own endpoint). `path` includes the query.
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + 'static {
     fn request(
         &self,
         method: &'static str,
@@ -93,21 +93,28 @@ impl<B: Backend> Server<B> {
     /// Handles one JSON-RPC message; `None` for a notification or a
     /// response (nothing to answer).
     pub async fn handle(&self, msg: Value) -> Option<Value> {
+        let invalid = |id: Value, why: &str| Some(error_response(id, codes::INVALID_REQUEST, why));
         let Some(obj) = msg.as_object() else {
-            return Some(error_response(
-                Value::Null,
-                codes::INVALID_REQUEST,
-                "expected one JSON-RPC 2.0 message (an object); batches are not supported",
-            ));
+            return invalid(Value::Null, "expected one JSON-RPC 2.0 message (an object); batches are not supported");
         };
-        let method = obj.get("method").and_then(Value::as_str);
         let id = obj.get("id").cloned();
-        let (Some(method), Some(id)) = (method, id) else {
-            // A notification (no id), or a response to us (we send no requests).
-            if method.is_none() && obj.get("id").is_none() {
-                return Some(error_response(Value::Null, codes::INVALID_REQUEST, "a request needs \"method\""));
+        // (An id MCP accepts: a string or an integer, never null.)
+        let id_ok = id.as_ref().is_none_or(|i| i.is_string() || i.is_i64() || i.is_u64());
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return invalid(id.filter(|_| id_ok).unwrap_or(Value::Null), "\"jsonrpc\" must be \"2.0\"");
+        }
+        if !id_ok {
+            return invalid(Value::Null, "\"id\" must be a string or an integer");
+        }
+        let Some(method) = obj.get("method").and_then(Value::as_str) else {
+            // A response to us (we send no requests): nothing to answer.
+            if id.is_some() && (obj.contains_key("result") || obj.contains_key("error")) {
+                return None;
             }
-            return None;
+            return invalid(id.unwrap_or(Value::Null), "a request needs \"method\"");
+        };
+        let Some(id) = id else {
+            return None; // a notification
         };
         let params = obj.get("params").cloned().unwrap_or(Value::Null);
         let result = match method {

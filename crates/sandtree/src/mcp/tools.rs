@@ -364,7 +364,7 @@ pub fn exists(name: &str) -> bool {
 
 /// Runs tool `name`; `Err` is the message of a tool error.
 pub async fn call<B: Backend>(b: &B, name: &str, args: &Value) -> Result<Output, String> {
-    let a = Args(args.as_object().ok_or("arguments must be an object")?);
+    let a = Args(args.as_object().ok_or("invalid_argument: arguments must be an object")?);
     match name {
         "create_sandbox" => create_sandbox(b, a).await,
         "list_sandboxes" => list_sandboxes(b).await,
@@ -390,18 +390,21 @@ impl Args<'_> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("argument {name} must be a string")),
+            Some(_) => Err(format!("invalid_argument: argument {name} must be a string")),
         }
     }
 
     fn str(&self, name: &str) -> Result<String, String> {
-        self.opt_str(name)?.ok_or_else(|| format!("argument {name} is required"))
+        self.opt_str(name)?.ok_or_else(|| format!("invalid_argument: argument {name} is required"))
     }
 
     fn opt_u64(&self, name: &str) -> Result<Option<u64>, String> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| format!("argument {name} must be a non-negative integer")),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| format!("invalid_argument: argument {name} must be a non-negative integer")),
         }
     }
 
@@ -409,16 +412,15 @@ impl Args<'_> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(false),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(format!("argument {name} must be true or false")),
+            Some(_) => Err(format!("invalid_argument: argument {name} must be true or false")),
         }
     }
 
     fn strings(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(BTreeMap::new()),
-            Some(v) => {
-                serde_json::from_value(v.clone()).map_err(|_| format!("argument {name} must be an object of strings"))
-            }
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|_| format!("invalid_argument: argument {name} must be an object of strings")),
         }
     }
 
@@ -426,7 +428,7 @@ impl Args<'_> {
     fn id(&self, name: &str) -> Result<String, String> {
         let id = self.str(name)?;
         if id.is_empty() || !id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
-            return Err(format!("argument {name} is not an id: {id:?}"));
+            return Err(format!("invalid_argument: argument {name} is not an id: {id:?}"));
         }
         Ok(id)
     }
@@ -485,7 +487,10 @@ async fn list_sandboxes<B: Backend>(b: &B) -> Result<Output, String> {
     } else {
         l.sandboxes
             .iter()
-            .map(|s| format!("{}  {:?}  image {}  created {}", s.id, s.status, s.image, s.created_at))
+            .map(|s| {
+                let status = serde_json::to_value(s.status).unwrap_or_default();
+                format!("{}  {}  image {}  created {}", s.id, status.as_str().unwrap_or(""), s.image, s.created_at)
+            })
             .collect::<Vec<_>>()
             .join("\n")
     };
@@ -501,7 +506,10 @@ async fn run_command<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String> {
         "user": a.opt_str("user")?,
         "env": a.strings("env")?,
         "stdin": a.opt_str("stdin")?,
-        "timeout_ms": a.opt_u64("timeout_ms")?.unwrap_or(DEFAULT_TIMEOUT_MS),
+        "timeout_ms": match a.opt_u64("timeout_ms")? {
+            Some(0) => return Err("invalid_argument: argument timeout_ms must be at least 1".into()),
+            t => t.unwrap_or(DEFAULT_TIMEOUT_MS),
+        },
         "max_output_bytes": MAX_OUTPUT_BYTES,
     });
     let r: ExecResponse = api(b, "POST", format!("/v1/sandboxes/{}/exec", enc(&id)), Body::Json(body)).await?;
@@ -535,7 +543,7 @@ async fn read_file<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String> {
     let id = a.id("sandbox_id")?;
     let path = a.str("path")?;
     let base = format!("/v1/sandboxes/{}/files", enc(&id));
-    let st: FileInfo = api(b, "GET", format!("{base}/stat?path={}", enc(&path)), Body::None).await?;
+    let st: FileInfo = api(b, "GET", format!("{base}/stat?path={}&follow=true", enc(&path)), Body::None).await?;
     if st.size > MAX_READ_BYTES {
         return Err(format!(
             "invalid_argument: {} is {} bytes, more than read_file answers ({MAX_READ_BYTES}); read a part with \
@@ -550,6 +558,7 @@ async fn read_file<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String> {
     };
     let size = content.len();
     let text = match encoding {
+        _ if size == 0 => format!("({} is empty: 0 bytes)", st.path),
         "utf-8" => content.clone(),
         _ => format!("({} is binary: {size} base64 characters in structuredContent.content)", st.path),
     };
@@ -655,7 +664,7 @@ async fn rollback<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String> {
 
 async fn fork<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String> {
     let ck = a.id("checkpoint_id")?;
-    let count = a.opt_u64("count")?.ok_or("argument count is required")?;
+    let count = a.opt_u64("count")?.ok_or("invalid_argument: argument count is required")?;
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(format!("invalid_argument: count must be between 1 and {MAX_FORKS}"));
     }
@@ -762,9 +771,12 @@ async fn delete_sandbox<B: Backend>(b: &B, a: Args<'_>) -> Result<Output, String
     let r: DeleteSandboxResponse =
         api(b, "DELETE", format!("/v1/sandboxes/{}?checkpoints={with}", enc(&id)), Body::None).await?;
     let kept: Vec<String> = r.checkpoints_kept.iter().map(|k| k.id.clone()).collect();
-    let mut text = format!("Deleted {}.", r.id);
+    let mut text = format!("Deleted {}", r.id);
     if !r.note.is_empty() {
-        text.push_str(&format!(" {}", r.note));
+        text.push_str(&format!("; {}", r.note));
+    }
+    if !text.ends_with('.') {
+        text.push('.');
     }
     Ok(Output {
         text,

@@ -1,0 +1,319 @@
+//! The doors: the same two round trips through each way into Sandtree, so
+//! that each door's cost over the API shows.
+//!
+//! - **API**: the daemon's HTTP API over its unix socket (the baseline),
+//!   through the CLI's client, one connection a request;
+//! - **CLI**: `sandtree create`, `sandtree exec …` as processes (for
+//!   reference: each verb is a process start);
+//! - **Python SDK**: `python/` (a script run by the venv `target/python`,
+//!   which `scripts/test.sh` makes; the rows are left out, with a note,
+//!   where it is missing);
+//! - **MCP (HTTP)**: `tools/call` on `POST /mcp`;
+//! - **MCP (stdio)**: `tools/call` to one `sandtree mcp` process.
+//!
+//! Round trips: *create + exec `true`* (a sandbox made and a command run
+//! in it; the delete is not timed) and *checkpoint → rollback* (of a
+//! sandbox holding a file). The daemon is the run's engine behind the
+//! daemon's own router, on a socket in the scratch directory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use hyper::Method;
+use sandtree_runtime::Engine;
+use serde_json::{Value, json};
+
+use super::report::{Report, Row};
+use crate::cli::client::{Client, Endpoint};
+
+const GROUP: &str = "doors";
+/// What a door may add over the API, p50 (ms).
+pub const DOOR_OVERHEAD_TARGET_MS: f64 = 2.0;
+const CREATE_EXEC: &str = "create + exec true";
+const CHECKPOINT_ROLLBACK: &str = "checkpoint → rollback";
+/// The venv with the SDK, relative to the working directory.
+const SDK_PYTHON: &str = "target/python/bin/python";
+
+fn row_name(trip: &str, door: &str) -> String {
+    format!("{trip}: {door}")
+}
+
+/// Measures every door and adds the rows and the overhead checks.
+pub async fn rows(engine: Arc<Engine>, scratch: &Path, n: usize, report: &mut Report) -> Result<()> {
+    let socket = scratch.join("doors.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = tokio::net::UnixListener::bind(&socket).context("binding the doors' socket")?;
+    let app = crate::daemon::server::app(Some(engine), None);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let result = measure(&socket, n, report).await;
+    server.abort();
+    let _ = std::fs::remove_file(&socket);
+    result
+}
+
+async fn measure(socket: &Path, n: usize, report: &mut Report) -> Result<()> {
+    let api = Client::new(Endpoint::Unix(socket.to_path_buf()), None);
+    let mut doors: Vec<(&str, [Vec<f64>; 2])> = Vec::new();
+    doors.push(("API", api_door(&api, n).await?));
+    doors.push(("CLI", cli_door(&api, socket, n).await?));
+    match sdk_door(socket, n).await? {
+        Some(samples) => doors.push(("Python SDK", samples)),
+        None => eprintln!("bench: no {SDK_PYTHON} with the SDK (scripts/test.sh makes it): Python SDK rows left out"),
+    }
+    doors.push(("MCP (HTTP)", mcp_http_door(&api, n).await?));
+    let sock = socket.to_path_buf();
+    doors.push(("MCP (stdio)", tokio::task::spawn_blocking(move || mcp_stdio_door(&sock, n)).await??));
+    for (trip, k) in [(CREATE_EXEC, 0), (CHECKPOINT_ROLLBACK, 1)] {
+        for (door, samples) in &doors {
+            report.rows.push(Row::new(GROUP, &row_name(trip, door), &samples[k]));
+        }
+    }
+    for (trip, _) in [(CREATE_EXEC, 0), (CHECKPOINT_ROLLBACK, 1)] {
+        let base = report.p50(&row_name(trip, "API"));
+        for (door, _) in doors.iter().filter(|(d, _)| !matches!(*d, "API" | "CLI")) {
+            let over = report.p50(&row_name(trip, door)) - base;
+            report.check(
+                &format!("{trip} via {door}, minus API"),
+                &format!("<= {DOOR_OVERHEAD_TARGET_MS} ms"),
+                format!("{over:+.2} ms"),
+                over <= DOOR_OVERHEAD_TARGET_MS,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+async fn call(api: &Client, method: Method, path: &str, body: Value) -> Result<Value> {
+    let body = (!body.is_null()).then_some(body);
+    api.call(method, path, body.as_ref()).await
+}
+
+/// A sandbox holding a file, for the checkpoint → rollback trips.
+async fn sandbox_with_a_file(api: &Client) -> Result<String> {
+    let v = call(api, Method::POST, "/v1/sandboxes", json!({})).await?;
+    let id = v["sandbox"]["id"].as_str().ok_or_else(|| anyhow!("no sandbox id in {v}"))?.to_string();
+    call(api, Method::POST, &format!("/v1/sandboxes/{id}/exec"), json!({"cmd": ["sh", "-c", "echo state > /root/f"]}))
+        .await?;
+    Ok(id)
+}
+
+async fn delete(api: &Client, id: &str) -> Result<()> {
+    call(api, Method::DELETE, &format!("/v1/sandboxes/{id}?checkpoints=true"), Value::Null).await.map(|_| ())
+}
+
+async fn api_door(api: &Client, n: usize) -> Result<[Vec<f64>; 2]> {
+    let mut trips = [Vec::new(), Vec::new()];
+    for _ in 0..n {
+        let t = Instant::now();
+        let v = call(api, Method::POST, "/v1/sandboxes", json!({})).await?;
+        let id = v["sandbox"]["id"].as_str().unwrap_or_default().to_string();
+        let out = call(api, Method::POST, &format!("/v1/sandboxes/{id}/exec"), json!({"cmd": ["true"]})).await?;
+        trips[0].push(ms_since(t));
+        if out["exit_code"] != json!(0) {
+            bail!("true exited {out}");
+        }
+        delete(api, &id).await?;
+    }
+    let sb = sandbox_with_a_file(api).await?;
+    for _ in 0..n {
+        let t = Instant::now();
+        let v = call(api, Method::POST, &format!("/v1/sandboxes/{sb}/checkpoints"), json!({})).await?;
+        let ck = v["checkpoint"]["id"].as_str().unwrap_or_default().to_string();
+        call(api, Method::POST, &format!("/v1/sandboxes/{sb}/rollback"), json!({"checkpoint": ck})).await?;
+        trips[1].push(ms_since(t));
+    }
+    delete(api, &sb).await?;
+    Ok(trips)
+}
+
+fn cli(socket: &Path, args: &[&str]) -> Result<String> {
+    let exe = std::env::current_exe()?;
+    let out = Command::new(exe).arg("--socket").arg(socket).args(args).stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        bail!("sandtree {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+async fn cli_door(api: &Client, socket: &Path, n: usize) -> Result<[Vec<f64>; 2]> {
+    let mut trips = [Vec::new(), Vec::new()];
+    for _ in 0..n {
+        let t = Instant::now();
+        let id = cli(socket, &["create"])?;
+        cli(socket, &["exec", &id, "--", "true"])?;
+        trips[0].push(ms_since(t));
+        delete(api, &id).await?;
+    }
+    let sb = sandbox_with_a_file(api).await?;
+    for _ in 0..n {
+        let t = Instant::now();
+        let ck = cli(socket, &["checkpoint", &sb])?;
+        cli(socket, &["rollback", &sb, &ck])?;
+        trips[1].push(ms_since(t));
+    }
+    delete(api, &sb).await?;
+    Ok(trips)
+}
+
+/// The SDK's side: both trips `n` times, the samples as JSON on stdout.
+const SDK_SCRIPT: &str = r#"
+import json, sys, time
+from sandtree import Sandtree
+socket, n = sys.argv[1], int(sys.argv[2])
+trips = [[], []]
+with Sandtree(socket) as c:
+    for _ in range(n):
+        t = time.perf_counter()
+        sb = c.create()
+        sb.exec(["true"]).check()
+        trips[0].append((time.perf_counter() - t) * 1000)
+        sb.delete(checkpoints=True)
+    sb = c.create()
+    sb.exec("echo state > /root/f").check()
+    for _ in range(n):
+        t = time.perf_counter()
+        ck = sb.checkpoint()
+        sb.rollback(ck)
+        trips[1].append((time.perf_counter() - t) * 1000)
+    sb.delete(checkpoints=True)
+print(json.dumps(trips))
+"#;
+
+async fn sdk_door(socket: &Path, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
+    let python = PathBuf::from(SDK_PYTHON);
+    if !python.exists() {
+        return Ok(None);
+    }
+    let out = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(SDK_SCRIPT)
+        .arg(socket)
+        .arg(n.to_string())
+        .output()
+        .await
+        .context("running the SDK's bench script")?;
+    if !out.status.success() {
+        if String::from_utf8_lossy(&out.stderr).contains("No module named 'sandtree'") {
+            return Ok(None);
+        }
+        bail!("the SDK's bench script failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let trips: [Vec<f64>; 2] = serde_json::from_slice(&out.stdout).context("the SDK's bench script's output")?;
+    Ok(Some(trips))
+}
+
+/// One `tools/call` answer's structured content (an error if the tool failed).
+fn tool_result(answer: &Value) -> Result<&Value> {
+    let result = &answer["result"];
+    if result["isError"] != json!(false) {
+        bail!("MCP tool call failed: {answer}");
+    }
+    Ok(&result["structuredContent"])
+}
+
+fn tool_call(id: u64, name: &str, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}})
+}
+
+async fn mcp_http_door(api: &Client, n: usize) -> Result<[Vec<f64>; 2]> {
+    let mut trips = [Vec::new(), Vec::new()];
+    let tool = |name: &'static str, args: Value| async move {
+        let answer = call(api, Method::POST, "/mcp", tool_call(1, name, args)).await?;
+        tool_result(&answer).cloned()
+    };
+    for _ in 0..n {
+        let t = Instant::now();
+        let sb = tool("create_sandbox", json!({})).await?;
+        let id = sb["sandbox_id"].as_str().unwrap_or_default().to_string();
+        tool("run_command", json!({"sandbox_id": id, "command": "true"})).await?;
+        trips[0].push(ms_since(t));
+        delete(api, &id).await?;
+    }
+    let sb = sandbox_with_a_file(api).await?;
+    for _ in 0..n {
+        let t = Instant::now();
+        let ck = tool("checkpoint", json!({"sandbox_id": sb})).await?;
+        tool("rollback", json!({"sandbox_id": sb, "checkpoint_id": ck["checkpoint_id"]})).await?;
+        trips[1].push(ms_since(t));
+    }
+    delete(api, &sb).await?;
+    Ok(trips)
+}
+
+/// The stdio server as a child: a line out, a line back.
+struct StdioServer {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl StdioServer {
+    fn start(socket: &Path) -> Result<StdioServer> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("mcp")
+            .env("SANDTREE_SOCKET", socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting sandtree mcp")?;
+        let input = child.stdin.take().expect("piped");
+        let output = BufReader::new(child.stdout.take().expect("piped"));
+        let mut s = StdioServer { child, input, output, next_id: 0 };
+        s.request(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}))?;
+        writeln!(s.input, "{}", json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        Ok(s)
+    }
+
+    fn request(&mut self, msg: Value) -> Result<Value> {
+        writeln!(self.input, "{msg}")?;
+        self.input.flush()?;
+        let mut line = String::new();
+        self.output.read_line(&mut line)?;
+        serde_json::from_str(&line).with_context(|| format!("sandtree mcp answered {line:?}"))
+    }
+
+    fn tool(&mut self, name: &str, args: Value) -> Result<Value> {
+        self.next_id += 1;
+        let answer = self.request(tool_call(self.next_id, name, args))?;
+        tool_result(&answer).cloned()
+    }
+}
+
+impl Drop for StdioServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mcp_stdio_door(socket: &Path, n: usize) -> Result<[Vec<f64>; 2]> {
+    let mut s = StdioServer::start(socket)?;
+    let mut trips = [Vec::new(), Vec::new()];
+    for _ in 0..n {
+        let t = Instant::now();
+        let sb = s.tool("create_sandbox", json!({}))?;
+        s.tool("run_command", json!({"sandbox_id": sb["sandbox_id"], "command": "true"}))?;
+        trips[0].push(ms_since(t));
+        s.tool("delete_sandbox", json!({"sandbox_id": sb["sandbox_id"], "delete_checkpoints": true}))?;
+    }
+    let sb = s.tool("create_sandbox", json!({}))?["sandbox_id"].clone();
+    s.tool("write_file", json!({"sandbox_id": sb, "path": "/root/f", "content": "state\n"}))?;
+    for _ in 0..n {
+        let t = Instant::now();
+        let ck = s.tool("checkpoint", json!({"sandbox_id": sb}))?;
+        s.tool("rollback", json!({"sandbox_id": sb, "checkpoint_id": ck["checkpoint_id"]}))?;
+        trips[1].push(ms_since(t));
+    }
+    s.tool("delete_sandbox", json!({"sandbox_id": sb, "delete_checkpoints": true}))?;
+    Ok(trips)
+}
