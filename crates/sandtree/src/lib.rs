@@ -13,6 +13,7 @@
 
 pub mod cli;
 pub mod daemon;
+pub mod e2b;
 pub mod mcp;
 pub mod units;
 pub mod unix_http;

@@ -81,6 +81,11 @@ pub struct DaemonArgs {
     /// Also listen on TCP (ADDR:PORT); requests there need the bearer token.
     #[arg(long, env = "SANDTREE_TCP")]
     pub tcp: Option<SocketAddr>,
+    /// Also serve the E2B API (control plane and envd) on ADDR:PORT, for
+    /// the official e2b SDK: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR:PORT,
+    /// E2B_API_KEY=<the token>.
+    #[arg(long, env = "SANDTREE_E2B", value_name = "ADDR:PORT")]
+    pub e2b: Option<SocketAddr>,
     /// Bearer token file for the TCP listener, generated if missing [default: <data-dir>/token].
     #[arg(long, env = "SANDTREE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,

@@ -126,6 +126,15 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         }
         None => None,
     };
+    let e2b = match args.e2b {
+        Some(addr) => {
+            let token = auth::load_or_create_token(&args.token_path())?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the E2B door {addr}"))?;
+            Some((listener, token))
+        }
+        None => None,
+    };
     let socket = args.socket_path();
     let unix = bind_unix(&socket)?;
     tracing::info!(socket = %socket.display(), "listening on the unix socket (no token)");
@@ -142,6 +151,16 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
         let rx = stop_rx.clone();
         servers.spawn(async move {
             axum::serve(tcp, tcp_app).with_graceful_shutdown(stopped(rx)).await.context("TCP server")
+        });
+    }
+
+    if let Some((listener, token)) = e2b {
+        tracing::info!(addr = %listener.local_addr()?, "serving the E2B API (E2B_API_KEY: the token)");
+        let door =
+            crate::e2b::router(crate::e2b::E2b::new(engine.clone(), token)).layer(middleware::from_fn(log_request));
+        let rx = stop_rx.clone();
+        servers.spawn(async move {
+            axum::serve(listener, door).with_graceful_shutdown(stopped(rx)).await.context("E2B server")
         });
     }
 

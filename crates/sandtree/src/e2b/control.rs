@@ -1,0 +1,440 @@
+//! E2B's control plane (REST/JSON), mapped onto the engine.
+//!
+//! | E2B | Sandtree |
+//! |-----|----------|
+//! | `POST /v2/sandboxes` (201) | create (template `base`: the default image; an image name; a checkpoint id: a fork of it) |
+//! | `GET /sandboxes/{id}`, `GET /v2/sandboxes` | describe, list (`metadata`, `state`, `limit`/`nextToken` with `x-next-token`) |
+//! | `DELETE /sandboxes/{id}` (204) | delete (its checkpoints kept) |
+//! | `POST /sandboxes/{id}/timeout` (204) | re-arm the timeout |
+//! | `POST /v2/sandboxes/{id}/connect` (200) | resume if paused, extend the timeout |
+//! | `POST /sandboxes/{id}/pause` (204, 409 if paused) | checkpoint (durable) + stop; the resume rolls back to it, processes included |
+//! | `POST /sandboxes/{id}/snapshots` (201), `GET /snapshots`, `DELETE /templates/{id}` | checkpoints |
+//! | `POST /sandboxes/{id}/fork` (201) | checkpoint + fork `count` |
+//! | `GET /sandboxes/{id}/metrics` | the sandbox's usage, now |
+//!
+//! Every request needs `X-API-KEY: <the daemon's token>`. Errors are
+//! `{"code": <HTTP status>, "message"}` (the SDK parses that shape for
+//! every status) with `Should-Retry: false`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use sandtree_api::{
+    CheckpointRequest, CreateSandboxRequest, ForkRequest, Limits, RollbackRequest, SandboxInfo, SandboxStatus,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{DEFAULT_TIMEOUT_S, E2b, ENVD_VERSION, header};
+
+type Door = State<Arc<E2b>>;
+
+pub fn routes() -> axum::Router<Arc<E2b>> {
+    axum::Router::new()
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes", get(list))
+        .route("/sandboxes/{id}", get(get_info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
+        .route("/snapshots", get(list_snapshots))
+        .route("/templates/{id}", delete(delete_snapshot))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+}
+
+/// An error as the SDK parses it.
+pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (status, Json(json!({"code": status.as_u16(), "message": message.into()}))).into_response();
+    resp.headers_mut().insert("should-retry", HeaderValue::from_static("false"));
+    resp
+}
+
+fn api_error(e: sandtree_runtime::Error) -> Response {
+    let api = e.to_api();
+    error(api.code.http_status(), api.message)
+}
+
+fn unsupported(what: &str) -> Response {
+    error(400, format!("{what} is not supported by Sandtree"))
+}
+
+type Reply = Result<Response, Response>;
+
+fn authorize(door: &E2b, headers: &HeaderMap) -> Result<(), Response> {
+    match header(headers, "x-api-key") {
+        Some(key) if door.token.matches(key) => Ok(()),
+        Some(_) => Err(error(401, "invalid API key: E2B_API_KEY must be the daemon's token (<data-dir>/token)")),
+        None => Err(error(401, "no X-API-KEY: set E2B_API_KEY to the daemon's token (<data-dir>/token)")),
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    sandtree_runtime::rfc3339(t)
+}
+
+/// The `Sandbox` object of create, connect and fork.
+fn sandbox_object(door: &E2b, info: &SandboxInfo) -> Value {
+    let template = door.meta(&info.id, |m| m.template.clone()).unwrap_or_else(|| info.image.clone());
+    json!({
+        "templateID": template,
+        "sandboxID": info.id,
+        "clientID": "sandtree",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": door.access_token(&info.id),
+        "domain": null,
+    })
+}
+
+fn host_memory_mb() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024)
+}
+
+/// `SandboxDetail` / `ListedSandbox`.
+fn detail(door: &E2b, info: &SandboxInfo) -> Value {
+    let (template, started, end, paused) =
+        door.meta(&info.id, |m| (m.template.clone(), m.started, m.end, m.paused.is_some()));
+    // (A sandbox the door did not create: seen first now.)
+    let started = started.unwrap_or_else(|| door.meta(&info.id, |m| *m.started.get_or_insert_with(SystemTime::now)));
+    let end = end.unwrap_or(started + std::time::Duration::from_secs(DEFAULT_TIMEOUT_S));
+    let state = if paused || info.status == SandboxStatus::Stopped { "paused" } else { "running" };
+    let cpus = info
+        .limits
+        .cpu_millicores
+        .map(|m| m.div_ceil(1000))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let memory = info.limits.memory_bytes.map(|b| b >> 20).unwrap_or_else(host_memory_mb);
+    json!({
+        "templateID": template.unwrap_or_else(|| info.image.clone()),
+        "sandboxID": info.id,
+        "clientID": "sandtree",
+        "startedAt": rfc3339(started),
+        "endAt": rfc3339(end),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": cpus,
+        "memoryMB": memory,
+        "diskSizeMB": info.usage.as_ref().map_or(0, |u| u.disk_bytes >> 20),
+        "state": state,
+        "metadata": info.labels,
+        "envdAccessToken": door.access_token(&info.id),
+        "domain": null,
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct CreateBody {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    auto_pause: Option<bool>,
+    network: Option<Value>,
+    volume_mounts: Option<Value>,
+    mcp: Option<Value>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateBody>>) -> Reply {
+    authorize(&door, &headers)?;
+    let Json(body) = body.unwrap_or_default();
+    if body.auto_pause == Some(true) {
+        return Err(unsupported("auto-pause at the timeout"));
+    }
+    if body.volume_mounts.as_ref().is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+        return Err(unsupported("volume mounts"));
+    }
+    if body.mcp.is_some() {
+        return Err(unsupported("the MCP gateway (use `sandtree mcp` or POST /mcp on the daemon)"));
+    }
+    if body.network.is_some() || body.allow_internet_access == Some(true) {
+        return Err(unsupported("network settings (a sandbox has loopback only)"));
+    }
+    let template = body.template_id.clone().unwrap_or_else(|| "base".into());
+    let info = if template.starts_with("ck-") {
+        // A snapshot: a fork of that checkpoint, with its processes.
+        let req = ForkRequest { count: 1, labels: body.metadata.clone(), limits: None, files_only: false };
+        let r = door.engine.fork(&template, req).await.map_err(api_error)?;
+        let first = r.results.into_iter().next().ok_or_else(|| error(500, "the fork made nothing"))?;
+        match (first.sandbox, first.error) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(error(e.code.http_status(), e.message)),
+            (None, None) => return Err(error(500, "the fork made nothing")),
+        }
+    } else {
+        let image = (!matches!(template.as_str(), "base" | "default")).then(|| template.clone());
+        let req = CreateSandboxRequest { image, labels: body.metadata.clone(), limits: Limits::default() };
+        door.engine.create_sandbox(req).await.map_err(api_error)?.sandbox
+    };
+    door.meta(&info.id, |m| {
+        m.template = Some(template);
+        m.envs = body.env_vars;
+        m.started = Some(SystemTime::now());
+    });
+    door.arm_timeout(&info.id, body.timeout.unwrap_or(DEFAULT_TIMEOUT_S));
+    Ok((StatusCode::CREATED, Json(sandbox_object(&door, &info))).into_response())
+}
+
+async fn get_info(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorize(&door, &headers)?;
+    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    Ok(Json(detail(&door, &info)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+/// One percent-decoding (`+` stays itself).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The SDK's `metadata` filter: `k=v&k2=v2`, each part percent-encoded
+/// once more.
+fn metadata_filter(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(&percent_decode(k)), percent_decode(&percent_decode(v)))
+        })
+        .collect()
+}
+
+async fn list(State(door): Door, headers: HeaderMap, Query(q): Query<ListQuery>) -> Reply {
+    authorize(&door, &headers)?;
+    let wanted = q.metadata.as_deref().map(metadata_filter).unwrap_or_default();
+    let states: Vec<String> = q.state.map(|s| s.split(',').map(str::to_string).collect()).unwrap_or_default();
+    let mut all = door.engine.list_sandboxes().await.map_err(api_error)?.sandboxes;
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    let rows: Vec<Value> = all
+        .iter()
+        .filter(|s| q.next_token.as_deref().is_none_or(|t| s.id.as_str() > t))
+        .filter(|s| wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| detail(&door, s))
+        .filter(|d| states.is_empty() || states.iter().any(|s| d["state"] == json!(s)))
+        .collect();
+    let limit = q.limit.unwrap_or(usize::MAX).max(1);
+    let more = rows.len() > limit;
+    let page: Vec<Value> = rows.into_iter().take(limit).collect();
+    let mut resp = Json(&page).into_response();
+    if more && let Some(last) = page.last().and_then(|d| d["sandboxID"].as_str()) {
+        resp.headers_mut().insert("x-next-token", HeaderValue::from_str(last).map_err(|e| error(500, e.to_string()))?);
+    }
+    Ok(resp)
+}
+
+async fn kill(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorize(&door, &headers)?;
+    door.engine.delete_sandbox(&id, false).await.map_err(api_error)?;
+    door.forget(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct TimeoutBody {
+    timeout: Option<u64>,
+}
+
+async fn set_timeout(
+    State(door): Door,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<TimeoutBody>>,
+) -> Reply {
+    authorize(&door, &headers)?;
+    door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    let secs = body.and_then(|b| b.0.timeout).unwrap_or(DEFAULT_TIMEOUT_S);
+    door.arm_timeout(&id, secs);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn connect(
+    State(door): Door,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<TimeoutBody>>,
+) -> Reply {
+    authorize(&door, &headers)?;
+    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    if let Some(ck) = door.meta(&id, |m| m.paused.take()) {
+        door.engine.start_sandbox(&id).await.map_err(api_error)?;
+        let req = RollbackRequest { checkpoint: ck, allow_restart: false };
+        door.engine.rollback(&id, req).await.map_err(api_error)?;
+    } else if info.status == SandboxStatus::Stopped {
+        door.engine.start_sandbox(&id).await.map_err(api_error)?;
+    }
+    // A running sandbox's timeout only grows.
+    let secs = body.and_then(|b| b.0.timeout).unwrap_or(DEFAULT_TIMEOUT_S);
+    let left =
+        door.meta(&id, |m| m.end).and_then(|end| end.duration_since(SystemTime::now()).ok()).map_or(0, |d| d.as_secs());
+    if secs > left {
+        door.arm_timeout(&id, secs);
+    }
+    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    Ok(Json(sandbox_object(&door, &info)).into_response())
+}
+
+async fn pause(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorize(&door, &headers)?;
+    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    if door.meta(&id, |m| m.paused.is_some()) || info.status == SandboxStatus::Stopped {
+        return Err(error(409, format!("sandbox {id} is already paused")));
+    }
+    let req = CheckpointRequest { label: Some("e2b pause".into()), wait_durable: true, ..Default::default() };
+    let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint.id;
+    door.engine.stop_sandbox(&id).await.map_err(api_error)?;
+    door.meta(&id, |m| m.paused = Some(ck));
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct SnapshotBody {
+    name: Option<String>,
+}
+
+async fn create_snapshot(
+    State(door): Door,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<SnapshotBody>>,
+) -> Reply {
+    authorize(&door, &headers)?;
+    let name = body.and_then(|b| b.0.name);
+    let req = CheckpointRequest { label: name.clone(), wait_durable: true, ..Default::default() };
+    let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint;
+    let names = vec![name.unwrap_or_else(|| ck.id.clone())];
+    Ok((StatusCode::CREATED, Json(json!({"snapshotID": ck.id, "names": names}))).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+}
+
+async fn list_snapshots(State(door): Door, headers: HeaderMap, Query(q): Query<SnapshotQuery>) -> Reply {
+    authorize(&door, &headers)?;
+    let l = door.engine.list_checkpoints(q.sandbox_id.as_deref()).await.map_err(api_error)?;
+    let rows: Vec<Value> = l
+        .checkpoints
+        .iter()
+        .map(|c| json!({"snapshotID": c.id, "names": [c.label.clone().unwrap_or_else(|| c.id.clone())]}))
+        .collect();
+    Ok(Json(rows).into_response())
+}
+
+async fn delete_snapshot(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorize(&door, &headers)?;
+    door.engine.delete_checkpoint(&id, false).await.map_err(api_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct ForkBody {
+    count: Option<u32>,
+    timeout: Option<u64>,
+}
+
+async fn fork(State(door): Door, headers: HeaderMap, Path(id): Path<String>, body: Option<Json<ForkBody>>) -> Reply {
+    authorize(&door, &headers)?;
+    let body = body.map(|b| b.0).unwrap_or_default();
+    let req = CheckpointRequest { label: Some("e2b fork".into()), ..Default::default() };
+    let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint.id;
+    let template = door.meta(&id, |m| (m.template.clone(), m.envs.clone()));
+    let req = ForkRequest { count: body.count.unwrap_or(1), labels: BTreeMap::new(), limits: None, files_only: false };
+    let r = door.engine.fork(&ck, req).await.map_err(api_error)?;
+    let mut out = Vec::new();
+    for f in r.results {
+        match (f.sandbox, f.error) {
+            (Some(s), _) => {
+                door.meta(&s.id, |m| {
+                    m.template = template.0.clone();
+                    m.envs = template.1.clone();
+                    m.started = Some(SystemTime::now());
+                });
+                door.arm_timeout(&s.id, body.timeout.unwrap_or(DEFAULT_TIMEOUT_S));
+                out.push(json!({"sandbox": sandbox_object(&door, &s)}));
+            }
+            (None, Some(e)) => out.push(json!({"error": {"code": e.code.http_status(), "message": e.message}})),
+            (None, None) => {}
+        }
+    }
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+async fn metrics(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorize(&door, &headers)?;
+    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
+    let d = detail(&door, &info);
+    let usage = info.usage.unwrap_or_default();
+    let now = SystemTime::now();
+    let unix = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mem_total = usage.memory_limit_bytes.unwrap_or(d["memoryMB"].as_u64().unwrap_or(0) << 20);
+    Ok(Json(json!([{
+        "timestamp": rfc3339(now),
+        "timestampUnix": unix,
+        "cpuCount": d["cpuCount"],
+        "cpuUsedPct": 0.0,
+        "memUsed": usage.memory_bytes,
+        "memTotal": mem_total,
+        "memCache": 0,
+        "diskUsed": usage.disk_bytes,
+        "diskTotal": 0,
+    }]))
+    .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdks_doubly_encoded_metadata_filter_is_decoded() {
+        // {"k": "v w", "a&b": "c=d"} as the SDK sends it, after the query's own decoding.
+        let f = metadata_filter("k=v%2520w&a%2526b=c%253Dd");
+        assert_eq!(f.get("k").map(String::as_str), Some("v w"));
+        assert_eq!(f.get("a&b").map(String::as_str), Some("c=d"));
+    }
+}

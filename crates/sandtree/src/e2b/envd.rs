@@ -1,0 +1,529 @@
+//! envd, E2B's in-sandbox agent, served by the daemon for every sandbox
+//! (the `E2b-Sandbox-Id` header names it; `X-Access-Token` must be its
+//! token).
+//!
+//! - `GET /health` → 204.
+//! - `GET /files?path=P[&username=U]` → the bytes; `POST /files` writes:
+//!   `multipart/form-data` (each part's `filename` is its destination, or
+//!   `path=`), or the raw body (`application/octet-stream`) to `path`;
+//!   answers `[{"name", "type": "file", "path"}]`.
+//! - `process.Process` (Connect): `Start` and `Connect` stream a process's
+//!   events (`start {pid}`, `data {stdout|stderr}` in base64, `end
+//!   {exitCode, exited, status}`); `List`, `SendSignal`, `SendInput`,
+//!   `CloseStdin`, `StreamInput`. A process runs as the daemon's exec runs
+//!   it; the door keeps the processes it started, so a client may leave a
+//!   background one and `Connect` to it again, write its stdin, kill it.
+//! - `filesystem.Filesystem` (Connect, unary): `Stat`, `ListDir`,
+//!   `MakeDir`, `Move`, `Remove`.
+//!
+//! The user of an RPC is `Authorization: Basic base64("<user>:")`, of
+//! `/files` the `username` query; absent, root. Not served yet: PTYs
+//! (`Update`, `Start` with `pty`), directory watches; they answer
+//! `unimplemented`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Multipart, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures_util::StreamExt;
+use sandtree_api::{ExecEvent, ExecRequest, FileInfo, FileKind, MakeDirRequest, MoveRequest, OutputEncoding};
+use sandtree_runtime::{ExecIo, StdinSender, WriteFile, stdin_channel};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::connect::{self, RpcError};
+use super::{E2b, header};
+
+type Door = State<Arc<E2b>>;
+
+pub fn routes() -> axum::Router<Arc<E2b>> {
+    axum::Router::new()
+        .route("/health", get(health))
+        .route("/files", get(read_file).post(write_files))
+        .route("/process.Process/{method}", post(process_rpc))
+        .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
+}
+
+/// The sandbox a request is for, once its access token is checked.
+fn sandbox_of(door: &E2b, headers: &HeaderMap) -> Result<String, RpcError> {
+    let id = header(headers, "e2b-sandbox-id")
+        .ok_or_else(|| RpcError::invalid("no E2b-Sandbox-Id header: which sandbox is this for?"))?;
+    let token = header(headers, "x-access-token").unwrap_or_default();
+    if !crate::daemon::auth::constant_time_eq(token.as_bytes(), door.access_token(id).as_bytes()) {
+        return Err(RpcError::new("unauthenticated", format!("wrong or missing X-Access-Token for sandbox {id}")));
+    }
+    Ok(id.to_string())
+}
+
+/// The user of an RPC: `Authorization: Basic base64("user:")`.
+fn rpc_user(headers: &HeaderMap) -> Option<String> {
+    let basic = header(headers, "authorization")?.strip_prefix("Basic ")?;
+    let decoded = String::from_utf8(BASE64.decode(basic.trim()).ok()?).ok()?;
+    let user = decoded.split(':').next()?.to_string();
+    (!user.is_empty()).then_some(user)
+}
+
+/// An error of the plain HTTP routes, with the status the SDK maps.
+fn http_error(e: RpcError) -> Response {
+    let status = match e.code {
+        "invalid_argument" => StatusCode::BAD_REQUEST,
+        "unauthenticated" => StatusCode::UNAUTHORIZED,
+        "not_found" => StatusCode::NOT_FOUND,
+        "resource_exhausted" => StatusCode::INSUFFICIENT_STORAGE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, axum::Json(json!({"code": status.as_u16(), "message": e.message}))).into_response()
+}
+
+async fn health(State(door): Door, headers: HeaderMap) -> Response {
+    match sandbox_of(&door, &headers) {
+        Ok(id) if door.engine.get_sandbox(&id).await.is_ok() => StatusCode::NO_CONTENT.into_response(),
+        Ok(id) => (StatusCode::BAD_GATEWAY, format!("sandbox {id} was not found")).into_response(),
+        Err(e) => http_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
+    let result = async {
+        let id = sandbox_of(&door, &headers)?;
+        let path = q.path.ok_or_else(|| RpcError::invalid("no path"))?;
+        let opened = door.engine.read_file(&id, &path, q.username.as_deref()).await?;
+        Ok::<_, RpcError>(opened)
+    }
+    .await;
+    let opened = match result {
+        Ok(o) => o,
+        Err(e) => return http_error(e),
+    };
+    let file = tokio::fs::File::from_std(opened.file);
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 256 << 10];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), file))
+            }
+            Err(e) => Some((Err(e), file)),
+        }
+    });
+    let mut resp = Body::from_stream(chunks).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(opened.info.size));
+    resp
+}
+
+fn written(info: &FileInfo) -> Value {
+    json!({"name": info.name, "type": if info.kind == FileKind::Dir { "dir" } else { "file" }, "path": info.path})
+}
+
+async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>, req: Request) -> Response {
+    let result = async {
+        let id = sandbox_of(&door, &headers)?;
+        if header(&headers, "content-encoding").is_some_and(|e| e != "identity") {
+            return Err(RpcError::invalid("compressed uploads (gzip=True) are not supported by Sandtree"));
+        }
+        let opts = || WriteFile { user: q.username.clone(), mode: None };
+        let multipart = header(&headers, "content-type").is_some_and(|t| t.starts_with("multipart/form-data"));
+        let mut out = Vec::new();
+        if multipart {
+            let mut form = Multipart::from_request(req, &())
+                .await
+                .map_err(|e| RpcError::invalid(format!("not a multipart body: {e}")))?;
+            while let Some(field) = form.next_field().await.map_err(|e| RpcError::invalid(e.to_string()))? {
+                let path = match (&q.path, field.file_name()) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(name)) => name.to_string(),
+                    (None, None) => return Err(RpcError::invalid("a part without a filename, and no path")),
+                };
+                let info = door.engine.write_file(&id, &path, opts(), field).await?;
+                out.push(written(&info));
+            }
+        } else {
+            let path = q.path.clone().ok_or_else(|| RpcError::invalid("no path"))?;
+            let mut body = req.into_body().into_data_stream();
+            let info = door.engine.write_file(&id, &path, opts(), &mut body).await?;
+            out.push(written(&info));
+        }
+        if out.is_empty() {
+            return Err(RpcError::invalid("no file in the upload"));
+        }
+        Ok(out)
+    }
+    .await;
+    match result {
+        Ok(out) => axum::Json(out).into_response(),
+        Err(e) => http_error(e),
+    }
+}
+
+use axum::extract::FromRequest;
+
+/// The body of a unary RPC (JSON), or of a stream (envelopes).
+async fn rpc_body(req: Request, streamed: bool) -> Result<Vec<Value>, RpcError> {
+    let bytes = axum::body::to_bytes(req.into_body(), crate::daemon::server::MAX_BODY_BYTES)
+        .await
+        .map_err(|e| RpcError::invalid(format!("the body could not be read: {e}")))?;
+    if streamed {
+        return connect::messages(&bytes);
+    }
+    let v = if bytes.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| RpcError::invalid(format!("not JSON: {e}")))?
+    };
+    Ok(vec![v])
+}
+
+fn is_stream(headers: &HeaderMap) -> bool {
+    header(headers, "content-type").is_some_and(|t| t.starts_with("application/connect+json"))
+}
+
+// ------------------------------------------------------------------ processes
+
+/// A process the door started: its config (for `List`), its stdin, and
+/// the clients following its events.
+struct Process {
+    config: Value,
+    tag: Option<String>,
+    stdin: Mutex<Option<StdinSender>>,
+    followers: Mutex<Vec<mpsc::Sender<Value>>>,
+}
+
+/// The processes the door runs, by (sandbox, pid).
+#[derive(Default)]
+pub struct Processes(Mutex<HashMap<(String, u32), Arc<Process>>>);
+
+impl Processes {
+    fn get(&self, id: &str, pid: u32) -> Option<Arc<Process>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(&(id.to_string(), pid)).cloned()
+    }
+
+    pub fn forget_sandbox(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).retain(|(sb, _), _| sb != id);
+    }
+}
+
+impl Process {
+    /// A new follower's stream of events.
+    fn follow(&self) -> mpsc::Receiver<Value> {
+        let (tx, rx) = mpsc::channel(64);
+        self.followers.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
+        rx
+    }
+}
+
+fn selector_pid(req: &Value) -> Result<u32, RpcError> {
+    req.pointer("/process/pid")
+        .and_then(|p| p.as_u64().or_else(|| p.as_str().and_then(|s| s.parse().ok())))
+        .map(|p| p as u32)
+        .ok_or_else(|| RpcError::invalid("process.pid is required (selecting a process by tag is not supported)"))
+}
+
+/// `ExecEvent` → E2B's `ProcessEvent`.
+fn event(ev: ExecEvent) -> Option<Value> {
+    Some(match ev {
+        ExecEvent::Started { pid } => json!({"start": {"pid": pid}}),
+        ExecEvent::Stdout { data } => json!({"data": {"stdout": data}}),
+        ExecEvent::Stderr { data } => json!({"data": {"stderr": data}}),
+        ExecEvent::Exit(r) => {
+            let (exit_code, status) = match (r.exit_code, r.signal) {
+                (Some(c), _) => (c, format!("exit status {c}")),
+                (None, Some(s)) => (-1, format!("signal: {s}")),
+                _ => (-1, "ended".to_string()),
+            };
+            let mut end = json!({"exitCode": exit_code, "exited": r.exit_code.is_some(), "status": status});
+            if r.timed_out {
+                end["error"] = json!("timed out");
+            }
+            json!({"end": end})
+        }
+        ExecEvent::Error(e) => json!({"end": {"exitCode": -1, "exited": false, "status": "error", "error": e.message}}),
+    })
+}
+
+async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> Result<Response, RpcError> {
+    if req.get("pty").is_some_and(|p| !p.is_null()) {
+        return Err(RpcError::new("unimplemented", "PTYs are not served by Sandtree's E2B door yet"));
+    }
+    let config = req.get("process").cloned().unwrap_or_else(|| json!({}));
+    let cmd = config["cmd"].as_str().ok_or_else(|| RpcError::invalid("process.cmd is required"))?.to_string();
+    let mut argv = vec![cmd];
+    argv.extend(config["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str().map(str::to_string)));
+    let mut env = door.meta(&id, |m| m.envs.clone());
+    if let Some(envs) = config["envs"].as_object() {
+        env.extend(envs.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))));
+    }
+    let exec = ExecRequest {
+        cmd: argv,
+        env,
+        cwd: config["cwd"].as_str().filter(|c| !c.is_empty()).map(str::to_string),
+        user,
+        ..Default::default()
+    };
+    let (stdin, stream) = match req["stdin"].as_bool() {
+        Some(true) => {
+            let (tx, rx) = stdin_channel(16);
+            (Some(tx), Some(rx))
+        }
+        _ => (None, None),
+    };
+    let io = ExecIo { encoding: OutputEncoding::Base64, stdin: stream };
+    let mut rx = door.engine.exec_stream_with(&id, exec, io).await?;
+    let first = rx.recv().await.ok_or_else(|| RpcError::new("internal", "the process gave no event"))?;
+    let ExecEvent::Started { pid } = first else {
+        // It could not start: its message and exit, as a stream.
+        let events: Vec<Result<Value, RpcError>> = std::iter::once(first)
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+            .filter_map(event)
+            .map(|e| Ok(json!({"event": e})))
+            .collect();
+        let start = Ok(json!({"event": {"start": {"pid": 0}}}));
+        return Ok(connect::stream(futures_util::stream::iter(std::iter::once(start).chain(events))));
+    };
+    let pid = pid as u32;
+    let process = Arc::new(Process {
+        config: config.clone(),
+        tag: req["tag"].as_str().map(str::to_string),
+        stdin: Mutex::new(stdin),
+        followers: Mutex::default(),
+    });
+    let follower = process.follow();
+    door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).insert((id.clone(), pid), process.clone());
+    // The hub: every event to every follower; drained with none (a
+    // background process whose client left keeps running).
+    let hub_door = door.clone();
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            let Some(ev) = event(ev) else { continue };
+            let followers = process.followers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut gone = Vec::new();
+            for (i, f) in followers.iter().enumerate() {
+                if f.send(ev.clone()).await.is_err() {
+                    gone.push(i);
+                }
+            }
+            if !gone.is_empty() {
+                process.followers.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| !f.is_closed());
+            }
+        }
+        hub_door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id, pid));
+    });
+    Ok(follow_stream(pid, follower))
+}
+
+/// A process's events for one client: `start`, then what comes.
+fn follow_stream(pid: u32, mut follower: mpsc::Receiver<Value>) -> Response {
+    let start = futures_util::stream::once(async move { Ok(json!({"event": {"start": {"pid": pid}}})) });
+    let rest = futures_util::stream::poll_fn(move |cx| follower.poll_recv(cx)).map(|e| Ok(json!({"event": e})));
+    connect::stream(start.chain(rest))
+}
+
+async fn process_rpc(
+    State(door): Door,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
+    let streamed = is_stream(&headers);
+    let result = async {
+        let id = sandbox_of(&door, &headers)?;
+        let mut msgs = rpc_body(req, streamed).await?;
+        let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
+        match method.as_str() {
+            "Start" => start(door.clone(), id, first, rpc_user(&headers)).await,
+            "Connect" => {
+                let pid = selector_pid(&first)?;
+                let p = door.processes.get(&id, pid).ok_or_else(|| not_running(pid))?;
+                Ok(follow_stream(pid, p.follow()))
+            }
+            "StreamInput" => {
+                let start = msgs.remove(0);
+                let pid = start
+                    .pointer("/start/process/pid")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| RpcError::invalid("the first message must be start.process.pid"))?;
+                let p = door.processes.get(&id, pid as u32).ok_or_else(|| not_running(pid as u32))?;
+                for m in msgs {
+                    if let Some(data) = m.pointer("/data/input/stdin").and_then(Value::as_str) {
+                        send_stdin(&p, data).await?;
+                    }
+                }
+                Ok(connect::stream(futures_util::stream::iter([Ok(json!({}))])))
+            }
+            other => unary_process(&door, &id, other, &first).await.map(|v| connect::unary(Ok(v))),
+        }
+    }
+    .await;
+    match result {
+        Ok(resp) => resp,
+        Err(e) if streamed => connect::stream(futures_util::stream::iter([Err(e)])),
+        Err(e) => connect::unary(Err(e)),
+    }
+}
+
+fn not_running(pid: u32) -> RpcError {
+    RpcError::new("not_found", format!("process with pid {pid} not found"))
+}
+
+async fn send_stdin(p: &Process, data: &str) -> Result<(), RpcError> {
+    let bytes = BASE64.decode(data).map_err(|e| RpcError::invalid(format!("stdin is not base64: {e}")))?;
+    let sender = p.stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(sender) = sender else {
+        return Err(RpcError::new("failed_precondition", "the process's stdin is closed (start it with stdin=True)"));
+    };
+    let ok = sender.send(bytes).await;
+    *p.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+    if !ok {
+        return Err(RpcError::new("failed_precondition", "the process no longer reads its stdin"));
+    }
+    Ok(())
+}
+
+async fn unary_process(door: &Arc<E2b>, id: &str, method: &str, req: &Value) -> Result<Value, RpcError> {
+    match method {
+        "List" => {
+            let map = door.processes.0.lock().unwrap_or_else(|p| p.into_inner());
+            let processes: Vec<Value> = map
+                .iter()
+                .filter(|((sb, _), _)| sb == id)
+                .map(|((_, pid), p)| {
+                    let mut v = json!({"config": p.config, "pid": pid});
+                    if let Some(t) = &p.tag {
+                        v["tag"] = json!(t);
+                    }
+                    v
+                })
+                .collect();
+            Ok(json!({"processes": processes}))
+        }
+        "SendSignal" => {
+            let pid = selector_pid(req)?;
+            let signal = match req["signal"].as_str() {
+                Some("SIGNAL_SIGTERM") => 15,
+                _ => 9,
+            };
+            door.engine.kill_process(id, pid as i32, signal).await.map_err(|e| match RpcError::from(e) {
+                e if e.code == "not_found" => not_running(pid),
+                e => e,
+            })?;
+            Ok(json!({}))
+        }
+        "SendInput" => {
+            let pid = selector_pid(req)?;
+            let p = door.processes.get(id, pid).ok_or_else(|| not_running(pid))?;
+            let data = req.pointer("/input/stdin").and_then(Value::as_str).ok_or_else(|| {
+                RpcError::new("unimplemented", "input.pty: PTYs are not served by Sandtree's E2B door yet")
+            })?;
+            send_stdin(&p, data).await?;
+            Ok(json!({}))
+        }
+        "CloseStdin" => {
+            let pid = selector_pid(req)?;
+            let p = door.processes.get(id, pid).ok_or_else(|| not_running(pid))?;
+            p.stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
+            Ok(json!({}))
+        }
+        "Update" => Err(RpcError::new("unimplemented", "PTYs are not served by Sandtree's E2B door yet")),
+        other => Err(RpcError::new("unimplemented", format!("process.Process/{other} is not served"))),
+    }
+}
+
+// ------------------------------------------------------------------ filesystem
+
+/// `FileInfo` → E2B's `EntryInfo`.
+fn entry(info: &FileInfo) -> Value {
+    let kind = match info.kind {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+    };
+    let bits = u32::from_str_radix(&info.mode, 8).unwrap_or(0);
+    let letter = match info.kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        _ => '-',
+    };
+    let rwx: String = (0..9).map(|i| if bits & (0o400 >> i) != 0 { ['r', 'w', 'x'][i % 3] } else { '-' }).collect();
+    let name_of = |n: u32| if n == 0 { "root".to_string() } else { n.to_string() };
+    let mut v = json!({
+        "name": info.name, "type": kind, "path": info.path, "size": info.size.to_string(), "mode": bits,
+        "permissions": format!("{letter}{rwx}"), "owner": name_of(info.uid), "group": name_of(info.gid),
+        "modifiedTime": info.modified_at, "isSymlink": info.kind == FileKind::Symlink,
+    });
+    if let Some(t) = &info.symlink_target {
+        v["symlinkTarget"] = json!(t);
+    }
+    v
+}
+
+async fn filesystem_rpc(
+    State(door): Door,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
+    let streamed = is_stream(&headers);
+    let result = async {
+        let id = sandbox_of(&door, &headers)?;
+        let user = rpc_user(&headers);
+        let msg = rpc_body(req, streamed).await?.into_iter().next().unwrap_or_else(|| json!({}));
+        let path = || msg["path"].as_str().map(str::to_string).ok_or_else(|| RpcError::invalid("path is required"));
+        let e = &door.engine;
+        match method.as_str() {
+            "Stat" => Ok(json!({"entry": entry(&e.stat_file(&id, &path()?, false, user.as_deref()).await?)})),
+            "ListDir" => {
+                let depth = msg["depth"].as_u64().or_else(|| msg["depth"].as_str()?.parse().ok()).unwrap_or(1);
+                let l = e.list_files(&id, &path()?, depth.max(1) as u32, user.as_deref()).await?;
+                Ok(json!({"entries": l.entries.iter().map(entry).collect::<Vec<_>>()}))
+            }
+            "MakeDir" => {
+                let p = path()?;
+                if e.stat_file(&id, &p, false, user.as_deref()).await.is_ok() {
+                    return Err(RpcError::new("already_exists", format!("{p} already exists")));
+                }
+                let req = MakeDirRequest { path: p, user, mode: None, parents: true };
+                Ok(json!({"entry": entry(&e.make_dir(&id, req).await?)}))
+            }
+            "Move" => {
+                let field = |k: &str| {
+                    msg[k].as_str().map(str::to_string).ok_or_else(|| RpcError::invalid(format!("{k} is required")))
+                };
+                let req = MoveRequest { from: field("source")?, to: field("destination")?, user, overwrite: true };
+                Ok(json!({"entry": entry(&e.move_file(&id, req).await?)}))
+            }
+            "Remove" => {
+                e.remove_file(&id, &path()?, true, user.as_deref()).await?;
+                Ok(json!({}))
+            }
+            other => Err(RpcError::new(
+                "unimplemented",
+                format!(
+                    "filesystem.Filesystem/{other} is not served by Sandtree's E2B door yet (directory watches are not)"
+                ),
+            )),
+        }
+    }
+    .await;
+    match (result, streamed) {
+        (Ok(v), false) => connect::unary(Ok(v)),
+        (Ok(v), true) => connect::stream(futures_util::stream::iter([Ok(v)])),
+        (Err(e), false) => connect::unary(Err(e)),
+        (Err(e), true) => connect::stream(futures_util::stream::iter([Err(e)])),
+    }
+}

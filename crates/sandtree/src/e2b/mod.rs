@@ -1,0 +1,136 @@
+//! The E2B door: `sandtree daemon --e2b ADDR:PORT` serves E2B's control
+//! plane and its in-sandbox agent's protocol (envd), so that programs
+//! written for the official `e2b` SDK run against Sandtree unchanged, set up
+//! by environment variables alone:
+//!
+//! ```text
+//! E2B_API_URL=http://ADDR:PORT      the control plane (this listener)
+//! E2B_SANDBOX_URL=http://ADDR:PORT  envd (the same listener: paths differ)
+//! E2B_API_KEY=<the daemon's token>  (<data-dir>/token)
+//! ```
+//!
+//! - **Control plane** ([`control`]): REST/JSON, authenticated by
+//!   `X-API-KEY` (the daemon's token), errors `{"code": <status>,
+//!   "message"}` with `Should-Retry: false`.
+//! - **envd** ([`envd`]): `/health`, `/files`, and the Connect services
+//!   `process.Process` and `filesystem.Filesystem` ([`connect`]). The SDK
+//!   names the sandbox in the `E2b-Sandbox-Id` header; each request carries
+//!   the sandbox's access token (`X-Access-Token`), which the create and
+//!   connect answers gave: a hash of the daemon's token and the sandbox id,
+//!   so it survives a restart and opens no other sandbox.
+//!
+//! Mapping: an E2B sandbox is a Sandtree sandbox (template `base`, or an
+//! image name; a snapshot id — a checkpoint — makes a fork of it, with its
+//! processes); metadata are labels; a snapshot is a checkpoint; `fork` is a
+//! checkpoint and a fork; the timeout (default [`DEFAULT_TIMEOUT_S`]) ends
+//! the sandbox (deleted, as E2B kills it). Commands run as E2B runs them
+//! (`/bin/bash -l -c`), as root unless the request names a user (E2B's
+//! templates default to `user`; Sandtree's images have root). What E2B has
+//! and Sandtree does not (template builds, volumes, network rules, MCP
+//! gateways, auto-pause) is refused with a clear error.
+
+pub mod connect;
+pub mod control;
+pub mod envd;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::http::HeaderMap;
+use sandtree_runtime::Engine;
+use sha2::{Digest, Sha256};
+use tokio::task::AbortHandle;
+
+use crate::daemon::auth::Token;
+
+/// A sandbox's life when the create names no timeout (the SDK's own
+/// default is 300 s; E2B's server says 15).
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
+/// The envd version reported: the newest the SDK checks for (below it,
+/// features are refused client-side). PEP 440.
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// What the door keeps of a sandbox it serves (lost on a restart: a
+/// sandbox then shows its creation time and the default timeout).
+#[derive(Default)]
+pub(crate) struct SandboxMeta {
+    pub template: Option<String>,
+    pub started: Option<SystemTime>,
+    pub end: Option<SystemTime>,
+    /// Environment of every command (`envVars` at create).
+    pub envs: BTreeMap<String, String>,
+    /// The task that ends the sandbox at its timeout.
+    pub timer: Option<AbortHandle>,
+    /// The checkpoint a pause took (its resume rolls back to it).
+    pub paused: Option<String>,
+}
+
+/// The door's state, shared by its handlers.
+pub struct E2b {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) token: Token,
+    pub(crate) sandboxes: Mutex<HashMap<String, SandboxMeta>>,
+    pub(crate) processes: envd::Processes,
+}
+
+impl E2b {
+    pub fn new(engine: Arc<Engine>, token: Token) -> Arc<E2b> {
+        Arc::new(E2b { engine, token, sandboxes: Mutex::default(), processes: envd::Processes::default() })
+    }
+
+    /// The envd access token of sandbox `id`.
+    pub(crate) fn access_token(&self, id: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(self.token.as_str().as_bytes());
+        h.update(b"\0envd\0");
+        h.update(id.as_bytes());
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub(crate) fn meta<T>(&self, id: &str, f: impl FnOnce(&mut SandboxMeta) -> T) -> T {
+        let mut map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+        f(map.entry(id.to_string()).or_default())
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        let meta = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        if let Some(timer) = meta.and_then(|m| m.timer) {
+            timer.abort();
+        }
+        self.processes.forget_sandbox(id);
+    }
+
+    /// (Re)arms sandbox `id`'s timeout: `secs` from now it is deleted.
+    pub(crate) fn arm_timeout(self: &Arc<Self>, id: &str, secs: u64) {
+        let end = SystemTime::now() + Duration::from_secs(secs);
+        let door = self.clone();
+        let sid = id.to_string();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            tracing::info!(sandbox = %sid, "E2B timeout reached: deleting the sandbox");
+            let _ = door.engine.delete_sandbox(&sid, false).await;
+            door.forget(&sid);
+        })
+        .abort_handle();
+        let old = self.meta(id, |m| {
+            m.end = Some(end);
+            m.started.get_or_insert_with(SystemTime::now);
+            m.timer.replace(timer)
+        });
+        if let Some(old) = old {
+            old.abort();
+        }
+    }
+}
+
+/// The value of header `name`, as text.
+pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The door's router: the control plane and envd on one listener.
+pub fn router(door: Arc<E2b>) -> Router {
+    control::routes().merge(envd::routes()).with_state(door)
+}
