@@ -16,10 +16,13 @@
 //! - `filesystem.Filesystem` (Connect, unary): `Stat`, `ListDir`,
 //!   `MakeDir`, `Move`, `Remove`.
 //!
+//! A `Start` with a `pty` opens a Sandtree session (an interactive bash on
+//! a terminal): its output comes as `data.pty`, `SendInput` types
+//! `input.pty`, `Update` resizes it.
+//!
 //! The user of an RPC is `Authorization: Basic base64("<user>:")`, of
-//! `/files` the `username` query; absent, root. Not served yet: PTYs
-//! (`Update`, `Start` with `pty`), directory watches; they answer
-//! `unimplemented`.
+//! `/files` the `username` query; absent, root. Not served yet: directory
+//! watches; they answer `unimplemented`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,8 +35,10 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use futures_util::StreamExt;
-use sandtree_api::{ExecEvent, ExecRequest, FileInfo, FileKind, MakeDirRequest, MoveRequest, OutputEncoding};
-use sandtree_runtime::{ExecIo, StdinSender, WriteFile, stdin_channel};
+use sandtree_api::{
+    CreateSessionRequest, ExecEvent, ExecRequest, FileInfo, FileKind, MakeDirRequest, MoveRequest, OutputEncoding,
+};
+use sandtree_runtime::{ExecIo, SessionIo, StdinSender, WriteFile, stdin_channel};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -201,6 +206,8 @@ struct Process {
     config: Value,
     tag: Option<String>,
     stdin: Mutex<Option<StdinSender>>,
+    /// A PTY's terminal (a Sandtree session): input and size.
+    pty: Option<SessionIo>,
     followers: Mutex<Vec<mpsc::Sender<Value>>>,
 }
 
@@ -224,6 +231,20 @@ impl Process {
         let (tx, rx) = mpsc::channel(64);
         self.followers.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
         rx
+    }
+
+    /// Sends an event to every follower (waiting for slow ones: the
+    /// process's output is held back rather than dropped); a follower that
+    /// left is forgotten.
+    async fn publish(&self, ev: Value) {
+        let followers = self.followers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut left = false;
+        for f in &followers {
+            left |= f.send(ev.clone()).await.is_err();
+        }
+        if left {
+            self.followers.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| !f.is_closed());
+        }
     }
 }
 
@@ -257,9 +278,6 @@ fn event(ev: ExecEvent) -> Option<Value> {
 }
 
 async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> Result<Response, RpcError> {
-    if req.get("pty").is_some_and(|p| !p.is_null()) {
-        return Err(RpcError::new("unimplemented", "PTYs are not served by Sandtree's E2B door yet"));
-    }
     let config = req.get("process").cloned().unwrap_or_else(|| json!({}));
     let cmd = config["cmd"].as_str().ok_or_else(|| RpcError::invalid("process.cmd is required"))?.to_string();
     let mut argv = vec![cmd];
@@ -275,6 +293,9 @@ async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> 
         user,
         ..Default::default()
     };
+    if req.get("pty").is_some_and(|p| !p.is_null()) {
+        return start_pty(door, id, req, exec).await;
+    }
     let (stdin, stream) = match req["stdin"].as_bool() {
         Some(true) => {
             let (tx, rx) = stdin_channel(16);
@@ -300,6 +321,7 @@ async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> 
         config: config.clone(),
         tag: req["tag"].as_str().map(str::to_string),
         stdin: Mutex::new(stdin),
+        pty: None,
         followers: Mutex::default(),
     });
     let follower = process.follow();
@@ -309,19 +331,57 @@ async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> 
     let hub_door = door.clone();
     tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
-            let Some(ev) = event(ev) else { continue };
-            let followers = process.followers.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let mut gone = Vec::new();
-            for (i, f) in followers.iter().enumerate() {
-                if f.send(ev.clone()).await.is_err() {
-                    gone.push(i);
-                }
-            }
-            if !gone.is_empty() {
-                process.followers.lock().unwrap_or_else(|p| p.into_inner()).retain(|f| !f.is_closed());
+            if let Some(ev) = event(ev) {
+                process.publish(ev).await;
             }
         }
         hub_door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id, pid));
+    });
+    Ok(follow_stream(pid, follower))
+}
+
+/// `Start` with a `pty`: an interactive shell on a terminal, which is a
+/// Sandtree session; its output comes as `data.pty`.
+async fn start_pty(door: Arc<E2b>, id: String, req: Value, exec: ExecRequest) -> Result<Response, RpcError> {
+    let size = |k: &str, default: u16| {
+        req.pointer(&format!("/pty/size/{k}")).and_then(Value::as_u64).map_or(default, |v| v as u16)
+    };
+    let session = CreateSessionRequest {
+        cwd: exec.cwd,
+        user: exec.user,
+        env: exec.env,
+        cols: Some(size("cols", 80)),
+        rows: Some(size("rows", 24)),
+    };
+    let info = door.engine.create_session(&id, session).await?;
+    let mut io = door.engine.session_io(&id, &info.id).await?;
+    // (The receiver subscribed at attach time holds what the shell printed since.)
+    let fresh = io.output.resubscribe();
+    let mut output = std::mem::replace(&mut io.output, fresh);
+    let pid = info.pid as u32;
+    let process = Arc::new(Process {
+        config: req.get("process").cloned().unwrap_or_else(|| json!({})),
+        tag: req["tag"].as_str().map(str::to_string),
+        stdin: Mutex::new(None),
+        pty: Some(io),
+        followers: Mutex::default(),
+    });
+    let follower = process.follow();
+    door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).insert((id.clone(), pid), process.clone());
+    let hub_door = door.clone();
+    tokio::spawn(async move {
+        loop {
+            match output.recv().await {
+                // (An empty chunk: the shell exited.)
+                Ok(bytes) if bytes.is_empty() => break,
+                Ok(bytes) => process.publish(json!({"data": {"pty": BASE64.encode(&bytes)}})).await,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+        process.publish(json!({"end": {"exited": true, "status": "exited"}})).await;
+        hub_door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), pid));
+        let _ = hub_door.engine.close_session(&id, &info.id).await;
     });
     Ok(follow_stream(pid, follower))
 }
@@ -426,9 +486,15 @@ async fn unary_process(door: &Arc<E2b>, id: &str, method: &str, req: &Value) -> 
         "SendInput" => {
             let pid = selector_pid(req)?;
             let p = door.processes.get(id, pid).ok_or_else(|| not_running(pid))?;
-            let data = req.pointer("/input/stdin").and_then(Value::as_str).ok_or_else(|| {
-                RpcError::new("unimplemented", "input.pty: PTYs are not served by Sandtree's E2B door yet")
-            })?;
+            if let (Some(data), Some(pty)) = (req.pointer("/input/pty").and_then(Value::as_str), &p.pty) {
+                let bytes = BASE64.decode(data).map_err(|e| RpcError::invalid(format!("input is not base64: {e}")))?;
+                pty.write(&bytes).await.map_err(|e| RpcError::new("internal", e.to_string()))?;
+                return Ok(json!({}));
+            }
+            let data = req
+                .pointer("/input/stdin")
+                .and_then(Value::as_str)
+                .ok_or_else(|| RpcError::invalid("input.stdin is required (input.pty: the process has no PTY)"))?;
             send_stdin(&p, data).await?;
             Ok(json!({}))
         }
@@ -438,7 +504,17 @@ async fn unary_process(door: &Arc<E2b>, id: &str, method: &str, req: &Value) -> 
             p.stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
             Ok(json!({}))
         }
-        "Update" => Err(RpcError::new("unimplemented", "PTYs are not served by Sandtree's E2B door yet")),
+        "Update" => {
+            let pid = selector_pid(req)?;
+            let p = door.processes.get(id, pid).ok_or_else(|| not_running(pid))?;
+            let pty = p.pty.as_ref().ok_or_else(|| RpcError::invalid(format!("process {pid} has no PTY")))?;
+            let size = |k: &str| req.pointer(&format!("/pty/size/{k}")).and_then(Value::as_u64).map(|v| v as u16);
+            let (Some(cols), Some(rows)) = (size("cols"), size("rows")) else {
+                return Err(RpcError::invalid("pty.size.cols and pty.size.rows are required"));
+            };
+            pty.resize(cols, rows).map_err(|e| RpcError::new("internal", e.to_string()))?;
+            Ok(json!({}))
+        }
         other => Err(RpcError::new("unimplemented", format!("process.Process/{other} is not served"))),
     }
 }
