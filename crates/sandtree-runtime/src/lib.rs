@@ -45,6 +45,7 @@ mod sandbox_files;
 mod sandbox_rollback;
 mod sandbox_root;
 mod sandbox_session;
+mod sandbox_watch;
 mod shutdown;
 mod spares;
 mod sysv_ipc;
@@ -56,6 +57,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandbox_exec::{ExecIo, encode_output};
 pub use sandbox_files::{OpenedFile, WriteFile};
+pub use sandbox_watch::{DirEvent, DirEventKind, DirWatch};
 pub use sandtree_proc::{ProcessStats, TestSwitches};
 pub use sandtree_sandbox::session::SessionIo;
 pub use sandtree_sandbox::{

@@ -37,6 +37,8 @@ const LIST_MAX_ENTRIES: usize = 100_000;
 /// Deepest listing.
 const LIST_MAX_DEPTH: u32 = 64;
 const DEFAULT_FILE_MODE: u32 = 0o644;
+/// The temporary name a write links its file under before the rename.
+pub(crate) const TEMP_PREFIX: &str = ".sandtree-write-";
 const DEFAULT_DIR_MODE: u32 = 0o755;
 
 /// Who writes a file, and its mode (`PUT …/files`).
@@ -55,7 +57,7 @@ pub struct OpenedFile {
 }
 
 /// What went wrong with `path` of sandbox `id`, as the API says it.
-fn file_error(id: &str, path: &SandboxPath, op: &'static str, e: Errno) -> Error {
+pub(crate) fn file_error(id: &str, path: &SandboxPath, op: &'static str, e: Errno) -> Error {
     let p = path.as_str();
     match e {
         Errno::NOENT => Error::FileNotFound { sandbox: id.to_string(), path: p.to_string() },
@@ -81,7 +83,7 @@ fn file_error(id: &str, path: &SandboxPath, op: &'static str, e: Errno) -> Error
 impl Engine {
     /// The root of running sandbox `id` (started if stopped) and the
     /// account `user`. Call under the sandbox's lock for a consistent view.
-    async fn files_root(&self, id: &str, user: Option<&str>) -> Result<(SandboxRoot, Account)> {
+    pub(crate) async fn files_root(&self, id: &str, user: Option<&str>) -> Result<(SandboxRoot, Account)> {
         self.record(id)?;
         let user = crate::sandbox_exec::user_name(user)?;
         let sb = self.running(id).await?;
@@ -194,7 +196,7 @@ impl Engine {
                 }
             };
             let e = |e| file_error(id, &path, "write", e);
-            let temp_name = format!(".sandtree-write-{:016x}", rand::random::<u64>());
+            let temp_name = format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>());
             // A checkpoint or a rollback during the upload put the sandbox
             // on another layer (another mount): the bytes are copied there.
             let copy;
@@ -326,7 +328,7 @@ impl Engine {
 
     /// `root` if the sandbox still runs the same init, else its new root
     /// (a rollback or restart between the root's opening and the lock).
-    fn current_root(&self, id: &str, root: SandboxRoot) -> Result<SandboxRoot> {
+    pub(crate) fn current_root(&self, id: &str, root: SandboxRoot) -> Result<SandboxRoot> {
         let live = self.live_get(id).filter(|s| s.is_alive()).ok_or_else(|| Error::NotRunning(id.to_string()))?;
         if root.init_pid() == live.init_pid() {
             return Ok(root);

@@ -20,9 +20,12 @@
 //! a terminal): its output comes as `data.pty`, `SendInput` types
 //! `input.pty`, `Update` resizes it.
 //!
+//! Directory watches (`CreateWatcher` / `GetWatcherEvents` /
+//! `RemoveWatcher`, polled by the sync SDK; `WatchDir`, a stream, by the
+//! async one) are the engine's inotify watches (`sandbox_watch.rs`).
+//!
 //! The user of an RPC is `Authorization: Basic base64("<user>:")`, of
-//! `/files` the `username` query; absent, root. Not served yet: directory
-//! watches; they answer `unimplemented`.
+//! `/files` the `username` query; absent, root.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +41,7 @@ use futures_util::StreamExt;
 use sandtree_api::{
     CreateSessionRequest, ExecEvent, ExecRequest, FileInfo, FileKind, MakeDirRequest, MoveRequest, OutputEncoding,
 };
-use sandtree_runtime::{ExecIo, SessionIo, StdinSender, WriteFile, stdin_channel};
+use sandtree_runtime::{DirEvent, DirEventKind, DirWatch, ExecIo, SessionIo, StdinSender, WriteFile, stdin_channel};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -587,19 +590,115 @@ async fn filesystem_rpc(
                 e.remove_file(&id, &path()?, true, user.as_deref()).await?;
                 Ok(json!({}))
             }
-            other => Err(RpcError::new(
-                "unimplemented",
-                format!(
-                    "filesystem.Filesystem/{other} is not served by Sandtree's E2B door yet (directory watches are not)"
-                ),
-            )),
+            "CreateWatcher" => {
+                let recursive = msg["recursive"].as_bool().unwrap_or(false);
+                let watch = e.watch_dir(&id, &path()?, recursive, user.as_deref()).await?;
+                Ok(json!({"watcherId": door.watchers.start(&id, watch)}))
+            }
+            "GetWatcherEvents" => {
+                let events = door.watchers.drain(&id, msg["watcherId"].as_str().unwrap_or_default())?;
+                Ok(json!({"events": events}))
+            }
+            "RemoveWatcher" => {
+                door.watchers.remove(&id, msg["watcherId"].as_str().unwrap_or_default())?;
+                Ok(json!({}))
+            }
+            "WatchDir" => {
+                let recursive = msg["recursive"].as_bool().unwrap_or(false);
+                let mut watch = e.watch_dir(&id, &path()?, recursive, user.as_deref()).await?;
+                let start = futures_util::stream::once(async { Ok(json!({"start": {}})) });
+                let events = futures_util::stream::poll_fn(move |cx| watch.events.poll_recv(cx))
+                    .map(|ev| Ok(json!({"filesystem": fs_event(&ev)})));
+                return Ok(Streamed(connect::stream(start.chain(events))));
+            }
+            other => Err(RpcError::new("unimplemented", format!("filesystem.Filesystem/{other} is not served"))),
         }
+        .map(Unary)
     }
     .await;
     match (result, streamed) {
-        (Ok(v), false) => connect::unary(Ok(v)),
-        (Ok(v), true) => connect::stream(futures_util::stream::iter([Ok(v)])),
+        (Ok(Streamed(resp)), _) => resp,
+        (Ok(Unary(v)), false) => connect::unary(Ok(v)),
+        (Ok(Unary(v)), true) => connect::stream(futures_util::stream::iter([Ok(v)])),
         (Err(e), false) => connect::unary(Err(e)),
         (Err(e), true) => connect::stream(futures_util::stream::iter([Err(e)])),
+    }
+}
+
+/// A filesystem RPC's answer: one message, or a stream already made.
+enum FsAnswer {
+    Unary(Value),
+    Streamed(Response),
+}
+use FsAnswer::{Streamed, Unary};
+
+/// A change as E2B's `FilesystemEvent`.
+fn fs_event(ev: &DirEvent) -> Value {
+    let kind = match ev.kind {
+        DirEventKind::Create => "EVENT_TYPE_CREATE",
+        DirEventKind::Write => "EVENT_TYPE_WRITE",
+        DirEventKind::Remove => "EVENT_TYPE_REMOVE",
+        DirEventKind::Rename => "EVENT_TYPE_RENAME",
+        DirEventKind::Chmod => "EVENT_TYPE_CHMOD",
+    };
+    json!({"name": ev.name, "type": kind})
+}
+
+/// The polled watches (`CreateWatcher`, `GetWatcherEvents`,
+/// `RemoveWatcher`): each gathers its events until they are fetched.
+#[derive(Default)]
+pub struct Watchers(Mutex<HashMap<String, Watcher>>);
+
+struct Watcher {
+    sandbox: String,
+    events: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Watchers {
+    fn start(&self, id: &str, mut watch: DirWatch) -> String {
+        let events: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let gathered = events.clone();
+        let task = tokio::spawn(async move {
+            while let Some(ev) = watch.events.recv().await {
+                gathered.lock().unwrap_or_else(|p| p.into_inner()).push(fs_event(&ev));
+            }
+        })
+        .abort_handle();
+        let wid = format!("w-{:016x}", rand::random::<u64>());
+        let w = Watcher { sandbox: id.to_string(), events, task };
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(wid.clone(), w);
+        wid
+    }
+
+    fn drain(&self, id: &str, wid: &str) -> Result<Vec<Value>, RpcError> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let w = map
+            .get(wid)
+            .filter(|w| w.sandbox == id)
+            .ok_or_else(|| RpcError::new("not_found", format!("no watcher {wid}")))?;
+        Ok(std::mem::take(&mut *w.events.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+
+    fn remove(&self, id: &str, wid: &str) -> Result<(), RpcError> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(wid) {
+            Some(w) if w.sandbox == id => {
+                w.task.abort();
+                map.remove(wid);
+                Ok(())
+            }
+            _ => Err(RpcError::new("not_found", format!("no watcher {wid}"))),
+        }
+    }
+
+    pub fn forget_sandbox(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, w| {
+            let keep = w.sandbox != id;
+            if !keep {
+                w.task.abort();
+            }
+            keep
+        });
     }
 }

@@ -73,11 +73,18 @@ pub struct E2b {
     pub(crate) token: Token,
     pub(crate) sandboxes: Mutex<HashMap<String, SandboxMeta>>,
     pub(crate) processes: envd::Processes,
+    pub(crate) watchers: envd::Watchers,
 }
 
 impl E2b {
     pub fn new(engine: Arc<Engine>, token: Token) -> Arc<E2b> {
-        Arc::new(E2b { engine, token, sandboxes: Mutex::default(), processes: envd::Processes::default() })
+        Arc::new(E2b {
+            engine,
+            token,
+            sandboxes: Mutex::default(),
+            processes: envd::Processes::default(),
+            watchers: envd::Watchers::default(),
+        })
     }
 
     /// The envd access token of sandbox `id`.
@@ -100,6 +107,7 @@ impl E2b {
             timer.abort();
         }
         self.processes.forget_sandbox(id);
+        self.watchers.forget_sandbox(id);
     }
 
     /// (Re)arms sandbox `id`'s timeout: `secs` from now it is deleted.
