@@ -52,26 +52,41 @@ pub fn routes() -> axum::Router<Arc<E2b>> {
         .route("/sandboxes/{id}/metrics", get(metrics))
 }
 
-/// An error as the SDK parses it.
-pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (status, Json(json!({"code": status.as_u16(), "message": message.into()}))).into_response();
-    resp.headers_mut().insert("should-retry", HeaderValue::from_static("false"));
-    resp
+/// An error as the SDK parses it: `{"code": <status>, "message"}`, not
+/// to be retried.
+pub(crate) struct Failure {
+    status: StatusCode,
+    message: String,
 }
 
-fn api_error(e: sandtree_runtime::Error) -> Response {
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"code": self.status.as_u16(), "message": self.message}));
+        let mut resp = (self.status, body).into_response();
+        resp.headers_mut().insert("should-retry", HeaderValue::from_static("false"));
+        resp
+    }
+}
+
+pub(crate) fn error(status: u16, message: impl Into<String>) -> Failure {
+    Failure {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        message: message.into(),
+    }
+}
+
+fn api_error(e: sandtree_runtime::Error) -> Failure {
     let api = e.to_api();
     error(api.code.http_status(), api.message)
 }
 
-fn unsupported(what: &str) -> Response {
+fn unsupported(what: &str) -> Failure {
     error(400, format!("{what} is not supported by Sandtree"))
 }
 
-type Reply = Result<Response, Response>;
+type Reply = Result<Response, Failure>;
 
-fn authorize(door: &E2b, headers: &HeaderMap) -> Result<(), Response> {
+fn authorize(door: &E2b, headers: &HeaderMap) -> Result<(), Failure> {
     match header(headers, "x-api-key") {
         Some(key) if door.token.matches(key) => Ok(()),
         Some(_) => Err(error(401, "invalid API key: E2B_API_KEY must be the daemon's token (<data-dir>/token)")),
