@@ -9,7 +9,10 @@
 //!   which `scripts/test.sh` makes; the rows are left out, with a note,
 //!   where it is missing);
 //! - **MCP (HTTP)**: `tools/call` on `POST /mcp`;
-//! - **MCP (stdio)**: `tools/call` to one `sandtree mcp` process.
+//! - **MCP (stdio)**: `tools/call` to one `sandtree mcp` process;
+//! - **e2b SDK**: the official `e2b` package against the E2B door
+//!   (`commands.run` is `bash -l -c`, as E2B runs it; the rollback is
+//!   Sandtree's extension, `POST /sandboxes/{id}/rollback`).
 //!
 //! Round trips: *create + exec `true`* (a sandbox made and a command run
 //! in it; the delete is not timed) and *checkpoint → rollback* (of a
@@ -47,15 +50,15 @@ pub async fn rows(engine: Arc<Engine>, scratch: &Path, n: usize, report: &mut Re
     let socket = scratch.join("doors.sock");
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket).context("binding the doors' socket")?;
-    let app = crate::daemon::server::app(Some(engine), None);
+    let app = crate::daemon::server::app(Some(engine.clone()), None);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let result = measure(&socket, n, report).await;
+    let result = measure(engine, &socket, n, report).await;
     server.abort();
     let _ = std::fs::remove_file(&socket);
     result
 }
 
-async fn measure(socket: &Path, n: usize, report: &mut Report) -> Result<()> {
+async fn measure(engine: Arc<Engine>, socket: &Path, n: usize, report: &mut Report) -> Result<()> {
     let api = Client::new(Endpoint::Unix(socket.to_path_buf()), None);
     let mut doors: Vec<(&str, [Vec<f64>; 2])> = Vec::new();
     doors.push(("API", api_door(&api, n).await?));
@@ -63,6 +66,10 @@ async fn measure(socket: &Path, n: usize, report: &mut Report) -> Result<()> {
     match sdk_door(socket, n).await? {
         Some(samples) => doors.push(("Python SDK", samples)),
         None => eprintln!("bench: no {SDK_PYTHON} with the SDK (scripts/test.sh makes it): Python SDK rows left out"),
+    }
+    match e2b_door(engine.clone(), n).await? {
+        Some(samples) => doors.push(("e2b SDK", samples)),
+        None => eprintln!("bench: no {SDK_PYTHON} with the e2b package (scripts/test.sh installs it): e2b rows left out"),
     }
     doors.push(("MCP (HTTP)", mcp_http_door(&api, n).await?));
     let sock = socket.to_path_buf();
@@ -208,6 +215,66 @@ async fn sdk_door(socket: &Path, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
     }
     let trips: [Vec<f64>; 2] = serde_json::from_slice(&out.stdout).context("the SDK's bench script's output")?;
     Ok(Some(trips))
+}
+
+/// The e2b SDK's side: both trips `n` times (the checkpoint → rollback
+/// trip is a snapshot and Sandtree's rollback extension), the samples as
+/// JSON on stdout.
+const E2B_SCRIPT: &str = r#"
+import json, os, sys, time
+import httpx
+from e2b import Sandbox
+n = int(sys.argv[1])
+api = os.environ["E2B_API_URL"]
+trips = [[], []]
+for _ in range(n):
+    t = time.perf_counter()
+    sbx = Sandbox.create()
+    sbx.commands.run("true")
+    trips[0].append((time.perf_counter() - t) * 1000)
+    sbx.kill()
+sbx = Sandbox.create()
+sbx.files.write("/root/f", "state")
+with httpx.Client(headers={"X-API-KEY": os.environ["E2B_API_KEY"]}) as http:
+    for _ in range(n):
+        t = time.perf_counter()
+        snap = sbx.create_snapshot()
+        r = http.post(f"{api}/sandboxes/{sbx.sandbox_id}/rollback", json={"snapshotID": snap.snapshot_id})
+        r.raise_for_status()
+        trips[1].append((time.perf_counter() - t) * 1000)
+sbx.kill()
+print(json.dumps(trips))
+"#;
+
+async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
+    let python = PathBuf::from(SDK_PYTHON);
+    if !python.exists() {
+        return Ok(None);
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the E2B door")?;
+    let addr = listener.local_addr()?;
+    let token = format!("{:032x}", rand::random::<u128>());
+    let door = sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));
+    let server = tokio::spawn(async move { axum::serve(listener, door).await });
+    let out = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(E2B_SCRIPT)
+        .arg(n.to_string())
+        .env("E2B_API_URL", format!("http://{addr}"))
+        .env("E2B_SANDBOX_URL", format!("http://{addr}"))
+        .env("E2B_API_KEY", &token)
+        .env_remove("E2B_DEBUG")
+        .output()
+        .await;
+    server.abort();
+    let out = out.context("running the e2b bench script")?;
+    if !out.status.success() {
+        if String::from_utf8_lossy(&out.stderr).contains("No module named 'e2b'") {
+            return Ok(None);
+        }
+        bail!("the e2b bench script failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(Some(serde_json::from_slice(&out.stdout).context("the e2b bench script's output")?))
 }
 
 /// One `tools/call` answer's structured content (an error if the tool failed).

@@ -11,6 +11,7 @@
 //! | `POST /sandboxes/{id}/snapshots` (201), `GET /snapshots`, `DELETE /templates/{id}` | checkpoints |
 //! | `POST /sandboxes/{id}/fork` (201) | checkpoint + fork `count` |
 //! | `GET /sandboxes/{id}/metrics` | the sandbox's usage, now |
+//! | `POST /sandboxes/{id}/rollback` `{"snapshotID"}` (Sandtree's extension) | rollback in place to a snapshot of its tree, processes included |
 //!
 //! Every request needs `X-API-KEY: <the daemon's token>`. Errors are
 //! `{"code": <HTTP status>, "message"}` (the SDK parses that shape for
@@ -50,6 +51,7 @@ pub fn routes() -> axum::Router<Arc<E2b>> {
         .route("/templates/{id}", delete(delete_snapshot))
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/rollback", post(rollback))
 }
 
 /// An error as the SDK parses it: `{"code": <status>, "message"}`, not
@@ -356,7 +358,8 @@ async fn create_snapshot(
 ) -> Reply {
     authorize(&door, &headers)?;
     let name = body.and_then(|b| b.0.name);
-    let req = CheckpointRequest { label: name.clone(), wait_durable: true, ..Default::default() };
+    // (Its process image is written right after, as for any checkpoint.)
+    let req = CheckpointRequest { label: name.clone(), ..Default::default() };
     let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint;
     let names = vec![name.unwrap_or_else(|| ck.id.clone())];
     Ok((StatusCode::CREATED, Json(json!({"snapshotID": ck.id, "names": names}))).into_response())
@@ -438,6 +441,37 @@ async fn metrics(State(door): Door, headers: HeaderMap, Path(id): Path<String>) 
         "diskUsed": usage.disk_bytes,
         "diskTotal": 0,
     }]))
+    .into_response())
+}
+
+#[derive(Deserialize)]
+struct RollbackBody {
+    #[serde(rename = "snapshotID")]
+    snapshot_id: String,
+    #[serde(default, rename = "allowRestart")]
+    allow_restart: bool,
+}
+
+/// Sandtree's extension: the sandbox back to a snapshot (checkpoint) of
+/// its tree, in place, its processes included; answers the rollback.
+async fn rollback(State(door): Door, headers: HeaderMap, Path(id): Path<String>, body: Option<Json<RollbackBody>>) -> Reply {
+    authorize(&door, &headers)?;
+    let Some(Json(body)) = body else {
+        return Err(error(400, "the body must be {\"snapshotID\": \"ck-…\"}"));
+    };
+    let req = RollbackRequest { checkpoint: body.snapshot_id, allow_restart: body.allow_restart };
+    let r = door.engine.rollback(&id, req).await.map_err(api_error)?;
+    door.meta(&id, |m| m.paused = None);
+    // (The processes the door followed are gone or restored as they were.)
+    door.processes.forget_sandbox(&id);
+    Ok(Json(json!({
+        "sandboxID": id,
+        "snapshotID": r.checkpoint,
+        "processes": r.processes,
+        "restoredPids": r.restored_pids,
+        "note": r.note,
+        "durationMs": r.duration_ms,
+    }))
     .into_response())
 }
 
