@@ -11,34 +11,8 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use common::{Daemon, half_duplex, parse_response};
+use common::{Daemon, half_duplex, parse_response, random_bytes, sha256};
 use serde_json::{Value, json};
-
-/// `n` pseudo-random bytes, starting with NUL and invalid UTF-8.
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = b"\0\xff\xfe\r\n".to_vec();
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
-/// sha256 of `data` as `sha256sum` prints it for stdin.
-fn sha256(data: &[u8]) -> String {
-    use std::process::{Command, Stdio};
-    let mut c = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut input = c.stdin.take().unwrap();
-    let data = data.to_vec();
-    let writer = std::thread::spawn(move || input.write_all(&data));
-    let out = c.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// `path` percent-encoded for a query.
 fn q(path: &str) -> String {
@@ -91,7 +65,11 @@ fn files_pass_byte_for_byte_with_the_sandboxs_owners() {
         assert_eq!(read_ok(&d, &sb, &format!("/root/data/{name}.bin")), data, "{name}");
         // The sandbox's own programs see the same bytes.
         let inside = d.sh_ok(&sb, &format!("sha256sum < /root/data/{name}.bin"));
-        assert_eq!(inside, sha256(&data), "{name}: the sandbox reads other bytes");
+        assert_eq!(
+            inside.split_whitespace().next(),
+            Some(sha256(&data).as_str()),
+            "{name}: the sandbox reads other bytes"
+        );
     }
     // Relative paths start at the user's home; a mode and an owner are the sandbox's.
     d.sh_ok(&sb, "useradd -m -u 1234 alice");

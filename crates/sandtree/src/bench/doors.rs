@@ -69,7 +69,9 @@ async fn measure(engine: Arc<Engine>, socket: &Path, n: usize, report: &mut Repo
     }
     match e2b_door(engine.clone(), n).await? {
         Some(samples) => doors.push(("e2b SDK", samples)),
-        None => eprintln!("bench: no {SDK_PYTHON} with the e2b package (scripts/test.sh installs it): e2b rows left out"),
+        None => {
+            eprintln!("bench: no {SDK_PYTHON} with the e2b package (scripts/test.sh installs it): e2b rows left out")
+        }
     }
     doors.push(("MCP (HTTP)", mcp_http_door(&api, n).await?));
     let sock = socket.to_path_buf();
@@ -254,7 +256,8 @@ async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the E2B door")?;
     let addr = listener.local_addr()?;
     let token = format!("{:032x}", rand::random::<u128>());
-    let door = sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));
+    let door =
+        sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));
     let server = tokio::spawn(async move { axum::serve(listener, door).await });
     let out = tokio::process::Command::new(&python)
         .arg("-c")

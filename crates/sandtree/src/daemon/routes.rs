@@ -441,6 +441,12 @@ pub async fn read_file(
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> ApiResult<Response> {
     let opened = e.read_file(&id, &q.path, q.user.as_deref()).await?;
+    Ok(file_response(opened))
+}
+
+/// `200 application/octet-stream`: an opened file's bytes, streamed in
+/// chunks as the client reads them (the files API, the E2B door).
+pub fn file_response(opened: sandtree_runtime::OpenedFile) -> Response {
     let file = tokio::fs::File::from_std(opened.file);
     let chunks = futures_util::stream::unfold(file, |mut file| async move {
         use tokio::io::AsyncReadExt;
@@ -457,7 +463,7 @@ pub async fn read_file(
     let mut resp = Body::from_stream(chunks).into_response();
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
     resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(opened.info.size));
-    Ok(resp)
+    resp
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]

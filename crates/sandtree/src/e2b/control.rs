@@ -454,7 +454,12 @@ struct RollbackBody {
 
 /// Sandtree's extension: the sandbox back to a snapshot (checkpoint) of
 /// its tree, in place, its processes included; answers the rollback.
-async fn rollback(State(door): Door, headers: HeaderMap, Path(id): Path<String>, body: Option<Json<RollbackBody>>) -> Reply {
+async fn rollback(
+    State(door): Door,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<RollbackBody>>,
+) -> Reply {
     authorize(&door, &headers)?;
     let Some(Json(body)) = body else {
         return Err(error(400, "the body must be {\"snapshotID\": \"ck-…\"}"));

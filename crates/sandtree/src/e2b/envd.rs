@@ -30,9 +30,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Multipart, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
@@ -112,27 +111,10 @@ async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQ
         Ok::<_, RpcError>(opened)
     }
     .await;
-    let opened = match result {
-        Ok(o) => o,
-        Err(e) => return http_error(e),
-    };
-    let file = tokio::fs::File::from_std(opened.file);
-    let chunks = futures_util::stream::unfold(file, |mut file| async move {
-        use tokio::io::AsyncReadExt;
-        let mut buf = vec![0u8; 256 << 10];
-        match file.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), file))
-            }
-            Err(e) => Some((Err(e), file)),
-        }
-    });
-    let mut resp = Body::from_stream(chunks).into_response();
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(opened.info.size));
-    resp
+    match result {
+        Ok(opened) => crate::daemon::routes::file_response(opened),
+        Err(e) => http_error(e),
+    }
 }
 
 fn written(info: &FileInfo) -> Value {
@@ -178,8 +160,6 @@ async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<File
         Err(e) => http_error(e),
     }
 }
-
-use axum::extract::FromRequest;
 
 /// The body of a unary RPC (JSON), or of a stream (envelopes).
 async fn rpc_body(req: Request, streamed: bool) -> Result<Vec<Value>, RpcError> {

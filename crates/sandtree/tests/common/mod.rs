@@ -388,3 +388,30 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<u8>) {
     }
     (status, body)
 }
+
+/// `n` pseudo-random bytes, starting with invalid UTF-8 (even a single
+/// byte), NUL, `\r\n` and a lone `\n`.
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v: Vec<u8> = Vec::with_capacity(n + 8);
+    v.extend_from_slice(b"\xff\0\xfe\xc3\x28\r\n\n");
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// sha256 of `data`, by the host's `sha256sum`.
+pub fn sha256(data: &[u8]) -> String {
+    let mut c = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = c.stdin.take().unwrap();
+    let data = data.to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&data));
+    let out = c.wait_with_output().unwrap();
+    w.join().unwrap().unwrap();
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
