@@ -41,6 +41,8 @@ class Daemon:
     """Its TCP listener (on the loopback), which needs the bearer token."""
     cgroup: str
     process: subprocess.Popen[bytes]
+    e2b_url: str
+    """Its E2B door (``--e2b``, on the loopback): control plane and envd."""
 
     @property
     def token(self) -> str:
@@ -167,6 +169,15 @@ def _answers(socket: Path) -> bool:
         return False
 
 
+def _listens(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socketlib.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
     """A daemon of its own for the test session."""
@@ -181,6 +192,10 @@ def daemon() -> Iterator[Daemon]:
     directory.mkdir(parents=True)
     socket = directory / "sandtree.sock"
     tcp = f"127.0.0.1:{_free_port()}"
+    e2b_port = _free_port()
+    while f"127.0.0.1:{e2b_port}" == tcp:
+        e2b_port = _free_port()
+    e2b = f"127.0.0.1:{e2b_port}"
     with open(directory / "daemon.log", "ab") as log:
         process = subprocess.Popen(
             [
@@ -196,15 +211,17 @@ def daemon() -> Iterator[Daemon]:
                 "4G",
                 "--tcp",
                 tcp,
+                "--e2b",
+                e2b,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    d = Daemon(binary, directory, socket, f"http://{tcp}", cgroup, process)
+    d = Daemon(binary, directory, socket, f"http://{tcp}", cgroup, process, f"http://{e2b}")
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not (socket.exists() and _answers(socket)):
+        while not (socket.exists() and _answers(socket) and _listens(e2b)):
             if process.poll() is not None:
                 pytest.fail(f"the daemon exited early ({process.returncode}):\n{d.log()}")
             if time.monotonic() > deadline:

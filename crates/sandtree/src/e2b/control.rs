@@ -52,6 +52,12 @@ pub fn routes() -> axum::Router<Arc<E2b>> {
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/rollback", post(rollback))
+        .route("/sandboxes/{id}/network", axum::routing::put(update_network))
+}
+
+async fn update_network(State(door): Door, headers: HeaderMap) -> Reply {
+    authorize(&door, &headers)?;
+    Err(unsupported("network settings (a sandbox has loopback only)"))
 }
 
 /// An error as the SDK parses it: `{"code": <status>, "message"}`, not
@@ -167,6 +173,7 @@ struct CreateBody {
     network: Option<Value>,
     volume_mounts: Option<Value>,
     mcp: Option<Value>,
+    iam: Option<Value>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
 }
@@ -185,6 +192,24 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
     }
     if body.network.is_some() || body.allow_internet_access == Some(true) {
         return Err(unsupported("network settings (a sandbox has loopback only)"));
+    }
+    if body.iam.is_some() {
+        return Err(unsupported("workload identity (iam)"));
+    }
+    // A create repeated with its Idempotency-Key answers the sandbox the first made.
+    let key = header(&headers, "idempotency-key").map(str::to_string);
+    if let Some(key) = &key {
+        let made = door
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find_map(|(id, m)| (m.idempotency_key.as_deref() == Some(key.as_str())).then(|| id.clone()));
+        if let Some(id) = made
+            && let Ok(info) = door.engine.get_sandbox(&id).await
+        {
+            return Ok((StatusCode::CREATED, Json(sandbox_object(&door, &info))).into_response());
+        }
     }
     let template = body.template_id.clone().unwrap_or_else(|| "base".into());
     let info = if template.starts_with("ck-") {
@@ -206,6 +231,7 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
         m.template = Some(template);
         m.envs = body.env_vars;
         m.started = Some(SystemTime::now());
+        m.idempotency_key = key;
     });
     door.arm_timeout(&info.id, body.timeout.unwrap_or(DEFAULT_TIMEOUT_S));
     Ok((StatusCode::CREATED, Json(sandbox_object(&door, &info))).into_response())
@@ -271,14 +297,7 @@ async fn list(State(door): Door, headers: HeaderMap, Query(q): Query<ListQuery>)
         .map(|s| detail(&door, s))
         .filter(|d| states.is_empty() || states.iter().any(|s| d["state"] == json!(s)))
         .collect();
-    let limit = q.limit.unwrap_or(usize::MAX).max(1);
-    let more = rows.len() > limit;
-    let page: Vec<Value> = rows.into_iter().take(limit).collect();
-    let mut resp = Json(&page).into_response();
-    if more && let Some(last) = page.last().and_then(|d| d["sandboxID"].as_str()) {
-        resp.headers_mut().insert("x-next-token", HeaderValue::from_str(last).map_err(|e| error(500, e.to_string()))?);
-    }
-    Ok(resp)
+    paged(rows, q.limit, "sandboxID")
 }
 
 async fn kill(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
@@ -338,10 +357,14 @@ async fn pause(State(door): Door, headers: HeaderMap, Path(id): Path<String>) ->
     if door.meta(&id, |m| m.paused.is_some()) || info.status == SandboxStatus::Stopped {
         return Err(error(409, format!("sandbox {id} is already paused")));
     }
-    let req = CheckpointRequest { label: Some("e2b pause".into()), wait_durable: true, ..Default::default() };
+    let req = CheckpointRequest { label: Some(PAUSE_LABEL.into()), wait_durable: true, ..Default::default() };
     let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint.id;
     door.engine.stop_sandbox(&id).await.map_err(api_error)?;
-    door.meta(&id, |m| m.paused = Some(ck));
+    door.disarm_timeout(&id);
+    door.meta(&id, |m| {
+        m.paused = Some(ck);
+        m.end = None;
+    });
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -370,22 +393,55 @@ async fn create_snapshot(
 struct SnapshotQuery {
     #[serde(rename = "sandboxID")]
     sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
 }
+
+/// Labels of the checkpoints the door takes for itself (pause, fork).
+const INTERNAL_LABELS: [&str; 2] = [PAUSE_LABEL, FORK_LABEL];
+const PAUSE_LABEL: &str = "e2b pause";
+const FORK_LABEL: &str = "e2b fork";
 
 async fn list_snapshots(State(door): Door, headers: HeaderMap, Query(q): Query<SnapshotQuery>) -> Reply {
     authorize(&door, &headers)?;
-    let l = door.engine.list_checkpoints(q.sandbox_id.as_deref()).await.map_err(api_error)?;
+    let mut l = door.engine.list_checkpoints(q.sandbox_id.as_deref()).await.map_err(api_error)?.checkpoints;
+    l.sort_by(|a, b| a.id.cmp(&b.id));
     let rows: Vec<Value> = l
-        .checkpoints
         .iter()
-        .map(|c| json!({"snapshotID": c.id, "names": [c.label.clone().unwrap_or_else(|| c.id.clone())]}))
+        .filter(|c| !c.label.as_deref().is_some_and(|l| INTERNAL_LABELS.contains(&l)))
+        .filter(|c| q.sandbox_id.as_deref().is_none_or(|s| c.sandbox_id == s))
+        .filter(|c| q.next_token.as_deref().is_none_or(|t| c.id.as_str() > t))
+        .map(|c| (c.id.clone(), c.label.clone().unwrap_or_else(|| c.id.clone())))
+        .filter(|(id, name)| q.name.as_deref().is_none_or(|n| n == name || n == id))
+        .map(|(id, name)| json!({"snapshotID": id, "names": [name]}))
         .collect();
-    Ok(Json(rows).into_response())
+    paged(rows, q.limit, "snapshotID")
+}
+
+/// A page of `rows` (at most `limit`) and, when more follow, the token of
+/// the next page (the last row's `key`) in `x-next-token`.
+fn paged(rows: Vec<Value>, limit: Option<usize>, key: &str) -> Reply {
+    let limit = limit.unwrap_or(usize::MAX).max(1);
+    let more = rows.len() > limit;
+    let page: Vec<Value> = rows.into_iter().take(limit).collect();
+    let mut resp = Json(&page).into_response();
+    if more && let Some(last) = page.last().and_then(|d| d[key].as_str()) {
+        resp.headers_mut().insert("x-next-token", HeaderValue::from_str(last).map_err(|e| error(500, e.to_string()))?);
+    }
+    Ok(resp)
+}
+
+/// Any path the door does not serve.
+pub(crate) async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
+    error(404, format!("{method} {} is not supported by Sandtree's E2B door", uri.path()))
 }
 
 async fn delete_snapshot(State(door): Door, headers: HeaderMap, Path(id): Path<String>) -> Reply {
     authorize(&door, &headers)?;
-    door.engine.delete_checkpoint(&id, false).await.map_err(api_error)?;
+    // (E2B's snapshots stand alone: one that others build on goes anyway,
+    // its children linked to its parent.)
+    door.engine.delete_checkpoint(&id, true).await.map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -398,7 +454,7 @@ struct ForkBody {
 async fn fork(State(door): Door, headers: HeaderMap, Path(id): Path<String>, body: Option<Json<ForkBody>>) -> Reply {
     authorize(&door, &headers)?;
     let body = body.map(|b| b.0).unwrap_or_default();
-    let req = CheckpointRequest { label: Some("e2b fork".into()), ..Default::default() };
+    let req = CheckpointRequest { label: Some(FORK_LABEL.into()), ..Default::default() };
     let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint.id;
     let template = door.meta(&id, |m| (m.template.clone(), m.envs.clone()));
     let req = ForkRequest { count: body.count.unwrap_or(1), labels: BTreeMap::new(), limits: None, files_only: false };

@@ -66,6 +66,11 @@ fn sandbox_of(door: &E2b, headers: &HeaderMap) -> Result<String, RpcError> {
     if !crate::daemon::auth::constant_time_eq(token.as_bytes(), door.access_token(id).as_bytes()) {
         return Err(RpcError::new("unauthenticated", format!("wrong or missing X-Access-Token for sandbox {id}")));
     }
+    // (A paused sandbox runs nothing: work done now would be lost at the
+    // resume, which rolls back to the pause.)
+    if door.is_paused(id) {
+        return Err(RpcError::new("unavailable", format!("sandbox {id} is paused: resume it with Sandbox.connect")));
+    }
     Ok(id.to_string())
 }
 
@@ -93,6 +98,7 @@ async fn health(State(door): Door, headers: HeaderMap) -> Response {
     match sandbox_of(&door, &headers) {
         Ok(id) if door.engine.get_sandbox(&id).await.is_ok() => StatusCode::NO_CONTENT.into_response(),
         Ok(id) => (StatusCode::BAD_GATEWAY, format!("sandbox {id} was not found")).into_response(),
+        Err(e) if e.code == "unavailable" => (StatusCode::BAD_GATEWAY, e.message).into_response(),
         Err(e) => http_error(e),
     }
 }
@@ -260,7 +266,13 @@ fn event(ev: ExecEvent) -> Option<Value> {
     })
 }
 
-async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> Result<Response, RpcError> {
+async fn start(
+    door: Arc<E2b>,
+    id: String,
+    req: Value,
+    user: Option<String>,
+    timeout_ms: Option<u64>,
+) -> Result<Response, RpcError> {
     let config = req.get("process").cloned().unwrap_or_else(|| json!({}));
     let cmd = config["cmd"].as_str().ok_or_else(|| RpcError::invalid("process.cmd is required"))?.to_string();
     let mut argv = vec![cmd];
@@ -274,6 +286,7 @@ async fn start(door: Arc<E2b>, id: String, req: Value, user: Option<String>) -> 
         env,
         cwd: config["cwd"].as_str().filter(|c| !c.is_empty()).map(str::to_string),
         user,
+        timeout_ms,
         ..Default::default()
     };
     if req.get("pty").is_some_and(|p| !p.is_null()) {
@@ -388,7 +401,11 @@ async fn process_rpc(
         let mut msgs = rpc_body(req, streamed).await?;
         let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
         match method.as_str() {
-            "Start" => start(door.clone(), id, first, rpc_user(&headers)).await,
+            "Start" => {
+                // (envd ends the process at the call's deadline, as the SDK's `timeout`.)
+                let deadline = header(&headers, "connect-timeout-ms").and_then(|t| t.parse::<u64>().ok());
+                start(door.clone(), id, first, rpc_user(&headers), deadline.filter(|t| *t > 0)).await
+            }
             "Connect" => {
                 let pid = selector_pid(&first)?;
                 let p = door.processes.get(&id, pid).ok_or_else(|| not_running(pid))?;
@@ -563,7 +580,14 @@ async fn filesystem_rpc(
                 let field = |k: &str| {
                     msg[k].as_str().map(str::to_string).ok_or_else(|| RpcError::invalid(format!("{k} is required")))
                 };
-                let req = MoveRequest { from: field("source")?, to: field("destination")?, user, overwrite: true };
+                let (from, to) = (field("source")?, field("destination")?);
+                // (As envd: the destination's missing directories are made.)
+                if let Some((parent, _)) = to.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+                    let mkdir =
+                        MakeDirRequest { path: parent.to_string(), user: user.clone(), mode: None, parents: true };
+                    e.make_dir(&id, mkdir).await?;
+                }
+                let req = MoveRequest { from, to, user, overwrite: true };
                 Ok(json!({"entry": entry(&e.move_file(&id, req).await?)}))
             }
             "Remove" => {

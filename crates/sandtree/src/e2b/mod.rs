@@ -65,6 +65,8 @@ pub(crate) struct SandboxMeta {
     pub timer: Option<AbortHandle>,
     /// The checkpoint a pause took (its resume rolls back to it).
     pub paused: Option<String>,
+    /// The sandbox an `Idempotency-Key` made.
+    pub idempotency_key: Option<String>,
 }
 
 /// The door's state, shared by its handlers.
@@ -99,6 +101,17 @@ impl E2b {
     pub(crate) fn meta<T>(&self, id: &str, f: impl FnOnce(&mut SandboxMeta) -> T) -> T {
         let mut map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
         f(map.entry(id.to_string()).or_default())
+    }
+
+    pub(crate) fn is_paused(&self, id: &str) -> bool {
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).get(id).is_some_and(|m| m.paused.is_some())
+    }
+
+    /// Stops sandbox `id`'s timeout (a paused sandbox is kept).
+    pub(crate) fn disarm_timeout(&self, id: &str) {
+        if let Some(timer) = self.meta(id, |m| m.timer.take()) {
+            timer.abort();
+        }
     }
 
     pub(crate) fn forget(&self, id: &str) {
@@ -138,7 +151,8 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The door's router: the control plane and envd on one listener.
+/// The door's router: the control plane and envd on one listener (any
+/// other path: a JSON 404, which the SDK can parse).
 pub fn router(door: Arc<E2b>) -> Router {
-    control::routes().merge(envd::routes()).with_state(door)
+    control::routes().merge(envd::routes()).fallback(control::not_served).with_state(door)
 }
