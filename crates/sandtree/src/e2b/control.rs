@@ -176,6 +176,21 @@ struct CreateBody {
     iam: Option<Value>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
+    /// Anything else the SDK may send (`secure`, `autoResume`, …, or a
+    /// feature of a newer SDK): checked, never silently dropped.
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+/// What a create may carry that changes nothing here: `secure` (the door
+/// always gives an access token), an auto-resume or memory mode that is
+/// off, an alias (unused).
+fn harmless(key: &str, value: &Value) -> bool {
+    match key {
+        "secure" | "alias" | "autoPauseMemory" => true,
+        "autoResume" => value.get("enabled") != Some(&Value::Bool(true)),
+        _ => value.is_null(),
+    }
 }
 
 async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateBody>>) -> Reply {
@@ -195,6 +210,9 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
     }
     if body.iam.is_some() {
         return Err(unsupported("workload identity (iam)"));
+    }
+    if let Some((key, _)) = body.other.iter().find(|(k, v)| !harmless(k, v)) {
+        return Err(unsupported(&format!("the create option {key:?}")));
     }
     // A create repeated with its Idempotency-Key answers the sandbox the first made.
     let key = header(&headers, "idempotency-key").map(str::to_string);
