@@ -370,6 +370,28 @@ def test_list_by_metadata() -> None:
     assert _all(Sandbox.list(query=SandboxQuery(metadata={"e2b-list": tag}))) == []
 
 
+def test_list_by_template_start_and_order() -> None:
+    tag = uuid.uuid4().hex
+    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    mine = []
+    for _ in range(3):
+        mine.append(new(metadata={"e2b-order": tag}).sandbox_id)
+        time.sleep(1.1)  # (startedAt has whole seconds for the filter)
+    try:
+        query = {"metadata": {"e2b-order": tag}}
+        asc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(**query), order="asc"))]
+        desc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(**query), order="desc"))]
+        assert asc == mine and desc == list(reversed(mine))
+        assert len(_all(Sandbox.list(query=SandboxQuery(**query, template="base")))) == 3
+        assert _all(Sandbox.list(query=SandboxQuery(**query, template="no-such-template"))) == []
+        assert len(_all(Sandbox.list(query=SandboxQuery(**query, started_after=before)))) == 3
+        later = datetime.now(timezone.utc) + timedelta(hours=1)
+        assert _all(Sandbox.list(query=SandboxQuery(**query, started_after=later))) == []
+    finally:
+        for sid in mine:
+            Sandbox.kill(sid)
+
+
 def test_list_pagination() -> None:
     tag = uuid.uuid4().hex
     mine = [new(metadata={"e2b-page": tag}).sandbox_id for _ in range(3)]

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod daemon;
 pub mod e2b;
 pub mod mcp;
+pub mod rfc3339;
 pub mod units;
 pub mod unix_http;
 pub mod url;

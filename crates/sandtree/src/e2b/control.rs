@@ -266,6 +266,9 @@ async fn get_info(State(door): Door, headers: HeaderMap, Path(id): Path<String>)
 struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
+    template: Option<String>,
+    started_after: Option<String>,
+    order: Option<String>,
     limit: Option<usize>,
     next_token: Option<String>,
 }
@@ -306,15 +309,37 @@ async fn list(State(door): Door, headers: HeaderMap, Query(q): Query<ListQuery>)
     authorize(&door, &headers)?;
     let wanted = q.metadata.as_deref().map(metadata_filter).unwrap_or_default();
     let states: Vec<String> = q.state.map(|s| s.split(',').map(str::to_string).collect()).unwrap_or_default();
-    let mut all = door.engine.list_sandboxes().await.map_err(api_error)?.sandboxes;
-    all.sort_by(|a, b| a.id.cmp(&b.id));
-    let rows: Vec<Value> = all
+    let after = match q.started_after.as_deref() {
+        Some(t) => Some(
+            crate::rfc3339::parse(t)
+                .ok_or_else(|| error(400, format!("startedAfter {t:?} is not an RFC 3339 time")))?,
+        ),
+        None => None,
+    };
+    let descending = match q.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(other) => return Err(error(400, format!("order {other:?} is neither asc nor desc"))),
+    };
+    let all = door.engine.list_sandboxes().await.map_err(api_error)?.sandboxes;
+    let started = |d: &Value| d["startedAt"].as_str().and_then(crate::rfc3339::parse).unwrap_or(0);
+    let mut rows: Vec<Value> = all
         .iter()
-        .filter(|s| q.next_token.as_deref().is_none_or(|t| s.id.as_str() > t))
         .filter(|s| wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
         .map(|s| detail(&door, s))
         .filter(|d| states.is_empty() || states.iter().any(|s| d["state"] == json!(s)))
+        .filter(|d| q.template.as_deref().is_none_or(|t| d["templateID"] == json!(t)))
+        .filter(|d| after.is_none_or(|a| started(d) > a))
         .collect();
+    rows.sort_by_key(|d| (started(d), d["sandboxID"].as_str().unwrap_or_default().to_string()));
+    if descending {
+        rows.reverse();
+    }
+    // (The token is the last sandbox of the page before: the page starts after it.)
+    if let Some(token) = &q.next_token {
+        let at = rows.iter().position(|d| d["sandboxID"] == json!(token)).map_or(0, |i| i + 1);
+        rows.drain(..at);
+    }
     paged(rows, q.limit, "sandboxID")
 }
 
