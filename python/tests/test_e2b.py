@@ -378,15 +378,15 @@ def test_list_by_template_start_and_order() -> None:
         mine.append(new(metadata={"e2b-order": tag}).sandbox_id)
         time.sleep(1.1)  # (startedAt has whole seconds for the filter)
     try:
-        query = {"metadata": {"e2b-order": tag}}
-        asc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(**query), order="asc"))]
-        desc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(**query), order="desc"))]
+        meta = {"e2b-order": tag}
+        asc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(metadata=meta), order="asc"))]
+        desc = [s.sandbox_id for s in _all(Sandbox.list(query=SandboxQuery(metadata=meta), order="desc"))]
         assert asc == mine and desc == list(reversed(mine))
-        assert len(_all(Sandbox.list(query=SandboxQuery(**query, template="base")))) == 3
-        assert _all(Sandbox.list(query=SandboxQuery(**query, template="no-such-template"))) == []
-        assert len(_all(Sandbox.list(query=SandboxQuery(**query, started_after=before)))) == 3
+        assert len(_all(Sandbox.list(query=SandboxQuery(metadata=meta, template="base")))) == 3
+        assert _all(Sandbox.list(query=SandboxQuery(metadata=meta, template="no-such-template"))) == []
+        assert len(_all(Sandbox.list(query=SandboxQuery(metadata=meta, started_after=before)))) == 3
         later = datetime.now(timezone.utc) + timedelta(hours=1)
-        assert _all(Sandbox.list(query=SandboxQuery(**query, started_after=later))) == []
+        assert _all(Sandbox.list(query=SandboxQuery(metadata=meta, started_after=later))) == []
     finally:
         for sid in mine:
             Sandbox.kill(sid)
