@@ -918,7 +918,6 @@ def test_pause_and_resume_keep_files_and_memory() -> None:
         Sandbox.kill(s.sandbox_id)
 
 
-@pytest.mark.xfail(reason="engine bug: a process restored from the durable image comes back in the session of a template (pid 24576), and the next capture/restore of it fails (issue 39)", strict=True)
 def test_pause_and_resume_twice() -> None:
     s = new()
     try:
@@ -998,7 +997,6 @@ def test_fork_makes_sandboxes_that_diverge() -> None:
         s.kill()
 
 
-@pytest.mark.xfail(reason="engine bug: a process restored from the durable image comes back in the session of a template, so a fork after a resume fails (issue 39)", strict=True)
 def test_fork_after_a_pause_and_resume() -> None:
     s = new()
     try:

@@ -441,8 +441,56 @@ fn a_sandbox_deleted_right_after_a_checkpoint_keeps_its_image(e: &Engine) -> Cas
     })
 }
 
+/// A process an exec started (in init's session: sid 0 in the sandbox),
+/// restored from the image after a stop and a start, is back in init's
+/// session (before: in the session of the template the image made, whose
+/// pid the next restore then could not take back), so a checkpoint of it
+/// forks and restores again.
+fn a_process_in_inits_session_keeps_it_through_an_image(e: &Engine) -> CaseFuture<'_> {
+    Box::pin(async move {
+        let sb = e.create_sandbox(CreateSandboxRequest::default()).await?.sandbox.id;
+        let cmd = vec!["sleep".to_string(), "1000".to_string()];
+        let mut events = e.exec_stream(&sb, ExecRequest { cmd, ..Default::default() }).await?;
+        let Some(sandtree_api::ExecEvent::Started { pid }) = events.recv().await else {
+            bail!("no start event");
+        };
+        let sb_ref = &sb;
+        let sid = |at: &'static str| async move {
+            let out = sh(e, sb_ref, &format!("ps -o sid= -p {pid}")).await?;
+            ensure!(out.trim() == "0", "{at}: sleep's session is {:?}, not init's (0)", out.trim());
+            anyhow::Ok(())
+        };
+        sid("at the start").await?;
+        let req = CheckpointRequest { wait_durable: true, ..Default::default() };
+        let ck = e.checkpoint(&sb, req).await?.checkpoint.id;
+        e.stop_sandbox(&sb).await?;
+        e.start_sandbox(&sb).await?;
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: ck.clone(), allow_restart: false }).await?;
+        ensure!(r.restored_from == Some(RestoreSource::Image) && r.restored_pids == vec![pid], "{r:?}");
+        sid("restored from the image").await?;
+        let again = e.checkpoint(&sb, CheckpointRequest::default()).await?.checkpoint.id;
+        let forked = e
+            .fork(&again, ForkRequest { count: 1, labels: Default::default(), limits: None, files_only: false })
+            .await?;
+        let f = &forked.results[0];
+        ensure!(f.error.is_none() && f.restored_pids == vec![pid], "the fork after it: {forked:?}");
+        if let Some(s) = &f.sandbox {
+            e.delete_sandbox(&s.id, true).await?;
+        }
+        let r = e.rollback(&sb, RollbackRequest { checkpoint: again.clone(), allow_restart: false }).await?;
+        ensure!(r.restored_pids == vec![pid], "a rollback after it: {r:?}");
+        drop(events);
+        e.delete_sandbox(&sb, true).await?;
+        for c in [again, ck] {
+            e.delete_checkpoint(&c, true).await.ok();
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let cases: Vec<(&str, Case)> = vec![
+        ("a_process_in_inits_session_keeps_it_through_an_image", a_process_in_inits_session_keeps_it_through_an_image),
         ("images_hold_each_checkpoints_pages", images_hold_each_checkpoints_pages),
         ("restore_from_the_image_when_templates_are_killed", restore_from_the_image_when_templates_are_killed),
         ("forks_run_copies_of_the_checkpoints_processes", forks_run_copies_of_the_checkpoints_processes),

@@ -34,7 +34,8 @@
 //!    of kept mounts (`/dev/null`, ...) opened again by path at their
 //!    offsets;
 //! 7. **check**: a session of its own (as a template leaves its
-//!    original's), and the fingerprint the image kept (credentials,
+//!    original's; one whose original was in init's session keeps it, in a
+//!    group of its own), and the fingerprint the image kept (credentials,
 //!    capabilities, seccomp, dispositions, bounds, limits) must be the new
 //!    process's, but for the namespaces (another boot of the sandbox has
 //!    others): a difference fails the rollback, naming the line.
@@ -486,7 +487,16 @@ fn make_one(
         }
         crate::transplant::set_fork_copies(&mut c, (scratch, true), &p.image, &p.fork)?;
         descriptors(&mut c, scratch, &p.image, (pipes, anonymous))?;
-        c.call("setsid (template)", libc::SYS_setsid, &[])?;
+        // Out of its maker's (init's) session, as a live template leaves
+        // its original's; but one whose original was in init's own session
+        // (sid 0 in the sandbox: every process an exec starts) stays in it,
+        // in a group of its own, so that its copy is back in that session
+        // (`Template::prepare` does the same).
+        if p.image.sid.raw() == 0 {
+            c.call("setpgid (template)", libc::SYS_setpgid, &[0, 0])?;
+        } else {
+            c.call("setsid (template)", libc::SYS_setsid, &[])?;
+        }
         // Its own credentials, last (a change of ids clears the dumpable
         // flag and the parent-death signal: set again).
         let mut b = Batch::new(scratch, true);
