@@ -1240,7 +1240,13 @@ def test_gzip_upload_refusal_is_clear(sbx: Sandbox) -> None:
         assert sbx.files.read("/root/gz.txt") == "x"
 
 
-@pytest.mark.xfail(reason="file metadata (write(metadata=), X-Metadata-* headers) is ignored by the door", strict=True)
+def test_file_metadata_is_refused_clearly(sbx: Sandbox) -> None:
+    with pytest.raises(InvalidArgumentException, match="not supported by Sandtree"):
+        sbx.files.write("/root/meta.txt", "m", metadata={"owner": "me"})
+    assert not sbx.files.exists("/root/meta.txt")
+
+
+@pytest.mark.xfail(reason="file metadata (write(metadata=), X-Metadata-* headers) is refused by the door", strict=True)
 def test_file_metadata(sbx: Sandbox) -> None:
     info = sbx.files.write("/root/meta.txt", "m", metadata={"owner": "me"})
     assert info.metadata == {"owner": "me"}

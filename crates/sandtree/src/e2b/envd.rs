@@ -133,6 +133,9 @@ async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<File
         if header(&headers, "content-encoding").is_some_and(|e| e != "identity") {
             return Err(RpcError::invalid("compressed uploads (gzip=True) are not supported by Sandtree"));
         }
+        if headers.keys().any(|k| k.as_str().starts_with("x-metadata-")) {
+            return Err(RpcError::invalid("file metadata (write(metadata=...)) is not supported by Sandtree"));
+        }
         let opts = || WriteFile { user: q.username.clone(), mode: None };
         let multipart = header(&headers, "content-type").is_some_and(|t| t.starts_with("multipart/form-data"));
         let mut out = Vec::new();
