@@ -254,3 +254,31 @@ def sandbox(client: sandtree.Sandtree) -> Iterator[sandtree.Sandbox]:
     """A fresh sandbox, deleted (with its checkpoints) after the test."""
     with client.create(labels={"test": "pytest"}) as sb:
         yield sb
+
+
+# A server in a sandbox that counts the connections it answered (in its
+# memory): whether a rollback brought the process back as it was.
+COUNTER_SERVER = """
+import socket
+hits = 0
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", 7000))
+server.listen()
+print("ready", flush=True)
+while True:
+    conn, _ = server.accept()
+    hits += 1
+    conn.sendall(str(hits).encode())
+    conn.close()
+"""
+
+
+def start_counter(sb: sandtree.Sandbox) -> sandtree.Process:
+    """Starts the counter in `sb` and waits until it listens."""
+    server = sb.spawn(["python3", "-c", COUNTER_SERVER])
+    deadline = time.monotonic() + 10
+    while b"ready" not in server.output().stdout:
+        assert time.monotonic() < deadline, "the counter server did not start"
+        time.sleep(0.05)
+    return server

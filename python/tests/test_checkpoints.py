@@ -7,34 +7,11 @@ import time
 import pytest
 
 import sandtree
+from conftest import start_counter
 
-# A Python server that keeps a counter in memory: each connection gets the
-# next value. Its memory is what a rollback or a fork must bring back.
-COUNTER_SERVER = """
-import socket
-hits = 0
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", 7000))
-server.listen()
-print("ready", flush=True)
-while True:
-    conn, _ = server.accept()
-    hits += 1
-    conn.sendall(str(hits).encode())
-    conn.close()
-"""
-
+# One connection to the counter server (`conftest.start_counter`): the next
+# value of the counter its memory holds.
 HIT = "import socket; print(socket.create_connection(('127.0.0.1', 7000)).recv(16).decode())"
-
-
-def start_counter(sb: sandtree.Sandbox) -> sandtree.Process:
-    server = sb.spawn(["python3", "-c", COUNTER_SERVER])
-    deadline = time.monotonic() + 10
-    while b"ready" not in server.output().stdout:
-        assert time.monotonic() < deadline, "the counter server did not start"
-        time.sleep(0.05)
-    return server
 
 
 def hit(sb: sandtree.Sandbox) -> int:

@@ -37,7 +37,7 @@ import httpx
 import pytest
 
 import sandtree
-from conftest import Daemon
+from conftest import Daemon, start_counter
 
 mcp = pytest.importorskip("mcp", reason="the MCP tests need the mcp client library (pip install mcp)")
 httpx2 = pytest.importorskip("httpx2", reason="the mcp client's HTTP transport needs httpx2")
@@ -424,30 +424,7 @@ def test_list_files(connect: Connect, sandbox: sandtree.Sandbox) -> None:
 
 # A Python server that keeps a counter in memory: each connection gets the
 # next value. Its memory is what a rollback must bring back.
-COUNTER_SERVER = """
-import socket
-hits = 0
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", 7000))
-server.listen()
-print("ready", flush=True)
-while True:
-    conn, _ = server.accept()
-    hits += 1
-    conn.sendall(str(hits).encode())
-    conn.close()
-"""
 HIT = "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 7000)).recv(16).decode())\""
-
-
-def start_counter(sb: sandtree.Sandbox) -> sandtree.Process:
-    server = sb.spawn(["python3", "-c", COUNTER_SERVER])
-    deadline = time.monotonic() + 10
-    while b"ready" not in server.output().stdout:
-        assert time.monotonic() < deadline, "the counter server did not start"
-        time.sleep(0.05)
-    return server
 
 
 def test_checkpoint_and_rollback_restore_files_and_a_live_process(
