@@ -279,6 +279,7 @@ async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the E2B door")?;
     let addr = listener.local_addr()?;
+    let listener = axum::serve::ListenerExt::tap_io(listener, sandtree::daemon::server::no_delay);
     let token = format!("{:032x}", rand::random::<u128>());
     let door =
         sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use axum::serve::{Listener, ListenerExt};
 use axum::{Extension, Router};
 use sandtree_runtime::{Config, Engine, Zygote};
 use tokio::sync::watch;
@@ -104,6 +105,16 @@ async fn shutdown_signal() {
     }
 }
 
+/// Sends each write at once (`TCP_NODELAY`) on a TCP connection: a
+/// streamed answer is many small writes (Connect frames, NDJSON lines),
+/// which Nagle's algorithm would otherwise hold back until the client's
+/// delayed acknowledgement (40 ms each).
+pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("TCP_NODELAY: {e}");
+    }
+}
+
 /// Opens the engine, serves until a signal, then drains.
 pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
     let t0 = Instant::now();
@@ -146,6 +157,7 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
     });
 
     if let Some((tcp, token)) = tcp {
+        let tcp = tcp.tap_io(no_delay);
         tracing::info!(addr = %tcp.local_addr()?, token_file = %args.token_path().display(), "listening on TCP (bearer token required)");
         let tcp_app = app(Some(engine.clone()), Some(token));
         let rx = stop_rx.clone();
@@ -155,6 +167,7 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
     }
 
     if let Some((listener, token)) = e2b {
+        let listener = listener.tap_io(no_delay);
         tracing::info!(addr = %listener.local_addr()?, "serving the E2B API (E2B_API_KEY: the token)");
         let door =
             crate::e2b::router(crate::e2b::E2b::new(engine.clone(), token)).layer(middleware::from_fn(log_request));
