@@ -32,13 +32,17 @@ fi
 echo "== rustfmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== tests"; cargo test --workspace --locked -- --test-threads=2
-# The Python SDK and the MCP server, driven by their official clients
-# (pytest, the `mcp` package) against a daemon of their own; the SDK is
-# installed from ./python into a venv, as a user would install it.
-echo "== python: the SDK and the MCP server"
-if [ ! -x target/python/bin/python ]; then
-    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; }
-    /usr/bin/python3 -m venv target/python
+# The Python SDK, the MCP server and the E2B door, driven by their official
+# clients (pytest, the `mcp` and `e2b` packages) against a daemon of their own;
+# the SDK is installed from ./python into a venv, as a user would install it.
+echo "== python: the SDK, the MCP server, the E2B door"
+if [ ! -x target/python/bin/pip ]; then
+    rm -rf target/python
+    if ! /usr/bin/python3 -m venv target/python >/dev/null 2>&1; then
+        echo "installing python3-venv"; rm -rf target/python
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+        /usr/bin/python3 -m venv target/python
+    fi
 fi
 target/python/bin/pip install -q --disable-pip-version-check './python[test]'
 cargo build --locked -p sandtree
