@@ -22,7 +22,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 
 use futures_util::{Stream, StreamExt};
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 use sandtree_api::{FileInfo, FileKind, FileList, MakeDirRequest, MoveRequest};
 use sandtree_sandbox::users::Account;
@@ -30,7 +30,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{Engine, block};
 use crate::error::{Error, Result};
-use crate::sandbox_root::{S_IFDIR, S_IFREG, SandboxPath, SandboxRoot, parse_mode};
+use crate::sandbox_root::{SandboxPath, SandboxRoot, parse_mode};
 
 /// Most entries one listing answers.
 const LIST_MAX_ENTRIES: usize = 100_000;
@@ -81,25 +81,23 @@ pub(crate) fn file_error(id: &str, path: &SandboxPath, op: &'static str, e: Errn
 }
 
 impl Engine {
-    /// The root of running sandbox `id` (started if stopped) and the
-    /// account `user`. Call under the sandbox's lock for a consistent view.
-    pub(crate) async fn files_root(&self, id: &str, user: Option<&str>) -> Result<(SandboxRoot, Account)> {
+    /// The account `user` (default root) of sandbox `id`, started if
+    /// stopped, read from its `/etc/passwd` and `/etc/group`.
+    pub(crate) async fn files_account(&self, id: &str, user: Option<&str>) -> Result<Account> {
         self.record(id)?;
         let user = crate::sandbox_exec::user_name(user)?;
-        let sb = self.running(id).await?;
-        let root = SandboxRoot::open(sb.init_pid(), self.cfg.uid_base)
-            .map_err(|e| Error::Internal(format!("opening the root of sandbox {id}: {e}")))?;
-        let account = block(|| root.account(user.as_deref())).map_err(Error::InvalidArgument)?;
-        Ok((root, account))
+        self.running(id).await?;
+        let root = self.current_root(id)?;
+        block(|| root.account(user.as_deref())).map_err(Error::InvalidArgument)
     }
 
     /// `stat` of a path: a symlink is described, or with `follow`, what
     /// it leads to (inside the sandbox).
     pub async fn stat_file(&self, id: &str, path: &str, follow: bool, user: Option<&str>) -> Result<FileInfo> {
-        let (root, account) = self.files_root(id, user).await?;
+        let account = self.files_account(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         block(|| match follow {
             false => root.stat(&path),
             true => root.open_path(&path, OFlags::PATH, Mode::empty()).and_then(|fd| root.stat_fd(&fd, &path)),
@@ -109,10 +107,10 @@ impl Engine {
 
     /// Opens a regular file for reading.
     pub async fn read_file(&self, id: &str, path: &str, user: Option<&str>) -> Result<OpenedFile> {
-        let (root, account) = self.files_root(id, user).await?;
+        let account = self.files_account(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         block(|| {
             // (Non-blocking: a FIFO must not hang the open.)
             let fd = root
@@ -147,7 +145,7 @@ impl Engine {
         E: std::fmt::Display,
     {
         let mode = opts.mode.as_deref().map(parse_mode).transpose().map_err(Error::InvalidArgument)?;
-        let (root, account) = self.files_root(id, opts.user.as_deref()).await?;
+        let account = self.files_account(id, opts.user.as_deref()).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let Some((parent, name)) = path.split() else {
             return Err(Error::InvalidArgument("write /: the root is a directory".into()));
@@ -156,7 +154,7 @@ impl Engine {
         // The unnamed file, in the nearest directory that exists.
         let tmp = {
             let _lock = self.lock_sandbox(id).await;
-            let root = self.current_root(id, root)?;
+            let root = self.current_root(id)?;
             block(|| {
                 let dir = nearest_dir(&root, &parent).map_err(|e| file_error(id, &parent, "write", e))?;
                 rustix::fs::openat(&dir, ".", OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from(0o600))
@@ -177,16 +175,16 @@ impl Engine {
         let tmp = OwnedFd::from(file.into_std().await);
         // Into place, under the lock.
         let _lock = self.lock_sandbox(id).await;
-        let live = self.live_get(id).filter(|s| s.is_alive()).ok_or_else(|| Error::NotRunning(id.to_string()))?;
-        let root = SandboxRoot::open(live.init_pid(), self.cfg.uid_base)
-            .map_err(|e| Error::Internal(format!("opening the root of sandbox {id}: {e}")))?;
+        let root = self.current_root(id)?;
         let info = block(|| -> Result<FileInfo> {
             make_dirs(&root, &parent, &account, DEFAULT_DIR_MODE).map_err(|e| file_error(id, &parent, "write", e))?;
             let dir = root.open_dir(&parent).map_err(|e| file_error(id, &parent, "write", e))?;
             let (uid, gid, bits) = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) if st.st_mode & 0o170000 == S_IFDIR => return Err(file_error(id, &path, "write", Errno::ISDIR)),
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                    return Err(file_error(id, &path, "write", Errno::ISDIR));
+                }
                 // A file replaced keeps its owner and mode unless given.
-                Ok(st) if st.st_mode & 0o170000 == S_IFREG && opts.user.is_none() => {
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && opts.user.is_none() => {
                     let ids = (rustix::fs::Uid::from_raw(st.st_uid), rustix::fs::Gid::from_raw(st.st_gid));
                     (ids.0, ids.1, mode.unwrap_or(st.st_mode & 0o7777))
                 }
@@ -237,10 +235,10 @@ impl Engine {
         if depth == 0 || depth > LIST_MAX_DEPTH {
             return Err(Error::InvalidArgument(format!("depth {depth} is not between 1 and {LIST_MAX_DEPTH}")));
         }
-        let (root, account) = self.files_root(id, user).await?;
+        let account = self.files_account(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         let mut entries = Vec::new();
         block(|| list_into(&root, &path, depth, &mut entries)).map_err(|(p, e)| match e {
             ListError::Errno(e) => file_error(id, &p, "list", e),
@@ -257,10 +255,10 @@ impl Engine {
     pub async fn make_dir(&self, id: &str, req: MakeDirRequest) -> Result<FileInfo> {
         let mode = req.mode.as_deref().map(parse_mode).transpose().map_err(Error::InvalidArgument)?;
         let mode = mode.unwrap_or(DEFAULT_DIR_MODE);
-        let (root, account) = self.files_root(id, req.user.as_deref()).await?;
+        let account = self.files_account(id, req.user.as_deref()).await?;
         let path = SandboxPath::parse(&req.path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         let info = block(|| -> std::result::Result<FileInfo, Errno> {
             if req.parents {
                 make_dirs(&root, &path, &account, mode)?;
@@ -278,14 +276,14 @@ impl Engine {
 
     /// Renames a file or directory.
     pub async fn move_file(&self, id: &str, req: MoveRequest) -> Result<FileInfo> {
-        let (root, account) = self.files_root(id, req.user.as_deref()).await?;
+        let account = self.files_account(id, req.user.as_deref()).await?;
         let from = SandboxPath::parse(&req.from, &account.home).map_err(Error::InvalidArgument)?;
         let to = SandboxPath::parse(&req.to, &account.home).map_err(Error::InvalidArgument)?;
         let (Some((from_dir, from_name)), Some((to_dir, to_name))) = (from.split(), to.split()) else {
             return Err(Error::InvalidArgument("move: the root cannot be moved, nor replaced".into()));
         };
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         let info = block(|| -> Result<FileInfo> {
             let fd = root.open_dir(&from_dir).map_err(|e| file_error(id, &from, "move", e))?;
             let td = root.open_dir(&to_dir).map_err(|e| file_error(id, &to, "move", e))?;
@@ -306,17 +304,17 @@ impl Engine {
     /// Removes a file, a symlink (not its target) or a directory (with
     /// `recursive`, with its contents; mounts inside it are not crossed).
     pub async fn remove_file(&self, id: &str, path: &str, recursive: bool, user: Option<&str>) -> Result<()> {
-        let (root, account) = self.files_root(id, user).await?;
+        let account = self.files_account(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let Some((parent, name)) = path.split() else {
             return Err(Error::InvalidArgument("remove /: the root cannot be removed".into()));
         };
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         block(|| -> std::result::Result<(), Errno> {
             let dir = root.open_dir(&parent)?;
             let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-            if st.st_mode & 0o170000 != S_IFDIR {
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
                 return rustix::fs::unlinkat(&dir, name, AtFlags::empty());
             }
             if recursive { remove_tree(&dir, name) } else { rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR) }
@@ -326,13 +324,11 @@ impl Engine {
         Ok(())
     }
 
-    /// `root` if the sandbox still runs the same init, else its new root
-    /// (a rollback or restart between the root's opening and the lock).
-    pub(crate) fn current_root(&self, id: &str, root: SandboxRoot) -> Result<SandboxRoot> {
+    /// The root of running sandbox `id` as it is now: opened again at each
+    /// call, under the sandbox's lock (a rollback swaps the root of the
+    /// same init, and a root opened before it would be the old layer's).
+    pub(crate) fn current_root(&self, id: &str) -> Result<SandboxRoot> {
         let live = self.live_get(id).filter(|s| s.is_alive()).ok_or_else(|| Error::NotRunning(id.to_string()))?;
-        if root.init_pid() == live.init_pid() {
-            return Ok(root);
-        }
         SandboxRoot::open(live.init_pid(), self.cfg.uid_base)
             .map_err(|e| Error::Internal(format!("opening the root of sandbox {id}: {e}")))
     }
@@ -451,7 +447,7 @@ fn remove_tree<P: rustix::path::Arg + Copy>(parent: impl AsFd, name: P) -> std::
             Err(Errno::NOENT) => continue,
             Err(e) => return Err(e),
         };
-        if st.st_mode & 0o170000 == S_IFDIR {
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
             remove_tree(&dir, n.as_c_str())?;
         } else {
             match rustix::fs::unlinkat(&dir, n.as_c_str(), AtFlags::empty()) {
@@ -465,7 +461,7 @@ fn remove_tree<P: rustix::path::Arg + Copy>(parent: impl AsFd, name: P) -> std::
 
 /// The names in an open directory, without `.` and `..` (as bytes: a name
 /// need not be UTF-8).
-fn entry_names(dir: impl AsFd) -> std::result::Result<Vec<CString>, Errno> {
+pub(crate) fn entry_names(dir: impl AsFd) -> std::result::Result<Vec<CString>, Errno> {
     Ok(rustix::fs::Dir::read_from(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_owned())

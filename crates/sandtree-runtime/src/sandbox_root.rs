@@ -16,7 +16,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path};
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sandtree_api::{FileInfo, FileKind};
 use sandtree_sandbox::users::Account;
@@ -32,7 +32,6 @@ const ACCOUNTS_MAX_BYTES: u64 = 4 << 20;
 /// The open root of a running sandbox.
 pub(crate) struct SandboxRoot {
     root: OwnedFd,
-    init: i32,
     uid_base: u32,
 }
 
@@ -111,12 +110,7 @@ impl SandboxRoot {
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(SandboxRoot { root, init, uid_base })
-    }
-
-    /// The host pid of the init whose root this is.
-    pub(crate) fn init_pid(&self) -> i32 {
-        self.init
+        Ok(SandboxRoot { root, uid_base })
     }
 
     /// Opens `path` in the sandbox (symlinks followed, inside it).
@@ -188,7 +182,7 @@ impl SandboxRoot {
         path: &SandboxPath,
     ) -> Result<FileInfo, Errno> {
         let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-        let target = if st.st_mode & S_IFMT == S_IFLNK {
+        let target = if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
             rustix::fs::readlinkat(&dir, name, Vec::new()).ok().map(|t| t.to_string_lossy().into_owned())
         } else {
             None
@@ -202,10 +196,10 @@ impl SandboxRoot {
     }
 
     fn info(&self, path: &SandboxPath, st: &rustix::fs::Stat, symlink_target: Option<String>) -> FileInfo {
-        let kind = match st.st_mode & S_IFMT {
-            S_IFREG => FileKind::File,
-            S_IFDIR => FileKind::Dir,
-            S_IFLNK => FileKind::Symlink,
+        let kind = match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => FileKind::File,
+            FileType::Directory => FileKind::Dir,
+            FileType::Symlink => FileKind::Symlink,
             _ => FileKind::Other,
         };
         let modified = std::time::UNIX_EPOCH
@@ -223,11 +217,6 @@ impl SandboxRoot {
         }
     }
 }
-
-const S_IFMT: u32 = 0o170000;
-pub(crate) const S_IFREG: u32 = 0o100000;
-pub(crate) const S_IFDIR: u32 = 0o040000;
-pub(crate) const S_IFLNK: u32 = 0o120000;
 
 /// The permission bits of an octal text (`"644"`, `"0755"`).
 pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {

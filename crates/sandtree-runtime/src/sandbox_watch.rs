@@ -11,7 +11,6 @@
 //! files API's.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -19,13 +18,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use tokio::sync::mpsc;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::sandbox_root::{S_IFDIR, SandboxPath};
+use crate::sandbox_files::entry_names;
+use crate::sandbox_root::SandboxPath;
 
 /// What happened to an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,14 +90,9 @@ fn add_tree(
     if depth == 0 {
         return Ok(());
     }
-    let names: Vec<CString> = rustix::fs::Dir::read_from(&dir)?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_owned())
-        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-        .collect();
-    for n in names {
+    for n in entry_names(&dir)? {
         let Ok(st) = rustix::fs::statat(&dir, n.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) else { continue };
-        if st.st_mode & 0o170000 != S_IFDIR {
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             continue;
         }
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -113,10 +108,10 @@ fn add_tree(
 impl Engine {
     /// Starts watching directory `path` of sandbox `id`.
     pub async fn watch_dir(&self, id: &str, path: &str, recursive: bool, user: Option<&str>) -> Result<DirWatch> {
-        let (root, account) = self.files_root(id, user).await?;
+        let account = self.files_account(id, user).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let _lock = self.lock_sandbox(id).await;
-        let root = self.current_root(id, root)?;
+        let root = self.current_root(id)?;
         let fail = |e: Errno| crate::sandbox_files::file_error(id, &path, "watch", e);
         let dir = root.open_dir(&path).map_err(fail)?;
         let inot = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).map_err(fail)?;
