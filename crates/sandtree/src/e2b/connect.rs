@@ -96,6 +96,15 @@ pub fn unary(result: Result<Value, RpcError>) -> Response {
     resp
 }
 
+/// One answer (or error) to a call: a unary answer, or, to a streaming
+/// call, a stream of that one message.
+pub fn answer(result: Result<Value, RpcError>, streamed: bool) -> Response {
+    match streamed {
+        true => stream(futures_util::stream::iter([result])),
+        false => unary(result),
+    }
+}
+
 /// One envelope.
 pub fn envelope(flags: u8, msg: &Value) -> Bytes {
     let payload = serde_json::to_vec(msg).unwrap_or_default();

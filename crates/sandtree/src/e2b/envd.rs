@@ -426,7 +426,7 @@ async fn process_rpc(
                         send_stdin(&p, data).await?;
                     }
                 }
-                Ok(connect::stream(futures_util::stream::iter([Ok(json!({}))])))
+                Ok(connect::answer(Ok(json!({})), true))
             }
             other => unary_process(&door, &id, other, &first).await.map(|v| connect::unary(Ok(v))),
         }
@@ -434,8 +434,7 @@ async fn process_rpc(
     .await;
     match result {
         Ok(resp) => resp,
-        Err(e) if streamed => connect::stream(futures_util::stream::iter([Err(e)])),
-        Err(e) => connect::unary(Err(e)),
+        Err(e) => connect::answer(Err(e), streamed),
     }
 }
 
@@ -623,12 +622,10 @@ async fn filesystem_rpc(
         .map(Unary)
     }
     .await;
-    match (result, streamed) {
-        (Ok(Streamed(resp)), _) => resp,
-        (Ok(Unary(v)), false) => connect::unary(Ok(v)),
-        (Ok(Unary(v)), true) => connect::stream(futures_util::stream::iter([Ok(v)])),
-        (Err(e), false) => connect::unary(Err(e)),
-        (Err(e), true) => connect::stream(futures_util::stream::iter([Err(e)])),
+    match result {
+        Ok(Streamed(resp)) => resp,
+        Ok(Unary(v)) => connect::answer(Ok(v), streamed),
+        Err(e) => connect::answer(Err(e), streamed),
     }
 }
 
