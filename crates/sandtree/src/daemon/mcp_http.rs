@@ -78,13 +78,19 @@ fn origin_allowed(headers: &HeaderMap) -> bool {
     matches!(host, "localhost" | "127.0.0.1" | "[::1]")
 }
 
+/// The MCP server whose tools call `engine`'s API in-process (the app
+/// makes it once, `server::app`).
+pub fn server(engine: Arc<Engine>) -> Server<InProcess> {
+    Server::new(InProcess::new(engine))
+}
+
 /// `POST /mcp`: one JSON-RPC message in, its answer out.
-pub async fn post(engine: Option<Extension<Arc<Engine>>>, req: Request) -> Response {
+pub async fn post(mcp: Option<Extension<Arc<Server<InProcess>>>>, req: Request) -> Response {
     if !origin_allowed(req.headers()) {
         let v = error_response(Value::Null, codes::INVALID_REQUEST, "requests from a web page's origin are refused");
         return json_response(StatusCode::FORBIDDEN, &v);
     }
-    let Some(Extension(engine)) = engine else {
+    let Some(Extension(mcp)) = mcp else {
         let v = error_response(Value::Null, codes::INVALID_REQUEST, "the daemon's engine is not running");
         return json_response(StatusCode::SERVICE_UNAVAILABLE, &v);
     };
@@ -113,7 +119,7 @@ pub async fn post(engine: Option<Extension<Arc<Engine>>>, req: Request) -> Respo
         );
         return json_response(StatusCode::BAD_REQUEST, &v);
     }
-    match Server::new(InProcess::new(engine)).handle(msg).await {
+    match mcp.handle(msg).await {
         Some(answer) => json_response(StatusCode::OK, &answer),
         None => StatusCode::ACCEPTED.into_response(),
     }

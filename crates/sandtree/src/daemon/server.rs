@@ -53,7 +53,9 @@ pub fn app(engine: Option<Arc<Engine>>, token: Option<Token>) -> Router {
             .delete(super::mcp_http::not_offered),
     );
     if let Some(engine) = engine {
-        router = router.layer(Extension(engine));
+        // (The MCP server, with the router its tools call, made once.)
+        let mcp = Arc::new(super::mcp_http::server(engine.clone()));
+        router = router.layer(Extension(engine)).layer(Extension(mcp));
     }
     if let Some(token) = token {
         router = router.layer(middleware::from_fn_with_state(token, auth::require_token));
