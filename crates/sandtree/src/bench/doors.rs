@@ -221,25 +221,36 @@ print(json.dumps(trips))
 "#;
 
 async fn sdk_door(socket: &Path, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
+    let args = [socket.as_os_str().to_owned(), n.to_string().into()];
+    python_trips(("the SDK", "sandtree"), SDK_SCRIPT, &args, &[]).await
+}
+
+/// Runs a door's bench script (`-c script args…`, with `env`) in the
+/// venv: its two trips' samples (the JSON it prints), or `None` where the
+/// venv or the package `module` is missing.
+async fn python_trips(
+    (door, module): (&str, &str),
+    script: &str,
+    args: &[std::ffi::OsString],
+    env: &[(&str, String)],
+) -> Result<Option<[Vec<f64>; 2]>> {
     let python = PathBuf::from(SDK_PYTHON);
     if !python.exists() {
         return Ok(None);
     }
-    let out = tokio::process::Command::new(&python)
-        .arg("-c")
-        .arg(SDK_SCRIPT)
-        .arg(socket)
-        .arg(n.to_string())
-        .output()
-        .await
-        .context("running the SDK's bench script")?;
+    let mut command = tokio::process::Command::new(&python);
+    command.arg("-c").arg(script).args(args).env_remove("E2B_DEBUG");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().await.with_context(|| format!("running {door}'s bench script"))?;
     if !out.status.success() {
-        if String::from_utf8_lossy(&out.stderr).contains("No module named 'sandtree'") {
+        if String::from_utf8_lossy(&out.stderr).contains(&format!("No module named '{module}'")) {
             return Ok(None);
         }
-        bail!("the SDK's bench script failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!("{door}'s bench script failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let trips: [Vec<f64>; 2] = serde_json::from_slice(&out.stdout).context("the SDK's bench script's output")?;
+    let trips = serde_json::from_slice(&out.stdout).with_context(|| format!("{door}'s bench script's output"))?;
     Ok(Some(trips))
 }
 
@@ -273,10 +284,6 @@ print(json.dumps(trips))
 "#;
 
 async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
-    let python = PathBuf::from(SDK_PYTHON);
-    if !python.exists() {
-        return Ok(None);
-    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the E2B door")?;
     let addr = listener.local_addr()?;
     let listener = axum::serve::ListenerExt::tap_io(listener, sandtree::daemon::server::no_delay);
@@ -284,25 +291,11 @@ async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>
     let door =
         sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));
     let server = tokio::spawn(async move { axum::serve(listener, door).await });
-    let out = tokio::process::Command::new(&python)
-        .arg("-c")
-        .arg(E2B_SCRIPT)
-        .arg(n.to_string())
-        .env("E2B_API_URL", format!("http://{addr}"))
-        .env("E2B_SANDBOX_URL", format!("http://{addr}"))
-        .env("E2B_API_KEY", &token)
-        .env_remove("E2B_DEBUG")
-        .output()
-        .await;
+    let url = format!("http://{addr}");
+    let env = [("E2B_API_URL", url.clone()), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", token)];
+    let trips = python_trips(("the e2b SDK", "e2b"), E2B_SCRIPT, &[n.to_string().into()], &env).await;
     server.abort();
-    let out = out.context("running the e2b bench script")?;
-    if !out.status.success() {
-        if String::from_utf8_lossy(&out.stderr).contains("No module named 'e2b'") {
-            return Ok(None);
-        }
-        bail!("the e2b bench script failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(Some(serde_json::from_slice(&out.stdout).context("the e2b bench script's output")?))
+    trips
 }
 
 /// One `tools/call` answer's structured content (an error if the tool failed).
