@@ -11,6 +11,10 @@ if ! command -v mkfs.btrfs >/dev/null; then
     echo "==> installing btrfs-progs (for mkfs.btrfs)"
     apt-get update -qq && apt-get install -y -qq btrfs-progs >/dev/null
 fi
+if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; then
+    echo "==> installing nftables (sandboxes' networks)"
+    apt-get update -qq && apt-get install -y -qq nftables >/dev/null
+fi
 echo "==> building (release)"
 cargo build --release --locked -p sandtree 2>&1 | tail -n 2
 ST=$PWD/target/release/sandtree

@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 if ! command -v mkfs.btrfs >/dev/null; then
     echo "installing btrfs-progs (mkfs.btrfs)"; apt-get update -qq && apt-get install -y -qq btrfs-progs >/dev/null
 fi
+# (Sandboxes' networks: routers' rules are nftables scripts.)
+if ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; then
+    echo "installing nftables"; apt-get update -qq && apt-get install -y -qq nftables >/dev/null
+fi
 # (The workload tests run make and ps in sandboxes, which see the host's /usr.)
 if ! command -v make >/dev/null || ! command -v ps >/dev/null; then
     echo "installing make and procps"; apt-get update -qq && apt-get install -y -qq make procps >/dev/null

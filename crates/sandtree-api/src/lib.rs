@@ -21,6 +21,7 @@ mod exec;
 mod files;
 mod image;
 mod info;
+mod network;
 mod sandbox;
 mod session;
 
@@ -30,6 +31,7 @@ pub use exec::*;
 pub use files::*;
 pub use image::*;
 pub use info::*;
+pub use network::*;
 pub use sandbox::*;
 pub use session::*;
 

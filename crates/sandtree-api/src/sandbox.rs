@@ -31,6 +31,9 @@ pub struct CreateSandboxRequest {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub limits: Limits,
+    /// Egress (the default) or none, and the egress policy.
+    #[serde(default)]
+    pub network: crate::NetworkSpec,
 }
 
 /// Lifecycle state of a sandbox.
@@ -71,6 +74,7 @@ pub struct SandboxInfo {
     pub created_at: String,
     pub labels: BTreeMap<String, String>,
     pub limits: Limits,
+    pub network: crate::NetworkInfo,
     /// The checkpoint this sandbox's filesystem currently derives from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_checkpoint: Option<String>,

@@ -745,7 +745,8 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     let files: [(&str, String, u32, u32); 7] = [
         ("hostname", "sandbox\n".into(), 0o644, 0),
         ("hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tsandbox\n".into(), 0o644, 0),
-        ("resolv.conf", String::new(), 0o644, 0),
+        // The sandbox's DNS server (its router's forwarder; see sandtree-net).
+        ("resolv.conf", "nameserver 10.0.2.2\n".into(), 0o644, 0),
         ("passwd", passwd, 0o644, 0),
         ("group", group, 0o644, 0),
         ("shadow", shadow, 0o640, shadow_gid),
@@ -984,7 +985,7 @@ mod tests {
             .unwrap_or(0);
         assert_eq!(ssh_keys, 0);
         assert_eq!(fs::read_to_string(dst.join("etc/hostname")).unwrap(), "sandbox\n");
-        assert_eq!(fs::read_to_string(dst.join("etc/resolv.conf")).unwrap(), "");
+        assert_eq!(fs::read_to_string(dst.join("etc/resolv.conf")).unwrap(), "nameserver 10.0.2.2\n");
         let mid = fs::read_to_string(dst.join("etc/machine-id")).unwrap();
         assert_eq!(mid.trim().len(), 32);
         assert_ne!(Some(mid), fs::read_to_string("/etc/machine-id").ok());

@@ -7,6 +7,7 @@
 //! images       name PK | kind | source | created_at | layers (JSON) | size_bytes
 //! sandboxes    id PK | image | tree_id | created_at | labels | limits | subvol
 //!              | base_checkpoint | base_transid | state | status_reason | lowers
+//!              | network
 //! checkpoints  id PK | sandbox_id | tree_id | parent | image | label | labels
 //!              | created_at | transid | size_bytes | frozen_ms | duration_ms
 //!              | processes | layer | lowers
@@ -115,6 +116,9 @@ pub struct SandboxRecord {
     pub status_reason: Option<String>,
     /// Read-only layers under `subvol`, top first (paths under the volume root).
     pub lowers: Vec<String>,
+    /// Network mode and policy as JSON (the API's `NetworkSpec`; `{}`:
+    /// its defaults).
+    pub network: serde_json::Value,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -186,7 +190,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     base_transid INTEGER NOT NULL,
     state TEXT NOT NULL,
     status_reason TEXT,
-    lowers TEXT NOT NULL DEFAULT '[]'
+    lowers TEXT NOT NULL DEFAULT '[]',
+    network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY,
@@ -209,7 +214,7 @@ CREATE INDEX IF NOT EXISTS checkpoints_tree ON checkpoints(tree_id);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 ";
 
-const SANDBOX_COLS: &str = "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason, lowers";
+const SANDBOX_COLS: &str = "id, image, tree_id, created_at, labels, limits, subvol, base_checkpoint, base_transid, state, status_reason, lowers, network";
 const CHECKPOINT_COLS: &str = "id, sandbox_id, tree_id, parent, image, label, labels, created_at, transid, size_bytes, frozen_ms, duration_ms, processes, layer, lowers";
 
 fn labels_json(labels: &BTreeMap<String, String>) -> String {
@@ -247,7 +252,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(field: &'static str, s: &str) -> R
     serde_json::from_str(s).map_err(|source| Error::Json { field, source })
 }
 
-struct RawSandbox(SandboxRecord, String, String, String);
+struct RawSandbox(SandboxRecord, String, String, String, String);
 
 fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<RawSandbox> {
     let labels: String = row.get(4)?;
@@ -267,16 +272,19 @@ fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<RawSandbox> {
             state: DesiredState::parse(&state),
             status_reason: row.get(10)?,
             lowers: Vec::new(),
+            network: serde_json::Value::Null,
         },
         labels,
         limits,
         row.get(11)?,
+        row.get(12)?,
     ))
 }
 
 impl RawSandbox {
     fn finish(self) -> Result<SandboxRecord> {
-        let RawSandbox(mut rec, labels, limits, lowers) = self;
+        let RawSandbox(mut rec, labels, limits, lowers, network) = self;
+        rec.network = parse_json("sandboxes.network", &network)?;
         rec.labels = parse_json("sandboxes.labels", &labels)?;
         rec.limits = parse_json("sandboxes.limits", &limits)?;
         rec.lowers = parse_json("sandboxes.lowers", &lowers)?;
@@ -328,7 +336,9 @@ impl RawCheckpoint {
 
 fn insert_sandbox_tx(tx: &Connection, s: &SandboxRecord) -> Result<()> {
     tx.execute(
-        &format!("INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+        &format!(
+            "INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ),
         params![
             s.id,
             s.image,
@@ -342,6 +352,7 @@ fn insert_sandbox_tx(tx: &Connection, s: &SandboxRecord) -> Result<()> {
             s.state.as_str(),
             s.status_reason,
             list_json(&s.lowers),
+            s.network.to_string(),
         ],
     )?;
     Ok(())
@@ -368,6 +379,7 @@ impl Meta {
             ("checkpoints", "layer", "TEXT"),
             ("checkpoints", "lowers", "TEXT NOT NULL DEFAULT '[]'"),
             ("checkpoints", "durable", "TEXT"),
+            ("sandboxes", "network", "TEXT NOT NULL DEFAULT '{}'"),
         ] {
             add_column(&conn, table, column, decl).map_err(open_err)?;
         }
@@ -504,6 +516,12 @@ impl Meta {
             "UPDATE sandboxes SET state = ?2, status_reason = ?3 WHERE id = ?1",
             params![id, state.as_str(), reason],
         )?;
+        Ok(())
+    }
+
+    /// Replaces a sandbox's network (mode and policy, as JSON).
+    pub fn set_sandbox_network(&self, id: &str, network: &serde_json::Value) -> Result<()> {
+        self.conn().execute("UPDATE sandboxes SET network = ?2 WHERE id = ?1", params![id, network.to_string()])?;
         Ok(())
     }
 

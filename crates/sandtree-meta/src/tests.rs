@@ -14,6 +14,7 @@ fn sandbox(id: &str, subvol: &str) -> SandboxRecord {
         state: DesiredState::Running,
         status_reason: None,
         lowers: vec!["checkpoints/ck-0".into()],
+        network: serde_json::json!({"mode": "none"}),
     }
 }
 

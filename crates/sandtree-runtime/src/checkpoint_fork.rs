@@ -109,6 +109,11 @@ impl Engine {
         }
         let with_processes = !wanted.is_empty();
 
+        // Each fork has the network its sandbox had (a router of its own).
+        let network = match self.meta.sandbox(&ck.sandbox_id) {
+            Ok(Some(src)) => src.network,
+            _ => serde_json::json!({}),
+        };
         let records: Vec<SandboxRecord> = (0..req.count)
             .map(|_| {
                 let id = util::new_id("sb");
@@ -124,6 +129,7 @@ impl Engine {
                     state: DesiredState::Running,
                     status_reason: None,
                     lowers: if self.cfg.layered { ck.stack() } else { ck.lowers.clone() },
+                    network: network.clone(),
                     id,
                 }
             })

@@ -59,6 +59,26 @@ pub struct Config {
     /// Write a durable process image of every checkpoint with processes,
     /// after it answered (`checkpoint_image.rs`).
     pub durable_images: bool,
+    /// Sandboxes' networks (`sandbox_network.rs`); `None`: this daemon
+    /// gives none (every sandbox has its loopback alone).
+    pub network: Option<NetworkConfig>,
+}
+
+/// How the daemon gives sandboxes a network.
+#[derive(Clone, Debug)]
+pub struct NetworkConfig {
+    /// Host-side addresses of routers (a /30 each).
+    pub range: sandtree_net::Range,
+    /// Resolvers the sandboxes' DNS forwarders ask (default: the host's).
+    pub upstream: Vec<std::net::SocketAddr>,
+    /// Routers made ahead of creates.
+    pub pool: usize,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> NetworkConfig {
+        NetworkConfig { range: sandtree_net::Range::DEFAULT, upstream: sandtree_net::Config::host_resolvers(), pool: 4 }
+    }
 }
 
 impl Config {
@@ -114,6 +134,7 @@ impl Default for Config {
             incremental_min_rss: Some(0),
             max_layers: 24,
             durable_images: true,
+            network: Some(NetworkConfig::default()),
         }
     }
 }

@@ -91,6 +91,11 @@ pub struct Engine {
     pub(crate) images_pending: Mutex<HashMap<String, Option<String>>>,
     /// Background work a stopping daemon waits for (see [`Engine::settle`]).
     releasing: Mutex<tokio::task::JoinSet<()>>,
+    /// The daemon's network (`None`: sandboxes get none).
+    pub(crate) network: Option<Arc<sandtree_net::Network>>,
+    /// Each running sandbox's router, by id; one belongs to one init, like
+    /// a tracer (`sandbox_network.rs`).
+    pub(crate) networks: Mutex<HashMap<String, sandtree_net::Attachment>>,
     /// The engine itself, for background tasks.
     pub(crate) this: std::sync::Weak<Engine>,
 }
@@ -125,7 +130,10 @@ impl Engine {
         let flusher = crate::flusher::Flusher::start(volume.root().to_path_buf());
         let reaper = crate::reaper::Reaper::start(flusher.clone(), volume.root().to_path_buf());
         set_mode(&cfg.meta_path(), 0o600)?;
+        let network = crate::sandbox_network::start(&cfg)?;
         let engine = Arc::new_cyclic(|this| Engine {
+            network,
+            networks: Mutex::new(HashMap::new()),
             dynmods,
             cfg,
             volume,
@@ -155,6 +163,9 @@ impl Engine {
         });
         engine.ensure_default_image().await?;
         engine.recover().await?;
+        if let Some(net) = &engine.network {
+            net.sweep();
+        }
         engine.settle_images_at_start()?;
         crate::spares::Spares::start(&engine);
         for rec in engine.meta.sandboxes()? {
@@ -210,6 +221,9 @@ impl Engine {
         }
         // (It holds the old init's IPC namespace.)
         self.ipc_probes.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        // Its router goes with the old init's network namespace.
+        let router = self.networks.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        drop(router);
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         match sb {
             Some(sb) => live.insert(id.to_string(), sb),
@@ -424,7 +438,17 @@ impl Engine {
         let init = tokio::task::spawn_blocking(move || zygote.spawn(&spec)).await??;
         let sandbox = Sandbox::connect(&self.cfg.host_config(), &rec.id, init).await?;
         let sandbox = Arc::new(sandbox);
+        let network = match self.attach_network(rec, sandbox.init_pid()).await {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = sandbox.kill().await;
+                return Err(e);
+            }
+        };
         self.live_set(&rec.id, Some(sandbox.clone()));
+        if let Some(n) = network {
+            self.networks.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), n);
+        }
         Ok(sandbox)
     }
 
@@ -607,6 +631,7 @@ impl Engine {
             limits: serde_json::from_value(rec.limits.clone()).unwrap_or_default(),
             base_checkpoint: rec.base_checkpoint.clone(),
             init_pid: live.map(|s| s.init_pid()),
+            network: self.network_info(rec),
             usage,
         })
     }

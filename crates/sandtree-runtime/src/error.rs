@@ -74,6 +74,8 @@ pub enum Error {
     Meta(#[from] sandtree_meta::Error),
     #[error("sandbox processes: {0}")]
     Sandbox(sandtree_sandbox::Error),
+    #[error("network: {0}")]
+    Network(#[from] sandtree_net::Error),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -152,7 +154,8 @@ impl Error {
 
             Error::Process(_) => ErrorCode::Internal,
             Error::Fs(e) if e.is_no_space() => ErrorCode::NoSpace,
-            Error::Fs(_) | Error::Meta(_) | Error::Internal(_) => ErrorCode::Internal,
+            Error::Network(sandtree_net::Error::Policy(_)) => ErrorCode::InvalidArgument,
+            Error::Fs(_) | Error::Meta(_) | Error::Internal(_) | Error::Network(_) => ErrorCode::Internal,
             Error::Sandbox(e) => sandbox_code(e),
         }
     }

@@ -42,6 +42,7 @@ mod sandbox_create;
 mod sandbox_delete;
 mod sandbox_exec;
 mod sandbox_files;
+mod sandbox_network;
 mod sandbox_rollback;
 mod sandbox_root;
 mod sandbox_session;
@@ -52,7 +53,7 @@ mod sysv_ipc;
 pub mod uid_range;
 mod util;
 
-pub use config::Config;
+pub use config::{Config, NetworkConfig};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandbox_exec::{ExecIo, encode_output};

@@ -46,6 +46,7 @@ impl Engine {
             match (adopted, rec.state) {
                 (Some(sb), DesiredState::Running) => {
                     self.live_set(&rec.id, Some(std::sync::Arc::new(sb)));
+                    self.adopt_network(&rec).await;
                 }
                 (Some(sb), DesiredState::Stopped) => {
                     let _ = sb.kill().await;

@@ -20,6 +20,7 @@ impl Engine {
         let t0 = Instant::now();
         let image = req.image.clone().unwrap_or_else(|| sandtree_fs::DEFAULT_IMAGE.to_string());
         self.image_layers(&image)?;
+        let network = self.network_for_create(&req.network)?;
         let _store = self.store_lock.read().await;
         let _busy = self.flusher.busy();
         let id = util::new_id("sb");
@@ -37,6 +38,7 @@ impl Engine {
             state: DesiredState::Running,
             status_reason: None,
             lowers: Vec::new(),
+            network,
         };
         self.subvol_parent(&id)?;
         let path = self.subvol_path(&rec.subvol);

@@ -114,6 +114,10 @@ impl Engine {
         if keep_sandboxes {
             return report;
         }
+        if let Some(net) = &self.network {
+            // (The sandboxes' routers went with their inits above.)
+            tokio::task::block_in_place(|| net.shutdown());
+        }
 
         let zygote = &self.zygote;
         tokio::task::block_in_place(|| zygote.stop());

@@ -45,7 +45,7 @@ fn main() -> ExitCode {
         }
         BinCommand::Core(Command::Daemon(mut args)) => {
             args.socket = cli.global.socket.clone();
-            daemon::main(args).map(|()| 0)
+            daemon::main(*args).map(|()| 0)
         }
         BinCommand::Core(Command::Openapi) => {
             print!("{}", daemon::openapi::document_json());

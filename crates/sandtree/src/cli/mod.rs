@@ -66,7 +66,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the daemon (as root).
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Print the OpenAPI document of the daemon's API.
     Openapi,
     /// Serve MCP on stdin and stdout: the daemon's sandboxes as tools for an
@@ -132,6 +132,22 @@ pub enum Command {
     Ls,
     /// Describe a sandbox (with usage), or the daemon without an argument.
     Info { sandbox: Option<String> },
+    /// Show a sandbox's network, or replace its policy (with --allow,
+    /// --deny or --clear): on the running sandbox at once, for new
+    /// connections, and for its next start and its forks.
+    Network {
+        sandbox: String,
+        /// Always reachable: an IPv4 address, a CIDR or a domain name
+        /// (`*.example.com`); repeatable.
+        #[arg(long = "allow", value_name = "RULE")]
+        allow: Vec<String>,
+        /// Refused (`0.0.0.0/0`: everything not allowed); repeatable.
+        #[arg(long = "deny", value_name = "RULE")]
+        deny: Vec<String>,
+        /// Set an empty policy (everything reachable but metadata addresses).
+        #[arg(long, conflicts_with_all = ["allow", "deny"])]
+        clear: bool,
+    },
     /// Show checkpoints as a tree (of one sandbox, or all); `◀ sb-…` marks
     /// where each sandbox stands.
     Tree {
@@ -225,6 +241,16 @@ pub struct CreateArgs {
     /// CPU limit in cores (e.g. 1.5).
     #[arg(long, value_parser = units::parse_cpus)]
     pub cpus: Option<u64>,
+    /// Network: `egress` (the daemon's default) or `none` (loopback alone).
+    #[arg(long, value_parser = ["egress", "none"])]
+    pub network: Option<String>,
+    /// Always reachable: an IPv4 address, a CIDR or a domain name
+    /// (`*.example.com` for the names under it); repeatable.
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// Refused: as --allow; `0.0.0.0/0` refuses everything not allowed.
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny: Vec<String>,
 }
 
 #[derive(Args, Debug)]

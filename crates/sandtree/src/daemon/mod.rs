@@ -115,6 +115,27 @@ pub struct DaemonArgs {
     /// stopping them and leaving nothing behind.
     #[arg(long, env = "SANDTREE_KEEP_SANDBOXES")]
     pub keep_sandboxes: bool,
+    /// Sandboxes' network by default: `egress` (an interface, NAT out
+    /// through the host, DNS, a policy) or `none` (loopback alone; the
+    /// daemon then sets up no networking at all).
+    #[arg(long, env = "SANDTREE_NETWORK", default_value = "egress", value_parser = ["egress", "none"])]
+    pub network: String,
+    /// Host-side addresses of the sandboxes' routers (a /30 each).
+    #[arg(long, env = "SANDTREE_NETWORK_RANGE", default_value = "10.213.0.0/16", value_parser = sandtree_net::Range::parse)]
+    pub network_range: sandtree_net::Range,
+    /// Resolver the sandboxes' DNS server asks (ADDR or ADDR:PORT,
+    /// repeatable) [default: the host's /etc/resolv.conf nameservers].
+    #[arg(long = "dns", env = "SANDTREE_DNS", value_delimiter = ',', value_parser = parse_resolver)]
+    pub dns: Vec<SocketAddr>,
+}
+
+fn parse_resolver(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{s:?} is not an address (ADDR or ADDR:PORT)"))
 }
 
 impl DaemonArgs {
@@ -141,6 +162,13 @@ impl DaemonArgs {
             pids: self.pids.or(d.pids),
             cpu_millicores: self.cpus.or(d.cpu_millicores),
         };
+        cfg.network = (self.network == "egress").then(|| {
+            let mut n = sandtree_runtime::NetworkConfig { range: self.network_range, ..Default::default() };
+            if !self.dns.is_empty() {
+                n.upstream = self.dns.clone();
+            }
+            n
+        });
         cfg
     }
 }

@@ -10,6 +10,7 @@
 //! | GET    | `/v1/sandboxes/{id}` | → `SandboxInfo` (with usage) |
 //! | DELETE | `/v1/sandboxes/{id}?checkpoints=true` | → `DeleteSandboxResponse` |
 //! | POST   | `/v1/sandboxes/{id}/start`, `/stop` | → `SandboxInfo` |
+//! | GET, PUT | `/v1/sandboxes/{id}/network` | (`NetworkPolicy` →) `NetworkInfo` |
 //! | POST   | `/v1/sandboxes/{id}/exec[?stream=true][&encoding=base64]` | `ExecRequest`, or a streamed stdin (below) → `ExecResponse`, or NDJSON `ExecEvent`s |
 //! | GET    | `/v1/sandboxes/{id}/processes` | → `ProcessList` |
 //! | GET    | `/v1/sandboxes/{id}/processes/{pid}[?encoding=base64]` | → `ProcessOutput` |
@@ -139,6 +140,8 @@ pub fn table() -> Vec<Route> {
         route(Method::DELETE, "/v1/sandboxes/{id}", delete_sandbox),
         route(Method::POST, "/v1/sandboxes/{id}/start", start_sandbox),
         route(Method::POST, "/v1/sandboxes/{id}/stop", stop_sandbox),
+        route(Method::GET, "/v1/sandboxes/{id}/network", get_network),
+        route(Method::PUT, "/v1/sandboxes/{id}/network", set_network),
         route(Method::POST, "/v1/sandboxes/{id}/exec", exec),
         route(Method::GET, "/v1/sandboxes/{id}/processes", list_processes),
         route(Method::GET, "/v1/sandboxes/{id}/processes/{pid}", process_output),
@@ -299,6 +302,27 @@ pub async fn start_sandbox(EngineState(e): EngineState, ApiPath(id): ApiPath<Str
     responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 pub async fn stop_sandbox(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(detached(async move { e.stop_sandbox(&id).await }).await?))
+}
+
+/// A sandbox's network: mode, policy, addresses, bytes in and out.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = NetworkInfo), (status = 404, body = ErrorBody)))]
+pub async fn get_network(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<NetworkInfo>> {
+    Ok(Json(e.get_sandbox(&id).await?.network))
+}
+
+/// Replaces a sandbox's egress policy: on its router at once (for new
+/// connections), and for its next start and its forks. A malformed rule
+/// (a bad CIDR, an empty name, a rule in both lists) is refused whole.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    request_body = NetworkPolicy,
+    responses((status = 200, body = NetworkInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn set_network(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(policy): ApiJson<NetworkPolicy>,
+) -> ApiResult<Json<NetworkInfo>> {
+    Ok(Json(detached(async move { e.set_network_policy(&id, policy).await }).await?))
 }
 
 // ---------------------------------------------------------------- exec

@@ -242,7 +242,12 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
         }
     } else {
         let image = (!matches!(template.as_str(), "base" | "default")).then(|| template.clone());
-        let req = CreateSandboxRequest { image, labels: body.metadata.clone(), limits: Limits::default() };
+        let req = CreateSandboxRequest {
+            image,
+            labels: body.metadata.clone(),
+            limits: Limits::default(),
+            network: Default::default(),
+        };
         door.engine.create_sandbox(req).await.map_err(api_error)?.sandbox
     };
     door.meta(&info.id, |m| {

@@ -15,6 +15,11 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> Result<i32> {
         image: a.image,
         labels: a.labels.into_iter().collect(),
         limits: Limits { memory_bytes: a.memory, pids: a.pids, cpu_millicores: a.cpus },
+        network: NetworkSpec {
+            mode: a.network.map(|m| if m == "none" { NetworkMode::None } else { NetworkMode::Egress }),
+            allow: a.allow,
+            deny: a.deny,
+        },
     };
     let r: CreateSandboxResponse = ctx.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     if !ctx.json {
@@ -122,8 +127,43 @@ pub async fn info(ctx: &Ctx, sandbox: Option<String>) -> Result<i32> {
             println!("cpu:         {:.3} s", u.cpu_usec as f64 / 1e6);
             println!("disk:        {} written since base", human_bytes(u.disk_bytes));
         }
+        print_network(&s.network);
     }
     Ok(0)
+}
+
+/// `network SB [--allow R]... [--deny R]... [--clear]`.
+pub async fn network(ctx: &Ctx, id: &str, allow: Vec<String>, deny: Vec<String>, clear: bool) -> Result<i32> {
+    let path = format!("/v1/sandboxes/{}/network", enc(id));
+    let n: NetworkInfo = if clear || !allow.is_empty() || !deny.is_empty() {
+        ctx.call(Method::PUT, &path, Some(&NetworkPolicy { allow, deny })).await?
+    } else {
+        ctx.get(Method::GET, &path).await?
+    };
+    if !ctx.json {
+        print_network(&n);
+    }
+    Ok(0)
+}
+
+fn print_network(n: &NetworkInfo) {
+    match n.mode {
+        NetworkMode::None => println!("network:     none (loopback only)"),
+        NetworkMode::Egress => {
+            match (&n.address, &n.outward_address) {
+                (Some(a), Some(o)) => println!(
+                    "network:     egress, {a} (gateway and DNS {}), out as {o}; {} in, {} out",
+                    n.gateway.as_deref().unwrap_or("-"),
+                    human_bytes(n.rx_bytes),
+                    human_bytes(n.tx_bytes)
+                ),
+                _ => println!("network:     egress (not running)"),
+            }
+            let list = |l: &[String]| if l.is_empty() { "-".to_string() } else { l.join(", ") };
+            println!("allow:       {}", list(&n.allow));
+            println!("deny:        {}", list(&n.deny));
+        }
+    }
 }
 
 pub async fn rm(ctx: &Ctx, ids: Vec<String>, checkpoints: bool, force: bool) -> Result<i32> {
