@@ -98,3 +98,33 @@ pub struct NetworkInfo {
     #[serde(default)]
     pub tx_bytes: u64,
 }
+
+/// `POST /v1/sandboxes/{id}/ports`: make a port of the sandbox reachable
+/// from the host.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExposePortRequest {
+    /// The port a process listens on inside the sandbox.
+    pub port: u16,
+}
+
+/// A port of a sandbox reachable from the host: connections to `address`
+/// are carried by the daemon to the port inside (to `127.0.0.1`, or to the
+/// sandbox's address for a server bound to it alone).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PortInfo {
+    /// The port inside the sandbox.
+    pub port: u16,
+    /// `127.0.0.1:<host port>`: on the daemon's host only.
+    pub address: String,
+    /// `http://<address>/`, for servers that speak HTTP.
+    pub url: String,
+    /// Connections carried so far.
+    pub connections: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/ports`
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct PortList {
+    pub ports: Vec<PortInfo>,
+}

@@ -96,6 +96,8 @@ pub struct Engine {
     /// Each running sandbox's router, by id; one belongs to one init, like
     /// a tracer (`sandbox_network.rs`).
     pub(crate) networks: Mutex<HashMap<String, sandtree_net::Attachment>>,
+    /// Ports exposed on the host (`sandbox_ports.rs`).
+    pub(crate) ports: crate::sandbox_ports::Ports,
     /// The engine itself, for background tasks.
     pub(crate) this: std::sync::Weak<Engine>,
 }
@@ -134,6 +136,7 @@ impl Engine {
         let engine = Arc::new_cyclic(|this| Engine {
             network,
             networks: Mutex::new(HashMap::new()),
+            ports: Default::default(),
             dynmods,
             cfg,
             volume,

@@ -43,6 +43,7 @@ mod sandbox_delete;
 mod sandbox_exec;
 mod sandbox_files;
 mod sandbox_network;
+mod sandbox_ports;
 mod sandbox_rollback;
 mod sandbox_root;
 mod sandbox_session;

@@ -27,6 +27,7 @@ impl Engine {
         let _store = self.store_lock.read().await;
         self.halt_and_release(id).await?;
         self.meta.delete_sandbox(id)?;
+        self.close_ports(id);
         if let Some(next) = self.nexts.drop_sandbox(id) {
             self.discard_subvol_later(&next);
         }

@@ -410,3 +410,102 @@ fn rollback_keeps_a_server_serving_and_forks_connect_out_side_by_side_from_their
         seen.iter().map(|s| s.trim().trim_start_matches("from ").parse().unwrap()).collect();
     assert_eq!(sources.len(), 16, "{seen:?}");
 }
+
+/// `GET /` of an HTTP server at `addr`; its status line.
+fn http_get(addr: &str) -> std::io::Result<String> {
+    let mut c = std::net::TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut out = String::new();
+    c.read_to_string(&mut out)?;
+    Ok(out.lines().next().unwrap_or("").to_string())
+}
+
+#[test]
+fn a_port_inside_is_reachable_from_the_host_and_through_the_api_with_its_token() {
+    if must_skip() {
+        return;
+    }
+    let net = Internet::new();
+    let api = TcpListener::bind("127.0.0.1:0").unwrap();
+    let api_port = api.local_addr().unwrap().port();
+    drop(api);
+    let mut args = net.daemon_args();
+    args.extend(["--tcp".into(), format!("127.0.0.1:{api_port}")]);
+    let d = Daemon::start_with("net-ports", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let serve = |sb: &str, args: &[&str], url: &str| {
+        let mut cmd = vec!["python3", "-m", "http.server"];
+        cmd.extend_from_slice(args);
+        d.ok("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(json!({"cmd": cmd, "background": true})));
+        d.sh_ok(sb, &format!("for i in $(seq 50); do curl -s -o /dev/null {url} && exit 0; sleep 0.1; done; exit 1"));
+    };
+    let sb = d.create();
+    serve(&sb, &["8000"], "http://127.0.0.1:8000/");
+    serve(&sb, &["8001", "--bind", "10.0.2.15"], "http://10.0.2.15:8001/");
+    let alone = create_with(&d, json!({"mode": "none"}));
+    serve(&alone, &["8002", "--bind", "127.0.0.1"], "http://127.0.0.1:8002/");
+
+    // Exposed on the host's loopback: any-address, own-address and
+    // loopback-only servers, with a network or without.
+    let expose = |sb: &str, port: u16| -> String {
+        let v = d.ok("POST", &format!("/v1/sandboxes/{sb}/ports"), Some(json!({"port": port})));
+        assert!(v["address"].as_str().unwrap().starts_with("127.0.0.1:"), "{v}");
+        v["address"].as_str().unwrap().to_string()
+    };
+    let a8000 = expose(&sb, 8000);
+    assert_eq!(expose(&sb, 8000), a8000, "exposing again answers the same address");
+    assert_eq!(http_get(&a8000).unwrap(), "HTTP/1.0 200 OK");
+    assert_eq!(http_get(&expose(&sb, 8001)).unwrap(), "HTTP/1.0 200 OK");
+    assert_eq!(http_get(&expose(&alone, 8002)).unwrap(), "HTTP/1.0 200 OK");
+    let list = d.ok("GET", &format!("/v1/sandboxes/{sb}/ports"), None);
+    assert_eq!(list["ports"].as_array().unwrap().len(), 2, "{list}");
+    assert!(list["ports"][0]["connections"].as_u64().unwrap() >= 1, "{list}");
+
+    // It keeps serving across a rollback (the server is restored).
+    let ck = d.checkpoint(&sb, "serving");
+    d.sh_ok(&sb, "pkill -f 'http[.]server 8000'; true");
+    d.rollback(&sb, &ck);
+    assert_eq!(http_get(&a8000).unwrap(), "HTTP/1.0 200 OK");
+
+    // Through the API: a local port served by `sandtree port --listen`,
+    // over TCP with the token; without it, refused.
+    let token = std::fs::read_to_string(d.dir.join("token")).unwrap().trim().to_string();
+    let local = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let url = format!("http://127.0.0.1:{api_port}");
+    let mut tunnel = std::process::Command::new(BIN)
+        .args(["--url", &url, "--token", &token, "port", &sb, "8000", "--listen", &local.to_string()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut got = Err(std::io::Error::other("not tried"));
+    for _ in 0..50 {
+        got = http_get(&local.to_string());
+        if got.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = tunnel.kill();
+    let _ = tunnel.wait();
+    assert_eq!(got.unwrap(), "HTTP/1.0 200 OK");
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", api_port)).unwrap();
+    c.write_all(
+        format!("GET /v1/sandboxes/{sb}/ports/8000/connect HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 401", "a tunnel without the token");
+
+    // Closed: nothing listens any more; a port nobody serves is refused
+    // at connect time, the exposure itself is not.
+    d.ok("DELETE", &format!("/v1/sandboxes/{sb}/ports/8000"), None);
+    assert!(http_get(&a8000).is_err());
+    let (status, v) = d.req("DELETE", &format!("/v1/sandboxes/{sb}/ports/8000"), None);
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/ports"), Some(json!({"port": 0})));
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = d.req("POST", "/v1/sandboxes/sb-nope/ports", Some(json!({"port": 80})));
+    assert_eq!(status, 404);
+}

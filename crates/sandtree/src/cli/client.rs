@@ -270,6 +270,35 @@ impl Client {
     }
 
     /// Opens a websocket on `path`.
+    /// `GET path` upgraded to raw bytes (`Upgrade: tcp`): a connection
+    /// to a port inside a sandbox, through the API.
+    pub async fn upgrade_tcp(&self, path: &str) -> Result<TokioIo<hyper::upgrade::Upgraded>> {
+        let conn = self.connect().await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(conn))
+            .await
+            .context("HTTP handshake with the daemon")?;
+        tokio::spawn(async move {
+            let _ = connection.with_upgrades().await;
+        });
+        let mut req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(HOST, self.host())
+            .header(hyper::header::CONNECTION, "Upgrade")
+            .header(hyper::header::UPGRADE, "tcp");
+        if let Some(t) = &self.token {
+            req = req.header(AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let empty = Full::new(Bytes::new()).map_err(|never| match never {}).boxed_unsync();
+        let resp = sender.send_request(req.body(empty)?).await.context("sending the request to the daemon")?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            return Err(error_of(status, &body).into());
+        }
+        Ok(TokioIo::new(hyper::upgrade::on(resp).await.context("upgrading the connection")?))
+    }
+
     pub async fn websocket(&self, path: &str) -> Result<WebSocketStream<Conn>> {
         let conn = self.connect().await?;
         let mut req = format!("ws://{}{path}", self.host()).into_client_request()?;

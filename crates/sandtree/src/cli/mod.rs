@@ -132,6 +132,22 @@ pub enum Command {
     Ls,
     /// Describe a sandbox (with usage), or the daemon without an argument.
     Info { sandbox: Option<String> },
+    /// Make a port a process listens on inside a sandbox reachable from
+    /// the host: prints `127.0.0.1:<port>` on the daemon's host. With
+    /// --listen, serve it on a local address instead, through the API (from
+    /// anywhere the API reaches, with its token). Without a port, list the
+    /// exposed ones.
+    Port {
+        sandbox: String,
+        port: Option<u16>,
+        /// Close the exposed port.
+        #[arg(long, requires = "port")]
+        close: bool,
+        /// Serve the port here (ADDR:PORT), each connection carried through
+        /// the API, until interrupted.
+        #[arg(long, requires = "port", conflicts_with = "close")]
+        listen: Option<std::net::SocketAddr>,
+    },
     /// Show a sandbox's network, or replace its policy (with --allow,
     /// --deny or --clear): on the running sandbox at once, for new
     /// connections, and for its next start and its forks.

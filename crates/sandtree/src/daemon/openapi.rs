@@ -30,7 +30,7 @@ use super::routes;
     paths(
         routes::info, routes::openapi_json, routes::gc,
         routes::create_sandbox, routes::list_sandboxes, routes::get_sandbox, routes::delete_sandbox,
-        routes::start_sandbox, routes::stop_sandbox, routes::get_network, routes::set_network,
+        routes::start_sandbox, routes::stop_sandbox, routes::get_network, routes::set_network, routes::expose_port, routes::list_ports, routes::close_port, routes::connect_port,
         routes::exec, routes::list_processes, routes::process_output, routes::kill_process,
         routes::read_file, routes::write_file, routes::remove_file, routes::stat_file, routes::list_files,
         routes::make_dir, routes::move_file,
@@ -42,7 +42,7 @@ use super::routes;
     components(schemas(
         ErrorBody, ApiError, ErrorCode,
         DaemonInfo, VolumeInfo, GcReport,
-        Limits, Usage, SandboxStatus, SandboxInfo, NetworkMode, NetworkPolicy, NetworkSpec, NetworkInfo, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse, KeptCheckpoint,
+        Limits, Usage, SandboxStatus, SandboxInfo, NetworkMode, NetworkPolicy, NetworkSpec, NetworkInfo, ExposePortRequest, PortInfo, PortList, CreateSandboxRequest, CreateSandboxResponse, SandboxList, DeleteSandboxResponse, KeptCheckpoint,
         ExecRequest, ExecResponse, ExecEvent, OutputEncoding, ProcessInfo, ProcessList, ProcessOutput,
         FileKind, FileInfo, FileList, MakeDirRequest, MoveRequest,
         CreateSessionRequest, SessionInfo, SessionList, SessionRunRequest, SessionRunResponse,

@@ -11,6 +11,9 @@
 //! | DELETE | `/v1/sandboxes/{id}?checkpoints=true` | → `DeleteSandboxResponse` |
 //! | POST   | `/v1/sandboxes/{id}/start`, `/stop` | → `SandboxInfo` |
 //! | GET, PUT | `/v1/sandboxes/{id}/network` | (`NetworkPolicy` →) `NetworkInfo` |
+//! | POST, GET | `/v1/sandboxes/{id}/ports` | (`ExposePortRequest` →) `PortInfo` / `PortList` |
+//! | DELETE | `/v1/sandboxes/{id}/ports/{port}` | → 204 |
+//! | GET    | `/v1/sandboxes/{id}/ports/{port}/connect` | `Upgrade: tcp` → 101, raw bytes |
 //! | POST   | `/v1/sandboxes/{id}/exec[?stream=true][&encoding=base64]` | `ExecRequest`, or a streamed stdin (below) → `ExecResponse`, or NDJSON `ExecEvent`s |
 //! | GET    | `/v1/sandboxes/{id}/processes` | → `ProcessList` |
 //! | GET    | `/v1/sandboxes/{id}/processes/{pid}[?encoding=base64]` | → `ProcessOutput` |
@@ -142,6 +145,10 @@ pub fn table() -> Vec<Route> {
         route(Method::POST, "/v1/sandboxes/{id}/stop", stop_sandbox),
         route(Method::GET, "/v1/sandboxes/{id}/network", get_network),
         route(Method::PUT, "/v1/sandboxes/{id}/network", set_network),
+        route(Method::POST, "/v1/sandboxes/{id}/ports", expose_port),
+        route(Method::GET, "/v1/sandboxes/{id}/ports", list_ports),
+        route(Method::DELETE, "/v1/sandboxes/{id}/ports/{port}", close_port),
+        route(Method::GET, "/v1/sandboxes/{id}/ports/{port}/connect", connect_port),
         route(Method::POST, "/v1/sandboxes/{id}/exec", exec),
         route(Method::GET, "/v1/sandboxes/{id}/processes", list_processes),
         route(Method::GET, "/v1/sandboxes/{id}/processes/{pid}", process_output),
@@ -323,6 +330,74 @@ pub async fn set_network(
     ApiJson(policy): ApiJson<NetworkPolicy>,
 ) -> ApiResult<Json<NetworkInfo>> {
     Ok(Json(detached(async move { e.set_network_policy(&id, policy).await }).await?))
+}
+
+/// Makes a port of the sandbox reachable on the daemon's host: answers
+/// `127.0.0.1:<host port>` (the same for a port already exposed).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ports", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ExposePortRequest,
+    responses((status = 200, body = PortInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn expose_port(
+    EngineState(e): EngineState,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<ExposePortRequest>,
+) -> ApiResult<Json<PortInfo>> {
+    Ok(Json(e.expose_port(&id, req.port).await?))
+}
+
+/// A sandbox's exposed ports.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = PortList), (status = 404, body = ErrorBody)))]
+pub async fn list_ports(EngineState(e): EngineState, ApiPath(id): ApiPath<String>) -> ApiResult<Json<PortList>> {
+    Ok(Json(e.list_ports(&id)?))
+}
+
+/// Closes an exposed port.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/ports/{port}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), ("port" = u16, Path, description = "Port inside the sandbox")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn close_port(
+    EngineState(e): EngineState,
+    ApiPath((id, port)): ApiPath<(String, u16)>,
+) -> ApiResult<StatusCode> {
+    e.close_port(&id, port)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A connection to a port inside the sandbox, through the API (and so
+/// behind its token off the unix socket): `Connection: Upgrade`,
+/// `Upgrade: tcp`; after `101` the connection carries the bytes both ways.
+/// `sandtree port SB PORT --listen ADDR` serves a local port this way.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}/connect", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), ("port" = u16, Path, description = "Port inside the sandbox")),
+    responses((status = 101, description = "Upgraded: raw bytes both ways"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn connect_port(
+    EngineState(e): EngineState,
+    ApiPath((id, port)): ApiPath<(String, u16)>,
+    mut req: axum::extract::Request,
+) -> ApiResult<Response> {
+    let wants_tcp = req
+        .headers()
+        .get(hyper::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"));
+    if !wants_tcp {
+        return Err(ApiFailure::invalid("connect needs `Connection: Upgrade` and `Upgrade: tcp`".to_string()));
+    }
+    let mut inside = e.connect_port(&id, port).await?;
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        if let Ok(upgraded) = upgrade.await {
+            let mut outside = hyper_util::rt::TokioIo::new(upgraded);
+            let _ = tokio::io::copy_bidirectional(&mut outside, &mut inside).await;
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(hyper::header::CONNECTION, "Upgrade")
+        .header(hyper::header::UPGRADE, "tcp")
+        .body(axum::body::Body::empty())
+        .expect("a response"))
 }
 
 // ---------------------------------------------------------------- exec

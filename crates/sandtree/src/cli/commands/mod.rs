@@ -52,6 +52,7 @@ pub async fn run(global: GlobalArgs, command: Command) -> Result<i32> {
         Command::Ls => sandbox::ls(&ctx).await,
         Command::Info { sandbox } => sandbox::info(&ctx, sandbox).await,
         Command::Network { sandbox: id, allow, deny, clear } => sandbox::network(&ctx, &id, allow, deny, clear).await,
+        Command::Port { sandbox: id, port, close, listen } => sandbox::port(&ctx, &id, port, close, listen).await,
         Command::Rm { ids, checkpoints, force } => sandbox::rm(&ctx, ids, checkpoints, force).await,
         Command::Start { sandbox } => sandbox::start_stop(&ctx, &sandbox, "start").await,
         Command::Stop { sandbox } => sandbox::start_stop(&ctx, &sandbox, "stop").await,

@@ -146,6 +146,56 @@ pub async fn network(ctx: &Ctx, id: &str, allow: Vec<String>, deny: Vec<String>,
     Ok(0)
 }
 
+/// `port SB [PORT] [--close | --listen ADDR]`.
+pub async fn port(
+    ctx: &Ctx,
+    id: &str,
+    port: Option<u16>,
+    close: bool,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<i32> {
+    let base = format!("/v1/sandboxes/{}/ports", enc(id));
+    let Some(port) = port else {
+        let l: PortList = ctx.get(Method::GET, &base).await?;
+        if !ctx.json {
+            let rows: Vec<Vec<String>> = l
+                .ports
+                .iter()
+                .map(|p| vec![p.port.to_string(), p.address.clone(), p.connections.to_string()])
+                .collect();
+            table(&["PORT", "ADDRESS", "CONNECTIONS"], &rows);
+        }
+        return Ok(0);
+    };
+    if close {
+        let _: serde_json::Value = ctx.get(Method::DELETE, &format!("{base}/{port}")).await?;
+        return Ok(0);
+    }
+    if let Some(addr) = listen {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        eprintln!("port {port} of {id} on {} (through the API; ^C ends)", listener.local_addr()?);
+        let path = format!("{base}/{port}/connect");
+        loop {
+            let (mut local, _) = listener.accept().await?;
+            let client = ctx.client.clone();
+            let path = path.clone();
+            tokio::spawn(async move {
+                match client.upgrade_tcp(&path).await {
+                    Ok(mut remote) => {
+                        let _ = tokio::io::copy_bidirectional(&mut local, &mut remote).await;
+                    }
+                    Err(e) => eprintln!("a connection to port {port} failed: {e}"),
+                }
+            });
+        }
+    }
+    let p: PortInfo = ctx.call(Method::POST, &base, Some(&ExposePortRequest { port })).await?;
+    if !ctx.json {
+        println!("{}", p.address);
+    }
+    Ok(0)
+}
+
 fn print_network(n: &NetworkInfo) {
     match n.mode {
         NetworkMode::None => println!("network:     none (loopback only)"),
