@@ -21,11 +21,13 @@
 //! | `dns`     | the forwarder on the gateway address |
 //! | `nft`     | running `nft -f -` |
 //! | `network` | the daemon's side: configuration, pool, attachments |
+//! | `peer`    | a stand-in for the internet (tests, bench) |
 
 pub mod dns;
 pub mod host;
 mod network;
 pub mod nft;
+pub mod peer;
 pub mod policy;
 pub mod router;
 

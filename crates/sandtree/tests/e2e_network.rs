@@ -11,104 +11,32 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::AsFd;
 
 use common::*;
-use sandtree_sys::netlink::{Route, VethEnd, in_netns, new_netns};
+use sandtree_net::peer::{HTTP_PORT, Peer};
+use sandtree_sys::netlink::in_netns;
 use serde_json::{Value, json};
 
-/// The test's outside world: a namespace linked to the host.
+/// The test's outside world (see `sandtree_net::peer`).
 struct Internet {
-    /// The host's address on the link (what the peer sees after NAT).
     host: Ipv4Addr,
-    /// The peer's address.
     peer: Ipv4Addr,
-    _ns: OwnedFd,
+    _peer: Peer,
 }
 
-const PORT: u16 = 8080;
+const PORT: u16 = HTTP_PORT;
 
 impl Internet {
-    /// A peer namespace with a TCP server on `PORT` (it answers `from
-    /// <addr>:<port>` and closes) and a DNS server on port 53 (`peer.test`
-    /// and `*.peer.test` → the peer; anything else `NXDOMAIN`).
     fn new() -> Internet {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = (std::process::id() * 16 + NEXT.fetch_add(1, Ordering::SeqCst)) % 30000;
-        let net = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + n * 4;
-        let (host, peer) = (Ipv4Addr::from(net + 1), Ipv4Addr::from(net + 2));
-        let link = format!("stpeer{n}");
-        let host_ns = std::fs::File::open("/proc/self/ns/net").unwrap();
-        let (ns, ()) = new_netns(|| {
-            let mut r = Route::open()?;
-            r.set_up(1)?;
-            r.add_veth(
-                VethEnd { name: "p0", netns: None, index: 2 },
-                VethEnd { name: &link, netns: Some(host_ns.as_fd()), index: 0 },
-                1500,
-            )?;
-            r.add_address(2, peer, 30)?;
-            r.set_up(2)
-        })
-        .unwrap();
-        let mut r = Route::open().unwrap();
-        let index = r.index_of(&link).unwrap().expect("host end of the peer link");
-        r.add_address(index, host, 30).unwrap();
-        r.set_up(index).unwrap();
-        let tcp = in_netns(ns.as_fd(), || TcpListener::bind((peer, PORT))).unwrap();
-        std::thread::spawn(move || {
-            for c in tcp.incoming() {
-                let Ok(mut c) = c else { continue };
-                let from = c.peer_addr().unwrap();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 1024];
-                    let _ = c.set_read_timeout(Some(std::time::Duration::from_millis(500)));
-                    let _ = c.read(&mut buf);
-                    let _ = c.write_all(format!("HTTP/1.0 200 OK\r\n\r\nfrom {from}\n").as_bytes());
-                });
-            }
-        });
-        let udp = in_netns(ns.as_fd(), || UdpSocket::bind((peer, 53))).unwrap();
-        std::thread::spawn(move || dns_server(udp, peer));
-        Internet { host, peer, _ns: ns }
+        let p = Peer::new().expect("a peer namespace");
+        Internet { host: p.host, peer: p.peer, _peer: p }
     }
 
     /// Daemon flags: its resolver is the peer's.
     fn daemon_args(&self) -> Vec<String> {
         vec!["--image-size".into(), "4G".into(), "--dns".into(), format!("{}:53", self.peer)]
-    }
-}
-
-/// Answers A queries for `peer.test` and names under it with `peer`.
-fn dns_server(sock: UdpSocket, peer: Ipv4Addr) {
-    let mut buf = [0u8; 1500];
-    loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
-        let q = &buf[..n];
-        // The question: labels from byte 12 to a zero byte, then type, class.
-        let mut at = 12;
-        let mut labels = Vec::new();
-        while at < n && q[at] != 0 {
-            let len = q[at] as usize;
-            labels.push(String::from_utf8_lossy(&q[at + 1..at + 1 + len]).to_lowercase());
-            at += 1 + len;
-        }
-        let end = at + 5;
-        let name = labels.join(".");
-        let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
-        let known = name == "peer.test" || name.ends_with(".peer.test");
-        let mut a = q[..end].to_vec();
-        a[2] = 0x84 | (q[2] & 0x01);
-        a[3] = if known { 0x00 } else { 0x03 };
-        a[6..12].fill(0);
-        if known && qtype == 1 {
-            a[7] = 1;
-            a.extend_from_slice(&[0xC0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4]);
-            a.extend_from_slice(&peer.octets());
-        }
-        let _ = sock.send_to(&a, from);
     }
 }
 
