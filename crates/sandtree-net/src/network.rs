@@ -18,8 +18,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::policy::Policy;
-use crate::router::{GATEWAY, Router};
+use crate::router::Router;
 use crate::{Error, LINK_PREFIX, Range, dns, host};
+
+/// How long the pool waits before making a router to replace one taken.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Settings of a daemon's network.
 #[derive(Clone, Debug)]
@@ -100,6 +103,10 @@ impl Network {
                     s.ready.len() < net.cfg.pool
                 };
                 if need {
+                    // After the operation that took one is done with the CPUs.
+                    drop(net);
+                    tokio::time::sleep(REFILL_DELAY).await;
+                    let Some(net) = weak.upgrade() else { return };
                     let n = net.clone();
                     match tokio::task::spawn_blocking(move || n.make()).await {
                         Ok(Ok(router)) => net.state.lock().expect("network state").ready.push(router),
@@ -163,15 +170,19 @@ impl Network {
         let net = self.clone();
         let id2 = id.to_string();
         let followed = policy.clone();
+        let t0 = std::time::Instant::now();
         let router = tokio::task::spawn_blocking(move || -> Result<Router, Error> {
+            let pooled = ready.is_some();
             let router = match ready {
                 Some(r) => r,
                 None => net.make()?,
             };
+            let t1 = std::time::Instant::now();
             let done = router
                 .attach(std::os::fd::AsFd::as_fd(&sandbox_ns))
                 .and_then(|()| if policy != Policy::default() { router.set_policy(&policy) } else { Ok(()) })
                 .and_then(|()| net.record(&id2, router.slot));
+            tracing::debug!(pooled, attach_us = t1.elapsed().as_micros() as u64, "router attached");
             match done {
                 Ok(()) => Ok(router),
                 Err(e) => {
@@ -184,18 +195,13 @@ impl Network {
         .map_err(|e| Error::Io { op: "attaching a network".into(), source: std::io::Error::other(e) })??;
         let a = self.serve(id, router)?;
         a.follow(followed);
+        tracing::debug!(total_us = t0.elapsed().as_micros() as u64, "network attached");
         Ok(a)
     }
 
     fn serve(self: &Arc<Self>, id: &str, router: Router) -> Result<Attachment, Error> {
         let router = Arc::new(router);
-        let sock = router
-            .run_in(|| {
-                let s = std::net::UdpSocket::bind(SocketAddr::new(GATEWAY.into(), 53))?;
-                s.set_nonblocking(true)?;
-                Ok(s)
-            })
-            .map_err(|e| Error::Io { op: "binding the DNS forwarder".into(), source: e })?;
+        let sock = router.dns_socket().map_err(|e| Error::Io { op: "binding the DNS forwarder".into(), source: e })?;
         let sock =
             tokio::net::UdpSocket::from_std(sock).map_err(|e| Error::Io { op: "DNS socket".into(), source: e })?;
         let policy = Arc::new(RwLock::new(Policy::default()));

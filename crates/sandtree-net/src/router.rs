@@ -48,6 +48,12 @@ pub const TABLE: &str = "sandtree";
 pub struct Router {
     pub slot: u32,
     ns: OwnedFd,
+    /// A netlink socket in the router's namespace (no thread needs to
+    /// enter it to configure `sb0`).
+    route: std::sync::Mutex<Route>,
+    /// The DNS forwarder's socket, bound ahead (`IP_FREEBIND`: `sb0` and
+    /// its address come at the attach), until taken.
+    dns: std::sync::Mutex<Option<std::net::UdpSocket>>,
     host_link: String,
     mount: PathBuf,
     outward: Ipv4Addr,
@@ -69,7 +75,7 @@ impl Router {
                 VethEnd { name: &host_link, netns: Some(host_ns.as_fd()), index: 0 },
                 MTU,
             ) {
-                Err(e) if e.raw_os_error() == Some(libc_eexist()) => return Ok(false),
+                Err(e) if e.raw_os_error() == Some(libc_eexist()) => return Ok(None),
                 other => other?,
             }
             r.add_address(UP0, outward, 30)?;
@@ -87,11 +93,19 @@ impl Router {
                 nix::mount::MsFlags::MS_BIND,
                 None::<&str>,
             )?;
-            Ok(true)
+            Ok(Some((r, dns_socket()?)))
         })
         .map_err(|e| Error::Io { op: format!("making the router of slot {slot}"), source: e })?;
-        let (ns, true) = made else { return Ok(None) };
-        let router = Router { slot, ns, host_link, mount, outward };
+        let (ns, Some((route, dns))) = made else { return Ok(None) };
+        let router = Router {
+            slot,
+            ns,
+            route: std::sync::Mutex::new(route),
+            dns: std::sync::Mutex::new(Some(dns)),
+            host_link,
+            mount,
+            outward,
+        };
         let mut r = Route::open().map_err(|e| router.io("netlink", e))?;
         let index = r.index_of(&router.host_link).map_err(|e| router.io("host link", e))?.ok_or_else(|| Error::Io {
             op: format!("host link {} vanished", router.host_link),
@@ -108,7 +122,16 @@ impl Router {
         let mount = net_dir.join(&host_link);
         let ns = open_ns(&mount).ok()?;
         let (_, outward) = range.slot_addresses(slot);
-        Some(Router { slot, ns, host_link, mount, outward })
+        let route = in_netns(ns.as_fd(), Route::open).ok()?;
+        Some(Router {
+            slot,
+            ns,
+            route: std::sync::Mutex::new(route),
+            dns: std::sync::Mutex::new(None),
+            host_link,
+            mount,
+            outward,
+        })
     }
 
     /// Links the sandbox's namespace `sandbox` to the router (a veth pair
@@ -125,11 +148,10 @@ impl Router {
                 )
             })
             .map_err(|e| self.io("linking the sandbox to its router", e))?;
-        in_netns(self.ns.as_fd(), || {
-            let mut r = Route::open()?;
-            r.add_address(SB0, GATEWAY, INSIDE_PREFIX)?;
-            r.set_up(SB0)
-        })
+        {
+            let mut r = self.route.lock().expect("router's netlink socket");
+            r.add_address(SB0, GATEWAY, INSIDE_PREFIX).and_then(|()| r.set_up(SB0))
+        }
         .map_err(|e| self.io("configuring sb0", e))?;
         in_netns(sandbox, || {
             let mut r = Route::open()?;
@@ -165,6 +187,14 @@ impl Router {
     /// Runs `f` in the router's namespace (sockets made there stay there).
     pub fn run_in<T: Send>(&self, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
         in_netns(self.ns.as_fd(), f)
+    }
+
+    /// The DNS forwarder's socket: the one bound ahead, or a new one.
+    pub fn dns_socket(&self) -> std::io::Result<std::net::UdpSocket> {
+        match self.dns.lock().expect("router's DNS socket").take() {
+            Some(s) => Ok(s),
+            None => self.run_in(dns_socket),
+        }
     }
 
     /// The address its traffic leaves with (before the host's NAT).
@@ -206,6 +236,20 @@ impl AsFd for Router {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.ns.as_fd()
     }
+}
+
+/// A UDP socket on the gateway's port 53, non-blocking, in the calling
+/// thread's namespace (bound before the address exists: `IP_FREEBIND`).
+fn dns_socket() -> std::io::Result<std::net::UdpSocket> {
+    let fd = rustix::net::socket_with(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::sockopt::set_ip_freebind(&fd, true)?;
+    rustix::net::bind(&fd, &std::net::SocketAddrV4::new(GATEWAY, 53))?;
+    Ok(std::net::UdpSocket::from(fd))
 }
 
 fn libc_eexist() -> i32 {

@@ -77,7 +77,7 @@ pub struct NetworkConfig {
 
 impl Default for NetworkConfig {
     fn default() -> NetworkConfig {
-        NetworkConfig { range: sandtree_net::Range::DEFAULT, upstream: sandtree_net::Config::host_resolvers(), pool: 4 }
+        NetworkConfig { range: sandtree_net::Range::DEFAULT, upstream: sandtree_net::Config::host_resolvers(), pool: 8 }
     }
 }
 

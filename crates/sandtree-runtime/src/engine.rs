@@ -439,9 +439,12 @@ impl Engine {
         // several zygote workers at once.
         let zygote = self.zygote.clone();
         let init = tokio::task::spawn_blocking(move || zygote.spawn(&spec)).await??;
-        let sandbox = Sandbox::connect(&self.cfg.host_config(), &rec.id, init).await?;
-        let sandbox = Arc::new(sandbox);
-        let network = match self.attach_network(rec, sandbox.init_pid()).await {
+        // The router is attached while the daemon connects to init.
+        let pid = init.pid;
+        let host = self.cfg.host_config();
+        let (sandbox, network) = tokio::join!(Sandbox::connect(&host, &rec.id, init), self.attach_network(rec, pid));
+        let sandbox = Arc::new(sandbox?);
+        let network = match network {
             Ok(n) => n,
             Err(e) => {
                 let _ = sandbox.kill().await;

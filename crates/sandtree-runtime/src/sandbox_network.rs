@@ -40,6 +40,11 @@ pub(crate) fn checked(policy: &NetworkPolicy) -> Result<Policy> {
 }
 
 impl Engine {
+    /// Whether this engine gives sandboxes networks.
+    pub fn has_network(&self) -> bool {
+        self.network.is_some()
+    }
+
     /// What a new sandbox's record keeps of a create request's `network`:
     /// the mode made explicit (the daemon's default filled in), the
     /// policy checked.

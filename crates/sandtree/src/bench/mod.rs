@@ -29,6 +29,7 @@
 
 mod doors;
 mod markdown;
+mod network;
 mod processes;
 mod report;
 mod workload;
@@ -67,7 +68,7 @@ pub struct BenchArgs {
     /// the `<!-- bench:begin -->` and `<!-- bench:end -->` lines of
     /// DIR/README.md. Checked before the run starts; needs a full run with
     /// the default engine settings.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "processes_only", "doors_only", "no_pre_sync", "snapshot_processes"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "processes_only", "doors_only", "network_only", "no_pre_sync", "snapshot_processes"])]
     pub record: Option<PathBuf>,
     /// Source tree of the workload.
     #[arg(long, default_value = "/usr/lib/python3.11")]
@@ -88,6 +89,10 @@ pub struct BenchArgs {
     /// the Python SDK and MCP (HTTP and stdio).
     #[arg(long, conflicts_with = "processes_only")]
     pub doors_only: bool,
+    /// Run only the network rows: create, rollback and fork with egress
+    /// beside without, TCP round trips and throughput to a test peer.
+    #[arg(long, conflicts_with_all = ["processes_only", "doors_only"])]
+    pub network_only: bool,
     /// Keep the scratch data directory afterwards (unmounted: `sandtree
     /// daemon --data-dir` on it mounts it again).
     #[arg(long)]
@@ -205,12 +210,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let t0 = Instant::now();
         let steal = report::Steal::now();
         let engine = Engine::open(cfg.clone(), zygote).await.context("opening the engine")?;
-        let mut report = match args.doors_only {
+        let mut report = match args.doors_only || args.network_only {
             true => Ok(report::Report::new_run()),
             false => workload::run_all(&engine, &args).await,
         };
         if let Ok(r) = report.as_mut()
             && !args.processes_only
+            && !args.doors_only
+        {
+            eprintln!("bench: the network (egress beside none, round trips, throughput)");
+            if let Err(e) = network::rows(engine.clone(), args.iterations.max(5), r).await {
+                report = Err(e);
+            }
+        }
+        if let Ok(r) = report.as_mut()
+            && !args.processes_only
+            && !args.network_only
         {
             eprintln!("bench: the doors (API, CLI, Python SDK, MCP)");
             if let Err(e) = doors::rows(engine.clone(), &data_dir, args.iterations.max(5), r).await {
@@ -256,6 +271,7 @@ impl BenchArgs {
             (self.quick, "--quick"),
             (self.processes_only, "--processes-only"),
             (self.doors_only, "--doors-only"),
+            (self.network_only, "--network-only"),
             (self.no_pre_sync, "--no-pre-sync"),
             (self.snapshot_processes, "--snapshot-processes"),
         ] {
