@@ -1082,14 +1082,13 @@ def test_async_gather_over_four_sandboxes() -> None:
 @pytest.mark.parametrize(
     "option",
     [
-        {"allow_internet_access": True},
-        {"network": {"allow_out": ["1.1.1.1"], "deny_out": ["0.0.0.0/0"]}},
+        {"network": {"mask_request_host": "example.com"}},
         {"lifecycle": {"on_timeout": "pause"}},
         {"lifecycle": {"on_timeout": "pause", "auto_resume": True}},
         {"volume_mounts": {"/mnt/data": "a-volume"}},
         {"mcp": {"exa": {"apiKey": "key"}}},
     ],
-    ids=["allow_internet_access", "network", "auto-pause", "auto-resume", "volume_mounts", "mcp"],
+    ids=["network mask_request_host", "auto-pause", "auto-resume", "volume_mounts", "mcp"],
 )
 def test_unsupported_create_options_are_refused_clearly(option: dict[str, Any]) -> None:
     tag = uuid.uuid4().hex
@@ -1119,12 +1118,35 @@ def test_options_that_ask_for_nothing_are_accepted() -> None:
         s.kill()
 
 
-def test_update_network_is_refused_clearly(sbx: Sandbox) -> None:
-    # PUT /sandboxes/{id}/network has no route: an empty 404 body, which the
-    # SDK cannot parse (JSONDecodeError) instead of a {code, message} error.
-    with pytest.raises(SandboxException) as info:
-        sbx.update_network({"allow_out": ["1.1.1.1"]})
-    assert "not supported by Sandtree" in str(info.value)
+def _native_network(daemon: Daemon, sandbox_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{daemon.url}/v1/sandboxes/{sandbox_id}/network", headers={"Authorization": f"Bearer {daemon.token}"})
+    r.raise_for_status()
+    value: dict[str, Any] = r.json()
+    return value
+
+
+def test_network_settings_become_the_sandboxs_policy(daemon: Daemon) -> None:
+    # allow_out / deny_out are Sandtree's allow / deny; allow_internet_access
+    # False denies everything not allowed; update_network replaces them.
+    s = new(network={"allow_out": ["pypi.org"], "deny_out": [e2b.ALL_TRAFFIC]})
+    try:
+        n = _native_network(daemon, s.sandbox_id)
+        assert (n["mode"], n["allow"], n["deny"]) == ("egress", ["pypi.org"], ["0.0.0.0/0"])
+        s.update_network({"allow_out": ["10.0.0.0/8"], "deny_out": ["192.0.2.0/24"]})
+        n = _native_network(daemon, s.sandbox_id)
+        assert (n["allow"], n["deny"]) == (["10.0.0.0/8"], ["192.0.2.0/24"])
+        with pytest.raises(SandboxException) as info:
+            s.update_network({"deny_out": ["10.0.0.0/40"]})
+        assert "prefix length" in str(info.value)
+        assert _native_network(daemon, s.sandbox_id)["deny"] == ["192.0.2.0/24"]
+    finally:
+        s.kill()
+    closed = new(allow_internet_access=False)
+    try:
+        assert _native_network(daemon, closed.sandbox_id)["deny"] == ["0.0.0.0/0"]
+        assert closed.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        closed.kill()
 
 
 def test_idempotent_create() -> None:

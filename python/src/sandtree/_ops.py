@@ -27,6 +27,8 @@ from .models import (
     ImageInfo,
     ImportProgress,
     Limits,
+    NetworkInfo,
+    PortInfo,
     ProcessImageSummary,
     ProcessInfo,
     ProcessOutcome,
@@ -145,10 +147,19 @@ def _sandbox(r: httpx.Response) -> SandboxInfo:
     return parse(SandboxInfo, _json(r))
 
 
-def create_sandbox(image: str | None, labels: Mapping[str, str] | None, limits: Limits | None) -> Call[SandboxInfo]:
+def create_sandbox(
+    image: str | None,
+    labels: Mapping[str, str] | None,
+    limits: Limits | None,
+    network: str | None = None,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+) -> Call[SandboxInfo]:
     body: dict[str, Any] = {"labels": dict(labels or {}), "limits": (limits or Limits()).to_json()}
     if image is not None:
         body["image"] = image
+    if network is not None or allow or deny:
+        body["network"] = _drop_none({"mode": network, "allow": list(allow), "deny": list(deny)})
     return Call("POST", path("sandboxes"), lambda r: parse(SandboxInfo, _json(r)["sandbox"]), json=body, wait=None)
 
 
@@ -169,6 +180,30 @@ def delete_sandbox(sandbox_id: str, checkpoints: bool) -> Call[DeleteSandboxResu
         params=params,
         wait=None,
     )
+
+
+def get_network(sandbox_id: str) -> Call[NetworkInfo]:
+    return Call("GET", path("sandboxes", sandbox_id, "network"), lambda r: parse(NetworkInfo, _json(r)))
+
+
+def set_network(sandbox_id: str, allow: Sequence[str], deny: Sequence[str]) -> Call[NetworkInfo]:
+    body = {"allow": list(allow), "deny": list(deny)}
+    return Call("PUT", path("sandboxes", sandbox_id, "network"), lambda r: parse(NetworkInfo, _json(r)), json=body)
+
+
+def expose_port(sandbox_id: str, port: int) -> Call[PortInfo]:
+    body = {"port": port}
+    return Call("POST", path("sandboxes", sandbox_id, "ports"), lambda r: parse(PortInfo, _json(r)), json=body)
+
+
+def ports(sandbox_id: str) -> Call[list[PortInfo]]:
+    return Call(
+        "GET", path("sandboxes", sandbox_id, "ports"), lambda r: [parse(PortInfo, p) for p in _json(r)["ports"]]
+    )
+
+
+def close_port(sandbox_id: str, port: int) -> Call[None]:
+    return Call("DELETE", path("sandboxes", sandbox_id, "ports", str(port)), lambda r: None)
 
 
 def start_sandbox(sandbox_id: str) -> Call[SandboxInfo]:

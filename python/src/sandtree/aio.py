@@ -55,6 +55,8 @@ from .models import (
     SandboxInfo,
     SessionInfo,
     SessionResult,
+    NetworkInfo,
+    PortInfo,
 )
 from .tree import CheckpointTree
 
@@ -156,14 +158,17 @@ class AsyncSandtree:
         *,
         labels: Mapping[str, str] | None = None,
         limits: Limits | None = None,
+        network: str | None = None,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
     ) -> SandboxCreation:
         """Creates and starts a sandbox. Await it (``sb = await client.create()``)
         or enter it (``async with client.create() as sb:``, which deletes the
         sandbox on exit)."""
-        return SandboxCreation(self._create(image, labels, limits))
+        return SandboxCreation(self._create(ops.create_sandbox(image, labels, limits, network, allow, deny)))
 
-    async def _create(self, image: str | None, labels: Mapping[str, str] | None, limits: Limits | None) -> AsyncSandbox:
-        return AsyncSandbox(self, await self._run(ops.create_sandbox(image, labels, limits)))
+    async def _create(self, call: Call[SandboxInfo]) -> AsyncSandbox:
+        return AsyncSandbox(self, await self._run(call))
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         """The sandbox with that id (``NotFoundError`` if there is none)."""
@@ -274,6 +279,29 @@ class AsyncSandbox(SandboxFields):
         """Stops its processes (the files stay); returns ``self``."""
         self.last_info = await self.client._run(ops.stop_sandbox(self.id))
         return self
+
+    async def network(self) -> NetworkInfo:
+        """Its network: mode, policy, addresses, bytes in and out."""
+        return await self.client._run(ops.get_network(self.id))
+
+    async def set_network(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> NetworkInfo:
+        """Replaces its egress policy (at once, for new connections; kept for
+        its next start and its forks). A malformed rule raises
+        ``InvalidArgumentError`` and changes nothing."""
+        return await self.client._run(ops.set_network(self.id, allow, deny))
+
+    async def expose(self, port: int) -> PortInfo:
+        """Makes ``port`` (a server inside) reachable on the daemon's host:
+        connect to ``.address`` (``127.0.0.1:<port>``)."""
+        return await self.client._run(ops.expose_port(self.id, port))
+
+    async def ports(self) -> builtins.list[PortInfo]:
+        """Its exposed ports."""
+        return await self.client._run(ops.ports(self.id))
+
+    async def close_port(self, port: int) -> None:
+        """Closes an exposed port."""
+        await self.client._run(ops.close_port(self.id, port))
 
     async def delete(self, checkpoints: bool = False) -> DeleteSandboxResult:
         """Deletes the sandbox; its checkpoints stay unless ``checkpoints=True``

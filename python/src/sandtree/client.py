@@ -49,6 +49,8 @@ from .models import (
     SandboxInfo,
     SessionInfo,
     SessionResult,
+    NetworkInfo,
+    PortInfo,
 )
 from .tree import CheckpointTree
 
@@ -160,6 +162,9 @@ class Sandtree:
         *,
         labels: Mapping[str, str] | None = None,
         limits: Limits | None = None,
+        network: str | None = None,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
     ) -> Sandbox:
         """Creates and starts a sandbox (from the image ``default``, the host's
         userland, unless ``image`` names another). Use it as a context manager
@@ -167,8 +172,11 @@ class Sandtree:
 
             with client.create(labels={"run": "42"}) as sb:
                 ...
+
+        ``network`` is ``"egress"`` (the daemon's default) or ``"none"``;
+        ``allow`` and ``deny`` are its egress policy (see :class:`NetworkInfo`).
         """
-        return Sandbox(self, self._run(ops.create_sandbox(image, labels, limits)))
+        return Sandbox(self, self._run(ops.create_sandbox(image, labels, limits, network, allow, deny)))
 
     def get(self, sandbox_id: str) -> Sandbox:
         """The sandbox with that id (``NotFoundError`` if there is none)."""
@@ -264,6 +272,29 @@ class Sandbox(SandboxFields):
         """Stops its processes (the files stay); returns ``self``."""
         self.last_info = self.client._run(ops.stop_sandbox(self.id))
         return self
+
+    def network(self) -> NetworkInfo:
+        """Its network: mode, policy, addresses, bytes in and out."""
+        return self.client._run(ops.get_network(self.id))
+
+    def set_network(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> NetworkInfo:
+        """Replaces its egress policy (at once, for new connections; kept for
+        its next start and its forks). A malformed rule raises
+        ``InvalidArgumentError`` and changes nothing."""
+        return self.client._run(ops.set_network(self.id, allow, deny))
+
+    def expose(self, port: int) -> PortInfo:
+        """Makes ``port`` (a server inside) reachable on the daemon's host:
+        connect to ``.address`` (``127.0.0.1:<port>``)."""
+        return self.client._run(ops.expose_port(self.id, port))
+
+    def ports(self) -> builtins.list[PortInfo]:
+        """Its exposed ports."""
+        return self.client._run(ops.ports(self.id))
+
+    def close_port(self, port: int) -> None:
+        """Closes an exposed port."""
+        self.client._run(ops.close_port(self.id, port))
 
     def delete(self, checkpoints: bool = False) -> DeleteSandboxResult:
         """Deletes the sandbox. Its checkpoints stay (they can seed forks)

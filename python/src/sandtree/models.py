@@ -106,6 +106,40 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class NetworkInfo:
+    """A sandbox's network: ``egress`` (an interface, NAT out through the
+    host, DNS) or ``none`` (loopback alone), and its egress policy.
+
+    ``allow`` and ``deny`` hold IPv4 addresses, CIDRs and domain names
+    (``*.example.com`` for the names under it); an allowed destination is
+    reached whatever ``deny`` says, and ``0.0.0.0/0`` in ``deny`` refuses
+    everything not allowed."""
+
+    mode: str = "none"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    address: str | None = None
+    """Its address inside (``10.0.2.15``), while it runs with a network."""
+    gateway: str | None = None
+    """Its gateway and DNS server."""
+    outward_address: str | None = None
+    """The address it reaches the outside from (its own; forks each have one)."""
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PortInfo:
+    """A port of a sandbox reachable on the daemon's host."""
+
+    port: int
+    address: str
+    """``127.0.0.1:<port>`` on the daemon's host."""
+    url: str
+    connections: int = 0
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the daemon describes it."""
 
@@ -123,6 +157,7 @@ class SandboxInfo:
     """Host pid of its init (for operators)."""
     usage: Usage | None = None
     """Resource usage (only from :meth:`Sandbox.info` / ``client.get``)."""
+    network: NetworkInfo = field(default_factory=NetworkInfo)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use sandtree_api::{
-    CheckpointRequest, CreateSandboxRequest, ForkRequest, Limits, RollbackRequest, SandboxInfo, SandboxStatus,
+    CheckpointRequest, CreateSandboxRequest, ForkRequest, Limits, NetworkPolicy, NetworkSpec, RollbackRequest,
+    SandboxInfo, SandboxStatus,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -55,9 +56,53 @@ pub fn routes() -> axum::Router<Arc<E2b>> {
         .route("/sandboxes/{id}/network", axum::routing::put(update_network))
 }
 
-async fn update_network(State(door): Door, headers: HeaderMap) -> Reply {
+/// E2B's egress settings (`network` of a create, the body of
+/// `PUT /sandboxes/{id}/network`): `allowOut` and `denyOut` are Sandtree's
+/// `allow` and `deny` (same rules: addresses, CIDRs, names; allow wins;
+/// `0.0.0.0/0` denies all else), `allow_internet_access: false` adds
+/// `0.0.0.0/0` to `denyOut`. What Sandtree does not do is refused by name.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NetworkBody {
+    #[serde(default)]
+    allow_out: Vec<String>,
+    #[serde(default)]
+    deny_out: Vec<String>,
+    /// Public URLs of the sandbox's ports (not served: see docs/e2b.md).
+    allow_public_traffic: Option<bool>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+impl NetworkBody {
+    /// The policy it asks for, or what it asks that Sandtree lacks.
+    fn policy(self, allow_internet_access: Option<bool>) -> Result<NetworkPolicy, Failure> {
+        if let Some((key, _)) = self.other.iter().find(|(_, v)| !v.is_null()) {
+            return Err(unsupported(&format!("the network option {key:?}")));
+        }
+        let _ = self.allow_public_traffic;
+        let mut deny = self.deny_out;
+        let everything = "0.0.0.0/0".to_string();
+        if self.allow_internet_access.or(allow_internet_access) == Some(false) && !deny.contains(&everything) {
+            deny.push(everything);
+        }
+        Ok(NetworkPolicy { allow: self.allow_out, deny })
+    }
+}
+
+async fn update_network(
+    State(door): Door,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<NetworkBody>>,
+) -> Reply {
     authorize(&door, &headers)?;
-    Err(unsupported("network settings (a sandbox has loopback only)"))
+    let Json(body) = body.unwrap_or_default();
+    let policy = body.policy(None)?;
+    door.engine.set_network_policy(&id, policy).await.map_err(api_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// An error as the SDK parses it: `{"code": <status>, "message"}`, not
@@ -170,7 +215,7 @@ struct CreateBody {
     #[serde(default)]
     env_vars: BTreeMap<String, String>,
     auto_pause: Option<bool>,
-    network: Option<Value>,
+    network: Option<NetworkBody>,
     volume_mounts: Option<Value>,
     mcp: Option<Value>,
     iam: Option<Value>,
@@ -205,9 +250,7 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
     if body.mcp.is_some() {
         return Err(unsupported("the MCP gateway (use `sandtree mcp` or POST /mcp on the daemon)"));
     }
-    if body.network.is_some() || body.allow_internet_access == Some(true) {
-        return Err(unsupported("network settings (a sandbox has loopback only)"));
-    }
+    let policy = body.network.unwrap_or_default().policy(body.allow_internet_access)?;
     if body.iam.is_some() {
         return Err(unsupported("workload identity (iam)"));
     }
@@ -231,7 +274,8 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
     }
     let template = body.template_id.clone().unwrap_or_else(|| "base".into());
     let info = if template.starts_with("ck-") {
-        // A snapshot: a fork of that checkpoint, with its processes.
+        // A snapshot: a fork of that checkpoint, with its processes (and
+        // its network: a different policy is set on the fork below).
         let req = ForkRequest { count: 1, labels: body.metadata.clone(), limits: None, files_only: false };
         let r = door.engine.fork(&template, req).await.map_err(api_error)?;
         let first = r.results.into_iter().next().ok_or_else(|| error(500, "the fork made nothing"))?;
@@ -246,10 +290,13 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
             image,
             labels: body.metadata.clone(),
             limits: Limits::default(),
-            network: Default::default(),
+            network: NetworkSpec { mode: None, allow: policy.allow.clone(), deny: policy.deny.clone() },
         };
         door.engine.create_sandbox(req).await.map_err(api_error)?.sandbox
     };
+    if template.starts_with("ck-") && policy != NetworkPolicy::default() {
+        door.engine.set_network_policy(&info.id, policy).await.map_err(api_error)?;
+    }
     door.meta(&info.id, |m| {
         m.template = Some(template);
         m.envs = body.env_vars;
