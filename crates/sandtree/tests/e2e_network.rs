@@ -437,3 +437,34 @@ fn a_port_inside_is_reachable_from_the_host_and_through_the_api_with_its_token()
     let (status, _) = d.req("POST", "/v1/sandboxes/sb-nope/ports", Some(json!({"port": 80})));
     assert_eq!(status, 404);
 }
+
+#[test]
+fn a_checkpoint_with_a_connection_to_the_outside_refuses_by_name_and_changes_nothing() {
+    if must_skip() {
+        return;
+    }
+    let net = Internet::new();
+    let d = start("net-outside", &net);
+    let sb = d.create();
+    // A client holding a connection to the peer's echo server.
+    let script = format!(
+        "import socket, time\ns = socket.create_connection(('{}', {}))\ns.sendall(b'hi')\nassert s.recv(2) == b'hi'\nopen('/tmp/up', 'w').close()\ntime.sleep(600)\n",
+        net.peer,
+        sandtree_net::peer::ECHO_PORT
+    );
+    let (status, v) = d.req(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        Some(json!({"cmd": ["python3", "-c", script], "background": true})),
+    );
+    assert_eq!(status, 200, "{v}");
+    d.sh_ok(&sb, "for i in $(seq 100); do [ -e /tmp/up ] && exit 0; sleep 0.05; done; exit 1");
+    let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({})));
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "process_not_restorable", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("outside the sandbox") && message.contains(&net.peer.to_string()), "{message}");
+    // The client still runs, its connection intact.
+    let ps = d.ok("GET", &format!("/v1/sandboxes/{sb}/processes"), None);
+    assert!(ps.to_string().contains("python3"), "{ps}");
+}

@@ -415,15 +415,40 @@ pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, Strin
             FdKind::Socket { tcp: Some(c), .. }
                 if c.refused.is_none() && c.state != CLOSE_WAIT && !ends.contains(&(&c.remote[..], &c.local[..])) =>
             {
-                let why = format!(
-                    "a TCP connection to {} whose other end no captured process holds (not accepted yet, or held by a process left out): made anew, it would have no peer",
-                    address_text(&c.remote)
-                );
+                let why = if inside(&c.remote) {
+                    format!(
+                        "a TCP connection to {} whose other end no captured process holds (not accepted yet, or held by a process left out): made anew, it would have no peer",
+                        address_text(&c.remote)
+                    )
+                } else {
+                    format!(
+                        "a TCP connection with {}, outside the sandbox: its other end cannot be made again, and connections to the outside are not reset at a restore yet; close it before the checkpoint",
+                        address_text(&c.remote)
+                    )
+                };
                 Some((i, format!("fd {}", f.fd), why))
             }
             _ => None,
         })
     })
+}
+
+/// Whether raw inet address `raw` is one of the sandbox's own: loopback,
+/// or its address on `eth0` (10.0.2.15, as `sandtree_api::SANDBOX_ADDRESS`).
+fn inside(raw: &[u8]) -> bool {
+    match u16::from_ne_bytes([raw.first().copied().unwrap_or(0), raw.get(1).copied().unwrap_or(0)]) as i32 {
+        libc::AF_INET if raw.len() >= 8 => {
+            let ip = std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
+            ip.is_loopback() || ip == std::net::Ipv4Addr::new(10, 0, 2, 15)
+        }
+        libc::AF_INET6 if raw.len() >= 24 => {
+            let octets: [u8; 16] = raw[8..24].try_into().unwrap_or_default();
+            let ip = std::net::Ipv6Addr::from(octets);
+            ip.is_loopback()
+                || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4 == std::net::Ipv4Addr::new(10, 0, 2, 15))
+        }
+        _ => true,
+    }
 }
 
 /// A raw inet address as text (`127.0.0.1:8000`, `[::1]:8000`).
