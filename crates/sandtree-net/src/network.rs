@@ -206,7 +206,7 @@ impl Network {
             tokio::net::UdpSocket::from_std(sock).map_err(|e| Error::Io { op: "DNS socket".into(), source: e })?;
         let policy = Arc::new(RwLock::new(Policy::default()));
         let dns = tokio::spawn(dns::serve(sock, router.clone(), policy.clone(), self.upstream.clone())).abort_handle();
-        Ok(Attachment { id: id.to_string(), router, policy, dns, network: self.clone() })
+        Ok(Attachment { kept: false, id: id.to_string(), router, policy, dns, network: self.clone() })
     }
 
     /// The router a previous daemon attached to sandbox `id` (still
@@ -273,6 +273,9 @@ impl Network {
 
 /// A sandbox's router, attached; dropping it removes the router.
 pub struct Attachment {
+    /// Left to the next daemon ([`Attachment::keep`]): dropping it then
+    /// removes nothing.
+    kept: bool,
     id: String,
     router: Arc<Router>,
     policy: Arc<RwLock<Policy>>,
@@ -294,6 +297,12 @@ impl Attachment {
         *self.policy.write().expect("policy") = policy;
     }
 
+    /// Leaves the router to the next daemon (the sandbox keeps running):
+    /// its mount and record stay for [`Network::adopt`].
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+
     pub fn outward(&self) -> Ipv4Addr {
         self.router.outward()
     }
@@ -310,6 +319,9 @@ impl Drop for Attachment {
     /// stop need not wait for. Its slot is free once it is gone.
     fn drop(&mut self) {
         self.dns.abort();
+        if self.kept {
+            return;
+        }
         let _ = std::fs::remove_file(self.network.net_dir.join(&self.id));
         let (router, network) = (self.router.clone(), self.network.clone());
         let removal = move || {

@@ -112,6 +112,9 @@ impl Engine {
         let closed = self.spares.clear().len() + self.nexts.clear().len();
         tracing::debug!(closed, "prepared layers closed; the next start's gc deletes their subvolumes");
         if keep_sandboxes {
+            // Their routers too, for the next daemon to adopt.
+            let kept = std::mem::take(&mut *self.networks.lock().unwrap_or_else(|p| p.into_inner()));
+            kept.into_values().for_each(sandtree_net::Attachment::keep);
             return report;
         }
         if let Some(net) = &self.network {

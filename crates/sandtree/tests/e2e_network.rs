@@ -468,3 +468,43 @@ fn a_checkpoint_with_a_connection_to_the_outside_refuses_by_name_and_changes_not
     let ps = d.ok("GET", &format!("/v1/sandboxes/{sb}/processes"), None);
     assert!(ps.to_string().contains("python3"), "{ps}");
 }
+
+#[test]
+fn a_sandbox_kept_running_through_a_daemon_restart_keeps_its_network_and_policy() {
+    if must_skip() {
+        return;
+    }
+    let net = Internet::new();
+    let mut args = net.daemon_args();
+    args.push("--keep-sandboxes".into());
+    let mut d = Daemon::start_with("net-restart", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let url = format!("http://{}:{PORT}/", net.peer);
+    let sb = create_with(&d, json!({"deny": [net.peer.to_string(), "denied.peer.test"]}));
+    assert!(fetch(&d, &sb, &url).is_err());
+    let before = network(&d, &sb);
+    let status = d.stop_with(nix::sys::signal::Signal::SIGTERM, std::time::Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    d.spawn();
+    let after = network(&d, &sb);
+    assert_eq!(after["outward_address"], before["outward_address"], "its router: {after}");
+    // The policy still holds, and names resolve through a new forwarder
+    // that knows it.
+    assert!(fetch(&d, &sb, &url).is_err(), "the policy was lost");
+    assert_eq!(d.sh(&sb, "getent hosts www.peer.test").0, 0);
+    assert_ne!(d.sh(&sb, "getent hosts denied.peer.test").0, 0);
+    // Changeable as before.
+    set_policy(&d, &sb, &[], &[]);
+    fetch(&d, &sb, &url).expect("the new policy");
+    // Deleting it removes its router.
+    let slot = {
+        let out: Ipv4Addr = after["outward_address"].as_str().unwrap().parse().unwrap();
+        (u32::from(out) - u32::from(Ipv4Addr::new(10, 213, 0, 0))) / 4
+    };
+    d.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+    let link = format!("/sys/class/net/stree{slot}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::path::Path::new(&link).exists() {
+        assert!(std::time::Instant::now() < deadline, "{link} outlived its sandbox");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
