@@ -20,7 +20,7 @@
 //! | `uffd`    | userfaultfd in asynchronous write-protect mode, `PAGEMAP_SCAN`, copying pages between processes |
 //! | `pagefile` | a memfd allocated ahead and mapped shared (pages a holder copies in the frozen window) |
 //! | `netdev`  | bring an interface (loopback) up with `SIOCSIFFLAGS` |
-//! | `netlink` | rtnetlink: veth pairs, moving links between namespaces, addresses, routes; running code in a network namespace |
+//! | `netlink` | rtnetlink: veth pairs (ends made in their namespaces), addresses, routes; running code in a network namespace |
 //! | `tcp_repair` | TCP repair mode: a connection's sequence numbers, queues, windows and options, read and set |
 
 pub mod btrfs;
