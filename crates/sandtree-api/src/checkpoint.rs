@@ -193,6 +193,11 @@ pub struct RollbackResponse {
     /// image (its templates were gone: a daemon restart, killed, evicted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<RestoreSource>,
+    /// Connections to the outside the processes find reset (`pid N fd F:
+    /// local → remote`; their peers saw a reset): a peer outside is not
+    /// part of a checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections_reset: Vec<String>,
     pub note: String,
     pub duration_ms: f64,
 }
@@ -234,6 +239,10 @@ pub struct ForkResult {
     /// (the pids they had at the checkpoint).
     #[serde(default)]
     pub restored_pids: Vec<i32>,
+    /// Connections to the outside its processes find reset (`pid N fd F:
+    /// local → remote`): a peer outside is not part of a checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections_reset: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]

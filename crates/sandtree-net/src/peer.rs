@@ -16,6 +16,7 @@
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sandtree_sys::netlink::{Route, VethEnd, in_netns, new_netns};
@@ -30,6 +31,8 @@ pub struct Peer {
     pub host: Ipv4Addr,
     /// The peer's address.
     pub peer: Ipv4Addr,
+    /// Connections of the echo server that ended in a reset.
+    pub echo_resets: Arc<AtomicU32>,
     _ns: OwnedFd,
 }
 
@@ -64,16 +67,26 @@ impl Peer {
             let _ = c.read(&mut [0u8; 1024]);
             c.write_all(format!("HTTP/1.0 200 OK\r\n\r\nfrom {from}\n").as_bytes())
         });
-        serve(listen(ECHO_PORT)?, |mut c| {
+        let echo_resets = Arc::new(AtomicU32::new(0));
+        let resets = echo_resets.clone();
+        serve(listen(ECHO_PORT)?, move |mut c| {
             c.set_nodelay(true)?;
             let mut buf = vec![0u8; 64 << 10];
-            loop {
-                let n = c.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(());
+            let echoed = (|| -> std::io::Result<()> {
+                loop {
+                    let n = c.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    c.write_all(&buf[..n])?;
                 }
-                c.write_all(&buf[..n])?;
+            })();
+            if let Err(e) = &echoed
+                && e.kind() == std::io::ErrorKind::ConnectionReset
+            {
+                resets.fetch_add(1, Ordering::SeqCst);
             }
+            echoed
         });
         serve(listen(SINK_PORT)?, |mut c| {
             let mut buf = vec![0u8; 1 << 20];
@@ -88,14 +101,15 @@ impl Peer {
         });
         let udp = in_netns(ns.as_fd(), || UdpSocket::bind((peer, 53)))?;
         std::thread::spawn(move || dns_server(udp, peer));
-        Ok(Peer { host, peer, _ns: ns })
+        Ok(Peer { host, peer, echo_resets, _ns: ns })
     }
 }
 
 /// Serves each connection of `listener` on a thread of its own.
-fn serve(listener: TcpListener, each: fn(std::net::TcpStream) -> std::io::Result<()>) {
+fn serve(listener: TcpListener, each: impl Fn(std::net::TcpStream) -> std::io::Result<()> + Clone + Send + 'static) {
     std::thread::spawn(move || {
         for c in listener.incoming().flatten() {
+            let each = each.clone();
             std::thread::spawn(move || each(c));
         }
     });

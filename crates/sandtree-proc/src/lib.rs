@@ -109,6 +109,7 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use checkpoint::CaptureReport;
+pub use kinds::reset_outside_connections;
 pub use pid::{HostPid, SandboxPid};
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;
@@ -252,7 +253,11 @@ mod tests {
         assert_eq!(serde_json::to_string(&capture).expect("capture report"), json);
         let back: CaptureReport = serde_json::from_str(&json).expect("saved capture report");
         assert_eq!((back.captured, back.comms), (capture.captured, capture.comms));
-        let restore = RestoreReport { restored: vec![SandboxPid(2)], evicted: vec!["ck-1".into()] };
+        let restore = RestoreReport {
+            restored: vec![SandboxPid(2)],
+            evicted: vec!["ck-1".into()],
+            connections_reset: Vec::new(),
+        };
         assert_eq!(serde_json::to_string(&restore).expect("restore report"), r#"{"restored":[2],"evicted":["ck-1"]}"#);
         let status = TemplateStatus { pids: vec![SandboxPid(7)], unrestorable: vec![refused(SandboxPid(9))] };
         let json = format!(r#"{{"pids":[7],"unrestorable":[{unrestorable}]}}"#);

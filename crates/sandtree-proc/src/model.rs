@@ -865,6 +865,11 @@ pub struct TcpConnection {
     /// Why it could not be captured (pass 2 refuses it), if so.
     #[serde(default)]
     pub refused: Option<String>,
+    /// Its peer is outside the sandbox (neither loopback nor the sandbox's
+    /// own address): nothing else is captured, and a restore gives the
+    /// process a connection reset instead (`tcp.rs`).
+    #[serde(default)]
+    pub outside: bool,
     /// The next byte expected from the peer (`rcv_nxt`).
     pub recv_seq: u32,
     /// The next byte the process would send (`write_seq`).

@@ -42,6 +42,10 @@ pub struct RestoreReport {
     /// Checkpoints whose templates were dropped because one of them held
     /// a pid this restore needed.
     pub evicted: Vec<String>,
+    /// Connections to the outside the processes find reset (`pid N fd F:
+    /// local → remote`): their peers outside are not part of a restore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections_reset: Vec<String>,
 }
 
 pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
@@ -308,6 +312,7 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
     // Every process is back with its pipe ends: the pipes' readers and
     // writers are theirs alone from now on.
     drop(keepers.pipes);
+    report.connections_reset = crate::kinds::reset_outside(std::mem::take(&mut handed.resetting));
     drop(handed);
     let t_rel = std::time::Instant::now();
     // (Back on its CPU once the rollback has its answer.)

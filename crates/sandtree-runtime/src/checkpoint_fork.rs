@@ -162,7 +162,7 @@ impl Engine {
                         crate::sysv_ipc::load(sb.init_pid(), self.sandbox_root_ids(), ck_layer)?;
                     }
                     if !with_processes {
-                        return Ok(Vec::new());
+                        return Ok((Vec::new(), Vec::new()));
                     }
                     // Each fork's in a task of its own: they run side by
                     // side (each blocks its thread while its tracer works).
@@ -173,11 +173,11 @@ impl Engine {
                         engine.restore_processes(&sb, &tracer, &ck, true)
                     });
                     let restored = restore.await.map_err(|e| Error::Internal(format!("restoring a fork: {e}")))??;
-                    Ok(util::raw_pids(restored.restored))
+                    Ok((util::raw_pids(restored.restored), restored.connections_reset))
                 }
             }
         });
-        let outcomes: Vec<Result<Vec<i32>>> = futures_util::future::join_all(boots).await;
+        let outcomes: Vec<Result<(Vec<i32>, Vec<String>)>> = futures_util::future::join_all(boots).await;
         let ok: Vec<SandboxRecord> =
             records.iter().zip(&outcomes).filter(|(_, o)| o.is_ok()).map(|(r, _)| r.clone()).collect();
         if let Err(e) = self.meta.insert_sandboxes(&ok) {
@@ -193,7 +193,7 @@ impl Engine {
         let mut results = Vec::with_capacity(records.len());
         for (rec, outcome) in records.iter().zip(outcomes) {
             match outcome {
-                Ok(pids) => {
+                Ok((pids, connections_reset)) => {
                     // Templates made from an image are whole copies: the
                     // pool is brought back within its budget.
                     if with_processes {
@@ -203,6 +203,7 @@ impl Engine {
                         sandbox: Some(self.sandbox_info(rec, false)?),
                         error: None,
                         restored_pids: pids,
+                        connections_reset,
                     })
                 }
                 Err(e) => {
@@ -211,7 +212,12 @@ impl Engine {
                         true => Error::Internal(format!("copying the processes of checkpoint {}: {e}", ck.id)),
                         false => e,
                     };
-                    results.push(ForkResult { sandbox: None, error: Some(error.to_api()), restored_pids: Vec::new() });
+                    results.push(ForkResult {
+                        sandbox: None,
+                        error: Some(error.to_api()),
+                        restored_pids: Vec::new(),
+                        connections_reset: Vec::new(),
+                    });
                 }
             }
         }

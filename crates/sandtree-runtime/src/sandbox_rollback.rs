@@ -366,6 +366,7 @@ impl Engine {
                 true => sandtree_api::RestoreSource::Image,
                 false => sandtree_api::RestoreSource::Templates,
             }),
+            connections_reset: restored.as_ref().map(|r| r.connections_reset.clone()).unwrap_or_default(),
             restored_pids: restored.map(|r| util::raw_pids(r.restored)).unwrap_or_default(),
             note,
             duration_ms: util::ms_since(t0),
@@ -454,6 +455,14 @@ impl Engine {
     ) -> Result<()> {
         let spec = self.spec(rec)?;
         let t0 = Instant::now();
+        // Connections to the outside end with a reset their peers see, not
+        // with the close of a killed process.
+        let init = sandtree_proc::HostPid(sb.init_pid());
+        match tokio::task::block_in_place(|| sandtree_proc::reset_outside_connections(init)) {
+            Ok(reset) if !reset.is_empty() => tracing::debug!(sandbox = rec.id, ?reset, "outside connections reset"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(sandbox = rec.id, "cannot reset the connections to the outside: {e}"),
+        }
         let (fds, t_kill, t_layers) = match prepared {
             // Layers ready: one request kills and swaps.
             Some(fds) => (fds, Default::default(), Default::default()),

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 struct Internet {
     host: Ipv4Addr,
     peer: Ipv4Addr,
-    _peer: Peer,
+    p: Peer,
 }
 
 const PORT: u16 = HTTP_PORT;
@@ -31,7 +31,12 @@ const PORT: u16 = HTTP_PORT;
 impl Internet {
     fn new() -> Internet {
         let p = Peer::new().expect("a peer namespace");
-        Internet { host: p.host, peer: p.peer, _peer: p }
+        Internet { host: p.host, peer: p.peer, p }
+    }
+
+    /// Connections of the peer's echo server that ended in a reset.
+    fn resets(&self) -> u32 {
+        self.p.echo_resets.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Daemon flags: its resolver is the peer's.
@@ -439,16 +444,27 @@ fn a_port_inside_is_reachable_from_the_host_and_through_the_api_with_its_token()
 }
 
 #[test]
-fn a_checkpoint_with_a_connection_to_the_outside_refuses_by_name_and_changes_nothing() {
+fn a_connection_to_the_outside_is_reset_by_a_rollback_and_in_a_fork_and_reported() {
     if must_skip() {
         return;
     }
     let net = Internet::new();
     let d = start("net-outside", &net);
     let sb = d.create();
-    // A client holding a connection to the peer's echo server.
+    // A client holding a connection to the peer's echo server; at each
+    // /tmp/go it sends a byte and writes how that went to /tmp/result.
     let script = format!(
-        "import socket, time\ns = socket.create_connection(('{}', {}))\ns.sendall(b'hi')\nassert s.recv(2) == b'hi'\nopen('/tmp/up', 'w').close()\ntime.sleep(600)\n",
+        "import socket, time, os\n\
+         s = socket.create_connection(('{}', {}))\n\
+         s.sendall(b'hi'); assert s.recv(2) == b'hi'\n\
+         open('/tmp/up', 'w').close()\n\
+         while True:\n\
+         \x20   while not os.path.exists('/tmp/go'): time.sleep(0.02)\n\
+         \x20   os.remove('/tmp/go')\n\
+         \x20   try:\n\
+         \x20       s.sendall(b'x'); res = 'ok' if s.recv(1) == b'x' else 'closed'\n\
+         \x20   except Exception as e: res = type(e).__name__\n\
+         \x20   open('/tmp/result', 'w').write(res)\n",
         net.peer,
         sandtree_net::peer::ECHO_PORT
     );
@@ -459,14 +475,40 @@ fn a_checkpoint_with_a_connection_to_the_outside_refuses_by_name_and_changes_not
     );
     assert_eq!(status, 200, "{v}");
     d.sh_ok(&sb, "for i in $(seq 100); do [ -e /tmp/up ] && exit 0; sleep 0.05; done; exit 1");
-    let (status, v) = d.req("POST", &format!("/v1/sandboxes/{sb}/checkpoints"), Some(json!({})));
-    assert_eq!(status, 409, "{v}");
-    assert_eq!(v["error"]["code"], "process_not_restorable", "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("outside the sandbox") && message.contains(&net.peer.to_string()), "{message}");
-    // The client still runs, its connection intact.
-    let ps = d.ok("GET", &format!("/v1/sandboxes/{sb}/processes"), None);
-    assert!(ps.to_string().contains("python3"), "{ps}");
+    let ask = |sb: &str| -> String {
+        d.sh_ok(
+            sb,
+            "rm -f /tmp/result; touch /tmp/go; \
+             for i in $(seq 100); do [ -s /tmp/result ] && cat /tmp/result && exit 0; sleep 0.05; done; exit 1",
+        )
+    };
+    assert_eq!(ask(&sb), "ok");
+    // The checkpoint takes it and changes nothing.
+    let ck = d.checkpoint(&sb, "connected");
+    assert_eq!(ask(&sb), "ok", "the checkpoint disturbed the connection");
+    let resets_before = net.resets();
+
+    // A fork: its copy of the client finds its connection reset, and says
+    // so; the original's connection goes on.
+    let r = d.ok("POST", &format!("/v1/checkpoints/{ck}/fork"), Some(json!({"count": 1})));
+    let fork = r["results"][0]["sandbox"]["id"].as_str().unwrap_or_else(|| panic!("{r}")).to_string();
+    let reported = r["results"][0]["connections_reset"].to_string();
+    assert!(reported.contains(&format!("{}:{}", net.peer, sandtree_net::peer::ECHO_PORT)), "{r}");
+    let got = ask(&fork);
+    assert!(got == "ConnectionResetError" || got == "BrokenPipeError", "the fork's connection: {got}");
+    assert_eq!(ask(&sb), "ok", "a fork disturbed the original's connection");
+    assert_eq!(net.resets(), resets_before, "a fork reset the original's peer");
+
+    // A rollback: reset for the process, and the peer sees a reset.
+    let r = d.rollback(&sb, &ck);
+    assert!(r["connections_reset"].to_string().contains(&net.peer.to_string()), "{r}");
+    let got = ask(&sb);
+    assert!(got == "ConnectionResetError" || got == "BrokenPipeError", "after the rollback: {got}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while net.resets() == resets_before {
+        assert!(std::time::Instant::now() < deadline, "the peer saw no reset");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -405,6 +405,9 @@ class RollbackResult:
     """True only when ``processes == "restarted"`` (files restored, processes not)."""
     restored_pids: tuple[int, ...] = ()
     restored_from: RestoreSource | None = None
+    connections_reset: tuple[str, ...] = ()
+    """Connections to the outside its processes find reset (a peer outside is
+    not part of a checkpoint): ``pid N fd F: local → remote``."""
     note: str = ""
     duration_ms: float = 0.0
 

@@ -76,6 +76,10 @@ pub(crate) struct Handed {
     /// The peers made anew of TCP connections their peers had closed
     /// (`tcp.rs`), closed once every process is back.
     pub closing_peers: Vec<OwnedFd>,
+    /// Connections to the outside made anew as resets (`tcp.rs`): the
+    /// daemon's end that resets each once every process is back, the
+    /// daemon's copy of the process's socket, and what to report.
+    pub resetting: Vec<(OwnedFd, OwnedFd, String)>,
     /// Processes cloned ahead of their turn, to connect through a listener
     /// while the process that holds it is restored (see
     /// [`crate::kinds::restore_order`]), by pid.
@@ -226,6 +230,7 @@ impl Handed {
             binders,
             repaired: Vec::new(),
             closing_peers: Vec::new(),
+            resetting: Vec::new(),
             cloned_early: HashMap::new(),
             in_flight: HashMap::new(),
             released_peers: Vec::new(),

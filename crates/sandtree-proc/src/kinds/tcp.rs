@@ -97,6 +97,26 @@ impl Kind for Tcp {
             what: "a copy of a new TCP socket",
             source: e,
         })?;
+        if c.outside {
+            let reset = connect_to_reset(pid, &copy, family as i32).map_err(|e| Error::Proc {
+                pid,
+                what: "a connection to the outside, made anew as a reset",
+                source: e,
+            })?;
+            let what =
+                format!("pid {} fd {}: {} → {}", cx.image.pid.0, f.fd, address_text(&c.local), address_text(&c.remote));
+            // (Other processes holding it get it handed over from `ends`.)
+            let shared = rustix::io::fcntl_dupfd_cloexec(&copy, 0).map_err(|e| Error::Proc {
+                pid,
+                what: "a copy of a new TCP socket",
+                source: e.into(),
+            })?;
+            cx.handed.ends.insert(key, shared);
+            cx.handed.resetting.push((reset, copy, what));
+            place(p, new, f.fd, f.flags)?;
+            cx.placed.push((key, f.fd));
+            return Ok(());
+        }
         set_up(&copy, c).map_err(|e| Error::Proc { pid, what: "a TCP connection made anew", source: e })?;
         if c.state == CLOSE_WAIT {
             let peer = peer_of(pid, c).map_err(|e| Error::Proc {
@@ -149,6 +169,12 @@ fn capture_one(sock: &OwnedFd) -> TcpConnection {
         peek_offset: -1,
         ..TcpConnection::default()
     };
+    if !inside(&c.remote) {
+        // Made anew as a reset: its state does not matter.
+        c.outside = true;
+        c.state = tcp_repair::info(sock).map(|i| i.state).unwrap_or(0);
+        return c;
+    }
     let info = match tcp_repair::info(sock) {
         Ok(i) => i,
         Err(e) => {
@@ -413,7 +439,10 @@ pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, Strin
         image.fds.iter().find_map(|f| match &f.kind {
             // (One its peer closed is made again with a peer of its own.)
             FdKind::Socket { tcp: Some(c), .. }
-                if c.refused.is_none() && c.state != CLOSE_WAIT && !ends.contains(&(&c.remote[..], &c.local[..])) =>
+                if c.refused.is_none()
+                    && !c.outside
+                    && c.state != CLOSE_WAIT
+                    && !ends.contains(&(&c.remote[..], &c.local[..])) =>
             {
                 let why = if inside(&c.remote) {
                     format!(
@@ -431,6 +460,111 @@ pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, Strin
             _ => None,
         })
     })
+}
+
+/// A connection for the new socket `copy` (a daemon copy of a socket of
+/// process `pid`, of `family`) to a listener the daemon makes on the
+/// loopback of the process's network namespace: answers the daemon's end,
+/// which resets it when closed ([`reset_outside`]).
+fn connect_to_reset(pid: HostPid, copy: &OwnedFd, family: i32) -> io::Result<OwnedFd> {
+    use std::os::fd::AsFd;
+    let ns = std::fs::File::open(format!("/proc/{}/ns/net", pid.0))?;
+    let listener = sandtree_sys::netlink::in_netns(ns.as_fd(), || {
+        if family == libc::AF_INET6 {
+            std::net::TcpListener::bind("[::1]:0")
+        } else {
+            std::net::TcpListener::bind("127.0.0.1:0")
+        }
+    })?;
+    let addr = listener.local_addr()?;
+    match rustix::net::connect(copy, &addr) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let (accepted, _) = listener.accept()?;
+    Ok(accepted.into())
+}
+
+/// Every process back, none running yet: closes the daemon's ends of the
+/// connections to the outside made anew (each sends its reset), and waits
+/// (up to a second each) until the process's socket has taken it.
+pub(crate) fn reset_outside(resetting: Vec<(OwnedFd, OwnedFd, String)>) -> Vec<String> {
+    let mut reset = Vec::new();
+    for (end, copy, what) in resetting {
+        drop(end);
+        let mut fds = [rustix::event::PollFd::new(&copy, rustix::event::PollFlags::IN)];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < deadline {
+            let _ = rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 10_000_000 }));
+            if fds[0].revents().intersects(rustix::event::PollFlags::HUP | rustix::event::PollFlags::ERR) {
+                break;
+            }
+        }
+        reset.push(what);
+    }
+    reset
+}
+
+/// Before a rollback kills the sandbox's processes (whose init is
+/// `init`): every TCP connection of its network namespace with a peer
+/// outside the sandbox is aborted, so that the peer sees a reset (a
+/// process killed would close it in order, and its peer would take the
+/// end for a normal one). Answers the connections reset, as text.
+pub fn reset_outside_connections(init: HostPid) -> io::Result<Vec<String>> {
+    // States with a peer: established, SYN sent/received, FIN waits,
+    // close wait, last ack, closing.
+    const LIVE: [u8; 8] = [0x01, 0x02, 0x03, 0x04, 0x05, 0x08, 0x09, 0x0B];
+    let mut conns = Vec::new();
+    for (file, v6) in [("tcp", false), ("tcp6", true)] {
+        let Ok(table) = std::fs::read_to_string(format!("/proc/{}/net/{file}", init.0)) else { continue };
+        for line in table.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(remote), Some(state)) = (cols.get(1), cols.get(2), cols.get(3)) else { continue };
+            let Ok(state) = u8::from_str_radix(state, 16) else { continue };
+            let (Some(local), Some(remote)) = (raw_from_proc(local, v6), raw_from_proc(remote, v6)) else { continue };
+            if LIVE.contains(&state) && !inside(&remote) {
+                conns.push((local, remote));
+            }
+        }
+    }
+    if conns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let diag = crate::sockdiag::diag_socket(init)?;
+    let mut reset = Vec::new();
+    for (local, remote) in conns {
+        if crate::sockdiag::destroy_tcp(&diag, &local, &remote)? > 0 {
+            reset.push(format!("{} → {}", address_text(&local), address_text(&remote)));
+        }
+    }
+    Ok(reset)
+}
+
+/// A raw `sockaddr_in`/`sockaddr_in6` from `/proc/net/tcp{,6}`'s
+/// `ADDR:PORT` (the address as the kernel's words in host order, in hex).
+fn raw_from_proc(text: &str, v6: bool) -> Option<Vec<u8>> {
+    let (addr, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut words = Vec::new();
+    for i in (0..addr.len()).step_by(8) {
+        words.extend_from_slice(&u32::from_str_radix(addr.get(i..i + 8)?, 16).ok()?.to_ne_bytes());
+    }
+    let mut raw = Vec::new();
+    if v6 && words.len() == 16 {
+        raw.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        raw.extend_from_slice(&port.to_be_bytes());
+        raw.extend_from_slice(&[0; 4]);
+        raw.extend_from_slice(&words);
+        raw.extend_from_slice(&[0; 4]);
+    } else if !v6 && words.len() == 4 {
+        raw.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        raw.extend_from_slice(&port.to_be_bytes());
+        raw.extend_from_slice(&words);
+        raw.extend_from_slice(&[0; 8]);
+    } else {
+        return None;
+    }
+    Some(raw)
 }
 
 /// Whether raw inet address `raw` is one of the sandbox's own: loopback,
@@ -481,7 +615,7 @@ pub(crate) fn destroy_old(set: &CheckpointTemplates) -> Result<()> {
             _ => None,
         })
         .flat_map(|c| {
-            let orphan = (c.state == CLOSE_WAIT).then_some((&c.remote[..], &c.local[..]));
+            let orphan = (c.state == CLOSE_WAIT && !c.outside).then_some((&c.remote[..], &c.local[..]));
             std::iter::once((&c.local[..], &c.remote[..])).chain(orphan)
         })
         .collect();
@@ -527,6 +661,16 @@ pub(crate) fn finish(handed: &super::Handed) -> Result<()> {
             source: e,
         })?;
     }
+    // Connections to the outside: their daemon ends will reset them when
+    // closed (no linger), in `reset_outside`.
+    for (reset, _, _) in &handed.resetting {
+        let linger: Vec<u8> = [1i32, 0i32].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        sandtree_sys::sockopt::set_raw(reset, libc::SOL_SOCKET, libc::SO_LINGER, &linger).map_err(|e| Error::Proc {
+            pid: HostPid(0),
+            what: "a connection to the outside, resetting",
+            source: e,
+        })?;
+    }
     // The peers of connections their peers had closed: out of repair
     // mode, they close their side (the FIN comes after the unread bytes)
     // and are dropped (orphans, as those peers were).
@@ -536,4 +680,24 @@ pub(crate) fn finish(handed: &super::Handed) -> Result<()> {
             .map_err(|e| Error::Proc { pid: HostPid(0), what: "the peer of a TCP connection, closing", source: e })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_tcp_addresses_become_raw_socket_addresses() {
+        let v4 = raw_from_proc("0F02000A:1F90", false).unwrap();
+        assert_eq!(address_text(&v4), "10.0.2.15:8080");
+        assert!(inside(&v4));
+        let out = raw_from_proc("02003CC6:0007", false).unwrap();
+        assert_eq!(address_text(&out), "198.60.0.2:7");
+        assert!(!inside(&out));
+        let v6 = raw_from_proc("00000000000000000000000001000000:0050", true).unwrap();
+        assert_eq!(address_text(&v6), "[::1]:80");
+        assert!(inside(&v6));
+        assert!(raw_from_proc("0100007F", false).is_none());
+        assert!(raw_from_proc("0100007F:1F90", true).is_none());
+    }
 }
