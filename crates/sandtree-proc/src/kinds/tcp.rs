@@ -19,10 +19,17 @@
 //! peer would never see the end.
 //!
 //! **Pass 2** refuses a connection whose other end no captured process
-//! holds ([`peerless`]): made anew, it would have no peer. (Today a
-//! sandbox's network is its loopback alone, so every peer is in the
-//! sandbox: not accepted yet, or held by a process left out.) A listener
-//! with connections not accepted yet is refused too (`inet.rs`).
+//! holds ([`peerless`]): made anew, it would have no peer (not accepted
+//! yet, or held by a process left out). A listener with connections not
+//! accepted yet is refused too (`inet.rs`).
+//!
+//! **To the outside** (a peer neither on loopback nor at the sandbox's own
+//! address): captured as `outside`, nothing else read. A rollback first
+//! aborts the sandbox's live ones ([`reset_outside_connections`]: their
+//! peers see a reset); a restore gives the process a socket connected to a
+//! daemon listener on the sandbox's loopback, reset by the daemon once
+//! every process is back ([`reset_outside`]): its next read or write fails
+//! with `ECONNRESET`. Nothing goes to the peer from a fork.
 //!
 //! **Restore:** first, before any process is cloned, every socket of the
 //! sandbox that still holds one of the connections (the killed originals',
