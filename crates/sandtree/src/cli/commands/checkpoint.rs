@@ -107,6 +107,9 @@ pub async fn rollback(ctx: &Ctx, sandbox: &str, checkpoint: &str, allow_restart:
                 println!("processes NOT restored: files restored, every process but init killed (--allow-restart)")
             }
         }
+        for c in &r.connections_reset {
+            println!("connection to the outside reset: {c}");
+        }
         println!("note: {}", r.note);
     }
     Ok(0)
@@ -144,6 +147,10 @@ pub async fn fork(
             r.checkpoint,
             ms(r.duration_ms)
         );
+        if let Some(c) = r.results.iter().flat_map(|x| &x.connections_reset).next() {
+            let n = r.results.first().map_or(0, |x| x.connections_reset.len());
+            eprintln!("connections to the outside reset in each fork: {n} (e.g. {c})");
+        }
         eprintln!("note: {}", r.note);
     } else {
         failed = r.results.iter().filter(|x| x.sandbox.is_none()).count();
