@@ -1,7 +1,8 @@
-//! The DNS forwarder of one sandbox: a UDP socket on `10.0.2.2:53` in its
-//! router (every query of the sandbox to port 53, whatever the address,
-//! is turned to it), served by the daemon, which asks the host's resolvers
-//! from the host's namespace.
+//! The DNS forwarder of one sandbox: a UDP socket and a TCP listener on
+//! `10.0.2.2:53` in its router (every query of the sandbox to port 53,
+//! whatever the address, is turned to them), served by the daemon, which
+//! asks the host's resolvers from the host's namespace (over UDP; over TCP
+//! again for a truncated answer a TCP client asked for).
 //!
 //! Per query: read the question (one, as every stub resolver sends);
 //! under the policy ([`NameVerdict`]) answer `NXDOMAIN` at once, or pass
@@ -26,38 +27,84 @@ use crate::router::Router;
 
 /// How long one upstream server is given.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a TCP connection of the sandbox's may stay open.
+const TCP_IDLE: Duration = Duration::from_secs(30);
 /// Shortest time an allowed name's addresses stay let through.
 const MIN_ALLOW_TTL: u32 = 60;
 
-/// Serves `socket` until the task is aborted.
+/// Serves `socket` (UDP) and `listener` (TCP: each query and answer
+/// prefixed by its length, RFC 1035 §4.2.2) until the task is aborted.
 pub async fn serve(
     socket: UdpSocket,
+    listener: tokio::net::TcpListener,
     router: Arc<Router>,
     policy: Arc<RwLock<Policy>>,
     upstream: Arc<Vec<SocketAddr>>,
 ) {
-    let socket = Arc::new(socket);
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let Ok((n, from)) = socket.recv_from(&mut buf).await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let query = buf[..n].to_vec();
-        let (socket, router, policy, upstream) = (socket.clone(), router.clone(), policy.clone(), upstream.clone());
-        tokio::spawn(async move {
-            if let Some(answer) = answer(&query, &router, &policy, &upstream).await {
-                let _ = socket.send_to(&answer, from).await;
+    let streams = {
+        let (router, policy, upstream) = (router.clone(), policy.clone(), upstream.clone());
+        async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let (router, policy, upstream) = (router.clone(), policy.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(TCP_IDLE, serve_stream(conn, &router, &policy, &upstream)).await;
+                });
             }
-        });
+        }
+    };
+    let datagrams = async move {
+        let socket = Arc::new(socket);
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let query = buf[..n].to_vec();
+            let (socket, router, policy, upstream) = (socket.clone(), router.clone(), policy.clone(), upstream.clone());
+            tokio::spawn(async move {
+                if let Some(answer) = answer(&query, &router, &policy, &upstream, false).await {
+                    let _ = socket.send_to(&answer, from).await;
+                }
+            });
+        }
+    };
+    tokio::join!(streams, datagrams);
+}
+
+/// One TCP connection's queries, answered in turn.
+async fn serve_stream(
+    mut conn: tokio::net::TcpStream,
+    router: &Arc<Router>,
+    policy: &RwLock<Policy>,
+    upstream: &[SocketAddr],
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let mut len = [0u8; 2];
+        if conn.read_exact(&mut len).await.is_err() {
+            return Ok(());
+        }
+        let mut query = vec![0u8; u16::from_be_bytes(len) as usize];
+        conn.read_exact(&mut query).await?;
+        let Some(answer) = answer(&query, router, policy, upstream, true).await else { return Ok(()) };
+        let mut out = (answer.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&answer);
+        conn.write_all(&out).await?;
     }
 }
 
+/// The answer to `query` (`stream`: it came over TCP, and may be long).
 async fn answer(
     query: &[u8],
     router: &Arc<Router>,
     policy: &RwLock<Policy>,
     upstream: &[SocketAddr],
+    stream: bool,
 ) -> Option<Vec<u8>> {
     let (qname, _) = question(query)?;
     let verdict = policy.read().map(|p| p.name_verdict(&qname)).unwrap_or(NameVerdict::Refuse);
@@ -66,7 +113,13 @@ async fn answer(
     }
     let mut answer = None;
     for server in upstream {
-        if let Some(a) = ask(query, *server).await {
+        // Over UDP first; a truncated answer (TC) is asked again over TCP
+        // for a client that came over TCP.
+        let got = match ask(query, *server).await {
+            Some(a) if stream && a.len() >= 3 && a[2] & 0x02 != 0 => ask_stream(query, *server).await.or(Some(a)),
+            other => other,
+        };
+        if let Some(a) = got {
             answer = Some(a);
             break;
         }
@@ -103,6 +156,22 @@ async fn ask(query: &[u8], server: SocketAddr) -> Option<Vec<u8>> {
             return Some(buf[..n].to_vec());
         }
     }
+}
+
+async fn ask_stream(query: &[u8], server: SocketAddr) -> Option<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(server).await.ok()?;
+        let mut out = (query.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(query);
+        conn.write_all(&out).await.ok()?;
+        let mut len = [0u8; 2];
+        conn.read_exact(&mut len).await.ok()?;
+        let mut answer = vec![0u8; u16::from_be_bytes(len) as usize];
+        conn.read_exact(&mut answer).await.ok()?;
+        Some(answer)
+    };
+    tokio::time::timeout(UPSTREAM_TIMEOUT, exchange).await.ok()?
 }
 
 /// The first question's name (lowercase, no trailing dot) and the offset

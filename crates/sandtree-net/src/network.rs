@@ -201,11 +201,15 @@ impl Network {
 
     fn serve(self: &Arc<Self>, id: &str, router: Router) -> Result<Attachment, Error> {
         let router = Arc::new(router);
-        let sock = router.dns_socket().map_err(|e| Error::Io { op: "binding the DNS forwarder".into(), source: e })?;
+        let (sock, listener) =
+            router.dns_sockets().map_err(|e| Error::Io { op: "binding the DNS forwarder".into(), source: e })?;
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| Error::Io { op: "DNS listener".into(), source: e })?;
         let sock =
             tokio::net::UdpSocket::from_std(sock).map_err(|e| Error::Io { op: "DNS socket".into(), source: e })?;
         let policy = Arc::new(RwLock::new(Policy::default()));
-        let dns = tokio::spawn(dns::serve(sock, router.clone(), policy.clone(), self.upstream.clone())).abort_handle();
+        let dns = tokio::spawn(dns::serve(sock, listener, router.clone(), policy.clone(), self.upstream.clone()))
+            .abort_handle();
         Ok(Attachment { kept: false, id: id.to_string(), router, policy, dns, network: self.clone() })
     }
 

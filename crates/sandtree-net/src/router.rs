@@ -51,9 +51,10 @@ pub struct Router {
     /// A netlink socket in the router's namespace (no thread needs to
     /// enter it to configure `sb0`).
     route: std::sync::Mutex<Route>,
-    /// The DNS forwarder's socket, bound ahead (`IP_FREEBIND`: `sb0` and
-    /// its address come at the attach), until taken.
-    dns: std::sync::Mutex<Option<std::net::UdpSocket>>,
+    /// The DNS forwarder's sockets (UDP, and a TCP listener), bound ahead
+    /// (`IP_FREEBIND`: `sb0` and its address come at the attach), until
+    /// taken.
+    dns: std::sync::Mutex<Option<DnsSockets>>,
     host_link: String,
     mount: PathBuf,
     outward: Ipv4Addr,
@@ -93,7 +94,7 @@ impl Router {
                 nix::mount::MsFlags::MS_BIND,
                 None::<&str>,
             )?;
-            Ok(Some((r, dns_socket()?)))
+            Ok(Some((r, dns_sockets()?)))
         })
         .map_err(|e| Error::Io { op: format!("making the router of slot {slot}"), source: e })?;
         let (ns, Some((route, dns))) = made else { return Ok(None) };
@@ -189,11 +190,11 @@ impl Router {
         in_netns(self.ns.as_fd(), f)
     }
 
-    /// The DNS forwarder's socket: the one bound ahead, or a new one.
-    pub fn dns_socket(&self) -> std::io::Result<std::net::UdpSocket> {
-        match self.dns.lock().expect("router's DNS socket").take() {
+    /// The DNS forwarder's sockets: those bound ahead, or new ones.
+    pub fn dns_sockets(&self) -> std::io::Result<DnsSockets> {
+        match self.dns.lock().expect("router's DNS sockets").take() {
             Some(s) => Ok(s),
-            None => self.run_in(dns_socket),
+            None => self.run_in(dns_sockets),
         }
     }
 
@@ -238,18 +239,25 @@ impl AsFd for Router {
     }
 }
 
-/// A UDP socket on the gateway's port 53, non-blocking, in the calling
-/// thread's namespace (bound before the address exists: `IP_FREEBIND`).
-fn dns_socket() -> std::io::Result<std::net::UdpSocket> {
-    let fd = rustix::net::socket_with(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
-        None,
-    )?;
-    rustix::net::sockopt::set_ip_freebind(&fd, true)?;
-    rustix::net::bind(&fd, &std::net::SocketAddrV4::new(GATEWAY, 53))?;
-    Ok(std::net::UdpSocket::from(fd))
+/// The DNS forwarder's sockets: UDP, and a TCP listener (for answers too
+/// long for a datagram).
+pub type DnsSockets = (std::net::UdpSocket, std::net::TcpListener);
+
+/// A UDP socket and a TCP listener on the gateway's port 53, non-blocking,
+/// in the calling thread's namespace (bound before the address exists:
+/// `IP_FREEBIND`).
+fn dns_sockets() -> std::io::Result<DnsSockets> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let bound = |ty: SocketType| -> std::io::Result<std::os::fd::OwnedFd> {
+        let fd = rustix::net::socket_with(AddressFamily::INET, ty, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)?;
+        rustix::net::sockopt::set_ip_freebind(&fd, true)?;
+        rustix::net::bind(&fd, &std::net::SocketAddrV4::new(GATEWAY, 53))?;
+        Ok(fd)
+    };
+    let udp = bound(SocketType::DGRAM)?;
+    let tcp = bound(SocketType::STREAM)?;
+    rustix::net::listen(&tcp, 64)?;
+    Ok((std::net::UdpSocket::from(udp), std::net::TcpListener::from(tcp)))
 }
 
 fn libc_eexist() -> i32 {

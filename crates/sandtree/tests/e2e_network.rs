@@ -104,6 +104,17 @@ fn a_sandbox_reaches_the_outside_through_nat_and_resolves_names() {
     assert!(hosts.starts_with(&net.peer.to_string()), "{hosts}");
     let got = fetch(&d, &sb, &format!("http://www.peer.test:{PORT}/")).expect("egress by name");
     assert!(got.starts_with("from "), "{got}");
+    // Over TCP too (for long answers): a query for peer.test, by hand.
+    let tcp_query = "import socket, struct\n\
+        q = b'\\x12\\x34\\x01\\x00\\x00\\x01' + bytes(6) + b'\\x04peer\\x04test\\x00\\x00\\x01\\x00\\x01'\n\
+        s = socket.create_connection(('10.0.2.2', 53))\n\
+        s.sendall(struct.pack('>H', len(q)) + q)\n\
+        n = struct.unpack('>H', s.recv(2))[0]\n\
+        a = b''\n\
+        while len(a) < n: a += s.recv(n - len(a))\n\
+        print(socket.inet_ntoa(a[-4:]), a[3] & 15)\n";
+    let (code, out) = d.sh(&sb, &format!("python3 -c \"{tcp_query}\""));
+    assert_eq!((code, out.trim()), (0, format!("{} 0", net.peer).as_str()), "DNS over TCP");
     // A resolver the sandbox names itself is the sandbox's DNS server too
     // (queries to port 53 anywhere go to it).
     let (code, out) = d.sh(&sb, "echo 'nameserver 192.0.2.53' > /etc/resolv.conf && getent hosts peer.test");
