@@ -279,6 +279,11 @@ impl Drop for Daemon {
         self.terminate();
         remove_cgroups(&self.cgroup);
         cleanup_dir(&self.dir);
+        // The host's network table of this daemon (left by one that kept
+        // its sandboxes).
+        let table: String = self.cgroup.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let _ =
+            Command::new("nft").args(["delete", "table", "ip", &format!("t_{table}")]).stderr(Stdio::null()).status();
     }
 }
 
@@ -345,9 +350,14 @@ pub fn cleanup_dir(dir: &Path) {
     // (Quiet: a daemon that exited cleanly unmounted them already.)
     let umount = |path: PathBuf| Command::new("umount").arg("-l").arg(path).stderr(Stdio::null()).status();
     let _ = umount(dir.join("btrfs"));
-    if let Ok(rd) = std::fs::read_dir(dir.join("run").join("lower")) {
-        for e in rd.flatten() {
-            let _ = umount(e.path());
+    // (Sandboxes' routers too: a daemon that kept its sandboxes leaves
+    // their namespaces mounted; unmounted, the kernel removes them and
+    // their links.)
+    for sub in ["lower", "net"] {
+        if let Ok(rd) = std::fs::read_dir(dir.join("run").join(sub)) {
+            for e in rd.flatten() {
+                let _ = umount(e.path());
+            }
         }
     }
     let _ = std::fs::remove_dir_all(dir);
