@@ -307,6 +307,14 @@ impl Attachment {
         self.kept = true;
     }
 
+    /// A connection from the router to port `port` of the sandbox's
+    /// address (a server listening on every address or on that one): to
+    /// the sandbox's processes, a peer outside.
+    pub fn connect(&self, port: u16) -> std::io::Result<std::net::TcpStream> {
+        let to = std::net::SocketAddrV4::new(crate::router::SANDBOX, port);
+        self.router.run_in(|| std::net::TcpStream::connect_timeout(&to.into(), std::time::Duration::from_secs(2)))
+    }
+
     pub fn outward(&self) -> Ipv4Addr {
         self.router.outward()
     }

@@ -3,19 +3,21 @@
 //! An exposed port is a listener of the daemon's on `127.0.0.1:<ephemeral>`
 //! (the daemon's host alone: off the host, the API's authenticated tunnel
 //! is the way in). Each connection it accepts is carried to the port inside
-//! the sandbox by a socket the daemon makes in the sandbox's network
-//! namespace at that moment: to `127.0.0.1:<port>` first (a server bound to
-//! loopback or to every address), then to the sandbox's own address (a
-//! server bound to it alone). Being made at each connection, it reaches
+//! the sandbox by a socket the daemon makes at that moment: from the
+//! sandbox's router to its address (a server bound to every address or to
+//! that one; to the sandbox, a peer outside), else in the sandbox's network
+//! namespace to `127.0.0.1:<port>` (a server bound to loopback alone, or a
+//! sandbox without a network), then to its own address. Being made at each connection, it reaches
 //! whatever init the sandbox has then: an exposure outlives a rollback, a
 //! stop and start, and works for sandboxes without a network too.
 //!
 //! Exposures are the daemon's memory: a deleted sandbox's close, and a
 //! restarted daemon has none (expose again).
 //!
-//! A connection carried into the sandbox has its other end outside any
-//! process of the sandbox: a checkpoint while one is open refuses it by
-//! name (`tcp.rs`), as for any connection to the outside.
+//! A connection from the router is, to the sandbox's processes, one to the
+//! outside: a checkpoint takes it, a rollback resets it (`tcp.rs`). One
+//! made on the sandbox's loopback has its other end in no process of the
+//! sandbox: a checkpoint while one is open refuses it by name.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -111,6 +113,16 @@ impl Engine {
     /// A connection to `port` inside sandbox `id` (started if stopped).
     pub async fn connect_port(&self, id: &str, port: u16) -> Result<TcpStream> {
         let sb = self.running(id).await?;
+        // From its router first: to the sandbox, a peer outside (a
+        // checkpoint takes it as such, a rollback resets it).
+        let via_router = {
+            let networks = self.networks.lock().unwrap_or_else(|p| p.into_inner());
+            networks.get(id).map(|a| tokio::task::block_in_place(|| a.connect(port)))
+        };
+        if let Some(Ok(stream)) = via_router {
+            stream.set_nonblocking(true).map_err(|e| Error::Internal(e.to_string()))?;
+            return TcpStream::from_std(stream).map_err(|e| Error::Internal(e.to_string()));
+        }
         let path = format!("/proc/{}/ns/net", sb.init_pid());
         let ns = std::fs::File::open(&path).map_err(|e| Error::Internal(format!("opening {path}: {e}")))?;
         let sandbox_addr: Ipv4Addr = sandtree_api::SANDBOX_ADDRESS.parse().expect("an address");

@@ -405,10 +405,17 @@ fn a_port_inside_is_reachable_from_the_host_and_through_the_api_with_its_token()
     assert_eq!(list["ports"].as_array().unwrap().len(), 2, "{list}");
     assert!(list["ports"][0]["connections"].as_u64().unwrap() >= 1, "{list}");
 
-    // It keeps serving across a rollback (the server is restored).
+    // It keeps serving across a rollback (the server is restored). A
+    // connection held open through it comes from the sandbox's router: the
+    // checkpoint takes it as one to the outside, the rollback resets it.
+    let mut held = std::net::TcpStream::connect(&a8000).unwrap();
+    d.sh_ok(&sb, "for i in $(seq 50); do grep -q ':1F40 0202000A' /proc/net/tcp && exit 0; sleep 0.05; done; exit 1");
     let ck = d.checkpoint(&sb, "serving");
     d.sh_ok(&sb, "pkill -f 'http[.]server 8000'; true");
-    d.rollback(&sb, &ck);
+    let r = d.rollback(&sb, &ck);
+    assert!(r["connections_reset"].to_string().contains("10.0.2.2"), "{r}");
+    held.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    assert!(matches!(held.read(&mut [0u8; 16]), Ok(0) | Err(_)), "the held connection outlived the rollback");
     assert_eq!(http_get(&a8000).unwrap(), "HTTP/1.0 200 OK");
 
     // Through the API: a local port served by `sandtree port --listen`,
