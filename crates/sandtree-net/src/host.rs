@@ -47,3 +47,47 @@ table ip {name} {{
 pub fn remove(name: &str) -> Result<(), Error> {
     nft::apply(&format!("table ip {name} {{}}\ndelete table ip {name}\n"))
 }
+
+/// Whether another table's `forward` hook drops by default (Docker sets
+/// iptables' `FORWARD` policy to `DROP`): a packet must pass every base
+/// chain at a hook, so sandboxes' traffic would then be dropped whatever
+/// this daemon's table says. Read from `nft list ruleset`; iptables-legacy
+/// rules are not visible there.
+pub fn forward_dropped_elsewhere(own_table: &str) -> Option<String> {
+    let out = std::process::Command::new(crate::nft::nft_path()).args(["list", "ruleset"]).output().ok()?;
+    dropping_forward_chain(&String::from_utf8_lossy(&out.stdout), own_table)
+}
+
+/// The first `table … chain …` of `ruleset` (as `nft list ruleset` prints
+/// it) hooked on forward with policy drop, other than in `own_table`.
+fn dropping_forward_chain(ruleset: &str, own_table: &str) -> Option<String> {
+    let (mut table, mut chain) = (String::new(), String::new());
+    for line in ruleset.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("table ") {
+            table = rest.trim_end_matches(" {").to_string();
+        } else if let Some(rest) = line.strip_prefix("chain ") {
+            chain = rest.trim_end_matches(" {").to_string();
+        } else if line.contains("hook forward")
+            && line.contains("policy drop")
+            && table.split_whitespace().nth(1) != Some(own_table)
+        {
+            return Some(format!("table {table} chain {chain}"));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forward_chain_dropping_by_default_elsewhere_is_found() {
+        let docker = "table ip filter {\n\tchain FORWARD {\n\t\ttype filter hook forward priority filter; policy drop;\n\t}\n}\n";
+        assert_eq!(dropping_forward_chain(docker, "t_sandtree").as_deref(), Some("table ip filter chain FORWARD"));
+        let ours = "table ip t_sandtree {\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy drop;\n\t}\n}\n";
+        assert_eq!(dropping_forward_chain(ours, "t_sandtree"), None);
+        let accepting = docker.replace("policy drop", "policy accept");
+        assert_eq!(dropping_forward_chain(&accepting, "t_sandtree"), None);
+    }
+}

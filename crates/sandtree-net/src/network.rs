@@ -85,6 +85,14 @@ impl Network {
         std::fs::create_dir_all(&net_dir)
             .map_err(|e| Error::Io { op: format!("creating {}", net_dir.display()), source: e })?;
         host::install(&cfg.table, cfg.range)?;
+        if let Some(chain) = host::forward_dropped_elsewhere(&cfg.table) {
+            tracing::warn!(
+                chain,
+                "another firewall drops forwarded packets by default (Docker does): sandboxes' traffic out will be \
+                 dropped; let it through, e.g. `nft insert rule ip filter FORWARD iifname \"stree*\" accept` and \
+                 `nft insert rule ip filter FORWARD oifname \"stree*\" ct state established,related accept`"
+            );
+        }
         let upstream = Arc::new(cfg.upstream.clone());
         let net = Arc::new(Network {
             cfg,
