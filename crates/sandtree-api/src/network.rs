@@ -19,15 +19,17 @@
 //! serve instance metadata) are denied unless allowed; other sandboxes, the
 //! host and the daemon are never reachable.
 
+use std::net::Ipv4Addr;
+
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The sandbox's own address on `eth0` (every sandbox has the same: forks
 /// of a server bound to it keep serving; each reaches the outside from an
 /// outward address of its own).
-pub const SANDBOX_ADDRESS: &str = "10.0.2.15";
+pub const SANDBOX_ADDRESS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 /// The sandbox's gateway and DNS server.
-pub const GATEWAY_ADDRESS: &str = "10.0.2.2";
+pub const GATEWAY_ADDRESS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
 /// Whether a sandbox has a network interface.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

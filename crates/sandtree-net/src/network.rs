@@ -179,22 +179,20 @@ impl Network {
         let id2 = id.to_string();
         let followed = policy.clone();
         let t0 = std::time::Instant::now();
+        let pooled = ready.is_some();
         let router = tokio::task::spawn_blocking(move || -> Result<Router, Error> {
-            let pooled = ready.is_some();
             let router = match ready {
                 Some(r) => r,
                 None => net.make()?,
             };
-            let t1 = std::time::Instant::now();
             let done = router
                 .attach(std::os::fd::AsFd::as_fd(&sandbox_ns))
                 .and_then(|()| if policy != Policy::default() { router.set_policy(&policy) } else { Ok(()) })
                 .and_then(|()| net.record(&id2, router.slot));
-            tracing::debug!(pooled, attach_us = t1.elapsed().as_micros() as u64, "router attached");
             match done {
                 Ok(()) => Ok(router),
                 Err(e) => {
-                    net.release(router);
+                    net.release(&router);
                     Err(e)
                 }
             }
@@ -203,7 +201,7 @@ impl Network {
         .map_err(|e| Error::Io { op: "attaching a network".into(), source: std::io::Error::other(e) })??;
         let a = self.serve(id, router)?;
         a.follow(followed);
-        tracing::debug!(total_us = t0.elapsed().as_micros() as u64, "network attached");
+        tracing::debug!(pooled, us = t0.elapsed().as_micros() as u64, "network attached");
         Ok(a)
     }
 
@@ -218,7 +216,7 @@ impl Network {
         let policy = Arc::new(RwLock::new(Policy::default()));
         let dns = tokio::spawn(dns::serve(sock, listener, router.clone(), policy.clone(), self.upstream.clone()))
             .abort_handle();
-        Ok(Attachment { kept: false, id: id.to_string(), router, policy, dns, network: self.clone() })
+        Ok(Attachment { kept: Default::default(), id: id.to_string(), router, policy, dns, network: self.clone() })
     }
 
     /// The router a previous daemon attached to sandbox `id` (still
@@ -259,10 +257,10 @@ impl Network {
             .map_err(|e| Error::Io { op: format!("writing {}", path.display()), source: e })
     }
 
-    fn release(&self, router: Router) {
-        let slot = router.slot;
+    /// Removes `router` and frees its slot.
+    fn release(&self, router: &Router) {
         router.remove();
-        self.state.lock().expect("network state").held.remove(&slot);
+        self.state.lock().expect("network state").held.remove(&router.slot);
     }
 
     /// Removes the routers made ahead and the host's table, once the
@@ -270,7 +268,7 @@ impl Network {
     pub fn shutdown(&self) {
         let ready = std::mem::take(&mut self.state.lock().expect("network state").ready);
         for r in ready {
-            self.release(r);
+            self.release(&r);
         }
         // The routers of the sandboxes just stopped are being removed.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -287,7 +285,7 @@ impl Network {
 pub struct Attachment {
     /// Left to the next daemon ([`Attachment::keep`]): dropping it then
     /// removes nothing.
-    kept: bool,
+    kept: std::sync::atomic::AtomicBool,
     id: String,
     router: Arc<Router>,
     policy: Arc<RwLock<Policy>>,
@@ -311,16 +309,13 @@ impl Attachment {
 
     /// Leaves the router to the next daemon (the sandbox keeps running):
     /// its mount and record stay for [`Network::adopt`].
-    pub fn keep(mut self) {
-        self.kept = true;
+    pub fn keep(&self) {
+        self.kept.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// A connection from the router to port `port` of the sandbox's
-    /// address (a server listening on every address or on that one): to
-    /// the sandbox's processes, a peer outside.
-    pub fn connect(&self, port: u16) -> std::io::Result<std::net::TcpStream> {
-        let to = std::net::SocketAddrV4::new(crate::router::SANDBOX, port);
-        self.router.run_in(|| std::net::TcpStream::connect_timeout(&to.into(), std::time::Duration::from_secs(2)))
+    /// Its router (to work with it without holding the attachment).
+    pub fn router(&self) -> Arc<Router> {
+        self.router.clone()
     }
 
     pub fn outward(&self) -> Ipv4Addr {
@@ -339,15 +334,12 @@ impl Drop for Attachment {
     /// stop need not wait for. Its slot is free once it is gone.
     fn drop(&mut self) {
         self.dns.abort();
-        if self.kept {
+        if self.kept.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let _ = std::fs::remove_file(self.network.net_dir.join(&self.id));
         let (router, network) = (self.router.clone(), self.network.clone());
-        let removal = move || {
-            router.remove();
-            network.state.lock().expect("network state").held.remove(&router.slot);
-        };
+        let removal = move || network.release(&router);
         if std::thread::Builder::new().name("router-removal".into()).spawn(removal.clone()).is_err() {
             removal();
         }

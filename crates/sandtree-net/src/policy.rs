@@ -24,12 +24,6 @@ pub struct Cidr {
 }
 
 impl Cidr {
-    /// Whether `ip` is in it.
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
-        u32::from(ip) & mask == u32::from(self.addr)
-    }
-
     /// All of IPv4.
     pub fn is_everything(&self) -> bool {
         self.prefix == 0

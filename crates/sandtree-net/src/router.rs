@@ -33,8 +33,8 @@ use crate::policy::{Policy, REJECT};
 use crate::{Error, LINK_PREFIX, Range, nft};
 
 /// The sandbox's address inside, and its gateway (also its DNS server).
-pub const SANDBOX: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
-pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+pub const SANDBOX: Ipv4Addr = sandtree_api::SANDBOX_ADDRESS;
+pub const GATEWAY: Ipv4Addr = sandtree_api::GATEWAY_ADDRESS;
 const INSIDE_PREFIX: u8 = 24;
 const SB0: i32 = 2;
 const ETH0: i32 = 2;
@@ -76,16 +76,14 @@ impl Router {
                 VethEnd { name: &host_link, netns: Some(host_ns.as_fd()), index: 0 },
                 MTU,
             ) {
-                Err(e) if e.raw_os_error() == Some(libc_eexist()) => return Ok(None),
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) => return Ok(None),
                 other => other?,
             }
             r.add_address(UP0, outward, 30)?;
             r.set_up(UP0)?;
             r.add_default_route(UP0, host_addr)?;
             std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
-            // Loose reverse-path checks are not needed: one way in, one out.
-            nft::apply(&router_script(outward, &Policy::default()))
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            nft::apply(&router_script(outward)).map_err(|e| std::io::Error::other(e.to_string()))?;
             std::fs::write(&mount, b"")?;
             nix::mount::mount(
                 Some("/proc/thread-self/ns/net"),
@@ -165,13 +163,7 @@ impl Router {
 
     /// Sets the policy (one nftables transaction: sets and default verdict).
     pub fn set_policy(&self, policy: &Policy) -> Result<(), Error> {
-        let script = format!(
-            "{}flush chain ip {TABLE} fallthrough\nadd rule ip {TABLE} fallthrough {}\n",
-            policy.nft_sets(TABLE),
-            policy.nft_default()
-        );
-        in_netns(self.ns.as_fd(), || nft::apply(&script).map_err(|e| std::io::Error::other(e.to_string())))
-            .map_err(|e| self.io("setting the policy", e))
+        self.nft("setting the policy", &policy_script(policy))
     }
 
     /// Lets `addrs` through for `ttl_s` seconds (addresses of allowed names).
@@ -181,13 +173,25 @@ impl Router {
         }
         let elems: Vec<String> = addrs.iter().map(|a| format!("{a} timeout {ttl_s}s")).collect();
         let script = format!("add element ip {TABLE} allow_names {{ {} }}\n", elems.join(", "));
-        in_netns(self.ns.as_fd(), || nft::apply(&script).map_err(|e| std::io::Error::other(e.to_string())))
-            .map_err(|e| self.io("letting a name's addresses through", e))
+        self.nft("letting a name's addresses through", &script)
+    }
+
+    /// Applies nftables `script` (one transaction) in the router's namespace.
+    fn nft(&self, op: &str, script: &str) -> Result<(), Error> {
+        self.run_in(|| nft::apply(script).map_err(|e| std::io::Error::other(e.to_string()))).map_err(|e| self.io(op, e))
     }
 
     /// Runs `f` in the router's namespace (sockets made there stay there).
     pub fn run_in<T: Send>(&self, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
         in_netns(self.ns.as_fd(), f)
+    }
+
+    /// A connection from the router to port `port` of the sandbox's
+    /// address (a server listening on every address or on that one): to
+    /// the sandbox's processes, a peer outside.
+    pub fn connect(&self, port: u16) -> std::io::Result<std::net::TcpStream> {
+        let to = std::net::SocketAddrV4::new(SANDBOX, port);
+        self.run_in(|| std::net::TcpStream::connect_timeout(&to.into(), std::time::Duration::from_secs(2)))
     }
 
     /// The DNS forwarder's sockets: those bound ahead, or new ones.
@@ -260,21 +264,26 @@ fn dns_sockets() -> std::io::Result<DnsSockets> {
     Ok((std::net::UdpSocket::from(udp), std::net::TcpListener::from(tcp)))
 }
 
-fn libc_eexist() -> i32 {
-    nix::errno::Errno::EEXIST as i32
-}
-
 fn open_ns(path: impl AsRef<Path>) -> Result<OwnedFd, Error> {
     let path = path.as_ref();
     rustix::fs::open(path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| Error::Io { op: format!("opening {}", path.display()), source: e.into() })
 }
 
+/// The policy's part of the router's table: its sets and default verdict,
+/// replaced whole.
+fn policy_script(policy: &Policy) -> String {
+    format!(
+        "{}flush chain ip {TABLE} fallthrough\nadd rule ip {TABLE} fallthrough {}\n",
+        policy.nft_sets(TABLE),
+        policy.nft_default()
+    )
+}
+
 /// The router's table: DNS to the forwarder, nothing else to the router,
-/// replies back in, the policy on the way out, SNAT to its outward
-/// address. The policy's sets and default verdict are set by
-/// [`Router::set_policy`] (the script sets the empty policy's).
-fn router_script(outward: Ipv4Addr, policy: &Policy) -> String {
+/// replies back in, the policy on the way out (the empty one, until
+/// [`Router::set_policy`]), SNAT to its outward address.
+fn router_script(outward: Ipv4Addr) -> String {
     let g = GATEWAY;
     let s = SANDBOX;
     format!(
@@ -311,9 +320,7 @@ fn router_script(outward: Ipv4Addr, policy: &Policy) -> String {
     oifname \"up0\" snat to {outward}
   }}
 }}
-{}add rule ip {TABLE} fallthrough {}
-",
-        policy.nft_sets(TABLE),
-        policy.nft_default()
+{}",
+        policy_script(&Policy::default())
     )
 }

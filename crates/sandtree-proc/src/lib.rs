@@ -109,7 +109,7 @@ use std::io;
 
 pub use check::Unrestorable;
 pub use checkpoint::CaptureReport;
-pub use kinds::reset_outside_connections;
+pub use kinds::{SANDBOX_ADDRESS, reset_outside_connections};
 pub use pid::{HostPid, SandboxPid};
 pub use pool::TemplateStatus;
 pub use restore::RestoreReport;

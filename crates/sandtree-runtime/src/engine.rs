@@ -95,7 +95,7 @@ pub struct Engine {
     pub(crate) network: Option<Arc<sandtree_net::Network>>,
     /// Each running sandbox's router, by id; one belongs to one init, like
     /// a tracer (`sandbox_network.rs`).
-    pub(crate) networks: Mutex<HashMap<String, sandtree_net::Attachment>>,
+    pub(crate) networks: Mutex<HashMap<String, Arc<sandtree_net::Attachment>>>,
     /// Ports exposed on the host (`sandbox_ports.rs`).
     pub(crate) ports: crate::sandbox_ports::Ports,
     /// The engine itself, for background tasks.
@@ -453,7 +453,7 @@ impl Engine {
         };
         self.live_set(&rec.id, Some(sandbox.clone()));
         if let Some(n) = network {
-            self.networks.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), n);
+            self.networks.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), Arc::new(n));
         }
         Ok(sandbox)
     }

@@ -23,15 +23,21 @@ use crate::{Config, Engine, Error, Result};
 /// Starts the daemon's network, or none (`Config::network` unset).
 pub(crate) fn start(cfg: &Config) -> Result<Option<Arc<Network>>> {
     let Some(net) = &cfg.network else { return Ok(None) };
-    let table: String = cfg.cgroup_name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     let network = Network::start(sandtree_net::Config {
         run_dir: cfg.run_dir(),
-        table: format!("t_{table}"),
+        table: host_table_name(&cfg.cgroup_name),
         range: net.range,
         upstream: net.upstream.clone(),
         pool: net.pool,
     })?;
     Ok(Some(network))
+}
+
+/// The name of the host's nftables table of the daemon whose cgroup is
+/// `cgroup_name` (nftables names take letters, digits and `_`).
+pub fn host_table_name(cgroup_name: &str) -> String {
+    let name: String = cgroup_name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    format!("t_{name}")
 }
 
 /// A policy checked, or an `invalid_argument` error saying what is wrong.
@@ -98,7 +104,7 @@ impl Engine {
         let Ok(policy) = checked(&spec.policy()) else { return };
         match network.adopt(&rec.id, policy).await {
             Some(a) => {
-                self.networks.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), a);
+                self.networks.lock().unwrap_or_else(|p| p.into_inner()).insert(rec.id.clone(), Arc::new(a));
             }
             None => tracing::warn!(
                 sandbox = rec.id,
@@ -120,15 +126,18 @@ impl Engine {
         }
         let checked = checked(&policy)?;
         let spec = NetworkSpec { mode: spec.mode, allow: policy.allow, deny: policy.deny };
-        {
-            let networks = self.networks.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(a) = networks.get(id) {
-                tokio::task::block_in_place(|| a.set_policy(checked))?;
-            }
+        // (Not under the map's lock: an nftables run takes milliseconds.)
+        if let Some(a) = self.attachment(id) {
+            tokio::task::block_in_place(|| a.set_policy(checked))?;
         }
         let value = serde_json::to_value(&spec).map_err(|e| Error::Internal(e.to_string()))?;
         self.meta.set_sandbox_network(id, &value)?;
         Ok(self.network_info(&self.record(id)?))
+    }
+
+    /// The router attached to running sandbox `id`, if it has one.
+    pub(crate) fn attachment(&self, id: &str) -> Option<Arc<Attachment>> {
+        self.networks.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
     }
 
     /// The API view of a sandbox's network.
@@ -140,10 +149,9 @@ impl Engine {
             deny: spec.deny,
             ..NetworkInfo::default()
         };
-        let networks = self.networks.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = networks.get(&rec.id) {
-            info.address = Some(SANDBOX_ADDRESS.into());
-            info.gateway = Some(GATEWAY_ADDRESS.into());
+        if let Some(a) = self.attachment(&rec.id) {
+            info.address = Some(SANDBOX_ADDRESS.to_string());
+            info.gateway = Some(GATEWAY_ADDRESS.to_string());
             info.outward_address = Some(a.outward().to_string());
             (info.rx_bytes, info.tx_bytes) = a.counters();
         }
@@ -155,4 +163,12 @@ fn open_netns(pid: i32) -> Result<OwnedFd> {
     let path = format!("/proc/{pid}/ns/net");
     rustix::fs::open(&path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| Error::Internal(format!("opening {path}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_process_engine_judges_peers_by_the_sandboxes_address() {
+        assert_eq!(sandtree_proc::SANDBOX_ADDRESS, sandtree_api::SANDBOX_ADDRESS);
+    }
 }

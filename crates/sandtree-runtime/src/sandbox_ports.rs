@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -115,28 +114,23 @@ impl Engine {
         let sb = self.running(id).await?;
         // From its router first: to the sandbox, a peer outside (a
         // checkpoint takes it as such, a rollback resets it).
-        let via_router = {
-            let networks = self.networks.lock().unwrap_or_else(|p| p.into_inner());
-            networks.get(id).map(|a| tokio::task::block_in_place(|| a.connect(port)))
-        };
-        if let Some(Ok(stream)) = via_router {
-            stream.set_nonblocking(true).map_err(|e| Error::Internal(e.to_string()))?;
-            return TcpStream::from_std(stream).map_err(|e| Error::Internal(e.to_string()));
-        }
-        let path = format!("/proc/{}/ns/net", sb.init_pid());
-        let ns = std::fs::File::open(&path).map_err(|e| Error::Internal(format!("opening {path}: {e}")))?;
-        let sandbox_addr: Ipv4Addr = sandtree_api::SANDBOX_ADDRESS.parse().expect("an address");
+        let router = self.attachment(id).map(|a| a.router());
+        let init = sb.init_pid();
         let stream = tokio::task::spawn_blocking(move || {
-            sandtree_sys::netlink::in_netns(ns.as_fd(), || {
+            if let Some(Ok(s)) = router.map(|r| r.connect(port)) {
+                return Ok(s);
+            }
+            let net = ("net", rustix::thread::LinkNameSpaceType::Network);
+            sandtree_sys::process::on_thread_in_namespace(init, net, || {
                 let mut last = None;
-                for addr in [Ipv4Addr::LOCALHOST, sandbox_addr] {
+                for addr in [Ipv4Addr::LOCALHOST, sandtree_api::SANDBOX_ADDRESS] {
                     match std::net::TcpStream::connect(SocketAddrV4::new(addr, port)) {
                         Ok(s) => return Ok(s),
                         Err(e) => last = Some(e),
                     }
                 }
                 Err(last.expect("tried"))
-            })
+            })?
         })
         .await?
         .map_err(|e| {

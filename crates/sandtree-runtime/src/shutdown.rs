@@ -114,7 +114,7 @@ impl Engine {
         if keep_sandboxes {
             // Their routers too, for the next daemon to adopt.
             let kept = std::mem::take(&mut *self.networks.lock().unwrap_or_else(|p| p.into_inner()));
-            kept.into_values().for_each(sandtree_net::Attachment::keep);
+            kept.values().for_each(|a| a.keep());
             return report;
         }
         if let Some(net) = &self.network {

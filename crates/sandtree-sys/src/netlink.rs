@@ -209,14 +209,7 @@ impl AsFd for Route {
 /// (sockets, `/proc/sys/net` files) belongs to that namespace; a child
 /// process it spawns starts in it.
 pub fn in_netns<T: Send>(netns: BorrowedFd<'_>, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-            f()
-        })
-        .join()
-        .map_err(|_| io::Error::other("network namespace thread panicked"))?
-    })
+    crate::process::on_thread_in(netns, rustix::thread::LinkNameSpaceType::Network, f)?
 }
 
 /// Runs `f` on a new thread in a new network namespace, and answers a

@@ -36,9 +36,20 @@ pub fn on_thread_in_namespace<T: Send, E: Send>(
     f: impl FnOnce() -> std::result::Result<T, E> + Send,
 ) -> io::Result<std::result::Result<T, E>> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/{ns}"))?;
+    on_thread_in(std::os::fd::AsFd::as_fd(&ns), kind, f)
+}
+
+/// Like [`on_thread_in_namespace`], for the namespace of kind `kind` that
+/// descriptor `ns` names (one no process is in, such as a sandbox's
+/// router kept by a descriptor or a mount).
+pub fn on_thread_in<T: Send, E: Send>(
+    ns: std::os::fd::BorrowedFd<'_>,
+    kind: rustix::thread::LinkNameSpaceType,
+    f: impl FnOnce() -> std::result::Result<T, E> + Send,
+) -> io::Result<std::result::Result<T, E>> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(&ns), Some(kind))?;
+            rustix::thread::move_into_link_name_space(ns, Some(kind))?;
             Ok(f())
         })
         .join()

@@ -83,7 +83,7 @@ pub(crate) use hand_over::{Handed, give as give_descriptors};
 pub(crate) use in_flight::{any as in_flight_any, give_to_template as give_in_flight, send_again as send_in_flight};
 pub(crate) use inotify::shared_with as inotify_shared_with;
 pub(crate) use pipe::capture as capture_pipe;
-pub use tcp::reset_outside_connections;
+pub use tcp::{SANDBOX_ADDRESS, reset_outside_connections};
 pub(crate) use tcp::{capture as capture_tcp, finish as finish_connections, reset_outside};
 pub(crate) use udp::{capture as capture_udp, send_again as send_datagrams_again};
 pub(crate) use unix::capture_queue as capture_unix_queue;

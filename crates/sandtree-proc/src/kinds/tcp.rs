@@ -474,17 +474,13 @@ pub(crate) fn peerless(images: &[&ProcessImage]) -> Option<(usize, String, Strin
 /// loopback of the process's network namespace: answers the daemon's end,
 /// which resets it when closed ([`reset_outside`]).
 fn connect_to_reset(pid: HostPid, copy: &OwnedFd, family: i32) -> io::Result<OwnedFd> {
-    use std::os::fd::AsFd;
-    let ns = std::fs::File::open(format!("/proc/{}/ns/net", pid.0))?;
-    let listener = sandtree_sys::netlink::in_netns(ns.as_fd(), || {
-        if family == libc::AF_INET6 {
-            std::net::TcpListener::bind("[::1]:0")
-        } else {
-            std::net::TcpListener::bind("127.0.0.1:0")
-        }
-    })?;
-    let addr = listener.local_addr()?;
-    match rustix::net::connect(copy, &addr) {
+    let listener = crate::sockdiag::socket_in(pid, family as u16, libc::SOCK_STREAM, libc::IPPROTO_TCP)?;
+    let loopback: std::net::SocketAddr =
+        if family == libc::AF_INET6 { "[::1]:0" } else { "127.0.0.1:0" }.parse().expect("an address");
+    rustix::net::bind(&listener, &loopback)?;
+    rustix::net::listen(&listener, 1)?;
+    let listener = std::net::TcpListener::from(listener);
+    match rustix::net::connect(copy, &listener.local_addr()?) {
         Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
         Err(e) => return Err(e.into()),
     }
@@ -574,19 +570,22 @@ fn raw_from_proc(text: &str, v6: bool) -> Option<Vec<u8>> {
     Some(raw)
 }
 
+/// A sandbox's address on `eth0` (`sandtree_api::SANDBOX_ADDRESS`, which
+/// this crate does not depend on; the runtime checks they agree).
+pub const SANDBOX_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 15);
+
 /// Whether raw inet address `raw` is one of the sandbox's own: loopback,
-/// or its address on `eth0` (10.0.2.15, as `sandtree_api::SANDBOX_ADDRESS`).
+/// or its address on `eth0`.
 fn inside(raw: &[u8]) -> bool {
     match u16::from_ne_bytes([raw.first().copied().unwrap_or(0), raw.get(1).copied().unwrap_or(0)]) as i32 {
         libc::AF_INET if raw.len() >= 8 => {
             let ip = std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
-            ip.is_loopback() || ip == std::net::Ipv4Addr::new(10, 0, 2, 15)
+            ip.is_loopback() || ip == SANDBOX_ADDRESS
         }
         libc::AF_INET6 if raw.len() >= 24 => {
             let octets: [u8; 16] = raw[8..24].try_into().unwrap_or_default();
             let ip = std::net::Ipv6Addr::from(octets);
-            ip.is_loopback()
-                || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4 == std::net::Ipv4Addr::new(10, 0, 2, 15))
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4 == SANDBOX_ADDRESS)
         }
         _ => true,
     }

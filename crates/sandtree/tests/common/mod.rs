@@ -281,9 +281,10 @@ impl Drop for Daemon {
         cleanup_dir(&self.dir);
         // The host's network table of this daemon (left by one that kept
         // its sandboxes).
-        let table: String = self.cgroup.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-        let _ =
-            Command::new("nft").args(["delete", "table", "ip", &format!("t_{table}")]).stderr(Stdio::null()).status();
+        let _ = Command::new("nft")
+            .args(["delete", "table", "ip", &sandtree_runtime::host_table_name(&self.cgroup)])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
