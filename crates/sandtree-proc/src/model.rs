@@ -138,6 +138,33 @@ pub struct ProcessImage {
     /// report stays, any other the restore's stop makes is taken.
     #[serde(default)]
     pub stop_reports: Vec<(SandboxPid, i32)>,
+    /// Its children that had exited and that it had not waited for
+    /// (zombies): made again by it at a restore, ending the same way
+    /// (`process/zombies.rs`).
+    #[serde(default)]
+    pub zombies: Vec<ZombieImage>,
+}
+
+/// A child that had exited and that its parent had not waited for yet at
+/// the checkpoint (a zombie): what its parent's `wait` and the sandbox's
+/// `ps` tell of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZombieImage {
+    /// Its pid in the sandbox.
+    pub pid: SandboxPid,
+    /// Its process group and session (in the sandbox).
+    pub pgid: SandboxPid,
+    pub sid: SandboxPid,
+    /// `comm`.
+    pub comm: String,
+    /// Its wait status, as `waitpid` gives it (`stat` field 52): an exit
+    /// code (`status >> 8`) or the signal that killed it (`status & 0x7f`).
+    pub status: i32,
+    /// The signal its parent got when it ended (`stat` field 38; 0: none).
+    pub exit_signal: i32,
+    /// Real, effective, saved and filesystem uid and gid (host ids).
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
 }
 
 fn sigchld() -> i32 {

@@ -155,6 +155,19 @@ pub fn tpgid_and_exit_signal(pid: HostPid) -> io::Result<(i32, i32)> {
     }
 }
 
+/// How process `pid`, a zombie, ended: its wait status as `waitpid` gives
+/// it (`exit_code`, field 52) and the signal its parent got
+/// (`exit_signal`, field 38).
+pub fn exit_status(pid: HostPid) -> io::Result<(i32, i32)> {
+    let stat = read_text(format!("/proc/{pid}/stat"))?;
+    parse_exit_status(&stat).ok_or_else(|| io::Error::other("no exit_code or exit_signal in stat"))
+}
+
+pub(crate) fn parse_exit_status(stat: &str) -> Option<(i32, i32)> {
+    let field = |n: usize| stat_fields(stat).nth(n - 3).and_then(|v| v.parse().ok());
+    Some((field(52)?, field(38)?))
+}
+
 /// A terminal's foreground group `tpgid` (a host pid, see
 /// [`tpgid_and_exit_signal`]) as its leader's pid in the sandbox; `own`,
 /// the process's own host and sandbox pids (most often it leads that
@@ -1426,6 +1439,7 @@ pub fn capture(
         exit_signal: libc::SIGCHLD,
         job_stopped: false,
         stop_reports: Vec::new(),
+        zombies: Vec::new(),
     })
 }
 

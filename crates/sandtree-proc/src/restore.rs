@@ -13,6 +13,7 @@ use crate::inject::{self, RESTORE_NICE, SET_TID_OFFSET, Tracee, clone_args, nice
 use crate::memory_holder::Holder;
 use crate::model::ProcessImage;
 use crate::pool::Pool;
+use crate::process::zombies::Phase;
 use crate::reap::Dying;
 use crate::template::Template;
 use crate::track::Trackings;
@@ -253,14 +254,28 @@ pub(crate) fn restore(st: Parts<'_>, ck: &str) -> Result<RestoreReport> {
         tracing::debug!(pid = t.image.pid.raw(), comm = t.image.comm, took = ?t0.elapsed(), "process restored");
         let parent = (t.image.pid, t.scratch, crate::check::may_choose_pid(&t.image));
         let leads = t.image.sid == t.image.pid && t.image.ppid == SandboxPid::INIT;
+        // (Its zombies, with its group and the signals it had pending.)
+        let zombies = match t.image.zombies.is_empty() {
+            true => None,
+            false => Some((t.image.zombies.clone(), t.image.pgid, t.image.queued_signals.clone())),
+        };
         let failed = match res {
             Ok((holder, mut ready)) => {
                 report.restored.push(t.image.pid);
                 holders.extend(holder);
-                // Its children, which it makes again, and the other
-                // children of init of the session it leads; then its
+                // Its zombies, its children, which it makes again, and the
+                // other children of init of the session it leads; then its
                 // scratch mapping goes.
-                let parked = make_children(set, parent, &mut ready.main, &mut handed, &mut surrogates)
+                let mut sent = Vec::new();
+                let parked = make_zombies(&zombies, parent, &mut ready.main, &mut handed, Phase::First)
+                    .map(|s| sent.extend(s))
+                    .and_then(|()| make_children(set, parent, &mut ready.main, &mut handed, &mut surrogates))
+                    .and_then(|()| make_zombies(&zombies, parent, &mut ready.main, &mut handed, Phase::Last))
+                    .and_then(|s| {
+                        sent.extend(s);
+                        let Some((_, _, queued)) = &zombies else { return Ok(()) };
+                        crate::process::zombies::take_back_signals(&mut ready.main, (parent.0, queued), parent.1, &sent)
+                    })
                     .and_then(|()| match leads {
                         true => {
                             let (pid, scratch, may_choose_pid) = parent;
@@ -561,6 +576,20 @@ fn make_children(
     make_by(set, &children, (maker, own_group), handed, surrogates)
 }
 
+/// The zombies of the process `(pid, scratch, may_choose_pid)` just
+/// restored (`parent`, fixed up, still stopped) of phase `phase`, made
+/// again by it (`process/zombies.rs`): the exit signals they sent it.
+fn make_zombies(
+    zombies: &Option<(Vec<crate::model::ZombieImage>, SandboxPid, Vec<crate::model::QueuedSignal>)>,
+    (_, scratch, may_choose_pid): (SandboxPid, u64, bool),
+    parent: &mut Tracee,
+    handed: &mut crate::kinds::Handed,
+    phase: Phase,
+) -> Result<Vec<i32>> {
+    let Some((list, pgid, _)) = zombies else { return Ok(Vec::new()) };
+    crate::process::zombies::make(parent, (list, *pgid), (scratch, may_choose_pid), &mut handed.last_pid, phase)
+}
+
 /// The processes that connect through listeners that the restore of
 /// `set.templates[i]` binds again (see [`crate::kinds::restore_order`]),
 /// cloned now unless they are already.
@@ -701,7 +730,13 @@ fn make_by(
     handed: &mut crate::kinds::Handed,
     surrogates: &mut Vec<(SandboxPid, HostPid)>,
 ) -> Result<()> {
-    let pids: HashSet<SandboxPid> = set.templates.iter().map(|t| t.image.pid).collect();
+    // (A group led by a zombie is made by that zombie, made before:
+    // `process/zombies.rs`.)
+    let pids: HashSet<SandboxPid> = set
+        .templates
+        .iter()
+        .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.zombies.iter().map(|z| z.pid)))
+        .collect();
     let crate::transplant::Parent { tracee, scratch, may_choose_pid, its_parent } = maker;
     for &i in members {
         let image = &set.templates[i].image;

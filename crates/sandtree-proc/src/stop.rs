@@ -54,6 +54,9 @@ pub(crate) struct StoppedProcess {
     /// Its children stopped so (`job_stopped`), filled in once every
     /// process is stopped.
     pub stopped_children: Vec<SandboxPid>,
+    /// Its children that exited and that it has not waited for yet
+    /// (zombies), filled in once every process is stopped.
+    pub zombies: Vec<crate::model::ZombieImage>,
 }
 
 /// What [`crate::Tracer::stop`] did.
@@ -218,6 +221,15 @@ impl Stops {
                 match ptrace::seize(host.raw()) {
                     Ok(()) => {}
                     Err(e) if is_gone(&e) => continue,
+                    // (It exited meanwhile: a zombie, which `ptrace`
+                    // refuses too; taken with its parent's.)
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EPERM)
+                            && procfs::status(host)
+                                .is_ok_and(|s| (s.state == 'Z' || s.state == 'X') && s.threads <= 1) =>
+                    {
+                        continue;
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                         let u = Unrestorable {
                             pid: status.ns_pid,
@@ -293,6 +305,7 @@ impl Stops {
                             threads,
                             job_stopped,
                             stopped_children: Vec::new(),
+                            zombies: Vec::new(),
                         });
                         report.stopped += 1;
                     }
@@ -312,17 +325,17 @@ impl Stops {
         }
         // Children that exited and that their parent (a stopped process,
         // not init, which reaps its own) has not waited for yet (zombies;
-        // not in the cgroup's list): a restore would not bring them back (a
-        // fork copies no child), and the parent's wait would find none.
-        // Read once every process is stopped: no child can exit any more.
+        // not in the cgroup's list): a fork copies no child, so the restore
+        // makes each again (`process/zombies.rs`). Read once every process
+        // is stopped: no child can exit any more.
         let stopped_jobs: Vec<(SandboxPid, SandboxPid)> =
             st.stopped.iter().filter(|s| s.job_stopped).map(|s| (s.ns_pid, s.ns_ppid)).collect();
         for s in st.stopped.iter_mut() {
             s.stopped_children =
                 stopped_jobs.iter().filter(|(_, ppid)| *ppid == s.ns_pid).map(|(pid, _)| *pid).collect();
-        }
-        for s in &st.stopped {
-            for u in zombie_children(s) {
+            let (zombies, refused) = zombie_children(s);
+            s.zombies = zombies;
+            for u in refused {
                 if !best_effort {
                     return Err(Error::Unsupported(u));
                 }
@@ -486,28 +499,52 @@ pub(crate) fn let_go(s: &StoppedProcess) {
 }
 
 /// The children of stopped process `s` (of each of its threads) that
-/// exited and that it has not waited for yet, as refusals that name them.
-fn zombie_children(s: &StoppedProcess) -> Vec<Unrestorable> {
-    let mut out = Vec::new();
+/// exited and that it has not waited for yet (zombies), and the refusals
+/// of those a restore cannot end the same way.
+fn zombie_children(s: &StoppedProcess) -> (Vec<crate::model::ZombieImage>, Vec<Unrestorable>) {
+    let (mut out, mut refused) = (Vec::new(), Vec::new());
     let tids = std::iter::once(s.host).chain(s.threads.iter().map(|t| t.0));
     for tid in tids {
         let Ok(list) = std::fs::read_to_string(format!("/proc/{}/task/{tid}/children", s.host)) else { continue };
         for child in list.split_whitespace().filter_map(|c| c.parse().ok()).map(HostPid) {
             let Ok(status) = procfs::status(child) else { continue };
-            if status.state != 'Z' {
+            if status.state != 'Z' || status.threads > 1 {
                 continue;
             }
             let comm = std::fs::read(format!("/proc/{child}/comm")).unwrap_or_default();
-            out.push(Unrestorable {
+            let comm = String::from_utf8_lossy(&comm).trim_end().to_string();
+            let refuse = |reason: String| Unrestorable {
                 pid: status.ns_pid,
-                comm: String::from_utf8_lossy(&comm).trim_end().to_string(),
+                comm: comm.clone(),
                 resource: "exit status".into(),
-                reason: format!(
-                    "it exited and its parent, pid {}, has not waited for it yet (a zombie); a restore would lose it and its exit status (checkpoint once it is waited for)",
+                reason,
+            };
+            let Ok((wait_status, exit_signal)) = procfs::exit_status(child) else {
+                refused.push(refuse(format!(
+                    "it exited and its parent, pid {}, has not waited for it yet (a zombie), and its exit status could not be read",
                     s.ns_pid
-                ),
+                )));
+                continue;
+            };
+            if wait_status & 0x80 != 0 {
+                refused.push(refuse(format!(
+                    "it was killed by signal {} and dumped core, and its parent, pid {}, has not waited for it yet (a zombie): a restore cannot end a process so without writing a core dump",
+                    wait_status & 0x7f,
+                    s.ns_pid
+                )));
+                continue;
+            }
+            out.push(crate::model::ZombieImage {
+                pid: status.ns_pid,
+                pgid: status.ns_pgid,
+                sid: status.ns_sid,
+                comm,
+                status: wait_status,
+                exit_signal,
+                uids: status.uids,
+                gids: status.gids,
             });
         }
     }
-    out
+    (out, refused)
 }

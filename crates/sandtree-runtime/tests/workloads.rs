@@ -1048,18 +1048,53 @@ static STOPPED_PROCESS_COMES_BACK_STOPPED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
-/// A child that exited and that its parent has not waited for (a zombie)
-/// would be lost by a restore, with its exit status: the checkpoint is
-/// refused, naming it; once waited for, the program is checkpointed and
-/// restored as usual (issue 36, class 2).
-static UNREAPED_CHILD_IS_REFUSED: Spec = Spec {
-    program: program!("unreaped_child_is_refused.py"),
+/// A child that switched to another user and exited, not waited for yet
+/// (a zombie): a restore makes a zombie again as a copy of its parent,
+/// which cannot take another user's ids, so the checkpoint is refused,
+/// naming it; once waited for, the program is checkpointed and restored as
+/// usual (issue 36, class 2; other zombies come back: below).
+static ZOMBIE_OF_ANOTHER_USER_IS_REFUSED: Spec = Spec {
+    program: program!("zombie_of_another_user_is_refused.py"),
     setup: &[
         Ask("spawn", Like(|r| r.ends_with("state=Z"))),
-        Refused(None, &["has not waited for it yet", "exit status"]),
+        Refused(None, &["a zombie", "ran as other ids"]),
         Ask("reap", Is("status=7")),
     ],
     rounds: 1,
+    ..Spec::DEFAULT
+};
+
+/// Each zombie child of the program, as `state` tells it at the checkpoint:
+/// state, name, group and session.
+const ZOMBIES_AT_CK: &str = "member=S/member/leader/mine/mine z-code=Z/z-code/mine/mine/mine \
+     z-follow=Z/z-follow/leader/mine/mine z-leader=Z/z-leader/own/mine/mine z-mine=Z/z-mine/mine/mine/mine z-segv=Z/z-segv/mine/mine/mine \
+     z-sess=Z/z-sess/own/own/mine z-term=Z/z-term/mine/mine/mine sigchld=7";
+
+/// `state` once the zombies are waited for.
+const ZOMBIES_REAPED_STATE: &str = "member=S/member/leader/mine/mine z-code=gone z-follow=gone z-leader=gone z-mine=gone z-segv=gone z-sess=gone z-term=gone sigchld=7";
+
+/// What the program's waits for its zombies get.
+const ZOMBIES_REAPED: &str =
+    "z-code=exit7 z-follow=exit9 z-leader=exit3 z-mine=exit0 z-segv=sig11 z-sess=exit5 z-term=sig15";
+
+/// Children that exited and that their parent had not waited for yet
+/// (zombies: ended by an exit code, by SIGTERM, by SIGSEGV without a core;
+/// one leading the group of a live child, one in that group, one leading
+/// its own session) come
+/// back after a rollback as its zombies, with their pids, names, groups,
+/// sessions and exit statuses, the live child in the zombie's group, and
+/// no SIGCHLD the parent had not had (a shell's `$(id -u)` between its end
+/// and the wait made the E2B door's pause fail).
+static ZOMBIE_CHILDREN_COME_BACK: Spec = Spec {
+    program: program!("zombie_children_come_back.py"),
+    setup: &[Ask("spawn", Is("spawned"))],
+    at_ck: &[("state", Is(ZOMBIES_AT_CK))],
+    // (Round 2 starts from round 1's `after`, which reaped them.)
+    mutate: &[
+        &[Ask("reap", Is(ZOMBIES_REAPED)), Ask("state", Is(ZOMBIES_REAPED_STATE))],
+        &[Ask("state", Is(ZOMBIES_REAPED_STATE))],
+    ],
+    after: &[Sleep(100), Ask("state", Is(ZOMBIES_AT_CK)), Ask("reap", Is(ZOMBIES_REAPED))],
     ..Spec::DEFAULT
 };
 
@@ -3148,7 +3183,8 @@ fn main() {
         ("deleted_directory", declared!(DELETED_DIRECTORY)),
         ("port_is_free_after_the_server_exits", port_is_free_after_the_server_exits),
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
-        ("unreaped_child_is_refused", declared!(UNREAPED_CHILD_IS_REFUSED)),
+        ("zombie_of_another_user_is_refused", declared!(ZOMBIE_OF_ANOTHER_USER_IS_REFUSED)),
+        ("zombie_children_come_back", declared!(ZOMBIE_CHILDREN_COME_BACK)),
         ("children_come_back", declared!(CHILDREN_COME_BACK)),
         ("stopped_children", declared!(STOPPED_CHILDREN)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),

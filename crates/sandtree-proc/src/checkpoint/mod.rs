@@ -740,6 +740,13 @@ pub(crate) fn set_up_all(st: &mut Parts<'_>, ck: &str, best_effort: bool) -> Res
         let Some((i, resource, reason)) = crate::process::tree::refusal(&images) else { break };
         refuse_template(&mut made, i, (resource, &reason), best_effort, &mut report)?;
     }
+    // Its children that exited, not waited for, are made again by it too
+    // (`process/zombies.rs`): what that cannot give is refused.
+    loop {
+        let images: Vec<(&crate::model::ProcessImage, HostPid)> = made.iter().map(|t| (&t.image, t.host)).collect();
+        let Some((i, resource, reason)) = crate::process::zombies::refusal(&images) else { break };
+        refuse_template(&mut made, i, (resource, &reason), best_effort, &mut report)?;
+    }
     // One whose parent is not captured (left running in best effort)
     // comes back as a child of init. An open file shared with a process
     // not captured is opened again on its own.
@@ -1393,6 +1400,7 @@ fn clone_of(
                 threads: s.threads.clone(),
                 job_stopped: s.job_stopped,
                 stopped_children: s.stopped_children.clone(),
+                zombies: s.zombies.clone(),
             },
             threads,
             thread_tracees: Vec::new(),
@@ -1534,6 +1542,7 @@ fn set_up(c: Cloned) -> Result<Template> {
     image.exit_signal = c.exit_signal;
     image.tpgid = c.tpgid;
     image.stop_reports = c.stop_reports;
+    image.zombies = c.stopped.zombies.clone();
     image.job_stopped = c.stopped.job_stopped;
     image.cwd_denied = crate::process::access::cwd_denied(child, &image);
     image.cwd_remade = crate::process::access::deleted_cwd((child, s.host), &image);

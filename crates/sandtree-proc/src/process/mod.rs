@@ -1,7 +1,8 @@
 //! The state of a process itself, one module per part (the state of what
 //! its descriptors name is `kinds/`): `threads`, `signals`, `timers`,
 //! `session` (session, group, terminal, child subreaper), `memory`,
-//! `shared_memory`. Each
+//! `shared_memory`, `tree` (children made again by their parent),
+//! `zombies` (children that exited, not waited for). Each
 //! has the part's capture (pass 1, the process stopped), check and
 //! restore (the fix-up, in the restored process), which `checkpoint/` and
 //! `restore.rs` call. What a fork copies by itself (memory, registers of
@@ -17,6 +18,7 @@ pub(crate) mod signals;
 pub(crate) mod threads;
 pub(crate) mod timers;
 pub(crate) mod tree;
+pub(crate) mod zombies;
 
 use crate::batch::Backoff;
 use crate::inject::{CLONE_ARGS_SIZE, ERESTARTNOINTR, Outcome, Tracee};

@@ -120,6 +120,21 @@ fn stat_of_a_zombie_whose_comm_ends_in_a_parenthesis_gives_z() {
 }
 
 #[test]
+fn stat_of_a_zombie_gives_its_wait_status_and_exit_signal() {
+    // Arrange: the fixture exited 0; the same with `exit(7)`'s status.
+    let exited_7 = ZOMBIE_STAT.trim_end().strip_suffix(" 0").map(|s| format!("{s} 1792"));
+
+    // Act
+    let fixture = parse_exit_status(ZOMBIE_STAT);
+    let seven = exited_7.as_deref().and_then(parse_exit_status);
+
+    // Assert: fields 52 and 38.
+    assert_eq!(fixture, Some((0, libc::SIGCHLD)));
+    assert_eq!(seven, Some((7 << 8, libc::SIGCHLD)));
+    assert_eq!(parse_exit_status("1 (short) Z 0 0"), None);
+}
+
+#[test]
 fn stat_of_a_stopped_process_gives_uppercase_t() {
     assert_eq!(state_of_stat(STOPPED_STAT), Some('T'));
 }

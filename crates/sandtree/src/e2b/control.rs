@@ -133,6 +133,12 @@ fn api_error(e: sandtree_runtime::Error) -> Failure {
     error(api.code.http_status(), api.message)
 }
 
+/// A 409 made a 422: for a pause, where the SDK takes 409 to mean "already
+/// paused".
+fn not_a_conflict(f: Failure) -> Failure {
+    if f.status == StatusCode::CONFLICT { Failure { status: StatusCode::UNPROCESSABLE_ENTITY, ..f } } else { f }
+}
+
 fn unsupported(what: &str) -> Failure {
     error(400, format!("{what} is not supported by Sandtree"))
 }
@@ -453,8 +459,11 @@ async fn pause(State(door): Door, headers: HeaderMap, Path(id): Path<String>) ->
         return Err(error(409, format!("sandbox {id} is already paused")));
     }
     let req = CheckpointRequest { label: Some(PAUSE_LABEL.into()), wait_durable: true, ..Default::default() };
-    let ck = door.engine.checkpoint(&id, req).await.map_err(api_error)?.checkpoint.id;
-    door.engine.stop_sandbox(&id).await.map_err(api_error)?;
+    // The SDK reads any 409 as "already paused" and returns False: a
+    // checkpoint's refusal (a process it cannot restore, say) is answered
+    // as 422 so that the SDK raises it with its reason.
+    let ck = door.engine.checkpoint(&id, req).await.map_err(|e| not_a_conflict(api_error(e)))?.checkpoint.id;
+    door.engine.stop_sandbox(&id).await.map_err(|e| not_a_conflict(api_error(e)))?;
     door.disarm_timeout(&id);
     door.meta(&id, |m| {
         m.paused = Some(ck);
