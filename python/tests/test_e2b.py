@@ -997,6 +997,28 @@ def test_fork_makes_sandboxes_that_diverge() -> None:
         s.kill()
 
 
+def test_pause_with_a_zombie_and_resume() -> None:
+    # `true` exits at once and `sleep`, which the shell became, never waits
+    # for it: a zombie for good. The pause keeps it, the resume brings it
+    # back as the child of `sleep` it was, with its exit status.
+    s = new()
+    try:
+        s.commands.run("sh -c '/bin/true & exec sleep 1000'", background=True, timeout=0)
+        zombies = "ps -eo stat,comm,ppid --no-headers | awk '$1 ~ /^Z/ {print $2}'"
+        for _ in range(100):
+            if s.commands.run(zombies).stdout.strip() == "true":
+                break
+            time.sleep(0.05)
+        assert s.commands.run(zombies).stdout.strip() == "true"
+        assert s.pause() is True
+        back = Sandbox.connect(s.sandbox_id)
+        assert back.commands.run(zombies).stdout.strip() == "true"
+        parent = back.commands.run("ps -o comm= -p $(ps -o ppid= -C true)").stdout.strip()
+        assert parent == "sleep"
+    finally:
+        s.kill()
+
+
 def test_fork_after_a_pause_and_resume() -> None:
     s = new()
     try:
