@@ -265,7 +265,26 @@ pub(crate) fn lay_out(
     // (A file of another overlay of the tree, `/usr`, shows in `maps`
     // by its path on that mount: `process::memory::mapped_file_in_tree`.)
     let points = crate::process::memory::overlay_mount_points(c.tid);
-    let in_tree = move |path: &str| crate::process::memory::mapped_file_in_tree(tid, path, &points);
+    let in_tree = |path: &str| crate::process::memory::mapped_file_in_tree(tid, path, &points);
+    // (A mapped file that could not be opened: which, as seen now.)
+    let explain = |e: Error| match e {
+        Error::Remote { call: "open (a mapped file)", errno, .. } => {
+            let missing: Vec<String> = (layout.maps.iter())
+                .filter_map(|m| m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)")))
+                .map(|p| (p, in_tree(p)))
+                .filter(|(_, t)| std::fs::symlink_metadata(format!("/proc/{tid}/root{t}")).is_err())
+                .map(|(p, t)| if p == t { p.to_string() } else { format!("{p} (as {t})") })
+                .collect();
+            Error::Proc {
+                pid: tid,
+                what: "open (a mapped file)",
+                source: std::io::Error::other(format!(
+                    "{errno}; not in its tree now: {missing:?} (the tree's other overlays: {points:?})"
+                )),
+            }
+        }
+        e => e,
+    };
     let mut b = Batch::new(scratch, scratch_exec);
     for m in &ours {
         if is_moved(m) || m.start == scratch || m.path.as_deref() == Some("[vsyscall]") {
@@ -310,7 +329,7 @@ pub(crate) fn lay_out(
             None => map_again(&mut b, m, &in_tree).map_err(&unsupported)?,
         }
         if b.is_full() {
-            c.run_batch(&mut b)?;
+            c.run_batch(&mut b).map_err(explain)?;
         }
     }
     let fork = layout.fork;
@@ -333,7 +352,7 @@ pub(crate) fn lay_out(
     for &(_, fd) in &given {
         b.call("close (shared memory, mapped)", libc::SYS_close, &[Arg::Val(fd)]);
     }
-    c.run_batch(&mut b)?;
+    c.run_batch(&mut b).map_err(explain)?;
     // (Its vDSO is the template's now.)
     c.insn = inject::find_syscall_insn(c.tid)?;
     Ok(())
