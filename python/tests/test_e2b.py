@@ -1309,7 +1309,6 @@ def test_signed_download_and_upload_urls(sbx: Sandbox) -> None:
     assert sbx.files.read("/root/up.txt") == "uploaded"
 
 
-@pytest.mark.xfail(reason="Sandtree's images have no `user` account (E2B templates' default user)", strict=True)
 def test_the_e2b_default_user(sbx: Sandbox) -> None:
     r = sbx.commands.run("id -un; echo $HOME", user="user")
     assert r.stdout == "user\n/home/user\n"

@@ -54,6 +54,12 @@ pub struct FileInfo {
     /// Owner and group as the sandbox numbers them.
     pub uid: u32,
     pub gid: u32,
+    /// Their names in the sandbox's `/etc/passwd` and `/etc/group`, when
+    /// those name them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Last modification, RFC 3339 UTC.
     pub modified_at: String,
     /// Where a symlink points (as written in it).

@@ -566,6 +566,11 @@ pub fn import_tar(src: &Path, dst: &Path, uid_base: u32, progress: &dyn Fn(Progr
 // ---------------------------------------------------------------------------
 // Default image
 
+/// The default image's account for programs that should not run as root:
+/// E2B's templates' `user`, with its home `/home/user`.
+pub const USER: &str = "user";
+const USER_ID: u32 = 1000;
+
 /// Paths under host `/etc` never copied into the default image (secrets,
 /// host identity, and files written fresh).
 const ETC_EXCLUDE: &[&str] = &[
@@ -681,7 +686,6 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
         ("sys", 0o555),
         ("tmp", 0o1777),
         ("run", 0o755),
-        ("home", 0o755),
         ("opt", 0o755),
         ("mnt", 0o755),
         ("srv", 0o755),
@@ -689,6 +693,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     ] {
         mkdir(root, d, mode)?;
     }
+    let home = mkdir(root, "home", 0o755)?;
     let var = mkdir(root, "var", 0o755)?;
     for (d, mode) in [("tmp", 0o1777), ("log", 0o755), ("cache", 0o755)] {
         mkdir(&var, d, mode)?;
@@ -729,6 +734,10 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     if !group.starts_with("root:") && !group.contains("\nroot:") {
         group.insert_str(0, "root:x:0:\n");
     }
+    // The account E2B's templates run as (`user`, 1000; ids of 1000 and
+    // above are not copied from the host).
+    passwd.push_str(&format!("{USER}:x:{USER_ID}:{USER_ID}:{USER}:/home/{USER}:/bin/bash\n"));
+    group.push_str(&format!("{USER}:x:{USER_ID}:\n"));
     let days = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() / 86400;
     let shadow: String = passwd
         .lines()
@@ -765,6 +774,25 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
     if let Ok(md) = fs::metadata(skel) {
         copy_tree(ctx, skel, &root_home, &dst.join("root"), Path::new(""), md.dev(), &|_, _| true, true)?;
         // skel files are root-owned on the host: keep them root (shifted).
+    }
+
+    // /home/user, with the regular files of /etc/skel, the user's.
+    let u = ctx.id(USER_ID);
+    let user_home =
+        mkdir_open_at(&home, OsStr::new(USER)).map_err(|e| Error::io("mkdir", dst.join("home").join(USER), e))?;
+    set_attrs(&user_home, u, u, 0o750, now)
+        .map_err(|e| Error::io("set attributes of", dst.join("home").join(USER), e))?;
+    for entry in fs::read_dir(skel).into_iter().flatten().flatten() {
+        let Ok(md) = fs::symlink_metadata(entry.path()) else { continue };
+        if !md.is_file() {
+            continue;
+        }
+        let at = dst.join("home").join(USER).join(entry.file_name());
+        let content = fs::read(entry.path()).map_err(|e| Error::io("read", &entry.path(), e))?;
+        let mut f = create_file_at(&user_home, &entry.file_name()).map_err(|e| Error::io("create", &at, e))?;
+        f.write_all(&content).map_err(|e| Error::io("write", &at, e))?;
+        set_attrs(&OwnedFd::from(f), u, u, md.mode() & 0o7777, now)
+            .map_err(|e| Error::io("set attributes of", &at, e))?;
     }
 
     // /var/lib/dpkg.
@@ -993,7 +1021,18 @@ mod tests {
         assert!(passwd.starts_with("root:") || passwd.contains("\nroot:"));
         for line in passwd.lines() {
             let id: u32 = line.split(':').nth(2).unwrap().parse().unwrap();
-            assert!(id < 1000 || line.starts_with("nobody:"), "{line}");
+            assert!(id < 1000 || line.starts_with("nobody:") || line.starts_with("user:"), "{line}");
+        }
+        // E2B's `user`, with its home, its group and its skel files.
+        assert!(passwd.contains("\nuser:x:1000:1000:user:/home/user:/bin/bash\n"), "{passwd}");
+        let group = fs::read_to_string(dst.join("etc/group")).unwrap();
+        assert!(group.contains("\nuser:x:1000:\n"), "{group}");
+        assert!(shadow.contains("\nuser:*:"), "{shadow}");
+        let home_md = fs::metadata(dst.join("home/user")).unwrap();
+        assert_eq!((home_md.uid(), home_md.gid(), home_md.mode() & 0o7777), (BASE + 1000, BASE + 1000, 0o750));
+        if let Ok(md) = fs::metadata("/etc/skel/.bashrc") {
+            let copied = fs::metadata(dst.join("home/user/.bashrc")).unwrap();
+            assert_eq!((copied.uid(), copied.len()), (BASE + 1000, md.len()));
         }
         // Host /root content is not there; skel is.
         let root_md = fs::metadata(dst.join("root")).unwrap();

@@ -33,6 +33,34 @@ const ACCOUNTS_MAX_BYTES: u64 = 4 << 20;
 pub(crate) struct SandboxRoot {
     root: OwnedFd,
     uid_base: u32,
+    /// The names of the sandbox's users and groups by id (its
+    /// `/etc/passwd` and `/etc/group`), read at the first file described.
+    names: std::sync::OnceLock<Names>,
+}
+
+/// Users' and groups' names by id.
+#[derive(Default)]
+struct Names {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl Names {
+    /// From `passwd` and `group` (`name:x:id:...` lines; the first name
+    /// of an id wins).
+    fn parse(passwd: &str, group: &str) -> Names {
+        let by_id = |text: &str| {
+            let mut out = std::collections::HashMap::new();
+            for line in text.lines() {
+                let mut f = line.split(':');
+                if let (Some(name), Some(_), Some(Ok(id))) = (f.next(), f.next(), f.next().map(str::parse::<u32>)) {
+                    out.entry(id).or_insert_with(|| name.to_string());
+                }
+            }
+            out
+        };
+        Names { users: by_id(passwd), groups: by_id(group) }
+    }
 }
 
 /// A path of the sandbox, cleaned: absolute, without `.`, `..` or empty
@@ -110,7 +138,7 @@ impl SandboxRoot {
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(SandboxRoot { root, uid_base })
+        Ok(SandboxRoot { root, uid_base, names: std::sync::OnceLock::new() })
     }
 
     /// Opens `path` in the sandbox (symlinks followed, inside it).
@@ -144,20 +172,23 @@ impl SandboxRoot {
     /// The account `user` (default root) in the sandbox's `/etc/passwd`
     /// and `/etc/group`.
     pub(crate) fn account(&self, user: Option<&str>) -> Result<Account, String> {
-        let read = |p: &str| -> String {
-            let Ok(fd) = self.open_path(&SandboxPath(p.into()), OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())
-            else {
-                return String::new();
-            };
-            use std::io::Read;
-            let mut text = String::new();
-            let _ = std::fs::File::from(fd).take(ACCOUNTS_MAX_BYTES).read_to_string(&mut text);
-            text
-        };
         match user {
             None => Ok(Account { name: "root".into(), uid: 0, gid: 0, groups: Vec::new(), home: "/root".into() }),
-            Some(u) => sandtree_sandbox::users::find(u, &read("/etc/passwd"), &read("/etc/group")),
+            Some(u) => {
+                sandtree_sandbox::users::find(u, &self.read_accounts("/etc/passwd"), &self.read_accounts("/etc/group"))
+            }
         }
+    }
+
+    /// The sandbox's `/etc/passwd` or `/etc/group` (empty when unreadable).
+    fn read_accounts(&self, p: &str) -> String {
+        let Ok(fd) = self.open_path(&SandboxPath(p.into()), OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()) else {
+            return String::new();
+        };
+        use std::io::Read;
+        let mut text = String::new();
+        let _ = std::fs::File::from(fd).take(ACCOUNTS_MAX_BYTES).read_to_string(&mut text);
+        text
     }
 
     /// `lstat` of `path`: a symlink is described, not followed.
@@ -204,14 +235,20 @@ impl SandboxRoot {
         };
         let modified = std::time::UNIX_EPOCH
             + std::time::Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+        let names = self
+            .names
+            .get_or_init(|| Names::parse(&self.read_accounts("/etc/passwd"), &self.read_accounts("/etc/group")));
+        let (uid, gid) = (self.sandbox_id(st.st_uid), self.sandbox_id(st.st_gid));
         FileInfo {
             path: path.as_str().to_string(),
             name: path.name().to_string(),
             kind,
             size: st.st_size.max(0) as u64,
             mode: format!("{:o}", st.st_mode & 0o7777),
-            uid: self.sandbox_id(st.st_uid),
-            gid: self.sandbox_id(st.st_gid),
+            uid,
+            gid,
+            owner: names.users.get(&uid).cloned(),
+            group: names.groups.get(&gid).cloned(),
             modified_at: util::rfc3339(modified),
             symlink_target,
         }

@@ -77,6 +77,8 @@ fn files_pass_byte_for_byte_with_the_sandboxs_owners() {
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["path"], "/home/alice/notes.txt");
     assert_eq!((info["uid"].as_u64(), info["mode"].as_str()), (Some(1234), Some("600")));
+    // (Named as the sandbox's /etc/passwd and /etc/group name them.)
+    assert_eq!((info["owner"].as_str(), info["group"].as_str()), (Some("alice"), Some("alice")), "{info}");
     assert_eq!(d.sh_ok(&sb, "stat -c '%U %a' /home/alice/notes.txt").trim(), "alice 600");
     // A file replaced keeps its owner and mode.
     let (status, info) = put(&d, &sb, "path=/home/alice/notes.txt", b"hello again");
@@ -164,6 +166,15 @@ fn listing_making_moving_and_removing_say_what_is_wrong() {
     // Stat, and what is not there.
     let st = d.ok("GET", &format!("{base}/stat?path=/srv/app/main.py"), None);
     assert_eq!((st["name"].as_str(), st["uid"].as_u64()), (Some("main.py"), Some(0)));
+    assert_eq!(st["owner"], "root", "{st}");
+    // The default image's account for programs that should not run as
+    // root: E2B's `user`, with its home.
+    let home = d.ok("GET", &format!("{base}/stat?path=/home/user"), None);
+    assert_eq!(
+        (home["owner"].as_str(), home["group"].as_str(), home["mode"].as_str()),
+        (Some("user"), Some("user"), Some("750")),
+        "{home}"
+    );
     let (status, v) = d.req("GET", &format!("{base}/stat?path=/srv/nope"), None);
     assert_eq!((status, error_code(&v)), (404, "file_not_found"), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("/srv/nope"), "{v}");

@@ -531,6 +531,10 @@ class FileInfo:
     gid: int
     modified_at: str
     symlink_target: str | None = None
+    owner: str | None = None
+    """The owner's name in the sandbox's ``/etc/passwd``, when it names one."""
+    group: str | None = None
+    """The group's name in the sandbox's ``/etc/group``, when it names one."""
 
     @property
     def is_dir(self) -> bool:

@@ -538,10 +538,11 @@ fn entry(info: &FileInfo) -> Value {
         _ => '-',
     };
     let rwx: String = (0..9).map(|i| if bits & (0o400 >> i) != 0 { ['r', 'w', 'x'][i % 3] } else { '-' }).collect();
-    let name_of = |n: u32| if n == 0 { "root".to_string() } else { n.to_string() };
+    let name_of = |name: &Option<String>, n: u32| name.clone().unwrap_or_else(|| n.to_string());
     let mut v = json!({
         "name": info.name, "type": kind, "path": info.path, "size": info.size.to_string(), "mode": bits,
-        "permissions": format!("{letter}{rwx}"), "owner": name_of(info.uid), "group": name_of(info.gid),
+        "permissions": format!("{letter}{rwx}"), "owner": name_of(&info.owner, info.uid),
+        "group": name_of(&info.group, info.gid),
         "modifiedTime": info.modified_at, "isSymlink": info.kind == FileKind::Symlink,
     });
     if let Some(t) = &info.symlink_target {
