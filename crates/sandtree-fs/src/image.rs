@@ -788,7 +788,7 @@ fn build_default_into(ctx: &mut Ctx<'_>, dst: &Path, root: &OwnedFd) -> Result<(
             continue;
         }
         let at = dst.join("home").join(USER).join(entry.file_name());
-        let content = fs::read(entry.path()).map_err(|e| Error::io("read", &entry.path(), e))?;
+        let content = fs::read(entry.path()).map_err(|e| Error::io("read", entry.path(), e))?;
         let mut f = create_file_at(&user_home, &entry.file_name()).map_err(|e| Error::io("create", &at, e))?;
         f.write_all(&content).map_err(|e| Error::io("write", &at, e))?;
         set_attrs(&OwnedFd::from(f), u, u, md.mode() & 0o7777, now)
