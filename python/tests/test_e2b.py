@@ -1297,15 +1297,26 @@ def test_file_metadata(sbx: Sandbox) -> None:
     assert sbx.files.get_info("/root/meta.txt").metadata == {"owner": "me"}
 
 
-@pytest.mark.xfail(
-    reason="signed URLs (download_url/upload_url) name no sandbox: the door needs E2b-Sandbox-Id", strict=True
-)
 def test_signed_download_and_upload_urls(sbx: Sandbox) -> None:
     sbx.files.write("/root/url.txt", "by url")
     r = httpx.get(sbx.download_url("/root/url.txt"), timeout=10)
     assert r.status_code == 200 and r.text == "by url"
     up = httpx.post(sbx.upload_url("/root/up.txt"), files={"file": ("up.txt", b"uploaded")}, timeout=10)
     assert up.status_code == 200
+    assert sbx.files.read("/root/up.txt") == "uploaded"
+    # As a user, and with an expiration.
+    sbx.files.write("/home/user/mine.txt", "user's", user="user")
+    r = httpx.get(sbx.download_url("mine.txt", user="user", use_signature_expiration=60), timeout=10)
+    assert r.status_code == 200 and r.text == "user's"
+    # A signature is for its path, its operation, and until its expiration.
+    url = sbx.download_url("/root/url.txt")
+    assert httpx.get(url.replace("url.txt", "up.txt"), timeout=10).status_code == 401
+    forged = url.replace("signature=v1_", "signature=v1_x")
+    assert httpx.get(forged, timeout=10).status_code == 401
+    read_as_write = sbx.download_url("/root/up.txt")
+    assert httpx.post(read_as_write, files={"file": ("up.txt", b"no")}, timeout=10).status_code == 401
+    expired = sbx.download_url("/root/url.txt", use_signature_expiration=-10)
+    assert httpx.get(expired, timeout=10).status_code == 401
     assert sbx.files.read("/root/up.txt") == "uploaded"
 
 

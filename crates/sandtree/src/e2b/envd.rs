@@ -25,7 +25,9 @@
 //! async one) are the engine's inotify watches (`sandbox_watch.rs`).
 //!
 //! The user of an RPC is `Authorization: Basic base64("<user>:")`, of
-//! `/files` the `username` query; absent, root.
+//! `/files` the `username` query; absent, root. A signed `/files` URL
+//! (`download_url`, `upload_url`: `signature`, `signature_expiration`)
+//! names no sandbox: the door finds the one whose token signed it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -107,11 +109,39 @@ async fn health(State(door): Door, headers: HeaderMap) -> Response {
 struct FilesQuery {
     path: Option<String>,
     username: Option<String>,
+    /// A signed URL's (`download_url`, `upload_url`): it names no sandbox.
+    signature: Option<String>,
+    signature_expiration: Option<String>,
+}
+
+/// The sandbox of a `/files` request: named by its headers, or, for a
+/// signed URL, the one whose token signed it for `operation` (`read`,
+/// `write`), before its expiration.
+fn files_sandbox(door: &E2b, headers: &HeaderMap, q: &FilesQuery, operation: &str) -> Result<String, RpcError> {
+    let Some(signature) = q.signature.as_deref().filter(|_| header(headers, "e2b-sandbox-id").is_none()) else {
+        return sandbox_of(door, headers);
+    };
+    let path = q.path.as_deref().unwrap_or_default();
+    let user = q.username.as_deref().unwrap_or_default();
+    let expiration = q.signature_expiration.as_deref();
+    let id = door.signed_by((path, operation, user), signature, expiration).ok_or_else(|| {
+        RpcError::new("unauthenticated", format!("the signature does not sign a {operation} of {path:?}"))
+    })?;
+    if let Some(e) = expiration {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        if e.parse::<u64>().map_or(true, |e| e < now) {
+            return Err(RpcError::new("unauthenticated", "the signed URL has expired"));
+        }
+    }
+    if door.is_paused(&id) {
+        return Err(RpcError::new("unavailable", format!("sandbox {id} is paused: resume it with Sandbox.connect")));
+    }
+    Ok(id)
 }
 
 async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
     let result = async {
-        let id = sandbox_of(&door, &headers)?;
+        let id = files_sandbox(&door, &headers, &q, "read")?;
         let path = q.path.ok_or_else(|| RpcError::invalid("no path"))?;
         let opened = door.engine.read_file(&id, &path, q.username.as_deref()).await?;
         Ok::<_, RpcError>(opened)
@@ -129,7 +159,7 @@ fn written(info: &FileInfo) -> Value {
 
 async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>, req: Request) -> Response {
     let result = async {
-        let id = sandbox_of(&door, &headers)?;
+        let id = files_sandbox(&door, &headers, &q, "write")?;
         if header(&headers, "content-encoding").is_some_and(|e| e != "identity") {
             return Err(RpcError::invalid("compressed uploads (gzip=True) are not supported by Sandtree"));
         }

@@ -98,6 +98,33 @@ impl E2b {
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// The sandbox whose access token signed a file URL (E2B's
+    /// `download_url` / `upload_url`, which name no sandbox): `signature`
+    /// is `v1_` and the unpadded base64 of the SHA-256 of
+    /// `path:operation:user:token[:expiration]`, checked against every
+    /// sandbox the door has given a token for.
+    pub(crate) fn signed_by(
+        &self,
+        (path, operation, user): (&str, &str, &str),
+        signature: &str,
+        expiration: Option<&str>,
+    ) -> Option<String> {
+        use base64::Engine as _;
+        let ids: Vec<String> = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        ids.into_iter().find(|id| {
+            let token = self.access_token(id);
+            let raw = match expiration {
+                None => format!("{path}:{operation}:{user}:{token}"),
+                Some(e) => format!("{path}:{operation}:{user}:{token}:{e}"),
+            };
+            let want = format!(
+                "v1_{}",
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(raw.as_bytes()))
+            );
+            crate::daemon::auth::constant_time_eq(signature.as_bytes(), want.as_bytes())
+        })
+    }
+
     pub(crate) fn meta<T>(&self, id: &str, f: impl FnOnce(&mut SandboxMeta) -> T) -> T {
         let mut map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
         f(map.entry(id.to_string()).or_default())
