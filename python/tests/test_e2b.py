@@ -1208,7 +1208,6 @@ def test_pty(sbx: Sandbox) -> None:
     assert re.search(r"/dev/pts/\d+", text), text
 
 
-@pytest.mark.xfail(reason="the door does not know a PTY shell's exit status yet: its end always says 0", strict=True)
 def test_pty_exit_codes(sbx: Sandbox) -> None:
     # A PTY's end carries its shell's exit code, as a command's does; a
     # killed one ends by its signal (envd: exitCode -1, "signal: killed").

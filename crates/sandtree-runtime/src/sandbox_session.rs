@@ -88,6 +88,14 @@ impl Engine {
         Ok(sb.session_io(&sid)?)
     }
 
+    /// How a session's shell ended, once it has: its exit code, or the
+    /// signal that killed it (the first caller gets it).
+    pub async fn session_exit(&self, id: &str, sid: &str) -> Result<(Option<i32>, Option<i32>)> {
+        let (sb, sid) = self.session_of(id, sid)?;
+        let exit = sb.session_exit(&sid).await?;
+        Ok((exit.code, exit.signal))
+    }
+
     pub async fn close_session(&self, id: &str, sid: &str) -> Result<()> {
         let (sb, sid) = self.session_of(id, sid)?;
         sb.close_session(&sid).await?;

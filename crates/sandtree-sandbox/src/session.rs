@@ -440,6 +440,16 @@ impl Sandbox {
         Ok(SessionIo { output: shared.out.subscribe(), shared })
     }
 
+    /// How a session's shell ended: waits for its exit (once: the first
+    /// caller gets it).
+    pub async fn session_exit(&self, sid: &SessionId) -> Result<crate::exec::ExitInfo> {
+        let pid = {
+            let sessions = self.inner.sessions.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.get(&sid.0).map(|s| s.info.pid).ok_or_else(|| Error::NoSession(sid.0.clone()))?
+        };
+        self.conn().wait_pid(pid).await
+    }
+
     /// Terminate a session's shell (SIGHUP to its process group, then SIGKILL).
     pub async fn close_session(&self, sid: &SessionId) -> Result<()> {
         let session = self

@@ -408,7 +408,14 @@ async fn start_pty(door: Arc<E2b>, id: String, req: Value, exec: ExecRequest) ->
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }
         }
-        process.publish(json!({"end": {"exited": true, "status": "exited"}})).await;
+        // Its shell's status (its terminal closed: it exits, if it has not).
+        let exit = tokio::time::timeout(std::time::Duration::from_secs(5), hub_door.engine.session_exit(&id, &info.id));
+        let end = match exit.await {
+            Ok(Ok((Some(c), _))) => json!({"exitCode": c, "exited": true, "status": format!("exit status {c}")}),
+            Ok(Ok((None, Some(s)))) => json!({"exitCode": -1, "exited": false, "status": format!("signal: {s}")}),
+            _ => json!({"exited": true, "status": "exited"}),
+        };
+        process.publish(json!({ "end": end })).await;
         hub_door.processes.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), pid));
         let _ = hub_door.engine.close_session(&id, &info.id).await;
     });
