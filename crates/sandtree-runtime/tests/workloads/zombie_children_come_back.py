@@ -63,6 +63,27 @@ def ends(name, body):
     until(lambda: stat_of(pid)[0] == 'Z' and got[0] == before + 1)
 
 
+def ends_in_group(name, group, code, meanwhile=lambda pid: None):
+    """A child named `name` put in process group `group` (its own: None),
+    which exits with `code` once `meanwhile(its pid)` has run: its pid."""
+    r, w = os.pipe()
+    def body():
+        os.close(w)
+        os.read(r, 1)
+        os._exit(code)
+    before = got[0]
+    pid = child(name, body)
+    os.setpgid(pid, pid if group is None else group)
+    other = meanwhile(pid)
+    if other is not None:
+        os.setpgid(other, pid)
+    os.close(r)
+    os.write(w, b'x')
+    os.close(w)
+    until(lambda: stat_of(pid)[0] == 'Z' and got[0] == before + 1)
+    return pid
+
+
 def die_by(sig):
     def body():
         signal.signal(sig, signal.SIG_DFL)
@@ -78,38 +99,14 @@ def spawn():
     ends('z-segv', die_by(signal.SIGSEGV))
     ends('z-mine', lambda: None)
     # The leader's group, which the member joins before the leader ends.
-    r, w = os.pipe()
-    def lead():
-        os.close(w)
-        os.read(r, 1)
-        os._exit(3)
-    leader = child('z-leader', lead)
-    os.setpgid(leader, leader)
     def member():
         # (Not the query's connection: its client waits for its end.)
         os.closerange(3, 1024)
         while True:
             time.sleep(1000)
-    before = got[0]
-    m = child('member', member)
-    os.setpgid(m, leader)
-    os.close(r)
-    os.write(w, b'x')
-    os.close(w)
-    until(lambda: stat_of(leader)[0] == 'Z' and got[0] == before + 1)
+    leader = ends_in_group('z-leader', None, 3, lambda pid: child('member', member))
     # One more in that group, whose leader is a zombie now.
-    r, w = os.pipe()
-    def follow():
-        os.close(w)
-        os.read(r, 1)
-        os._exit(9)
-    before = got[0]
-    follower = child('z-follow', follow)
-    os.setpgid(follower, leader)
-    os.close(r)
-    os.write(w, b'x')
-    os.close(w)
-    until(lambda: stat_of(follower)[0] == 'Z' and got[0] == before + 1)
+    ends_in_group('z-follow', leader, 9)
     ends('z-sess', lambda: (os.setsid(), os._exit(5)))
     return 'spawned'
 
