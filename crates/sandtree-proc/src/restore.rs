@@ -735,7 +735,9 @@ fn make_by(
     let pids: HashSet<SandboxPid> = set
         .templates
         .iter()
-        .flat_map(|t| std::iter::once(t.image.pid).chain(t.image.zombies.iter().map(|z| z.pid)))
+        .flat_map(|t| {
+            std::iter::once(t.image.pid).chain(t.image.zombies.iter().filter(|z| z.pgid == z.pid).map(|z| z.pid))
+        })
         .collect();
     let crate::transplant::Parent { tracee, scratch, may_choose_pid, its_parent } = maker;
     for &i in members {

@@ -333,7 +333,7 @@ impl Stops {
         for s in st.stopped.iter_mut() {
             s.stopped_children =
                 stopped_jobs.iter().filter(|(_, ppid)| *ppid == s.ns_pid).map(|(pid, _)| *pid).collect();
-            let (zombies, refused) = zombie_children(s);
+            let (zombies, refused) = zombie_children(s, depth);
             s.zombies = zombies;
             for u in refused {
                 if !best_effort {
@@ -501,7 +501,7 @@ pub(crate) fn let_go(s: &StoppedProcess) {
 /// The children of stopped process `s` (of each of its threads) that
 /// exited and that it has not waited for yet (zombies), and the refusals
 /// of those a restore cannot end the same way.
-fn zombie_children(s: &StoppedProcess) -> (Vec<crate::model::ZombieImage>, Vec<Unrestorable>) {
+fn zombie_children(s: &StoppedProcess, depth: usize) -> (Vec<crate::model::ZombieImage>, Vec<Unrestorable>) {
     let (mut out, mut refused) = (Vec::new(), Vec::new());
     let tids = std::iter::once(s.host).chain(s.threads.iter().map(|t| t.0));
     for tid in tids {
@@ -512,13 +512,20 @@ fn zombie_children(s: &StoppedProcess) -> (Vec<crate::model::ZombieImage>, Vec<U
                 continue;
             }
             let comm = std::fs::read(format!("/proc/{child}/comm")).unwrap_or_default();
-            let comm = String::from_utf8_lossy(&comm).trim_end().to_string();
+            let comm = String::from_utf8_lossy(comm.strip_suffix(b"\n").unwrap_or(&comm)).to_string();
             let refuse = |reason: String| Unrestorable {
                 pid: status.ns_pid,
                 comm: comm.clone(),
                 resource: "exit status".into(),
                 reason,
             };
+            if status.ns_depth != depth {
+                refused.push(refuse(format!(
+                    "it exited in a pid namespace of its own and its parent, pid {}, has not waited for it yet (a zombie of another pid namespace: not captured yet)",
+                    s.ns_pid
+                )));
+                continue;
+            }
             let Ok((wait_status, exit_signal)) = procfs::exit_status(child) else {
                 refused.push(refuse(format!(
                     "it exited and its parent, pid {}, has not waited for it yet (a zombie), and its exit status could not be read",

@@ -1064,6 +1064,21 @@ static ZOMBIE_OF_ANOTHER_USER_IS_REFUSED: Spec = Spec {
     ..Spec::DEFAULT
 };
 
+/// A zombie in the group of a live child (a job's last command that exited
+/// before the shell waited for it): a restore makes that group only at the
+/// live child's own turn, after the zombie, so the checkpoint is refused,
+/// naming the zombie; once waited for, checkpointed and restored as usual.
+static ZOMBIE_IN_A_LIVE_LEADERS_GROUP_IS_REFUSED: Spec = Spec {
+    program: program!("zombie_in_a_live_leaders_group_is_refused.py"),
+    setup: &[
+        Ask("spawn", Is("state=Z")),
+        Refused(None, &["a zombie", "a group led by a live process"]),
+        Ask("reap", Is("status=4")),
+    ],
+    rounds: 1,
+    ..Spec::DEFAULT
+};
+
 /// Each zombie child of the program, as `state` tells it at the checkpoint:
 /// state, name, group and session.
 const ZOMBIES_AT_CK: &str = "member=S/member/leader/mine/mine z-code=Z/z-code/mine/mine/mine \
@@ -3185,6 +3200,7 @@ fn main() {
         ("stopped_process_comes_back_stopped", declared!(STOPPED_PROCESS_COMES_BACK_STOPPED)),
         ("zombie_of_another_user_is_refused", declared!(ZOMBIE_OF_ANOTHER_USER_IS_REFUSED)),
         ("zombie_children_come_back", declared!(ZOMBIE_CHILDREN_COME_BACK)),
+        ("zombie_in_a_live_leaders_group_is_refused", declared!(ZOMBIE_IN_A_LIVE_LEADERS_GROUP_IS_REFUSED)),
         ("children_come_back", declared!(CHILDREN_COME_BACK)),
         ("stopped_children", declared!(STOPPED_CHILDREN)),
         ("inet_socket_options", declared!(INET_SOCKET_OPTIONS)),

@@ -19,9 +19,12 @@
 //! of its parent); its parent ignores its exit signal now (`SIG_IGN` on
 //! `SIGCHLD`: the kernel would reap the new one at once); another session
 //! than its parent's, unless it leads its own with no process in it; a
-//! group it could not join at the restore (see below), or a group it leads
-//! with members that are not children of its parent (those are made
-//! elsewhere, by a surrogate of the gone leader, `restore.rs`).
+//! group it could not join at the restore (see below: one led by a live
+//! process, which takes its group only at its own turn), or a group it
+//! leads with members that are not children of its parent (those are made
+//! elsewhere, by a surrogate of the gone leader, `restore.rs`); a group
+//! that is its terminal's foreground group (given back by a live leader
+//! alone); a zombie of another pid namespace than the sandbox's.
 //!
 //! **Restore** ([`make`], in `restore.rs`: once the parent is fixed up,
 //! still stopped). For each zombie:
@@ -140,19 +143,37 @@ fn refusal_of(z: &ZombieImage, parent: &ProcessImage, images: &[(&ProcessImage, 
         }
         return None;
     }
-    if let Some(m) = others().find(|i| i.pgid == z.pid && i.ppid != parent.pid) {
+    if let Some(m) = others().find(|i| i.pgid == z.pid && (i.ppid != parent.pid || z.pgid != z.pid)) {
         return Some(format!(
-            "it led process group {}, whose member pid {} is not a child of its parent (not captured yet)",
+            "process group {} (its pid) has member pid {}, which is not a child of its parent or which it no longer leads (not captured yet)",
             z.pid, m.pid
         ));
     }
+    // (A terminal's foreground group is given back by its live leader
+    // alone: `process::session`.)
+    if let Some(m) = others().find(|i| i.tpgid == Some(z.pgid) && z.pgid != parent.pgid && z.pgid != z.pid) {
+        return Some(format!(
+            "its group {} is the foreground group of pid {}'s terminal (not captured yet)",
+            z.pgid, m.pid
+        ));
+    }
+    if let Some(m) = others().find(|i| i.tpgid == Some(z.pid) && z.pgid == z.pid) {
+        return Some(format!(
+            "the group it led is the foreground group of pid {}'s terminal (not captured yet)",
+            m.pid
+        ));
+    }
+    // Another group than its parent's or its own: one whose leader is gone
+    // (a surrogate makes it again, before) or a zombie of its parent (made
+    // before). A live leader takes its group at its own turn, after.
+    let leader_gone = !others().any(|i| i.pid == z.pgid) && others().any(|i| i.ppid == parent.pid && i.pgid == z.pgid);
     let joinable = z.pgid == parent.pgid
         || z.pgid == z.pid
-        || others().any(|i| i.ppid == parent.pid && i.pgid == z.pgid)
+        || leader_gone
         || parent.zombies.iter().any(|o| o.pid == z.pgid && o.pgid == o.pid);
     if !joinable {
         return Some(format!(
-            "it is in process group {}, which no other child of its parent is in: the child could not join it",
+            "it is in process group {}, which a restore does not make before it (a group led by a live process, or by no child of its parent)",
             z.pgid
         ));
     }

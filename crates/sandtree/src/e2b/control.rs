@@ -133,10 +133,16 @@ fn api_error(e: sandtree_runtime::Error) -> Failure {
     error(api.code.http_status(), api.message)
 }
 
-/// A 409 made a 422: for a pause, where the SDK takes 409 to mean "already
-/// paused".
-fn not_a_conflict(f: Failure) -> Failure {
-    if f.status == StatusCode::CONFLICT { Failure { status: StatusCode::UNPROCESSABLE_ENTITY, ..f } } else { f }
+/// An error of a pause, where the SDK takes 409 to mean "already paused":
+/// a 409 made a 422 but for a sandbox no longer running (a pause raced by
+/// another).
+fn not_a_conflict(e: sandtree_runtime::Error) -> Failure {
+    let stopped = e.to_api().code == sandtree_api::ErrorCode::SandboxNotRunning;
+    let f = api_error(e);
+    match f.status == StatusCode::CONFLICT && !stopped {
+        true => Failure { status: StatusCode::UNPROCESSABLE_ENTITY, ..f },
+        false => f,
+    }
 }
 
 fn unsupported(what: &str) -> Failure {
@@ -462,8 +468,8 @@ async fn pause(State(door): Door, headers: HeaderMap, Path(id): Path<String>) ->
     // The SDK reads any 409 as "already paused" and returns False: a
     // checkpoint's refusal (a process it cannot restore, say) is answered
     // as 422 so that the SDK raises it with its reason.
-    let ck = door.engine.checkpoint(&id, req).await.map_err(|e| not_a_conflict(api_error(e)))?.checkpoint.id;
-    door.engine.stop_sandbox(&id).await.map_err(|e| not_a_conflict(api_error(e)))?;
+    let ck = door.engine.checkpoint(&id, req).await.map_err(not_a_conflict)?.checkpoint.id;
+    door.engine.stop_sandbox(&id).await.map_err(not_a_conflict)?;
     door.disarm_timeout(&id);
     door.meta(&id, |m| {
         m.paused = Some(ck);
