@@ -266,6 +266,14 @@ pub struct QueuedSignal {
     pub siginfo: Vec<u8>,
 }
 
+impl QueuedSignal {
+    /// Its signal (`si_signo`, the first field of its `siginfo_t`; 0 for a
+    /// `siginfo_t` too short to have one).
+    pub fn signo(&self) -> i32 {
+        self.siginfo.get(..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_ne_bytes)
+    }
+}
+
 /// `user_regs_struct` as plain fields.
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -270,7 +270,7 @@ pub(crate) fn lay_out(
     let explain = |e: Error| match e {
         Error::Remote { call: "open (a mapped file)", errno, .. } => {
             let missing: Vec<String> = (layout.maps.iter())
-                .filter_map(|m| m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)")))
+                .filter_map(mapped_file)
                 .map(|p| (p, in_tree(p)))
                 .filter(|(_, t)| std::fs::symlink_metadata(format!("/proc/{tid}/root{t}")).is_err())
                 .map(|(p, t)| if p == t { p.to_string() } else { format!("{p} (as {t})") })
@@ -358,12 +358,18 @@ pub(crate) fn lay_out(
     Ok(())
 }
 
+/// The file mapping `m` maps, by path, when it is one a path opens (not
+/// deleted).
+fn mapped_file(m: &MapImage) -> Option<&str> {
+    m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))
+}
+
 /// Add to `b` the calls that make mapping `m` again, empty (its pages are
 /// copied after); what cannot be made so, as a reason.
 fn map_again(b: &mut Batch, m: &MapImage, in_tree: &dyn Fn(&str) -> String) -> std::result::Result<(), String> {
     let (start, len) = (m.start, m.end - m.start);
     let prot = m.prot() as u64;
-    let file = m.path.as_deref().filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"));
+    let file = mapped_file(m);
     if m.shared() && file.is_none() {
         return Err(format!("mapping {:x}-{:x} is shared memory", m.start, m.end));
     }

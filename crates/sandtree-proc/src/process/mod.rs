@@ -165,12 +165,7 @@ fn clone3_at_last_pid(
             // (`ECHILD` for a sibling, `CLONE_PARENT`'s: init reaps it.)
             let reaped = src.syscall(libc::SYS_wait4, &[out.ret as u64, 0, libc::__WALL as u64, 0])?.ret > 0;
             if reaped && !sigchld_before && sigchld_pending(src.tid) {
-                let at = args + 1024;
-                let mut set_and_timeout = (1u64 << (libc::SIGCHLD - 1)).to_ne_bytes().to_vec();
-                set_and_timeout.extend_from_slice(&[0u8; 16]);
-                sandtree_sys::ptrace::write_mem(src.tid.raw(), at, &set_and_timeout)
-                    .map_err(Error::ptrace(src.tid, "write sigset"))?;
-                src.call("rt_sigtimedwait (SIGCHLD)", libc::SYS_rt_sigtimedwait, &[at, 0, at + 8, 8])?;
+                signals::take_pending(src, 1 << (libc::SIGCHLD - 1), args + 1024)?;
             }
         }
         if !(wait && backoff.snooze()) {

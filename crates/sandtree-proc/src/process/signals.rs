@@ -9,7 +9,10 @@ use crate::batch::{Arg, Batch};
 use crate::inject::Tracee;
 use crate::model::{ProcessImage, QueuedSignal};
 use crate::pid::HostPid;
-use crate::{Error, Result};
+use crate::{Error, Result, SandboxPid};
+
+/// `rt_sigtimedwait`'s answer when nothing of its set is pending.
+const EAGAIN: i64 = -(libc::EAGAIN as i64);
 
 /// Pass 1: the signals pending for stopped process `host` (`pending`: the
 /// mask of them), with their `siginfo_t`, thread-directed ones first.
@@ -64,7 +67,7 @@ pub(crate) fn requeue(
     // queue a siginfo that says `tgkill` (`SI_TKILL`) or the kernel sent it.
     for (t, (tracee, _)) in image.other_threads.iter().zip(threads.iter_mut()) {
         for q in &t.queued {
-            let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
+            let sig = q.signo() as u64;
             ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo)
                 .map_err(Error::ptrace(p.tid, "write siginfo"))?;
             let (me, thread) = (image.pid.raw() as u64, t.tid.raw() as u64);
@@ -73,13 +76,42 @@ pub(crate) fn requeue(
         }
     }
     for q in &image.queued_signals {
-        let sig = u32::from_ne_bytes(q.siginfo[..4].try_into().unwrap_or_default()) as u64;
-        ptrace::write_mem(p.tid.raw(), scratch + 1024, &q.siginfo).map_err(Error::ptrace(p.tid, "write siginfo"))?;
-        let me = image.pid.raw() as u64;
-        if q.shared {
-            p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, scratch + 1024])?;
-        } else {
-            p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, scratch + 1024])?;
+        queue_again(p, image.pid, q, scratch + 1024)?;
+    }
+    Ok(())
+}
+
+/// Queue `q` again in the stopped process `p` (its main thread; `pid` in
+/// the sandbox): to the process or to that thread, as it was, with its
+/// `siginfo` written at `at` in its memory (a process may queue any
+/// siginfo to itself).
+pub(crate) fn queue_again(p: &mut Tracee, pid: SandboxPid, q: &QueuedSignal, at: u64) -> Result<()> {
+    ptrace::write_mem(p.tid.raw(), at, &q.siginfo).map_err(Error::ptrace(p.tid, "write siginfo"))?;
+    let (me, sig) = (pid.raw() as u64, q.signo() as u64);
+    match q.shared {
+        true => p.call("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[me, sig, at])?,
+        false => p.call("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, at])?,
+    };
+    Ok(())
+}
+
+/// Take every pending signal of `set` (a mask: bit `n - 1` for signal
+/// `n`) out of the stopped process `p` (its thread's queue and the
+/// process's), by injected `rt_sigtimedwait`s that do not wait; `at`: 24
+/// bytes of its memory for the set and the (zero) timeout.
+pub(crate) fn take_pending(p: &mut Tracee, set: u64, at: u64) -> Result<()> {
+    let mut set_and_timeout = set.to_ne_bytes().to_vec();
+    set_and_timeout.extend_from_slice(&[0u8; 16]);
+    ptrace::write_mem(p.tid.raw(), at, &set_and_timeout).map_err(Error::ptrace(p.tid, "write sigset"))?;
+    // (At most one of each standard signal per queue; real-time ones queue.)
+    for _ in 0..64 {
+        match p.syscall(libc::SYS_rt_sigtimedwait, &[at, 0, at + 8, 8])?.ret {
+            EAGAIN => break,
+            ret if ret < 0 => {
+                let errno = std::io::Error::from_raw_os_error(-ret as i32);
+                return Err(Error::Remote { pid: p.tid, call: "rt_sigtimedwait", errno });
+            }
+            _ => {}
         }
     }
     Ok(())

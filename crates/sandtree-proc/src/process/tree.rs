@@ -141,14 +141,8 @@ fn end(first: &mut Tracee) -> Result<()> {
 /// Queue again the `SIGCHLD` that ignoring it discarded, if `queued` has
 /// one (`at`: room for its `siginfo_t` below the stack).
 fn requeue_sigchld(orig: &mut Tracee, (pid, queued): (SandboxPid, &[QueuedSignal]), at: u64) -> Result<()> {
-    let sigchld = |q: &&QueuedSignal| q.siginfo.get(..4) == Some(&libc::SIGCHLD.to_ne_bytes()[..]);
-    for q in queued.iter().filter(sigchld) {
-        ptrace::write_mem(orig.tid.raw(), at, &q.siginfo).map_err(Error::ptrace(orig.tid, "write siginfo"))?;
-        let (me, sig) = (pid.raw() as u64, libc::SIGCHLD as u64);
-        match q.shared {
-            true => orig.call("rt_sigqueueinfo (SIGCHLD)", libc::SYS_rt_sigqueueinfo, &[me, sig, at])?,
-            false => orig.call("rt_tgsigqueueinfo (SIGCHLD)", libc::SYS_rt_tgsigqueueinfo, &[me, me, sig, at])?,
-        };
+    for q in queued.iter().filter(|q| q.signo() == libc::SIGCHLD) {
+        super::signals::queue_again(orig, pid, q, at)?;
     }
     Ok(())
 }

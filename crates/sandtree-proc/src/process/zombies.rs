@@ -98,11 +98,10 @@ const DUMPS_CORE: [i32; 10] = [
 
 /// Where in the parent's scratch page (shared with a `CLONE_VM` child) the
 /// calls' arguments go: a `struct kernel_sigaction`, the name, a signal set
-/// and a `timespec`, a `siginfo_t`.
+/// and a `timespec` (24 bytes), a `siginfo_t`.
 const SIGACTION_AT: u64 = 1024;
 const NAME_AT: u64 = 1056;
 const SET_AT: u64 = 1088;
-const TIMEOUT_AT: u64 = 1096;
 const SIGINFO_AT: u64 = 1152;
 
 /// The checkpoint's refusal of a parent whose zombie a restore could not
@@ -347,35 +346,10 @@ pub(crate) fn take_back_signals(
     if sent.is_empty() {
         return Ok(());
     }
-    let tid = parent.tid;
-    let set: u64 = sent.iter().map(|&s| 1u64 << (s - 1)).fold(0, |a, b| a | b);
-    let mut args = set.to_ne_bytes().to_vec();
-    args.extend_from_slice(&[0u8; 16]);
-    ptrace::write_mem(tid.raw(), scratch + SET_AT, &args).map_err(Error::ptrace(tid, "write sigset"))?;
-    debug_assert_eq!(SET_AT + 8, TIMEOUT_AT);
-    for _ in 0..64 {
-        let wait = [scratch + SET_AT, 0, scratch + TIMEOUT_AT, 8];
-        if parent.syscall(libc::SYS_rt_sigtimedwait, &wait)?.ret <= 0 {
-            break;
-        }
-    }
-    let signo = |q: &QueuedSignal| q.siginfo.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
-    for q in queued.iter().filter(|q| signo(q).is_some_and(|s| sent.contains(&s))) {
-        let sig = signo(q).unwrap_or_default() as u64;
-        ptrace::write_mem(tid.raw(), scratch + SIGINFO_AT, &q.siginfo).map_err(Error::ptrace(tid, "write siginfo"))?;
-        let me = pid.raw() as u64;
-        match q.shared {
-            true => parent.call(
-                "rt_sigqueueinfo (an exit signal)",
-                libc::SYS_rt_sigqueueinfo,
-                &[me, sig, scratch + SIGINFO_AT],
-            )?,
-            false => parent.call(
-                "rt_tgsigqueueinfo (an exit signal)",
-                libc::SYS_rt_tgsigqueueinfo,
-                &[me, me, sig, scratch + SIGINFO_AT],
-            )?,
-        };
+    let set = sent.iter().fold(0u64, |set, &s| set | 1 << (s - 1));
+    super::signals::take_pending(parent, set, scratch + SET_AT)?;
+    for q in queued.iter().filter(|q| sent.contains(&q.signo())) {
+        super::signals::queue_again(parent, pid, q, scratch + SIGINFO_AT)?;
     }
     Ok(())
 }

@@ -68,8 +68,12 @@ fn sandbox_of(door: &E2b, headers: &HeaderMap) -> Result<String, RpcError> {
     if !crate::daemon::auth::constant_time_eq(token.as_bytes(), door.access_token(id).as_bytes()) {
         return Err(RpcError::new("unauthenticated", format!("wrong or missing X-Access-Token for sandbox {id}")));
     }
-    // (A paused sandbox runs nothing: work done now would be lost at the
-    // resume, which rolls back to the pause.)
+    unpaused(door, id)
+}
+
+/// `id`, unless the sandbox is paused: it runs nothing then (work done now
+/// would be lost at the resume, which rolls back to the pause).
+fn unpaused(door: &E2b, id: &str) -> Result<String, RpcError> {
     if door.is_paused(id) {
         return Err(RpcError::new("unavailable", format!("sandbox {id} is paused: resume it with Sandbox.connect")));
     }
@@ -133,10 +137,7 @@ fn files_sandbox(door: &E2b, headers: &HeaderMap, q: &FilesQuery, operation: &st
             return Err(RpcError::new("unauthenticated", "the signed URL has expired"));
         }
     }
-    if door.is_paused(&id) {
-        return Err(RpcError::new("unavailable", format!("sandbox {id} is paused: resume it with Sandbox.connect")));
-    }
-    Ok(id)
+    unpaused(door, &id)
 }
 
 async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
