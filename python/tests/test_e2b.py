@@ -1267,33 +1267,65 @@ def test_async_watch_dir() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(reason="compressed uploads (gzip=True) are refused: 'not supported by Sandtree'", strict=True)
 def test_gzip_upload(sbx: Sandbox) -> None:
     sbx.files.write("/root/gz.txt", "compressed on the way", gzip=True)
     assert sbx.files.read("/root/gz.txt") == "compressed on the way"
+    # Large and streamed, as a file object: decoded as it comes.
+    data = bytes(range(256)) * 40_000 + os.urandom(1 << 20)
+    info = sbx.files.write("/root/gz.bin", io.BytesIO(data), gzip=True)
+    assert info.path == "/root/gz.bin"
+    assert sbx.files.read("/root/gz.bin", format="bytes") == data
+    assert sbx.files.read("/root/gz.bin", format="bytes", gzip=True) == data
 
 
-def test_gzip_upload_refusal_is_clear(sbx: Sandbox) -> None:
-    # (Until gzip uploads are served, the refusal names the cause.)
-    try:
-        sbx.files.write("/root/gz.txt", "x", gzip=True)
-    except InvalidArgumentException as e:
-        assert "not supported by Sandtree" in str(e)
-    else:
-        assert sbx.files.read("/root/gz.txt") == "x"
+def test_gzip_upload_that_is_not_gzip_writes_nothing(sbx: Sandbox) -> None:
+    sbx.files.write("/root/kept.txt", "old")
+    url = f"{os.environ['E2B_SANDBOX_URL']}/files"
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or "",
+               "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}
+    r = httpx.post(url, params={"path": "/root/kept.txt"}, content=b"plain, not gzip", headers=headers, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "not gzip" in r.json()["message"]
+    r = httpx.post(url, params={"path": "/root/kept.txt"}, content=b"x",
+                   headers={**headers, "Content-Encoding": "br"}, timeout=10)
+    assert r.status_code == 400 and "not supported" in r.json()["message"], r.text
+    assert sbx.files.read("/root/kept.txt") == "old"
 
 
-def test_file_metadata_is_refused_clearly(sbx: Sandbox) -> None:
-    with pytest.raises(InvalidArgumentException, match="not supported by Sandtree"):
-        sbx.files.write("/root/meta.txt", "m", metadata={"owner": "me"})
-    assert not sbx.files.exists("/root/meta.txt")
-
-
-@pytest.mark.xfail(reason="file metadata (write(metadata=), X-Metadata-* headers) is refused by the door", strict=True)
 def test_file_metadata(sbx: Sandbox) -> None:
-    info = sbx.files.write("/root/meta.txt", "m", metadata={"owner": "me"})
-    assert info.metadata == {"owner": "me"}
-    assert sbx.files.get_info("/root/meta.txt").metadata == {"owner": "me"}
+    info = sbx.files.write("/root/meta.txt", "m", metadata={"owner": "me", "Run-Id": "run 7"})
+    assert info.metadata == {"owner": "me", "run-id": "run 7"}
+    assert sbx.files.get_info("/root/meta.txt").metadata == {"owner": "me", "run-id": "run 7"}
+    listed = {e.name: e for e in sbx.files.list("/root")}
+    assert listed["meta.txt"].metadata == {"owner": "me", "run-id": "run 7"}
+    # Stored as user.e2b.* attributes, which the sandbox's programs see.
+    out = sbx.commands.run("python3 -c \"import os; print(os.getxattr('/root/meta.txt', 'user.e2b.owner').decode())\"")
+    assert out.stdout.strip() == "me"
+    # A rename keeps them; an overwrite replaces the whole set.
+    moved = sbx.files.rename("/root/meta.txt", "/root/meta2.txt")
+    assert moved.metadata == {"owner": "me", "run-id": "run 7"}
+    again = sbx.files.write("/root/meta2.txt", "n", metadata={"stage": "2"})
+    assert again.metadata == {"stage": "2"}
+    assert sbx.files.get_info("/root/meta2.txt").metadata == {"stage": "2"}
+    sbx.files.write("/root/meta2.txt", "plain")
+    assert sbx.files.get_info("/root/meta2.txt").metadata is None
+    # Out of band: set by a program in the sandbox, shown all the same.
+    sbx.commands.run("mkdir -p /root/d && python3 -c \"import os; os.setxattr('/root/d', 'user.e2b.tag', b'dir')\"")
+    assert sbx.files.get_info("/root/d").metadata == {"tag": "dir"}
+    # Several files of one upload share it.
+    infos = sbx.files.write_files([{"path": "/root/a.txt", "data": "a"}, {"path": "/root/b.txt", "data": "b"}],
+                                  metadata={"batch": "1"})
+    assert [i.metadata for i in infos] == [{"batch": "1"}, {"batch": "1"}]
+
+
+def test_file_metadata_is_checked(sbx: Sandbox) -> None:
+    # (The SDK checks keys and values too; the door checks them for any client.)
+    url = f"{os.environ['E2B_SANDBOX_URL']}/files"
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or "",
+               "Content-Type": "application/octet-stream", "X-Metadata-big": "v" * 5000}
+    r = httpx.post(url, params={"path": "/root/m.txt"}, content=b"x", headers=headers, timeout=10)
+    assert r.status_code == 400 and "printable ASCII" in r.json()["message"], r.text
+    assert not sbx.files.exists("/root/m.txt")
 
 
 def test_signed_download_and_upload_urls(sbx: Sandbox) -> None:

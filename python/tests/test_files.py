@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 import sandtree
+from conftest import Daemon
 
 
 def test_write_and_read_bytes(sandbox: sandtree.Sandbox) -> None:
@@ -180,3 +183,38 @@ def test_files_of_a_stopped_sandbox(sandbox: sandtree.Sandbox) -> None:
     sandbox.files.write("/root/while-stopped.txt", io.BytesIO(b"written"))
     sandbox.start()
     assert sandbox.exec(["cat", "/root/while-stopped.txt"]).check().text == "written"
+
+
+def test_metadata_is_stored_on_the_file_and_rolls_back(sandbox: sandtree.Sandbox) -> None:
+    info = sandbox.files.write("/root/m.txt", "m", metadata={"Owner": "me", "step": "1"})
+    assert info.metadata == {"owner": "me", "step": "1"}
+    assert sandbox.files.stat("/root/m.txt").metadata == {"owner": "me", "step": "1"}
+    assert {e.name: e.metadata for e in sandbox.files.list("/root")}["m.txt"] == {"owner": "me", "step": "1"}
+    # As extended attributes, which the sandbox's programs read.
+    got = sandbox.exec(["python3", "-c", "import os; print(os.getxattr('/root/m.txt', 'user.e2b.step').decode())"])
+    assert got.check().text.strip() == "1"
+    ck = sandbox.checkpoint()
+    assert sandbox.files.write("/root/m.txt", "n", metadata={"step": "2"}).metadata == {"step": "2"}
+    assert sandbox.files.write("/root/m.txt", "o").metadata == {}
+    sandbox.rollback(ck)
+    assert sandbox.files.stat("/root/m.txt").metadata == {"owner": "me", "step": "1"}
+    with pytest.raises(sandtree.InvalidArgumentError, match="metadata key"):
+        sandbox.files.write("/root/bad.txt", "x", metadata={"a b": "c"})
+    assert not sandbox.files.exists("/root/bad.txt")
+
+
+def test_gzip_uploads_are_decoded(sandbox: sandtree.Sandbox, daemon: Daemon) -> None:
+    data = bytes(range(256)) * 4096 + os.urandom(100_000)
+    url = f"http://sandtree/v1/sandboxes/{sandbox.id}/files"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket))) as http:
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/octet-stream"}
+        r = http.put(url, params={"path": "/root/z.bin"}, content=gzip.compress(data), headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["size"] == len(data)
+        assert sandbox.files.read("/root/z.bin") == data
+        # Not gzip, or cut short: refused, and the old file stays whole.
+        r = http.put(url, params={"path": "/root/z.bin"}, content=b"not gzip at all", headers=headers)
+        assert r.status_code == 400 and "not gzip" in r.json()["error"]["message"], r.text
+        r = http.put(url, params={"path": "/root/z.bin"}, content=gzip.compress(data)[:-100], headers=headers)
+        assert r.status_code == 400 and "stops short" in r.json()["error"]["message"], r.text
+        assert sandbox.files.read("/root/z.bin") == data

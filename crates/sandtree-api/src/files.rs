@@ -10,7 +10,7 @@
 //! | method | path | body → response |
 //! |--------|------|-----------------|
 //! | GET    | `/v1/sandboxes/{id}/files?path=P` | → the file's bytes (`application/octet-stream`) |
-//! | PUT    | `/v1/sandboxes/{id}/files?path=P[&user=U][&mode=644]` | the bytes, of any length → 200 `FileInfo` |
+//! | PUT    | `/v1/sandboxes/{id}/files?path=P[&user=U][&mode=644]` | the bytes, of any length (`Content-Encoding: gzip` accepted) → 200 `FileInfo` |
 //! | DELETE | `/v1/sandboxes/{id}/files?path=P[&recursive=true]` | → 204 |
 //! | GET    | `/v1/sandboxes/{id}/files/stat?path=P[&follow=true]` | → `FileInfo` |
 //! | GET    | `/v1/sandboxes/{id}/files/list?path=P[&depth=1]` | → `FileList` |
@@ -23,6 +23,15 @@
 //! missing parent directories are made. A file created is owned by `user`
 //! (default root) with `mode` (default `644`); a file replaced keeps its
 //! owner and mode unless they are given.
+//!
+//! **Metadata**: a write's `X-Metadata-<key>: <value>` headers become the
+//! file's metadata, which every description of it carries (`metadata`).
+//! They are stored on the file as extended attributes `user.e2b.<key>`,
+//! E2B's convention (so files written through either door agree, and the
+//! sandbox's programs can read them with `getfattr`); keys are lowercased.
+//! A write replaces the file's whole metadata, as it replaces its bytes.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -65,6 +74,10 @@ pub struct FileInfo {
     /// Where a symlink points (as written in it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// User-defined metadata: the file's `user.e2b.<key>` extended
+    /// attributes, by key (see the module docs). Absent when it has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// `GET /v1/sandboxes/{id}/files/list`: a directory's entries, sorted by

@@ -58,7 +58,7 @@ pub use config::{Config, NetworkConfig};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use sandbox_exec::{ExecIo, encode_output};
-pub use sandbox_files::{OpenedFile, WriteFile};
+pub use sandbox_files::{OpenedFile, WriteFile, checked_metadata};
 pub use sandbox_network::host_table_name;
 pub use sandbox_watch::{DirEvent, DirEventKind, DirWatch};
 pub use sandtree_proc::{ProcessStats, TestSwitches};

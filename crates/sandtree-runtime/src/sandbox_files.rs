@@ -16,8 +16,13 @@
 //!   `EXDEV`): the bytes are then copied there under the lock, and the
 //!   write lands, whole, after the checkpoint or rollback.
 //!
+//! A write may give the file metadata (key → value), stored on it as
+//! extended attributes `user.e2b.<key>` (E2B's convention); every
+//! description of a file (stat, list, move, write) carries its metadata.
+//!
 //! A stopped sandbox is started first, as an exec starts it.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -30,7 +35,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::engine::{Engine, block};
 use crate::error::{Error, Result};
-use crate::sandbox_root::{SandboxPath, SandboxRoot, parse_mode};
+use crate::sandbox_root::{METADATA_XATTR_PREFIX, SandboxPath, SandboxRoot, parse_mode, write_metadata};
 
 /// Most entries one listing answers.
 const LIST_MAX_ENTRIES: usize = 100_000;
@@ -48,6 +53,43 @@ pub struct WriteFile {
     pub user: Option<String>,
     /// Permission bits as octal text (default `644`, or the replaced file's).
     pub mode: Option<String>,
+    /// The file's metadata, by key (stored as `user.e2b.<key>` extended
+    /// attributes; keys are lowercased). It replaces the replaced file's.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Longest metadata key (the attribute's name is at most 255 bytes).
+const METADATA_KEY_MAX: usize = 255 - METADATA_XATTR_PREFIX.len();
+/// Longest metadata value, and most keys, of a file.
+const METADATA_VALUE_MAX: usize = 4096;
+const METADATA_MAX_KEYS: usize = 64;
+
+/// `metadata` with its keys lowercased, or why it cannot be stored: keys
+/// are HTTP header tokens (they travel as `X-Metadata-<key>`), values
+/// printable ASCII.
+pub fn checked_metadata(metadata: BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
+    if metadata.len() > METADATA_MAX_KEYS {
+        return Err(Error::InvalidArgument(format!(
+            "file metadata: {} keys, more than {METADATA_MAX_KEYS}",
+            metadata.len()
+        )));
+    }
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    let mut out = BTreeMap::new();
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > METADATA_KEY_MAX || !key.chars().all(token) {
+            return Err(Error::InvalidArgument(format!(
+                "file metadata key {key:?}: 1 to {METADATA_KEY_MAX} letters, digits or !#$%&'*+-.^_`|~"
+            )));
+        }
+        if value.len() > METADATA_VALUE_MAX || !value.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
+            return Err(Error::InvalidArgument(format!(
+                "file metadata value of {key:?}: at most {METADATA_VALUE_MAX} printable ASCII characters"
+            )));
+        }
+        out.insert(key.to_ascii_lowercase(), value);
+    }
+    Ok(out)
 }
 
 /// A file opened for reading: its description and the open file.
@@ -145,6 +187,7 @@ impl Engine {
         E: std::fmt::Display,
     {
         let mode = opts.mode.as_deref().map(parse_mode).transpose().map_err(Error::InvalidArgument)?;
+        let metadata = checked_metadata(opts.metadata)?;
         let account = self.files_account(id, opts.user.as_deref()).await?;
         let path = SandboxPath::parse(path, &account.home).map_err(Error::InvalidArgument)?;
         let Some((parent, name)) = path.split() else {
@@ -215,7 +258,8 @@ impl Engine {
                 Err(err) => return Err(e(err)),
             };
             let owned = rustix::fs::fchown(placed, Some(uid), Some(gid))
-                .and_then(|()| rustix::fs::fchmod(placed, Mode::from(bits)));
+                .and_then(|()| rustix::fs::fchmod(placed, Mode::from(bits)))
+                .and_then(|()| write_metadata(placed, &metadata));
             if let Err(err) = owned {
                 let _ = rustix::fs::unlinkat(&dir, temp_name.as_str(), AtFlags::empty());
                 return Err(e(err));
@@ -467,4 +511,26 @@ pub(crate) fn entry_names(dir: impl AsFd) -> std::result::Result<Vec<CString>, E
         .map(|e| e.file_name().to_owned())
         .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn metadata_keys_are_lowercased_tokens_and_values_printable_ascii() {
+        let ok = checked_metadata(meta(&[("Run-Id", "run 7"), ("a.b_c~", "")])).unwrap();
+        assert_eq!(ok, meta(&[("a.b_c~", ""), ("run-id", "run 7")]));
+        for bad in [("", "v"), ("a b", "v"), ("a/b", "v"), ("é", "v"), ("k", "line\nbreak"), ("k", "é")] {
+            assert!(checked_metadata(meta(&[bad])).is_err(), "{bad:?}");
+        }
+        assert!(checked_metadata(meta(&[("k", &"v".repeat(METADATA_VALUE_MAX + 1))])).is_err());
+        assert!(checked_metadata(meta(&[(&"k".repeat(METADATA_KEY_MAX + 1), "v")])).is_err());
+        let many: BTreeMap<String, String> = (0..=METADATA_MAX_KEYS).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert!(checked_metadata(many).is_err());
+    }
 }

@@ -13,7 +13,8 @@
 //! in host numbers; a host id outside the range shows as 65534, as the
 //! sandbox sees it.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -194,10 +195,7 @@ impl SandboxRoot {
     /// `lstat` of `path`: a symlink is described, not followed.
     pub(crate) fn stat(&self, path: &SandboxPath) -> Result<FileInfo, Errno> {
         match path.split() {
-            None => {
-                let st = rustix::fs::fstat(&self.root)?;
-                Ok(self.info(path, &st, None))
-            }
+            None => self.stat_fd(&self.root, path),
             Some((dir, name)) => {
                 let dir = self.open_dir(&dir)?;
                 self.stat_at(&dir, name, path)
@@ -213,17 +211,28 @@ impl SandboxRoot {
         path: &SandboxPath,
     ) -> Result<FileInfo, Errno> {
         let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-        let target = if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
-            rustix::fs::readlinkat(&dir, name, Vec::new()).ok().map(|t| t.to_string_lossy().into_owned())
+        let mut info = if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+            let target = rustix::fs::readlinkat(&dir, name, Vec::new()).ok();
+            self.info(path, &st, target.map(|t| t.to_string_lossy().into_owned()))
         } else {
-            None
+            self.info(path, &st, None)
         };
-        Ok(self.info(path, &st, target))
+        if has_metadata(&info) {
+            let entry = name.into_c_str()?;
+            let at = format!("/proc/self/fd/{}/{}", dir.as_fd().as_raw_fd(), entry.to_string_lossy());
+            // (`entry` is one name, never `..`: the path stays in `dir`.)
+            info.metadata = read_metadata(&at)?;
+        }
+        Ok(info)
     }
 
-    /// The description of an open file.
+    /// The description of an open file (which may be an `O_PATH` one).
     pub(crate) fn stat_fd(&self, fd: impl AsFd, path: &SandboxPath) -> Result<FileInfo, Errno> {
-        Ok(self.info(path, &rustix::fs::fstat(fd)?, None))
+        let mut info = self.info(path, &rustix::fs::fstat(&fd)?, None);
+        if has_metadata(&info) {
+            info.metadata = read_metadata(&format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))?;
+        }
+        Ok(info)
     }
 
     fn info(&self, path: &SandboxPath, st: &rustix::fs::Stat, symlink_target: Option<String>) -> FileInfo {
@@ -251,8 +260,62 @@ impl SandboxRoot {
             group: names.groups.get(&gid).cloned(),
             modified_at: util::rfc3339(modified),
             symlink_target,
+            metadata: Default::default(),
         }
     }
+}
+
+/// The prefix of the extended attributes that hold a file's metadata
+/// (E2B's convention: `user.e2b.<key>`).
+pub(crate) const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+
+/// Whether a file of `info`'s kind can carry metadata (`user.*`
+/// attributes: regular files and directories only).
+fn has_metadata(info: &FileInfo) -> bool {
+    matches!(info.kind, FileKind::File | FileKind::Dir)
+}
+
+/// The metadata of the file at `path` (a `/proc/self/fd` path: its last
+/// component is not followed), by key.
+fn read_metadata(path: &str) -> Result<BTreeMap<String, String>, Errno> {
+    let mut names = vec![0u8; 64 << 10];
+    let n = match rustix::fs::llistxattr(path, &mut names[..]) {
+        Ok(n) => n,
+        // (A file system without extended attributes has no metadata.)
+        Err(Errno::NOTSUP) => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = BTreeMap::new();
+    let mut value = vec![0u8; 64 << 10];
+    for name in names[..n].split(|b| *b == 0).filter(|n| n.starts_with(METADATA_XATTR_PREFIX.as_bytes())) {
+        let Ok(name) = std::str::from_utf8(name) else { continue };
+        let len = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+            Ok(len) => len,
+            Err(Errno::NODATA) => continue, // (removed meanwhile)
+            Err(e) => return Err(e),
+        };
+        let key = name[METADATA_XATTR_PREFIX.len()..].to_string();
+        out.insert(key, String::from_utf8_lossy(&value[..len]).into_owned());
+    }
+    Ok(out)
+}
+
+/// Gives the open file `fd` exactly `metadata` (its other `user.e2b.*`
+/// attributes are removed).
+pub(crate) fn write_metadata(fd: impl AsFd, metadata: &BTreeMap<String, String>) -> Result<(), Errno> {
+    let mut names = vec![0u8; 64 << 10];
+    let n = rustix::fs::flistxattr(&fd, &mut names[..])?;
+    for name in names[..n].split(|b| *b == 0).filter(|n| n.starts_with(METADATA_XATTR_PREFIX.as_bytes())) {
+        let Ok(name) = std::str::from_utf8(name) else { continue };
+        if !metadata.contains_key(&name[METADATA_XATTR_PREFIX.len()..]) {
+            rustix::fs::fremovexattr(&fd, name)?;
+        }
+    }
+    for (key, value) in metadata {
+        let name = format!("{METADATA_XATTR_PREFIX}{key}");
+        rustix::fs::fsetxattr(&fd, name.as_str(), value.as_bytes(), rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
 }
 
 /// The permission bits of an octal text (`"644"`, `"0755"`).

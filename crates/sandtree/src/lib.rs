@@ -18,4 +18,5 @@ pub mod mcp;
 pub mod rfc3339;
 pub mod units;
 pub mod unix_http;
+pub mod upload;
 pub mod url;

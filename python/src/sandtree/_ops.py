@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -13,7 +14,7 @@ from typing import IO, Any
 import httpx
 
 from ._transport import Body, Call, Source, Wait, path
-from .errors import SandtreeError, error_for
+from .errors import InvalidArgumentError, SandtreeError, error_for
 from .models import (
     CheckpointInfo,
     DaemonInfo,
@@ -505,18 +506,40 @@ def read_file(sandbox_id: str, file_path: str, user: str | None) -> Call[bytes]:
     return Call("GET", path("sandboxes", sandbox_id, "files"), lambda r: r.content, params=params, wait=None)
 
 
+_METADATA_KEY = re.compile(r"[A-Za-z0-9!#$%&'*+\-.^_`|~]+")
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
 def write_file(
-    sandbox_id: str, file_path: str, data: FileData, *, user: str | None, mode: int | str | None
+    sandbox_id: str,
+    file_path: str,
+    data: FileData,
+    *,
+    user: str | None,
+    mode: int | str | None,
+    metadata: Mapping[str, str] | None = None,
 ) -> Call[FileInfo]:
     params = _drop_none({"path": file_path, "user": user, "mode": _mode(mode)})
     source: Source = data.encode() if isinstance(data, str) else data
+    headers = {"Content-Type": "application/octet-stream"}
+    for key, value in (metadata or {}).items():
+        # (They travel as headers: checked here as the daemon checks them.)
+        if not _METADATA_KEY.fullmatch(key):
+            raise InvalidArgumentError(
+                "invalid_argument", f"file metadata key {key!r}: letters, digits or !#$%&'*+-.^_`|~ only"
+            )
+        if not _METADATA_VALUE.fullmatch(value):
+            raise InvalidArgumentError(
+                "invalid_argument", f"file metadata value of {key!r}: printable ASCII characters only"
+            )
+        headers[f"X-Metadata-{key}"] = value
     return Call(
         "PUT",
         path("sandboxes", sandbox_id, "files"),
         lambda r: parse(FileInfo, _json(r)),
         params=params,
         body=Body.of(b"", source),
-        headers={"Content-Type": "application/octet-stream"},
+        headers=headers,
         wait=None,
     )
 

@@ -458,10 +458,18 @@ class AsyncFiles:
         return (await self.read(path, user=user)).decode(encoding)
 
     async def write(
-        self, path: str, data: FileData, *, user: str | None = None, mode: int | str | None = None
+        self,
+        path: str,
+        data: FileData,
+        *,
+        user: str | None = None,
+        mode: int | str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> FileInfo:
-        """Writes a file at once, making missing parent directories."""
-        return await self._client._run(ops.write_file(self._sandbox.id, path, data, user=user, mode=mode))
+        """Writes a file at once, making missing parent directories (see
+        the sync client's ``files.write``)."""
+        call = ops.write_file(self._sandbox.id, path, data, user=user, mode=mode, metadata=metadata)
+        return await self._client._run(call)
 
     async def stat(self, path: str, *, user: str | None = None) -> FileInfo:
         """What ``path`` is (a symlink is described, not followed)."""

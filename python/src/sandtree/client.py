@@ -496,7 +496,15 @@ class Files:
         """The file decoded as text."""
         return self.read(path, user=user).decode(encoding)
 
-    def write(self, path: str, data: FileData, *, user: str | None = None, mode: int | str | None = None) -> FileInfo:
+    def write(
+        self,
+        path: str,
+        data: FileData,
+        *,
+        user: str | None = None,
+        mode: int | str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> FileInfo:
         """Writes a file, at once (never half: readers see the old file or the
         new one), making missing parent directories.
 
@@ -506,8 +514,11 @@ class Files:
             user: owner of a new file (default root); ``path`` relative to its home.
             mode: permission bits, ``0o644`` or ``"644"`` (a new file: 644;
                 a replaced file keeps its mode unless given).
+            metadata: the file's metadata (key → printable ASCII), which
+                replaces the old file's; ``FileInfo.metadata`` shows it.
         """
-        return self._client._run(ops.write_file(self._sandbox.id, path, data, user=user, mode=mode))
+        call = ops.write_file(self._sandbox.id, path, data, user=user, mode=mode, metadata=metadata)
+        return self._client._run(call)
 
     def stat(self, path: str, *, user: str | None = None) -> FileInfo:
         """What ``path`` is (a symlink is described, not followed)."""

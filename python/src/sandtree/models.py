@@ -535,6 +535,9 @@ class FileInfo:
     """The owner's name in the sandbox's ``/etc/passwd``, when it names one."""
     group: str | None = None
     """The group's name in the sandbox's ``/etc/group``, when it names one."""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """User-defined metadata (``files.write(metadata=...)``), stored on the
+    file as ``user.e2b.<key>`` extended attributes; keys are lowercase."""
 
     @property
     def is_dir(self) -> bool:

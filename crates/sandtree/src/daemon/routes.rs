@@ -579,7 +579,10 @@ pub struct WriteFileQuery {
 }
 
 /// Writes a file: the body's bytes, of any length, replace it whole once
-/// the body has ended; missing directories are made.
+/// the body has ended; missing directories are made. A gzip body
+/// (`Content-Encoding: gzip`) is decoded; `X-Metadata-<key>: <value>`
+/// headers give the file its metadata (stored as `user.e2b.<key>`
+/// extended attributes, keys lowercased), replacing the old file's.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
     request_body(content = String, content_type = "application/octet-stream", description = "The file's new bytes"),
     params(("id" = String, Path, description = "Sandbox id"), WriteFileQuery),
@@ -591,7 +594,9 @@ pub async fn write_file(
     ApiQuery(q): ApiQuery<WriteFileQuery>,
     body: Request,
 ) -> ApiResult<Json<FileInfo>> {
-    let opts = sandtree_runtime::WriteFile { user: q.user, mode: q.mode };
+    let metadata = crate::upload::metadata(body.headers()).map_err(ApiFailure::invalid)?;
+    let body = crate::upload::decoded(body).map_err(ApiFailure::invalid)?;
+    let opts = sandtree_runtime::WriteFile { user: q.user, mode: q.mode, metadata };
     let mut stream = body.into_body().into_data_stream();
     let res = e.write_file(&id, &q.path, opts, &mut stream).await;
     if res.is_err() {

@@ -6,7 +6,10 @@
 //! - `GET /files?path=P[&username=U]` → the bytes; `POST /files` writes:
 //!   `multipart/form-data` (each part's `filename` is its destination, or
 //!   `path=`), or the raw body (`application/octet-stream`) to `path`;
-//!   answers `[{"name", "type": "file", "path"}]`.
+//!   answers `[{"name", "type": "file", "path", "metadata"?}]`. A gzip
+//!   body (`Content-Encoding: gzip`) is decoded; `X-Metadata-<key>`
+//!   headers set every file's metadata (`user.e2b.<key>` attributes,
+//!   which `EntryInfo.metadata` shows), see [`crate::upload`].
 //! - `process.Process` (Connect): `Start` and `Connect` stream a process's
 //!   events (`start {pid}`, `data {stdout|stderr}` in base64, `end
 //!   {exitCode, exited, status}`); `List`, `SendSignal`, `SendInput`,
@@ -155,19 +158,20 @@ async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQ
 }
 
 fn written(info: &FileInfo) -> Value {
-    json!({"name": info.name, "type": if info.kind == FileKind::Dir { "dir" } else { "file" }, "path": info.path})
+    let kind = if info.kind == FileKind::Dir { "dir" } else { "file" };
+    let mut out = json!({"name": info.name, "type": kind, "path": info.path});
+    if !info.metadata.is_empty() {
+        out["metadata"] = json!(info.metadata);
+    }
+    out
 }
 
 async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>, req: Request) -> Response {
     let result = async {
         let id = files_sandbox(&door, &headers, &q, "write")?;
-        if header(&headers, "content-encoding").is_some_and(|e| e != "identity") {
-            return Err(RpcError::invalid("compressed uploads (gzip=True) are not supported by Sandtree"));
-        }
-        if headers.keys().any(|k| k.as_str().starts_with("x-metadata-")) {
-            return Err(RpcError::invalid("file metadata (write(metadata=...)) is not supported by Sandtree"));
-        }
-        let opts = || WriteFile { user: q.username.clone(), mode: None };
+        let req = crate::upload::decoded(req).map_err(RpcError::invalid)?;
+        let metadata = crate::upload::metadata(&headers).map_err(RpcError::invalid)?;
+        let opts = || WriteFile { user: q.username.clone(), mode: None, metadata: metadata.clone() };
         let multipart = header(&headers, "content-type").is_some_and(|t| t.starts_with("multipart/form-data"));
         let mut out = Vec::new();
         if multipart {
@@ -585,6 +589,9 @@ fn entry(info: &FileInfo) -> Value {
     });
     if let Some(t) = &info.symlink_target {
         v["symlinkTarget"] = json!(t);
+    }
+    if !info.metadata.is_empty() {
+        v["metadata"] = json!(info.metadata);
     }
     v
 }
