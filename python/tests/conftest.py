@@ -17,7 +17,7 @@ import signal
 import socket as socketlib
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,18 +178,11 @@ def _listens(address: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def daemon() -> Iterator[Daemon]:
-    """A daemon of its own for the test session."""
-    if os.geteuid() != 0:
-        pytest.skip("the SDK tests run a real sandtree daemon, which needs root: run pytest as root")
-    if "btrfs" not in Path("/proc/filesystems").read_text():
-        pytest.skip("the kernel has no btrfs, which the sandtree daemon needs")
+def start_daemon(directory: Path, cgroup: str) -> Daemon:
+    """Starts the daemon on ``directory`` (made if missing, kept if there:
+    a restart) and waits until it answers on its socket and its E2B door."""
     binary = _binary()
-    directory = Path(f"/var/tmp/sandtree-pytest-{os.getpid()}")
-    cgroup = f"sandtree-pytest-{os.getpid()}"
-    _cleanup(directory, cgroup)
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     socket = directory / "sandtree.sock"
     tcp = f"127.0.0.1:{_free_port()}"
     e2b_port = _free_port()
@@ -219,22 +212,73 @@ def daemon() -> Iterator[Daemon]:
             stdin=subprocess.DEVNULL,
         )
     d = Daemon(binary, directory, socket, f"http://{tcp}", cgroup, process, f"http://{e2b}")
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not (socket.exists() and _answers(socket) and _listens(e2b)):
-            if process.poll() is not None:
-                pytest.fail(f"the daemon exited early ({process.returncode}):\n{d.log()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the daemon did not answer within {START_TIMEOUT} s:\n{d.log()}")
-            time.sleep(0.05)
-        yield d
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (socket.exists() and _answers(socket) and _listens(e2b)):
+        if process.poll() is not None:
+            pytest.fail(f"the daemon exited early ({process.returncode}):\n{d.log()}")
+        if time.monotonic() > deadline:
             process.kill()
             process.wait()
+            pytest.fail(f"the daemon did not answer within {START_TIMEOUT} s:\n{d.log()}")
+        time.sleep(0.05)
+    return d
+
+
+def stop_daemon(d: Daemon, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Stops it (SIGTERM, SIGKILL after a while; or ``sig``); its data stays."""
+    d.process.send_signal(sig)
+    try:
+        d.process.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        d.process.kill()
+        d.process.wait()
+
+
+def checked_environment() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the SDK tests run a real sandtree daemon, which needs root: run pytest as root")
+    if "btrfs" not in Path("/proc/filesystems").read_text():
+        pytest.skip("the kernel has no btrfs, which the sandtree daemon needs")
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    """A daemon of its own for the test session."""
+    checked_environment()
+    directory = Path(f"/var/tmp/sandtree-pytest-{os.getpid()}")
+    cgroup = f"sandtree-pytest-{os.getpid()}"
+    _cleanup(directory, cgroup)
+    d = None
+    try:
+        d = start_daemon(directory, cgroup)
+        yield d
+    finally:
+        if d is not None:
+            stop_daemon(d)
+        _cleanup(directory, cgroup)
+
+
+@pytest.fixture
+def own_daemon() -> Iterator[Callable[[], Daemon]]:
+    """Starts a second daemon, on a data directory of its own, each time it
+    is called (a restart: the same directory); the last one is stopped and
+    everything removed at the end of the test."""
+    checked_environment()
+    directory = Path(f"/var/tmp/sandtree-pytest-{os.getpid()}-own")
+    cgroup = f"sandtree-pytest-{os.getpid()}-own"
+    _cleanup(directory, cgroup)
+    started: list[Daemon] = []
+
+    def start() -> Daemon:
+        started.append(start_daemon(directory, cgroup))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for d in started:
+            if d.process.poll() is None:
+                stop_daemon(d)
         _cleanup(directory, cgroup)
 
 

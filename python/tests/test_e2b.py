@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from conftest import Daemon
+from conftest import Daemon, stop_daemon
 
 e2b = pytest.importorskip("e2b", reason="the E2B door tests need the official e2b SDK (pip install e2b==2.63.0)")
 
@@ -452,6 +453,55 @@ def test_a_paused_sandbox_does_not_time_out() -> None:
     resumed = Sandbox.connect(s.sandbox_id, timeout=60)
     assert resumed.files.read("/root/kept.txt") == "kept"
     resumed.kill()
+
+
+def test_the_door_keeps_its_state_across_a_restart(
+    own_daemon: Callable[[], Daemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A daemon of its own, killed (SIGKILL) and started again on its data:
+    # each sandbox keeps its template, start, end, envs and paused state;
+    # a sandbox whose end passes while the daemon is down is gone.
+    def use(d: Daemon) -> None:
+        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+            monkeypatch.setenv(name, d.e2b_url)
+        monkeypatch.setenv("E2B_API_KEY", d.token)
+
+    first = own_daemon()
+    use(first)
+    kept = Sandbox.create(timeout=600, envs={"KEPT": "env-kept"}, metadata={"who": "kept"})
+    ending = Sandbox.create(timeout=2)
+    paused = Sandbox.create(timeout=600)
+    paused.commands.run("nohup sleep 1000 > /dev/null 2>&1 &")
+    paused.files.write("/root/before.txt", "before the pause")
+    assert paused.pause() is True
+    before = kept.get_info()
+    stop_daemon(first, signal.SIGKILL)
+    time.sleep(2.5)
+
+    second = own_daemon()
+    use(second)
+    after = Sandbox.get_info(kept.sandbox_id)
+    assert after.state == SandboxState.RUNNING
+    assert after.metadata == {"who": "kept"}
+    assert after.template_id == before.template_id
+    assert near(after.started_at, before.started_at, 0.01)
+    assert near(after.end_at, before.end_at, 0.01)
+    again = Sandbox.connect(kept.sandbox_id, timeout=10)
+    assert again.commands.run("echo $KEPT").stdout == "env-kept\n"
+    # (Its timeout only grows: the end stays.)
+    assert near(again.get_info().end_at, before.end_at, 0.01)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(ending.sandbox_id)
+    assert Sandbox.get_info(paused.sandbox_id).state == SandboxState.PAUSED
+    resumed = Sandbox.connect(paused.sandbox_id, timeout=60)
+    assert resumed.files.read("/root/before.txt") == "before the pause"
+    assert resumed.commands.run("pgrep -x sleep").exit_code == 0
+    # A clean stop and start too.
+    stop_daemon(second)
+    third = own_daemon()
+    use(third)
+    assert Sandbox.get_info(resumed.sandbox_id).state == SandboxState.RUNNING
+    assert Sandbox.connect(kept.sandbox_id).commands.run("echo $KEPT").stdout == "env-kept\n"
 
 
 # ---------------------------------------------------------------- 4. commands

@@ -288,8 +288,9 @@ async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>
     let addr = listener.local_addr()?;
     let listener = axum::serve::ListenerExt::tap_io(listener, sandtree::daemon::server::no_delay);
     let token = format!("{:032x}", rand::random::<u128>());
-    let door =
-        sandtree::e2b::router(sandtree::e2b::E2b::new(engine, sandtree::daemon::auth::Token::new(token.clone())));
+    let door = sandtree::e2b::router(
+        sandtree::e2b::E2b::open(engine, sandtree::daemon::auth::Token::new(token.clone())).await,
+    );
     let server = tokio::spawn(async move { axum::serve(listener, door).await });
     let url = format!("http://{addr}");
     let env = [("E2B_API_URL", url.clone()), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", token)];

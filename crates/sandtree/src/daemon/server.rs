@@ -171,8 +171,8 @@ pub async fn run(args: DaemonArgs, cfg: Config, zygote: Zygote) -> Result<()> {
     if let Some((listener, token)) = e2b {
         let listener = listener.tap_io(no_delay);
         tracing::info!(addr = %listener.local_addr()?, "serving the E2B API (E2B_API_KEY: the token)");
-        let door =
-            crate::e2b::router(crate::e2b::E2b::new(engine.clone(), token)).layer(middleware::from_fn(log_request));
+        let door = crate::e2b::router(crate::e2b::E2b::open(engine.clone(), token).await)
+            .layer(middleware::from_fn(log_request));
         let rx = stop_rx.clone();
         servers.spawn(async move {
             axum::serve(listener, door).with_graceful_shutdown(stopped(rx)).await.context("E2B server")

@@ -32,6 +32,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+pub(crate) mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,7 @@ use sandtree_runtime::Engine;
 use sha2::{Digest, Sha256};
 use tokio::task::AbortHandle;
 
+use self::state::{SavedMeta, StateDir};
 use crate::daemon::auth::Token;
 
 /// A sandbox's life when the create names no timeout (the SDK's own
@@ -52,8 +54,8 @@ pub const DEFAULT_TIMEOUT_S: u64 = 300;
 /// features are refused client-side). PEP 440.
 pub const ENVD_VERSION: &str = "0.6.4";
 
-/// What the door keeps of a sandbox it serves (lost on a restart: a
-/// sandbox then shows its creation time and the default timeout).
+/// What the door keeps of a sandbox it serves (all but the timer and the
+/// processes it started are saved on disk: [`state`]).
 #[derive(Default)]
 pub(crate) struct SandboxMeta {
     pub template: Option<String>,
@@ -67,6 +69,35 @@ pub(crate) struct SandboxMeta {
     pub paused: Option<String>,
     /// The sandbox an `Idempotency-Key` made.
     pub idempotency_key: Option<String>,
+    /// What is saved of it on disk now.
+    saved: Option<SavedMeta>,
+}
+
+impl SandboxMeta {
+    fn to_saved(&self) -> SavedMeta {
+        SavedMeta {
+            template: self.template.clone(),
+            started_ms: self.started.map(state::to_ms),
+            end_ms: self.end.map(state::to_ms),
+            envs: self.envs.clone(),
+            paused: self.paused.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            ..SavedMeta::new()
+        }
+    }
+
+    fn from_saved(saved: SavedMeta) -> SandboxMeta {
+        SandboxMeta {
+            template: saved.template.clone(),
+            started: saved.started_ms.map(state::from_ms),
+            end: saved.end_ms.map(state::from_ms),
+            envs: saved.envs.clone(),
+            timer: None,
+            paused: saved.paused.clone(),
+            idempotency_key: saved.idempotency_key.clone(),
+            saved: Some(saved),
+        }
+    }
 }
 
 /// The door's state, shared by its handlers.
@@ -74,19 +105,45 @@ pub struct E2b {
     pub(crate) engine: Arc<Engine>,
     pub(crate) token: Token,
     pub(crate) sandboxes: Mutex<HashMap<String, SandboxMeta>>,
+    /// Where [`SandboxMeta`] is saved (`<data-dir>/e2b`).
+    states: StateDir,
     pub(crate) processes: envd::Processes,
     pub(crate) watchers: envd::Watchers,
 }
 
 impl E2b {
-    pub fn new(engine: Arc<Engine>, token: Token) -> Arc<E2b> {
-        Arc::new(E2b {
+    /// The door, with what it saved of each sandbox before a restart read
+    /// back: timeouts armed again for the time they had left (a sandbox
+    /// whose end passed meanwhile is deleted, as its timeout would have
+    /// deleted it), a paused sandbox still paused, its commands' envs.
+    pub async fn open(engine: Arc<Engine>, token: Token) -> Arc<E2b> {
+        let states = StateDir::new(engine.config().data_dir.join("e2b"));
+        let saved = states.load_all();
+        let door = Arc::new(E2b {
             engine,
             token,
             sandboxes: Mutex::default(),
+            states,
             processes: envd::Processes::default(),
             watchers: envd::Watchers::default(),
-        })
+        });
+        for (id, saved) in saved {
+            match door.engine.get_sandbox(&id).await {
+                Err(sandtree_runtime::Error::SandboxNotFound(_)) => door.states.remove(&id),
+                Err(e) => tracing::warn!(sandbox = %id, "the E2B door's state of the sandbox is kept unused: {e}"),
+                Ok(_) => {
+                    let end = saved.end_ms.map(state::from_ms);
+                    door.sandboxes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.clone(), SandboxMeta::from_saved(saved));
+                    if let Some(end) = end {
+                        door.arm_timeout_until(&id, end);
+                    }
+                }
+            }
+        }
+        door
     }
 
     /// The envd access token of sandbox `id`.
@@ -125,9 +182,19 @@ impl E2b {
         })
     }
 
+    /// `f` on the door's state of sandbox `id`, saved on disk when it changed.
     pub(crate) fn meta<T>(&self, id: &str, f: impl FnOnce(&mut SandboxMeta) -> T) -> T {
         let mut map = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
-        f(map.entry(id.to_string()).or_default())
+        let m = map.entry(id.to_string()).or_default();
+        let out = f(m);
+        let now = m.to_saved();
+        if m.saved.as_ref().unwrap_or(&SavedMeta::new()) != &now {
+            if let Err(e) = self.states.save(id, &now) {
+                tracing::warn!(sandbox = %id, "the E2B door's state of the sandbox could not be saved (a restart would lose it): {e}");
+            }
+            m.saved = Some(now);
+        }
+        out
     }
 
     pub(crate) fn is_paused(&self, id: &str) -> bool {
@@ -146,17 +213,24 @@ impl E2b {
         if let Some(timer) = meta.and_then(|m| m.timer) {
             timer.abort();
         }
+        self.states.remove(id);
         self.processes.forget_sandbox(id);
         self.watchers.forget_sandbox(id);
     }
 
     /// (Re)arms sandbox `id`'s timeout: `secs` from now it is deleted.
     pub(crate) fn arm_timeout(self: &Arc<Self>, id: &str, secs: u64) {
-        let end = SystemTime::now() + Duration::from_secs(secs);
+        self.arm_timeout_until(id, SystemTime::now() + Duration::from_secs(secs));
+    }
+
+    /// (Re)arms sandbox `id`'s timeout: at `end` it is deleted (at once if
+    /// `end` has passed).
+    fn arm_timeout_until(self: &Arc<Self>, id: &str, end: SystemTime) {
+        let left = end.duration_since(SystemTime::now()).unwrap_or_default();
         let door = self.clone();
         let sid = id.to_string();
         let timer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(secs)).await;
+            tokio::time::sleep(left).await;
             tracing::info!(sandbox = %sid, "E2B timeout reached: deleting the sandbox");
             let _ = door.engine.delete_sandbox(&sid, false).await;
             door.forget(&sid);
