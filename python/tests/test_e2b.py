@@ -27,6 +27,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -453,6 +454,44 @@ def test_a_paused_sandbox_does_not_time_out() -> None:
     resumed = Sandbox.connect(s.sandbox_id, timeout=60)
     assert resumed.files.read("/root/kept.txt") == "kept"
     resumed.kill()
+
+
+def test_auto_pause_at_the_timeout() -> None:
+    # lifecycle on_timeout "pause": the timeout pauses (processes kept)
+    # instead of killing; without auto-resume, envd waits for a connect.
+    s = new(timeout=2, lifecycle={"on_timeout": "pause"})
+    s.files.write("/root/kept.txt", "kept")
+    s.commands.run("nohup sleep 1000 > /dev/null 2>&1 &")
+    assert wait_for(lambda: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED, timeout=20)
+    with pytest.raises(SandboxException, match="paused"):
+        s.commands.run("true")
+    resumed = Sandbox.connect(s.sandbox_id, timeout=60)
+    assert resumed.files.read("/root/kept.txt") == "kept"
+    assert resumed.commands.run("pgrep -x sleep").exit_code == 0
+    resumed.kill()
+
+
+def test_auto_resume_at_the_first_request() -> None:
+    s = new(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    s.commands.run("echo 41 > /root/n && nohup sleep 1000 > /dev/null 2>&1 &")
+    assert wait_for(lambda: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED, timeout=20)
+    # Requests arriving together resume it once.
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda _: s.files.read("/root/n"), range(4))) == ["41\n"] * 4
+    assert s.commands.run("cat /root/n; pgrep -x sleep > /dev/null && echo alive").stdout == "41\nalive\n"
+    assert Sandbox.get_info(s.sandbox_id).state == SandboxState.RUNNING
+    assert s.files.read("/root/n") == "41\n"
+    # Its timeout runs again: it pauses again.
+    assert wait_for(lambda: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED, timeout=20)
+    assert s.files.read("/root/n") == "41\n"
+    s.kill()
+
+
+def test_auto_resume_needs_auto_pause() -> None:
+    body = {"templateID": "base", "autoPause": False, "autoResume": {"enabled": True}, "metadata": SUITE}
+    r = httpx.post(f"{os.environ['E2B_API_URL']}/v2/sandboxes", json=body,
+                   headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+    assert r.status_code == 400 and "autoResume needs autoPause" in r.json()["message"], r.text
 
 
 def test_the_door_keeps_its_state_across_a_restart(
@@ -1155,12 +1194,10 @@ def test_async_gather_over_four_sandboxes() -> None:
     "option",
     [
         {"network": {"mask_request_host": "example.com"}},
-        {"lifecycle": {"on_timeout": "pause"}},
-        {"lifecycle": {"on_timeout": "pause", "auto_resume": True}},
         {"volume_mounts": {"/mnt/data": "a-volume"}},
         {"mcp": {"exa": {"apiKey": "key"}}},
     ],
-    ids=["network mask_request_host", "auto-pause", "auto-resume", "volume_mounts", "mcp"],
+    ids=["network mask_request_host", "volume_mounts", "mcp"],
 )
 def test_unsupported_create_options_are_refused_clearly(option: dict[str, Any]) -> None:
     tag = uuid.uuid4().hex

@@ -69,6 +69,9 @@ struct State {
     foreign: BTreeSet<u32>,
     /// Where the next claim starts looking.
     cursor: u32,
+    /// Shut down: nothing more goes into `ready` (a router made ahead
+    /// after that is removed at once).
+    closed: bool,
 }
 
 impl Network {
@@ -108,6 +111,9 @@ impl Network {
                 let Some(net) = weak.upgrade() else { return };
                 let need = {
                     let s = net.state.lock().expect("network state");
+                    if s.closed {
+                        return;
+                    }
                     s.ready.len() < net.cfg.pool
                 };
                 if need {
@@ -116,8 +122,8 @@ impl Network {
                     tokio::time::sleep(REFILL_DELAY).await;
                     let Some(net) = weak.upgrade() else { return };
                     let n = net.clone();
-                    match tokio::task::spawn_blocking(move || n.make()).await {
-                        Ok(Ok(router)) => net.state.lock().expect("network state").ready.push(router),
+                    match tokio::task::spawn_blocking(move || n.make().map(|r| n.keep_ready(r))).await {
+                        Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::warn!("cannot make a router ahead: {e}");
                             drop(net);
@@ -168,6 +174,18 @@ impl Network {
             }
         }
         Err(Error::Full(self.cfg.range))
+    }
+
+    /// Puts a router made ahead in the pool; removes it if the network was
+    /// shut down while it was being made (no one would release it).
+    fn keep_ready(&self, router: Router) {
+        let mut s = self.state.lock().expect("network state");
+        if !s.closed {
+            s.ready.push(router);
+            return;
+        }
+        drop(s);
+        self.release(&router);
     }
 
     /// Gives sandbox `id` (whose namespace `sandbox_ns` is) a router with
@@ -266,7 +284,14 @@ impl Network {
     /// Removes the routers made ahead and the host's table, once the
     /// routers being removed are gone (daemon exit, sandboxes stopped).
     pub fn shutdown(&self) {
-        let ready = std::mem::take(&mut self.state.lock().expect("network state").ready);
+        let ready = {
+            let mut s = self.state.lock().expect("network state");
+            s.closed = true;
+            std::mem::take(&mut s.ready)
+        };
+        // (The refill task sees `closed` and ends; one it is making now is
+        // removed by `keep_ready`, and waited for below.)
+        self.wanted.notify_one();
         for r in ready {
             self.release(&r);
         }
@@ -274,6 +299,10 @@ impl Network {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !self.state.lock().expect("network state").held.is_empty() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let left = self.state.lock().expect("network state").held.clone();
+        if !left.is_empty() {
+            tracing::warn!(?left, "routers still held at shutdown: their links and mounts under net/ stay");
         }
         if let Err(e) = host::remove(&self.cfg.table) {
             tracing::warn!("cannot remove the host's network table: {e}");

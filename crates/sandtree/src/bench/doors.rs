@@ -12,7 +12,13 @@
 //! - **MCP (stdio)**: `tools/call` to one `sandtree mcp` process;
 //! - **e2b SDK**: the official `e2b` package against the E2B door
 //!   (`commands.run` is `bash -l -c`, as E2B runs it; the rollback is
-//!   Sandtree's extension, `POST /sandboxes/{id}/rollback`).
+//!   Sandtree's extension, `POST /sandboxes/{id}/rollback`);
+//! - **E2B door, plain Python client**: create + `process.Process/Start`
+//!   through the door, beside create + exec through the API, both with
+//!   Python's `http.client` (one connection kept) and `bash -l -c true`.
+//!   The e2b SDK spends 2 to 3 ms of Python per trip of its own (measured
+//!   against a server answering at once: docs/performance-notes.md), so
+//!   the *door's* overhead is checked with one client on both sides.
 //!
 //! Round trips: *create + exec `true`* (a sandbox made and a command run
 //! in it; the delete is not timed) and *checkpoint → rollback* (of a
@@ -67,8 +73,12 @@ async fn measure(engine: Arc<Engine>, socket: &Path, n: usize, report: &mut Repo
         Some(samples) => doors.push(("Python SDK", samples)),
         None => eprintln!("bench: no {SDK_PYTHON} with the SDK (scripts/test.sh makes it): Python SDK rows left out"),
     }
-    match e2b_door(engine.clone(), n).await? {
-        Some(samples) => doors.push(("e2b SDK", samples)),
+    let mut plain = None;
+    match e2b_door(engine.clone(), socket, n).await? {
+        Some([create_exec, checkpoint_rollback, door, api]) => {
+            doors.push(("e2b SDK", [create_exec, checkpoint_rollback]));
+            plain = Some([door, api]);
+        }
         None => {
             eprintln!("bench: no {SDK_PYTHON} with the e2b package (scripts/test.sh installs it): e2b rows left out")
         }
@@ -85,9 +95,27 @@ async fn measure(engine: Arc<Engine>, socket: &Path, n: usize, report: &mut Repo
     // against the API running the same.
     let login = api_login_shell(&api, n).await?;
     report.rows.push(Row::new(GROUP, &row_name(CREATE_EXEC, LOGIN_SHELL), &login));
+    if let Some([door, api]) = &plain {
+        report.rows.push(Row::new(GROUP, &row_name(CREATE_EXEC, PLAIN_DOOR), door));
+        report.rows.push(Row::new(GROUP, &row_name(CREATE_EXEC, PLAIN_API), api));
+    }
     for (trip, _) in [(CREATE_EXEC, 0), (CHECKPOINT_ROLLBACK, 1)] {
         for (door, _) in doors.iter().filter(|(d, _)| !matches!(*d, "API" | "CLI")) {
-            let base_door = if *door == "e2b SDK" && trip == CREATE_EXEC { LOGIN_SHELL } else { "API" };
+            let (door, base_door) = match (*door, trip) {
+                // The e2b SDK's own client work is not the door's: the
+                // door is checked with one plain client on both sides.
+                ("e2b SDK", CREATE_EXEC) => {
+                    let sdk = report.p50(&row_name(trip, door)) - report.p50(&row_name(trip, LOGIN_SHELL));
+                    report.notes_extra.push(format!(
+                        "{trip} via the e2b SDK: {sdk:+.2} ms over the API (bash -l -c true, Rust client), most of it the SDK's own client work in Python; the door's overhead is checked with one plain Python HTTP client on both sides"
+                    ));
+                    if plain.is_none() {
+                        continue;
+                    }
+                    (PLAIN_DOOR, PLAIN_API)
+                }
+                (door, _) => (door, "API"),
+            };
             let base = report.p50(&row_name(trip, base_door));
             let over = report.p50(&row_name(trip, door)) - base;
             report.check(
@@ -123,8 +151,12 @@ async fn delete(api: &Client, id: &str) -> Result<()> {
     call(api, Method::DELETE, &format!("/v1/sandboxes/{id}?checkpoints=true"), Value::Null).await.map(|_| ())
 }
 
-/// The API's row the e2b door's command is measured against.
+/// The API's row the e2b SDK's command is shown against.
 const LOGIN_SHELL: &str = "API, bash -l -c true";
+/// The E2B door and the API through one plain Python HTTP client
+/// (`http.client`, one connection kept): the door's own overhead.
+const PLAIN_DOOR: &str = "E2B door, plain Python client";
+const PLAIN_API: &str = "API, plain Python client, bash -l -c true";
 
 /// Create + exec of `bash -l -c true` through the API: what E2B's
 /// `commands.run("true")` runs.
@@ -226,14 +258,14 @@ async fn sdk_door(socket: &Path, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
 }
 
 /// Runs a door's bench script (`-c script args…`, with `env`) in the
-/// venv: its two trips' samples (the JSON it prints), or `None` where the
+/// venv: its trips' samples (the JSON it prints), or `None` where the
 /// venv or the package `module` is missing.
-async fn python_trips(
+async fn python_trips<T: serde::de::DeserializeOwned>(
     (door, module): (&str, &str),
     script: &str,
     args: &[std::ffi::OsString],
     env: &[(&str, String)],
-) -> Result<Option<[Vec<f64>; 2]>> {
+) -> Result<Option<T>> {
     let python = PathBuf::from(SDK_PYTHON);
     if !python.exists() {
         return Ok(None);
@@ -255,15 +287,18 @@ async fn python_trips(
 }
 
 /// The e2b SDK's side: both trips `n` times (the checkpoint → rollback
-/// trip is a snapshot and Sandtree's rollback extension), the samples as
-/// JSON on stdout.
+/// trip is a snapshot and Sandtree's rollback extension); then create +
+/// exec through the E2B door and through the API (argv[2], its unix
+/// socket) with one plain Python HTTP client, alternately, `bash -l -c
+/// true` on both sides. The four sample lists as JSON on stdout.
 const E2B_SCRIPT: &str = r#"
-import json, os, sys, time
+import http.client, json, os, socket, struct, sys, time
 import httpx
 from e2b import Sandbox
-n = int(sys.argv[1])
+n, api_socket = int(sys.argv[1]), sys.argv[2]
 api = os.environ["E2B_API_URL"]
-trips = [[], []]
+key = os.environ["E2B_API_KEY"]
+trips = [[], [], [], []]
 for _ in range(n):
     t = time.perf_counter()
     sbx = Sandbox.create()
@@ -272,18 +307,63 @@ for _ in range(n):
     sbx.kill()
 sbx = Sandbox.create()
 sbx.files.write("/root/f", "state")
-with httpx.Client(headers={"X-API-KEY": os.environ["E2B_API_KEY"]}) as http:
+with httpx.Client(headers={"X-API-KEY": key}) as hx:
     for _ in range(n):
         t = time.perf_counter()
         snap = sbx.create_snapshot()
-        r = http.post(f"{api}/sandboxes/{sbx.sandbox_id}/rollback", json={"snapshotID": snap.snapshot_id})
+        r = hx.post(f"{api}/sandboxes/{sbx.sandbox_id}/rollback", json={"snapshotID": snap.snapshot_id})
         r.raise_for_status()
         trips[1].append((time.perf_counter() - t) * 1000)
 sbx.kill()
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost")
+        self.unix_path = path
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(self.unix_path)
+
+def call(conn, method, path, body=None, headers={}):
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    data = r.read()
+    if r.status >= 300:
+        raise SystemExit(f"{method} {path}: {r.status} {data[:300]!r}")
+    return data
+
+door = http.client.HTTPConnection(api.removeprefix("http://"))
+unix = UnixConnection(api_socket)
+login = ["-l", "-c", "true"]
+start = json.dumps({"process": {"cmd": "/bin/bash", "args": login}}).encode()
+def via_door():
+    t = time.perf_counter()
+    v = json.loads(call(door, "POST", "/v2/sandboxes", json.dumps({"templateID": "base"}),
+                        {"X-API-KEY": key, "Content-Type": "application/json"}))
+    out = call(door, "POST", "/process.Process/Start", struct.pack(">BI", 0, len(start)) + start,
+               {"Content-Type": "application/connect+json", "E2b-Sandbox-Id": v["sandboxID"],
+                "X-Access-Token": v["envdAccessToken"]})
+    trips[2].append((time.perf_counter() - t) * 1000)
+    if b'"exitCode":0' not in out:
+        raise SystemExit(f"true did not exit 0: {out!r}")
+    call(door, "DELETE", f"/sandboxes/{v['sandboxID']}", headers={"X-API-KEY": key})
+def via_api():
+    t = time.perf_counter()
+    v = json.loads(call(unix, "POST", "/v1/sandboxes", b"{}", {"Content-Type": "application/json"}))
+    sid = v["sandbox"]["id"]
+    out = json.loads(call(unix, "POST", f"/v1/sandboxes/{sid}/exec",
+                          json.dumps({"cmd": ["/bin/bash"] + login}), {"Content-Type": "application/json"}))
+    trips[3].append((time.perf_counter() - t) * 1000)
+    if out["exit_code"] != 0:
+        raise SystemExit(f"true exited {out}")
+    call(unix, "DELETE", f"/v1/sandboxes/{sid}?checkpoints=true")
+for i in range(n):
+    for f in ((via_door, via_api) if i % 2 == 0 else (via_api, via_door)):
+        f()
 print(json.dumps(trips))
 "#;
 
-async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>> {
+async fn e2b_door(engine: Arc<Engine>, socket: &Path, n: usize) -> Result<Option<[Vec<f64>; 4]>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the E2B door")?;
     let addr = listener.local_addr()?;
     let listener = axum::serve::ListenerExt::tap_io(listener, sandtree::daemon::server::no_delay);
@@ -294,7 +374,8 @@ async fn e2b_door(engine: Arc<Engine>, n: usize) -> Result<Option<[Vec<f64>; 2]>
     let server = tokio::spawn(async move { axum::serve(listener, door).await });
     let url = format!("http://{addr}");
     let env = [("E2B_API_URL", url.clone()), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", token)];
-    let trips = python_trips(("the e2b SDK", "e2b"), E2B_SCRIPT, &[n.to_string().into()], &env).await;
+    let args = [n.to_string().into(), socket.as_os_str().to_owned()];
+    let trips = python_trips(("the e2b SDK", "e2b"), E2B_SCRIPT, &args, &env).await;
     server.abort();
     trips
 }

@@ -133,7 +133,8 @@ fn sweep_stale_runs(backend: &sandtree_runtime::Backend) {
         eprintln!("bench: removing {name}, left by a run that was killed");
         sandtree_runtime::cgroup::remove_parent(backend, name, true);
         let dir = PathBuf::from(SCRATCH).join(name);
-        if dir.join("btrfs.img").exists() {
+        // (`run` alone: a teardown that stopped half-way, at a mount.)
+        if dir.join("btrfs.img").exists() || dir.join("run").is_dir() {
             workload::teardown(&dir);
         }
     }

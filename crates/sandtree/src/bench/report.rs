@@ -68,6 +68,9 @@ pub struct Report {
     /// REPL's holder copied in the frozen window, p50 of the right-after
     /// checkpoints; the rest were read with `process_vm_readv`).
     pub holder_pages: Vec<(String, f64)>,
+    /// Lines for under the tables that a group adds (the doors: what the
+    /// e2b SDK's own client work costs).
+    pub notes_extra: Vec<String>,
     /// Process workload: (REPL size, bytes of each step checkpoint's
     /// durable process image but the first, the first's bytes).
     pub image_bytes: Vec<(String, Vec<f64>, u64)>,
@@ -197,7 +200,7 @@ impl Report {
     /// CPU time stolen, other sandboxes, and how fast the machine forked
     /// and switched tasks during the run (also in `--markdown`).
     pub fn notes(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.notes_extra.clone();
         if self.metadata_bytes_per_checkpoint > 0.0 {
             out.push(format!("metadata per checkpoint: {:.0} bytes", self.metadata_bytes_per_checkpoint));
         }

@@ -532,17 +532,30 @@ pub async fn cleanup(engine: &Engine) -> Result<()> {
     Ok(())
 }
 
-/// Unmounts and removes the scratch data directory.
+/// Unmounts everything under the scratch data directory (the volume, the
+/// idmapped host directories, routers' namespaces under `run/net`: a
+/// router's namespace and host link go with its last mount) and removes
+/// it; says so if it cannot.
 pub fn teardown(data_dir: &Path) {
-    let mnt = data_dir.join("btrfs");
     // (Quiet: after a clean shutdown nothing is mounted any more.)
     let umount = |p: &Path| Command::new("umount").arg("-l").arg(p).stderr(std::process::Stdio::null()).status();
-    let _ = umount(&mnt);
-    // The idmapped host directories (kept by the daemon across restarts).
-    if let Ok(entries) = std::fs::read_dir(data_dir.join("run").join("lower")) {
-        for e in entries.flatten() {
-            let _ = umount(&e.path());
-        }
+    // (mountinfo has absolute paths; `--data-dir` may be relative.)
+    let root = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut targets: Vec<PathBuf> = sandtree_sys::mountinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.target)
+        .filter(|t| t.starts_with(&root) && *t != root)
+        .collect();
+    // Deepest first; a path mounted twice is unmounted twice.
+    targets.sort_by_key(|t| std::cmp::Reverse(t.components().count()));
+    for t in &targets {
+        let _ = umount(t);
     }
-    let _ = std::fs::remove_dir_all(data_dir);
+    if let Err(e) = std::fs::remove_dir_all(data_dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        let dir = data_dir.display();
+        eprintln!("bench: cannot remove {dir}: {e} (`mount | grep {dir}` shows what holds it)");
+    }
 }

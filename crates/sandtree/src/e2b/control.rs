@@ -8,6 +8,7 @@
 //! | `POST /sandboxes/{id}/timeout` (204) | re-arm the timeout |
 //! | `POST /v2/sandboxes/{id}/connect` (200) | resume if paused, extend the timeout |
 //! | `POST /sandboxes/{id}/pause` (204, 409 if paused) | checkpoint (durable) + stop; the resume rolls back to it, processes included |
+//! | create with `autoPause` (`lifecycle={"on_timeout": "pause"}`), `autoResume` | the timeout pauses instead of deleting; with auto-resume, the first envd request to a paused sandbox resumes it |
 //! | `POST /sandboxes/{id}/snapshots` (201), `GET /snapshots`, `DELETE /templates/{id}` | checkpoints |
 //! | `POST /sandboxes/{id}/fork` (201) | checkpoint + fork `count` |
 //! | `GET /sandboxes/{id}/metrics` | the sandbox's usage, now |
@@ -226,7 +227,11 @@ struct CreateBody {
     metadata: BTreeMap<String, String>,
     #[serde(default)]
     env_vars: BTreeMap<String, String>,
+    /// At the timeout, pause rather than kill.
     auto_pause: Option<bool>,
+    /// `{"enabled": true}`: a paused sandbox resumes at its first envd
+    /// request (only with `autoPause`).
+    auto_resume: Option<Value>,
     network: Option<NetworkBody>,
     volume_mounts: Option<Value>,
     mcp: Option<Value>,
@@ -240,12 +245,11 @@ struct CreateBody {
 }
 
 /// What a create may carry that changes nothing here: `secure` (the door
-/// always gives an access token), an auto-resume or memory mode that is
-/// off, an alias (unused).
+/// always gives an access token), the memory mode of an auto-pause (a
+/// pause here always keeps the processes), an alias (unused).
 fn harmless(key: &str, value: &Value) -> bool {
     match key {
         "secure" | "alias" | "autoPauseMemory" => true,
-        "autoResume" => value.get("enabled") != Some(&Value::Bool(true)),
         _ => value.is_null(),
     }
 }
@@ -253,14 +257,16 @@ fn harmless(key: &str, value: &Value) -> bool {
 async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateBody>>) -> Reply {
     authorize(&door, &headers)?;
     let Json(body) = body.unwrap_or_default();
-    if body.auto_pause == Some(true) {
-        return Err(unsupported("auto-pause at the timeout"));
-    }
     if body.volume_mounts.as_ref().is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return Err(unsupported("volume mounts"));
     }
     if body.mcp.is_some() {
         return Err(unsupported("the MCP gateway (use `sandtree mcp` or POST /mcp on the daemon)"));
+    }
+    let auto_pause = body.auto_pause == Some(true);
+    let auto_resume = body.auto_resume.as_ref().and_then(|r| r.get("enabled")) == Some(&Value::Bool(true));
+    if auto_resume && !auto_pause {
+        return Err(error(400, "autoResume needs autoPause (on_timeout \"pause\")"));
     }
     let policy = body.network.unwrap_or_default().policy(body.allow_internet_access)?;
     if body.iam.is_some() {
@@ -314,6 +320,8 @@ async fn create(State(door): Door, headers: HeaderMap, body: Option<Json<CreateB
         m.envs = body.env_vars;
         m.started = Some(SystemTime::now());
         m.idempotency_key = key;
+        m.auto_pause = auto_pause;
+        m.auto_resume = auto_resume;
     });
     door.arm_timeout(&info.id, body.timeout.unwrap_or(DEFAULT_TIMEOUT_S));
     Ok((StatusCode::CREATED, Json(sandbox_object(&door, &info))).into_response())
@@ -432,6 +440,60 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// Resumes sandbox `id` if it is paused (a start, and a rollback to its
+/// pause's checkpoint, processes included) or stopped (a start); it stays
+/// paused if the rollback fails.
+pub(crate) async fn resume(door: &Arc<E2b>, id: &str) -> Result<(), sandtree_runtime::Error> {
+    let info = door.engine.get_sandbox(id).await?;
+    if let Some(ck) = door.meta(id, |m| m.paused.clone()) {
+        door.engine.start_sandbox(id).await?;
+        let req = RollbackRequest { checkpoint: ck, allow_restart: false };
+        door.engine.rollback(id, req).await?;
+        door.meta(id, |m| m.paused = None);
+    } else if info.status == SandboxStatus::Stopped {
+        door.engine.start_sandbox(id).await?;
+    }
+    Ok(())
+}
+
+/// Pauses sandbox `id`: a durable checkpoint (with `best_effort`, the
+/// processes it cannot restore left out instead of a refusal) and a stop;
+/// its timeout stops until the resume.
+pub(crate) async fn pause_now(door: &Arc<E2b>, id: &str, best_effort: bool) -> Result<(), sandtree_runtime::Error> {
+    let req =
+        CheckpointRequest { label: Some(PAUSE_LABEL.into()), wait_durable: true, best_effort, ..Default::default() };
+    let ck = door.engine.checkpoint(id, req).await?.checkpoint.id;
+    door.engine.stop_sandbox(id).await?;
+    door.disarm_timeout(id);
+    door.meta(id, |m| {
+        m.paused = Some(ck);
+        m.end = None;
+    });
+    Ok(())
+}
+
+/// The end of the timeout of a sandbox made with `autoPause`: a pause,
+/// exact if it can be, else leaving out the processes the checkpoint
+/// refuses (logged); a sandbox that cannot be paused at all is deleted,
+/// as a timeout without auto-pause would (logged).
+pub(crate) async fn pause_at_timeout(door: &Arc<E2b>, id: &str) {
+    let paused = match pause_now(door, id, false).await {
+        Err(e) if door.engine.get_sandbox(id).await.is_ok_and(|i| i.status == SandboxStatus::Running) => {
+            tracing::warn!(sandbox = %id, "auto-pause at the timeout: {e}; pausing without what the checkpoint refuses");
+            pause_now(door, id, true).await
+        }
+        other => other,
+    };
+    match paused {
+        Ok(()) => tracing::info!(sandbox = %id, "E2B timeout reached: the sandbox is paused (autoPause)"),
+        Err(e) => {
+            tracing::warn!(sandbox = %id, "auto-pause at the timeout failed ({e}): deleting the sandbox");
+            let _ = door.engine.delete_sandbox(id, false).await;
+            door.forget(id);
+        }
+    }
+}
+
 async fn connect(
     State(door): Door,
     headers: HeaderMap,
@@ -439,14 +501,7 @@ async fn connect(
     body: Option<Json<TimeoutBody>>,
 ) -> Reply {
     authorize(&door, &headers)?;
-    let info = door.engine.get_sandbox(&id).await.map_err(api_error)?;
-    if let Some(ck) = door.meta(&id, |m| m.paused.take()) {
-        door.engine.start_sandbox(&id).await.map_err(api_error)?;
-        let req = RollbackRequest { checkpoint: ck, allow_restart: false };
-        door.engine.rollback(&id, req).await.map_err(api_error)?;
-    } else if info.status == SandboxStatus::Stopped {
-        door.engine.start_sandbox(&id).await.map_err(api_error)?;
-    }
+    resume(&door, &id).await.map_err(api_error)?;
     // A running sandbox's timeout only grows.
     let secs = body.and_then(|b| b.0.timeout).unwrap_or(DEFAULT_TIMEOUT_S);
     let left =
@@ -464,17 +519,10 @@ async fn pause(State(door): Door, headers: HeaderMap, Path(id): Path<String>) ->
     if door.meta(&id, |m| m.paused.is_some()) || info.status == SandboxStatus::Stopped {
         return Err(error(409, format!("sandbox {id} is already paused")));
     }
-    let req = CheckpointRequest { label: Some(PAUSE_LABEL.into()), wait_durable: true, ..Default::default() };
     // The SDK reads any 409 as "already paused" and returns False: a
     // checkpoint's refusal (a process it cannot restore, say) is answered
     // as 422 so that the SDK raises it with its reason.
-    let ck = door.engine.checkpoint(&id, req).await.map_err(not_a_conflict)?.checkpoint.id;
-    door.engine.stop_sandbox(&id).await.map_err(not_a_conflict)?;
-    door.disarm_timeout(&id);
-    door.meta(&id, |m| {
-        m.paused = Some(ck);
-        m.end = None;
-    });
+    pause_now(&door, &id, false).await.map_err(not_a_conflict)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -64,21 +64,33 @@ pub fn routes() -> axum::Router<Arc<E2b>> {
 }
 
 /// The sandbox a request is for, once its access token is checked.
-fn sandbox_of(door: &E2b, headers: &HeaderMap) -> Result<String, RpcError> {
+async fn sandbox_of(door: &Arc<E2b>, headers: &HeaderMap) -> Result<String, RpcError> {
     let id = header(headers, "e2b-sandbox-id")
         .ok_or_else(|| RpcError::invalid("no E2b-Sandbox-Id header: which sandbox is this for?"))?;
     let token = header(headers, "x-access-token").unwrap_or_default();
     if !crate::daemon::auth::constant_time_eq(token.as_bytes(), door.access_token(id).as_bytes()) {
         return Err(RpcError::new("unauthenticated", format!("wrong or missing X-Access-Token for sandbox {id}")));
     }
-    unpaused(door, id)
+    unpaused(door, id).await
 }
 
 /// `id`, unless the sandbox is paused: it runs nothing then (work done now
-/// would be lost at the resume, which rolls back to the pause).
-fn unpaused(door: &E2b, id: &str) -> Result<String, RpcError> {
+/// would be lost at the resume, which rolls back to the pause). A sandbox
+/// made with `autoResume` is resumed instead, its timeout armed again.
+async fn unpaused(door: &Arc<E2b>, id: &str) -> Result<String, RpcError> {
     if door.is_paused(id) {
-        return Err(RpcError::new("unavailable", format!("sandbox {id} is paused: resume it with Sandbox.connect")));
+        let Some(timeout) = door.meta(id, |m| m.auto_resume.then_some(m.timeout_s)) else {
+            return Err(RpcError::new(
+                "unavailable",
+                format!("sandbox {id} is paused: resume it with Sandbox.connect"),
+            ));
+        };
+        let _resuming = door.resuming.lock().await;
+        if door.is_paused(id) {
+            tracing::info!(sandbox = %id, "a request to the paused sandbox resumes it (autoResume)");
+            super::control::resume(door, id).await?;
+            door.arm_timeout(id, timeout.unwrap_or(super::DEFAULT_TIMEOUT_S));
+        }
     }
     Ok(id.to_string())
 }
@@ -104,7 +116,7 @@ fn http_error(e: RpcError) -> Response {
 }
 
 async fn health(State(door): Door, headers: HeaderMap) -> Response {
-    match sandbox_of(&door, &headers) {
+    match sandbox_of(&door, &headers).await {
         Ok(id) if door.engine.get_sandbox(&id).await.is_ok() => StatusCode::NO_CONTENT.into_response(),
         Ok(id) => (StatusCode::BAD_GATEWAY, format!("sandbox {id} was not found")).into_response(),
         Err(e) if e.code == "unavailable" => (StatusCode::BAD_GATEWAY, e.message).into_response(),
@@ -124,9 +136,14 @@ struct FilesQuery {
 /// The sandbox of a `/files` request: named by its headers, or, for a
 /// signed URL, the one whose token signed it for `operation` (`read`,
 /// `write`), before its expiration.
-fn files_sandbox(door: &E2b, headers: &HeaderMap, q: &FilesQuery, operation: &str) -> Result<String, RpcError> {
+async fn files_sandbox(
+    door: &Arc<E2b>,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+    operation: &str,
+) -> Result<String, RpcError> {
     let Some(signature) = q.signature.as_deref().filter(|_| header(headers, "e2b-sandbox-id").is_none()) else {
-        return sandbox_of(door, headers);
+        return sandbox_of(door, headers).await;
     };
     let path = q.path.as_deref().unwrap_or_default();
     let user = q.username.as_deref().unwrap_or_default();
@@ -140,12 +157,12 @@ fn files_sandbox(door: &E2b, headers: &HeaderMap, q: &FilesQuery, operation: &st
             return Err(RpcError::new("unauthenticated", "the signed URL has expired"));
         }
     }
-    unpaused(door, &id)
+    unpaused(door, &id).await
 }
 
 async fn read_file(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
     let result = async {
-        let id = files_sandbox(&door, &headers, &q, "read")?;
+        let id = files_sandbox(&door, &headers, &q, "read").await?;
         let path = q.path.ok_or_else(|| RpcError::invalid("no path"))?;
         let opened = door.engine.read_file(&id, &path, q.username.as_deref()).await?;
         Ok::<_, RpcError>(opened)
@@ -168,7 +185,7 @@ fn written(info: &FileInfo) -> Value {
 
 async fn write_files(State(door): Door, headers: HeaderMap, Query(q): Query<FilesQuery>, req: Request) -> Response {
     let result = async {
-        let id = files_sandbox(&door, &headers, &q, "write")?;
+        let id = files_sandbox(&door, &headers, &q, "write").await?;
         let req = crate::upload::decoded(req).map_err(RpcError::invalid)?;
         let metadata = crate::upload::metadata(&headers).map_err(RpcError::invalid)?;
         let opts = || WriteFile { user: q.username.clone(), mode: None, metadata: metadata.clone() };
@@ -442,7 +459,7 @@ async fn process_rpc(
 ) -> Response {
     let streamed = is_stream(&headers);
     let result = async {
-        let id = sandbox_of(&door, &headers)?;
+        let id = sandbox_of(&door, &headers).await?;
         let mut msgs = rpc_body(req, streamed).await?;
         let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
         match method.as_str() {
@@ -604,7 +621,7 @@ async fn filesystem_rpc(
 ) -> Response {
     let streamed = is_stream(&headers);
     let result = async {
-        let id = sandbox_of(&door, &headers)?;
+        let id = sandbox_of(&door, &headers).await?;
         let user = rpc_user(&headers);
         let msg = rpc_body(req, streamed).await?.into_iter().next().unwrap_or_else(|| json!({}));
         let path = || msg["path"].as_str().map(str::to_string).ok_or_else(|| RpcError::invalid("path is required"));

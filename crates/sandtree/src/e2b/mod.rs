@@ -23,7 +23,8 @@
 //! image name; a snapshot id — a checkpoint — makes a fork of it, with its
 //! processes); metadata are labels; a snapshot is a checkpoint; `fork` is a
 //! checkpoint and a fork; the timeout (default [`DEFAULT_TIMEOUT_S`]) ends
-//! the sandbox (deleted, as E2B kills it). Commands run as E2B runs them
+//! the sandbox (deleted, as E2B kills it; paused if it was made with
+//! `autoPause`). Commands run as E2B runs them
 //! (`/bin/bash -l -c`), as root unless the request names a user (E2B's
 //! templates default to `user`; Sandtree's images have root). What E2B has
 //! and Sandtree does not (template builds, volumes, network rules, MCP
@@ -69,6 +70,12 @@ pub(crate) struct SandboxMeta {
     pub paused: Option<String>,
     /// The sandbox an `Idempotency-Key` made.
     pub idempotency_key: Option<String>,
+    /// At the timeout, pause rather than delete (`autoPause`).
+    pub auto_pause: bool,
+    /// A paused sandbox resumes at its first envd request (`autoResume`).
+    pub auto_resume: bool,
+    /// The timeout last set (seconds): an auto-resume arms it again.
+    pub timeout_s: Option<u64>,
     /// What is saved of it on disk now.
     saved: Option<SavedMeta>,
 }
@@ -82,6 +89,9 @@ impl SandboxMeta {
             envs: self.envs.clone(),
             paused: self.paused.clone(),
             idempotency_key: self.idempotency_key.clone(),
+            auto_pause: self.auto_pause,
+            auto_resume: self.auto_resume,
+            timeout_s: self.timeout_s,
             ..SavedMeta::new()
         }
     }
@@ -95,6 +105,9 @@ impl SandboxMeta {
             timer: None,
             paused: saved.paused.clone(),
             idempotency_key: saved.idempotency_key.clone(),
+            auto_pause: saved.auto_pause,
+            auto_resume: saved.auto_resume,
+            timeout_s: saved.timeout_s,
             saved: Some(saved),
         }
     }
@@ -107,6 +120,9 @@ pub struct E2b {
     pub(crate) sandboxes: Mutex<HashMap<String, SandboxMeta>>,
     /// Where [`SandboxMeta`] is saved (`<data-dir>/e2b`).
     states: StateDir,
+    /// Held by an auto-resume (one at a time: requests arriving together
+    /// resume a sandbox once).
+    pub(crate) resuming: tokio::sync::Mutex<()>,
     pub(crate) processes: envd::Processes,
     pub(crate) watchers: envd::Watchers,
 }
@@ -124,6 +140,7 @@ impl E2b {
             token,
             sandboxes: Mutex::default(),
             states,
+            resuming: tokio::sync::Mutex::new(()),
             processes: envd::Processes::default(),
             watchers: envd::Watchers::default(),
         });
@@ -220,6 +237,7 @@ impl E2b {
 
     /// (Re)arms sandbox `id`'s timeout: `secs` from now it is deleted.
     pub(crate) fn arm_timeout(self: &Arc<Self>, id: &str, secs: u64) {
+        self.meta(id, |m| m.timeout_s = Some(secs));
         self.arm_timeout_until(id, SystemTime::now() + Duration::from_secs(secs));
     }
 
@@ -231,6 +249,16 @@ impl E2b {
         let sid = id.to_string();
         let timer = tokio::spawn(async move {
             tokio::time::sleep(left).await;
+            // (This task's own handle is dropped, not aborted: the pause
+            // below disarms the timeout, which would cut it short.)
+            let auto_pause = door.meta(&sid, |m| {
+                m.timer.take();
+                m.auto_pause
+            });
+            if auto_pause {
+                control::pause_at_timeout(&door, &sid).await;
+                return;
+            }
             tracing::info!(sandbox = %sid, "E2B timeout reached: deleting the sandbox");
             let _ = door.engine.delete_sandbox(&sid, false).await;
             door.forget(&sid);

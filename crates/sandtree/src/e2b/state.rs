@@ -1,15 +1,17 @@
 //! What the door keeps of each sandbox, on disk, so that a daemon restart
 //! (clean, or a SIGKILL) loses none of it: the template it was made from,
-//! its start, the end its timeout sets, the environment of its commands,
-//! the checkpoint a pause took (the resume rolls back to it), and the
-//! `Idempotency-Key` that made it.
+//! its start, the end its timeout sets (and the timeout, and whether it
+//! pauses rather than ends, and resumes at its first request), the
+//! environment of its commands, the checkpoint a pause took (the resume
+//! rolls back to it), and the `Idempotency-Key` that made it.
 //!
 //! One JSON file per sandbox, `<data-dir>/e2b/<sandbox id>.json`:
 //!
 //! ```text
 //! {"version": 1, "template": "base", "started_ms": 1765148400000,
 //!  "end_ms": 1765148700000, "envs": {"K": "v"}, "paused": "ck-…",
-//!  "idempotency_key": null}
+//!  "idempotency_key": null, "auto_pause": false, "auto_resume": false,
+//!  "timeout_s": 300}
 //! ```
 //!
 //! Times are milliseconds since the Unix epoch. A file is replaced whole
@@ -42,6 +44,12 @@ pub(crate) struct SavedMeta {
     pub envs: BTreeMap<String, String>,
     pub paused: Option<String>,
     pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub auto_pause: bool,
+    #[serde(default)]
+    pub auto_resume: bool,
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
 }
 
 pub(crate) fn to_ms(t: SystemTime) -> u64 {
