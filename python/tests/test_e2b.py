@@ -11,8 +11,9 @@ up by environment variables alone, as a user of the door would:
 
 Every sandbox a test makes carries the metadata ``e2b-suite: <run>`` or is
 tracked by id (forks), and is killed at the end of its test or of the module;
-every snapshot made is deleted. Tests of features the door refuses or lacks
-are ``xfail(strict=True)``: they flip when the feature comes.
+every snapshot made is deleted. A test of a feature the door lacks is
+``xfail(strict=True)`` (none at present), so that it flips when the feature
+comes.
 """
 
 from __future__ import annotations
@@ -1277,7 +1278,7 @@ def test_idempotent_create() -> None:
         second.kill()
 
 
-# ---------------------------------------------------------------- not served yet (xfail, strict)
+# ---------------------------------------------------------------- PTYs, compressed uploads, file metadata, URLs
 
 
 def test_pty(sbx: Sandbox) -> None:
