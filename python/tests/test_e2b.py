@@ -337,8 +337,15 @@ def test_is_running_metrics_and_set_timeout(sbx: Sandbox) -> None:
     assert m.cpu_count >= 1
     assert m.mem_total > 0
     assert 0 < m.mem_used <= m.mem_total
-    assert m.cpu_used_pct >= 0
+    assert 0 <= m.cpu_used_pct <= 100
     assert near(m.timestamp, datetime.now(timezone.utc), 30)
+    # The CPU used since the last sample: a busy second shows, an idle one not.
+    sbx.commands.run("timeout 1 sh -c 'while :; do :; done'; true")
+    busy = sbx.get_metrics()[-1].cpu_used_pct
+    assert 10 < busy <= 100, busy
+    time.sleep(1)
+    idle = sbx.get_metrics()[-1].cpu_used_pct
+    assert idle < busy / 2, (idle, busy)
 
     sbx.set_timeout(60)
     assert near(sbx.get_info().end_at, datetime.now(timezone.utc) + timedelta(seconds=60), 5)
@@ -1404,6 +1411,12 @@ def test_file_metadata(sbx: Sandbox) -> None:
     infos = sbx.files.write_files([{"path": "/root/a.txt", "data": "a"}, {"path": "/root/b.txt", "data": "b"}],
                                   metadata={"batch": "1"})
     assert [i.metadata for i in infos] == [{"batch": "1"}, {"batch": "1"}]
+    # A fork's files carry it too.
+    (copy,) = forked(sbx.fork(count=1))
+    try:
+        assert copy.files.get_info("/root/a.txt").metadata == {"batch": "1"}
+    finally:
+        copy.kill()
 
 
 def test_file_metadata_is_checked(sbx: Sandbox) -> None:

@@ -644,11 +644,21 @@ async fn metrics(State(door): Door, headers: HeaderMap, Path(id): Path<String>) 
     let now = SystemTime::now();
     let unix = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mem_total = usage.memory_limit_bytes.unwrap_or(d["memoryMB"].as_u64().unwrap_or(0) << 20);
+    // The CPU used since the last sample (the first: since the start), as
+    // a share of the sandbox's CPUs.
+    let cpus = d["cpuCount"].as_f64().unwrap_or(1.0).max(1.0);
+    let (since, used_before) = door.meta(&id, |m| {
+        let before = m.cpu_sample.replace((now, usage.cpu_usec));
+        before.unwrap_or((m.started.unwrap_or(now), 0))
+    });
+    let wall_us = now.duration_since(since).unwrap_or_default().as_micros() as f64;
+    let used_us = usage.cpu_usec.saturating_sub(used_before) as f64;
+    let cpu_pct = if wall_us > 0.0 { (100.0 * used_us / wall_us / cpus).min(100.0) } else { 0.0 };
     Ok(Json(json!([{
         "timestamp": rfc3339(now),
         "timestampUnix": unix,
         "cpuCount": d["cpuCount"],
-        "cpuUsedPct": 0.0,
+        "cpuUsedPct": (cpu_pct * 100.0).round() / 100.0,
         "memUsed": usage.memory_bytes,
         "memTotal": mem_total,
         "memCache": 0,

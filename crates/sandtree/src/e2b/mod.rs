@@ -76,6 +76,9 @@ pub(crate) struct SandboxMeta {
     pub auto_resume: bool,
     /// The timeout last set (seconds): an auto-resume arms it again.
     pub timeout_s: Option<u64>,
+    /// The last metrics' time and CPU used (µs): the next one's CPU share
+    /// is since then.
+    pub cpu_sample: Option<(SystemTime, u64)>,
     /// What is saved of it on disk now.
     saved: Option<SavedMeta>,
 }
@@ -108,6 +111,7 @@ impl SandboxMeta {
             auto_pause: saved.auto_pause,
             auto_resume: saved.auto_resume,
             timeout_s: saved.timeout_s,
+            cpu_sample: None,
             saved: Some(saved),
         }
     }
