@@ -23,7 +23,11 @@
 //! u8 ext = 0, u8 pad; u32 states; struct inet_diag_sockid id }`, where
 //! `inet_diag_sockid` is `{ be16 sport, be16 dport; be32 src[4], dst[4];
 //! u32 if; u32 cookie[2] }` (own address first, as the socket sees it).
-//! Without `NLM_F_DUMP` it names one socket: the kernel looks it up as a
+//! With `NLM_F_DUMP` (and `states` a mask) it lists every socket in
+//! those states ([`tcp_connections`]: a rollback's check for connections
+//! to the outside; unlike `/proc/<pid>/net/tcp`, it skips the listening
+//! table when `LISTEN` is not asked for, and walks the connection table
+//! once). Without `NLM_F_DUMP` it names one socket: the kernel looks it up as a
 //! packet to it would be, so a connection's, or else the listener of its
 //! port. The answer is `struct inet_diag_msg { u8 family, state, timer,
 //! retrans; inet_diag_sockid id; u32 expires, rqueue, wqueue, uid,
@@ -40,7 +44,9 @@ const SOCK_DESTROY: u16 = 21;
 /// `TCP_LISTEN`, as `inet_diag_msg` gives a socket's state.
 const TCP_LISTEN: u8 = 10;
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_ACK: u16 = 4;
 const UDIAG_SHOW_VFS: u32 = 2;
 const UDIAG_SHOW_PEER: u32 = 4;
@@ -144,6 +150,74 @@ pub fn destroy_tcp(diag: &OwnedFd, local: &[u8], remote: &[u8]) -> io::Result<us
         }
     }
     Ok(destroyed)
+}
+
+/// Every TCP socket of `diag`'s network namespace of `family` (`AF_INET`
+/// or `AF_INET6`) in one of `states` (bit `1 << state`, the kernel's TCP
+/// states), as raw (local, remote) `sockaddr_in`/`sockaddr_in6`: a dump
+/// (`NLM_F_DUMP`), answered in several messages, `NLMSG_DONE` last.
+pub fn tcp_connections(diag: &OwnedFd, family: u8, states: u32) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut req = Vec::with_capacity(16 + 56);
+    req.extend_from_slice(&(16u32 + 56).to_ne_bytes()); // nlmsg_len
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req.extend_from_slice(&2u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend_from_slice(&states.to_ne_bytes());
+    req.extend_from_slice(&[0u8; 40]); // any socket id
+    req.extend_from_slice(&[0xff; 8]); // no cookie
+    rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
+    let bad = || io::Error::other("malformed sock_diag answer");
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 32 << 10];
+    loop {
+        let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
+        let mut at = 0;
+        while at + 16 <= n {
+            let len = u32_at(&buf, at).ok_or_else(bad)? as usize;
+            if len < 16 || at + len > n {
+                return Err(bad());
+            }
+            match u16_at(&buf, at + 4).ok_or_else(bad)? {
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    let errno = u32_at(&buf, at + 16).ok_or_else(bad)? as i32;
+                    return Err(io::Error::from_raw_os_error(errno.wrapping_neg()));
+                }
+                _ => {
+                    // `inet_diag_msg`: family, state, timer, retrans, then
+                    // the id: sport, dport (be16), src[4], dst[4] (be32).
+                    let msg = buf.get(at + 16..at + len).ok_or_else(bad)?;
+                    let fam = *msg.first().ok_or_else(bad)?;
+                    let id = msg.get(4..40).ok_or_else(bad)?;
+                    let (sport, dport, src, dst) = (&id[0..2], &id[2..4], &id[4..20], &id[20..36]);
+                    out.push((raw_inet(fam, sport, src), raw_inet(fam, dport, dst)));
+                }
+            }
+            at += len.next_multiple_of(4);
+        }
+        if n == 0 {
+            return Err(bad());
+        }
+    }
+}
+
+/// A raw `sockaddr_in` (`family` `AF_INET`: the first 4 bytes of `addr`)
+/// or `sockaddr_in6` from a port and an address in network order.
+pub(crate) fn raw_inet(family: u8, port: &[u8], addr: &[u8]) -> Vec<u8> {
+    let mut raw = Vec::with_capacity(28);
+    raw.extend_from_slice(&(family as u16).to_ne_bytes());
+    raw.extend_from_slice(port);
+    if family as i32 == libc::AF_INET6 {
+        raw.extend_from_slice(&[0; 4]);
+        raw.extend_from_slice(addr);
+        raw.extend_from_slice(&[0; 4]);
+    } else {
+        raw.extend_from_slice(&addr[..4]);
+        raw.extend_from_slice(&[0; 8]);
+    }
+    raw
 }
 
 /// `inet_diag_sockid` of the connection from `local` to `remote`, cookie

@@ -520,23 +520,13 @@ pub fn reset_outside_connections(init: HostPid) -> io::Result<Vec<String>> {
     if !has_tcp_sockets(init) {
         return Ok(Vec::new());
     }
-    let mut conns = Vec::new();
-    for (file, v6) in [("tcp", false), ("tcp6", true)] {
-        let Ok(table) = std::fs::read_to_string(format!("/proc/{}/net/{file}", init.0)) else { continue };
-        for line in table.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let (Some(local), Some(remote), Some(state)) = (cols.get(1), cols.get(2), cols.get(3)) else { continue };
-            let Ok(state) = u8::from_str_radix(state, 16) else { continue };
-            let (Some(local), Some(remote)) = (raw_from_proc(local, v6), raw_from_proc(remote, v6)) else { continue };
-            if LIVE.contains(&state) && !inside(&remote) {
-                conns.push((local, remote));
-            }
-        }
-    }
-    if conns.is_empty() {
-        return Ok(Vec::new());
-    }
     let diag = crate::sockdiag::diag_socket(init)?;
+    let states = LIVE.iter().fold(0u32, |mask, state| mask | 1 << state);
+    let mut conns = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let live = crate::sockdiag::tcp_connections(&diag, family, states)?;
+        conns.extend(live.into_iter().filter(|(_, remote)| !inside(remote)));
+    }
     let mut reset = Vec::new();
     for (local, remote) in conns {
         if crate::sockdiag::destroy_tcp(&diag, &local, &remote)? > 0 {
@@ -560,33 +550,6 @@ fn has_tcp_sockets(init: HostPid) -> bool {
         words.next()?.parse().ok()
     };
     in_use("sockstat", "TCP:").is_none_or(|n| n > 0) || in_use("sockstat6", "TCP6:").is_none_or(|n| n > 0)
-}
-
-/// A raw `sockaddr_in`/`sockaddr_in6` from `/proc/net/tcp{,6}`'s
-/// `ADDR:PORT` (the address as the kernel's words in host order, in hex).
-fn raw_from_proc(text: &str, v6: bool) -> Option<Vec<u8>> {
-    let (addr, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let mut words = Vec::new();
-    for i in (0..addr.len()).step_by(8) {
-        words.extend_from_slice(&u32::from_str_radix(addr.get(i..i + 8)?, 16).ok()?.to_ne_bytes());
-    }
-    let mut raw = Vec::new();
-    if v6 && words.len() == 16 {
-        raw.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
-        raw.extend_from_slice(&port.to_be_bytes());
-        raw.extend_from_slice(&[0; 4]);
-        raw.extend_from_slice(&words);
-        raw.extend_from_slice(&[0; 4]);
-    } else if !v6 && words.len() == 4 {
-        raw.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-        raw.extend_from_slice(&port.to_be_bytes());
-        raw.extend_from_slice(&words);
-        raw.extend_from_slice(&[0; 8]);
-    } else {
-        return None;
-    }
-    Some(raw)
 }
 
 /// A sandbox's address on `eth0` (`sandtree_api::SANDBOX_ADDRESS`, which
@@ -712,17 +675,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn proc_net_tcp_addresses_become_raw_socket_addresses() {
-        let v4 = raw_from_proc("0F02000A:1F90", false).unwrap();
+    fn sock_diag_addresses_become_raw_socket_addresses() {
+        use crate::sockdiag::raw_inet;
+        let (inet, inet6) = (libc::AF_INET as u8, libc::AF_INET6 as u8);
+        let v4 = raw_inet(inet, &8080u16.to_be_bytes(), &[10, 0, 2, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(address_text(&v4), "10.0.2.15:8080");
         assert!(inside(&v4));
-        let out = raw_from_proc("02003CC6:0007", false).unwrap();
+        let out = raw_inet(inet, &7u16.to_be_bytes(), &[198, 60, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(address_text(&out), "198.60.0.2:7");
         assert!(!inside(&out));
-        let v6 = raw_from_proc("00000000000000000000000001000000:0050", true).unwrap();
+        let v6 = raw_inet(inet6, &80u16.to_be_bytes(), &std::net::Ipv6Addr::LOCALHOST.octets());
         assert_eq!(address_text(&v6), "[::1]:80");
         assert!(inside(&v6));
-        assert!(raw_from_proc("0100007F", false).is_none());
-        assert!(raw_from_proc("0100007F:1F90", true).is_none());
+        let mapped = raw_inet(inet6, &80u16.to_be_bytes(), &std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets());
+        assert!(inside(&mapped));
     }
 }
