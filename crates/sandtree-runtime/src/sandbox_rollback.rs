@@ -463,6 +463,7 @@ impl Engine {
             Ok(_) => {}
             Err(e) => tracing::warn!(sandbox = rec.id, "cannot reset the connections to the outside: {e}"),
         }
+        let t_outside = t0.elapsed();
         let (fds, t_kill, t_layers) = match prepared {
             // Layers ready: one request kills and swaps.
             Some(fds) => (fds, Default::default(), Default::default()),
@@ -484,7 +485,7 @@ impl Engine {
             }
         };
         sb.reroot(spec.layers.into_iter().map(|l| l.target).collect(), fds, keep, restore).await?;
-        tracing::debug!(sandbox = rec.id, ?t_kill, ?t_layers, swapped = ?t0.elapsed(), "reroot");
+        tracing::debug!(sandbox = rec.id, ?t_outside, ?t_kill, ?t_layers, swapped = ?t0.elapsed(), "reroot");
         Ok(())
     }
 
