@@ -112,6 +112,63 @@ pub struct ZygoteState {
     pub seccomp: Vec<BpfInsn>,
     /// Inits cloned ahead of time (see [`preclone`]).
     pub pool: Vec<Pending>,
+    /// Where sandboxes' network namespaces are made from (see
+    /// [`NetMaker`]); `None`: from the host's (the kernel's shared table).
+    pub net_maker: Option<NetMaker>,
+}
+
+/// Connection-table buckets of a sandbox's network namespace.
+const SANDBOX_TCP_EHASH: u32 = 4096;
+
+/// A network namespace of the zygote's own that sandboxes' namespaces are
+/// made from, with `net.ipv4.tcp_child_ehash_entries` set in it: a
+/// namespace gets its TCP connection table's size from the one it is made
+/// from, and with this each sandbox has a table of its own, of
+/// [`SANDBOX_TCP_EHASH`] buckets, instead of the host's shared one (whose
+/// walk, by `/proc/<pid>/net/tcp` or a `sock_diag` dump, costs
+/// milliseconds on a host with much memory, whatever the namespace
+/// holds). The host's own setting is untouched.
+pub struct NetMaker {
+    /// The zygote's own network namespace (the host's), to go back to.
+    home: OwnedFd,
+    maker: OwnedFd,
+}
+
+impl NetMaker {
+    /// Makes the namespace (single-threaded: the zygote enters it and
+    /// comes back). An error leaves the zygote where it was.
+    pub fn new() -> io::Result<NetMaker> {
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+        let open = |p: &str| rustix::fs::open(p, flags, rustix::fs::Mode::empty());
+        let home = open("/proc/self/ns/net")?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+        let made = (|| -> io::Result<OwnedFd> {
+            // (Opened here, the sysctl is this namespace's.)
+            fs::write("/proc/sys/net/ipv4/tcp_child_ehash_entries", SANDBOX_TCP_EHASH.to_string())?;
+            Ok(open("/proc/self/ns/net")?)
+        })();
+        rustix::thread::move_into_link_name_space(home.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))?;
+        Ok(NetMaker { home, maker: made? })
+    }
+
+    /// The zygote moves into the maker's namespace, to clone an init.
+    /// (A move failing changes only which table the next sandboxes get:
+    /// the zygote itself uses no network.)
+    fn enter(&self) {
+        let net = Some(rustix::thread::LinkNameSpaceType::Network);
+        if let Err(e) = rustix::thread::move_into_link_name_space(self.maker.as_fd(), net) {
+            eprintln!("sandtree zygote: a sandbox shares the host's TCP connection table (setns: {e})");
+        }
+    }
+
+    /// The zygote back in its own namespace, once the init is cloned (not
+    /// in the init: it is in a namespace of its own already).
+    fn leave(&self) {
+        let net = Some(rustix::thread::LinkNameSpaceType::Network);
+        if let Err(e) = rustix::thread::move_into_link_name_space(self.home.as_fd(), net) {
+            eprintln!("sandtree zygote: cannot go back to the host's network namespace: {e}");
+        }
+    }
 }
 
 /// A sandbox's first process cloned ahead of time: its namespaces exist and
@@ -147,7 +204,14 @@ pub fn preclone(st: &ZygoteState) -> Result<Pending> {
     let (z_end, c_end) =
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .map_err(io("socketpair"))?;
-    match clone_namespaces(CLONE_FLAGS).map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
+    if let Some(maker) = &st.net_maker {
+        maker.enter();
+    }
+    let cloned = clone_namespaces(CLONE_FLAGS);
+    if let (Some(maker), Err(_) | Ok(Forked::Parent(_))) = (&st.net_maker, &cloned) {
+        maker.leave();
+    }
+    match cloned.map_err(|e| Error::Io { op: "clone".into(), source: io::Error::other(e) })? {
         Forked::Child => {
             drop(z_end);
             let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));

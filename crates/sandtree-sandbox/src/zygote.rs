@@ -245,6 +245,13 @@ fn serve(cfg: HostConfig, sock: OwnedFd) {
         cfg,
         seccomp,
         pool: Vec::new(),
+        net_maker: match crate::spawn::NetMaker::new() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!("sandtree zygote: sandboxes share the host's TCP connection table ({e})");
+                None
+            }
+        },
     };
     refill(&mut state);
     loop {
