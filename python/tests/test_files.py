@@ -198,6 +198,11 @@ def test_metadata_is_stored_on_the_file_and_rolls_back(sandbox: sandtree.Sandbox
     assert sandbox.files.write("/root/m.txt", "o").metadata == {}
     sandbox.rollback(ck)
     assert sandbox.files.stat("/root/m.txt").metadata == {"owner": "me", "step": "1"}
+    # A name that is not UTF-8 is listed, with its metadata.
+    made = "import os; open(b'/root/nu/\\xff', 'w').close(); os.setxattr(b'/root/nu/\\xff', 'user.e2b.k', b'v')"
+    sandbox.exec(["sh", "-c", "mkdir -p /root/nu"]).check()
+    sandbox.exec(["python3", "-c", made]).check()
+    assert [e.metadata for e in sandbox.files.list("/root/nu")] == [{"k": "v"}]
     with pytest.raises(sandtree.InvalidArgumentError, match="metadata key"):
         sandbox.files.write("/root/bad.txt", "x", metadata={"a b": "c"})
     assert not sandbox.files.exists("/root/bad.txt")

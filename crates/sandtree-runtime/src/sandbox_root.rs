@@ -218,10 +218,11 @@ impl SandboxRoot {
             self.info(path, &st, None)
         };
         if has_metadata(&info) {
-            let entry = name.into_c_str()?;
-            let at = format!("/proc/self/fd/{}/{}", dir.as_fd().as_raw_fd(), entry.to_string_lossy());
-            // (`entry` is one name, never `..`: the path stays in `dir`.)
-            info.metadata = read_metadata(&at)?;
+            // (`name` is one name, never `..`: the path stays in `dir`. As
+            // bytes: a name need not be UTF-8.)
+            let mut at = format!("/proc/self/fd/{}/", dir.as_fd().as_raw_fd()).into_bytes();
+            at.extend_from_slice(name.into_c_str()?.to_bytes());
+            info.metadata = read_metadata(at.as_slice())?;
         }
         Ok(info)
     }
@@ -230,7 +231,7 @@ impl SandboxRoot {
     pub(crate) fn stat_fd(&self, fd: impl AsFd, path: &SandboxPath) -> Result<FileInfo, Errno> {
         let mut info = self.info(path, &rustix::fs::fstat(&fd)?, None);
         if has_metadata(&info) {
-            info.metadata = read_metadata(&format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))?;
+            info.metadata = read_metadata(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()).as_str())?;
         }
         Ok(info)
     }
@@ -276,22 +277,34 @@ fn has_metadata(info: &FileInfo) -> bool {
 }
 
 /// The metadata of the file at `path` (a `/proc/self/fd` path: its last
-/// component is not followed), by key.
-fn read_metadata(path: &str) -> Result<BTreeMap<String, String>, Errno> {
-    let mut names = vec![0u8; 64 << 10];
-    let n = match rustix::fs::llistxattr(path, &mut names[..]) {
-        Ok(n) => n,
+/// component is not followed), by key. Most files have none: their list of
+/// attribute names is read into a small buffer, a larger one only when
+/// that is too small (a listing reads one for every entry).
+fn read_metadata<P: rustix::path::Arg + Copy>(path: P) -> Result<BTreeMap<String, String>, Errno> {
+    let mut small = [0u8; 256];
+    let mut large = Vec::new();
+    let names: &[u8] = match rustix::fs::llistxattr(path, &mut small[..]) {
+        Ok(n) => &small[..n],
+        Err(Errno::RANGE) => {
+            large.resize(rustix::fs::llistxattr_query(path)?, 0);
+            let n = rustix::fs::llistxattr(path, &mut large[..])?;
+            &large[..n]
+        }
         // (A file system without extended attributes has no metadata.)
         Err(Errno::NOTSUP) => return Ok(BTreeMap::new()),
         Err(e) => return Err(e),
     };
     let mut out = BTreeMap::new();
-    let mut value = vec![0u8; 64 << 10];
-    for name in names[..n].split(|b| *b == 0).filter(|n| n.starts_with(METADATA_XATTR_PREFIX.as_bytes())) {
-        let Ok(name) = std::str::from_utf8(name) else { continue };
-        let len = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+    for name in metadata_names(names) {
+        let len = match rustix::fs::lgetxattr_query(path, name) {
             Ok(len) => len,
             Err(Errno::NODATA) => continue, // (removed meanwhile)
+            Err(e) => return Err(e),
+        };
+        let mut value = vec![0u8; len];
+        let len = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+            Ok(len) => len,
+            Err(Errno::NODATA) => continue,
             Err(e) => return Err(e),
         };
         let key = name[METADATA_XATTR_PREFIX.len()..].to_string();
@@ -300,13 +313,20 @@ fn read_metadata(path: &str) -> Result<BTreeMap<String, String>, Errno> {
     Ok(out)
 }
 
+/// The metadata attributes (`user.e2b.*`) of a list of attribute names
+/// (`listxattr`'s: NUL-terminated).
+fn metadata_names(list: &[u8]) -> impl Iterator<Item = &str> {
+    list.split(|b| *b == 0)
+        .filter(|n| n.starts_with(METADATA_XATTR_PREFIX.as_bytes()))
+        .filter_map(|n| std::str::from_utf8(n).ok())
+}
+
 /// Gives the open file `fd` exactly `metadata` (its other `user.e2b.*`
 /// attributes are removed).
 pub(crate) fn write_metadata(fd: impl AsFd, metadata: &BTreeMap<String, String>) -> Result<(), Errno> {
-    let mut names = vec![0u8; 64 << 10];
+    let mut names = vec![0u8; rustix::fs::flistxattr_query(&fd)?];
     let n = rustix::fs::flistxattr(&fd, &mut names[..])?;
-    for name in names[..n].split(|b| *b == 0).filter(|n| n.starts_with(METADATA_XATTR_PREFIX.as_bytes())) {
-        let Ok(name) = std::str::from_utf8(name) else { continue };
+    for name in metadata_names(&names[..n]) {
         if !metadata.contains_key(&name[METADATA_XATTR_PREFIX.len()..]) {
             rustix::fs::fremovexattr(&fd, name)?;
         }
