@@ -102,9 +102,9 @@ pub fn unix_state(diag: &OwnedFd, ino: u64) -> io::Result<UnixState> {
     parse_state(&exchange(diag, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, &req)?)
 }
 
-/// One request of type `kind` with `flags` and `body` (after the
-/// `nlmsghdr`, which this writes), and the answer as it came.
-fn exchange(diag: &OwnedFd, kind: u16, flags: u16, body: &[u8]) -> io::Result<Vec<u8>> {
+/// Sends one request of type `kind` with `flags` and `body` (after the
+/// `nlmsghdr`, which this writes).
+fn send_request(diag: &OwnedFd, kind: u16, flags: u16, body: &[u8]) -> io::Result<()> {
     let mut req = Vec::with_capacity(16 + body.len());
     req.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes()); // nlmsg_len
     req.extend_from_slice(&kind.to_ne_bytes());
@@ -113,6 +113,12 @@ fn exchange(diag: &OwnedFd, kind: u16, flags: u16, body: &[u8]) -> io::Result<Ve
     req.extend_from_slice(&0u32.to_ne_bytes()); // pid
     req.extend_from_slice(body);
     rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
+    Ok(())
+}
+
+/// One request (see [`send_request`]), and the answer as it came.
+fn exchange(diag: &OwnedFd, kind: u16, flags: u16, body: &[u8]) -> io::Result<Vec<u8>> {
+    send_request(diag, kind, flags, body)?;
     let mut buf = vec![0u8; 8192];
     let (n, _) = rustix::net::recv(diag, &mut buf[..], rustix::net::RecvFlags::empty())?;
     buf.truncate(n);
@@ -157,17 +163,9 @@ pub fn destroy_tcp(diag: &OwnedFd, local: &[u8], remote: &[u8]) -> io::Result<us
 /// states), as raw (local, remote) `sockaddr_in`/`sockaddr_in6`: a dump
 /// (`NLM_F_DUMP`), answered in several messages, `NLMSG_DONE` last.
 pub fn tcp_connections(diag: &OwnedFd, family: u8, states: u32) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut req = Vec::with_capacity(16 + 56);
-    req.extend_from_slice(&(16u32 + 56).to_ne_bytes()); // nlmsg_len
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&2u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
-    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
-    req.extend_from_slice(&states.to_ne_bytes());
-    req.extend_from_slice(&[0u8; 40]); // any socket id
-    req.extend_from_slice(&[0xff; 8]); // no cookie
-    rustix::net::send(diag, &req, rustix::net::SendFlags::empty())?;
+    // (Any socket id, no cookie.)
+    let req = inet_request(family, states, &[0u8; 40], [0xff; 8]);
+    send_request(diag, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req)?;
     let bad = || io::Error::other("malformed sock_diag answer");
     let mut out = Vec::new();
     let mut buf = vec![0u8; 32 << 10];
@@ -246,15 +244,22 @@ fn inet_sockid(local: &[u8], remote: &[u8]) -> io::Result<Vec<u8>> {
     Ok(id)
 }
 
+/// `struct inet_diag_req_v2` for TCP sockets of `family` in `states`,
+/// `id` an `inet_diag_sockid` without its cookie.
+fn inet_request(family: u8, states: u32, id: &[u8], cookie: [u8; 8]) -> Vec<u8> {
+    let mut req = Vec::with_capacity(56);
+    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend_from_slice(&states.to_ne_bytes());
+    req.extend_from_slice(id);
+    req.extend_from_slice(&cookie);
+    req
+}
+
 /// One exact request about a TCP socket (`id` from [`inet_sockid`],
 /// `cookie` ~0 when `None`): the answer's message, or its error.
 fn ask_tcp(diag: &OwnedFd, kind: u16, local: &[u8], id: &[u8], cookie: Option<[u8; 8]>) -> io::Result<Vec<u8>> {
     let family = u16_at(local, 0).unwrap_or(0) as u8;
-    let mut req = Vec::with_capacity(56);
-    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
-    req.extend_from_slice(&u32::MAX.to_ne_bytes());
-    req.extend_from_slice(id);
-    req.extend_from_slice(&cookie.unwrap_or([0xff; 8]));
+    let req = inet_request(family, u32::MAX, id, cookie.unwrap_or([0xff; 8]));
     // (A destroy is acknowledged: its answer is an error message, 0 on
     // success.)
     let flags = if kind == SOCK_DESTROY { NLM_F_REQUEST | NLM_F_ACK } else { NLM_F_REQUEST };
