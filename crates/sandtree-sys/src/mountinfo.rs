@@ -96,6 +96,24 @@ pub fn mounts() -> io::Result<Vec<MountEntry>> {
     Ok(parse(&read_whole("/proc/self/mountinfo")?))
 }
 
+/// Detaches every mount below `dir` (not `dir` itself), deepest first, as
+/// `umount -l` does; a path mounted twice is detached twice. For clearing
+/// a data directory a daemon left (a store, idmapped lower layers,
+/// routers' namespaces under `run/net`, whose network namespace and links
+/// go with their last mount). Errors of single mounts (one gone meanwhile)
+/// are ignored.
+pub fn detach_all_under(dir: &Path) -> io::Result<()> {
+    // (mountinfo has absolute paths; `dir` may be relative.)
+    let root = std::fs::canonicalize(dir)?;
+    let mut targets: Vec<PathBuf> =
+        mounts()?.into_iter().map(|m| m.target).filter(|t| t.starts_with(&root) && *t != root).collect();
+    targets.sort_by_key(|t| std::cmp::Reverse(t.components().count()));
+    for t in &targets {
+        let _ = rustix::mount::unmount(t, rustix::mount::UnmountFlags::DETACH);
+    }
+    Ok(())
+}
+
 /// The mounts seen by process `pid` (its mount namespace and root).
 pub fn mounts_of(pid: i32) -> io::Result<Vec<MountEntry>> {
     Ok(parse(&read_whole(&format!("/proc/{pid}/mountinfo"))?))

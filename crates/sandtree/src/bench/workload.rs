@@ -537,21 +537,8 @@ pub async fn cleanup(engine: &Engine) -> Result<()> {
 /// router's namespace and host link go with its last mount) and removes
 /// it; says so if it cannot.
 pub fn teardown(data_dir: &Path) {
-    // (Quiet: after a clean shutdown nothing is mounted any more.)
-    let umount = |p: &Path| Command::new("umount").arg("-l").arg(p).stderr(std::process::Stdio::null()).status();
-    // (mountinfo has absolute paths; `--data-dir` may be relative.)
-    let root = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let mut targets: Vec<PathBuf> = sandtree_sys::mountinfo::mounts()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| m.target)
-        .filter(|t| t.starts_with(&root) && *t != root)
-        .collect();
-    // Deepest first; a path mounted twice is unmounted twice.
-    targets.sort_by_key(|t| std::cmp::Reverse(t.components().count()));
-    for t in &targets {
-        let _ = umount(t);
-    }
+    // (After a clean shutdown nothing is mounted any more.)
+    let _ = sandtree_sys::mountinfo::detach_all_under(data_dir);
     if let Err(e) = std::fs::remove_dir_all(data_dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {

@@ -348,19 +348,10 @@ pub fn cleanup_dir(dir: &Path) {
     if !dir.exists() {
         return;
     }
-    // (Quiet: a daemon that exited cleanly unmounted them already.)
-    let umount = |path: PathBuf| Command::new("umount").arg("-l").arg(path).stderr(Stdio::null()).status();
-    let _ = umount(dir.join("btrfs"));
-    // (Sandboxes' routers too: a daemon that kept its sandboxes leaves
-    // their namespaces mounted; unmounted, the kernel removes them and
-    // their links.)
-    for sub in ["lower", "net"] {
-        if let Ok(rd) = std::fs::read_dir(dir.join("run").join(sub)) {
-            for e in rd.flatten() {
-                let _ = umount(e.path());
-            }
-        }
-    }
+    // (A daemon that exited cleanly unmounted them already; one that kept
+    // its sandboxes leaves their routers' namespaces mounted: unmounted,
+    // the kernel removes them and their links.)
+    let _ = sandtree_sys::mountinfo::detach_all_under(dir);
     let _ = std::fs::remove_dir_all(dir);
 }
 
