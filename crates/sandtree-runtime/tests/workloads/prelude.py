@@ -82,6 +82,13 @@ def drain_fd(fd):
         got += d
     return got
 
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the name: state, ppid, pgrp,
+    session, tty_nr, ... (proc(5) field 3 on, as strings)."""
+    with open('/proc/%d/stat' % pid) as f:
+        return f.read().rsplit(')', 1)[1].split()
+
+
 def status(key):
     with open('/proc/self/status') as f:
         for line in f:

@@ -25,14 +25,9 @@ def child():
     return pid
 
 
-def letter(pid):
-    with open('/proc/%d/stat' % pid) as f:
-        return f.read().rsplit(')', 1)[1].split()[0]
-
-
 def wait_for(pid, want):
     for _ in range(2000):
-        if letter(pid) == want:
+        if proc_stat(pid)[0] == want:
             return
         time.sleep(0.001)
 
@@ -52,7 +47,7 @@ def report(pid):
 
 def state():
     return 'taken=%s,%s pending=%s,%s sigchld=%s' % (
-        letter(taken), report(taken), letter(pending), report(pending),
+        proc_stat(taken)[0], report(taken), proc_stat(pending)[0], report(pending),
         signal.SIGCHLD in signal.sigpending())
 
 

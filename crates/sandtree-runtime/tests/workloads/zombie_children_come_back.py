@@ -146,8 +146,7 @@ def reap():
         except ChildProcessError:
             # (Not our child: whose, if any.)
             try:
-                with open('/proc/%d/stat' % pid) as f:
-                    parent = f.read().rsplit(')', 1)[1].split()[1]
+                parent = proc_stat(pid)[1]
             except FileNotFoundError:
                 parent = 'none'
             out.append('%s=none(%s/%d)' % (name, parent, os.getpid()))

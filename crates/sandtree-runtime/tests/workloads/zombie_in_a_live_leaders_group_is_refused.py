@@ -9,11 +9,6 @@
 zombie = None
 
 
-def state_of(pid):
-    with open('/proc/%d/stat' % pid) as f:
-        return f.read().rsplit(')', 1)[1].split()[0]
-
-
 def handle(cmd):
     global zombie
     if cmd == 'spawn':
@@ -35,10 +30,10 @@ def handle(cmd):
         os.write(w, b'x')
         os.close(w)
         for _ in range(2000):
-            if state_of(zombie) == 'Z':
+            if proc_stat(zombie)[0] == 'Z':
                 break
             time.sleep(0.001)
-        return 'state=%s' % state_of(zombie)
+        return 'state=%s' % proc_stat(zombie)[0]
     if cmd == 'reap':
         _, st = os.waitpid(zombie, 0)
         return 'status=%d' % os.waitstatus_to_exitcode(st)

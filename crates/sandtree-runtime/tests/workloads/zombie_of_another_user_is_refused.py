@@ -10,11 +10,6 @@
 child = None
 
 
-def state_of(pid):
-    with open('/proc/%d/stat' % pid) as f:
-        return f.read().rsplit(')', 1)[1].split()[0]
-
-
 def handle(cmd):
     global child
     if cmd == 'spawn':
@@ -24,10 +19,10 @@ def handle(cmd):
             os.setresuid(65534, 65534, 65534)
             os._exit(7)
         for _ in range(2000):
-            if state_of(child) == 'Z':
+            if proc_stat(child)[0] == 'Z':
                 break
             time.sleep(0.001)
-        return 'pid=%d state=%s' % (child, state_of(child))
+        return 'pid=%d state=%s' % (child, proc_stat(child)[0])
     if cmd == 'reap':
         _, st = os.waitpid(child, 0)
         return 'status=%d' % os.waitstatus_to_exitcode(st)
