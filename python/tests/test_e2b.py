@@ -77,9 +77,7 @@ _snapshots: list[str] = []
 def e2b_env(daemon: Daemon) -> Iterator[None]:
     """The SDK's configuration (environment only), and the final cleanup."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("E2B_API_URL", daemon.e2b_url)
-    mp.setenv("E2B_SANDBOX_URL", daemon.e2b_url)
-    mp.setenv("E2B_API_KEY", daemon.token)
+    point_sdk_at(mp, daemon)
     for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_HTTP_VERSION"):
         mp.delenv(name, raising=False)
     before: set[str] = set()
@@ -91,6 +89,13 @@ def e2b_env(daemon: Daemon) -> Iterator[None]:
             _cleanup(before)
         finally:
             mp.undo()
+
+
+def point_sdk_at(mp: pytest.MonkeyPatch, d: Daemon) -> None:
+    """The SDK's variables for daemon ``d``'s door."""
+    mp.setenv("E2B_API_URL", d.e2b_url)
+    mp.setenv("E2B_SANDBOX_URL", d.e2b_url)
+    mp.setenv("E2B_API_KEY", d.token)
 
 
 def _cleanup(before: set[str]) -> None:
@@ -508,13 +513,8 @@ def test_the_door_keeps_its_state_across_a_restart(
     # A daemon of its own, killed (SIGKILL) and started again on its data:
     # each sandbox keeps its template, start, end, envs and paused state;
     # a sandbox whose end passes while the daemon is down is gone.
-    def use(d: Daemon) -> None:
-        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
-            monkeypatch.setenv(name, d.e2b_url)
-        monkeypatch.setenv("E2B_API_KEY", d.token)
-
     first = own_daemon()
-    use(first)
+    point_sdk_at(monkeypatch, first)
     kept = Sandbox.create(timeout=600, envs={"KEPT": "env-kept"}, metadata={"who": "kept"})
     ending = Sandbox.create(timeout=2)
     paused = Sandbox.create(timeout=600)
@@ -526,7 +526,7 @@ def test_the_door_keeps_its_state_across_a_restart(
     time.sleep(2.5)
 
     second = own_daemon()
-    use(second)
+    point_sdk_at(monkeypatch, second)
     after = Sandbox.get_info(kept.sandbox_id)
     assert after.state == SandboxState.RUNNING
     assert after.metadata == {"who": "kept"}
@@ -546,7 +546,7 @@ def test_the_door_keeps_its_state_across_a_restart(
     # A clean stop and start too.
     stop_daemon(second)
     third = own_daemon()
-    use(third)
+    point_sdk_at(monkeypatch, third)
     assert Sandbox.get_info(resumed.sandbox_id).state == SandboxState.RUNNING
     assert Sandbox.connect(kept.sandbox_id).commands.run("echo $KEPT").stdout == "env-kept\n"
 
